@@ -1,0 +1,66 @@
+"""Callbacks: *when* things happen (logging, stopping). Selected by `conf/callbacks/*.yaml`."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+
+class MetricsJSONL(TrainerCallback):
+    """Appends every log event to `<run_dir>/metrics.jsonl` (part of the run directory contract).
+
+    Always installed by `ablate.train` (not a config option): `ablate compare` depends on the file.
+    Only the main process writes. `time` is seconds since this process started training, plus the
+    time recorded before a resume, so curves against wall-clock stay continuous.
+    """
+
+    def __init__(self, path: str | Path, time_offset: float = 0.0) -> None:
+        self.path = Path(path)
+        self.time_offset = time_offset
+        self._t0 = time.monotonic()
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        logs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        if not logs or not state.is_world_process_zero:
+            return
+        event = {"step": state.global_step, "time": round(self.time_offset + time.monotonic() - self._t0, 3)}
+        event.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
+        with self.path.open("a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+class PrintLogs(TrainerCallback):
+    """The TRL docs' custom logging callback: print every log event (an example of `on_log`)."""
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        logs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        if logs is not None and state.is_world_process_zero:
+            print(f"Step {state.global_step}: {logs}")
+
+
+class NaNGuard(TrainerCallback):
+    """Stop the run when a logged loss is NaN/inf, instead of training on garbage.
+
+    Raises, so the run ends with `status: failed` and the offending step in the error message.
+    """
+
+    def __init__(self, metrics: tuple[str, ...] = ("loss", "grad_norm")) -> None:
+        self.metrics = tuple(metrics)
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        logs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        for name in self.metrics:
+            v = (logs or {}).get(name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise FloatingPointError(f"{name} is {v} at step {state.global_step}: stopping (NaNGuard)")

@@ -1,0 +1,87 @@
+"""Dataset loaders selected by `conf/data/*.yaml`.
+
+Every loader returns a `DataSplits`: the train split, an optional eval split, and (for online methods)
+the reward functions that score this task: the data knows how to score itself. Column checks happen
+in the trainers, which know which columns their method needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from datasets import Dataset, load_dataset
+
+PACKAGED = Path(__file__).parent / "tiny"
+
+
+class DataError(ValueError):
+    """Bad or missing data: reported to the user as one line."""
+
+
+@dataclass
+class DataSplits:
+    train: Dataset
+    eval: Dataset | None = None
+    reward_funcs: dict[str, Callable[..., list[float | None]]] = field(default_factory=dict)
+
+
+def _limit(ds: Dataset | None, n: int | None) -> Dataset | None:
+    return ds if ds is None or n is None else ds.select(range(min(n, len(ds))))
+
+
+def jsonl(
+    train_path: str,
+    eval_path: str | None = None,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    reward_funcs: dict[str, Callable[..., Any]] | None = None,
+) -> DataSplits:
+    """Load local JSON-lines files (one example per line) through `datasets.load_dataset("json")`."""
+    files = {"train": train_path} | ({"eval": eval_path} if eval_path else {})
+    for split, path in files.items():
+        if not Path(path).is_file():
+            raise DataError(f"data: {split} file not found: {path}")
+    try:
+        ds = load_dataset("json", data_files=files)
+    except Exception as e:  # datasets wraps JSON errors in long chains; keep the first useful line
+        raise DataError(f"data: could not read {list(files.values())} as JSON lines: {str(e).splitlines()[0]}") from e
+    return DataSplits(
+        train=_limit(ds["train"], max_train_samples),
+        eval=_limit(ds.get("eval"), max_eval_samples),
+        reward_funcs=dict(reward_funcs or {}),
+    )
+
+
+def packaged(
+    name: str,
+    with_eval: bool = True,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    reward_funcs: dict[str, Callable[..., Any]] | None = None,
+) -> DataSplits:
+    """Load one of the small datasets shipped inside the package (`ablate/data/tiny/<name>_*.jsonl`)."""
+    train = PACKAGED / f"{name}_train.jsonl"
+    if not train.is_file():
+        known = sorted({p.name.rsplit("_", 1)[0] for p in PACKAGED.glob("*_train.jsonl")})
+        raise DataError(f"data: no packaged dataset '{name}'; available: {', '.join(known)}")
+    ev = PACKAGED / f"{name}_eval.jsonl"
+    return jsonl(str(train), str(ev) if with_eval and ev.is_file() else None,
+                 max_train_samples, max_eval_samples, reward_funcs)
+
+
+def hub(
+    path: str,
+    name: str | None = None,
+    train_split: str = "train",
+    eval_split: str | None = None,
+    revision: str | None = None,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    reward_funcs: dict[str, Callable[..., Any]] | None = None,
+) -> DataSplits:
+    """Load a dataset with `datasets.load_dataset(path, name)` (hub id, or a local dataset dir)."""
+    train = load_dataset(path, name, split=train_split, revision=revision)
+    ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
+    return DataSplits(_limit(train, max_train_samples), _limit(ev, max_eval_samples), dict(reward_funcs or {}))

@@ -1,0 +1,13 @@
+"""Errors a user can fix: reported as one line, never as a traceback page."""
+
+from __future__ import annotations
+
+from ablate.data import DataError
+
+
+class ConfigError(ValueError):
+    """A config value ablate refuses (checked before any model is built)."""
+
+
+# FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FloatingPointError)

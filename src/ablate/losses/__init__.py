@@ -1,0 +1,1 @@
+"""Losses as pure functions of log-prob tensors (no models, no trainers)."""

@@ -1,0 +1,73 @@
+"""Model builders selected by `conf/model/*.yaml`. Each returns `(tokenizer, model)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from ablate.models.tokenizer import byte_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def tiny(
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 256,
+    init_seed: int = 0,
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """A tiny Llama-style causal LM built from config, with a byte tokenizer: no download.
+
+    The weights depend only on `init_seed` (not on the run's training seed), so runs that differ in
+    data order or sampling seed start from the same model, as they would from a pretrained one.
+    """
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(init_seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model
+
+
+def pretrained(
+    path: str,
+    dtype: str = "float32",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    quantization_config: Any = None,
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id."""
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:  # many base models ship without one; batching needs it
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model

@@ -1,0 +1,37 @@
+"""A byte-level tokenizer built locally (no download).
+
+A `tokenizers` byte-level BPE with an empty merge list, wrapped in `PreTrainedTokenizerFast`: every
+UTF-8 byte is one token, so any text round-trips. Unlike `ByT5Tokenizer` it does not append `</s>` to
+every encode (which would put an EOS after the prompt); EOS is added by the trainers where a
+completion ends.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+
+# A minimal chat template so conversational datasets (lists of {role, content}) work with the tiny
+# model; `add_generation_prompt` opens the assistant turn the completion continues.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Return the byte-level tokenizer: ids 0-2 are pad/bos/eos, 3-258 the 256 bytes."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
+    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, model_max_length=512
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast

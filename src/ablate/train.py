@@ -1,0 +1,186 @@
+"""One run, top to bottom: compose -> instantiate -> train -> summarize.
+
+Heavy imports (torch, transformers) happen inside `run`, so `ablate train --cfg job` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import rundir
+from ablate.errors import USER_ERRORS, ConfigError
+
+log = logging.getLogger("ablate")
+
+
+def main(cfg: DictConfig) -> dict[str, Any]:
+    """The Hydra task. A user error in a single run is one line on stderr and exit code 2; in a
+    multirun it is raised, so Hydra records the job as failed and the sweep goes on."""
+    try:
+        return run(cfg)
+    except USER_ERRORS as e:
+        if HydraConfig.get().mode == RunMode.RUN:
+            print(f"ablate: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    overrides = list(hc.overrides.task)
+    info = _claim_run_dir(run_dir, overrides)
+    summary: dict[str, Any] = {"status": "running", "method": cfg.method.name, "overrides": overrides,
+                               "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]}
+    rundir.write_json(run_dir / rundir.SUMMARY, summary)
+    tracker = None
+    t0 = time.time()
+    try:
+        _check_method_args(cfg)
+        from transformers import set_seed
+
+        from ablate.callbacks import MetricsJSONL
+
+        set_seed(cfg.seed)
+        args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
+                           **OmegaConf.to_container(cfg.precision))
+        _check_precision(args)
+        tokenizer, model = instantiate(cfg.model)
+        data = instantiate(cfg.data)
+
+        if cfg.logger:  # logger=none composes to an empty node
+            tracker = instantiate(cfg.logger)
+            tracker.start(OmegaConf.to_container(cfg, resolve=True), run_dir, info)
+            rundir.write_json(run_dir / rundir.RUN, info)  # the tracker may have added its run id
+
+        ckpt = rundir.latest_checkpoint(run_dir)
+        events = rundir.read_metrics(run_dir) if ckpt else []
+        callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0)]
+        callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+        if tracker is not None and tracker.callback() is not None:
+            callbacks.append(tracker.callback())
+
+        extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
+        trainer = instantiate(cfg.method.trainer)(
+            model=model,
+            args=args,
+            train_dataset=data.train,
+            eval_dataset=data.eval if args.eval_strategy != "no" else None,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            **extra,
+        )
+        _bind_optimizer(trainer, cfg)
+
+        if ckpt is not None:
+            log.info("resuming from %s", ckpt)
+            rundir.truncate_metrics(run_dir, int(ckpt.name.split("-")[-1]))
+        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+
+        if trainer.is_world_process_zero():
+            trainer.save_model(str(run_dir / rundir.MODEL))
+        summary.update(status="completed", global_step=trainer.state.global_step,
+                       metrics=_final_metrics(trainer.state.log_history))
+        summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
+    except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
+        msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        summary.update(status="failed", error=msg)
+        log.error("run failed: %s\n%s", msg, traceback.format_exc())
+        _finish(run_dir, summary, tracker, t0)
+        raise
+    _finish(run_dir, summary, tracker, t0)
+    _print_result(run_dir, summary)
+    return summary
+
+
+def _finish(run_dir: Path, summary: dict[str, Any], tracker: Any, t0: float) -> None:
+    summary["train_runtime"] = summary.get("metrics", {}).get("train_runtime", round(time.time() - t0, 3))
+    summary["wall_seconds"] = round(time.time() - t0, 3)
+    rundir.write_json(run_dir / rundir.SUMMARY, summary)
+    if tracker is not None:
+        tracker.finish(summary["status"])
+
+
+def _claim_run_dir(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    """Record (or check) the run's identity: a dir is resumed only by the same command."""
+    info = rundir.read_json(run_dir / rundir.RUN)
+    if info is not None:
+        if sorted(info.get("overrides", [])) != sorted(overrides):
+            raise ConfigError(
+                f"{run_dir} holds another run (overrides {info.get('overrides')}); "
+                "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"
+            )
+        return info
+    info = {"overrides": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "versions": rundir.versions(), "git_sha": rundir.git_sha()}
+    rundir.write_json(run_dir / rundir.RUN, info)
+    return info
+
+
+def _check_method_args(cfg: DictConfig) -> None:
+    """Unknown `method.args` fields get a one-line error with a suggestion, before any model is built."""
+    cls = get_class(cfg.method.args._target_)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in cfg.method.args if k not in known and k != "_target_"]
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        hint = "; ".join(f"did you mean '{h[0]}' for '{k}'?" for k, h in hints.items() if h)
+        raise ConfigError(f"method.args: unknown field(s) {unknown} for {cls.__name__}" + (f" ({hint})" if hint else ""))
+
+
+def _check_precision(args: Any) -> None:
+    import torch
+
+    if args.fp16 and not torch.cuda.is_available():
+        # accelerate silently ignores fp16 on CPU (no autocast, no scaler): refuse rather than pretend
+        raise ConfigError("precision=fp16 needs a CUDA GPU (on CPU it would silently train in fp32); use precision=bf16 or fp32")
+
+
+def _bind_optimizer(trainer: Any, cfg: DictConfig) -> None:
+    """Optimizer and schedule are `_partial_`s, bound here to the parameters and the real step count."""
+    import math
+
+    args = trainer.args
+    if args.max_steps > 0:
+        steps = args.max_steps
+    else:
+        per_epoch = math.ceil(len(trainer.get_train_dataloader()) / args.gradient_accumulation_steps)
+        steps = math.ceil(per_epoch * args.num_train_epochs)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainer.optimizer = instantiate(cfg.optimizer.optimizer)(params)
+    trainer.lr_scheduler = instantiate(cfg.optimizer.scheduler)(trainer.optimizer, num_training_steps=steps)
+
+
+def _final_metrics(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last logged value of every metric (train and eval_), plus Trainer's end-of-train stats."""
+    out: dict[str, Any] = {}
+    for event in history:
+        out.update({k: v for k, v in event.items() if isinstance(v, (int, float)) and k != "step"})
+    return out
+
+
+def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{summary['method']} finished: {summary['status']} at step {summary.get('global_step')}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in sorted(summary.get("metrics", {}).items()):
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    console = Console()
+    console.print(table)
+    console.print(f"run dir: {run_dir}")

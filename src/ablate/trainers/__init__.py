@@ -1,0 +1,1 @@
+"""`transformers.Trainer` subclasses: wiring only; the math lives in `ablate.losses`."""

@@ -1,0 +1,174 @@
+"""DPO on `transformers.Trainer`: tokenise pairs, one forward over `[chosen; rejected]`, call a loss.
+
+Departures from the paper's pseudo-code, all as in TRL: log-probs are summed over completion tokens
+only; reference log-probs are precomputed once before training by default (the reference is the
+initial policy, so no second model stays in memory); EOS ends every completion.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+from ablate.data.format import encode_completion, encode_prompt, pad, require_columns
+from ablate.losses import dpo as dpo_losses
+from ablate.losses.logps import sequence_logps, token_logps
+from ablate.trainers.metrics import MetricsBuffer
+
+
+@dataclass
+class DPOConfig(TrainingArguments):
+    beta: float = field(default=0.1, metadata={"help": "KL strength: scales the implicit reward."})
+    loss_type: str = field(default="sigmoid", metadata={"help": "A function in ablate.losses.dpo, or a dotted path."})
+    max_length: int | None = field(default=512, metadata={"help": "Truncate prompt+completion to this many tokens."})
+    precompute_ref_log_probs: bool = field(
+        default=True, metadata={"help": "Score the data with the initial policy once, before training."}
+    )
+    remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        dpo_losses.resolve(self.loss_type)  # fail before any model is built
+
+
+class DPOCollator:
+    """Pads a list of tokenised pairs into one batch: rows 0..B-1 chosen, B..2B-1 rejected."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        seqs, masks = [], []
+        for key in ("chosen_ids", "rejected_ids"):
+            for r in rows:
+                seqs.append(r["prompt_ids"] + r[key])
+                masks.append([0] * len(r["prompt_ids"]) + [1] * len(r[key]))
+        batch = {
+            "input_ids": pad(seqs, self.pad_token_id),
+            "attention_mask": pad([[1] * len(s) for s in seqs], 0),
+            "completion_mask": pad(masks, 0),
+        }
+        if "ref_chosen_logps" in rows[0]:
+            batch["ref_chosen_logps"] = torch.tensor([r["ref_chosen_logps"] for r in rows])
+            batch["ref_rejected_logps"] = torch.tensor([r["ref_rejected_logps"] for r in rows])
+        return batch
+
+
+class DPOTrainer(Trainer):
+    """Direct Preference Optimization (Rafailov et al. 2023) with a loss chosen by `args.loss_type`."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: DPOConfig,
+        train_dataset: Dataset,
+        processing_class: PreTrainedTokenizerBase,
+        eval_dataset: Dataset | None = None,
+        ref_model: PreTrainedModel | None = None,
+        data_collator: Callable | None = None,
+        **kwargs: Any,
+    ) -> None:
+        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if eval_dataset is not None:
+            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator or DPOCollator(processing_class.pad_token_id),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
+        self.loss_fn = dpo_losses.resolve(args.loss_type)
+        self.metrics = MetricsBuffer()
+        self.ref_model = None
+        if args.precompute_ref_log_probs and ref_model is None:
+            self.train_dataset = self._with_ref_logps(self.train_dataset)
+            if self.eval_dataset is not None:
+                self.eval_dataset = self._with_ref_logps(self.eval_dataset)
+        else:  # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
+            self.ref_model.eval().requires_grad_(False)
+            if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
+                self.ref_model.to(self.args.device)
+
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
+    ) -> Dataset:
+        """prompt/chosen/rejected (strings or messages) -> prompt_ids/chosen_ids/rejected_ids."""
+        require_columns(dataset, ("prompt", "chosen", "rejected"), "DPO")
+
+        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
+            p = encode_prompt(tokenizer, row["prompt"])
+            c = encode_completion(tokenizer, row["prompt"], row["chosen"])
+            r = encode_completion(tokenizer, row["prompt"], row["rejected"])
+            if args.max_length is not None:  # keep the start: the prompt is what the completion answers
+                c, r = c[: max(args.max_length - len(p), 0)], r[: max(args.max_length - len(p), 0)]
+            return {"prompt_ids": p, "chosen_ids": c, "rejected_ids": r}
+
+        return dataset.map(tokenize, remove_columns=dataset.column_names, desc=f"Tokenizing {name} pairs")
+
+    def _sequence_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
+        return logps, logits
+
+    @torch.no_grad()
+    def _with_ref_logps(self, dataset: Dataset) -> Dataset:
+        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now."""
+        was_training = self.model.training
+        self.model.eval()
+        chosen, rejected = [], []
+        bs = self.args.per_device_eval_batch_size
+        for start in range(0, len(dataset), bs):
+            rows = [dataset[i] for i in range(start, min(start + bs, len(dataset)))]
+            batch = self._prepare_inputs(self.data_collator(rows))
+            with self.autocast_smart_context_manager():  # same precision as the training forwards
+                logps, _ = self._sequence_logps(self.model, batch)
+            c, r = logps.float().chunk(2)
+            chosen += c.tolist()
+            rejected += r.tolist()
+        self.model.train(was_training)
+        return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mode = "train" if model.training else "eval"
+        logps, logits = self._sequence_logps(model, inputs)
+        logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
+        if self.ref_model is None:
+            ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
+        else:
+            with torch.no_grad():
+                ref_c, ref_r = self._sequence_logps(self.ref_model, inputs)[0].chunk(2)
+        losses, metrics = self.loss_fn(logp_c, logp_r, ref_c.to(logp_c), ref_r.to(logp_r), beta=self.args.beta)
+        self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
+        loss = losses.mean()
+        return (loss, {"logits": logits}) if return_outputs else loss
+
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Eval batches have no `labels`; run `compute_loss` so eval reports the DPO loss and metrics."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        return loss.detach(), outputs["logits"], inputs["input_ids"]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        super().log(logs, start_time)

@@ -1,0 +1,111 @@
+"""Supervised fine-tuning on `transformers.Trainer` with the loss on completion tokens only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+from ablate.data.format import encode_completion, encode_prompt, pad, require_columns
+from ablate.losses.logps import token_logps
+from ablate.losses.sft import nll
+from ablate.trainers.metrics import MetricsBuffer
+
+
+@dataclass
+class SFTConfig(TrainingArguments):
+    max_length: int | None = field(default=512, metadata={"help": "Truncate prompt+completion to this many tokens."})
+    remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
+
+
+class SFTCollator:
+    """Right-pads prompt+completion; `labels` mark completion tokens (-100 elsewhere).
+
+    `labels` exist so Trainer counts the completion tokens of the whole accumulated batch
+    (`num_items_in_batch`), which makes gradient accumulation exact for a token-mean loss.
+    """
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
+        masks = [[0] * len(r["prompt_ids"]) + [1] * len(r["completion_ids"]) for r in rows]
+        input_ids, completion_mask = pad(seqs, self.pad_token_id), pad(masks, 0)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": pad([[1] * len(s) for s in seqs], 0),
+            "completion_mask": completion_mask,
+            "labels": input_ids.masked_fill(completion_mask == 0, -100),
+        }
+
+
+class SFTTrainer(Trainer):
+    """Next-token NLL on the completion, given the prompt."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: SFTConfig,
+        train_dataset: Dataset,
+        processing_class: PreTrainedTokenizerBase,
+        eval_dataset: Dataset | None = None,
+        data_collator: Callable | None = None,
+        **kwargs: Any,
+    ) -> None:
+        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if eval_dataset is not None:
+            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator or SFTCollator(processing_class.pad_token_id),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
+        self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
+        self.metrics = MetricsBuffer()
+
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str
+    ) -> Dataset:
+        """prompt/completion (strings or messages) -> prompt_ids/completion_ids."""
+        require_columns(dataset, ("prompt", "completion"), "SFT")
+
+        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
+            p = encode_prompt(tokenizer, row["prompt"])
+            c = encode_completion(tokenizer, row["prompt"], row["completion"])
+            if args.max_length is not None:
+                c = c[: max(args.max_length - len(p), 0)]
+            return {"prompt_ids": p, "completion_ids": c}
+
+        return dataset.map(tokenize, remove_columns=dataset.column_names, desc=f"Tokenizing {name} examples")
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mode = "train" if model.training else "eval"
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
+        mask = inputs["completion_mask"][:, 1:]
+        per_token = token_logps(logits, inputs["input_ids"])
+        loss = nll(per_token, mask, num_items_in_batch if model.training else None)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1 and num_items_in_batch is not None:
+            loss = loss * self.args.world_size  # DDP averages gradients; num_items_in_batch counted every rank
+        with torch.no_grad():
+            correct = (logits[:, :-1].argmax(-1) == inputs["input_ids"][:, 1:]) & mask.bool()
+            self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
+        return (loss, {"logits": logits}) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        super().log(logs, start_time)
