@@ -30,11 +30,21 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     multirun it is raised, so Hydra records the job as failed and the sweep goes on."""
     try:
         return run(cfg)
-    except USER_ERRORS as e:
-        if HydraConfig.get().mode == RunMode.RUN:
-            print(f"ablate: error: {e}", file=sys.stderr)
+    except Exception as e:
+        user_error = _user_error(e)
+        if user_error is not None and HydraConfig.get().mode == RunMode.RUN:
+            print(f"ablate: error: {user_error}", file=sys.stderr)
             sys.exit(2)
         raise
+
+
+def _user_error(e: BaseException | None) -> BaseException | None:
+    """The user-fixable error behind `e`, if any (Hydra's instantiate wraps errors in its own)."""
+    while e is not None:
+        if isinstance(e, USER_ERRORS):
+            return e
+        e = e.__cause__
+    return None
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -55,10 +65,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from ablate.callbacks import MetricsJSONL
 
         set_seed(cfg.seed)
+        _check_precision(cfg.precision)  # before TrainingArguments, which raises a page on tf32 without a GPU
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
                            **OmegaConf.to_container(cfg.precision))
         _check_precision(args)
         tokenizer, model = instantiate(cfg.model)
+        _check_trainable(model)
         data = instantiate(cfg.data)
 
         if cfg.logger:  # logger=none composes to an empty node
@@ -96,9 +108,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                        metrics=_final_metrics(trainer.state.log_history))
         summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
     except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-        msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        cause = _user_error(e) or e
+        msg = f"{type(cause).__name__}: {cause}".splitlines()[0] if str(cause) else type(cause).__name__
         summary.update(status="failed", error=msg)
-        log.error("run failed: %s\n%s", msg, traceback.format_exc())
+        if cause is e and not isinstance(e, USER_ERRORS):  # a bug: keep the whole traceback in the log
+            log.error("run failed: %s\n%s", msg, traceback.format_exc())
+        elif hc.mode != RunMode.RUN:  # single runs print the one line themselves (main)
+            log.error("run failed: %s", msg)
         _finish(run_dir, summary, tracker, t0)
         raise
     _finish(run_dir, summary, tracker, t0)
@@ -142,11 +158,21 @@ def _check_method_args(cfg: DictConfig) -> None:
 
 
 def _check_precision(args: Any) -> None:
+    """`args`: the precision node or the built TrainingArguments (both have .fp16 / .tf32)."""
     import torch
 
-    if args.fp16 and not torch.cuda.is_available():
+    if getattr(args, "fp16", False) and not torch.cuda.is_available():
         # accelerate silently ignores fp16 on CPU (no autocast, no scaler): refuse rather than pretend
         raise ConfigError("precision=fp16 needs a CUDA GPU (on CPU it would silently train in fp32); use precision=bf16 or fp32")
+    if getattr(args, "tf32", None) and not torch.cuda.is_available():
+        raise ConfigError("precision.tf32=true needs an Ampere or newer CUDA GPU; leave it null on CPU")
+
+
+def _check_trainable(model: Any) -> None:
+    """A quantized policy trains only through adapters (transformers refuses it deep in Trainer)."""
+    if getattr(model, "is_quantized", False) and not hasattr(model, "peft_config"):
+        raise ConfigError("the policy model is quantized (quantization_config) and has no trainable adapters; "
+                          "quantize only the reference (method.trainer.ref_model) or load the policy unquantized")
 
 
 def _bind_optimizer(trainer: Any, cfg: DictConfig) -> None:

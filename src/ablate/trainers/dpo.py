@@ -17,6 +17,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
 from ablate.data.format import encode_completion, encode_prompt, pad, require_columns
+from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
 from ablate.trainers.metrics import MetricsBuffer
@@ -34,7 +35,10 @@ class DPOConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        dpo_losses.resolve(self.loss_type)  # fail before any model is built
+        try:
+            dpo_losses.resolve(self.loss_type)  # fail before any model is built
+        except ValueError as e:
+            raise ConfigError(f"method.args.loss_type: {e}") from None
 
 
 class DPOCollator:

@@ -1,0 +1,37 @@
+"""Shared fixtures: run the real console entry point in a subprocess, read run dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+           timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m ablate <args>` in a subprocess (the same code path as the console script)."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+                "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "ablate", *args], cwd=cwd or ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def run_ablate():
+    return ablate

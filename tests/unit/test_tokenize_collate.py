@@ -1,0 +1,69 @@
+"""Tokenisation and batching: the byte tokenizer, EOS placement, chat messages, DPO/SFT collators."""
+
+import pytest
+from datasets import Dataset
+
+from ablate.data import DataError
+from ablate.data.format import encode_completion, encode_prompt, require_columns
+from ablate.models.tokenizer import byte_tokenizer
+from ablate.trainers.dpo import DPOCollator
+from ablate.trainers.sft import SFTCollator
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_tokenizer()
+
+
+def test_byte_tokenizer_round_trips_and_adds_no_eos(tok):
+    ids = tok("sort: cba =", add_special_tokens=False)["input_ids"]
+    assert len(ids) == len("sort: cba =")  # one token per byte
+    assert tok.eos_token_id not in ids
+    assert tok.decode(ids) == "sort: cba ="
+    assert tok.decode(tok("héllo ✓")["input_ids"]) == "héllo ✓"  # multi-byte UTF-8
+
+
+def test_prompt_has_no_eos_completion_ends_with_eos(tok):
+    p = encode_prompt(tok, "sort: cba =")
+    c = encode_completion(tok, "sort: cba =", " abc")
+    assert tok.eos_token_id not in p
+    assert c[-1] == tok.eos_token_id and tok.decode(c[:-1]) == " abc"
+
+
+def test_chat_messages(tok):
+    prompt = [{"role": "user", "content": "sort: cba"}]
+    completion = [{"role": "assistant", "content": "abc"}]
+    p = encode_prompt(tok, prompt)
+    c = encode_completion(tok, prompt, completion)
+    assert tok.decode(p) == "<|user|>sort: cba\n<|assistant|>"
+    assert tok.decode(c[:-1]) == "abc\n" and c[-1] == tok.eos_token_id
+    with pytest.raises(DataError, match="conversational"):
+        encode_completion(tok, "plain prompt", completion)
+
+
+def test_dpo_collator_layout():
+    rows = [
+        {"prompt_ids": [5, 6], "chosen_ids": [7, 2], "rejected_ids": [8, 9, 2], "ref_chosen_logps": -1.0,
+         "ref_rejected_logps": -2.0},
+        {"prompt_ids": [5], "chosen_ids": [7, 7, 2], "rejected_ids": [2], "ref_chosen_logps": -3.0,
+         "ref_rejected_logps": -4.0},
+    ]
+    b = DPOCollator(pad_token_id=0)(rows)
+    # rows: chosen 0, chosen 1, rejected 0, rejected 1
+    assert b["input_ids"].tolist() == [[5, 6, 7, 2, 0], [5, 7, 7, 2, 0], [5, 6, 8, 9, 2], [5, 2, 0, 0, 0]]
+    assert b["completion_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert b["ref_chosen_logps"].tolist() == [-1.0, -3.0]
+    assert b["ref_rejected_logps"].tolist() == [-2.0, -4.0]
+
+
+def test_sft_collator_labels_only_completion():
+    b = SFTCollator(pad_token_id=0)([{"prompt_ids": [5, 6], "completion_ids": [7, 2]},
+                                     {"prompt_ids": [5], "completion_ids": [2]}])
+    assert b["labels"].tolist() == [[-100, -100, 7, 2], [-100, 2, -100, -100]]
+
+
+def test_missing_columns_is_one_line():
+    with pytest.raises(DataError) as e:
+        require_columns(Dataset.from_list([{"prompt": "a", "chosen": "b"}]), ("prompt", "chosen", "rejected"), "DPO")
+    assert "missing ['rejected']" in str(e.value) and "\n" not in str(e.value)
