@@ -14,13 +14,15 @@ USAGE = """usage: ablate <command> [args]
 
 commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
-  sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun
-  compare DIR... [--out D] compare run and sweep directories (table, plots)
+  sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun (hydra/launcher=local_parallel: in parallel)
+  compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
 
 examples:
   ablate train                                  # DPO (sigmoid) on the tiny model, ~1 min on CPU
   ablate train method=dpo_hinge method.args.beta=0.2
   ablate train -m method=dpo,dpo_hinge seed=1,2,3
+  ablate sweep sweeps/dpo_loss.yaml method.args.max_steps=20
+  ablate compare outputs/sweeps/dpo_loss --out report/
 """
 
 
@@ -54,11 +56,64 @@ def hydra_train(argv: list[str]) -> None:
     """Run the training Hydra app with `argv` as its command line."""
     import hydra
 
+    from ablate import sweep
     from ablate.train import main as task
 
     register_resolvers()
     sys.argv = ["ablate", *argv]
-    hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")(task)()
+    try:
+        hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")(task)()
+    finally:
+        # a multirun whose job failed skips Hydra's on_multirun_end: print its job table here
+        failed = sweep.finish()
+    if failed:
+        print(f"ablate: {failed} sweep job(s) failed (see the table above)", file=sys.stderr)
+        sys.exit(1)
+
+
+def find_sweep_file(name: str) -> Path:
+    """PATH as given, else `sweeps/<name>[.yaml]` next to conf/ (the repo's sweep files)."""
+    cands = [Path(name), Path(conf_dir()).parent / "sweeps" / name, Path(conf_dir()).parent / "sweeps" / f"{name}.yaml"]
+    for cand in cands:
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"ablate sweep: no sweep file '{name}' (give a path, or a name in sweeps/)")
+
+
+def sweep_cmd(argv: list[str]) -> None:
+    """`ablate sweep FILE [overrides]`: the file's params and overrides as a Hydra multirun."""
+    from ablate.sweep import sweep_argv
+
+    if not argv or argv[0].startswith("-"):
+        print("usage: ablate sweep FILE [key=value ...]   (e.g. ablate sweep sweeps/dpo_loss.yaml)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        hydra_argv = sweep_argv(find_sweep_file(argv[0]), argv[1:])
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print("ablate train " + " ".join(hydra_argv))
+    hydra_train(hydra_argv)
+
+
+def compare_cmd(argv: list[str]) -> None:
+    """`ablate compare DIR... [--metric M]... [--out DIR]`."""
+    import argparse
+
+    from ablate.compare import compare
+
+    parser = argparse.ArgumentParser(prog="ablate compare", description="compare run and sweep directories")
+    parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
+    parser.add_argument("--metric", action="append", default=None,
+                        help="metric to show (repeat or comma-separate; default: per method)")
+    parser.add_argument("--out", type=Path, default=None, help="write PNG plots, summary.md and summary.csv here")
+    args = parser.parse_args(argv)
+    metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
+    try:
+        compare(args.dirs, metrics=metrics, out=args.out)
+    except FileNotFoundError as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         hydra_train(rest)
+    elif cmd == "sweep":
+        sweep_cmd(rest)
+    elif cmd == "compare":
+        compare_cmd(rest)
     else:
         print(f"ablate: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

@@ -2,16 +2,29 @@
 
 transformers' WandbCallback never calls `wandb.finish()` and wandb reuses an open run, so in a
 sequential multirun every job would log into the first job's run. ablate therefore turns the
-Trainer's integrations off (`report_to=none`) and drives W&B itself.
+Trainer's integrations off (`report_to=none`) and drives W&B itself:
+
+- one run per job: `reinit="finish_previous"` plus `finish()` from `ablate.train`'s `finally`;
+- `group` = the sweep (`<sweep_name>/<sweep dir name>`, i.e. `<name>/<date-time>` by default),
+  `name` = the job's overrides (a run without overrides: its run dir's name), `job_type` = the method,
+  `tags` += the sweep name, `config` = the resolved Hydra config;
+- files under `<run_dir>/wandb/` (offline by default; `wandb sync` command printed at the end);
+- the run id lives in run.json, so a resumed job (same run dir) continues the same W&B run;
+- secret values (`WANDB_API_KEY`, `HF_TOKEN`, ...) are masked in the config sent to W&B.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import string
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+# Environment variables whose values must never reach a saved config, summary or log.
+SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
 
 
 class _Forward(TrainerCallback):
@@ -27,6 +40,38 @@ class _Forward(TrainerCallback):
             # eval_x -> eval/x and x -> train/x, W&B's section convention (as transformers does)
             data = {(f"eval/{k[5:]}" if k.startswith("eval_") else f"train/{k}"): v for k, v in data.items()}
             self.run.log(data, step=state.global_step)
+
+
+def redact(obj: Any, values: list[str] | None = None) -> Any:
+    """`obj` (nested dicts/lists) with every occurrence of a secret env value replaced by `***`."""
+    values = [v for v in (values if values is not None else [os.environ.get(k, "") for k in SECRET_ENV]) if len(v) >= 4]
+    if isinstance(obj, dict):
+        return {k: redact(v, values) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, values) for v in obj]
+    if isinstance(obj, str):
+        for v in values:
+            obj = obj.replace(v, "***")
+    return obj
+
+
+def job_identity(run_dir: Path, sweep_name: str | None) -> dict[str, Any]:
+    """W&B group and name of the current Hydra job: in a multirun, group `<sweep_name>/<sweep dir
+    name>` (its date-time by default) and name = the job's overrides; a single run has no group."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return {"group": None, "name": run_dir.name}
+    hc = HydraConfig.get()
+    name = hc.job.override_dirname or run_dir.name  # overrides, sorted, without sweep_name
+    if hc.mode == RunMode.MULTIRUN:
+        return {"group": f"{sweep_name or 'multirun'}/{Path(hc.sweep.dir).name}", "name": name}
+    return {"group": None, "name": name}
+
+
+def _new_id() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 class WandbTracker:
@@ -45,20 +90,28 @@ class WandbTracker:
         self.run: Any = None
 
     def start(self, config: dict[str, Any], run_dir: Path, run_info: dict[str, Any]) -> None:
+        """Open this job's W&B run; records its id in `run_info` (ablate.train saves it to run.json)."""
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
+        ident = job_identity(Path(run_dir), config.get("sweep_name"))
+        kwargs = dict(self.kwargs)
+        kwargs["group"] = kwargs["group"] or ident["group"]
+        kwargs["name"] = kwargs["name"] or ident["name"]
+        if ident["group"]:  # sweep runs are tagged with the sweep's name, to filter across launches
+            kwargs["tags"] = [*kwargs["tags"], str(config.get("sweep_name"))]
         # The same id on resume (stored in run.json by ablate.train) continues the same W&B run.
-        run_id = run_info.setdefault("wandb_run_id", wandb.util.generate_id())
-        self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", config=config,
-                              reinit="finish_previous", **self.kwargs)
+        run_id = run_info.setdefault("wandb_run_id", _new_id())
+        run_info["wandb_group"], run_info["wandb_name"] = kwargs["group"], kwargs["name"]
+        self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", config=redact(config),
+                              reinit="finish_previous", **kwargs)
 
     def callback(self) -> TrainerCallback | None:
         return _Forward(self.run) if self.run is not None else None
 
     def finish(self, status: str) -> None:
         if self.run is not None:
-            self.run.finish(exit_code=0 if status == "completed" else 1)
+            run, self.run = self.run, None
+            run.finish(exit_code=0 if status == "completed" else 1)
             if self.kwargs["mode"] == "offline":
-                print(f"W&B (offline): upload with `wandb sync {Path(self.run.dir).parent}`")
-            self.run = None
+                print(f"W&B (offline): upload with `wandb sync {Path(run.dir).parent}`")

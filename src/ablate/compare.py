@@ -1,0 +1,306 @@
+"""`ablate compare DIR...`: read run and sweep directories, group runs, print a table, draw plots.
+
+Reads the run directory contract only (`summary.json`, `run.json`, `metrics.jsonl`, `.hydra/`), so
+it never imports torch or transformers and works on a laptop over synced outputs, also on a sweep
+that is still running (jobs without a final summary show as `running`).
+
+Runs are grouped by the overrides whose values differ between them, ignoring the seed: a 2 losses
+x 3 seeds sweep gives two groups of three, and each final metric is shown as mean +- std over the
+group's seeds (sample std; a single run shows its value).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate import rundir
+
+# Metrics shown when `--metric` is not given, by method name (summary.json's `method`).
+DEFAULT_METRICS: dict[str, list[str]] = {
+    "dpo": ["rewards/accuracies", "rewards/margins", "loss"],
+    "dpo_hinge": ["rewards/accuracies", "rewards/margins", "loss"],
+    "sft": ["loss"],
+    "grpo": ["reward", "timing/generation_seconds"],
+}
+FALLBACK_METRICS = ["loss"]
+# Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
+IGNORED_KEYS = {"seed", "sweep_name"}
+_SKIP_DIRS = {rundir.CHECKPOINTS, rundir.MODEL, "wandb", ".hydra"}
+
+
+@dataclass
+class Run:
+    """One run directory as `ablate compare` sees it."""
+
+    path: Path
+    summary: dict[str, Any]
+    overrides: dict[str, str]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "running"))
+
+    @property
+    def method(self) -> str:
+        return str(self.summary.get("method", "?"))
+
+    def final(self, metric: str) -> float | None:
+        """The run's final value of `metric`: summary.json, else the last logged value (still running)."""
+        value = self.summary.get("metrics", {}).get(metric)
+        if value is None:
+            for event in reversed(self.events):
+                if isinstance(event.get(metric), (int, float)):
+                    return float(event[metric])
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+@dataclass
+class Group:
+    """Runs that share every override but the seed."""
+
+    label: str
+    runs: list[Run]
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, str]:
+    """`["a.b=1", "+c=x"]` -> `{"a.b": "1", "c": "x"}` (a later value of a key wins)."""
+    return {_override_key(o): o.split("=", 1)[1] if "=" in o else "" for o in overrides}
+
+
+def load_run(path: Path) -> Run | None:
+    """The run in `path`, or None when `path` is no run dir (no summary.json, run.json or .hydra/)."""
+    summary = rundir.read_json(path / rundir.SUMMARY)
+    info = rundir.read_json(path / rundir.RUN)
+    hydra_overrides = path / ".hydra" / "overrides.yaml"
+    if summary is None and info is None and not hydra_overrides.is_file():
+        return None
+    summary = summary or {"status": "running"}
+    overrides = summary.get("overrides") or (info or {}).get("overrides")
+    if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides
+        overrides = [line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")]
+    return Run(path=path, summary=summary, overrides=parse_overrides(overrides), events=rundir.read_metrics(path))
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    m = re.match(r"(\d+)", path.name)
+    return (int(m.group(1)) if m else 1 << 30, path.name)
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """Every run under `paths` (a run dir, a sweep dir, or any folder holding them), in job order."""
+    runs: list[Run] = []
+    for path in paths:
+        run = load_run(path)
+        if run is not None:
+            runs.append(run)
+        elif path.is_dir():
+            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS), key=_job_order)
+            runs.extend(find_runs(subdirs))
+    return runs
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Group by the overrides that differ between runs (seed ignored); groups in first-seen order."""
+    keys = sorted({k for r in runs for k in r.overrides} - IGNORED_KEYS)
+    varying = [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
+    short = _short_names(varying)
+    groups: dict[str, Group] = {}
+    for run in runs:
+        label = ",".join(f"{short[k]}={run.overrides.get(k, '-')}" for k in varying) or "all"
+        groups.setdefault(label, Group(label, [])).runs.append(run)
+    return list(groups.values())
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    """`method.args.loss_type` -> `loss_type` where the last part is unambiguous."""
+    last = [k.split(".")[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def default_metrics(runs: list[Run]) -> list[str]:
+    """The per-method defaults of the methods present, in order, without repeats."""
+    out: list[str] = []
+    for run in runs:
+        for m in DEFAULT_METRICS.get(run.method, FALLBACK_METRICS):
+            if m not in out:
+                out.append(m)
+    return out
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def fmt(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.4g}" + (f" ± {std:.2g}" if std is not None else "")
+
+
+def status_text(runs: list[Run]) -> str:
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
+    """One row per group: label, runs, status, `<metric>` mean and std, runtime, steps."""
+    rows = []
+    for g in groups:
+        row: dict[str, Any] = {"group": g.label, "runs": len(g.runs), "status": status_text(g.runs)}
+        for m in metrics:
+            row[f"{m} mean"], row[f"{m} std"] = mean_std([v for r in g.runs if (v := r.final(m)) is not None])
+        runtimes = [float(r.summary["train_runtime"]) for r in g.runs if "train_runtime" in r.summary]
+        row["runtime_s mean"], row["runtime_s std"] = mean_std(runtimes)
+        steps = sorted({r.summary.get("global_step") for r in g.runs} - {None})
+        row["steps"] = ",".join(map(str, steps)) or "-"
+        rows.append(row)
+    return rows
+
+
+def display_table(rows: list[dict[str, Any]], metrics: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells as printed (rich) and written (Markdown)."""
+    header = ["group", "runs", "status", *metrics, "runtime (s)", "steps"]
+    cells = [[r["group"], str(r["runs"]), r["status"], *(fmt(r[f"{m} mean"], r[f"{m} std"]) for m in metrics),
+              fmt(r["runtime_s mean"], r["runtime_s std"]), r["steps"]] for r in rows]
+    return header, cells
+
+
+def print_table(header: list[str], cells: list[list[str]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    Console(width=max(120, sum(len(h) for h in header) + 8 * len(header))).print(table)
+
+
+def write_tables(out: Path, rows: list[dict[str, Any]], header: list[str], cells: list[list[str]]) -> None:
+    """`summary.md` (as printed) and `summary.csv` (raw mean and std columns, for further analysis)."""
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+    (out / "summary.md").write_text("\n".join(md) + "\n")
+    with (out / "summary.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["group"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _curve(runs: list[Run], metric: str, x: str) -> tuple[list[float], list[float], list[float]]:
+    """Mean and std of `metric` over the runs at each step; x = the step, or (x="time") the runs'
+    mean wall-clock at that step, so seeds stay aligned by step on the time axis too."""
+    values: dict[int, list[float]] = {}
+    times: dict[int, list[float]] = {}
+    for r in runs:
+        for e in r.events:
+            if isinstance(e.get(metric), (int, float)):
+                values.setdefault(e["step"], []).append(float(e[metric]))
+                times.setdefault(e["step"], []).append(float(e.get("time", 0.0)))
+    steps = sorted(values)
+    xs = [float(s) for s in steps] if x == "step" else [statistics.fmean(times[s]) for s in steps]
+    means = [statistics.fmean(values[s]) for s in steps]
+    stds = [statistics.stdev(values[s]) if len(values[s]) > 1 else 0.0 for s in steps]
+    return xs, means, stds
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def write_plots(out: Path, groups: list[Group], metrics: list[str]) -> list[Path]:
+    """PNG plots: each metric vs step (mean +- std band over seeds, one line per group); `reward`
+    also vs wall-clock; each `timing/*` metric as mean seconds per group (bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    written = []
+    for metric in metrics:
+        axes = [("step", "step")] + ([("time", "wall-clock (s)")] if metric.split("/")[-1] == "reward" else [])
+        for x, xlabel in axes:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            drawn = False
+            for g in groups:
+                xs, means, stds = _curve(g.runs, metric, x)
+                if not xs:
+                    continue
+                drawn = True
+                line, = ax.plot(xs, means, marker="o", markersize=3, label=f"{g.label} (n={len(g.runs)})")
+                ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                                color=line.get_color(), alpha=0.2)
+            if drawn:
+                ax.set(xlabel=xlabel, ylabel=metric, title=f"{metric} vs {xlabel} (mean ± std over seeds)")
+                if x == "step":
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=8)
+                path = out / f"{_safe(metric)}_vs_{x}.png"
+                fig.tight_layout()
+                fig.savefig(path, dpi=120)
+                written.append(path)
+            plt.close(fig)
+        if metric.startswith("timing/"):
+            written += _bar_plot(plt, out, groups, metric)
+    return written
+
+
+def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str) -> list[Path]:
+    """Mean over all logged events of `metric`, per group, with the std over seeds as error bar."""
+    labels, means, stds = [], [], []
+    for g in groups:
+        per_run = [statistics.fmean(v) for r in g.runs
+                   if (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])]
+        if per_run:
+            labels.append(g.label)
+            m, s = mean_std(per_run)
+            means.append(m)
+            stds.append(s or 0.0)
+    if not labels:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.bar(range(len(labels)), means, yerr=stds, capsize=4)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set(ylabel=f"{metric} (mean per log event)", title=f"{metric} per group")
+    fig.tight_layout()
+    path = out / f"{_safe(metric)}_by_group.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
+
+
+def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None) -> list[dict[str, Any]]:
+    """Print the comparison table of the runs under `paths`; with `out`, also write plots and tables.
+    Returns the table rows (raw numbers)."""
+    runs = find_runs(paths)
+    if not runs:
+        raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}")
+    metrics = metrics or default_metrics(runs)
+    groups = group_runs(runs)
+    rows = table_rows(groups, metrics)
+    header, cells = display_table(rows, metrics)
+    print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_tables(out, rows, header, cells)
+        for p in write_plots(out, groups, metrics):
+            print(f"wrote {p}")
+        print(f"wrote {out / 'summary.md'} and {out / 'summary.csv'}")
+    return rows

@@ -1,0 +1,136 @@
+"""`ablate compare` and the sweep job table on run dirs written to the contract (no training here:
+the dirs are written by hand, so every expected number is known; tests/slow/test_sweeps.py runs
+compare on real sweeps)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ablate import compare, sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Final rewards/margins per (loss, seed). sigmoid: mean 0.3, sample std sqrt((0.1^2+0.1^2)/1) = 0.1414;
+# hinge: mean 0.7, std sqrt((0.2^2+0.2^2)/1) = 0.2828.
+MARGINS = {("sigmoid", 1): 0.2, ("sigmoid", 2): 0.4, ("hinge", 1): 0.5, ("hinge", 2): 0.9}
+
+
+def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status: str = "completed",
+              steps: int = 4, runtime: float = 2.0, error: str | None = None) -> Path:
+    run = root / f"{num}_{','.join(overrides)}"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    summary = {"status": status, "method": "dpo", "overrides": overrides, "global_step": steps,
+               "train_runtime": runtime, "metrics": metrics}
+    if error:
+        summary["error"] = error
+    (run / "summary.json").write_text(json.dumps(summary))
+    with (run / "metrics.jsonl").open("w") as f:  # a curve ending at the final value
+        for step in range(1, steps + 1):
+            event = {k: v * step / steps for k, v in metrics.items()}
+            f.write(json.dumps({"step": step, "time": 0.5 * step, **event}) + "\n")
+    return run
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "dpo_loss" / "2026-01-01_00-00-00"
+    for num, ((loss, seed), margin) in enumerate(MARGINS.items()):
+        write_run(root, num, ["sweep_name=dpo_loss", "method=dpo", f"method.args.loss_type={loss}", f"seed={seed}"],
+                  {"rewards/margins": margin, "rewards/accuracies": 0.5 + margin / 2, "loss": 1.0 - margin},
+                  runtime=1.0 + seed)
+    (root / "multirun.yaml").write_text("{}\n")
+    return root
+
+
+def test_groups_by_the_overrides_that_differ_ignoring_seed(sweep_dir: Path) -> None:
+    groups = compare.group_runs(compare.find_runs([sweep_dir]))
+    assert [g.label for g in groups] == ["loss_type=sigmoid", "loss_type=hinge"]
+    assert [[r.overrides["seed"] for r in g.runs] for g in groups] == [["1", "2"], ["1", "2"]]
+
+
+def test_table_is_mean_and_std_of_the_summaries(sweep_dir: Path) -> None:
+    rows = compare.compare([sweep_dir], metrics=["rewards/margins"])
+    by_group = {r["group"]: r for r in rows}
+    assert by_group["loss_type=sigmoid"]["rewards/margins mean"] == pytest.approx(0.3)
+    assert by_group["loss_type=sigmoid"]["rewards/margins std"] == pytest.approx(0.141421, abs=1e-6)
+    assert by_group["loss_type=hinge"]["rewards/margins mean"] == pytest.approx(0.7)
+    assert by_group["loss_type=hinge"]["rewards/margins std"] == pytest.approx(0.282843, abs=1e-6)
+    assert by_group["loss_type=hinge"]["runtime_s mean"] == pytest.approx(2.5)  # runtimes 2.0 and 3.0
+    assert by_group["loss_type=hinge"]["status"] == "2 completed"
+
+
+def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    # also proves compare stays light: neither torch nor transformers gets imported
+    code = ("import sys; from ablate.cli import main; main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    proc = subprocess.run([sys.executable, "-c", code, "compare", str(sweep_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "loss_type=sigmoid" in proc.stdout and "loss_type=hinge" in proc.stdout
+    assert "0.3 ± 0.14" in proc.stdout and "0.7 ± 0.28" in proc.stdout  # rewards/margins
+    for name in ("rewards_margins_vs_step.png", "rewards_accuracies_vs_step.png", "loss_vs_step.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    rows = {r["group"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert float(rows["loss_type=hinge"]["loss mean"]) == pytest.approx(1.0 - 0.7)
+    md = (out / "summary.md").read_text()
+    assert md.startswith("| group | runs | status | rewards/accuracies | rewards/margins | loss |")
+    assert "| loss_type=hinge | 2 | 2 completed |" in md
+
+
+def test_metric_flag_picks_the_columns(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    compare.compare([sweep_dir], metrics=["loss"], out=out)
+    assert (out / "summary.md").read_text().splitlines()[0] == "| group | runs | status | loss | runtime (s) | steps |"
+    assert not (out / "rewards_margins_vs_step.png").exists()
+
+
+def test_failed_and_running_jobs(tmp_path: Path) -> None:
+    """A sweep still running: a failed job, a job with only Hydra's files and a half-written log."""
+    root = tmp_path / "sweep"
+    write_run(root, 0, ["data.name=sort_prefs", "seed=1"], {"loss": 0.25})
+    write_run(root, 1, ["data.name=missing", "seed=1"], {}, status="failed", error="DataError: no dataset 'missing'")
+    running = root / "2_data.name=sort_prefs,seed=2"
+    (running / ".hydra").mkdir(parents=True)
+    (running / ".hydra" / "overrides.yaml").write_text("- data.name=sort_prefs\n- seed=2\n")
+    (running / "metrics.jsonl").write_text('{"step": 1, "time": 0.1, "loss": 0.75}\n{"step": 2, "ti')
+
+    rows = {r["group"]: r for r in compare.compare([root], metrics=["loss"])}
+    assert rows["name=sort_prefs"]["status"] == "1 completed, 1 running"
+    assert rows["name=sort_prefs"]["loss mean"] == pytest.approx((0.25 + 0.75) / 2)  # running: last logged value
+    assert rows["name=missing"]["status"] == "1 failed" and rows["name=missing"]["loss mean"] is None
+
+    jobs = sweep.job_rows(root)
+    assert [(j["job"], j["status"]) for j in jobs] == [("0", "completed"), ("1", "failed"), ("2", "running")]
+    assert jobs[1]["error"] == "DataError: no dataset 'missing'" and jobs[0]["metric"] == "loss=0.25"
+    assert sweep.print_summary(root) == 2  # not completed: one failed, one still running
+
+
+def test_sweep_files_become_multirun_argv(tmp_path: Path) -> None:
+    argv = sweep.sweep_argv(REPO / "sweeps" / "dpo_loss.yaml", ["seed=0", "logger=wandb"])
+    assert argv[0] == "-m"
+    assert "seed=0" in argv and "seed=1,2,3" not in argv  # the command line wins over the file
+    assert {"sweep_name=dpo_loss", "method.args.loss_type=sigmoid,hinge", "method=dpo"} <= set(argv)
+    exclude = argv[-1]  # job dirs are named by what varies only
+    assert exclude.startswith("hydra.job.config.override_dirname.exclude_keys=[")
+    assert "method.args.loss_type" not in exclude and "seed" in exclude and "sweep_name" in exclude
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nparam: {seed: 1,2}\n")
+    with pytest.raises(ValueError, match="unknown sweep file key"):
+        sweep.load_sweep(bad)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_sweep_file_has_a_comment_params_and_a_name(path: Path) -> None:
+    name, merged = sweep.load_sweep(path)
+    assert name == path.stem and path.read_text().startswith("# ")
+    assert any("," in v for v in merged.values()), "a sweep file sweeps something"

@@ -1,0 +1,102 @@
+"""W&B, offline: one run per job of a sequential sweep, right group/name/config, secrets kept out.
+
+Offline runs are read back without a server through wandb's own reader of the `.wandb`
+transaction log, `wandb leet inspect --json` (wandb >= 0.31; the old datastore reader is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+WANDB = shutil.which("wandb") or str(Path(sys.executable).with_name("wandb"))
+SECRETS = {"WANDB_API_KEY": "test-wandb-key-0123456789abcdef", "HF_TOKEN": "hf_testtoken_zyxwvu987654"}
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of the job's offline W&B run, as wandb's own reader prints them."""
+    proc = subprocess.run([WANDB, "leet", "inspect", "--json", str(run_dir / "wandb")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def wandb_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """sweeps/dpo_loss.yaml cut to one seed (2 jobs: sigmoid, hinge), sequential, logger=wandb."""
+    tmp = tmp_path_factory.mktemp("wandb_sweep")
+    sweep_dir = tmp / "dpo_loss" / "2026-01-01_00-00-00"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | SECRETS
+    # a config value holding a secret (as a user might, to pass a hub token): must reach W&B masked
+    cmd = [sys.executable, "-m", "ablate", "sweep", str(REPO / "sweeps" / "dpo_loss.yaml"), "seed=0", "logger=wandb",
+           "method.args.max_steps=3", "method.args.logging_steps=1", "+hub_token=${oc.env:HF_TOKEN}",
+           f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sweep_dir, proc
+
+
+def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
+    sweep_dir, proc = wandb_sweep
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    assert [j.name for j in jobs] == ["0_method.args.loss_type=sigmoid", "1_method.args.loss_type=hinge"]
+    ids = []
+    for job, loss in zip(jobs, ("sigmoid", "hinge")):
+        offline = list((job / "wandb").glob("offline-run-*"))
+        assert len(offline) == 1, offline  # no second run from the Trainer's own integration
+        recs = records(job)
+        run = next(r["run"] for r in recs if r["type"] == "run")
+        run_json = json.loads((job / "run.json").read_text())
+        assert run["run_id"] == run_json["wandb_run_id"] and offline[0].name.endswith(run["run_id"])
+        ids.append(run["run_id"])
+        assert run["run_group"] == "dpo_loss/2026-01-01_00-00-00"
+        assert run["display_name"] == f"method.args.loss_type={loss}"
+        assert run["job_type"] == "dpo" and "dpo_loss" in run["tags"]
+        config = run["config"]["update"]
+        hydra_cfg = yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
+        assert config["method"]["args"]["loss_type"] == hydra_cfg["method"]["args"]["loss_type"] == loss
+        assert config["method"]["args"]["max_steps"] == 3 and config["seed"] == 0
+        assert config["model"] == hydra_cfg["model"] and config["sweep_name"] == "dpo_loss"
+        assert config["hub_token"] == "***"  # resolved from HF_TOKEN, masked before it left ablate
+        # this job's metrics went to this job's run: steps 1..3, and the final loss is summary.json's
+        history = [r["history"]["item"] for r in recs if r["type"] == "history"]
+        assert [h["_step"] for h in history] == [1, 2, 3], history[:1]
+        summary = json.loads((job / "summary.json").read_text())
+        assert history[-1]["train/rewards/margins"] == pytest.approx(summary["metrics"]["rewards/margins"])
+        state = next(r for r in recs if r["type"] == "exit")
+        assert state["exit"].get("exit_code", 0) == 0
+    assert len(set(ids)) == 2
+    assert "wandb sync" in proc.stdout
+
+
+def test_secrets_never_saved(wandb_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
+    sweep_dir, proc = wandb_sweep
+    leaks = [p for p in sweep_dir.rglob("*") if p.is_file()
+             and any(v.encode() in p.read_bytes() for v in SECRETS.values())]
+    assert leaks == []
+    assert not any(v in proc.stdout + proc.stderr for v in SECRETS.values())
+
+
+def test_resume_continues_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The id ablate.train stored in run.json is reused: same W&B run id, a config secret masked."""
+    from ablate.tracking.wandb import WandbTracker
+
+    monkeypatch.setenv("HF_TOKEN", SECRETS["HF_TOKEN"])
+    info = {"wandb_run_id": "resumeid"}
+    tracker = WandbTracker(mode="offline", job_type="dpo")
+    tracker.start({"seed": 0, "note": f"token {SECRETS['HF_TOKEN']}"}, tmp_path, info)
+    assert tracker.run.id == "resumeid" and info["wandb_run_id"] == "resumeid"
+    tracker.finish("completed")
+    run = next(r["run"] for r in records(tmp_path) if r["type"] == "run")
+    assert run["run_id"] == "resumeid" and run["config"]["update"]["note"] == "token ***"
+    assert run["display_name"] == tmp_path.name  # outside a sweep: the run dir's name, no group
+    assert not run.get("run_group")
