@@ -144,3 +144,9 @@ def _build_trainer(cfg: DictConfig, tmp_path: Path) -> None:
 def test_resolved_config_has_no_missing_values():
     cfg = make_cfg()
     assert OmegaConf.missing_keys(cfg) == set()
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_experiment_files_compose(name):
+    """`+experiment=NAME` (the Hydra way to append a group) composes and changes the config."""
+    assert make_cfg(f"+experiment={name}") != make_cfg()

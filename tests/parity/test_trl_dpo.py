@@ -1,0 +1,78 @@
+"""Parity with TRL (the reference implementation): same batch layout, loss and metric values.
+
+TRL is a dev-only dependency (never imported by ablate at runtime); skipped when it is absent.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from datasets import Dataset
+
+trl = pytest.importorskip("trl")
+
+from ablate.models import tiny  # noqa: E402
+from ablate.trainers.dpo import DPOConfig, DPOTrainer  # noqa: E402
+
+ROWS = [
+    {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
+    {"prompt": "sort: hgfe =", "chosen": " efgh", "rejected": " hgef"},
+    {"prompt": "sort: dc =", "chosen": " cd", "rejected": " dc"},
+]
+
+
+def _models():
+    tok, ref = tiny()
+    policy = copy.deepcopy(ref)
+    with torch.no_grad():  # move the policy away from the reference so the loss is not log 2
+        g = torch.Generator().manual_seed(1)
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return tok, policy, ref
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "hinge"])
+def test_dpo_matches_trl(tmp_path, loss_type):
+    tok, policy, ref = _models()
+    ds = Dataset.from_list(ROWS)
+    # bf16=False: TRL defaults to bf16 autocast, which would make the comparison about precision
+    common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, loss_type=loss_type, use_cpu=True,
+                  bf16=False)
+    theirs = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref),
+                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+                            train_dataset=ds, processing_class=tok)
+    ours = DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref),
+                      args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
+                      train_dataset=ds, processing_class=tok)
+    b_theirs = next(iter(theirs.get_train_dataloader()))
+    b_ours = next(iter(ours.get_train_dataloader()))
+    for key in ("input_ids", "attention_mask", "completion_mask"):
+        assert torch.equal(b_theirs[key], b_ours[key]), key
+
+    theirs.model.train(), ours.model.train()
+    loss_theirs = theirs.compute_loss(theirs.model, b_theirs)
+    loss_ours = ours.compute_loss(ours.model, b_ours)
+    torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-6)
+    m_theirs = {k: v[-1] for k, v in theirs._metrics["train"].items()}
+    m_ours = ours.metrics.pop("train")
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                 "logps/chosen", "logps/rejected"):
+        assert m_ours[name] == pytest.approx(m_theirs[name], rel=1e-5, abs=1e-6), name
+
+
+def test_precomputed_reference_equals_live_reference(tmp_path):
+    """The default (reference log-probs precomputed once) gives the live reference's numbers."""
+    tok, policy, ref = _models()
+    ds = Dataset.from_list(ROWS)
+    args = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True)
+    pre = DPOTrainer(model=copy.deepcopy(ref), args=DPOConfig(output_dir=str(tmp_path / "a"), **args),
+                     train_dataset=ds, processing_class=tok)
+    live = DPOTrainer(model=copy.deepcopy(ref), args=DPOConfig(output_dir=str(tmp_path / "b"),
+                      precompute_ref_log_probs=False, **args), train_dataset=ds, processing_class=tok)
+    pre.model.load_state_dict(policy.state_dict())  # the policy moves after the reference was scored
+    live.model.load_state_dict(policy.state_dict())
+    b_pre, b_live = next(iter(pre.get_train_dataloader())), next(iter(live.get_train_dataloader()))
+    assert "ref_chosen_logps" in b_pre and "ref_chosen_logps" not in b_live
+    torch.testing.assert_close(pre.compute_loss(pre.model, b_pre), live.compute_loss(live.model, b_live))
