@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -64,3 +65,38 @@ class NaNGuard(TrainerCallback):
             v = (logs or {}).get(name)
             if isinstance(v, float) and not math.isfinite(v):
                 raise FloatingPointError(f"{name} is {v} at step {state.global_step}: stopping (NaNGuard)")
+
+
+class EarlyStop(TrainerCallback):
+    """Stop training when `metric` has not improved by `min_delta` for `patience` log events in a row.
+
+    Works on any logged number: a train metric (`loss`, `rewards/accuracies`) checked every
+    `logging_steps`, or an eval metric (`eval_loss`) checked every evaluation. Unlike transformers'
+    `EarlyStoppingCallback` it needs neither `load_best_model_at_end` nor checkpoints at every eval.
+    A stopped run ends normally (`status: completed`) at the step it stopped; the reason is logged.
+    """
+
+    def __init__(self, metric: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStop: mode must be 'min' or 'max', got {mode!r}")
+        self.metric, self.sign, self.patience, self.min_delta = metric, 1.0 if mode == "min" else -1.0, patience, min_delta
+        self.best: float | None = None
+        self.bad = 0  # log events since the last improvement
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        logs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        v = (logs or {}).get(self.metric)
+        if not isinstance(v, (int, float)):
+            return
+        if self.best is None or self.sign * (self.best - v) > self.min_delta:  # improved (lower for min)
+            self.best, self.bad = float(v), 0
+            return
+        self.bad += 1
+        if self.bad >= self.patience:
+            logging.getLogger("ablate").info(
+                "EarlyStop: %s did not improve on %.6g for %d log events; stopping at step %d",
+                self.metric, self.best, self.bad, state.global_step,
+            )
+            control.should_training_stop = True

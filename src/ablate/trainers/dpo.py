@@ -165,13 +165,18 @@ class DPOTrainer(Trainer):
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Eval batches have no `labels`; run `compute_loss` so eval reports the DPO loss and metrics."""
+        """Eval batches have no `labels`; run `compute_loss` so eval reports the DPO loss and metrics.
+
+        With a `compute_metrics` hook it receives the logits of `[chosen; rejected]` and, as labels,
+        `input_ids` with every non-completion position set to -100 (the SFT convention).
+        """
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
         if prediction_loss_only:
             return loss.detach(), None, None
-        return loss.detach(), outputs["logits"], inputs["input_ids"]
+        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+        return loss.detach(), outputs["logits"], labels
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         logs.update(self.metrics.pop("train" if self.model.training else "eval"))
