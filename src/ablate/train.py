@@ -61,9 +61,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         _check_method_args(cfg)
         from transformers import set_seed
+        from transformers.utils import logging as hf_logging
 
         from ablate.callbacks import MetricsJSONL
 
+        hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
         set_seed(cfg.seed)
         _check_precision(cfg.precision)  # before TrainingArguments, which raises a page on tf32 without a GPU
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
