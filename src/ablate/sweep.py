@@ -90,13 +90,17 @@ def _name_jobs_by_swept_keys(argv: list[str]) -> str:
 
 
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job dir of a sweep: job, overrides, status, key metric, run dir, error."""
+    """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir, error."""
     rows = []
-    for run in compare.find_runs([sweep_dir]):
+    runs = compare.find_runs([sweep_dir])
+    # what varies between jobs (the fixed overrides are the same on every row); one job: everything
+    keys = {k for r in runs for k in r.overrides} - {"sweep_name"}
+    varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
+    for run in runs:
         key = next((m for m in compare.DEFAULT_METRICS.get(run.method, compare.FALLBACK_METRICS)
                     if run.final(m) is not None), None)
         value = run.final(key) if key else None
-        overrides = [f"{k}={v}" for k, v in run.overrides.items() if k != "sweep_name"]
+        overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
         rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides), "status": run.status,
                      "metric": f"{key}={value:.4g}" if key and value is not None else "-",
                      "run_dir": str(run.path), "error": str(run.summary.get("error", ""))[:160]})
