@@ -1,0 +1,140 @@
+"""GRPO losses (Shao et al. 2024, DeepSeekMath eq. 3) as pure functions of per-token log-probs.
+
+Three pieces, composed by the trainer:
+- advantages: `A_i = (r_i - mean(group)) / (std + 1e-4)` per prompt group (eq. in section 4.1.2), with
+  the std taken per group (`scale_rewards: group`), over the whole batch (`batch`, Liu et al. 2025
+  recommend it) or not at all (`none`, Dr. GRPO). A group whose rewards are all equal gets A = 0.
+- per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)` with
+  `r = exp(logp - old_logp)`, plus `beta * KL` with the k3 estimator
+  `exp(ref - logp) - (ref - logp) - 1` (Schulman 2020) when beta > 0.
+- aggregation over tokens (`loss_type`), named and defined as in TRL 1.16:
+  `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
+  completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
+  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025).
+
+Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
+None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
+reward functions are summed with weights before normalising.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Aggregation = Callable[..., torch.Tensor]
+
+
+def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased std ignoring NaNs (torch has nanmean but no nanstd)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=True) if dim is not None else (~torch.isnan(x)).sum()
+    var = torch.nansum((x - mean) ** 2, dim=dim, keepdim=True) / (count - 1).clamp(min=1)
+    std = var.sqrt()
+    return std if keepdim or dim is None else std.squeeze(dim)
+
+
+def group_std(rewards: torch.Tensor) -> torch.Tensor:
+    """`scale_rewards: group`: divide by each prompt group's std. rewards: (groups, G) -> (groups, 1)."""
+    return _nanstd(rewards, dim=1, keepdim=True) + 1e-4
+
+
+def batch_std(rewards: torch.Tensor) -> torch.Tensor:
+    """`scale_rewards: batch`: divide by one std over every reward of the generation batch."""
+    return (_nanstd(rewards) + 1e-4).expand(rewards.shape[0], 1)
+
+
+def no_std(rewards: torch.Tensor) -> torch.Tensor:
+    """`scale_rewards: none`: centre only (Dr. GRPO: dividing by the std biases towards easy/hard prompts)."""
+    return torch.ones(rewards.shape[0], 1, dtype=rewards.dtype)
+
+
+# the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; chosen by `scale_rewards`
+SCALES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"group": group_std, "batch": batch_std, "none": no_std}
+
+
+def advantages(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale_rewards: str = "group"
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Group-relative advantages from a reward table.
+
+    rewards_per_func: (N, F), one column per reward function, NaN where a function returned None;
+    rows are consecutive groups of `num_generations` completions of one prompt. Returns (A (N,),
+    metrics) with TRL's metric names: `reward`, `reward_std`, `frac_reward_zero_std`.
+    """
+    all_nan = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    rewards[all_nan] = torch.nan  # unscorable: out of the baseline, advantage 0 below
+    grouped = rewards.view(-1, num_generations)
+    centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+    scaled = centred / SCALES[scale_rewards](grouped)
+    zero_std = torch.isclose(_nanstd(grouped, dim=1), torch.zeros(()))  # logged whatever the scaling
+    metrics = {
+        "reward": torch.nanmean(rewards),
+        "reward_std": _nanstd(rewards),
+        "frac_reward_zero_std": zero_std.float().mean(),
+    }
+    return torch.nan_to_num(scaled.reshape(-1), nan=0.0), metrics
+
+
+def per_token_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate (+ beta * k3 KL) per token. logps/old/ref/mask: (B, T); advantages: (B,).
+
+    Returns (loss (B, T), metrics); metrics are masked token means named as in TRL
+    (`clip_ratio/low_mean`, `clip_ratio/high_mean`, `clip_ratio/region_mean`, `kl` when beta > 0).
+    A token is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0, or
+    r > 1+eps_high with A > 0.
+    """
+    adv = advantages.unsqueeze(1)
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    loss = -torch.min(ratio * adv, clipped * adv)
+    low = (ratio < 1 - epsilon_low) & (adv < 0)
+    high = (ratio > 1 + epsilon_high) & (adv > 0)
+    metrics = {
+        "clip_ratio/low_mean": masked_mean(low.float(), mask),
+        "clip_ratio/high_mean": masked_mean(high.float(), mask),
+        "clip_ratio/region_mean": masked_mean((low | high).float(), mask),
+    }
+    if beta != 0.0:
+        if ref_logps is None:
+            raise ValueError("beta > 0 needs ref_logps")
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        loss = loss + beta * kl
+        metrics["kl"] = masked_mean(kl.detach(), mask)
+    return loss, metrics
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over the tokens where mask is 1 (0 when there are none)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+    """Mean over each sequence's tokens, then mean over sequences (the GRPO paper, eq. 3)."""
+    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+def dapo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+    """Sum over all tokens / `num_items` (DAPO's token-level mean: every token weighs the same, however
+    long its completion). The trainer passes the mean completion tokens per micro-batch of the
+    generation round, so with its 1/accumulation scaling this is TRL's tokens-per-window normaliser."""
+    return (loss * mask).sum() / max(num_items, 1.0)
+
+
+def dr_grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+    """Sum over all tokens / (sequences * max_completion_length): a constant normaliser (Dr. GRPO)."""
+    return (loss * mask).sum() / (loss.size(0) * max_completion_length)
+
+
+AGGREGATIONS: dict[str, Aggregation] = {"grpo": grpo, "dapo": dapo, "dr_grpo": dr_grpo}

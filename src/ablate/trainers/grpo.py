@@ -1,0 +1,374 @@
+"""GRPO on `transformers.Trainer`: one generation round feeds `steps_per_generation` micro-steps.
+
+Generation is autoregressive (one forward per new token), so it is amortised as in TRL 1.16:
+the train dataloader yields a *generation batch* of `per_device_train_batch_size * steps_per_generation`
+completions' worth of prompts (each prompt repeated `num_generations` times, kept together), and
+yields it `steps_per_generation` times in a row (RepeatSampler), so those prompts are not re-drawn.
+`_prepare_inputs` generates and scores on the first of those micro-steps, buffers the result split
+into `steps_per_generation` slices, and serves slice k at micro-step k:
+
+    micro-step   0        1        2        3        4  ...      (spg = 4)
+    generate     round 0  -        -        -        round 1
+    trains on    slice 0  slice 1  slice 2  slice 3  slice 0
+
+`per_device_train_batch_size` counts completions (as in TRL), so it must be a multiple of
+`num_generations`. The old policy's log-probs are computed at generation time only when the policy
+can change between generation and use (`gradient_accumulation_steps % steps_per_generation != 0`,
+e.g. spg > accumulation); otherwise the ratio is exactly 1 and the detached current log-probs stand in.
+
+Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
+prompts drawn for micro-step k, which the schedule test checks), no `num_iterations`, no vLLM;
+position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
+After a resume the buffer is empty: the round is regenerated from the same prompts (the dataloader
+replays them) and the slice for the current micro-step is served.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sized
+
+import torch
+from datasets import Dataset
+from torch import nn
+from torch.utils.data import Sampler
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+from ablate.data.format import encode_prompt, require_columns
+from ablate.errors import ConfigError
+from ablate.losses import grpo as grpo_losses
+from ablate.losses.logps import selective_log_softmax
+from ablate.trainers.metrics import MetricsBuffer
+
+RewardFunc = Callable[..., list[float | None]]
+# The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS.
+GenerateFn = Callable[[PreTrainedModel, list[list[int]]], list[list[int]]]
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
+    steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
+    max_prompt_length: int | None = field(default=512, metadata={"help": "Keep the last N prompt tokens."})
+    max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
+    beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
+    scale_rewards: str = field(default="group", metadata={"help": "Advantage std: group | batch | none."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token aggregation: grpo | dapo | dr_grpo."})
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
+    remove_unused_columns: bool = False  # reward functions receive every dataset column
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        checks = [
+            (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
+            (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
+            (self.per_device_train_batch_size % self.num_generations == 0,
+             f"per_device_train_batch_size ({self.per_device_train_batch_size}) counts completions and must be "
+             f"a multiple of num_generations ({self.num_generations})"),
+            (self.eval_strategy == "no" or self.per_device_eval_batch_size % self.num_generations == 0,
+             f"per_device_eval_batch_size ({self.per_device_eval_batch_size}) must be a multiple of "
+             f"num_generations ({self.num_generations})"),
+            (self.scale_rewards in grpo_losses.SCALES,
+             f"scale_rewards must be one of {list(grpo_losses.SCALES)}, got '{self.scale_rewards}'"),
+            (self.loss_type in grpo_losses.AGGREGATIONS,
+             f"loss_type must be one of {list(grpo_losses.AGGREGATIONS)}, got '{self.loss_type}'"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(f"method.args: {msg}")
+
+
+class RepeatSampler(Sampler[int]):
+    """Shuffled prompt indices, each repeated `num_generations` times, in chunks of `prompts` prompts;
+    each chunk is yielded `repeat` times (TRL's RepeatSampler; incomplete last chunk dropped)."""
+
+    def __init__(self, data: Sized, num_generations: int, prompts: int, repeat: int, seed: int) -> None:
+        self.n, self.g, self.prompts, self.repeat = len(data), num_generations, prompts, repeat
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(self.n, generator=self.generator).tolist()
+        for start in range(0, self.n - self.prompts + 1, self.prompts):
+            chunk = order[start : start + self.prompts]
+            for _ in range(self.repeat):
+                yield from (i for i in chunk for _ in range(self.g))
+
+    def __len__(self) -> int:
+        return (self.n // self.prompts) * self.prompts * self.g * self.repeat
+
+
+class HFGenerator:
+    """Sampling with `model.generate`: prompts left-padded, completions cut after the first EOS.
+
+    The default generation backend; a faster engine only has to be a `GenerateFn`. Draws from
+    torch's global RNG, which Trainer seeds (and restores on resume), so runs are deterministic on CPU.
+    """
+
+    def __init__(self, args: GRPOConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.pad_id, self.eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+        self.config = GenerationConfig(
+            do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=None,
+            max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+        )
+
+    @torch.no_grad()
+    def __call__(self, model: PreTrainedModel, prompt_ids: list[list[int]]) -> list[list[int]]:
+        input_ids, attention_mask = left_pad(prompt_ids, self.pad_id)
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                 generation_config=self.config)
+        finally:
+            model.train(was_training)
+        return [cut_at_eos(row, self.eos_id) for row in out[:, input_ids.size(1):].tolist()]
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad so every prompt ends where generation starts. Returns (ids, mask)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
+    return ids, mask
+
+
+def cut_at_eos(ids: list[int], eos_id: int) -> list[int]:
+    """Keep tokens up to and including the first EOS (what follows is padding)."""
+    return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad completions to (B, max(len, 1)). Returns (ids, mask)."""
+    width = max(max(len(s) for s in seqs), 1)
+    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)
+    return ids, mask
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Collator: keep the rows as they are; `_prepare_inputs` turns prompts into completions."""
+    return rows
+
+
+class GRPOTrainer(Trainer):
+    """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
+
+    loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: GRPOConfig,
+        train_dataset: Dataset,
+        processing_class: PreTrainedTokenizerBase,
+        reward_funcs: dict[str, RewardFunc] | None = None,
+        eval_dataset: Dataset | None = None,
+        generator: GenerateFn | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not reward_funcs:
+            raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
+        weights = args.reward_weights or [1.0] * len(reward_funcs)
+        if len(weights) != len(reward_funcs):
+            raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
+                              f"reward functions ({', '.join(reward_funcs)})")
+        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if eval_dataset is not None:
+            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.reward_funcs = dict(reward_funcs)
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.aggregate = grpo_losses.AGGREGATIONS[args.loss_type]
+        self.generator = generator or HFGenerator(args, processing_class)
+        self.metrics = MetricsBuffer()
+        self.ref_model = None
+        if args.beta != 0.0:  # a frozen copy of the initial policy, as in DPO's live-reference path
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
+        self._buffer: list[dict[str, torch.Tensor]] | None = None
+        self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
+        self.generation_rounds = 0
+        self.generation_seconds = 0.0
+
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
+    ) -> Dataset:
+        """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
+        require_columns(dataset, ("prompt",), "GRPO")
+
+        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
+            ids = encode_prompt(tokenizer, row["prompt"])
+            return {"prompt_ids": ids[-args.max_prompt_length :] if args.max_prompt_length else ids}
+
+        return dataset.map(tokenize, desc=f"Tokenizing {name} prompts")
+
+    # ---- batching: one generation batch, served as `steps_per_generation` slices ----
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=self._train_batch_size * self.args.steps_per_generation,  # a whole generation batch
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
+        dataset = self.train_dataset if dataset is None else dataset
+        prompts = self._train_batch_size * self.args.steps_per_generation // self.args.num_generations
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return RepeatSampler(dataset, self.args.num_generations, prompts, self.args.steps_per_generation, seed)
+
+    def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler[int]:
+        prompts = self.args.per_device_eval_batch_size // self.args.num_generations
+        return RepeatSampler(eval_dataset, self.args.num_generations, prompts, 1, self.args.seed)
+
+    def training_step(
+        self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        if self._step is None:  # first step of this process: after a resume, continue the schedule
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step += 1
+        return loss
+
+    def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not self.model.training:  # eval: one batch, generated and scored on the spot
+            return self._generate_and_score(inputs, "eval")
+        spg = self.args.steps_per_generation
+        step = self._step or 0
+        if step % spg == 0 or self._buffer is None:  # None: first step after a resume
+            batch = self._generate_and_score(inputs, "train")
+            size = self._train_batch_size
+            self._buffer = [
+                {k: v[i * size : (i + 1) * size] if v.dim() else v for k, v in batch.items()} for i in range(spg)
+            ]
+        return self._buffer[step % spg]
+
+    # ---- one generation round ----
+
+    def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> dict[str, torch.Tensor]:
+        """Generate a completion per row, score it, and return the padded tensors the loss needs."""
+        t0 = time.perf_counter()
+        model = self.accelerator.unwrap_model(self.model)
+        completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
+        seconds = time.perf_counter() - t0
+        if mode == "train":
+            self.generation_rounds += 1
+            self.generation_seconds += seconds
+        batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
+        batch = {k: v.to(self.args.device) for k, v in batch.items()}
+        with torch.no_grad():
+            if mode == "train" and self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0:
+                # the policy is updated between generation and (some) use: keep pi_old
+                batch["old_logps"] = self._token_logps(self.model, batch)[0]
+            if self.ref_model is not None:
+                batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
+        rewards = self._rewards(rows, completion_ids)
+        advantages, metrics = grpo_losses.advantages(
+            rewards, self.reward_weights, self.args.num_generations, self.args.scale_rewards
+        )
+        batch["advantages"] = advantages.to(self.args.device)
+        # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
+        # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
+        steps = self.args.steps_per_generation if mode == "train" else 1
+        batch["num_items"] = batch["completion_mask"].sum().float() / steps
+        lengths = batch["completion_mask"].sum(-1).float()
+        truncated = [not ids or ids[-1] != self.processing_class.eos_token_id for ids in completion_ids]
+        metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
+        metrics.update({
+            "completions/mean_length": lengths.mean(),
+            "completions/min_length": lengths.min(),
+            "completions/max_length": lengths.max(),
+            "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
+            "timing/generation_seconds": seconds,
+        })
+        self.metrics.add(mode, metrics)
+        return batch
+
+    def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        pad_id = self.processing_class.pad_token_id
+        p_ids, p_mask = left_pad(prompt_ids, pad_id)
+        c_ids, c_mask = right_pad(completion_ids, pad_id)
+        return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
+
+    def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
+        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats)."""
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        prompts = [r["prompt"] for r in rows]
+        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
+        columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
+        table = torch.empty(len(rows), len(self.reward_funcs))
+        for i, (name, fn) in enumerate(self.reward_funcs.items()):
+            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            if len(values) != len(rows):
+                raise ValueError(f"reward function '{name}' returned {len(values)} rewards for {len(rows)} completions")
+            table[:, i] = torch.tensor([torch.nan if v is None else float(v) for v in values])
+        return table
+
+    # ---- loss ----
+
+    def _token_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() sets them under left padding
+        n = batch["completion_ids"].size(1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).logits[:, -n - 1 : -1] / self.args.temperature
+        logps = selective_log_softmax(logits, batch["completion_ids"])
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                lp = torch.log_softmax(logits.float(), dim=-1)
+                entropy = -(lp.exp() * lp).sum(-1)
+        return logps, entropy
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        mode = "train" if model.training else "eval"
+        logps, entropy = self._token_logps(model, inputs, with_entropy=True)
+        mask = inputs["completion_mask"].float()
+        old = inputs.get("old_logps", logps.detach())  # ratio exactly 1 when generation is on-policy
+        per_token, metrics = grpo_losses.per_token_loss(
+            logps, old, inputs["advantages"], mask, self.args.epsilon, self.args.epsilon_high,
+            inputs.get("ref_logps"), self.args.beta,
+        )
+        loss = self.aggregate(per_token, mask, num_items=float(inputs["num_items"]),
+                              max_completion_length=self.args.max_completion_length)
+        metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
+        self.metrics.add(mode, metrics)
+        return loss
+
+    def prediction_step(
+        self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor, None, None]:
+        """Eval rows have no `labels`: generate, score and report the GRPO loss and reward metrics."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        super().log(logs, start_time)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """For summary.json: what `steps_per_generation` buys (rounds and seconds of this process)."""
+        return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
