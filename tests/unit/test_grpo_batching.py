@@ -1,0 +1,182 @@
+"""The exact GRPO batch schedule: which prompts are generated in which round, which slice each
+micro-step trains on, when pi_old is kept, resume with an empty buffer, and the on-policy gradient."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from datasets import Dataset
+
+from ablate.errors import ConfigError
+from ablate.losses.logps import selective_log_softmax
+from ablate.models import tiny
+from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator, RepeatSampler, cut_at_eos
+
+N_PROMPTS = 16
+
+
+class FakeGenerator:
+    """Records the prompts of every generation round; completes prompt `pNN` with (NN % 3) + 1 'a's
+    and EOS: deterministic, and lengths (the reward) differ between prompts."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.rounds = tok, []
+
+    def __call__(self, model: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
+        prompts = [self.tok.decode(p) for p in prompt_ids]
+        self.rounds.append(prompts)
+        return [self.tok("a" * (int(p[1:]) % 3 + 1), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+                for p in prompts]
+
+
+def length_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+def _trainer(tmp_path: Path, generator: Any = None, **overrides: Any) -> tuple[GRPOTrainer, list[dict]]:
+    """A GRPOTrainer on 16 distinct prompts p00..p15; records the prompts of each micro-step's slice."""
+    tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    kw = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+              steps_per_generation=4, max_completion_length=4, max_steps=8, learning_rate=1e-3,
+              report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, use_cpu=True)
+    kw.update(overrides)
+    args = GRPOConfig(**kw)
+    data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(N_PROMPTS)]})
+    trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                          reward_funcs={"length": length_reward}, generator=generator or FakeGenerator(tok))
+    served: list[dict] = []
+    compute_loss = trainer.compute_loss
+
+    def recording(model: Any, inputs: dict, *a: Any, **k: Any) -> torch.Tensor:
+        served.append({"prompts": [tok.decode(p, skip_special_tokens=True) for p in inputs["prompt_ids"]],
+                       "old": "old_logps" in inputs, "step": trainer._step})
+        return compute_loss(model, inputs, *a, **k)
+
+    trainer.compute_loss = recording
+    return trainer, served
+
+
+def test_repeat_sampler_order():
+    """4 items, groups of 2, 2 prompts per chunk, each chunk repeated 3 times; seeded permutation."""
+    s = RepeatSampler(list(range(4)), num_generations=2, prompts=2, repeat=3, seed=0)
+    perm = torch.randperm(4, generator=torch.Generator().manual_seed(0)).tolist()
+    a, b, c, d = perm
+    assert list(s) == [a, a, b, b] * 3 + [c, c, d, d] * 3
+    assert len(s) == 24
+
+
+def test_spg4_generates_four_steps_of_prompts_in_one_round(tmp_path):
+    """spg=4, batch 4 completions (2 prompts x 2): round r holds the 8 prompts of micro-steps
+    4r..4r+3, each twice in a row; micro-step k trains on slice k % 4 of its round's batch."""
+    gen = FakeGenerator(tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0])
+    trainer, served = _trainer(tmp_path, generator=gen)
+    trainer.train()
+    assert len(gen.rounds) == 2 and trainer.summary_fields()["generation_rounds"] == 2
+    for r, prompts in enumerate(gen.rounds):
+        assert len(prompts) == 16
+        assert prompts[0::2] == prompts[1::2]  # each prompt's group kept together
+        for k in range(4):
+            assert served[4 * r + k]["prompts"] == prompts[4 * k: 4 * k + 4], (r, k)
+    drawn = gen.rounds[0][0::2] + gen.rounds[1][0::2]
+    assert len(set(drawn)) == 16  # no prompt re-drawn: an epoch of 16 prompts in 2 rounds
+    assert all(s["old"] for s in served)  # spg 4 > accumulation 1: pi_old kept from generation time
+
+
+def test_spg1_generates_every_step(tmp_path):
+    trainer, served = _trainer(tmp_path, steps_per_generation=1)
+    trainer.train()
+    gen = trainer.generator
+    assert len(gen.rounds) == 8 and trainer.generation_rounds == 8
+    assert [s["prompts"] for s in served] == gen.rounds
+    assert not any(s["old"] for s in served)  # on-policy: no extra forward for pi_old
+
+
+@pytest.mark.parametrize(("spg", "ga", "old"), [(2, 2, False), (4, 2, True), (2, 3, True)])
+def test_old_logps_only_when_policy_changes_between_generation_and_use(tmp_path, spg, ga, old):
+    """spg 2 / accumulation 2: both slices feed one optimizer step -> no pi_old needed.
+    spg 4 / accumulation 2, or spg 2 / accumulation 3 (a round straddles an update): pi_old kept."""
+    trainer, served = _trainer(tmp_path, steps_per_generation=spg, gradient_accumulation_steps=ga, max_steps=2)
+    trainer.train()
+    assert {s["old"] for s in served} == {old}
+
+
+def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path):
+    """Checkpoint at step 2 (mid-round, spg=4). A new trainer resumed from it has no buffer: it
+    regenerates round 0 from the same prompts, serves slices 2 and 3, then generates round 1 at step 4:
+    the same slices per step as the uninterrupted run (TRL crashed or misaligned here)."""
+    full, full_served = _trainer(tmp_path / "full", max_steps=6)
+    full.train()
+    first, _ = _trainer(tmp_path / "run", max_steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    ckpt = tmp_path / "run" / "out" / "checkpoint-2"
+    assert ckpt.is_dir()
+    resumed, served = _trainer(tmp_path / "run", max_steps=6)
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert [s["step"] for s in served] == [2, 3, 4, 5]
+    assert resumed.generator.rounds == full.generator.rounds  # round 0 again, then round 1
+    assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[2:]]
+
+
+def test_batch_must_be_a_multiple_of_num_generations(tmp_path):
+    with pytest.raises(ConfigError, match="multiple of num_generations"):
+        GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=6, num_generations=4, report_to="none")
+    with pytest.raises(ConfigError, match="num_generations must be >= 2"):
+        GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=1, report_to="none")
+
+
+def test_cut_at_eos():
+    assert cut_at_eos([5, 6, 2, 0, 0], eos_id=2) == [5, 6, 2]
+    assert cut_at_eos([5, 6, 7], eos_id=2) == [5, 6, 7]
+
+
+def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):
+    """spg=1, one micro-step per optimizer step: no pi_old, ratio exp(logp - logp.detach()) == 1, and
+    the GRPO (dapo) gradient equals that of the plain policy-gradient loss -sum(A * logp * mask) / n."""
+    trainer, _ = _trainer(tmp_path, steps_per_generation=1, max_completion_length=6)
+    trainer.generator = HFGenerator(trainer.args, trainer.processing_class)
+    trainer.reward_funcs = {"ids": lambda completion_ids, **_: [float(sum(c) % 7) for c in completion_ids]}
+    torch.manual_seed(0)
+    model = trainer.model.train()
+    rows = [{"prompt": p, "prompt_ids": trainer.processing_class(p, add_special_tokens=False)["input_ids"]}
+            for p in ("p01", "p01", "p02", "p02")]
+    trainer._step = 0
+    inputs = trainer._prepare_inputs(rows)
+    assert "old_logps" not in inputs
+    assert inputs["advantages"].abs().sum() > 0  # otherwise both gradients would be trivially 0
+
+    model.zero_grad()
+    trainer.compute_loss(model, inputs).backward()
+    grpo_grads = [p.grad.clone() for p in model.parameters()]
+    metrics = trainer.metrics.pop("train")
+    assert metrics["clip_ratio/region_mean"] == 0.0
+
+    model.zero_grad()
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    n = inputs["completion_ids"].size(1)
+    logits = model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0)).logits
+    logps = selective_log_softmax(logits[:, -n - 1:-1], inputs["completion_ids"])
+    mask = inputs["completion_mask"].float()
+    pg = -(inputs["advantages"].unsqueeze(1) * logps * mask).sum() / inputs["num_items"]
+    pg.backward()
+    for g, p in zip(grpo_grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_old_logps_match_current_policy_before_any_update(tmp_path):
+    """spg=4: pi_old is scored at generation time with the same forward as training, so on the first
+    slice (no update yet) the ratio is 1 up to float noise and nothing is clipped."""
+    trainer, _ = _trainer(tmp_path, max_completion_length=5)
+    trainer.generator = HFGenerator(trainer.args, trainer.processing_class)
+    trainer.model.train()
+    rows = [{"prompt": f"p{i:02d}", "prompt_ids": trainer.processing_class(f"p{i:02d}", add_special_tokens=False)["input_ids"]}
+            for i in range(8) for _ in range(2)]
+    trainer._step = 0
+    inputs = trainer._prepare_inputs(rows)
+    assert inputs["old_logps"].shape == inputs["completion_ids"].shape
+    with torch.no_grad():
+        logps, _ = trainer._token_logps(trainer.model, inputs)
+    torch.testing.assert_close(logps, inputs["old_logps"], rtol=0, atol=1e-5)

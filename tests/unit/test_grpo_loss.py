@@ -1,0 +1,130 @@
+"""GRPO loss pieces against hand-computed numbers (arithmetic in the docstrings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ablate.losses import grpo
+
+NAN = float("nan")
+
+
+def _table() -> torch.Tensor:
+    """Two reward functions (weights 1 and 0.5), groups of 3:
+    group 0: rows [1,0] [1,2] [1,4] -> weighted sums 1, 2, 3
+    group 1: rows [4,2] [5,0] [3,4] -> 5, 5, 5 (zero std)
+    """
+    return torch.tensor([[1.0, 0.0], [1.0, 2.0], [1.0, 4.0], [4.0, 2.0], [5.0, 0.0], [3.0, 4.0]])
+
+
+W = torch.tensor([1.0, 0.5])
+
+
+def test_advantages_group_scaling_and_zero_std_group():
+    """group 0: mean 2, unbiased std sqrt((1+0+1)/2) = 1 -> A = [-1, 0, 1] / (1 + 1e-4).
+    group 1: all 5, std 0 -> A = 0 / 1e-4 = 0 (no signal, no blow-up).
+    reward = mean(1,2,3,5,5,5) = 3.5; reward_std: deviations -2.5 -1.5 -0.5 1.5 1.5 1.5, squares
+    sum to 15.5, /5 = 3.1, sqrt = 1.760682; frac_reward_zero_std = 1 of 2 groups = 0.5."""
+    adv, m = grpo.advantages(_table(), W, num_generations=3, scale_rewards="group")
+    d = 1 + 1e-4
+    torch.testing.assert_close(adv, torch.tensor([-1 / d, 0.0, 1 / d, 0.0, 0.0, 0.0]))
+    assert m["reward"].item() == pytest.approx(3.5)
+    assert m["reward_std"].item() == pytest.approx(math.sqrt(3.1), rel=1e-6)
+    assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)
+
+
+def test_advantages_batch_and_none_scaling():
+    """Centred per group: [-1, 0, 1, 0, 0, 0]. batch: / (1.760682 + 1e-4). none: unchanged."""
+    centred = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    adv, _ = grpo.advantages(_table(), W, num_generations=3, scale_rewards="batch")
+    torch.testing.assert_close(adv, centred / (math.sqrt(3.1) + 1e-4))
+    adv, m = grpo.advantages(_table(), W, num_generations=3, scale_rewards="none")
+    torch.testing.assert_close(adv, centred)
+    assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)  # logged whatever the scaling
+
+
+def test_advantages_unscorable_completion_is_left_out():
+    """Group [None, 2, 4] (both functions returned None for the first): mean 3, std sqrt(2)
+    -> A = [0, -1/(sqrt 2 + 1e-4), 1/(sqrt 2 + 1e-4)]. One function None, the other 2: counts as 2."""
+    table = torch.tensor([[NAN, NAN], [2.0, 0.0], [4.0, 0.0], [NAN, 4.0], [2.0, 0.0], [0.0, 4.0]])
+    adv, _ = grpo.advantages(table, W, num_generations=3)
+    s = math.sqrt(2) + 1e-4
+    torch.testing.assert_close(adv[:3], torch.tensor([0.0, -1 / s, 1 / s]))
+    # group 1: sums 2, 2, 2 -> zero std -> all 0
+    torch.testing.assert_close(adv[3:], torch.zeros(3))
+
+
+def _ratios() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ratios [[1.5, 0.9], [0.5, 1.1]], A = [1, -2], mask [[1, 1], [1, 0]], old logps 0."""
+    r = torch.tensor([[1.5, 0.9], [0.5, 1.1]])
+    logps = r.log().requires_grad_(True)
+    return logps, torch.zeros(2, 2), torch.tensor([1.0, -2.0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+
+
+def test_clipped_surrogate_active_and_inactive():
+    """eps 0.2:  row 0 (A=1):  r=1.5 -> min(1.5, 1.2) = 1.2 -> -1.2 (high clip); r=0.9 -> -0.9.
+                 row 1 (A=-2): r=0.5 -> min(-1.0, 0.8*-2=-1.6) = -1.6 -> 1.6 (low clip); r=1.1 -> 2.2.
+    Clip metrics over the 3 unmasked tokens: low 1/3, high 1/3, region 2/3 (the masked 2.2 not counted).
+    Gradient: a clipped token has none; unclipped d(-r*A)/dlogp = -r*A: -0.9 and (masked token) 2.2."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.2)
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]))
+    assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
+    assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
+    assert m["clip_ratio/region_mean"].item() == pytest.approx(2 / 3)
+    assert "kl" not in m
+    loss.sum().backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[0.0, -0.9], [0.0, 2.2]]))
+
+
+def test_epsilon_high_widens_only_the_upper_clip():
+    """eps_low 0.2, eps_high 0.6: r=1.5 < 1.6 is no longer clipped -> -1.5; r=0.5 still low-clipped."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.6)
+    torch.testing.assert_close(loss, torch.tensor([[-1.5, -0.9], [1.6, 2.2]]))
+    assert m["clip_ratio/high_mean"].item() == 0.0
+    assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
+
+
+def test_k3_kl_term():
+    """ref 0, logp = log r: kl = 1/r + log r - 1:
+    r=1.5: 0.666667 + 0.405465 - 1 = 0.072132; r=0.9: 1.111111 - 0.105361 - 1 = 0.005750;
+    r=0.5: 2 - 0.693147 - 1 = 0.306853; r=1.1: 0.909091 + 0.095310 - 1 = 0.004401 (masked).
+    loss += 0.1 * kl; metric kl = (0.072132 + 0.005750 + 0.306853) / 3 = 0.128245."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, ref_logps=torch.zeros(2, 2), beta=0.1)
+    kl = torch.tensor([[0.072132, 0.005750], [0.306853, 0.004401]])
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
+    assert m["kl"].item() == pytest.approx(0.128245, abs=1e-5)
+    with pytest.raises(ValueError):
+        grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, beta=0.1)
+
+
+L = torch.tensor([[-1.2, -0.9], [1.6, 2.2]])
+MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+
+
+def test_aggregation_grpo():
+    """Per-sequence token means: (-1.2 - 0.9) / 2 = -1.05 and 1.6 / 1 = 1.6; mean = 0.275."""
+    assert grpo.grpo(L, MASK, num_items=3, max_completion_length=4).item() == pytest.approx(0.275)
+
+
+def test_aggregation_dapo():
+    """Masked sum -1.2 - 0.9 + 1.6 = -0.5 over num_items: /3 = -0.166667, /4 = -0.125."""
+    assert grpo.dapo(L, MASK, num_items=3, max_completion_length=4).item() == pytest.approx(-0.5 / 3)
+    assert grpo.dapo(L, MASK, num_items=4, max_completion_length=4).item() == pytest.approx(-0.125)
+
+
+def test_aggregation_dr_grpo():
+    """Masked sum -0.5 over (2 sequences * max_completion_length 4) = -0.0625."""
+    assert grpo.dr_grpo(L, MASK, num_items=3, max_completion_length=4).item() == pytest.approx(-0.0625)
+
+
+def test_fully_masked_sequence_counts_zero_not_nan():
+    """A completion with no tokens (masked out entirely) adds 0, not 0/0: grpo = (-1.05 + 0) / 2."""
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    assert grpo.grpo(L, mask, num_items=2, max_completion_length=4).item() == pytest.approx(-0.525)
+    assert grpo.masked_mean(L, torch.zeros(2, 2)).item() == 0.0
