@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -32,10 +33,15 @@ def reference(model: DictConfig, quantization_config: Any = None) -> PreTrainedM
     qconf = instantiate(quantization_config) if isinstance(quantization_config, DictConfig) else quantization_config
     if qconf is None:
         return instantiate(model)[1]
+    # bitsandbytes models cannot be moved with .to() after loading: place them on the GPU while loading
+    # (the trainer leaves a model with an hf_device_map where it is). Not yet run on a GPU here.
+    kwargs: dict[str, Any] = {"quantization_config": qconf}
+    if torch.cuda.is_available():
+        kwargs["device_map"] = {"": torch.cuda.current_device()}
     if "path" in model:  # a save_pretrained dir or hub id: load once, quantized
-        kwargs = {k: model[k] for k in ("revision", "trust_remote_code") if k in model}
-        return AutoModelForCausalLM.from_pretrained(model.path, quantization_config=qconf, **kwargs)
+        kwargs.update({k: model[k] for k in ("revision", "trust_remote_code") if k in model})
+        return AutoModelForCausalLM.from_pretrained(model.path, **kwargs)
     _, built = instantiate(model)
     with tempfile.TemporaryDirectory(prefix="ablate-ref-") as tmp:
         built.save_pretrained(tmp)
-        return AutoModelForCausalLM.from_pretrained(tmp, quantization_config=qconf)
+        return AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
