@@ -68,13 +68,14 @@ class Group:
     runs: list[Run]
 
 
-def _override_key(override: str) -> str:
+def override_key(override: str) -> str:
+    """`+a.b=1`, `~a.b`, `a.b=1` -> `a.b`."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, str]:
     """`["a.b=1", "+c=x"]` -> `{"a.b": "1", "c": "x"}` (a later value of a key wins)."""
-    return {_override_key(o): o.split("=", 1)[1] if "=" in o else "" for o in overrides}
+    return {override_key(o): o.split("=", 1)[1] if "=" in o else "" for o in overrides}
 
 
 def load_run(path: Path) -> Run | None:

@@ -64,14 +64,14 @@ def sweep_argv(path: Path, cli_overrides: list[str]) -> list[str]:
     name, merged = load_sweep(path)
     items = {"sweep_name": f"sweep_name={name}"}
     items.update({k: f"{k}={v}" for k, v in merged.items()})
-    user_keys = {compare._override_key(o) for o in cli_overrides if "=" in o and not o.startswith("-")}
+    user_keys = {compare.override_key(o) for o in cli_overrides if "=" in o and not o.startswith("-")}
     kept = [o for k, o in items.items() if k not in user_keys]  # same key: the command line wins
-    inspect = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for a in cli_overrides)
+    inspecting = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for a in cli_overrides)
     # user args first: Hydra's flags (--cfg job) may take a value, so they must not precede overrides
     argv = [*cli_overrides, *kept]
     if not any(a.startswith("hydra.job.config.override_dirname") for a in argv):
         argv.append(_name_jobs_by_swept_keys(argv))
-    return [*([] if inspect else ["-m"]), *argv]
+    return [*([] if inspecting else ["-m"]), *argv]
 
 
 def _name_jobs_by_swept_keys(argv: list[str]) -> str:
