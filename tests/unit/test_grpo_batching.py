@@ -66,6 +66,10 @@ def test_repeat_sampler_order():
     a, b, c, d = perm
     assert list(s) == [a, a, b, b] * 3 + [c, c, d, d] * 3
     assert len(s) == 24
+    s.set_epoch(1)  # a new epoch reshuffles, the same way in a resumed run
+    again = RepeatSampler(list(range(4)), num_generations=2, prompts=2, repeat=3, seed=0)
+    again.set_epoch(1)
+    assert list(s) == list(again) != [a, a, b, b] * 3 + [c, c, d, d] * 3
 
 
 def test_spg4_generates_four_steps_of_prompts_in_one_round(tmp_path):
@@ -103,21 +107,23 @@ def test_old_logps_only_when_policy_changes_between_generation_and_use(tmp_path,
     assert {s["old"] for s in served} == {old}
 
 
-def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path):
-    """Checkpoint at step 2 (mid-round, spg=4). A new trainer resumed from it has no buffer: it
-    regenerates round 0 from the same prompts, serves slices 2 and 3, then generates round 1 at step 4:
-    the same slices per step as the uninterrupted run (TRL crashed or misaligned here)."""
-    full, full_served = _trainer(tmp_path / "full", max_steps=6)
+@pytest.mark.parametrize("ckpt_step", [2, 10])
+def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path, ckpt_step):
+    """Checkpoint mid-round (spg=4) in epoch 0 (step 2) or epoch 1 (step 10; 8 steps per epoch). A new
+    trainer resumed from it has no buffer: it regenerates the round from the same prompts, serves the
+    remaining slices, then generates the next round: the same slices per step as the uninterrupted
+    run (TRL crashed or misaligned here)."""
+    full, full_served = _trainer(tmp_path / "full", max_steps=12)
     full.train()
-    first, _ = _trainer(tmp_path / "run", max_steps=2, save_strategy="steps", save_steps=2)
+    first, _ = _trainer(tmp_path / "run", max_steps=ckpt_step, save_strategy="steps", save_steps=ckpt_step)
     first.train()
-    ckpt = tmp_path / "run" / "out" / "checkpoint-2"
+    ckpt = tmp_path / "run" / "out" / f"checkpoint-{ckpt_step}"
     assert ckpt.is_dir()
-    resumed, served = _trainer(tmp_path / "run", max_steps=6)
+    resumed, served = _trainer(tmp_path / "run", max_steps=12)
     resumed.train(resume_from_checkpoint=str(ckpt))
-    assert [s["step"] for s in served] == [2, 3, 4, 5]
-    assert resumed.generator.rounds == full.generator.rounds  # round 0 again, then round 1
-    assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[2:]]
+    assert [s["step"] for s in served] == list(range(ckpt_step, 12))
+    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4:]  # that round again, then on
+    assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
 
 
 def test_batch_must_be_a_multiple_of_num_generations(tmp_path):

@@ -87,14 +87,21 @@ class GRPOConfig(TrainingArguments):
 
 class RepeatSampler(Sampler[int]):
     """Shuffled prompt indices, each repeated `num_generations` times, in chunks of `prompts` prompts;
-    each chunk is yielded `repeat` times (TRL's RepeatSampler; incomplete last chunk dropped)."""
+    each chunk is yielded `repeat` times (TRL's RepeatSampler; incomplete last chunk dropped).
+
+    The order depends only on (seed, epoch), not on how often the sampler was iterated before (TRL's
+    does): Trainer calls `set_epoch`, so a run resumed in epoch k sees the same prompts as the original.
+    """
 
     def __init__(self, data: Sized, num_generations: int, prompts: int, repeat: int, seed: int) -> None:
         self.n, self.g, self.prompts, self.repeat = len(data), num_generations, prompts, repeat
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.n, generator=self.generator).tolist()
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         for start in range(0, self.n - self.prompts + 1, self.prompts):
             chunk = order[start : start + self.prompts]
             for _ in range(self.repeat):
