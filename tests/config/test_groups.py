@@ -18,7 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from ablate.cli import conf_dir, register_resolvers
 
 CONF = Path(conf_dir())
+# groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
 GROUPS = ["model", "method", "optimizer", "precision", "data", "callbacks", "logger"]
+PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
+                     if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment"})
 HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}
 
 
@@ -27,6 +30,7 @@ def options(group: str) -> list[str]:
 
 
 ALL = [(g, o) for g in GROUPS for o in options(g)]
+PLUS = [(g, o) for g in PLUS_GROUPS for o in options(g)]
 
 
 def make_cfg(*overrides: str) -> DictConfig:
@@ -76,9 +80,9 @@ def test_every_group_has_options():
     assert {"none", "wandb"} <= set(options("logger"))
 
 
-@pytest.mark.parametrize("group,option", ALL)
+@pytest.mark.parametrize("group,option", ALL + PLUS)
 def test_option_composes_and_documents_fields(group, option):
-    cfg = make_cfg(f"{group}={option}")
+    cfg = make_cfg(f"{'+' if group in PLUS_GROUPS else ''}{group}={option}")
     assert cfg.method.name
     # every field of the option's own YAML carries a one-line comment (a `#` on the line or above it)
     lines = (CONF / group / f"{option}.yaml").read_text().splitlines()
@@ -127,6 +131,14 @@ def test_option_targets_instantiate(group, option, tiny_dir, tmp_path):
         else:
             obj = instantiate(target)
             assert obj is not None
+
+
+@pytest.mark.parametrize("group,option", PLUS)
+def test_plus_option_targets_resolve(group, option):
+    """Appended groups (+ref_model=..., +compute_metrics=...) name importable targets; their runs are
+    exercised end to end in tests/integration/test_customization.py."""
+    for path, target in _targets(make_cfg(f"+{group}={option}")):
+        assert callable(get_method(target._target_)), f"{group}/{option}: {path}"
 
 
 def _build_trainer(cfg: DictConfig, tmp_path: Path) -> None:
