@@ -65,3 +65,21 @@ def test_every_steps_per_generation_reaches_the_reward_target(tmp_path, spg):
     s = _train(tmp_path / f"spg{spg}", f"method.args.steps_per_generation={spg}")
     assert s["generation_rounds"] == 200 // spg
     assert s["metrics"]["reward"] >= 0.9, _rewards(tmp_path / f"spg{spg}")
+
+
+@pytest.mark.slow
+def test_resume_through_the_run_dir(tmp_path):
+    """Crash at step 7 (spg=2), rerun the same command: it resumes from checkpoint-4 (a round
+    boundary) with an empty buffer, and reproduces the uninterrupted run's per-step losses and rewards."""
+    common = ["method.args.max_steps=10", "method.args.steps_per_generation=2", "method.args.save_steps=4",
+              "method.args.logging_steps=1", "+callbacks.crash._target_=crashing.CrashAt"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _train(a, *common)["status"] == "completed"
+    crashed = ablate("train", "method=grpo", *common, f"hydra.run.dir={b}",
+                     env={**ENV, "ABLATE_TEST_CRASH_AT": "7"})
+    assert crashed.returncode != 0 and summary(b)["status"] == "failed"
+    s = _train(b, *common)  # same command, same dir -> resume
+    assert s["status"] == "completed" and s["global_step"] == 10
+    assert s["generation_rounds"] == 3  # steps 5-10 in this process: rounds at 4, 6, 8
+    key = [(e["step"], e["loss"], e.get("reward")) for e in metrics(a) if "loss" in e]
+    assert key == [(e["step"], e["loss"], e.get("reward")) for e in metrics(b) if "loss" in e]
