@@ -20,7 +20,12 @@ Departures from TRL: no shuffle of the generation batch before slicing (slice k 
 prompts drawn for micro-step k, which the schedule test checks), no `num_iterations`, no vLLM;
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
 After a resume the buffer is empty: the round is regenerated from the same prompts (the dataloader
-replays them) and the slice for the current micro-step is served.
+replays them) and the slice for the current micro-step is served. Resuming from a checkpoint on a
+round boundary (save_steps a multiple of spg) reproduces the uninterrupted run exactly (RNG restored);
+mid-round, that one round's completions are new samples. `summary_fields` counts this process's rounds.
+
+Generation goes through one seam, `generator=` (a `GenerateFn`; `HFGenerator` by default), which a
+config can set as `method.trainer.generator: {_target_: ...}` to plug in a faster engine.
 """
 
 from __future__ import annotations
