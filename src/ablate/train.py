@@ -64,6 +64,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from transformers.utils import logging as hf_logging
 
         from ablate.callbacks import MetricsJSONL
+        from ablate.preemption import SaveOnPreemption
 
         hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
         set_seed(cfg.seed)
@@ -82,7 +83,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         ckpt = rundir.latest_checkpoint(run_dir)
         events = rundir.read_metrics(run_dir) if ckpt else []
-        callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0)]
+        callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
+                     SaveOnPreemption()]  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
         callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
         if tracker is not None and tracker.callback() is not None:
             callbacks.append(tracker.callback())
@@ -110,6 +112,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                        metrics=_final_metrics(trainer.state.log_history))
         summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
     except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
+        if type(e).__name__ == "Preempted":  # ablate.preemption (imported with torch above): checkpoint saved, job requeued
+            summary.update(status="preempted")
+            _finish(run_dir, summary, tracker, t0)
+            raise
         cause = _user_error(e) or e
         msg = f"{type(cause).__name__}: {cause}".splitlines()[0] if str(cause) else type(cause).__name__
         summary.update(status="failed", error=msg)

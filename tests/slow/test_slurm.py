@@ -1,0 +1,184 @@
+"""SLURM through Hydra's submitit launcher (hydra/launcher=slurm), on a real one-node cluster:
+a 2-job sweep runs as SLURM jobs, and a job sent USR2 mid-training checkpoints, is requeued and
+resumes from that checkpoint in the same run dir, finishing with every step logged exactly once.
+
+The session fixture uses the cluster answering `sinfo` (with accounting: `sacct`), else starts one with
+scripts/slurm/start.sh (root + apt-get: installs slurm-wlm, munge, mariadb) and stops it at the end;
+elsewhere the tests skip with the reason. Run: `python -m pytest -m slow tests/slow/test_slurm.py`
+(about 2 minutes on 2 CPU cores once the cluster is up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+START, STOP = REPO / "scripts" / "slurm" / "start.sh", REPO / "scripts" / "slurm" / "stop.sh"
+ENV = {**os.environ, "COLUMNS": "250", "WANDB_MODE": "disabled"}
+
+
+def _sh(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(list(cmd), 127, "", str(e))
+
+
+def _cluster_state() -> str | None:
+    """None when a cluster with accounting answers, else what is missing."""
+    sinfo = _sh("sinfo", "-h", "-o", "%T")
+    if sinfo.returncode != 0:
+        return "no SLURM cluster answering `sinfo`"
+    if not {"idle", "mixed", "allocated"} & set(sinfo.stdout.split()):
+        return f"the SLURM node is not usable (sinfo: {sinfo.stdout.split()})"
+    if _sh("sacct", "-n", "-X", "-S", "now").returncode != 0:
+        return "SLURM answers but has no accounting (`sacct` fails): a cancelled job would hang the multirun"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[None]:
+    """A usable cluster for the session: the running one, else one started here (and stopped after)."""
+    missing = _cluster_state()
+    if missing is None:
+        yield
+        return
+    if missing.startswith("no SLURM") and os.geteuid() == 0 and (shutil.which("apt-get") or shutil.which("slurmctld")):
+        start = _sh("bash", str(START), timeout=900)
+        assert start.returncode == 0, f"scripts/slurm/start.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}"
+        try:
+            missing = _cluster_state()
+            assert missing is None, f"started by scripts/slurm/start.sh, yet {missing}"
+            yield
+        finally:
+            _sh("bash", str(STOP), timeout=180)
+        return
+    pytest.skip(f"{missing}; scripts/slurm/start.sh can start one only as root with apt-get (this is "
+                f"{'root' if os.geteuid() == 0 else 'not root'}, apt-get {'found' if shutil.which('apt-get') else 'missing'})")
+
+
+def _job_name(tag: str) -> str:
+    """A SLURM job name of our own, so squeue/sacct never pick up someone else's jobs."""
+    return f"ablate-test-{os.getpid()}-{tag}"
+
+
+def _ablate(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, sweep_dir: Path) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"multirun still running after {timeout} s\n{out[-3000:]}\n{_job_logs(sweep_dir)}")
+    return out
+
+
+def _job_logs(sweep_dir: Path) -> str:
+    """The tail of every SLURM job's stdout/stderr (submitit folder), for failure messages."""
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_log.*"))
+    return "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in logs)
+
+
+def _sacct_states(args: list[str], expected: list[str], timeout: float = 60) -> list[str]:
+    """The jobs' states from accounting, polled until they are `expected` (slurmdbd may lag a little);
+    returns them (asserting on the result shows what sacct said)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = _sh("sacct", "-n", "-P", "-o", "State", *args).stdout.split()
+        if states == expected or time.monotonic() > deadline:
+            assert states == expected, f"sacct {' '.join(args)}: {states}, expected {expected}"
+            return states
+        time.sleep(1)
+
+
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()), key=lambda p: int(p.name.split("_")[0]))
+
+
+def _loss_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [e["step"] for e in map(json.loads, lines) if "loss" in e]
+
+
+def test_sweep_runs_as_slurm_jobs(slurm_cluster: None, tmp_path: Path) -> None:
+    sweep_file = tmp_path / "two_seeds.yaml"
+    sweep_file.write_text("name: two_seeds\nparams:\n  seed: 1,2\noverrides:\n  method.args.max_steps: 10\n")
+    sweep_dir, name = tmp_path / "sweep", _job_name("sweep")
+    proc = _ablate(["sweep", str(sweep_file), "hydra/launcher=slurm", f"hydra.launcher.name={name}",
+                    "method.args.logging_steps=5", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    out = _wait(proc, 420, sweep_dir)
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    assert "2/2 jobs completed" in out
+
+    jobs = _job_dirs(sweep_dir)
+    assert [j.name.split("_")[0] for j in jobs] == ["0", "1"]
+    for job, seed in zip(jobs, ("1", "2")):  # each job dir follows the run directory contract
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["global_step"] == 10, summary
+        assert f"seed={seed}" in summary["overrides"]
+        assert _loss_steps(job) == [5, 10]
+        assert (job / "model" / "model.safetensors").is_file() and (job / "run.json").is_file()
+        assert (job / ".hydra" / "config.yaml").is_file()
+
+    # they really ran as SLURM jobs: submitit's folder in the sweep dir, sbatch script, sacct records
+    scripts = list((sweep_dir / ".submitit").glob("*/*_submission.sh"))
+    assert len(scripts) == 1 and "#SBATCH --partition=debug" in scripts[0].read_text()
+    assert len(list((sweep_dir / ".submitit").glob("*/*_result.pkl"))) == 2
+    assert _sacct_states(["-X", f"--name={name}", "-S", "now-1hour"], ["COMPLETED", "COMPLETED"])
+
+
+def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: None, tmp_path: Path) -> None:
+    max_steps = 400
+    sweep_dir, name = tmp_path / "sweep", _job_name("preempt")
+    proc = _ablate(["train", "-m", "seed=1", f"method.args.max_steps={max_steps}", "method.args.save_steps=20",
+                    "method.args.logging_steps=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    try:
+        # 1. wait until the job is training and has written a checkpoint, then preempt it with USR2
+        deadline = time.monotonic() + 300
+        while not list(sweep_dir.glob("0_*/checkpoints/checkpoint-*/trainer_state.json")):
+            assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
+            time.sleep(0.2)
+        job_id = _sh("squeue", "-h", f"--name={name}", "-t", "RUNNING", "-o", "%i").stdout.split()
+        assert len(job_id) == 1, f"expected our one running job, squeue says {job_id}"
+        assert _sh("scancel", "--signal=USR2", job_id[0]).returncode == 0
+
+        # 2. the first attempt checkpoints at the end of its step and exits with status preempted
+        run_dir = _job_dirs(sweep_dir)[0]
+        deadline = time.monotonic() + 120
+        while json.loads((run_dir / "summary.json").read_text())["status"] != "preempted":
+            assert time.monotonic() < deadline, f"not preempted 120 s after USR2\n{_job_logs(sweep_dir)}"
+            time.sleep(0.1)
+        before = _loss_steps(run_dir)
+        stopped_at = before[-1]
+        assert before == list(range(1, stopped_at + 1)) and stopped_at < max_steps
+        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), \
+            "no checkpoint at the step the preempted job stopped"
+    except BaseException:
+        _sh("scancel", f"--name={name}")  # leave nothing running on the shared cluster
+        proc.kill()
+        raise
+    out = _wait(proc, 420, sweep_dir)
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+
+    # 3. the requeued job resumed from that checkpoint in the same run dir and finished
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == max_steps, summary
+    assert _loss_steps(run_dir) == list(range(1, max_steps + 1))  # no step lost, none logged twice
+    assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in (run_dir / "ablate.log").read_text()
+    assert _sacct_states(["-X", "-D", "-j", job_id[0]], ["REQUEUED", "COMPLETED"])  # -D: every attempt
