@@ -7,17 +7,20 @@ How a preemption goes:
    launcher's `checkpoint()` (which resubmits the same job: same overrides, same run dir), requeue the
    job (`scontrol requeue`) and `sys.exit` -- mid-step, so every step since the last periodic
    checkpoint would be trained again.
-3. `SaveOnPreemption` defers that handler while the Trainer runs: the signal only sets a flag; at the
-   end of the current optimizer step the Trainer saves a checkpoint, and `on_save` then runs
-   submitit's handler (requeue + exit), re-raised as `Preempted` so that ablate.train records
-   `status: preempted` (not a failure) in summary.json.
+3. `SaveOnPreemption` defers that handler: the signal only sets a flag; at the end of the current
+   optimizer step the Trainer saves a checkpoint, and `on_save` raises `Preempted`. ablate.train then
+   writes summary.json (`status: preempted`), finishes the W&B run, and only then calls
+   `Preempted.requeue()`, which runs submitit's handler: once `scontrol requeue` is issued SLURM
+   SIGTERMs every process of the job (W&B's service process too), so nothing may come after it.
 4. SLURM starts the requeued job after a short wait; it runs the same command in the same run dir, so
    ablate.train resumes from the newest checkpoint (the one just saved: no step is lost or repeated)
    and continues the same W&B run (its id is in run.json).
 
-Outside a submitit job (no Python handler for the signal) the callback does nothing. A signal before
-or after `trainer.train` (model loading, final save) keeps submitit's immediate behaviour: the job is
-requeued and resumes from its newest periodic checkpoint.
+The deferral starts when the callback is built (ablate.train builds it after starting the tracker) and
+lasts until the process ends: a signal before training starts is acted on at the end of the first
+step; one after the last step is ignored (the run is finishing anyway). Outside a submitit job (no
+Python handler for the signal) the callback does nothing. Whoever catches `Preempted` must call its
+`requeue()`, or the job ends without being requeued.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -34,7 +39,17 @@ log = logging.getLogger("ablate")
 
 
 class Preempted(SystemExit):
-    """The job was preempted: a checkpoint is saved and the job requeued (raised out of `trainer.train`)."""
+    """Raised out of `trainer.train` once the checkpoint is saved; `requeue()` must be called last."""
+
+    def __init__(self, handler: Callable[[int, FrameType | None], Any], signum: int) -> None:
+        super().__init__(-1)
+        self._handler, self._signum = handler, signum
+
+    def requeue(self) -> NoReturn:
+        """submitit's handler: the Hydra launcher's checkpoint() (resubmit the same job), `scontrol
+        requeue`, exit. On ranks > 0 submitit leaves requeueing to rank 0 and returns: exit anyway."""
+        self._handler(self._signum, None)
+        raise SystemExit(-1)
 
 
 def preemption_signal() -> signal.Signals:
@@ -44,47 +59,38 @@ def preemption_signal() -> signal.Signals:
 
 class SaveOnPreemption(TrainerCallback):
     """Turns submitit's preemption handler into "save a checkpoint at the end of this step, then
-    requeue". Installed by ablate.train on every run; a no-op unless a Python handler is set for the
-    preemption signal (which submitit does in SLURM jobs)."""
+    requeue". Built by ablate.train for every run; a no-op unless a Python handler is set for the
+    preemption signal (submitit sets one in SLURM jobs) and this is the main thread."""
 
     def __init__(self) -> None:
         self.signum = preemption_signal()
         self.requested = False
-        self._handler: Any = None  # submitit's handler, restored when training ends
-
-    def _defer(self, signum: int, frame: FrameType | None) -> None:
-        # runs in the main thread between two bytecodes: only set the flag, act at the step's end
-        log.warning("%s received: checkpointing at the end of this step, then requeueing", signal.Signals(signum).name)
-        self.requested = True
-
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._training_done = False
+        self._handler: Any = None  # submitit's handler, called by Preempted.requeue()
         handler = signal.getsignal(self.signum)
-        if callable(handler):
+        if callable(handler) and threading.current_thread() is threading.main_thread():
             self._handler = handler
             signal.signal(self.signum, self._defer)
+
+    def _defer(self, signum: int, frame: FrameType | None) -> None:
+        # runs in the main thread between two bytecodes: only set a flag, act at the step's end
+        if self._training_done:
+            log.warning("%s received after the last step: finishing the run", signal.Signals(signum).name)
+            return
+        log.warning("%s received: checkpointing at the end of this step, then requeueing", signal.Signals(signum).name)
+        self.requested = True
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._handler is not None and self._any_rank_requested(args):
             control.should_save = True  # Trainer saves right after on_step_end, then calls on_save
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if self._handler is None or not self.requested:
-            return
-        handler, self._handler = self._handler, None
-        signal.signal(self.signum, handler)
-        log.warning("checkpoint-%d saved; requeueing the job (it resumes from this checkpoint)", state.global_step)
-        try:
-            handler(self.signum, None)  # submitit: launcher checkpoint(), `scontrol requeue`, sys.exit
-        except SystemExit as e:
-            raise Preempted(e.code) from None
-        raise Preempted(-1)  # non-zero ranks: submitit leaves requeueing to rank 0; stop here too
+        if self._handler is not None and self.requested:
+            log.warning("checkpoint-%d saved; the job is requeued and resumes from it", state.global_step)
+            raise Preempted(self._handler, self.signum)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if self._handler is not None:  # training finished before a checkpoint could be taken: keep the result
-            signal.signal(self.signum, self._handler)
-            self._handler = None
-            if self.requested:
-                log.warning("preemption signal arrived after the last step; finishing the run instead of requeueing")
+        self._training_done = True
 
     def _any_rank_requested(self, args: TrainingArguments) -> bool:
         """Every rank must save the same step: with torch.distributed, a flag on any rank counts."""

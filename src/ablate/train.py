@@ -112,10 +112,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                        metrics=_final_metrics(trainer.state.log_history))
         summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
     except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-        if type(e).__name__ == "Preempted":  # ablate.preemption (imported with torch above): checkpoint saved, job requeued
+        if type(e).__name__ == "Preempted":  # ablate.preemption (imported with torch above): checkpoint saved
             summary.update(status="preempted")
             _finish(run_dir, summary, tracker, t0)
-            raise
+            e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
         cause = _user_error(e) or e
         msg = f"{type(cause).__name__}: {cause}".splitlines()[0] if str(cause) else type(cause).__name__
         summary.update(status="failed", error=msg)

@@ -1,6 +1,7 @@
 """SLURM through Hydra's submitit launcher (hydra/launcher=slurm), on a real one-node cluster:
 a 2-job sweep runs as SLURM jobs, and a job sent USR2 mid-training checkpoints, is requeued and
-resumes from that checkpoint in the same run dir, finishing with every step logged exactly once.
+resumes from that checkpoint in the same run dir and W&B run (offline), finishing with every step
+logged exactly once.
 
 The session fixture uses the cluster answering `sinfo` (with accounting: `sacct`), else starts one with
 scripts/slurm/start.sh (root + apt-get: installs slurm-wlm, munge, mariadb) and stops it at the end;
@@ -72,8 +73,8 @@ def _job_name(tag: str) -> str:
     return f"ablate-test-{os.getpid()}-{tag}"
 
 
-def _ablate(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env=ENV,
+def _ablate(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env={**ENV, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -145,8 +146,9 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
     max_steps = 400
     sweep_dir, name = tmp_path / "sweep", _job_name("preempt")
     proc = _ablate(["train", "-m", "seed=1", f"method.args.max_steps={max_steps}", "method.args.save_steps=20",
-                    "method.args.logging_steps=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
-                    f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+                    "method.args.logging_steps=1", "logger=wandb", "hydra/launcher=slurm",
+                    f"hydra.launcher.name={name}", f"hydra.sweep.dir={sweep_dir}"],
+                   cwd=tmp_path, env={"WANDB_MODE": "offline"})
     try:
         # 1. wait until the job is training and has written a checkpoint, then preempt it with USR2
         deadline = time.monotonic() + 300
@@ -182,3 +184,7 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
     assert _loss_steps(run_dir) == list(range(1, max_steps + 1))  # no step lost, none logged twice
     assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in (run_dir / "ablate.log").read_text()
     assert _sacct_states(["-X", "-D", "-j", job_id[0]], ["REQUEUED", "COMPLETED"])  # -D: every attempt
+    # ... and continued the same W&B run: one offline run dir per attempt, both with the id in run.json
+    run_id = json.loads((run_dir / "run.json").read_text())["wandb_run_id"]
+    attempts = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2 and all(a.endswith(f"-{run_id}") for a in attempts), (run_id, attempts)
