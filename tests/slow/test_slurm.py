@@ -43,7 +43,8 @@ def _cluster_state() -> str | None:
     if not {"idle", "mixed", "allocated"} & set(sinfo.stdout.split()):
         return f"the SLURM node is not usable (sinfo: {sinfo.stdout.split()})"
     if _sh("sacct", "-n", "-X", "-S", "now").returncode != 0:
-        return "SLURM answers but has no accounting (`sacct` fails): a cancelled job would hang the multirun"
+        return ("SLURM answers but has no accounting (`sacct` fails; a cancelled job would hang the multirun): "
+                "if it is ours, rerun scripts/slurm/start.sh")
     return None
 
 
