@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU smoke checks for the code paths CPU CI cannot exercise: fp16 autocast + scaler, bf16 + tf32,
+# a live 8-bit reference (bitsandbytes CUDA kernels, device_map placement), AdamW8bit, GRPO generation
+# on the GPU. Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
+# Prints one line per check and a JSON summary of each run's status and key metric.
+set -uo pipefail
+OUT=${1:-outputs/gpu_smoke}
+mkdir -p "$OUT"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+fail=0
+check() {  # name, then ablate train overrides
+  local name=$1; shift
+  local t0=$SECONDS
+  python3 -m ablate train "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  python3 - "$OUT/$name" "$name" "$rc" "$((SECONDS - t0))" <<'PY'
+import json, sys
+d, name, rc, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+try:
+    s = json.load(open(f"{d}/summary.json"))
+except Exception as e:
+    s = {"status": f"no summary ({e})"}
+m = s.get("metrics", {})
+key = next((k for k in ("rewards/accuracies", "reward", "loss") if k in m), None)
+print(f"{name:14} rc={rc} status={s.get('status')} {key}={m.get(key)} steps={s.get('global_step')} {secs}s"
+      + (f" error={s.get('error')}" if s.get("error") else ""))
+PY
+  [ $rc -eq 0 ] || fail=1
+}
+check fp16       precision=fp16
+check bf16_tf32  precision=bf16 precision.tf32=true
+check sft_fp16   method=sft precision=fp16
+check ref_8bit   +ref_model=live_8bit method.args.max_steps=30
+check ref_4bit   +ref_model=live_4bit method.args.max_steps=30
+check adamw_8bit optimizer=adamw_8bit
+check grpo       method=grpo method.args.max_steps=60
+check grpo_spg4  method=grpo method.args.max_steps=60 method.args.steps_per_generation=4 precision=bf16
+exit $fail
