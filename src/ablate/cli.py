@@ -5,9 +5,12 @@ Nothing here imports torch: composing and printing a config (`ablate train --cfg
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 
 USAGE = """usage: ablate <command> [args]
@@ -45,11 +48,29 @@ def _dirname(overrides: str, limit: int = 100) -> str:
     return "_" + safe
 
 
+def _launch_time() -> datetime:
+    """When this run was launched. Under torchrun every rank composes its own config, so ranks would
+    name different run dirs if each read the clock; they share their launcher (the torchrun agent,
+    their parent process), whose start time is the same for all of them."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        import psutil
+
+        return datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+    return datetime.now()
+
+
+@functools.lru_cache(maxsize=1)
+def _launched() -> datetime:
+    return _launch_time()
+
+
 def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("ablate_dirname"):
         OmegaConf.register_new_resolver("ablate_dirname", _dirname)
+    if not OmegaConf.has_resolver("ablate_now"):  # like Hydra's ${now:fmt}, the same for every rank
+        OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
 
 
 def hydra_train(argv: list[str]) -> None:

@@ -26,8 +26,17 @@ from typing import Any
 SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
 
 
+def is_main_process() -> bool:
+    """Rank 0, or not distributed. torchrun and SLURM (via submitit's export) set RANK before any
+    torch.distributed init, so this works before the trainer exists."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically (tmp file + rename) so a reader never sees half a file."""
+    """Write atomically (tmp file + rename) so a reader never sees half a file. Only the main
+    process writes: one run dir per job, not per rank."""
+    if not is_main_process():
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     os.replace(tmp, path)
@@ -90,7 +99,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def truncate_metrics(run_dir: Path, after_step: int) -> None:
     """On resume, drop log events past the checkpoint: those steps run again and log again."""
     path = run_dir / METRICS
-    if path.is_file():
+    if path.is_file() and is_main_process():
         keep = [json.dumps(e) for e in read_metrics(run_dir) if e.get("step", 0) <= after_step]
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(k + "\n" for k in keep))

@@ -76,7 +76,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         _check_trainable(model)
         data = instantiate(cfg.data)
 
-        if cfg.logger:  # logger=none composes to an empty node
+        if cfg.logger and rundir.is_main_process():  # logger=none composes to an empty node; one W&B run per job
             tracker = instantiate(cfg.logger)
             tracker.start(OmegaConf.to_container(cfg, resolve=True), run_dir, info)
             rundir.write_json(run_dir / rundir.RUN, info)  # the tracker may have added its run id
@@ -126,7 +126,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         _finish(run_dir, summary, tracker, t0)
         raise
     _finish(run_dir, summary, tracker, t0)
-    _print_result(run_dir, summary)
+    if rundir.is_main_process():
+        _print_result(run_dir, summary)
     return summary
 
 
