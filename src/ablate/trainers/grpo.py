@@ -22,7 +22,8 @@ position ids follow the left padding (as `generate` does) so training scores exa
 After a resume the buffer is empty: the round is regenerated from the same prompts (the dataloader
 replays them) and the slice for the current micro-step is served. Resuming from a checkpoint on a
 round boundary (save_steps a multiple of spg) reproduces the uninterrupted run exactly (RNG restored);
-mid-round, that one round's completions are new samples. `summary_fields` counts this process's rounds.
+mid-round, that one round's completions are new samples. The generation counters that `summary_fields`
+reports are saved with each checkpoint, so after a resume they cover the whole run.
 
 Generation goes through one seam, `generator=` (a `GenerateFn`; `HFGenerator` by default), which a
 config can set as `method.trainer.generator: {_target_: ...}` to plug in a faster engine.
@@ -31,6 +32,8 @@ config can set as `method.trainer.generator: {_target_: ...}` to plug in a faste
 from __future__ import annotations
 
 import copy
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sized
@@ -46,6 +49,8 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
 from ablate.trainers.metrics import MetricsBuffer
+
+GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
 
 RewardFunc = Callable[..., list[float | None]]
 # The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS.
@@ -381,6 +386,25 @@ class GRPOTrainer(Trainer):
         logs.update(self.metrics.pop("train" if self.model.training else "eval"))
         super().log(logs, start_time)
 
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Save the generation counters with the checkpoint, so a resumed run's summary counts the
+        rounds and seconds before the resume too. Written before Trainer's files: trainer_state.json
+        comes last and marks the checkpoint complete."""
+        if self.args.should_save:
+            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, GENERATION_STATE), "w") as f:
+                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds}, f)
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, GENERATION_STATE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                saved = json.load(f)
+            self.generation_rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
+
     def summary_fields(self) -> dict[str, Any]:
-        """For summary.json: what `steps_per_generation` buys (rounds and seconds of this process)."""
+        """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
