@@ -25,7 +25,8 @@ DEFAULT_METRICS: dict[str, list[str]] = {
     "dpo": ["rewards/accuracies", "rewards/margins", "loss"],
     "dpo_hinge": ["rewards/accuracies", "rewards/margins", "loss"],
     "sft": ["loss"],
-    "grpo": ["reward", "timing/generation_seconds"],
+    # generation_rounds / generation_seconds: per-run totals from summary.json, what spg buys
+    "grpo": ["reward", "generation_rounds", "generation_seconds"],
 }
 FALLBACK_METRICS = ["loss"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
@@ -51,8 +52,9 @@ class Run:
         return str(self.summary.get("method", "?"))
 
     def final(self, metric: str) -> float | None:
-        """The run's final value of `metric`: summary.json, else the last logged value (still running)."""
-        value = self.summary.get("metrics", {}).get(metric)
+        """The run's final value of `metric`: summary.json's metrics, else a run-level summary field
+        (`generation_seconds`, `train_runtime`, ...), else the last logged value (still running)."""
+        value = self.summary.get("metrics", {}).get(metric, self.summary.get(metric))
         if value is None:
             for event in reversed(self.events):
                 if isinstance(event.get(metric), (int, float)):
@@ -258,17 +260,22 @@ def write_plots(out: Path, groups: list[Group], metrics: list[str]) -> list[Path
                 fig.savefig(path, dpi=120)
                 written.append(path)
             plt.close(fig)
-        if metric.startswith("timing/"):
-            written += _bar_plot(plt, out, groups, metric)
+        logged = any(isinstance(e.get(metric), (int, float)) for g in groups for r in g.runs for e in r.events)
+        if metric.startswith("timing/") or not logged:  # per-round timings, and run-level totals: bars
+            written += _bar_plot(plt, out, groups, metric, per_event=logged)
     return written
 
 
-def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str) -> list[Path]:
-    """Mean over all logged events of `metric`, per group, with the std over seeds as error bar."""
+def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: bool) -> list[Path]:
+    """Per group, the mean over seeds of each run's value (`per_event`: the mean over its logged
+    events; else its final value, e.g. summary.json's generation_seconds), std as error bar."""
     labels, means, stds = [], [], []
     for g in groups:
-        per_run = [statistics.fmean(v) for r in g.runs
-                   if (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])]
+        if per_event:
+            per_run = [statistics.fmean(v) for r in g.runs
+                       if (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])]
+        else:
+            per_run = [v for r in g.runs if (v := r.final(metric)) is not None]
         if per_run:
             labels.append(g.label)
             m, s = mean_std(per_run)
@@ -279,7 +286,7 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str) -> list[Pat
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.bar(range(len(labels)), means, yerr=stds, capsize=4)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set(ylabel=f"{metric} (mean per log event)", title=f"{metric} per group")
+    ax.set(ylabel=f"{metric} (mean per log event)" if per_event else metric, title=f"{metric} per group")
     fig.tight_layout()
     path = out / f"{_safe(metric)}_by_group.png"
     fig.savefig(path, dpi=120)

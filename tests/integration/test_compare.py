@@ -134,3 +134,21 @@ def test_every_sweep_file_has_a_comment_params_and_a_name(path: Path) -> None:
     name, merged = sweep.load_sweep(path)
     assert name == path.stem and path.read_text().startswith("# ")
     assert any("," in v for v in merged.values()), "a sweep file sweeps something"
+
+
+def test_run_level_summary_fields_are_compared_and_plotted(tmp_path: Path) -> None:
+    """GRPO's generation_rounds / generation_seconds live at summary.json's top level (per-run totals,
+    never logged per step): spg=1 -> 8 rounds, 4.0 s and 6.0 s (mean 5.0, std 1.414); spg=4 -> 2 rounds."""
+    root = tmp_path / "grpo"
+    for num, (spg, seed, secs) in enumerate([(1, 1, 4.0), (1, 2, 6.0), (4, 1, 1.0), (4, 2, 1.0)]):
+        run = write_run(root, num, [f"method.args.steps_per_generation={spg}", f"seed={seed}"], {"reward": 0.5})
+        s = json.loads((run / "summary.json").read_text())
+        s.update(method="grpo", generation_rounds=8 // spg, generation_seconds=secs)
+        (run / "summary.json").write_text(json.dumps(s))
+    out = tmp_path / "report"
+    rows = compare.compare([root], out=out)
+    assert [r["generation_rounds mean"] for r in rows] == [8, 2]
+    assert rows[0]["generation_seconds mean"] == pytest.approx(5.0)
+    assert rows[0]["generation_seconds std"] == pytest.approx(2 ** 0.5)
+    assert (out / "generation_seconds_by_group.png").is_file()
+    assert not (out / "generation_seconds_vs_step.png").exists()
