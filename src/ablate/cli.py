@@ -21,10 +21,12 @@ commands:
   compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
 
 examples:
-  ablate train                                  # DPO (sigmoid) on the tiny model, ~1 min on CPU
+  ablate train                                  # DPO (sigmoid) on the tiny model, seconds on a CPU
   ablate train method=dpo_hinge method.args.beta=0.2
+  ablate train method=grpo method.args.steps_per_generation=4
   ablate train -m method=dpo,dpo_hinge seed=1,2,3
   ablate sweep sweeps/dpo_loss.yaml method.args.max_steps=20
+  ablate sweep sweeps/dpo_loss.yaml hydra/launcher=local_parallel   # or hydra/launcher=slurm
   ablate compare outputs/sweeps/dpo_loss --out report/
 """
 
