@@ -67,3 +67,18 @@ def test_missing_columns_is_one_line():
     with pytest.raises(DataError) as e:
         require_columns(Dataset.from_list([{"prompt": "a", "chosen": "b"}]), ("prompt", "chosen", "rejected"), "DPO")
     assert "missing ['rejected']" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{not json\n', "line 2 is not valid JSON"),
+    ('["a", "b"]\n', "line 1 is a JSON list, not an object"),
+    ("\n\n", "has no examples"),
+])
+def test_bad_jsonl_names_file_and_line(tmp_path, content, needle):
+    from ablate.data import jsonl
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(content)
+    with pytest.raises(DataError, match=needle) as e:
+        jsonl(str(path))
+    assert str(path) in str(e.value) and "\n" not in str(e.value)

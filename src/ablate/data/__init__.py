@@ -7,6 +7,7 @@ in the trainers, which know which columns their method needs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -41,8 +42,7 @@ def jsonl(
     """Load local JSON-lines files (one example per line) through `datasets.load_dataset("json")`."""
     files = {"train": train_path} | ({"eval": eval_path} if eval_path else {})
     for split, path in files.items():
-        if not Path(path).is_file():
-            raise DataError(f"data: {split} file not found: {path}")
+        _check_jsonl(Path(path), split)
     try:
         ds = load_dataset("json", data_files=files)
     except Exception as e:  # datasets wraps JSON errors in long chains; keep the first useful line
@@ -52,6 +52,26 @@ def jsonl(
         eval=_limit(ds.get("eval"), max_eval_samples),
         reward_funcs=dict(reward_funcs or {}),
     )
+
+
+def _check_jsonl(path: Path, split: str) -> None:
+    """Name the file and line of the first bad row: `datasets` only says the generation failed."""
+    if not path.is_file():
+        raise DataError(f"data: {split} file not found: {path}")
+    rows = 0
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"data: {path} line {number} is not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"data: {path} line {number} is a JSON {type(row).__name__}, not an object")
+            rows += 1
+    if rows == 0:
+        raise DataError(f"data: {split} file {path} has no examples")
 
 
 def packaged(
