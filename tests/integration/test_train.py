@@ -138,3 +138,17 @@ def test_bad_override_is_a_short_error(tmp_path, override, needle):
     assert r.returncode != 0
     assert needle in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 15
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["model=local", "model.path=/nonexistent/model"], "is not a save_pretrained directory"),
+    (["model=qwen2_5_0_5b"], "model.path: cannot load 'Qwen/Qwen2.5-0.5B-Instruct'"),
+    (["data=ultrafeedback_binarized"], "data: cannot load 'trl-lib/ultrafeedback_binarized'"),
+])
+def test_unreachable_model_or_data_is_a_short_error(tmp_path, overrides, needle):
+    """The hub options use the real from_pretrained / load_dataset; offline they fail in one line."""
+    r = ablate("train", *overrides, f"hydra.run.dir={tmp_path}",
+               env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert r.returncode == 2 and needle in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3
+    assert summary(tmp_path)["status"] == "failed"

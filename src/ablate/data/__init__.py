@@ -102,6 +102,9 @@ def hub(
     reward_funcs: dict[str, Callable[..., Any]] | None = None,
 ) -> DataSplits:
     """Load a dataset with `datasets.load_dataset(path, name)` (hub id, or a local dataset dir)."""
-    train = load_dataset(path, name, split=train_split, revision=revision)
-    ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
+    try:
+        train = load_dataset(path, name, split=train_split, revision=revision)
+        ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
+    except (ConnectionError, FileNotFoundError, ValueError) as e:  # offline, unknown id or split
+        raise DataError(f"data: cannot load '{path}': {str(e).splitlines()[0]}") from e
     return DataSplits(_limit(train, max_train_samples), _limit(ev, max_eval_samples), dict(reward_funcs or {}))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pathlib import Path
+
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -14,6 +16,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ablate.errors import ConfigError
 from ablate.models.tokenizer import byte_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,7 +64,13 @@ def pretrained(
     quantization_config: Any = None,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id."""
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    local = Path(path).expanduser()
+    if (local.exists() or path.startswith(("/", ".", "~"))) and not (local / "config.json").is_file():
+        raise ConfigError(f"model.path: {path} is not a save_pretrained directory (no config.json there)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as e:  # a hub id with no network and no cache lands here, as a page of text
+        raise ConfigError(f"model.path: cannot load '{path}': {str(e).splitlines()[0]}") from e
     if tokenizer.pad_token is None:  # many base models ship without one; batching needs it
         tokenizer.pad_token = tokenizer.eos_token
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
