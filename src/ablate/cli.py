@@ -19,6 +19,7 @@ commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
   sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun (hydra/launcher=local_parallel: in parallel)
   compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
+  resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
 
 examples:
   ablate train                                  # DPO (sigmoid) on the tiny model, seconds on a CPU
@@ -119,6 +120,27 @@ def sweep_cmd(argv: list[str]) -> None:
     hydra_train(hydra_argv)
 
 
+def resume_cmd(argv: list[str]) -> None:
+    """`ablate resume RUN_DIR [hydra overrides]`: rerun a run's own overrides in its own dir, which
+    continues it from its newest complete checkpoint (a crashed, killed or failed run)."""
+    from ablate import rundir
+
+    if len(argv) < 1 or argv[0].startswith("-"):
+        print("usage: ablate resume RUN_DIR [hydra.key=value ...]", file=sys.stderr)
+        sys.exit(2)
+    run_dir = Path(argv[0]).resolve()
+    info, summary = rundir.read_json(run_dir / rundir.RUN), rundir.read_json(run_dir / rundir.SUMMARY) or {}
+    if info is None:
+        print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
+        sys.exit(2)
+    if summary.get("status") == "completed":
+        print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
+        return
+    hydra_argv = [*info["overrides"], *argv[1:], f"hydra.run.dir={run_dir}"]
+    print("ablate train " + " ".join(hydra_argv))
+    hydra_train(hydra_argv)
+
+
 def compare_cmd(argv: list[str]) -> None:
     """`ablate compare DIR... [--metric M]... [--out DIR]`."""
     import argparse
@@ -147,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         hydra_train(rest)
+    elif cmd == "resume":
+        resume_cmd(rest)
     elif cmd == "sweep":
         sweep_cmd(rest)
     elif cmd == "compare":

@@ -111,12 +111,15 @@ def test_resume_reproduces_uninterrupted_losses(tmp_path):
     crashed = ablate("train", *common, f"hydra.run.dir={b}", env={"ABLATE_TEST_CRASH_AT": "13"})
     assert crashed.returncode != 0
     assert summary(b)["status"] == "failed" and "simulated crash at step 13" in summary(b)["error"]
-    resumed = ablate("train", *common, f"hydra.run.dir={b}")  # same command, same dir -> resume
+    resumed = ablate("resume", str(b))  # = the same command with the same hydra.run.dir
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(b)["status"] == "completed"
     la = [(e["step"], e["loss"]) for e in metrics(a) if "loss" in e]
     lb = [(e["step"], e["loss"]) for e in metrics(b) if "loss" in e]
     assert la == lb  # exact: same RNG, data order and reference log-probs after the resume
+    again = ablate("resume", str(b))
+    assert again.returncode == 0 and "nothing to resume" in again.stdout
+    assert ablate("resume", str(tmp_path)).returncode == 2  # not a run dir
 
 
 def test_other_run_in_dir_is_refused(tmp_path):
