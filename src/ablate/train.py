@@ -63,9 +63,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from transformers import set_seed
         from transformers.utils import logging as hf_logging
 
-        from ablate.callbacks import MetricsJSONL
-        from ablate.preemption import SaveOnPreemption
-
         hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
         set_seed(cfg.seed)
         _check_precision(cfg.precision)  # before TrainingArguments, which raises a page on tf32 without a GPU
@@ -82,13 +79,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             rundir.write_json(run_dir / rundir.RUN, info)  # the tracker may have added its run id
 
         ckpt = rundir.latest_checkpoint(run_dir)
-        events = rundir.read_metrics(run_dir) if ckpt else []
-        callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
-                     SaveOnPreemption()]  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
-        callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
-        if tracker is not None and tracker.callback() is not None:
-            callbacks.append(tracker.callback())
-
+        callbacks = _callbacks(cfg, run_dir, resuming=ckpt is not None, tracker=tracker)
         extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
         trainer = instantiate(cfg.method.trainer)(
             model=model,
@@ -112,7 +103,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                        metrics=_final_metrics(trainer.state.log_history))
         summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
     except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-        if type(e).__name__ == "Preempted":  # ablate.preemption (imported with torch above): checkpoint saved
+        if type(e).__name__ == "Preempted":  # ablate.preemption (imported with torch in _callbacks): checkpoint saved
             summary.update(status="preempted")
             _finish(run_dir, summary, tracker, t0)
             e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
@@ -129,6 +120,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if rundir.is_main_process():
         _print_result(run_dir, summary)
     return summary
+
+
+def _callbacks(cfg: DictConfig, run_dir: Path, resuming: bool, tracker: Any) -> list[Any]:
+    """ablate's own callbacks (metrics.jsonl, SLURM preemption), then the config's, then the tracker's."""
+    from ablate.callbacks import MetricsJSONL
+    from ablate.preemption import SaveOnPreemption
+
+    events = rundir.read_metrics(run_dir) if resuming else []
+    callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
+                 SaveOnPreemption()]  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+    callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+    if tracker is not None and tracker.callback() is not None:
+        callbacks.append(tracker.callback())
+    return callbacks
 
 
 def _finish(run_dir: Path, summary: dict[str, Any], tracker: Any, t0: float) -> None:
