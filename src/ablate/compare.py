@@ -191,7 +191,9 @@ def print_table(header: list[str], cells: list[list[str]], title: str) -> None:
         table.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
     for row in cells:
         table.add_row(*row)
-    Console(width=max(120, sum(len(h) for h in header) + 8 * len(header))).print(table)
+    # wide enough for every cell: piped output (no terminal) would otherwise wrap at 80 columns
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
+    Console(width=max(120, sum(w + 3 for w in widths) + 4)).print(table)
 
 
 def write_tables(out: Path, rows: list[dict[str, Any]], header: list[str], cells: list[list[str]]) -> None:
