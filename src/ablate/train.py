@@ -65,10 +65,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
         set_seed(cfg.seed)
-        _check_precision(cfg.precision)  # before TrainingArguments, which raises a page on tf32 without a GPU
+        # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
+        # values are passed as explicit kwargs below, so they are the ones the args end up with
+        _check_precision(cfg.precision)
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
                            **OmegaConf.to_container(cfg.precision))
-        _check_precision(args)
         tokenizer, model = instantiate(cfg.model)
         _check_trainable(model)
         data = instantiate(cfg.data)
@@ -172,7 +173,7 @@ def _check_method_args(cfg: DictConfig) -> None:
 
 
 def _check_precision(args: Any) -> None:
-    """`args`: the precision node or the built TrainingArguments (both have .fp16 / .tf32)."""
+    """`args`: the precision node (fp16 / tf32 flags), checked before any TrainingArguments exist."""
     import torch
 
     if getattr(args, "fp16", False) and not torch.cuda.is_available():
