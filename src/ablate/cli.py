@@ -96,6 +96,13 @@ def hydra_train(argv: list[str]) -> None:
         sys.exit(1)
 
 
+def quote_override_value(value: str) -> str:
+    """`value` as one quoted value of Hydra's override grammar: run-dir names hold `=` and `,`, a cwd
+    may hold spaces or quotes. Inside single quotes only a quote, and backslashes before a quote or
+    the closing quote, are escaped (hydra/grammar/OverrideLexer.g4, QUOTED_VALUE)."""
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
+
+
 def find_sweep_file(name: str) -> Path:
     """PATH as given, else `sweeps/<name>[.yaml]` next to conf/ (the repo's sweep files)."""
     cands = [Path(name), Path(conf_dir()).parent / "sweeps" / name, Path(conf_dir()).parent / "sweeps" / f"{name}.yaml"]
@@ -137,7 +144,7 @@ def resume_cmd(argv: list[str]) -> None:
     if summary.get("status") == "completed":
         print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
         return
-    hydra_argv = [*info["overrides"], *argv[1:], f"hydra.run.dir={run_dir}"]
+    hydra_argv = [*info["overrides"], *argv[1:], f"hydra.run.dir={quote_override_value(str(run_dir))}"]
     print("ablate train " + " ".join(hydra_argv))
     hydra_train(hydra_argv)
 

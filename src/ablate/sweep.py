@@ -110,17 +110,24 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
 def print_summary(sweep_dir: Path) -> int:
     """Print the sweep's job table; returns the number of jobs that did not complete."""
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     rows = job_rows(sweep_dir)
     failed = sum(r["status"] != "completed" for r in rows)
-    table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed")
+    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed"
+    table = Table(title=title, min_width=len(title))  # a title wider than its table would wrap
     for col in ("job", "overrides", "status", "key metric", "run dir", "error"):
-        table.add_column(col, overflow="fold")
+        # paths are pasted (ablate resume / compare): never folded; long text columns fold instead
+        table.add_column(col, overflow="fold", no_wrap=col == "run dir",
+                         max_width=60 if col in ("overrides", "error") else None)
     for r in rows:
         style = "" if r["status"] == "completed" else "red"
         table.add_row(r["job"], r["overrides"], r["status"], r["metric"], r["run_dir"], r["error"], style=style)
-    Console(width=200).print(table)
+    # as wide as the table needs: piped output (no terminal) would otherwise be cut at 80 columns
+    console = Console()
+    width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
+    Console(width=max(200, width)).print(table)
     if list(sweep_dir.glob("*/wandb/offline-run-*")):
         print(f"W&B (offline): upload every job with `wandb sync {sweep_dir}/*/wandb/offline-run-*`")
     print(f"compare: ablate compare {sweep_dir}")

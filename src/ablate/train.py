@@ -67,9 +67,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         set_seed(cfg.seed)
         # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
         # values are passed as explicit kwargs below, so they are the ones the args end up with
-        _check_precision(cfg.precision)
+        device_args = _check_precision(cfg.precision)
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
-                           **OmegaConf.to_container(cfg.precision))
+                           **OmegaConf.to_container(cfg.precision), **device_args)
         tokenizer, model = instantiate(cfg.model)
         _check_trainable(model)
         data = instantiate(cfg.data)
@@ -172,15 +172,34 @@ def _check_method_args(cfg: DictConfig) -> None:
         raise ConfigError(f"method.args: unknown field(s) {unknown} for {cls.__name__}" + (f" ({hint})" if hint else ""))
 
 
-def _check_precision(args: Any) -> None:
-    """`args`: the precision node (fp16 / tf32 flags), checked before any TrainingArguments exist."""
+def _check_precision(args: Any) -> dict[str, Any]:
+    """`args`: the precision node (fp16 / tf32 flags), checked before any TrainingArguments exist.
+    Returns extra TrainingArguments: bf16 on a machine without any accelerator trains on the CPU
+    (`use_cpu`), where torch autocasts to bfloat16; transformers refuses bf16 there without it."""
     import torch
+    from transformers.utils import is_torch_bf16_gpu_available
 
     if getattr(args, "fp16", False) and not torch.cuda.is_available():
         # accelerate silently ignores fp16 on CPU (no autocast, no scaler): refuse rather than pretend
         raise ConfigError("precision=fp16 needs a CUDA GPU (on CPU it would silently train in fp32); use precision=bf16 or fp32")
     if getattr(args, "tf32", None) and not torch.cuda.is_available():
         raise ConfigError("precision.tf32=true needs an Ampere or newer CUDA GPU; leave it null on CPU")
+    if getattr(args, "bf16", False) and not is_torch_bf16_gpu_available():
+        if _has_accelerator():  # never move a GPU run to the CPU behind the user's back
+            raise ConfigError("precision=bf16 needs a GPU with bfloat16 support (CUDA: Ampere or newer); "
+                              "use precision=fp32 (or fp16 on CUDA)")
+        return {"use_cpu": True}
+    return {}
+
+
+def _has_accelerator() -> bool:
+    """Any GPU-like device torch can use (CUDA, ROCm, MPS, XPU, ...)."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available() or torch.backends.mps.is_available()
 
 
 def _check_trainable(model: Any) -> None:
@@ -222,6 +241,7 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for k, v in sorted(summary.get("metrics", {}).items()):
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
-    console = Console()
-    console.print(table)
-    console.print(f"run dir: {run_dir}")
+    Console().print(table)
+    # plain print: rich would fold a long path at the terminal width (80 columns when piped) and
+    # read `[...]` in it as markup; this line is meant to be pasted (ablate resume / compare)
+    print(f"run dir: {run_dir}", flush=True)
