@@ -1,0 +1,239 @@
+"""The docs test themselves: every command line in README.md's and docs/extending.md's ```bash blocks
+runs, as written, from a scratch copy of the repo (a fresh clone, its path holding a space), with the
+default run dirs, the default sweep dir and the default `outputs/`, in the order the doc gives them.
+
+A new line in a doc is run by default. The only ways around that are the rules below, each with its
+reason, shown by pytest as the skip reason (`pytest -rs`):
+
+- SKIP: lines that cannot run on a CPU machine without network or root (SLURM, online W&B, the
+  test suite itself). `&&`-chained set-up steps (venv, `pip install`) are left out: the test runs
+  in the environment they installed.
+- SLOW: lines that take minutes; they run in the `-m slow` suite (with every earlier line of their doc).
+- Step counts: `method.args.max_steps=2` is appended to an `ablate train|sweep` line that does not set
+  it already (Quick start runs untouched: it is the README's promise, seconds).
+- Placeholders: `outputs/runs/<date>/<time>_<overrides>` is filled with the real dir of an
+  interrupted run (resuming a completed run does nothing); files the docs expect the user to have
+  (`my_pairs.jsonl`) are written first, and so are the docs' own code blocks that start with
+  `# <file name>` (`my_losses.py`).
+
+`ablate` on the PATH is the ablate under test (a shim running `python -m ablate` with its `src/` last
+on PYTHONPATH, so a line's own `PYTHONPATH=...` prefix still works); `python`, `torchrun`, `wandb`
+are the test's environment's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import ablate
+from conftest import ROOT, TESTS, summary
+
+DOCS = ["README.md", "docs/extending.md"]
+STEPS = "method.args.max_steps=2"
+
+SKIP = {
+    "python -m pytest": "the test suite itself (it runs this test)",
+    "python -m pytest -m slow": "the slow test suite itself",
+    "ablate sweep sweeps/dpo_loss.yaml hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
+    "bash scripts/slurm/start.sh": "installs and starts SLURM as root with apt (tests/slow/test_slurm.py)",
+    "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
+    "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
+}
+SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip install .*)$")  # chained set-up steps
+SLOW = {
+    "ablate sweep sweeps/grpo_steps_per_generation.yaml": "12 GRPO jobs",
+    "ablate sweep sweeps/dpo_loss.yaml hydra/launcher=local_parallel": "6 worker processes",
+    "torchrun --nproc_per_node=2 -m ablate train method.args.use_cpu=true": "2 processes",
+    "ablate fetch smollm2_135m": "downloads and converts a 135M model on first use",
+    "ablate train model=smollm2_135m": "a 135M-parameter model",
+}
+UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
+USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl"}  # "your own data"
+RESUMABLE = "outputs/runs/<date>/<time>_<overrides>"
+CLAIMS = {  # what the README says a line leads to, beyond "exit 0, every printed run dir completed"
+    "ablate train": lambda s: s["metrics"]["rewards/accuracies"] == 1.0,  # Quick start: "reaches 1.0"
+}
+
+
+@dataclass
+class Line:
+    doc: str
+    lineno: int
+    section: str
+    text: str  # the line as written, comment included
+    command: str = ""  # what runs: set-up segments and the comment removed
+    skip: str | None = None
+    slow: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc}:{self.lineno} {self.command or self.text}"[:100]
+
+
+def _key(command: str) -> str:
+    return " ".join(command.split())
+
+
+def _strip_comment(text: str) -> str:
+    return re.split(r"\s+#\s", " " + text, maxsplit=1)[0].strip()
+
+
+def parse(doc: str) -> tuple[list[Line], dict[str, str]]:
+    """The doc's bash command lines (in order) and its `# <file>`-headed code blocks (name -> text)."""
+    lines: list[Line] = []
+    files: dict[str, str] = {}
+    section, block, lang, start = "", None, "", 0
+    for n, raw in enumerate((ROOT / doc).read_text().splitlines(), 1):
+        if block is None:
+            if raw.startswith("## "):
+                section = raw[3:].strip()
+            elif raw.startswith("```"):
+                block, lang, start = [], raw[3:].strip(), n
+            continue
+        if not raw.startswith("```"):
+            block.append(raw)
+            continue
+        name = re.fullmatch(r"#\s*([\w./-]+\.\w+)\s*", block[0]) if block else None
+        if name and lang not in ("bash", "sh", "shell"):
+            files[name.group(1)] = "\n".join(block) + "\n"
+        if lang in ("bash", "sh", "shell"):
+            lines += [Line(doc, start + i + 1, section, t) for i, t in enumerate(block)
+                      if t.strip() and not t.lstrip().startswith("#")]
+        block = None
+    for line in lines:
+        parts = [p.strip() for p in _strip_comment(line.text).split("&&")]
+        line.command = " && ".join(p for p in parts if not SETUP.match(p))
+        key = _key(line.command)
+        line.skip = SKIP.get(key) or (None if line.command else "set-up only (the test runs in the installed env)")
+        line.slow = next((why for k, why in SLOW.items() if key == k or key.startswith(k + " ")), None)
+    return lines, files
+
+
+ALL = [line for doc in DOCS for line in parse(doc)[0]]
+
+
+def _param(line: Line):
+    return pytest.param(line, id=line.id, marks=[pytest.mark.slow] if line.slow and not line.skip else [])
+
+
+@dataclass
+class DocRun:
+    """One doc's lines run in order in one scratch clone; results cached by line number."""
+
+    doc: str
+    cwd: Path
+    env: dict[str, str]
+    results: dict[int, subprocess.CompletedProcess] = field(default_factory=dict)
+
+    def run(self, target: Line) -> subprocess.CompletedProcess:
+        lines, _ = parse(self.doc)
+        for line in lines:  # earlier lines first: later ones use their outputs (outputs/my_run, sweeps)
+            if line.lineno > target.lineno:
+                break
+            if line.skip or line.lineno in self.results or (line.slow and not target.slow):
+                continue
+            self.results[line.lineno] = self._exec(line)
+        return self.results[target.lineno]
+
+    def _exec(self, line: Line) -> subprocess.CompletedProcess:
+        command = line.command
+        if RESUMABLE in command:
+            command = command.replace(RESUMABLE, self._interrupted_run())
+        if (line.section not in UNTOUCHED_SECTIONS and re.search(r"\bablate (train|sweep)\b", command)
+                and "method.args.max_steps=" not in command):
+            command = f"{command} {STEPS}"
+        return subprocess.run(["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True,
+                              text=True, timeout=1800)
+
+    def _interrupted_run(self) -> str:
+        """A default-named run dir (relative to the cwd, as a user pastes it) of a run killed at step 3 of 4."""
+        before = set((self.cwd / "outputs/runs").glob("*/*"))
+        subprocess.run(["ablate", "train", "method.args.max_steps=4", "method.args.save_steps=2",
+                        "+callbacks.crash._target_=crashing.CrashAt"], cwd=self.cwd,
+                       env={**self.env, "ABLATE_TEST_CRASH_AT": "3"}, capture_output=True, timeout=900)
+        [run_dir] = set((self.cwd / "outputs/runs").glob("*/*")) - before
+        assert summary(run_dir)["status"] == "failed"
+        return str(run_dir.relative_to(self.cwd))
+
+
+def _scratch_clone(root: Path) -> Path:
+    clone = root / "my clone"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "outputs", "multirun", "report", "wandb", "__pycache__", "*.egg-info", ".pytest_cache"))
+    return clone
+
+
+def _env(bin_dir: Path) -> dict[str, str]:
+    src = Path(ablate.__file__).resolve().parents[1]
+    shim = bin_dir / "ablate"
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{src}" exec "{sys.executable}" -m ablate "$@"\n')
+    shim.chmod(0o755)
+    return {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}  # never upload from a test
+
+
+@pytest.fixture(scope="module")
+def doc_runs(tmp_path_factory) -> dict[str, DocRun]:
+    runs = {}
+    for doc in DOCS:
+        root = tmp_path_factory.mktemp("doc")
+        (root / "bin").mkdir()
+        cwd = _scratch_clone(root)
+        for name, src in USER_FILES.items():
+            shutil.copy(src, cwd / name)
+        for name, text in parse(doc)[1].items():
+            (cwd / name).parent.mkdir(parents=True, exist_ok=True)
+            (cwd / name).write_text(text)
+        runs[doc] = DocRun(doc, cwd, _env(root / "bin"))
+    return runs
+
+
+@pytest.mark.parametrize("line", [_param(line) for line in ALL])
+def test_doc_line_runs(line: Line, doc_runs):
+    if line.skip:
+        pytest.skip(line.skip)
+    r = doc_runs[line.doc].run(line)
+    assert r.returncode == 0, f"{line.id}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    for printed in re.findall(r"^run dir: (.+)$", r.stdout, flags=re.M):
+        s = summary(Path(printed))
+        assert s["status"] == "completed", printed
+        claim = CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None
+        assert claim is None or claim(s), f"{line.id}: {s['metrics']}"
+    for done, total in re.findall(r"(\d+)/(\d+) jobs completed", r.stdout):
+        assert done == total != "0", r.stdout[-3000:]
+
+
+def test_docs_have_their_sections_and_the_rules_match_lines():
+    """The parser finds what the README promises, and no rule names a line that no longer exists."""
+    readme = [line for line in ALL if line.doc == "README.md"]
+    assert len([line for line in readme if line.section == "Quick start"]) == 2
+    assert len([line for line in readme if line.section == "Cheat-sheet"]) >= 20
+    assert len([line for line in ALL if line.doc == "docs/extending.md"]) >= 4
+    keys = {_key(line.command) for line in ALL}
+    assert set(SKIP) <= keys, set(SKIP) - keys
+    for rule in SLOW:
+        assert any(k == rule or k.startswith(rule + " ") for k in keys), rule
+    runnable = [line for line in ALL if not line.skip]
+    assert len([line for line in runnable if not line.slow]) >= 15  # most lines run in the default suite
+
+
+def test_ci_runs_the_readme_commands():
+    """.ci/run installs as the Quick start's test command does and runs the README's test commands."""
+    ci = (ROOT / ".ci/run").read_text().splitlines()
+    quick = [line for line in ALL if line.doc == "README.md" and line.section == "Quick start"]
+    tests_line = next(line for line in quick if "pytest" in line.text)
+    setup = _strip_comment(tests_line.text).rsplit("&&", 1)[0].strip()
+    assert setup in [c.strip() for c in ci]
+    for line in ALL:
+        if line.doc == "README.md" and "pytest" in line.command and line.section != "Quick start":
+            assert line.command in [c.strip() for c in ci], line.command
