@@ -18,4 +18,4 @@ class DtypeProbe(TrainerCallback):
         path = os.environ.get("ABLATE_TEST_DTYPE_OUT")
         if path and state.is_world_process_zero:
             with open(path, "w") as f:
-                json.dump({"linear_out": sorted(self.seen), "device": str(args.device)}, f)
+                json.dump({"linear_out": sorted(self.seen), "device": args.device.type}, f)

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ablate, summary
+from conftest import TESTS, ablate, summary
 
 FAST = ["method.args.max_steps=1", "method.args.save_strategy=no"]
 
@@ -88,3 +91,22 @@ def test_bf16_autocasts_on_any_machine(tmp_path, precision, dtype):
 
     weights = load_file(run_dir / "model" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}  # autocast only: weights stay fp32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only machines: bf16 there means use_cpu")
+def test_bf16_under_torchrun_on_cpu(tmp_path):
+    """`torchrun ... precision=bf16` on a CPU machine: both ranks train on the CPU (gloo) under bf16
+    autocast, without the `method.args.use_cpu=true` that fp32 needs there."""
+    out = tmp_path / "dtypes.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "ABLATE_TEST_DTYPE_OUT": str(out)}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "ablate", "train",
+                        "precision=bf16", "method.args.max_steps=2", "method.args.save_strategy=no",
+                        "+callbacks.probe._target_=dtype_probe.DtypeProbe"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run_dir] = _run_dirs(tmp_path)
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["metrics"]["epoch"] == pytest.approx(2 * 16 / 512)  # 2 ranks x 8 pairs
+    assert json.loads(out.read_text()) == {"linear_out": ["torch.bfloat16"], "device": "cpu"}
