@@ -16,7 +16,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
-from ablate.data.format import encode_completion, encode_prompt, pad, require_columns
+from ablate.data.format import pad, prepare_preference
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
@@ -27,7 +27,15 @@ from ablate.trainers.metrics import MetricsBuffer
 class DPOConfig(TrainingArguments):
     beta: float = field(default=0.1, metadata={"help": "KL strength: scales the implicit reward."})
     loss_type: str = field(default="sigmoid", metadata={"help": "A function in ablate.losses.dpo, or a dotted path."})
-    max_length: int | None = field(default=512, metadata={"help": "Truncate prompt+completion to this many tokens."})
+    max_length: int | None = field(
+        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop pairs whose prompt fills it."}
+    )
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Keep the last N prompt tokens (before max_length; not in TRL 1.16)."}
+    )
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "Keep the first N tokens of each completion (not in TRL 1.16)."}
+    )
     precompute_ref_log_probs: bool = field(
         default=True, metadata={"help": "Score the data with the initial policy once, before training."}
     )
@@ -106,18 +114,9 @@ class DPOTrainer(Trainer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
     ) -> Dataset:
-        """prompt/chosen/rejected (strings or messages) -> prompt_ids/chosen_ids/rejected_ids."""
-        require_columns(dataset, ("prompt", "chosen", "rejected"), "DPO")
-
-        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
-            p = encode_prompt(tokenizer, row["prompt"])
-            c = encode_completion(tokenizer, row["prompt"], row["chosen"])
-            r = encode_completion(tokenizer, row["prompt"], row["rejected"])
-            if args.max_length is not None:  # keep the start: the prompt is what the completion answers
-                c, r = c[: max(args.max_length - len(p), 0)], r[: max(args.max_length - len(p), 0)]
-            return {"prompt_ids": p, "chosen_ids": c, "rejected_ids": r}
-
-        return dataset.map(tokenize, remove_columns=dataset.column_names, desc=f"Tokenizing {name} pairs")
+        """Any TRL preference format (see ablate.data.formats) -> prompt_ids/chosen_ids/rejected_ids."""
+        return prepare_preference(dataset, tokenizer, args.max_length, args.max_prompt_length,
+                                  args.max_completion_length, name)
 
     def _sequence_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits

@@ -44,7 +44,7 @@ from torch import nn
 from torch.utils.data import Sampler
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
-from ablate.data.format import encode_prompt, require_columns
+from ablate.data.format import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
@@ -219,13 +219,7 @@ class GRPOTrainer(Trainer):
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
     ) -> Dataset:
         """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
-        require_columns(dataset, ("prompt",), "GRPO")
-
-        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
-            ids = encode_prompt(tokenizer, row["prompt"])
-            return {"prompt_ids": ids[-args.max_prompt_length :] if args.max_prompt_length else ids}
-
-        return dataset.map(tokenize, desc=f"Tokenizing {name} prompts")
+        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name)
 
     # ---- batching: one generation batch, served as `steps_per_generation` slices ----
 
