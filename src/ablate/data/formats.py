@@ -71,12 +71,13 @@ def detect(dataset: Dataset, kind: str) -> str:
 
 
 def to_chatml(row: dict[str, Any]) -> dict[str, Any]:
-    """ShareGPT `conversations` [{from, value}] -> `messages` [{role, content}] (TRL's `maybe_convert_to_chatml`)."""
+    """ShareGPT `conversations` [{from, value}] -> `messages` [{role, content}], as TRL's
+    `maybe_convert_to_chatml` (roles are kept as written: use user/assistant, not human/gpt)."""
     conv = row.get("conversations")
-    if not (isinstance(conv, list) and conv and isinstance(conv[0], dict) and "from" in conv[0]):
+    if "messages" in row or not isinstance(conv, list):
         return row
-    roles = {"human": "user", "gpt": "assistant"}
-    return {**row, "messages": [{"role": roles.get(m["from"], m["from"]), "content": m["value"]} for m in conv]}
+    return {**row, "messages": [{"role": m.get("from", m.get("role")), "content": m.get("value", m.get("content"))}
+                                if isinstance(m, dict) else m for m in conv]}
 
 
 def extract_prompt(chosen: Any, rejected: Any) -> dict[str, Any]:
