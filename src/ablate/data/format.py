@@ -98,7 +98,8 @@ def tokenize_preference(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any],
     """A preference row (explicit or implicit prompt) -> prompt_ids / chosen_ids / rejected_ids, untruncated."""
     row = {**row, **preference_row(row, index)}
     conv = is_messages(row["chosen"])
-    check_text(row["prompt"], "prompt", conv, index)
+    for column in ("prompt", "chosen", "rejected"):
+        check_text(row[column], column, conv, index)
     if conv:
         kw = _chat_kwargs(row)
         p = _ids(tokenizer, row["prompt"], add_generation_prompt=True, **kw)
