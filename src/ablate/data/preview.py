@@ -119,8 +119,8 @@ def preview(overrides: list[str], n: int, out: Any = sys.stdout) -> None:
     color = out.isatty() and "NO_COLOR" not in os.environ
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
-    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {detect(data.train, kind)}; "
-          f"tokens that count towards the loss are {legend}"
+    legend = "prompts only: completions are sampled" if kind == "prompt" else f"loss tokens {legend}"
+    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {detect(data.train, kind)}; {legend}"
           + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""), file=out)
     max_length = arg("max_length")
     for i, row in enumerate(rows):
