@@ -131,3 +131,24 @@ def test_column_mapping(tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(DataError, match="data.columns.answer: unknown role"):
         map_columns(ds, {"answer": "prompt"})
+
+
+def test_hub_loader_reads_local_copies(tmp_path):
+    """data=ultrafeedback_binarized data.path=<a file | a dir of split files | a save_to_disk dir> offline."""
+    from datasets import DatasetDict
+
+    from ablate.data import hub
+
+    rows = [{"chosen": "Q: a A: yes", "rejected": "Q: a A: no", "score_chosen": 1.0}] * 3
+    (tmp_path / "files").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "files" / f"{split}.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    DatasetDict({"train": Dataset.from_list(rows), "test": Dataset.from_list(rows[:1])}).save_to_disk(tmp_path / "dd")
+    one = hub(str(tmp_path / "files" / "train.jsonl"), eval_split="test")
+    assert len(one.train) == 3 and one.eval is None
+    files = hub(str(tmp_path / "files"), eval_split="test", max_train_samples=2)
+    assert len(files.train) == 2 and len(files.eval) == 3
+    saved = hub(str(tmp_path / "dd"), eval_split="test")
+    assert len(saved.train) == 3 and len(saved.eval) == 1 and saved.train.column_names == list(rows[0])
+    with pytest.raises(DataError, match="no split 'valid'"):
+        hub(str(tmp_path / "dd"), eval_split="valid")

@@ -110,9 +110,14 @@ def hub(
     columns: Mapping[str, str | None] | None = None,
 ) -> DataSplits:
     """Load a dataset with `datasets.load_dataset(path, name)`: a hub id, a local dir of data files
-    (train.jsonl, test.jsonl, ...), or a `save_to_disk` dir (a `DatasetDict` or one `Dataset`)."""
+    (train.jsonl, test.jsonl, ...), a `save_to_disk` dir (a `DatasetDict` or one `Dataset`), or one
+    .jsonl/.json/.parquet/.csv file (train only)."""
     local = Path(path).expanduser()
+    builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
     try:
+        if local.is_file() and local.suffix in builders:  # one file: the train split, no eval split
+            train = load_dataset(builders[local.suffix], data_files=str(local), split="train")
+            return _splits(train, None, max_train_samples, max_eval_samples, columns, reward_funcs)
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
             saved = load_from_disk(str(local))
             if isinstance(saved, Dataset):  # one split saved: it is the train split
