@@ -65,7 +65,8 @@ def test_ultrafeedback_shape_trains_with_the_config(tmp_path):
 def test_saved_dataset_dir_and_h4_shape_train(tmp_path):
     """`save_to_disk` dirs load too; HuggingFaceH4's variant (a *string* prompt beside conversational
     chosen/rejected) has its prompt extracted from the conversations, as TRL's maybe_extract_prompt."""
-    rows = [{"prompt": r["chosen"][0]["content"], "prompt_id": str(i), **r} for i, r in enumerate(_ultrafeedback_rows())]
+    rows = [{"prompt": r["chosen"][0]["content"], "prompt_id": str(i), **r}
+            for i, r in enumerate(_ultrafeedback_rows())]
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
     cwd = tmp_path / "work"
     cwd.mkdir()

@@ -60,7 +60,8 @@ PREFERENCE = {
     ],
     "conversational": [
         {"prompt": [user("What is 6*7?")], "chosen": [bot("42")], "rejected": [bot("41, I think.")]},
-        {"prompt": [SYSTEM, user("Colour of the sky?")], "chosen": [bot("Blue")], "rejected": [bot("Green, sometimes")]},
+        {"prompt": [SYSTEM, user("Colour of the sky?")], "chosen": [bot("Blue")],
+         "rejected": [bot("Green, sometimes")]},
         {"prompt": [user("Hi"), bot("Hello!"), user("Name a fruit")], "chosen": [bot("Apple")],
          "rejected": [bot("Carrot")]},
     ],
@@ -137,7 +138,8 @@ def _trl_sft(rows: list[dict[str, Any]], tok, max_length: int | None) -> list[di
     sample = rows[0]
     fake = SimpleNamespace(_tokenizer=tok, chat_template=None,
                            completion_only_loss="prompt" in sample and "completion" in sample)  # TRL's None default
-    args = SimpleNamespace(dataset_num_proc=None, dataset_text_field="text", assistant_only_loss=False, shuffle_dataset=False,
+    args = SimpleNamespace(dataset_num_proc=None, dataset_text_field="text", assistant_only_loss=False,
+                           shuffle_dataset=False,
                            max_length=max_length, truncation_mode="keep_start")
     ds = trl.SFTTrainer._prepare_dataset(fake, Dataset.from_list(rows), tok, args, False, None, "t")
     return [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in ds]

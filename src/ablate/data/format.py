@@ -94,7 +94,9 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return n
 
 
-def tokenize_preference(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0) -> dict[str, list[int]]:
+def tokenize_preference(
+    tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0
+) -> dict[str, list[int]]:
     """A preference row (explicit or implicit prompt) -> prompt_ids / chosen_ids / rejected_ids, untruncated."""
     row = {**row, **preference_row(row, index)}
     conv = is_messages(row["chosen"])

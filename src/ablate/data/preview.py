@@ -40,7 +40,8 @@ def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
             path, kwargs = str(fetch()), {}
         else:
             path = str(model_cfg.path)
-            kwargs = {"revision": model_cfg.get("revision"), "trust_remote_code": model_cfg.get("trust_remote_code", False)}
+            kwargs = {"revision": model_cfg.get("revision"),
+                      "trust_remote_code": model_cfg.get("trust_remote_code", False)}
         try:
             tok = AutoTokenizer.from_pretrained(path, **kwargs)
         except OSError as e:
