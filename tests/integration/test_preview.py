@@ -81,3 +81,18 @@ def test_smollm2_preview(tmp_path):
 def test_bad_preview_args_are_one_line(tmp_path, args, needle):
     r = ablate("data", *args, cwd=tmp_path, env=ENV)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_config_dir_and_pretokenized_data(tmp_path):
+    """`--config-dir` as for train (a user's method dir); rows already in token ids are shown as they are."""
+    import os
+
+    from conftest import ROOT, TESTS
+
+    example = ROOT / "examples" / "custom_batch"
+    path = os.pathsep.join([str(TESTS), str(example), os.environ.get("PYTHONPATH", "")])
+    r = ablate("data", "preview", "--config-dir", str(example), "method=dpo_custom_batch", "-n", "1",
+               cwd=tmp_path, env={**ENV, "PYTHONPATH": path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "dpo_custom_batch on 512 train rows, format: already tokenized" in r.stdout
+    assert "sort: " in r.stdout and "⟧" in r.stdout

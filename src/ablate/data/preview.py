@@ -101,7 +101,8 @@ def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_len
     return notes
 
 
-def preview(overrides: list[str], n: int, out: Any = sys.stdout) -> None:
+def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
+    """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -110,6 +111,8 @@ def preview(overrides: list[str], n: int, out: Any = sys.stdout) -> None:
     from ablate.data.formats import detect
 
     register_resolvers()
+    if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
+        overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     kind = _kind(cfg.method.trainer._target_)
@@ -121,13 +124,17 @@ def preview(overrides: list[str], n: int, out: Any = sys.stdout) -> None:
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
     legend = "prompts only: completions are sampled" if kind == "prompt" else f"loss tokens {legend}"
-    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {detect(data.train, kind)}; {legend}"
+    ids_keys = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prompt_ids", "completion_ids"),
+                "prompt": ("prompt_ids",)}[kind]
+    pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
+    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
+    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
           + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""), file=out)
     max_length = arg("max_length")
     for i, row in enumerate(rows):
         print(f"\n===== example {i} =====", file=out)
         if kind == "prompt":
-            full = {"prompt_ids": fmt.tokenize_prompt(tok, row, i)}
+            full = {"prompt_ids": row["prompt_ids"] if pretokenized else fmt.tokenize_prompt(tok, row, i)}
             mpl = arg("max_prompt_length")
             cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
             print(f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
@@ -136,7 +143,11 @@ def preview(overrides: list[str], n: int, out: Any = sys.stdout) -> None:
             for note in _notes(full, cut, None, mpl):
                 print(f"note: {note}", file=out)
             continue
-        if kind == "preference":
+        if pretokenized:
+            full = {k: row[k] for k in ids_keys}
+            cut = fmt.truncate(full, max_length, *((arg("max_prompt_length"), arg("max_completion_length"))
+                                                   if kind == "preference" else ()))
+        elif kind == "preference":
             full = fmt.tokenize_preference(tok, row, i)
             cut = fmt.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
         else:
