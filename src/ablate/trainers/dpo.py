@@ -20,6 +20,7 @@ from ablate.data.format import encode_completion, encode_prompt, pad, require_co
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
+from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
 
 
@@ -92,16 +93,31 @@ class DPOTrainer(Trainer):
         )
         self.loss_fn = dpo_losses.resolve(args.loss_type)
         self.metrics = MetricsBuffer()
+        # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
+        # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
         if args.precompute_ref_log_probs and ref_model is None:
             self.train_dataset = self._with_ref_logps(self.train_dataset)
             if self.eval_dataset is not None:
                 self.eval_dataset = self._with_ref_logps(self.eval_dataset)
-        else:  # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
+        elif ref_model is not None or not is_adapted(model):
+            # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.eval().requires_grad_(False)
             if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
                 self.ref_model.to(self.args.device)
+
+    def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
+        `model`'s with adapters disabled, or `model`'s as it is (the initial policy, when precomputing)."""
+        if self.ref_model is not None:
+            with torch.no_grad():
+                return self._sequence_logps(self.ref_model, batch)[0]
+        if is_adapted(self.accelerator.unwrap_model(model)):
+            with reference_forward(model, self.accelerator.unwrap_model(model)):
+                return self._sequence_logps(model, batch)[0]
+        with torch.no_grad():
+            return self._sequence_logps(model, batch)[0]
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
@@ -135,7 +151,7 @@ class DPOTrainer(Trainer):
             rows = [dataset[i] for i in range(start, min(start + bs, len(dataset)))]
             batch = self._prepare_inputs(self.data_collator(rows))
             with self.autocast_smart_context_manager():  # same precision as the training forwards
-                logps, _ = self._sequence_logps(self.model, batch)
+                logps = self._reference_logps(self.model, batch)
             c, r = logps.float().chunk(2)
             chosen += c.tolist()
             rejected += r.tolist()
@@ -152,11 +168,10 @@ class DPOTrainer(Trainer):
         mode = "train" if model.training else "eval"
         logps, logits = self._sequence_logps(model, inputs)
         logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
-        if self.ref_model is None:
+        if "ref_chosen_logps" in inputs:  # precomputed
             ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
         else:
-            with torch.no_grad():
-                ref_c, ref_r = self._sequence_logps(self.ref_model, inputs)[0].chunk(2)
+            ref_c, ref_r = self._reference_logps(model, inputs).chunk(2)
         losses, metrics = self.loss_fn(logp_c, logp_r, ref_c.to(logp_c), ref_r.to(logp_r), beta=self.args.beta)
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
         loss = losses.mean()

@@ -48,6 +48,7 @@ from ablate.data.format import encode_prompt, require_columns
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
+from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
 
 GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
@@ -207,8 +208,8 @@ class GRPOTrainer(Trainer):
         self.aggregate = grpo_losses.AGGREGATIONS[args.loss_type]
         self.generator = generator or HFGenerator(args, processing_class)
         self.metrics = MetricsBuffer()
-        self.ref_model = None
-        if args.beta != 0.0:  # a frozen copy of the initial policy, as in DPO's live-reference path
+        self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
+        if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
         self._buffer: list[dict[str, torch.Tensor]] | None = None
         self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
@@ -289,6 +290,9 @@ class GRPOTrainer(Trainer):
                 batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
                 batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
+            elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
+                with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
+                    batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
         advantages, metrics = grpo_losses.advantages(
             rewards, self.reward_weights, self.args.num_generations, self.args.scale_rewards
