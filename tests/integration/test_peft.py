@@ -18,6 +18,7 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 def _train(cwd: Path, *overrides: str) -> Path:
     """Run `ablate train` in `cwd` with default dirs; return the one run dir it made."""
+    cwd.mkdir(parents=True, exist_ok=True)
     r = ablate("train", *overrides, cwd=cwd, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = list((cwd / "outputs" / "runs").glob("*/*"))
@@ -69,16 +70,38 @@ def test_lora_dpo_trains_the_adapter_and_saves_it_merged(tmp_path):
     for key in base_sd.keys() - adapted:  # embeddings, norms: exactly the base
         assert torch.equal(merged_sd[key], base_sd[key]), key
 
-    # the adapter dir is not a model: model=local on it says where the merged one is
-    r = ablate("train", "model=local", f"model.path='{run / 'model'}'", "method.args.max_steps=1", cwd=tmp_path)  # quoted: the dir name holds '='
+    # the tiny model is built from code: its adapter has no base path to reload, and the error says so
+    r = ablate("train", "model=local", f"model.path='{run / 'model'}'", "method.args.max_steps=1",  # quoted: '=' in the name
+               cwd=tmp_path, env=ENV)
     assert r.returncode == 2 and "LoRA adapter" in r.stderr and "merged" in r.stderr, r.stderr[-2000:]
 
 
-def test_lora_sft_lowers_loss(tmp_path):
-    run = _train(tmp_path, "method=sft", "+peft=lora", "method.args.max_steps=30", "method.args.logging_steps=5")
-    losses = _losses(run)
+def test_lora_sft_then_dpo_from_the_adapter_dir(tmp_path):
+    """SFT with LoRA on a saved model, then `model=local model.path=<sft run>/model` (the adapter dir):
+    ablate loads the adapter's base and merges the adapter in, and DPO trains a new LoRA on top."""
+    from transformers import AutoModelForCausalLM
+
+    from ablate.models import pretrained, tiny
+
+    tok, base = tiny()
+    tok.save_pretrained(tmp_path / "base")
+    base.save_pretrained(tmp_path / "base")
+    sft = _train(tmp_path / "sft", "method=sft", "model=local", f"model.path={tmp_path / 'base'}", "+peft=lora",
+                 "peft.save_merged=true", "method.args.max_steps=30", "method.args.logging_steps=5")
+    losses = _losses(sft)
     assert losses[-1] < losses[0] - 0.3, losses  # a random tiny model: LoRA alone learns slowly
-    _check_adapter_dir(run / "model")
+    _check_adapter_dir(sft / "model")
+
+    _, from_adapter = pretrained(str(sft / "model"))  # the model=local code path on an adapter dir
+    merged = AutoModelForCausalLM.from_pretrained(sft / "model" / "merged")
+    ids = torch.tensor([tok("sort: cab =", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(from_adapter.eval()(ids).logits, merged.eval()(ids).logits)
+        assert not torch.allclose(from_adapter(ids).logits, base.eval()(ids).logits)  # the SFT adapter is in
+
+    dpo = _train(tmp_path / "dpo", "model=local", f"model.path='{sft / 'model'}'", "+peft=lora",
+                 "method.args.max_steps=3")
+    _check_adapter_dir(dpo / "model")
 
 
 def test_lora_grpo_with_kl_to_the_base(tmp_path):

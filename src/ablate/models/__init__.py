@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,9 @@ def pretrained(
     """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id."""
     local = Path(path).expanduser()
     if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
-        raise ConfigError(f"model.path: {path} holds a LoRA adapter, not a model; load the merged model "
-                          f"({local / 'merged'}, saved by runs with peft.save_merged=true)")
+        return _merged_adapter(local, dtype, quantization_config)
+    if (local / "config.json").is_file():  # absolute: a +peft run records it as its adapter's base path
+        path = str(local.resolve())
     if (local.exists() or path.startswith(("/", ".", "~"))) and not (local / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a save_pretrained directory (no config.json there)")
     try:
@@ -99,6 +101,30 @@ def pretrained(
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
+
+
+def _merged_adapter(adapter_dir: Path, dtype: str, quantization_config: Any) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """A `+peft` run's `model/` (an adapter, no config.json): its base model (`base_model_name_or_path`
+    in adapter_config.json) with the adapter merged in, so a run can start from base + adapter (e.g.
+    SFT with LoRA, then DPO with a new LoRA on top, as `+peft=lora` does here)."""
+    from peft import PeftModel
+
+    from ablate.models.adapters import quiet_peft
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    hint = f"use the merged model instead ({adapter_dir / 'merged'}, saved by runs with peft.save_merged=true)"
+    if not base:
+        raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter whose base was built from code "
+                          f"(e.g. model=tiny), so it cannot be reloaded from a path; {hint}")
+    if quantization_config is not None:
+        raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter; merging it into a quantized base "
+                          f"is not supported; {hint}")
+    tokenizer, model = pretrained(base, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)  # the run's tokenizer, saved next to the adapter
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    with quiet_peft():
+        return tokenizer, PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
 
 
 def smollm2_135m(dtype: str = "float32", quantization_config: Any = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:

@@ -70,9 +70,17 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    with warnings.catch_warnings():  # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    with quiet_peft():
         return get_peft_model(model, adapters.config)
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing` whenever it wraps a model:
+    a FutureWarning about peft's code, not the user's, in every run's output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def is_adapted(model: torch.nn.Module) -> bool:
@@ -105,7 +113,8 @@ def save_merged(trainer: Any, model_dir: Path, cfg: DictConfig) -> Path | None:
         return None
     model_cfg = OmegaConf.merge(cfg.model, {"quantization_config": None}) if "quantization_config" in cfg.model else cfg.model
     _, base = instantiate(model_cfg)
-    merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
+    with quiet_peft():
+        merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
     out = model_dir / MERGED
     merged.save_pretrained(str(out))
     trainer.processing_class.save_pretrained(str(out))
