@@ -107,18 +107,6 @@ class DPOTrainer(Trainer):
             if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
                 self.ref_model.to(self.args.device)
 
-    def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
-        `model`'s with adapters disabled, or `model`'s as it is (the initial policy, when precomputing)."""
-        if self.ref_model is not None:
-            with torch.no_grad():
-                return self._sequence_logps(self.ref_model, batch)[0]
-        if is_adapted(self.accelerator.unwrap_model(model)):
-            with reference_forward(model, self.accelerator.unwrap_model(model)):
-                return self._sequence_logps(model, batch)[0]
-        with torch.no_grad():
-            return self._sequence_logps(model, batch)[0]
-
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
     ) -> Dataset:
@@ -139,6 +127,18 @@ class DPOTrainer(Trainer):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
         return logps, logits
+
+    def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
+        `model`'s with adapters disabled, or `model`'s as it is (the initial policy, when precomputing)."""
+        if self.ref_model is not None:
+            with torch.no_grad():
+                return self._sequence_logps(self.ref_model, batch)[0]
+        if is_adapted(self.accelerator.unwrap_model(model)):
+            with reference_forward(model, self.accelerator.unwrap_model(model)):
+                return self._sequence_logps(model, batch)[0]
+        with torch.no_grad():
+            return self._sequence_logps(model, batch)[0]
 
     @torch.no_grad()
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
