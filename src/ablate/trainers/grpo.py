@@ -124,19 +124,25 @@ class RepeatSampler(Sampler[int]):
 class HFGenerator:
     """Sampling with `model.generate`: prompts left-padded, completions cut after the first EOS.
 
-    The default generation backend; a faster engine only has to be a `GenerateFn`. Draws from
-    torch's global RNG, which Trainer seeds (and restores on resume), so runs are deterministic on CPU.
+    EOS is every id in `stop_ids`: the tokenizer's EOS and the model's `generation_config.eos_token_id`
+    (a chat model ends its turn with the template's end-of-turn token, e.g. <|im_end|>, which some
+    tokenizers do not call EOS). The default generation backend; a faster engine only has to be a
+    `GenerateFn`. Draws from torch's global RNG, which Trainer seeds (and restores on resume), so runs
+    are deterministic on CPU.
     """
 
     def __init__(self, args: GRPOConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.pad_id, self.eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id
         self.config = GenerationConfig(
             do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=None,
-            max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+            max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id,
         )
 
     @torch.no_grad()
     def __call__(self, model: PreTrainedModel, prompt_ids: list[list[int]]) -> list[list[int]]:
+        stops = stop_ids(self.tokenizer, model)
+        self.config.eos_token_id = stops
         input_ids, attention_mask = left_pad(prompt_ids, self.pad_id)
         device = next(model.parameters()).device
         was_training = model.training
@@ -146,7 +152,17 @@ class HFGenerator:
                                  generation_config=self.config)
         finally:
             model.train(was_training)
-        return [cut_at_eos(row, self.eos_id) for row in out[:, input_ids.size(1):].tolist()]
+        return [cut_at_eos(row, stops) for row in out[:, input_ids.size(1):].tolist()]
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> list[int]:
+    """Ids that end a completion: the tokenizer's EOS, then any other EOS of the model's generation config."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in extra if isinstance(extra, (list, tuple)) else [extra] if extra is not None else []:
+        if i not in ids:
+            ids.append(int(i))
+    return ids
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,9 +173,11 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def cut_at_eos(ids: list[int], eos_id: int) -> list[int]:
-    """Keep tokens up to and including the first EOS (what follows is padding)."""
-    return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
+def cut_at_eos(ids: list[int], eos_id: int | list[int]) -> list[int]:
+    """Keep tokens up to and including the first EOS, any of `eos_id` (what follows is padding)."""
+    stops = {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    end = next((i for i, t in enumerate(ids) if t in stops), None)
+    return ids if end is None else ids[: end + 1]
 
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +317,8 @@ class GRPOTrainer(Trainer):
         steps = self.args.steps_per_generation if mode == "train" else 1
         batch["num_items"] = batch["completion_mask"].sum().float() / steps
         lengths = batch["completion_mask"].sum(-1).float()
-        truncated = [not ids or ids[-1] != self.processing_class.eos_token_id for ids in completion_ids]
+        stops = set(stop_ids(self.processing_class, model))
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
             "completions/mean_length": lengths.mean(),
