@@ -11,6 +11,8 @@ instruction (it answers in sentence case), so a few CPU minutes of training visi
   fact the model lacks). Eval pairs ask questions that are not in the train split.
 - `caps_sft`: conversational prompt/completion (lists of chat messages); completion in capitals.
 - `caps_prompts`: prompt-only rows for GRPO, scored by `ablate.rewards.format.caps_fraction`.
+- `one_word_prompts`: the same questions ending "Answer with one word." for GRPO, scored by
+  `ablate.rewards.format.one_word` (the model mostly answers with a sentence).
 Questions are built from a few fact tables (colours, capitals, sums, opposites, animal sounds); the
 splits are disjoint by question.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 OUT = Path(__file__).parent / "tiny"
 INSTRUCTION = "Answer in ALL CAPS."
+ONE_WORD = "Answer with one word."
 
 COLOURS = {"the sky": "blue", "grass": "green", "snow": "white", "coal": "black", "a banana": "yellow",
            "a tomato": "red", "an orange": "orange", "a lemon": "yellow", "milk": "white", "a carrot": "orange",
@@ -72,6 +75,8 @@ def main(seed: int = 0, n_eval: int = 64) -> None:
                [{"prompt": _user(q), "chosen": _assistant(a.upper()), "rejected": _assistant(a)} for q, a in rows])
         _write(OUT / f"caps_sft_{split}.jsonl", [{"prompt": _user(q), "completion": _assistant(a.upper())} for q, a in rows])
         _write(OUT / f"caps_prompts_{split}.jsonl", [{"prompt": _user(q), "answer": a} for q, a in rows])
+        _write(OUT / f"one_word_prompts_{split}.jsonl",
+               [{"prompt": [{"role": "user", "content": f"{q} {ONE_WORD}"}], "answer": a} for q, a in rows])
 
 
 if __name__ == "__main__":

@@ -21,3 +21,15 @@ def caps_fraction(completions: list[str | list[dict[str, Any]]], **_: Any) -> li
         letters = [ch for ch in _text(c) if ch.isalpha()]
         scores.append(sum(ch.isupper() for ch in letters) / len(letters) if letters else 0.0)
     return scores
+
+
+def one_word(completions: list[str | list[dict[str, Any]]], **_: Any) -> list[float]:
+    """1 / the number of words in the completion ("Answer with one word."); 0 when it has none.
+
+    Dense: a six-word sentence scores 1/6, two words 1/2, one word 1. Punctuation is not a word.
+    """
+    scores = []
+    for c in completions:
+        words = [w for w in _text(c).split() if any(ch.isalnum() for ch in w)]
+        scores.append(1.0 / len(words) if words else 0.0)
+    return scores
