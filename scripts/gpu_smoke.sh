@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU smoke checks for the code paths CPU CI cannot exercise: fp16 autocast + scaler, bf16 + tf32,
 # a live 8-bit reference (bitsandbytes CUDA kernels, device_map placement), AdamW8bit, GRPO generation
-# on the GPU. Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
+# on the GPU, LoRA and QLoRA (4-bit base placed on the GPU while loading, adapters, merged save). Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
 # Prints one line per check and a JSON summary of each run's status and key metric.
 set -uo pipefail
 OUT=${1:-outputs/gpu_smoke}
@@ -35,4 +35,14 @@ check ref_4bit   +ref_model=live_4bit method.args.max_steps=30
 check adamw_8bit optimizer=adamw_8bit
 check grpo       method=grpo method.args.max_steps=60
 check grpo_spg4  method=grpo method.args.max_steps=60 method.args.steps_per_generation=4 precision=bf16
+check lora_dpo   +peft=lora precision=bf16 method.args.max_steps=30
+QLORA_BF16=(+peft=qlora model.quantization_config.bnb_4bit_compute_dtype=bfloat16 precision=bf16)
+check qlora_dpo  "${QLORA_BF16[@]}" peft.save_merged=true method.args.max_steps=30
+check qlora_live "${QLORA_BF16[@]}" method.args.precompute_ref_log_probs=false method.args.max_steps=30
+check qlora_sft  method=sft "${QLORA_BF16[@]}" method.args.max_steps=30
+check qlora_grpo method=grpo "${QLORA_BF16[@]}" method.args.beta=0.04 method.args.max_steps=30
+# the merged QLoRA model is a plain full-precision model that from_pretrained loads
+python3 -c "import sys; from transformers import AutoModelForCausalLM as M; m = M.from_pretrained(sys.argv[1]); \
+assert getattr(m.config, 'quantization_config', None) is None; print('qlora_merged   loads:', type(m).__name__)" \
+  "$OUT/qlora_dpo/model/merged" || fail=1
 exit $fail

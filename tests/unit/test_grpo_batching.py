@@ -13,7 +13,7 @@ from datasets import Dataset
 from ablate.errors import ConfigError
 from ablate.losses.logps import selective_log_softmax
 from ablate.models import tiny
-from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator, RepeatSampler, cut_at_eos
+from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator, RepeatSampler, cut_at_eos, stop_ids
 
 N_PROMPTS = 16
 
@@ -136,6 +136,24 @@ def test_batch_must_be_a_multiple_of_num_generations(tmp_path):
 def test_cut_at_eos():
     assert cut_at_eos([5, 6, 2, 0, 0], eos_id=2) == [5, 6, 2]
     assert cut_at_eos([5, 6, 7], eos_id=2) == [5, 6, 7]
+    assert cut_at_eos([5, 9, 6, 2], eos_id=[2, 9]) == [5, 9]  # any stop id ends the completion
+
+
+def test_stop_ids_add_the_generation_configs_end_of_turn(tmp_path):
+    """A chat model whose tokenizer EOS is not its end-of-turn token (Qwen2.5 base tokenizers: EOS
+    <|endoftext|>, turn ends <|im_end|>) stops at either; the tokenizer's EOS comes first."""
+    trainer, _ = _trainer(tmp_path)
+    tok, model = trainer.processing_class, trainer.model
+    assert stop_ids(tok, model) == [tok.eos_token_id]
+    model.generation_config.eos_token_id = [tok.eos_token_id, 7]
+    assert stop_ids(tok, model) == [tok.eos_token_id, 7]
+    gen = HFGenerator(trainer.args, tok)
+    torch.manual_seed(0)
+    out = gen(model, [tok("p01", add_special_tokens=False)["input_ids"]] * 16)
+    assert gen.config.eos_token_id == [tok.eos_token_id, 7]
+    for ids in out:  # each completion ends at its first stop id, or runs to the length limit
+        ends = [i for i, t in enumerate(ids) if t in (tok.eos_token_id, 7)]
+        assert ends == [] and len(ids) == trainer.args.max_completion_length or ends == [len(ids) - 1]
 
 
 def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):

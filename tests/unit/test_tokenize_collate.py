@@ -4,7 +4,7 @@ import pytest
 from datasets import Dataset
 
 from ablate.data import DataError
-from ablate.data.format import encode_completion, encode_prompt, require_columns
+from ablate.data.format import encode_completion, encode_prompt, require_columns, tokenize_sft
 from ablate.models.tokenizer import byte_tokenizer
 from ablate.trainers.dpo import DPOCollator
 from ablate.trainers.sft import SFTCollator
@@ -31,14 +31,14 @@ def test_prompt_has_no_eos_completion_ends_with_eos(tok):
 
 
 def test_chat_messages(tok):
+    """Messages: the template's end-of-turn (EOS for the tiny template) ends the completion; no extra EOS."""
     prompt = [{"role": "user", "content": "sort: cba"}]
     completion = [{"role": "assistant", "content": "abc"}]
-    p = encode_prompt(tok, prompt)
-    c = encode_completion(tok, prompt, completion)
-    assert tok.decode(p) == "<|user|>sort: cba\n<|assistant|>"
-    assert tok.decode(c[:-1]) == "abc\n" and c[-1] == tok.eos_token_id
-    with pytest.raises(DataError, match="conversational"):
-        encode_completion(tok, "plain prompt", completion)
+    ids = tokenize_sft(tok, {"prompt": prompt, "completion": completion})
+    assert tok.decode(ids["prompt_ids"]) == "<|user|>sort: cba</s>\n<|assistant|>"
+    assert tok.decode(ids["completion_ids"]) == "abc</s>\n"
+    with pytest.raises(DataError, match="row 0: 'completion' must be a list of"):
+        tokenize_sft(tok, {"prompt": prompt, "completion": "abc"})
 
 
 def test_dpo_collator_layout():

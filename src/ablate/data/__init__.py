@@ -1,8 +1,9 @@
 """Dataset loaders selected by `conf/data/*.yaml`.
 
 Every loader returns a `DataSplits`: the train split, an optional eval split, and (for online methods)
-the reward functions that score this task: the data knows how to score itself. Column checks happen
-in the trainers, which know which columns their method needs.
+the reward functions that score this task: the data knows how to score itself. `columns` renames a
+file's columns to TRL's names (`data.columns.prompt=question`); which format the rows are in (see
+`ablate.data.formats`) is checked by the trainers, which know what their method accepts.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from datasets import Dataset, load_dataset
+from datasets import Dataset, load_dataset, load_from_disk
 
 PACKAGED = Path(__file__).parent / "tiny"
 
@@ -32,12 +33,21 @@ def _limit(ds: Dataset | None, n: int | None) -> Dataset | None:
     return ds if ds is None or n is None else ds.select(range(min(n, len(ds))))
 
 
+def _splits(train: Dataset, ev: Dataset | None, max_train: int | None, max_eval: int | None,
+            columns: Mapping[str, str | None] | None, reward_funcs: dict[str, Callable[..., Any]] | None) -> DataSplits:
+    from ablate.data.formats import map_columns
+
+    return DataSplits(train=map_columns(_limit(train, max_train), columns),
+                      eval=map_columns(_limit(ev, max_eval), columns), reward_funcs=dict(reward_funcs or {}))
+
+
 def jsonl(
     train_path: str,
     eval_path: str | None = None,
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     reward_funcs: dict[str, Callable[..., Any]] | None = None,
+    columns: Mapping[str, str | None] | None = None,
 ) -> DataSplits:
     """Load local JSON-lines files (one example per line) through `datasets.load_dataset("json")`."""
     files = {"train": train_path} | ({"eval": eval_path} if eval_path else {})
@@ -47,11 +57,7 @@ def jsonl(
         ds = load_dataset("json", data_files=files)
     except Exception as e:  # datasets wraps JSON errors in long chains; keep the first useful line
         raise DataError(f"data: could not read {list(files.values())} as JSON lines: {str(e).splitlines()[0]}") from e
-    return DataSplits(
-        train=_limit(ds["train"], max_train_samples),
-        eval=_limit(ds.get("eval"), max_eval_samples),
-        reward_funcs=dict(reward_funcs or {}),
-    )
+    return _splits(ds["train"], ds.get("eval"), max_train_samples, max_eval_samples, columns, reward_funcs)
 
 
 def _check_jsonl(path: Path, split: str) -> None:
@@ -80,6 +86,7 @@ def packaged(
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     reward_funcs: dict[str, Callable[..., Any]] | None = None,
+    columns: Mapping[str, str | None] | None = None,
 ) -> DataSplits:
     """Load one of the small datasets shipped inside the package (`ablate/data/tiny/<name>_*.jsonl`)."""
     train = PACKAGED / f"{name}_train.jsonl"
@@ -88,7 +95,7 @@ def packaged(
         raise DataError(f"data: no packaged dataset '{name}'; available: {', '.join(known)}")
     ev = PACKAGED / f"{name}_eval.jsonl"
     return jsonl(str(train), str(ev) if with_eval and ev.is_file() else None,
-                 max_train_samples, max_eval_samples, reward_funcs)
+                 max_train_samples, max_eval_samples, reward_funcs, columns)
 
 
 def hub(
@@ -100,11 +107,28 @@ def hub(
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     reward_funcs: dict[str, Callable[..., Any]] | None = None,
+    columns: Mapping[str, str | None] | None = None,
 ) -> DataSplits:
-    """Load a dataset with `datasets.load_dataset(path, name)` (hub id, or a local dataset dir)."""
+    """Load a dataset with `datasets.load_dataset(path, name)`: a hub id, a local dir of data files
+    (train.jsonl, test.jsonl, ...), a `save_to_disk` dir (a `DatasetDict` or one `Dataset`), or one
+    .jsonl/.json/.parquet/.csv file (train only)."""
+    local = Path(path).expanduser()
+    builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
     try:
-        train = load_dataset(path, name, split=train_split, revision=revision)
-        ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
+        if local.is_file() and local.suffix in builders:  # one file: the train split, no eval split
+            train = load_dataset(builders[local.suffix], data_files=str(local), split="train")
+            return _splits(train, None, max_train_samples, max_eval_samples, columns, reward_funcs)
+        if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
+            saved = load_from_disk(str(local))
+            if isinstance(saved, Dataset):  # one split saved: it is the train split
+                return _splits(saved, None, max_train_samples, max_eval_samples, columns, reward_funcs)
+            for split in (train_split, eval_split):
+                if split is not None and split not in saved:
+                    raise ValueError(f"no split '{split}' (has {list(saved)})")
+            train, ev = saved[train_split], saved[eval_split] if eval_split else None
+        else:
+            train = load_dataset(path, name, split=train_split, revision=revision)
+            ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
     except (ConnectionError, FileNotFoundError, ValueError) as e:  # offline, unknown id or split
         raise DataError(f"data: cannot load '{path}': {str(e).splitlines()[0]}") from e
-    return DataSplits(_limit(train, max_train_samples), _limit(ev, max_eval_samples), dict(reward_funcs or {}))
+    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+import json
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -29,11 +30,14 @@ def tiny(
     intermediate_size: int = 256,
     max_position_embeddings: int = 256,
     init_seed: int = 0,
+    quantization_config: Any = None,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """A tiny Llama-style causal LM built from config, with a byte tokenizer: no download.
 
     The weights depend only on `init_seed` (not on the run's training seed), so runs that differ in
     data order or sampling seed start from the same model, as they would from a pretrained one.
+    With a `quantization_config` (QLoRA on the tiny model) it is saved and reloaded quantized, since
+    transformers quantizes only while loading.
     """
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
@@ -53,7 +57,20 @@ def tiny(
         torch.manual_seed(init_seed)
         model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if quantization_config is not None:
+        with tempfile.TemporaryDirectory(prefix="ablate-tiny-") as tmp:
+            model.save_pretrained(tmp)
+            model = AutoModelForCausalLM.from_pretrained(tmp, **_quantized_kwargs(quantization_config))
     return tokenizer, model
+
+
+def _quantized_kwargs(quantization_config: Any) -> dict[str, Any]:
+    """from_pretrained kwargs for a bitsandbytes model: Trainer never moves one (`.to()` is unsupported),
+    so on a GPU it is placed there while loading."""
+    kwargs: dict[str, Any] = {"quantization_config": quantization_config}
+    if torch.cuda.is_available():
+        kwargs["device_map"] = {"": torch.cuda.current_device()}
+    return kwargs
 
 
 def pretrained(
@@ -65,6 +82,10 @@ def pretrained(
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id."""
     local = Path(path).expanduser()
+    if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
+        return _merged_adapter(local, dtype, quantization_config)
+    if (local / "config.json").is_file():  # absolute: a +peft run records it as its adapter's base path
+        path = str(local.resolve())
     if (local.exists() or path.startswith(("/", ".", "~"))) and not (local / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a save_pretrained directory (no config.json there)")
     try:
@@ -75,11 +96,35 @@ def pretrained(
         tokenizer.pad_token = tokenizer.eos_token
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if quantization_config is not None:
-        kwargs["quantization_config"] = quantization_config
+        kwargs.update(_quantized_kwargs(quantization_config))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
+
+
+def _merged_adapter(adapter_dir: Path, dtype: str, quantization_config: Any) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """A `+peft` run's `model/` (an adapter, no config.json): its base model (`base_model_name_or_path`
+    in adapter_config.json) with the adapter merged in, so a run can start from base + adapter (e.g.
+    SFT with LoRA, then DPO with a new LoRA on top, as `+peft=lora` does here)."""
+    from peft import PeftModel
+
+    from ablate.models.adapters import quiet_peft
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    hint = f"use the merged model instead ({adapter_dir / 'merged'}, saved by runs with peft.save_merged=true)"
+    if not base:
+        raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter whose base was built from code "
+                          f"(e.g. model=tiny), so it cannot be reloaded from a path; {hint}")
+    if quantization_config is not None:
+        raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter; merging it into a quantized base "
+                          f"is not supported; {hint}")
+    tokenizer, model = pretrained(base, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)  # the run's tokenizer, saved next to the adapter
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    with quiet_peft():
+        return tokenizer, PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
 
 
 def smollm2_135m(dtype: str = "float32", quantization_config: Any = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:

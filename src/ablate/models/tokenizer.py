@@ -14,9 +14,11 @@ from transformers import PreTrainedTokenizerFast
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
 # A minimal chat template so conversational datasets (lists of {role, content}) work with the tiny
-# model; `add_generation_prompt` opens the assistant turn the completion continues.
+# model; `add_generation_prompt` opens the assistant turn the completion continues. Every turn ends
+# with EOS, as real templates end it with their end-of-turn token: for messages, TRL adds no EOS of its
+# own, so the template's is what teaches the model to stop.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 

@@ -16,10 +16,11 @@ from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
-from ablate.data.format import encode_completion, encode_prompt, pad, require_columns
+from ablate.data.format import pad, prepare_preference
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
+from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
 
 
@@ -27,7 +28,15 @@ from ablate.trainers.metrics import MetricsBuffer
 class DPOConfig(TrainingArguments):
     beta: float = field(default=0.1, metadata={"help": "KL strength: scales the implicit reward."})
     loss_type: str = field(default="sigmoid", metadata={"help": "A function in ablate.losses.dpo, or a dotted path."})
-    max_length: int | None = field(default=512, metadata={"help": "Truncate prompt+completion to this many tokens."})
+    max_length: int | None = field(
+        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop pairs whose prompt fills it."}
+    )
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Keep the last N prompt tokens (before max_length; not in TRL 1.16)."}
+    )
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "Keep the first N tokens of each completion (not in TRL 1.16)."}
+    )
     precompute_ref_log_probs: bool = field(
         default=True, metadata={"help": "Score the data with the initial policy once, before training."}
     )
@@ -92,12 +101,15 @@ class DPOTrainer(Trainer):
         )
         self.loss_fn = dpo_losses.resolve(args.loss_type)
         self.metrics = MetricsBuffer()
+        # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
+        # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
         if args.precompute_ref_log_probs and ref_model is None:
             self.train_dataset = self._with_ref_logps(self.train_dataset)
             if self.eval_dataset is not None:
                 self.eval_dataset = self._with_ref_logps(self.eval_dataset)
-        else:  # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
+        elif ref_model is not None or not is_adapted(model):
+            # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.eval().requires_grad_(False)
             if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
@@ -106,23 +118,26 @@ class DPOTrainer(Trainer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
     ) -> Dataset:
-        """prompt/chosen/rejected (strings or messages) -> prompt_ids/chosen_ids/rejected_ids."""
-        require_columns(dataset, ("prompt", "chosen", "rejected"), "DPO")
-
-        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
-            p = encode_prompt(tokenizer, row["prompt"])
-            c = encode_completion(tokenizer, row["prompt"], row["chosen"])
-            r = encode_completion(tokenizer, row["prompt"], row["rejected"])
-            if args.max_length is not None:  # keep the start: the prompt is what the completion answers
-                c, r = c[: max(args.max_length - len(p), 0)], r[: max(args.max_length - len(p), 0)]
-            return {"prompt_ids": p, "chosen_ids": c, "rejected_ids": r}
-
-        return dataset.map(tokenize, remove_columns=dataset.column_names, desc=f"Tokenizing {name} pairs")
+        """Any TRL preference format (see ablate.data.formats) -> prompt_ids/chosen_ids/rejected_ids."""
+        return prepare_preference(dataset, tokenizer, args.max_length, args.max_prompt_length,
+                                  args.max_completion_length, name)
 
     def _sequence_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
         return logps, logits
+
+    def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
+        `model`'s with adapters disabled, or `model`'s as it is (the initial policy, when precomputing)."""
+        if self.ref_model is not None:
+            with torch.no_grad():
+                return self._sequence_logps(self.ref_model, batch)[0]
+        if is_adapted(self.accelerator.unwrap_model(model)):
+            with reference_forward(model, self.accelerator.unwrap_model(model)):
+                return self._sequence_logps(model, batch)[0]
+        with torch.no_grad():
+            return self._sequence_logps(model, batch)[0]
 
     @torch.no_grad()
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
@@ -135,7 +150,7 @@ class DPOTrainer(Trainer):
             rows = [dataset[i] for i in range(start, min(start + bs, len(dataset)))]
             batch = self._prepare_inputs(self.data_collator(rows))
             with self.autocast_smart_context_manager():  # same precision as the training forwards
-                logps, _ = self._sequence_logps(self.model, batch)
+                logps = self._reference_logps(self.model, batch)
             c, r = logps.float().chunk(2)
             chosen += c.tolist()
             rejected += r.tolist()
@@ -152,11 +167,10 @@ class DPOTrainer(Trainer):
         mode = "train" if model.training else "eval"
         logps, logits = self._sequence_logps(model, inputs)
         logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
-        if self.ref_model is None:
+        if "ref_chosen_logps" in inputs:  # precomputed
             ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
         else:
-            with torch.no_grad():
-                ref_c, ref_r = self._sequence_logps(self.ref_model, inputs)[0].chunk(2)
+            ref_c, ref_r = self._reference_logps(model, inputs).chunk(2)
         losses, metrics = self.loss_fn(logp_c, logp_r, ref_c.to(logp_c), ref_r.to(logp_r), beta=self.args.beta)
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
         loss = losses.mean()

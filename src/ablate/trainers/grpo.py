@@ -44,10 +44,11 @@ from torch import nn
 from torch.utils.data import Sampler
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
-from ablate.data.format import encode_prompt, require_columns
+from ablate.data.format import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
+from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
 
 GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
@@ -124,19 +125,25 @@ class RepeatSampler(Sampler[int]):
 class HFGenerator:
     """Sampling with `model.generate`: prompts left-padded, completions cut after the first EOS.
 
-    The default generation backend; a faster engine only has to be a `GenerateFn`. Draws from
-    torch's global RNG, which Trainer seeds (and restores on resume), so runs are deterministic on CPU.
+    EOS is every id in `stop_ids`: the tokenizer's EOS and the model's `generation_config.eos_token_id`
+    (a chat model ends its turn with the template's end-of-turn token, e.g. <|im_end|>, which some
+    tokenizers do not call EOS). The default generation backend; a faster engine only has to be a
+    `GenerateFn`. Draws from torch's global RNG, which Trainer seeds (and restores on resume), so runs
+    are deterministic on CPU.
     """
 
     def __init__(self, args: GRPOConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.pad_id, self.eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id
         self.config = GenerationConfig(
             do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=None,
-            max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+            max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id,
         )
 
     @torch.no_grad()
     def __call__(self, model: PreTrainedModel, prompt_ids: list[list[int]]) -> list[list[int]]:
+        stops = stop_ids(self.tokenizer, model)
+        self.config.eos_token_id = stops
         input_ids, attention_mask = left_pad(prompt_ids, self.pad_id)
         device = next(model.parameters()).device
         was_training = model.training
@@ -146,7 +153,17 @@ class HFGenerator:
                                  generation_config=self.config)
         finally:
             model.train(was_training)
-        return [cut_at_eos(row, self.eos_id) for row in out[:, input_ids.size(1):].tolist()]
+        return [cut_at_eos(row, stops) for row in out[:, input_ids.size(1):].tolist()]
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> list[int]:
+    """Ids that end a completion: the tokenizer's EOS, then any other EOS of the model's generation config."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in extra if isinstance(extra, (list, tuple)) else [extra] if extra is not None else []:
+        if i not in ids:
+            ids.append(int(i))
+    return ids
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,9 +174,11 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def cut_at_eos(ids: list[int], eos_id: int) -> list[int]:
-    """Keep tokens up to and including the first EOS (what follows is padding)."""
-    return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
+def cut_at_eos(ids: list[int], eos_id: int | list[int]) -> list[int]:
+    """Keep tokens up to and including the first EOS, any of `eos_id` (what follows is padding)."""
+    stops = {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    end = next((i for i, t in enumerate(ids) if t in stops), None)
+    return ids if end is None else ids[: end + 1]
 
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,8 +226,8 @@ class GRPOTrainer(Trainer):
         self.aggregate = grpo_losses.AGGREGATIONS[args.loss_type]
         self.generator = generator or HFGenerator(args, processing_class)
         self.metrics = MetricsBuffer()
-        self.ref_model = None
-        if args.beta != 0.0:  # a frozen copy of the initial policy, as in DPO's live-reference path
+        self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
+        if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
         self._buffer: list[dict[str, torch.Tensor]] | None = None
         self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
@@ -219,13 +238,7 @@ class GRPOTrainer(Trainer):
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
     ) -> Dataset:
         """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
-        require_columns(dataset, ("prompt",), "GRPO")
-
-        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
-            ids = encode_prompt(tokenizer, row["prompt"])
-            return {"prompt_ids": ids[-args.max_prompt_length :] if args.max_prompt_length else ids}
-
-        return dataset.map(tokenize, desc=f"Tokenizing {name} prompts")
+        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name)
 
     # ---- batching: one generation batch, served as `steps_per_generation` slices ----
 
@@ -289,6 +302,9 @@ class GRPOTrainer(Trainer):
                 batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
                 batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
+            elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
+                with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
+                    batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
         advantages, metrics = grpo_losses.advantages(
             rewards, self.reward_weights, self.args.num_generations, self.args.scale_rewards
@@ -299,7 +315,8 @@ class GRPOTrainer(Trainer):
         steps = self.args.steps_per_generation if mode == "train" else 1
         batch["num_items"] = batch["completion_mask"].sum().float() / steps
         lengths = batch["completion_mask"].sum(-1).float()
-        truncated = [not ids or ids[-1] != self.processing_class.eos_token_id for ids in completion_ids]
+        stops = set(stop_ids(self.processing_class, model))
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
             "completions/mean_length": lengths.mean(),

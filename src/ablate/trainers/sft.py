@@ -1,4 +1,5 @@
-"""Supervised fine-tuning on `transformers.Trainer` with the loss on completion tokens only."""
+"""Supervised fine-tuning on `transformers.Trainer`: loss on the completion (prompt-completion rows) or on
+every token (`messages` / `text` rows), as TRL's SFTTrainer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
-from ablate.data.format import encode_completion, encode_prompt, pad, require_columns
+from ablate.data.format import pad, prepare_sft
 from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
 from ablate.trainers.metrics import MetricsBuffer
@@ -18,7 +19,12 @@ from ablate.trainers.metrics import MetricsBuffer
 
 @dataclass
 class SFTConfig(TrainingArguments):
-    max_length: int | None = field(default=512, metadata={"help": "Truncate prompt+completion to this many tokens."})
+    max_length: int | None = field(
+        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop rows left without loss tokens."}
+    )
+    completion_only_loss: bool | None = field(
+        default=None, metadata={"help": "Loss on the completion only; None: True for prompt-completion rows (TRL)."}
+    )
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
 
@@ -75,17 +81,8 @@ class SFTTrainer(Trainer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str
     ) -> Dataset:
-        """prompt/completion (strings or messages) -> prompt_ids/completion_ids."""
-        require_columns(dataset, ("prompt", "completion"), "SFT")
-
-        def tokenize(row: dict[str, Any]) -> dict[str, list[int]]:
-            p = encode_prompt(tokenizer, row["prompt"])
-            c = encode_completion(tokenizer, row["prompt"], row["completion"])
-            if args.max_length is not None:
-                c = c[: max(args.max_length - len(p), 0)]
-            return {"prompt_ids": p, "completion_ids": c}
-
-        return dataset.map(tokenize, remove_columns=dataset.column_names, desc=f"Tokenizing {name} examples")
+        """Any TRL SFT format (see ablate.data.formats) -> prompt_ids/completion_ids (loss on the latter)."""
+        return prepare_sft(dataset, tokenizer, args.max_length, args.completion_only_loss, name)
 
     def compute_loss(
         self,

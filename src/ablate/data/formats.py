@@ -1,0 +1,120 @@
+"""TRL's dataset formats: which one a dataset is in, and the row rewrites TRL applies before tokenising.
+
+Formats (TRL 1.16 names), each *standard* (strings) or *conversational* (lists of {role, content}):
+
+  preference               prompt, chosen, rejected           DPO
+  preference, implicit     chosen, rejected (prompt = their shared prefix, as TRL's `extract_prompt`)
+  prompt-completion        prompt, completion                 SFT (loss on the completion)
+  language modeling        messages (conversational) or text  SFT (loss on every token)
+  prompt-only              prompt                             GRPO
+
+ShareGPT rows (`conversations`: [{from, value}]) become `messages` as in TRL. Extra columns are kept
+(GRPO's reward functions receive them). Nothing here needs torch or a tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from datasets import Dataset
+
+from ablate.data import DataError
+
+# method -> accepted formats, each the set of columns that identifies it (first match wins)
+FORMATS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "preference": [("preference", ("prompt", "chosen", "rejected")),
+                   ("implicit-prompt preference", ("chosen", "rejected"))],
+    "sft": [("prompt-completion", ("prompt", "completion")),
+            ("language modeling (conversational)", ("messages",)),
+            ("language modeling (standard)", ("text",))],
+    "prompt": [("prompt-only", ("prompt",))],
+}
+KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")
+METHOD = {"preference": "DPO", "sft": "SFT", "prompt": "GRPO"}
+
+
+def map_columns(dataset: Dataset | None, columns: Mapping[str, str | None] | None) -> Dataset | None:
+    """`data.columns.prompt=question`: rename the file's `question` column to `prompt` (and so on).
+
+    A column that already holds the target name is dropped first: the user said which one to use.
+    """
+    if dataset is None or not columns:
+        return dataset
+    wanted = {src: dst for dst, src in columns.items() if src}
+    for dst in wanted.values():
+        if dst not in KNOWN:
+            raise DataError(f"data.columns.{dst}: unknown role; known: {', '.join(KNOWN)}")
+    missing = [src for src in wanted if src not in dataset.column_names]
+    if missing:
+        raise DataError(f"data.columns: no column {missing} in the data (found {dataset.column_names})")
+    clash = [dst for src, dst in wanted.items() if dst in dataset.column_names and dst not in wanted]
+    return dataset.remove_columns(clash).rename_columns({s: d for s, d in wanted.items() if s != d})
+
+
+def is_messages(value: Any) -> bool:
+    """A list of {role, content} dicts (TRL's `is_conversational` test for one value)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
+
+
+def detect(dataset: Dataset, kind: str) -> str:
+    """The format name of `dataset` for a method of `kind` ("preference" | "sft" | "prompt"), or a
+    one-line error naming the columns found and the formats expected."""
+    cols = set(dataset.column_names)
+    if "conversations" in cols and "messages" not in cols and kind == "sft":
+        cols.add("messages")  # ShareGPT, converted by `to_chatml`
+    for name, needed in FORMATS[kind]:
+        if set(needed) <= cols:
+            return name
+    expected = "; ".join(f"{name}: {', '.join(needed)}" for name, needed in FORMATS[kind])
+    raise DataError(f"data: {METHOD[kind]} found columns {sorted(dataset.column_names)}, expected one of "
+                    f"[{expected}] (rename with data.columns.<role>=<your column>)")
+
+
+def to_chatml(row: dict[str, Any]) -> dict[str, Any]:
+    """ShareGPT `conversations` [{from, value}] -> `messages` [{role, content}], as TRL's
+    `maybe_convert_to_chatml` (roles are kept as written: use user/assistant, not human/gpt)."""
+    conv = row.get("conversations")
+    if "messages" in row or not isinstance(conv, list):
+        return row
+    return {**row, "messages": [{"role": m.get("from", m.get("role")), "content": m.get("value", m.get("content"))}
+                                if isinstance(m, dict) else m for m in conv]}
+
+
+def extract_prompt(chosen: Any, rejected: Any) -> dict[str, Any]:
+    """TRL's `extract_prompt`, exactly: the longest common prefix of chosen and rejected (messages or
+    characters) becomes the prompt, minus a trailing space. Quirk kept for parity: when one is a prefix
+    of the other the last shared element stays in the completions."""
+    idx = 0
+    for idx in range(min(len(chosen), len(rejected))):
+        if chosen[idx] != rejected[idx]:
+            if chosen[idx - 1] == " ":  # remove space before the prompt
+                idx -= 1
+            break
+    return {"prompt": chosen[:idx], "chosen": chosen[idx:], "rejected": rejected[idx:]}
+
+
+def preference_row(row: dict[str, Any], index: int) -> dict[str, Any]:
+    """prompt/chosen/rejected with an explicit prompt, extracting it where TRL's `maybe_extract_prompt`
+    does: no prompt column, or a string prompt beside conversational chosen/rejected (UltraFeedback)."""
+    chosen, rejected = row["chosen"], row["rejected"]
+    conv = is_messages(chosen)
+    if conv != is_messages(rejected):
+        raise DataError(f"data: row {index}: chosen and rejected must both be strings or both lists of messages")
+    if "prompt" in row and row["prompt"] is not None and is_messages(row["prompt"]) == conv:
+        return {"prompt": row["prompt"], "chosen": chosen, "rejected": rejected}
+    out = extract_prompt(chosen, rejected)
+    if not out["prompt"]:
+        raise DataError(f"data: row {index}: no prompt column and chosen/rejected share no prefix to use as one")
+    if conv and (not out["chosen"] or not out["rejected"]):
+        raise DataError(f"data: row {index}: chosen and rejected are the same conversation up to the end of one")
+    return out
+
+
+def check_text(value: Any, column: str, conv: bool, index: int) -> None:
+    """One line for a cell of the wrong shape (a number, None, a list of non-messages, mixed formats)."""
+    if conv and not is_messages(value):
+        raise DataError(f"data: row {index}: '{column}' must be a list of {{role, content}} messages like the "
+                        f"prompt, got {type(value).__name__}")
+    if not conv and not isinstance(value, str):
+        raise DataError(f"data: row {index}: '{column}' must be a string (or every text column a list of "
+                        f"{{role, content}} messages), got {type(value).__name__}")

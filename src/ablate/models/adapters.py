@@ -1,0 +1,121 @@
+"""LoRA / QLoRA adapters (the `peft` package), selected by `conf/peft/*.yaml` (`ablate train +peft=lora`).
+
+The policy is wrapped with `get_peft_model` right after it is built: the base weights are frozen and
+only the adapters train. As in TRL, the reference a method needs (DPO's, GRPO's KL) is then the same
+model with its adapters disabled (`reference_forward`), so no second copy is kept. A fresh LoRA
+adapter starts at zero (B = 0), so with adapters off the model is exactly the initial policy.
+
+QLoRA is LoRA on a base loaded in 4 bits: `+peft=qlora` also sets `model.quantization_config` (a
+bitsandbytes `BitsAndBytesConfig`), the model builder loads the base quantized, and `with_adapters`
+runs `prepare_model_for_kbit_training` (norms and embeddings in fp32, frozen base) before adding LoRA.
+
+`<run_dir>/model/` then holds the adapter (adapter_config.json, adapter_model.safetensors) and the
+tokenizer; with `peft.save_merged=true` also `model/merged/`, a plain model with the adapter folded in
+(loadable with `AutoModelForCausalLM.from_pretrained`, i.e. `model=local model.path=.../model/merged`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+from transformers import PreTrainedModel
+
+MERGED = "merged"  # model/merged/: the merged model, when peft.save_merged=true
+
+
+@dataclass
+class Adapters:
+    """What a `peft` config builds: the adapter config, and whether to also save a merged model."""
+
+    config: PeftConfig
+    save_merged: bool = False
+
+
+def lora(
+    r: int = 16,
+    lora_alpha: int = 32,
+    lora_dropout: float = 0.05,
+    target_modules: str | list[str] | None = "all-linear",
+    bias: str = "none",
+    use_rslora: bool = False,
+    use_dora: bool = False,
+    save_merged: bool = False,
+    **extra: Any,
+) -> Adapters:
+    """A `peft.LoraConfig` for a causal LM (any other LoraConfig field passes through `extra`)."""
+    if isinstance(target_modules, (list, tuple)) or OmegaConf.is_list(target_modules):
+        target_modules = list(target_modules)
+    config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+                        bias=bias, use_rslora=use_rslora, use_dora=use_dora, task_type="CAUSAL_LM", **extra)
+    return Adapters(config=config, save_merged=save_merged)
+
+
+def _build(peft: DictConfig | Adapters | None) -> Adapters | None:
+    return instantiate(peft) if isinstance(peft, DictConfig) else peft
+
+
+def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) -> PreTrainedModel:
+    """`model` wrapped with trainable adapters (frozen base), or unchanged when `peft` is None."""
+    adapters = _build(peft)
+    if adapters is None:
+        return model
+    if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
+        # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    with quiet_peft():
+        return get_peft_model(model, adapters.config)
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing` whenever it wraps a model:
+    a FutureWarning about peft's code, not the user's, in every run's output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def is_adapted(model: torch.nn.Module) -> bool:
+    """True for a model with peft adapters (the reference is then the model with adapters off)."""
+    return isinstance(model, PeftModel)
+
+
+@contextlib.contextmanager
+def reference_forward(model: torch.nn.Module, unwrapped: torch.nn.Module) -> Iterator[None]:
+    """Within: `model` (a peft model, maybe wrapped by DDP: `unwrapped` is the PeftModel) computes the
+    reference, i.e. the base model: adapters disabled, eval mode (no dropout), no autograd."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), unwrapped.disable_adapter():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def save_merged(trainer: Any, model_dir: Path, cfg: DictConfig) -> Path | None:
+    """With `peft.save_merged=true`: save the adapter merged into its base to `model_dir/merged`.
+
+    The adapter is read back from `model_dir` (what the run saved) onto a fresh full-precision base
+    built from the same model config without its `quantization_config`: a 4-bit base is never the
+    thing to merge into (QLoRA's usual practice). Returns the merged dir, or None when not asked.
+    """
+    adapters = _build(cfg.get("peft"))
+    if adapters is None or not adapters.save_merged:
+        return None
+    model_cfg = OmegaConf.merge(cfg.model, {"quantization_config": None}) if "quantization_config" in cfg.model else cfg.model
+    _, base = instantiate(model_cfg)
+    with quiet_peft():
+        merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
+    out = model_dir / MERGED
+    merged.save_pretrained(str(out))
+    trainer.processing_class.save_pretrained(str(out))
+    return out
