@@ -96,3 +96,22 @@ def test_config_dir_and_pretokenized_data(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "dpo_custom_batch on 512 train rows, format: already tokenized" in r.stdout
     assert "sort: " in r.stdout and "⟧" in r.stdout
+
+
+def test_colour_only_on_a_terminal(monkeypatch):
+    import io
+
+    from ablate.data.preview import CLOSE, GREEN, OPEN, preview
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    tty = Terminal()
+    preview([], 1, out=tty)
+    assert GREEN in tty.getvalue() and OPEN not in tty.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = Terminal()
+    preview([], 1, out=plain)
+    assert GREEN not in plain.getvalue() and OPEN in plain.getvalue() and CLOSE in plain.getvalue()
