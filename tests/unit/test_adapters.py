@@ -53,6 +53,22 @@ def test_with_adapters_freezes_the_base():
     assert with_adapters(model.base_model.model, None) is model.base_model.model  # no peft config: unchanged
 
 
+def test_lora_fields_from_the_command_line():
+    """Hydra passes lists as ListConfig; other LoraConfig fields pass through; a typo is a ConfigError."""
+    from omegaconf import OmegaConf
+
+    from ablate.errors import ConfigError
+
+    a = lora(target_modules=OmegaConf.create(["q_proj", "v_proj"]), layers_to_transform=OmegaConf.create([1]))
+    assert a.config.target_modules == {"q_proj", "v_proj"} and a.config.layers_to_transform == [1]
+    model = with_adapters(tiny()[1], a)
+    trainable = {n.split(".lora_")[0].removeprefix("base_model.model.model.")
+                 for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"layers.1.self_attn.q_proj", "layers.1.self_attn.v_proj"}
+    with pytest.raises(ConfigError, match="rr"):
+        lora(rr=4)
+
+
 @pytest.mark.parametrize("precompute", [False, True])
 def test_dpo_reference_is_the_model_with_adapters_off(tmp_path, precompute):
     tok, base, model = _adapted()

@@ -28,6 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import PreTrainedModel
 
+from ablate.errors import ConfigError
+
 MERGED = "merged"  # model/merged/: the merged model, when peft.save_merged=true
 
 
@@ -50,11 +52,15 @@ def lora(
     save_merged: bool = False,
     **extra: Any,
 ) -> Adapters:
-    """A `peft.LoraConfig` for a causal LM (any other LoraConfig field passes through `extra`)."""
-    if isinstance(target_modules, (list, tuple)) or OmegaConf.is_list(target_modules):
-        target_modules = list(target_modules)
-    config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
-                        bias=bias, use_rslora=use_rslora, use_dora=use_dora, task_type="CAUSAL_LM", **extra)
+    """A `peft.LoraConfig` for a causal LM (any other LoraConfig field passes through `extra`:
+    `+peft.modules_to_save=[lm_head]`)."""
+    plain = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # Hydra passes lists as ListConfig
+             for k, v in dict(extra, target_modules=target_modules).items()}
+    try:
+        config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, use_rslora=use_rslora,
+                            use_dora=use_dora, task_type="CAUSAL_LM", **plain)
+    except (TypeError, ValueError) as e:  # an unknown field (+peft.rr=4) or a bad value
+        raise ConfigError(f"peft: {str(e).splitlines()[0]}") from None
     return Adapters(config=config, save_merged=save_merged)
 
 
