@@ -55,10 +55,17 @@ def _dirname(overrides: str, limit: int = 100) -> str:
     return "_" + safe
 
 
+LAUNCH_TIME_ENV = "ABLATE_LAUNCH_TIME"
+
+
 def _launch_time() -> datetime:
-    """When this run was launched. Under torchrun every rank composes its own config, so ranks would
-    name different run dirs if each read the clock; they share their launcher (the torchrun agent,
-    their parent process), whose start time is the same for all of them."""
+    """When this run was launched. Every process of one launch must name the same dirs, yet each
+    composes its own config: a multirun's job processes (joblib workers, SLURM jobs) inherit the
+    launching process's time in ABLATE_LAUNCH_TIME (set by `publish_launch_time`); torchrun ranks
+    share their launcher (the torchrun agent, their parent process), whose start time is the same
+    for all of them."""
+    if os.environ.get(LAUNCH_TIME_ENV):
+        return datetime.fromisoformat(os.environ[LAUNCH_TIME_ENV])
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import psutil
 
@@ -69,6 +76,12 @@ def _launch_time() -> datetime:
 @functools.lru_cache(maxsize=1)
 def _launched() -> datetime:
     return _launch_time()
+
+
+def publish_launch_time() -> None:
+    """Hand this process's launch time to the processes it starts from now on (a multirun's
+    jobs), so `${ablate_now:...}` in hydra.sweep.dir resolves to the same folder in all of them."""
+    os.environ[LAUNCH_TIME_ENV] = _launched().isoformat()
 
 
 def register_resolvers() -> None:

@@ -138,6 +138,9 @@ class SweepSummary(Callback):
     """Hydra callback (conf/config.yaml `hydra.callbacks`): the job table at the end of a multirun."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from ablate.cli import publish_launch_time
+
+        publish_launch_time()  # before any job process starts: they must resolve the same sweep dir
         _state.update(sweep_dir=Path(str(config.hydra.sweep.dir)).resolve(), printed=False, failed=0)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -106,3 +106,16 @@ def test_a_failing_job_does_not_stop_the_others(launcher: str, tmp_path: Path) -
     table = proc.stdout
     assert "1/3 jobs completed" in table
     assert table.count("failed") >= 2 and "no packaged dataset 'missing'" in table
+
+
+def test_parallel_sweep_default_dir_reports_every_job(tmp_path: Path) -> None:
+    """The README's flagship command from a fresh cwd, default sweep dir (issue 8.1): joblib workers
+    must resolve `${ablate_now:...}` to the parent's launch time, else the jobs land in a sibling
+    folder and the table says 0/0."""
+    proc = ablate(["sweep", str(REPO / "sweeps" / "dpo_loss.yaml"), "hydra/launcher=local_parallel", "seed=1",
+                   "method.args.max_steps=2", "method.args.save_strategy=no"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "2/2 jobs completed" in proc.stdout
+    launches = list((tmp_path / "outputs" / "sweeps" / "dpo_loss").iterdir())
+    assert len(launches) == 1, launches  # the jobs and the table share one sweep dir
+    assert len([p for p in launches[0].iterdir() if p.is_dir() and p.name[0].isdigit()]) == 2
