@@ -17,7 +17,7 @@ USAGE = """usage: ablate <command> [args]
 
 commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
-  sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun (hydra/launcher=local_parallel: in parallel)
+  sweep NAME [overrides]   run sweep config conf/sweep/NAME.yaml (= train -m +sweep=NAME; hydra/launcher=local_parallel: in parallel)
   compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
@@ -30,8 +30,9 @@ examples:
   ablate train method=dpo_hinge method.args.beta=0.2
   ablate train method=grpo method.args.steps_per_generation=4
   ablate train -m method=dpo,dpo_hinge seed=1,2,3
-  ablate sweep sweeps/dpo_loss.yaml method.args.max_steps=20
-  ablate sweep sweeps/dpo_loss.yaml hydra/launcher=local_parallel   # or hydra/launcher=slurm
+  ablate sweep dpo_loss method.args.max_steps=20
+  ablate sweep dpo_loss hydra/launcher=local_parallel   # or hydra/launcher=slurm
+  ablate train -m +sweep=dpo_loss seed=1                 # the same sweep, one seed
   ablate compare outputs/sweeps/dpo_loss --out report/
   ablate data preview model=smollm2_135m data=jsonl data.train_path=prefs.jsonl -n 2
 """
@@ -120,29 +121,65 @@ def quote_override_value(value: str) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
-def find_sweep_file(name: str) -> Path:
-    """PATH as given, else `sweeps/<name>[.yaml]` next to conf/ (the repo's sweep files)."""
-    cands = [Path(name), Path(conf_dir()).parent / "sweeps" / name, Path(conf_dir()).parent / "sweeps" / f"{name}.yaml"]
-    for cand in cands:
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError(f"ablate sweep: no sweep file '{name}' (give a path, or a name in sweeps/)")
+def find_sweep(arg: str) -> tuple[str, list[str]]:
+    """The sweep config `arg` names, as (name, extra Hydra args): a name in conf/sweep/ (`dpo_loss`;
+    `sweeps/dpo_loss.yaml`, the old path, means the same), or a YAML file of your own in a folder
+    named `sweep/`, whose parent is added to Hydra's search path."""
+    path, shipped = Path(arg), Path(conf_dir()) / "sweep"
+    if (shipped / f"{path.stem}.yaml").is_file() and (not path.is_file() or path.resolve().parent == shipped):
+        return path.stem, []
+    if path.is_file() and path.suffix == ".yaml" and path.resolve().parent.name == "sweep":
+        return path.stem, [f"hydra.searchpath=[file://{path.resolve().parent.parent}]"]
+    names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
+    raise FileNotFoundError(f"ablate sweep: no sweep config '{arg}' (shipped: {names}; "
+                            "or a path to your own, in a folder named sweep/)")
 
 
 def sweep_cmd(argv: list[str]) -> None:
-    """`ablate sweep FILE [overrides]`: the file's params and overrides as a Hydra multirun."""
+    """`ablate sweep NAME [overrides] [--resume [--force]]` / `ablate sweep --resume SWEEP_DIR`:
+    the sweep config conf/sweep/NAME.yaml as a Hydra multirun, or an earlier launch resumed."""
     from ablate.sweep import sweep_argv
 
+    resume, force = "--resume" in argv, "--force" in argv
+    argv = [a for a in argv if a not in ("--resume", "--force")]
     if not argv or argv[0].startswith("-"):
-        print("usage: ablate sweep FILE [key=value ...]   (e.g. ablate sweep sweeps/dpo_loss.yaml)", file=sys.stderr)
+        print("usage: ablate sweep NAME [key=value ...] [--resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
+              "  (e.g. ablate sweep dpo_loss)", file=sys.stderr)
         sys.exit(2)
+    sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
-        hydra_argv = sweep_argv(find_sweep_file(argv[0]), argv[1:])
+        if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
+            from ablate.sweep_resume import launch_argv
+
+            hydra_argv = [*launch_argv(sweep_dir), *argv[1:]]
+        else:
+            name, extra = find_sweep(argv[0])
+            hydra_argv = sweep_argv(name, [*extra, *argv[1:]])
+        if resume:
+            hydra_argv = _resume_argv(hydra_argv, sweep_dir, force)
     except (FileNotFoundError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
     print("ablate train " + " ".join(hydra_argv))
     hydra_train(hydra_argv)
+
+
+def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> list[str]:
+    """Check every job of the sweep against its earlier launch (sweep_resume.plan) and return the
+    argv that relaunches it into that launch's dir, completed jobs skipped."""
+    from ablate import sweep, sweep_resume
+
+    try:
+        sweep_dir, actions = sweep_resume.plan(hydra_argv, sweep_dir, force)
+    except sweep_resume.ResumeRefused as e:
+        raise ValueError(str(e)) from None
+    counts: dict[str, int] = {}
+    for action in actions.values():
+        counts[action.split(" ")[0]] = counts.get(action.split(" ")[0], 0) + 1
+    print(f"resuming {sweep_dir}: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
+    os.environ[sweep_resume.RESUME_ENV] = "1"  # inherited by the job processes
+    sweep.set_plan(actions)
+    return [*(a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")), f"hydra.sweep.dir='{sweep_dir}'"]
 
 
 def resume_cmd(argv: list[str]) -> None:

@@ -34,7 +34,7 @@ DEFAULT_METRICS: dict[str, list[str]] = {
 }
 FALLBACK_METRICS = ["loss"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
-IGNORED_KEYS = {"seed", "sweep_name"}
+IGNORED_KEYS = {"seed", "sweep_name", "sweep"}
 _SKIP_DIRS = {rundir.CHECKPOINTS, rundir.MODEL, "wandb", ".hydra"}
 
 
@@ -122,7 +122,8 @@ def find_runs(paths: list[Path]) -> list[Run]:
         if run is not None:
             runs.append(run)
         elif path.is_dir():
-            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS), key=_job_order)
+            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS
+                              and not p.name.startswith(".")), key=_job_order)  # .submitit/, .replaced/
             runs.extend(find_runs(subdirs))
     return runs
 

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir
+from ablate import rundir, sweep_resume
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
@@ -51,8 +51,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    done = sweep_resume.skip_completed(run_dir)  # a resumed sweep's completed job: nothing to do
+    if done is not None:
+        log.info("%s completed earlier: skipped", run_dir)
+        return done
     overrides = list(hc.overrides.task)
     info = _claim_run_dir(run_dir, overrides)
+    if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
+        info.update(sweep_resume.identity(cfg))
+        rundir.write_json(run_dir / rundir.RUN, info)
     summary: dict[str, Any] = {"status": "running", "method": cfg.method.name, "overrides": overrides,
                                "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]}
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
