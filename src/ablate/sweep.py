@@ -42,6 +42,11 @@ from ablate import compare
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 
+def detached(sweep_dir: Path, job_ids: list[str]) -> None:
+    """`--detach`: the jobs were submitted, not run; the end of the multirun says where to look."""
+    _state.setdefault("detached", []).extend(job_ids)
+
+
 def set_plan(actions: dict[str, str]) -> None:
     """A resumed sweep: what this launch does to each job (job number -> skipped / resumed / new),
     shown in the end-of-sweep table."""
@@ -139,6 +144,11 @@ def finish() -> int:
     (0 when no multirun ran)."""
     if _state["sweep_dir"] is None:
         return 0
+    if not _state["printed"] and _state.get("detached"):
+        ids = _state["detached"]
+        print(f"submitted {len(ids)} SLURM jobs ({ids[0].split('_')[0]}_[...]) for sweep {_state['sweep_dir']}\n"
+              f"follow it: ablate status {_state['sweep_dir']}")
+        _state.update(printed=True, failed=0)
     if not _state["printed"]:
         _state.update(printed=True, failed=print_summary(_state["sweep_dir"]))
     return int(_state["failed"])
