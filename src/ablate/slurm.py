@@ -14,6 +14,7 @@ No torch import here.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,17 @@ from typing import Any
 from ablate import rundir
 
 JOBS_FILE = "slurm_jobs.json"
+
+
+def export_torch_distributed() -> None:
+    """In a SLURM job with several tasks (hydra.launcher.tasks_per_node=2), set what torchrun would:
+    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, from SLURM's variables (submitit's helper), so
+    the tasks form one DDP process group and share one run dir, rank 0 writing. Must run before
+    anything reads RANK (rundir.is_main_process)."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "RANK" not in os.environ:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export()
 
 
 def read_jobs(sweep_dir: Path) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir, sweep_resume
+from ablate import rundir, slurm, sweep_resume
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
@@ -49,6 +49,7 @@ def _user_error(e: BaseException | None) -> BaseException | None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
+    slurm.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     done = sweep_resume.skip_completed(run_dir)  # a resumed sweep's completed job: nothing to do

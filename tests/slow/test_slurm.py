@@ -242,3 +242,25 @@ def test_detached_sweep_returns_at_once_and_status_follows_it(slurm_cluster: Non
         assert any("of 60" in s for s in seen) or any("pending" in s for s in seen), seen  # states were shown
     finally:
         _sh("scancel", f"--name={name}")
+
+
+def test_two_tasks_per_node_are_one_ddp_run_with_one_run_dir(slurm_cluster: None, tmp_path: Path) -> None:
+    """hydra.launcher.tasks_per_node=2 (CPU, gloo): one job, two processes, one run dir written by
+    rank 0, as under torchrun (tests/slow/test_ddp.py); default sweep dir."""
+    name = _job_name("ddp")
+    proc = _ablate(["train", "-m", "seed=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
+                    "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1", "method.args.use_cpu=true",
+                    "method.args.max_steps=6", "method.args.logging_steps=1"], cwd=tmp_path)
+    try:
+        out = _wait(proc, 420, tmp_path)
+    finally:
+        _sh("scancel", f"--name={name}")
+    (sweep_dir,) = (tmp_path / "outputs" / "sweeps" / "multirun").iterdir()
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    (run_dir,) = _job_dirs(sweep_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 6, summary
+    assert summary["metrics"]["epoch"] == pytest.approx(6 * 16 / 512)  # 2 ranks x 8 pairs per step
+    assert _loss_steps(run_dir) == [1, 2, 3, 4, 5, 6]  # rank 1 wrote nothing
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.out"))
+    assert logs.count("run dir:") == 1, logs[-3000:]  # only rank 0 prints the result
