@@ -71,6 +71,8 @@ class Paired:
             return (f"{value}, n={self.n} pair{'s' if self.n > 1 else ''}: too few seeds to say anything "
                     f"(an interval needs n ≥ {MIN_N} pairs; run more seeds)")
         text = f"{value} [{ci[0]:+.4g}, {ci[1]:+.4g}], n={self.n} pairs: "
+        if all(d == 0 for d in self.diffs):
+            return text + "identical in every pair"
         if ci[0] > 0:
             return text + f"{self.b} higher (95% interval excludes 0)"
         if ci[1] < 0:

@@ -78,8 +78,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
         # values are passed as explicit kwargs below, so they are the ones the args end up with
         device_args = _check_precision(cfg.precision)
+        _check_distributed(cfg.distributed)
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
-                           **OmegaConf.to_container(cfg.precision), **device_args)
+                           **OmegaConf.to_container(cfg.precision), **device_args,
+                           **OmegaConf.to_container(cfg.distributed))
         tokenizer, model = instantiate(cfg.model)
         model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
         _check_trainable(model)
@@ -212,6 +214,16 @@ def _has_accelerator() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return torch.cuda.is_available() or torch.backends.mps.is_available()
+
+
+def _check_distributed(args: Any) -> None:
+    """`args`: the distributed node. accelerate runs CPU processes as MULTI_CPU (DDP) whatever `fsdp`
+    says: refuse rather than pretend the model is sharded."""
+    import torch
+
+    if getattr(args, "fsdp", False) and not torch.cuda.is_available():
+        raise ConfigError("distributed=fsdp needs CUDA GPUs (on CPU accelerate would silently run plain DDP); "
+                          "use distributed=ddp")
 
 
 def _check_trainable(model: Any) -> None:

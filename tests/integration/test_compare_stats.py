@@ -56,6 +56,8 @@ def test_paired_difference_and_verdicts() -> None:
     assert d.verdict() == f"hinge − sigmoid m = +0.4 [{lo:+.4g}, {hi:+.4g}], n=3 pairs: hinge higher (95% interval excludes 0)"
     mixed = stats.paired("a", {"1": [0.0], "2": [0.0], "3": [0.0]}, "b", {"1": [1.0], "2": [-1.0], "3": [0.5]}, "m")
     assert mixed.verdict().endswith("no clear difference (95% interval includes 0)")
+    same = stats.paired("a", {"1": [1.0], "2": [1.0], "3": [1.0]}, "b", {"1": [1.0], "2": [1.0], "3": [1.0]}, "m")
+    assert same.verdict().endswith("n=3 pairs: identical in every pair")
     two = stats.paired("a", {"1": [0.0], "2": [0.0]}, "b", {"1": [1.0], "2": [2.0], "3": [9.0]}, "m")
     assert two.n == 2 and "n=2 pairs: too few seeds to say anything" in two.verdict()
     assert "no seed ran in both arms" in stats.paired("a", {"1": [0.0]}, "b", {"2": [1.0]}, "m").verdict()
