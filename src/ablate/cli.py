@@ -189,7 +189,7 @@ def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> 
     print(f"resuming {sweep_dir}: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
     os.environ[sweep_resume.RESUME_ENV] = "1"  # inherited by the job processes
     sweep.set_plan(actions)
-    return [*(a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")), f"hydra.sweep.dir='{sweep_dir}'"]
+    return [*(a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")), f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}"]
 
 
 def status_cmd(argv: list[str]) -> None:
