@@ -17,7 +17,8 @@ USAGE = """usage: ablate <command> [args]
 
 commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
-  sweep NAME [overrides]   run sweep config conf/sweep/NAME.yaml (= train -m +sweep=NAME; hydra/launcher=local_parallel: in parallel)
+  sweep NAME [overrides]   run sweep config conf/sweep/NAME.yaml (= train -m +sweep=NAME);
+                           hydra/launcher=local_parallel: in parallel
         [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
         [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
   compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens]
@@ -166,7 +167,8 @@ def sweep_cmd(argv: list[str]) -> None:
         if detach:
             if "hydra/launcher=slurm" not in hydra_argv:
                 raise ValueError("--detach submits to SLURM: add hydra/launcher=slurm")
-            hydra_argv.append("hydra.launcher._target_=hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher")
+            target = "hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher"
+            hydra_argv.append(f"hydra.launcher._target_={target}")
     except (FileNotFoundError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -189,7 +191,8 @@ def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> 
     print(f"resuming {sweep_dir}: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
     os.environ[sweep_resume.RESUME_ENV] = "1"  # inherited by the job processes
     sweep.set_plan(actions)
-    return [*(a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")), f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}"]
+    kept = [a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")]
+    return [*kept, f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}"]
 
 
 def status_cmd(argv: list[str]) -> None:
@@ -238,7 +241,8 @@ def compare_cmd(argv: list[str]) -> None:
     parser.add_argument("--pool", action="store_true",
                         help="pool runs with the same overrides across launches (default: each launch apart)")
     parser.add_argument("--x", default=None,
-                        help="x axes of the curves, comma-separated: step,time,tokens (default: step; reward also time)")
+                        help="x axes of the curves, comma-separated: step,time,tokens "
+                             "(default: step; reward also time)")
     args = parser.parse_args(argv)
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None

@@ -149,7 +149,8 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
     for run in runs:
         label = ",".join(f"{short[k]}={run.overrides.get(k, '-')}" for k in varying) or "all"
         launch = names.get(run.launch, "") if split else ""  # type: ignore[arg-type]
-        groups.setdefault((launch, label), Group(f"[{launch}] {label}" if launch else label, [], launch, label)).runs.append(run)
+        group = Group(f"[{launch}] {label}" if launch else label, [], launch, label)
+        groups.setdefault((launch, label), group).runs.append(run)
     return list(groups.values())
 
 
@@ -213,7 +214,8 @@ def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
 def display_table(rows: list[dict[str, Any]], metrics: list[str]) -> tuple[list[str], list[list[str]]]:
     """Header and string cells as printed (rich) and written (Markdown)."""
     header = ["group", "runs", "status", *metrics, "runtime (s)", "steps"]
-    cells = [[r["group"], str(r["runs"]), r["status"], *(fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) for m in metrics),
+    cells = [[r["group"], str(r["runs"]), r["status"],
+              *(fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) for m in metrics),
               fmt(r["runtime_s mean"], r["runtime_s std"]), r["steps"]] for r in rows]
     return header, cells
 

@@ -1,9 +1,9 @@
 """Submit and walk away: `ablate sweep NAME hydra/launcher=slurm --detach`, then `ablate status SWEEP_DIR`.
 
-
 Hydra's submitit launcher submits a sweep as one SLURM job array and then blocks on every job's
 result (hydra#2479), so the launching process must live as long as the sweep. `DetachedSlurmLauncher`
-(hydra_plugins/ablate_launchers/: Hydra instantiates launchers only from that namespace) is that launcher without the wait: it submits the same array (same sbatch script, same pickled job,
+(hydra_plugins/ablate_launchers/: Hydra instantiates launchers only from that namespace) is that
+launcher without the wait: it submits the same array (same sbatch script, same pickled job,
 so preemption and requeue work as before), records each job's SLURM id in
 `<sweep dir>/slurm_jobs.json`, and returns. `status` reads the run dirs (summary.json, metrics.jsonl,
 run.json) plus the scheduler's view (squeue, then sacct once a job left the queue).

@@ -115,7 +115,8 @@ def print_summary(sweep_dir: Path) -> int:
     for r in rows:
         style = "" if r["status"] == "completed" else "red"
         launch = [plan.get(r["job"], "-")] if plan else []
-        table.add_row(r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"], style=style)
+        table.add_row(r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"],
+                      style=style)
     # as wide as the table needs: piped output (no terminal) would otherwise be cut at 80 columns
     console = Console()
     width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
