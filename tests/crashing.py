@@ -6,7 +6,11 @@ from transformers import TrainerCallback
 
 
 class CrashAt(TrainerCallback):
+    """Crash at step ABLATE_TEST_CRASH_AT; with ABLATE_TEST_CRASH_SEED, only the run of that seed
+    (one poisoned job of a sweep)."""
+
     def on_step_end(self, args, state, control, **kwargs):
         at = int(os.environ.get("ABLATE_TEST_CRASH_AT", "0"))
-        if at and state.global_step == at:
+        seed = os.environ.get("ABLATE_TEST_CRASH_SEED")
+        if at and state.global_step == at and (seed is None or seed == str(args.seed)):
             raise RuntimeError(f"simulated crash at step {at}")

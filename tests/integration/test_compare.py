@@ -114,26 +114,30 @@ def test_failed_and_running_jobs(tmp_path: Path) -> None:
     assert sweep.print_summary(root) == 2  # not completed: one failed, one still running
 
 
-def test_sweep_files_become_multirun_argv(tmp_path: Path) -> None:
-    argv = sweep.sweep_argv(REPO / "sweeps" / "dpo_loss.yaml", ["seed=0", "logger=wandb"])
-    assert argv[0] == "-m"
-    assert "seed=0" in argv and "seed=1,2,3" not in argv  # the command line wins over the file
-    assert {"sweep_name=dpo_loss", "method.args.loss_type=sigmoid,hinge", "method=dpo"} <= set(argv)
-    exclude = argv[-1]  # job dirs are named by what varies only
+def test_sweep_names_become_multirun_argv() -> None:
+    argv = sweep.sweep_argv("dpo_loss", ["seed=0", "logger=wandb"])
+    assert argv[:3] == ["-m", "+sweep=dpo_loss", "seed=0"] and "logger=wandb" in argv
+    exclude = argv[-1]  # job dirs are named by what varies only: the command line's fixed keys are left out
     assert exclude.startswith("hydra.job.config.override_dirname.exclude_keys=[")
-    assert "method.args.loss_type" not in exclude and "seed" in exclude and "sweep_name" in exclude
-
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\nparam: {seed: 1,2}\n")
-    with pytest.raises(ValueError, match="unknown sweep file key"):
-        sweep.load_sweep(bad)
+    assert {"seed", "logger", "sweep", "sweep_name"} <= set(exclude.split("[")[1].rstrip("]").split(","))
+    assert sweep.sweep_argv("dpo_loss", ["--cfg", "job"])[0] == "+sweep=dpo_loss"  # inspecting: no -m
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_sweep_file_has_a_comment_params_and_a_name(path: Path) -> None:
-    name, merged = sweep.load_sweep(path)
-    assert name == path.stem and path.read_text().startswith("# ")
-    assert any("," in v for v in merged.values()), "a sweep file sweeps something"
+@pytest.mark.parametrize("path", sorted((REPO / "conf" / "sweep").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_sweep_config_is_hydras_format_with_a_comment_and_a_name(path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ablate.cli import conf_dir, find_sweep, register_resolvers
+
+    assert path.read_text().startswith("# @package _global_\n# ")
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"+sweep={path.stem}"], return_hydra_config=True)
+    assert cfg.sweep_name == path.stem
+    assert any("," in str(v) for v in cfg.hydra.sweeper.params.values()), "a sweep config sweeps something"
+    assert find_sweep(path.stem) == (path.stem, []) == find_sweep(f"sweeps/{path.stem}.yaml")
 
 
 def test_run_level_summary_fields_are_compared_and_plotted(tmp_path: Path) -> None:

@@ -135,6 +135,7 @@ def test_other_run_in_dir_is_refused(tmp_path):
     ("method.args.loss_type=ipo", "unknown DPO loss_type 'ipo'"),
     ("data.name=nope", "no packaged dataset 'nope'"),
     ("precision=fp16", "needs a CUDA GPU"),
+    ("distributed=fsdp", "distributed=fsdp needs CUDA GPUs"),  # accelerate would run plain DDP on CPU
 ])
 def test_bad_override_is_a_short_error(tmp_path, override, needle):
     r = ablate("train", override, f"hydra.run.dir={tmp_path}")

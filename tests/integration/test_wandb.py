@@ -32,12 +32,12 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def wandb_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """sweeps/dpo_loss.yaml cut to one seed (2 jobs: sigmoid, hinge), sequential, logger=wandb."""
+    """The dpo_loss sweep cut to one seed (2 jobs: sigmoid, hinge), sequential, logger=wandb."""
     tmp = tmp_path_factory.mktemp("wandb_sweep")
     sweep_dir = tmp / "dpo_loss" / "2026-01-01_00-00-00"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | SECRETS
     # a config value holding a secret (as a user might, to pass a hub token): must reach W&B masked
-    cmd = [sys.executable, "-m", "ablate", "sweep", str(REPO / "sweeps" / "dpo_loss.yaml"), "seed=0", "logger=wandb",
+    cmd = [sys.executable, "-m", "ablate", "sweep", "dpo_loss", "seed=0", "logger=wandb",
            "method.args.max_steps=3", "method.args.logging_steps=1", "+hub_token=${oc.env:HF_TOKEN}",
            f"hydra.sweep.dir={sweep_dir}"]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)

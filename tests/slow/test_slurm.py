@@ -116,10 +116,24 @@ def _loss_steps(run_dir: Path) -> list[int]:
     return [e["step"] for e in map(json.loads, lines) if "loss" in e]
 
 
+TWO_SEEDS = """# @package _global_
+# two seeds, 10 steps each
+sweep_name: two_seeds  # outputs/sweeps/two_seeds/
+method:
+  args:
+    max_steps: 10  # steps per job
+hydra:
+  sweeper:
+    params:
+      seed: 1,2  # two jobs
+"""
+
+
 def test_sweep_runs_as_slurm_jobs(slurm_cluster: None, tmp_path: Path) -> None:
-    sweep_file = tmp_path / "two_seeds.yaml"
-    sweep_file.write_text("name: two_seeds\nparams:\n  seed: 1,2\noverrides:\n  method.args.max_steps: 10\n")
-    sweep_dir, name = tmp_path / "sweep", _job_name("sweep")
+    sweep_file = tmp_path / "sweep" / "two_seeds.yaml"  # a sweep config of the user's own
+    sweep_file.parent.mkdir()
+    sweep_file.write_text(TWO_SEEDS)
+    sweep_dir, name = tmp_path / "out", _job_name("sweep")
     proc = _ablate(["sweep", str(sweep_file), "hydra/launcher=slurm", f"hydra.launcher.name={name}",
                     "method.args.logging_steps=5", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
     out = _wait(proc, 420, sweep_dir)
@@ -189,3 +203,64 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
     run_id = json.loads((run_dir / "run.json").read_text())["wandb_run_id"]
     attempts = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(attempts) == 2 and all(a.endswith(f"-{run_id}") for a in attempts), (run_id, attempts)
+
+
+def test_detached_sweep_returns_at_once_and_status_follows_it(slurm_cluster: None, tmp_path: Path) -> None:
+    """`--detach`: the launching process returns once the array is submitted (default sweep dir);
+    `ablate status` shows the jobs pending/running, then completed with the end-of-sweep table."""
+    sweep_file = tmp_path / "sweep" / "two_seeds.yaml"
+    sweep_file.parent.mkdir()
+    sweep_file.write_text(TWO_SEEDS.replace("max_steps: 10", "max_steps: 60"))
+    name = _job_name("detach")
+    t0 = time.monotonic()
+    proc = _ablate(["sweep", str(sweep_file), "hydra/launcher=slurm", f"hydra.launcher.name={name}",
+                    "method.args.logging_steps=5", "--detach"], cwd=tmp_path)
+    try:
+        out = _wait(proc, 120, tmp_path)
+        submitted_in = time.monotonic() - t0
+        assert proc.returncode == 0, out[-4000:]
+        (sweep_dir,) = (tmp_path / "outputs" / "sweeps" / "two_seeds").iterdir()
+        assert f"ablate status {sweep_dir}" in out and "submitted 2 SLURM jobs" in out
+        finished = [p for p in sweep_dir.glob("*/summary.json") if json.loads(p.read_text())["status"] == "completed"]
+        assert len(finished) < 2, f"returned after {submitted_in:.0f} s, when the jobs had finished"  # no waiting
+
+        first = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep_dir)], cwd=tmp_path, env=ENV,
+                               capture_output=True, text=True, timeout=60)
+        assert first.returncode == 0, first.stderr
+        rows = [line for line in first.stdout.splitlines() if line.startswith("│")]
+        assert len(rows) == 2 and all(("pending" in r or "running at step" in r or "starting" in r
+                                       or "completed" in r) for r in rows), first.stdout
+        seen, deadline = {first.stdout}, time.monotonic() + 300
+        while True:
+            now = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep_dir)], cwd=tmp_path, env=ENV,
+                                 capture_output=True, text=True, timeout=60)
+            seen.add(now.stdout)
+            if "2/2 jobs completed" in now.stdout and now.stdout.count("COMPLETED") == 2:  # + SLURM's view (sacct)
+                break
+            assert time.monotonic() < deadline, f"{now.stdout}\n{_job_logs(sweep_dir)}"
+            time.sleep(2)
+        assert any("of 60" in s for s in seen) or any("pending" in s for s in seen), seen  # states were shown
+    finally:
+        _sh("scancel", f"--name={name}")
+
+
+def test_two_tasks_per_node_are_one_ddp_run_with_one_run_dir(slurm_cluster: None, tmp_path: Path) -> None:
+    """hydra.launcher.tasks_per_node=2 (CPU, gloo): one job, two processes, one run dir written by
+    rank 0, as under torchrun (tests/slow/test_ddp.py); default sweep dir."""
+    name = _job_name("ddp")
+    proc = _ablate(["train", "-m", "seed=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
+                    "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1", "method.args.use_cpu=true",
+                    "method.args.max_steps=6", "method.args.logging_steps=1"], cwd=tmp_path)
+    try:
+        out = _wait(proc, 420, tmp_path)
+    finally:
+        _sh("scancel", f"--name={name}")
+    (sweep_dir,) = (tmp_path / "outputs" / "sweeps" / "multirun").iterdir()
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    (run_dir,) = _job_dirs(sweep_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 6, summary
+    assert summary["metrics"]["epoch"] == pytest.approx(6 * 16 / 512)  # 2 ranks x 8 pairs per step
+    assert _loss_steps(run_dir) == [1, 2, 3, 4, 5, 6]  # rank 1 wrote nothing
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.out"))
+    assert logs.count("run dir:") == 1, logs[-3000:]  # only rank 0 prints the result

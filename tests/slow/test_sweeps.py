@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from ablate.sweep import load_sweep
+import yaml
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+SWEEPS = sorted((REPO / "conf" / "sweep").glob("*.yaml"))
 ENV = {**os.environ, "COLUMNS": "250", "WANDB_MODE": "disabled"}
 
 
@@ -31,9 +31,9 @@ def ablate(args: list[str], cwd: Path, timeout: int = 1800) -> subprocess.Comple
 
 
 def swept(path: Path) -> dict[str, list[str]]:
-    """The file's swept keys and their values (Hydra's `a,b,c` syntax)."""
-    _, merged = load_sweep(path)
-    return {k: v.split(",") for k, v in merged.items() if "," in v}
+    """The config's swept keys and their values (Hydra's `a,b,c` syntax)."""
+    params = yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
+    return {k: str(v).split(",") for k, v in params.items() if "," in str(v)}
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
@@ -41,7 +41,7 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
     if "method: grpo" in path.read_text() and not (REPO / "conf" / "method" / "grpo.yaml").is_file():
         pytest.skip("conf/method/grpo.yaml not there yet (GRPO is built in a separate issue)")
     sweep_dir = tmp_path / path.stem / "run"
-    proc = ablate(["sweep", str(path), "method.args.max_steps=2", "method.args.logging_steps=1",
+    proc = ablate(["sweep", path.stem, "method.args.max_steps=2", "method.args.logging_steps=1",
                    "method.args.save_strategy=no", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
@@ -50,7 +50,9 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
     jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("_")[0]))
     assert len(jobs) == len(combos)
     seen = set()
-    for job in jobs:  # each job dir follows the run directory contract
+    for num, job in enumerate(jobs):
+        # job dirs named by what is swept only, as Hydra numbers them
+        assert job.name.startswith(f"{num}_") and all(k in job.name for k in params), job.name  # each job dir follows the run directory contract
         summary = json.loads((job / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["global_step"] == 2, job
         assert (job / "run.json").is_file() and (job / ".hydra" / "config.yaml").is_file()
@@ -92,7 +94,7 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("launcher", ["basic", "local_parallel"])
 def test_a_failing_job_does_not_stop_the_others(launcher: str, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "failing"
-    args = ["sweep", str(REPO / "sweeps" / "dpo_loss.yaml"), "seed=1", "method.args.loss_type=sigmoid",
+    args = ["sweep", "dpo_loss", "seed=1", "method.args.loss_type=sigmoid",
             "data.name=missing,sort_prefs,sort_prefs_typo", "method.args.max_steps=2", f"hydra.sweep.dir={sweep_dir}"]
     if launcher == "local_parallel":
         args.append("hydra/launcher=local_parallel")
@@ -106,3 +108,16 @@ def test_a_failing_job_does_not_stop_the_others(launcher: str, tmp_path: Path) -
     table = proc.stdout
     assert "1/3 jobs completed" in table
     assert table.count("failed") >= 2 and "no packaged dataset 'missing'" in table
+
+
+def test_parallel_sweep_default_dir_reports_every_job(tmp_path: Path) -> None:
+    """The README's flagship command from a fresh cwd, default sweep dir (issue 8.1): joblib workers
+    must resolve `${ablate_now:...}` to the parent's launch time, else the jobs land in a sibling
+    folder and the table says 0/0."""
+    proc = ablate(["sweep", "dpo_loss", "hydra/launcher=local_parallel", "seed=1",
+                   "method.args.max_steps=2", "method.args.save_strategy=no"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "2/2 jobs completed" in proc.stdout
+    launches = list((tmp_path / "outputs" / "sweeps" / "dpo_loss").iterdir())
+    assert len(launches) == 1, launches  # the jobs and the table share one sweep dir
+    assert len([p for p in launches[0].iterdir() if p.is_dir() and p.name[0].isdigit()]) == 2

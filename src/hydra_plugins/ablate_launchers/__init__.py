@@ -1,0 +1,1 @@
+"""ablate's Hydra plugins: the detached SLURM launcher (`ablate sweep ... --detach`)."""
