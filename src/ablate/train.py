@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir, slurm, sweep_resume
+from ablate import rundir, runs, slurm, sweep_resume
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
@@ -61,6 +61,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
         info.update(sweep_resume.identity(cfg))
         rundir.write_json(run_dir / rundir.RUN, info)
+    runs.prepare(cfg, run_dir, info)  # torch threads, tags, notes, pid -> run.json (before heavy work)
     summary: dict[str, Any] = {"status": "running", "method": cfg.method.name, "overrides": overrides,
                                "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]}
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
