@@ -100,3 +100,14 @@ def test_resume_continues_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest
     assert run["run_id"] == "resumeid" and run["config"]["update"]["note"] == "token ***"
     assert run["display_name"] == tmp_path.name  # outside a sweep: the run dir's name, no group
     assert not run.get("run_group")
+
+
+def test_root_tags_and_notes_reach_wandb(tmp_path: Path) -> None:
+    """`tags=[...]` and `notes="..."` (root config keys) become the W&B run's tags and notes."""
+    from ablate.tracking.wandb import WandbTracker
+
+    tracker = WandbTracker(mode="offline", job_type="dpo", tags=["from_logger"])
+    tracker.start({"seed": 0, "tags": ["baseline", "v2"], "notes": "why this run"}, tmp_path, {})
+    tracker.finish("completed")
+    run = next(r["run"] for r in records(tmp_path) if r["type"] == "run")
+    assert run["tags"] == ["from_logger", "baseline", "v2"] and run["notes"] == "why this run"

@@ -99,7 +99,7 @@ class WandbTracker:
         kwargs["group"] = kwargs["group"] or ident["group"]
         kwargs["name"] = kwargs["name"] or ident["name"]
         kwargs["tags"] = [*kwargs["tags"], *map(str, config.get("tags") or [])]  # root `tags=[...]`
-        kwargs["notes"] = config.get("notes")
+        kwargs["notes"] = redact(config.get("notes"))  # root `notes="..."`
         if ident["group"]:  # sweep runs are tagged with the sweep's name, to filter across launches
             kwargs["tags"] = [*kwargs["tags"], str(config.get("sweep_name"))]
         # The same id on resume (stored in run.json by ablate.train) continues the same W&B run.
