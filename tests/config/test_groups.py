@@ -21,7 +21,7 @@ CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
 GROUPS = ["model", "method", "optimizer", "precision", "distributed", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
-                     if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment"})
+                     if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment", "debug"})
 HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}
 
 
