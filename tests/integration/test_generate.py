@@ -1,0 +1,52 @@
+"""`ablate generate` on runs made as a user makes them (scratch cwd, default run dirs): a LoRA run on
+the tiny model (adapter on a base built from code) and a full-model run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ablate
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cwd = tmp_path_factory.mktemp("gen")
+    r = ablate("train", "debug=fast", "+peft=lora", cwd=cwd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = (cwd / "outputs" / "runs").glob("*/*")
+    assert (run / "model" / "adapter_config.json").is_file() and not (run / "model" / "config.json").exists()
+    return run
+
+
+def test_adapter_run_loads_with_trained_adapters(lora_run: Path) -> None:
+    from ablate.generate import load_run_model, render
+
+    tok, model = load_run_model(lora_run)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(float(p.abs().sum()) > 0 for p in lora_b)  # trained (LoRA B starts at zero)
+    text = render(tok, "sort: dcba =")
+    assert text != "sort: dcba =" and "sort: dcba =" in text  # the chat template was applied
+
+
+def test_generate_cli_prompts_and_jsonl(lora_run: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "sort: cba ="}) + "\n"
+                       + json.dumps({"prompt": [{"role": "user", "content": "sort: zy ="}]}) + "\n")
+    args = ["generate", str(lora_run), "--prompt", "sort: dcba =", "--prompts", str(prompts), "--max-new-tokens", "5"]
+    r = ablate(*args, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["prompt"] for row in rows][:2] == ["sort: dcba =", "sort: cba ="] and len(rows) == 3
+    assert all(isinstance(row["completion"], str) for row in rows)
+    again = ablate(*args, "--json", cwd=tmp_path)
+    assert again.stdout == r.stdout  # greedy by default: reproducible
+    plain = ablate(*args[:4], cwd=tmp_path)
+    assert plain.returncode == 0 and plain.stdout.startswith(">>> sort: dcba =\n")
+
+
+def test_generate_errors_are_one_line(tmp_path: Path) -> None:
+    r = ablate("generate", str(tmp_path), "--prompt", "x", cwd=tmp_path)
+    assert r.returncode == 2 and "has no saved model" in r.stderr and "Traceback" not in r.stderr
