@@ -50,3 +50,21 @@ def test_generate_cli_prompts_and_jsonl(lora_run: Path, tmp_path: Path) -> None:
 def test_generate_errors_are_one_line(tmp_path: Path) -> None:
     r = ablate("generate", str(tmp_path), "--prompt", "x", cwd=tmp_path)
     assert r.returncode == 2 and "has no saved model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_scores_the_saved_model_on_other_data(lora_run: Path, tmp_path: Path) -> None:
+    """`ablate eval RUN data=...`: the run's method metrics on another preference set, eval.json written;
+    the reference is the base (adapters off), so the trained adapters give nonzero margins."""
+    r = ablate("eval", str(lora_run), "data=caps_prefs", "data.max_eval_samples=4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((lora_run / "eval.json").read_text())
+    assert result["method"] == "dpo" and result["split"] == "eval" and result["examples"] == 4
+    assert "data=caps_prefs" in result["overrides"] and "debug=fast" in result["overrides"]
+    m = result["metrics"]
+    assert 0.0 <= m["eval_rewards/accuracies"] <= 1.0 and m["eval_rewards/margins"] != 0.0
+    assert f"wrote {lora_run / 'eval.json'}" in r.stdout and "eval_loss" in r.stdout
+
+
+def test_eval_of_a_non_run_is_one_line(tmp_path: Path) -> None:
+    r = ablate("eval", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "is not an ablate run dir" in r.stderr and "Traceback" not in r.stderr
