@@ -44,6 +44,10 @@ examples:
   ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
   ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
   ablate compare outputs/sweeps/dpo_loss --out report/   # report/report.html: intervals, paired differences
+  ablate train debug=fast 'tags=[baseline]' notes="first try"   # debug=fast|overfit|profile
+  ablate ls --status failed                     # what have I run? (--method, --tag, --json)
+  ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="
+  ablate eval outputs/runs/DATE/TIME data=caps_prefs
   ablate data preview model=smollm2_135m data=jsonl data.train_path=prefs.jsonl -n 2
 """
 

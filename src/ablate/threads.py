@@ -59,7 +59,8 @@ def choose(setting: int | None, launcher: Any = None) -> tuple[int, str]:
         return int(setting), "config threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
-        return int(omp), "OMP_NUM_THREADS"
+        # joblib's loky workers (hydra/launcher=local_parallel) get cores // n_jobs here unless the user set it
+        return int(omp), f"OMP_NUM_THREADS={omp}"
     cores = available_cores()
     jobs, why = local_jobs(launcher)
     return max(cores // jobs, 1), f"{cores} cores available" + (f" / {jobs} local jobs ({why})" if jobs > 1 else "")

@@ -41,7 +41,7 @@ def test_slurm_allotment_caps_the_cores(cores: int, monkeypatch: pytest.MonkeyPa
 
 def test_user_setting_wins_then_omp_env(cores: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    assert threads.choose(None) == (5, "OMP_NUM_THREADS")
+    assert threads.choose(None) == (5, "OMP_NUM_THREADS=5")
     assert threads.choose(3, {"n_jobs": 4}) == (3, "config threads")
     with pytest.raises(ConfigError, match="threads"):
         threads.choose(0)
