@@ -61,13 +61,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
         info.update(sweep_resume.identity(cfg))
         rundir.write_json(run_dir / rundir.RUN, info)
-    runs.prepare(cfg, run_dir, info)  # torch threads, tags, notes, pid -> run.json (before heavy work)
     summary: dict[str, Any] = {"status": "running", "method": cfg.method.name, "overrides": overrides,
                                "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]}
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
     tracker = None
     t0 = time.time()
     try:
+        runs.prepare(cfg, run_dir, info)  # torch threads, tags, notes, pid -> run.json (before heavy work)
         _check_method_args(cfg)
         from transformers import set_seed
         from transformers.utils import logging as hf_logging

@@ -103,3 +103,10 @@ def test_compare_filters_by_tag(scratch: Path) -> None:
 def test_status_of_a_live_process_stays_running(tmp_path: Path) -> None:
     fake_run(tmp_path, "a", "2020-01-01T00:00:00", "running", pid=os.getpid())
     assert [r["status"] for r in runs.list_runs(tmp_path)] == ["running"]
+
+
+def test_bad_threads_setting_is_one_line_and_a_failed_summary(tmp_path: Path) -> None:
+    r = ablate("train", "threads=0", cwd=tmp_path)
+    assert r.returncode == 2 and "ablate: error: threads must be a positive number" in r.stderr
+    (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
