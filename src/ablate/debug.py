@@ -74,7 +74,7 @@ class Profile(TrainerCallback):
         prof.export_chrome_trace(str(self.out / "trace.json"))
         import torch
 
-        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=self.rows, max_name_column_width=48)
         (self.out / "summary.txt").write_text(table + "\n")
         print(f"debug=profile: {self.active} steps, top {self.rows} ops by {sort}\n{table}\n"
