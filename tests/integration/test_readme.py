@@ -219,7 +219,7 @@ def doc_runs(tmp_path_factory) -> dict[str, DocRun]:
 @pytest.mark.parametrize("line", [_param(line) for line in ALL])
 def test_doc_line_runs(line: Line, doc_runs):
     if line.skip:
-        pytest.skip(line.skip)
+        pytest.skip(f"{(line.command or line.text)[:60]}: {line.skip}")
     r = doc_runs[line.doc].run(line)
     assert r.returncode == 0, f"{line.id}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
     for printed in re.findall(r"^run dir: (.+)$", r.stdout, flags=re.M):
