@@ -4,7 +4,7 @@ A sweep file is Hydra sweeper params plus fixed overrides::
 
     name: dpo_loss                 # sweep dir outputs/sweeps/<name>/<date-time>/, W&B group
     params:                        # swept: one job per combination (Hydra sweep syntax)
-      method.args.loss_type: sigmoid,hinge
+      method/loss: sigmoid,hinge
       seed: 1,2,3
     overrides:                     # fixed for every job
       method.args.max_steps: 60
@@ -75,7 +75,7 @@ def sweep_argv(path: Path, cli_overrides: list[str]) -> list[str]:
 
 
 def _name_jobs_by_swept_keys(argv: list[str]) -> str:
-    """Job dirs and W&B names show only what varies (`3_method.args.loss_type=hinge,seed=2`): the
+    """Job dirs and W&B names show only what varies (`3_method_loss=hinge,seed=2`): the
     fixed overrides, the same for every job, are excluded from Hydra's override_dirname."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -97,8 +97,7 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     keys = {k for r in runs for k in r.overrides} - {"sweep_name"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
     for run in runs:
-        key = next((m for m in compare.DEFAULT_METRICS.get(run.method, compare.FALLBACK_METRICS)
-                    if run.final(m) is not None), None)
+        key = next((m for m in run.default_metrics if run.final(m) is not None), None)
         value = run.final(key) if key else None
         overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
         rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides), "status": run.status,

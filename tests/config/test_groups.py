@@ -95,6 +95,30 @@ def test_option_composes_and_documents_fields(group, option):
         assert "#" in line or lines[i - 1].strip().startswith("#"), f"{group}/{option}.yaml: no comment on '{s}'"
 
 
+# nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
+NESTED = [(sub, o) for sub in ("loss", "scale_rewards") for o in options(f"method/{sub}")]
+
+
+@pytest.mark.parametrize("sub,option", NESTED)
+def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
+    """`method/loss=NAME` and `method/scale_rewards=NAME`: every option composes under its method,
+    documents its fields, and is handed to the trainer as a function (`_partial_`)."""
+    import functools
+
+    text = (CONF / "method" / sub / f"{option}.yaml").read_text()
+    method = "grpo" if "losses.grpo." in text else "dpo"
+    cfg = make_cfg(f"method={method}", f"method/{sub}={option}")
+    assert cfg.method[sub]._target_ in text and cfg.method[sub]._partial_ is True
+    fn = instantiate(cfg.method.trainer).keywords[sub]  # the trainer partial's own argument
+    assert isinstance(fn, functools.partial)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s or s.startswith("#") or s.startswith("- ") or s.endswith(":") or s.startswith("_target_:"):
+            continue
+        assert "#" in line or lines[i - 1].strip().startswith("#"), f"method/{sub}/{option}.yaml: no comment on '{s}'"
+
+
 def _targets(node, path=""):
     if isinstance(node, DictConfig):
         if "_target_" in node:

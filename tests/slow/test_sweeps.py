@@ -92,7 +92,7 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("launcher", ["basic", "local_parallel"])
 def test_a_failing_job_does_not_stop_the_others(launcher: str, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "failing"
-    args = ["sweep", str(REPO / "sweeps" / "dpo_loss.yaml"), "seed=1", "method.args.loss_type=sigmoid",
+    args = ["sweep", str(REPO / "sweeps" / "dpo_loss.yaml"), "seed=1", "method/loss=sigmoid",
             "data.name=missing,sort_prefs,sort_prefs_typo", "method.args.max_steps=2", f"hydra.sweep.dir={sweep_dir}"]
     if launcher == "local_parallel":
         args.append("hydra/launcher=local_parallel")

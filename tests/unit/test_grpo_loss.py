@@ -28,7 +28,7 @@ def test_advantages_group_scaling_and_zero_std_group():
     group 1: all 5, std 0 -> A = 0 / 1e-4 = 0 (no signal, no blow-up).
     reward = mean(1,2,3,5,5,5) = 3.5; reward_std: deviations -2.5 -1.5 -0.5 1.5 1.5 1.5, squares
     sum to 15.5, /5 = 3.1, sqrt = 1.760682; frac_reward_zero_std = 1 of 2 groups = 0.5."""
-    adv, m = grpo.advantages(_table(), W, num_generations=3, scale_rewards="group")
+    adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.group_std)
     d = 1 + 1e-4
     torch.testing.assert_close(adv, torch.tensor([-1 / d, 0.0, 1 / d, 0.0, 0.0, 0.0]))
     assert m["reward"].item() == pytest.approx(3.5)
@@ -39,9 +39,9 @@ def test_advantages_group_scaling_and_zero_std_group():
 def test_advantages_batch_and_none_scaling():
     """Centred per group: [-1, 0, 1, 0, 0, 0]. batch: / (1.760682 + 1e-4). none: unchanged."""
     centred = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    adv, _ = grpo.advantages(_table(), W, num_generations=3, scale_rewards="batch")
+    adv, _ = grpo.advantages(_table(), W, num_generations=3, scale=grpo.batch_std)
     torch.testing.assert_close(adv, centred / (math.sqrt(3.1) + 1e-4))
-    adv, m = grpo.advantages(_table(), W, num_generations=3, scale_rewards="none")
+    adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.no_std)
     torch.testing.assert_close(adv, centred)
     assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)  # logged whatever the scaling
 

@@ -2,12 +2,13 @@
 
 Three pieces, composed by the trainer:
 - advantages: `A_i = (r_i - mean(group)) / (std + 1e-4)` per prompt group (eq. in section 4.1.2), with
-  the std taken per group (`scale_rewards: group`), over the whole batch (`batch`, Liu et al. 2025
+  the std taken per group (`method/scale_rewards=group`), over the whole batch (`batch`, Liu et al. 2025
   recommend it) or not at all (`none`, Dr. GRPO). A group whose rewards are all equal gets A = 0.
 - per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)` with
   `r = exp(logp - old_logp)`, plus `beta * KL` with the k3 estimator
   `exp(ref - logp) - (ref - logp) - 1` (Schulman 2020) when beta > 0.
-- aggregation over tokens (`loss_type`), named and defined as in TRL 1.16:
+- aggregation over tokens (TRL's `loss_type`; here `method/loss=NAME`, conf/method/loss/), named and
+  defined as in TRL 1.16:
   `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
   completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
   `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025).
@@ -50,12 +51,13 @@ def no_std(rewards: torch.Tensor) -> torch.Tensor:
     return torch.ones(rewards.shape[0], 1, dtype=rewards.dtype)
 
 
-# the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; chosen by `scale_rewards`
-SCALES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"group": group_std, "batch": batch_std, "none": no_std}
+# the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; a config node
+# `conf/method/scale_rewards/<name>.yaml` names one (`method/scale_rewards=batch`)
+Scale = Callable[[torch.Tensor], torch.Tensor]
 
 
 def advantages(
-    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale_rewards: str = "group"
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: Scale = group_std
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group-relative advantages from a reward table.
 
@@ -68,7 +70,7 @@ def advantages(
     rewards[all_nan] = torch.nan  # unscorable: out of the baseline, advantage 0 below
     grouped = rewards.view(-1, num_generations)
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
-    scaled = centred / SCALES[scale_rewards](grouped)
+    scaled = centred / scale(grouped)
     zero_std = torch.isclose(_nanstd(grouped, dim=1), torch.zeros(()))  # logged whatever the scaling
     metrics = {
         "reward": torch.nanmean(rewards),
@@ -136,5 +138,3 @@ def dr_grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_comple
     """Sum over all tokens / (sequences * max_completion_length): a constant normaliser (Dr. GRPO)."""
     return (loss * mask).sum() / (loss.size(0) * max_completion_length)
 
-
-AGGREGATIONS: dict[str, Aggregation] = {"grpo": grpo, "dapo": dapo, "dr_grpo": dr_grpo}

@@ -32,6 +32,7 @@ config can set as `method.trainer.generator: {_target_: ...}` to plug in a faste
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 import time
@@ -69,8 +70,6 @@ class GRPOConfig(TrainingArguments):
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
     beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
-    scale_rewards: str = field(default="group", metadata={"help": "Advantage std: group | batch | none."})
-    loss_type: str = field(default="dapo", metadata={"help": "Token aggregation: grpo | dapo | dr_grpo."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
@@ -86,10 +85,6 @@ class GRPOConfig(TrainingArguments):
             (self.eval_strategy == "no" or self.per_device_eval_batch_size % self.num_generations == 0,
              f"per_device_eval_batch_size ({self.per_device_eval_batch_size}) must be a multiple of "
              f"num_generations ({self.num_generations})"),
-            (self.scale_rewards in grpo_losses.SCALES,
-             f"scale_rewards must be one of {list(grpo_losses.SCALES)}, got '{self.scale_rewards}'"),
-            (self.loss_type in grpo_losses.AGGREGATIONS,
-             f"loss_type must be one of {list(grpo_losses.AGGREGATIONS)}, got '{self.loss_type}'"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -208,6 +203,8 @@ class GRPOTrainer(Trainer):
         reward_funcs: dict[str, RewardFunc] | None = None,
         eval_dataset: Dataset | None = None,
         generator: GenerateFn | None = None,
+        loss: grpo_losses.Aggregation = grpo_losses.dapo,
+        scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
         **kwargs: Any,
     ) -> None:
         if not reward_funcs:
@@ -223,7 +220,8 @@ class GRPOTrainer(Trainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
-        self.aggregate = grpo_losses.AGGREGATIONS[args.loss_type]
+        self.aggregate = check_loss(loss)  # method/loss=NAME: how per-token losses become one number
+        self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
         self.generator = generator or HFGenerator(args, processing_class)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
@@ -307,7 +305,7 @@ class GRPOTrainer(Trainer):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
         advantages, metrics = grpo_losses.advantages(
-            rewards, self.reward_weights, self.args.num_generations, self.args.scale_rewards
+            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
         )
         batch["advantages"] = advantages.to(self.args.device)
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
@@ -425,3 +423,15 @@ class GRPOTrainer(Trainer):
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
+
+
+def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
+    """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
+    `method/loss=hinge` under method=grpo)."""
+    try:
+        inspect.signature(loss).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
+    except TypeError as e:
+        name = getattr(getattr(loss, "func", loss), "__name__", repr(loss))
+        raise ConfigError(f"method.loss: {name} is not a GRPO loss (a GRPO loss takes per_token_loss, mask, "
+                          f"num_items=..., max_completion_length=...): {e}") from None
+    return loss
