@@ -186,3 +186,21 @@ def test_resolved_config_has_no_missing_values():
 def test_experiment_files_compose(name):
     """`+experiment=NAME` (the Hydra way to append a group) composes and changes the config."""
     assert make_cfg(f"+experiment={name}") != make_cfg()
+
+
+# conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (README, Layout)
+CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("trainers",), "method/loss": ("losses",),
+        "method/scale_rewards": ("losses",), "optimizer": ("optimizer",), "optimizer/scheduler": ("optimizer",),
+        "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("compute_metrics",),
+        "ref_model": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": ()}
+
+
+def test_every_group_maps_onto_its_code():
+    import re
+
+    groups = {str(p.parent.relative_to(CONF)) for p in CONF.rglob("*.yaml") if p.parent != CONF}
+    assert groups == set(CODE), "a new conf/ group: name the src/ablate/ module it maps onto in CODE"
+    for group, modules in CODE.items():
+        for path in (CONF / group).glob("*.yaml"):
+            for target in re.findall(r"_target_:\s*ablate\.([\w.]+)", path.read_text()):
+                assert target.split(".")[0] in modules, f"conf/{group}/{path.name}: ablate.{target} is not in {modules}"

@@ -133,7 +133,6 @@ def test_other_run_in_dir_is_refused(tmp_path):
     ("method=nope", "Could not find 'method/nope'"),
     ("+method.args.betta=0.2", "unknown field(s) ['betta']"),
     ("method.args.loss_type=ipo", "ablate: error: method.args.loss_type is now the config group method/loss: use method/loss=ipo"),
-    ("method/loss=nope", "Could not find 'method/loss/nope'"),
     ("method/loss=dapo", "method.loss: dapo is not a DPO loss"),
     ("data.name=nope", "no packaged dataset 'nope'"),
     ("precision=fp16", "needs a CUDA GPU"),

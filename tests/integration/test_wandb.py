@@ -88,7 +88,7 @@ def test_secrets_never_saved(wandb_sweep: tuple[Path, subprocess.CompletedProces
 
 def test_resume_continues_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The id ablate.train stored in run.json is reused: same W&B run id, a config secret masked."""
-    from ablate.tracking.wandb import WandbTracker
+    from ablate.logger.wandb import WandbTracker
 
     monkeypatch.setenv("HF_TOKEN", SECRETS["HF_TOKEN"])
     info = {"wandb_run_id": "resumeid"}
