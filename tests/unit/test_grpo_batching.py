@@ -204,3 +204,33 @@ def test_old_logps_match_current_policy_before_any_update(tmp_path):
     with torch.no_grad():
         logps, _ = trainer._token_logps(trainer.model, inputs)
     torch.testing.assert_close(logps, inputs["old_logps"], rtol=0, atol=1e-5)
+
+
+def test_off_policy_steps_by_hand():
+    """Micro-step m is off-policy when an optimizer update (after every `ga` micro-steps) falls between
+    its round's generation (micro-step spg*(m//spg)) and m:
+    spg=1: every micro-batch is fresh -> none.  spg=4, ga=1: steps 2,3,4 use round 0 after 1,2,3 updates.
+    spg=2, ga=4: a round never spans an update -> none.  spg=4, ga=2: micro 2,3 (step 2) after 1 update.
+    spg=3, ga=2 (period 6 micro-steps = 3 steps): micro 2 (step 2), 4 and 5 (step 3) -> steps 2, 3."""
+    from ablate.trainers.grpo import off_policy_steps
+
+    assert off_policy_steps(1, 1) == []
+    assert off_policy_steps(4, 1) == [2, 3, 4]
+    assert off_policy_steps(2, 4) == []
+    assert off_policy_steps(4, 2) == [2]
+    assert off_policy_steps(3, 2) == [2, 3]
+
+
+def test_batch_geometry_table():
+    """B=16 completions, G=4 -> 4 prompts per micro-step; ga=2 -> 32 completions (8 prompts) per step;
+    spg=4 -> 64 completions (16 prompts) per round; 10 steps = 20 micro-steps = 5 rounds."""
+    from ablate.trainers.grpo import GRPOConfig, batch_geometry
+
+    args = GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=16, num_generations=4,
+                      steps_per_generation=4, gradient_accumulation_steps=2, use_cpu=True, report_to="none")
+    table = batch_geometry(args, world_size=1, max_steps=10)
+    rows = {line[:24].strip(): line[24:].split() for line in table.splitlines()[2:5]}
+    assert rows == {"per micro-step": ["4", "16", "1"], "per optimizer step": ["8", "32", "2"],
+                    "per generation round": ["16", "64", "4"]}
+    assert "optimizer steps: 10   micro-steps: 20   generation rounds: 5" in table
+    assert "off-policy optimizer steps: 2 of every 2" in table

@@ -128,3 +128,42 @@ def test_fully_masked_sequence_counts_zero_not_nan():
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     assert grpo.grpo(L, mask, num_items=2, max_completion_length=4).item() == pytest.approx(-0.525)
     assert grpo.masked_mean(L, torch.zeros(2, 2)).item() == 0.0
+
+
+def test_aggregation_bnpo():
+    """Masked sum -0.5 over the micro-batch's 3 tokens (num_items ignored) = -0.166667."""
+    assert grpo.bnpo(L, MASK, num_items=10, max_completion_length=4).item() == pytest.approx(-0.5 / 3)
+
+
+def test_sequence_level_ratio_gspo():
+    """One ratio per completion: exp of the masked mean token log-ratio.
+    row 0 (A=1): (log 1.5 + log 0.9) / 2 = log sqrt(1.35) -> r = 1.161895, inside [0.8, 1.2] -> -1.161895
+    on both tokens; row 1 (A=-2): only token 0 counts -> r = 0.5 -> min(-1, 0.8 * -2) = -1.6 -> 1.6.
+    Clip metrics are per completion: row 1 low-clipped -> low 1/2, high 0, region 1/2."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, importance_sampling_level="sequence")
+    r0 = math.sqrt(1.35)
+    torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
+    assert m["clip_ratio/low_mean"].item() == pytest.approx(0.5)
+    assert m["clip_ratio/high_mean"].item() == 0.0 and m["clip_ratio/region_mean"].item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="token or sequence"):
+        grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, importance_sampling_level="tokens")
+
+
+def test_delta_caps_the_ratio_of_negative_advantages():
+    """r = 1.5, A = -2, eps 0.2: without delta min(1.5 * -2, 1.2 * -2) = -3 -> loss 3;
+    delta = 1.3 caps r: min(1.3 * -2, -2.4) = -2.6 -> loss 2.6."""
+    logps, old, adv, mask = torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([-2.0]), torch.ones(1, 1)
+    assert grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2)[0].item() == pytest.approx(3.0)
+    assert grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, delta=1.3)[0].item() == pytest.approx(2.6)
+
+
+def test_kl_bias_correction_multiplies_by_the_ratio():
+    """As test_k3_kl_term, times the ratio: kl * r = [[0.072132 * 1.5, 0.005750 * 0.9], [0.306853 * 0.5, .]]
+    = [[0.108198, 0.005175], [0.153427, .]]; metric = (0.108198 + 0.005175 + 0.153427) / 3 = 0.088933."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, ref_logps=torch.zeros(2, 2), beta=0.1,
+                                  bias_correction_kl=True)
+    kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
+    assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)

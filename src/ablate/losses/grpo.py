@@ -5,13 +5,16 @@ Three pieces, composed by the trainer:
   the std taken per group (`method/scale_rewards=group`), over the whole batch (`batch`, Liu et al. 2025
   recommend it) or not at all (`none`, Dr. GRPO). A group whose rewards are all equal gets A = 0.
 - per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)` with
-  `r = exp(logp - old_logp)`, plus `beta * KL` with the k3 estimator
+  `r = exp(logp - old_logp)` per token, or one `r = exp(mean_t(logp - old_logp))` per completion
+  (GSPO, Zheng et al. 2025: `importance_sampling_level: sequence`), optionally capped at `delta`
+  (two-sided clipping), plus `beta * KL` with the k3 estimator
   `exp(ref - logp) - (ref - logp) - 1` (Schulman 2020) when beta > 0.
 - aggregation over tokens (TRL's `loss_type`; here `method/loss=NAME`, conf/method/loss/), named and
   defined as in TRL 1.16:
   `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
   completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
-  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025).
+  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025); `bnpo` sum
+  over a micro-batch's tokens / its token count.
 
 Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
@@ -89,29 +92,50 @@ def per_token_loss(
     epsilon_high: float,
     ref_logps: torch.Tensor | None = None,
     beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    bias_correction_kl: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate (+ beta * k3 KL) per token. logps/old/ref/mask: (B, T); advantages: (B,).
 
-    Returns (loss (B, T), metrics); metrics are masked token means named as in TRL
-    (`clip_ratio/low_mean`, `clip_ratio/high_mean`, `clip_ratio/region_mean`, `kl` when beta > 0).
-    A token is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0, or
-    r > 1+eps_high with A > 0.
+    `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
+    al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
+    `delta`: two-sided clipping (TRL's; Tulu-3 style): the unclipped ratio is also capped at delta, so a
+    negative advantage cannot push an already-large ratio without bound.
+    `bias_correction_kl`: multiply the k3 KL by the (unclipped) ratio, so its gradient is unbiased for
+    samples from the old policy (TRL 1.16's default, `use_bias_correction_kl`); the logged `kl` is the
+    corrected one, as in TRL.
+    Returns (loss (B, T), metrics); metrics named as in TRL (`clip_ratio/low_mean`, `clip_ratio/high_mean`,
+    `clip_ratio/region_mean`, `kl` when beta > 0): masked token means, or means over completions at the
+    sequence level. A token is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0,
+    or r > 1+eps_high with A > 0.
     """
     adv = advantages.unsqueeze(1)
-    ratio = torch.exp(logps - old_logps)
+    log_ratio = logps - old_logps
+    if importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)  # (B, 1)
+    elif importance_sampling_level != "token":
+        raise ValueError(f"importance_sampling_level must be token or sequence, got '{importance_sampling_level}'")
+    ratio = torch.exp(log_ratio)
+    is_weight = ratio  # before the delta cap: what the KL correction multiplies by
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    loss = -torch.min(ratio * adv, clipped * adv)
+    if delta is not None:
+        ratio = torch.clamp(ratio, max=delta)
+    loss = -torch.min(ratio * adv, clipped * adv).expand_as(logps)
     low = (ratio < 1 - epsilon_low) & (adv < 0)
     high = (ratio > 1 + epsilon_high) & (adv > 0)
+    mean = masked_mean if ratio.shape[1] > 1 else (lambda x, m: x.mean())  # sequence level: per completion
     metrics = {
-        "clip_ratio/low_mean": masked_mean(low.float(), mask),
-        "clip_ratio/high_mean": masked_mean(high.float(), mask),
-        "clip_ratio/region_mean": masked_mean((low | high).float(), mask),
+        "clip_ratio/low_mean": mean(low.float(), mask),
+        "clip_ratio/high_mean": mean(high.float(), mask),
+        "clip_ratio/region_mean": mean((low | high).float(), mask),
     }
     if beta != 0.0:
         if ref_logps is None:
             raise ValueError("beta > 0 needs ref_logps")
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        if bias_correction_kl:
+            kl = kl * is_weight
         loss = loss + beta * kl
         metrics["kl"] = masked_mean(kl.detach(), mask)
     return loss, metrics
@@ -132,6 +156,11 @@ def dapo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completio
     long its completion). The trainer passes the mean completion tokens per micro-batch of the
     generation round, so with its 1/accumulation scaling this is TRL's tokens-per-window normaliser."""
     return (loss * mask).sum() / max(num_items, 1.0)
+
+
+def bnpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+    """Sum over the micro-batch's tokens / its token count (TRL's bnpo: a token mean per micro-batch)."""
+    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def dr_grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:

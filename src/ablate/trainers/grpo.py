@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import json
 import os
 import time
@@ -43,7 +44,8 @@ import torch
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import Sampler
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers import (GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback,
+                          TrainingArguments)
 
 from ablate.data.format import prepare_prompts
 from ablate.errors import ConfigError
@@ -71,6 +73,13 @@ class GRPOConfig(TrainingArguments):
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
     beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "token (GRPO) | sequence (GSPO: one ratio per completion)."})
+    delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta."})
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -79,6 +88,10 @@ class GRPOConfig(TrainingArguments):
         checks = [
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
+            (self.importance_sampling_level in ("token", "sequence"),
+             f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
+            (self.delta is None or self.delta > 1 + self.epsilon_high,
+             f"delta ({self.delta}) must exceed 1 + epsilon_high ({1 + self.epsilon_high})"),
             (self.per_device_train_batch_size % self.num_generations == 0,
              f"per_device_train_batch_size ({self.per_device_train_batch_size}) counts completions and must be "
              f"a multiple of num_generations ({self.num_generations})"),
@@ -227,10 +240,12 @@ class GRPOTrainer(Trainer):
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
+        self.add_callback(PrintGeometry())  # the batch geometry table, once the step count is known
         self._buffer: list[dict[str, torch.Tensor]] | None = None
         self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
         self.generation_rounds = 0
         self.generation_seconds = 0.0
+        self.num_tokens = 0
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
@@ -293,6 +308,12 @@ class GRPOTrainer(Trainer):
             self.generation_rounds += 1
             self.generation_seconds += seconds
         batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
+        stops = set(stop_ids(self.processing_class, model))
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
+        if mode == "train":  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            self.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
+        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
+            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
         batch = {k: v.to(self.args.device) for k, v in batch.items()}
         with torch.no_grad():
             if mode == "train" and self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0:
@@ -312,9 +333,7 @@ class GRPOTrainer(Trainer):
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         steps = self.args.steps_per_generation if mode == "train" else 1
         batch["num_items"] = batch["completion_mask"].sum().float() / steps
-        lengths = batch["completion_mask"].sum(-1).float()
-        stops = set(stop_ids(self.processing_class, model))
-        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
+        lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
             "completions/mean_length": lengths.mean(),
@@ -322,6 +341,7 @@ class GRPOTrainer(Trainer):
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
             "timing/generation_seconds": seconds,
+            "num_tokens": float(self.num_tokens),
         })
         self.metrics.add(mode, metrics)
         return batch
@@ -379,7 +399,8 @@ class GRPOTrainer(Trainer):
         old = inputs.get("old_logps", logps.detach())  # ratio exactly 1 when generation is on-policy
         per_token, metrics = grpo_losses.per_token_loss(
             logps, old, inputs["advantages"], mask, self.args.epsilon, self.args.epsilon_high,
-            inputs.get("ref_logps"), self.args.beta,
+            inputs.get("ref_logps"), self.args.beta, self.args.importance_sampling_level, self.args.delta,
+            self.args.use_bias_correction_kl,
         )
         loss = self.aggregate(per_token, mask, num_items=float(inputs["num_items"]),
                               max_completion_length=self.args.max_completion_length)
@@ -409,7 +430,8 @@ class GRPOTrainer(Trainer):
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, GENERATION_STATE), "w") as f:
-                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds}, f)
+                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds,
+                           "num_tokens": self.num_tokens}, f)
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
@@ -419,10 +441,52 @@ class GRPOTrainer(Trainer):
             with open(path) as f:
                 saved = json.load(f)
             self.generation_rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
+            self.num_tokens = saved.get("num_tokens", 0)
 
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
+
+
+def off_policy_steps(spg: int, accumulation: int) -> list[int]:
+    """Which optimizer steps (1-based, within one period of lcm(spg, accumulation) micro-steps) train on
+    at least one micro-batch generated before the policy's last update (ratio != 1, clipping active).
+
+    Micro-step m belongs to the round generated at micro-step spg * (m // spg); the policy is updated
+    after every `accumulation` micro-steps, so m is off-policy when m // accumulation > its round's start // accumulation.
+    """
+    period = spg * accumulation // math.gcd(spg, accumulation)
+    steps = {m // accumulation + 1 for m in range(period) if m // accumulation > (spg * (m // spg)) // accumulation}
+    return sorted(steps)
+
+
+def batch_geometry(args: GRPOConfig, world_size: int, max_steps: int) -> str:
+    """The table printed at the start of every GRPO run: prompts and completions per micro-step, per
+    optimizer step and per generation round; rounds and optimizer steps in total; off-policy steps."""
+    b, g, spg, ga = args.per_device_train_batch_size, args.num_generations, args.steps_per_generation, \
+        args.gradient_accumulation_steps
+    rows = [("per micro-step", b, 1), ("per optimizer step", b * ga, ga), ("per generation round", b * spg, spg)]
+    micro = max_steps * ga
+    period = spg * ga // math.gcd(spg, ga) // ga  # optimizer steps after which the pattern repeats
+    off = off_policy_steps(spg, ga)
+    if not off:
+        policy = "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
+    else:
+        policy = f"{', '.join(map(str, off))} of every {period} (ratio != 1: clipping can act)"
+    lines = [f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g})",
+             f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for all)"]
+    lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
+    lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {math.ceil(micro / spg)}",
+              f"  off-policy optimizer steps: {policy}"]
+    return "\n".join(lines)
+
+
+class PrintGeometry(TrainerCallback):
+    """Prints `batch_geometry` once at the start of training (main process), before the first step."""
+
+    def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            print(batch_geometry(args, args.world_size, state.max_steps), flush=True)
 
 
 def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
