@@ -167,3 +167,27 @@ def test_kl_bias_correction_multiplies_by_the_ratio():
     kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)
+
+
+def test_cispo_hand_computed():
+    """epsilon_high = 1.2 is the cap: weights sg(min(r, 1.2)) = [[1.2, 0.9], [0.5, 1.1]]; loss = -w A log r:
+    row 0 (A=1):  -1.2 log 1.5 = -0.486558;  -0.9 log 0.9 = 0.094824
+    row 1 (A=-2): 1.0 log 0.5 = -0.693147;   2.2 log 1.1 = 0.209682
+    gradient -w A (nothing is cut): [[-1.2, -0.9], [1.0, 2.2]]; cispo_clip_ratio: r=1.5 > 1.2 with A > 0,
+    1 of the 3 unmasked tokens."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.cispo(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=1.2)
+    torch.testing.assert_close(loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0)
+    assert m["cispo_clip_ratio"].item() == pytest.approx(1 / 3)
+    loss.sum().backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[-1.2, -0.9], [1.0, 2.2]]))
+
+
+def test_sapo_hand_computed():
+    """-sig(tau (r - 1)) 4/tau A, tau 1 where A > 0 else 1.05:
+    row 0 (A=1):  -4 sig(0.5) = -2.489837;  -4 sig(-0.1) = -1.900083
+    row 1 (A=-2): 8/1.05 sig(-0.525) = 2.831877;  8/1.05 sig(0.105) = 4.009340."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.sapo(logps, old, adv, mask, 0.2, 0.2, temperature_pos=1.0, temperature_neg=1.05)
+    torch.testing.assert_close(loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0)
+    assert m == {}

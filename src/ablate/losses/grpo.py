@@ -9,6 +9,9 @@ Three pieces, composed by the trainer:
   (GSPO, Zheng et al. 2025: `importance_sampling_level: sequence`), optionally capped at `delta`
   (two-sided clipping), plus `beta * KL` with the k3 estimator
   `exp(ref - logp) - (ref - logp) - 1` (Schulman 2020) when beta > 0.
+- per-token objective (`method/objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
+  clipped-weight REINFORCE term or SAPO's soft gate; TRL's `loss_type=cispo` is objective cispo with
+  the dapo aggregation, `loss_type=sapo` objective sapo with the grpo aggregation.
 - aggregation over tokens (TRL's `loss_type`; here `method/loss=NAME`, conf/method/loss/), named and
   defined as in TRL 1.16:
   `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
@@ -28,6 +31,9 @@ from typing import Callable
 import torch
 
 Aggregation = Callable[..., torch.Tensor]
+# (logps, old_logps, advantages, mask, epsilon_low, epsilon_high, ref_logps, beta, importance_sampling_level,
+#  delta, bias_correction_kl, **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`
+Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -111,12 +117,7 @@ def per_token_loss(
     or r > 1+eps_high with A > 0.
     """
     adv = advantages.unsqueeze(1)
-    log_ratio = logps - old_logps
-    if importance_sampling_level == "sequence":
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)  # (B, 1)
-    elif importance_sampling_level != "token":
-        raise ValueError(f"importance_sampling_level must be token or sequence, got '{importance_sampling_level}'")
-    ratio = torch.exp(log_ratio)
+    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
     is_weight = ratio  # before the delta cap: what the KL correction multiplies by
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     if delta is not None:
@@ -130,15 +131,84 @@ def per_token_loss(
         "clip_ratio/high_mean": mean(high.float(), mask),
         "clip_ratio/region_mean": mean((low | high).float(), mask),
     }
-    if beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("beta > 0 needs ref_logps")
-        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        if bias_correction_kl:
-            kl = kl * is_weight
-        loss = loss + beta * kl
-        metrics["kl"] = masked_mean(kl.detach(), mask)
-    return loss, metrics
+    return _with_kl(loss, metrics, logps, ref_logps, beta, is_weight if bias_correction_kl else None, mask)
+
+
+def cispo(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    bias_correction_kl: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585): `-sg(min(r, epsilon_high)) * A * logp`, a REINFORCE term
+    weighted by the clipped, gradient-stopped ratio: no token loses its gradient, large ratios only
+    lose weight. As in TRL, `epsilon_high` is the cap itself (ScaleRL, arXiv:2510.13786, recommends
+    5.0); `epsilon_low` and `delta` are unused.
+    Metric `cispo_clip_ratio`: tokens with r > epsilon_high and A > 0."""
+    adv = advantages.unsqueeze(1)
+    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
+    loss = (-torch.clamp(ratio, max=epsilon_high).detach() * adv * logps).expand_as(logps)
+    capped = ((ratio > epsilon_high) & (adv > 0)).float()
+    metrics = {"cispo_clip_ratio": masked_mean(capped, mask) if capped.shape[1] > 1 else capped.mean()}
+    return _with_kl(loss, metrics, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+
+
+def sapo(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    bias_correction_kl: bool = False,
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): the hard clip replaced by a smooth
+    gate, `-sigmoid(tau (r - 1)) * 4/tau * A` with tau = temperature_pos where A > 0, else temperature_neg;
+    its gradient is 1 at r = 1 and fades smoothly as r leaves 1. Epsilons and delta are unused."""
+    adv = advantages.unsqueeze(1)
+    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
+    tau = torch.where(adv > 0, temperature_pos, temperature_neg)
+    loss = (-torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv).expand_as(logps)
+    return _with_kl(loss, {}, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+
+
+def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean token log-ratio."""
+    log_ratio = logps - old_logps
+    if level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)
+    elif level != "token":
+        raise ValueError(f"importance_sampling_level must be token or sequence, got '{level}'")
+    return torch.exp(log_ratio)
+
+
+def _with_kl(
+    loss: torch.Tensor, metrics: dict[str, torch.Tensor], logps: torch.Tensor, ref_logps: torch.Tensor | None,
+    beta: float, is_weight: torch.Tensor | None, mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Add beta * k3 KL to the reference (times the importance weight when given); log `kl`."""
+    if beta == 0.0:
+        return loss, metrics
+    if ref_logps is None:
+        raise ValueError("beta > 0 needs ref_logps")
+    kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+    if is_weight is not None:
+        kl = kl * is_weight
+    metrics["kl"] = masked_mean(kl.detach(), mask)
+    return loss + beta * kl, metrics
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

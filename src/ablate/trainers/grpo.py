@@ -217,6 +217,7 @@ class GRPOTrainer(Trainer):
         eval_dataset: Dataset | None = None,
         generator: GenerateFn | None = None,
         loss: grpo_losses.Aggregation = grpo_losses.dapo,
+        objective: grpo_losses.Objective = grpo_losses.per_token_loss,
         scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
         **kwargs: Any,
     ) -> None:
@@ -235,6 +236,7 @@ class GRPOTrainer(Trainer):
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = check_loss(loss)  # method/loss=NAME: how per-token losses become one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
+        self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
         self.generator = generator or HFGenerator(args, processing_class)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
@@ -397,7 +399,7 @@ class GRPOTrainer(Trainer):
         logps, entropy = self._token_logps(model, inputs, with_entropy=True)
         mask = inputs["completion_mask"].float()
         old = inputs.get("old_logps", logps.detach())  # ratio exactly 1 when generation is on-policy
-        per_token, metrics = grpo_losses.per_token_loss(
+        per_token, metrics = self.objective(
             logps, old, inputs["advantages"], mask, self.args.epsilon, self.args.epsilon_high,
             inputs.get("ref_logps"), self.args.beta, self.args.importance_sampling_level, self.args.delta,
             self.args.use_bias_correction_kl,
