@@ -96,7 +96,7 @@ def test_option_composes_and_documents_fields(group, option):
 
 
 # nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
-NESTED = [(sub, o) for sub in ("loss", "scale_rewards", "objective") for o in options(f"method/{sub}")]
+NESTED = [(sub, o) for sub in ("loss", "scale_rewards", "objective", "reward_aggregation") for o in options(f"method/{sub}")]
 
 
 @pytest.mark.parametrize("sub,option", NESTED)
@@ -190,7 +190,7 @@ def test_experiment_files_compose(name):
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (README, Layout)
 CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("trainers",), "method/loss": ("losses",),
-        "method/scale_rewards": ("losses",), "method/objective": ("losses",),
+        "method/scale_rewards": ("losses",), "method/objective": ("losses",), "method/reward_aggregation": ("losses",),
         "optimizer": ("optimizer",), "optimizer/scheduler": ("optimizer",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("compute_metrics",),
         "ref_model": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": ()}

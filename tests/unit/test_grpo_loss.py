@@ -191,3 +191,17 @@ def test_sapo_hand_computed():
     loss, m = grpo.sapo(logps, old, adv, mask, 0.2, 0.2, temperature_pos=1.0, temperature_neg=1.05)
     torch.testing.assert_close(loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0)
     assert m == {}
+
+
+def test_normalize_then_sum():
+    """Each function normalised in its group first (the table above, weights 1 and 0.5):
+    group 0: f0 = [1, 1, 1] -> 0 (std 0); f1 = [0, 2, 4] -> [-2, 0, 2] / (2 + 1e-4) -> x 0.5 = [-0.499975, 0, 0.499975]
+    group 1: f0 = [4, 5, 3] -> [0, 1, -1] / 1.0001 = [0, 0.999900, -0.999900];
+             f1 = [2, 0, 4] -> x 0.5: [0, -0.499975, 0.499975]  -> sums [0, 0.499925, -0.499925]
+    batch: mean 0, std sqrt((2 * 0.499975^2 + 2 * 0.499925^2) / 5) = 0.447169 -> A = x / (0.447169 + 1e-4).
+    reward / reward_std are of the raw weighted sums (3.5 and 1.760682, as with sum_then_normalize)."""
+    adv, m = grpo.normalize_then_sum(_table(), W, num_generations=3)
+    x = torch.tensor([-0.499975, 0.0, 0.499975, 0.0, 0.499925, -0.499925])
+    torch.testing.assert_close(adv, x / (0.447169 + 1e-4), atol=1e-5, rtol=0)
+    assert m["reward"].item() == pytest.approx(3.5) and m["reward_std"].item() == pytest.approx(math.sqrt(3.1), rel=1e-6)
+    assert m["frac_reward_zero_std"].item() == 0.0

@@ -21,7 +21,8 @@ Three pieces, composed by the trainer:
 
 Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
-reward functions are summed with weights before normalising.
+reward functions are summed with weights before normalising (`method/reward_aggregation=sum_then_normalize`;
+`normalize_then_sum` normalises each function per group first, as TRL's `multi_objective_aggregation`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def no_std(rewards: torch.Tensor) -> torch.Tensor:
 # the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; a config node
 # `conf/method/scale_rewards/<name>.yaml` names one (`method/scale_rewards=batch`)
 Scale = Callable[[torch.Tensor], torch.Tensor]
+# (rewards_per_func (N, F), weights (F,), num_generations, scale) -> (advantages (N,), metrics);
+# `method/reward_aggregation=NAME` names one
+Advantages = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def advantages(
@@ -87,6 +91,27 @@ def advantages(
         "frac_reward_zero_std": zero_std.float().mean(),
     }
     return torch.nan_to_num(scaled.reshape(-1), nan=0.0), metrics
+
+
+def normalize_then_sum(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: Scale = group_std
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """TRL's `multi_objective_aggregation: normalize_then_sum` (GDPO): each reward function is normalised
+    within its group first, so a reward with a large range cannot drown the others; the weighted sum
+    is then centred and divided by its std over the whole batch (`scale` is not used, as in TRL).
+    Same inputs and metrics as `advantages` (`reward`, `reward_std` are of the raw weighted sum)."""
+    all_nan = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+    per_func = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (_nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    summed = (per_func.reshape(rewards_per_func.shape) * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    summed[all_nan] = torch.nan
+    std = _nanstd(summed)
+    adv = (summed - torch.nanmean(summed)) / (std + 1e-4)
+    raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    raw[all_nan] = torch.nan
+    metrics = {"reward": torch.nanmean(raw), "reward_std": _nanstd(raw),
+               "frac_reward_zero_std": torch.isclose(std, torch.zeros(())).float()}
+    return torch.nan_to_num(adv, nan=0.0), metrics
 
 
 def per_token_loss(

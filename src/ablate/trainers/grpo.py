@@ -218,6 +218,7 @@ class GRPOTrainer(Trainer):
         generator: GenerateFn | None = None,
         loss: grpo_losses.Aggregation = grpo_losses.dapo,
         objective: grpo_losses.Objective = grpo_losses.per_token_loss,
+        reward_aggregation: grpo_losses.Advantages = grpo_losses.advantages,
         scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
         **kwargs: Any,
     ) -> None:
@@ -237,6 +238,7 @@ class GRPOTrainer(Trainer):
         self.aggregate = check_loss(loss)  # method/loss=NAME: how per-token losses become one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
+        self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
         self.generator = generator or HFGenerator(args, processing_class)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
@@ -327,7 +329,7 @@ class GRPOTrainer(Trainer):
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
-        advantages, metrics = grpo_losses.advantages(
+        advantages, metrics = self.reward_aggregation(
             rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
         )
         batch["advantages"] = advantages.to(self.args.device)
