@@ -234,3 +234,21 @@ def test_batch_geometry_table():
                     "per generation round": ["16", "64", "4"]}
     assert "optimizer steps: 10   micro-steps: 20   generation rounds: 5" in table
     assert "off-policy optimizer steps: 2 of every 2" in table
+
+
+def test_num_iterations_serves_each_round_mu_times(tmp_path):
+    """spg=2, mu=2, 8 steps: a round feeds 4 micro-steps (slices 0, 1, 0, 1) -> 2 rounds; the ratio is
+    against the round's policy, so pi_old is kept for every micro-step; off-policy steps 2, 3, 4 of 4."""
+    from ablate.trainers.grpo import off_policy_steps
+
+    gen = FakeGenerator(tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0])
+    trainer, served = _trainer(tmp_path, generator=gen, steps_per_generation=2, num_iterations=2)
+    trainer.train()
+    assert len(gen.rounds) == 2 and trainer.generation_rounds == 2
+    for r, prompts in enumerate(gen.rounds):
+        slices = [prompts[0:4], prompts[4:8]]
+        assert [s["prompts"] for s in served[4 * r: 4 * r + 4]] == [slices[0], slices[1], slices[0], slices[1]]
+    assert all(s["old"] for s in served)
+    assert off_policy_steps(2, 1, num_iterations=2) == [2, 3, 4]
+    assert off_policy_steps(1, 1, num_iterations=2) == [2]  # micro 1 reuses round 0 after 1 update
+    assert off_policy_steps(1, 2, num_iterations=2) == []  # both passes inside one optimizer step

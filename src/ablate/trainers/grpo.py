@@ -14,10 +14,14 @@ into `steps_per_generation` slices, and serves slice k at micro-step k:
 `per_device_train_batch_size` counts completions (as in TRL), so it must be a multiple of
 `num_generations`. The old policy's log-probs are computed at generation time only when the policy
 can change between generation and use (`gradient_accumulation_steps % steps_per_generation != 0`,
-e.g. spg > accumulation); otherwise the ratio is exactly 1 and the detached current log-probs stand in.
+e.g. spg > accumulation, or num_iterations > 1); otherwise the ratio is exactly 1 and the detached current log-probs stand in.
+
+`num_iterations` (mu) serves a round's slices mu times over (micro-steps 0..spg-1, then again), so a
+round feeds spg * mu micro-steps; the old policy's log-probs are then always kept (the importance
+ratio is against the round's policy, as in TRL).
 
 Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
-prompts drawn for micro-step k, which the schedule test checks), no `num_iterations`, no vLLM;
+prompts drawn for micro-step k, which the schedule test checks), no vLLM;
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
 After a resume the buffer is empty: the round is regenerated from the same prompts (the dataloader
 replays them) and the slice for the current micro-step is served. Resuming from a checkpoint on a
@@ -65,6 +69,7 @@ GenerateFn = Callable[[PreTrainedModel, list[list[int]]], list[list[int]]]
 class GRPOConfig(TrainingArguments):
     num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
     steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
+    num_iterations: int = field(default=1, metadata={"help": "Passes (mu) over each generation round's slices."})
     max_prompt_length: int | None = field(default=512, metadata={"help": "Keep the last N prompt tokens."})
     max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
@@ -88,6 +93,7 @@ class GRPOConfig(TrainingArguments):
         checks = [
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
+            (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
             (self.importance_sampling_level in ("token", "sequence"),
              f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
             (self.delta is None or self.delta > 1 + self.epsilon_high,
@@ -272,7 +278,8 @@ class GRPOTrainer(Trainer):
         dataset = self.train_dataset if dataset is None else dataset
         prompts = self._train_batch_size * self.args.steps_per_generation // self.args.num_generations
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return RepeatSampler(dataset, self.args.num_generations, prompts, self.args.steps_per_generation, seed)
+        repeat = self.args.steps_per_generation * self.args.num_iterations  # micro-steps one round serves
+        return RepeatSampler(dataset, self.args.num_generations, prompts, repeat, seed)
 
     def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler[int]:
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
@@ -292,7 +299,8 @@ class GRPOTrainer(Trainer):
             return self._generate_and_score(inputs, "eval")
         spg = self.args.steps_per_generation
         step = self._step or 0
-        if step % spg == 0 or self._buffer is None:  # None: first step after a resume
+        # a round serves its spg slices num_iterations times (mu passes, TRL's num_iterations)
+        if step % (spg * self.args.num_iterations) == 0 or self._buffer is None:  # None: first step after a resume
             batch = self._generate_and_score(inputs, "train")
             size = self._train_batch_size
             self._buffer = [
@@ -320,7 +328,8 @@ class GRPOTrainer(Trainer):
             batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
         batch = {k: v.to(self.args.device) for k, v in batch.items()}
         with torch.no_grad():
-            if mode == "train" and self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0:
+            if mode == "train" and (self.args.num_iterations > 1
+                                    or self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0):
                 # the policy is updated between generation and (some) use: keep pi_old
                 batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
@@ -452,15 +461,18 @@ class GRPOTrainer(Trainer):
         return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
 
 
-def off_policy_steps(spg: int, accumulation: int) -> list[int]:
-    """Which optimizer steps (1-based, within one period of lcm(spg, accumulation) micro-steps) train on
-    at least one micro-batch generated before the policy's last update (ratio != 1, clipping active).
+def off_policy_steps(spg: int, accumulation: int, num_iterations: int = 1) -> list[int]:
+    """Which optimizer steps (1-based, within one period of lcm(spg * mu, accumulation) micro-steps) train
+    on at least one micro-batch generated before the policy's last update (ratio != 1, clipping active).
 
-    Micro-step m belongs to the round generated at micro-step spg * (m // spg); the policy is updated
-    after every `accumulation` micro-steps, so m is off-policy when m // accumulation > its round's start // accumulation.
+    A round serves spg * mu micro-steps: micro-step m belongs to the round generated at micro-step
+    r = spg * mu * (m // (spg * mu)); the policy is updated after every `accumulation` micro-steps, so m
+    is off-policy when m // accumulation > r // accumulation.
     """
-    period = spg * accumulation // math.gcd(spg, accumulation)
-    steps = {m // accumulation + 1 for m in range(period) if m // accumulation > (spg * (m // spg)) // accumulation}
+    served = spg * num_iterations
+    period = served * accumulation // math.gcd(served, accumulation)
+    steps = {m // accumulation + 1 for m in range(period)
+             if m // accumulation > (served * (m // served)) // accumulation}
     return sorted(steps)
 
 
@@ -469,18 +481,20 @@ def batch_geometry(args: GRPOConfig, world_size: int, max_steps: int) -> str:
     optimizer step and per generation round; rounds and optimizer steps in total; off-policy steps."""
     b, g, spg, ga = args.per_device_train_batch_size, args.num_generations, args.steps_per_generation, \
         args.gradient_accumulation_steps
-    rows = [("per micro-step", b, 1), ("per optimizer step", b * ga, ga), ("per generation round", b * spg, spg)]
+    mu = args.num_iterations
+    rows = [("per micro-step", b, 1), ("per optimizer step", b * ga, ga), ("per generation round", b * spg, spg * mu)]
     micro = max_steps * ga
-    period = spg * ga // math.gcd(spg, ga) // ga  # optimizer steps after which the pattern repeats
-    off = off_policy_steps(spg, ga)
+    period = spg * mu * ga // math.gcd(spg * mu, ga) // ga  # optimizer steps after which the pattern repeats
+    off = off_policy_steps(spg, ga, mu)
     if not off:
         policy = "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
     else:
         policy = f"{', '.join(map(str, off))} of every {period} (ratio != 1: clipping can act)"
-    lines = [f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g})",
+    lines = [f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
+             f"num_iterations={mu})",
              f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for all)"]
     lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
-    lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {math.ceil(micro / spg)}",
+    lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {math.ceil(micro / (spg * mu))}",
               f"  off-policy optimizer steps: {policy}"]
     return "\n".join(lines)
 
