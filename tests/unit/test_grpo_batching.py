@@ -108,11 +108,12 @@ def test_old_logps_only_when_policy_changes_between_generation_and_use(tmp_path,
 
 
 @pytest.mark.parametrize("ckpt_step", [2, 10])
-def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path, ckpt_step):
+def test_resume_mid_round_serves_the_saved_round(tmp_path, ckpt_step):
     """Checkpoint mid-round (spg=4) in epoch 0 (step 2) or epoch 1 (step 10; 8 steps per epoch). A new
-    trainer resumed from it has no buffer: it regenerates the round from the same prompts, serves the
-    remaining slices, then generates the next round: the same slices per step as the uninterrupted
-    run (TRL crashed or misaligned here)."""
+    trainer resumed from it loads the round's buffer from the checkpoint, serves its remaining slices
+    without generating, then generates the next round: the same slices per step as the uninterrupted
+    run (TRL crashed or misaligned here). Without the saved buffer it regenerates that round from the
+    same prompts."""
     full, full_served = _trainer(tmp_path / "full", max_steps=12)
     full.train()
     first, _ = _trainer(tmp_path / "run", max_steps=ckpt_step, save_strategy="steps", save_steps=ckpt_step)
@@ -122,8 +123,37 @@ def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path, ckpt_st
     resumed, served = _trainer(tmp_path / "run", max_steps=12)
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert [s["step"] for s in served] == list(range(ckpt_step, 12))
-    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4:]  # that round again, then on
+    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4 + 1:]  # the next rounds only
     assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
+    (ckpt / "generation_buffer.pt").unlink()  # an older checkpoint: no buffer -> that round regenerated
+    again, served = _trainer(tmp_path / "run", max_steps=12)
+    again.train(resume_from_checkpoint=str(ckpt))
+    assert again.generator.rounds == full.generator.rounds[ckpt_step // 4:]
+    assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
+
+
+def test_resume_mid_round_reproduces_sampled_losses_exactly(tmp_path):
+    """Real sampling (HFGenerator draws from the RNG): resumed at step 3 of a 4-step round, the per-step
+    losses (constant lr: the first run stops at step 3, which would change a decaying schedule)
+    equal the uninterrupted run's, because the round's completions and pi_old come from the
+    checkpoint instead of being sampled again."""
+    from ablate.trainers.grpo import HFGenerator
+
+    def run(path: Path, **kw: Any) -> GRPOTrainer:
+        tok = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0]
+        args = GRPOConfig(output_dir="/tmp/unused", max_completion_length=4, report_to="none")
+        return _trainer(path, generator=HFGenerator(args, tok), lr_scheduler_type="constant", **kw)[0]
+
+    full = run(tmp_path / "full")
+    full.train()
+    first = run(tmp_path / "run", max_steps=3, save_strategy="steps", save_steps=3)
+    first.train()
+    resumed = run(tmp_path / "run")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "out" / "checkpoint-3"))
+    losses = lambda t: {e["step"]: e["loss"] for e in t.state.log_history if "loss" in e}  # noqa: E731
+    after = {k: v for k, v in losses(full).items() if k > 3}
+    assert len(after) == 5 and {k: losses(resumed)[k] for k in after} == after
+    assert resumed.generation_rounds == full.generation_rounds == 2
 
 
 def test_batch_must_be_a_multiple_of_num_generations(tmp_path):

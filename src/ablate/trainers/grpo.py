@@ -23,11 +23,12 @@ ratio is against the round's policy, as in TRL).
 Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
 prompts drawn for micro-step k, which the schedule test checks), no vLLM;
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
-After a resume the buffer is empty: the round is regenerated from the same prompts (the dataloader
-replays them) and the slice for the current micro-step is served. Resuming from a checkpoint on a
-round boundary (save_steps a multiple of spg) reproduces the uninterrupted run exactly (RNG restored);
-mid-round, that one round's completions are new samples. The generation counters that `summary_fields`
-reports are saved with each checkpoint, so after a resume they cover the whole run.
+A checkpoint saved mid-round also holds the round's buffer (`generation_buffer.pt`: completions,
+advantages and the old policy's log-probs), so a resume at any step serves the rest of that round
+instead of regenerating it, and with the RNG restored reproduces the uninterrupted run's per-step
+losses exactly (TRL regenerates: that round's completions are new samples). Without a saved buffer
+(a checkpoint from before this), the round is regenerated from the same prompts. The generation
+counters that `summary_fields` reports are saved with each checkpoint too.
 
 Generation goes through one seam, `generator=` (a `GenerateFn`; `HFGenerator` by default), which a
 config can set as `method.trainer.generator: {_target_: ...}` to plug in a faster engine.
@@ -59,6 +60,7 @@ from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
 
 GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
+GENERATION_BUFFER = "generation_buffer.pt"  # in each checkpoint saved mid-round: the round's completions
 
 RewardFunc = Callable[..., list[float | None]]
 # The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS.
@@ -445,6 +447,10 @@ class GRPOTrainer(Trainer):
             with open(os.path.join(folder, GENERATION_STATE), "w") as f:
                 json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds,
                            "num_tokens": self.num_tokens}, f)
+            served = self.args.steps_per_generation * self.args.num_iterations
+            if self._buffer is not None and (self._step or 0) % served != 0:  # mid-round: keep its completions
+                torch.save([{k: v.cpu() for k, v in b.items()} for b in self._buffer],
+                           os.path.join(folder, GENERATION_BUFFER))
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
@@ -455,6 +461,10 @@ class GRPOTrainer(Trainer):
                 saved = json.load(f)
             self.generation_rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
             self.num_tokens = saved.get("num_tokens", 0)
+        buffer = os.path.join(resume_from_checkpoint, GENERATION_BUFFER)
+        if os.path.isfile(buffer):  # resumed mid-round: serve the rest of the round, do not regenerate
+            self._buffer = [{k: v.to(self.args.device) for k, v in b.items()}
+                            for b in torch.load(buffer, weights_only=True)]
 
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
