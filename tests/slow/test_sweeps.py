@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import statistics
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
     proc = ablate(["compare", str(sweep_dir), "--out", str(out)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     key = next(k for k in params if k != "seed")
-    short = key.split(".")[-1]
+    short = re.split(r"[./]", key)[-1]  # method/loss -> loss, method.args.x -> x (as compare names groups)
     rows = {r["group"]: r for r in csv.DictReader((out / "summary.csv").open())}
     assert set(rows) == {f"{short}={v}" for v in params[key]}
     for value in params[key]:
