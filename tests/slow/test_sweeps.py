@@ -10,8 +10,8 @@ import csv
 import itertools
 import json
 import os
-import statistics
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
