@@ -24,7 +24,8 @@ from ablate.models import tiny  # noqa: E402
 from ablate.trainers.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 
 LOSSES = {"grpo": grpo_losses.grpo, "dapo": grpo_losses.dapo, "dr_grpo": grpo_losses.dr_grpo, "bnpo": grpo_losses.bnpo}
-CLIP = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+CLIP = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+        "clip_ratio/high_max")
 METRICS = {"cispo": ("cispo_clip_ratio", "entropy", "kl"), "sapo": ("entropy", "kl")}
 
 

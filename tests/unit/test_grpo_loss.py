@@ -75,6 +75,8 @@ def test_clipped_surrogate_active_and_inactive():
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/region_mean"].item() == pytest.approx(2 / 3)
+    # per completion: low-clipped fractions [0/2, 1/1] -> min 0; high-clipped [1/2, 0/1] -> max 0.5
+    assert m["clip_ratio/low_min"].item() == 0.0 and m["clip_ratio/high_max"].item() == pytest.approx(0.5)
     assert "kl" not in m
     loss.sum().backward()
     torch.testing.assert_close(logps.grad, torch.tensor([[0.0, -0.9], [0.0, 2.2]]))

@@ -155,6 +155,9 @@ def per_token_loss(
         "clip_ratio/low_mean": mean(low.float(), mask),
         "clip_ratio/high_mean": mean(high.float(), mask),
         "clip_ratio/region_mean": mean((low | high).float(), mask),
+        # the extremes over completions of each completion's clipped fraction (TRL's names)
+        "clip_ratio/low_min": _per_sequence(low.float(), mask).nan_to_num(nan=float("inf")).min(),
+        "clip_ratio/high_max": _per_sequence(high.float(), mask).nan_to_num(nan=float("-inf")).max(),
     }
     return _with_kl(loss, metrics, logps, ref_logps, beta, is_weight if bias_correction_kl else None, mask)
 
@@ -208,6 +211,11 @@ def sapo(
     tau = torch.where(adv > 0, temperature_pos, temperature_neg)
     loss = (-torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv).expand_as(logps)
     return _with_kl(loss, {}, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+
+
+def _per_sequence(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each completion's masked token mean (B,) (NaN for one with no tokens); (B, 1) values as they are."""
+    return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
 
 
 def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
