@@ -26,7 +26,7 @@ ROWS = [
     {"prompt": "sort: dc =", "chosen": " cd", "rejected": " dc"},
 ]
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-           "logps/rejected")
+           "logps/rejected", "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
 # (TRL's loss_type, TRL's extra args, ablate's loss). Hyper-parameters away from 0 where TRL reads them,
 # so that they are exercised; beta 0.3 throughout.
 LOSSES = [

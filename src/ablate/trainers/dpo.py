@@ -22,7 +22,7 @@ from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.trainers.metrics import MetricsBuffer
+from ablate.trainers.metrics import MetricsBuffer, token_metrics
 
 
 @dataclass
@@ -96,6 +96,7 @@ class DPOTrainer(Trainer):
             **kwargs,
         )
         self.metrics = MetricsBuffer()
+        self.num_tokens = 0
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
@@ -171,6 +172,10 @@ class DPOTrainer(Trainer):
         losses, metrics = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
         metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
+        self.metrics.add(mode, token_metrics(logits, inputs["input_ids"], inputs["completion_mask"]))
+        if mode == "train":  # TRL's num_tokens: prompt + completion tokens trained on so far
+            self.num_tokens += int(self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
+        self.metrics.set(mode, "num_tokens", self.num_tokens)
         loss = losses.mean()
         return (loss, {"logits": logits}) if return_outputs else loss
 
