@@ -193,7 +193,7 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("trainers"
         "method/scale_rewards": ("losses",), "method/objective": ("losses",), "method/reward_aggregation": ("losses",),
         "optimizer": ("optimizer",), "optimizer/scheduler": ("optimizer",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("compute_metrics",),
-        "ref_model": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": ()}
+        "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": ()}
 
 
 def test_every_group_maps_onto_its_code():

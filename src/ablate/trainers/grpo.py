@@ -14,7 +14,8 @@ into `steps_per_generation` slices, and serves slice k at micro-step k:
 `per_device_train_batch_size` counts completions (as in TRL), so it must be a multiple of
 `num_generations`. The old policy's log-probs are computed at generation time only when the policy
 can change between generation and use (`gradient_accumulation_steps % steps_per_generation != 0`,
-e.g. spg > accumulation, or num_iterations > 1); otherwise the ratio is exactly 1 and the detached current log-probs stand in.
+e.g. spg > accumulation, or num_iterations > 1); otherwise the ratio is exactly 1 and the detached
+current log-probs stand in.
 
 `num_iterations` (mu) serves a round's slices mu times over (micro-steps 0..spg-1, then again), so a
 round feeds spg * mu micro-steps; the old policy's log-probs are then always kept (the importance
