@@ -109,9 +109,28 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
 
 
+# Fields that became config groups: the old spelling gets a one-line error naming the new one.
+MOVED = {
+    "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses and GRPO aggregations)
+    "method.args.scale_rewards": "method/scale_rewards",  # conf/method/scale_rewards/*.yaml (GRPO)
+}
+
+
+def check_moved(argv: list[str]) -> None:
+    """Exit with one line when an override uses a moved field (`method.args.loss_type=hinge`)."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in MOVED:
+            print(f"ablate: error: {key} is now the config group {MOVED[key]}: use {MOVED[key]}={value or 'NAME'} "
+                  f"(options: conf/{MOVED[key]}/)", file=sys.stderr)
+            sys.exit(2)
+
+
 def hydra_train(argv: list[str]) -> None:
     """Run the training Hydra app with `argv` as its command line."""
     import hydra
+
+    check_moved(argv)
 
     from ablate import sweep
     from ablate.train import main as task

@@ -24,14 +24,8 @@ from typing import Any
 
 from ablate import rundir, stats
 
-# Metrics shown when `--metric` is not given, by method name (summary.json's `method`).
-DEFAULT_METRICS: dict[str, list[str]] = {
-    "dpo": ["rewards/accuracies", "rewards/margins", "loss"],
-    "dpo_hinge": ["rewards/accuracies", "rewards/margins", "loss"],
-    "sft": ["loss"],
-    # generation_rounds / generation_seconds: per-run totals from summary.json, what spg buys
-    "grpo": ["reward", "generation_rounds", "generation_seconds"],
-}
+# Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
+# from the method's YAML).
 FALLBACK_METRICS = ["loss"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
 IGNORED_KEYS = {"seed", "sweep_name", "sweep", "tags", "notes"}
@@ -59,6 +53,11 @@ class Run:
     @property
     def method(self) -> str:
         return str(self.summary.get("method", "?"))
+
+    @property
+    def default_metrics(self) -> list[str]:
+        """The method's `compare_metrics` (its YAML, recorded in summary.json), else `loss`."""
+        return list(self.summary.get("compare_metrics") or FALLBACK_METRICS)
 
     def final(self, metric: str) -> float | None:
         """The run's final value of `metric`: summary.json's metrics, else a run-level summary field
@@ -155,16 +154,16 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
 
 
 def _short_names(keys: list[str]) -> dict[str, str]:
-    """`method.args.loss_type` -> `loss_type` where the last part is unambiguous."""
-    last = [k.split(".")[-1] for k in keys]
+    """`method.args.beta` -> `beta`, `method/loss` -> `loss` where the last part is unambiguous."""
+    last = [re.split(r"[./]", k)[-1] for k in keys]
     return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 
 
 def default_metrics(runs: list[Run]) -> list[str]:
-    """The per-method defaults of the methods present, in order, without repeats."""
+    """The runs' `compare_metrics` (each method's YAML), in order, without repeats."""
     out: list[str] = []
     for run in runs:
-        for m in DEFAULT_METRICS.get(run.method, FALLBACK_METRICS):
+        for m in run.default_metrics:
             if m not in out:
                 out.append(m)
     return out

@@ -12,7 +12,7 @@ swept keys under `hydra.sweeper.params` (Hydra >= 1.2 reads them from there)::
     hydra:
       sweeper:
         params:                    # swept: one job per combination
-          method.args.loss_type: sigmoid,hinge
+          method/loss: sigmoid,hinge
           seed: 1,2,3
 
 `ablate sweep dpo_loss [overrides]` is `ablate train -m +sweep=dpo_loss [overrides]`; an override
@@ -64,7 +64,7 @@ def sweep_argv(name: str, cli_overrides: list[str]) -> list[str]:
 
 
 def _name_jobs_by_swept_keys(argv: list[str]) -> str:
-    """Job dirs and W&B names show only what varies (`3_method.args.loss_type=hinge,seed=2`): the
+    """Job dirs and W&B names show only what varies (`3_method/loss=hinge,seed=2`): the
     fixed overrides of the command line, the same for every job, are excluded from Hydra's
     override_dirname (as are the sweep's name; the sweep config's fixed values are no overrides)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -87,8 +87,7 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
     for run in runs:
-        key = next((m for m in compare.DEFAULT_METRICS.get(run.method, compare.FALLBACK_METRICS)
-                    if run.final(m) is not None), None)
+        key = next((m for m in run.default_metrics if run.final(m) is not None), None)
         value = run.final(key) if key else None
         overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
         rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides), "status": run.status,

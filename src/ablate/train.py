@@ -62,6 +62,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         info.update(sweep_resume.identity(cfg))
         rundir.write_json(run_dir / rundir.RUN, info)
     summary: dict[str, Any] = {"status": "running", "method": cfg.method.name, "overrides": overrides,
+                               # the method's own say in `ablate compare` (a user's method too)
+                               "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
                                "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]}
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
     tracker = None
@@ -83,6 +85,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
                            **OmegaConf.to_container(cfg.precision), **device_args,
                            **OmegaConf.to_container(cfg.distributed))
+        make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
         tokenizer, model = instantiate(cfg.model)
         model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
         _check_trainable(model)
@@ -96,7 +99,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         ckpt = rundir.latest_checkpoint(run_dir)
         callbacks = _callbacks(cfg, run_dir, resuming=ckpt is not None, tracker=tracker)
         extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
-        trainer = instantiate(cfg.method.trainer)(
+        trainer = make_trainer(
             model=model,
             args=args,
             train_dataset=data.train,

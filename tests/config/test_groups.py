@@ -95,6 +95,30 @@ def test_option_composes_and_documents_fields(group, option):
         assert "#" in line or lines[i - 1].strip().startswith("#"), f"{group}/{option}.yaml: no comment on '{s}'"
 
 
+# nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
+NESTED = [(sub, o) for sub in ("loss", "scale_rewards", "objective", "reward_aggregation") for o in options(f"method/{sub}")]
+
+
+@pytest.mark.parametrize("sub,option", NESTED)
+def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
+    """`method/loss=NAME` and `method/scale_rewards=NAME`: every option composes under its method,
+    documents its fields, and is handed to the trainer as a function (`_partial_`)."""
+    import functools
+
+    text = (CONF / "method" / sub / f"{option}.yaml").read_text()
+    method = "grpo" if "losses.grpo." in text else "dpo"
+    cfg = make_cfg(f"method={method}", f"method/{sub}={option}")
+    assert cfg.method[sub]._target_ in text and cfg.method[sub]._partial_ is True
+    fn = instantiate(cfg.method.trainer).keywords[sub]  # the trainer partial's own argument
+    assert isinstance(fn, functools.partial)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s or s.startswith("#") or s.startswith("- ") or s.endswith(":") or s.startswith("_target_:"):
+            continue
+        assert "#" in line or lines[i - 1].strip().startswith("#"), f"method/{sub}/{option}.yaml: no comment on '{s}'"
+
+
 def _targets(node, path=""):
     if isinstance(node, DictConfig):
         if "_target_" in node:
@@ -162,3 +186,22 @@ def test_resolved_config_has_no_missing_values():
 def test_experiment_files_compose(name):
     """`+experiment=NAME` (the Hydra way to append a group) composes and changes the config."""
     assert make_cfg(f"+experiment={name}") != make_cfg()
+
+
+# conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (README, Layout)
+CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("trainers",), "method/loss": ("losses",),
+        "method/scale_rewards": ("losses",), "method/objective": ("losses",), "method/reward_aggregation": ("losses",),
+        "optimizer": ("optimizer",), "optimizer/scheduler": ("optimizer",),
+        "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("compute_metrics",),
+        "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": ()}
+
+
+def test_every_group_maps_onto_its_code():
+    import re
+
+    groups = {str(p.parent.relative_to(CONF)) for p in CONF.rglob("*.yaml") if p.parent != CONF}
+    assert groups == set(CODE), "a new conf/ group: name the src/ablate/ module it maps onto in CODE"
+    for group, modules in CODE.items():
+        for path in (CONF / group).glob("*.yaml"):
+            for target in re.findall(r"_target_:\s*ablate\.([\w.]+)", path.read_text()):
+                assert target.split(".")[0] in modules, f"conf/{group}/{path.name}: ablate.{target} is not in {modules}"

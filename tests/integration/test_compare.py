@@ -28,6 +28,7 @@ def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status:
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     summary = {"status": status, "method": "dpo", "overrides": overrides, "global_step": steps,
+               "compare_metrics": ["rewards/accuracies", "rewards/margins", "loss"],  # as conf/method/dpo.yaml
                "train_runtime": runtime, "metrics": metrics}
     if error:
         summary["error"] = error
@@ -43,7 +44,7 @@ def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status:
 def sweep_dir(tmp_path: Path) -> Path:
     root = tmp_path / "dpo_loss" / "2026-01-01_00-00-00"
     for num, ((loss, seed), margin) in enumerate(MARGINS.items()):
-        write_run(root, num, ["sweep_name=dpo_loss", "method=dpo", f"method.args.loss_type={loss}", f"seed={seed}"],
+        write_run(root, num, ["sweep_name=dpo_loss", "method=dpo", f"method/loss={loss}", f"seed={seed}"],
                   {"rewards/margins": margin, "rewards/accuracies": 0.5 + margin / 2, "loss": 1.0 - margin},
                   runtime=1.0 + seed)
     (root / "multirun.yaml").write_text("{}\n")
@@ -52,19 +53,19 @@ def sweep_dir(tmp_path: Path) -> Path:
 
 def test_groups_by_the_overrides_that_differ_ignoring_seed(sweep_dir: Path) -> None:
     groups = compare.group_runs(compare.find_runs([sweep_dir]))
-    assert [g.label for g in groups] == ["loss_type=sigmoid", "loss_type=hinge"]
+    assert [g.label for g in groups] == ["loss=sigmoid", "loss=hinge"]
     assert [[r.overrides["seed"] for r in g.runs] for g in groups] == [["1", "2"], ["1", "2"]]
 
 
 def test_table_is_mean_and_std_of_the_summaries(sweep_dir: Path) -> None:
     rows = compare.compare([sweep_dir], metrics=["rewards/margins"])
     by_group = {r["group"]: r for r in rows}
-    assert by_group["loss_type=sigmoid"]["rewards/margins mean"] == pytest.approx(0.3)
-    assert by_group["loss_type=sigmoid"]["rewards/margins std"] == pytest.approx(0.141421, abs=1e-6)
-    assert by_group["loss_type=hinge"]["rewards/margins mean"] == pytest.approx(0.7)
-    assert by_group["loss_type=hinge"]["rewards/margins std"] == pytest.approx(0.282843, abs=1e-6)
-    assert by_group["loss_type=hinge"]["runtime_s mean"] == pytest.approx(2.5)  # runtimes 2.0 and 3.0
-    assert by_group["loss_type=hinge"]["status"] == "2 completed"
+    assert by_group["loss=sigmoid"]["rewards/margins mean"] == pytest.approx(0.3)
+    assert by_group["loss=sigmoid"]["rewards/margins std"] == pytest.approx(0.141421, abs=1e-6)
+    assert by_group["loss=hinge"]["rewards/margins mean"] == pytest.approx(0.7)
+    assert by_group["loss=hinge"]["rewards/margins std"] == pytest.approx(0.282843, abs=1e-6)
+    assert by_group["loss=hinge"]["runtime_s mean"] == pytest.approx(2.5)  # runtimes 2.0 and 3.0
+    assert by_group["loss=hinge"]["status"] == "2 completed"
 
 
 def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_path: Path) -> None:
@@ -75,15 +76,15 @@ def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_pa
     proc = subprocess.run([sys.executable, "-c", code, "compare", str(sweep_dir), "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert "loss_type=sigmoid" in proc.stdout and "loss_type=hinge" in proc.stdout
+    assert "loss=sigmoid" in proc.stdout and "loss=hinge" in proc.stdout
     assert "0.3 ± 0.14" in proc.stdout and "0.7 ± 0.28" in proc.stdout  # rewards/margins
     for name in ("rewards_margins_vs_step.png", "rewards_accuracies_vs_step.png", "loss_vs_step.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     rows = {r["group"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert float(rows["loss_type=hinge"]["loss mean"]) == pytest.approx(1.0 - 0.7)
+    assert float(rows["loss=hinge"]["loss mean"]) == pytest.approx(1.0 - 0.7)
     md = (out / "summary.md").read_text()
     assert md.startswith("| group | runs | status | rewards/accuracies | rewards/margins | loss |")
-    assert "| loss_type=hinge | 2 | 2 completed |" in md
+    assert "| loss=hinge | 2 | 2 completed |" in md
 
 
 def test_metric_flag_picks_the_columns(sweep_dir: Path, tmp_path: Path) -> None:
@@ -147,7 +148,8 @@ def test_run_level_summary_fields_are_compared_and_plotted(tmp_path: Path) -> No
     for num, (spg, seed, secs) in enumerate([(1, 1, 4.0), (1, 2, 6.0), (4, 1, 1.0), (4, 2, 1.0)]):
         run = write_run(root, num, [f"method.args.steps_per_generation={spg}", f"seed={seed}"], {"reward": 0.5})
         s = json.loads((run / "summary.json").read_text())
-        s.update(method="grpo", generation_rounds=8 // spg, generation_seconds=secs)
+        s.update(method="grpo", generation_rounds=8 // spg, generation_seconds=secs,
+                 compare_metrics=["reward", "generation_rounds", "generation_seconds"])  # conf/method/grpo.yaml
         (run / "summary.json").write_text(json.dumps(s))
     out = tmp_path / "report"
     rows = compare.compare([root], out=out)
@@ -156,3 +158,23 @@ def test_run_level_summary_fields_are_compared_and_plotted(tmp_path: Path) -> No
     assert rows[0]["generation_seconds std"] == pytest.approx(2 ** 0.5)
     assert (out / "generation_seconds_by_group.png").is_file()
     assert not (out / "generation_seconds_vs_step.png").exists()
+
+
+def test_default_metrics_come_from_the_methods_yaml(tmp_path: Path) -> None:
+    """A user's method names its own `compare_metrics` (recorded in summary.json by `ablate train`);
+    a run dir without them (an older ablate) shows `loss`."""
+    root = tmp_path / "mine"
+    for num, seed in enumerate((1, 2)):
+        run = write_run(root, num, [f"seed={seed}"], {"my/score": 0.5 + seed, "loss": 0.1})
+        s = json.loads((run / "summary.json").read_text())
+        s.update(method="my_method", compare_metrics=["my/score"])
+        (run / "summary.json").write_text(json.dumps(s))
+    assert compare.default_metrics(compare.find_runs([root])) == ["my/score"]
+    rows = compare.compare([root])
+    assert rows[0]["my/score mean"] == pytest.approx(2.0) and "loss mean" not in rows[0]
+    assert sweep.job_rows(root)[0]["metric"] == "my/score=1.5"
+    for p in root.iterdir():
+        s = json.loads((p / "summary.json").read_text())
+        del s["compare_metrics"]
+        (p / "summary.json").write_text(json.dumps(s))
+    assert compare.default_metrics(compare.find_runs([root])) == ["loss"]

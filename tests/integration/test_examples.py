@@ -14,7 +14,8 @@ FAST = ("method.args.max_steps=3", "method.args.logging_steps=1", "data.max_trai
 
 
 def _example(name: str, tmp_path, *overrides: str):
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / name), str(TESTS)])}
+    # the caller's PYTHONPATH stays last: a worktree run tests its own src/, not an installed copy
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / name), str(TESTS), os.environ.get("PYTHONPATH", "")])}
     r = ablate("train", "-m", "--config-dir", f"examples/{name}", *overrides, *FAST,
                f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${hydra.job.num}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]

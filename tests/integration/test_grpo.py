@@ -21,6 +21,7 @@ def _rewards(run_dir: Path) -> list[float]:
 def _train(run_dir: Path, *overrides: str) -> dict:
     r = ablate("train", "method=grpo", *overrides, f"hydra.run.dir={run_dir}", env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
+    (run_dir / "stdout.txt").write_text(r.stdout)
     return summary(run_dir)
 
 
@@ -44,10 +45,14 @@ def test_spg8_does_8x_fewer_generation_rounds(tmp_path):
     the other loss/scaling variants (they do not change the schedule)."""
     steps = ["method.args.max_steps=16", "method.args.logging_steps=4"]
     one = _train(tmp_path / "spg1", *steps, "method.args.steps_per_generation=1", "method.args.beta=0.04",
-                 "method.args.loss_type=dr_grpo", "method.args.scale_rewards=batch")
+                 "method/loss=dr_grpo", "method/scale_rewards=batch")
     eight = _train(tmp_path / "spg8", *steps, "method.args.steps_per_generation=8")
     assert one["global_step"] == eight["global_step"] == 16
     assert one["generation_rounds"] == 16 and eight["generation_rounds"] == 2
+    # the batch geometry table, printed before the first step, says the same
+    table = (tmp_path / "spg8" / "stdout.txt").read_text()
+    assert "GRPO batch geometry" in table and "generation rounds: 2" in table
+    assert "off-policy optimizer steps: 2, 3, 4, 5, 6, 7, 8 of every 8" in table
     assert one["metrics"]["kl"] >= 0 and "kl" not in eight["metrics"]
 
 

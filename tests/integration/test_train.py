@@ -132,7 +132,8 @@ def test_other_run_in_dir_is_refused(tmp_path):
 @pytest.mark.parametrize("override,needle", [
     ("method=nope", "Could not find 'method/nope'"),
     ("+method.args.betta=0.2", "unknown field(s) ['betta']"),
-    ("method.args.loss_type=ipo", "unknown DPO loss_type 'ipo'"),
+    ("method.args.loss_type=ipo", "ablate: error: method.args.loss_type is now the config group method/loss: use method/loss=ipo"),
+    ("method/loss=dapo", "method.loss: dapo is not a DPO loss"),
     ("data.name=nope", "no packaged dataset 'nope'"),
     ("precision=fp16", "needs a CUDA GPU"),
     ("distributed=fsdp", "distributed=fsdp needs CUDA GPUs"),  # accelerate would run plain DDP on CPU

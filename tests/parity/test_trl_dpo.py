@@ -1,4 +1,6 @@
-"""Parity with TRL (the reference implementation): same batch layout, loss and metric values.
+"""Parity with TRL (the reference implementation): same batch layout, and for every DPO loss TRL 1.16
+has, the same per-step loss and metrics over two optimizer steps (|delta| <= 1e-5, relative for
+values above 1).
 
 TRL is a dev-only dependency (never imported by ablate at runtime); skipped when it is absent.
 """
@@ -6,6 +8,7 @@ TRL is a dev-only dependency (never imported by ablate at runtime); skipped when
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from datasets import Dataset
 
 trl = pytest.importorskip("trl")
 
+from ablate.losses import dpo as dpo_losses  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 from ablate.trainers.dpo import DPOConfig, DPOTrainer  # noqa: E402
 
@@ -20,6 +24,31 @@ ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
     {"prompt": "sort: hgfe =", "chosen": " efgh", "rejected": " hgef"},
     {"prompt": "sort: dc =", "chosen": " cd", "rejected": " dc"},
+]
+METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+           "logps/rejected", "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
+# (TRL's loss_type, TRL's extra args, ablate's loss). Hyper-parameters away from 0 where TRL reads them,
+# so that they are exercised; beta 0.3 throughout.
+LOSSES = [
+    ("sigmoid", {}, dpo_losses.sigmoid),
+    ("hinge", {}, dpo_losses.hinge),
+    ("ipo", {}, dpo_losses.ipo),
+    ("robust", {"label_smoothing": 0.1}, functools.partial(dpo_losses.robust, label_smoothing=0.1)),
+    ("exo_pair", {"label_smoothing": 1e-3}, functools.partial(dpo_losses.exo_pair, label_smoothing=1e-3)),
+    ("nca_pair", {}, dpo_losses.nca_pair),
+    ("bco_pair", {}, dpo_losses.bco_pair),
+    ("sppo_hard", {}, dpo_losses.sppo_hard),
+    ("aot", {"label_smoothing": 0.1}, functools.partial(dpo_losses.aot, label_smoothing=0.1)),
+    ("aot_unpaired", {"label_smoothing": 0.1}, functools.partial(dpo_losses.aot_unpaired, label_smoothing=0.1)),
+    ("apo_zero", {}, dpo_losses.apo_zero),
+    ("apo_down", {}, dpo_losses.apo_down),
+    ("discopop", {"discopop_tau": 0.5}, functools.partial(dpo_losses.discopop, tau=0.5)),
+    ("sigmoid_norm", {}, dpo_losses.sigmoid_norm),
+    ("sft", {}, dpo_losses.sft),
+    # MPO: TRL's weighted list
+    (["sigmoid", "bco_pair", "sft"], {"loss_weights": [0.8, 0.2, 1.0]},
+     functools.partial(dpo_losses.weighted, losses=[dpo_losses.sigmoid, dpo_losses.bco_pair, dpo_losses.sft],
+                       weights=[0.8, 0.2, 1.0])),
 ]
 
 
@@ -33,33 +62,58 @@ def _models():
     return tok, policy, ref
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "hinge"])
-def test_dpo_matches_trl(tmp_path, loss_type):
+def _pair(tmp_path, loss_type, trl_extra, loss, **common):
     tok, policy, ref = _models()
     ds = Dataset.from_list(ROWS)
     # bf16=False: TRL defaults to bf16 autocast, which would make the comparison about precision
-    common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, loss_type=loss_type, use_cpu=True,
-                  bf16=False)
+    common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False, **common)
     theirs = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref),
-                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type,
+                                               **trl_extra, **common),
                             train_dataset=ds, processing_class=tok)
-    ours = DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref),
+    ours = DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref), loss=loss,
                       args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
                       train_dataset=ds, processing_class=tok)
+    return theirs, ours
+
+
+# the default suite runs the losses that read token counts, sort the batch, average over it or combine
+# terms; every other loss runs in the slow suite (-m slow): ~3 s each
+DEFAULT = {"sigmoid", "hinge", "ipo", "sigmoid_norm", "aot", "sft", "mpo"}
+
+
+def _params() -> list:
+    out = []
+    for loss_type, extra, loss in LOSSES:
+        name = loss_type if isinstance(loss_type, str) else "mpo"
+        marks = () if name in DEFAULT else (pytest.mark.slow,)
+        out.append(pytest.param(loss_type, extra, loss, id=name, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("loss_type,trl_extra,loss", _params())
+def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, trl_extra, loss):
+    """Two optimizer steps (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
+    theirs, ours = _pair(tmp_path, loss_type, trl_extra, loss, learning_rate=1e-3, max_steps=2, logging_steps=1,
+                         save_strategy="no", disable_tqdm=True)
+    theirs.train()
+    ours.train()
+    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
+    steps_ours = [e for e in ours.state.log_history if "loss" in e]
+    assert len(steps_theirs) == len(steps_ours) == 2
+    for a, b in zip(steps_ours, steps_theirs):
+        for name in ("loss", *METRICS):
+            # 1e-5, relative above 1: float32 keeps ~7 digits (sppo_hard's loss is ~15)
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+    assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the policy moved between the two steps
+
+
+def test_batches_match_trl(tmp_path):
+    theirs, ours = _pair(tmp_path, "sigmoid", {}, dpo_losses.sigmoid)
     b_theirs = next(iter(theirs.get_train_dataloader()))
     b_ours = next(iter(ours.get_train_dataloader()))
     for key in ("input_ids", "attention_mask", "completion_mask"):
         assert torch.equal(b_theirs[key], b_ours[key]), key
-
-    theirs.model.train(), ours.model.train()
-    loss_theirs = theirs.compute_loss(theirs.model, b_theirs)
-    loss_ours = ours.compute_loss(ours.model, b_ours)
-    torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-6)
-    m_theirs = {k: v[-1] for k, v in theirs._metrics["train"].items()}
-    m_ours = ours.metrics.pop("train")
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                 "logps/chosen", "logps/rejected"):
-        assert m_ours[name] == pytest.approx(m_theirs[name], rel=1e-5, abs=1e-6), name
 
 
 def test_precomputed_reference_equals_live_reference(tmp_path):

@@ -23,6 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 trl = pytest.importorskip("trl")
 
 from ablate.data import jsonl  # noqa: E402
+from ablate.losses import dpo as dpo_losses  # noqa: E402
 from ablate.models.smollm2 import fetch  # noqa: E402
 from ablate.trainers.dpo import DPOConfig, DPOTrainer  # noqa: E402
 
@@ -75,7 +76,7 @@ def _file(tmp_path: Path) -> Path:
 def _run(tmp_path: Path, tok, model, loss_type: str, steps: int) -> None:
     train = jsonl(str(_file(tmp_path))).train
     common = dict(per_device_train_batch_size=2, max_steps=steps, logging_steps=1, learning_rate=1e-4,
-                  report_to="none", save_strategy="no", beta=0.1, loss_type=loss_type, max_length=128,
+                  report_to="none", save_strategy="no", beta=0.1, max_length=128,
                   precompute_ref_log_probs=True, use_cpu=True, bf16=False, seed=0, disable_tqdm=True)
     losses: dict[str, list[float]] = {"trl": [], "ours": []}
 
@@ -88,9 +89,10 @@ def _run(tmp_path: Path, tok, model, loss_type: str, steps: int) -> None:
 
     # TRL needs the reference object even to precompute (it would load it by name otherwise)
     theirs = trl.DPOTrainer(model=copy.deepcopy(model), ref_model=copy.deepcopy(model),
-                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **common),
                             train_dataset=train, processing_class=tok, callbacks=[recorder("trl")])
     ours = DPOTrainer(model=copy.deepcopy(model), args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
+                      loss=getattr(dpo_losses, loss_type),  # ablate's loss for TRL's loss_type
                       train_dataset=train, processing_class=tok, callbacks=[recorder("ours")])
 
     # the data exercises what the byte tokenizer could not: a merge across the boundary moves the

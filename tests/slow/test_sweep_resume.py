@@ -97,7 +97,7 @@ def test_poisoned_job_fixed_and_resumed_runs_only_that_job_and_changed_configs_a
     own = tmp_path / "mine" / "sweep" / "dpo2.yaml"  # a user's own sweep config, edited between launches
     own.parent.mkdir(parents=True)
     own.write_text((REPO / "conf" / "sweep" / "dpo_loss.yaml").read_text())
-    args = ["sweep", str(own), "seed=1,2", "method.args.loss_type=sigmoid", "method.args.max_steps=4",
+    args = ["sweep", str(own), "seed=1,2", "method/loss=sigmoid", "method.args.max_steps=4",
             "method.args.save_steps=2", "method.args.logging_steps=1", "+callbacks.crash._target_=crashing.CrashAt"]
     cwd = tmp_path / "work"
     poisoned = run(args, cwd, env={"ABLATE_TEST_CRASH_AT": "3", "ABLATE_TEST_CRASH_SEED": "2"})

@@ -108,11 +108,12 @@ def test_old_logps_only_when_policy_changes_between_generation_and_use(tmp_path,
 
 
 @pytest.mark.parametrize("ckpt_step", [2, 10])
-def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path, ckpt_step):
+def test_resume_mid_round_serves_the_saved_round(tmp_path, ckpt_step):
     """Checkpoint mid-round (spg=4) in epoch 0 (step 2) or epoch 1 (step 10; 8 steps per epoch). A new
-    trainer resumed from it has no buffer: it regenerates the round from the same prompts, serves the
-    remaining slices, then generates the next round: the same slices per step as the uninterrupted
-    run (TRL crashed or misaligned here)."""
+    trainer resumed from it loads the round's buffer from the checkpoint, serves its remaining slices
+    without generating, then generates the next round: the same slices per step as the uninterrupted
+    run (TRL crashed or misaligned here). Without the saved buffer it regenerates that round from the
+    same prompts."""
     full, full_served = _trainer(tmp_path / "full", max_steps=12)
     full.train()
     first, _ = _trainer(tmp_path / "run", max_steps=ckpt_step, save_strategy="steps", save_steps=ckpt_step)
@@ -122,8 +123,37 @@ def test_resume_with_empty_buffer_regenerates_the_same_prompts(tmp_path, ckpt_st
     resumed, served = _trainer(tmp_path / "run", max_steps=12)
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert [s["step"] for s in served] == list(range(ckpt_step, 12))
-    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4:]  # that round again, then on
+    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4 + 1:]  # the next rounds only
     assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
+    (ckpt / "generation_buffer.pt").unlink()  # an older checkpoint: no buffer -> that round regenerated
+    again, served = _trainer(tmp_path / "run", max_steps=12)
+    again.train(resume_from_checkpoint=str(ckpt))
+    assert again.generator.rounds == full.generator.rounds[ckpt_step // 4:]
+    assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
+
+
+def test_resume_mid_round_reproduces_sampled_losses_exactly(tmp_path):
+    """Real sampling (HFGenerator draws from the RNG): resumed at step 3 of a 4-step round, the per-step
+    losses (constant lr: the first run stops at step 3, which would change a decaying schedule)
+    equal the uninterrupted run's, because the round's completions and pi_old come from the
+    checkpoint instead of being sampled again."""
+    from ablate.trainers.grpo import HFGenerator
+
+    def run(path: Path, **kw: Any) -> GRPOTrainer:
+        tok = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0]
+        args = GRPOConfig(output_dir="/tmp/unused", max_completion_length=4, report_to="none")
+        return _trainer(path, generator=HFGenerator(args, tok), lr_scheduler_type="constant", **kw)[0]
+
+    full = run(tmp_path / "full")
+    full.train()
+    first = run(tmp_path / "run", max_steps=3, save_strategy="steps", save_steps=3)
+    first.train()
+    resumed = run(tmp_path / "run")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "out" / "checkpoint-3"))
+    losses = lambda t: {e["step"]: e["loss"] for e in t.state.log_history if "loss" in e}  # noqa: E731
+    after = {k: v for k, v in losses(full).items() if k > 3}
+    assert len(after) == 5 and {k: losses(resumed)[k] for k in after} == after
+    assert resumed.generation_rounds == full.generation_rounds == 2
 
 
 def test_batch_must_be_a_multiple_of_num_generations(tmp_path):
@@ -204,3 +234,51 @@ def test_old_logps_match_current_policy_before_any_update(tmp_path):
     with torch.no_grad():
         logps, _ = trainer._token_logps(trainer.model, inputs)
     torch.testing.assert_close(logps, inputs["old_logps"], rtol=0, atol=1e-5)
+
+
+def test_off_policy_steps_by_hand():
+    """Micro-step m is off-policy when an optimizer update (after every `ga` micro-steps) falls between
+    its round's generation (micro-step spg*(m//spg)) and m:
+    spg=1: every micro-batch is fresh -> none.  spg=4, ga=1: steps 2,3,4 use round 0 after 1,2,3 updates.
+    spg=2, ga=4: a round never spans an update -> none.  spg=4, ga=2: micro 2,3 (step 2) after 1 update.
+    spg=3, ga=2 (period 6 micro-steps = 3 steps): micro 2 (step 2), 4 and 5 (step 3) -> steps 2, 3."""
+    from ablate.trainers.grpo import off_policy_steps
+
+    assert off_policy_steps(1, 1) == []
+    assert off_policy_steps(4, 1) == [2, 3, 4]
+    assert off_policy_steps(2, 4) == []
+    assert off_policy_steps(4, 2) == [2]
+    assert off_policy_steps(3, 2) == [2, 3]
+
+
+def test_batch_geometry_table():
+    """B=16 completions, G=4 -> 4 prompts per micro-step; ga=2 -> 32 completions (8 prompts) per step;
+    spg=4 -> 64 completions (16 prompts) per round; 10 steps = 20 micro-steps = 5 rounds."""
+    from ablate.trainers.grpo import GRPOConfig, batch_geometry
+
+    args = GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=16, num_generations=4,
+                      steps_per_generation=4, gradient_accumulation_steps=2, use_cpu=True, report_to="none")
+    table = batch_geometry(args, world_size=1, max_steps=10)
+    rows = {line[:24].strip(): line[24:].split() for line in table.splitlines()[2:5]}
+    assert rows == {"per micro-step": ["4", "16", "1"], "per optimizer step": ["8", "32", "2"],
+                    "per generation round": ["16", "64", "4"]}
+    assert "optimizer steps: 10   micro-steps: 20   generation rounds: 5" in table
+    assert "off-policy optimizer steps: 2 of every 2" in table
+
+
+def test_num_iterations_serves_each_round_mu_times(tmp_path):
+    """spg=2, mu=2, 8 steps: a round feeds 4 micro-steps (slices 0, 1, 0, 1) -> 2 rounds; the ratio is
+    against the round's policy, so pi_old is kept for every micro-step; off-policy steps 2, 3, 4 of 4."""
+    from ablate.trainers.grpo import off_policy_steps
+
+    gen = FakeGenerator(tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0])
+    trainer, served = _trainer(tmp_path, generator=gen, steps_per_generation=2, num_iterations=2)
+    trainer.train()
+    assert len(gen.rounds) == 2 and trainer.generation_rounds == 2
+    for r, prompts in enumerate(gen.rounds):
+        slices = [prompts[0:4], prompts[4:8]]
+        assert [s["prompts"] for s in served[4 * r: 4 * r + 4]] == [slices[0], slices[1], slices[0], slices[1]]
+    assert all(s["old"] for s in served)
+    assert off_policy_steps(2, 1, num_iterations=2) == [2, 3, 4]
+    assert off_policy_steps(1, 1, num_iterations=2) == [2]  # micro 1 reuses round 0 after 1 update
+    assert off_policy_steps(1, 2, num_iterations=2) == []  # both passes inside one optimizer step

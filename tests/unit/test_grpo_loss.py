@@ -28,7 +28,7 @@ def test_advantages_group_scaling_and_zero_std_group():
     group 1: all 5, std 0 -> A = 0 / 1e-4 = 0 (no signal, no blow-up).
     reward = mean(1,2,3,5,5,5) = 3.5; reward_std: deviations -2.5 -1.5 -0.5 1.5 1.5 1.5, squares
     sum to 15.5, /5 = 3.1, sqrt = 1.760682; frac_reward_zero_std = 1 of 2 groups = 0.5."""
-    adv, m = grpo.advantages(_table(), W, num_generations=3, scale_rewards="group")
+    adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.group_std)
     d = 1 + 1e-4
     torch.testing.assert_close(adv, torch.tensor([-1 / d, 0.0, 1 / d, 0.0, 0.0, 0.0]))
     assert m["reward"].item() == pytest.approx(3.5)
@@ -39,9 +39,9 @@ def test_advantages_group_scaling_and_zero_std_group():
 def test_advantages_batch_and_none_scaling():
     """Centred per group: [-1, 0, 1, 0, 0, 0]. batch: / (1.760682 + 1e-4). none: unchanged."""
     centred = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    adv, _ = grpo.advantages(_table(), W, num_generations=3, scale_rewards="batch")
+    adv, _ = grpo.advantages(_table(), W, num_generations=3, scale=grpo.batch_std)
     torch.testing.assert_close(adv, centred / (math.sqrt(3.1) + 1e-4))
-    adv, m = grpo.advantages(_table(), W, num_generations=3, scale_rewards="none")
+    adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.no_std)
     torch.testing.assert_close(adv, centred)
     assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)  # logged whatever the scaling
 
@@ -75,6 +75,8 @@ def test_clipped_surrogate_active_and_inactive():
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/region_mean"].item() == pytest.approx(2 / 3)
+    # per completion: low-clipped fractions [0/2, 1/1] -> min 0; high-clipped [1/2, 0/1] -> max 0.5
+    assert m["clip_ratio/low_min"].item() == 0.0 and m["clip_ratio/high_max"].item() == pytest.approx(0.5)
     assert "kl" not in m
     loss.sum().backward()
     torch.testing.assert_close(logps.grad, torch.tensor([[0.0, -0.9], [0.0, 2.2]]))
@@ -128,3 +130,80 @@ def test_fully_masked_sequence_counts_zero_not_nan():
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     assert grpo.grpo(L, mask, num_items=2, max_completion_length=4).item() == pytest.approx(-0.525)
     assert grpo.masked_mean(L, torch.zeros(2, 2)).item() == 0.0
+
+
+def test_aggregation_bnpo():
+    """Masked sum -0.5 over the micro-batch's 3 tokens (num_items ignored) = -0.166667."""
+    assert grpo.bnpo(L, MASK, num_items=10, max_completion_length=4).item() == pytest.approx(-0.5 / 3)
+
+
+def test_sequence_level_ratio_gspo():
+    """One ratio per completion: exp of the masked mean token log-ratio.
+    row 0 (A=1): (log 1.5 + log 0.9) / 2 = log sqrt(1.35) -> r = 1.161895, inside [0.8, 1.2] -> -1.161895
+    on both tokens; row 1 (A=-2): only token 0 counts -> r = 0.5 -> min(-1, 0.8 * -2) = -1.6 -> 1.6.
+    Clip metrics are per completion: row 1 low-clipped -> low 1/2, high 0, region 1/2."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, importance_sampling_level="sequence")
+    r0 = math.sqrt(1.35)
+    torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
+    assert m["clip_ratio/low_mean"].item() == pytest.approx(0.5)
+    assert m["clip_ratio/high_mean"].item() == 0.0 and m["clip_ratio/region_mean"].item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="token or sequence"):
+        grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, importance_sampling_level="tokens")
+
+
+def test_delta_caps_the_ratio_of_negative_advantages():
+    """r = 1.5, A = -2, eps 0.2: without delta min(1.5 * -2, 1.2 * -2) = -3 -> loss 3;
+    delta = 1.3 caps r: min(1.3 * -2, -2.4) = -2.6 -> loss 2.6."""
+    logps, old, adv, mask = torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([-2.0]), torch.ones(1, 1)
+    assert grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2)[0].item() == pytest.approx(3.0)
+    assert grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, delta=1.3)[0].item() == pytest.approx(2.6)
+
+
+def test_kl_bias_correction_multiplies_by_the_ratio():
+    """As test_k3_kl_term, times the ratio: kl * r = [[0.072132 * 1.5, 0.005750 * 0.9], [0.306853 * 0.5, .]]
+    = [[0.108198, 0.005175], [0.153427, .]]; metric = (0.108198 + 0.005175 + 0.153427) / 3 = 0.088933."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, ref_logps=torch.zeros(2, 2), beta=0.1,
+                                  bias_correction_kl=True)
+    kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
+    assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)
+
+
+def test_cispo_hand_computed():
+    """epsilon_high = 1.2 is the cap: weights sg(min(r, 1.2)) = [[1.2, 0.9], [0.5, 1.1]]; loss = -w A log r:
+    row 0 (A=1):  -1.2 log 1.5 = -0.486558;  -0.9 log 0.9 = 0.094824
+    row 1 (A=-2): 1.0 log 0.5 = -0.693147;   2.2 log 1.1 = 0.209682
+    gradient -w A (nothing is cut): [[-1.2, -0.9], [1.0, 2.2]]; cispo_clip_ratio: r=1.5 > 1.2 with A > 0,
+    1 of the 3 unmasked tokens."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.cispo(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=1.2)
+    torch.testing.assert_close(loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0)
+    assert m["cispo_clip_ratio"].item() == pytest.approx(1 / 3)
+    loss.sum().backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[-1.2, -0.9], [1.0, 2.2]]))
+
+
+def test_sapo_hand_computed():
+    """-sig(tau (r - 1)) 4/tau A, tau 1 where A > 0 else 1.05:
+    row 0 (A=1):  -4 sig(0.5) = -2.489837;  -4 sig(-0.1) = -1.900083
+    row 1 (A=-2): 8/1.05 sig(-0.525) = 2.831877;  8/1.05 sig(0.105) = 4.009340."""
+    logps, old, adv, mask = _ratios()
+    loss, m = grpo.sapo(logps, old, adv, mask, 0.2, 0.2, temperature_pos=1.0, temperature_neg=1.05)
+    torch.testing.assert_close(loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0)
+    assert m == {}
+
+
+def test_normalize_then_sum():
+    """Each function normalised in its group first (the table above, weights 1 and 0.5):
+    group 0: f0 = [1, 1, 1] -> 0 (std 0); f1 = [0, 2, 4] -> [-2, 0, 2] / (2 + 1e-4) -> x 0.5 = [-0.499975, 0, 0.499975]
+    group 1: f0 = [4, 5, 3] -> [0, 1, -1] / 1.0001 = [0, 0.999900, -0.999900];
+             f1 = [2, 0, 4] -> x 0.5: [0, -0.499975, 0.499975]  -> sums [0, 0.499925, -0.499925]
+    batch: mean 0, std sqrt((2 * 0.499975^2 + 2 * 0.499925^2) / 5) = 0.447169 -> A = x / (0.447169 + 1e-4).
+    reward / reward_std are of the raw weighted sums (3.5 and 1.760682, as with sum_then_normalize)."""
+    adv, m = grpo.normalize_then_sum(_table(), W, num_generations=3)
+    x = torch.tensor([-0.499975, 0.0, 0.499975, 0.0, 0.499925, -0.499925])
+    torch.testing.assert_close(adv, x / (0.447169 + 1e-4), atol=1e-5, rtol=0)
+    assert m["reward"].item() == pytest.approx(3.5) and m["reward_std"].item() == pytest.approx(math.sqrt(3.1), rel=1e-6)
+    assert m["frac_reward_zero_std"].item() == 0.0

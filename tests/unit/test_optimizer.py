@@ -16,7 +16,7 @@ from transformers import TrainerControl, TrainerState
 from ablate.callbacks import EarlyStop, NaNGuard
 from ablate.cli import conf_dir, register_resolvers
 from ablate.errors import ConfigError
-from ablate.eval_metrics import completion_accuracy
+from ablate.compute_metrics import completion_accuracy
 from ablate.optimizer import constant, cosine, step
 from ablate.train import _check_precision
 

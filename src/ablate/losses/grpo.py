@@ -2,19 +2,27 @@
 
 Three pieces, composed by the trainer:
 - advantages: `A_i = (r_i - mean(group)) / (std + 1e-4)` per prompt group (eq. in section 4.1.2), with
-  the std taken per group (`scale_rewards: group`), over the whole batch (`batch`, Liu et al. 2025
+  the std taken per group (`method/scale_rewards=group`), over the whole batch (`batch`, Liu et al. 2025
   recommend it) or not at all (`none`, Dr. GRPO). A group whose rewards are all equal gets A = 0.
 - per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)` with
-  `r = exp(logp - old_logp)`, plus `beta * KL` with the k3 estimator
+  `r = exp(logp - old_logp)` per token, or one `r = exp(mean_t(logp - old_logp))` per completion
+  (GSPO, Zheng et al. 2025: `importance_sampling_level: sequence`), optionally capped at `delta`
+  (two-sided clipping), plus `beta * KL` with the k3 estimator
   `exp(ref - logp) - (ref - logp) - 1` (Schulman 2020) when beta > 0.
-- aggregation over tokens (`loss_type`), named and defined as in TRL 1.16:
+- per-token objective (`method/objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
+  clipped-weight REINFORCE term or SAPO's soft gate; TRL's `loss_type=cispo` is objective cispo with
+  the dapo aggregation, `loss_type=sapo` objective sapo with the grpo aggregation.
+- aggregation over tokens (TRL's `loss_type`; here `method/loss=NAME`, conf/method/loss/), named and
+  defined as in TRL 1.16:
   `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
   completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
-  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025).
+  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025); `bnpo` sum
+  over a micro-batch's tokens / its token count.
 
 Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
-reward functions are summed with weights before normalising.
+reward functions are summed with weights before normalising (`method/reward_aggregation=sum_then_normalize`;
+`normalize_then_sum` normalises each function per group first, as TRL's `multi_objective_aggregation`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from typing import Callable
 import torch
 
 Aggregation = Callable[..., torch.Tensor]
+# (logps, old_logps, advantages, mask, epsilon_low, epsilon_high, ref_logps, beta, importance_sampling_level,
+#  delta, bias_correction_kl, **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`
+Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -50,12 +61,16 @@ def no_std(rewards: torch.Tensor) -> torch.Tensor:
     return torch.ones(rewards.shape[0], 1, dtype=rewards.dtype)
 
 
-# the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; chosen by `scale_rewards`
-SCALES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"group": group_std, "batch": batch_std, "none": no_std}
+# the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; a config node
+# `conf/method/scale_rewards/<name>.yaml` names one (`method/scale_rewards=batch`)
+Scale = Callable[[torch.Tensor], torch.Tensor]
+# (rewards_per_func (N, F), weights (F,), num_generations, scale) -> (advantages (N,), metrics);
+# `method/reward_aggregation=NAME` names one
+Advantages = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def advantages(
-    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale_rewards: str = "group"
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: Scale = group_std
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group-relative advantages from a reward table.
 
@@ -68,7 +83,7 @@ def advantages(
     rewards[all_nan] = torch.nan  # unscorable: out of the baseline, advantage 0 below
     grouped = rewards.view(-1, num_generations)
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
-    scaled = centred / SCALES[scale_rewards](grouped)
+    scaled = centred / scale(grouped)
     zero_std = torch.isclose(_nanstd(grouped, dim=1), torch.zeros(()))  # logged whatever the scaling
     metrics = {
         "reward": torch.nanmean(rewards),
@@ -76,6 +91,27 @@ def advantages(
         "frac_reward_zero_std": zero_std.float().mean(),
     }
     return torch.nan_to_num(scaled.reshape(-1), nan=0.0), metrics
+
+
+def normalize_then_sum(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: Scale = group_std
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """TRL's `multi_objective_aggregation: normalize_then_sum` (GDPO): each reward function is normalised
+    within its group first, so a reward with a large range cannot drown the others; the weighted sum
+    is then centred and divided by its std over the whole batch (`scale` is not used, as in TRL).
+    Same inputs and metrics as `advantages` (`reward`, `reward_std` are of the raw weighted sum)."""
+    all_nan = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+    per_func = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (_nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    summed = (per_func.reshape(rewards_per_func.shape) * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    summed[all_nan] = torch.nan
+    std = _nanstd(summed)
+    adv = (summed - torch.nanmean(summed)) / (std + 1e-4)
+    raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    raw[all_nan] = torch.nan
+    metrics = {"reward": torch.nanmean(raw), "reward_std": _nanstd(raw),
+               "frac_reward_zero_std": torch.isclose(std, torch.zeros(())).float()}
+    return torch.nan_to_num(adv, nan=0.0), metrics
 
 
 def per_token_loss(
@@ -87,32 +123,125 @@ def per_token_loss(
     epsilon_high: float,
     ref_logps: torch.Tensor | None = None,
     beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    bias_correction_kl: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate (+ beta * k3 KL) per token. logps/old/ref/mask: (B, T); advantages: (B,).
 
-    Returns (loss (B, T), metrics); metrics are masked token means named as in TRL
-    (`clip_ratio/low_mean`, `clip_ratio/high_mean`, `clip_ratio/region_mean`, `kl` when beta > 0).
-    A token is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0, or
-    r > 1+eps_high with A > 0.
+    `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
+    al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
+    `delta`: two-sided clipping (TRL's; Tulu-3 style): the unclipped ratio is also capped at delta, so a
+    negative advantage cannot push an already-large ratio without bound.
+    `bias_correction_kl`: multiply the k3 KL by the (unclipped) ratio, so its gradient is unbiased for
+    samples from the old policy (TRL 1.16's default, `use_bias_correction_kl`); the logged `kl` is the
+    corrected one, as in TRL.
+    Returns (loss (B, T), metrics); metrics named as in TRL (`clip_ratio/low_mean`, `clip_ratio/high_mean`,
+    `clip_ratio/region_mean`, `kl` when beta > 0): masked token means, or means over completions at the
+    sequence level. A token is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0,
+    or r > 1+eps_high with A > 0.
     """
     adv = advantages.unsqueeze(1)
-    ratio = torch.exp(logps - old_logps)
+    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
+    is_weight = ratio  # before the delta cap: what the KL correction multiplies by
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    loss = -torch.min(ratio * adv, clipped * adv)
+    if delta is not None:
+        ratio = torch.clamp(ratio, max=delta)
+    loss = -torch.min(ratio * adv, clipped * adv).expand_as(logps)
     low = (ratio < 1 - epsilon_low) & (adv < 0)
     high = (ratio > 1 + epsilon_high) & (adv > 0)
+    mean = masked_mean if ratio.shape[1] > 1 else (lambda x, m: x.mean())  # sequence level: per completion
     metrics = {
-        "clip_ratio/low_mean": masked_mean(low.float(), mask),
-        "clip_ratio/high_mean": masked_mean(high.float(), mask),
-        "clip_ratio/region_mean": masked_mean((low | high).float(), mask),
+        "clip_ratio/low_mean": mean(low.float(), mask),
+        "clip_ratio/high_mean": mean(high.float(), mask),
+        "clip_ratio/region_mean": mean((low | high).float(), mask),
+        # the extremes over completions of each completion's clipped fraction (TRL's names)
+        "clip_ratio/low_min": _per_sequence(low.float(), mask).nan_to_num(nan=float("inf")).min(),
+        "clip_ratio/high_max": _per_sequence(high.float(), mask).nan_to_num(nan=float("-inf")).max(),
     }
-    if beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("beta > 0 needs ref_logps")
-        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        loss = loss + beta * kl
-        metrics["kl"] = masked_mean(kl.detach(), mask)
-    return loss, metrics
+    return _with_kl(loss, metrics, logps, ref_logps, beta, is_weight if bias_correction_kl else None, mask)
+
+
+def cispo(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    bias_correction_kl: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585): `-sg(min(r, epsilon_high)) * A * logp`, a REINFORCE term
+    weighted by the clipped, gradient-stopped ratio: no token loses its gradient, large ratios only
+    lose weight. As in TRL, `epsilon_high` is the cap itself (ScaleRL, arXiv:2510.13786, recommends
+    5.0); `epsilon_low` and `delta` are unused.
+    Metric `cispo_clip_ratio`: tokens with r > epsilon_high and A > 0."""
+    adv = advantages.unsqueeze(1)
+    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
+    loss = (-torch.clamp(ratio, max=epsilon_high).detach() * adv * logps).expand_as(logps)
+    capped = ((ratio > epsilon_high) & (adv > 0)).float()
+    metrics = {"cispo_clip_ratio": masked_mean(capped, mask) if capped.shape[1] > 1 else capped.mean()}
+    return _with_kl(loss, metrics, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+
+
+def sapo(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    bias_correction_kl: bool = False,
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): the hard clip replaced by a smooth
+    gate, `-sigmoid(tau (r - 1)) * 4/tau * A` with tau = temperature_pos where A > 0, else temperature_neg;
+    its gradient is 1 at r = 1 and fades smoothly as r leaves 1. Epsilons and delta are unused."""
+    adv = advantages.unsqueeze(1)
+    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
+    tau = torch.where(adv > 0, temperature_pos, temperature_neg)
+    loss = (-torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv).expand_as(logps)
+    return _with_kl(loss, {}, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+
+
+def _per_sequence(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each completion's masked token mean (B,) (NaN for one with no tokens); (B, 1) values as they are."""
+    return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+
+def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean token log-ratio."""
+    log_ratio = logps - old_logps
+    if level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)
+    elif level != "token":
+        raise ValueError(f"importance_sampling_level must be token or sequence, got '{level}'")
+    return torch.exp(log_ratio)
+
+
+def _with_kl(
+    loss: torch.Tensor, metrics: dict[str, torch.Tensor], logps: torch.Tensor, ref_logps: torch.Tensor | None,
+    beta: float, is_weight: torch.Tensor | None, mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Add beta * k3 KL to the reference (times the importance weight when given); log `kl`."""
+    if beta == 0.0:
+        return loss, metrics
+    if ref_logps is None:
+        raise ValueError("beta > 0 needs ref_logps")
+    kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+    if is_weight is not None:
+        kl = kl * is_weight
+    metrics["kl"] = masked_mean(kl.detach(), mask)
+    return loss + beta * kl, metrics
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -132,9 +261,12 @@ def dapo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completio
     return (loss * mask).sum() / max(num_items, 1.0)
 
 
+def bnpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+    """Sum over the micro-batch's tokens / its token count (TRL's bnpo: a token mean per micro-batch)."""
+    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 def dr_grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
     """Sum over all tokens / (sequences * max_completion_length): a constant normaliser (Dr. GRPO)."""
     return (loss * mask).sum() / (loss.size(0) * max_completion_length)
 
-
-AGGREGATIONS: dict[str, Aggregation] = {"grpo": grpo, "dapo": dapo, "dr_grpo": dr_grpo}

@@ -8,6 +8,7 @@ initial policy, so no second model stays in memory); EOS ends every completion.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,13 +22,12 @@ from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.trainers.metrics import MetricsBuffer
+from ablate.trainers.metrics import MetricsBuffer, token_metrics
 
 
 @dataclass
 class DPOConfig(TrainingArguments):
     beta: float = field(default=0.1, metadata={"help": "KL strength: scales the implicit reward."})
-    loss_type: str = field(default="sigmoid", metadata={"help": "A function in ablate.losses.dpo, or a dotted path."})
     max_length: int | None = field(
         default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop pairs whose prompt fills it."}
     )
@@ -41,13 +41,6 @@ class DPOConfig(TrainingArguments):
         default=True, metadata={"help": "Score the data with the initial policy once, before training."}
     )
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        try:
-            dpo_losses.resolve(self.loss_type)  # fail before any model is built
-        except ValueError as e:
-            raise ConfigError(f"method.args.loss_type: {e}") from None
 
 
 class DPOCollator:
@@ -74,7 +67,8 @@ class DPOCollator:
 
 
 class DPOTrainer(Trainer):
-    """Direct Preference Optimization (Rafailov et al. 2023) with a loss chosen by `args.loss_type`."""
+    """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
+    `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)."""
 
     def __init__(
         self,
@@ -85,8 +79,10 @@ class DPOTrainer(Trainer):
         eval_dataset: Dataset | None = None,
         ref_model: PreTrainedModel | None = None,
         data_collator: Callable | None = None,
+        loss: dpo_losses.DPOLoss = dpo_losses.sigmoid,
         **kwargs: Any,
     ) -> None:
+        self.loss_fn = check_loss(loss)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
@@ -99,8 +95,8 @@ class DPOTrainer(Trainer):
             processing_class=processing_class,
             **kwargs,
         )
-        self.loss_fn = dpo_losses.resolve(args.loss_type)
         self.metrics = MetricsBuffer()
+        self.num_tokens = 0
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
@@ -171,8 +167,15 @@ class DPOTrainer(Trainer):
             ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
         else:
             ref_c, ref_r = self._reference_logps(model, inputs).chunk(2)
-        losses, metrics = self.loss_fn(logp_c, logp_r, ref_c.to(logp_c), ref_r.to(logp_r), beta=self.args.beta)
+        ref_c, ref_r = ref_c.to(logp_c), ref_r.to(logp_r)
+        n_c, n_r = inputs["completion_mask"].sum(-1).to(logp_c).chunk(2)  # completion tokens per sequence
+        losses, metrics = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
+        metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
+        self.metrics.add(mode, token_metrics(logits, inputs["input_ids"], inputs["completion_mask"]))
+        if mode == "train":  # TRL's num_tokens: prompt + completion tokens trained on so far
+            self.num_tokens += int(self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
+        self.metrics.set(mode, "num_tokens", self.num_tokens)
         loss = losses.mean()
         return (loss, {"logits": logits}) if return_outputs else loss
 
@@ -195,3 +198,14 @@ class DPOTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         logs.update(self.metrics.pop("train" if self.model.training else "eval"))
         super().log(logs, start_time)
+
+
+def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
+    """A one-line error when `loss` cannot take a DPO loss's arguments (e.g. a GRPO loss picked with
+    `method/loss=dapo` under method=dpo), before any data is tokenised."""
+    try:
+        inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
+    except TypeError as e:
+        raise ConfigError(f"method.loss: {dpo_losses.name(loss)} is not a DPO loss "
+                          f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {e}") from None
+    return loss

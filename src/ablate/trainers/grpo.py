@@ -14,16 +14,22 @@ into `steps_per_generation` slices, and serves slice k at micro-step k:
 `per_device_train_batch_size` counts completions (as in TRL), so it must be a multiple of
 `num_generations`. The old policy's log-probs are computed at generation time only when the policy
 can change between generation and use (`gradient_accumulation_steps % steps_per_generation != 0`,
-e.g. spg > accumulation); otherwise the ratio is exactly 1 and the detached current log-probs stand in.
+e.g. spg > accumulation, or num_iterations > 1); otherwise the ratio is exactly 1 and the detached
+current log-probs stand in.
+
+`num_iterations` (mu) serves a round's slices mu times over (micro-steps 0..spg-1, then again), so a
+round feeds spg * mu micro-steps; the old policy's log-probs are then always kept (the importance
+ratio is against the round's policy, as in TRL).
 
 Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
-prompts drawn for micro-step k, which the schedule test checks), no `num_iterations`, no vLLM;
+prompts drawn for micro-step k, which the schedule test checks), no vLLM;
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
-After a resume the buffer is empty: the round is regenerated from the same prompts (the dataloader
-replays them) and the slice for the current micro-step is served. Resuming from a checkpoint on a
-round boundary (save_steps a multiple of spg) reproduces the uninterrupted run exactly (RNG restored);
-mid-round, that one round's completions are new samples. The generation counters that `summary_fields`
-reports are saved with each checkpoint, so after a resume they cover the whole run.
+A checkpoint saved mid-round also holds the round's buffer (`generation_buffer.pt`: completions,
+advantages and the old policy's log-probs), so a resume at any step serves the rest of that round
+instead of regenerating it, and with the RNG restored reproduces the uninterrupted run's per-step
+losses exactly (TRL regenerates: that round's completions are new samples). Without a saved buffer
+(a checkpoint from before this), the round is regenerated from the same prompts. The generation
+counters that `summary_fields` reports are saved with each checkpoint too.
 
 Generation goes through one seam, `generator=` (a `GenerateFn`; `HFGenerator` by default), which a
 config can set as `method.trainer.generator: {_target_: ...}` to plug in a faster engine.
@@ -32,6 +38,8 @@ config can set as `method.trainer.generator: {_target_: ...}` to plug in a faste
 from __future__ import annotations
 
 import copy
+import inspect
+import math
 import json
 import os
 import time
@@ -42,7 +50,8 @@ import torch
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import Sampler
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers import (GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback,
+                          TrainingArguments)
 
 from ablate.data.format import prepare_prompts
 from ablate.errors import ConfigError
@@ -52,6 +61,7 @@ from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
 
 GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
+GENERATION_BUFFER = "generation_buffer.pt"  # in each checkpoint saved mid-round: the round's completions
 
 RewardFunc = Callable[..., list[float | None]]
 # The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS.
@@ -62,6 +72,7 @@ GenerateFn = Callable[[PreTrainedModel, list[list[int]]], list[list[int]]]
 class GRPOConfig(TrainingArguments):
     num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
     steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
+    num_iterations: int = field(default=1, metadata={"help": "Passes (mu) over each generation round's slices."})
     max_prompt_length: int | None = field(default=512, metadata={"help": "Keep the last N prompt tokens."})
     max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
@@ -69,9 +80,14 @@ class GRPOConfig(TrainingArguments):
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
     beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
-    scale_rewards: str = field(default="group", metadata={"help": "Advantage std: group | batch | none."})
-    loss_type: str = field(default="dapo", metadata={"help": "Token aggregation: grpo | dapo | dr_grpo."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "token (GRPO) | sequence (GSPO: one ratio per completion)."})
+    delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta."})
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -80,16 +96,17 @@ class GRPOConfig(TrainingArguments):
         checks = [
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
+            (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
+            (self.importance_sampling_level in ("token", "sequence"),
+             f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
+            (self.delta is None or self.delta > 1 + self.epsilon_high,
+             f"delta ({self.delta}) must exceed 1 + epsilon_high ({1 + self.epsilon_high})"),
             (self.per_device_train_batch_size % self.num_generations == 0,
              f"per_device_train_batch_size ({self.per_device_train_batch_size}) counts completions and must be "
              f"a multiple of num_generations ({self.num_generations})"),
             (self.eval_strategy == "no" or self.per_device_eval_batch_size % self.num_generations == 0,
              f"per_device_eval_batch_size ({self.per_device_eval_batch_size}) must be a multiple of "
              f"num_generations ({self.num_generations})"),
-            (self.scale_rewards in grpo_losses.SCALES,
-             f"scale_rewards must be one of {list(grpo_losses.SCALES)}, got '{self.scale_rewards}'"),
-            (self.loss_type in grpo_losses.AGGREGATIONS,
-             f"loss_type must be one of {list(grpo_losses.AGGREGATIONS)}, got '{self.loss_type}'"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -208,6 +225,10 @@ class GRPOTrainer(Trainer):
         reward_funcs: dict[str, RewardFunc] | None = None,
         eval_dataset: Dataset | None = None,
         generator: GenerateFn | None = None,
+        loss: grpo_losses.Aggregation = grpo_losses.dapo,
+        objective: grpo_losses.Objective = grpo_losses.per_token_loss,
+        reward_aggregation: grpo_losses.Advantages = grpo_losses.advantages,
+        scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
         **kwargs: Any,
     ) -> None:
         if not reward_funcs:
@@ -223,16 +244,21 @@ class GRPOTrainer(Trainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
-        self.aggregate = grpo_losses.AGGREGATIONS[args.loss_type]
+        self.aggregate = check_loss(loss)  # method/loss=NAME: how per-token losses become one number
+        self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
+        self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
+        self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
         self.generator = generator or HFGenerator(args, processing_class)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
+        self.add_callback(PrintGeometry())  # the batch geometry table, once the step count is known
         self._buffer: list[dict[str, torch.Tensor]] | None = None
         self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
         self.generation_rounds = 0
         self.generation_seconds = 0.0
+        self.num_tokens = 0
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
@@ -255,7 +281,8 @@ class GRPOTrainer(Trainer):
         dataset = self.train_dataset if dataset is None else dataset
         prompts = self._train_batch_size * self.args.steps_per_generation // self.args.num_generations
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return RepeatSampler(dataset, self.args.num_generations, prompts, self.args.steps_per_generation, seed)
+        repeat = self.args.steps_per_generation * self.args.num_iterations  # micro-steps one round serves
+        return RepeatSampler(dataset, self.args.num_generations, prompts, repeat, seed)
 
     def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler[int]:
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
@@ -275,7 +302,8 @@ class GRPOTrainer(Trainer):
             return self._generate_and_score(inputs, "eval")
         spg = self.args.steps_per_generation
         step = self._step or 0
-        if step % spg == 0 or self._buffer is None:  # None: first step after a resume
+        # a round serves its spg slices num_iterations times (mu passes, TRL's num_iterations)
+        if step % (spg * self.args.num_iterations) == 0 or self._buffer is None:  # None: first step after a resume
             batch = self._generate_and_score(inputs, "train")
             size = self._train_batch_size
             self._buffer = [
@@ -295,9 +323,16 @@ class GRPOTrainer(Trainer):
             self.generation_rounds += 1
             self.generation_seconds += seconds
         batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
+        stops = set(stop_ids(self.processing_class, model))
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
+        if mode == "train":  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            self.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
+        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
+            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
         batch = {k: v.to(self.args.device) for k, v in batch.items()}
         with torch.no_grad():
-            if mode == "train" and self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0:
+            if mode == "train" and (self.args.num_iterations > 1
+                                    or self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0):
                 # the policy is updated between generation and (some) use: keep pi_old
                 batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
@@ -306,17 +341,15 @@ class GRPOTrainer(Trainer):
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
-        advantages, metrics = grpo_losses.advantages(
-            rewards, self.reward_weights, self.args.num_generations, self.args.scale_rewards
+        advantages, metrics = self.reward_aggregation(
+            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
         )
         batch["advantages"] = advantages.to(self.args.device)
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         steps = self.args.steps_per_generation if mode == "train" else 1
         batch["num_items"] = batch["completion_mask"].sum().float() / steps
-        lengths = batch["completion_mask"].sum(-1).float()
-        stops = set(stop_ids(self.processing_class, model))
-        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
+        lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
             "completions/mean_length": lengths.mean(),
@@ -324,6 +357,7 @@ class GRPOTrainer(Trainer):
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
             "timing/generation_seconds": seconds,
+            "num_tokens": float(self.num_tokens),
         })
         self.metrics.add(mode, metrics)
         return batch
@@ -379,9 +413,10 @@ class GRPOTrainer(Trainer):
         logps, entropy = self._token_logps(model, inputs, with_entropy=True)
         mask = inputs["completion_mask"].float()
         old = inputs.get("old_logps", logps.detach())  # ratio exactly 1 when generation is on-policy
-        per_token, metrics = grpo_losses.per_token_loss(
+        per_token, metrics = self.objective(
             logps, old, inputs["advantages"], mask, self.args.epsilon, self.args.epsilon_high,
-            inputs.get("ref_logps"), self.args.beta,
+            inputs.get("ref_logps"), self.args.beta, self.args.importance_sampling_level, self.args.delta,
+            self.args.use_bias_correction_kl,
         )
         loss = self.aggregate(per_token, mask, num_items=float(inputs["num_items"]),
                               max_completion_length=self.args.max_completion_length)
@@ -411,7 +446,12 @@ class GRPOTrainer(Trainer):
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, GENERATION_STATE), "w") as f:
-                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds}, f)
+                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds,
+                           "num_tokens": self.num_tokens}, f)
+            served = self.args.steps_per_generation * self.args.num_iterations
+            if self._buffer is not None and (self._step or 0) % served != 0:  # mid-round: keep its completions
+                torch.save([{k: v.cpu() for k, v in b.items()} for b in self._buffer],
+                           os.path.join(folder, GENERATION_BUFFER))
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
@@ -421,7 +461,70 @@ class GRPOTrainer(Trainer):
             with open(path) as f:
                 saved = json.load(f)
             self.generation_rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
+            self.num_tokens = saved.get("num_tokens", 0)
+        buffer = os.path.join(resume_from_checkpoint, GENERATION_BUFFER)
+        if os.path.isfile(buffer):  # resumed mid-round: serve the rest of the round, do not regenerate
+            self._buffer = [{k: v.to(self.args.device) for k, v in b.items()}
+                            for b in torch.load(buffer, weights_only=True)]
 
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
+
+
+def off_policy_steps(spg: int, accumulation: int, num_iterations: int = 1) -> list[int]:
+    """Which optimizer steps (1-based, within one period of lcm(spg * mu, accumulation) micro-steps) train
+    on at least one micro-batch generated before the policy's last update (ratio != 1, clipping active).
+
+    A round serves spg * mu micro-steps: micro-step m belongs to the round generated at micro-step
+    r = spg * mu * (m // (spg * mu)); the policy is updated after every `accumulation` micro-steps, so m
+    is off-policy when m // accumulation > r // accumulation.
+    """
+    served = spg * num_iterations
+    period = served * accumulation // math.gcd(served, accumulation)
+    steps = {m // accumulation + 1 for m in range(period)
+             if m // accumulation > (served * (m // served)) // accumulation}
+    return sorted(steps)
+
+
+def batch_geometry(args: GRPOConfig, world_size: int, max_steps: int) -> str:
+    """The table printed at the start of every GRPO run: prompts and completions per micro-step, per
+    optimizer step and per generation round; rounds and optimizer steps in total; off-policy steps."""
+    b, g, spg, ga = args.per_device_train_batch_size, args.num_generations, args.steps_per_generation, \
+        args.gradient_accumulation_steps
+    mu = args.num_iterations
+    rows = [("per micro-step", b, 1), ("per optimizer step", b * ga, ga), ("per generation round", b * spg, spg * mu)]
+    micro = max_steps * ga
+    period = spg * mu * ga // math.gcd(spg * mu, ga) // ga  # optimizer steps after which the pattern repeats
+    off = off_policy_steps(spg, ga, mu)
+    if not off:
+        policy = "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
+    else:
+        policy = f"{', '.join(map(str, off))} of every {period} (ratio != 1: clipping can act)"
+    lines = [f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
+             f"num_iterations={mu})",
+             f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for all)"]
+    lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
+    lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {math.ceil(micro / (spg * mu))}",
+              f"  off-policy optimizer steps: {policy}"]
+    return "\n".join(lines)
+
+
+class PrintGeometry(TrainerCallback):
+    """Prints `batch_geometry` once at the start of training (main process), before the first step."""
+
+    def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            print(batch_geometry(args, args.world_size, state.max_steps), flush=True)
+
+
+def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
+    """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
+    `method/loss=hinge` under method=grpo)."""
+    try:
+        inspect.signature(loss).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
+    except TypeError as e:
+        name = getattr(getattr(loss, "func", loss), "__name__", repr(loss))
+        raise ConfigError(f"method.loss: {name} is not a GRPO loss (a GRPO loss takes per_token_loss, mask, "
+                          f"num_items=..., max_completion_length=...): {e}") from None
+    return loss

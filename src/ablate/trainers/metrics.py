@@ -21,8 +21,37 @@ class MetricsBuffer:
             v = value.float().mean().item() if isinstance(value, torch.Tensor) else float(value)
             self._values[mode][name].append(v)
 
+    def set(self, mode: str, name: str, value: float) -> None:
+        """A running total (e.g. `num_tokens`): logged as its latest value, not averaged."""
+        self._values[mode][name] = [float(value)]
+
     def pop(self, mode: str) -> dict[str, float]:
         """Averages since the last pop, `eval_`-prefixed in eval mode; clears the buffer."""
         out = {k: sum(v) / len(v) for k, v in self._values[mode].items() if v}
         self._values[mode].clear()
         return {f"eval_{k}": v for k, v in out.items()} if mode == "eval" else out
+
+
+@torch.no_grad()
+def token_metrics(logits: torch.Tensor, input_ids: torch.Tensor, completion_mask: torch.Tensor) -> dict[str, float]:
+    """TRL's DPO token metrics from a `[chosen; rejected]` batch: `entropy` (mean over every completion
+    token), `logits/chosen` / `logits/rejected` (the vocabulary-mean logit, averaged over completion
+    tokens) and `mean_token_accuracy` (argmax == next token, chosen completions only)."""
+    logits, target, mask = logits[:, :-1], input_ids[:, 1:], completion_mask[:, 1:].bool()
+    # one sequence at a time: a float32 log-softmax of the whole batch would triple the logits' memory
+    entropy = torch.stack([_entropy(row.float()) for row in logits])
+    mean_logits = logits.float().mean(-1)
+    correct = logits.argmax(-1) == target
+    mc, mr = mask.chunk(2)
+    lc, lr = mean_logits.chunk(2)
+
+    def avg(x: torch.Tensor, m: torch.Tensor) -> float:
+        return (x[m].sum() / m.sum()).item() if m.any() else 0.0
+
+    return {"entropy": avg(entropy, mask), "logits/chosen": avg(lc, mc), "logits/rejected": avg(lr, mr),
+            "mean_token_accuracy": avg(correct.chunk(2)[0].float(), mc)}
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
