@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate import rundir
-from ablate.compare import DEFAULT_METRICS, FALLBACK_METRICS, Run, find_runs
+from ablate.compare import Run, find_runs
 
 STATUSES = ("running", "completed", "failed", "interrupted", "preempted")
 NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns
@@ -66,8 +66,8 @@ def status_of(run: Run, info: dict[str, Any]) -> str:
 
 
 def key_metric(run: Run) -> tuple[str, float | None]:
-    """The method's first default metric (compare.DEFAULT_METRICS) and its final value."""
-    name = DEFAULT_METRICS.get(run.method, FALLBACK_METRICS)[0]
+    """The method's first compare metric (its YAML's `compare_metrics`, recorded in summary.json) and its final value."""
+    name = run.default_metrics[0]
     return name, run.final(name)
 
 

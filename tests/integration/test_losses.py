@@ -55,8 +55,8 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
     (["train", "method=grpo", "method.args.scale_rewards=batch"],
      "ablate: error: method.args.scale_rewards is now the config group method/scale_rewards: "
      "use method/scale_rewards=batch"),
-    (["sweep", "old.yaml"], "ablate: error: method.args.loss_type is now the config group method/loss: "
-                            "use method/loss=sigmoid,hinge"),
+    # an old-style sweep file (name/params/overrides) is refused in one line: sweeps are Hydra configs now
+    (["sweep", "old.yaml"], "ablate: error: ablate sweep: no sweep config 'old.yaml'"),
     (["train", "method=grpo", "method/loss=hinge"], "ablate: error: method.loss: hinge is not a GRPO loss"),
 ])
 def test_old_spelling_and_wrong_method_are_one_line(tmp_path, args, needle):

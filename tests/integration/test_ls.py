@@ -23,7 +23,9 @@ def fake_run(root: Path, rel: str, started: str, status: str, method: str = "dpo
         info["pid"] = pid
     (run / "run.json").write_text(json.dumps(info))
     summary = {"status": status, "method": method, "overrides": info["overrides"], "global_step": step,
-               "metrics": metrics or {}}
+               "metrics": metrics or {},
+               # as train.py records it from the method's YAML (compare_metrics): ls shows the first
+               "compare_metrics": {"grpo": ["reward"], "dpo": ["rewards/accuracies"]}.get(method, ["loss"])}
     if error:
         summary["error"] = error
     (run / "summary.json").write_text(json.dumps(summary))
