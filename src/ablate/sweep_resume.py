@@ -38,7 +38,7 @@ class ResumeRefused(Exception):
     """A job of the sweep is no longer the job that ran in its dir."""
 
 
-# env vars whose values never reach a run dir (as ablate/tracking/wandb.py's SECRET_ENV, which imports
+# env vars whose values never reach a run dir (as ablate/logger/wandb.py's SECRET_ENV, which imports
 # transformers: not here)
 SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
 

@@ -104,7 +104,7 @@ def test_resume_continues_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest
 
 def test_root_tags_and_notes_reach_wandb(tmp_path: Path) -> None:
     """`tags=[...]` and `notes="..."` (root config keys) become the W&B run's tags and notes."""
-    from ablate.tracking.wandb import WandbTracker
+    from ablate.logger.wandb import WandbTracker
 
     tracker = WandbTracker(mode="offline", job_type="dpo", tags=["from_logger"])
     tracker.start({"seed": 0, "tags": ["baseline", "v2"], "notes": "why this run"}, tmp_path, {})
