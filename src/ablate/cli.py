@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import sys
+import traceback
 from datetime import datetime
 from pathlib import Path
 
@@ -135,16 +136,33 @@ def hydra_train(argv: list[str]) -> None:
     from ablate import sweep
     from ablate.train import main as task
 
+    from ablate.validate import one_line
+
     register_resolvers()
     sys.argv = ["ablate", *argv]
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a page: errors reach us
+    error: Exception | None = None
     try:
         hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")(task)()
+    except Exception as e:  # noqa: BLE001 - a user's mistake becomes one line below, a bug is re-raised
+        error = e
     finally:
-        # a multirun whose job failed skips Hydra's on_multirun_end: print its job table here
-        failed = sweep.finish()
+        if not full_error:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+    # a multirun whose job failed skips Hydra's on_multirun_end: print its job table here
+    failed = sweep.finish()
+    line = one_line(error) if error is not None and not full_error else None
     if failed:
+        if error is not None and line is None:
+            traceback.print_exception(error)
         print(f"ablate: {failed} sweep job(s) failed (see the table above)", file=sys.stderr)
         sys.exit(1)
+    if error is not None:
+        if line is None:
+            raise error
+        print(f"ablate: error: {line}", file=sys.stderr)
+        sys.exit(2)
 
 
 def quote_override_value(value: str) -> str:
@@ -343,7 +361,14 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
-    cmd, rest = argv[0], argv[1:]
+    try:
+        _dispatch(argv[0], argv[1:])
+    except KeyboardInterrupt:  # Ctrl-C: the run records itself (summary.json); no traceback page here
+        print("ablate: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _dispatch(cmd: str, rest: list[str]) -> None:
     if cmd == "train":
         hydra_train(rest)
     elif cmd == "status":

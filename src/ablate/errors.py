@@ -1,12 +1,23 @@
-"""Errors a user can fix: reported as one line, never as a traceback page."""
+"""Errors a user can fix: reported as one line, never as a traceback page.
+
+No heavy imports here (no torch, no datasets): the launching process uses it to check a config.
+"""
 
 from __future__ import annotations
-
-from ablate.data import DataError
 
 
 class ConfigError(ValueError):
     """A config value ablate refuses (checked before any model is built)."""
+
+
+class DataError(ValueError):
+    """Bad or missing data: reported to the user as one line."""
+
+
+def missing_extra(module: str, extra: str, what: str) -> ConfigError:
+    """The error for an optional package that is not installed: one line naming the pip command."""
+    return ConfigError(f"{what} needs the optional package '{module.split('.')[-1]}', not installed: "
+                       f"pip install 'ablate[{extra}]'")
 
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.

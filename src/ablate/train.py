@@ -19,10 +19,13 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir, runs, slurm, sweep_resume
+from ablate import rundir, runs, slurm, sweep_resume, validate
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
+# peft (imported by Trainer when installed) imports bitsandbytes, whose CPU backend warns on every run
+# that an optional speed-up package is missing, even when nothing uses bitsandbytes
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def main(cfg: DictConfig) -> dict[str, Any]:
@@ -51,6 +54,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
     slurm.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     hc = HydraConfig.get()
+    validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
     run_dir = Path(hc.runtime.output_dir)
     done = sweep_resume.skip_completed(run_dir)  # a resumed sweep's completed job: nothing to do
     if done is not None:
@@ -82,14 +86,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # values are passed as explicit kwargs below, so they are the ones the args end up with
         device_args = _check_precision(cfg.precision)
         _check_distributed(cfg.distributed)
-        args = instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
-                           **OmegaConf.to_container(cfg.precision), **device_args,
-                           **OmegaConf.to_container(cfg.distributed))
+        args = _training_args(cfg, run_dir, {**device_args, **OmegaConf.to_container(cfg.distributed)})
         make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
+        data = instantiate(cfg.data)  # before the model: a data mistake costs no model load
         tokenizer, model = instantiate(cfg.model)
         model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
         _check_trainable(model)
-        data = instantiate(cfg.data)
 
         if cfg.logger and rundir.is_main_process():  # logger=none composes to an empty node; one W&B run per job
             tracker = instantiate(cfg.logger)
@@ -188,6 +190,18 @@ def _check_method_args(cfg: DictConfig) -> None:
         hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hint = "; ".join(f"did you mean '{h[0]}' for '{k}'?" for k, h in hints.items() if h)
         raise ConfigError(f"method.args: unknown field(s) {unknown} for {cls.__name__}" + (f" ({hint})" if hint else ""))
+
+
+def _training_args(cfg: DictConfig, run_dir: Path, device_args: dict[str, Any]) -> Any:
+    """TrainingArguments from method.args; its own refusals (ValueError in __post_init__) are one line."""
+    try:
+        return instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
+                           **OmegaConf.to_container(cfg.precision), **device_args)
+    except Exception as e:  # noqa: BLE001 - Hydra wraps the dataclass's ValueError/TypeError
+        cause = e.__cause__ or e
+        if isinstance(cause, (ValueError, TypeError)):
+            raise ConfigError(f"method.args: {str(cause).strip().splitlines()[0]}") from e
+        raise
 
 
 def _check_precision(args: Any) -> dict[str, Any]:

@@ -15,11 +15,9 @@ from typing import Any, Callable, Mapping
 
 from datasets import Dataset, load_dataset, load_from_disk
 
+from ablate.errors import DataError
+
 PACKAGED = Path(__file__).parent / "tiny"
-
-
-class DataError(ValueError):
-    """Bad or missing data: reported to the user as one line."""
 
 
 @dataclass
@@ -65,8 +63,13 @@ def _check_jsonl(path: Path, split: str) -> None:
     if not path.is_file():
         raise DataError(f"data: {split} file not found: {path}")
     rows = 0
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"data: {path} line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                f"{e.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

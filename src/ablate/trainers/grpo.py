@@ -183,6 +183,14 @@ def stop_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None =
     return ids
 
 
+def _check_finite(model: nn.Module, step: int) -> None:
+    """NaN/inf weights (a diverged update, e.g. too high an lr) as one line, before sampling from them."""
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    if params and not torch.stack([torch.isfinite(p).all() for p in params]).all():
+        raise FloatingPointError(f"the policy's weights are NaN/inf before the generation round at step {step} "
+                                 "(training diverged): lower optimizer.optimizer.lr")
+
+
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad so every prompt ends where generation starts. Returns (ids, mask)."""
     width = max(len(s) for s in seqs)
@@ -317,6 +325,7 @@ class GRPOTrainer(Trainer):
         """Generate a completion per row, score it, and return the padded tensors the loss needs."""
         t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
+        _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
         completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
         seconds = time.perf_counter() - t0
         if mode == "train":

@@ -1,0 +1,289 @@
+"""Bad input gets one line naming what to fix, before anything is built or any run dir is touched.
+
+- `check(cfg)`: the composed config: required fields, value types and ranges, unknown root keys,
+  data/model paths, the optional packages a `_target_` needs. Raises `ConfigError`.
+- `Validate`, a Hydra callback (conf/config.yaml `hydra.callbacks`): runs `check` and the run-dir
+  checks in `on_run_start`, which Hydra calls after composing and *before* it creates the run dir or
+  writes `.hydra/` and ablate.log into it; a mistake there leaves every existing dir as it was.
+  A multirun job is checked by `ablate.train.run` instead (it fails, the sweep goes on).
+- `one_line(e)`: Hydra's multi-line composition errors ("not in struct", "Could not find
+  'method/dpoo'") as one line that names the key or option that was probably meant.
+
+Only the values ablate's own config defines are range-checked (RULES below); any other
+TrainingArguments field is checked by TrainingArguments itself. No torch import here: this runs in
+the launching process.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ablate.errors import ConfigError, missing_extra
+
+Check = Callable[[Any, DictConfig], bool]
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _grpo(cfg: DictConfig) -> bool:
+    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("GRPOConfig")
+
+
+# dotted key -> (test, what the value must be). A key absent from the config is not checked.
+RULES: dict[str, tuple[Check, str]] = {
+    "seed": (lambda v, c: _int(v), "an integer"),
+    "optimizer.optimizer.lr": (lambda v, c: _num(v) and v > 0, "a number > 0"),
+    "optimizer.optimizer.weight_decay": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
+    "method.args.per_device_train_batch_size": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
+    "method.args.per_device_eval_batch_size": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
+    "method.args.gradient_accumulation_steps": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
+    "method.args.num_train_epochs": (lambda v, c: _num(v) and v > 0, "a number > 0"),
+    # 0 is not "no training": Trainer runs one step. -1 means "use num_train_epochs".
+    "method.args.max_steps": (lambda v, c: _int(v) and (v == -1 or v >= 1), "-1 (use num_train_epochs) or an integer >= 1"),
+    "method.args.max_grad_norm": (lambda v, c: v is None or (_num(v) and v >= 0), "a number >= 0 (0 = no clipping)"),
+    "method.args.logging_steps": (lambda v, c: _num(v) and v > 0, "a number > 0"),
+    "method.args.eval_steps": (lambda v, c: v is None or (_num(v) and v > 0), "null or a number > 0"),
+    "method.args.save_steps": (lambda v, c: _num(v) and v > 0, "a number > 0 (turn checkpoints off with method.args.save_strategy=no)"),
+    "method.args.save_total_limit": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
+    "method.args.eval_strategy": (lambda v, c: v in ("no", "steps", "epoch"), "one of no, steps, epoch"),
+    "method.args.save_strategy": (lambda v, c: v in ("no", "steps", "epoch", "best"), "one of no, steps, epoch, best"),
+    "method.args.dataloader_num_workers": (lambda v, c: _int(v) and v >= 0, "an integer >= 0"),
+    # DPO's beta scales the implicit reward (beta=0 makes the loss constant; hinge divides by it);
+    # GRPO's beta is a KL weight, where 0 turns the reference model off.
+    "method.args.beta": (lambda v, c: _num(v) and (v >= 0 if _grpo(c) else v > 0),
+                         "a number > 0 (GRPO: >= 0, where 0 means no KL term)"),
+    "method.args.max_length": (lambda v, c: v is None or (_int(v) and v >= 1), "an integer >= 1"),
+    "method.args.max_prompt_length": (lambda v, c: v is None or (_int(v) and v >= 1), "an integer >= 1"),
+    "method.args.max_completion_length": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
+    "method.args.num_generations": (lambda v, c: _int(v) and v >= 2, "an integer >= 2 (the group whose mean is the baseline)"),
+    "method.args.steps_per_generation": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
+    "method.args.temperature": (lambda v, c: _num(v) and v > 0, "a number > 0"),
+    "method.args.top_p": (lambda v, c: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "method.args.epsilon": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
+    "method.args.epsilon_high": (lambda v, c: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
+    "method.args.scale_rewards": (lambda v, c: v in ("group", "batch", "none"), "one of group, batch, none"),
+    "data.max_train_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
+    "data.max_eval_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
+    "model.dtype": (lambda v, c: v in ("float32", "bfloat16", "float16"), "one of float32, bfloat16, float16"),
+}
+
+# `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
+EXTRAS: dict[str, tuple[str, str]] = {
+    "bitsandbytes.": ("bitsandbytes", "quant"),
+    "transformers.BitsAndBytesConfig": ("bitsandbytes", "quant"),
+    "ablate.tracking.wandb.": ("wandb", "wandb"),
+}
+
+
+def check(cfg: DictConfig, hc: Any = None) -> None:
+    """Raise ConfigError for the first mistake visible in the composed config `cfg`; `hc` is the
+    hydra node (`cfg.hydra` when Hydra's callbacks pass the full config, else HydraConfig.get())."""
+    if hc is None:
+        hc = cfg.hydra if "hydra" in cfg else _hydra_node()
+    _check_missing(cfg, hc)
+    _check_root_keys(cfg, hc)
+    try:
+        values = {key: OmegaConf.select(cfg, key, default=KeyError) for key in RULES}
+    except OmegaConfBaseException as e:  # e.g. ${oc.env:UNSET}
+        raise ConfigError(f"cannot resolve the config: {str(e).splitlines()[0]}") from None
+    for key, (ok, what) in RULES.items():
+        v = values[key]
+        if v is not KeyError and not ok(v, cfg):
+            raise ConfigError(f"{key}={_show(v)}: must be {what}")
+    _check_paths(cfg)
+    _check_extras(cfg)
+
+
+def _show(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _hydra_node() -> Any:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def _check_missing(cfg: DictConfig, hc: Any) -> None:
+    """`???` fields (data=jsonl's train_path, model=local's path): name the group and the fix."""
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    missing = sorted(OmegaConf.missing_keys(task))
+    if missing:
+        key = missing[0]
+        root = key.split(".")[0]
+        choice = OmegaConf.select(hc, f"runtime.choices.{root}", default=None) if hc is not None else None
+        group = f" ({root}={choice} needs it)" if choice else ""
+        raise ConfigError(f"{key} is required{group}: add {key}=...")
+
+
+def _known_roots(hc: Any) -> set[str]:
+    """Root keys that come from ablate's config: the primary config's own keys and config groups."""
+    from ablate.cli import conf_dir
+
+    known = {"hydra"}
+    known |= {str(k) for k in OmegaConf.load(Path(conf_dir()) / "config.yaml") if k != "defaults"}
+    choices = OmegaConf.select(hc, "runtime.choices", default=None) or {}
+    known |= {str(group).split("/")[0].split("@")[0] for group in choices}
+    return known
+
+
+def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
+    """A `+key=value` at the root that is no config group (`+precison=bf16`) would compose as a plain
+    value nothing reads, and the run would train without it: refuse it, naming the likely key."""
+    overrides = OmegaConf.select(hc, "overrides.task", default=None) if hc is not None else None
+    if overrides is None:
+        return
+    added = {str(o).lstrip("+").split("=")[0].split(".")[0] for o in overrides if str(o).startswith("+")}
+    known = _known_roots(hc)
+    for root in sorted(added - known):
+        if root in cfg:
+            hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
+            meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
+            raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
+
+
+def _check_paths(cfg: DictConfig) -> None:
+    """Data files and a local model dir exist (checked before the model is loaded)."""
+    data = cfg.get("data") or {}
+    for key in ("train_path", "eval_path"):
+        path = data.get(key) if isinstance(data, DictConfig) else None
+        if isinstance(path, str) and not Path(path).expanduser().is_file():
+            what = "is a directory, not a JSON-lines file" if Path(path).expanduser().is_dir() else "not found"
+            raise ConfigError(f"data.{key}={path}: {what}")
+    model = cfg.get("model") or {}
+    path = model.get("path") if isinstance(model, DictConfig) else None
+    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
+        local = Path(path).expanduser()
+        if not (local / "config.json").is_file():
+            why = "not found" if not local.exists() else "no config.json there"
+            raise ConfigError(f"model.path={path}: not a save_pretrained directory ({why})")
+
+
+def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            if k == "hydra" and not prefix:
+                continue
+            v = node._get_node(k)
+            if k == "_target_":
+                out.append((prefix + "_target_", str(node[k])))
+            elif isinstance(v, DictConfig):
+                out += _targets(v, f"{prefix}{k}.")
+    return out
+
+
+def _check_extras(cfg: DictConfig) -> None:
+    for key, target in _targets(cfg):
+        for prefix, (module, extra) in EXTRAS.items():
+            if target.startswith(prefix) and not installed(module):
+                raise missing_extra(module, extra, f"{key}={target}")
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_dir(path: Path, key: str) -> None:
+    """`path` (hydra.run.dir / hydra.sweep.dir) is, or can be created as, a writable directory.
+    Nothing is written into an existing dir (the write test is os.access)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}={path} is a file, not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{key}={path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path}: {parent} is not writable")
+    if parent != path:  # create it now: a failure is ours to report, and nothing existing is touched
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{key}={path}: cannot create it ({e.strerror})") from None
+
+
+class Validate(Callback):
+    """Hydra callback: a single run's config and run dir are checked before Hydra touches the dir.
+    Hydra turns a callback's exception into a warning, so a refusal exits here (code 2)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_error(lambda: (check(config), check_dir(Path(str(config.hydra.run.dir)), "hydra.run.dir")))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_error(lambda: check_dir(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))
+
+
+def _exit_on_error(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except ConfigError as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def one_line(e: BaseException) -> str | None:
+    """The user-facing line for a config/composition error, or None for anything else (a bug)."""
+    from hydra.errors import HydraException, MissingConfigException
+
+    from ablate.errors import USER_ERRORS
+
+    cause = e
+    while cause is not None:
+        if isinstance(cause, USER_ERRORS):
+            return str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        cause = cause.__cause__
+    if isinstance(e, MissingConfigException):
+        return _missing_option(e)
+    if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \
+            and "not in struct" in str(e.__cause__):
+        return _unknown_key(e.__cause__)
+    if isinstance(e, (HydraException, OmegaConfBaseException)):
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        return " ".join(lines[:3]) if lines else type(e).__name__
+    return None
+
+
+def _missing_option(e: Any) -> str:
+    missing = str(getattr(e, "missing_cfg_file", "") or "")
+    group, _, option = missing.rpartition("/")
+    if missing.startswith("hydra/launcher/submitit"):
+        return missing_extra("hydra_plugins.hydra_submitit_launcher", "slurm", "hydra/launcher=slurm").args[0]
+    options = list(getattr(e, "options", None) or [])
+    if not group or not options:
+        return str(e).splitlines()[0]
+    hint = difflib.get_close_matches(option, options, n=1)
+    meant = f"did you mean {group}={hint[0]}? " if hint else ""
+    return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
+
+
+def _unknown_key(cause: Any) -> str:
+    key = str(getattr(cause, "full_key", "") or "")
+    parent = getattr(cause, "parent_node", None)
+    leaf = key.rsplit(".", 1)[-1]
+    prefix = key[: -len(leaf)]
+    known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    hint = difflib.get_close_matches(leaf, known, n=1)
+    if hint:
+        return f"unknown config key '{key}' (did you mean '{prefix}{hint[0]}'?)"
+    return f"unknown config key '{key}'; known under '{prefix.rstrip('.') or '<root>'}': {', '.join(known)}" \
+           f" (to add a new field on purpose: +{key}=...)"
