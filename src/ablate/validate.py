@@ -91,20 +91,27 @@ EXTRAS: dict[str, tuple[str, str]] = {
 }
 
 
-def check(cfg: DictConfig, hc: Any = None) -> None:
+def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) -> None:
     """Raise ConfigError for the first mistake visible in the composed config `cfg`; `hc` is the
-    hydra node (`cfg.hydra` when Hydra's callbacks pass the full config, else HydraConfig.get())."""
+    hydra node (`cfg.hydra` when Hydra's callbacks pass the full config, else HydraConfig.get()).
+    `swept`: keys a multirun sweeps, whose value in `cfg` is not what any job gets (not checked)."""
     if hc is None:
         hc = cfg.hydra if "hydra" in cfg else _hydra_node()
-    _check_missing(cfg, hc)
-    _check_root_keys(cfg, hc)
     try:
-        values = {key: OmegaConf.select(cfg, key, default=KeyError) for key in RULES}
+        _check(cfg, hc, swept)
     except OmegaConfBaseException as e:  # e.g. ${oc.env:UNSET}
-        raise ConfigError(f"cannot resolve the config: {str(e).splitlines()[0]}") from None
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"{key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
+
+
+def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
+    _check_missing(cfg, hc, swept)
+    _check_root_keys(cfg, hc)
+    _check_added_args(cfg, hc)
+    values = {key: OmegaConf.select(cfg, key, default=KeyError) for key in RULES}
     for key, (ok, what) in RULES.items():
         v = values[key]
-        if v is not KeyError and not ok(v, cfg):
+        if v is not KeyError and key not in swept and not ok(v, cfg):
             raise ConfigError(f"{key}={_show(v)}: must be {what}")
     _check_paths(cfg)
     _check_extras(cfg)
@@ -120,10 +127,10 @@ def _hydra_node() -> Any:
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
-def _check_missing(cfg: DictConfig, hc: Any) -> None:
+def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     """`???` fields (data=jsonl's train_path, model=local's path): name the group and the fix."""
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-    missing = sorted(OmegaConf.missing_keys(task))
+    missing = sorted(set(OmegaConf.missing_keys(task)) - swept)
     if missing:
         key = missing[0]
         root = key.split(".")[0]
@@ -156,6 +163,25 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
             hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
             meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
+
+
+def _check_added_args(cfg: DictConfig, hc: Any) -> None:
+    """`+method.args.<field>=...` must name a field of the method's arguments class. Only then is the
+    class imported (it pulls in transformers: seconds), since its fields are the only list there is."""
+    overrides = OmegaConf.select(hc, "overrides.task", default=None) if hc is not None else None
+    if not any(str(o).lstrip("+").startswith("method.args.") and str(o).startswith("+") for o in overrides or []):
+        return
+    import dataclasses
+
+    from hydra.utils import get_class
+
+    cls = get_class(cfg.method.args._target_)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for k in cfg.method.args:
+        if k not in known and k != "_target_":
+            hint = difflib.get_close_matches(str(k), known, n=1)
+            meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
+            raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
 
 
 def _check_paths(cfg: DictConfig) -> None:
@@ -230,7 +256,28 @@ class Validate(Callback):
         _exit_on_error(lambda: (check(config), check_dir(Path(str(config.hydra.run.dir)), "hydra.run.dir")))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_on_error(lambda: check_dir(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))
+        """A mistake in a sweep's fixed values would fail every job: refuse the sweep instead. The
+        config here is the defaults plus the fixed overrides; when a group is swept the jobs'
+        configs differ from it too much to judge, so each job is checked when it starts."""
+        swept = _swept(config)
+        if swept is None:
+            _exit_on_error(lambda: check_dir(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))
+        else:
+            _exit_on_error(lambda: (check(config, swept=swept),
+                                    check_dir(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")))
+
+
+def _swept(config: DictConfig) -> frozenset[str] | None:
+    """The keys a multirun sweeps, or None when it sweeps a config group (or they cannot be read)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
+    try:
+        parsed = OverridesParser.create().parse_overrides([str(o) for o in config.hydra.overrides.task])
+    except Exception:  # noqa: BLE001 - Hydra parsed them already; never refuse a sweep on our own parse
+        return None
+    keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    return None if any(k in choices or "/" in k for k in keys) else frozenset(keys)
 
 
 def _exit_on_error(fn: Callable[[], Any]) -> None:
@@ -243,7 +290,7 @@ def _exit_on_error(fn: Callable[[], Any]) -> None:
 
 def one_line(e: BaseException) -> str | None:
     """The user-facing line for a config/composition error, or None for anything else (a bug)."""
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     from ablate.errors import USER_ERRORS
 
@@ -252,6 +299,8 @@ def one_line(e: BaseException) -> str | None:
         if isinstance(cause, USER_ERRORS):
             return str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         cause = cause.__cause__
+    if isinstance(e, OverrideParseException):
+        return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
     if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \

@@ -1,0 +1,269 @@
+"""A user's bad day, as a table: every bad input gets exit status 2 and ONE line on stderr naming
+what to fix (no traceback), no model is built when the mistake is visible in the config (no run
+dir is even created), and an existing run dir is never touched.
+
+Each case runs the real CLI in a subprocess from its own scratch cwd (default run dirs), which holds
+an older run dir that must come out byte- and mtime-identical. The cases run concurrently (a
+module fixture hands them all to tests/fork_runner.py, which imports the CLI once and forks a
+child per case), so the table costs a fraction of a second per case; the tests only read results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import TESTS, ablate
+
+OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
+ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]        # after `ablate`; {F} = the fixtures dir
+    says: str                    # the error line must contain this (what to fix)
+    phase: str = "config"        # config: refused before any run dir exists; run: refused by the run
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def C(id: str, args: str, says: str, phase: str = "config") -> Case:
+    return Case(id, tuple(args.split()), says, phase)
+
+
+CASES: list[Case] = [
+    # --- required values, missing files and dirs (visible in the config) ---
+    C("jsonl-no-path", "train data=jsonl", "data.train_path is required"),
+    C("local-no-path", "train model=local", "model.path is required"),
+    C("jsonl-missing-file", "train data=jsonl data.train_path={F}/nope.jsonl", "data.train_path={F}/nope.jsonl: not found"),
+    C("jsonl-path-is-dir", "train data=jsonl data.train_path={F}", "is a directory"),
+    C("jsonl-missing-eval", "train data=jsonl data.train_path={F}/good.jsonl data.eval_path={F}/nope.jsonl",
+      "data.eval_path"),
+    C("local-missing-dir", "train model=local model.path={F}/no_model", "not a save_pretrained directory"),
+    C("local-empty-dir", "train model=local model.path={F}/empty_dir", "no config.json"),
+    C("local-bad-dtype", "train model=local model.path={F}/empty_dir model.dtype=float8", "model.dtype"),
+    # --- values of the wrong type or out of range ---
+    C("beta-abc", "train method.args.beta=abc", "method.args.beta=abc: must be a number > 0"),
+    C("beta-zero", "train method.args.beta=0", "method.args.beta=0"),
+    C("beta-negative", "train method.args.beta=-0.1", "method.args.beta=-0.1"),
+    C("hinge-beta-zero", "train method=dpo_hinge method.args.beta=0", "method.args.beta=0"),
+    C("grpo-beta-negative", "train method=grpo method.args.beta=-1", "method.args.beta=-1"),
+    C("lr-negative", "train optimizer.optimizer.lr=-1e-3", "optimizer.optimizer.lr=-0.001: must be a number > 0"),
+    C("lr-zero", "train optimizer.optimizer.lr=0", "optimizer.optimizer.lr=0"),
+    C("lr-text", "train optimizer.optimizer.lr=fast", "optimizer.optimizer.lr=fast"),
+    C("sgd-lr-negative", "train optimizer=sgd optimizer.optimizer.lr=-1", "optimizer.optimizer.lr=-1"),
+    C("weight-decay-negative", "train optimizer.optimizer.weight_decay=-1", "weight_decay"),
+    C("batch-zero", "train method.args.per_device_train_batch_size=0", "per_device_train_batch_size=0: must be an integer >= 1"),
+    C("batch-negative", "train method.args.per_device_train_batch_size=-4", "per_device_train_batch_size=-4"),
+    C("batch-float", "train method.args.per_device_train_batch_size=2.5", "per_device_train_batch_size=2.5"),
+    C("eval-batch-zero", "train method.args.per_device_eval_batch_size=0", "per_device_eval_batch_size=0"),
+    C("accum-zero", "train method.args.gradient_accumulation_steps=0", "gradient_accumulation_steps=0"),
+    C("max-length-zero", "train method.args.max_length=0", "max_length=0"),
+    C("sft-max-length-zero", "train method=sft method.args.max_length=0", "max_length=0"),
+    C("epochs-zero", "train method.args.num_train_epochs=0", "num_train_epochs=0"),
+    C("max-steps-zero", "train method.args.max_steps=0", "max_steps=0: must be -1"),
+    C("max-steps-negative", "train method.args.max_steps=-5", "max_steps=-5"),
+    C("save-steps-zero", "train method.args.save_steps=0", "save_steps=0"),
+    C("logging-steps-zero", "train method.args.logging_steps=0", "logging_steps=0"),
+    C("eval-strategy-unknown", "train method.args.eval_strategy=sometimes", "eval_strategy=sometimes: must be one of"),
+    C("save-strategy-unknown", "train method.args.save_strategy=never", "save_strategy=never"),
+    C("save-limit-zero", "train method.args.save_total_limit=0", "save_total_limit=0"),
+    C("grad-norm-negative", "train method.args.max_grad_norm=-1", "max_grad_norm=-1"),
+    C("workers-negative", "train method.args.dataloader_num_workers=-1", "dataloader_num_workers=-1"),
+    C("grpo-one-generation", "train method=grpo method.args.num_generations=1", "num_generations=1"),
+    C("grpo-temperature-zero", "train method=grpo method.args.temperature=0", "temperature=0"),
+    C("grpo-top-p-big", "train method=grpo method.args.top_p=1.5", "top_p=1.5"),
+    C("grpo-completion-zero", "train method=grpo method.args.max_completion_length=0", "max_completion_length=0"),
+    C("grpo-spg-zero", "train method=grpo method.args.steps_per_generation=0", "steps_per_generation=0"),
+    C("grpo-scale-unknown", "train method=grpo method.args.scale_rewards=sometimes", "scale_rewards=sometimes"),
+    C("grpo-epsilon-negative", "train method=grpo method.args.epsilon=-0.1", "epsilon=-0.1"),
+    C("seed-text", "train seed=abc", "seed=abc: must be an integer"),
+    C("max-samples-zero", "train data.max_train_samples=0", "max_train_samples=0"),
+    C("env-unset", "train seed=${oc.env:ABLATE_SURELY_UNSET}", "ABLATE_SURELY_UNSET"),
+    # --- typos: unknown keys, groups and options; the key meant is named ---
+    C("root-typo-added", "train +precison=bf16", "did you mean 'precision'"),
+    C("root-typo-dotted", "train +optimzer.lr=1", "did you mean 'optimizer'"),
+    C("root-typo-seed", "train +sed=3", "did you mean 'seed'"),
+    C("root-unknown", "train +zzz_qqq=1", "unknown root key 'zzz_qqq'"),
+    C("args-typo", "train method.args.bta=1", "did you mean 'method.args.beta'"),
+    C("method-typo", "train method.bta=1", "unknown config key 'method.bta'"),
+    C("lr-typo", "train optimizer.optimizer.lrr=1", "did you mean 'optimizer.optimizer.lr'"),
+    C("seed-typo", "train sed=1", "did you mean 'seed'"),
+    C("callback-typo", "train callbacks.nan_gard=null", "did you mean 'callbacks.nan_guard'"),
+    C("args-unknown-added", "train +method.args.bta=1", "did you mean 'method.args.beta'"),
+    C("method-option-typo", "train method=dpoo", "did you mean method=dpo"),
+    C("model-option-typo", "train model=tinyy", "did you mean model=tiny"),
+    C("data-option-typo", "train data=tiny_pref", "did you mean data=tiny_prefs"),
+    C("precision-option-typo", "train precision=fp33", "precision=fp32"),
+    C("scheduler-option-typo", "train optimizer/scheduler=cosin", "optimizer/scheduler=cosine"),
+    C("experiment-typo", "train +experiment=hinge_stron", "experiment=hinge_strong"),
+    C("launcher-typo", "train hydra/launcher=slurmm", "hydra/launcher=slurm"),
+    C("append-existing", "train +seed=1", "already at 'seed'"),
+    C("override-unparsable", "train method.args.beta=[1", "method.args.beta=[1"),
+    # --- paths: run dirs that cannot be used ---
+    C("run-dir-is-file", "train hydra.run.dir={F}/a_file", "is a file, not a directory"),
+    C("run-dir-under-file", "train hydra.run.dir={F}/a_file/run", "is a file, not a directory"),
+    C("run-dir-uncreatable", "train hydra.run.dir=/proc/ablate_no/run", "cannot create it"),
+    C("sweep-dir-is-file", "train -m seed=1,2 hydra.sweep.dir={F}/a_file", "hydra.sweep.dir"),
+    C("old-run-dir-bad-beta", f"train hydra.run.dir={OLD} method.args.beta=abc", "method.args.beta=abc"),
+    C("old-run-dir-root-typo", f"train hydra.run.dir={OLD} +precison=bf16", "did you mean 'precision'"),
+    C("old-run-dir-no-path", f"train hydra.run.dir={OLD} data=jsonl", "data.train_path is required"),
+    # --- sweep files, resume, compare ---
+    C("sweep-malformed", "sweep {F}/malformed.yaml", "not valid YAML at line"),
+    C("sweep-list", "sweep {F}/list.yaml", "a sweep file is a mapping"),
+    C("sweep-params-list", "sweep {F}/params_list.yaml", "'params' must be a mapping"),
+    C("sweep-unknown-key", "sweep {F}/unknown_key.yaml", "unknown sweep file key"),
+    C("sweep-not-utf8", "sweep {F}/latin1.yaml", "not UTF-8"),
+    C("sweep-missing", "sweep {F}/nope.yaml", "no sweep file"),
+    C("sweep-bad-value", "sweep {F}/bad_value.yaml", "method.args.beta=0"),
+    C("resume-not-a-run", "resume {F}/empty_dir", "not an ablate run dir"),
+    # --- data content (visible only when the file is read: refused by the run, before the model) ---
+    C("jsonl-not-utf8", "train data=jsonl data.train_path={F}/latin1.jsonl", "not UTF-8", "run"),
+    C("jsonl-bad-json", "train data=jsonl data.train_path={F}/bad_json.jsonl", "line 2 is not valid JSON", "run"),
+    C("jsonl-array-row", "train data=jsonl data.train_path={F}/array.jsonl", "is a JSON list, not an object", "run"),
+    C("jsonl-empty", "train data=jsonl data.train_path={F}/empty.jsonl", "has no examples", "run"),
+]
+
+# a diverging run (lr=1e6): one line from the guard, not a traceback from inside sampling or the optimizer
+SLOW_CASES: list[Case] = [
+    C("grpo-diverges-before-sampling", "train method=grpo optimizer.optimizer.lr=1e6 method.args.max_steps=6",
+      "NaN/inf before the generation round", "run"),
+    C("dpo-diverges", "train optimizer.optimizer.lr=1e6 method.args.max_steps=6 method.args.logging_steps=1",
+      "is nan", "run"),
+]
+
+
+def _fixtures(root: Path) -> Path:
+    f = root / "fixtures"
+    f.mkdir()
+    (f / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (f / "latin1.jsonl").write_bytes(json.dumps(ROWS[0]).encode() + b"\n" + '{"prompt": "caf\xe9"}\n'.encode("latin-1"))
+    (f / "bad_json.jsonl").write_text(json.dumps(ROWS[0]) + "\n{'prompt': 1}\n")
+    (f / "array.jsonl").write_text("[1, 2]\n")
+    (f / "empty.jsonl").write_text("\n\n")
+    (f / "empty_dir").mkdir()
+    (f / "a_file").write_text("not a dir\n")
+    (f / "malformed.yaml").write_text("name: x\nparams:\n  seed: [1, 2\n")
+    (f / "list.yaml").write_text("- seed: 1\n")
+    (f / "params_list.yaml").write_text("name: x\nparams: [seed]\n")
+    (f / "unknown_key.yaml").write_text("name: x\nparms:\n  seed: 1,2\n")
+    (f / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    (f / "bad_value.yaml").write_text("name: x\nparams:\n  seed: 1,2\noverrides:\n  method.args.beta: 0\n")
+    return f
+
+
+def _old_run(cwd: Path) -> None:
+    d = cwd / OLD
+    (d / ".hydra").mkdir(parents=True)
+    (d / "model").mkdir()
+    (d / "run.json").write_text(json.dumps({"overrides": [], "started": "2026-01-01T00:00:00"}))
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "method": "dpo", "global_step": 60}))
+    (d / "metrics.jsonl").write_text('{"step": 5, "time": 1.0, "loss": 0.6}\n')
+    (d / ".hydra" / "overrides.yaml").write_text("[]\n")
+    (d / "ablate.log").write_text("old log\n")
+    (d / "model" / "model.safetensors").write_bytes(os.urandom(64))
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Every path under `root`: content hash (files) and mtime: touching anything changes it."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        digest = hashlib.sha1(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        out[str(p.relative_to(root))] = (digest, p.stat().st_mtime_ns)
+    return out
+
+
+@dataclass
+class Result:
+    case: Case
+    proc: subprocess.CompletedProcess
+    cwd: Path
+    before: dict[str, tuple[str, int]]
+
+
+def _run_all(cases: list[Case], tmp: Path) -> dict[str, Result]:
+    """Every case from its own scratch cwd, through tests/fork_runner.py: one Python start-up for the
+    whole table, then one fork per case (the same `ablate.cli.main` as `python -m ablate`)."""
+    fixtures = _fixtures(tmp)
+    jobs, before = [], {}
+    for c in cases:
+        cwd = tmp / c.id
+        cwd.mkdir()
+        _old_run(cwd)
+        before[c.id] = _snapshot(cwd / "outputs")
+        jobs.append({"argv": [a.replace("{F}", str(fixtures)) for a in c.argv], "cwd": str(cwd), "env": c.env})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, str(TESTS / "fork_runner.py")], input=json.dumps(jobs), env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    return {c.id: Result(c, subprocess.CompletedProcess(c.argv, **o), tmp / c.id, before[c.id])
+            for c, o in zip(cases, out)}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, Result]:
+    return _run_all(CASES, tmp_path_factory.mktemp("bad"))
+
+
+def _check(r: Result) -> None:
+    case, proc = r.case, r.proc
+    fixtures = str(r.cwd.parent / "fixtures")
+    says = case.says.replace("{F}", fixtures)
+    err = proc.stderr
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{err[-3000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("ablate: error: ")]
+    assert len(errors) == 1, err[-3000:]
+    assert says in errors[0], errors[0]
+    if case.phase == "config":
+        # the whole of stderr is that one line, and nothing was created: no run dir, so no model
+        assert err.strip() == errors[0], err[-3000:]
+        assert [str(p.relative_to(r.cwd)) for p in (r.cwd / "outputs").rglob("*") if p.is_dir()
+                and p.parent.name.startswith("2026-") and str(p.relative_to(r.cwd)) != OLD] == []
+        assert not (r.cwd / "outputs" / "sweeps").exists() or case.argv[0] != "train"
+    else:
+        assert errors[0] == err.strip().splitlines()[-1], err[-3000:]  # the last thing said
+    assert _snapshot(r.cwd / "outputs" / "runs" / "2026-01-01") == \
+        {k[len("runs/2026-01-01/"):]: v for k, v in r.before.items() if k.startswith("runs/2026-01-01/")}, \
+        "the existing run dir was touched"
+
+
+def test_table_is_big_enough():
+    assert len(CASES) + len(SLOW_CASES) >= 60
+    assert len({c.id for c in CASES + SLOW_CASES}) == len(CASES) + len(SLOW_CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bad_input(results, case):
+    _check(results[case.id])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_CASES, ids=lambda c: c.id)
+def test_bad_input_slow(tmp_path, case):
+    _check(_run_all([case], tmp_path)[case.id])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only dirs")
+def test_read_only_run_dir(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        r = ablate("train", f"hydra.run.dir={ro}/run", cwd=tmp_path)
+    finally:
+        ro.chmod(0o755)
+    assert r.returncode == 2 and r.stderr.strip().startswith("ablate: error: ") and "not writable" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    shutil.rmtree(ro)
