@@ -66,6 +66,9 @@ def _dirname(overrides: str, limit: int = 100) -> str:
     """Run-dir suffix from the overrides: filesystem-safe, bounded in length (hash keeps it unique)."""
     if not overrides:
         return ""
+    from ablate.redact import mask_text
+
+    overrides = mask_text(overrides)  # `+model.token=hf_...` must not name a directory
     safe = re.sub(r"[^A-Za-z0-9=,._+-]", "_", overrides)
     if len(safe) > limit:
         safe = safe[:limit] + "-" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
@@ -161,7 +164,9 @@ def hydra_train(argv: list[str]) -> None:
     if error is not None:
         if line is None:
             raise error
-        print(f"ablate: error: {line}", file=sys.stderr)
+        from ablate.redact import mask_text
+
+        print(f"ablate: error: {mask_text(line)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -216,7 +221,7 @@ def sweep_cmd(argv: list[str]) -> None:
     except (FileNotFoundError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
-    print("ablate train " + " ".join(hydra_argv))
+    _echo(hydra_argv)
     hydra_train(hydra_argv)
 
 
@@ -249,6 +254,12 @@ def status_cmd(argv: list[str]) -> None:
     status(Path(argv[0]).resolve())
 
 
+def _echo(hydra_argv: list[str]) -> None:
+    from ablate.redact import mask_text
+
+    print("ablate train " + " ".join(mask_text(a) for a in hydra_argv))
+
+
 def resume_cmd(argv: list[str]) -> None:
     """`ablate resume RUN_DIR [hydra overrides]`: rerun a run's own overrides in its own dir, which
     continues it from its newest complete checkpoint (a crashed, killed or failed run)."""
@@ -265,9 +276,28 @@ def resume_cmd(argv: list[str]) -> None:
     if summary.get("status") == "completed":
         print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
         return
-    hydra_argv = [*info["overrides"], *argv[1:], f"hydra.run.dir={quote_override_value(str(run_dir))}"]
-    print("ablate train " + " ".join(hydra_argv))
+    hydra_argv = [*_unmasked(info["overrides"], argv[1:], run_dir),
+                  f"hydra.run.dir={quote_override_value(str(run_dir))}"]
+    _echo(hydra_argv)
     hydra_train(hydra_argv)
+
+
+def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]:
+    """The recorded overrides with the ones given again on the command line replaced (same key):
+    run.json holds secrets masked, so a run started with `+model.token=hf_...` is resumed by passing
+    it again (or started with `'+model.token=${oc.env:HF_TOKEN}'`, recorded as written)."""
+    from ablate.compare import override_key
+    from ablate.redact import MASK
+
+    keys = {override_key(o) for o in given if "=" in o}
+    kept = [o for o in recorded if override_key(o) not in keys]
+    masked = [o for o in kept if MASK in o]
+    if masked:
+        key = masked[0].split("=", 1)[0]
+        print(f"ablate: error: {run_dir}/run.json records '{masked[0]}' masked; give it again: "
+              f"ablate resume {run_dir} {key}=...", file=sys.stderr)
+        sys.exit(2)
+    return [*kept, *given]
 
 
 def compare_cmd(argv: list[str]) -> None:

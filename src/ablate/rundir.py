@@ -37,8 +37,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     process writes: one run dir per job, not per rank."""
     if not is_main_process():
         return
+    from ablate.redact import mask
+
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(mask(data), indent=2, default=str) + "\n")  # secrets: ablate.redact
     os.replace(tmp, path)
 
 

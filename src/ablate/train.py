@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir, runs, slurm, sweep_resume, validate
+from ablate import redact, rundir, runs, slurm, sweep_resume, validate
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
@@ -60,7 +60,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if done is not None:
         log.info("%s completed earlier: skipped", run_dir)
         return done
-    overrides = list(hc.overrides.task)
+    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # ${oc.env:X} as written, not its value
     info = _claim_run_dir(run_dir, overrides)
     if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
         info.update(sweep_resume.identity(cfg))
@@ -95,7 +95,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         if cfg.logger and rundir.is_main_process():  # logger=none composes to an empty node; one W&B run per job
             tracker = instantiate(cfg.logger)
-            tracker.start(OmegaConf.to_container(cfg, resolve=True), run_dir, info)
+            tracker.start(redact.config_record(cfg), run_dir, info)
             rundir.write_json(run_dir / rundir.RUN, info)  # the tracker may have added its run id
 
         ckpt = rundir.latest_checkpoint(run_dir)
@@ -118,8 +118,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
 
         if trainer.is_world_process_zero():
+            from ablate.callbacks import mask_saved_args
+
             trainer.save_model(str(run_dir / rundir.MODEL))
             save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
+            mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as MaskSavedArgs does for checkpoints
         summary.update(status="completed", global_step=trainer.state.global_step,
                        metrics=_final_metrics(trainer.state.log_history))
         summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
@@ -145,12 +148,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _callbacks(cfg: DictConfig, run_dir: Path, resuming: bool, tracker: Any) -> list[Any]:
     """ablate's own callbacks (metrics.jsonl, SLURM preemption), then the config's, then the tracker's."""
-    from ablate.callbacks import MetricsJSONL
+    from ablate.callbacks import MaskSavedArgs, MetricsJSONL
     from ablate.preemption import SaveOnPreemption
 
     events = rundir.read_metrics(run_dir) if resuming else []
     callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
-                 SaveOnPreemption()]  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+                 SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+                 MaskSavedArgs()]  # secrets given as TrainingArguments never reach training_args.bin
     callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
     if tracker is not None and tracker.callback() is not None:
         callbacks.append(tracker.callback())
@@ -169,7 +173,7 @@ def _claim_run_dir(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """Record (or check) the run's identity: a dir is resumed only by the same command."""
     info = rundir.read_json(run_dir / rundir.RUN)
     if info is not None:
-        if sorted(info.get("overrides", [])) != sorted(overrides):
+        if sorted(info.get("overrides", [])) != sorted(redact.mask(overrides)):  # recorded masked
             raise ConfigError(
                 f"{run_dir} holds another run (overrides {info.get('overrides')}); "
                 "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"

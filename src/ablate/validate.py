@@ -150,10 +150,16 @@ def _known_roots(hc: Any) -> set[str]:
     return known
 
 
+def _overrides(hc: Any) -> list[str] | None:
+    """The task overrides as given (reading them through OmegaConf would resolve `${oc.env:...}`)."""
+    node = OmegaConf.select(hc, "overrides.task", default=None) if hc is not None else None
+    return None if node is None else [str(o) for o in OmegaConf.to_container(node, resolve=False)]
+
+
 def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
     """A `+key=value` at the root that is no config group (`+precison=bf16`) would compose as a plain
     value nothing reads, and the run would train without it: refuse it, naming the likely key."""
-    overrides = OmegaConf.select(hc, "overrides.task", default=None) if hc is not None else None
+    overrides = _overrides(hc)
     if overrides is None:
         return
     added = {str(o).lstrip("+").split("=")[0].split(".")[0] for o in overrides if str(o).startswith("+")}
@@ -168,7 +174,7 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
 def _check_added_args(cfg: DictConfig, hc: Any) -> None:
     """`+method.args.<field>=...` must name a field of the method's arguments class. Only then is the
     class imported (it pulls in transformers: seconds), since its fields are the only list there is."""
-    overrides = OmegaConf.select(hc, "overrides.task", default=None) if hc is not None else None
+    overrides = _overrides(hc)
     if not any(str(o).lstrip("+").startswith("method.args.") and str(o).startswith("+") for o in overrides or []):
         return
     import dataclasses
@@ -273,7 +279,7 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
 
     choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
     try:
-        parsed = OverridesParser.create().parse_overrides([str(o) for o in config.hydra.overrides.task])
+        parsed = OverridesParser.create().parse_overrides(_overrides(config.hydra) or [])
     except Exception:  # noqa: BLE001 - Hydra parsed them already; never refuse a sweep on our own parse
         return None
     keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
@@ -284,7 +290,9 @@ def _exit_on_error(fn: Callable[[], Any]) -> None:
     try:
         fn()
     except ConfigError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
+        from ablate.redact import mask_text
+
+        print(f"ablate: error: {mask_text(str(e))}", file=sys.stderr)
         sys.exit(2)
 
 

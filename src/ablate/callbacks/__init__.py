@@ -37,6 +37,35 @@ class MetricsJSONL(TrainerCallback):
             f.write(json.dumps(event) + "\n")
 
 
+class MaskSavedArgs(TrainerCallback):
+    """Trainer pickles its TrainingArguments into every checkpoint (training_args.bin); a secret given
+    as one (`+method.args.hub_token=hf_...`) is masked there too. Always installed by ablate.train."""
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            mask_saved_args(Path(args.output_dir) / f"checkpoint-{state.global_step}", args)
+
+
+def mask_saved_args(directory: Path, args: TrainingArguments) -> None:
+    """Rewrite `directory/training_args.bin` with secret-looking string fields masked (only if any)."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from ablate.redact import mask
+
+    path = Path(directory) / "training_args.bin"
+    changed = {f.name: mask(v, key=f.name) for f in dataclasses.fields(args)
+               if isinstance(v := getattr(args, f.name, None), str) and mask(v, key=f.name) != v}
+    if not changed or not path.is_file():
+        return
+    masked = copy.copy(args)
+    for name, value in changed.items():
+        object.__setattr__(masked, name, value)
+    torch.save(masked, path)
+
+
 class PrintLogs(TrainerCallback):
     """The TRL docs' custom logging callback: print every log event (an example of `on_log`)."""
 

@@ -10,7 +10,8 @@ Trainer's integrations off (`report_to=none`) and drives W&B itself:
   `tags` += the sweep name, `config` = the resolved Hydra config;
 - files under `<run_dir>/wandb/` (offline by default; `wandb sync` command printed at the end);
 - the run id lives in run.json, so a resumed job (same run dir) continues the same W&B run;
-- secret values (`WANDB_API_KEY`, `HF_TOKEN`, ...) are masked in the config sent to W&B.
+- secrets (`WANDB_API_KEY`, `HF_TOKEN`, `hf_...`, `*_token` keys) are masked in the config and the
+  command line W&B records (ablate.redact).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-# Environment variables whose values must never reach a saved config, summary or log.
-SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
-
+from ablate.redact import mask, mask_text
 
 class _Forward(TrainerCallback):
     def __init__(self, run: Any) -> None:
@@ -40,19 +39,6 @@ class _Forward(TrainerCallback):
             # eval_x -> eval/x and x -> train/x, W&B's section convention (as transformers does)
             data = {(f"eval/{k[5:]}" if k.startswith("eval_") else f"train/{k}"): v for k, v in data.items()}
             self.run.log(data, step=state.global_step)
-
-
-def redact(obj: Any, values: list[str] | None = None) -> Any:
-    """`obj` (nested dicts/lists) with every occurrence of a secret env value replaced by `***`."""
-    values = [v for v in (values if values is not None else [os.environ.get(k, "") for k in SECRET_ENV]) if len(v) >= 4]
-    if isinstance(obj, dict):
-        return {k: redact(v, values) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [redact(v, values) for v in obj]
-    if isinstance(obj, str):
-        for v in values:
-            obj = obj.replace(v, "***")
-    return obj
 
 
 def job_identity(run_dir: Path, sweep_name: str | None) -> dict[str, Any]:
@@ -95,17 +81,17 @@ class WandbTracker:
 
         os.environ.setdefault("WANDB_SILENT", "true")
         ident = job_identity(Path(run_dir), config.get("sweep_name"))
-        kwargs = dict(self.kwargs)
+        kwargs = mask(dict(self.kwargs))  # logger.tags / logger.name are free text
         kwargs["group"] = kwargs["group"] or ident["group"]
-        kwargs["name"] = kwargs["name"] or ident["name"]
-        kwargs["tags"] = [*kwargs["tags"], *map(str, config.get("tags") or [])]  # root `tags=[...]`
-        kwargs["notes"] = redact(config.get("notes"))  # root `notes="..."`
+        kwargs["name"] = mask_text(kwargs["name"] or ident["name"])  # the overrides may hold a secret
+        kwargs["tags"] = [*kwargs["tags"], *map(str, mask(list(config.get("tags") or [])))]  # root `tags=[...]`
+        kwargs["notes"] = mask(config.get("notes"))  # root `notes="..."`
         if ident["group"]:  # sweep runs are tagged with the sweep's name, to filter across launches
             kwargs["tags"] = [*kwargs["tags"], str(config.get("sweep_name"))]
         # The same id on resume (stored in run.json by ablate.train) continues the same W&B run.
         run_id = run_info.setdefault("wandb_run_id", _new_id())
         run_info["wandb_group"], run_info["wandb_name"] = kwargs["group"], kwargs["name"]
-        self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", config=redact(config),
+        self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", config=mask(config),
                               reinit="finish_previous", **kwargs)
 
     def callback(self) -> TrainerCallback | None:

@@ -1,0 +1,64 @@
+"""Secrets given as overrides (issue 12 item 4) reach no byte of the run dir (W&B's offline files
+included), no dir name, no echoed command: masked as ***, `${oc.env:...}` kept as written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import ablate
+
+LITERAL = "hf_LiteralTokenAbcdefghijklmnopqrstuv99"     # an HF token typed on the command line
+OPENAI = "sk-proj-AbCdEfGhIjKlMnOpQrStUv0123"            # credential-shaped, under a harmless key
+ENV_TOKEN = "hf_EnvTokenAbcdefghijklmnopqrstuvwxyz12"    # HF_TOKEN's value, referenced as ${oc.env:HF_TOKEN}
+PASSWORD = "Pw-Zq8Xy7Wv6Ut5"                             # MY_SERVICE_PASSWORD's value, under a harmless key
+WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"   # given to W&B through Hydra's env_set
+SECRETS = (LITERAL, OPENAI, ENV_TOKEN, PASSWORD, WANDB_KEY)
+ENV = {"HF_TOKEN": ENV_TOKEN, "MY_SERVICE_PASSWORD": PASSWORD, "WANDB_MODE": "offline"}
+
+
+def _leaks(root: Path, *texts: str) -> list[str]:
+    """(secret, where) for every path name, file byte and text that holds one."""
+    found = []
+    for p in root.rglob("*"):
+        data = p.read_bytes() if p.is_file() else b""
+        found += [f"{s} in {p}" for s in SECRETS if s in str(p.relative_to(root)) or s.encode() in data]
+    found += [f"{s} in output" for t in texts for s in SECRETS if s in t]
+    return found
+
+
+def test_no_secret_in_any_byte_of_the_run_dir(tmp_path):
+    r = ablate("train", "logger=wandb", "method.args.max_steps=2", "method.args.save_steps=1",
+               "+method.args.hub_token=${oc.env:HF_TOKEN}", f"+method.args.hub_model_id={OPENAI}",
+               f"+method.args.run_name={PASSWORD}", f"logger.tags=[{LITERAL}]",
+               f"+hydra.job.env_set.WANDB_API_KEY={WANDB_KEY}", cwd=tmp_path, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = next((tmp_path / "outputs" / "runs").glob("*/*"))
+    files = {p.name for p in run_dir.rglob("*")}
+    assert {"run.json", "summary.json", "config.yaml", "hydra.yaml", "overrides.yaml", "ablate.log",
+            "training_args.bin"} <= files and any(n.endswith(".wandb") for n in files), files
+    assert _leaks(tmp_path, r.stdout, r.stderr) == []
+    # the env reference is recorded as written (a resume reads the variable again), never resolved
+    assert "+method.args.hub_token=${oc.env:HF_TOKEN}" in json.loads((run_dir / "run.json").read_text())["overrides"]
+    assert "hub_token: ${oc.env:HF_TOKEN}" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "***" in (run_dir / ".hydra" / "hydra.yaml").read_text()  # env_set's WANDB_API_KEY, masked
+
+
+def test_echoed_sweep_command_and_error_line_are_masked(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nparams:\n  seed: 1,2\n")
+    r = ablate("sweep", str(sweep), f"+method.args.hub_token={LITERAL}", f"method.args.logging_steps={PASSWORD}",
+               cwd=tmp_path, env=ENV)
+    assert r.returncode == 2 and r.stdout.startswith("ablate train ") and "hub_token=***" in r.stdout
+    assert r.stderr.strip() == "ablate: error: method.args.logging_steps=***: must be a number > 0"
+    assert _leaks(tmp_path, r.stdout, r.stderr) == []
+
+
+def test_resume_asks_for_a_masked_secret_again(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"overrides": ["+method.args.hub_token=***", "seed=1"]}))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "failed"}))
+    r = ablate("resume", str(run_dir), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "give it again" in r.stderr and "+method.args.hub_token=..." in r.stderr
