@@ -204,7 +204,7 @@ def _check_paths(cfg: DictConfig) -> None:
         local = Path(path).expanduser()
         if not (local / "config.json").is_file():
             why = "not found" if not local.exists() else "no config.json there"
-            raise ConfigError(f"model.path={path}: not a save_pretrained directory ({why})")
+            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:

@@ -267,3 +267,42 @@ def test_read_only_run_dir(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("ablate: error: ") and "not writable" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     shutil.rmtree(ro)
+
+
+HIDE = '''import os, sys
+HIDDEN = {m for m in os.environ.get("ABLATE_TEST_HIDE", "").split(",") if m}
+class _Hide:  # as if the package were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name in HIDDEN or any(name.startswith(h + ".") for h in HIDDEN):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Hide())
+'''
+
+
+@pytest.mark.parametrize("argv,hidden,extra", [
+    (["train", "logger=wandb"], "wandb", "wandb"),
+    (["train", "optimizer=adamw_8bit"], "bitsandbytes", "quant"),
+    (["train", "+ref_model=live_4bit"], "bitsandbytes", "quant"),
+    (["compare", ".", "--out", "report"], "matplotlib", "plot"),
+], ids=["wandb", "adamw_8bit", "live_4bit", "plots"])
+def test_missing_extra_is_one_line_naming_the_install(tmp_path, argv, hidden, extra):
+    """An optional package that is not installed: one line with the pip command, nothing created."""
+    (tmp_path / "hide").mkdir()
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE)
+    path = os.pathsep.join([str(tmp_path / "hide"), str(TESTS), os.environ.get("PYTHONPATH", "")])
+    r = ablate(*argv, cwd=tmp_path, env={"PYTHONPATH": path, "ABLATE_TEST_HIDE": hidden})
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and f"pip install 'ablate[{extra}]'" in r.stderr
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "report").exists()
+
+
+def test_missing_slurm_launcher_names_the_extra():
+    """Hydra finds its launcher plugins itself (not through imports a test can hide), so this one is
+    checked on the error Hydra raises when the plugin's config is missing."""
+    from hydra.errors import MissingConfigException
+
+    from ablate.validate import one_line
+
+    e = MissingConfigException("Could not find 'hydra/launcher/submitit_slurm'", "hydra/launcher/submitit_slurm")
+    assert one_line(e) == ("hydra/launcher=slurm needs the optional package 'hydra_submitit_launcher', "
+                           "not installed: pip install 'ablate[slurm]'")

@@ -130,8 +130,8 @@ def test_other_run_in_dir_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("method=nope", "Could not find 'method/nope'"),
-    ("+method.args.betta=0.2", "unknown field(s) ['betta']"),
+    ("method=nope", "no option 'nope' in config group 'method'"),
+    ("+method.args.betta=0.2", "did you mean 'method.args.beta'"),
     ("method.args.loss_type=ipo", "ablate: error: method.args.loss_type is now the config group method/loss: use method/loss=ipo"),
     ("method/loss=dapo", "method.loss: dapo is not a DPO loss"),
     ("data.name=nope", "no packaged dataset 'nope'"),
@@ -146,7 +146,6 @@ def test_bad_override_is_a_short_error(tmp_path, override, needle):
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["model=local", "model.path=/nonexistent/model"], "is not a save_pretrained directory"),
     (["model=qwen2_5_0_5b"], "model.path: cannot load 'Qwen/Qwen2.5-0.5B-Instruct'"),
     (["data=ultrafeedback_binarized"], "data: cannot load 'trl-lib/ultrafeedback_binarized'"),
 ])
