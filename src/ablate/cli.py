@@ -138,7 +138,6 @@ def hydra_train(argv: list[str]) -> None:
 
     from ablate import sweep
     from ablate.train import main as task
-
     from ablate.validate import one_line
 
     register_resolvers()

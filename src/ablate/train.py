@@ -54,7 +54,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
     slurm.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     hc = HydraConfig.get()
-    validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
     run_dir = Path(hc.runtime.output_dir)
     done = sweep_resume.skip_completed(run_dir)  # a resumed sweep's completed job: nothing to do
     if done is not None:
@@ -73,6 +72,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     tracker = None
     t0 = time.time()
     try:
+        validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
         runs.prepare(cfg, run_dir, info)  # torch threads, tags, notes, pid -> run.json (before heavy work)
         _check_method_args(cfg)
         from transformers import set_seed

@@ -306,3 +306,15 @@ def test_missing_slurm_launcher_names_the_extra():
     e = MissingConfigException("Could not find 'hydra/launcher/submitit_slurm'", "hydra/launcher/submitit_slurm")
     assert one_line(e) == ("hydra/launcher=slurm needs the optional package 'hydra_submitit_launcher', "
                            "not installed: pip install 'ablate[slurm]'")
+
+
+def test_sweep_jobs_with_a_bad_value_fail_with_their_reason(tmp_path):
+    """When a group is swept the jobs' configs are checked as each starts: every job fails fast
+    (nothing built), records why in its summary.json, the table shows it, and the exit status is 1."""
+    r = ablate("train", "-m", "method=dpo,dpo_hinge", "method.args.beta=0", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == "ablate: 2 sweep job(s) failed (see the table above)"
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "outputs" / "sweeps").rglob("summary.json")]
+    assert len(summaries) == 2 and all(s["status"] == "failed" and "method.args.beta=0" in s["error"]
+                                       for s in summaries)
+    assert not list((tmp_path / "outputs").rglob("model"))

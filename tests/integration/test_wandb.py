@@ -38,7 +38,7 @@ def wandb_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | SECRETS
     # a config value holding a secret (as a user might, to pass a hub token): must reach W&B masked
     cmd = [sys.executable, "-m", "ablate", "sweep", "dpo_loss", "seed=0", "logger=wandb",
-           "method.args.max_steps=3", "method.args.logging_steps=1", "+hub_token=${oc.env:HF_TOKEN}",
+           "method.args.max_steps=3", "method.args.logging_steps=1", "+method.args.hub_token=${oc.env:HF_TOKEN}",
            f"hydra.sweep.dir={sweep_dir}"]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.
         assert config["method"]["loss"]["_target_"] == hydra_cfg["method"]["loss"]["_target_"] == f"ablate.losses.dpo.{loss}"
         assert config["method"]["args"]["max_steps"] == 3 and config["seed"] == 0
         assert config["model"] == hydra_cfg["model"] and config["sweep_name"] == "dpo_loss"
-        assert config["hub_token"] == "***"  # resolved from HF_TOKEN, masked before it left ablate
+        assert config["method"]["args"]["hub_token"] == "${oc.env:HF_TOKEN}"  # as written, never resolved
         # this job's metrics went to this job's run: steps 1..3, and the final loss is summary.json's
         history = [r["history"]["item"] for r in recs if r["type"] == "history"]
         assert [h["_step"] for h in history] == [1, 2, 3], history[:1]
