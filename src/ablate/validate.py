@@ -308,6 +308,9 @@ def one_line(e: BaseException) -> str | None:
         if isinstance(cause, USER_ERRORS):
             return str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         cause = cause.__cause__
+    line = _bad_config_file(e)
+    if line is not None:
+        return line
     if isinstance(e, OverrideParseException):
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
@@ -318,6 +321,21 @@ def one_line(e: BaseException) -> str | None:
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
+    return None
+
+
+def _bad_config_file(e: BaseException) -> str | None:
+    """A config file (conf/, a sweep config, --config-dir) that is not YAML or not UTF-8."""
+    import yaml
+
+    while e is not None:
+        if isinstance(e, yaml.MarkedYAMLError):
+            mark = e.problem_mark or e.context_mark
+            where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
+            return f"{where}: not valid YAML ({e.problem or e.context})"
+        if isinstance(e, UnicodeDecodeError):
+            return f"a config file is not UTF-8 text (byte 0x{e.object[e.start]:02x}); save it as UTF-8"
+        e = e.__cause__ or e.__context__
     return None
 
 

@@ -119,13 +119,11 @@ CASES: list[Case] = [
     C("old-run-dir-root-typo", f"train hydra.run.dir={OLD} +precison=bf16", "did you mean 'precision'"),
     C("old-run-dir-no-path", f"train hydra.run.dir={OLD} data=jsonl", "data.train_path is required"),
     # --- sweep files, resume, compare ---
-    C("sweep-malformed", "sweep {F}/malformed.yaml", "not valid YAML at line"),
-    C("sweep-list", "sweep {F}/list.yaml", "a sweep file is a mapping"),
-    C("sweep-params-list", "sweep {F}/params_list.yaml", "'params' must be a mapping"),
-    C("sweep-unknown-key", "sweep {F}/unknown_key.yaml", "unknown sweep file key"),
-    C("sweep-not-utf8", "sweep {F}/latin1.yaml", "not UTF-8"),
-    C("sweep-missing", "sweep {F}/nope.yaml", "no sweep file"),
-    C("sweep-bad-value", "sweep {F}/bad_value.yaml", "method.args.beta=0"),
+    C("sweep-malformed", "sweep {F}/sweep/malformed.yaml", "malformed.yaml line 4, column 1: not valid YAML"),
+    C("sweep-not-utf8", "sweep {F}/sweep/latin1.yaml", "not UTF-8"),
+    C("sweep-missing", "sweep {F}/nope.yaml", "no sweep config"),
+    C("sweep-bad-value", "sweep dpo_loss method.args.beta=0", "method.args.beta=0"),
+    C("sweep-bad-fixed-typo", "sweep dpo_loss +precison=bf16", "did you mean 'precision'"),
     C("resume-not-a-run", "resume {F}/empty_dir", "not an ablate run dir"),
     # --- data content (visible only when the file is read: refused by the run, before the model) ---
     C("jsonl-not-utf8", "train data=jsonl data.train_path={F}/latin1.jsonl", "not UTF-8", "run"),
@@ -154,12 +152,9 @@ def _fixtures(root: Path) -> Path:
     (f / "empty.jsonl").write_text("\n\n")
     (f / "empty_dir").mkdir()
     (f / "a_file").write_text("not a dir\n")
-    (f / "malformed.yaml").write_text("name: x\nparams:\n  seed: [1, 2\n")
-    (f / "list.yaml").write_text("- seed: 1\n")
-    (f / "params_list.yaml").write_text("name: x\nparams: [seed]\n")
-    (f / "unknown_key.yaml").write_text("name: x\nparms:\n  seed: 1,2\n")
-    (f / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
-    (f / "bad_value.yaml").write_text("name: x\nparams:\n  seed: 1,2\noverrides:\n  method.args.beta: 0\n")
+    (f / "sweep").mkdir()
+    (f / "sweep" / "malformed.yaml").write_text("# @package _global_\nhydra:\n  sweeper:\n    params: [1, 2\n")
+    (f / "sweep" / "latin1.yaml").write_bytes("# @package _global_\nsweep_name: caf\xe9\n".encode("latin-1"))
     return f
 
 
