@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+try:
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+except ImportError:  # no slurm extra: Hydra imports every plugin module at start-up and would warn on every run;
+    SlurmLauncher = object  # type: ignore[assignment,misc]  # hydra/launcher=slurm says `pip install 'ablate[slurm]'`
 
 
 class _Submitted:
