@@ -119,7 +119,7 @@ CASES: list[Case] = [
     C("old-run-dir-root-typo", f"train hydra.run.dir={OLD} +precison=bf16", "did you mean 'precision'"),
     C("old-run-dir-no-path", f"train hydra.run.dir={OLD} data=jsonl", "data.train_path is required"),
     # --- sweep files, resume, compare ---
-    C("sweep-malformed", "sweep {F}/sweep/malformed.yaml", "malformed.yaml line 4, column 1: not valid YAML"),
+    C("sweep-malformed", "sweep {F}/sweep/malformed.yaml", "malformed.yaml line 5, column 1: not valid YAML"),
     C("sweep-not-utf8", "sweep {F}/sweep/latin1.yaml", "not UTF-8"),
     C("sweep-missing", "sweep {F}/nope.yaml", "no sweep config"),
     C("sweep-bad-value", "sweep dpo_loss method.args.beta=0", "method.args.beta=0"),

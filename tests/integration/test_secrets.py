@@ -45,9 +45,7 @@ def test_no_secret_in_any_byte_of_the_run_dir(tmp_path):
 
 
 def test_echoed_sweep_command_and_error_line_are_masked(tmp_path):
-    sweep = tmp_path / "s.yaml"
-    sweep.write_text("name: s\nparams:\n  seed: 1,2\n")
-    r = ablate("sweep", str(sweep), f"+method.args.hub_token={LITERAL}", f"method.args.logging_steps={PASSWORD}",
+    r = ablate("sweep", "dpo_loss", f"+method.args.hub_token={LITERAL}", f"method.args.logging_steps={PASSWORD}",
                cwd=tmp_path, env=ENV)
     assert r.returncode == 2 and r.stdout.startswith("ablate train ") and "hub_token=***" in r.stdout
     assert r.stderr.strip() == "ablate: error: method.args.logging_steps=***: must be a number > 0"
