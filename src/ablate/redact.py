@@ -12,7 +12,7 @@ A value is masked as `***` when
 and it lets a resume read the variable again); only the resolved value would be.
 
 Where it applies: rundir.write_json (run.json, summary.json), the run dir name (ablate.cli), the
-echoed sweep/resume command, W&B's config and command line (ablate.tracking.wandb), and, through the
+echoed sweep/resume command, W&B's config and command line (ablate.logger.wandb), and, through the
 Hydra callback `MaskRecords` (conf/config.yaml), the .hydra/*.yaml files and multirun.yaml that Hydra
 writes itself, plus every line logged to ablate.log and the console.
 """

@@ -88,7 +88,7 @@ RULES: dict[str, tuple[Check, str]] = {
 EXTRAS: dict[str, tuple[str, str]] = {
     "bitsandbytes.": ("bitsandbytes", "quant"),
     "transformers.BitsAndBytesConfig": ("bitsandbytes", "quant"),
-    "ablate.tracking.wandb.": ("wandb", "wandb"),
+    "ablate.logger.wandb.": ("wandb", "wandb"),
 }
 
 
@@ -106,6 +106,7 @@ def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) 
 
 
 def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
+    _check_extras(cfg)  # first: the other checks may import modules that probe the optional packages
     _check_missing(cfg, hc, swept)
     _check_root_keys(cfg, hc)
     _check_added_args(cfg, hc)
@@ -115,7 +116,6 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
         if v is not KeyError and key not in swept and not ok(v, cfg):
             raise ConfigError(f"{key}={_show(v)}: must be {what}")
     _check_paths(cfg)
-    _check_extras(cfg)
 
 
 def _show(v: Any) -> str:
