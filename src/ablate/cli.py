@@ -132,13 +132,21 @@ def hydra_train(argv: list[str]) -> None:
 
     check_moved(argv)
 
-    from ablate import sweep
+    from ablate import interrupts, sweep
     from ablate.train import main as task
 
     register_resolvers()
     sys.argv = ["ablate", *argv]
+    if "-m" in argv or "--multirun" in argv:  # SIGTERM/SIGINT of the parent stops its workers too
+        os.environ[interrupts.SWEEP_PID] = str(os.getpid())
+        interrupts.forward_to_workers()
     try:
         hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")(task)()
+    except (KeyboardInterrupt, interrupts.Interrupted) as e:
+        sweep.finish()
+        print(f"ablate: interrupted ({interrupts.describe(e)}); continue a run with `ablate resume RUN_DIR`",
+              file=sys.stderr)
+        sys.exit(interrupts.exit_code(e))
     finally:
         # a multirun whose job failed skips Hydra's on_multirun_end: print its job table here
         failed = sweep.finish()
@@ -240,14 +248,26 @@ def resume_cmd(argv: list[str]) -> None:
         print("usage: ablate resume RUN_DIR [hydra.key=value ...]", file=sys.stderr)
         sys.exit(2)
     run_dir = Path(argv[0]).resolve()
-    info, summary = rundir.read_json(run_dir / rundir.RUN), rundir.read_json(run_dir / rundir.SUMMARY) or {}
+    try:
+        info = rundir.read_json_checked(run_dir / rundir.RUN)
+    except rundir.RunDirError as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
     if info is None:
         print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
         sys.exit(2)
     if summary.get("status") == "completed":
         print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
         return
-    hydra_argv = [*info["overrides"], *argv[1:], f"hydra.run.dir={quote_override_value(str(run_dir))}"]
+    # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
+    config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
+    for path in reversed(info.get("pythonpath", [])):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if info.get("pythonpath"):  # for the processes a launcher starts (local_parallel, torchrun)
+        os.environ["PYTHONPATH"] = os.pathsep.join([*info["pythonpath"], os.environ.get("PYTHONPATH", "")])
+    hydra_argv = [*config_dir, *info["overrides"], *argv[1:], f"hydra.run.dir={quote_override_value(str(run_dir))}"]
     print("ablate train " + " ".join(hydra_argv))
     hydra_train(hydra_argv)
 

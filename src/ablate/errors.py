@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from ablate.data import DataError
+from ablate.rundir import RunDirError
 
 
 class ConfigError(ValueError):
     """A config value ablate refuses (checked before any model is built)."""
 
 
+class DataError(ValueError):
+    """Bad or missing data: reported to the user as one line."""
+
+
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FloatingPointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, FloatingPointError)

@@ -15,11 +15,9 @@ from typing import Any, Callable, Mapping
 
 from datasets import Dataset, load_dataset, load_from_disk
 
+from ablate.errors import DataError  # noqa: F401 - raised here, and imported from here by older code
+
 PACKAGED = Path(__file__).parent / "tiny"
-
-
-class DataError(ValueError):
-    """Bad or missing data: reported to the user as one line."""
 
 
 @dataclass
