@@ -89,7 +89,8 @@ def forward_to_workers(grace_s: float = 120.0) -> None:
         _state["raised"] = True
         import psutil
 
-        workers = psutil.Process().children()
+        # helpers that ignore SIGTERM (loky's resource tracker) end with the parent: not waited for
+        workers = [w for w in psutil.Process().children() if not _ignores_sigterm(w.pid)]
         for w in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 w.send_signal(signal.SIGTERM)
@@ -102,6 +103,15 @@ def forward_to_workers(grace_s: float = 120.0) -> None:
     if threading.current_thread() is threading.main_thread():
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, forward)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line.split()[1] for line in f if line.startswith("SigIgn:"))
+        return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+    except (OSError, StopIteration, ValueError):  # not Linux, or already gone
+        return False
 
 
 def in_sweep_worker() -> bool:

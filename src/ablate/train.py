@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             from ablate.models.adapters import save_merged, with_adapters
 
             hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
+            # TrainingArguments pins dataloader memory by default; on a CPU-only machine torch warns on
+            # every dataloader that pinning is skipped: nothing to act on
+            warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
             set_seed(cfg.seed)
             # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
             # values are passed as explicit kwargs below, so they are the ones the args end up with

@@ -237,3 +237,34 @@ def test_stopping_local_parallel_sweep_stops_workers(tmp_path, how):
     for job in jobs:
         s = summary(job)
         assert s["status"] == "interrupted", (job, s)
+
+
+def test_minor_items(tmp_path):
+    """Defect 10: no pin_memory warning on a CPU run; model.safetensors gets the mode of every other
+    file (not 0600); `ablate compare` calls a corrupt summary.json unreadable, not running;
+    `ablate sweep sweeps/x.yaml` works from any dir."""
+    run_dir = tmp_path / "run"
+    r = ablate("train", "method.args.max_steps=2", "method.args.save_strategy=no", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "pin_memory" not in r.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (run_dir / "model").iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == (run_dir / "summary.json").stat().st_mode & 0o777
+    (run_dir / "summary.json").write_text('{"status": "compl')
+    r = ablate("compare", str(run_dir), env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "unreadable" in r.stdout and "running" not in r.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = ablate("sweep", "sweeps/dpo_loss.yaml", "--cfg", "job", "method.args.loss_type=hinge", "seed=1", cwd=elsewhere)
+    assert r.returncode == 0 and "loss_type: hinge" in r.stdout, r.stderr[-3000:]
+
+
+def test_cfg_job_imports_neither_torch_nor_datasets(tmp_path):
+    """`ablate train --cfg job` composes and prints without importing torch or datasets (~1 s)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "ablate", "train", "--cfg", "job"], cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "method:" in r.stdout, r.stderr[-3000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in r.stderr.splitlines() if "|" in line}
+    assert {"ablate", "hydra"} <= imported  # the import log is what it should be
+    assert not imported & {"torch", "datasets", "transformers"}, sorted(imported & {"torch", "datasets", "transformers"})
