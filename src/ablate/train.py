@@ -118,7 +118,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             # steps past the checkpoint (or all of them: killed before the first one) run and log again
             rundir.truncate_metrics(run_dir, _step(ckpt))
             callbacks = _callbacks(cfg, run_dir, tracker=tracker)
-            extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
             trainer = make_trainer(
                 model=model,
                 args=args,
@@ -126,7 +125,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 eval_dataset=data.eval if args.eval_strategy != "no" else None,
                 processing_class=tokenizer,
                 callbacks=callbacks,
-                **extra,
             )
             _bind_optimizer(trainer, cfg)
 

@@ -201,9 +201,8 @@ def _build_trainer(cfg: DictConfig, tmp_path: Path) -> None:
     args = instantiate(cfg.method.args, output_dir=str(tmp_path), max_steps=1)
     tok, model = instantiate(cfg.model)
     data = instantiate(cfg.data)
-    extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
     trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=data.train,
-                                              processing_class=tok, **extra)
+                                              processing_class=tok)  # reward_funcs, if any, come from the config
     batch = next(iter(trainer.get_train_dataloader()))
     assert batch["input_ids"].shape[0] > 0 if "input_ids" in batch else batch
 
