@@ -179,8 +179,7 @@ def _resume_point(run_dir: Path) -> Path | None:
     skipped: list[str] = []
     ckpt = rundir.latest_checkpoint(run_dir, skipped)
     for why in skipped:
-        msg = f"ablate: skipping {why}; resuming from {ckpt.name if ckpt else 'the start'}"
-        log.warning(msg) if logging.getLogger().handlers else print(msg, file=sys.stderr)
+        log.warning("skipping %s; resuming from %s", why, ckpt.name if ckpt else "the start")
     return ckpt
 
 

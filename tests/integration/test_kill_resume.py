@@ -39,6 +39,7 @@ def _result(run_dir: Path) -> tuple:
 
 def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
     overrides = RUNS[method]
+    kills = int(os.environ.get("ABLATE_TEST_KILLS", kills))  # fewer for a quick check, more for a soak
     ref = tmp_path / "ref"
     t0 = time.time()
     r = ablate("train", *overrides, f"hydra.run.dir={ref}")

@@ -268,3 +268,12 @@ def test_cfg_job_imports_neither_torch_nor_datasets(tmp_path):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in r.stderr.splitlines() if "|" in line}
     assert {"ablate", "hydra"} <= imported  # the import log is what it should be
     assert not imported & {"torch", "datasets", "transformers"}, sorted(imported & {"torch", "datasets", "transformers"})
+
+
+def test_one_line_error_keeps_its_cause_in_ablate_log(tmp_path):
+    """A loading error the user sees as one line still has its whole cause chain in the run's log."""
+    r = ablate("train", "model=qwen2_5_0_5b", f"hydra.run.dir={tmp_path}", env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "model.path: cannot load" in r.stderr and "Traceback" not in r.stderr
+    log = (tmp_path / "ablate.log").read_text()
+    assert "run failed: ConfigError: model.path: cannot load" in log
+    assert "Traceback" in log and "The above exception was the direct cause" in log  # the OSError behind it
