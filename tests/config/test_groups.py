@@ -179,10 +179,8 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
             with pytest.raises(ConfigError, match="needs a CUDA GPU"):
                 _check_precision(node)
             return
-        import torch
-
-        _check_precision(node)
-        args = instantiate(cfg.method.args, output_dir=str(tmp_path), use_cpu=not torch.cuda.is_available(), **flags)
+        device_args = _check_precision(node)  # bf16 without a GPU: use_cpu
+        args = instantiate(cfg.method.args, output_dir=str(tmp_path), **device_args, **flags)
         assert (args.bf16, args.fp16) == (flags["bf16"], flags["fp16"])
     else:
         pytest.fail(f"{group}/{option} has no _target_ and no check here: add one")
