@@ -221,8 +221,8 @@ def _callbacks(cfg: DictConfig, run_dir: Path, tracker: Any) -> list[Any]:
 
     events = rundir.read_metrics(run_dir)  # already truncated to the resume point
     callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
-                 SaveOnPreemption(),
-                 LogAtSaveAndEnd()]  # after SaveOnPreemption (it may ask for a save): resumes log the same windows  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+                 SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+                 LogAtSaveAndEnd()]  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
     callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
     if tracker is not None and tracker.callback() is not None:
         callbacks.append(tracker.callback())
