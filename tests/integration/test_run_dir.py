@@ -255,7 +255,6 @@ def test_minor_items(tmp_path):
     assert "unreadable" in r.stdout and "running" not in r.stdout
 
 
-
 def test_cfg_job_imports_neither_torch_nor_datasets(tmp_path):
     """`ablate train --cfg job` composes and prints without importing torch or datasets (~1 s)."""
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "ablate", "train", "--cfg", "job"], cwd=tmp_path,
