@@ -14,3 +14,11 @@ class CrashAt(TrainerCallback):
         seed = os.environ.get("ABLATE_TEST_CRASH_SEED")
         if at and state.global_step == at and (seed is None or seed == str(args.seed)):
             raise RuntimeError(f"simulated crash at step {at}")
+
+
+class CrashAtEnd(TrainerCallback):
+    """Dies after the last step's checkpoint, before the final model and summary.json are written."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if os.environ.get("ABLATE_TEST_CRASH_AT_END"):
+            raise RuntimeError("simulated crash after the final checkpoint")

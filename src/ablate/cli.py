@@ -136,17 +136,25 @@ def hydra_train(argv: list[str]) -> None:
 
     check_moved(argv)
 
-    from ablate import sweep
+    from ablate import interrupts, sweep
     from ablate.train import main as task
     from ablate.validate import one_line
 
     register_resolvers()
     sys.argv = ["ablate", *argv]
+    if "-m" in argv or "--multirun" in argv:  # SIGTERM/SIGINT of the parent stops its workers too
+        os.environ[interrupts.SWEEP_PID] = str(os.getpid())
+        interrupts.forward_to_workers()
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a page: errors reach us
     error: Exception | None = None
     try:
         hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")(task)()
+    except (KeyboardInterrupt, interrupts.Interrupted) as e:
+        sweep.finish()
+        print(f"ablate: interrupted ({interrupts.describe(e)}); continue a run with `ablate resume RUN_DIR`",
+              file=sys.stderr)
+        sys.exit(interrupts.exit_code(e))
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes one line below, a bug is re-raised
         error = e
     finally:
@@ -268,14 +276,26 @@ def resume_cmd(argv: list[str]) -> None:
         print("usage: ablate resume RUN_DIR [hydra.key=value ...]", file=sys.stderr)
         sys.exit(2)
     run_dir = Path(argv[0]).resolve()
-    info, summary = rundir.read_json(run_dir / rundir.RUN), rundir.read_json(run_dir / rundir.SUMMARY) or {}
+    try:
+        info = rundir.read_json_checked(run_dir / rundir.RUN)
+    except rundir.RunDirError as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
     if info is None:
         print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
         sys.exit(2)
     if summary.get("status") == "completed":
         print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
         return
-    hydra_argv = [*_unmasked(info["overrides"], argv[1:], run_dir),
+    # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
+    config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
+    for path in reversed(info.get("pythonpath", [])):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if info.get("pythonpath"):  # for the processes a launcher starts (local_parallel, torchrun)
+        os.environ["PYTHONPATH"] = os.pathsep.join([*info["pythonpath"], os.environ.get("PYTHONPATH", "")])
+    hydra_argv = [*config_dir, *_unmasked(info["overrides"], argv[1:], run_dir),
                   f"hydra.run.dir={quote_override_value(str(run_dir))}"]
     _echo(hydra_argv)
     hydra_train(hydra_argv)

@@ -2,7 +2,7 @@
 
 Reads the run directory contract only (`summary.json`, `run.json`, `metrics.jsonl`, `.hydra/`), so
 it never imports torch or transformers and works on a laptop over synced outputs, also on a sweep
-that is still running (jobs without a final summary show as `running`).
+that is still running (jobs without a final summary show as `running`, a corrupt one as `unreadable`).
 
 Runs are grouped by the overrides whose values differ between them, ignoring the seed: a 2 losses
 x 3 seeds sweep gives two groups of three. Runs from different launches (sweep dirs; a run outside
@@ -97,6 +97,8 @@ def load_run(path: Path) -> Run | None:
     hydra_overrides = path / ".hydra" / "overrides.yaml"
     if summary is None and info is None and not hydra_overrides.is_file():
         return None
+    if summary is None and (path / rundir.SUMMARY).exists():  # corrupt, not "still running"
+        summary = {"status": "unreadable", "error": f"{rundir.SUMMARY} is not a JSON object"}
     summary = summary or {"status": "running"}
     overrides = summary.get("overrides") or (info or {}).get("overrides")
     if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides

@@ -5,6 +5,8 @@ No heavy imports here (no torch, no datasets): the launching process uses it to 
 
 from __future__ import annotations
 
+from ablate.rundir import RunDirError
+
 
 class ConfigError(ValueError):
     """A config value ablate refuses (checked before any model is built)."""
@@ -21,4 +23,4 @@ def missing_extra(module: str, extra: str, what: str) -> ConfigError:
 
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FloatingPointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, FloatingPointError)

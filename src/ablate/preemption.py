@@ -31,25 +31,13 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ablate.interrupts import Preempted  # noqa: F401 - raised here; defined torch-free for ablate.train
+
 log = logging.getLogger("ablate")
-
-
-class Preempted(SystemExit):
-    """Raised out of `trainer.train` once the checkpoint is saved; `requeue()` must be called last."""
-
-    def __init__(self, handler: Callable[[int, FrameType | None], Any], signum: int) -> None:
-        super().__init__(-1)
-        self._handler, self._signum = handler, signum
-
-    def requeue(self) -> NoReturn:
-        """submitit's handler: the Hydra launcher's checkpoint() (resubmit the same job), `scontrol
-        requeue`, exit. On ranks > 0 submitit leaves requeueing to rank 0 and returns: exit anyway."""
-        self._handler(self._signum, None)
-        raise SystemExit(-1)
 
 
 def preemption_signal() -> signal.Signals:

@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import redact, rundir, runs, slurm, sweep_resume, validate
+from ablate import interrupts, redact, rundir, runs, slurm, sweep_resume, validate
 from ablate.errors import USER_ERRORS, ConfigError
 
 log = logging.getLogger("ablate")
@@ -33,6 +34,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     multirun it is raised, so Hydra records the job as failed and the sweep goes on."""
     try:
         return run(cfg)
+    except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by run()
+        print(f"ablate: interrupted ({interrupts.describe(e)})", file=sys.stderr)
+        if interrupts.in_sweep_worker():
+            interrupts.leave_worker(interrupts.exit_code(e))
+        sys.exit(interrupts.exit_code(e))
     except Exception as e:
         user_error = _user_error(e)
         if user_error is not None and HydraConfig.get().mode == RunMode.RUN:
@@ -60,7 +66,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.info("%s completed earlier: skipped", run_dir)
         return done
     overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # ${oc.env:X} as written, not its value
+    rundir.lock(run_dir)  # for the process's life: a second process in this dir stops here, one line
     info = _claim_run_dir(run_dir, overrides)
+    previous = rundir.read_json(run_dir / rundir.SUMMARY) or {}
+    if previous.get("status") == "completed":  # a completed run never changes
+        if rundir.is_main_process():
+            print(f"{run_dir} already completed at step {previous.get('global_step')}: nothing to do")
+        return previous
     if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
         info.update(sweep_resume.identity(cfg))
         rundir.write_json(run_dir / rundir.RUN, info)
@@ -71,89 +83,151 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
     tracker = None
     t0 = time.time()
-    try:
-        validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
-        runs.prepare(cfg, run_dir, info)  # torch threads, tags, notes, pid -> run.json (before heavy work)
-        _check_method_args(cfg)
-        from transformers import set_seed
-        from transformers.utils import logging as hf_logging
+    # SIGTERM (docker stop, timeout, kill) ends like Ctrl-C: `interrupted`; a second signal while the
+    # record is written is ignored
+    with interrupts.as_exceptions():
+        try:
+            validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
+            runs.prepare(cfg, run_dir, info)  # torch threads, tags, notes, pid -> run.json (before heavy work)
+            _check_method_args(cfg)
+            from transformers import set_seed
+            from transformers.utils import logging as hf_logging
 
-        from ablate.models.adapters import save_merged, with_adapters
+            from ablate.models.adapters import save_merged, with_adapters
 
-        hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
-        set_seed(cfg.seed)
-        # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
-        # values are passed as explicit kwargs below, so they are the ones the args end up with
-        device_args = _check_precision(cfg.precision)
-        _check_distributed(cfg.distributed)
-        args = _training_args(cfg, run_dir, {**device_args, **OmegaConf.to_container(cfg.distributed)})
-        make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
-        data = instantiate(cfg.data)  # before the model: a data mistake costs no model load
-        tokenizer, model = instantiate(cfg.model)
-        model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
-        _check_trainable(model)
+            hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
+            # TrainingArguments pins dataloader memory by default; on a CPU-only machine torch warns on
+            # every dataloader that pinning is skipped: nothing to act on
+            warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
+            set_seed(cfg.seed)
+            # before TrainingArguments (which raises a page on tf32 without a GPU); the precision group's
+            # values are passed as explicit kwargs below, so they are the ones the args end up with
+            device_args = _check_precision(cfg.precision)
+            _check_distributed(cfg.distributed)
+            args = _training_args(cfg, run_dir, {**device_args, **OmegaConf.to_container(cfg.distributed)})
+            make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
+            data = instantiate(cfg.data)  # before the model: a data mistake costs no model load
+            tokenizer, model = instantiate(cfg.model)
+            model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
+            _check_trainable(model)
 
-        if cfg.logger and rundir.is_main_process():  # logger=none composes to an empty node; one W&B run per job
-            tracker = instantiate(cfg.logger)
-            tracker.start(redact.config_record(cfg), run_dir, info)
-            rundir.write_json(run_dir / rundir.RUN, info)  # the tracker may have added its run id
+            if cfg.logger and rundir.is_main_process():  # logger=none composes to an empty node; one W&B run per job
+                tracker = instantiate(cfg.logger)
+                tracker.start(redact.config_record(cfg), run_dir, info)
+                rundir.write_json(run_dir / rundir.RUN, info)  # the tracker may have added its run id
 
-        ckpt = rundir.latest_checkpoint(run_dir)
-        callbacks = _callbacks(cfg, run_dir, resuming=ckpt is not None, tracker=tracker)
-        extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
-        trainer = make_trainer(
-            model=model,
-            args=args,
-            train_dataset=data.train,
-            eval_dataset=data.eval if args.eval_strategy != "no" else None,
-            processing_class=tokenizer,
-            callbacks=callbacks,
-            **extra,
-        )
-        _bind_optimizer(trainer, cfg)
+            ckpt = _resume_point(run_dir)
+            # steps past the checkpoint (or all of them: killed before the first one) run and log again
+            rundir.truncate_metrics(run_dir, _step(ckpt))
+            callbacks = _callbacks(cfg, run_dir, tracker=tracker)
+            trainer = make_trainer(
+                model=model,
+                args=args,
+                train_dataset=data.train,
+                eval_dataset=data.eval if args.eval_strategy != "no" else None,
+                processing_class=tokenizer,
+                callbacks=callbacks,
+            )
+            _bind_optimizer(trainer, cfg)
 
-        if ckpt is not None:
-            log.info("resuming from %s", ckpt)
-            rundir.truncate_metrics(run_dir, int(ckpt.name.split("-")[-1]))
-        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+            if ckpt is not None and _finished(ckpt):
+                # killed between the final checkpoint and summary.json: training is done, only the
+                # final save is missing; resuming would train one step past max_steps
+                log.info("%s is the final checkpoint: saving the model without training further", ckpt.name)
+                trainer._load_from_checkpoint(str(ckpt))
+                trainer.state = type(trainer.state).load_from_json(str(ckpt / "trainer_state.json"))
+            else:
+                if ckpt is not None:
+                    log.info("resuming from %s", ckpt)
+                trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
 
-        if trainer.is_world_process_zero():
-            from ablate.callbacks import mask_saved_args
+            if trainer.is_world_process_zero():
+                from ablate.callbacks import mask_saved_args
 
-            trainer.save_model(str(run_dir / rundir.MODEL))
-            save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
-            mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as MaskSavedArgs does for checkpoints
-        summary.update(status="completed", global_step=trainer.state.global_step,
-                       metrics=_final_metrics(trainer.state.log_history))
-        summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
-    except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-        if type(e).__name__ == "Preempted":  # ablate.preemption (imported with torch in _callbacks): checkpoint saved
-            summary.update(status="preempted")
+                trainer.save_model(str(run_dir / rundir.MODEL))
+                mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as MaskSavedArgs does for checkpoints
+                save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
+                rundir.fix_permissions(run_dir / rundir.MODEL)
+            metrics = _final_metrics(trainer.state.log_history)
+            metrics["train_loss"] = _train_loss(trainer.state.log_history, trainer.state.global_step)
+            summary.update(status="completed", global_step=trainer.state.global_step, metrics=metrics)
+            summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
+        except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
+            if isinstance(e, interrupts.Preempted):  # SLURM preemption: checkpoint saved, requeue
+                summary.update(status="preempted")
+                _finish(run_dir, summary, tracker, t0)
+                e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
+            if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
+                summary.update(status="interrupted", error=interrupts.describe(e))
+                log.warning("run interrupted (%s): resume with `ablate resume %s`", summary["error"], run_dir)
+                _finish(run_dir, summary, tracker, t0)
+                raise
+            cause = _user_error(e) or e
+            msg = f"{type(cause).__name__}: {cause}".splitlines()[0] if str(cause) else type(cause).__name__
+            summary.update(status="failed", error=msg)
+            if cause is e and not isinstance(e, USER_ERRORS):  # a bug: keep the whole traceback in the log
+                log.error("run failed: %s\n%s", msg, traceback.format_exc())
+            else:  # one line for the user; the full cause (chained errors included) still goes to ablate.log
+                _log_to_file(f"run failed: {msg}\n{traceback.format_exc()}")
+                if hc.mode != RunMode.RUN:  # single runs print the one line themselves (main)
+                    log.error("run failed: %s", msg)
             _finish(run_dir, summary, tracker, t0)
-            e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
-        cause = _user_error(e) or e
-        msg = f"{type(cause).__name__}: {cause}".splitlines()[0] if str(cause) else type(cause).__name__
-        summary.update(status="failed", error=msg)
-        if cause is e and not isinstance(e, USER_ERRORS):  # a bug: keep the whole traceback in the log
-            log.error("run failed: %s\n%s", msg, traceback.format_exc())
-        elif hc.mode != RunMode.RUN:  # single runs print the one line themselves (main)
-            log.error("run failed: %s", msg)
-        _finish(run_dir, summary, tracker, t0)
-        raise
+            raise
     _finish(run_dir, summary, tracker, t0)
     if rundir.is_main_process():
         _print_result(run_dir, summary)
     return summary
 
 
-def _callbacks(cfg: DictConfig, run_dir: Path, resuming: bool, tracker: Any) -> list[Any]:
+def _resume_point(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint; newer incomplete or corrupt ones are named in one line each."""
+    skipped: list[str] = []
+    ckpt = rundir.latest_checkpoint(run_dir, skipped)
+    for why in skipped:
+        log.warning("skipping %s; resuming from %s", why, ckpt.name if ckpt else "the start")
+    return ckpt
+
+
+def _step(ckpt: Path | None) -> int:
+    return int(ckpt.name.split("-")[-1]) if ckpt is not None else 0
+
+
+def _finished(ckpt: Path) -> bool:
+    """Whether `ckpt` was saved at the run's last step (Trainer records max_steps in its state)."""
+    state = rundir.read_json(ckpt / "trainer_state.json") or {}
+    return 0 < int(state.get("max_steps", 0)) <= int(state.get("global_step", 0))
+
+
+def _train_loss(history: list[dict[str, Any]], global_step: int) -> float | None:
+    """Mean per-step loss of the whole run, from its logged losses (each the mean over the steps
+    since the previous log; `LogAtSaveAndEnd` makes the last log the last step and every checkpoint
+    a log step). Trainer's own `train_loss` covers only the steps since a resume."""
+    total, prev = 0.0, 0
+    for event in history:
+        if "loss" in event and "step" in event and event["step"] > prev:
+            total += float(event["loss"]) * (event["step"] - prev)
+            prev = event["step"]
+    return total / prev if prev and prev == global_step else None
+
+
+def _log_to_file(message: str) -> None:
+    """Write `message` to the run's ablate.log only (not the console): the full cause of an error
+    the user sees as one line."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _callbacks(cfg: DictConfig, run_dir: Path, tracker: Any) -> list[Any]:
     """ablate's own callbacks (metrics.jsonl, SLURM preemption), then the config's, then the tracker's."""
-    from ablate.callbacks import MaskSavedArgs, MetricsJSONL
+    from ablate.callbacks import LogAtSaveAndEnd, MaskSavedArgs, MetricsJSONL
     from ablate.preemption import SaveOnPreemption
 
-    events = rundir.read_metrics(run_dir) if resuming else []
+    events = rundir.read_metrics(run_dir)  # already truncated to the resume point
     callbacks = [MetricsJSONL(run_dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
                  SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+                 LogAtSaveAndEnd(),  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
                  MaskSavedArgs()]  # secrets given as TrainingArguments never reach training_args.bin
     callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
     if tracker is not None and tracker.callback() is not None:
@@ -170,8 +244,10 @@ def _finish(run_dir: Path, summary: dict[str, Any], tracker: Any, t0: float) -> 
 
 
 def _claim_run_dir(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """Record (or check) the run's identity: a dir is resumed only by the same command."""
-    info = rundir.read_json(run_dir / rundir.RUN)
+    """Record (or check) the run's identity: a dir is resumed only by the same command; a dir that
+    is neither empty nor an ablate run, or whose run.json is corrupt, is refused (RunDirError)."""
+    rundir.is_usable(run_dir)
+    info = rundir.read_json_checked(run_dir / rundir.RUN)
     if info is not None:
         if sorted(info.get("overrides", [])) != sorted(redact.mask(overrides)):  # recorded masked
             raise ConfigError(
@@ -180,9 +256,24 @@ def _claim_run_dir(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
             )
         return info
     info = {"overrides": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "versions": rundir.versions(), "git_sha": rundir.git_sha()}
+            "versions": rundir.versions(), "git_sha": rundir.git_sha(), **_launch_context()}
     rundir.write_json(run_dir / rundir.RUN, info)
     return info
+
+
+def _launch_context() -> dict[str, Any]:
+    """What `ablate resume` needs beyond the overrides to compose the same config: the --config-dir
+    given at launch (method/my_hinge.yaml lives there) and the PYTHONPATH its _target_s import from."""
+    import os
+
+    out: dict[str, Any] = {}
+    dirs = [s.path for s in HydraConfig.get().runtime.config_sources if s.provider == "command-line"]
+    if dirs:
+        out["config_dir"] = str(Path(dirs[0].split("://", 1)[-1]).resolve())
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if paths:
+        out["pythonpath"] = paths
+    return out
 
 
 def _check_method_args(cfg: DictConfig) -> None:
@@ -194,18 +285,6 @@ def _check_method_args(cfg: DictConfig) -> None:
         hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hint = "; ".join(f"did you mean '{h[0]}' for '{k}'?" for k, h in hints.items() if h)
         raise ConfigError(f"method.args: unknown field(s) {unknown} for {cls.__name__}" + (f" ({hint})" if hint else ""))
-
-
-def _training_args(cfg: DictConfig, run_dir: Path, device_args: dict[str, Any]) -> Any:
-    """TrainingArguments from method.args; its own refusals (ValueError in __post_init__) are one line."""
-    try:
-        return instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
-                           **OmegaConf.to_container(cfg.precision), **device_args)
-    except Exception as e:  # noqa: BLE001 - Hydra wraps the dataclass's ValueError/TypeError
-        cause = e.__cause__ or e
-        if isinstance(cause, (ValueError, TypeError)):
-            raise ConfigError(f"method.args: {str(cause).strip().splitlines()[0]}") from e
-        raise
 
 
 def _check_precision(args: Any) -> dict[str, Any]:
@@ -292,3 +371,15 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
     # plain print: rich would fold a long path at the terminal width (80 columns when piped) and
     # read `[...]` in it as markup; this line is meant to be pasted (ablate resume / compare)
     print(f"run dir: {run_dir}", flush=True)
+
+
+def _training_args(cfg: DictConfig, run_dir: Path, device_args: dict[str, Any]) -> Any:
+    """TrainingArguments from method.args; its own refusals (ValueError in __post_init__) are one line."""
+    try:
+        return instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
+                           **OmegaConf.to_container(cfg.precision), **device_args)
+    except Exception as e:  # noqa: BLE001 - Hydra wraps the dataclass's ValueError/TypeError
+        cause = e.__cause__ or e
+        if isinstance(cause, (ValueError, TypeError)):
+            raise ConfigError(f"method.args: {str(cause).strip().splitlines()[0]}") from e
+        raise

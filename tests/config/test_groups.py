@@ -133,9 +133,11 @@ def test_option_targets_instantiate(group, option, tiny_dir, tmp_path):
     """Instantiate each `_target_` of the option (hub options: the target only resolves)."""
     cfg = make_cfg(f"{group}={option}", *required(group, option, tiny_dir, tmp_path))
     node = cfg[group]
-    if not node:  # logger=none, callbacks=none
+    targets = list(_targets(node)) if node else []
+    if not targets:  # logger=none, callbacks=none, precision=*: no _target_, checked for what they do
+        _check_targetless(group, option, cfg, tmp_path)
         return
-    for path, target in _targets(node):
+    for path, target in targets:
         fn = get_method(target._target_)
         assert callable(fn), f"{group}.{path}: {target._target_} is not callable"
         if (group, option) in HUB:
@@ -157,6 +159,33 @@ def test_option_targets_instantiate(group, option, tiny_dir, tmp_path):
             assert obj is not None
 
 
+def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) -> None:
+    """Options without a `_target_` still do something testable: off switches are empty (what
+    ablate.train reads as "none"); precision flags land in TrainingArguments or are refused."""
+    node = cfg[group]
+    if (group, option) in {("logger", "none"), ("callbacks", "none")}:
+        assert not node and OmegaConf.to_container(node) == {}, f"{group}={option} should compose to an empty node"
+    elif group == "precision":
+        import dataclasses
+
+        from transformers import TrainingArguments
+
+        from ablate.errors import ConfigError
+        from ablate.train import _check_precision
+
+        flags = OmegaConf.to_container(node)
+        assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
+        if flags.get("fp16"):  # no GPU here: refused before any TrainingArguments exist
+            with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+                _check_precision(node)
+            return
+        device_args = _check_precision(node)  # bf16 without a GPU: use_cpu
+        args = instantiate(cfg.method.args, output_dir=str(tmp_path), **device_args, **flags)
+        assert (args.bf16, args.fp16) == (flags["bf16"], flags["fp16"])
+    else:
+        pytest.fail(f"{group}/{option} has no _target_ and no check here: add one")
+
+
 @pytest.mark.parametrize("group,option", PLUS)
 def test_plus_option_targets_resolve(group, option):
     """Appended groups (+ref_model=..., +compute_metrics=...) name importable targets; their runs are
@@ -170,9 +199,8 @@ def _build_trainer(cfg: DictConfig, tmp_path: Path) -> None:
     args = instantiate(cfg.method.args, output_dir=str(tmp_path), max_steps=1)
     tok, model = instantiate(cfg.model)
     data = instantiate(cfg.data)
-    extra = {"reward_funcs": data.reward_funcs} if data.reward_funcs else {}
     trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=data.train,
-                                              processing_class=tok, **extra)
+                                              processing_class=tok)  # reward_funcs, if any, come from the config
     batch = next(iter(trainer.get_train_dataloader()))
     assert batch["input_ids"].shape[0] > 0 if "input_ids" in batch else batch
 

@@ -129,3 +129,16 @@ class EarlyStop(TrainerCallback):
                 self.metric, self.best, self.bad, state.global_step,
             )
             control.should_training_stop = True
+
+
+class LogAtSaveAndEnd(TrainerCallback):
+    """Log at every checkpoint and at the last step, besides every `logging_steps`.
+
+    Always installed by `ablate.train`. Each logged loss is the mean since the previous log, so with a
+    log at every checkpoint a resumed run logs the same windows as an uninterrupted one, and the logs
+    cover every step: summary.json's `train_loss` is computed from them across resumes.
+    """
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if control.should_save or control.should_training_stop or state.global_step >= state.max_steps:
+            control.should_log = True

@@ -73,6 +73,7 @@ class SFTTrainer(Trainer):
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
+            compute_loss_func=self.completion_nll,
             **kwargs,
         )
         self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
@@ -90,18 +91,24 @@ class SFTTrainer(Trainer):
         inputs: dict[str, torch.Tensor],
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mode = "train" if model.training else "eval"
-        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
-        mask = inputs["completion_mask"][:, 1:]
-        per_token = token_logps(logits, inputs["input_ids"])
-        loss = nll(per_token, mask, num_items_in_batch if model.training else None)
-        if self.args.average_tokens_across_devices and self.args.world_size > 1 and num_items_in_batch is not None:
-            loss = loss * self.args.world_size  # DDP averages gradients; num_items_in_batch counted every rank
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """Trainer's own compute_loss, with `completion_nll` as its `compute_loss_func`: the forward,
+        and the scaling of a token-count-normalised loss across processes, stay upstream's."""
+        model_inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}  # labels carry the mask
+        return super().compute_loss(model, {**model_inputs, "use_cache": False}, return_outputs, num_items_in_batch)
+
+    def completion_nll(
+        self, outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """`nll` of the completion tokens (labels != -100), plus their next-token accuracy."""
+        mode = "train" if self.model.training else "eval"
+        logits, mask = outputs.logits, (labels[:, 1:] != -100)
+        per_token = token_logps(logits, labels.clamp_min(0))  # prompt positions are masked out below
+        loss = nll(per_token, mask, num_items_in_batch if self.model.training else None)
         with torch.no_grad():
-            correct = (logits[:, :-1].argmax(-1) == inputs["input_ids"][:, 1:]) & mask.bool()
+            correct = (logits[:, :-1].argmax(-1) == labels[:, 1:]) & mask
             self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
-        return (loss, {"logits": logits}) if return_outputs else loss
+        return loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         logs.update(self.metrics.pop("train" if self.model.training else "eval"))

@@ -1,0 +1,76 @@
+"""kill -9 at random moments (startup, a step, a checkpoint save, the final save), then the same
+command again until the run completes: the result is the uninterrupted run's, bit for bit (every
+logged loss, the final weights, summary.json's train_loss). The default suite kills a short DPO run
+3 times; `-m slow` kills a DPO and a GRPO run at 20 moments each (issue 12)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TESTS, ablate, metrics, summary
+
+RUNS = {
+    "dpo": ["method.args.max_steps=12", "method.args.save_steps=2", "method.args.logging_steps=1"],
+    # checkpoints at generation-round boundaries (steps_per_generation=2, save_steps=2)
+    "grpo": ["method=grpo", "method.args.max_steps=8", "method.args.save_steps=2", "method.args.logging_steps=1",
+             "method.args.steps_per_generation=2", "method.args.per_device_train_batch_size=16"],
+}
+
+
+def _command(overrides: list[str], run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "ablate", "train", *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def _result(run_dir: Path) -> tuple:
+    s = summary(run_dir)
+    losses = [(e["step"], e["loss"]) for e in metrics(run_dir) if "loss" in e]
+    weights = hashlib.sha256((run_dir / "model" / "model.safetensors").read_bytes()).hexdigest()
+    return s["status"], s["global_step"], losses, weights, s["metrics"]["train_loss"]
+
+
+def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
+    overrides = RUNS[method]
+    kills = int(os.environ.get("ABLATE_TEST_KILLS", kills))  # fewer for a quick check, more for a soak
+    ref = tmp_path / "ref"
+    t0 = time.time()
+    r = ablate("train", *overrides, f"hydra.run.dir={ref}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    duration = time.time() - t0
+    seed = int(os.environ.get("ABLATE_TEST_KILL_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    # most of a launch is startup (imports, model, reference log-probs): kill from mid-startup to the
+    # end, so the moments fall on steps, checkpoint saves and the final save too
+    startup = max(duration - metrics(ref)[-1]["time"], 0.0)
+    moments = [rng.uniform(0.5 * startup, duration) for _ in range(kills)]
+    for delay in moments:  # each launch runs the same command in the same dir, so it resumes
+        proc = subprocess.Popen(_command(overrides, run_dir), cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    final = ablate("train", *overrides, f"hydra.run.dir={run_dir}")
+    assert final.returncode == 0, f"seed {seed}: {final.stderr[-3000:]}"
+    assert _result(run_dir) == _result(ref), f"kill moments {moments} (ABLATE_TEST_KILL_SEED={seed})"
+
+
+def test_dpo_killed_at_random_moments_resumes_to_the_same_result(tmp_path):
+    _kill_and_resume("dpo", 3, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dpo", "grpo"])
+def test_killed_at_20_random_moments(tmp_path, method):
+    _kill_and_resume(method, 20, tmp_path)
