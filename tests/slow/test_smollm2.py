@@ -32,7 +32,8 @@ def smollm2() -> Path:
 
 
 def _train(cwd: Path, *overrides: str) -> tuple[Path, list[dict[str, Any]]]:
-    proc = ablate("train", *overrides, "method.args.disable_tqdm=true", cwd=cwd, timeout=900)
+    # the timeout is a hang guard: a run takes ~2 min on 2 quiet cores, but 20+ on a shared, loaded one
+    proc = ablate("train", *overrides, "method.args.disable_tqdm=true", cwd=cwd, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (cwd / "outputs" / "runs").glob("*/*")
     assert summary(run_dir)["status"] == "completed"
@@ -70,16 +71,15 @@ def test_sft_with_chat_template_lowers_held_out_loss(smollm2, tmp_path):
 
 
 def test_grpo_raises_the_reward_and_decodes_chat_completions(smollm2, tmp_path):
-    """Mean caps_fraction reward over the last 8 steps beats the first 8 steps' by >= 0.15; the
-    completions end at the template's end-of-turn token (<|im_end|>), which decoding drops."""
+    """"... Answer with one word.": the mean one_word reward (1 / words) of the last two logged rounds
+    (steps 9-12) beats that of the first (steps 1-2) by >= 0.3; the completions end at the template's
+    end-of-turn token (<|im_end|>), which decoding drops, and read as text."""
     run_dir, rows = _train(tmp_path, "+experiment=smollm2_grpo")
-    reward = _evals(rows, "rewards/caps_fraction/mean")
-    first = [r for s, r in reward if s <= 8]
-    last = [r for s, r in reward if s > 16]
-    assert first and last, reward
-    assert sum(last) / len(last) >= sum(first) / len(first) + 0.15, reward
+    reward = _evals(rows, "rewards/one_word/mean")
+    assert [s for s, _ in reward] == [2, 4, 6, 8, 10, 12], reward
+    assert (reward[-1][1] + reward[-2][1]) / 2 >= reward[0][1] + 0.3, reward
     ended = [1 - r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r]
-    assert max(ended) > 0.5, ended  # most completions of some round stopped at <|im_end|>, not the length limit
+    assert ended[-1] >= 0.9, ended  # the answers stop at <|im_end|>, not at the length limit
 
     # the trained model, as saved, through the same generator GRPO samples with
     import torch
@@ -95,7 +95,7 @@ def test_grpo_raises_the_reward_and_decodes_chat_completions(smollm2, tmp_path):
     assert tok.eos_token_id == im_end == model.generation_config.eos_token_id
     args = GRPOConfig(output_dir=str(tmp_path / "gen"), per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=32, temperature=0.7, report_to="none", use_cpu=True)
-    prompts = [row["prompt"] for row in packaged("caps_prompts").eval.select(range(8))]
+    prompts = [row["prompt"] for row in packaged("one_word_prompts").eval.select(range(8))]
     torch.manual_seed(0)
     out = HFGenerator(args, tok)(model, [encode_prompt(tok, p) for p in prompts])
     ended = [ids for ids in out if ids and ids[-1] == im_end]

@@ -10,9 +10,10 @@ instruction (it answers in sentence case), so a few CPU minutes of training visi
   Both say the same thing, so the only learnable difference is the format (a real preference, not a
   fact the model lacks). Eval pairs ask questions that are not in the train split.
 - `caps_sft`: conversational prompt/completion (lists of chat messages); completion in capitals.
-- `caps_prompts`: prompt-only rows for GRPO, scored by `ablate.rewards.format.caps_fraction`.
-- `one_word_prompts`: the same questions ending "Answer with one word." for GRPO, scored by
-  `ablate.rewards.format.one_word` (the model mostly answers with a sentence).
+- `one_word_prompts`: prompt-only rows for GRPO, the same questions ending "Answer with one word.",
+  scored by `ablate.rewards.format.one_word` (the model starts out answering with a sentence; the
+  capitals instruction made a poor GRPO task: ~8% of letters capitalised at the start, no rise in
+  6 steps, so too few samples in a group differ for a short CPU run).
 Questions are built from a few fact tables (colours, capitals, sums, opposites, animal sounds); the
 splits are disjoint by question.
 """
@@ -74,7 +75,6 @@ def main(seed: int = 0, n_eval: int = 64) -> None:
         _write(OUT / f"caps_prefs_{split}.jsonl",
                [{"prompt": _user(q), "chosen": _assistant(a.upper()), "rejected": _assistant(a)} for q, a in rows])
         _write(OUT / f"caps_sft_{split}.jsonl", [{"prompt": _user(q), "completion": _assistant(a.upper())} for q, a in rows])
-        _write(OUT / f"caps_prompts_{split}.jsonl", [{"prompt": _user(q), "answer": a} for q, a in rows])
         _write(OUT / f"one_word_prompts_{split}.jsonl",
                [{"prompt": [{"role": "user", "content": f"{q} {ONE_WORD}"}], "answer": a} for q, a in rows])
 

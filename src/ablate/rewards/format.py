@@ -10,19 +10,6 @@ def _text(completion: str | list[dict[str, Any]]) -> str:
     return completion if isinstance(completion, str) else "".join(m["content"] for m in completion)
 
 
-def caps_fraction(completions: list[str | list[dict[str, Any]]], **_: Any) -> list[float]:
-    """Fraction of the completion's letters that are capitals ("Answer in ALL CAPS.").
-
-    Dense (every letter counts), in [0, 1]; a completion without letters scores 0, so saying nothing
-    never pays. Digits and punctuation are neutral: "5 PLUS 9 IS 14." scores 1.
-    """
-    scores = []
-    for c in completions:
-        letters = [ch for ch in _text(c) if ch.isalpha()]
-        scores.append(sum(ch.isupper() for ch in letters) / len(letters) if letters else 0.0)
-    return scores
-
-
 def one_word(completions: list[str | list[dict[str, Any]]], **_: Any) -> list[float]:
     """1 / the number of words in the completion ("Answer with one word."); 0 when it has none.
 
