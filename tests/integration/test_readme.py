@@ -43,7 +43,10 @@ STEPS = "method.args.max_steps=2"
 SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
-    "ablate sweep sweeps/dpo_loss.yaml hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
+    "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
+    "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
+    "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true":
+        "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "bash scripts/slurm/start.sh": "installs and starts SLURM as root with apt (tests/slow/test_slurm.py)",
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
@@ -56,6 +59,9 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "torchrun ": "2 processes",
     "ablate fetch smollm2_135m": "downloads and converts a 135M model on first use",
     "ablate train model=smollm2_135m": "a 135M-parameter model",
+    "ablate train +experiment=smollm2": "a 135M-parameter model",
+    "ablate data preview +experiment=smollm2": "fetches and converts SmolLM2 on first use",
+    "ablate train debug=overfit": "30 steps on one batch, checked to halve the loss (not cut to 2 steps)",
     "ablate train logger=wandb": "starts W&B (offline); tests/integration/test_wandb.py covers it by default",
     "PYTHONPATH=examples/": "the examples; tests/integration/test_examples.py runs them by default",
 }
