@@ -182,6 +182,23 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         device_args = _check_precision(node)  # bf16 without a GPU: use_cpu
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **device_args, **flags)
         assert (args.bf16, args.fp16) == (flags["bf16"], flags["fp16"])
+    elif group == "distributed":
+        import dataclasses
+
+        from transformers import TrainingArguments
+
+        from ablate.errors import ConfigError
+        from ablate.train import _check_distributed
+
+        flags = OmegaConf.to_container(node)
+        assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
+        if flags.get("fsdp"):  # no GPU here: accelerate would run plain DDP, so it is refused
+            with pytest.raises(ConfigError, match="CUDA"):
+                _check_distributed(node)
+            return
+        _check_distributed(node)
+        args = instantiate(cfg.method.args, output_dir=str(tmp_path), **flags)
+        assert not args.fsdp
     else:
         pytest.fail(f"{group}/{option} has no _target_ and no check here: add one")
 
@@ -221,7 +238,8 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("trainers"
         "method/scale_rewards": ("losses",), "method/objective": ("losses",), "method/reward_aggregation": ("losses",),
         "optimizer": ("optimizer",), "optimizer/scheduler": ("optimizer",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("compute_metrics",),
-        "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": ()}
+        "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
+        "debug": ("debug",), "distributed": (), "sweep": ()}  # distributed: TrainingArguments keys; sweep: Hydra's
 
 
 def test_every_group_maps_onto_its_code():
