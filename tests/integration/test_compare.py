@@ -24,7 +24,7 @@ MARGINS = {("sigmoid", 1): 0.2, ("sigmoid", 2): 0.4, ("hinge", 1): 0.5, ("hinge"
 
 def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status: str = "completed",
               steps: int = 4, runtime: float = 2.0, error: str | None = None) -> Path:
-    run = root / f"{num}_{','.join(overrides)}"
+    run = root / f"{num}_{','.join(overrides)}".replace("/", "_")  # as Hydra names job dirs (ablate_dirname)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     summary = {"status": status, "method": "dpo", "overrides": overrides, "global_step": steps,
