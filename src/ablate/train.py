@@ -380,6 +380,8 @@ def _training_args(cfg: DictConfig, run_dir: Path, device_args: dict[str, Any]) 
                            **OmegaConf.to_container(cfg.precision), **device_args)
     except Exception as e:  # noqa: BLE001 - Hydra wraps the dataclass's ValueError/TypeError
         cause = e.__cause__ or e
+        if isinstance(cause, ConfigError):  # the method's config already said what to fix
+            raise cause from e
         if isinstance(cause, (ValueError, TypeError)):
             raise ConfigError(f"method.args: {str(cause).strip().splitlines()[0]}") from e
         raise

@@ -35,7 +35,7 @@ def test_overfit_loss_falls_on_one_batch(tmp_path: Path) -> None:
 
 
 def test_overfit_fails_when_nothing_learns(tmp_path: Path) -> None:
-    r = ablate("train", "debug=overfit", "optimizer.optimizer.lr=0", cwd=tmp_path)
+    r = ablate("train", "debug=overfit", "optimizer.optimizer.lr=1e-12", cwd=tmp_path)
     assert r.returncode == 2
     errors = [line[line.index("ablate: error:"):] for line in r.stderr.splitlines() if "ablate: error:" in line]
     assert len(errors) == 1 and errors[0].startswith("ablate: error: debug=overfit: loss went 0.6931 -> 0.6931")
