@@ -203,7 +203,7 @@ def _check_paths(cfg: DictConfig) -> None:
     path = model.get("path") if isinstance(model, DictConfig) else None
     if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
         local = Path(path).expanduser()
-        if not (local / "config.json").is_file():
+        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
             why = "not found" if not local.exists() else "no config.json there"
             raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
 
