@@ -22,6 +22,7 @@ commands:
                            hydra/launcher=local_parallel: in parallel
         [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
         [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
+        [--dry-run]           print each job's overrides and run dir, the count and the launcher; start nothing
   compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens] [--tag T]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
   status SWEEP_DIR         each job's state (pending / running at step N of M / completed / failed: error), SLURM's too
@@ -41,6 +42,7 @@ examples:
   ablate sweep dpo_loss method.args.max_steps=20
   ablate sweep dpo_loss hydra/launcher=local_parallel   # or hydra/launcher=slurm
   ablate train -m +sweep=dpo_loss seed=1                 # the same sweep, one seed
+  ablate sweep dpo_loss --dry-run seed=1                 # the jobs it would launch (2), nothing started
   ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped
   ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
   ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
@@ -203,11 +205,11 @@ def sweep_cmd(argv: list[str]) -> None:
     the sweep config conf/sweep/NAME.yaml as a Hydra multirun, or an earlier launch resumed."""
     from ablate.sweep import sweep_argv
 
-    resume, force, detach = "--resume" in argv, "--force" in argv, "--detach" in argv
-    argv = [a for a in argv if a not in ("--resume", "--force", "--detach")]
-    if not argv or argv[0].startswith("-"):
-        print("usage: ablate sweep NAME [key=value ...] [--resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
-              "  (e.g. ablate sweep dpo_loss)", file=sys.stderr)
+    resume, force, detach, dry = "--resume" in argv, "--force" in argv, "--detach" in argv, "--dry-run" in argv
+    argv = [a for a in argv if a not in ("--resume", "--force", "--detach", "--dry-run")]
+    if not argv or argv[0].startswith("-") or (dry and resume):
+        print("usage: ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
+              "  (e.g. ablate sweep dpo_loss --dry-run)", file=sys.stderr)
         sys.exit(2)
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
@@ -229,7 +231,24 @@ def sweep_cmd(argv: list[str]) -> None:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
     _echo(hydra_argv)
+    if dry:
+        _dry_run(argv[0], hydra_argv)
+        return
     hydra_train(hydra_argv)
+
+
+def _dry_run(name: str, hydra_argv: list[str]) -> None:
+    """`--dry-run`: the jobs the launch would start, composed as Hydra composes them; nothing runs."""
+    from hydra.errors import HydraException
+
+    from ablate.sweep import print_plan
+
+    check_moved(hydra_argv)
+    try:
+        print_plan(name, hydra_argv)
+    except HydraException as e:  # a bad override: Hydra's first line says which
+        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> list[str]:

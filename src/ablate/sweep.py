@@ -79,6 +79,52 @@ def _name_jobs_by_swept_keys(argv: list[str]) -> str:
     return "hydra.job.config.override_dirname.exclude_keys=[" + ",".join(fixed) + "]"
 
 
+def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
+    """`ablate sweep NAME --dry-run`: the launcher and, per job in Hydra's order, its overrides and
+    run dir, composed as a launch composes them (BasicSweeper's expansion of `hydra.sweeper.params`
+    with the command line on top, then each job's config from the command line's hydra overrides
+    plus its own, as Hydra's `load_sweep_config`), without starting a job or creating a dir."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    from ablate.cli import conf_dir, register_resolvers
+    from ablate.sweep_resume import expand_jobs
+
+    register_resolvers()
+    parser = OverridesParser.create()
+    args = [a for a in hydra_argv if not a.startswith("-")]
+    hydra_overrides = [a for a in args if parser.parse_override(a).is_hydra_override()]
+    GlobalHydra.instance().clear()
+    jobs: list[tuple[list[str], str]] = []
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            for num, overrides in enumerate(expand_jobs(hydra_argv)):
+                cfg = compose(config_name="config", overrides=[*hydra_overrides, *overrides], return_hydra_config=True)
+                with open_dict(cfg):  # as Hydra's launchers number their jobs
+                    cfg.hydra.job.id = num
+                    cfg.hydra.job.num = num
+                HydraConfig.instance().set_config(cfg)  # ${hydra:...} in a dir pattern resolves as in a launch
+                jobs.append((overrides, str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))))
+            launcher = f"{cfg.hydra.runtime.choices.get('hydra/launcher')} ({OmegaConf.select(cfg, 'hydra.launcher._target_')})" \
+                if jobs else "-"
+    finally:
+        GlobalHydra.instance().clear()  # a later hydra.main initializes it again
+    return launcher, jobs
+
+
+def print_plan(name: str, hydra_argv: list[str]) -> None:
+    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run dir."""
+    from ablate.redact import mask_text
+
+    launcher, jobs = plan_jobs(hydra_argv)
+    print(f"dry run of sweep {name}: {len(jobs)} job(s), launcher {launcher}; nothing started")
+    for num, (overrides, run_dir) in enumerate(jobs):
+        print(f"job {num}: {mask_text(' '.join(overrides))} -> {run_dir}")
+
+
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir, error."""
     rows = []
