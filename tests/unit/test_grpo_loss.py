@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -44,6 +45,21 @@ def test_advantages_batch_and_none_scaling():
     adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.no_std)
     torch.testing.assert_close(adv, centred)
     assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)  # logged whatever the scaling
+
+
+def test_frac_reward_zero_std_is_trls_for_every_scaling():
+    """TRL 1.16 (grpo_trainer.py, `is_std_zero`) checks the std it scales by: with `batch` the batch's
+    std (1.760682 on the table, not 0 -> 0.0, though group 1 alone has std 0), with `group` and
+    `none` each group's (1 of 2 groups -> 0.5). All rewards equal: batch std 0 -> 1.0 (groups: 2 of 2).
+    A config's scale is functools.partial(batch_std) (`_partial_: true`): the same."""
+    for scale, expected in ((grpo.group_std, 0.5), (grpo.no_std, 0.5), (grpo.batch_std, 0.0),
+                            (functools.partial(grpo.batch_std), 0.0)):
+        _, m = grpo.advantages(_table(), W, num_generations=3, scale=scale)
+        assert m["frac_reward_zero_std"].item() == expected, scale
+    flat = torch.full((6, 2), 2.0)  # weighted sums all 3
+    for scale in (grpo.group_std, grpo.no_std, grpo.batch_std, functools.partial(grpo.batch_std)):
+        _, m = grpo.advantages(flat, W, num_generations=3, scale=scale)
+        assert m["frac_reward_zero_std"].item() == 1.0, scale
 
 
 def test_advantages_unscorable_completion_is_left_out():

@@ -69,6 +69,15 @@ Scale = Callable[[torch.Tensor], torch.Tensor]
 Advantages = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
+def frac_zero_std(grouped: torch.Tensor, scale: Scale) -> torch.Tensor:
+    """TRL 1.16's `frac_reward_zero_std`: the fraction of completions whose advantage std is zero, that
+    std being the batch's with `scale_rewards: batch` (so 0 or 1), else each group's (`none` too,
+    which divides by nothing but logs it). grouped: (groups, G) rewards, NaN = unscorable."""
+    if getattr(scale, "func", scale) is batch_std:  # a config's scale is functools.partial(batch_std)
+        return torch.isclose(_nanstd(grouped), torch.zeros(())).float()
+    return torch.isclose(_nanstd(grouped, dim=1), torch.zeros(())).float().mean()
+
+
 def advantages(
     rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: Scale = group_std
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -84,11 +93,10 @@ def advantages(
     grouped = rewards.view(-1, num_generations)
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
     scaled = centred / scale(grouped)
-    zero_std = torch.isclose(_nanstd(grouped, dim=1), torch.zeros(()))  # logged whatever the scaling
     metrics = {
         "reward": torch.nanmean(rewards),
         "reward_std": _nanstd(rewards),
-        "frac_reward_zero_std": zero_std.float().mean(),
+        "frac_reward_zero_std": frac_zero_std(grouped, scale),
     }
     return torch.nan_to_num(scaled.reshape(-1), nan=0.0), metrics
 
