@@ -108,8 +108,9 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
                     cfg.hydra.job.num = num
                 HydraConfig.instance().set_config(cfg)  # ${hydra:...} in a dir pattern resolves as in a launch
                 jobs.append((overrides, str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))))
-            launcher = f"{cfg.hydra.runtime.choices.get('hydra/launcher')} ({OmegaConf.select(cfg, 'hydra.launcher._target_')})" \
-                if jobs else "-"
+            choice, target = (cfg.hydra.runtime.choices.get("hydra/launcher"),
+                              OmegaConf.select(cfg, "hydra.launcher._target_")) if jobs else ("-", "-")
+            launcher = f"{choice} ({target})"
     finally:
         GlobalHydra.instance().clear()  # a later hydra.main initializes it again
     return launcher, jobs
