@@ -40,7 +40,7 @@ def curve(method: str) -> list[float]:
         r = ablate("train", *RUNS[method], *COMMON, f"hydra.run.dir={tmp}/run", env={"OMP_NUM_THREADS": "1"})
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-2000:])
-        return [e[KEYS[method]] for e in metrics(Path(tmp) / "run") if KEYS[method] in e and "train_runtime" not in e]
+        return [e[KEYS[method]] for e in metrics(Path(tmp) / "run") if KEYS[method] in e and "train_loss" not in e]  # not the end-of-train summary event
 
 
 def main() -> None:
