@@ -93,6 +93,24 @@ def is_usable(run_dir: Path) -> None:
                           "use an empty or new hydra.run.dir")
 
 
+def check_unlocked(run_dir: Path) -> None:
+    """Raise RunDirError when a live process holds `<run_dir>/.lock` (see `lock`). Only probes: an
+    absent lock file is not created, and a free lock is let go at once. Run before Hydra writes
+    `.hydra/` and ablate.log, so a dir in use is not touched; `lock` still guards the race after."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:  # no lock file (or the dir): nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        raise RunDirError(f"run dir {run_dir.resolve()} is in use by {holder}; wait for it to end, or use another "
+                          "hydra.run.dir") from None
+    finally:
+        os.close(fd)  # closing drops a lock taken by the probe
+
+
 _held: dict[Path, int] = {}  # lock fds, kept open (and so held) until the process exits
 
 

@@ -255,12 +255,35 @@ def check_dir(path: Path, key: str) -> None:
             raise ConfigError(f"{key}={path}: cannot create it ({e.strerror})") from None
 
 
+def check_run_dir(run_dir: Path, hc: Any) -> None:
+    """A single run's dir is absent, empty, or an ablate run dir (a readable run.json) of the same
+    overrides, and no live process holds its lock: checked before Hydra writes `.hydra/` and
+    ablate.log into it, so a user's dir (or another run's) is refused untouched. `ablate.train`
+    checks the same again, for multirun jobs and for a process that took the dir in between."""
+    from ablate import rundir
+    from ablate.redact import mask
+
+    rundir.is_usable(run_dir)
+    rundir.check_unlocked(run_dir)
+    info = rundir.read_json_checked(run_dir / rundir.RUN) if run_dir.is_dir() else None
+    overrides = _overrides(hc)
+    if info is not None and overrides is not None and sorted(info.get("overrides", [])) != sorted(mask(overrides)):
+        raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
+                          "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
+
+
 class Validate(Callback):
     """Hydra callback: a single run's config and run dir are checked before Hydra touches the dir.
     Hydra turns a callback's exception into a warning, so a refusal exits here (code 2)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_on_error(lambda: (check(config), check_dir(Path(str(config.hydra.run.dir)), "hydra.run.dir")))
+        def checks() -> None:
+            check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
+            run_dir = Path(str(config.hydra.run.dir))
+            check_dir(run_dir, "hydra.run.dir")
+            check_run_dir(run_dir, config.hydra)
+
+        _exit_on_error(checks)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A mistake in a sweep's fixed values would fail every job: refuse the sweep instead. The
@@ -288,9 +311,11 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
 
 
 def _exit_on_error(fn: Callable[[], Any]) -> None:
+    from ablate.rundir import RunDirError
+
     try:
         fn()
-    except ConfigError as e:
+    except (ConfigError, RunDirError) as e:
         from ablate.redact import mask_text
 
         print(f"ablate: error: {mask_text(str(e))}", file=sys.stderr)

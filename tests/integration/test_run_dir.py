@@ -80,7 +80,8 @@ def test_second_process_in_run_dir_is_refused(tmp_path):
     assert r.returncode != 0
     assert "in use by PID 4242 on host otherbox" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "run.json").exists()
+    # refused before Hydra writes anything into the dir in use
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
 
 
 def test_two_processes_started_together_in_one_dir(tmp_path):
@@ -114,16 +115,34 @@ def test_default_run_dirs_started_together_are_distinct(tmp_path):
         assert summary(d)["status"] == "completed" and [e["step"] for e in metrics(d) if "loss" in e] == [1, 2]
 
 
-def test_foreign_dir_is_refused(tmp_path):
-    """Defect 3: a non-empty dir without run.json is someone else's; nothing in it is touched."""
+def _snapshot(d: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every path under `d` with its bytes (None for a dir) and mtime: to show a dir was not touched."""
+    return {str(p.relative_to(d)): (None if p.is_dir() else p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted([d, *d.rglob("*")])}
+
+
+def test_foreign_dir_is_refused_untouched(tmp_path):
+    """Defect 3: a non-empty dir without run.json is someone else's: refused in one line before Hydra
+    writes .hydra/ or ablate.log into it; listing, bytes and mtimes are as they were."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "model.safetensors").write_bytes(b"user weights")
+    (tmp_path / "notes.txt").write_text("my notes\n")
     (tmp_path / "metrics.jsonl").write_text('{"mine": 1}\n')
+    before = _snapshot(tmp_path)
     r = ablate("train", "method.args.max_steps=2", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 2 and "holds no ablate run" in r.stderr and "Traceback" not in r.stderr
-    assert (tmp_path / "model" / "model.safetensors").read_bytes() == b"user weights"
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"mine": 1}\n'
-    assert not (tmp_path / "run.json").exists() and not (tmp_path / "summary.json").exists()
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("ablate: error: "), r.stderr
+    assert _snapshot(tmp_path) == before  # no .hydra/, no ablate.log, nothing rewritten
+
+
+def test_other_runs_dir_is_refused_untouched(tmp_path):
+    """A run dir holding another run (other overrides) is refused before Hydra rewrites its .hydra/."""
+    assert ablate("train", "method.args.max_steps=2", "method.args.save_strategy=no",
+                  f"hydra.run.dir={tmp_path}").returncode == 0
+    before = _snapshot(tmp_path)
+    r = ablate("train", "method.args.max_steps=3", "method.args.save_strategy=no", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 2 and "holds another run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert _snapshot(tmp_path) == before
 
 
 def test_corrupt_run_json_is_refused(tmp_path):
