@@ -1,7 +1,8 @@
 """kill -9 at random moments (startup, a step, a checkpoint save, the final save), then the same
 command again until the run completes: the result is the uninterrupted run's, bit for bit (every
-logged loss, the final weights, summary.json's train_loss). The default suite kills a short DPO run
-3 times; `-m slow` kills a DPO and a GRPO run at 20 moments each (issue 12)."""
+logged loss (and GRPO reward), the final weights, summary.json's train_loss). The default suite
+kills a short DPO run 3 times; `-m slow` kills a DPO and a GRPO run at 20 moments each (issue 12),
+the GRPO run first right after its mid-round checkpoints 2 and 4, so resumes start mid-round."""
 
 from __future__ import annotations
 
@@ -20,10 +21,13 @@ from conftest import ROOT, TESTS, ablate, metrics, summary
 
 RUNS = {
     "dpo": ["method.args.max_steps=12", "method.args.save_steps=2", "method.args.logging_steps=1"],
-    # checkpoints at generation-round boundaries (steps_per_generation=2, save_steps=2)
-    "grpo": ["method=grpo", "method.args.max_steps=8", "method.args.save_steps=2", "method.args.logging_steps=1",
-             "method.args.steps_per_generation=2", "method.args.per_device_train_batch_size=16"],
+    # 3 rounds of 3 micro-steps, checkpoints at steps 2, 4, 8 (mid-round: the round's completions are
+    # saved with them and served after the resume) and 6, 9 (round boundaries)
+    "grpo": ["method=grpo", "method.args.max_steps=9", "method.args.save_steps=2", "method.args.logging_steps=1",
+             "method.args.steps_per_generation=3", "method.args.per_device_train_batch_size=16"],
 }
+# checkpoints saved mid-round: a launch is killed as soon as each is complete, so a resume starts there
+MID_ROUND = {"dpo": [], "grpo": [2, 4]}
 
 
 def _command(overrides: list[str], run_dir: Path) -> list[str]:
@@ -32,7 +36,8 @@ def _command(overrides: list[str], run_dir: Path) -> list[str]:
 
 def _result(run_dir: Path) -> tuple:
     s = summary(run_dir)
-    losses = [(e["step"], e["loss"]) for e in metrics(run_dir) if "loss" in e]
+    # a GRPO round logs its rewards at its first micro-step (None at the others and for DPO)
+    losses = [(e["step"], e["loss"], e.get("reward"), e.get("reward_std")) for e in metrics(run_dir) if "loss" in e]
     weights = hashlib.sha256((run_dir / "model" / "model.safetensors").read_bytes()).hexdigest()
     return s["status"], s["global_step"], losses, weights, s["metrics"]["train_loss"]
 
@@ -53,6 +58,15 @@ def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
     # end, so the moments fall on steps, checkpoint saves and the final save too
     startup = max(duration - metrics(ref)[-1]["time"], 0.0)
     moments = [rng.uniform(0.5 * startup, duration) for _ in range(kills)]
+    for step in MID_ROUND[method]:  # first kill -9 right after each mid-round checkpoint: resumes start mid-round
+        ckpt = run_dir / "checkpoints" / f"checkpoint-{step}"
+        proc = subprocess.Popen(_command(overrides, run_dir), cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None and not (ckpt / "trainer_state.json").is_file():  # written last
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert (ckpt / "generation_buffer.pt").is_file(), f"{ckpt.name} should hold its round's completions"
     for delay in moments:  # each launch runs the same command in the same dir, so it resumes
         proc = subprocess.Popen(_command(overrides, run_dir), cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
