@@ -10,7 +10,7 @@ reason, shown by pytest as the skip reason (`pytest -rs`):
   in the environment they installed.
 - SLOW: lines that take minutes; they run in the `-m slow` suite (with every earlier line of their doc).
 - Step counts: `method.args.max_steps=2` is appended to an `ablate train|sweep` line that does not set
-  it already (Quick start runs untouched: it is the README's promise, seconds).
+  it already (Quick start runs untouched: it is the README's promise, seconds; `debug=` presets keep their own).
 - Placeholders: `outputs/runs/<date>/<time>_<overrides>` is filled with the real dir of an
   interrupted run (resuming a completed run does nothing); files the docs expect the user to have
   (`my_pairs.jsonl`) are written first, and so are the docs' own code blocks that start with
@@ -61,7 +61,6 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "ablate train model=smollm2_135m": "a 135M-parameter model",
     "ablate train +experiment=smollm2": "a 135M-parameter model",
     "ablate data preview +experiment=smollm2": "fetches and converts SmolLM2 on first use",
-    "ablate train debug=overfit": "30 steps on one batch, checked to halve the loss (not cut to 2 steps)",
     "ablate train logger=wandb": "starts W&B (offline); tests/integration/test_wandb.py covers it by default",
     "PYTHONPATH=examples/": "the examples; tests/integration/test_examples.py runs them by default",
 }
@@ -172,8 +171,9 @@ class DocRun:
         command = line.command
         if RESUMABLE in command:
             command = command.replace(RESUMABLE, self._interrupted_run())
+        # debug presets set their own (small) step counts: overfit checks its 30 steps halve the loss
         if (line.section not in UNTOUCHED_SECTIONS and re.search(r"\bablate (train|sweep)\b", command)
-                and "method.args.max_steps=" not in command):
+                and "method.args.max_steps=" not in command and "debug=" not in command):
             command = f"{command} {STEPS}"
         return subprocess.run(["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True,
                               text=True, timeout=1800)
