@@ -442,33 +442,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
+# command -> (module, function); modules load only when their command runs (no torch for `compare`, `ls`)
+COMMANDS = {"train": ("ablate.cli", "hydra_train"), "status": ("ablate.cli", "status_cmd"),
+            "resume": ("ablate.cli", "resume_cmd"), "sweep": ("ablate.cli", "sweep_cmd"),
+            "compare": ("ablate.cli", "compare_cmd"), "fetch": ("ablate.cli", "fetch_cmd"),
+            "data": ("ablate.cli", "data_cmd"), "generate": ("ablate.generate", "generate_cmd"),
+            "eval": ("ablate.evaluate", "eval_cmd"), "ls": ("ablate.runs", "ls_cmd")}
+
+
 def _dispatch(cmd: str, rest: list[str]) -> None:
-    if cmd == "train":
-        hydra_train(rest)
-    elif cmd == "status":
-        status_cmd(rest)
-    elif cmd == "resume":
-        resume_cmd(rest)
-    elif cmd == "sweep":
-        sweep_cmd(rest)
-    elif cmd == "compare":
-        compare_cmd(rest)
-    elif cmd == "fetch":
-        fetch_cmd(rest)
-    elif cmd == "data":
-        data_cmd(rest)
-    elif cmd == "generate":
-        from ablate.generate import generate_cmd
-
-        generate_cmd(rest)
-    elif cmd == "eval":
-        from ablate.evaluate import eval_cmd
-
-        eval_cmd(rest)
-    elif cmd == "ls":
-        from ablate.runs import ls_cmd
-
-        ls_cmd(rest)
-    else:
+    if cmd not in COMMANDS:
         print(f"ablate: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+    import importlib
+
+    module, func = COMMANDS[cmd]
+    getattr(importlib.import_module(module), func)(rest)
