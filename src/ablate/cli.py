@@ -23,7 +23,7 @@ commands:
         [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
         [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
         [--dry-run]           print each job's overrides and run dir, the count and the launcher; start nothing
-  compare DIR... [--out D] [--metric M] [--pool] [--x step,time,tokens] [--tag T]
+  compare DIR... [--out D] [--metric M|speed] [--pool] [--x step,time,tokens] [--tag T]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
   status SWEEP_DIR         each job's state (pending / running at step N of M / completed / failed: error), SLURM's too
   ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
@@ -347,7 +347,8 @@ def compare_cmd(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="ablate compare", description="compare run and sweep directories")
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     parser.add_argument("--metric", action="append", default=None,
-                        help="metric to show (repeat or comma-separate; default: per method)")
+                        help="metric to show (repeat or comma-separate; default: per method; "
+                             "speed: tokens_per_second, mfu and GRPO's time/*)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
     parser.add_argument("--pool", action="store_true",

@@ -27,6 +27,9 @@ from ablate import rundir, stats
 # Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
 # from the method's YAML).
 FALLBACK_METRICS = ["loss"]
+# `--metric speed`: what every run logs about its speed (ablate/speed.py); GRPO's time split when logged.
+SPEED_METRICS = ["tokens_per_second", "mfu"]
+GRPO_TIME_METRICS = ["time/generation", "time/scoring", "time/training"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
 IGNORED_KEYS = {"seed", "sweep_name", "sweep", "tags", "notes"}
 _SKIP_DIRS = {rundir.CHECKPOINTS, rundir.MODEL, "wandb", ".hydra"}
@@ -308,7 +311,8 @@ def _safe(name: str) -> str:
 def write_plots(out: Path, groups: list[Group], metrics: list[str], x_axes: list[str] | None = None) -> list[Path]:
     """PNG plots: each metric vs each of `x_axes` (default: step, and for `reward` also wall-clock;
     mean +- std band over seeds, one line per group); each `timing/*` metric as mean seconds per
-    group (bars). An axis no run logged (tokens seen, for GRPO) is skipped."""
+    group (bars); each `time/*` (GRPO's seconds per step) as curves and bars. An axis no run
+    logged (tokens seen, with include_num_input_tokens_seen=no) is skipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -342,7 +346,7 @@ def write_plots(out: Path, groups: list[Group], metrics: list[str], x_axes: list
                 written.append(path)
             plt.close(fig)
         logged = any(isinstance(e.get(metric), (int, float)) for g in groups for r in g.runs for e in r.events)
-        if metric.startswith("timing/") or not logged:  # per-round timings, and run-level totals: bars
+        if metric.startswith(("timing/", "time/")) or not logged:  # timings, and run-level totals: bars
             written += _bar_plot(plt, out, groups, metric, per_event=logged)
     return written
 
@@ -385,7 +389,7 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         runs = [r for r in runs if set(tags) <= set(map(str, (rundir.read_json(r.path / rundir.RUN) or {}).get("tags") or []))]
     if not runs:
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
-    metrics = metrics or default_metrics(runs)
+    metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
     rows = table_rows(groups, metrics)
     header, cells = display_table(rows, metrics)
@@ -410,6 +414,19 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         html = report.write_html(out, groups, header, cells, [n for n in notes if n], diffs, plots)
         print(f"wrote {out / 'summary.md'}, {out / 'summary.csv'} and {html}")
     return rows
+
+
+def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
+    """`speed` stands for tokens/s and MFU (each run's mean over its training steps, from summary.json;
+    per log window in the curves), plus GRPO's time per step in generation, scoring and training."""
+    out: list[str] = []
+    for m in metrics:
+        if m != "speed":
+            out.append(m)
+            continue
+        logged = {k for r in runs for e in r.events for k in e}
+        out += SPEED_METRICS + [t for t in GRPO_TIME_METRICS if t in logged]
+    return list(dict.fromkeys(out))
 
 
 INTERVAL_NOTE = (f"mean [95% bootstrap interval over seeds]; with fewer than {stats.MIN_N} seeds: mean ± std, "

@@ -129,6 +129,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 callbacks=callbacks,
             )
             _bind_optimizer(trainer, cfg)
+            from ablate.speed import Speed
+
+            speed = Speed(trainer, peak_tflops=cfg.get("peak_tflops"))
+            # first of all callbacks: its tokens/s and MFU reach the progress bar's log line, metrics.jsonl and W&B
+            trainer.callback_handler.callbacks.insert(0, speed)
 
             if ckpt is not None and _finished(ckpt):
                 # killed between the final checkpoint and summary.json: training is done, only the
@@ -152,6 +157,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             metrics["train_loss"] = _train_loss(trainer.state.log_history, trainer.state.global_step)
             summary.update(status="completed", global_step=trainer.state.global_step, metrics=metrics)
             summary.update(getattr(trainer, "summary_fields", dict)())  # e.g. GRPO generation rounds
+            summary.update(speed.summary_fields())  # tokens/s and MFU over the whole run (`ablate compare`)
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
             if isinstance(e, interrupts.Preempted):  # SLURM preemption: checkpoint saved, requeue
                 summary.update(status="preempted")

@@ -48,6 +48,7 @@ def _grpo(cfg: DictConfig) -> bool:
 # dotted key -> (test, what the value must be). A key absent from the config is not checked.
 RULES: dict[str, tuple[Check, str]] = {
     "seed": (lambda v, c: _int(v), "an integer"),
+    "peak_tflops": (lambda v, c: v is None or (_num(v) and v > 0), "null (measured) or a number > 0 (TFLOP/s)"),
     "optimizer.optimizer.lr": (lambda v, c: _num(v) and v > 0, "a number > 0"),
     "optimizer.optimizer.weight_decay": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
     "method.args.per_device_train_batch_size": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),

@@ -267,6 +267,7 @@ class GRPOTrainer(Trainer):
         self.generation_rounds = 0
         self.generation_seconds = 0.0
         self.num_tokens = 0
+        self.generated_tokens, self.scoring_seconds = 0, 0.0  # this process's, for ablate.speed's numbers
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
@@ -317,7 +318,10 @@ class GRPOTrainer(Trainer):
             self._buffer = [
                 {k: v[i * size : (i + 1) * size] if v.dim() else v for k, v in batch.items()} for i in range(spg)
             ]
-        return self._buffer[step % spg]
+        served = self._buffer[step % spg]  # tokens trained on, for tokens/s and MFU (ablate.speed)
+        tokens = served["prompt_mask"].sum() + served["completion_mask"].sum()
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
+        return served
 
     # ---- one generation round ----
 
@@ -331,6 +335,7 @@ class GRPOTrainer(Trainer):
         if mode == "train":
             self.generation_rounds += 1
             self.generation_seconds += seconds
+            self.generated_tokens += sum(len(ids) for ids in completion_ids)
         batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
         stops = set(stop_ids(self.processing_class, model))
         truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
@@ -369,6 +374,8 @@ class GRPOTrainer(Trainer):
             "num_tokens": float(self.num_tokens),
         })
         self.metrics.add(mode, metrics)
+        if mode == "train":  # time/scoring: the round's time after generation (padding, log-probs, rewards)
+            self.scoring_seconds += time.perf_counter() - t0 - seconds
         return batch
 
     def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
