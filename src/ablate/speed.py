@@ -103,8 +103,8 @@ def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
 
     device = torch.device(device)
     n = 4096 if device.type == "cuda" else 1024  # big enough to keep the device busy, small enough for ~1 s
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    g = torch.Generator().manual_seed(0)  # not torch's global RNG: a run's draws must not depend on a cache miss
+    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
 
     def sync() -> None:
         if device.type == "cuda":

@@ -100,3 +100,12 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     assert "tokens_per_second" not in eval_logs
     assert cb.summary_fields() == {"tokens_per_second": pytest.approx(80.0), "peak_tflops": 1e-6,
                                    "mfu": pytest.approx((8448 * 400 + 8448 / 3 * 50) / 5 / 1e6, rel=1e-5)}
+
+
+def test_probe_leaves_the_global_rng_alone() -> None:
+    """A cache miss probes inside a seeded run: its draws must not shift the run's."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    speed.probe("cpu", torch.float32, seconds=0.01)
+    assert torch.equal(torch.rand(3), expected)
