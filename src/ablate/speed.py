@@ -85,7 +85,7 @@ def cache_path() -> Path:
     return cache_root() / PEAK_CACHE
 
 
-def _key(device: Any, dtype: Any) -> str:
+def device_key(device: Any, dtype: Any) -> str:
     """What the probe's result depends on: machine, device (its name on CUDA), dtype, torch, threads."""
     import torch
 
@@ -132,7 +132,7 @@ def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: 
     if user_tflops is not None:
         return float(user_tflops) * 1e12
     path = path or cache_path()
-    key = _key(device, dtype)
+    key = device_key(device, dtype)
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -1,0 +1,169 @@
+"""Shared benchmark harness: implementations run alternately (A B A B ...), each in its own subprocess
+(so peak memory and start-up are its own), and one table compares them.
+
+Child side, inside the process being measured (the script's `--child IMPL` branch):
+
+    rec = StepRecorder()                         # a TrainerCallback: per-step seconds, losses, tokens
+    trainer = SomeTrainer(..., callbacks=[rec])
+    trainer.train()
+    report(rec, model, trainer.args)             # one JSON line on stdout (the last line)
+
+Parent side:
+
+    results = run_alternately({"ablate": [sys.executable, __file__, "--child", "ablate", ...],
+                               "trl": [sys.executable, __file__, "--child", "trl", ...]}, repeats=3)
+    print_table("DPO, 33.7M Llama, batch 8, bf16", results)
+
+Columns: median seconds per optimizer step (all steps of all repeats but each run's first, which
+carries warm-up), whole-process seconds (median; start-up, data preparation and any reference
+precompute included), tokens/s at the median step, MFU (ablate.speed: 6N FLOPs per trained token, 2N
+per generated one, against the peak that ablate measures and caches per machine, or `peak_tflops`),
+peak RSS (max over repeats), and the largest per-step loss difference from the first implementation.
+The load average is printed with the table: on a shared machine, numbers are only comparable within
+one table. Run by hand; the tests check the harness, never the timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+try:  # the child side needs transformers; the parent side is plain arithmetic on the children's JSON
+    from transformers import TrainerCallback
+except ImportError:  # pragma: no cover - a parent without transformers still prints tables
+    TrainerCallback = object  # type: ignore[assignment,misc]
+
+
+class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
+    """Per optimizer step: seconds since the previous step ended (the first since training began),
+    the logged loss (set `logging_steps=1`), and `num_input_tokens_seen` after the step."""
+
+    def __init__(self) -> None:
+        self.step_seconds: list[float] = []
+        self.losses: list[float] = []
+        self.tokens: list[int] = []
+        self._last = 0.0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        self.step_seconds.append(now - self._last)
+        self._last = now
+        self.tokens.append(int(state.num_input_tokens_seen or 0))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def report(rec: StepRecorder, model: Any, args: Any, tokens: int | None = None, generated_tokens: int = 0,
+           **extra: Any) -> dict[str, Any]:
+    """Print the child's result as one JSON line (and return it). `tokens`: tokens trained on, when
+    the trainer does not count them in `num_input_tokens_seen`; `generated_tokens`: GRPO's samples."""
+    from ablate import speed
+
+    out = {"step_seconds": rec.step_seconds, "losses": rec.losses,
+           "tokens": tokens if tokens is not None else (rec.tokens[-1] if rec.tokens else 0),
+           "generated_tokens": generated_tokens,
+           "flops_per_token": speed.flops_per_token(model),
+           "peak_flops": speed.peak_flops(args.device, speed.run_dtype(args)),  # after training: not timed
+           "device": speed.device_key(args.device, speed.run_dtype(args)),
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def run_alternately(commands: dict[str, list[str]], repeats: int, env: dict[str, str] | None = None,
+                    timeout: float = 1800) -> dict[str, list[dict[str, Any]]]:
+    """Run each command `repeats` times, alternating (A B A B ...); each result is the child's last
+    stdout line (JSON) plus `process_seconds`, its whole process's wall-clock."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, cmd in commands.items():
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env={**os.environ, **(env or {})})
+            seconds = time.perf_counter() - t0
+            if proc.returncode != 0:
+                raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            result["process_seconds"] = seconds
+            results[name].append(result)
+    return results
+
+
+def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per implementation (raw numbers; `print_table` formats them)."""
+    rows = []
+    base = next(iter(results.values()))[0]["losses"] if results else []
+    # the workload's tokens per step: an implementation whose trainer does not count them uses another's
+    counted = [r["tokens"] / len(r["step_seconds"]) for runs in results.values() for r in runs
+               if r.get("tokens") and r.get("step_seconds")]
+    for name, runs in results.items():
+        steady = [s for r in runs for s in (r["step_seconds"][1:] or r["step_seconds"])]
+        step = statistics.median(steady)
+        own = [r["tokens"] / len(r["step_seconds"]) for r in runs if r.get("tokens")]
+        tokens = statistics.median(own or counted) if (own or counted) else 0.0
+        generated = statistics.median(r.get("generated_tokens", 0) / len(r["step_seconds"]) for r in runs)
+        fpt, peak = runs[0]["flops_per_token"], runs[0]["peak_flops"]
+        flops = fpt * tokens + fpt / 3 * generated
+        losses = runs[0]["losses"]
+        diff = max((abs(a - b) for a, b in zip(base, losses)), default=None)
+        rows.append({"impl": name, "s_per_step": step, "process_s": statistics.median(r["process_seconds"] for r in runs),
+                     "tokens_per_s": tokens / step if step else 0.0, "tokens_counted": bool(own),
+                     "mfu": flops / step / peak if step and peak else None,
+                     "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "max_loss_diff": diff,
+                     "steps": len(losses), "repeats": len(runs)})
+    return rows
+
+
+def machine() -> str:
+    """The machine line printed under each table."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu}, {cores} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, Python {platform.python_version()}"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def format_table(title: str, rows: list[dict[str, Any]]) -> str:
+    lines = [title,
+             f"{'impl':10} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'peak RSS MB':>12} {'max |dloss|':>12}"]
+    for r in rows:
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        diff = "-" if r["max_loss_diff"] is None else ("(base)" if r is rows[0] else f"{r['max_loss_diff']:.2e}")
+        tps = f"{r['tokens_per_s']:.0f}" + ("" if r["tokens_counted"] else "*")
+        lines.append(f"{r['impl']:10} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} "
+                     f"{r['peak_rss_mb']:12.0f} {diff:>12}")
+    if not all(r["tokens_counted"] for r in rows):
+        lines.append("* tokens per step counted by another implementation (same data and batches)")
+    steps, repeats = (rows[0]["steps"], rows[0]["repeats"]) if rows else (0, 0)
+    lines.append(f"median of {repeats} alternated runs of {steps} steps; first step of each run left out of s/step")
+    return "\n".join(lines)
+
+
+def print_table(title: str, results: dict[str, list[dict[str, Any]]], load_before: str | None = None) -> None:
+    """The table, then the machine it ran on (CPU, the children's device and dtype) and the load average."""
+    print(format_table(title, summarize(results)))
+    devices = sorted({r["device"] for runs in results.values() for r in runs if r.get("device")})
+    print(f"machine: {machine()}" + (f"; device: {', '.join(devices)}" if devices else ""))
+    print(f"load average (1, 5, 15 min): {load_before + ' before, ' if load_before else ''}{load_average()} after")
