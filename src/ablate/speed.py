@@ -23,6 +23,7 @@ Imports torch only inside functions; `ablate compare` reads the logged numbers w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -128,7 +129,8 @@ def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
 def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None) -> float:
     """Peak FLOP/s of `device` in `dtype`: `user_tflops` (config `peak_tflops`) if given, else the
     cached probe for this machine, device, dtype, torch version and thread count, else a ~1 s probe
-    whose result is cached (`$ABLATE_CACHE/peak_flops.json`)."""
+    whose result is cached (`$ABLATE_CACHE/peak_flops.json`, default ~/.cache/ablate/). A probe taken
+    while other work shares the device reads low: delete its entry (or the file) to measure again."""
     if user_tflops is not None:
         return float(user_tflops) * 1e12
     path = path or cache_path()
@@ -194,6 +196,10 @@ class Speed(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.peak is None:
             self.peak = peak_flops(args.device, run_dtype(args), self.peak_tflops)
+            if state.is_world_process_zero:
+                source = "peak_tflops" if self.peak_tflops is not None else f"measured, cached in {cache_path()}"
+                logging.getLogger("ablate").info(
+                    "MFU against a peak of %.4g TFLOP/s (%s; set peak_tflops=... to override)", self.peak / 1e12, source)
         self._marks = self._counters(state)
         self._last = time.perf_counter()
 

@@ -88,6 +88,7 @@ CASES: list[Case] = [
     C("grpo-scale-unknown", "train method=grpo method.args.scale_rewards=sometimes", "scale_rewards=sometimes"),
     C("grpo-epsilon-negative", "train method=grpo method.args.epsilon=-0.1", "epsilon=-0.1"),
     C("seed-text", "train seed=abc", "seed=abc: must be an integer"),
+    C("peak-tflops-zero", "train peak_tflops=0", "peak_tflops=0: must be null (measured) or a number > 0"),
     C("max-samples-zero", "train data.max_train_samples=0", "max_train_samples=0"),
     C("env-unset", "train seed=${oc.env:ABLATE_SURELY_UNSET}", "ABLATE_SURELY_UNSET"),
     # --- typos: unknown keys, groups and options; the key meant is named ---
