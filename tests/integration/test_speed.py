@@ -4,6 +4,7 @@ and GRPO adds its time split; `ablate compare --metric speed` tabulates and plot
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def test_compare_tabulates_and_plots_speed(runs) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     header = next(line for line in r.stdout.splitlines() if "tokens_per_second" in line)
     assert "mfu" in header and "time/generation" in header
-    rows = {row["group"]: row for row in __import__("csv").DictReader((out / "summary.csv").open())}
+    rows = {row["group"]: row for row in csv.DictReader((out / "summary.csv").open())}
     by_method = {("grpo" if "grpo" in g else "dpo"): row for g, row in rows.items()}
     assert float(by_method["dpo"]["tokens_per_second mean"]) == pytest.approx(summary(runs["dpo"])["tokens_per_second"])
     assert float(by_method["grpo"]["mfu mean"]) == pytest.approx(summary(runs["grpo"])["mfu"])
