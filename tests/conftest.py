@@ -14,6 +14,20 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each xdist worker already has a core of its own: one thread per ablate process it starts
+    # (torch's default pool would give every concurrent run all cores and oversubscribe them).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject addopts): one worker per available core, at most 4; none for `-m slow`,
+    whose one-node SLURM cluster, torchrun jobs and aimed kills want the machine to themselves."""
+    markexpr = config.getoption("markexpr") or ""
+    if "slow" in markexpr and "not slow" not in markexpr:
+        return 0
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
 
 def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
            timeout: int = 600) -> subprocess.CompletedProcess:
