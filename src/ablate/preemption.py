@@ -16,6 +16,13 @@ How a preemption goes:
    ablate.train resumes from the newest checkpoint (the one just saved: no step is lost or repeated)
    and continues the same W&B run (its id is in run.json).
 
+Several tasks per job (hydra.launcher.tasks_per_node=2, one DDP run): srun forwards USR2 to every
+task, but each rank's handler runs whenever its Python gets control (a rank blocked in a collective
+runs it late). So the ranks decide together: at each step's end an all-reduce of the flags makes every
+rank stop at the same step, and only that agreed decision (never a flag set after the all-reduce)
+raises `Preempted` after the checkpoint. Every rank resumes from the same newest checkpoint; rank 0
+records `preempted`, all ranks meet at a barrier, then rank 0 requeues (ranks > 0 just exit).
+
 The deferral starts when the callback is built (ablate.train builds it after starting the tracker) and
 lasts until the process ends: a signal before training starts is acted on at the end of the first
 step; one after the last step is ignored (the run is finishing anyway). Outside a submitit job (no
@@ -52,7 +59,8 @@ class SaveOnPreemption(TrainerCallback):
 
     def __init__(self) -> None:
         self.signum = preemption_signal()
-        self.requested = False
+        self.requested = False  # set by the signal, on this rank, at any moment
+        self.stopping = False  # what every rank agreed on at a step's end: save this step, then raise
         self._training_done = False
         self._handler: Any = None  # submitit's handler, called by Preempted.requeue()
         handler = signal.getsignal(self.signum)
@@ -70,10 +78,14 @@ class SaveOnPreemption(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._handler is not None and self._any_rank_requested(args):
+            self.stopping = True
             control.should_save = True  # Trainer saves right after on_step_end, then calls on_save
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if self._handler is not None and self.requested:
+        # `stopping`, not `requested`: a signal landing between the step's all-reduce and a periodic save
+        # would stop only this rank (the others train on and hang or die in their next collective);
+        # it is acted on at the next step's end instead
+        if self._handler is not None and self.stopping:
             log.warning("checkpoint-%d saved; the job is requeued and resumes from it", state.global_step)
             raise Preempted(self._handler, self.signum)
 
@@ -90,5 +102,4 @@ class SaveOnPreemption(TrainerCallback):
 
         flag = torch.tensor([1.0 if self.requested else 0.0], device=args.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.requested = bool(flag.item())
-        return self.requested
+        return bool(flag.item())

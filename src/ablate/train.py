@@ -162,6 +162,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if isinstance(e, interrupts.Preempted):  # SLURM preemption: checkpoint saved, requeue
                 summary.update(status="preempted")
                 _finish(run_dir, summary, tracker, t0)
+                _all_ranks_stopped()  # rank 0's record is written before any rank leaves the job
                 e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
             if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
                 summary.update(status="interrupted", error=interrupts.describe(e))
@@ -183,6 +184,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if rundir.is_main_process():
         _print_result(run_dir, summary)
     return summary
+
+
+def _all_ranks_stopped() -> None:
+    """A barrier over the job's ranks (several SLURM tasks, torchrun), if torch.distributed is up:
+    ranks > 0 leave at once after a preemption (submitit requeues from rank 0 only), and with
+    KillOnBadExit SLURM would end rank 0 before it recorded `preempted` and requeued."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _resume_point(run_dir: Path) -> Path | None:

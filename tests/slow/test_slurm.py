@@ -1,12 +1,14 @@
 """SLURM through Hydra's submitit launcher (hydra/launcher=slurm), on a real one-node cluster:
 a 2-job sweep runs as SLURM jobs, and a job sent USR2 mid-training checkpoints, is requeued and
 resumes from that checkpoint in the same run dir and W&B run (offline), finishing with every step
-logged exactly once.
+logged exactly once. A 2-task job (tasks_per_node=2, one DDP run) is one run dir; preempted, it
+resumes to the per-step losses of an uninterrupted 2-task run with every rank stopped cleanly, and a
+crashed one continues from its checkpoint when the same command is run again.
 
 The session fixture uses the cluster answering `sinfo` (with accounting: `sacct`), else starts one with
 scripts/slurm/start.sh (root + apt-get: installs slurm-wlm, munge, mariadb) and stops it at the end;
 elsewhere the tests skip with the reason. Run: `python -m pytest -m slow tests/slow/test_slurm.py`
-(about 2 minutes on 2 CPU cores once the cluster is up).
+(about 10 minutes on 2 loaded CPU cores once the cluster is up).
 """
 
 from __future__ import annotations
@@ -264,3 +266,133 @@ def test_two_tasks_per_node_are_one_ddp_run_with_one_run_dir(slurm_cluster: None
     assert _loss_steps(run_dir) == [1, 2, 3, 4, 5, 6]  # rank 1 wrote nothing
     logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.out"))
     assert logs.count("run dir:") == 1, logs[-3000:]  # only rank 0 prints the result
+
+
+# --- several tasks per job (hydra.launcher.tasks_per_node=2): preemption and resume ------------------
+DDP_STEPS = 200  # ~20 s of training at 2 tasks; the signal lands after the first checkpoint (step 10)
+
+
+def _ddp_args(name: str, sweep_dir: Path, *extra: str) -> list[str]:
+    """One 2-task DPO job (CPU, gloo), a checkpoint every 10 steps, the loss logged every step."""
+    return ["train", "-m", "seed=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
+            "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1", "method.args.use_cpu=true",
+            f"method.args.max_steps={DDP_STEPS}", "method.args.save_steps=10", "method.args.logging_steps=1",
+            f"hydra.sweep.dir={sweep_dir}", *extra]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "loss" in e}
+
+
+def _job_processes(sweep_dir: Path) -> list[str]:
+    """Processes still running for a sweep dir's jobs (srun, the tasks): none once the job is over."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(sweep_dir) in cmd and p.info["pid"] != os.getpid():
+            found.append(f"{p.info['pid']}: {cmd[:200]}")
+    return found
+
+
+def _assert_no_job_processes(sweep_dir: Path, name: str) -> None:
+    deadline = time.monotonic() + 30  # srun and the tasks exit within moments of the result
+    while _job_processes(sweep_dir) or _sh("squeue", "-h", f"--name={name}").stdout.strip():
+        assert time.monotonic() < deadline, (f"left running: {_job_processes(sweep_dir)}; "
+                                             f"squeue: {_sh('squeue', '-h', f'--name={name}').stdout}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(slurm_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The per-step losses of an uninterrupted 2-task run: what every interrupted one must reproduce."""
+    tmp = tmp_path_factory.mktemp("ddp_reference")
+    sweep_dir, name = tmp / "sweep", _job_name("ddpref")
+    proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp)
+    try:
+        out = _wait(proc, 420, sweep_dir)
+    finally:
+        _sh("scancel", f"--name={name}")
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    (run_dir,) = _job_dirs(sweep_dir)
+    losses = _losses(run_dir)
+    assert sorted(losses) == list(range(1, DDP_STEPS + 1))
+    return losses
+
+
+def test_two_task_job_preempted_resumes_to_the_same_losses(ddp_reference: dict[int, float], tmp_path: Path) -> None:
+    """USR2 to a 2-task job: both ranks agree on the step, save it, stop (no rank left training or
+    dying in a collective), the job is requeued, both ranks resume from that checkpoint, and the
+    per-step losses equal the uninterrupted run's."""
+    sweep_dir, name = tmp_path / "sweep", _job_name("ddppreempt")
+    proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(sweep_dir.glob("0_*/checkpoints/checkpoint-*/trainer_state.json")):
+            assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
+            time.sleep(0.2)
+        job_id = _sh("squeue", "-h", f"--name={name}", "-t", "RUNNING", "-o", "%i").stdout.split()
+        assert len(job_id) == 1, f"expected our one running job, squeue says {job_id}"
+        assert _sh("scancel", "--signal=USR2", job_id[0]).returncode == 0  # reaches both tasks (srun forwards it)
+
+        run_dir = _job_dirs(sweep_dir)[0]
+        deadline = time.monotonic() + 120
+        while json.loads((run_dir / "summary.json").read_text())["status"] != "preempted":
+            assert time.monotonic() < deadline, f"not preempted 120 s after USR2\n{_job_logs(sweep_dir)}"
+            time.sleep(0.1)
+        stopped_at = max(_losses(run_dir))
+        assert stopped_at < DDP_STEPS, "finished before the signal: nothing was preempted"
+        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
+    except BaseException:
+        _sh("scancel", f"--name={name}")
+        proc.kill()
+        raise
+    out = _wait(proc, 420, sweep_dir)
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
+    assert _losses(run_dir) == pytest.approx(ddp_reference, rel=1e-5, abs=1e-6)  # no step lost, repeated or changed
+    assert _sacct_states(["-X", "-D", "-j", job_id[0]], ["REQUEUED", "COMPLETED"])
+    logs = {p.name: p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.*")}
+    task_logs = [logs[f"{job_id[0]}_{rank}_log.out"] + logs[f"{job_id[0]}_{rank}_log.err"] for rank in (0, 1)]
+    for rank, log in enumerate(task_logs):  # each rank stopped at the agreed step and resumed from it
+        assert f"checkpoint-{stopped_at} saved; the job is requeued" in log, f"rank {rank}:\n{log[-3000:]}"
+        assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, f"rank {rank}:\n{log[-3000:]}"
+        assert "run failed" not in log and "Connection closed by peer" not in log, f"rank {rank}:\n{log[-3000:]}"
+    _assert_no_job_processes(sweep_dir, name)
+
+
+def test_crashed_two_task_job_rerun_continues_from_its_checkpoint(ddp_reference: dict[int, float],
+                                                                  tmp_path: Path) -> None:
+    """Both ranks crash at step 37 (after checkpoint-30): the multirun fails, leaving status failed;
+    the same command again resumes both ranks from checkpoint-30 and ends on the reference losses."""
+    sweep_dir, name = tmp_path / "sweep", _job_name("ddpcrash")
+    args = _ddp_args(name, sweep_dir, "+callbacks.crash._target_=crashing.CrashAt")
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = _ablate(args, cwd=tmp_path, env={**env, "ABLATE_TEST_CRASH_AT": "37"})
+    try:
+        out = _wait(proc, 420, sweep_dir)
+    finally:
+        _sh("scancel", f"--name={name}")
+    assert proc.returncode != 0 and "simulated crash at step 37" in out + _job_logs(sweep_dir), out[-3000:]
+    (run_dir,) = _job_dirs(sweep_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "simulated crash at step 37" in summary["error"], summary
+    _assert_no_job_processes(sweep_dir, name)  # rank 1 did not hang in a collective
+
+    proc = _ablate(args, cwd=tmp_path, env=env)  # the same command, without the crash
+    try:
+        out = _wait(proc, 420, sweep_dir)
+    finally:
+        _sh("scancel", f"--name={name}")
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    assert _job_dirs(sweep_dir) == [run_dir]  # the same run dir, continued
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
+    assert f"resuming from {run_dir}/checkpoints/checkpoint-30" in (run_dir / "ablate.log").read_text()
+    assert _losses(run_dir) == pytest.approx(ddp_reference, rel=1e-5, abs=1e-6)
+    _assert_no_job_processes(sweep_dir, name)

@@ -61,6 +61,25 @@ def test_no_signal_no_change(usr2_handler: list[int]) -> None:
     assert not cb.requested and usr2_handler == []
 
 
+def test_signal_after_the_step_end_waits_for_the_next_step(usr2_handler: list[int]) -> None:
+    """A signal landing between on_step_end (where the ranks agree, by all-reduce under DDP) and a
+    periodic checkpoint's on_save must not stop this rank alone: the others would train on and die in
+    their next collective (seen on SLURM with tasks_per_node=2). It is acted on at the next step's end."""
+    cb = SaveOnPreemption()
+    args, state, control = _state()
+    state.global_step = 10
+    cb.on_step_end(args, state, control)  # no signal yet: every rank agrees to go on
+    control.should_save = True  # save_steps=10: a periodic checkpoint
+    os.kill(os.getpid(), signal.SIGUSR2)  # arrives while checkpoint-10 is written
+    cb.on_save(args, state, control)  # does not raise: the other ranks have not agreed to stop
+    control.should_save = False
+    state.global_step = 11
+    cb.on_step_end(args, state, control)
+    assert control.should_save
+    with pytest.raises(Preempted):
+        cb.on_save(args, state, control)
+
+
 def test_outside_submitit_it_is_a_noop() -> None:
     old = signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # no Python handler: not a submitit job
     try:
