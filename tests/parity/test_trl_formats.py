@@ -18,6 +18,7 @@ from datasets import Dataset
 trl = pytest.importorskip("trl")
 from trl.trainer.dpo_trainer import DataCollatorForPreference  # noqa: E402
 
+from ablate.data.chat_templates import assistant_template  # noqa: E402
 from ablate.data.format import prepare_preference, prepare_prompts, prepare_sft  # noqa: E402
 from ablate.models.smollm2 import model_dir  # noqa: E402
 from ablate.models.tokenizer import byte_tokenizer  # noqa: E402
@@ -134,11 +135,15 @@ def test_short_max_length_cuts_and_drops(tok, fmt):
     assert max(len(r["prompt_ids"]) + len(r["chosen_ids"]) for r in cut) <= _short(rows, tok)
 
 
-def _trl_sft(rows: list[dict[str, Any]], tok, max_length: int | None) -> list[dict[str, list[int]]]:
+def _trl_sft(rows: list[dict[str, Any]], tok, max_length: int | None,
+             assistant_only_loss: bool = False) -> list[dict[str, list[int]]]:
     sample = rows[0]
-    fake = SimpleNamespace(_tokenizer=tok, chat_template=None,
+    # assistant_only_loss: TRL swaps in a template with {% generation %} markers; it has none for SmolLM2's,
+    # so it is given ablate's (the same text, marked), as a TRL user would pass one
+    template = assistant_template(tok) if assistant_only_loss else None
+    fake = SimpleNamespace(_tokenizer=tok, chat_template=template,
                            completion_only_loss="prompt" in sample and "completion" in sample)  # TRL's None default
-    args = SimpleNamespace(dataset_num_proc=None, dataset_text_field="text", assistant_only_loss=False,
+    args = SimpleNamespace(dataset_num_proc=None, dataset_text_field="text", assistant_only_loss=assistant_only_loss,
                            shuffle_dataset=False,
                            max_length=max_length, truncation_mode="keep_start")
     ds = trl.SFTTrainer._prepare_dataset(fake, Dataset.from_list(rows), tok, args, False, None, "t")
@@ -156,6 +161,25 @@ def test_sft_matches_trl(tok, fmt, max_length):
              "labels": [-100] * len(r["prompt_ids"]) + r["completion_ids"]}
             for r in prepare_sft(Dataset.from_list(rows), tok, max_length)]
     assert ours == theirs
+
+
+@pytest.mark.parametrize("fmt", ["messages", "prompt-completion, conversational"])
+@pytest.mark.parametrize("max_length", [None, "short"])
+def test_sft_assistant_only_loss_matches_trl(tok, fmt, max_length):
+    """assistant_only_loss=True: the same ids, and labels only on the assistant turns (content and
+    end-of-turn token), in multi-turn conversations too."""
+    rows = SFT[fmt]
+    if max_length == "short":  # cuts the last assistant turn of every row, keeps one assistant token or more
+        max_length = min(len(r["input_ids"]) for r in _trl_sft(rows, tok, None)) - 1
+    theirs = _trl_sft(rows, tok, max_length, assistant_only_loss=True)
+    ours = [{"input_ids": r["prompt_ids"] + r["completion_ids"],
+             "labels": [-100] * len(r["prompt_ids"]) + [t if m else -100 for t, m in zip(r["completion_ids"],
+                                                                                        r["completion_mask"])]}
+            for r in prepare_sft(Dataset.from_list(rows), tok, max_length, assistant_only_loss=True)]
+    assert ours == theirs
+    full = [r for r in prepare_sft(Dataset.from_list(rows), tok, None, assistant_only_loss=True)]
+    masked = [sum(r["completion_mask"]) for r in full]
+    assert all(0 < m < len(r["completion_ids"]) for m, r in zip(masked, full))  # some tokens in, some out
 
 
 @pytest.mark.parametrize("fmt", list(PROMPTS))

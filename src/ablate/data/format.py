@@ -7,6 +7,8 @@ messages that follow the prompt. As in TRL's trainers (`tests/parity/test_trl_fo
 - messages: prompt (with the generation prompt) and prompt+completion are rendered and tokenised by
   the chat template; the template's end-of-turn ends the completion (no EOS is added);
 - the completion starts where the two token lists diverge (BPE merges across the boundary move it);
+- SFT's `assistant_only_loss` (TRL's): the loss counts only tokens the chat template renders inside
+  `{% generation %}` markers, i.e. the assistant turns (`completion_mask`; ablate.data.chat_templates);
 - `max_length` keeps the start of prompt+completion and drops rows whose prompt alone fills it;
   ablate's `max_prompt_length` (not in TRL 1.16) first keeps the prompt's *end*, the part the
   completion answers, so long prompts are shortened instead of dropped.
@@ -116,12 +118,38 @@ def tokenize_preference(
     return {"prompt_ids": p[:n], "chosen_ids": pc[n:], "rejected_ids": pr[n:]}
 
 
+def _assistant_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], index: int, **chat_kwargs: Any
+) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation and its assistant mask (1: inside the template's generation markers),
+    as TRL's `assistant_only_loss`; a conversation without an assistant token is an error, as in TRL."""
+    from ablate.data.chat_templates import assistant_template
+
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                        chat_template=assistant_template(tokenizer), **chat_kwargs)
+    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    if 1 not in mask:
+        raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the conversation has no "
+                        "assistant turn (nothing to learn from)")
+    return ids, mask
+
+
+def _conversational_only(assistant_only_loss: bool, index: int) -> None:
+    if assistant_only_loss:
+        raise DataError(f"data: row {index}: method.args.assistant_only_loss=true needs conversational rows "
+                        "(messages, or prompt/completion as lists of messages), as in TRL")
+
+
 def tokenize_sft(
-    tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0, completion_only_loss: bool | None = None
+    tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0, completion_only_loss: bool | None = None,
+    assistant_only_loss: bool = False,
 ) -> dict[str, list[int]]:
     """An SFT row -> prompt_ids / completion_ids; the loss is on completion_ids. Language modeling rows
     (`messages`, `text`) and `completion_only_loss=False` put everything in completion_ids, as TRL's
-    labels do (TRL's default `completion_only_loss=None` means True for prompt-completion rows)."""
+    labels do (TRL's default `completion_only_loss=None` means True for prompt-completion rows).
+    `assistant_only_loss` (conversational rows) adds `completion_mask`: 1 on the completion_ids that are
+    assistant tokens, the only ones in the loss."""
+    mask: list[int] | None = None
     if "prompt" in row and "completion" in row:
         conv = is_messages(row["prompt"])
         check_text(row["completion"], "completion", conv, index)
@@ -129,18 +157,32 @@ def tokenize_sft(
             kw = _chat_kwargs(row)
             p = _ids(tokenizer, row["prompt"], add_generation_prompt=True, **kw)
             pc = _ids(tokenizer, row["prompt"] + row["completion"], **kw)
+            if assistant_only_loss:
+                pc, mask = _assistant_ids(tokenizer, row["prompt"] + row["completion"], index, **kw)
         else:
+            _conversational_only(assistant_only_loss, index)
             check_text(row["prompt"], "prompt", False, index)
             p = _ids(tokenizer, row["prompt"])
             pc = _ids(tokenizer, row["prompt"] + _with_eos(row["completion"], tokenizer.eos_token))
         n = common_prefix_length(p, pc) if completion_only_loss is not False else 0
-        return {"prompt_ids": pc[:n], "completion_ids": pc[n:]}
-    row = to_chatml(row)
-    if "messages" in row:
-        check_text(row["messages"], "messages", True, index)
-        return {"prompt_ids": [], "completion_ids": _ids(tokenizer, row["messages"], **_chat_kwargs(row))}
-    check_text(row["text"], "text", False, index)
-    return {"prompt_ids": [], "completion_ids": _ids(tokenizer, _with_eos(row["text"], tokenizer.eos_token))}
+        out = {"prompt_ids": pc[:n], "completion_ids": pc[n:]}
+    else:
+        row = to_chatml(row)
+        if "messages" in row:
+            check_text(row["messages"], "messages", True, index)
+            if assistant_only_loss:
+                ids, mask = _assistant_ids(tokenizer, row["messages"], index, **_chat_kwargs(row))
+            else:
+                ids = _ids(tokenizer, row["messages"], **_chat_kwargs(row))
+            out = {"prompt_ids": [], "completion_ids": ids}
+            n = 0
+        else:
+            _conversational_only(assistant_only_loss, index)
+            check_text(row["text"], "text", False, index)
+            return {"prompt_ids": [], "completion_ids": _ids(tokenizer, _with_eos(row["text"], tokenizer.eos_token))}
+    if mask is not None:
+        out["completion_mask"] = mask[n:]
+    return out
 
 
 def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0) -> list[int]:
@@ -163,7 +205,7 @@ def truncate(
     (TRL's `keep_start`). None: the prompt alone reaches `max_length`, so no completion token is left
     to learn from (TRL drops such rows too).
     """
-    prompt = ids["prompt_ids"]
+    prompt = ids["prompt_ids"]  # a `completion_mask` is cut as its completion_ids are
     if max_prompt_length is not None:
         prompt = prompt[-max_prompt_length:] if max_prompt_length > 0 else []
     out = {"prompt_ids": prompt}
@@ -237,17 +279,22 @@ def prepare_sft(
     max_length: int | None,
     completion_only_loss: bool | None = None,
     name: str = "train",
+    assistant_only_loss: bool = False,
 ) -> Dataset:
-    """Any SFT format -> prompt_ids / completion_ids, truncated (SFT's `_prepare_dataset`)."""
+    """Any SFT format -> prompt_ids / completion_ids (+ completion_mask with `assistant_only_loss`),
+    truncated (SFT's `_prepare_dataset`)."""
     detect(dataset, "sft")
     _check_lengths(max_length=max_length)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
-        ids = tokenize_sft(tokenizer, row, index, completion_only_loss)
+        ids = tokenize_sft(tokenizer, row, index, completion_only_loss, assistant_only_loss)
         out = truncate(ids, max_length)
+        if out is not None and "completion_mask" in out and 1 not in out["completion_mask"]:
+            out = None  # max_length cut every assistant token: nothing left to learn from
         return {**ids, "keep": False} if out is None else {**out, "keep": True}
 
-    kept = _tokenized_map(dataset, fn, name, "example", ("prompt_ids", "completion_ids"))
+    columns = ("prompt_ids", "completion_ids") + (("completion_mask",) if assistant_only_loss else ())
+    kept = _tokenized_map(dataset, fn, name, "example", columns)
     return _finish(dataset, kept, name, "example", "raise method.args.max_length")
 
 

@@ -10,6 +10,9 @@ instruction (it answers in sentence case), so a few CPU minutes of training visi
   Both say the same thing, so the only learnable difference is the format (a real preference, not a
   fact the model lacks). Eval pairs ask questions that are not in the train split.
 - `caps_sft`: conversational prompt/completion (lists of chat messages); completion in capitals.
+- `caps_messages`: the same questions as two-turn conversations in TRL's `messages` format (user,
+  assistant, user, assistant; answers in capitals), consecutive questions of a split paired up. For
+  SFT with `method.args.assistant_only_loss=true`: the loss is on the two assistant turns only.
 - `one_word_prompts`: prompt-only rows for GRPO, the same questions ending "Answer with one word.",
   scored by `ablate.rewards.format.one_word` (the model starts out answering with a sentence; the
   capitals instruction made a poor GRPO task: ~8% of letters capitalised at the start, no rise in
@@ -75,6 +78,9 @@ def main(seed: int = 0, n_eval: int = 64) -> None:
         _write(OUT / f"caps_prefs_{split}.jsonl",
                [{"prompt": _user(q), "chosen": _assistant(a.upper()), "rejected": _assistant(a)} for q, a in rows])
         _write(OUT / f"caps_sft_{split}.jsonl", [{"prompt": _user(q), "completion": _assistant(a.upper())} for q, a in rows])
+        _write(OUT / f"caps_messages_{split}.jsonl",
+               [{"messages": _user(q1) + _assistant(a1.upper()) + _user(q2) + _assistant(a2.upper())}
+                for (q1, a1), (q2, a2) in zip(rows[0::2], rows[1::2])])
         _write(OUT / f"one_word_prompts_{split}.jsonl",
                [{"prompt": [{"role": "user", "content": f"{q} {ONE_WORD}"}], "answer": a} for q, a in rows])
 

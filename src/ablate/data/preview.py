@@ -83,7 +83,20 @@ class Printer:
     def text(self, prompt_ids: list[int], loss_ids: list[int]) -> str:
         p = self.tok.decode(prompt_ids, skip_special_tokens=False)
         c = self.tok.decode(loss_ids, skip_special_tokens=False)
-        return p + (f"{GREEN}{c}{RESET}" if self.color else f"{OPEN}{c}{CLOSE}")
+        return p + self._mark(c)
+
+    def masked(self, prompt_ids: list[int], ids: list[int], mask: list[int]) -> str:
+        """The prompt, then `ids` with each run of mask-1 tokens (assistant turns) marked."""
+        out, start = [self.tok.decode(prompt_ids, skip_special_tokens=False)], 0
+        for i in range(1, len(ids) + 1):
+            if i == len(ids) or mask[i] != mask[start]:
+                text = self.tok.decode(ids[start:i], skip_special_tokens=False)
+                out.append(self._mark(text) if mask[start] else text)
+                start = i
+        return "".join(out)
+
+    def _mark(self, text: str) -> str:
+        return f"{GREEN}{text}{RESET}" if self.color else f"{OPEN}{text}{CLOSE}"
 
 
 def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_length: Any, max_prompt: Any) -> list[str]:
@@ -95,7 +108,7 @@ def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_len
         notes.append(f"prompt cut from {len(full['prompt_ids'])} to its last {len(cut['prompt_ids'])} tokens "
                      f"(max_prompt_length={max_prompt})")
     for key in cut:
-        if key != "prompt_ids" and len(cut[key]) < len(full[key]):
+        if key not in ("prompt_ids", "completion_mask") and len(cut[key]) < len(full[key]):
             notes.append(f"{key[:-4]} cut from {len(full[key])} to its first {len(cut[key])} tokens "
                          f"(max_length={max_length})")
     return notes
@@ -151,17 +164,20 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
             full = fmt.tokenize_preference(tok, row, i)
             cut = fmt.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
         else:
-            full = fmt.tokenize_sft(tok, row, i, arg("completion_only_loss"))
+            full = fmt.tokenize_sft(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
             cut = fmt.truncate(full, max_length)
         shown = cut or full
         p = len(shown["prompt_ids"])
-        parts = [k for k in shown if k != "prompt_ids"]
+        parts = [k for k in shown if k not in ("prompt_ids", "completion_mask")]
+        mask = shown.get("completion_mask")
         lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
+        loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
         totals = " / ".join(str(p + len(shown[k])) for k in parts)
-        print(f"tokens: prompt {p} (no loss), {lengths} (loss); total {totals} (max_length={max_length})", file=out)
+        print(f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})", file=out)
         for k in parts:
             if len(parts) > 1:
                 print(f"--- {k[:-4]} ---", file=out)
-            print(show.text(shown["prompt_ids"], shown[k]), file=out)
+            print(show.masked(shown["prompt_ids"], shown[k], mask) if mask is not None
+                  else show.text(shown["prompt_ids"], shown[k]), file=out)
         for note in _notes(full, cut, max_length, arg("max_prompt_length")):
             print(f"note: {note}", file=out)

@@ -17,8 +17,12 @@ PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 # model; `add_generation_prompt` opens the assistant turn the completion continues. Every turn ends
 # with EOS, as real templates end it with their end-of-turn token: for messages, TRL adds no EOS of its
 # own, so the template's is what teaches the model to stop.
+# The {% generation %} markers (no effect on the text) mark an assistant turn's content and EOS for
+# SFT's assistant_only_loss (ablate.data.chat_templates).
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 

@@ -25,11 +25,16 @@ class SFTConfig(TrainingArguments):
     completion_only_loss: bool | None = field(
         default=None, metadata={"help": "Loss on the completion only; None: True for prompt-completion rows (TRL)."}
     )
+    assistant_only_loss: bool = field(
+        default=False, metadata={"help": "Conversational rows: loss on the assistant turns only (TRL's); needs "
+                                         "{% generation %} markers in the chat template (ablate.data.chat_templates)."}
+    )
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
 
 class SFTCollator:
-    """Right-pads prompt+completion; `labels` mark completion tokens (-100 elsewhere).
+    """Right-pads prompt+completion; `labels` mark completion tokens (-100 elsewhere), or only those a
+    row's `completion_mask` marks (assistant tokens, with `assistant_only_loss`).
 
     `labels` exist so Trainer counts the completion tokens of the whole accumulated batch
     (`num_items_in_batch`), which makes gradient accumulation exact for a token-mean loss.
@@ -40,7 +45,8 @@ class SFTCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
-        masks = [[0] * len(r["prompt_ids"]) + [1] * len(r["completion_ids"]) for r in rows]
+        masks = [[0] * len(r["prompt_ids"]) + (r.get("completion_mask") or [1] * len(r["completion_ids"]))
+                 for r in rows]
         input_ids, completion_mask = pad(seqs, self.pad_token_id), pad(masks, 0)
         return {
             "input_ids": input_ids,
@@ -83,7 +89,8 @@ class SFTTrainer(Trainer):
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str
     ) -> Dataset:
         """Any TRL SFT format (see ablate.data.formats) -> prompt_ids/completion_ids (loss on the latter)."""
-        return prepare_sft(dataset, tokenizer, args.max_length, args.completion_only_loss, name)
+        return prepare_sft(dataset, tokenizer, args.max_length, args.completion_only_loss, name,
+                           args.assistant_only_loss)
 
     def compute_loss(
         self,
