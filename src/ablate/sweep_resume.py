@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir
+from ablate import redact, rundir
 
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
 
@@ -38,28 +38,12 @@ class ResumeRefused(Exception):
     """A job of the sweep is no longer the job that ran in its dir."""
 
 
-# env vars whose values never reach a run dir (as ablate/logger/wandb.py's SECRET_ENV, which imports
-# transformers: not here)
-SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
-
-
 def identity(cfg: DictConfig) -> dict[str, Any]:
-    """What a job's run.json records of its config: the resolved config, secrets (`${oc.env:HF_TOKEN}`)
-    masked, and its hash (of the masked config: a rotated token does not change the job)."""
-    secrets = [v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= 4]
-    resolved = _redact(OmegaConf.to_container(cfg, resolve=True), secrets)
+    """What a job's run.json records of its config: the resolved config, secrets masked as every
+    record is (ablate.redact: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
+    masked config: a rotated token does not change the job)."""
+    resolved = redact.mask(OmegaConf.to_container(cfg, resolve=True))
     return {"config_hash": _hash(resolved), "config": resolved}
-
-
-def _redact(obj: Any, secrets: list[str]) -> Any:
-    if isinstance(obj, dict):
-        return {k: _redact(v, secrets) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_redact(v, secrets) for v in obj]
-    if isinstance(obj, str):
-        for secret in secrets:
-            obj = obj.replace(secret, "***")
-    return obj
 
 
 def _hash(resolved: Any) -> str:
