@@ -69,7 +69,7 @@ def _compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
     return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_config)
 
 
-def _fixed(argv: list[str]) -> list[str]:
+def fixed_overrides(argv: list[str]) -> list[str]:
     """The overrides of a multirun command line that sweep nothing: what compose() accepts (neither
     the sweep dir nor the swept params depend on the swept values)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -85,7 +85,7 @@ def expand_jobs(argv: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     task = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
-    params = _compose(_fixed(argv), hydra_config=True).hydra.sweeper.params or {}
+    params = _compose(fixed_overrides(argv), hydra_config=True).hydra.sweeper.params or {}
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + task)
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
@@ -133,7 +133,7 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
             if sweep_dir is None:
-                pattern = Path(str(_compose(_fixed(argv), hydra_config=True).hydra.sweep.dir))
+                pattern = Path(str(_compose(fixed_overrides(argv), hydra_config=True).hydra.sweep.dir))
                 sweep_dir = pattern if (pattern / "multirun.yaml").is_file() else latest_sweep_dir(pattern.parent)
                 if sweep_dir is None:
                     raise ResumeRefused(f"no earlier launch under {pattern.parent}/ to resume "
