@@ -1,8 +1,9 @@
 """Learning-rate schedules selected by `conf/optimizer/*.yaml` (`_partial_`).
 
-Each is called by `ablate.train` as `schedule(optimizer, num_training_steps=N)` with the real number
-of optimizer steps, which only exists once the trainer knows its dataloader; the optimizer itself is
-a `_partial_` of any `torch.optim` class, called with the model's trainable parameters.
+Each is called by the trainer's `create_scheduler` (ablate.trainers.optim) as
+`schedule(optimizer, num_training_steps=N)` with the number of optimizer steps Trainer will run, which
+only exists once it knows its dataloader; the optimizer itself is a `_partial_` of any `torch.optim`
+class, called by `create_optimizer` with the model's trainable parameters.
 """
 
 from __future__ import annotations

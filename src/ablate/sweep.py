@@ -57,26 +57,43 @@ def sweep_argv(name: str, cli_overrides: list[str]) -> list[str]:
     """The `ablate train` argv running sweep config `name` with `cli_overrides` on top."""
     inspecting = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for a in cli_overrides)
     # user args after +sweep: Hydra's flags (--cfg job) may take a value, so they must not precede overrides
-    argv = [f"+sweep={name}", *cli_overrides]
-    if not any(a.startswith("hydra.job.config.override_dirname") for a in argv):
-        argv.append(_name_jobs_by_swept_keys(cli_overrides))
-    return [*([] if inspecting else ["-m"]), *argv]
+    return [*([] if inspecting else ["-m"]), f"+sweep={name}", *cli_overrides]
 
 
-def _name_jobs_by_swept_keys(argv: list[str]) -> str:
-    """Job dirs and W&B names show only what varies (`3_method/loss=hinge,seed=2`): the
-    fixed overrides of the command line, the same for every job, are excluded from Hydra's
-    override_dirname (as are the sweep's name; the sweep config's fixed values are no overrides)."""
+DIRNAME_KEY = "hydra.job.config.override_dirname.exclude_keys"
+
+
+def exclude_keys_override(task_overrides: list[str], base: list[str]) -> str:
+    """The hydra override that names a multirun's job dirs (and W&B runs) by what varies
+    (`3_method_loss=hinge,seed=2`): `base` (the config's exclude_keys: the sweep's name, tags,
+    notes) plus every command-line override that sweeps nothing, the same for every job.
+    `task_overrides`: the multirun's command line as Hydra records it (sweep syntax unexpanded)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    fixed: list[str] = ["sweep_name", "sweep"]
-    for a in argv:
-        if "=" in a and not a.startswith("-") and not a.startswith("hydra"):
-            override = parser.parse_override(a)
-            if not override.is_sweep_override() and "/" not in override.key_or_group and override.key_or_group not in fixed:
-                fixed.append(override.key_or_group)
-    return "hydra.job.config.override_dirname.exclude_keys=[" + ",".join(fixed) + "]"
+    fixed = list(base)
+    for a in task_overrides:
+        override = parser.parse_override(a)
+        key = override.key_or_group
+        # group choices with a `/` (method/loss=hinge) stay in the name, as they always have
+        if not override.is_sweep_override() and "/" not in key and key not in fixed:
+            fixed.append(key)
+    return f"{DIRNAME_KEY}=[" + ",".join(fixed) + "]"
+
+
+class NameJobsByWhatVaries(Callback):
+    """Hydra callback (conf/config.yaml `hydra.callbacks`): every multirun's job dirs leave out its
+    fixed overrides, whichever entry point launched it (`ablate sweep NAME ...` or `ablate train -m
+    +sweep=NAME ...`), so the same command gives the same job dirs and `--resume` finds them. The
+    override is added to the multirun's hydra overrides, which Hydra composes into every job's config
+    (in this process or a launcher's worker) and records in multirun.yaml."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        hydra_overrides = config.hydra.overrides.hydra
+        if any(str(o).startswith("hydra.job.config.override_dirname") for o in hydra_overrides):
+            return  # the user's own naming (or a resumed launch's recorded one) wins
+        base = list(config.hydra.job.config.override_dirname.exclude_keys)
+        hydra_overrides.append(exclude_keys_override(list(config.hydra.overrides.task), base))
 
 
 def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
@@ -91,7 +108,7 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
     from omegaconf import OmegaConf, open_dict
 
     from ablate.cli import conf_dir, register_resolvers
-    from ablate.sweep_resume import expand_jobs
+    from ablate.sweep_resume import expand_jobs, fixed_overrides
 
     register_resolvers()
     parser = OverridesParser.create()
@@ -101,6 +118,11 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
     jobs: list[tuple[list[str], str]] = []
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            if not any(a.startswith("hydra.job.config.override_dirname") for a in hydra_overrides):
+                # as NameJobsByWhatVaries adds it to a real launch
+                task = [a for a in args if a not in hydra_overrides]
+                base = compose(config_name="config", overrides=[*hydra_overrides, *fixed_overrides(task)], return_hydra_config=True)
+                hydra_overrides.append(exclude_keys_override(task, list(base.hydra.job.config.override_dirname.exclude_keys)))
             for num, overrides in enumerate(expand_jobs(hydra_argv)):
                 cfg = compose(config_name="config", overrides=[*hydra_overrides, *overrides], return_hydra_config=True)
                 with open_dict(cfg):  # as Hydra's launchers number their jobs

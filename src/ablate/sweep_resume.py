@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import rundir
+from ablate import redact, rundir
 
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
 
@@ -38,28 +38,12 @@ class ResumeRefused(Exception):
     """A job of the sweep is no longer the job that ran in its dir."""
 
 
-# env vars whose values never reach a run dir (as ablate/logger/wandb.py's SECRET_ENV, which imports
-# transformers: not here)
-SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
-
-
 def identity(cfg: DictConfig) -> dict[str, Any]:
-    """What a job's run.json records of its config: the resolved config, secrets (`${oc.env:HF_TOKEN}`)
-    masked, and its hash (of the masked config: a rotated token does not change the job)."""
-    secrets = [v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= 4]
-    resolved = _redact(OmegaConf.to_container(cfg, resolve=True), secrets)
+    """What a job's run.json records of its config: the resolved config, secrets masked as every
+    record is (ablate.redact: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
+    masked config: a rotated token does not change the job)."""
+    resolved = redact.mask(OmegaConf.to_container(cfg, resolve=True))
     return {"config_hash": _hash(resolved), "config": resolved}
-
-
-def _redact(obj: Any, secrets: list[str]) -> Any:
-    if isinstance(obj, dict):
-        return {k: _redact(v, secrets) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_redact(v, secrets) for v in obj]
-    if isinstance(obj, str):
-        for secret in secrets:
-            obj = obj.replace(secret, "***")
-    return obj
 
 
 def _hash(resolved: Any) -> str:
@@ -85,7 +69,7 @@ def _compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
     return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_config)
 
 
-def _fixed(argv: list[str]) -> list[str]:
+def fixed_overrides(argv: list[str]) -> list[str]:
     """The overrides of a multirun command line that sweep nothing: what compose() accepts (neither
     the sweep dir nor the swept params depend on the swept values)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -101,7 +85,7 @@ def expand_jobs(argv: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     task = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
-    params = _compose(_fixed(argv), hydra_config=True).hydra.sweeper.params or {}
+    params = _compose(fixed_overrides(argv), hydra_config=True).hydra.sweeper.params or {}
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + task)
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
@@ -149,7 +133,7 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
             if sweep_dir is None:
-                pattern = Path(str(_compose(_fixed(argv), hydra_config=True).hydra.sweep.dir))
+                pattern = Path(str(_compose(fixed_overrides(argv), hydra_config=True).hydra.sweep.dir))
                 sweep_dir = pattern if (pattern / "multirun.yaml").is_file() else latest_sweep_dir(pattern.parent)
                 if sweep_dir is None:
                     raise ResumeRefused(f"no earlier launch under {pattern.parent}/ to resume "

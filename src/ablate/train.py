@@ -106,6 +106,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             _check_distributed(cfg.distributed)
             args = _training_args(cfg, run_dir, {**device_args, **OmegaConf.to_container(cfg.distributed)})
             make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
+            _check_trainer_class(getattr(make_trainer, "func", make_trainer))
             data = instantiate(cfg.data)  # before the model: a data mistake costs no model load
             tokenizer, model = instantiate(cfg.model)
             model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
@@ -127,8 +128,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 eval_dataset=data.eval if args.eval_strategy != "no" else None,
                 processing_class=tokenizer,
                 callbacks=callbacks,
+                # partials Trainer calls in create_optimizer/create_scheduler (ConfiguredOptimizer)
+                optimizer_factory=instantiate(cfg.optimizer.optimizer),
+                scheduler_factory=instantiate(cfg.optimizer.scheduler),
             )
-            _bind_optimizer(trainer, cfg)
             from ablate.speed import Speed
 
             speed = Speed(trainer, peak_tflops=cfg.get("peak_tflops"))
@@ -352,19 +355,16 @@ def _check_trainable(model: Any) -> None:
                           "or load the policy unquantized")
 
 
-def _bind_optimizer(trainer: Any, cfg: DictConfig) -> None:
-    """Optimizer and schedule are `_partial_`s, bound here to the parameters and the real step count."""
-    import math
+def _check_trainer_class(cls: Any) -> None:
+    """The optimizer group reaches a trainer only through ConfiguredOptimizer's hooks: a trainer
+    without them would silently train with Trainer's default optimizer instead."""
+    from ablate.trainers.optim import ConfiguredOptimizer
 
-    args = trainer.args
-    if args.max_steps > 0:
-        steps = args.max_steps
-    else:
-        per_epoch = math.ceil(len(trainer.get_train_dataloader()) / args.gradient_accumulation_steps)
-        steps = math.ceil(per_epoch * args.num_train_epochs)
-    params = [p for p in trainer.model.parameters() if p.requires_grad]
-    trainer.optimizer = instantiate(cfg.optimizer.optimizer)(params)
-    trainer.lr_scheduler = instantiate(cfg.optimizer.scheduler)(trainer.optimizer, num_training_steps=steps)
+    if not (isinstance(cls, type) and issubclass(cls, ConfiguredOptimizer)):
+        name = getattr(cls, "__qualname__", repr(cls))
+        raise ConfigError(f"method.trainer._target_: {name} does not subclass ablate.trainers.optim.ConfiguredOptimizer, "
+                          "so the optimizer group cannot reach it; subclass one of ablate's trainers or add "
+                          "ConfiguredOptimizer as its first base")
 
 
 def _final_metrics(history: list[dict[str, Any]]) -> dict[str, Any]:

@@ -117,11 +117,13 @@ def test_failed_and_running_jobs(tmp_path: Path) -> None:
 
 def test_sweep_names_become_multirun_argv() -> None:
     argv = sweep.sweep_argv("dpo_loss", ["seed=0", "logger=wandb"])
-    assert argv[:3] == ["-m", "+sweep=dpo_loss", "seed=0"] and "logger=wandb" in argv
-    exclude = argv[-1]  # job dirs are named by what varies only: the command line's fixed keys are left out
-    assert exclude.startswith("hydra.job.config.override_dirname.exclude_keys=[")
-    assert {"seed", "logger", "sweep", "sweep_name"} <= set(exclude.split("[")[1].rstrip("]").split(","))
+    assert argv == ["-m", "+sweep=dpo_loss", "seed=0", "logger=wandb"]  # the same argv as `ablate train -m +sweep=...`
     assert sweep.sweep_argv("dpo_loss", ["--cfg", "job"])[0] == "+sweep=dpo_loss"  # inspecting: no -m
+    # job dirs are named by what varies only (NameJobsByWhatVaries, for every multirun): the fixed
+    # command-line keys join the config's exclude_keys; swept ones and group choices stay in the name
+    exclude = sweep.exclude_keys_override(["+sweep=dpo_loss", "seed=0", "logger=wandb", "lr=1,2", "method/loss=hinge"],
+                                          ["sweep_name", "tags", "notes"])
+    assert exclude == "hydra.job.config.override_dirname.exclude_keys=[sweep_name,tags,notes,sweep,seed,logger]"
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "conf" / "sweep").glob("*.yaml")), ids=lambda p: p.stem)

@@ -43,6 +43,27 @@ def test_optimizers_and_step_schedule(tmp_path):
         assert all(math.isfinite(x) for x in _col(out / job, "loss"))
 
 
+def test_sgd_and_cosine_reach_the_trainer(tmp_path):
+    """optimizer=sgd, optimizer/scheduler=cosine, epoch-based: 32 rows / batch 8 = 4 optimizer steps,
+    a number only Trainer knows when it builds the schedule (ConfiguredOptimizer.create_scheduler).
+    The logged lr is cosine over exactly those 4 steps, and the checkpoint's optimizer is SGD."""
+    lr0 = 0.05
+    r = ablate("train", "optimizer=sgd", f"optimizer.optimizer.lr={lr0}", "optimizer/scheduler=cosine",
+               "optimizer.scheduler.warmup_ratio=0", "method.args.max_steps=-1", "method.args.num_train_epochs=1",
+               "data.max_train_samples=32", "method.args.logging_steps=1", "method.args.save_steps=4",
+               f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "run"
+    # the lr step s+1 trained with: lr0 * 0.5 * (1 + cos(pi * s / 4)); with N=5 steps the second would be 0.90 lr0
+    assert _col(run, "learning_rate") == pytest.approx([lr0 * 0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(4)])
+    state = torch.load(run / "checkpoints" / "checkpoint-4" / "optimizer.pt", weights_only=True)
+    group = state["param_groups"][0]
+    assert "momentum" in group and "betas" not in group  # SGD's fields, not AdamW's
+    assert group["momentum"] == 0.9 and group["initial_lr"] == lr0
+    assert all("momentum_buffer" in s for s in state["state"].values())
+    assert summary(run)["global_step"] == 4
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only refusals")
 @pytest.mark.parametrize("override,needle", [("precision=fp16", "fp16 needs a CUDA GPU"), ("precision.tf32=true", "tf32")])
 def test_gpu_only_precision_refused_on_cpu(tmp_path, override, needle):

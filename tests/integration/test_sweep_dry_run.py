@@ -72,3 +72,27 @@ def test_dry_run_imports_no_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[-1] == "no torch"
+
+
+def test_both_entry_points_name_jobs_alike_and_resume_finds_them(tmp_path):
+    """A sweep launched as `ablate train -m +sweep=dpo_loss <fixed keys>` (issue 10): its job dirs
+    leave out the fixed keys and the labels, exactly as `ablate sweep dpo_loss <fixed keys>` names
+    them, so `ablate sweep dpo_loss <same keys> --resume` finds every job and skips it (before the
+    fix it launched them again into new dirs named without the fixed keys)."""
+    fixed = ["seed=1", *FAST, "tags=[baseline]", "notes=why not"]
+    r = ablate("train", "-m", "+sweep=dpo_loss", *fixed, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (launch,) = list((tmp_path / "outputs" / "sweeps" / "dpo_loss").iterdir())
+    names = sorted(p.name for p in launch.iterdir() if p.is_dir() and p.name[0].isdigit())
+    assert names == ["0_method_loss=sigmoid", "1_method_loss=hinge"]
+
+    dry = ablate("sweep", "dpo_loss", *fixed, "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert [d.name for _, d in _plan(dry.stdout)[1]] == names  # `ablate sweep` names them the same
+
+    steps = {n: (launch / n / "summary.json").read_text() for n in names}
+    again = ablate("sweep", "dpo_loss", *fixed, "--resume", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming {launch.resolve()}: 2 skipped" in again.stdout
+    assert sorted(p.name for p in launch.iterdir() if p.is_dir() and p.name[0].isdigit()) == names  # no new job dir
+    assert {n: (launch / n / "summary.json").read_text() for n in names} == steps  # completed jobs untouched

@@ -152,3 +152,17 @@ def test_completion_accuracy_by_hand():
     for preds in (ids, logits, (logits,)):
         out = completion_accuracy(SimpleNamespace(predictions=preds, label_ids=labels))
         assert out == {"completion_accuracy": pytest.approx(2 / 3)}
+
+
+def test_trainer_without_configured_optimizer_is_refused():
+    """A method's trainer must take the optimizer group (ConfiguredOptimizer); a plain Trainer
+    subclass would silently train with Trainer's default AdamW instead."""
+    from transformers import Trainer
+
+    from ablate.train import _check_trainer_class
+    from ablate.trainers import dpo, grpo, sft
+
+    for cls in (dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer, type("Mine", (dpo.DPOTrainer,), {})):
+        _check_trainer_class(cls)  # accepted
+    with pytest.raises(ConfigError, match="Plain does not subclass ablate.trainers.optim.ConfiguredOptimizer"):
+        _check_trainer_class(type("Plain", (Trainer,), {}))

@@ -28,3 +28,20 @@ def test_mask_text_overrides_and_credentials(monkeypatch):
 def test_mask_nested():
     got = mask({"a": {"api_key": "abcd", "pad_token": "<pad>", "n": 3}, "l": ["+x.password=pw"]})
     assert got == {"a": {"api_key": MASK, "pad_token": "<pad>", "n": 3}, "l": [f"+x.password={MASK}"]}
+
+
+def test_sweep_job_identity_masks_secrets_and_ignores_a_rotated_token(monkeypatch):
+    """sweep_resume.identity (run.json's config and its hash) masks with the same rules as every
+    other record: a resolved ${oc.env:...} secret and a secret-named key never appear, and a rotated
+    token leaves the job's hash unchanged (the resume must not call it a different job)."""
+    from omegaconf import OmegaConf
+
+    from ablate.sweep_resume import identity
+
+    cfg = OmegaConf.create({"model": {"token": "${oc.env:MY_SERVICE_PASSWORD}", "path": "/data/m"}, "lr": 0.1})
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "first-password-123")
+    first = identity(cfg)
+    assert first["config"] == {"model": {"token": MASK, "path": "/data/m"}, "lr": 0.1}
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "rotated-password-456")
+    assert identity(cfg)["config_hash"] == first["config_hash"]
+    assert identity(OmegaConf.merge(cfg, {"lr": 0.2}))["config_hash"] != first["config_hash"]

@@ -1,7 +1,8 @@
 """ablate's trainers lean on a few private members of transformers.Trainer (overridden or called).
 Private members change without deprecation, so their signatures are pinned here: a transformers
 upgrade that changes one fails this test, not a training run. The list is found by reading ablate's
-source, so a newly used private member fails the test until it is recorded below."""
+source, so a newly used private member fails the test until it is recorded below. The public hooks
+ablate overrides (ConfiguredOptimizer's create_optimizer / create_scheduler) are pinned the same way."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ PINNED: dict[str, tuple[str, ...] | str] = {
     "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),
     "_train_batch_size": "attribute",
     "loss_is_scaled_for_ga": "attribute",
+    "_created_lr_scheduler": "attribute",  # set with the schedule, as Trainer.create_scheduler does
+    # public hooks Trainer calls while preparing training (ablate.trainers.optim.ConfiguredOptimizer)
+    "create_optimizer": ("self", "model"),
+    "create_scheduler": ("self", "num_training_steps", "optimizer"),
 }
 _TRAINER_SOURCE = inspect.getsource(Trainer)
 
@@ -58,13 +63,21 @@ def test_private_member_signature(name):
     assert tuple(inspect.signature(member).parameters) == expected, inspect.signature(member)
 
 
+def test_optimizer_hooks_are_overridden_where_pinned():
+    """ConfiguredOptimizer overrides exactly the pinned hooks (so the signature checks above cover them)."""
+    from ablate.trainers.optim import ConfiguredOptimizer
+
+    hooks = {n for n in vars(ConfiguredOptimizer) if n.startswith("create_")}
+    assert hooks == {"create_optimizer", "create_scheduler"} and hooks <= set(PINNED)
+
+
 @pytest.mark.parametrize("name", sorted(n for n, e in PINNED.items() if e != "attribute"))
 def test_overrides_accept_trainers_arguments(name):
     """An override takes the same positional arguments as the member it replaces (Trainer calls it)."""
-    from ablate.trainers import dpo, grpo, sft
+    from ablate.trainers import dpo, grpo, optim, sft
 
     base = list(inspect.signature(getattr(Trainer, name)).parameters.values())
-    for cls in (dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer):
+    for cls in (optim.ConfiguredOptimizer, dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer):
         if name in vars(cls):
             params = list(inspect.signature(vars(cls)[name]).parameters.values())
             assert len(params) == len(base), f"{cls.__name__}.{name}{inspect.signature(vars(cls)[name])}"

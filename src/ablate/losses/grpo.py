@@ -33,7 +33,8 @@ import torch
 
 Aggregation = Callable[..., torch.Tensor]
 # (logps, old_logps, advantages, mask, epsilon_low, epsilon_high, ref_logps, beta, importance_sampling_level,
-#  delta, bias_correction_kl, **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`
+#  delta, bias_correction_kl, **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`; the
+# `objective` decorator gives a function of the ratio and advantages this signature
 Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -122,40 +123,59 @@ def normalize_then_sum(
     return torch.nan_to_num(adv, nan=0.0), metrics
 
 
-def per_token_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    ref_logps: torch.Tensor | None = None,
-    beta: float = 0.0,
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-    bias_correction_kl: bool = False,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate (+ beta * k3 KL) per token. logps/old/ref/mask: (B, T); advantages: (B,).
+def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> Objective:
+    """The signature every `method/objective` shares, around `core`, which holds only what differs.
 
+    The objective made: `(logps, old_logps, advantages, mask, epsilon_low, epsilon_high, ref_logps=None,
+    beta=0.0, importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` ->
+    (loss (B, T), metrics). logps/old/ref/mask: (B, T); advantages: (B,).
     `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
     al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
+    `beta` > 0 adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped)
+    ratio, so its gradient is unbiased for samples from the old policy (TRL 1.16's default,
+    `use_bias_correction_kl`); the logged `kl` is the corrected one, as in TRL.
+    `core(ratio, adv, logps, mask, epsilon_low, epsilon_high, delta, **own)` -> (loss, metrics):
+    ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra fields."""
+
+    def run(
+        logps: torch.Tensor,
+        old_logps: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        epsilon_low: float,
+        epsilon_high: float,
+        ref_logps: torch.Tensor | None = None,
+        beta: float = 0.0,
+        importance_sampling_level: str = "token",
+        delta: float | None = None,
+        bias_correction_kl: bool = False,
+        **own: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
+        loss, metrics = core(ratio, advantages.unsqueeze(1), logps, mask, epsilon_low, epsilon_high, delta, **own)
+        return _with_kl(loss.expand_as(logps), metrics, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+
+    run.__name__, run.__qualname__, run.__doc__ = core.__name__, core.__qualname__, core.__doc__
+    return run
+
+
+@objective
+def per_token_loss(
+    ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
+    epsilon_low: float, epsilon_high: float, delta: float | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate per token (+ beta * k3 KL: `objective`).
+
     `delta`: two-sided clipping (TRL's; Tulu-3 style): the unclipped ratio is also capped at delta, so a
     negative advantage cannot push an already-large ratio without bound.
-    `bias_correction_kl`: multiply the k3 KL by the (unclipped) ratio, so its gradient is unbiased for
-    samples from the old policy (TRL 1.16's default, `use_bias_correction_kl`); the logged `kl` is the
-    corrected one, as in TRL.
-    Returns (loss (B, T), metrics); metrics named as in TRL (`clip_ratio/low_mean`, `clip_ratio/high_mean`,
-    `clip_ratio/region_mean`, `kl` when beta > 0): masked token means, or means over completions at the
-    sequence level. A token is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0,
-    or r > 1+eps_high with A > 0.
+    Metrics named as in TRL (`clip_ratio/low_mean`, `clip_ratio/high_mean`, `clip_ratio/region_mean`,
+    `kl` when beta > 0): masked token means, or means over completions at the sequence level. A token
+    is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0, or r > 1+eps_high with A > 0.
     """
-    adv = advantages.unsqueeze(1)
-    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
-    is_weight = ratio  # before the delta cap: what the KL correction multiplies by
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     if delta is not None:
         ratio = torch.clamp(ratio, max=delta)
-    loss = -torch.min(ratio * adv, clipped * adv).expand_as(logps)
+    loss = -torch.min(ratio * adv, clipped * adv)
     low = (ratio < 1 - epsilon_low) & (adv < 0)
     high = (ratio > 1 + epsilon_high) & (adv > 0)
     mean = masked_mean if ratio.shape[1] > 1 else (lambda x, m: x.mean())  # sequence level: per completion
@@ -167,58 +187,35 @@ def per_token_loss(
         "clip_ratio/low_min": _per_sequence(low.float(), mask).nan_to_num(nan=float("inf")).min(),
         "clip_ratio/high_max": _per_sequence(high.float(), mask).nan_to_num(nan=float("-inf")).max(),
     }
-    return _with_kl(loss, metrics, logps, ref_logps, beta, is_weight if bias_correction_kl else None, mask)
+    return loss, metrics
 
 
+@objective
 def cispo(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    ref_logps: torch.Tensor | None = None,
-    beta: float = 0.0,
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-    bias_correction_kl: bool = False,
+    ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
+    epsilon_low: float, epsilon_high: float, delta: float | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): `-sg(min(r, epsilon_high)) * A * logp`, a REINFORCE term
     weighted by the clipped, gradient-stopped ratio: no token loses its gradient, large ratios only
     lose weight. As in TRL, `epsilon_high` is the cap itself (ScaleRL, arXiv:2510.13786, recommends
     5.0); `epsilon_low` and `delta` are unused.
     Metric `cispo_clip_ratio`: tokens with r > epsilon_high and A > 0."""
-    adv = advantages.unsqueeze(1)
-    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
-    loss = (-torch.clamp(ratio, max=epsilon_high).detach() * adv * logps).expand_as(logps)
+    loss = -torch.clamp(ratio, max=epsilon_high).detach() * adv * logps
     capped = ((ratio > epsilon_high) & (adv > 0)).float()
-    metrics = {"cispo_clip_ratio": masked_mean(capped, mask) if capped.shape[1] > 1 else capped.mean()}
-    return _with_kl(loss, metrics, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+    return loss, {"cispo_clip_ratio": masked_mean(capped, mask) if capped.shape[1] > 1 else capped.mean()}
 
 
+@objective
 def sapo(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    ref_logps: torch.Tensor | None = None,
-    beta: float = 0.0,
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-    bias_correction_kl: bool = False,
-    temperature_pos: float = 1.0,
-    temperature_neg: float = 1.05,
+    ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
+    epsilon_low: float, epsilon_high: float, delta: float | None,
+    temperature_pos: float = 1.0, temperature_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): the hard clip replaced by a smooth
     gate, `-sigmoid(tau (r - 1)) * 4/tau * A` with tau = temperature_pos where A > 0, else temperature_neg;
     its gradient is 1 at r = 1 and fades smoothly as r leaves 1. Epsilons and delta are unused."""
-    adv = advantages.unsqueeze(1)
-    ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
     tau = torch.where(adv > 0, temperature_pos, temperature_neg)
-    loss = (-torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv).expand_as(logps)
-    return _with_kl(loss, {}, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+    return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv, {}
 
 
 def _per_sequence(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

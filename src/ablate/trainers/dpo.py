@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from ablate.data.format import pad, prepare_preference
 from ablate.errors import ConfigError
@@ -23,6 +23,7 @@ from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import sequence_logps, token_logps
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer, token_metrics
+from ablate.trainers.optim import ConfiguredOptimizer
 
 
 @dataclass
@@ -66,7 +67,7 @@ class DPOCollator:
         return batch
 
 
-class DPOTrainer(Trainer):
+class DPOTrainer(ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
     `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)."""
 

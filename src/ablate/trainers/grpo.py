@@ -50,7 +50,7 @@ import torch
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import Sampler
-from transformers import (GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback,
+from transformers import (GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
                           TrainingArguments)
 
 from ablate.data.format import prepare_prompts
@@ -59,6 +59,7 @@ from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers.metrics import MetricsBuffer
+from ablate.trainers.optim import ConfiguredOptimizer
 
 GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
 GENERATION_BUFFER = "generation_buffer.pt"  # in each checkpoint saved mid-round: the round's completions
@@ -219,7 +220,7 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(ConfiguredOptimizer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
 
     loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps

@@ -9,12 +9,13 @@ from typing import Any, Callable
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from ablate.data.format import pad, prepare_sft
 from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
 from ablate.trainers.metrics import MetricsBuffer
+from ablate.trainers.optim import ConfiguredOptimizer
 
 
 @dataclass
@@ -56,7 +57,7 @@ class SFTCollator:
         }
 
 
-class SFTTrainer(Trainer):
+class SFTTrainer(ConfiguredOptimizer):
     """Next-token NLL on the completion, given the prompt."""
 
     def __init__(
