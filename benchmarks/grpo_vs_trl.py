@@ -6,7 +6,7 @@
 Both trainers get the same model dir (`ablate fetch smollm2_135m`), the packaged `one_word_prompts`
 data (chat prompts, reward 1 / word count), the same geometry (`--batch` completions per optimizer
 step, `--num-generations` per prompt, `--new-tokens` new tokens, `--spg` steps per generation round),
-fp32, temperature 0.8, lr 3e-5, beta 0, DAPO aggregation. Each run is its own subprocess (peak RSS is
+fp32, temperature 0.8, top_k 0 (off, TRL's default), lr 3e-5, beta 0, DAPO aggregation. Each run is its own subprocess (peak RSS is
 its own); impls alternate, `--repeats` times; the table shows medians. Seconds per step are split into
 generation (the `generate` call), scoring (the rest of the generation round: reward, old-policy
 log-probs when needed) and training (forward + backward + optimizer) by wrapping each trainer's
@@ -54,7 +54,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     train = packaged("one_word_prompts", with_eval=False).train
     common = dict(output_dir=f"/tmp/bench-grpo-{impl}-{os.getpid()}", per_device_train_batch_size=batch,
                   num_generations=g, steps_per_generation=spg, gradient_accumulation_steps=1, max_steps=steps,
-                  max_completion_length=new_tokens, temperature=0.8, top_p=1.0, beta=0.0, learning_rate=3e-5,
+                  max_completion_length=new_tokens, temperature=0.8, top_p=1.0, top_k=0, beta=0.0, learning_rate=3e-5,
                   lr_scheduler_type="constant", logging_steps=1, report_to="none", save_strategy="no",
                   use_cpu=True, bf16=False, seed=seed, disable_tqdm=True)
     box = {"generation": 0.0, "round": 0.0}
