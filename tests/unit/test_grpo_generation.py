@@ -55,7 +55,8 @@ def test_greedy_completions_identical_to_generate(tmp_path):
 def test_sampled_completions_and_rng_identical_to_generate(tmp_path, top_k, top_p):
     tok, model, rows = _setup()
     args = _args(tmp_path, top_k=top_k, top_p=top_p)
-    (a, rng_a), (b, rng_b) = _draw(HFGenerator(args, tok), model, rows), _draw(SharedPromptGenerator(args, tok), model, rows)
+    a, rng_a = _draw(HFGenerator(args, tok), model, rows)
+    b, rng_b = _draw(SharedPromptGenerator(args, tok), model, rows)
     assert a == b
     assert rng_a == rng_b
     assert len({tuple(c) for c in a}) > 6  # sampled: a group's completions differ
@@ -94,7 +95,8 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
     args = _args(tmp_path, score_in_length_groups=path == "length_groups")
     monkeypatch.setattr(scoring, "GROUP_OVERHEAD_TOKENS", 0)  # the tiny batch splits into several groups
     trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
-                          processing_class=tok, reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
+                          processing_class=tok,
+                          reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
     completions = [[70, 71, 72], [73], [80, 81, 82, 83, 84], [90, 91]] * 3
     p_ids, p_mask = left_pad(rows, tok.pad_token_id)
     c_ids, c_mask = right_pad(completions, tok.pad_token_id)

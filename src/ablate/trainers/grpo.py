@@ -95,7 +95,8 @@ class GRPOConfig(TrainingArguments):
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
     score_in_length_groups: bool = field(default=True, metadata={
-        "help": "Score rows in groups of similar length, each trimmed to its own longest (same log-probs, less padding)."})
+        "help": "Score rows in groups of similar length, each trimmed to its own longest "
+                "(same log-probs, less padding)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
