@@ -3,6 +3,7 @@ task, and `steps_per_generation` divides the number of generation rounds."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,22 @@ def test_resume_through_the_run_dir(tmp_path):
     assert s["generation_rounds"] == summary(a)["generation_rounds"] == 5
     key = [(e["step"], e["loss"], e.get("reward")) for e in metrics(a) if "loss" in e]
     assert key == [(e["step"], e["loss"], e.get("reward")) for e in metrics(b) if "loss" in e]
+
+
+def test_fast_generation_and_scoring_switch_off_to_the_same_run(tmp_path):
+    """The default (shared-prompt generator, length-grouped scoring) and the plain path picked by config
+    (`model.generate` via HFGenerator, whole-batch scoring) sample the same completions and train the
+    same: equal rewards and losses step for step."""
+    steps = ["method.args.max_steps=4", "method.args.logging_steps=1"]
+    _train(tmp_path / "fast", *steps)
+    _train(tmp_path / "plain", *steps, "method.trainer.generator._target_=ablate.trainers.grpo.HFGenerator",
+           "method.args.score_in_length_groups=false")
+    generators = [json.loads((tmp_path / run / "run.json").read_text())["config"]["method"]["trainer"]["generator"]
+                  for run in ("fast", "plain")]
+    assert [g["_target_"].rsplit(".", 1)[1] for g in generators] == ["SharedPromptGenerator", "HFGenerator"]
+    fast, plain = metrics(tmp_path / "fast"), metrics(tmp_path / "plain")
+    pick = lambda rows, k: [e[k] for e in rows if k in e and "train_runtime" not in e]  # noqa: E731
+    assert len(pick(fast, "reward")) == 4
+    assert pick(fast, "reward") == pick(plain, "reward")
+    assert pick(fast, "completions/mean_length") == pick(plain, "completions/mean_length")
+    assert pick(fast, "loss") == pytest.approx(pick(plain, "loss"), rel=1e-5, abs=1e-7)

@@ -31,13 +31,17 @@ losses exactly (TRL regenerates: that round's completions are new samples). With
 (a checkpoint from before this), the round is regenerated from the same prompts. The generation
 counters that `summary_fields` reports are saved with each checkpoint too.
 
-Generation goes through one seam, `generator=` (a `GenerateFn`; `HFGenerator` by default), which a
-config can set as `method.trainer.generator: {_target_: ...}` to plug in a faster engine.
+Generation goes through one seam, `generator=` (a `GenerateFn`), which a config sets as
+`method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). The default,
+`SharedPromptGenerator` (trainers/generation.py), prefills each distinct prompt once for its whole group
+and drops ended rows from the batch, sampling as `model.generate` does; `HFGenerator` is plain
+`model.generate`. Scoring projects to the vocabulary only at completion positions (`logits_to_keep`).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import json
@@ -58,6 +62,7 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.trainers import scoring
 from ablate.trainers.metrics import MetricsBuffer
 from ablate.trainers.optim import ConfiguredOptimizer
 
@@ -78,6 +83,9 @@ class GRPOConfig(TrainingArguments):
     max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    top_k: int = field(default=50, metadata={
+        "help": "Sample among the k most likely tokens; 0 = off (TRL's default). 50 = transformers' generate "
+                "default, which ablate's sampling has always applied."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
     beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
@@ -87,6 +95,9 @@ class GRPOConfig(TrainingArguments):
     delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta."})
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
+    score_in_length_groups: bool = field(default=True, metadata={
+        "help": "Score rows in groups of similar length, each trimmed to its own longest "
+                "(same log-probs, less padding)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
@@ -154,7 +165,7 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.config = GenerationConfig(
-            do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=None,
+            do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id,
         )
 
@@ -172,6 +183,27 @@ class HFGenerator:
         finally:
             model.train(was_training)
         return [cut_at_eos(row, stops) for row in out[:, input_ids.size(1):].tolist()]
+
+
+def build_generator(generator: GenerateFn | Callable[..., GenerateFn] | None, args: GRPOConfig,
+                    tokenizer: PreTrainedTokenizerBase) -> GenerateFn:
+    """The trainer's `generator=`: None -> `SharedPromptGenerator` (the default); a class, or a partial of
+    one (a config's `method.trainer.generator: {_target_: ..., _partial_: true}`) -> built with
+    (args, tokenizer); anything else is already a `GenerateFn`."""
+    from ablate.trainers.generation import SharedPromptGenerator
+
+    if generator is None:
+        return SharedPromptGenerator(args, tokenizer)
+    if isinstance(generator, type) or (isinstance(generator, functools.partial) and isinstance(generator.func, type)):
+        return generator(args, tokenizer)
+    return generator
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the (unwrapped; PEFT: base) model's forward projects only its last N positions when asked
+    (`logits_to_keep`, transformers' causal LMs); otherwise the full logits are computed and sliced."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def stop_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> list[int]:
@@ -257,7 +289,7 @@ class GRPOTrainer(ConfiguredOptimizer):
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
         self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
-        self.generator = generator or HFGenerator(args, processing_class)
+        self.generator = build_generator(generator, args, processing_class)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
@@ -404,13 +436,34 @@ class GRPOTrainer(ConfiguredOptimizer):
     def _token_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature."""
+        """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature.
+
+        With `score_in_length_groups` the rows are scored in groups of similar length, each trimmed to its own
+        longest prompt and completion (trainers/scoring.py): the same values without computing padding."""
+        if not self.args.score_in_length_groups:
+            return self._rows_logps(model, batch, with_entropy)
+        groups = scoring.length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())
+        if len(groups) == 1:  # the batch is its own best group: the plain pass
+            return self._rows_logps(model, batch, with_entropy)
+        parts = [self._rows_logps(model, scoring.trim_rows(batch, torch.tensor(g, device=batch["prompt_ids"].device)),
+                                  with_entropy) for g in groups]
+        width = batch["completion_ids"].size(1)
+        logps = scoring.scatter_rows([lp for lp, _ in parts], groups, width)
+        entropy = scoring.scatter_rows([e for _, e in parts], groups, width) if with_entropy else None
+        return logps, entropy
+
+    def _rows_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_token_logps` of one (sub-)batch in one forward pass."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() sets them under left padding
         n = batch["completion_ids"].size(1)
+        # project to the vocabulary only where a completion token is predicted (prompt logits are never used)
+        keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits[:, -n - 1 : -1] / self.args.temperature
+                       use_cache=False, **keep).logits[:, -n - 1 : -1] / self.args.temperature
         logps = selective_log_softmax(logits, batch["completion_ids"])
         entropy = None
         if with_entropy:
