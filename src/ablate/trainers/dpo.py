@@ -135,21 +135,28 @@ class DPOTrainer(Trainer):
         with torch.no_grad():
             return self._sequence_logps(model, batch)[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all: these log-probs are constants
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
-        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now."""
+        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now.
+
+        Rows are scored in order of length (each row's log-probs do not depend on its batch-mates), so
+        a batch pads to nearly its own length: on the compute-bound benchmark this removes most of the
+        precompute's padding. The results are put back in dataset order."""
         was_training = self.model.training
         self.model.eval()
-        chosen, rejected = [], []
+        lengths = [len(p) + max(len(c), len(r)) for p, c, r in
+                   zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])]
+        order = sorted(range(len(dataset)), key=lengths.__getitem__)
+        chosen, rejected = [0.0] * len(dataset), [0.0] * len(dataset)
         bs = self.args.per_device_eval_batch_size
-        for start in range(0, len(dataset), bs):
-            rows = [dataset[i] for i in range(start, min(start + bs, len(dataset)))]
-            batch = self._prepare_inputs(self.data_collator(rows))
+        for start in range(0, len(order), bs):
+            idx = order[start:start + bs]
+            batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
             with self.autocast_smart_context_manager():  # same precision as the training forwards
                 logps = self._reference_logps(self.model, batch)
             c, r = logps.float().chunk(2)
-            chosen += c.tolist()
-            rejected += r.tolist()
+            for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
+                chosen[i], rejected[i] = lc, lr
         self.model.train(was_training)
         return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
 
