@@ -152,7 +152,9 @@ class DPOTrainer(Trainer):
         for start in range(0, len(order), bs):
             idx = order[start:start + bs]
             batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
-            with self.autocast_smart_context_manager():  # same precision as the training forwards
+            # accelerate's autocast, as TRL's precompute: the training forwards get it from accelerate's
+            # wrapper of model.forward, which does not exist yet (Trainer's own autocast context is a no-op)
+            with self.accelerator.autocast():
                 logps = self._reference_logps(self.model, batch)
             c, r = logps.float().chunk(2)
             for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
