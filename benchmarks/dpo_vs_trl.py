@@ -102,12 +102,11 @@ def run_one(impl: str, preset: dict) -> dict:
                   seed=0, disable_tqdm=True, max_length=256, include_num_input_tokens_seen="non_padding")
     rec = CPURecorder()
     if impl == "trl":
-        import copy
-
         import trl
 
-        # TRL needs the reference object even to precompute (it would load it by name otherwise)
-        trainer = trl.DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=trl.DPOConfig(**common),
+        # no ref_model: with precompute_ref_log_probs TRL 1.16 scores the reference with the policy
+        # before training and keeps no second model (its leanest configuration, as ablate's)
+        trainer = trl.DPOTrainer(model=model, ref_model=None, args=trl.DPOConfig(**common),
                                  train_dataset=train, processing_class=tok, callbacks=[rec])
     else:
         from ablate.trainers.dpo import DPOConfig, DPOTrainer
