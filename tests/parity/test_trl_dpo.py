@@ -175,3 +175,21 @@ def test_lora_dpo_matches_trl(tmp_path, precompute):
     for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                  "logps/chosen", "logps/rejected"):
         assert m_ours[name] == pytest.approx(m_theirs[name], rel=1e-5, abs=1e-6), name
+
+
+def test_precomputed_reference_in_bf16_matches_trl(tmp_path):
+    """bf16=True: the reference log-probs are precomputed under the same autocast as TRL's (and as the
+    training forwards), not in float32 (Trainer's own autocast context is a no-op in transformers 5).
+    Ours on TRL's layout (speed paths off), so that bf16 rounding is the same and the numbers equal."""
+    tok, policy, _ = _models()
+    ds = Dataset.from_list(ROWS)
+    common = dict(per_device_train_batch_size=3, report_to="none", use_cpu=True, bf16=True,
+                  precompute_ref_log_probs=True)
+    theirs = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(policy),
+                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+                            train_dataset=ds, processing_class=tok)
+    ours = DPOTrainer(model=copy.deepcopy(policy), args=DPOConfig(output_dir=str(tmp_path / "ours"), share_prompt=False,
+                                                                  completion_only_logits=False, **common),
+                      train_dataset=ds, processing_class=tok)
+    for col in ("ref_chosen_logps", "ref_rejected_logps"):
+        assert ours.train_dataset[col] == theirs.train_dataset[col], col

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -25,3 +26,59 @@ def token_logps(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
 def sequence_logps(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of per-token log-probs over the masked (completion) tokens: log pi(y|x). Shape (B,)."""
     return (per_token_logps * mask).sum(dim=-1)
+
+
+# Logits of at most this many elements exist at once in `completion_logps` (64 MB in float32): a
+# [tokens, vocab] tensor dominates a step's memory at 50k-150k vocabularies.
+LOGITS_CHUNK_ELEMENTS = 1 << 24
+
+
+def completion_logps(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    targets: torch.Tensor,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Log-prob of `targets[i]` given `hidden[i]` (N, H): `lm_head` applied only to the N positions
+    that score a completion token (prompt logits are never used), in chunks of rows.
+
+    Returns (logps (N,), stats) where stats are TRL's per-token metrics inputs, without gradient:
+    `entropy`, `mean_logit` (the vocabulary-mean logit) and `correct` (argmax == target).
+    With more than one chunk each chunk is checkpointed: its logits are recomputed in backward instead
+    of kept, so memory holds one chunk's logits, never all of them. The numbers are the plain path's
+    (`token_logps` on the full logits), as tested.
+    """
+    vocab = lm_head.weight.shape[0]
+    rows = max(1, chunk_elements // vocab)
+    chunks = [(hidden[i:i + rows], targets[i:i + rows]) for i in range(0, hidden.shape[0], rows)]
+    outs = []
+    for h, t in chunks:
+        if len(chunks) > 1 and torch.is_grad_enabled():
+            outs.append(torch.utils.checkpoint.checkpoint(_chunk_logps, lm_head, h, t, use_reentrant=False))
+        else:
+            outs.append(_chunk_logps(lm_head, h, t))
+    if not outs:  # no completion token scored: an empty, still-connected result
+        outs.append(_chunk_logps(lm_head, hidden[:0], targets[:0]))
+    logps, entropy, mean_logit, correct = (torch.cat(x) for x in zip(*outs))
+    return logps, {"entropy": entropy, "mean_logit": mean_logit, "correct": correct}
+
+
+def _chunk_logps(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits = lm_head(hidden)  # the module call, so autocast treats it as the model's own forward does
+    logps = selective_log_softmax(logits, targets)
+    return (logps, *logit_stats(logits, targets))
+
+
+@torch.no_grad()
+def logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per position: entropy of the float32 softmax, vocabulary-mean logit, argmax == target."""
+    f = logits.float()
+    logp = torch.log_softmax(f, dim=-1)
+    return -(logp.exp() * logp).sum(-1), f.mean(-1), logits.argmax(-1) == targets
+
+
+def per_sequence(values: torch.Tensor, seq: torch.Tensor, n_seq: int) -> torch.Tensor:
+    """Sum of `values` (N,) per sequence id `seq` (N,) in [0, n_seq): log pi(y|x) per sequence."""
+    return values.new_zeros(n_seq).index_add(0, seq, values)

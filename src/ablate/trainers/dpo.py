@@ -3,6 +3,12 @@
 Departures from the paper's pseudo-code, all as in TRL: log-probs are summed over completion tokens
 only; reference log-probs are precomputed once before training by default (the reference is the
 initial policy, so no second model stays in memory); EOS ends every completion.
+
+Two speed paths, on by default, each exact (tests/unit/test_dpo_speed_paths.py) and switchable for
+ablation: `share_prompt` runs one row `[prompt | chosen | rejected]` per pair (ablate.data.pairs) and
+`completion_only_logits` applies the LM head only where a completion token is scored, in chunks
+(ablate.losses.logps.completion_logps, ablate.models.split). Models outside ablate.models.split's list,
+and the eval logits a `compute_metrics` hook receives, use TRL's layout and full logits.
 """
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
-from ablate.data.format import pad, prepare_preference
+from ablate.data.format import prepare_preference
+from ablate.data.pairs import attention_mask_for, plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
-from ablate.losses.logps import sequence_logps, token_logps
+from ablate.losses.logps import (
+    completion_logps, logit_stats, per_sequence, selective_log_softmax, sequence_logps, token_logps,
+)
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.trainers.metrics import MetricsBuffer, token_metrics
+from ablate.models.split import causal_lm, lm_parts, takes_custom_mask
+from ablate.trainers.metrics import MetricsBuffer, completion_token_metrics, token_metrics
 from ablate.trainers.optim import ConfiguredOptimizer
 
 
@@ -41,26 +51,29 @@ class DPOConfig(TrainingArguments):
     precompute_ref_log_probs: bool = field(
         default=True, metadata={"help": "Score the data with the initial policy once, before training."}
     )
+    share_prompt: bool = field(
+        default=True, metadata={"help": "One row per pair, [prompt | chosen | rejected]: each prompt computed once."}
+    )
+    completion_only_logits: bool = field(
+        default=True, metadata={"help": "Vocabulary projection only where a completion token is scored, in chunks."}
+    )
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
 
 class DPOCollator:
-    """Pads a list of tokenised pairs into one batch: rows 0..B-1 chosen, B..2B-1 rejected."""
+    """Pads a list of tokenised pairs into one batch: rows 0..B-1 chosen, B..2B-1 rejected (TRL's layout).
 
-    def __init__(self, pad_token_id: int) -> None:
+    With `share_prompt` it also adds the shared-prompt layout (`ablate.data.pairs`) under `shared_*`
+    keys, which the trainer's forward uses; the plain keys stay (TRL's `num_tokens`, eval logits)."""
+
+    def __init__(self, pad_token_id: int, share_prompt: bool = False) -> None:
         self.pad_token_id = pad_token_id
+        self.share_prompt = share_prompt
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        seqs, masks = [], []
-        for key in ("chosen_ids", "rejected_ids"):
-            for r in rows:
-                seqs.append(r["prompt_ids"] + r[key])
-                masks.append([0] * len(r["prompt_ids"]) + [1] * len(r[key]))
-        batch = {
-            "input_ids": pad(seqs, self.pad_token_id),
-            "attention_mask": pad([[1] * len(s) for s in seqs], 0),
-            "completion_mask": pad(masks, 0),
-        }
+        batch = plain_pairs(rows, self.pad_token_id)
+        if self.share_prompt:
+            batch.update({f"shared_{k}": v for k, v in shared_prompt_pairs(rows, self.pad_token_id).items()})
         if "ref_chosen_logps" in rows[0]:
             batch["ref_chosen_logps"] = torch.tensor([r["ref_chosen_logps"] for r in rows])
             batch["ref_rejected_logps"] = torch.tensor([r["ref_rejected_logps"] for r in rows])
@@ -90,7 +103,8 @@ class DPOTrainer(ConfiguredOptimizer):
         super().__init__(
             model=model,
             args=args,
-            data_collator=data_collator or DPOCollator(processing_class.pad_token_id),
+            data_collator=data_collator or DPOCollator(
+                processing_class.pad_token_id, share_prompt=args.share_prompt and takes_custom_mask(model)),
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
@@ -119,10 +133,40 @@ class DPOTrainer(ConfiguredOptimizer):
         return prepare_preference(dataset, tokenizer, args.max_length, args.max_prompt_length,
                                   args.max_completion_length, name)
 
-    def _sequence_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
-        return logps, logits
+    def _sequence_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], need_logits: bool = False
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Log-probs of `[chosen; rejected]` (2B,), and what the token metrics need: `logits` (plain
+        path, or `need_logits`) or per-token `stats` with each token's sequence `seq`."""
+        if need_logits or not (self.args.completion_only_logits or "shared_input_ids" in batch):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+            logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
+            return logps, {"logits": logits}
+        # a live reference model that cannot take the shared layout's mask scores the plain rows
+        if "shared_input_ids" in batch and takes_custom_mask(model):  # one row per pair (ablate.data.pairs)
+            mask = attention_mask_for(batch["shared_attention_mask"], causal_lm(model).config._attn_implementation)
+            inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"],
+                      "attention_mask": mask.to(batch["shared_input_ids"].device)}
+            where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
+        else:
+            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+            where = plain_targets(batch["input_ids"], batch["completion_mask"])
+        # the split bypasses model.forward, so a wrapper around it (DDP) would be skipped: only unwrapped
+        parts = lm_parts(model) if self.args.completion_only_logits and self._is_unwrapped(model) else None
+        # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
+        with self.accelerator.autocast():
+            if parts is not None:
+                backbone, head = parts
+                hidden = backbone(**inputs, use_cache=False).last_hidden_state
+                token, stats = completion_logps(hidden.flatten(0, 1)[where["src"]], head, where["tgt"])
+            else:  # the model's own forward: logits everywhere, scored only where they count
+                picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[where["src"]]
+                token = selective_log_softmax(picked, where["tgt"])
+                stats = dict(zip(("entropy", "mean_logit", "correct"), logit_stats(picked, where["tgt"])))
+        return per_sequence(token, where["seq"], batch["input_ids"].shape[0]), {"stats": stats, "seq": where["seq"]}
+
+    def _is_unwrapped(self, model: nn.Module) -> bool:
+        return self.accelerator.unwrap_model(model) is model
 
     def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
@@ -136,21 +180,30 @@ class DPOTrainer(ConfiguredOptimizer):
         with torch.no_grad():
             return self._sequence_logps(model, batch)[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all: these log-probs are constants
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
-        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now."""
+        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now.
+
+        Rows are scored in order of length (each row's log-probs do not depend on its batch-mates), so
+        a batch pads to nearly its own length: on the compute-bound benchmark this removes most of the
+        precompute's padding. The results are put back in dataset order."""
         was_training = self.model.training
         self.model.eval()
-        chosen, rejected = [], []
+        lengths = [len(p) + max(len(c), len(r)) for p, c, r in
+                   zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])]
+        order = sorted(range(len(dataset)), key=lengths.__getitem__)
+        chosen, rejected = [0.0] * len(dataset), [0.0] * len(dataset)
         bs = self.args.per_device_eval_batch_size
-        for start in range(0, len(dataset), bs):
-            rows = [dataset[i] for i in range(start, min(start + bs, len(dataset)))]
-            batch = self._prepare_inputs(self.data_collator(rows))
-            with self.autocast_smart_context_manager():  # same precision as the training forwards
+        for start in range(0, len(order), bs):
+            idx = order[start:start + bs]
+            batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
+            # accelerate's autocast, as TRL's precompute: the training forwards get it from accelerate's
+            # wrapper of model.forward, which does not exist yet (Trainer's own autocast context is a no-op)
+            with self.accelerator.autocast():
                 logps = self._reference_logps(self.model, batch)
             c, r = logps.float().chunk(2)
-            chosen += c.tolist()
-            rejected += r.tolist()
+            for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
+                chosen[i], rejected[i] = lc, lr
         self.model.train(was_training)
         return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
 
@@ -162,7 +215,7 @@ class DPOTrainer(ConfiguredOptimizer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mode = "train" if model.training else "eval"
-        logps, logits = self._sequence_logps(model, inputs)
+        logps, out = self._sequence_logps(model, inputs, need_logits=return_outputs)
         logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
         if "ref_chosen_logps" in inputs:  # precomputed
             ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
@@ -173,12 +226,13 @@ class DPOTrainer(ConfiguredOptimizer):
         losses, metrics = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
         metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
-        self.metrics.add(mode, token_metrics(logits, inputs["input_ids"], inputs["completion_mask"]))
+        self.metrics.add(mode, token_metrics(out["logits"], inputs["input_ids"], inputs["completion_mask"])
+                         if "logits" in out else completion_token_metrics(out["stats"], out["seq"], len(logp_c)))
         if mode == "train":  # TRL's num_tokens: prompt + completion tokens trained on so far
             self.num_tokens += int(self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
         self.metrics.set(mode, "num_tokens", self.num_tokens)
         loss = losses.mean()
-        return (loss, {"logits": logits}) if return_outputs else loss
+        return (loss, {"logits": out["logits"]}) if return_outputs else loss
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
@@ -190,9 +244,9 @@ class DPOTrainer(ConfiguredOptimizer):
         """
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
+            if prediction_loss_only:  # no logits wanted: the fast path
+                return self.compute_loss(model, inputs).detach(), None, None
             loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
-        if prediction_loss_only:
-            return loss.detach(), None, None
         labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
         return loss.detach(), outputs["logits"], labels
 

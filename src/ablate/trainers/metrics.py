@@ -55,3 +55,18 @@ def token_metrics(logits: torch.Tensor, input_ids: torch.Tensor, completion_mask
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+@torch.no_grad()
+def completion_token_metrics(stats: dict[str, torch.Tensor], seq: torch.Tensor, n_pairs: int) -> dict[str, float]:
+    """`token_metrics` from per-token `stats` (`ablate.losses.logps.completion_logps`) of the scored
+    completion tokens only, each in sequence `seq` (0..n_pairs-1 chosen, then rejected): the same
+    averages over the same tokens, without logits at every position."""
+    chosen = seq < n_pairs
+
+    def avg(x: torch.Tensor, m: torch.Tensor) -> float:
+        return (x[m].float().sum() / m.sum()).item() if m.any() else 0.0
+
+    every = torch.ones_like(chosen)
+    return {"entropy": avg(stats["entropy"], every), "logits/chosen": avg(stats["mean_logit"], chosen),
+            "logits/rejected": avg(stats["mean_logit"], ~chosen), "mean_token_accuracy": avg(stats["correct"], chosen)}

@@ -1,0 +1,56 @@
+"""A causal LM split into backbone (token ids -> final hidden states) and head (hidden -> logits).
+
+DPO's fast path (`ablate.trainers.dpo`) runs the backbone itself and projects only the positions whose
+next token is scored, instead of asking the model for logits at every position. That is exact only
+where the model's own forward is `lm_head(backbone(...).last_hidden_state)` with nothing in between:
+no logit scaling or soft-capping, a plain `nn.Linear` head (a LoRA-wrapped head is not one). Model
+families are listed by name rather than guessed from attributes, because a wrong guess would be
+silently wrong numbers; any other model gets `None` and the trainer uses the plain path.
+
+The same families take a custom 4-D attention mask and explicit position ids through
+`transformers.masking_utils` (a 4-D mask is used as given), which prompt sharing needs.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+# model_type -> the causal LMs whose forward is `lm_head(model(...).last_hidden_state)` in transformers 5,
+# and whose attention takes a prepared 4-D mask (masking_utils returns a 4-D mask as given)
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# attention kernels that read a custom 4-D mask: sdpa (boolean, True = attend), eager (additive)
+MASKED_ATTENTION = frozenset({"sdpa", "eager"})
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (its LoRA layers stay in place), else `model`."""
+    get_base = getattr(model, "get_base_model", None)  # peft.PeftModel
+    return get_base() if callable(get_base) else model
+
+
+def _prompt_learning(model: nn.Module) -> bool:
+    """peft prompt/prefix tuning: its wrapper's forward adds virtual tokens, so the inner model's parts
+    (or a mask sized for the real tokens) would be wrong."""
+    config = getattr(model, "active_peft_config", None)
+    return bool(getattr(config, "is_prompt_learning", False))
+
+
+def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """(backbone, lm_head) of a supported causal LM, peft-wrapped or not; None when the split is not
+    known to be exact (the caller then uses the model's own forward)."""
+    lm = causal_lm(model)
+    config = getattr(lm, "config", None)
+    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or _prompt_learning(model):
+        return None
+    head = lm.get_output_embeddings()
+    backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
+    if type(head) is not nn.Linear or backbone is None:  # e.g. peft's lora.Linear around the head
+        return None
+    return backbone, head
+
+
+def takes_custom_mask(model: nn.Module) -> bool:
+    """True when a 4-D attention mask and position ids given to `model` are used as given."""
+    config = getattr(causal_lm(model), "config", None)
+    return (not _prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
+            and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)

@@ -1,0 +1,147 @@
+"""DPO's speed paths equal the plain path (TRL's layout, logits at every position), in float32:
+`completion_only_logits` (the head applied only where a completion token is scored, in chunks) and
+`share_prompt` (one row `[prompt | chosen | rejected]` per pair, with a 4-D mask and position ids).
+
+Rows have different prompt and completion lengths, so every batch is padded in both layouts.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from ablate.data.pairs import plain_pairs, plain_targets, shared_prompt_pairs
+from ablate.losses.logps import completion_logps, per_sequence, sequence_logps, token_logps
+from ablate.models import tiny
+from ablate.models.adapters import lora, with_adapters
+from ablate.models.split import lm_parts, takes_custom_mask
+from ablate.trainers.dpo import DPOConfig, DPOTrainer
+
+ROWS = [
+    {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
+    {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"},
+    {"prompt": "s:", "chosen": " cd", "rejected": " dcxyzwvu"},
+    {"prompt": "sort: zyxw =", "chosen": " wxyz", "rejected": " zyxw"},
+    {"prompt": "sort: edc =", "chosen": " cde", "rejected": " ced"},
+    {"prompt": "sort: qpon =", "chosen": " nopq", "rejected": " qnpo"},
+]
+METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+           "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
+
+
+def _moved(model):
+    """Weights moved away from init so that log-probs are not near-uniform (then any error shows)."""
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _rows(tok):
+    ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return [{"prompt_ids": ids(r["prompt"]), "chosen_ids": ids(r["chosen"]) + [tok.eos_token_id],
+             "rejected_ids": ids(r["rejected"]) + [tok.eos_token_id]} for r in ROWS]
+
+
+def test_shared_prompt_layout_positions_and_mask():
+    """Pair (prompt [5, 6], chosen [7, 2], rejected [8, 2]): row 5 6 7 2 8 2, positions 0 1 2 3 2 3;
+    rejected (row positions 4, 5) sees the prompt (0, 1) and itself, never chosen (2, 3).
+    Chosen 7 is predicted at 1, chosen 2 at 2; rejected 8 at 1 (the prompt's end), rejected 2 at 4."""
+    b = shared_prompt_pairs([{"prompt_ids": [5, 6], "chosen_ids": [7, 2], "rejected_ids": [8, 2]},
+                             {"prompt_ids": [5], "chosen_ids": [2], "rejected_ids": [9, 2]}], pad_token_id=0)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 2, 8, 2], [5, 2, 9, 2, 0, 0]]
+    assert b["position_ids"][0].tolist() == [0, 1, 2, 3, 2, 3]
+    assert b["position_ids"][1, :4].tolist() == [0, 1, 1, 2]
+    m = b["attention_mask"][0, 0].int().tolist()
+    assert m[4] == [1, 1, 0, 0, 1, 0] and m[5] == [1, 1, 0, 0, 1, 1] and m[3] == [1, 1, 1, 1, 0, 0]
+    assert b["attention_mask"][1, 0, 5].int().tolist() == [0, 0, 0, 0, 0, 1]  # padding sees itself only
+    # row 1 (width 6): chosen 2 at 0, rejected 9 at 0 (prompt end), rejected 2 at 2
+    assert b["src"].tolist() == [1, 2, 1, 4, 6, 6, 8]
+    assert b["tgt"].tolist() == [7, 2, 8, 2, 2, 9, 2]
+    assert b["seq"].tolist() == [0, 0, 2, 2, 1, 3, 3]
+
+
+def _qwen2():
+    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora"])
+@pytest.mark.parametrize("chunk_elements", [1 << 24, 300 * 5])  # one chunk; chunks of 5 rows (checkpointed)
+def test_completion_logps_equal_full_logits(arch, chunk_elements):
+    """Per-sequence log-probs and every gradient equal the plain path's (full logits, token_logps)."""
+    tok, llama = tiny()
+    model = _moved(_qwen2() if arch == "qwen2" else llama)
+    if arch == "llama_lora":
+        model = with_adapters(model, lora(r=4, lora_alpha=8, lora_dropout=0.0))
+    batch = plain_pairs(_rows(tok), tok.pad_token_id)
+    ids, am, cm = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+
+    def grads():
+        out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        return out
+
+    plain = sequence_logps(token_logps(model(input_ids=ids, attention_mask=am).logits, ids), cm[:, 1:])
+    (plain * torch.arange(1.0, len(plain) + 1)).sum().backward()  # a different weight per sequence
+    g_plain = grads()
+    parts = lm_parts(model)
+    assert parts is not None
+    backbone, head = parts
+    where = plain_targets(ids, cm)
+    hidden = backbone(input_ids=ids, attention_mask=am).last_hidden_state
+    token, stats = completion_logps(hidden.flatten(0, 1)[where["src"]], head, where["tgt"], chunk_elements)
+    fast = per_sequence(token, where["seq"], len(plain))
+    (fast * torch.arange(1.0, len(fast) + 1)).sum().backward()
+    g_fast = grads()
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    assert g_fast.keys() == g_plain.keys() and g_plain
+    for name in g_plain:
+        torch.testing.assert_close(g_fast[name], g_plain[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert stats["entropy"].shape == token.shape and not stats["entropy"].requires_grad
+
+
+def test_no_split_for_a_lora_head_or_unknown_models():
+    tok, model = tiny()
+    assert lm_parts(model) is not None and takes_custom_mask(model)
+    on_head = with_adapters(copy.deepcopy(model), lora(r=4, target_modules=["lm_head", "q_proj"]))
+    assert lm_parts(on_head) is None  # peft's lora.Linear around the head: the model's own forward
+    model.config.model_type = "somethingelse"
+    assert lm_parts(model) is None and not takes_custom_mask(model)
+
+
+def _train(tmp_path, name, steps=3, attn="sdpa", **speed):
+    tok, model = tiny()
+    model = _moved(model)
+    model.set_attn_implementation(attn)
+    args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
+                     bf16=False, max_steps=steps, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3,
+                     disable_tqdm=True, **speed)
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    trainer.train()
+    return [e for e in trainer.state.log_history if "loss" in e]
+
+
+@pytest.mark.parametrize("speed,attn", [
+    ({"share_prompt": True, "completion_only_logits": True}, "sdpa"),  # the default
+    ({"share_prompt": True, "completion_only_logits": False}, "sdpa"),
+    ({"share_prompt": False, "completion_only_logits": True}, "sdpa"),
+    ({"share_prompt": True, "completion_only_logits": True}, "eager"),
+])
+def test_speed_paths_equal_plain_path_step_by_step(tmp_path, speed, attn):
+    """Three optimizer steps (two batches of 3 pairs, then the first again on moved weights), with a
+    precomputed reference: every logged loss and metric equals the plain path's to 1e-5."""
+    plain = _train(tmp_path, "plain", attn=attn, share_prompt=False, completion_only_logits=False)
+    fast = _train(tmp_path, "fast", attn=attn, **speed)
+    assert len(plain) == len(fast) == 3
+    for a, b in zip(fast, plain):
+        for name in METRICS:
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+    assert plain[0]["loss"] != plain[2]["loss"]
