@@ -307,6 +307,12 @@ def resume_cmd(argv: list[str]) -> None:
     if summary.get("status") == "completed":
         print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
         return
+    ranks, here = int(info.get("world_size") or 1), int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks > 1 and ranks != here:
+        print(f"ablate: error: {run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
+              f"its own launch command and the same hydra.run.dir (as {here} process(es) its batches, "
+              f"and so its losses, would change)", file=sys.stderr)
+        sys.exit(2)
     # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
     config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
     for path in reversed(info.get("pythonpath", [])):

@@ -35,6 +35,9 @@ def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
     info["tags"] = [str(t) for t in (cfg.get("tags") or [])]
     info["notes"] = cfg.get("notes")
     info["host"], info["pid"] = socket.gethostname(), os.getpid()
+    # processes in the run (torchrun ranks, SLURM tasks): `ablate resume` refuses to continue a
+    # several-process run as one (the batch per step would change, and with it the losses)
+    info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     rundir.write_json(run_dir / rundir.RUN, info)
 
 

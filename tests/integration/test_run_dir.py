@@ -292,3 +292,22 @@ def test_one_line_error_keeps_its_cause_in_ablate_log(tmp_path):
     log = (tmp_path / "ablate.log").read_text()
     assert "run failed: ConfigError: model.path: cannot load" in log
     assert "Traceback" in log and "The above exception was the direct cause" in log  # the OSError behind it
+
+
+def test_resume_refuses_a_several_process_run_as_one_process(tmp_path):
+    """A run of 2 ranks (torchrun, SLURM tasks_per_node=2) resumed by `ablate resume` in one process
+    would train on half the batch per step: refused in one line naming the way that works; the same
+    run dir recorded as 1 process is resumed (it gets past the check and fails on the fake overrides)."""
+    run_dir = tmp_path / "14-00-00_seed=1"
+    run_dir.mkdir()
+    info = {"overrides": ["seed=1", "+no_such_key=1"], "world_size": 2}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "failed"}))
+    r = ablate("resume", str(run_dir), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line
+    assert "ran as 2 processes" in r.stderr and "its own launch command" in r.stderr
+    assert "Traceback" not in r.stderr
+    (run_dir / "run.json").write_text(json.dumps({**info, "world_size": 1}))
+    r = ablate("resume", str(run_dir), cwd=tmp_path)
+    assert "ran as" not in r.stderr and "no_such_key" in r.stdout + r.stderr
