@@ -63,6 +63,14 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "ablate data preview +experiment=smollm2": "fetches and converts SmolLM2 on first use",
     "ablate train logger=wandb": "starts W&B (offline); tests/integration/test_wandb.py covers it by default",
     "PYTHONPATH=examples/": "the examples; tests/integration/test_examples.py runs them by default",
+    # the lines below each repeat a run a dedicated default-suite test makes (and asserts more about);
+    # the docs test runs them in the slow suite so that the default one stays near 10 minutes on 2 cores
+    "ablate train debug=": "tests/integration/test_debug.py runs every debug preset by default",
+    "ablate train +peft=": "tests/integration/test_peft.py runs LoRA and QLoRA by default",
+    "ablate train method=grpo +peft=": "tests/integration/test_peft.py runs GRPO with LoRA by default",
+    "ablate train 'tags=": "tests/integration/test_ls.py runs tags, notes and threads by default",
+    "ablate train threads=": "tests/integration/test_ls.py runs tags, notes and threads by default",
+    "ablate train peak_tflops=": "tests/integration/test_speed.py runs a user-set peak by default",
 }
 UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
 USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl"}  # "your own data"
