@@ -191,7 +191,7 @@ def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):
     the GRPO (dapo) gradient equals that of the plain policy-gradient loss -sum(A * logp * mask) / n."""
     trainer, _ = _trainer(tmp_path, steps_per_generation=1, max_completion_length=6)
     trainer.generator = HFGenerator(trainer.args, trainer.processing_class)
-    trainer.reward_funcs = {"ids": lambda completion_ids, **_: [float(sum(c) % 7) for c in completion_ids]}
+    trainer.reward_funcs = {"ids": lambda completion_ids, **_: [float(sum(c) % 97) for c in completion_ids]}
     torch.manual_seed(0)
     model = trainer.model.train()
     rows = [{"prompt": p, "prompt_ids": trainer.processing_class(p, add_special_tokens=False)["input_ids"]}

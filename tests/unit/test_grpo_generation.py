@@ -63,6 +63,36 @@ def test_sampled_completions_and_rng_identical_to_generate(tmp_path, top_k, top_
     assert len({len(c) for c in a}) > 2  # rows ended at different steps (ended rows left the batch)
 
 
+@pytest.mark.parametrize("generator", [HFGenerator, SharedPromptGenerator])
+def test_top_k_zero_is_no_top_k_and_the_default(tmp_path, monkeypatch, generator):
+    """top_k=0 (TRL 1.16's default, and ours) filters nothing: the draws are those of top_k=vocab size
+    (a no-op filter) and differ from a real filter's, and no TopKLogitsWarper is built for it (generate's
+    own implicit default, 50, does not sneak back in)."""
+    import transformers.generation.utils as gen_utils
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    import ablate.trainers.generation as ours
+
+    assert GRPOConfig(output_dir=str(tmp_path)).top_k == TRLGRPOConfig(output_dir=str(tmp_path), use_cpu=True).top_k == 0
+    built: list[int] = []
+
+    class Recording(gen_utils.TopKLogitsWarper):
+        def __init__(self, top_k: int, **kw: Any) -> None:
+            built.append(top_k)
+            super().__init__(top_k, **kw)
+
+    monkeypatch.setattr(gen_utils, "TopKLogitsWarper", Recording)
+    monkeypatch.setattr(ours, "TopKLogitsWarper", Recording)
+    tok, model, rows = _setup()
+    vocab = model.get_output_embeddings().weight.size(0)
+    draws = []
+    for k in (0, vocab, 3):
+        built.clear()
+        draws.append(_draw(generator(_args(tmp_path, top_k=k), tok), model, rows)[0])
+        assert built == ([k] if k else [])
+    assert draws[0] == draws[1] != draws[2]
+
+
 def test_restores_train_mode_and_generates_from_one_token_prompts(tmp_path):
     tok, model, _ = _setup()
     model.train()

@@ -83,9 +83,8 @@ class GRPOConfig(TrainingArguments):
     max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    top_k: int = field(default=50, metadata={
-        "help": "Sample among the k most likely tokens; 0 = off (TRL's default). 50 = transformers' generate "
-                "default, which ablate's sampling has always applied."})
+    top_k: int = field(default=0, metadata={
+        "help": "Sample among the k most likely tokens; 0 = off (TRL 1.16's default; generate's own default is 50)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
     beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
