@@ -96,7 +96,10 @@ def is_usable(run_dir: Path) -> None:
 def check_unlocked(run_dir: Path) -> None:
     """Raise RunDirError when a live process holds `<run_dir>/.lock` (see `lock`). Only probes: an
     absent lock file is not created, and a free lock is let go at once. Run before Hydra writes
-    `.hydra/` and ablate.log, so a dir in use is not touched; `lock` still guards the race after."""
+    `.hydra/` and ablate.log, so a dir in use is not touched; `lock` still guards the race after.
+    Only the main process probes: other ranks share the dir their rank 0 may already hold."""
+    if not is_main_process():
+        return
     try:
         fd = os.open(run_dir / LOCK, os.O_RDONLY)
     except OSError:  # no lock file (or the dir): nobody holds it

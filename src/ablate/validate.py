@@ -264,6 +264,8 @@ def check_run_dir(run_dir: Path, hc: Any) -> None:
     from ablate import rundir
     from ablate.redact import mask
 
+    if not rundir.is_main_process():  # rank 0 checks (and then holds) the dir its other ranks share
+        return
     rundir.is_usable(run_dir)
     rundir.check_unlocked(run_dir)
     info = rundir.read_json_checked(run_dir / rundir.RUN) if run_dir.is_dir() else None

@@ -169,7 +169,7 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
     try:
         # 1. wait until the job is training and has written a checkpoint, then preempt it with USR2
         deadline = time.monotonic() + 300
-        while not list(sweep_dir.glob("0_*/checkpoints/checkpoint-*/trainer_state.json")):
+        while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
             assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
             assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
             time.sleep(0.2)
@@ -330,7 +330,7 @@ def test_two_task_job_preempted_resumes_to_the_same_losses(ddp_reference: dict[i
     proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
-        while not list(sweep_dir.glob("0_*/checkpoints/checkpoint-*/trainer_state.json")):
+        while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
             assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
             assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
             time.sleep(0.2)
