@@ -49,3 +49,15 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.fixture
 def run_ablate():
     return ablate
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct's (model, tokenizer), loaded once per module from ablate's cache (for
+    the slow suites; tests/slow/test_smollm2.py has its own `smollm2`: the converted dir)."""
+    from ablate.models import smollm2_135m
+
+    try:
+        return smollm2_135m()
+    except Exception as e:  # offline and not cached
+        pytest.skip(f"SmolLM2-135M not available: {e}")

@@ -10,16 +10,6 @@ import torch
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from ablate.models import smollm2_135m
-
-    try:
-        return smollm2_135m()
-    except Exception as e:  # offline and not cached
-        pytest.skip(f"SmolLM2-135M not available: {e}")
-
-
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_shared_prompt_generator_draws_what_generate_draws(smollm2, tmp_path, sample):
     from ablate.data.format import encode_prompt

@@ -17,16 +17,6 @@ pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from ablate.models import smollm2_135m
-
-    try:
-        return smollm2_135m()
-    except Exception as e:  # offline and not cached
-        pytest.skip(f"SmolLM2-135M not available: {e}")
-
-
 def test_lora_dpo_on_smollm2_through_the_cli(tmp_path, smollm2):
     r = ablate("train", "model=smollm2_135m", "+peft=lora", "method.args.precompute_ref_log_probs=false",
                "method.args.max_steps=8", "method.args.per_device_train_batch_size=4", "method.args.logging_steps=2",
