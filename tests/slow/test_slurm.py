@@ -113,6 +113,19 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()), key=lambda p: int(p.name.split("_")[0]))
 
 
+def _preempt_after_first_checkpoint(proc: subprocess.Popen, sweep_dir: Path, name: str) -> list[str]:
+    """Wait until job 0 is training and has written a checkpoint, then preempt it with USR2; its SLURM job id."""
+    deadline = time.monotonic() + 300
+    while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
+        assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
+        time.sleep(0.2)
+    job_id = _sh("squeue", "-h", f"--name={name}", "-t", "RUNNING", "-o", "%i").stdout.split()
+    assert len(job_id) == 1, f"expected our one running job, squeue says {job_id}"
+    assert _sh("scancel", "--signal=USR2", job_id[0]).returncode == 0
+    return job_id
+
+
 def _loss_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [e["step"] for e in map(json.loads, lines) if "loss" in e]
@@ -168,14 +181,7 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
                    cwd=tmp_path, env={"WANDB_MODE": "offline"})
     try:
         # 1. wait until the job is training and has written a checkpoint, then preempt it with USR2
-        deadline = time.monotonic() + 300
-        while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
-            assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
-            time.sleep(0.2)
-        job_id = _sh("squeue", "-h", f"--name={name}", "-t", "RUNNING", "-o", "%i").stdout.split()
-        assert len(job_id) == 1, f"expected our one running job, squeue says {job_id}"
-        assert _sh("scancel", "--signal=USR2", job_id[0]).returncode == 0
+        job_id = _preempt_after_first_checkpoint(proc, sweep_dir, name)
 
         # 2. the first attempt checkpoints at the end of its step and exits with status preempted
         run_dir = _job_dirs(sweep_dir)[0]
@@ -329,14 +335,7 @@ def test_two_task_job_preempted_resumes_to_the_same_losses(ddp_reference: dict[i
     sweep_dir, name = tmp_path / "sweep", _job_name("ddppreempt")
     proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 300
-        while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
-            assert proc.poll() is None, f"multirun ended before a checkpoint\n{proc.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline, f"no checkpoint after 300 s\n{_job_logs(sweep_dir)}"
-            time.sleep(0.2)
-        job_id = _sh("squeue", "-h", f"--name={name}", "-t", "RUNNING", "-o", "%i").stdout.split()
-        assert len(job_id) == 1, f"expected our one running job, squeue says {job_id}"
-        assert _sh("scancel", "--signal=USR2", job_id[0]).returncode == 0  # reaches both tasks (srun forwards it)
+        job_id = _preempt_after_first_checkpoint(proc, sweep_dir, name)  # USR2 reaches both tasks (srun forwards it)
 
         run_dir = _job_dirs(sweep_dir)[0]
         deadline = time.monotonic() + 120
