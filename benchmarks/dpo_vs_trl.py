@@ -11,8 +11,9 @@ difference). A second table gives the same in CPU seconds of the measured proces
 with OMP_NUM_THREADS=1 that is what an idle machine's wall clock would show, and it barely moves when
 other work shares the cores. Sides: `trl` (TRL 1.16 in its fastest CPU configuration: precomputed
 reference, bf16 autocast when the preset uses it, gradient checkpointing off, which TRL's DPOConfig
-turns on by default), `ablate` (defaults: shared prompt and completion-only logits), `ablate_plain`
-(both off: TRL's layout), `ablate_shared`, `ablate_logits` (one each). Tokens/s counts prompt +
+turns on by default), `ablate` (defaults: shared prompt, completion-only logits, padding-free),
+`ablate_plain` (all off: TRL's layout), `ablate_shared`, `ablate_logits` (one each), `ablate_padded`
+(the defaults but padded). Tokens/s counts prompt +
 completion tokens of both sides (TRL's `num_tokens`) for every side, so the shared prompt shows as
 more tokens/s for the same data. Not part of the test run: numbers depend on the machine.
 """
@@ -38,8 +39,9 @@ PRESETS = {
     # the real 135M model (49152-token BPE vocabulary), fp32: peak memory at equal batch
     "smollm2": dict(hidden=0, layers=0, steps=2, bf16=False, data="long_sort", model="smollm2"),
 }
-SPEED = {"ablate": {}, "ablate_plain": dict(share_prompt=False, completion_only_logits=False),
-         "ablate_shared": dict(completion_only_logits=False), "ablate_logits": dict(share_prompt=False)}
+SPEED = {"ablate": {}, "ablate_plain": dict(share_prompt=False, completion_only_logits=False, padding_free=False),
+         "ablate_shared": dict(completion_only_logits=False, padding_free=False),
+         "ablate_logits": dict(share_prompt=False, padding_free=False), "ablate_padded": dict(padding_free=False)}
 
 
 def long_sort(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -101,6 +103,7 @@ def run_one(impl: str, preset: dict) -> dict:
                   learning_rate=1e-5 if preset["model"] == "smollm2" else 1e-3, lr_scheduler_type="constant",
                   seed=0, disable_tqdm=True, max_length=256, include_num_input_tokens_seen="non_padding")
     rec = CPURecorder()
+    rec.watch(model)
     if impl == "trl":
         import trl
 

@@ -18,6 +18,8 @@ Columns: median seconds per optimizer step (all steps of all repeats but each ru
 carries warm-up), whole-process seconds (median; start-up, data preparation and any reference
 precompute included), tokens/s at the median step, MFU (ablate.speed: 6N FLOPs per trained token, 2N
 per generated one, against the peak that ablate measures and caches per machine, or `peak_tflops`),
+HW MFU (the FLOPs the training forwards and backwards actually computed: 6N per position through the
+model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`),
 peak RSS (max over repeats), and the largest per-step loss difference from the first implementation.
 The load average is printed with the table: on a shared machine, numbers are only comparable within
 one table. Run by hand; the tests check the harness, never the timings.
@@ -50,6 +52,22 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
         self.losses: list[float] = []
         self.tokens: list[int] = []
         self._last = 0.0
+        self.computed = {"tokens": 0, "head_rows": 0}  # what training forwards computed (`watch`)
+
+    def watch(self, model: Any) -> None:
+        """Count what the hardware computes in every forward that builds a graph (training; not
+        no-grad precompute or eval): positions through the embedding, padding included (so through
+        every layer), and rows through the LM head. Implementation-agnostic: hooks on the modules."""
+        def count(key: str, per_row: int) -> Any:
+            def hook(module: Any, inputs: tuple) -> None:
+                import torch
+
+                if torch.is_grad_enabled():
+                    self.computed[key] += inputs[0].numel() // per_row
+            return hook
+        model.get_input_embeddings().register_forward_pre_hook(count("tokens", 1))
+        head = model.get_output_embeddings()
+        head.register_forward_pre_hook(count("head_rows", head.weight.shape[1]))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()
@@ -75,6 +93,7 @@ def report(rec: StepRecorder, model: Any, args: Any, tokens: int | None = None, 
            "tokens": tokens if tokens is not None else (rec.tokens[-1] if rec.tokens else 0),
            "generated_tokens": generated_tokens,
            "flops_per_token": speed.flops_per_token(model),
+           "computed": rec.computed, "head_params": model.get_output_embeddings().weight.numel(),
            "peak_flops": speed.peak_flops(args.device, speed.run_dtype(args)),  # after training: not timed
            "device": speed.device_key(args.device, speed.run_dtype(args)),
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}
@@ -116,11 +135,17 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         generated = statistics.median(r.get("generated_tokens", 0) / len(r["step_seconds"]) for r in runs)
         fpt, peak = runs[0]["flops_per_token"], runs[0]["peak_flops"]
         flops = fpt * tokens + fpt / 3 * generated
+        # hardware FLOPs: 6N per position the training forwards actually computed (padding included),
+        # the head's share only for the rows it projected; attention's T-dependent term left out
+        computed, head = runs[0].get("computed") or {}, runs[0].get("head_params", 0)
+        hw = (6 * ((fpt / 6 - head) * computed.get("tokens", 0) + head * computed.get("head_rows", 0))
+              / len(runs[0]["step_seconds"]) if computed.get("tokens") else None)
         losses = runs[0]["losses"]
         diff = max((abs(a - b) for a, b in zip(base, losses)), default=None)
         rows.append({"impl": name, "s_per_step": step, "process_s": statistics.median(r["process_seconds"] for r in runs),
                      "tokens_per_s": tokens / step if step else 0.0, "tokens_counted": bool(own),
                      "mfu": flops / step / peak if step and peak else None,
+                     "hw_mfu": hw / step / peak if hw and step and peak else None,
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "max_loss_diff": diff,
                      "steps": len(losses), "repeats": len(runs)})
     return rows
@@ -147,12 +172,14 @@ def load_average() -> str:
 
 def format_table(title: str, rows: list[dict[str, Any]]) -> str:
     lines = [title,
-             f"{'impl':10} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'peak RSS MB':>12} {'max |dloss|':>12}"]
+             f"{'impl':10} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
+             f"{'peak RSS MB':>12} {'max |dloss|':>12}"]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        hw = f"{r['hw_mfu']:.1%}" if r.get("hw_mfu") is not None else "-"
         diff = "-" if r["max_loss_diff"] is None else ("(base)" if r is rows[0] else f"{r['max_loss_diff']:.2e}")
         tps = f"{r['tokens_per_s']:.0f}" + ("" if r["tokens_counted"] else "*")
-        lines.append(f"{r['impl']:10} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} "
+        lines.append(f"{r['impl']:10} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
                      f"{r['peak_rss_mb']:12.0f} {diff:>12}")
     if not all(r["tokens_counted"] for r in rows):
         lines.append("* tokens per step counted by another implementation (same data and batches)")

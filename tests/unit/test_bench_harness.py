@@ -22,7 +22,8 @@ loss = {"a": [1.0, 0.5, 0.25], "b": [1.0, 0.5, 0.26]}[name]
 step = {"a": [9.0, 1.0, 1.0], "b": [9.0, 2.0, 2.0]}[name]
 print("noise before the result")
 print(json.dumps({"step_seconds": step, "losses": loss, "tokens": 300 if name == "a" else 0, "generated_tokens": 30,
-                  "flops_per_token": 6.0, "peak_flops": 1000.0, "peak_rss_mb": 10.0 if name == "a" else 20.0}))
+                  "flops_per_token": 6.0, "peak_flops": 1000.0, "peak_rss_mb": 10.0 if name == "a" else 20.0,
+                  "computed": {"tokens": 600, "head_rows": 30}, "head_params": 0.25}))
 """
 
 
@@ -38,10 +39,14 @@ def test_alternates_and_tabulates(tmp_path: Path) -> None:
     assert b["tokens_per_s"] == 50.0 and not b["tokens_counted"]  # b counts none: a's 100 per step, at 2 s
     assert a["mfu"] == pytest.approx((6 * 100 + 2 * 10) / 1.0 / 1000)  # 6N per trained, 2N per generated token
     assert b["mfu"] == pytest.approx((6 * 100 + 2 * 10) / 2.0 / 1000)
+    # hardware: N = 1 (0.75 body + 0.25 head); per step 600/3 = 200 positions, 10 head rows:
+    # 6 * (0.75 * 200 + 0.25 * 10) = 915 FLOPs per step
+    assert a["hw_mfu"] == pytest.approx(915 / 1.0 / 1000) and b["hw_mfu"] == pytest.approx(915 / 2.0 / 1000)
     assert a["max_loss_diff"] == 0.0 and b["max_loss_diff"] == pytest.approx(0.01)
     assert b["peak_rss_mb"] == 20.0
     text = harness.format_table("title", [a, b])
     assert text.splitlines()[0] == "title" and "62.0%" in text and "31.0%" in text and "1.00e-02" in text
+    assert "91.5%" in text and "45.8%" in text
     assert "50*" in text and "counted by another implementation" in text
 
 
@@ -53,6 +58,7 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
 
     tok, model = tiny()
     rec = harness.StepRecorder()
+    rec.watch(model)
     args = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=2, logging_steps=1, per_device_train_batch_size=4,
                      report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
                      include_num_input_tokens_seen="non_padding")
@@ -62,3 +68,6 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     assert len(out["step_seconds"]) == len(out["losses"]) == 2 and out["tokens"] > 0
     assert out["flops_per_token"] > 0 and out["peak_flops"] > 0 and "float32" in out["device"]
+    # training forwards only: 2 steps of 4 padded rows, every position through the head (SFT's logits)
+    assert out["computed"]["tokens"] == out["computed"]["head_rows"] >= out["tokens"] > 0
+    assert out["head_params"] == model.get_output_embeddings().weight.numel()

@@ -1,6 +1,7 @@
 """DPO's speed paths equal the plain path (TRL's layout, logits at every position), in float32:
-`completion_only_logits` (the head applied only where a completion token is scored, in chunks) and
-`share_prompt` (one row `[prompt | chosen | rejected]` per pair, with a 4-D mask and position ids).
+`completion_only_logits` (the head applied only where a completion token is scored, in chunks),
+`share_prompt` (one row `[prompt | chosen | rejected]` per pair, with a 4-D mask and position ids) and
+`padding_free` (the rows' real tokens packed into one row, attention per row on the padded layout).
 
 Rows have different prompt and completion lengths, so every batch is padded in both layouts.
 """
@@ -18,6 +19,7 @@ from ablate.data.pairs import plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.losses.logps import completion_logps, per_sequence, sequence_logps, token_logps
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
+from ablate.models.packing import packed_inputs, takes_packed, use_packed_attention
 from ablate.models.split import lm_parts, takes_custom_mask
 from ablate.trainers.dpo import DPOConfig, DPOTrainer
 
@@ -130,18 +132,81 @@ def _train(tmp_path, name, steps=3, attn="sdpa", **speed):
 
 
 @pytest.mark.parametrize("speed,attn", [
-    ({"share_prompt": True, "completion_only_logits": True}, "sdpa"),  # the default
-    ({"share_prompt": True, "completion_only_logits": False}, "sdpa"),
-    ({"share_prompt": False, "completion_only_logits": True}, "sdpa"),
-    ({"share_prompt": True, "completion_only_logits": True}, "eager"),
+    ({"share_prompt": True, "completion_only_logits": True, "padding_free": True}, "sdpa"),  # the default
+    ({"share_prompt": True, "completion_only_logits": True, "padding_free": False}, "sdpa"),
+    ({"share_prompt": True, "completion_only_logits": False, "padding_free": False}, "sdpa"),
+    ({"share_prompt": False, "completion_only_logits": True, "padding_free": False}, "sdpa"),
+    ({"share_prompt": False, "completion_only_logits": False, "padding_free": True}, "sdpa"),
+    ({"share_prompt": True, "completion_only_logits": True, "padding_free": True}, "eager"),  # packing: sdpa only
 ])
 def test_speed_paths_equal_plain_path_step_by_step(tmp_path, speed, attn):
     """Three optimizer steps (two batches of 3 pairs, then the first again on moved weights), with a
     precomputed reference: every logged loss and metric equals the plain path's to 1e-5."""
-    plain = _train(tmp_path, "plain", attn=attn, share_prompt=False, completion_only_logits=False)
+    plain = _train(tmp_path, "plain", attn=attn, share_prompt=False, completion_only_logits=False, padding_free=False)
     fast = _train(tmp_path, "fast", attn=attn, **speed)
     assert len(plain) == len(fast) == 3
     for a, b in zip(fast, plain):
         for name in METRICS:
             assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
     assert plain[0]["loss"] != plain[2]["loss"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora"])
+@pytest.mark.parametrize("layout", ["plain", "shared"])
+def test_packed_forward_equals_padded(arch, layout):
+    """The packed row's hidden states at every real token, and every gradient, equal the padded
+    batch's; only the real tokens (sum of row lengths, no padding) pass through the projections."""
+    tok, llama = tiny()
+    model = _moved(_qwen2() if arch == "qwen2" else llama)
+    if arch == "llama_lora":
+        model = with_adapters(model, lora(r=4, lora_alpha=8, lora_dropout=0.0))
+    rows = _rows(tok)
+    if layout == "plain":
+        b = plain_pairs(rows, tok.pad_token_id)
+        inputs, lengths = {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}, b["attention_mask"].sum(-1)
+        src = plain_targets(b["input_ids"], b["completion_mask"])["src"]
+    else:
+        b = shared_prompt_pairs(rows, tok.pad_token_id)
+        inputs = {k: b[k] for k in ("input_ids", "position_ids", "attention_mask")}
+        lengths, src = b["lengths"], b["src"]
+    assert lengths.sum() < inputs["input_ids"].numel()  # the batch pads
+    backbone, _ = lm_parts(model)
+    weight = torch.randn(len(src), backbone.config.hidden_size, generator=torch.Generator().manual_seed(2))
+
+    def run(**kw):
+        hidden = backbone(**kw).last_hidden_state.flatten(0, 1)
+        return hidden, {n: g for n, g in zip(*_grads(model, (hidden[kw.pop("_src")] * weight).sum()))}
+
+    padded_hidden, padded_grads = run(**inputs, _src=src)
+    assert use_packed_attention(model) and takes_packed(model)
+    packed, packed_src = packed_inputs(inputs, src, lengths)
+    seen = []
+    hook = backbone.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[:-1]))
+    hidden, grads = run(**packed, _src=packed_src)
+    hook.remove()
+    assert seen == [torch.Size([1, int(lengths.sum())])]
+    torch.testing.assert_close(hidden[packed_src], padded_hidden[src], rtol=1e-5, atol=1e-5)
+    assert grads.keys() == padded_grads.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], padded_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+    # the model still runs unpacked batches as sdpa does (generation, eval logits, a 2-D mask)
+    out = backbone(input_ids=b["input_ids"][:2], attention_mask=torch.ones_like(b["input_ids"][:2])).last_hidden_state
+    model.set_attn_implementation("sdpa") if arch != "llama_lora" else model.get_base_model().set_attn_implementation("sdpa")
+    ref = backbone(input_ids=b["input_ids"][:2], attention_mask=torch.ones_like(b["input_ids"][:2])).last_hidden_state
+    torch.testing.assert_close(out, ref)
+
+
+def _grads(model, loss):
+    model.zero_grad()
+    loss.backward()
+    named = [(n, p.grad.clone()) for n, p in model.named_parameters() if p.grad is not None]
+    return [n for n, _ in named], [g for _, g in named]
+
+
+def test_packing_skips_eager_and_unknown_models():
+    tok, model = tiny()
+    model.set_attn_implementation("eager")
+    assert not use_packed_attention(model) and not takes_packed(model)
+    _, other = tiny()
+    other.config.model_type = "somethingelse"
+    assert not use_packed_attention(other) and other.config._attn_implementation == "sdpa"

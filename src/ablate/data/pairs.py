@@ -43,15 +43,16 @@ def plain_targets(input_ids: torch.Tensor, completion_mask: torch.Tensor) -> dic
 
 def shared_prompt_pairs(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """The shared-prompt layout: `input_ids`, `position_ids`, a boolean `attention_mask` (B, 1, L, L)
-    (True: query may attend to key), and `src`/`tgt`/`seq`."""
+    (True: query may attend to key), `src`/`tgt`/`seq`, and each row's real `lengths` (the rest pads)."""
     n = len(rows)
     width = max(len(r["prompt_ids"]) + len(r["chosen_ids"]) + len(r["rejected_ids"]) for r in rows)
     ids, pos = torch.full((n, width), pad_token_id, dtype=torch.long), torch.zeros((n, width), dtype=torch.long)
     # every query sees itself: padding rows never have an all-masked softmax (NaN would reach the gradients)
     mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1, 1)
-    src, tgt, seq = [], [], []
+    src, tgt, seq, lengths = [], [], [], []
     for b, r in enumerate(rows):
         p, c, rj = len(r["prompt_ids"]), len(r["chosen_ids"]), len(r["rejected_ids"])
+        lengths.append(p + c + rj)
         ids[b, :p + c + rj] = torch.tensor(r["prompt_ids"] + r["chosen_ids"] + r["rejected_ids"], dtype=torch.long)
         pos[b, :p + c] = torch.arange(p + c)
         pos[b, p + c:p + c + rj] = torch.arange(p, p + rj)  # rejected continues the prompt, as in its own row
@@ -67,7 +68,7 @@ def shared_prompt_pairs(rows: list[dict[str, Any]], pad_token_id: int) -> dict[s
                 src.append(b * width + at), tgt.append(r["rejected_ids"][k]), seq.append(n + b)
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "src": as_long(src),
-            "tgt": as_long(tgt), "seq": as_long(seq)}
+            "tgt": as_long(tgt), "seq": as_long(seq), "lengths": as_long(lengths)}
 
 
 def attention_mask_for(mask: torch.Tensor, attn_implementation: str) -> torch.Tensor:

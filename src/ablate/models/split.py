@@ -18,8 +18,10 @@ from torch import nn
 # model_type -> the causal LMs whose forward is `lm_head(model(...).last_hidden_state)` in transformers 5,
 # and whose attention takes a prepared 4-D mask (masking_utils returns a 4-D mask as given)
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-# attention kernels that read a custom 4-D mask: sdpa (boolean, True = attend), eager (additive)
-MASKED_ATTENTION = frozenset({"sdpa", "eager"})
+# ablate.models.packing's padding-free attention: sdpa on the padded layout of a packed batch
+PACKED_SDPA = "ablate_packed_sdpa"
+# attention kernels that read a custom 4-D mask: sdpa and PACKED_SDPA (boolean, True = attend), eager (additive)
+MASKED_ATTENTION = frozenset({"sdpa", PACKED_SDPA, "eager"})
 
 
 def causal_lm(model: nn.Module) -> nn.Module:

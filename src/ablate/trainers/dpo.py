@@ -4,11 +4,13 @@ Departures from the paper's pseudo-code, all as in TRL: log-probs are summed ove
 only; reference log-probs are precomputed once before training by default (the reference is the
 initial policy, so no second model stays in memory); EOS ends every completion.
 
-Two speed paths, on by default, each exact (tests/unit/test_dpo_speed_paths.py) and switchable for
-ablation: `share_prompt` runs one row `[prompt | chosen | rejected]` per pair (ablate.data.pairs) and
+Three speed paths, on by default, each exact (tests/unit/test_dpo_speed_paths.py) and switchable for
+ablation: `share_prompt` runs one row `[prompt | chosen | rejected]` per pair (ablate.data.pairs),
 `completion_only_logits` applies the LM head only where a completion token is scored, in chunks
-(ablate.losses.logps.completion_logps, ablate.models.split). Models outside ablate.models.split's list,
-and the eval logits a `compute_metrics` hook receives, use TRL's layout and full logits.
+(ablate.losses.logps.completion_logps, ablate.models.split), and `padding_free` sends only the batch's
+real tokens through the model, attention kept per row (ablate.models.packing). Models outside
+ablate.models.split's list, and the eval logits a `compute_metrics` hook receives, use TRL's layout
+and full logits.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ablate.losses.logps import (
     completion_logps, logit_stats, per_sequence, selective_log_softmax, sequence_logps, token_logps,
 )
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.models.packing import packed_inputs, takes_packed, use_packed_attention
 from ablate.models.split import causal_lm, lm_parts, takes_custom_mask
 from ablate.trainers.metrics import MetricsBuffer, completion_token_metrics, token_metrics
 from ablate.trainers.optim import ConfiguredOptimizer
@@ -56,6 +59,9 @@ class DPOConfig(TrainingArguments):
     )
     completion_only_logits: bool = field(
         default=True, metadata={"help": "Vocabulary projection only where a completion token is scored, in chunks."}
+    )
+    padding_free: bool = field(
+        default=True, metadata={"help": "Only real tokens through the model (rows packed; attention per row); sdpa models."}
     )
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
@@ -112,6 +118,8 @@ class DPOTrainer(ConfiguredOptimizer):
         )
         self.metrics = MetricsBuffer()
         self.num_tokens = 0
+        if args.padding_free:  # the policy's attention becomes sdpa that can also run a packed batch
+            use_packed_attention(model)
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
@@ -123,6 +131,8 @@ class DPOTrainer(ConfiguredOptimizer):
             # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.eval().requires_grad_(False)
+            if args.padding_free:
+                use_packed_attention(self.ref_model)
             if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
                 self.ref_model.to(self.args.device)
 
@@ -148,9 +158,13 @@ class DPOTrainer(ConfiguredOptimizer):
             inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"],
                       "attention_mask": mask.to(batch["shared_input_ids"].device)}
             where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
+            lengths = batch["shared_lengths"]
         else:
             inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
             where = plain_targets(batch["input_ids"], batch["completion_mask"])
+            lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
+        if self.args.padding_free and takes_packed(model):  # one row of real tokens (ablate.models.packing)
+            inputs, where["src"] = packed_inputs(inputs, where["src"], lengths)
         # the split bypasses model.forward, so a wrapper around it (DDP) would be skipped: only unwrapped
         parts = lm_parts(model) if self.args.completion_only_logits and self._is_unwrapped(model) else None
         # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
