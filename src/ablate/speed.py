@@ -3,10 +3,12 @@
 MFU (model FLOPs utilisation, Chowdhery et al. 2022, PaLM appendix B) = the FLOPs the model's matmuls
 need for the tokens it processed / (seconds * the device's peak FLOP/s). Defined here as:
 
-- tokens: every non-padding token that goes through a training forward and backward
-  (`TrainerState.num_input_tokens_seen`): DPO counts chosen and rejected rows, prompt included in
-  each (a path that computes a shared prompt once counts it once: the number is the hardware's);
-  SFT its rows; GRPO the prompt and completion tokens of each training micro-batch.
+- tokens: the non-padding tokens of each training batch in TRL's layout
+  (`TrainerState.num_input_tokens_seen`): DPO counts chosen and rejected rows, the prompt in each
+  (TRL's `num_tokens`), whichever layout computes them, so tokens/s and MFU compare across layouts and
+  with TRL; DPO's `share_prompt` computes each prompt once, so the FLOPs it actually computes are
+  fewer (benchmarks/ report those too, as "HW MFU"); SFT its rows; GRPO the prompt and completion
+  tokens of each training micro-batch.
 - FLOPs: 6 * N per trained token (forward 2N, backward 4N); for GRPO also 2 * N per *generated*
   token (one forward each; the prompt's prefill and the scoring forwards for the reference or old
   policy are not counted, so GRPO's MFU is a lower bound).
