@@ -105,8 +105,10 @@ def test_completion_logps_equal_full_logits(arch, chunk_elements):
     g_fast = grads()
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
     assert g_fast.keys() == g_plain.keys() and g_plain
-    for name in g_plain:
-        torch.testing.assert_close(g_fast[name], g_plain[name], rtol=1e-5, atol=1e-5, msg=name)
+    for name in g_plain:  # atol scales with the largest gradient: the tied embedding's (~300) sums many
+        # terms, so float32 rounding (a different order of sums, e.g. through the lean norms) is ~1e-7 of it
+        atol = 1e-6 * max(10.0, g_plain[name].abs().max().item())
+        torch.testing.assert_close(g_fast[name], g_plain[name], rtol=1e-5, atol=atol, msg=name)
     assert stats["entropy"].shape == token.shape and not stats["entropy"].requires_grad
 
 
