@@ -11,9 +11,10 @@ difference). A second table gives the same in CPU seconds of the measured proces
 with OMP_NUM_THREADS=1 that is what an idle machine's wall clock would show, and it barely moves when
 other work shares the cores. Sides: `trl` (TRL 1.16 in its fastest CPU configuration: precomputed
 reference, bf16 autocast when the preset uses it, gradient checkpointing off, which TRL's DPOConfig
-turns on by default), `ablate` (defaults: shared prompt, completion-only logits, padding-free),
-`ablate_plain` (all off: TRL's layout), `ablate_shared`, `ablate_logits` (one each), `ablate_padded`
-(the defaults but padded). Tokens/s counts prompt +
+turns on by default, and transformers' own RMSNorm and MLP modules), `ablate` (defaults: shared prompt,
+completion-only logits, padding-free, lean layers), `ablate_plain` (the first three off: TRL's layout),
+`ablate_shared`, `ablate_logits` (one each), `ablate_padded` (the defaults but padded), `ablate_heavy`
+(the defaults but no lean layers: transformers' RMSNorm and MLP save more for backward). Tokens/s counts prompt +
 completion tokens of both sides (TRL's `num_tokens`) for every side, so the shared prompt shows as
 more tokens/s for the same data. Not part of the test run: numbers depend on the machine.
 """
@@ -41,7 +42,10 @@ PRESETS = {
 }
 SPEED = {"ablate": {}, "ablate_plain": dict(share_prompt=False, completion_only_logits=False, padding_free=False),
          "ablate_shared": dict(completion_only_logits=False, padding_free=False),
-         "ablate_logits": dict(share_prompt=False, padding_free=False), "ablate_padded": dict(padding_free=False)}
+         "ablate_logits": dict(share_prompt=False, padding_free=False), "ablate_padded": dict(padding_free=False),
+         "ablate_heavy": {}}
+# model-builder arguments per side (default: the builder's defaults): TRL gets transformers' own modules
+BUILD = {"trl": dict(lean_layers=False), "ablate_heavy": dict(lean_layers=False)}
 
 
 def long_sort(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -88,10 +92,10 @@ def run_one(impl: str, preset: dict) -> dict:
 
     torch.manual_seed(0)
     if preset["model"] == "smollm2":
-        tok, model = smollm2_135m()
+        tok, model = smollm2_135m(**BUILD.get(impl, {}))
     else:
         h = preset["hidden"]
-        tok, model = tiny(hidden_size=h, num_layers=preset["layers"], intermediate_size=4 * h)
+        tok, model = tiny(hidden_size=h, num_layers=preset["layers"], intermediate_size=4 * h, **BUILD.get(impl, {}))
     steps, batch = preset["steps"], 8
     if preset["data"] == "long_sort":  # one epoch: every precomputed pair is trained on
         train = Dataset.from_list(long_sort(steps * batch))

@@ -54,7 +54,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     from ablate.rewards.format import one_word
 
     torch.manual_seed(seed)
-    tok, model = smollm2_135m()
+    tok, model = smollm2_135m(lean_layers=impl != "trl")  # TRL gets transformers' own RMSNorm and MLP
     train = packaged("one_word_prompts", with_eval=False).train
     common = dict(output_dir=f"/tmp/bench-grpo-{impl}-{os.getpid()}", per_device_train_batch_size=batch,
                   num_generations=g, steps_per_generation=spg, gradient_accumulation_steps=1, max_steps=steps,
