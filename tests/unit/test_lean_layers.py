@@ -12,7 +12,18 @@ import copy
 import pytest
 import torch
 from datasets import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
@@ -37,12 +48,17 @@ def _model(arch: str, **extra: object) -> torch.nn.Module:
                   num_attention_heads=4, num_key_value_heads=2, **extra)
     if arch == "llama":
         return _moved(LlamaForCausalLM(LlamaConfig(**common)))
+    if arch == "mistral":
+        return _moved(MistralForCausalLM(MistralConfig(**common)))
+    if arch == "qwen3":
+        return _moved(Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)))
     return _moved(Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False)))
 
 
 def _pair(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     lean = copy.deepcopy(model)
-    assert make_lean(lean) == 3 * LAYERS + 1  # two norms and an MLP per layer, the final norm
+    qk_norms = 2 * LAYERS if model.config.model_type == "qwen3" else 0  # Qwen3 normalizes q and k per head too
+    assert make_lean(lean) == 3 * LAYERS + 1 + qk_norms  # two norms and an MLP per layer, the final norm
     return model, lean
 
 
@@ -76,7 +92,7 @@ def _assert_grads(lean: dict, plain: dict, rtol: float) -> None:
         torch.testing.assert_close(lean[name], g, rtol=rtol, atol=rtol * g.abs().max().item(), msg=name)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
 def test_forward_bitwise_and_gradients_equal_fp32(arch):
     plain, lean = _pair(_model(arch))
     batch = _batch()
