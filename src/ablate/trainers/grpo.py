@@ -43,7 +43,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import math
 import json
 import os
 import time
@@ -54,8 +53,7 @@ import torch
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import Sampler
-from transformers import (GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
-                          TrainingArguments)
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from ablate.data.format import prepare_prompts
 from ablate.errors import ConfigError
@@ -63,6 +61,7 @@ from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.trainers import scoring
+from ablate.trainers.geometry import PrintGeometry, batch_geometry, off_policy_steps  # noqa: F401 (grpo's names)
 from ablate.trainers.metrics import MetricsBuffer
 from ablate.trainers.optim import ConfiguredOptimizer
 
@@ -539,52 +538,6 @@ class GRPOTrainer(ConfiguredOptimizer):
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
-
-
-def off_policy_steps(spg: int, accumulation: int, num_iterations: int = 1) -> list[int]:
-    """Which optimizer steps (1-based, within one period of lcm(spg * mu, accumulation) micro-steps) train
-    on at least one micro-batch generated before the policy's last update (ratio != 1, clipping active).
-
-    A round serves spg * mu micro-steps: micro-step m belongs to the round generated at micro-step
-    r = spg * mu * (m // (spg * mu)); the policy is updated after every `accumulation` micro-steps, so m
-    is off-policy when m // accumulation > r // accumulation.
-    """
-    served = spg * num_iterations
-    period = served * accumulation // math.gcd(served, accumulation)
-    steps = {m // accumulation + 1 for m in range(period)
-             if m // accumulation > (served * (m // served)) // accumulation}
-    return sorted(steps)
-
-
-def batch_geometry(args: GRPOConfig, world_size: int, max_steps: int) -> str:
-    """The table printed at the start of every GRPO run: prompts and completions per micro-step, per
-    optimizer step and per generation round; rounds and optimizer steps in total; off-policy steps."""
-    b, g, spg, ga = args.per_device_train_batch_size, args.num_generations, args.steps_per_generation, \
-        args.gradient_accumulation_steps
-    mu = args.num_iterations
-    rows = [("per micro-step", b, 1), ("per optimizer step", b * ga, ga), ("per generation round", b * spg, spg * mu)]
-    micro = max_steps * ga
-    period = spg * mu * ga // math.gcd(spg * mu, ga) // ga  # optimizer steps after which the pattern repeats
-    off = off_policy_steps(spg, ga, mu)
-    if not off:
-        policy = "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
-    else:
-        policy = f"{', '.join(map(str, off))} of every {period} (ratio != 1: clipping can act)"
-    lines = [f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
-             f"num_iterations={mu})",
-             f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for all)"]
-    lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
-    lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {math.ceil(micro / (spg * mu))}",
-              f"  off-policy optimizer steps: {policy}"]
-    return "\n".join(lines)
-
-
-class PrintGeometry(TrainerCallback):
-    """Prints `batch_geometry` once at the start of training (main process), before the first step."""
-
-    def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
-            print(batch_geometry(args, args.world_size, state.max_steps), flush=True)
 
 
 def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
