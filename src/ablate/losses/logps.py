@@ -38,9 +38,12 @@ def completion_logps(
     lm_head: torch.nn.Module,
     targets: torch.Tensor,
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Log-prob of `targets[i]` given `hidden[i]` (N, H): `lm_head` applied only to the N positions
-    that score a completion token (prompt logits are never used), in chunks of rows.
+    that score a completion token (prompt logits are never used), in chunks of rows. With a
+    `temperature` (GRPO scores at its sampling temperature) the logits are divided by it first, and the
+    stats are those of the scaled distribution (TRL's entropy).
 
     Returns (logps (N,), stats) where stats are TRL's per-token metrics inputs, without gradient:
     `entropy`, `mean_logit` (the vocabulary-mean logit) and `correct` (argmax == target).
@@ -54,19 +57,22 @@ def completion_logps(
     outs = []
     for h, t in chunks:
         if len(chunks) > 1 and torch.is_grad_enabled():
-            outs.append(torch.utils.checkpoint.checkpoint(_chunk_logps, lm_head, h, t, use_reentrant=False))
+            outs.append(torch.utils.checkpoint.checkpoint(_chunk_logps, lm_head, h, t, temperature,
+                                                          use_reentrant=False))
         else:
-            outs.append(_chunk_logps(lm_head, h, t))
+            outs.append(_chunk_logps(lm_head, h, t, temperature))
     if not outs:  # no completion token scored: an empty, still-connected result
-        outs.append(_chunk_logps(lm_head, hidden[:0], targets[:0]))
+        outs.append(_chunk_logps(lm_head, hidden[:0], targets[:0], temperature))
     logps, entropy, mean_logit, correct = (torch.cat(x) for x in zip(*outs))
     return logps, {"entropy": entropy, "mean_logit": mean_logit, "correct": correct}
 
 
 def _chunk_logps(
-    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     logits = lm_head(hidden)  # the module call, so autocast treats it as the model's own forward does
+    if temperature != 1.0:  # DPO's numbers stay those of the unscaled logits, bit for bit
+        logits = logits / temperature
     logps = selective_log_softmax(logits, targets)
     return (logps, *logit_stats(logits, targets))
 
