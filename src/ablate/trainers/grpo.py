@@ -35,7 +35,10 @@ Generation goes through one seam, `generator=` (a `GenerateFn`), which a config 
 `method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). The default,
 `SharedPromptGenerator` (trainers/generation.py), prefills each distinct prompt once for its whole group
 and drops ended rows from the batch, sampling as `model.generate` does; `HFGenerator` is plain
-`model.generate`. Scoring projects to the vocabulary only at completion positions (`logits_to_keep`).
+`model.generate`. Scoring projects to the vocabulary only at completion positions, and with `share_prompt`
+(the default, sdpa/eager models of ablate.models.split's families) runs one packed row `[prompt | c_1 |
+... | c_k]` per prompt, so each prompt is computed once per group (trainers/scoring.py); else one row
+per completion.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.models.packing import use_packed_attention
 from ablate.trainers import scoring
 from ablate.trainers.geometry import PrintGeometry, batch_geometry, off_policy_steps  # noqa: F401 (grpo's names)
 from ablate.trainers.metrics import MetricsBuffer
@@ -96,6 +100,8 @@ class GRPOConfig(TrainingArguments):
     score_in_length_groups: bool = field(default=True, metadata={
         "help": "Score rows in groups of similar length, each trimmed to its own longest "
                 "(same log-probs, less padding)."})
+    share_prompt: bool = field(default=True, metadata={
+        "help": "One row per prompt, [prompt | c_1 | ... | c_k], packed: each prompt computed once (sdpa/eager)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
@@ -289,6 +295,8 @@ class GRPOTrainer(ConfiguredOptimizer):
         self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
         self.generator = build_generator(generator, args, processing_class)
         self.metrics = MetricsBuffer()
+        if args.share_prompt:  # sdpa that can also run a packed batch (ablate.models.packing)
+            use_packed_attention(model)
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
@@ -437,7 +445,15 @@ class GRPOTrainer(ConfiguredOptimizer):
         """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature.
 
         With `score_in_length_groups` the rows are scored in groups of similar length, each trimmed to its own
-        longest prompt and completion (trainers/scoring.py): the same values without computing padding."""
+        longest prompt and completion, or with `share_prompt` one row per prompt (trainers/scoring.py): the
+        same values without computing padding or repeated prompts."""
+        # not through a wrapper (DDP): the split bypasses its forward. The policy's autocast (accelerate's, on
+        # model.forward) goes around the backbone's own call too; the reference model's forward has none
+        unwrapped = self.accelerator.unwrap_model(model) is model
+        if self.args.share_prompt and unwrapped and scoring.takes_shared_prompt(model, batch):
+            autocast = None if model is self.ref_model else self.accelerator.autocast()
+            return scoring.shared_prompt_logps(model, batch, self.args.temperature, self.processing_class.pad_token_id,
+                                               with_entropy, autocast)
         if not self.args.score_in_length_groups:
             return self._rows_logps(model, batch, with_entropy)
         groups = scoring.length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())

@@ -8,11 +8,26 @@ computes (nearly) only real tokens. Each row sees exactly its own tokens at the 
 whole-batch pass (left padding is masked, position ids come from the mask), so the log-probs are the
 same up to float rounding (`tests/unit/test_grpo_generation.py` checks 1e-5 in fp32, and gradients);
 masked (padding) positions get log-prob 0.
+
+With `share_prompt` (the default) a micro-batch is instead scored one row per prompt, `[prompt | c_1 |
+... | c_k]` (`ablate.data.groups`), so each prompt is computed once for its group, packed into one row of
+real tokens (`ablate.models.packing`) and projected to the vocabulary only at completion positions
+(`ablate.losses.logps.completion_logps`): `shared_prompt_logps`, tested equal to the row-per-completion
+path in tests/unit/test_grpo_share_prompt.py.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
+from torch import nn
+
+from ablate.data.groups import shared_prompt_groups
+from ablate.data.pairs import attention_mask_for
+from ablate.losses.logps import completion_logps, logit_stats, selective_log_softmax
+from ablate.models.packing import packed_inputs, takes_packed
+from ablate.models.split import causal_lm, lm_parts, takes_custom_mask
 
 # a forward + backward pass's fixed cost (Python, kernel launches, small-matrix inefficiency), in tokens:
 # a group is split off only when it saves more padded tokens than this
@@ -59,3 +74,41 @@ def scatter_rows(parts: list[torch.Tensor], groups: list[list[int]], width: int)
     padded = torch.cat([torch.nn.functional.pad(t, (0, width - t.size(1))) for t in parts])
     order = torch.tensor([i for g in groups for i in g], device=padded.device)
     return padded[torch.argsort(order)]
+
+
+def takes_shared_prompt(model: nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+    """Whether `shared_prompt_logps` can score `batch` with `model` (not wrapped: the split and the
+    custom mask bypass a wrapper's forward): a supported family with a mask-taking attention, no peft
+    prompt learning, every prompt at least one token long."""
+    return takes_custom_mask(model) and bool(batch["prompt_mask"].sum(1).min() >= 1)
+
+
+def shared_prompt_logps(
+    model: nn.Module, batch: dict[str, torch.Tensor], temperature: float, pad_token_id: int,
+    with_entropy: bool = False, autocast: AbstractContextManager | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies) of `batch`'s completions at `temperature`, (rows, width) as
+    `completion_ids`, computed one row per prompt group; 0 at masked (padding) positions."""
+    where = shared_prompt_groups(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
+                                 batch["completion_mask"], pad_token_id)
+    mask = attention_mask_for(where["attention_mask"], causal_lm(model).config._attn_implementation)
+    inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"],
+              "attention_mask": mask.to(where["input_ids"].device)}
+    src = where["src"]
+    if takes_packed(model):  # one row of real tokens: no padding through the projections
+        inputs, src = packed_inputs(inputs, src, where["lengths"])
+    parts = lm_parts(model)
+    with autocast or nullcontext():
+        if parts is not None:  # the head only where a completion token is scored
+            backbone, head = parts
+            hidden = backbone(**inputs, use_cache=False).last_hidden_state
+            token, stats = completion_logps(hidden.flatten(0, 1)[src], head, where["tgt"], temperature=temperature)
+            entropy = stats["entropy"]
+        else:  # e.g. a LoRA-wrapped head: the model's own forward, logits kept only where they count
+            picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src] / temperature
+            token = selective_log_softmax(picked, where["tgt"])
+            entropy = logit_stats(picked, where["tgt"])[0] if with_entropy else None
+    shape = batch["completion_ids"].shape
+    at = (where["row"], where["col"])
+    logps = token.new_zeros(shape, dtype=token.dtype).index_put(at, token)
+    return logps, (entropy.new_zeros(shape).index_put(at, entropy) if with_entropy else None)
