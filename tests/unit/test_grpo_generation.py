@@ -122,7 +122,7 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
     """`_token_logps` with logits_to_keep (or scored in length groups) = the whole batch's full-logits
     pass: log-probs and entropies at every completion token (fp32, 1e-5) and gradients."""
     tok, model, rows = _setup()
-    args = _args(tmp_path, score_in_length_groups=path == "length_groups")
+    args = _args(tmp_path, score_in_length_groups=path == "length_groups", share_prompt=False)  # one row per completion
     monkeypatch.setattr(scoring, "GROUP_OVERHEAD_TOKENS", 0)  # the tiny batch splits into several groups
     trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
                           processing_class=tok,
