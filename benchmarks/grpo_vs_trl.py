@@ -13,7 +13,8 @@ medians. CPU seconds per step (the process's, one thread: what a loaded machine 
 much) and wall seconds are reported; CPU seconds per step are split into generation (the `generate`
 call), scoring (the rest of the generation round: reward, old-policy log-probs when needed) and
 training (forward + backward + optimizer) by wrapping each trainer's methods from outside.
-`--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate). Not part of the test
+`--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
+`share_prompt` off (training scores one row per completion instead of one per prompt). Not part of the test
 run: numbers depend on the machine (the README records one set).
 """
 
@@ -80,7 +81,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     else:
         from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator
 
-        args = GRPOConfig(**common)
+        args = GRPOConfig(**common, share_prompt=impl != "ablate:noshare")
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                               reward_funcs={"one_word": one_word}, callbacks=[Record()], **kw)
@@ -135,14 +136,14 @@ def main() -> None:
           f"load average {load[0]:.2f} {load[1]:.2f}")
     print("CPU s/step: process CPU seconds per optimizer step (one thread; robust to a shared machine's load),")
     print("split into generation / scoring / training; wall s/step as measured (load-dependent)")
-    print(f"{'impl':10} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
+    print(f"{'impl':14} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
           f"{'wall s/step':>11} {'vs trl':>7} {'RSS MB':>7}")
     keys = ("cpu_per_step", "s_per_step", "generation", "scoring", "training")
     for (impl, spg), runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in keys}
         trl = {k: statistics.median(r[k] for r in results[("trl", spg)]) for k in keys} if ("trl", spg) in results \
             else {k: float("nan") for k in keys}
-        print(f"{impl:10} {spg:>3} {med['cpu_per_step']:10.2f} {med['generation']:7.2f} {med['scoring']:7.2f} "
+        print(f"{impl:14} {spg:>3} {med['cpu_per_step']:10.2f} {med['generation']:7.2f} {med['scoring']:7.2f} "
               f"{med['training']:7.2f} {trl['cpu_per_step'] / med['cpu_per_step']:6.2f}x {med['s_per_step']:11.2f} "
               f"{trl['s_per_step'] / med['s_per_step']:6.2f}x {max(r['peak_rss_mb'] for r in runs):7.0f}")
     print("mean reward per step (one row per run: impl, spg, seed order as run)")
