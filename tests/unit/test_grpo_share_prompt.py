@@ -17,6 +17,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ablate.data.groups import prompt_groups, shared_prompt_groups
 from ablate.models import tiny
+from ablate.models import packing
 from ablate.models.adapters import lora, with_adapters
 from ablate.trainers import scoring
 from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, left_pad, right_pad
@@ -26,7 +27,11 @@ def test_shared_prompt_groups_layout():
     """Rows 0, 1 share prompt [5, 6] (row 1 left-padded once more: the same real tokens), row 2 has
     prompt [7]. Completions [8, 9], [3], [4, pad] (mask 1 0). Group 0: 5 6 8 9 3, positions 0 1 2 3 2;
     group 1: 7 4, positions 0 1. Token 3 (row 1) sits at 4, sees the prompt (0, 1) and itself only,
-    and is predicted by the prompt's end (1), as 8 is; 9 is predicted at 2; 4 (row 2) at 5 + 0 = 5."""
+    and is predicted by the prompt's end (1), as 8 is; 9 is predicted at 2; 4 (row 2) at 5 + 0 = 5.
+
+    Packed, the tokens are 5 6 8 9 3 7 4 (0..6); attention runs on one row per completion, width 2 + 2:
+    row 0 = 5 6 8 9 (flat 0-3: tokens 0-3), row 1 = 5 6 3 _ (flat 4-6: tokens 0, 1, 4), row 2 = _ 7 4 _
+    (flat 9, 10: tokens 5, 6); the prompt [5, 6] takes its output from row 0."""
     p_ids = torch.tensor([[0, 5, 6], [0, 5, 6], [0, 0, 7]])
     p_mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 0, 1]])
     c_ids = torch.tensor([[8, 9], [3, 0], [4, 1]])
@@ -42,6 +47,10 @@ def test_shared_prompt_groups_layout():
     assert b["src"].tolist() == [1, 2, 1, 5]
     assert b["tgt"].tolist() == [8, 9, 3, 4]
     assert b["row"].tolist() == [0, 0, 1, 2] and b["col"].tolist() == [0, 1, 0, 0]
+    assert sorted(zip(b["row_index"].tolist(), b["row_source"].tolist())) == [
+        (0, 0), (1, 1), (2, 2), (3, 3), (4, 0), (5, 1), (6, 4), (9, 5), (10, 6)]
+    assert b["row_out"].tolist() == [0, 1, 2, 3, 6, 9, 10]
+    assert b["row_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [0, 1, 1, 0]]
 
 
 def test_groups_are_runs_of_equal_prompts_of_any_size():
@@ -111,18 +120,27 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         return logps.detach(), entropy, grads
 
-    calls, shapes = [], []
+    calls: list[int] = []
+    shapes: list[tuple[int, ...]] = []
+    attention: list[int] = []
     shared = scoring.shared_prompt_logps
     monkeypatch.setattr(scoring, "shared_prompt_logps", lambda *a, **k: calls.append(1) or shared(*a, **k))
+    sdpa = packing.sdpa_attention_forward
+    monkeypatch.setattr(packing, "sdpa_attention_forward",  # the rows attention runs on
+                        lambda m, q, *a, **k: attention.append(q.shape[0]) or sdpa(m, q, *a, **k))
     layer = model.get_base_model() if arch.startswith("llama_lora") else model
     hook = layer.model.layers[0].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(i[0].shape[:-1])))
     fast = run()
     hook.remove()
+    shared_attention = list(attention)  # the plain path's calls come after
     trainer.args.share_prompt, trainer.args.score_in_length_groups = False, False
     plain = run()
     assert calls, "the shared-prompt path was not taken"
     real = int(batch["prompt_mask"][::3].sum() + mask.sum())  # each prompt once, real completion tokens only
-    assert shapes == [(1, real)] if arch != "llama_eager" else [(3, shapes[0][1])]  # eager: not packed
+    if arch == "llama_eager":  # not packed: one row per prompt, a 4-D mask
+        assert shapes == [(3, shapes[0][1])] and not shared_attention
+    else:  # packed: each prompt once through the projections, attention one row per completion
+        assert shapes == [(1, real)] and shared_attention == [9, 9]
     torch.testing.assert_close(fast[0] * mask, plain[0] * mask, rtol=0, atol=1e-5)
     torch.testing.assert_close(fast[1] * mask, plain[1] * mask, rtol=0, atol=1e-5)
     assert (fast[0][mask == 0] == 0).all() and (fast[1][mask == 0] == 0).all()

@@ -31,16 +31,24 @@ from ablate.models.split import PACKED_SDPA, PLAIN_HEAD_MODELS, causal_lm
 
 @dataclass(frozen=True)
 class Unpad:
-    """Where the packed tokens sit in the padded batch: `index` (N,) flat positions into rows*width."""
+    """Where the packed tokens sit in the padded batch: `index` (N,) flat positions into rows*width.
+
+    A token may also sit in several rows (GRPO's shared prompt, computed once, is attended to in each of
+    its completions' rows): then `index` (M,) lists the padded positions, `source` (M,) the packed token
+    at each, and `out` (N,) the one position whose attention output each packed token takes."""
 
     index: torch.Tensor
     rows: int
     width: int
+    source: torch.Tensor | None = None
+    out: torch.Tensor | None = None
 
 
 def _padded(x: torch.Tensor, unpad: Unpad) -> torch.Tensor:
     """[1, H, N, d] packed -> [R, H, W, d] padded (zeros at padding: masked keys, queries discarded)."""
     tokens = x[0].transpose(0, 1)  # [N, H, d]
+    if unpad.source is not None:  # copies of a token: their gradients add up in the one packed token
+        tokens = tokens[unpad.source]
     full = tokens.new_zeros(unpad.rows * unpad.width, *tokens.shape[1:]).index_copy(0, unpad.index, tokens)
     return full.view(unpad.rows, unpad.width, *tokens.shape[1:]).transpose(1, 2)
 
@@ -60,7 +68,8 @@ def packed_sdpa(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     out, weights = sdpa_attention_forward(module, _padded(query, unpad), _padded(key, unpad),
                                           _padded(value, unpad), attention_mask, **kwargs)
-    return out.flatten(0, 1)[unpad.index].unsqueeze(0), weights  # out: [R, W, H, d]
+    at = unpad.index if unpad.out is None else unpad.out
+    return out.flatten(0, 1)[at].unsqueeze(0), weights  # out: [R, W, H, d]
 
 
 AttentionInterface.register(PACKED_SDPA, packed_sdpa)

@@ -11,7 +11,8 @@ masked (padding) positions get log-prob 0.
 
 With `share_prompt` (the default) a micro-batch is instead scored one row per prompt, `[prompt | c_1 |
 ... | c_k]` (`ablate.data.groups`), so each prompt is computed once for its group, packed into one row of
-real tokens (`ablate.models.packing`) and projected to the vocabulary only at completion positions
+real tokens (`ablate.models.packing`; attention then runs one row per completion, the prompt's keys and
+values copied into each) and projected to the vocabulary only at completion positions
 (`ablate.losses.logps.completion_logps`): `shared_prompt_logps`, tested equal to the row-per-completion
 path in tests/unit/test_grpo_share_prompt.py.
 """
@@ -26,7 +27,7 @@ from torch import nn
 from ablate.data.groups import shared_prompt_groups
 from ablate.data.pairs import attention_mask_for
 from ablate.losses.logps import completion_logps, logit_stats, selective_log_softmax
-from ablate.models.packing import packed_inputs, takes_packed
+from ablate.models.packing import Unpad, packed_inputs, takes_packed
 from ablate.models.split import causal_lm, lm_parts, takes_custom_mask
 
 # a forward + backward pass's fixed cost (Python, kernel launches, small-matrix inefficiency), in tokens:
@@ -89,14 +90,19 @@ def shared_prompt_logps(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of `batch`'s completions at `temperature`, (rows, width) as
     `completion_ids`, computed one row per prompt group; 0 at masked (padding) positions."""
+    packed = takes_packed(model)
     where = shared_prompt_groups(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
-                                 batch["completion_mask"], pad_token_id)
-    mask = attention_mask_for(where["attention_mask"], causal_lm(model).config._attn_implementation)
-    inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"],
-              "attention_mask": mask.to(where["input_ids"].device)}
+                                 batch["completion_mask"], pad_token_id, with_mask=not packed)
+    inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"]}
     src = where["src"]
-    if takes_packed(model):  # one row of real tokens: no padding through the projections
-        inputs, src = packed_inputs(inputs, src, where["lengths"])
+    if packed:  # the real tokens (each prompt once) through the projections; attention one row per completion
+        # packs the group rows' real tokens; the 4-D mask it makes is the row-per-completion layout's
+        inputs, src = packed_inputs({**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"])
+        rows, width = where["row_mask"].shape  # where the packed tokens (prompts copied) sit in that layout:
+        inputs["unpad"] = Unpad(where["row_index"], rows, width, where["row_source"], where["row_out"])
+    else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
+        mask = attention_mask_for(where["attention_mask"], causal_lm(model).config._attn_implementation)
+        inputs["attention_mask"] = mask
     parts = lm_parts(model)
     with autocast or nullcontext():
         if parts is not None:  # the head only where a completion token is scored
