@@ -89,16 +89,16 @@ def shared_prompt_logps(
     with_entropy: bool = False, autocast: AbstractContextManager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of `batch`'s completions at `temperature`, (rows, width) as
-    `completion_ids`, computed one row per prompt group; 0 at masked (padding) positions."""
+    `completion_ids`, computed with each prompt once per group; 0 at masked (padding) positions."""
     packed = takes_packed(model)
     where = shared_prompt_groups(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
                                  batch["completion_mask"], pad_token_id, with_mask=not packed)
     inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"]}
     src = where["src"]
-    if packed:  # the real tokens (each prompt once) through the projections; attention one row per completion
-        # packs the group rows' real tokens; the 4-D mask it makes is the row-per-completion layout's
+    if packed:  # the real tokens (each prompt once) through the projections; attention one row per completion:
+        # packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
         inputs, src = packed_inputs({**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"])
-        rows, width = where["row_mask"].shape  # where the packed tokens (prompts copied) sit in that layout:
+        rows, width = where["row_mask"].shape
         inputs["unpad"] = Unpad(where["row_index"], rows, width, where["row_source"], where["row_out"])
     else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
         mask = attention_mask_for(where["attention_mask"], causal_lm(model).config._attn_implementation)
