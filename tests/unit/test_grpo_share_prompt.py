@@ -179,7 +179,7 @@ def _train(tmp_path: Any, name: str, **kw: Any) -> list[dict[str, float]]:
 
 
 @pytest.mark.parametrize("kw", [
-    {"steps_per_generation": 1},
+    {"steps_per_generation": 1, "mask_truncated_completions": True},  # rows without EOS fully masked
     {"steps_per_generation": 2, "num_iterations": 2},  # old log-probs scored at generation time
     {"steps_per_generation": 2, "num_iterations": 2, "beta": 0.1},  # and the reference model's
 ])
