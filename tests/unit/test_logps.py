@@ -38,3 +38,20 @@ def test_nll_token_mean_and_accumulation_count():
     mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     assert nll(lp, mask).item() == 3.0
     assert nll(lp, mask, num_items_in_batch=torch.tensor(6)).item() == 1.5
+
+
+def test_logit_stats_in_blocks_equal_the_whole_tensor(monkeypatch):
+    """Entropy, mean logit and argmax == target of 7 rows computed in blocks of 3 rows (3 + 3 + 1) and of
+    a [2, 3, V] tensor equal the one-shot formula on the whole tensor; an empty input gives empty stats."""
+    from ablate.losses import logps
+
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(7, 50, generator=g) * 3, torch.randint(0, 50, (7,), generator=g)
+    f = torch.log_softmax(logits, -1)
+    expected = (-(f.exp() * f).sum(-1), logits.mean(-1), logits.argmax(-1) == targets)
+    monkeypatch.setattr(logps, "STATS_BLOCK_ELEMENTS", 3 * 50)
+    for got, want in zip(logps.logit_stats(logits, targets), expected):
+        assert torch.equal(got, want)
+    cube = logps.logit_stats(logits[:6].reshape(2, 3, 50), targets[:6].reshape(2, 3))
+    assert all(c.shape == (2, 3) and torch.equal(c.flatten(), w[:6]) for c, w in zip(cube, expected))
+    assert all(x.numel() == 0 for x in logps.logit_stats(logits[:0], targets[:0]))

@@ -77,9 +77,26 @@ def _chunk_logps(
     return (logps, *logit_stats(logits, targets))
 
 
+# Rows of logits whose statistics are computed at once (4 MB in float32): the float32 temporaries
+# (log-softmax, its exp, their product) of one block exist at a time, not those of a whole chunk, which
+# would come on top of the step's activations at its memory peak, the end of the forward pass.
+STATS_BLOCK_ELEMENTS = 1 << 20
+
+
 @torch.no_grad()
 def logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per position: entropy of the float32 softmax, vocabulary-mean logit, argmax == target."""
+    """Per position: entropy of the float32 softmax, vocabulary-mean logit, argmax == target.
+    Computed in blocks of rows (each row's statistics are its own: the same numbers)."""
+    shape, vocab = logits.shape[:-1], logits.shape[-1]
+    flat, flat_targets = logits.reshape(-1, vocab), targets.reshape(-1)
+    rows = max(1, STATS_BLOCK_ELEMENTS // vocab)
+    blocks = [_block_stats(flat[i:i + rows], flat_targets[i:i + rows]) for i in range(0, flat.shape[0], rows)]
+    if not blocks:
+        blocks = [_block_stats(flat, flat_targets)]
+    return tuple(torch.cat(x).reshape(shape) for x in zip(*blocks))  # type: ignore[return-value]
+
+
+def _block_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     f = logits.float()
     logp = torch.log_softmax(f, dim=-1)
     return -(logp.exp() * logp).sum(-1), f.mean(-1), logits.argmax(-1) == targets
