@@ -329,9 +329,12 @@ def test_ctrl_c_while_training_is_one_line(tmp_path, method):
     _old_run(tmp_path)
     before = _snapshot(tmp_path / "outputs")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    # as from a terminal: SIGINT at its default, whatever pytest inherited (a shell's background job, e.g.
+    # `nohup ... &`, starts with SIGINT ignored, and Python then keeps ignoring it, as it should)
     proc = subprocess.Popen([sys.executable, "-m", "ablate", "train", f"method={method}", "method.args.max_steps=100000",
                              "method.args.logging_steps=1", "method.args.disable_tqdm=true"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def new_metrics() -> list[Path]:
         return [p for p in (tmp_path / "outputs" / "runs").glob("2*/*/metrics.jsonl") if not str(p).count(OLD)]
