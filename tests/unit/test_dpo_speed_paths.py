@@ -121,8 +121,8 @@ def test_no_split_for_a_lora_head_or_unknown_models():
     assert lm_parts(model) is None and not takes_custom_mask(model)
 
 
-def _train(tmp_path, name, steps=3, attn="sdpa", **speed):
-    tok, model = tiny()
+def _train(tmp_path, name, steps=3, attn="sdpa", lean_layers=True, **speed):
+    tok, model = tiny(lean_layers=lean_layers)
     model = _moved(model)
     model.set_attn_implementation(attn)
     args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
@@ -212,3 +212,14 @@ def test_packing_skips_eager_and_unknown_models():
     _, other = tiny()
     other.config.model_type = "somethingelse"
     assert not use_packed_attention(other) and other.config._attn_implementation == "sdpa"
+
+
+def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
+    """Three optimizer steps (default speed paths, the moved weights feed back into steps 2 and 3) with
+    `model.lean_layers` on and off (ablate.models.lean): every logged loss and metric equal to 1e-5."""
+    plain, lean = _train(tmp_path, "plain", lean_layers=False), _train(tmp_path, "lean", lean_layers=True)
+    assert len(plain) == len(lean) == 3
+    for a, b in zip(lean, plain):
+        for name in METRICS:
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+    assert plain[0]["loss"] != plain[2]["loss"]

@@ -11,7 +11,6 @@ import copy
 
 import pytest
 import torch
-from datasets import Dataset
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -28,7 +27,6 @@ from transformers import (
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
 from ablate.models.lean import RMSNormFunction, SiluMulFunction, make_lean
-from ablate.trainers.dpo import DPOConfig, DPOTrainer
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
 
@@ -218,37 +216,3 @@ def test_lean_layers_save_less_for_backward():
     saved_plain, saved_lean = _saved_bytes(plain, batch), _saved_bytes(lean, batch)
     assert saved_plain - saved_lean == tokens * 4 * (LAYERS * (I + 2 * H) + H)
     assert saved_lean <= 0.8 * saved_plain, (saved_lean, saved_plain)
-
-
-METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
-           "entropy", "mean_token_accuracy")
-ROWS = [
-    {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
-    {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"},
-    {"prompt": "s:", "chosen": " cd", "rejected": " dcxyzwvu"},
-    {"prompt": "sort: zyxw =", "chosen": " wxyz", "rejected": " zyxw"},
-    {"prompt": "sort: edc =", "chosen": " cde", "rejected": " ced"},
-    {"prompt": "sort: qpon =", "chosen": " nopq", "rejected": " qnpo"},
-]
-
-
-def _train(tmp_path, lean_layers: bool) -> list[dict]:
-    tok, model = tiny(lean_layers=lean_layers)
-    model = _moved(model)
-    args = DPOConfig(output_dir=str(tmp_path / str(lean_layers)), per_device_train_batch_size=3, report_to="none",
-                     use_cpu=True, bf16=False, max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no",
-                     beta=0.3, disable_tqdm=True)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
-    trainer.train()
-    return [e for e in trainer.state.log_history if "loss" in e]
-
-
-def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
-    """Three optimizer steps (default speed paths, the moved weights feed back into steps 2 and 3):
-    every logged loss and metric equals the plain layers' to 1e-5."""
-    plain, lean = _train(tmp_path, False), _train(tmp_path, True)
-    assert len(plain) == len(lean) == 3
-    for a, b in zip(lean, plain):
-        for name in METRICS:
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
-    assert plain[0]["loss"] != plain[2]["loss"]

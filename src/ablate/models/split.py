@@ -13,7 +13,10 @@ The same families take a custom 4-D attention mask and explicit position ids thr
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+from ablate.losses.logps import completion_logps, logit_stats, selective_log_softmax
 
 # model_type -> the causal LMs whose forward is `lm_head(model(...).last_hidden_state)` in transformers 5,
 # and whose attention takes a prepared 4-D mask (masking_utils returns a 4-D mask as given)
@@ -56,3 +59,24 @@ def takes_custom_mask(model: nn.Module) -> bool:
     config = getattr(causal_lm(model), "config", None)
     return (not _prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
             and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
+
+
+def scored_logps(
+    model: nn.Module, inputs: dict, src: torch.Tensor, tgt: torch.Tensor, split: bool = True,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Log-probs of tokens `tgt` predicted at flat positions `src` of `model(**inputs)` (logits divided
+    by `temperature` first), and their `entropy`/`mean_logit`/`correct` stats (no gradient).
+
+    With `split` and a model `lm_parts` knows, the backbone runs alone and the head only at `src`, in
+    chunks (`completion_logps`); otherwise the model's own forward, logits kept only at `src`. The
+    caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
+    parts = lm_parts(model) if split else None
+    if parts is not None:
+        backbone, head = parts
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state
+        return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
+    picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src]
+    if temperature != 1.0:
+        picked = picked / temperature
+    return selective_log_softmax(picked, tgt), dict(zip(("entropy", "mean_logit", "correct"), logit_stats(picked, tgt)))

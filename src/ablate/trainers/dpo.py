@@ -29,12 +29,10 @@ from ablate.data.format import prepare_preference
 from ablate.data.pairs import attention_mask_for, plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
-from ablate.losses.logps import (
-    completion_logps, logit_stats, per_sequence, selective_log_softmax, sequence_logps, token_logps,
-)
+from ablate.losses.logps import per_sequence, sequence_logps, token_logps
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.models.packing import packed_inputs, takes_packed, use_packed_attention
-from ablate.models.split import causal_lm, lm_parts, takes_custom_mask
+from ablate.models.split import causal_lm, scored_logps, takes_custom_mask
 from ablate.trainers.metrics import MetricsBuffer, completion_token_metrics, token_metrics
 from ablate.trainers.optim import ConfiguredOptimizer
 
@@ -166,17 +164,10 @@ class DPOTrainer(ConfiguredOptimizer):
         if self.args.padding_free and takes_packed(model):  # one row of real tokens (ablate.models.packing)
             inputs, where["src"] = packed_inputs(inputs, where["src"], lengths)
         # the split bypasses model.forward, so a wrapper around it (DDP) would be skipped: only unwrapped
-        parts = lm_parts(model) if self.args.completion_only_logits and self._is_unwrapped(model) else None
+        split = self.args.completion_only_logits and self._is_unwrapped(model)
         # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
         with self.accelerator.autocast():
-            if parts is not None:
-                backbone, head = parts
-                hidden = backbone(**inputs, use_cache=False).last_hidden_state
-                token, stats = completion_logps(hidden.flatten(0, 1)[where["src"]], head, where["tgt"])
-            else:  # the model's own forward: logits everywhere, scored only where they count
-                picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[where["src"]]
-                token = selective_log_softmax(picked, where["tgt"])
-                stats = dict(zip(("entropy", "mean_logit", "correct"), logit_stats(picked, where["tgt"])))
+            token, stats = scored_logps(model, inputs, where["src"], where["tgt"], split=split)
         return per_sequence(token, where["seq"], batch["input_ids"].shape[0]), {"stats": stats, "seq": where["seq"]}
 
     def _is_unwrapped(self, model: nn.Module) -> bool:

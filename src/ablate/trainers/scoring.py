@@ -26,9 +26,8 @@ from torch import nn
 
 from ablate.data.groups import shared_prompt_groups
 from ablate.data.pairs import attention_mask_for
-from ablate.losses.logps import completion_logps, logit_stats, selective_log_softmax
 from ablate.models.packing import Unpad, packed_inputs, takes_packed
-from ablate.models.split import causal_lm, lm_parts, takes_custom_mask
+from ablate.models.split import causal_lm, scored_logps, takes_custom_mask
 
 # a forward + backward pass's fixed cost (Python, kernel launches, small-matrix inefficiency), in tokens:
 # a group is split off only when it saves more padded tokens than this
@@ -103,18 +102,9 @@ def shared_prompt_logps(
     else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
         mask = attention_mask_for(where["attention_mask"], causal_lm(model).config._attn_implementation)
         inputs["attention_mask"] = mask
-    parts = lm_parts(model)
-    with autocast or nullcontext():
-        if parts is not None:  # the head only where a completion token is scored
-            backbone, head = parts
-            hidden = backbone(**inputs, use_cache=False).last_hidden_state
-            token, stats = completion_logps(hidden.flatten(0, 1)[src], head, where["tgt"], temperature=temperature)
-            entropy = stats["entropy"]
-        else:  # e.g. a LoRA-wrapped head: the model's own forward, logits kept only where they count
-            picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src] / temperature
-            token = selective_log_softmax(picked, where["tgt"])
-            entropy = logit_stats(picked, where["tgt"])[0] if with_entropy else None
+    with autocast or nullcontext():  # the head only where a completion token is scored
+        token, stats = scored_logps(model, inputs, src, where["tgt"], temperature=temperature)
     shape = batch["completion_ids"].shape
     at = (where["row"], where["col"])
     logps = token.new_zeros(shape, dtype=token.dtype).index_put(at, token)
-    return logps, (entropy.new_zeros(shape).index_put(at, entropy) if with_entropy else None)
+    return logps, (stats["entropy"].new_zeros(shape).index_put(at, stats["entropy"]) if with_entropy else None)
