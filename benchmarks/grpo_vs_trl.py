@@ -14,8 +14,10 @@ are its own), the impls alternate (A B A B), `--repeats` times (`--vary-seed`: r
 Per `--spg` value one harness table: median s/step (each run's first step left out), whole-process s,
 tokens/s (prompt + completion tokens trained on), MFU (6N per trained token + 2N per generated
 completion token), HW MFU (what the training forwards with grad computed, counted by hooks on the
-embedding and LM head: generation and old-policy scoring run under no_grad in both trainers and are
-not counted; a checkpointed logits chunk recomputed in backward counts twice, as the hardware does it),
+embedding and LM head, and on TRL's fused head, which on CPU projects every position of every row
+(prompt and padding too) where ablate projects completion positions only: generation and old-policy
+scoring run under no_grad in both trainers and are not counted; backward's recompute of checkpointed
+or fused logits chunks is not counted either),
 peak RSS, and max |dloss| against the FIRST impl's first run. With sampling, the loss of a different
 sampler is not expected to match: `trl` and `ablate:hf` against `ablate` differ because their completions
 differ (the column is no correctness check there); between ablate sides with the same sampler and seed
@@ -98,6 +100,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     if impl == "trl":
         import trl
 
+        rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[one_word], train_dataset=train, processing_class=tok,
                                   args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[Record(), rec])
         # returns (completion_ids, logprobs), the ids without padding after the first EOS

@@ -149,3 +149,29 @@ def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path) -> None:
     assert rec.computed["head_rows"] == box["generated_tokens"]  # one round of 8 completions, trained over 2 steps
     assert 0 < rec.computed["tokens"] < every["tokens"]  # generation and pi_old's scoring left out
     assert len(rec.losses) == 2
+
+
+def test_trl_fused_head_rows_counted_with_grad_only(monkeypatch) -> None:
+    """TRL's fused LM head never calls the head module: `watch` alone would count 0 head rows."""
+    import torch
+    from trl.trainer import utils
+    from trl.trainer.utils import add_fused_lm_head
+
+    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", utils._ChunkedLogProbFunction)  # restored after
+
+    from ablate.models import tiny
+
+    tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    rec = harness.StepRecorder()
+    rec.watch(model)
+    rec.watch_trl_fused_head()
+    add_fused_lm_head(model)
+    ids = torch.randint(0, 100, (3, 5))
+    labels = ids.clone()
+    labels[:, :2] = -100  # a prompt: not scored, but on CPU TRL projects it anyway
+    out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    out.loss.backward()
+    assert rec.computed == {"tokens": 15, "head_rows": 3 * 4}  # every shifted position of every row
+    with torch.no_grad():
+        model(input_ids=ids, labels=labels, fused_lm_head=True)
+    assert rec.computed == {"tokens": 15, "head_rows": 12}
