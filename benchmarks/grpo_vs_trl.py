@@ -11,18 +11,20 @@ fp32, temperature 0.8, top_k 0 (off, TRL's default), lr 3e-5, beta 0, DAPO aggre
 
 On the shared harness (benchmarks/harness.py): each run is its own subprocess (peak RSS and start-up
 are its own), the impls alternate (A B A B), `--repeats` times (`--vary-seed`: repeat r uses seed + r).
-Per `--spg` value one harness table: median s/step (each run's first step left out), whole-process s,
+Per `--spg` value one harness table: median s/step (each step counted as its generation round's mean
+seconds, so generation is in it whatever spg; each run's first step left out), whole-process s,
 tokens/s (prompt + completion tokens trained on), MFU (6N per trained token + 2N per generated
 completion token), HW MFU (what the training forwards with grad computed, counted by hooks on the
 embedding and LM head, and on TRL's fused head, which on CPU projects every position of every row
 (prompt and padding too) where ablate projects completion positions only: generation and old-policy
 scoring run under no_grad in both trainers and are not counted; backward's recompute of checkpointed
 or fused logits chunks is not counted either),
-peak RSS, and max |dloss| against the FIRST impl's first run. With sampling, the loss of a different
-sampler is not expected to match: `trl` and `ablate:hf` against `ablate` differ because their completions
-differ (the column is no correctness check there); between ablate sides with the same sampler and seed
-it is one: `ablate` vs `ablate:noshare` (same completions, training scores one row per completion
-instead of one per prompt) must be ~0. So put the side to compare against first (default: ablate).
+peak RSS, and max |dloss| against the FIRST impl's first run (same seed). With sampling, losses match
+only where the completions do: `trl` draws its own samples, so its difference from `ablate` is no
+correctness check (its completions and losses part after the first step); ablate sides with the same
+sampler and seed must be ~0: `ablate` vs `ablate:noshare` (same completions, training scores one row per
+completion instead of one per prompt), and `ablate:hf` where model.generate draws the same samples.
+So put the side to compare against first (default: ablate).
 
 A second table gives CPU seconds per step (the process's, one thread: what a loaded machine does not
 inflate much), split into generation (the `generate` call), scoring (the rest of the generation round:
@@ -68,6 +70,13 @@ def _timed(obj: Any, name: str, box: dict[str, float], key: str,
 def completion_tokens(completion_ids: list[list[int]]) -> int:
     """Tokens sampled (each EOS included, no padding): what MFU counts 2N FLOPs for."""
     return sum(len(ids) for ids in completion_ids)
+
+
+def round_means(step_seconds: list[float], spg: int) -> list[float]:
+    """Each step's seconds replaced by its generation round's mean (rounds: spg consecutive steps, the
+    first of which generates). The harness's median over steps would otherwise pick a training-only step
+    when spg > 1 and leave generation out of s/step (and MFU, which counts it, over 100%)."""
+    return [statistics.fmean(step_seconds[i - i % spg:i - i % spg + spg]) for i in range(len(step_seconds))]
 
 
 def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int) -> dict:
@@ -120,9 +129,10 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     t0, c0 = time.perf_counter(), time.process_time()
     trainer.train()
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    raw_step_seconds, rec.step_seconds = rec.step_seconds, round_means(rec.step_seconds, spg)
     return harness.report(rec, model, trainer.args, generated_tokens=int(box["generated_tokens"]),
                           impl=impl, spg=spg, seed=seed, wall_per_step=total / steps, cpu_per_step=cpu / steps,
-                          generation=box["generation_cpu"] / steps,
+                          raw_step_seconds=raw_step_seconds, generation=box["generation_cpu"] / steps,
                           scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
                           training=(cpu - box["round_cpu"]) / steps, rewards=rewards)
 

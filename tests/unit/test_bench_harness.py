@@ -175,3 +175,9 @@ def test_trl_fused_head_rows_counted_with_grad_only(monkeypatch) -> None:
     with torch.no_grad():
         model(input_ids=ids, labels=labels, fused_lm_head=True)
     assert rec.computed == {"tokens": 15, "head_rows": 12}
+
+
+def test_grpo_step_seconds_are_round_means() -> None:
+    # spg 2: steps 1 and 3 generate (slow), 2 and 4 only train; a partial last round is its own mean
+    assert grpo_vs_trl.round_means([5.0, 1.0, 3.0, 1.0, 4.0], spg=2) == [3.0, 3.0, 2.0, 2.0, 4.0]
+    assert grpo_vs_trl.round_means([5.0, 1.0], spg=1) == [5.0, 1.0]
