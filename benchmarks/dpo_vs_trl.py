@@ -111,6 +111,7 @@ def run_one(impl: str, preset: dict) -> dict:
     if impl == "trl":
         import trl
 
+        rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module (HW MFU)
         # no ref_model: with precompute_ref_log_probs TRL 1.16 scores the reference with the policy
         # before training and keeps no second model (its leanest configuration, as ablate's)
         trainer = trl.DPOTrainer(model=model, ref_model=None, args=trl.DPOConfig(**common),

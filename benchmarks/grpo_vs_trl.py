@@ -1,49 +1,82 @@
 """Side by side: ablate's GRPOTrainer vs TRL 1.16's on SmolLM2-135M-Instruct, same prompts and reward.
 
     python benchmarks/grpo_vs_trl.py [--steps 4] [--spg 1 4] [--batch 16] [--num-generations 8]
-                                     [--new-tokens 64] [--repeats 2] [--impls ablate trl]
+                                     [--new-tokens 64] [--repeats 2] [--seed 0] [--vary-seed]
+                                     [--impls ablate trl ablate:hf ablate:noshare]
 
 Both trainers get the same model dir (`ablate fetch smollm2_135m`), the packaged `one_word_prompts`
 data (chat prompts, reward 1 / word count), the same geometry (`--batch` completions per optimizer
 step, `--num-generations` per prompt, `--new-tokens` new tokens, `--spg` steps per generation round),
-fp32, temperature 0.8, top_k 0 (off, TRL's default), lr 3e-5, beta 0, DAPO aggregation. Each run is its
-own subprocess (peak RSS is its own); impls alternate, `--repeats` times (`--vary-seed`: repeat r uses
-seed + r, and the per-step rewards of every run are printed: reward curves over seeds); the table shows
-medians. CPU seconds per step (the process's, one thread: what a loaded machine does not inflate
-much) and wall seconds are reported; CPU seconds per step are split into generation (the `generate`
-call), scoring (the rest of the generation round: reward, old-policy log-probs when needed) and
-training (forward + backward + optimizer) by wrapping each trainer's methods from outside.
+fp32, temperature 0.8, top_k 0 (off, TRL's default), lr 3e-5, beta 0, DAPO aggregation.
+
+On the shared harness (benchmarks/harness.py): each run is its own subprocess (peak RSS and start-up
+are its own), the impls alternate (A B A B), `--repeats` times (`--vary-seed`: repeat r uses seed + r).
+Per `--spg` value one harness table: median s/step (each step counted as its generation round's mean
+seconds, so generation is in it whatever spg; each run's first step left out), whole-process s,
+tokens/s (prompt + completion tokens trained on), MFU (6N per trained token + 2N per generated
+completion token), HW MFU (what the training forwards with grad computed, counted by hooks on the
+embedding and LM head, and on TRL's fused head, which on CPU projects every position of every row
+(prompt and padding too) where ablate projects completion positions only: generation and old-policy
+scoring run under no_grad in both trainers and are not counted; backward's recompute of checkpointed
+or fused logits chunks is not counted either),
+peak RSS, and max |dloss| against the FIRST impl's first run (same seed). With sampling, losses match
+only where the completions do: `trl` draws its own samples, so its difference from `ablate` is no
+correctness check (its completions and losses part after the first step); ablate sides with the same
+sampler and seed must be ~0: `ablate` vs `ablate:noshare` (same completions, training scores one row per
+completion instead of one per prompt), and `ablate:hf` where model.generate draws the same samples.
+So put the side to compare against first (default: ablate).
+
+A second table gives CPU seconds per step (the process's, one thread: what a loaded machine does not
+inflate much), split into generation (the `generate` call), scoring (the rest of the generation round:
+reward, old-policy log-probs when needed) and training (forward + backward + optimizer) by wrapping
+each trainer's methods from outside, with "vs trl" ratios (trl CPU s / impl CPU s; wall s likewise).
+Then the mean reward per step of every run (reward curves over seeds with `--vary-seed`).
 `--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
-`share_prompt` off (training scores one row per completion instead of one per prompt). Not part of the test
-run: numbers depend on the machine (the README records one set).
+`share_prompt` off. Not part of the test run: numbers depend on the machine (the README records one set).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable
 
+import harness  # benchmarks/harness.py (the script's dir is on sys.path)
 
-def _timed(obj: Any, name: str, box: dict[str, float], key: str) -> None:
-    """Wrap obj.name so its wall time accumulates in box[key], its CPU time in box[key + "_cpu"]."""
+
+def _timed(obj: Any, name: str, box: dict[str, float], key: str,
+           generated: Callable[[Any], int] | None = None) -> None:
+    """Wrap obj.name so its wall time accumulates in box[key], its CPU time in box[key + "_cpu"], and
+    (with `generated`: the result -> its completions' token count) box["generated_tokens"]."""
     fn = getattr(obj, name)
 
     def wrapper(*a: Any, **kw: Any) -> Any:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            return fn(*a, **kw)
+            out = fn(*a, **kw)
         finally:
             box[key] += time.perf_counter() - t0
             box[key + "_cpu"] += time.process_time() - c0
+        if generated is not None:
+            box["generated_tokens"] += generated(out)
+        return out
 
     setattr(obj, name, wrapper)
+
+
+def completion_tokens(completion_ids: list[list[int]]) -> int:
+    """Tokens sampled (each EOS included, no padding): what MFU counts 2N FLOPs for."""
+    return sum(len(ids) for ids in completion_ids)
+
+
+def round_means(step_seconds: list[float], spg: int) -> list[float]:
+    """Each step's seconds replaced by its generation round's mean (rounds: spg consecutive steps, the
+    first of which generates). The harness's median over steps would otherwise pick a training-only step
+    when spg > 1 and leave generation out of s/step (and MFU, which counts it, over 100%)."""
+    return [statistics.fmean(step_seconds[i - i % spg:i - i % spg + spg]) for i in range(len(step_seconds))]
 
 
 def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int) -> dict:
@@ -62,7 +95,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
                   max_completion_length=new_tokens, temperature=0.8, top_p=1.0, top_k=0, beta=0.0, learning_rate=3e-5,
                   lr_scheduler_type="constant", logging_steps=1, report_to="none", save_strategy="no",
                   use_cpu=True, bf16=False, seed=seed, disable_tqdm=True)
-    box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0}
+    box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0, "generated_tokens": 0}
     rewards: list[float] = []
 
     class Record(TrainerCallback):
@@ -71,12 +104,16 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
                 if k.startswith("rewards/") and k.endswith("/mean"):
                     rewards.append(float(v))
 
+    rec = harness.StepRecorder()  # per-step seconds, losses, tokens (num_input_tokens_seen: both count it)
+    rec.watch(model)  # HW MFU: only forwards with grad (training), not generation or no-grad scoring
     if impl == "trl":
         import trl
 
+        rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[one_word], train_dataset=train, processing_class=tok,
-                                  args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[Record()])
-        _timed(trainer, "_generate_single_turn", box, "generation")
+                                  args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[Record(), rec])
+        # returns (completion_ids, logprobs), the ids without padding after the first EOS
+        _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
         _timed(trainer, "_generate_and_score_completions", box, "round")
     else:
         from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator
@@ -84,19 +121,36 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         args = GRPOConfig(**common, share_prompt=impl != "ablate:noshare")
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                              reward_funcs={"one_word": one_word}, callbacks=[Record()], **kw)
+                              reward_funcs={"one_word": one_word}, callbacks=[Record(), rec], **kw)
         gen: Callable = trainer.generator
         trainer.generator = lambda m, p: gen(m, p)  # an instance attribute _timed can wrap
-        _timed(trainer, "generator", box, "generation")
+        _timed(trainer, "generator", box, "generation", completion_tokens)
         _timed(trainer, "_generate_and_score", box, "round")
     t0, c0 = time.perf_counter(), time.process_time()
     trainer.train()
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"impl": impl, "spg": spg, "s_per_step": total / steps, "cpu_per_step": cpu / steps,
-            "generation": box["generation_cpu"] / steps,
-            "scoring": (box["round_cpu"] - box["generation_cpu"]) / steps,
-            "training": (cpu - box["round_cpu"]) / steps,
-            "rewards": rewards, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    raw_step_seconds, rec.step_seconds = rec.step_seconds, round_means(rec.step_seconds, spg)
+    return harness.report(rec, model, trainer.args, generated_tokens=int(box["generated_tokens"]),
+                          impl=impl, spg=spg, seed=seed, wall_per_step=total / steps, cpu_per_step=cpu / steps,
+                          raw_step_seconds=raw_step_seconds, generation=box["generation_cpu"] / steps,
+                          scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
+                          training=(cpu - box["round_cpu"]) / steps, rewards=rewards)
+
+
+def cpu_table(results: dict[str, list[dict]], spg: int) -> str:
+    """CPU seconds per step split into generation / scoring / training, with "vs trl" ratios (trl's
+    seconds / the impl's: above 1x the impl is faster), wall seconds per step (whole train()), peak RSS."""
+    keys = ("cpu_per_step", "wall_per_step", "generation", "scoring", "training")
+    med = {impl: {k: statistics.median(r[k] for r in runs) for k in keys} for impl, runs in results.items()}
+    trl = med.get("trl", {k: float("nan") for k in keys})
+    lines = [f"{'impl':14} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
+             f"{'wall s/step':>11} {'vs trl':>7} {'RSS MB':>7}"]
+    for impl, m in med.items():
+        lines.append(f"{impl:14} {spg:>3} {m['cpu_per_step']:10.2f} {m['generation']:7.2f} {m['scoring']:7.2f} "
+                     f"{m['training']:7.2f} {trl['cpu_per_step'] / m['cpu_per_step']:6.2f}x "
+                     f"{m['wall_per_step']:11.2f} {trl['wall_per_step'] / m['wall_per_step']:6.2f}x "
+                     f"{max(r['peak_rss_mb'] for r in results[impl]):7.0f}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -109,47 +163,40 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vary-seed", action="store_true", help="repeat r runs seed + r (reward curves over seeds)")
-    p.add_argument("--impls", nargs="+", default=["ablate", "trl"])
+    p.add_argument("--impls", nargs="+", default=["ablate", "trl"],
+                   help="alternated; the first is the base max |dloss| is measured against")
     p.add_argument("--child", help="internal: run one impl and print its JSON")
     a = p.parse_args()
     if a.child:
-        print(json.dumps(run_one(a.child, a.steps, a.batch, a.num_generations, a.spg[0], a.new_tokens, a.seed)))
+        run_one(a.child, a.steps, a.batch, a.num_generations, a.spg[0], a.new_tokens, a.seed)
         return
-    results: dict[tuple[str, int], list[dict]] = {}
-    for spg in a.spg:
-        for rep in range(a.repeats):
-            for impl in a.impls:  # alternate: A B A B
-                seed = a.seed + rep if a.vary_seed else a.seed
-                out = subprocess.run([sys.executable, __file__, "--child", impl, "--steps", str(a.steps), "--spg",
-                                      str(spg), "--batch", str(a.batch), "--num-generations", str(a.num_generations),
-                                      "--new-tokens", str(a.new_tokens), "--seed", str(seed)],
-                                     capture_output=True, text=True)
-                if out.returncode != 0:
-                    sys.exit(f"{impl} spg {spg} failed:\n{out.stderr[-3000:]}")
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                results.setdefault((impl, spg), []).append(r)
-                print(f"  {impl} spg {spg}: {r['s_per_step']:.2f} s/step", file=sys.stderr, flush=True)
-    load = os.getloadavg()
     print(f"GRPO, SmolLM2-135M-Instruct fp32, {a.batch} completions/step ({a.num_generations} per prompt), "
-          f"{a.new_tokens} new tokens, {a.steps} steps, {a.repeats} repeats (median), CPU "
-          f"{os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
-          f"load average {load[0]:.2f} {load[1]:.2f}")
-    print("CPU s/step: process CPU seconds per optimizer step (one thread; robust to a shared machine's load),")
-    print("split into generation / scoring / training; wall s/step as measured (load-dependent)")
-    print(f"{'impl':14} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
-          f"{'wall s/step':>11} {'vs trl':>7} {'RSS MB':>7}")
-    keys = ("cpu_per_step", "s_per_step", "generation", "scoring", "training")
-    for (impl, spg), runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in keys}
-        trl = {k: statistics.median(r[k] for r in results[("trl", spg)]) for k in keys} if ("trl", spg) in results \
-            else {k: float("nan") for k in keys}
-        print(f"{impl:14} {spg:>3} {med['cpu_per_step']:10.2f} {med['generation']:7.2f} {med['scoring']:7.2f} "
-              f"{med['training']:7.2f} {trl['cpu_per_step'] / med['cpu_per_step']:6.2f}x {med['s_per_step']:11.2f} "
-              f"{trl['s_per_step'] / med['s_per_step']:6.2f}x {max(r['peak_rss_mb'] for r in runs):7.0f}")
-    print("mean reward per step (one row per run: impl, spg, seed order as run)")
-    for (impl, spg), runs in results.items():
-        for r in runs:
-            print(f"  {impl:10} spg {spg}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
+          f"{a.new_tokens} new tokens, {a.steps} steps, {a.repeats} repeats (median)")
+    for spg in a.spg:
+        load = harness.load_average()
+        results: dict[str, list[dict]] = {impl: [] for impl in a.impls}
+        for rep in range(a.repeats):  # one alternated round per repeat: its seed can differ (--vary-seed)
+            seed = a.seed + rep if a.vary_seed else a.seed
+            args = ["--steps", str(a.steps), "--spg", str(spg), "--batch", str(a.batch), "--num-generations",
+                    str(a.num_generations), "--new-tokens", str(a.new_tokens), "--seed", str(seed)]
+            round_ = harness.run_alternately({impl: [sys.executable, __file__, "--child", impl, *args]
+                                              for impl in a.impls}, repeats=1)
+            for impl, runs in round_.items():
+                results[impl] += runs
+                print(f"  {impl} spg {spg} seed {seed}: {runs[0]['wall_per_step']:.2f} s/step",
+                      file=sys.stderr, flush=True)
+        print()
+        harness.print_table(f"GRPO spg {spg}: max |dloss| vs {a.impls[0]} (seed {a.seed}"
+                            f"{', first repeat' if a.vary_seed else ''}); only comparable between sides "
+                            "with the same sampler (different samplers: different completions, different losses)",
+                            results, load)
+        print("CPU s/step: process CPU seconds per optimizer step (one thread; robust to a shared machine's load),")
+        print("split into generation / scoring / training; wall s/step: whole train() / steps (load-dependent)")
+        print(cpu_table(results, spg))
+        print("mean reward per step (one row per run: impl, seed, in the order run)")
+        for impl, runs in results.items():
+            for r in runs:
+                print(f"  {impl:14} seed {r['seed']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
 
 
 if __name__ == "__main__":

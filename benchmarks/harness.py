@@ -19,7 +19,8 @@ carries warm-up), whole-process seconds (median; start-up, data preparation and 
 precompute included), tokens/s at the median step, MFU (ablate.speed: 6N FLOPs per trained token, 2N
 per generated one, against the peak that ablate measures and caches per machine, or `peak_tflops`),
 HW MFU (the FLOPs the training forwards and backwards actually computed: 6N per position through the
-model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`),
+model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`;
+TRL's fused LM head bypasses the head module: its children add `StepRecorder.watch_trl_fused_head`),
 peak RSS (max over repeats), and the largest per-step loss difference from the first implementation.
 The load average is printed with the table: on a shared machine, numbers are only comparable within
 one table. Run by hand; the tests check the harness, never the timings.
@@ -68,6 +69,25 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
         model.get_input_embeddings().register_forward_pre_hook(count("tokens", 1))
         head = model.get_output_embeddings()
         head.register_forward_pre_hook(count("head_rows", head.weight.shape[1]))
+
+    def watch_trl_fused_head(self) -> None:
+        """TRL 1.16's DPO and GRPO trainers score through a fused LM head (`add_fused_lm_head`): the
+        backbone's hidden states times `lm_head.weight` in a custom autograd function, never the head
+        module's call, so `watch` sees no head rows. Count its rows (with grad) here; on CPU it projects
+        every position of every row, prompt and padding included. Call in TRL's children (imports trl)."""
+        import torch
+        from trl.trainer import utils
+
+        fused, computed = utils._ChunkedLogProbFunction, self.computed
+
+        class Counted:
+            @staticmethod
+            def apply(hidden: Any, *args: Any) -> Any:
+                if torch.is_grad_enabled():
+                    computed["head_rows"] += hidden.shape[0]
+                return fused.apply(hidden, *args)
+
+        utils._ChunkedLogProbFunction = Counted
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()

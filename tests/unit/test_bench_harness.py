@@ -71,3 +71,113 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
     # training forwards only: 2 steps of 4 padded rows, every position through the head (SFT's logits)
     assert out["computed"]["tokens"] == out["computed"]["head_rows"] >= out["tokens"] > 0
     assert out["head_params"] == model.get_output_embeddings().weight.numel()
+
+
+import grpo_vs_trl  # noqa: E402  (benchmarks/grpo_vs_trl.py: its parent side needs no torch)
+
+
+def _grpo_child(impl: str, losses: list[float], cpu: float, wall: float, trl: bool = False) -> dict:
+    """A GRPO child's JSON as grpo_vs_trl.run_one reports it: harness.report's fields + its extras."""
+    return {"step_seconds": [5.0, wall, wall], "losses": losses, "tokens": 0 if trl else 600, "generated_tokens": 90,
+            "flops_per_token": 6.0, "peak_flops": 1000.0, "peak_rss_mb": 100.0,
+            "computed": {"tokens": 300, "head_rows": 90}, "head_params": 0.5, "device": "cpu|float32",
+            "process_seconds": 20.0, "impl": impl, "spg": 1, "seed": 0, "wall_per_step": wall, "cpu_per_step": cpu,
+            "generation": cpu / 4, "scoring": cpu / 4, "training": cpu / 2, "rewards": [0.1, 0.2, 0.3]}
+
+
+def test_grpo_children_tabulate(capsys) -> None:
+    results = {"ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
+               "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
+               "trl": [_grpo_child("trl", [0.1, 0.5, 0.3], cpu=6.0, wall=8.0, trl=True)]}
+    base, noshare, trl = harness.summarize(results)
+    # 600 tokens / 3 steps = 200 per step trained (6N), 30 generated (2N): (1200 + 60) / 2 s / 1000
+    assert base["mfu"] == pytest.approx(1260 / 2.0 / 1000) and trl["mfu"] == pytest.approx(1260 / 8.0 / 1000)
+    assert not trl["tokens_counted"] and trl["tokens_per_s"] == 25.0  # ablate's count, at trl's 8 s/step
+    assert base["hw_mfu"] == pytest.approx(6 * (0.5 * 100 + 0.5 * 30) / 2.0 / 1000)
+    assert noshare["max_loss_diff"] == 0.0 and trl["max_loss_diff"] == pytest.approx(0.3)  # against the first
+    harness.print_table("GRPO spg 1", results)
+    out = capsys.readouterr().out
+    assert "(base)" in out and "3.00e-01" in out and "HW MFU" in out and "device: cpu|float32" in out
+    table = grpo_vs_trl.cpu_table(results, spg=1).splitlines()
+    assert "vs trl" in table[0] and len(table) == 4
+    assert table[1].split()[:6] == ["ablate", "1", "2.00", "0.50", "0.50", "1.00"]
+    assert "3.00x" in table[1] and "4.00x" in table[1]  # trl 6 CPU s / 2, 8 wall s / 2
+    assert "1.00x" in table[3]
+    assert "nan" in grpo_vs_trl.cpu_table({"ablate": results["ablate"]}, spg=1)  # no trl side: no ratio
+
+
+def test_grpo_timed_counts_completions() -> None:
+    class T:
+        def trl_generate(self, n: int) -> tuple[list[list[int]], None]:  # TRL: (completion_ids, logprobs)
+            return [[1] * n, [2] * (n + 1)], None
+
+    t, box = T(), {"generation": 0.0, "generation_cpu": 0.0, "generated_tokens": 0}
+    grpo_vs_trl._timed(t, "trl_generate", box, "generation", lambda out: grpo_vs_trl.completion_tokens(out[0]))
+    assert t.trl_generate(3)[0] == [[1, 1, 1], [2, 2, 2, 2]]
+    t.trl_generate(1)
+    assert box["generated_tokens"] == 7 + 3 and box["generation"] > 0
+
+
+def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path) -> None:
+    """ablate's GRPO with its default sampler and spg 2 (so pi_old is scored too): the watched counts
+    exclude generation and no-grad scoring; the head projects each sampled token once per step."""
+    import torch
+    from datasets import Dataset
+
+    from ablate.models import tiny
+    from ablate.trainers.grpo import GRPOConfig, GRPOTrainer
+
+    tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    rec = harness.StepRecorder()
+    rec.watch(model)
+    every = {"tokens": 0}  # all forwards, grad or not
+    model.get_input_embeddings().register_forward_pre_hook(
+        lambda m, inputs: every.__setitem__("tokens", every["tokens"] + inputs[0].numel()))
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                      steps_per_generation=2, max_completion_length=4, max_steps=2, report_to="none",
+                      save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, use_cpu=True)
+    data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(8)]})
+    trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                          reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
+                          callbacks=[rec])
+    box = {"generation": 0.0, "generation_cpu": 0.0, "generated_tokens": 0}
+    gen = trainer.generator
+    trainer.generator = lambda m, p: gen(m, p)
+    grpo_vs_trl._timed(trainer, "generator", box, "generation", grpo_vs_trl.completion_tokens)
+    trainer.train()
+    assert box["generated_tokens"] > 0 and torch.is_grad_enabled()
+    assert rec.computed["head_rows"] == box["generated_tokens"]  # one round of 8 completions, trained over 2 steps
+    assert 0 < rec.computed["tokens"] < every["tokens"]  # generation and pi_old's scoring left out
+    assert len(rec.losses) == 2
+
+
+def test_trl_fused_head_rows_counted_with_grad_only(monkeypatch) -> None:
+    """TRL's fused LM head never calls the head module: `watch` alone would count 0 head rows."""
+    import torch
+    from trl.trainer import utils
+    from trl.trainer.utils import add_fused_lm_head
+
+    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", utils._ChunkedLogProbFunction)  # restored after
+
+    from ablate.models import tiny
+
+    tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    rec = harness.StepRecorder()
+    rec.watch(model)
+    rec.watch_trl_fused_head()
+    add_fused_lm_head(model)
+    ids = torch.randint(0, 100, (3, 5))
+    labels = ids.clone()
+    labels[:, :2] = -100  # a prompt: not scored, but on CPU TRL projects it anyway
+    out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    out.loss.backward()
+    assert rec.computed == {"tokens": 15, "head_rows": 3 * 4}  # every shifted position of every row
+    with torch.no_grad():
+        model(input_ids=ids, labels=labels, fused_lm_head=True)
+    assert rec.computed == {"tokens": 15, "head_rows": 12}
+
+
+def test_grpo_step_seconds_are_round_means() -> None:
+    # spg 2: steps 1 and 3 generate (slow), 2 and 4 only train; a partial last round is its own mean
+    assert grpo_vs_trl.round_means([5.0, 1.0, 3.0, 1.0, 4.0], spg=2) == [3.0, 3.0, 2.0, 2.0, 4.0]
+    assert grpo_vs_trl.round_means([5.0, 1.0], spg=1) == [5.0, 1.0]
