@@ -90,10 +90,9 @@ def run_one(impl: str, preset: dict) -> dict:
     import torch
     from datasets import Dataset
 
+    from ablate import memory
     from ablate.data import packaged
     from ablate.models import smollm2_135m, tiny
-
-    from ablate import memory
 
     memory.apply(MALLOC.get(impl))  # as the CLI's runs.prepare does, before the model's tensors exist
     torch.manual_seed(0)
