@@ -25,13 +25,14 @@ NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own colum
 
 
 def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
-    """Early in a run, before any heavy work: threads, tags, notes, pid -> run.json."""
+    """Early in a run, before any heavy work: threads, malloc, tags, notes, pid -> run.json."""
     from hydra.core.hydra_config import HydraConfig
 
-    from ablate import threads
+    from ablate import memory, threads
 
     launcher = HydraConfig.get().get("launcher") if HydraConfig.initialized() else None
     info.update(threads.apply(cfg.get("threads"), launcher))
+    info.update(memory.apply(cfg.get("malloc_mmap_threshold")))  # before the model's first tensors
     info["tags"] = [str(t) for t in (cfg.get("tags") or [])]
     info["notes"] = cfg.get("notes")
     info["host"], info["pid"] = socket.gethostname(), os.getpid()

@@ -37,7 +37,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A scratch cwd with one real run (default run dir) and a few hand-written ones."""
     cwd = tmp_path_factory.mktemp("scratch dir")
     r = ablate("train", "method.args.max_steps=2", "method.args.save_strategy=no", "tags=[baseline,v2]",
-               'notes="first try"', "threads=1", cwd=cwd)
+               'notes="first try"', "threads=1", "malloc_mmap_threshold=131072", cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
     out = cwd / "outputs"
     dead = 2**22 + 12345  # above the default pid_max: no such process
@@ -56,6 +56,7 @@ def test_real_run_records_tags_notes_and_threads(scratch: Path) -> None:
     info = json.loads(info_path.read_text())
     assert info["tags"] == ["baseline", "v2"] and info["notes"] == "first try"
     assert info["threads"] == 1 and info["threads_source"] == "config threads"
+    assert info["malloc_mmap_threshold"] == 131072  # ablate.memory applied (glibc) in the user's run
     assert "tags" not in info_path.parent.name and "notes" not in info_path.parent.name  # labels don't name the dir
 
 
