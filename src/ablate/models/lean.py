@@ -103,13 +103,50 @@ class SiluMulFunction(torch.autograd.Function):
         return grad_gate, grad_up
 
 
+class SiluMulLinearFunction(torch.autograd.Function):
+    """`linear(silu(gate) * up, weight)` (the MLP's down projection fused in) saving gate and up only:
+    the product, which `down_proj` as a module saves as its input (one intermediate-size tensor per
+    token and layer, the largest saved in the MLP), is recomputed in backward.
+
+    Forward runs the eager ops (autocast, when on, casts the linear's operands as it does for the
+    module), so it is bitwise equal. Backward computes what autograd does for `F.linear(h, w)` with
+    h = silu(gate) * up: dL/dw = g^T h and dL/dh = g w, with the operands in the dtype the forward's
+    matmul ran in (its output's: autocast's cast of h and w), each result cast back as autocast's
+    casts do in backward, then SiluMulFunction's backward for h. A bias-free nn.Linear only (Llama/Mistral/Qwen2/3's down_proj)."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up, weight)
+        return nn.functional.linear(nn.functional.silu(gate) * up, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        gate, up, weight = ctx.saved_tensors
+        h = nn.functional.silu(gate) * up  # recomputed: the tensor down_proj would have saved
+        dtype = grad.dtype  # the forward matmul's dtype (its output's): autocast's, or the inputs'
+        grad_w = None
+        if ctx.needs_input_grad[2]:
+            grad_w = grad.reshape(-1, grad.shape[-1]).t().mm(h.reshape(-1, h.shape[-1]).to(dtype)).to(weight.dtype)
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            return None, None, grad_w
+        grad_h = grad.matmul(weight.to(dtype)).to(h.dtype)
+        grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate) if ctx.needs_input_grad[0] else None
+        grad_up = grad_h * nn.functional.silu(gate) if ctx.needs_input_grad[1] else None
+        return grad_gate, grad_up, grad_w
+
+
 def _lean_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     return RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
 
 
 def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    # the projections stay module calls, so LoRA (or quantized) layers on them keep working
-    return self.down_proj(SiluMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+    # the projections stay module calls, so LoRA (or quantized) layers on them keep working; a plain
+    # bias-free down_proj is fused into the product (its input is then not saved for backward)
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    down = self.down_proj
+    if type(down) is nn.Linear and down.bias is None:
+        return SiluMulLinearFunction.apply(gate, up, down.weight)
+    return down(SiluMulFunction.apply(gate, up))
 
 
 def make_lean(model: nn.Module) -> int:
