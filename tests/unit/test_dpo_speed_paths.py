@@ -278,28 +278,3 @@ def test_packed_bf16_autocast_runs_eager_with_sdpa_precision(arch, monkeypatch):
         assert 0 < err <= 2 * bf16_err, (err, bf16_err)
     calls.clear()
     assert torch.equal(run(packed_src, False, **packed)[0], run(packed_src, False, **packed)[0]) and not calls
-
-
-def test_packed_gqa_attention_saves_key_value_heads_once():
-    """Qwen2 with 4 query and 2 key/value heads, packed on CPU: the attention saves k and v for backward
-    at 2 heads (torch's enable_gqa), not repeated to 4 as transformers' masked sdpa does; the packed
-    forward's numbers are the padded forward's (test_packed_forward_equals_padded[qwen2-*])."""
-    tok, _ = tiny()
-    model = _moved(_qwen2())
-    b = shared_prompt_pairs(_rows(tok), tok.pad_token_id)
-    inputs = {k: b[k] for k in ("input_ids", "position_ids", "attention_mask")}
-    use_packed_attention(model)
-    packed, _ = packed_inputs(inputs, b["src"], b["lengths"])
-    backbone, _ = lm_parts(model)
-    rows, width = b["input_ids"].shape
-    shapes = []
-
-    def pack(t):
-        shapes.append(tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        backbone(**packed).last_hidden_state.sum()
-    head_dim = backbone.config.hidden_size // backbone.config.num_attention_heads
-    assert shapes.count((rows, 2, width, head_dim)) == 2 * backbone.config.num_hidden_layers  # k and v
-    assert (rows, 4, width, head_dim) in shapes  # q (and the output) at 4 heads

@@ -128,8 +128,6 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     sdpa = packing.sdpa_attention_forward
     monkeypatch.setattr(packing, "sdpa_attention_forward",  # the rows attention runs on
                         lambda m, q, *a, **k: attention.append(q.shape[0]) or sdpa(m, q, *a, **k))
-    gqa = packing._sdpa_gqa  # grouped-query models (qwen2 here) on CPU: torch's enable_gqa
-    monkeypatch.setattr(packing, "_sdpa_gqa", lambda q, *a, **k: attention.append(q.shape[0]) or gqa(q, *a, **k))
     layer = model.get_base_model() if arch.startswith("llama_lora") else model
     hook = layer.model.layers[0].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(i[0].shape[:-1])))
     fast = run()
