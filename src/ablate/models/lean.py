@@ -112,7 +112,8 @@ class SiluMulLinearFunction(torch.autograd.Function):
     module), so it is bitwise equal. Backward computes what autograd does for `F.linear(h, w)` with
     h = silu(gate) * up: dL/dw = g^T h and dL/dh = g w, with the operands in the dtype the forward's
     matmul ran in (its output's: autocast's cast of h and w), each result cast back as autocast's
-    casts do in backward, then SiluMulFunction's backward for h. A bias-free nn.Linear only (Llama/Mistral/Qwen2/3's down_proj)."""
+    casts do in backward, then SiluMulFunction's backward for h. A bias-free nn.Linear only
+    (Llama/Mistral/Qwen2/3's down_proj)."""
 
     @staticmethod
     def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
