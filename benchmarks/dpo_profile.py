@@ -20,10 +20,14 @@ from datasets import Dataset
 sys.path.insert(0, str(Path(__file__).parent))
 from dpo_vs_trl import long_sort  # noqa: E402
 
-from ablate.data.pairs import plain_targets  # noqa: E402
-from ablate.losses.logps import completion_logps, per_sequence, sequence_logps, token_logps  # noqa: E402
+from ablate.losses.logps import (  # noqa: E402
+    completion_logps,
+    sequence_logps,
+    token_logps,
+)
+from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
-from ablate.trainers.dpo import DPOConfig, DPOTrainer  # noqa: E402
+from ablate.speed.pairs import plain_targets  # noqa: E402
 
 
 def cpu(f, n: int = 3) -> float:

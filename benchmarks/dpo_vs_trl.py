@@ -15,7 +15,7 @@ turns on by default, and transformers' own RMSNorm and MLP modules), `ablate` (d
 completion-only logits, padding-free, lean layers), `ablate_plain` (the first three off: TRL's layout),
 `ablate_shared`, `ablate_logits` (one each), `ablate_padded` (the defaults but padded), `ablate_heavy`
 (the defaults but no lean layers: transformers' RMSNorm and MLP save more for backward), `ablate_lowmem`
-(the defaults plus `malloc_mmap_threshold=131072`, applied by the same ablate.memory.apply as the CLI's). Tokens/s counts prompt +
+(the defaults plus `malloc_mmap_threshold=131072`, applied by the same ablate.run.memory.apply as the CLI's). Tokens/s counts prompt +
 completion tokens of both sides (TRL's `num_tokens`) for every side, so the shared prompt shows as
 more tokens/s for the same data. Not part of the test run: numbers depend on the machine.
 """
@@ -45,7 +45,7 @@ SPEED = {"ablate": {}, "ablate_plain": dict(share_prompt=False, completion_only_
          "ablate_shared": dict(completion_only_logits=False, padding_free=False),
          "ablate_logits": dict(share_prompt=False, padding_free=False), "ablate_padded": dict(padding_free=False),
          "ablate_heavy": {}, "ablate_lowmem": {}}
-# the `malloc_mmap_threshold` config key per side (ablate.memory; default: malloc as it is)
+# the `malloc_mmap_threshold` config key per side (ablate.run.memory; default: malloc as it is)
 MALLOC = {"ablate_lowmem": 131072}
 # model-builder arguments per side (default: the builder's defaults): TRL gets transformers' own modules
 BUILD = {"trl": dict(lean_layers=False), "ablate_heavy": dict(lean_layers=False)}
@@ -90,11 +90,11 @@ def run_one(impl: str, preset: dict) -> dict:
     import torch
     from datasets import Dataset
 
-    from ablate import memory
     from ablate.data import packaged
     from ablate.models import smollm2_135m, tiny
+    from ablate.run import memory
 
-    memory.apply(MALLOC.get(impl))  # as the CLI's runs.prepare does, before the model's tensors exist
+    memory.apply(MALLOC.get(impl))  # as the CLI run (ablate.run.process.prepare) does, before the model's tensors exist
     torch.manual_seed(0)
     if preset["model"] == "smollm2":
         tok, model = smollm2_135m(**BUILD.get(impl, {}))
@@ -122,7 +122,7 @@ def run_one(impl: str, preset: dict) -> dict:
         trainer = trl.DPOTrainer(model=model, ref_model=None, args=trl.DPOConfig(**common),
                                  train_dataset=train, processing_class=tok, callbacks=[rec])
     else:
-        from ablate.trainers.dpo import DPOConfig, DPOTrainer
+        from ablate.methods.dpo import DPOConfig, DPOTrainer
 
         trainer = DPOTrainer(model=model, args=DPOConfig(**common, **SPEED[impl]), train_dataset=train,
                              processing_class=tok, callbacks=[rec])

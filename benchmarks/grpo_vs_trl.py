@@ -116,7 +116,8 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
         _timed(trainer, "_generate_and_score_completions", box, "round")
     else:
-        from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator
+        from ablate.methods.grpo import GRPOConfig, GRPOTrainer
+        from ablate.rollouts.generation import HFGenerator
 
         args = GRPOConfig(**common, share_prompt=impl != "ablate:noshare")
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}

@@ -16,7 +16,7 @@ Parent side:
 
 Columns: median seconds per optimizer step (all steps of all repeats but each run's first, which
 carries warm-up), whole-process seconds (median; start-up, data preparation and any reference
-precompute included), tokens/s at the median step, MFU (ablate.speed: 6N FLOPs per trained token, 2N
+precompute included), tokens/s at the median step, MFU (ablate.speed.throughput: 6N FLOPs per trained token, 2N
 per generated one, against the peak that ablate measures and caches per machine, or `peak_tflops`),
 HW MFU (the FLOPs the training forwards and backwards actually computed: 6N per position through the
 model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`;
@@ -34,7 +34,6 @@ import platform
 import resource
 import statistics
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -107,7 +106,7 @@ def report(rec: StepRecorder, model: Any, args: Any, tokens: int | None = None, 
            **extra: Any) -> dict[str, Any]:
     """Print the child's result as one JSON line (and return it). `tokens`: tokens trained on, when
     the trainer does not count them in `num_input_tokens_seen`; `generated_tokens`: GRPO's samples."""
-    from ablate import speed
+    from ablate.speed import throughput as speed
 
     out = {"step_seconds": rec.step_seconds, "losses": rec.losses,
            "tokens": tokens if tokens is not None else (rec.tokens[-1] if rec.tokens else 0),

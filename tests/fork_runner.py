@@ -22,9 +22,9 @@ import omegaconf  # noqa: F401
 import yaml  # noqa: F401
 
 import ablate.cli
-import ablate.sweep  # noqa: F401
+import ablate.launchers.sweep  # noqa: F401
+import ablate.run.validate  # noqa: F401
 import ablate.train  # noqa: F401 - hydra, omegaconf; not torch
-import ablate.validate  # noqa: F401
 
 
 def _child(job: dict, out: str, err: str) -> None:

@@ -17,9 +17,9 @@ import torch
 from datasets import Dataset
 
 from ablate.data import DataSplits, packaged
-from ablate.data.format import encode_completion, encode_prompt
+from ablate.data.tokenize import encode_completion, encode_prompt
+from ablate.methods.dpo import DPOTrainer
 from ablate.models.tokenizer import byte_tokenizer
-from ablate.trainers.dpo import DPOTrainer
 
 
 def pretokenized(name: str = "sort_prefs", max_train_samples: int | None = None) -> DataSplits:

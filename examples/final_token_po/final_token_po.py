@@ -25,7 +25,7 @@ import torch
 
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import token_logps
-from ablate.trainers.dpo import DPOTrainer
+from ablate.methods.dpo import DPOTrainer
 
 
 def divergence_index(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ablate.losses.logps import selective_log_softmax
-from ablate.trainers.dpo import DPOConfig, DPOTrainer
+from ablate.methods.dpo import DPOConfig, DPOTrainer
 
 
 @dataclass

@@ -5,11 +5,13 @@ No heavy imports here (no torch, no datasets): the launching process uses it to 
 
 from __future__ import annotations
 
-from ablate.rundir import RunDirError
-
 
 class ConfigError(ValueError):
     """A config value ablate refuses (checked before any model is built)."""
+
+
+class RunDirError(ValueError):
+    """The run dir cannot be used (another process holds it, it is not an ablate run, it is corrupt)."""
 
 
 class DataError(ValueError):
@@ -24,3 +26,12 @@ def missing_extra(module: str, extra: str, what: str) -> ConfigError:
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, FloatingPointError)
+
+
+def user_error(e: BaseException | None) -> BaseException | None:
+    """The user-fixable error behind `e`, if any (Hydra's instantiate wraps errors in its own)."""
+    while e is not None:
+        if isinstance(e, USER_ERRORS):
+            return e
+        e = e.__cause__
+    return None

@@ -15,7 +15,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.cli import conf_dir, register_resolvers
+from ablate.paths import conf_dir
+from ablate.run.compose import register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
@@ -171,15 +172,15 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.train import _check_precision
+        from ablate.run.validate import check_precision
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get("fp16"):  # no GPU here: refused before any TrainingArguments exist
             with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-                _check_precision(node)
+                check_precision(node)
             return
-        device_args = _check_precision(node)  # bf16 without a GPU: use_cpu
+        device_args = check_precision(node)  # bf16 without a GPU: use_cpu
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **device_args, **flags)
         assert (args.bf16, args.fp16) == (flags["bf16"], flags["fp16"])
     elif group == "distributed":
@@ -188,15 +189,15 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.train import _check_distributed
+        from ablate.run.validate import check_distributed
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get("fsdp"):  # no GPU here: accelerate would run plain DDP, so it is refused
             with pytest.raises(ConfigError, match="CUDA"):
-                _check_distributed(node)
+                check_distributed(node)
             return
-        _check_distributed(node)
+        check_distributed(node)
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **flags)
         assert not args.fsdp
     else:
@@ -234,12 +235,12 @@ def test_experiment_files_compose(name):
 
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (README, Layout)
-CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("trainers",), "method/loss": ("losses",),
-        "method/scale_rewards": ("losses",), "method/objective": ("losses",), "method/reward_aggregation": ("losses",),
-        "optimizer": ("optimizer",), "optimizer/scheduler": ("optimizer",),
-        "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("compute_metrics",),
+CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts"),
+        "method/loss": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
+        "method/reward_aggregation": ("losses",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
+        "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
-        "debug": ("debug",), "distributed": (), "sweep": ()}  # distributed: TrainingArguments keys; sweep: Hydra's
+        "debug": ("callbacks",), "distributed": ()}  # distributed: TrainingArguments keys
 
 
 def test_every_group_maps_onto_its_code():
@@ -250,4 +251,5 @@ def test_every_group_maps_onto_its_code():
     for group, modules in CODE.items():
         for path in (CONF / group).glob("*.yaml"):
             for target in re.findall(r"_target_:\s*ablate\.([\w.]+)", path.read_text()):
-                assert target.split(".")[0] in modules, f"conf/{group}/{path.name}: ablate.{target} is not in {modules}"
+                assert any(target == m or target.startswith(m + ".") for m in modules), \
+                    f"conf/{group}/{path.name}: ablate.{target} is not in {modules}"

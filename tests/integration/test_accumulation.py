@@ -9,7 +9,6 @@ count of the whole accumulated batch (num_items_in_batch), so neither depends on
 from __future__ import annotations
 
 import pytest
-
 from conftest import ablate, metrics
 
 EXPERIMENT = "# @package _global_\nmethod:\n  args:\n    per_device_train_batch_size: {b}\n    gradient_accumulation_steps: {a}\n"

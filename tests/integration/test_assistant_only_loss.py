@@ -10,9 +10,8 @@ import json
 import re
 from pathlib import Path
 
-from datasets import Dataset
-
 from conftest import ablate, summary
+from datasets import Dataset
 
 ENV = {"OMP_NUM_THREADS": "1"}
 CONVERSATIONS = [[{"role": "user", "content": f"sort: {q}"}, {"role": "assistant", "content": "".join(sorted(q))},
@@ -61,8 +60,8 @@ def test_shipped_caps_messages_preview(tmp_path):
 
 
 def test_labels_cover_only_assistant_tokens_and_it_trains(tmp_path):
+    from ablate.methods.sft import SFTConfig, SFTTrainer
     from ablate.models import tiny
-    from ablate.trainers.sft import SFTConfig, SFTTrainer
 
     tok, model = tiny()
     args = SFTConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, report_to="none",

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from conftest import TESTS, ablate
 
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
@@ -299,7 +298,7 @@ def test_missing_slurm_launcher_names_the_extra():
     checked on the error Hydra raises when the plugin's config is missing."""
     from hydra.errors import MissingConfigException
 
-    from ablate.validate import one_line
+    from ablate.run.validate import one_line
 
     e = MissingConfigException("Could not find 'hydra/launcher/submitit_slurm'", "hydra/launcher/submitit_slurm")
     assert one_line(e) == ("hydra/launcher=slurm needs the optional package 'hydra_submitit_launcher', "

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ablate import compare, sweep
+from ablate.analysis import compare
+from ablate.launchers import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,12 +127,14 @@ def test_sweep_names_become_multirun_argv() -> None:
     assert exclude == "hydra.job.config.override_dirname.exclude_keys=[sweep_name,tags,notes,sweep,seed,logger]"
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "conf" / "sweep").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_sweep_config_is_hydras_format_with_a_comment_and_a_name(path: Path) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ablate.cli import conf_dir, find_sweep, register_resolvers
+    from ablate.cli.sweep import find_sweep
+    from ablate.paths import conf_dir
+    from ablate.run.compose import register_resolvers
 
     assert path.read_text().startswith("# @package _global_\n# ")
     register_resolvers()

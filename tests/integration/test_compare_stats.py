@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ablate import compare, stats
-
 from integration.test_compare import write_run
+
+from ablate.analysis import compare, stats
 
 # rewards/margins per (loss, seed): hinge - sigmoid per seed = 0.3, 0.5, 0.4 (mean 0.4, all > 0)
 MARGINS = {("sigmoid", 1): 0.2, ("sigmoid", 2): 0.4, ("sigmoid", 3): 0.3,

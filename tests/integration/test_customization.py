@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ablate, metrics, summary
 
 FAST = ("method.args.max_steps=2", "method.args.logging_steps=1", "data.max_train_samples=32")

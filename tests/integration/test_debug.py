@@ -60,7 +60,8 @@ def test_presets_compose_and_document_every_field() -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ablate.cli import conf_dir, register_resolvers
+    from ablate.paths import conf_dir
+    from ablate.run.compose import register_resolvers
 
     register_resolvers()
     presets = sorted(p.stem for p in (Path(conf_dir()) / "debug").glob("*.yaml"))

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from conftest import ROOT, TESTS, ablate, metrics, summary
 
 FAST = ("method.args.max_steps=3", "method.args.logging_steps=1", "data.max_train_samples=32")

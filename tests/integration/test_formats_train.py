@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from datasets import Dataset
-
 from conftest import ablate
+from datasets import Dataset
 
 ENV = {"OMP_NUM_THREADS": "1"}
 Q = ["sort: cba", "sort: fed", "sort: hg", "sort: kji"]
@@ -119,10 +118,10 @@ FORMATS = {
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_every_format_trains(tmp_path, name):
+    from ablate.methods.dpo import DPOConfig, DPOTrainer
+    from ablate.methods.grpo import GRPOConfig, GRPOTrainer
+    from ablate.methods.sft import SFTConfig, SFTTrainer
     from ablate.models import tiny
-    from ablate.trainers.dpo import DPOConfig, DPOTrainer
-    from ablate.trainers.grpo import GRPOConfig, GRPOTrainer
-    from ablate.trainers.sft import SFTConfig, SFTTrainer
 
     method, rows = FORMATS[name]
     tok, model = tiny()

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ablate
 
 
@@ -22,7 +21,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_adapter_run_loads_with_trained_adapters(lora_run: Path) -> None:
-    from ablate.generate import load_run_model, render
+    from ablate.cli.generate import load_run_model, render
 
     tok, model = load_run_model(lora_run)
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]

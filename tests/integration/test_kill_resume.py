@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TESTS, ablate, metrics, summary
 
 RUNS = {

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
-
 from conftest import TESTS, ablate, metrics, summary
 
 FAST = ("method.args.max_steps=3", "method.args.logging_steps=1", "data.max_train_samples=24")

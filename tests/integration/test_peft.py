@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ablate, metrics, summary
+from safetensors.torch import load_file
 
 ENV = {"OMP_NUM_THREADS": "1"}
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ablate
 
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -101,7 +100,7 @@ def test_config_dir_and_pretokenized_data(tmp_path):
 def test_colour_only_on_a_terminal(monkeypatch):
     import io
 
-    from ablate.data.preview import CLOSE, GREEN, OPEN, preview
+    from ablate.cli.preview import CLOSE, GREEN, OPEN, preview
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -23,7 +23,6 @@ are the test's environment's.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -33,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, TESTS, summary
 
 import ablate
-from conftest import ROOT, TESTS, summary
 
 DOCS = ["README.md", "docs/extending.md"]
 STEPS = "method.args.max_steps=2"

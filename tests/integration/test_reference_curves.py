@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from reference.record import COMMON, KEYS, RUNS, curve, versions
 
 CURVES = json.loads((Path(__file__).resolve().parents[1] / "reference" / "curves.json").read_text())

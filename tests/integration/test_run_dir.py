@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TESTS, ablate, metrics, summary
 
 FAST = ["method.args.max_steps=6", "method.args.save_steps=2", "method.args.logging_steps=1",
@@ -261,7 +260,7 @@ def test_stopping_local_parallel_sweep_stops_workers(tmp_path, how):
 def test_minor_items(tmp_path):
     """Defect 10: no pin_memory warning on a CPU run; model.safetensors gets the mode of every other
     file (not 0600); `ablate compare` calls a corrupt summary.json unreadable, not running. (`ablate
-    sweep` from any dir: main's sweep configs resolve by name, conf/sweep/.)"""
+    sweep` from any dir: the shipped sweep files resolve by name, sweeps/.)"""
     run_dir = tmp_path / "run"
     r = ablate("train", "method.args.max_steps=2", "method.args.save_strategy=no", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ablate, metrics, summary
 
 STEPS = ["method.args.max_steps=3", "method.args.logging_steps=1", "method.args.save_strategy=no"]
@@ -38,8 +37,8 @@ def _train_events(run_dir: Path) -> list[dict]:
 
 
 def test_dpo_logs_tokens_per_second_and_mfu_against_the_probed_peak(runs) -> None:
-    from ablate import speed
     from ablate.models import tiny
+    from ablate.speed import throughput as speed
 
     events = _train_events(runs["dpo"])
     assert [e["step"] for e in events] == [1, 2, 3]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TESTS, ablate, summary
 
 FAST = ["method.args.max_steps=1", "method.args.save_strategy=no"]

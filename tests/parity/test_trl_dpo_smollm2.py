@@ -24,8 +24,8 @@ trl = pytest.importorskip("trl")
 
 from ablate.data import jsonl  # noqa: E402
 from ablate.losses import dpo as dpo_losses  # noqa: E402
+from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models.smollm2 import fetch  # noqa: E402
-from ablate.trainers.dpo import DPOConfig, DPOTrainer  # noqa: E402
 
 
 def _user(text: str) -> list[dict[str, str]]:

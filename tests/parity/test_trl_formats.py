@@ -19,10 +19,10 @@ trl = pytest.importorskip("trl")
 from trl.trainer.dpo_trainer import DataCollatorForPreference  # noqa: E402
 
 from ablate.data.chat_templates import assistant_template  # noqa: E402
-from ablate.data.format import prepare_preference, prepare_prompts, prepare_sft  # noqa: E402
+from ablate.data.tokenize import prepare_preference, prepare_prompts, prepare_sft  # noqa: E402
+from ablate.methods.dpo import DPOCollator  # noqa: E402
 from ablate.models.smollm2 import model_dir  # noqa: E402
 from ablate.models.tokenizer import byte_tokenizer  # noqa: E402
-from ablate.trainers.dpo import DPOCollator  # noqa: E402
 
 
 def _smollm2():

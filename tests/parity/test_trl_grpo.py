@@ -20,8 +20,8 @@ from datasets import Dataset
 trl = pytest.importorskip("trl")
 
 from ablate.losses import grpo as grpo_losses  # noqa: E402
+from ablate.methods.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
-from ablate.trainers.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 
 LOSSES = {"grpo": grpo_losses.grpo, "dapo": grpo_losses.dapo, "dr_grpo": grpo_losses.dr_grpo, "bnpo": grpo_losses.bnpo}
 CLIP = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_shared_prompt_generator_draws_what_generate_draws(smollm2, tmp_path, sample):
-    from ablate.data.format import encode_prompt
-    from ablate.trainers.generation import SharedPromptGenerator
-    from ablate.trainers.grpo import GRPOConfig, HFGenerator
+    from ablate.data.tokenize import encode_prompt
+    from ablate.methods.grpo import GRPOConfig
+    from ablate.rollouts.generation import HFGenerator, SharedPromptGenerator
 
     tok, model = smollm2
     questions = ("What is 9 plus 2? Answer with one word.", "Name a colour of the sky, and say why, in detail.")

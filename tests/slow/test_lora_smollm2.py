@@ -8,10 +8,9 @@ import copy
 
 import pytest
 import torch
+from conftest import ablate, metrics, summary
 from datasets import Dataset
 from safetensors.torch import load_file
-
-from conftest import ablate, metrics, summary
 
 pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -36,8 +35,8 @@ def test_lora_dpo_on_smollm2_through_the_cli(tmp_path, smollm2):
 
 def test_lora_dpo_step0_matches_trl_on_smollm2(tmp_path, smollm2):
     trl = pytest.importorskip("trl")
+    from ablate.methods.dpo import DPOConfig, DPOTrainer
     from ablate.models.adapters import lora, with_adapters
-    from ablate.trainers.dpo import DPOConfig, DPOTrainer
 
     tok, model = smollm2
     rows = [{"prompt": "Name a primary colour.", "chosen": " Red.", "rejected": " Banana bread, probably."},

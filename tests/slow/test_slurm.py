@@ -145,7 +145,7 @@ hydra:
 
 
 def test_sweep_runs_as_slurm_jobs(slurm_cluster: None, tmp_path: Path) -> None:
-    sweep_file = tmp_path / "sweep" / "two_seeds.yaml"  # a sweep config of the user's own
+    sweep_file = tmp_path / "mysweeps" / "two_seeds.yaml"  # a sweep config of the user's own
     sweep_file.parent.mkdir()
     sweep_file.write_text(TWO_SEEDS)
     sweep_dir, name = tmp_path / "out", _job_name("sweep")
@@ -216,7 +216,7 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
 def test_detached_sweep_returns_at_once_and_status_follows_it(slurm_cluster: None, tmp_path: Path) -> None:
     """`--detach`: the launching process returns once the array is submitted (default sweep dir);
     `ablate status` shows the jobs pending/running, then completed with the end-of-sweep table."""
-    sweep_file = tmp_path / "sweep" / "two_seeds.yaml"
+    sweep_file = tmp_path / "mysweeps" / "two_seeds.yaml"
     sweep_file.parent.mkdir()
     sweep_file.write_text(TWO_SEEDS.replace("max_steps: 10", "max_steps: 60"))
     name = _job_name("detach")

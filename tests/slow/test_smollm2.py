@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from datasets import Dataset
-
 from conftest import ablate, metrics, summary
+from datasets import Dataset
 
 pytestmark = pytest.mark.slow
 
@@ -78,10 +77,9 @@ def test_sft_on_messages_trains_only_assistant_turns(smollm2, tmp_path):
     held-out conversations falls to under half its value before training."""
     import re
 
-    from datasets import load_dataset
     from transformers import AutoTokenizer
 
-    from ablate.data.format import prepare_sft
+    from ablate.data.tokenize import prepare_sft
 
     preview = ablate("data", "preview", "+experiment=smollm2_sft_messages", "-n", "2", cwd=tmp_path)
     assert preview.returncode == 0, preview.stderr[-3000:]
@@ -121,8 +119,9 @@ def test_grpo_raises_the_reward_and_decodes_chat_completions(smollm2, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ablate.data import packaged
-    from ablate.data.format import encode_prompt
-    from ablate.trainers.grpo import GRPOConfig, HFGenerator
+    from ablate.data.tokenize import encode_prompt
+    from ablate.methods.grpo import GRPOConfig
+    from ablate.rollouts.generation import HFGenerator
 
     tok = AutoTokenizer.from_pretrained(run_dir / "model")
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")

@@ -104,9 +104,9 @@ def test_killed_sweep_resumes_to_the_uninterrupted_metrics(tmp_path: Path) -> No
 
 
 def test_poisoned_job_fixed_and_resumed_runs_only_that_job_and_changed_configs_are_refused(tmp_path: Path) -> None:
-    own = tmp_path / "mine" / "sweep" / "dpo2.yaml"  # a user's own sweep config, edited between launches
+    own = tmp_path / "mine" / "dpo2.yaml"  # a sweep file of the user's own (any folder), edited between launches
     own.parent.mkdir(parents=True)
-    own.write_text((REPO / "conf" / "sweep" / "dpo_loss.yaml").read_text())
+    own.write_text((REPO / "sweeps" / "dpo_loss.yaml").read_text())
     args = ["sweep", str(own), "seed=1,2", "method/loss=sigmoid", "method.args.max_steps=4",
             "method.args.save_steps=2", "method.args.logging_steps=1", "+callbacks.crash._target_=crashing.CrashAt"]
     cwd = tmp_path / "work"

@@ -17,12 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted((REPO / "conf" / "sweep").glob("*.yaml"))
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 ENV = {**os.environ, "COLUMNS": "250", "WANDB_MODE": "disabled"}
 
 

@@ -14,10 +14,10 @@ import torch
 from datasets import Dataset
 
 from ablate.losses.logps import sequence_logps, token_logps
+from ablate.methods.dpo import DPOConfig, DPOTrainer
+from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
 from ablate.models.adapters import is_adapted, lora, with_adapters
-from ablate.trainers.dpo import DPOConfig, DPOTrainer
-from ablate.trainers.grpo import GRPOConfig, GRPOTrainer
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},

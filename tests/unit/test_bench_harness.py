@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -53,8 +52,8 @@ def test_alternates_and_tabulates(tmp_path: Path) -> None:
 def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
     from ablate.data import packaged
+    from ablate.methods.sft import SFTConfig, SFTTrainer
     from ablate.models import tiny
-    from ablate.trainers.sft import SFTConfig, SFTTrainer
 
     tok, model = tiny()
     rec = harness.StepRecorder()
@@ -124,8 +123,8 @@ def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path) -> None:
     import torch
     from datasets import Dataset
 
+    from ablate.methods.grpo import GRPOConfig, GRPOTrainer
     from ablate.models import tiny
-    from ablate.trainers.grpo import GRPOConfig, GRPOTrainer
 
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     rec = harness.StepRecorder()

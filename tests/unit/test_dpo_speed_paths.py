@@ -14,15 +14,20 @@ import math
 import pytest
 import torch
 from datasets import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ablate.data.pairs import plain_pairs, plain_targets, shared_prompt_pairs
-from ablate.losses.logps import completion_logps, per_sequence, sequence_logps, token_logps
+from ablate.losses.logps import (
+    completion_logps,
+    per_sequence,
+    sequence_logps,
+    token_logps,
+)
+from ablate.methods.dpo import DPOConfig, DPOTrainer
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
-from ablate.models.packing import packed_inputs, takes_packed, use_packed_attention
-from ablate.models.split import lm_parts, takes_custom_mask
-from ablate.trainers.dpo import DPOConfig, DPOTrainer
+from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attention
+from ablate.speed.pairs import plain_pairs, plain_targets, shared_prompt_pairs
+from ablate.speed.split import lm_parts, takes_custom_mask
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -217,7 +222,7 @@ def test_packing_skips_eager_and_unknown_models():
 
 def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
     """Three optimizer steps (default speed paths, the moved weights feed back into steps 2 and 3) with
-    `model.lean_layers` on and off (ablate.models.lean): every logged loss and metric equal to 1e-5."""
+    `model.lean_layers` on and off (ablate.speed.lean): every logged loss and metric equal to 1e-5."""
     plain, lean = _train(tmp_path, "plain", lean_layers=False), _train(tmp_path, "lean", lean_layers=True)
     assert len(plain) == len(lean) == 3
     for a, b in zip(lean, plain):
@@ -228,7 +233,7 @@ def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
 
 def test_takes_eager_only_for_small_reduced_precision_cpu_attention():
     """CPU + bf16/fp16 (as q's dtype or autocast's) + a boolean mask + at most EAGER_MAX_SCORES scores."""
-    from ablate.models.packing import EAGER_MAX_SCORES, takes_eager
+    from ablate.speed.packing import EAGER_MAX_SCORES, takes_eager
 
     mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
     q = torch.zeros(2, 4, 8, 16)
@@ -245,10 +250,10 @@ def test_takes_eager_only_for_small_reduced_precision_cpu_attention():
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_packed_bf16_autocast_runs_eager_with_sdpa_precision(arch, monkeypatch):
     """Under bf16 autocast on CPU the packed batch's attention is transformers' eager attention (2-3x
-    faster than sdpa's flash kernel at these sizes, ablate.models.packing.EAGER_MAX_SCORES): it runs in
+    faster than sdpa's flash kernel at these sizes, ablate.speed.packing.EAGER_MAX_SCORES): it runs in
     every layer, and its hidden states and gradients are as close to the float32 padded forward's as
     the padded bf16 sdpa forward's are (twice that error at most: the same precision class)."""
-    from ablate.models import packing
+    from ablate.speed import packing
 
     calls = []
     eager = packing.eager_attention_forward

@@ -6,8 +6,13 @@ import pytest
 from datasets import Dataset
 
 from ablate.data import DataError, jsonl
-from ablate.data.format import prepare_preference, prepare_prompts, prepare_sft, truncate
 from ablate.data.formats import detect, extract_prompt, map_columns
+from ablate.data.tokenize import (
+    prepare_preference,
+    prepare_prompts,
+    prepare_sft,
+    truncate,
+)
 from ablate.errors import ConfigError
 from ablate.models.tokenizer import byte_tokenizer
 

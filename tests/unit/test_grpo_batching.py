@@ -12,8 +12,9 @@ from datasets import Dataset
 
 from ablate.errors import ConfigError
 from ablate.losses.logps import selective_log_softmax
+from ablate.methods.grpo import GRPOConfig, GRPOTrainer, RepeatSampler
 from ablate.models import tiny
-from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator, RepeatSampler, cut_at_eos, stop_ids
+from ablate.rollouts.generation import HFGenerator, cut_at_eos, stop_ids
 
 N_PROMPTS = 16
 
@@ -137,7 +138,7 @@ def test_resume_mid_round_reproduces_sampled_losses_exactly(tmp_path):
     losses (constant lr: the first run stops at step 3, which would change a decaying schedule)
     equal the uninterrupted run's, because the round's completions and pi_old come from the
     checkpoint instead of being sampled again."""
-    from ablate.trainers.grpo import HFGenerator
+    from ablate.rollouts.generation import HFGenerator
 
     def run(path: Path, **kw: Any) -> GRPOTrainer:
         tok = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0]
@@ -242,7 +243,7 @@ def test_off_policy_steps_by_hand():
     spg=1: every micro-batch is fresh -> none.  spg=4, ga=1: steps 2,3,4 use round 0 after 1,2,3 updates.
     spg=2, ga=4: a round never spans an update -> none.  spg=4, ga=2: micro 2,3 (step 2) after 1 update.
     spg=3, ga=2 (period 6 micro-steps = 3 steps): micro 2 (step 2), 4 and 5 (step 3) -> steps 2, 3."""
-    from ablate.trainers.grpo import off_policy_steps
+    from ablate.rollouts.geometry import off_policy_steps
 
     assert off_policy_steps(1, 1) == []
     assert off_policy_steps(4, 1) == [2, 3, 4]
@@ -254,7 +255,8 @@ def test_off_policy_steps_by_hand():
 def test_batch_geometry_table():
     """B=16 completions, G=4 -> 4 prompts per micro-step; ga=2 -> 32 completions (8 prompts) per step;
     spg=4 -> 64 completions (16 prompts) per round; 10 steps = 20 micro-steps = 5 rounds."""
-    from ablate.trainers.grpo import GRPOConfig, batch_geometry
+    from ablate.methods.grpo import GRPOConfig
+    from ablate.rollouts.geometry import batch_geometry
 
     args = GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=16, num_generations=4,
                       steps_per_generation=4, gradient_accumulation_steps=2, use_cpu=True, report_to="none")
@@ -269,7 +271,7 @@ def test_batch_geometry_table():
 def test_num_iterations_serves_each_round_mu_times(tmp_path):
     """spg=2, mu=2, 8 steps: a round feeds 4 micro-steps (slices 0, 1, 0, 1) -> 2 rounds; the ratio is
     against the round's policy, so pi_old is kept for every micro-step; off-policy steps 2, 3, 4 of 4."""
-    from ablate.trainers.grpo import off_policy_steps
+    from ablate.rollouts.geometry import off_policy_steps
 
     gen = FakeGenerator(tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0])
     trainer, served = _trainer(tmp_path, generator=gen, steps_per_generation=2, num_iterations=2)

@@ -12,10 +12,16 @@ import pytest
 import torch
 from datasets import Dataset
 
+from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
-from ablate.trainers import scoring
-from ablate.trainers.generation import SharedPromptGenerator
-from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, HFGenerator, build_generator, left_pad, right_pad
+from ablate.rollouts.generation import (
+    HFGenerator,
+    SharedPromptGenerator,
+    build_generator,
+    left_pad,
+    right_pad,
+)
+from ablate.speed import scoring
 
 
 def _args(tmp_path: Any, **kw: Any) -> GRPOConfig:
@@ -71,7 +77,7 @@ def test_top_k_zero_is_no_top_k_and_the_default(tmp_path, monkeypatch, generator
     import transformers.generation.utils as gen_utils
     from trl import GRPOConfig as TRLGRPOConfig
 
-    import ablate.trainers.generation as ours
+    import ablate.rollouts.generation as ours
 
     assert GRPOConfig(output_dir=str(tmp_path)).top_k == TRLGRPOConfig(output_dir=str(tmp_path), use_cpu=True).top_k == 0
     built: list[int] = []
@@ -138,7 +144,7 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
         (logps * c_mask).sum().backward()
         return logps.detach() * c_mask, entropy * c_mask, [p.grad.clone() for p in model.parameters()]
 
-    import ablate.trainers.grpo as grpo
+    import ablate.methods.grpo as grpo
 
     calls, groups = [], []
     seen, grouping = grpo.takes_logits_to_keep, scoring.length_groups

@@ -1,5 +1,5 @@
 """GRPO's shared-prompt scoring equals the row-per-completion path (`share_prompt=False`, TRL's layout):
-one row `[prompt | c_1 | ... | c_k]` per prompt group (ablate.data.groups), packed into one row of real
+one row `[prompt | c_1 | ... | c_k]` per prompt group (ablate.speed.groups), packed into one row of real
 tokens, the head applied only at completion positions, at the sampling temperature. Per-token log-probs,
 entropies and every gradient to 1e-5 in float32 (tiny Llama, tiny Qwen2 with GQA, Llama + LoRA), and
 optimizer steps with equal losses and metrics (spg 1; spg 2 with num_iterations 2: old log-probs; beta >
@@ -7,7 +7,6 @@ optimizer steps with equal losses and metrics (spg 1; spg 2 with num_iterations 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -15,12 +14,12 @@ import torch
 from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ablate.data.groups import prompt_groups, shared_prompt_groups
+from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
-from ablate.models import packing
 from ablate.models.adapters import lora, with_adapters
-from ablate.trainers import scoring
-from ablate.trainers.grpo import GRPOConfig, GRPOTrainer, left_pad, right_pad
+from ablate.rollouts.generation import left_pad, right_pad
+from ablate.speed import packing, scoring
+from ablate.speed.groups import prompt_groups, shared_prompt_groups
 
 
 def test_shared_prompt_groups_layout():
@@ -150,7 +149,7 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
 
 
 def test_falls_back_to_rows_for_other_models(tmp_path):
-    """A model outside ablate.models.split's families (or an empty prompt) is scored one row per completion."""
+    """A model outside ablate.speed.split's families (or an empty prompt) is scored one row per completion."""
     tok, model = tiny()
     model.config.model_type = "somethingelse"
     trainer = _trainer(tmp_path, tok, model)

@@ -1,4 +1,4 @@
-"""Lean RMSNorm and SiLU-MLP (`ablate.models.lean`) give the plain modules' numbers and save less.
+"""Lean RMSNorm and SiLU-MLP (`ablate.speed.lean`) give the plain modules' numbers and save less.
 
 Each model is built twice from the same config and weights, one made lean; inputs are a padded
 batch (rows of different lengths). Forwards must be bitwise equal, every gradient (input and
@@ -26,7 +26,12 @@ from transformers import (
 
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
-from ablate.models.lean import RMSNormFunction, SiluMulFunction, SiluMulLinearFunction, make_lean
+from ablate.speed.lean import (
+    RMSNormFunction,
+    SiluMulFunction,
+    SiluMulLinearFunction,
+    make_lean,
+)
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
 

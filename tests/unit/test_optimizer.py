@@ -14,11 +14,12 @@ from hydra.utils import instantiate
 from transformers import TrainerControl, TrainerState
 
 from ablate.callbacks import EarlyStop, NaNGuard
-from ablate.cli import conf_dir, register_resolvers
 from ablate.errors import ConfigError
-from ablate.compute_metrics import completion_accuracy
-from ablate.optimizer import constant, cosine, step
-from ablate.train import _check_precision
+from ablate.methods.compute_metrics import completion_accuracy
+from ablate.methods.schedules import constant, cosine, step
+from ablate.paths import conf_dir
+from ablate.run.compose import register_resolvers
+from ablate.run.validate import check_precision
 
 
 def _compose(*overrides: str):
@@ -68,7 +69,7 @@ def test_step_and_constant_by_hand():
 @pytest.mark.parametrize("sched", ["constant", "cosine", "step"])
 def test_every_optimizer_and_schedule_composes_and_binds(opt_name, cls, sched):
     cfg = _compose(f"optimizer={opt_name}", f"optimizer/scheduler={sched}")
-    assert cfg.optimizer.scheduler._target_ == f"ablate.optimizer.{sched}"
+    assert cfg.optimizer.scheduler._target_ == f"ablate.methods.schedules.{sched}"
     w = torch.nn.Parameter(torch.ones(64, 64))
     opt = instantiate(cfg.optimizer.optimizer)([w])
     sch = instantiate(cfg.optimizer.scheduler)(opt, num_training_steps=10)
@@ -80,8 +81,8 @@ def test_every_optimizer_and_schedule_composes_and_binds(opt_name, cls, sched):
 
 
 def test_default_schedules_per_optimizer():
-    assert _compose().optimizer.scheduler._target_ == "ablate.optimizer.cosine"
-    assert _compose("optimizer=sgd").optimizer.scheduler._target_ == "ablate.optimizer.constant"
+    assert _compose().optimizer.scheduler._target_ == "ablate.methods.schedules.cosine"
+    assert _compose("optimizer=sgd").optimizer.scheduler._target_ == "ablate.methods.schedules.constant"
 
 
 def test_adamw_8bit_tracks_adamw_on_cpu():
@@ -109,11 +110,11 @@ def test_precision_checks_on_cpu():
         pytest.skip("CPU-only refusals")
     for p in (_compose("precision=fp16").precision, SimpleNamespace(fp16=True, tf32=None)):
         with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
-            _check_precision(p)
+            check_precision(p)
     with pytest.raises(ConfigError, match="tf32"):
-        _check_precision(_compose("precision.tf32=true").precision)
+        check_precision(_compose("precision.tf32=true").precision)
     for name in ("fp32", "bf16"):
-        _check_precision(_compose(f"precision={name}").precision)  # accepted
+        check_precision(_compose(f"precision={name}").precision)  # accepted
 
 
 def _log(cb, step: int, **logs) -> TrainerControl:
@@ -159,10 +160,10 @@ def test_trainer_without_configured_optimizer_is_refused():
     subclass would silently train with Trainer's default AdamW instead."""
     from transformers import Trainer
 
-    from ablate.train import _check_trainer_class
-    from ablate.trainers import dpo, grpo, sft
+    from ablate.methods import dpo, grpo, sft
+    from ablate.run.validate import check_trainer_class
 
     for cls in (dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer, type("Mine", (dpo.DPOTrainer,), {})):
-        _check_trainer_class(cls)  # accepted
-    with pytest.raises(ConfigError, match="Plain does not subclass ablate.trainers.optim.ConfiguredOptimizer"):
-        _check_trainer_class(type("Plain", (Trainer,), {}))
+        check_trainer_class(cls)  # accepted
+    with pytest.raises(ConfigError, match="Plain does not subclass ablate.methods.optim.ConfiguredOptimizer"):
+        check_trainer_class(type("Plain", (Trainer,), {}))

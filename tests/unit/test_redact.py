@@ -1,10 +1,10 @@
-"""Which names and values ablate.redact treats as secrets."""
+"""Which names and values ablate.run.secrets treats as secrets."""
 
 from __future__ import annotations
 
 import pytest
 
-from ablate.redact import MASK, mask, mask_text, secret_name
+from ablate.run.secrets import MASK, mask, mask_text, secret_name
 
 
 @pytest.mark.parametrize("name", ["hub_token", "model.token", "WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
@@ -31,12 +31,12 @@ def test_mask_nested():
 
 
 def test_sweep_job_identity_masks_secrets_and_ignores_a_rotated_token(monkeypatch):
-    """sweep_resume.identity (run.json's config and its hash) masks with the same rules as every
+    """lifecycle.identity (run.json's config and its hash) masks with the same rules as every
     other record: a resolved ${oc.env:...} secret and a secret-named key never appear, and a rotated
     token leaves the job's hash unchanged (the resume must not call it a different job)."""
     from omegaconf import OmegaConf
 
-    from ablate.sweep_resume import identity
+    from ablate.run.lifecycle import identity
 
     cfg = OmegaConf.create({"model": {"token": "${oc.env:MY_SERVICE_PASSWORD}", "path": "/data/m"}, "lr": 0.1})
     monkeypatch.setenv("MY_SERVICE_PASSWORD", "first-password-123")

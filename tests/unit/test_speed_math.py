@@ -1,4 +1,4 @@
-"""ablate.speed: FLOPs per token against hand arithmetic, the peak's cache and user override, and the
+"""ablate.speed.throughput: FLOPs per token against hand arithmetic, the peak's cache and user override, and the
 callback's window arithmetic (tokens/s, MFU, GRPO's time split) on a stub trainer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerControl, TrainerState
 
-from ablate import speed
+from ablate.speed import throughput as speed
 
 
 def tiny_llama(tie: bool = True) -> LlamaForCausalLM:

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from ablate import threads
 from ablate.errors import ConfigError
+from ablate.run import threads
 
 
 @pytest.fixture

@@ -4,10 +4,15 @@ import pytest
 from datasets import Dataset
 
 from ablate.data import DataError
-from ablate.data.format import encode_completion, encode_prompt, require_columns, tokenize_sft
+from ablate.data.tokenize import (
+    encode_completion,
+    encode_prompt,
+    require_columns,
+    tokenize_sft,
+)
+from ablate.methods.dpo import DPOCollator
+from ablate.methods.sft import SFTCollator
 from ablate.models.tokenizer import byte_tokenizer
-from ablate.trainers.dpo import DPOCollator
-from ablate.trainers.sft import SFTCollator
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ PINNED: dict[str, tuple[str, ...] | str] = {
     "_train_batch_size": "attribute",
     "loss_is_scaled_for_ga": "attribute",
     "_created_lr_scheduler": "attribute",  # set with the schedule, as Trainer.create_scheduler does
-    # public hooks Trainer calls while preparing training (ablate.trainers.optim.ConfiguredOptimizer)
+    # public hooks Trainer calls while preparing training (ablate.methods.optim.ConfiguredOptimizer)
     "create_optimizer": ("self", "model"),
     "create_scheduler": ("self", "num_training_steps", "optimizer"),
 }
@@ -65,7 +65,7 @@ def test_private_member_signature(name):
 
 def test_optimizer_hooks_are_overridden_where_pinned():
     """ConfiguredOptimizer overrides exactly the pinned hooks (so the signature checks above cover them)."""
-    from ablate.trainers.optim import ConfiguredOptimizer
+    from ablate.methods.optim import ConfiguredOptimizer
 
     hooks = {n for n in vars(ConfiguredOptimizer) if n.startswith("create_")}
     assert hooks == {"create_optimizer", "create_scheduler"} and hooks <= set(PINNED)
@@ -74,7 +74,7 @@ def test_optimizer_hooks_are_overridden_where_pinned():
 @pytest.mark.parametrize("name", sorted(n for n, e in PINNED.items() if e != "attribute"))
 def test_overrides_accept_trainers_arguments(name):
     """An override takes the same positional arguments as the member it replaces (Trainer calls it)."""
-    from ablate.trainers import dpo, grpo, optim, sft
+    from ablate.methods import dpo, grpo, optim, sft
 
     base = list(inspect.signature(getattr(Trainer, name)).parameters.values())
     for cls in (optim.ConfiguredOptimizer, dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer):

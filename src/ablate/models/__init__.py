@@ -18,8 +18,8 @@ from transformers import (
 )
 
 from ablate.errors import ConfigError
-from ablate.models.lean import make_lean
 from ablate.models.tokenizer import byte_tokenizer
+from ablate.speed.lean import make_lean
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,7 +88,7 @@ def pretrained(
     """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id.
 
     `lean_layers` (default on: the numbers are the same) gives RMSNorm and the SiLU MLP of Llama,
-    Mistral and Qwen2/3 models forwards that save less for backward (`ablate.models.lean`); other
+    Mistral and Qwen2/3 models forwards that save less for backward (`ablate.speed.lean`); other
     model families are left as they are.
     """
     local = Path(path).expanduser()

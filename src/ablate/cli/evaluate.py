@@ -1,0 +1,104 @@
+"""`ablate eval RUN_DIR [overrides]`: score a run's saved model with its method's eval metrics.
+
+The run's config is composed again from its own overrides (run.json) plus the ones given here
+(`data=...`, `data.max_eval_samples=...`; a given key replaces the run's), the policy is the run's
+`model/` (adapters included), and the method's trainer runs `evaluate()` on the data's eval split
+(its train split when it has none). DPO's reference is the run's starting model (its base with the
+adapters off, for a `+peft` run), so rewards/margins measure what training changed. The metrics go
+to `<run_dir>/eval.json` and are printed. GRPO is not supported yet (its eval is a generation loop).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ablate.analysis.runs import override_key
+from ablate.run import rundir
+
+EVAL = "eval.json"
+
+
+def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
+    """The run's config with `overrides` on top (a key given here replaces the run's own override)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ablate.errors import ConfigError
+    from ablate.paths import conf_dir
+    from ablate.run.compose import register_resolvers
+
+    info = rundir.read_json(run_dir / rundir.RUN)
+    if info is None:
+        raise ConfigError(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
+    given = {override_key(o) for o in overrides}
+    merged = [o for o in info.get("overrides", []) if override_key(o) not in given] + overrides
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        return compose(config_name="config", overrides=merged), merged
+
+
+def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from transformers import set_seed
+    from transformers.utils import logging as hf_logging
+
+    from ablate.cli.generate import load_run_model
+    from ablate.errors import ConfigError
+    from ablate.models.adapters import is_adapted
+    from ablate.run.validate import check_precision
+
+    cfg, merged = compose_run_config(run_dir, overrides)
+    if cfg.method.name == "grpo":
+        raise ConfigError("ablate eval: GRPO runs are not supported yet; try `ablate generate` on its prompts")
+    hf_logging.disable_progress_bar()
+    set_seed(cfg.seed)
+    tokenizer, model = load_run_model(run_dir)
+    data = instantiate(cfg.data)
+    split, dataset = ("eval", data.eval) if data.eval is not None else ("train", data.train)
+    extra: dict[str, Any] = {}
+    method_args: dict[str, Any] = {"report_to": "none", "eval_strategy": "no", "save_strategy": "no"}
+    if "precompute_ref_log_probs" in cfg.method.args:  # DPO: the reference is the run's starting model
+        method_args["precompute_ref_log_probs"] = False
+        if not is_adapted(model):
+            extra["ref_model"] = instantiate(cfg.model)[1]
+    device_args = check_precision(cfg.precision)
+    with tempfile.TemporaryDirectory(prefix="ablate-eval-") as tmp:
+        args = instantiate(cfg.method.args, output_dir=tmp, **OmegaConf.to_container(cfg.precision),
+                           **device_args, **method_args)
+        trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=dataset,
+                                                  eval_dataset=dataset, processing_class=tokenizer, **extra)
+        metrics = trainer.evaluate()
+    result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": cfg.method.name, "overrides": merged,
+              "split": split, "examples": len(dataset), "metrics": metrics}
+    rundir.write_json(run_dir / EVAL, result)
+    return result
+
+
+def eval_cmd(argv: list[str]) -> None:
+    """`ablate eval RUN_DIR [key=value ...]`."""
+    if not argv or argv[0].startswith("-"):
+        print("usage: ablate eval RUN_DIR [data=... key=value ...]   (writes RUN_DIR/eval.json)", file=sys.stderr)
+        sys.exit(2)
+    from hydra.errors import HydraException
+
+    from ablate.errors import USER_ERRORS
+
+    run_dir = Path(argv[0]).resolve()
+    try:
+        result = evaluate(run_dir, argv[1:])
+    except USER_ERRORS as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except HydraException as e:
+        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{result['method']} eval on the {result['split']} split ({result['examples']} examples):")
+    for k, v in sorted(result["metrics"].items()):
+        print(f"  {k:<28} {v:.4g}" if isinstance(v, float) else f"  {k:<28} {v}")
+    print(f"wrote {run_dir / EVAL}")

@@ -1,0 +1,68 @@
+"""`ablate resume RUN_DIR`: continue a crashed or killed run in its own dir."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ablate.cli.train import echo, hydra_train
+from ablate.run.compose import quote_override_value
+
+
+def resume_cmd(argv: list[str]) -> None:
+    """`ablate resume RUN_DIR [hydra overrides]`: rerun a run's own overrides in its own dir, which
+    continues it from its newest complete checkpoint (a crashed, killed or failed run)."""
+    from ablate.run import rundir
+
+    if len(argv) < 1 or argv[0].startswith("-"):
+        print("usage: ablate resume RUN_DIR [hydra.key=value ...]", file=sys.stderr)
+        sys.exit(2)
+    run_dir = Path(argv[0]).resolve()
+    try:
+        info = rundir.read_json_checked(run_dir / rundir.RUN)
+    except rundir.RunDirError as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
+    if info is None:
+        print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
+        sys.exit(2)
+    if summary.get("status") == "completed":
+        print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
+        return
+    ranks, here = int(info.get("world_size") or 1), int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks > 1 and ranks != here:
+        print(f"ablate: error: {run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
+              f"its own launch command and the same hydra.run.dir (as {here} process(es) its batches, "
+              f"and so its losses, would change)", file=sys.stderr)
+        sys.exit(2)
+    # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
+    config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
+    for path in reversed(info.get("pythonpath", [])):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if info.get("pythonpath"):  # for the processes a launcher starts (local_parallel, torchrun)
+        os.environ["PYTHONPATH"] = os.pathsep.join([*info["pythonpath"], os.environ.get("PYTHONPATH", "")])
+    hydra_argv = [*config_dir, *_unmasked(info["overrides"], argv[1:], run_dir),
+                  f"hydra.run.dir={quote_override_value(str(run_dir))}"]
+    echo(hydra_argv)
+    hydra_train(hydra_argv)
+
+
+def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]:
+    """The recorded overrides with the ones given again on the command line replaced (same key):
+    run.json holds secrets masked, so a run started with `+model.token=hf_...` is resumed by passing
+    it again (or started with `'+model.token=${oc.env:HF_TOKEN}'`, recorded as written)."""
+    from ablate.analysis.runs import override_key
+    from ablate.run.secrets import MASK
+
+    keys = {override_key(o) for o in given if "=" in o}
+    kept = [o for o in recorded if override_key(o) not in keys]
+    masked = [o for o in kept if MASK in o]
+    if masked:
+        key = masked[0].split("=", 1)[0]
+        print(f"ablate: error: {run_dir}/run.json records '{masked[0]}' masked; give it again: "
+              f"ablate resume {run_dir} {key}=...", file=sys.stderr)
+        sys.exit(2)
+    return [*kept, *given]

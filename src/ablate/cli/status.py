@@ -1,0 +1,16 @@
+"""`ablate status SWEEP_DIR`: each job of a sweep, from its run dirs and the scheduler."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ablate.launchers.slurm import status
+
+
+def status_cmd(argv: list[str]) -> None:
+    """`ablate status SWEEP_DIR`: each job's state (run dirs + SLURM); the end table once all are done."""
+    if len(argv) != 1 or not (Path(argv[0]) / "multirun.yaml").is_file():
+        print("usage: ablate status SWEEP_DIR   (a sweep dir: it holds multirun.yaml)", file=sys.stderr)
+        sys.exit(2)
+    status(Path(argv[0]).resolve())

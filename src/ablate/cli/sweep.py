@@ -1,0 +1,97 @@
+"""`ablate sweep NAME [overrides]`: a sweep file as a Hydra multirun; `--dry-run`, `--resume`, `--detach`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ablate.cli.train import echo, hydra_train
+from ablate.paths import sweeps_dir
+from ablate.run.compose import check_moved, quote_override_value
+
+
+def find_sweep(arg: str) -> tuple[str, list[str]]:
+    """The sweep file `arg` names, as (name, extra Hydra args): a shipped sweep by name (`dpo_loss`)
+    or path (`sweeps/dpo_loss.yaml`), or a YAML file of your own anywhere, which is added to Hydra's
+    search path as the group `sweep` (hydra_plugins/ablate_sweeps) ahead of the shipped ones."""
+    path, shipped = Path(arg), Path(sweeps_dir())
+    if path.is_file() and path.suffix == ".yaml" and path.resolve().parent != shipped.resolve():
+        own = quote_override_value(f"ablate-sweeps://{path.resolve()}")
+        return path.stem, [f"hydra.searchpath=[{own},ablate-sweeps://shipped]"]
+    if (shipped / f"{path.stem}.yaml").is_file() and (path.suffix in ("", ".yaml")):
+        return path.stem, []
+    names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
+    raise FileNotFoundError(f"ablate sweep: no sweep file '{arg}' (shipped, in sweeps/: {names}; "
+                            "or the path to a sweep file of your own)")
+
+
+def sweep_cmd(argv: list[str]) -> None:
+    """`ablate sweep NAME [overrides] [--resume [--force]]` / `ablate sweep --resume SWEEP_DIR`:
+    the sweep file sweeps/NAME.yaml (or a path) as a Hydra multirun, or an earlier launch resumed."""
+    from ablate.launchers.sweep import sweep_argv
+
+    resume, force, detach, dry = "--resume" in argv, "--force" in argv, "--detach" in argv, "--dry-run" in argv
+    argv = [a for a in argv if a not in ("--resume", "--force", "--detach", "--dry-run")]
+    if not argv or argv[0].startswith("-") or (dry and resume):
+        print("usage: ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
+              "  (e.g. ablate sweep dpo_loss --dry-run)", file=sys.stderr)
+        sys.exit(2)
+    sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
+    try:
+        if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
+            from ablate.launchers.sweep_resume import launch_argv
+
+            hydra_argv = [*launch_argv(sweep_dir), *argv[1:]]
+        else:
+            name, extra = find_sweep(argv[0])
+            hydra_argv = sweep_argv(name, [*extra, *argv[1:]])
+        if resume:
+            hydra_argv = _resume_argv(hydra_argv, sweep_dir, force)
+        if detach:
+            if "hydra/launcher=slurm" not in hydra_argv:
+                raise ValueError("--detach submits to SLURM: add hydra/launcher=slurm")
+            target = "hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher"
+            hydra_argv.append(f"hydra.launcher._target_={target}")
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    echo(hydra_argv)
+    if dry:
+        _dry_run(argv[0], hydra_argv)
+        return
+    hydra_train(hydra_argv)
+
+
+def _dry_run(name: str, hydra_argv: list[str]) -> None:
+    """`--dry-run`: the jobs the launch would start, composed as Hydra composes them; nothing runs."""
+    from hydra.errors import HydraException
+
+    from ablate.launchers.sweep import print_plan
+
+    check_moved(hydra_argv)
+    try:
+        print_plan(name, hydra_argv)
+    except HydraException as e:  # a bad override: Hydra's first line says which
+        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> list[str]:
+    """Check every job of the sweep against its earlier launch (sweep_resume.plan) and return the
+    argv that relaunches it into that launch's dir, completed jobs skipped."""
+    from ablate.launchers import sweep, sweep_resume
+    from ablate.run import lifecycle
+
+    try:
+        sweep_dir, actions = sweep_resume.plan(hydra_argv, sweep_dir, force)
+    except sweep_resume.ResumeRefused as e:
+        raise ValueError(str(e)) from None
+    counts: dict[str, int] = {}
+    for action in actions.values():
+        counts[action.split(" ")[0]] = counts.get(action.split(" ")[0], 0) + 1
+    print(f"resuming {sweep_dir}: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
+    os.environ[lifecycle.RESUME_ENV] = "1"  # inherited by the job processes
+    sweep.set_plan(actions)
+    kept = [a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")]
+    return [*kept, f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}"]

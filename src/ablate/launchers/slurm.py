@@ -1,0 +1,111 @@
+"""Submit and walk away: `ablate sweep NAME hydra/launcher=slurm --detach`, then `ablate status SWEEP_DIR`.
+
+Hydra's submitit launcher submits a sweep as one SLURM job array and then blocks on every job's
+result (hydra#2479), so the launching process must live as long as the sweep. `DetachedSlurmLauncher`
+(hydra_plugins/ablate_launchers/: Hydra instantiates launchers only from that namespace) is that
+launcher without the wait: it submits the same array (same sbatch script, same pickled job,
+so preemption and requeue work as before), records each job's SLURM id in
+`<sweep dir>/slurm_jobs.json`, and returns. `status` reads the run dirs (summary.json, metrics.jsonl,
+run.json) plus the scheduler's view (squeue, then sacct once a job left the queue).
+
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ablate.run import rundir
+
+JOBS_FILE = "slurm_jobs.json"
+
+
+def read_jobs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    return rundir.read_json(sweep_dir / JOBS_FILE) or {}
+
+
+def scheduler_states(job_ids: list[str]) -> dict[str, str]:
+    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without SLURM."""
+    if not job_ids:
+        return {}
+    states: dict[str, str] = {}
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    try:
+        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(arrays)],
+                           capture_output=True, text=True, timeout=30)
+        states.update(line.split("|", 1) for line in q.stdout.split() if "|" in line)
+        missing = [j for j in job_ids if j not in states]
+        if missing:
+            a = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(arrays)],
+                               capture_output=True, text=True, timeout=30)
+            for line in a.stdout.split():
+                job, _, state = line.partition("|")
+                if job in missing:
+                    states[job] = state.split(" ")[0]  # "CANCELLED by 0" -> CANCELLED
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return states
+
+
+def _max_steps(run_dir: Path) -> int | None:
+    config = (rundir.read_json(run_dir / rundir.RUN) or {}).get("config") or {}
+    steps = config.get("method", {}).get("args", {}).get("max_steps")
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
+def job_state(run_dir: Path | None, slurm: str | None) -> str:
+    """One job in words: pending / running at step N of M / completed / failed: <error> /
+    preempted, requeued (<SLURM state>) / <SLURM state> for a job that died before ablate wrote."""
+    summary = rundir.read_json(run_dir / rundir.SUMMARY) if run_dir else None
+    status = (summary or {}).get("status")
+    if status == "completed":
+        return "completed"
+    if status == "failed":
+        return f"failed: {summary.get('error', '?')}"
+    alive = slurm in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "REQUEUE_HOLD", "SUSPENDED")
+    if status == "preempted":
+        return f"preempted, requeued ({(slurm or '?').lower()})" if alive or slurm is None else f"preempted ({slurm})"
+    if status == "running":
+        if slurm is not None and not alive:
+            return f"died ({slurm}, no summary)"
+        events = rundir.read_metrics(run_dir) if run_dir else []
+        step = events[-1]["step"] if events else 0
+        total = _max_steps(run_dir) if run_dir else None
+        return f"running at step {step} of {total or '?'}"
+    if slurm is None or slurm == "PENDING":
+        return "pending"
+    return "starting" if alive else f"{slurm.lower()} (before ablate started)"
+
+
+def status(sweep_dir: Path) -> bool:
+    """Print each job's state; once all are done, the end-of-sweep table. True when all are done."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ablate.launchers import sweep
+
+    recorded = read_jobs(sweep_dir)
+    dirs = {p.name.split("_")[0]: p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()}
+    nums = sorted(set(recorded) | set(dirs), key=int)
+    slurm = scheduler_states([recorded[n]["job_id"] for n in nums if n in recorded])
+    print(f"sweep {sweep_dir}: {len(nums)} jobs")
+    table = Table()
+    for col in ("job", "overrides", "state", "SLURM job", "SLURM state"):
+        table.add_column(col, overflow="fold")
+    overrides = {n: recorded[n]["overrides"] if n in recorded else
+                 (rundir.read_json(dirs[n] / rundir.RUN) or {}).get("overrides", []) for n in nums}
+    varying = {o for n in nums for o in overrides[n]
+               if sum(o in overrides[m] for m in nums) < len(nums) or len(nums) == 1}
+    done = True
+    for n in nums:
+        job_id = recorded.get(n, {}).get("job_id")
+        state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
+        done &= state == "completed" or state.startswith(("failed", "died", "preempted (")) or "before ablate" in state
+        shown = " ".join(o for o in overrides[n] if o in varying and not o.startswith("+sweep="))
+        table.add_row(n, shown, state, job_id or "-", slurm.get(job_id or "", "-"))
+    Console(width=200).print(table)
+    if done and nums:
+        sweep.print_summary(sweep_dir)
+    return done

@@ -1,0 +1,280 @@
+"""DPO on `transformers.Trainer`: tokenise pairs, one forward over `[chosen; rejected]`, call a loss.
+
+Departures from the paper's pseudo-code, all as in TRL: log-probs are summed over completion tokens
+only; reference log-probs are precomputed once before training by default (the reference is the
+initial policy, so no second model stays in memory); EOS ends every completion.
+
+Three speed paths, on by default, each exact (tests/unit/test_dpo_speed_paths.py) and switchable for
+ablation: `share_prompt` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
+`completion_only_logits` applies the LM head only where a completion token is scored, in chunks
+(ablate.losses.logps.completion_logps, ablate.speed.split), and `padding_free` sends only the batch's
+real tokens through the model, attention kept per row (ablate.speed.packing). Models outside
+ablate.speed.split's list, and the eval logits a `compute_metrics` hook receives, use TRL's layout
+and full logits.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
+
+from ablate.data.tokenize import prepare_preference
+from ablate.errors import ConfigError
+from ablate.losses import dpo as dpo_losses
+from ablate.losses.logps import per_sequence, sequence_logps, token_logps
+from ablate.methods.metrics import (
+    MetricsBuffer,
+    completion_token_metrics,
+    token_metrics,
+)
+from ablate.methods.optim import ConfiguredOptimizer
+from ablate.models.adapters import is_adapted, reference_forward
+from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attention
+from ablate.speed.pairs import (
+    attention_mask_for,
+    plain_pairs,
+    plain_targets,
+    shared_prompt_pairs,
+)
+from ablate.speed.split import causal_lm, scored_logps, takes_custom_mask
+
+
+@dataclass
+class DPOConfig(TrainingArguments):
+    beta: float = field(default=0.1, metadata={"help": "KL strength: scales the implicit reward."})
+    max_length: int | None = field(
+        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop pairs whose prompt fills it."}
+    )
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Keep the last N prompt tokens (before max_length; not in TRL 1.16)."}
+    )
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "Keep the first N tokens of each completion (not in TRL 1.16)."}
+    )
+    precompute_ref_log_probs: bool = field(
+        default=True, metadata={"help": "Score the data with the initial policy once, before training."}
+    )
+    share_prompt: bool = field(
+        default=True, metadata={"help": "One row per pair, [prompt | chosen | rejected]: each prompt computed once."}
+    )
+    completion_only_logits: bool = field(
+        default=True, metadata={"help": "Vocabulary projection only where a completion token is scored, in chunks."}
+    )
+    padding_free: bool = field(
+        default=True, metadata={"help": "Only real tokens through the model (rows packed; attention per row); sdpa models."}
+    )
+    remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
+
+
+class DPOCollator:
+    """Pads a list of tokenised pairs into one batch: rows 0..B-1 chosen, B..2B-1 rejected (TRL's layout).
+
+    With `share_prompt` it also adds the shared-prompt layout (`ablate.speed.pairs`) under `shared_*`
+    keys, which the trainer's forward uses; the plain keys stay (TRL's `num_tokens`, eval logits)."""
+
+    def __init__(self, pad_token_id: int, share_prompt: bool = False) -> None:
+        self.pad_token_id = pad_token_id
+        self.share_prompt = share_prompt
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = plain_pairs(rows, self.pad_token_id)
+        if self.share_prompt:
+            batch.update({f"shared_{k}": v for k, v in shared_prompt_pairs(rows, self.pad_token_id).items()})
+        if "ref_chosen_logps" in rows[0]:
+            batch["ref_chosen_logps"] = torch.tensor([r["ref_chosen_logps"] for r in rows])
+            batch["ref_rejected_logps"] = torch.tensor([r["ref_rejected_logps"] for r in rows])
+        return batch
+
+
+class DPOTrainer(ConfiguredOptimizer):
+    """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
+    `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: DPOConfig,
+        train_dataset: Dataset,
+        processing_class: PreTrainedTokenizerBase,
+        eval_dataset: Dataset | None = None,
+        ref_model: PreTrainedModel | None = None,
+        data_collator: Callable | None = None,
+        loss: dpo_losses.DPOLoss = dpo_losses.sigmoid,
+        **kwargs: Any,
+    ) -> None:
+        self.loss_fn = check_loss(loss)
+        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if eval_dataset is not None:
+            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator or DPOCollator(
+                processing_class.pad_token_id, share_prompt=args.share_prompt and takes_custom_mask(model)),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
+        self.metrics = MetricsBuffer()
+        self.num_tokens = 0
+        if args.padding_free:  # the policy's attention becomes sdpa that can also run a packed batch
+            use_packed_attention(model)
+        # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
+        # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
+        self.ref_model = None
+        if args.precompute_ref_log_probs and ref_model is None:
+            self.train_dataset = self._with_ref_logps(self.train_dataset)
+            if self.eval_dataset is not None:
+                self.eval_dataset = self._with_ref_logps(self.eval_dataset)
+        elif ref_model is not None or not is_adapted(model):
+            # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
+            self.ref_model.eval().requires_grad_(False)
+            if args.padding_free:
+                use_packed_attention(self.ref_model)
+            if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
+                self.ref_model.to(self.args.device)
+
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
+    ) -> Dataset:
+        """Any TRL preference format (see ablate.data.formats) -> prompt_ids/chosen_ids/rejected_ids."""
+        return prepare_preference(dataset, tokenizer, args.max_length, args.max_prompt_length,
+                                  args.max_completion_length, name)
+
+    def _sequence_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], need_logits: bool = False
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Log-probs of `[chosen; rejected]` (2B,), and what the token metrics need: `logits` (plain
+        path, or `need_logits`) or per-token `stats` with each token's sequence `seq`."""
+        if need_logits or not (self.args.completion_only_logits or "shared_input_ids" in batch):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+            logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
+            return logps, {"logits": logits}
+        # a live reference model that cannot take the shared layout's mask scores the plain rows
+        if "shared_input_ids" in batch and takes_custom_mask(model):  # one row per pair (ablate.speed.pairs)
+            mask = attention_mask_for(batch["shared_attention_mask"], causal_lm(model).config._attn_implementation)
+            inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"],
+                      "attention_mask": mask.to(batch["shared_input_ids"].device)}
+            where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
+            lengths = batch["shared_lengths"]
+        else:
+            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+            where = plain_targets(batch["input_ids"], batch["completion_mask"])
+            lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
+        if self.args.padding_free and takes_packed(model):  # one row of real tokens (ablate.speed.packing)
+            inputs, where["src"] = packed_inputs(inputs, where["src"], lengths)
+        # the split bypasses model.forward, so a wrapper around it (DDP) would be skipped: only unwrapped
+        split = self.args.completion_only_logits and self._is_unwrapped(model)
+        # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
+        with self.accelerator.autocast():
+            token, stats = scored_logps(model, inputs, where["src"], where["tgt"], split=split)
+        return per_sequence(token, where["seq"], batch["input_ids"].shape[0]), {"stats": stats, "seq": where["seq"]}
+
+    def _is_unwrapped(self, model: nn.Module) -> bool:
+        return self.accelerator.unwrap_model(model) is model
+
+    def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
+        `model`'s with adapters disabled, or `model`'s as it is (the initial policy, when precomputing)."""
+        if self.ref_model is not None:
+            with torch.no_grad():
+                return self._sequence_logps(self.ref_model, batch)[0]
+        if is_adapted(self.accelerator.unwrap_model(model)):
+            with reference_forward(model, self.accelerator.unwrap_model(model)):
+                return self._sequence_logps(model, batch)[0]
+        with torch.no_grad():
+            return self._sequence_logps(model, batch)[0]
+
+    @torch.inference_mode()  # no autograd bookkeeping at all: these log-probs are constants
+    def _with_ref_logps(self, dataset: Dataset) -> Dataset:
+        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now.
+
+        Rows are scored in order of length (each row's log-probs do not depend on its batch-mates), so
+        a batch pads to nearly its own length: on the compute-bound benchmark this removes most of the
+        precompute's padding. The results are put back in dataset order."""
+        was_training = self.model.training
+        self.model.eval()
+        lengths = [len(p) + max(len(c), len(r)) for p, c, r in
+                   zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])]
+        order = sorted(range(len(dataset)), key=lengths.__getitem__)
+        chosen, rejected = [0.0] * len(dataset), [0.0] * len(dataset)
+        bs = self.args.per_device_eval_batch_size
+        for start in range(0, len(order), bs):
+            idx = order[start:start + bs]
+            batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
+            # accelerate's autocast, as TRL's precompute: the training forwards get it from accelerate's
+            # wrapper of model.forward, which does not exist yet (Trainer's own autocast context is a no-op)
+            with self.accelerator.autocast():
+                logps = self._reference_logps(self.model, batch)
+            c, r = logps.float().chunk(2)
+            for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
+                chosen[i], rejected[i] = lc, lr
+        self.model.train(was_training)
+        return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mode = "train" if model.training else "eval"
+        logps, out = self._sequence_logps(model, inputs, need_logits=return_outputs)
+        logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
+        if "ref_chosen_logps" in inputs:  # precomputed
+            ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
+        else:
+            ref_c, ref_r = self._reference_logps(model, inputs).chunk(2)
+        ref_c, ref_r = ref_c.to(logp_c), ref_r.to(logp_r)
+        n_c, n_r = inputs["completion_mask"].sum(-1).to(logp_c).chunk(2)  # completion tokens per sequence
+        losses, metrics = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
+        metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
+        self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
+        self.metrics.add(mode, token_metrics(out["logits"], inputs["input_ids"], inputs["completion_mask"])
+                         if "logits" in out else completion_token_metrics(out["stats"], out["seq"], len(logp_c)))
+        if mode == "train":  # TRL's num_tokens: prompt + completion tokens trained on so far
+            self.num_tokens += int(self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
+        self.metrics.set(mode, "num_tokens", self.num_tokens)
+        loss = losses.mean()
+        return (loss, {"logits": out["logits"]}) if return_outputs else loss
+
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Eval batches have no `labels`; run `compute_loss` so eval reports the DPO loss and metrics.
+
+        With a `compute_metrics` hook it receives the logits of `[chosen; rejected]` and, as labels,
+        `input_ids` with every non-completion position set to -100 (the SFT convention).
+        """
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            if prediction_loss_only:  # no logits wanted: the fast path
+                return self.compute_loss(model, inputs).detach(), None, None
+            loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+        return loss.detach(), outputs["logits"], labels
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        super().log(logs, start_time)
+
+
+def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
+    """A one-line error when `loss` cannot take a DPO loss's arguments (e.g. a GRPO loss picked with
+    `method/loss=dapo` under method=dpo), before any data is tokenised."""
+    try:
+        inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
+    except TypeError as e:
+        raise ConfigError(f"method.loss: {dpo_losses.name(loss)} is not a DPO loss "
+                          f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {e}") from None
+    return loss

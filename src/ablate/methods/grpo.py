@@ -1,0 +1,495 @@
+"""GRPO on `transformers.Trainer`: one generation round feeds `steps_per_generation` micro-steps.
+
+Generation is autoregressive (one forward per new token), so it is amortised as in TRL 1.16:
+the train dataloader yields a *generation batch* of `per_device_train_batch_size * steps_per_generation`
+completions' worth of prompts (each prompt repeated `num_generations` times, kept together), and
+yields it `steps_per_generation` times in a row (RepeatSampler), so those prompts are not re-drawn.
+`_prepare_inputs` generates and scores on the first of those micro-steps, buffers the result split
+into `steps_per_generation` slices, and serves slice k at micro-step k:
+
+    micro-step   0        1        2        3        4  ...      (spg = 4)
+    generate     round 0  -        -        -        round 1
+    trains on    slice 0  slice 1  slice 2  slice 3  slice 0
+
+`per_device_train_batch_size` counts completions (as in TRL), so it must be a multiple of
+`num_generations`. The old policy's log-probs are computed at generation time only when the policy
+can change between generation and use (`gradient_accumulation_steps % steps_per_generation != 0`,
+e.g. spg > accumulation, or num_iterations > 1); otherwise the ratio is exactly 1 and the detached
+current log-probs stand in.
+
+`num_iterations` (mu) serves a round's slices mu times over (micro-steps 0..spg-1, then again), so a
+round feeds spg * mu micro-steps; the old policy's log-probs are then always kept (the importance
+ratio is against the round's policy, as in TRL).
+
+Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
+prompts drawn for micro-step k, which the schedule test checks), no vLLM;
+position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
+A checkpoint saved mid-round also holds the round's buffer (`generation_buffer.pt`: completions,
+advantages and the old policy's log-probs), so a resume at any step serves the rest of that round
+instead of regenerating it, and with the RNG restored reproduces the uninterrupted run's per-step
+losses exactly (TRL regenerates: that round's completions are new samples). Without a saved buffer
+(a checkpoint from before this), the round is regenerated from the same prompts. The generation
+counters that `summary_fields` reports are saved with each checkpoint too.
+
+Generation goes through one seam, `generator=` (a `GenerateFn`), which a config sets as
+`method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). The default,
+`SharedPromptGenerator` (trainers/generation.py), prefills each distinct prompt once for its whole group
+and drops ended rows from the batch, sampling as `model.generate` does; `HFGenerator` is plain
+`model.generate`. Scoring projects to the vocabulary only at completion positions, and with `share_prompt`
+(the default, sdpa/eager models of ablate.speed.split's families) runs one packed row `[prompt | c_1 |
+... | c_k]` per prompt, so each prompt is computed once per group (trainers/scoring.py); else one row
+per completion.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sized
+
+import torch
+from datasets import Dataset
+from torch import nn
+from torch.utils.data import Sampler
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainingArguments,
+)
+
+from ablate.data.tokenize import prepare_prompts
+from ablate.errors import ConfigError
+from ablate.losses import grpo as grpo_losses
+from ablate.losses.logps import selective_log_softmax
+from ablate.methods.metrics import MetricsBuffer
+from ablate.methods.optim import ConfiguredOptimizer
+from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rollouts.generation import (
+    GenerateFn,
+    build_generator,
+    left_pad,
+    right_pad,
+    stop_ids,
+)
+from ablate.rollouts.geometry import PrintGeometry
+from ablate.speed import scoring
+from ablate.speed.packing import use_packed_attention
+
+GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
+GENERATION_BUFFER = "generation_buffer.pt"  # in each checkpoint saved mid-round: the round's completions
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
+    steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
+    num_iterations: int = field(default=1, metadata={"help": "Passes (mu) over each generation round's slices."})
+    max_prompt_length: int | None = field(default=512, metadata={"help": "Keep the last N prompt tokens."})
+    max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    top_k: int = field(default=0, metadata={
+        "help": "Sample among the k most likely tokens; 0 = off (TRL 1.16's default; generate's own default is 50)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
+    beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "token (GRPO) | sequence (GSPO: one ratio per completion)."})
+    delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta."})
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
+    score_in_length_groups: bool = field(default=True, metadata={
+        "help": "Score rows in groups of similar length, each trimmed to its own longest "
+                "(same log-probs, less padding)."})
+    share_prompt: bool = field(default=True, metadata={
+        "help": "One row per prompt, [prompt | c_1 | ... | c_k], packed: each prompt computed once (sdpa/eager)."})
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
+    remove_unused_columns: bool = False  # reward functions receive every dataset column
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        checks = [
+            (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
+            (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
+            (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
+            (self.importance_sampling_level in ("token", "sequence"),
+             f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
+            (self.delta is None or self.delta > 1 + self.epsilon_high,
+             f"delta ({self.delta}) must exceed 1 + epsilon_high ({1 + self.epsilon_high})"),
+            (self.per_device_train_batch_size % self.num_generations == 0,
+             f"per_device_train_batch_size ({self.per_device_train_batch_size}) counts completions and must be "
+             f"a multiple of num_generations ({self.num_generations})"),
+            (self.eval_strategy == "no" or self.per_device_eval_batch_size % self.num_generations == 0,
+             f"per_device_eval_batch_size ({self.per_device_eval_batch_size}) must be a multiple of "
+             f"num_generations ({self.num_generations})"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(f"method.args: {msg}")
+
+
+class RepeatSampler(Sampler[int]):
+    """Shuffled prompt indices, each repeated `num_generations` times, in chunks of `prompts` prompts;
+    each chunk is yielded `repeat` times (TRL's RepeatSampler; incomplete last chunk dropped).
+
+    The order depends only on (seed, epoch), not on how often the sampler was iterated before (TRL's
+    does): Trainer calls `set_epoch`, so a run resumed in epoch k sees the same prompts as the original.
+    """
+
+    def __init__(self, data: Sized, num_generations: int, prompts: int, repeat: int, seed: int) -> None:
+        self.n, self.g, self.prompts, self.repeat = len(data), num_generations, prompts, repeat
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        for start in range(0, self.n - self.prompts + 1, self.prompts):
+            chunk = order[start : start + self.prompts]
+            for _ in range(self.repeat):
+                yield from (i for i in chunk for _ in range(self.g))
+
+    def __len__(self) -> int:
+        return (self.n // self.prompts) * self.prompts * self.g * self.repeat
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the (unwrapped; PEFT: base) model's forward projects only its last N positions when asked
+    (`logits_to_keep`, transformers' causal LMs); otherwise the full logits are computed and sliced."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def _check_finite(model: nn.Module, step: int) -> None:
+    """NaN/inf weights (a diverged update, e.g. too high an lr) as one line, before sampling from them."""
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    if params and not torch.stack([torch.isfinite(p).all() for p in params]).all():
+        raise FloatingPointError(f"the policy's weights are NaN/inf before the generation round at step {step} "
+                                 "(training diverged): lower optimizer.optimizer.lr")
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Collator: keep the rows as they are; `_prepare_inputs` turns prompts into completions."""
+    return rows
+
+
+class GRPOTrainer(ConfiguredOptimizer):
+    """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
+
+    loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: GRPOConfig,
+        train_dataset: Dataset,
+        processing_class: PreTrainedTokenizerBase,
+        reward_funcs: dict[str, RewardFunc] | None = None,
+        eval_dataset: Dataset | None = None,
+        generator: GenerateFn | None = None,
+        loss: grpo_losses.Aggregation = grpo_losses.dapo,
+        objective: grpo_losses.Objective = grpo_losses.per_token_loss,
+        reward_aggregation: grpo_losses.Advantages = grpo_losses.advantages,
+        scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
+        **kwargs: Any,
+    ) -> None:
+        if not reward_funcs:
+            raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
+        weights = args.reward_weights or [1.0] * len(reward_funcs)
+        if len(weights) != len(reward_funcs):
+            raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
+                              f"reward functions ({', '.join(reward_funcs)})")
+        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if eval_dataset is not None:
+            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.reward_funcs = dict(reward_funcs)
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.aggregate = check_loss(loss)  # method/loss=NAME: how per-token losses become one number
+        self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
+        self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
+        self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
+        self.generator = build_generator(generator, args, processing_class)
+        self.metrics = MetricsBuffer()
+        if args.share_prompt:  # sdpa that can also run a packed batch (ablate.speed.packing)
+            use_packed_attention(model)
+        self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
+        if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
+        self.add_callback(PrintGeometry())  # the batch geometry table, once the step count is known
+        self._buffer: list[dict[str, torch.Tensor]] | None = None
+        self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
+        self.generation_rounds = 0
+        self.generation_seconds = 0.0
+        self.num_tokens = 0
+        self.generated_tokens, self.scoring_seconds = 0, 0.0  # this process's, for ablate.speed.throughput's numbers
+
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
+    ) -> Dataset:
+        """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
+        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name)
+
+    # ---- batching: one generation batch, served as `steps_per_generation` slices ----
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=self._train_batch_size * self.args.steps_per_generation,  # a whole generation batch
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
+        dataset = self.train_dataset if dataset is None else dataset
+        prompts = self._train_batch_size * self.args.steps_per_generation // self.args.num_generations
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        repeat = self.args.steps_per_generation * self.args.num_iterations  # micro-steps one round serves
+        return RepeatSampler(dataset, self.args.num_generations, prompts, repeat, seed)
+
+    def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler[int]:
+        prompts = self.args.per_device_eval_batch_size // self.args.num_generations
+        return RepeatSampler(eval_dataset, self.args.num_generations, prompts, 1, self.args.seed)
+
+    def training_step(
+        self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        if self._step is None:  # first step of this process: after a resume, continue the schedule
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step += 1
+        return loss
+
+    def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not self.model.training:  # eval: one batch, generated and scored on the spot
+            return self._generate_and_score(inputs, "eval")
+        spg = self.args.steps_per_generation
+        step = self._step or 0
+        # a round serves its spg slices num_iterations times (mu passes, TRL's num_iterations)
+        if step % (spg * self.args.num_iterations) == 0 or self._buffer is None:  # None: first step after a resume
+            batch = self._generate_and_score(inputs, "train")
+            size = self._train_batch_size
+            self._buffer = [
+                {k: v[i * size : (i + 1) * size] if v.dim() else v for k, v in batch.items()} for i in range(spg)
+            ]
+        served = self._buffer[step % spg]  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
+        tokens = served["prompt_mask"].sum() + served["completion_mask"].sum()
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
+        return served
+
+    # ---- one generation round ----
+
+    def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> dict[str, torch.Tensor]:
+        """Generate a completion per row, score it, and return the padded tensors the loss needs."""
+        t0 = time.perf_counter()
+        model = self.accelerator.unwrap_model(self.model)
+        _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
+        completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
+        seconds = time.perf_counter() - t0
+        if mode == "train":
+            self.generation_rounds += 1
+            self.generation_seconds += seconds
+            self.generated_tokens += sum(len(ids) for ids in completion_ids)
+        batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
+        stops = set(stop_ids(self.processing_class, model))
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
+        if mode == "train":  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            self.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
+        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
+            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
+        batch = {k: v.to(self.args.device) for k, v in batch.items()}
+        with torch.no_grad():
+            if mode == "train" and (self.args.num_iterations > 1
+                                    or self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0):
+                # the policy is updated between generation and (some) use: keep pi_old
+                batch["old_logps"] = self._token_logps(self.model, batch)[0]
+            if self.ref_model is not None:
+                batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
+            elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
+                with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
+                    batch["ref_logps"] = self._token_logps(self.model, batch)[0]
+        rewards = self._rewards(rows, completion_ids)
+        advantages, metrics = self.reward_aggregation(
+            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
+        )
+        batch["advantages"] = advantages.to(self.args.device)
+        # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
+        # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
+        steps = self.args.steps_per_generation if mode == "train" else 1
+        batch["num_items"] = batch["completion_mask"].sum().float() / steps
+        lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
+        metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
+        metrics.update({
+            "completions/mean_length": lengths.mean(),
+            "completions/min_length": lengths.min(),
+            "completions/max_length": lengths.max(),
+            "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
+            "timing/generation_seconds": seconds,
+            "num_tokens": float(self.num_tokens),
+        })
+        self.metrics.add(mode, metrics)
+        if mode == "train":  # time/scoring: the round's time after generation (padding, log-probs, rewards)
+            self.scoring_seconds += time.perf_counter() - t0 - seconds
+        return batch
+
+    def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        pad_id = self.processing_class.pad_token_id
+        p_ids, p_mask = left_pad(prompt_ids, pad_id)
+        c_ids, c_mask = right_pad(completion_ids, pad_id)
+        return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
+
+    def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
+        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats)."""
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        prompts = [r["prompt"] for r in rows]
+        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
+        columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
+        table = torch.empty(len(rows), len(self.reward_funcs))
+        for i, (name, fn) in enumerate(self.reward_funcs.items()):
+            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            if len(values) != len(rows):
+                raise ValueError(f"reward function '{name}' returned {len(values)} rewards for {len(rows)} completions")
+            table[:, i] = torch.tensor([torch.nan if v is None else float(v) for v in values])
+        return table
+
+    # ---- loss ----
+
+    def _token_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature.
+
+        With `score_in_length_groups` the rows are scored in groups of similar length, each trimmed to its own
+        longest prompt and completion, or with `share_prompt` one row per prompt (trainers/scoring.py): the
+        same values without computing padding or repeated prompts."""
+        # not through a wrapper (DDP): the split bypasses its forward. The policy's autocast (accelerate's, on
+        # model.forward) goes around the backbone's own call too; the reference model's forward has none
+        unwrapped = self.accelerator.unwrap_model(model) is model
+        if self.args.share_prompt and unwrapped and scoring.takes_shared_prompt(model, batch):
+            autocast = None if model is self.ref_model else self.accelerator.autocast()
+            return scoring.shared_prompt_logps(model, batch, self.args.temperature, self.processing_class.pad_token_id,
+                                               with_entropy, autocast)
+        if not self.args.score_in_length_groups:
+            return self._rows_logps(model, batch, with_entropy)
+        groups = scoring.length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())
+        if len(groups) == 1:  # the batch is its own best group: the plain pass
+            return self._rows_logps(model, batch, with_entropy)
+        parts = [self._rows_logps(model, scoring.trim_rows(batch, torch.tensor(g, device=batch["prompt_ids"].device)),
+                                  with_entropy) for g in groups]
+        width = batch["completion_ids"].size(1)
+        logps = scoring.scatter_rows([lp for lp, _ in parts], groups, width)
+        entropy = scoring.scatter_rows([e for _, e in parts], groups, width) if with_entropy else None
+        return logps, entropy
+
+    def _rows_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_token_logps` of one (sub-)batch in one forward pass."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() sets them under left padding
+        n = batch["completion_ids"].size(1)
+        # project to the vocabulary only where a completion token is predicted (prompt logits are never used)
+        keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False, **keep).logits[:, -n - 1 : -1] / self.args.temperature
+        logps = selective_log_softmax(logits, batch["completion_ids"])
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                lp = torch.log_softmax(logits.float(), dim=-1)
+                entropy = -(lp.exp() * lp).sum(-1)
+        return logps, entropy
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        mode = "train" if model.training else "eval"
+        logps, entropy = self._token_logps(model, inputs, with_entropy=True)
+        mask = inputs["completion_mask"].float()
+        old = inputs.get("old_logps", logps.detach())  # ratio exactly 1 when generation is on-policy
+        per_token, metrics = self.objective(
+            logps, old, inputs["advantages"], mask, self.args.epsilon, self.args.epsilon_high,
+            inputs.get("ref_logps"), self.args.beta, self.args.importance_sampling_level, self.args.delta,
+            self.args.use_bias_correction_kl,
+        )
+        loss = self.aggregate(per_token, mask, num_items=float(inputs["num_items"]),
+                              max_completion_length=self.args.max_completion_length)
+        metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
+        self.metrics.add(mode, metrics)
+        return loss
+
+    def prediction_step(
+        self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor, None, None]:
+        """Eval rows have no `labels`: generate, score and report the GRPO loss and reward metrics."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Save the generation counters with the checkpoint, so a resumed run's summary counts the
+        rounds and seconds before the resume too. Written before Trainer's files: trainer_state.json
+        comes last and marks the checkpoint complete."""
+        if self.args.should_save:
+            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, GENERATION_STATE), "w") as f:
+                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds,
+                           "num_tokens": self.num_tokens}, f)
+            served = self.args.steps_per_generation * self.args.num_iterations
+            if self._buffer is not None and (self._step or 0) % served != 0:  # mid-round: keep its completions
+                torch.save([{k: v.cpu() for k, v in b.items()} for b in self._buffer],
+                           os.path.join(folder, GENERATION_BUFFER))
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, GENERATION_STATE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                saved = json.load(f)
+            self.generation_rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
+            self.num_tokens = saved.get("num_tokens", 0)
+        buffer = os.path.join(resume_from_checkpoint, GENERATION_BUFFER)
+        if os.path.isfile(buffer):  # resumed mid-round: serve the rest of the round, do not regenerate
+            self._buffer = [{k: v.to(self.args.device) for k, v in b.items()}
+                            for b in torch.load(buffer, weights_only=True)]
+
+    def summary_fields(self) -> dict[str, Any]:
+        """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
+        return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
+
+
+def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
+    """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
+    `method/loss=hinge` under method=grpo)."""
+    try:
+        inspect.signature(loss).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
+    except TypeError as e:
+        name = getattr(getattr(loss, "func", loss), "__name__", repr(loss))
+        raise ConfigError(f"method.loss: {name} is not a GRPO loss (a GRPO loss takes per_token_loss, mask, "
+                          f"num_items=..., max_completion_length=...): {e}") from None
+    return loss

@@ -1,0 +1,123 @@
+"""Supervised fine-tuning on `transformers.Trainer`: loss on the completion (prompt-completion rows) or on
+every token (`messages` / `text` rows), as TRL's SFTTrainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
+
+from ablate.data.tokenize import pad, prepare_sft
+from ablate.losses.logps import token_logps
+from ablate.losses.sft import nll
+from ablate.methods.metrics import MetricsBuffer
+from ablate.methods.optim import ConfiguredOptimizer
+
+
+@dataclass
+class SFTConfig(TrainingArguments):
+    max_length: int | None = field(
+        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop rows left without loss tokens."}
+    )
+    completion_only_loss: bool | None = field(
+        default=None, metadata={"help": "Loss on the completion only; None: True for prompt-completion rows (TRL)."}
+    )
+    assistant_only_loss: bool = field(
+        default=False, metadata={"help": "Conversational rows: loss on the assistant turns only (TRL's); needs "
+                                         "{% generation %} markers in the chat template (ablate.data.chat_templates)."}
+    )
+    remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
+
+
+class SFTCollator:
+    """Right-pads prompt+completion; `labels` mark completion tokens (-100 elsewhere), or only those a
+    row's `completion_mask` marks (assistant tokens, with `assistant_only_loss`).
+
+    `labels` exist so Trainer counts the completion tokens of the whole accumulated batch
+    (`num_items_in_batch`), which makes gradient accumulation exact for a token-mean loss.
+    """
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
+        masks = [[0] * len(r["prompt_ids"]) + (r.get("completion_mask") or [1] * len(r["completion_ids"]))
+                 for r in rows]
+        input_ids, completion_mask = pad(seqs, self.pad_token_id), pad(masks, 0)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": pad([[1] * len(s) for s in seqs], 0),
+            "completion_mask": completion_mask,
+            "labels": input_ids.masked_fill(completion_mask == 0, -100),
+        }
+
+
+class SFTTrainer(ConfiguredOptimizer):
+    """Next-token NLL on the completion, given the prompt."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: SFTConfig,
+        train_dataset: Dataset,
+        processing_class: PreTrainedTokenizerBase,
+        eval_dataset: Dataset | None = None,
+        data_collator: Callable | None = None,
+        **kwargs: Any,
+    ) -> None:
+        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if eval_dataset is not None:
+            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator or SFTCollator(processing_class.pad_token_id),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_loss_func=self.completion_nll,
+            **kwargs,
+        )
+        self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
+        self.metrics = MetricsBuffer()
+
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str
+    ) -> Dataset:
+        """Any TRL SFT format (see ablate.data.formats) -> prompt_ids/completion_ids (loss on the latter)."""
+        return prepare_sft(dataset, tokenizer, args.max_length, args.completion_only_loss, name,
+                           args.assistant_only_loss)
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """Trainer's own compute_loss, with `completion_nll` as its `compute_loss_func`: the forward,
+        and the scaling of a token-count-normalised loss across processes, stay upstream's."""
+        model_inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}  # labels carry the mask
+        return super().compute_loss(model, {**model_inputs, "use_cache": False}, return_outputs, num_items_in_batch)
+
+    def completion_nll(
+        self, outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """`nll` of the completion tokens (labels != -100), plus their next-token accuracy."""
+        mode = "train" if self.model.training else "eval"
+        logits, mask = outputs.logits, (labels[:, 1:] != -100)
+        per_token = token_logps(logits, labels.clamp_min(0))  # prompt positions are masked out below
+        loss = nll(per_token, mask, num_items_in_batch if self.model.training else None)
+        with torch.no_grad():
+            correct = (logits[:, :-1].argmax(-1) == labels[:, 1:]) & mask
+            self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        super().log(logs, start_time)

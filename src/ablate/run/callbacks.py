@@ -1,0 +1,83 @@
+"""The callbacks every run gets, part of the run directory contract (not config options):
+metrics.jsonl, log windows that survive a resume, and secrets masked in saved TrainingArguments."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import (
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+
+class MetricsJSONL(TrainerCallback):
+    """Appends every log event to `<run_dir>/metrics.jsonl` (part of the run directory contract).
+
+    Always installed by `ablate.train` (not a config option): `ablate compare` depends on the file.
+    Only the main process writes. `time` is seconds since this process started training, plus the
+    time recorded before a resume, so curves against wall-clock stay continuous.
+    """
+
+    def __init__(self, path: str | Path, time_offset: float = 0.0) -> None:
+        self.path = Path(path)
+        self.time_offset = time_offset
+        self._t0 = time.monotonic()
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        logs: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        if not logs or not state.is_world_process_zero:
+            return
+        event = {"step": state.global_step, "time": round(self.time_offset + time.monotonic() - self._t0, 3)}
+        event.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
+        with self.path.open("a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+class MaskSavedArgs(TrainerCallback):
+    """Trainer pickles its TrainingArguments into every checkpoint (training_args.bin); a secret given
+    as one (`+method.args.hub_token=hf_...`) is masked there too. Always installed by ablate.train."""
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            mask_saved_args(Path(args.output_dir) / f"checkpoint-{state.global_step}", args)
+
+
+def mask_saved_args(directory: Path, args: TrainingArguments) -> None:
+    """Rewrite `directory/training_args.bin` with secret-looking string fields masked (only if any)."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from ablate.run.secrets import mask
+
+    path = Path(directory) / "training_args.bin"
+    changed = {f.name: mask(v, key=f.name) for f in dataclasses.fields(args)
+               if isinstance(v := getattr(args, f.name, None), str) and mask(v, key=f.name) != v}
+    if not changed or not path.is_file():
+        return
+    masked = copy.copy(args)
+    for name, value in changed.items():
+        object.__setattr__(masked, name, value)
+    torch.save(masked, path)
+
+
+class LogAtSaveAndEnd(TrainerCallback):
+    """Log at every checkpoint and at the last step, besides every `logging_steps`.
+
+    Always installed by `ablate.train`. Each logged loss is the mean since the previous log, so with a
+    log at every checkpoint a resumed run logs the same windows as an uninterrupted one, and the logs
+    cover every step: summary.json's `train_loss` is computed from them across resumes.
+    """
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if control.should_save or control.should_training_stop or state.global_step >= state.max_steps:
+            control.should_log = True

@@ -1,0 +1,89 @@
+"""Composing a run's config: Hydra's resolvers for run-dir names, the launch time every process of
+one launch shares, and the one-line errors for config keys that moved.
+
+No torch import here: `ablate train --cfg job` composes and prints in about a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import sys
+from datetime import datetime
+
+
+def _dirname(overrides: str, limit: int = 100) -> str:
+    """Run-dir suffix from the overrides: filesystem-safe, bounded in length (hash keeps it unique)."""
+    if not overrides:
+        return ""
+    from ablate.run.secrets import mask_text
+
+    overrides = mask_text(overrides)  # `+model.token=hf_...` must not name a directory
+    safe = re.sub(r"[^A-Za-z0-9=,._+-]", "_", overrides)
+    if len(safe) > limit:
+        safe = safe[:limit] + "-" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+    return "_" + safe
+
+
+LAUNCH_TIME_ENV = "ABLATE_LAUNCH_TIME"
+
+
+def _launch_time() -> datetime:
+    """When this run was launched. Every process of one launch must name the same dirs, yet each
+    composes its own config: a multirun's job processes (joblib workers, SLURM jobs) inherit the
+    launching process's time in ABLATE_LAUNCH_TIME (set by `publish_launch_time`); torchrun ranks
+    share their launcher (the torchrun agent, their parent process), whose start time is the same
+    for all of them."""
+    if os.environ.get(LAUNCH_TIME_ENV):
+        return datetime.fromisoformat(os.environ[LAUNCH_TIME_ENV])
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        import psutil
+
+        return datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+    return datetime.now()
+
+
+@functools.lru_cache(maxsize=1)
+def _launched() -> datetime:
+    return _launch_time()
+
+
+def publish_launch_time() -> None:
+    """Hand this process's launch time to the processes it starts from now on (a multirun's
+    jobs), so `${ablate_now:...}` in hydra.sweep.dir resolves to the same folder in all of them."""
+    os.environ[LAUNCH_TIME_ENV] = _launched().isoformat()
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("ablate_dirname"):
+        OmegaConf.register_new_resolver("ablate_dirname", _dirname)
+    if not OmegaConf.has_resolver("ablate_now"):  # like Hydra's ${now:fmt}, the same for every rank
+        OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
+
+
+# Fields that became config groups: the old spelling gets a one-line error naming the new one.
+MOVED = {
+    "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses and GRPO aggregations)
+    "method.args.scale_rewards": "method/scale_rewards",  # conf/method/scale_rewards/*.yaml (GRPO)
+}
+
+
+def check_moved(argv: list[str]) -> None:
+    """Exit with one line when an override uses a moved field (`method.args.loss_type=hinge`)."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in MOVED:
+            print(f"ablate: error: {key} is now the config group {MOVED[key]}: use {MOVED[key]}={value or 'NAME'} "
+                  f"(options: conf/{MOVED[key]}/)", file=sys.stderr)
+            sys.exit(2)
+
+
+def quote_override_value(value: str) -> str:
+    """`value` as one quoted value of Hydra's override grammar: run-dir names hold `=` and `,`, a cwd
+    may hold spaces or quotes. Inside single quotes only a quote, and backslashes before a quote or
+    the closing quote, are escaped (hydra/grammar/OverrideLexer.g4, QUOTED_VALUE)."""
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"

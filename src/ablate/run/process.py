@@ -1,0 +1,57 @@
+"""Process set-up early in a run, before any heavy work: torch threads, malloc, quiet libraries,
+who runs it (run.json), and torch.distributed's variables in a SLURM job of several tasks."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from ablate.run import rundir
+
+
+def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
+    """Early in a run, before any heavy work: threads, malloc, tags, notes, pid -> run.json."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from ablate.run import memory, threads
+
+    launcher = HydraConfig.get().get("launcher") if HydraConfig.initialized() else None
+    info.update(threads.apply(cfg.get("threads"), launcher))
+    info.update(memory.apply(cfg.get("malloc_mmap_threshold")))  # before the model's first tensors
+    info["tags"] = [str(t) for t in (cfg.get("tags") or [])]
+    info["notes"] = cfg.get("notes")
+    info["host"], info["pid"] = socket.gethostname(), os.getpid()
+    # processes in the run (torchrun ranks, SLURM tasks): `ablate resume` refuses to continue a
+    # several-process run as one (the batch per step would change, and with it the losses)
+    info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
+    rundir.write_json(run_dir / rundir.RUN, info)
+    _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """Messages with nothing for the user to act on stay out of the console."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
+    # TrainingArguments pins dataloader memory by default; on a CPU-only machine torch warns on every
+    # dataloader that pinning is skipped
+    warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
+    # peft (imported by Trainer when installed) imports bitsandbytes, whose CPU backend warns on every
+    # run that an optional speed-up package is missing, even when nothing uses bitsandbytes
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def export_torch_distributed() -> None:
+    """In a SLURM job with several tasks (hydra.launcher.tasks_per_node=2), set what torchrun would:
+    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, from SLURM's variables (submitit's helper), so
+    the tasks form one DDP process group and share one run dir, rank 0 writing. Must run before
+    anything reads RANK (rundir.is_main_process)."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "RANK" not in os.environ:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export()

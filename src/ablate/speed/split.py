@@ -1,0 +1,82 @@
+"""A causal LM split into backbone (token ids -> final hidden states) and head (hidden -> logits).
+
+DPO's fast path (`ablate.methods.dpo`) runs the backbone itself and projects only the positions whose
+next token is scored, instead of asking the model for logits at every position. That is exact only
+where the model's own forward is `lm_head(backbone(...).last_hidden_state)` with nothing in between:
+no logit scaling or soft-capping, a plain `nn.Linear` head (a LoRA-wrapped head is not one). Model
+families are listed by name rather than guessed from attributes, because a wrong guess would be
+silently wrong numbers; any other model gets `None` and the trainer uses the plain path.
+
+The same families take a custom 4-D attention mask and explicit position ids through
+`transformers.masking_utils` (a 4-D mask is used as given), which prompt sharing needs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ablate.losses.logps import completion_logps, logit_stats, selective_log_softmax
+
+# model_type -> the causal LMs whose forward is `lm_head(model(...).last_hidden_state)` in transformers 5,
+# and whose attention takes a prepared 4-D mask (masking_utils returns a 4-D mask as given)
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# ablate.speed.packing's padding-free attention: sdpa on the padded layout of a packed batch
+PACKED_SDPA = "ablate_packed_sdpa"
+# attention kernels that read a custom 4-D mask: sdpa and PACKED_SDPA (boolean, True = attend), eager (additive)
+MASKED_ATTENTION = frozenset({"sdpa", PACKED_SDPA, "eager"})
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (its LoRA layers stay in place), else `model`."""
+    get_base = getattr(model, "get_base_model", None)  # peft.PeftModel
+    return get_base() if callable(get_base) else model
+
+
+def _prompt_learning(model: nn.Module) -> bool:
+    """peft prompt/prefix tuning: its wrapper's forward adds virtual tokens, so the inner model's parts
+    (or a mask sized for the real tokens) would be wrong."""
+    config = getattr(model, "active_peft_config", None)
+    return bool(getattr(config, "is_prompt_learning", False))
+
+
+def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """(backbone, lm_head) of a supported causal LM, peft-wrapped or not; None when the split is not
+    known to be exact (the caller then uses the model's own forward)."""
+    lm = causal_lm(model)
+    config = getattr(lm, "config", None)
+    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or _prompt_learning(model):
+        return None
+    head = lm.get_output_embeddings()
+    backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
+    if type(head) is not nn.Linear or backbone is None:  # e.g. peft's lora.Linear around the head
+        return None
+    return backbone, head
+
+
+def takes_custom_mask(model: nn.Module) -> bool:
+    """True when a 4-D attention mask and position ids given to `model` are used as given."""
+    config = getattr(causal_lm(model), "config", None)
+    return (not _prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
+            and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
+
+
+def scored_logps(
+    model: nn.Module, inputs: dict, src: torch.Tensor, tgt: torch.Tensor, split: bool = True,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Log-probs of tokens `tgt` predicted at flat positions `src` of `model(**inputs)` (logits divided
+    by `temperature` first), and their `entropy`/`mean_logit`/`correct` stats (no gradient).
+
+    With `split` and a model `lm_parts` knows, the backbone runs alone and the head only at `src`, in
+    chunks (`completion_logps`); otherwise the model's own forward, logits kept only at `src`. The
+    caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
+    parts = lm_parts(model) if split else None
+    if parts is not None:
+        backbone, head = parts
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state
+        return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
+    picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src]
+    if temperature != 1.0:
+        picked = picked / temperature
+    return selective_log_softmax(picked, tgt), dict(zip(("entropy", "mean_logit", "correct"), logit_stats(picked, tgt)))

@@ -1,0 +1,270 @@
+"""Throughput and MFU in every run: FLOPs per token, the device's peak, and the callback that logs them.
+
+MFU (model FLOPs utilisation, Chowdhery et al. 2022, PaLM appendix B) = the FLOPs the model's matmuls
+need for the tokens it processed / (seconds * the device's peak FLOP/s). Defined here as:
+
+- tokens: the non-padding tokens of each training batch in TRL's layout
+  (`TrainerState.num_input_tokens_seen`): DPO counts chosen and rejected rows, the prompt in each
+  (TRL's `num_tokens`), whichever layout computes them, so tokens/s and MFU compare across layouts and
+  with TRL; DPO's `share_prompt` computes each prompt once, so the FLOPs it actually computes are
+  fewer (benchmarks/ report those too, as "HW MFU"); SFT its rows; GRPO the prompt and completion
+  tokens of each training micro-batch.
+- FLOPs: 6 * N per trained token (forward 2N, backward 4N); for GRPO also 2 * N per *generated*
+  token (one forward each; the prompt's prefill and the scoring forwards for the reference or old
+  policy are not counted, so GRPO's MFU is a lower bound).
+- seconds: the training steps' wall-clock (data, forward, backward, optimizer, GRPO's generation),
+  without evaluation and checkpoint saves.
+
+The attention term (12 * L * d_attn * T per token) is left out of the per-run number (the callback
+does not see sequence lengths): it is < ~7% at T <= 256 for the models here, so the MFU is a slight
+underestimate. `flops_per_token(model, seq_len=T)` includes it where T is known (benchmarks).
+
+Imports torch only inside functions; `ablate compare` reads the logged numbers without this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import (
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+PEAK_CACHE = "peak_flops.json"  # in ablate's cache dir: the probe's result per machine/device/dtype
+
+
+def matmul_params(model: Any) -> int:
+    """N: weights that multiply activations (every `nn.Linear`, the lm_head included), not embeddings.
+
+    The input embedding is a table lookup (no FLOPs), so it is left out, as in Kaplan et al. 2020
+    (`N` excludes embeddings). The lm_head is a real [hidden x vocab] matmul on every token, and it
+    is counted even when tied to the input embedding (tying shares the weight, not the work); for
+    small models with large vocabularies it is a large share of the compute (SmolLM2-135M: ~28M of
+    ~135M). Counted from the module's shape (in_features * out_features), so quantized layers, whose
+    packed weight has fewer elements, count the matmul they compute.
+    """
+    from torch import nn
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            total += module.in_features * module.out_features
+        elif type(module).__name__ == "Conv1D" and hasattr(module, "weight"):  # GPT-2's Linear, transposed
+            total += module.weight.shape[0] * module.weight.shape[1]
+    return total
+
+
+def flops_per_token(model: Any, seq_len: int = 0) -> float:
+    """Training FLOPs per token: 6 * N (Kaplan et al. 2020, eq. 2.1; PaLM appendix B), plus attention's
+    12 * L * d_attn * T when `seq_len` T is given (PaLM's 12 * L * H * Q * T: QK^T and attention * V,
+    forward and backward, with d_attn = H * Q = query heads * head dim).
+
+    Hand arithmetic for a tiny Llama (hidden 8, intermediate 16, 2 layers, 2 heads of dim 4, 1 KV
+    head, vocab 32, tied embeddings):
+        per layer: q 8*8=64, k 8*4=32, v 8*4=32, o 8*8=64, gate 8*16=128, up 128, down 16*8=128 -> 576
+        N = 2 * 576 + lm_head 8*32=256 = 1408;  6N = 8448
+        attention at T=10: 12 * 2 * (2*4) * 10 = 1920  ->  10368
+    (norms, rotary embeddings, softmax and the loss are O(d) per token: left out, as in both papers).
+    """
+    flops = 6.0 * matmul_params(model)
+    if seq_len:
+        config = getattr(model, "config", None)
+        layers = getattr(config, "num_hidden_layers", 0) or 0
+        heads = getattr(config, "num_attention_heads", 0) or 0
+        head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // max(heads, 1))
+        flops += 12.0 * layers * heads * head_dim * seq_len
+    return flops
+
+
+# ---- the device's peak ----
+
+def cache_path() -> Path:
+    from ablate.paths import cache_root
+
+    return cache_root() / PEAK_CACHE
+
+
+def device_key(device: Any, dtype: Any) -> str:
+    """What the probe's result depends on: machine, device (its name on CUDA), dtype, torch, threads."""
+    import torch
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    tf32 = "+tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else ""
+    return (f"{socket.gethostname()}|{name}|{str(dtype).replace('torch.', '')}{tf32}|torch {torch.__version__}"
+            f"|threads {torch.get_num_threads()}")
+
+
+def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
+    """The device's matmul FLOP/s in `dtype`: the best of repeated square matmuls over ~`seconds`
+    (a dense matmul is the best case any model step can reach; the first call warms up)."""
+    import torch
+
+    device = torch.device(device)
+    n = 4096 if device.type == "cuda" else 1024  # big enough to keep the device busy, small enough for ~1 s
+    g = torch.Generator().manual_seed(0)  # not torch's global RNG: a run's draws must not depend on a cache miss
+    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.mm(a, b)
+    sync()
+    best, start, reps = 0.0, time.perf_counter(), 1
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        sync()
+        dt = time.perf_counter() - t0
+        best = max(best, 2.0 * n**3 * reps / dt)
+        if dt < 0.02:  # too short to time well: batch more matmuls per measurement
+            reps *= 2
+    return best
+
+
+def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None) -> float:
+    """Peak FLOP/s of `device` in `dtype`: `user_tflops` (config `peak_tflops`) if given, else the
+    cached probe for this machine, device, dtype, torch version and thread count, else a ~1 s probe
+    whose result is cached (`$ABLATE_CACHE/peak_flops.json`, default ~/.cache/ablate/). A probe taken
+    while other work shares the device reads low: delete its entry (or the file) to measure again."""
+    if user_tflops is not None:
+        return float(user_tflops) * 1e12
+    path = path or cache_path()
+    key = device_key(device, dtype)
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    if isinstance(cached.get(key), (int, float)) and cached[key] > 0:
+        return float(cached[key])
+    value = probe(device, dtype)
+    cached[key] = value
+    try:  # atomic: parallel runs may write at once (a lost entry is only probed again)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measure again next time
+        pass
+    return value
+
+
+def run_dtype(args: TrainingArguments) -> Any:
+    """The dtype the run's matmuls use: bf16/fp16 autocast, else the float32 weights."""
+    import torch
+
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
+# ---- the callback ----
+
+class Speed(TrainerCallback):
+    """Adds `tokens_per_second` and `mfu` to every training log event (and, for GRPO, `time/generation`,
+    `time/scoring` and `time/training`: seconds per optimizer step, averaged over the log window), and
+    shows them on the progress bar. Always installed by `ablate.train`, first among the callbacks, so
+    metrics.jsonl, W&B and the progress bar's log line all see them.
+
+    Counts come from the trainer: `state.num_input_tokens_seen` (the tokens trained on; Trainer's own
+    for DPO and SFT) and, when it has them, GRPO's `generation_seconds`, `scoring_seconds` and
+    `generated_tokens` running totals.
+    """
+
+    def __init__(self, trainer: Any, peak_tflops: float | None = None) -> None:
+        self.trainer = trainer
+        self.peak_tflops = peak_tflops
+        self.peak: float | None = None
+        self.flops_per_token = flops_per_token(trainer.accelerator.unwrap_model(trainer.model))
+        self.forward_flops_per_token = self.flops_per_token / 3  # 2N: generation is forward only
+        self._last: float | None = None
+        self.seconds = 0.0  # training-step seconds in the current log window
+        self.total_seconds = self.total_flops = self.total_tokens = 0.0  # this process's, for summary.json
+        self._marks: dict[str, float] = {}
+
+    def _counters(self, state: TrainerState) -> dict[str, float]:
+        t = self.trainer
+        return {"tokens": float(state.num_input_tokens_seen or 0), "step": float(state.global_step),
+                "generated": float(getattr(t, "generated_tokens", 0)),
+                "generation": float(getattr(t, "generation_seconds", 0.0)),
+                "scoring": float(getattr(t, "scoring_seconds", 0.0))}
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.peak is None:
+            self.peak = peak_flops(args.device, run_dtype(args), self.peak_tflops)
+            if state.is_world_process_zero:
+                source = "peak_tflops" if self.peak_tflops is not None else f"measured, cached in {cache_path()}"
+                logging.getLogger("ablate").info(
+                    "MFU against a peak of %.4g TFLOP/s (%s; set peak_tflops=... to override)", self.peak / 1e12, source)
+        self._marks = self._counters(state)
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        self.seconds += now - (self._last if self._last is not None else now)
+        self._last = now
+
+    def _restart_clock(self, *args: Any, **kwargs: Any) -> None:
+        """Evaluation and checkpoint saves happen between steps: their time is not a step's."""
+        self._last = time.perf_counter()
+
+    on_evaluate = on_save = _restart_clock
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs is None or "loss" not in logs or self.seconds <= 0:  # eval and end-of-train events
+            return
+        now = self._counters(state)
+        d = {k: now[k] - self._marks.get(k, 0.0) for k in now}
+        steps, seconds = max(d["step"], 1.0), self.seconds
+        world = max(args.world_size, 1)
+        # tokens are counted over all processes; generated tokens per process (each generates its own batch)
+        flops = self.flops_per_token * d["tokens"] / world + self.forward_flops_per_token * d["generated"]
+        if d["tokens"] > 0:
+            logs["tokens_per_second"] = d["tokens"] / seconds
+            if self.peak:
+                logs["mfu"] = flops / seconds / self.peak
+            if "num_input_tokens_seen" not in logs:  # GRPO: Trainer cannot count its batches, the trainer does
+                logs["num_input_tokens_seen"] = int(now["tokens"])
+        if hasattr(self.trainer, "generation_seconds"):  # GRPO: where a step's time goes
+            logs["time/generation"] = d["generation"] / steps
+            logs["time/scoring"] = d["scoring"] / steps
+            logs["time/training"] = max(seconds - d["generation"] - d["scoring"], 0.0) / steps
+        self.total_seconds += seconds
+        self.total_flops += flops
+        self.total_tokens += d["tokens"]
+        self._marks, self.seconds = now, 0.0
+        self._show(state, logs)
+
+    def _show(self, state: TrainerState, logs: dict[str, Any]) -> None:
+        """tokens/s and MFU as the progress bar's postfix (the bar's log lines carry them too)."""
+        if "tokens_per_second" not in logs or not state.is_world_process_zero:
+            return
+        from transformers.trainer_callback import ProgressCallback
+
+        text = f"{logs['tokens_per_second']:.4g} tok/s" + (f", MFU {logs['mfu']:.1%}" if "mfu" in logs else "")
+        for cb in self.trainer.callback_handler.callbacks:
+            if isinstance(cb, ProgressCallback) and getattr(cb, "training_bar", None) is not None:
+                cb.training_bar.set_postfix_str(text, refresh=False)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """For summary.json: this process's throughput and MFU over all its training steps, and the peak."""
+        out: dict[str, Any] = {}
+        if self.total_seconds > 0 and self.total_tokens > 0:
+            out["tokens_per_second"] = round(self.total_tokens / self.total_seconds, 3)
+            if self.peak:
+                out["mfu"] = round(self.total_flops / self.total_seconds / self.peak, 6)
+        if self.peak:
+            out["peak_tflops"] = round(self.peak / 1e12, 6)
+        return out

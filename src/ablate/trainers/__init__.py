@@ -1,1 +1,0 @@
-"""`transformers.Trainer` subclasses: wiring only; the math lives in `ablate.losses`."""
