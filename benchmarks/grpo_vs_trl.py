@@ -32,7 +32,7 @@ reward, old-policy log-probs when needed) and training (forward + backward + opt
 each trainer's methods from outside, with "vs trl" ratios (trl CPU s / impl CPU s; wall s likewise).
 Then the mean reward per step of every run (reward curves over seeds with `--vary-seed`).
 `--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
-`share_prompt` off. Not part of the test run: numbers depend on the machine (the README records one set).
+`share_prompt` off. Not part of the test run: numbers depend on the machine (docs/benchmarks.md records one set).
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def test_experiment_files_compose(name):
     assert make_cfg(f"+experiment={name}") != make_cfg()
 
 
-# conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (README, Layout)
+# conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
 CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts"),
         "method/loss": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
         "method/reward_aggregation": ("losses",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),

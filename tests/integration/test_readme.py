@@ -1,4 +1,4 @@
-"""The docs test themselves: every command line in README.md's and docs/extending.md's ```bash blocks
+"""The docs test themselves: every command line in the ```bash blocks of README.md and of every docs/*.md page
 runs, as written, from a scratch copy of the repo (a fresh clone, its path holding a space), with the
 default run dirs, the default sweep dir and the default `outputs/`, in the order the doc gives them.
 
@@ -36,7 +36,7 @@ from conftest import ROOT, TESTS, summary
 
 import ablate
 
-DOCS = ["README.md", "docs/extending.md"]
+DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 STEPS = "method.args.max_steps=2"
 
 SKIP = {
@@ -47,6 +47,7 @@ SKIP = {
     "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true":
         "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "bash scripts/slurm/start.sh": "installs and starts SLURM as root with apt (tests/slow/test_slurm.py)",
+    "torchrun --nproc_per_node=8 -m ablate train distributed=fsdp model=...": "needs 8 CUDA GPUs",
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
 }
@@ -216,7 +217,7 @@ def _env(bin_dir: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def doc_runs(tmp_path_factory) -> dict[str, DocRun]:
     runs = {}
-    for doc in DOCS:
+    for doc in sorted({line.doc for line in ALL if not line.skip}):  # a scratch clone per doc with lines to run
         root = tmp_path_factory.mktemp("doc")
         (root / "bin").mkdir()
         cwd = _scratch_clone(root)

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from datasets import Dataset
 
-from ablate.data import DataError
+from ablate.errors import DataError
 
 # method -> accepted formats, each the set of columns that identifies it (first match wins)
 FORMATS: dict[str, list[tuple[str, tuple[str, ...]]]] = {

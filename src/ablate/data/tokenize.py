@@ -26,7 +26,7 @@ import torch
 from datasets import Dataset, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
-from ablate.data import DataError
+from ablate.errors import DataError
 from ablate.data.formats import (
     check_text,
     detect,
