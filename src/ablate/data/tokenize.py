@@ -22,11 +22,9 @@ import json
 import logging
 from typing import Any
 
-import torch
 from datasets import Dataset, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
-from ablate.errors import DataError
 from ablate.data.formats import (
     check_text,
     detect,
@@ -34,6 +32,7 @@ from ablate.data.formats import (
     preference_row,
     to_chatml,
 )
+from ablate.errors import DataError
 
 log = logging.getLogger("ablate")
 
@@ -317,18 +316,3 @@ def prepare_prompts(
         return {"prompt_ids": ids[-max_prompt_length:] if max_prompt_length else ids}
 
     return dataset.map(fn, with_indices=True, desc=f"Tokenizing {name} prompts")
-
-
-def require_columns(dataset: Any, columns: tuple[str, ...], method: str) -> None:
-    """One-line error naming the missing columns (bad data must not surface as a KeyError later)."""
-    missing = [c for c in columns if c not in dataset.column_names]
-    if missing:
-        raise DataError(
-            f"data: {method} needs columns {list(columns)}; missing {missing} (found {dataset.column_names})"
-        )
-
-
-def pad(seqs: list[list[int]], value: int) -> torch.Tensor:
-    """Right-pad lists of ids to one (B, T) tensor."""
-    width = max(len(s) for s in seqs)
-    return torch.tensor([s + [value] * (width - len(s)) for s in seqs], dtype=torch.long)

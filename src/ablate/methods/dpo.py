@@ -30,6 +30,7 @@ from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import per_sequence, sequence_logps, token_logps
 from ablate.methods.metrics import (
+    LogsMetrics,
     MetricsBuffer,
     completion_token_metrics,
     token_metrics,
@@ -93,7 +94,7 @@ class DPOCollator:
         return batch
 
 
-class DPOTrainer(ConfiguredOptimizer):
+class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
     `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)."""
 
@@ -264,9 +265,6 @@ class DPOTrainer(ConfiguredOptimizer):
         labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
         return loss.detach(), outputs["logits"], labels
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
-        super().log(logs, start_time)
 
 
 def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:

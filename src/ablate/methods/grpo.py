@@ -65,7 +65,7 @@ from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses.logps import selective_log_softmax
-from ablate.methods.metrics import MetricsBuffer
+from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.rollouts.generation import (
@@ -183,7 +183,7 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-class GRPOTrainer(ConfiguredOptimizer):
+class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
 
     loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
@@ -445,9 +445,6 @@ class GRPOTrainer(ConfiguredOptimizer):
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
-        super().log(logs, start_time)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
         """Save the generation counters with the checkpoint, so a resumed run's summary counts the

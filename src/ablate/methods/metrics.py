@@ -1,4 +1,5 @@
-"""Per-step metric accumulation shared by the trainers (composition, not inheritance).
+"""Per-step metric accumulation shared by the trainers: a `MetricsBuffer` each, and `LogsMetrics`,
+the one `log` override they share.
 
 `compute_loss` runs once per micro-batch; Trainer logs once every `logging_steps` optimizer steps.
 Values are appended per micro-batch and averaged when Trainer calls `log` (TRL's scheme, so the
@@ -13,6 +14,8 @@ import torch
 
 
 class MetricsBuffer:
+    """Per-mode lists of metric values since the last log."""
+
     def __init__(self) -> None:
         self._values: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
 
@@ -30,6 +33,17 @@ class MetricsBuffer:
         out = {k: sum(v) / len(v) for k, v in self._values[mode].items() if v}
         self._values[mode].clear()
         return {f"eval_{k}": v for k, v in out.items()} if mode == "eval" else out
+
+
+class LogsMetrics:
+    """Mixin for a Trainer whose `compute_loss` fills `self.metrics` (a MetricsBuffer): every log event
+    gets the averages since the previous one (train or eval, by the model's mode)."""
+
+    metrics: MetricsBuffer
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.metrics.pop("train" if self.model.training else "eval"))  # type: ignore[attr-defined]
+        super().log(logs, start_time)  # type: ignore[misc]
 
 
 @torch.no_grad()

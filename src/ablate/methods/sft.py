@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArgum
 from ablate.data.tokenize import pad, prepare_sft
 from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
-from ablate.methods.metrics import MetricsBuffer
+from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 
 
@@ -57,7 +57,7 @@ class SFTCollator:
         }
 
 
-class SFTTrainer(ConfiguredOptimizer):
+class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
     """Next-token NLL on the completion, given the prompt."""
 
     def __init__(
@@ -118,6 +118,3 @@ class SFTTrainer(ConfiguredOptimizer):
             self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
         return loss
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
-        super().log(logs, start_time)

@@ -80,7 +80,6 @@ RULES: dict[str, tuple[Check, str]] = {
     "method.args.top_p": (lambda v, c: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "method.args.epsilon": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
     "method.args.epsilon_high": (lambda v, c: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
-    "method.args.scale_rewards": (lambda v, c: v in ("group", "batch", "none"), "one of group, batch, none"),
     "data.max_train_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
     "data.max_eval_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
     "model.dtype": (lambda v, c: v in ("float32", "bfloat16", "float16"), "one of float32, bfloat16, float16"),
