@@ -69,6 +69,12 @@ class Paired:
     def ci(self) -> tuple[float, float] | None:
         return bootstrap_ci(self.diffs)
 
+    @property
+    def clear(self) -> bool:
+        """The 95% interval excludes 0."""
+        ci = self.ci
+        return ci is not None and (ci[0] > 0 or ci[1] < 0)
+
     def verdict(self) -> str:
         """One line: `b − a metric = d [lo, hi], n=3 pairs: b higher (interval excludes 0)`."""
         head = f"{self.b} − {self.a} {self.metric}"
@@ -363,3 +369,24 @@ def paired_examples(a_label: str, a: dict[str, list[float]], b_label: str, b: di
     ids = [i for i in a if i in b and a[i] and b[i]]
     return ExamplePaired(a_label, b_label, metric, ids, [statistics.fmean(a[i]) for i in ids],
                          [statistics.fmean(b[i]) for i in ids])
+
+
+def in_words(paired: list[Paired], better: list[Improvement], examples: list[ExamplePaired]) -> list[str]:
+    """One line per difference, the clear ones first: `clear: b higher than a on m (seed-paired)` when
+    its 95% interval excludes "no difference" (0, or 0.5 for a probability of improvement), else
+    `not clear: b vs a on m (...)`."""
+    clear: list[str] = []
+    unclear: list[str] = []
+    for what, items in (("seed-paired", paired), ("probability of improvement", better), ("per example", examples)):
+        for d in items:
+            where = f"[{d.launch}] " if d.launch else ""
+            metric = f"eval {d.metric}" if isinstance(d, ExamplePaired) else d.metric
+            if not d.clear:
+                unclear.append(f"not clear: {where}{d.b} vs {d.a} on {metric} ({what})")
+                continue
+            if isinstance(d, Improvement):
+                how = "better" if d.p > 0.5 else "worse"
+            else:
+                how = "higher" if (d.mean or 0.0) > 0 else "lower"
+            clear.append(f"clear: {where}{d.b} {how} than {d.a} on {metric} ({what})")
+    return clear + unclear
