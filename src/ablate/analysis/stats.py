@@ -337,7 +337,7 @@ class ExamplePaired:
         return ci is not None and (ci[0] > 0 or ci[1] < 0)
 
     def verdict(self) -> str:
-        """`b − a m = +0.125 [+0.031, +0.22] (SE 0.048 paired, 0.19 unpaired), n=4 examples: clear, b higher (...)`."""
+        """`b − a eval m = +0.125 [+0.03117, +0.2188] (SE 0.048 paired, 0.19 unpaired), n=4 examples: clear, ...`."""
         head = f"{self.b} − {self.a} eval {self.metric}"
         if self.n == 0:
             return f"{head}: no example scored in both arms, so no paired difference"
