@@ -67,3 +67,18 @@ def test_eval_scores_the_saved_model_on_other_data(lora_run: Path, tmp_path: Pat
 def test_eval_of_a_non_run_is_one_line(tmp_path: Path) -> None:
     r = ablate("eval", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "is not an ablate run dir" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_writes_each_examples_scores(lora_run: Path, tmp_path: Path) -> None:
+    """eval_examples.jsonl: one row per eval example, scored alone; their mean is eval.json's number
+    (4 examples in one eval batch), so the per-example pass scores the same examples the same way."""
+    r = ablate("eval", str(lora_run), "data=caps_prefs", "data.max_eval_samples=4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"wrote {lora_run / 'eval_examples.jsonl'}" in r.stdout
+    metrics = json.loads((lora_run / "eval.json").read_text())["metrics"]
+    rows = [json.loads(line) for line in (lora_run / "eval_examples.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2, 3] and len({row["id"] for row in rows}) == 4
+    assert all(row["rewards/accuracies"] in (0.0, 1.0) and "num_tokens" not in row for row in rows)
+    for name in ("loss", "rewards/margins", "rewards/accuracies"):
+        mean = sum(row[name] for row in rows) / 4
+        assert mean == pytest.approx(metrics[f"eval_{name}"], rel=1e-3, abs=1e-5), name

@@ -10,7 +10,11 @@ a sweep is its own launch) are never pooled unless `pool=True` (`--pool`): two l
 seeds would otherwise count every seed twice and understate the spread. Each final metric is shown
 as the mean over the group's seeds with a 95% bootstrap interval (ablate/analysis/stats.py; mean ± std below
 3 seeds, where no interval is honest), and arms that share seeds get seed-paired differences
-against the launch's first arm, with a verdict in words.
+against the launch's first arm, with a verdict in words. From stats.MANY_SEEDS seeds in every arm on,
+a metric also gets its IQM with a stratified bootstrap interval and each arm's probability of
+improvement over the launch's first arm (Agarwal et al. 2021); runs with per-example eval scores
+(`ablate eval`'s eval_examples.jsonl) get paired per-example differences (Miller 2024); then a
+summary says which differences are clear and which are not (docs/compare.md).
 """
 
 from __future__ import annotations
@@ -87,8 +91,9 @@ def status_text(runs: list[Run]) -> str:
     return ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
-def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
-    """One row per group: label, runs, status, `<metric>` mean and std, runtime, steps."""
+def table_rows(groups: list[Group], metrics: list[str], many: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per group: label, runs, status, `<metric>` mean and std, runtime, steps; for the
+    metrics in `many` (many_seed_metrics) also the IQM over seeds and its interval."""
     rows = []
     for g in groups:
         row: dict[str, Any] = {"group": g.label, "runs": len(g.runs), "status": status_text(g.runs)}
@@ -98,6 +103,10 @@ def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
             ci = stats.bootstrap_ci(values)
             row[f"{m} n"] = len(values)
             row[f"{m} ci_low"], row[f"{m} ci_high"] = ci if ci else (None, None)
+            if m in (many or []):
+                scores = seed_scores(g, m)
+                row[f"{m} iqm"] = stats.iqm(scores)
+                row[f"{m} iqm_low"], row[f"{m} iqm_high"] = stats.iqm_ci(scores) or (None, None)
         runtimes = [float(r.summary["train_runtime"]) for r in g.runs if "train_runtime" in r.summary]
         row["runtime_s mean"], row["runtime_s std"] = mean_std(runtimes)
         steps = sorted({r.summary.get("global_step") for r in g.runs} - {None})
@@ -106,13 +115,23 @@ def table_rows(groups: list[Group], metrics: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def display_table(rows: list[dict[str, Any]], metrics: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and string cells as printed (rich) and written (Markdown)."""
-    header = ["group", "runs", "status", *metrics, "runtime (s)", "steps"]
+def display_table(rows: list[dict[str, Any]], metrics: list[str],
+                  many: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells as printed (rich) and written (Markdown); a `<metric> IQM` column
+    after each metric in `many`."""
+    many = many or []
+    header = ["group", "runs", "status", *(c for m in metrics for c in ([m, f"{m} IQM"] if m in many else [m])),
+              "runtime (s)", "steps"]
     cells = [[r["group"], str(r["runs"]), r["status"],
-              *(fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) for m in metrics),
+              *(c for m in metrics for c in [fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m))]
+                + ([_iqm_cell(r, m)] if m in many else [])),
               fmt(r["runtime_s mean"], r["runtime_s std"]), r["steps"]] for r in rows]
     return header, cells
+
+
+def _iqm_cell(row: dict[str, Any], metric: str) -> str:
+    lo, hi = row[f"{metric} iqm_low"], row[f"{metric} iqm_high"]
+    return f"{row[f'{metric} iqm']:.4g}" + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None else "")
 
 
 def _ci(row: dict[str, Any], metric: str) -> tuple[float, float] | None:
@@ -120,20 +139,71 @@ def _ci(row: dict[str, Any], metric: str) -> tuple[float, float] | None:
     return (lo, hi) if lo is not None and hi is not None else None
 
 
+def _pairs(groups: list[Group]) -> list[tuple[str, Group, Group]]:
+    """Within each launch (all runs when pooled), (launch, the launch's first arm, another arm)."""
+    by_launch: dict[str, list[Group]] = {}
+    for g in groups:
+        by_launch.setdefault(g.launch, []).append(g)
+    return [(launch, arms[0], other) for launch, arms in by_launch.items() for other in arms[1:]]
+
+
 def paired_differences(groups: list[Group], metrics: list[str]) -> list[stats.Paired]:
     """Within each launch (all runs when pooled), every arm minus the launch's first arm, per metric,
     paired by seed."""
     out = []
-    by_launch: dict[str, list[Group]] = {}
-    for g in groups:
-        by_launch.setdefault(g.launch, []).append(g)
-    for launch, arms in by_launch.items():
-        base = arms[0]
-        for other in arms[1:]:
-            for m in metrics:
-                d = stats.paired(base.arm, _per_seed(base, m), other.arm, _per_seed(other, m), m)
-                d.launch = launch
-                out.append(d)
+    for launch, base, other in _pairs(groups):
+        for m in metrics:
+            d = stats.paired(base.arm, _per_seed(base, m), other.arm, _per_seed(other, m), m)
+            d.launch = launch
+            out.append(d)
+    return out
+
+
+def seed_scores(group: Group, metric: str) -> list[float]:
+    """One value per seed (a seed two pooled launches both ran counts once, with its mean): what the
+    many-seed statistics resample, so a pooled arm never counts a seed twice."""
+    return [statistics.fmean(v) for v in _per_seed(group, metric).values()]
+
+
+def many_seed_metrics(groups: list[Group], metrics: list[str]) -> list[str]:
+    """The metrics of which every arm has at least stats.MANY_SEEDS seeds: these get the IQM, the
+    probability of improvement and a performance profile; the others are shown as before."""
+    return [m for m in metrics if groups and all(len(_per_seed(g, m)) >= stats.MANY_SEEDS for g in groups)]
+
+
+def improvements(groups: list[Group], many: list[str]) -> list[stats.Improvement]:
+    """P(arm better than its launch's first arm) per metric in `many`, over their seeds."""
+    out = []
+    for launch, base, other in _pairs(groups):
+        for m in many:
+            i = stats.improvement(base.arm, seed_scores(base, m), other.arm, seed_scores(other, m), m)
+            i.launch = launch
+            out.append(i)
+    return out
+
+
+def example_differences(groups: list[Group], metrics: list[str]) -> list[stats.ExamplePaired]:
+    """Per-example paired differences, every arm minus its launch's first arm, on the examples both
+    scored (eval_examples.jsonl), for the compared metrics the files hold (all they share when they
+    hold none of them)."""
+    out = []
+    for launch, base, other in _pairs(groups):
+        a, b = _per_example(base), _per_example(other)
+        shared = [m for m in a if m in b]
+        for m in [m for m in metrics if m in shared] or sorted(shared):
+            d = stats.paired_examples(base.arm, a[m], other.arm, b[m], m)
+            d.launch = launch
+            out.append(d)
+    return out
+
+
+def _per_example(group: Group) -> dict[str, dict[str, list[float]]]:
+    """{metric: {example id: [score of each run that scored it]}}."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in group.runs:
+        for example, scores in r.examples.items():
+            for m, v in scores.items():
+                out.setdefault(m, {}).setdefault(example, []).append(v)
     return out
 
 
@@ -282,9 +352,10 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
     metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
-    rows = table_rows(groups, metrics)
-    header, cells = display_table(rows, metrics)
-    notes = [launch_note(runs, pool), INTERVAL_NOTE]
+    many = many_seed_metrics(groups, metrics)
+    rows = table_rows(groups, metrics, many)
+    header, cells = display_table(rows, metrics, many)
+    notes = [launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
     print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:
@@ -294,15 +365,29 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         print("seed-paired differences (each arm minus its launch's first arm):")
         for d in diffs:
             print(f"  [{d.launch}] {d.verdict()}" if d.launch else f"  {d.verdict()}")
+    better = improvements(groups, many)
+    examples = example_differences(groups, metrics)
+    words = stats.in_words(diffs, better, examples) if better or examples else []
+    for title, found in ((IMPROVEMENT_TITLE, better), (EXAMPLES_TITLE, examples)):
+        if found:
+            print(title + ":")
+            for d in found:
+                print(f"  [{d.launch}] {d.verdict()}" if d.launch else f"  {d.verdict()}")
+    if words:
+        print(WORDS_TITLE + ":")
+        for line in words:
+            print(f"  {line}")
     if out is not None:
         from ablate.analysis import report
 
         out.mkdir(parents=True, exist_ok=True)
         write_tables(out, rows, header, cells)
         plots = write_plots(out, groups, metrics, xs)
-        for p in plots:
+        profiles = report.write_profiles(out, [(g.label, {m: seed_scores(g, m) for m in many}) for g in groups], many)
+        for p in plots + profiles:
             print(f"wrote {p}")
-        html = report.write_html(out, groups, header, cells, [n for n in notes if n], diffs, plots)
+        html = report.write_html(out, groups, header, cells, [n for n in notes if n], diffs, plots,
+                                 many=report.ManySeeds(better, examples, profiles, words))
         print(f"wrote {out / 'summary.md'}, {out / 'summary.csv'} and {html}")
     return rows
 
@@ -322,6 +407,15 @@ def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
 
 INTERVAL_NOTE = (f"mean [95% bootstrap interval over seeds]; with fewer than {stats.MIN_N} seeds: mean ± std, "
                  "too few seeds for an interval")
+
+
+IQM_NOTE = (f"IQM: interquartile mean over seeds [95% stratified bootstrap interval], for metrics every arm "
+            f"has ≥ {stats.MANY_SEEDS} seeds of (Agarwal et al. 2021)")
+IMPROVEMENT_TITLE = (f"probability of improvement (Agarwal et al. 2021; ≥ {stats.MANY_SEEDS} seeds per arm), "
+                     "each arm vs its launch's first arm")
+WORDS_TITLE = "in words (clear: the 95% interval excludes no difference, 0 or a probability of 0.5)"
+EXAMPLES_TITLE = ("per-example paired differences on the eval set (Miller 2024; eval_examples.jsonl), "
+                  "each arm minus its launch's first arm, mean [± 1.96 SE]")
 
 
 def launch_note(runs: list[Run], pool: bool) -> str:

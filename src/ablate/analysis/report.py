@@ -1,21 +1,37 @@
 """`ablate compare --out DIR` writes DIR/report.html: one self-contained file (plots embedded as
 base64 PNGs, no scripts, no external CSS) that opens from a laptop with no server. It holds the
-comparison table, the seed-paired differences, the config keys whose values differ between arms,
-and every run's overrides, git sha and library versions: what a reader needs to trust the numbers.
+comparison table, the seed-paired differences, with many seeds the probability of improvement and
+performance profiles, per-example differences on a shared eval set, a summary in words of which
+differences are clear, the config keys whose values differ between arms, and every run's overrides,
+git sha and library versions: what a reader needs to trust the numbers.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ablate.analysis import stats
+
 if TYPE_CHECKING:
     from ablate.analysis.runs import Group, Run
-    from ablate.analysis.stats import Paired
+    from ablate.analysis.stats import ExamplePaired, Improvement, Paired
+
+
+@dataclass
+class ManySeeds:
+    """What the report shows beyond the table and seed-paired differences (empty: nothing more)."""
+
+    improvements: list[Improvement] = field(default_factory=list)
+    examples: list[ExamplePaired] = field(default_factory=list)
+    profiles: list[Path] = field(default_factory=list)  # PNGs from write_profiles
+    words: list[str] = field(default_factory=list)  # stats.in_words
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
@@ -79,8 +95,78 @@ def run_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def write_profiles(out: Path, arms: list[tuple[str, dict[str, list[float]]]], metrics: list[str]) -> list[Path]:
+    """`<metric>_profile.png` for each metric: one step line per arm (label, {metric: one score per
+    seed}), the fraction of its seeds scoring above each threshold tau (below it when lower is
+    better; stats.performance_profile), tau spanning every arm's scores. A curve lying above
+    another everywhere is stochastically better (Agarwal et al. 2021, sec. 4.2)."""
+    if not metrics:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for m in metrics:
+        taus = stats.tau_grid([scores[m] for _, scores in arms])
+        higher = stats.higher_is_better(m)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, scores in arms:
+            ax.step(taus, stats.performance_profile(scores[m], taus, higher), where="post",
+                    label=f"{label} (n={len(scores[m])})")
+        ax.set(xlabel=f"threshold τ on {m}", ylabel=f"fraction of seeds with {m} {'>' if higher else '<'} τ",
+               title=f"{m}: performance profile ({'higher' if higher else 'lower'} is better)", ylim=(-0.03, 1.03))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"{re.sub(r'[^A-Za-z0-9._-]', '_', m)}_profile.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f"<div><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'></div>"
+
+
+def _verdicts(items: list[Any]) -> list[str]:
+    return ["<ul>", *(f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}</li>"
+                      for d in items), "</ul>"]
+
+
+def _many_seeds(many: ManySeeds) -> list[str]:
+    """The sections on probability of improvement, performance profiles, per-example differences and
+    the summary in words (docs/compare.md has every formula)."""
+    parts = []
+    if many.improvements:
+        parts.append(f"<h2>Probability of improvement</h2><p>With ≥ {stats.MANY_SEEDS} seeds in every arm "
+                     "(Agarwal et al. 2021): P(arm better than its launch's first arm) is the chance that a "
+                     "random seed of the arm beats a random seed of the first arm (ties count half); 95% "
+                     "stratified bootstrap interval. Clear when the interval excludes 0.5.</p>")
+        parts += _verdicts(many.improvements)
+    if many.profiles:
+        parts.append("<h2>Performance profiles</h2><p>For each threshold τ, the fraction of an arm's seeds "
+                     "scoring better than τ: a curve above another everywhere is better at every threshold, not "
+                     "just on average.</p>")
+        parts += [_image(p) for p in many.profiles]
+    if many.examples:
+        parts.append("<h2>Per-example paired differences (eval)</h2><p>On the eval examples both arms scored "
+                     "(eval_examples.jsonl from <code>ablate eval</code>; an example's score in an arm is its mean "
+                     "over the arm's runs): mean difference ± 1.96 paired standard errors, sd(d)/√n (Miller 2024); "
+                     "the unpaired SE shows what pairing saves. Clear when the interval excludes 0.</p>")
+        parts += _verdicts(many.examples)
+    if many.words:
+        parts.append("<h2>In words</h2><p>Clear: the 95% interval excludes no difference (0, or a probability "
+                     "of 0.5); not clear: it includes it, and more seeds or examples may tell.</p><ul>")
+        parts += [f"<li>{html.escape(w)}</li>" for w in many.words] + ["</ul>"]
+    return parts
+
+
 def write_html(out: Path, groups: list[Group], header: list[str], cells: list[list[str]], notes: list[str],
-               diffs: list[Paired], plots: list[Path]) -> Path:
+               diffs: list[Paired], plots: list[Path], many: ManySeeds | None = None) -> Path:
     """Write `out/report.html` and return its path."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ablate compare</title><style>{_CSS}</style>"
              "</head><body><h1>ablate compare</h1>", _table(header, cells)]
@@ -90,11 +176,10 @@ def write_html(out: Path, groups: list[Group], header: list[str], cells: list[li
                      "per seed both ran; 95% bootstrap interval over those differences.</p><ul>")
         parts += [f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}</li>" for d in diffs]
         parts.append("</ul>")
+    parts += _many_seeds(many or ManySeeds())
     if plots:
         parts.append("<h2>Curves</h2>")
-        for p in plots:
-            data = base64.b64encode(p.read_bytes()).decode()
-            parts.append(f"<div><img alt='{html.escape(p.stem)}' src='data:image/png;base64,{data}'></div>")
+        parts += [_image(p) for p in plots]
     key_header, key_rows = differing_keys(groups)
     parts.append("<h2>Config keys that differ between arms</h2>")
     parts.append(_table(key_header, key_rows) if key_rows else "<p>none (only the seed differs)</p>")

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ class Run:
     def default_metrics(self) -> list[str]:
         """The method's `compare_metrics` (its YAML, recorded in summary.json), else `loss`."""
         return list(self.summary.get("compare_metrics") or FALLBACK_METRICS)
+
+    @cached_property
+    def examples(self) -> dict[str, dict[str, float]]:
+        """Per-example eval scores (`eval_examples.jsonl`, written by `ablate eval`): {id: {metric: score}}."""
+        return rundir.read_examples(self.path)
 
     def final(self, metric: str) -> float | None:
         """The run's final value of `metric`: summary.json's metrics, else a run-level summary field

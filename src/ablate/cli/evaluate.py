@@ -5,11 +5,15 @@ The run's config is composed again from its own overrides (run.json) plus the on
 `model/` (adapters included), and the method's trainer runs `evaluate()` on the data's eval split
 (its train split when it has none). DPO's reference is the run's starting model (its base with the
 adapters off, for a `+peft` run), so rewards/margins measure what training changed. The metrics go
-to `<run_dir>/eval.json` and are printed. GRPO is not supported yet (its eval is a generation loop).
+to `<run_dir>/eval.json` and are printed. Each example's own scores go to
+`<run_dir>/eval_examples.jsonl`, which `ablate compare` pairs across arms (Miller 2024). GRPO is not
+supported yet (its eval is a generation loop).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import tempfile
 import time
@@ -74,16 +78,57 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
         trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=dataset,
                                                   eval_dataset=dataset, processing_class=tokenizer, **extra)
         metrics = trainer.evaluate()
+        examples = per_example(trainer)
     result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": cfg.method.name, "overrides": merged,
               "split": split, "examples": len(dataset), "metrics": metrics}
     rundir.write_json(run_dir / EVAL, result)
+    ids = example_ids(dataset, trainer.eval_dataset)
+    rundir.write_examples(run_dir, [{"id": i, "index": n, **row} for n, (i, row) in enumerate(zip(ids, examples))])
     return result
+
+
+def per_example(trainer: Any) -> list[dict[str, float]]:
+    """Each eval example scored alone, in dataset order (a batch of one through the trainer's own
+    `prediction_step`): its loss and the method's metrics (its MetricsBuffer, running totals left
+    out), which for one example are that example's own. One more forward per example, run after
+    `trainer.evaluate()`, whose numbers (eval.json) it leaves as they are."""
+    import torch
+
+    buffer = getattr(trainer, "metrics", None)
+    totals = getattr(buffer, "totals", set())
+    if buffer is not None:
+        buffer.pop("eval")  # nothing of evaluate()'s may leak into the first example
+    model = trainer.model_wrapped
+    model.eval()
+    rows = []
+    with torch.no_grad():
+        for i in range(len(trainer.eval_dataset)):
+            loss, _, _ = trainer.prediction_step(model, trainer.data_collator([trainer.eval_dataset[i]]),
+                                                 prediction_loss_only=True)
+            row = {} if loss is None else {"loss": float(loss.float().mean())}
+            if buffer is not None:
+                row.update({k: v for name, v in buffer.pop("eval").items()
+                            if (k := name.removeprefix("eval_")) not in totals})
+            rows.append(row)
+    return rows
+
+
+def example_ids(raw: Any, scored: Any) -> list[str]:
+    """Each scored example's id: a hash of its raw row when no row was dropped in tokenising (the same
+    id under any tokenizer, so runs of different models pair up), else of its scored token ids (the
+    rows left no longer line up with the raw ones)."""
+    if len(raw) == len(scored):
+        rows = list(raw)
+    else:
+        rows = list(scored.select_columns([c for c in scored.column_names if c.endswith("_ids")]))
+    return [hashlib.sha1(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:16] for r in rows]
 
 
 def eval_cmd(argv: list[str]) -> None:
     """`ablate eval RUN_DIR [key=value ...]`."""
     if not argv or argv[0].startswith("-"):
-        print("usage: ablate eval RUN_DIR [data=... key=value ...]   (writes RUN_DIR/eval.json)", file=sys.stderr)
+        print("usage: ablate eval RUN_DIR [data=... key=value ...]   (writes RUN_DIR/eval.json, eval_examples.jsonl)",
+              file=sys.stderr)
         sys.exit(2)
     from hydra.errors import HydraException
 
@@ -102,3 +147,4 @@ def eval_cmd(argv: list[str]) -> None:
     for k, v in sorted(result["metrics"].items()):
         print(f"  {k:<28} {v:.4g}" if isinstance(v, float) else f"  {k:<28} {v}")
     print(f"wrote {run_dir / EVAL}")
+    print(f"wrote {run_dir / rundir.EXAMPLES} (each example's scores, for ablate compare)")

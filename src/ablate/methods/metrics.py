@@ -18,6 +18,7 @@ class MetricsBuffer:
 
     def __init__(self) -> None:
         self._values: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self.totals: set[str] = set()  # names given by `set`: running totals, not per-batch values
 
     def add(self, mode: str, metrics: dict[str, torch.Tensor | float]) -> None:
         for name, value in metrics.items():
@@ -26,6 +27,7 @@ class MetricsBuffer:
 
     def set(self, mode: str, name: str, value: float) -> None:
         """A running total (e.g. `num_tokens`): logged as its latest value, not averaged."""
+        self.totals.add(name)
         self._values[mode][name] = [float(value)]
 
     def pop(self, mode: str) -> dict[str, float]:

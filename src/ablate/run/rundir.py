@@ -5,6 +5,8 @@
       run.json           identity of the run: overrides, start time, versions, git sha, W&B run id
       metrics.jsonl      one JSON object per log event: {"step", "time", <metric names>...}
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
+      eval.json          `ablate eval`'s metrics (its latest eval)
+      eval_examples.jsonl  `ablate eval`'s per-example scores: {"id", <metric>: score...} per example
       checkpoints/       Trainer checkpoints (checkpoint-<step>/), for resume
       model/             final model + tokenizer (safetensors), loadable with from_pretrained
       wandb/             offline W&B files when logger=wandb
@@ -34,6 +36,7 @@ from ablate.errors import RunDirError
 
 SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
 LOCK = ".lock"
+EXAMPLES = "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
 # what Hydra writes into the run dir before ablate's code runs: a dir holding only these is "empty"
 HYDRA_FILES = {".hydra", "ablate.log", LOCK}
 
@@ -146,6 +149,34 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
+    return out
+
+
+def write_examples(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
+    """`eval_examples.jsonl`, one JSON object per example, written atomically by the main process."""
+    path = run_dir / EXAMPLES
+    if is_main_process():
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(tmp, path)
+    return path
+
+
+def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
+    """`{example id: {metric: score}}` from `eval_examples.jsonl`; {} when absent. Lines that are not
+    an object with an `id` are skipped, and so are non-numeric fields (true/false count as 1/0)."""
+    out: dict[str, dict[str, float]] = {}
+    path = run_dir / EXAMPLES
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "id" in row:
+            out[str(row["id"])] = {k: float(v) for k, v in row.items()
+                                   if isinstance(v, (int, float)) and k not in ("id", "index")}
     return out
 
 
