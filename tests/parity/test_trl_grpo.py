@@ -22,6 +22,7 @@ trl = pytest.importorskip("trl")
 from ablate.losses import grpo as grpo_losses  # noqa: E402
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from ablate.rollouts.buffer import Rollout  # noqa: E402
 
 LOSSES = {"grpo": grpo_losses.grpo, "dapo": grpo_losses.dapo, "dr_grpo": grpo_losses.dr_grpo, "bnpo": grpo_losses.bnpo}
 CLIP = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
@@ -98,8 +99,8 @@ def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
     inputs_theirs = {k: b[k] for k in keys} | {"old_per_token_logps": b["old"], "ref_per_token_logps": b["ref"],
                                                "num_items_in_batch": b["completion_mask"].sum()}
-    inputs_ours = {k: b[k] for k in keys} | {"old_logps": b["old"], "ref_logps": b["ref"],
-                                             "num_items": b["completion_mask"].sum().float()}
+    inputs_ours = Rollout(**{k: b[k] for k in keys}, old_logps=b["old"], ref_logps=b["ref"],
+                          num_items=b["completion_mask"].sum().float())
     theirs.model.train(), ours.model.train()
     theirs.current_gradient_accumulation_steps = 1  # set by Trainer's loop; one micro-batch per step here
     loss_theirs = theirs.compute_loss(theirs.model, inputs_theirs)

@@ -15,6 +15,7 @@ from ablate.losses.logps import selective_log_softmax
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer, RepeatSampler
 from ablate.models import tiny
 from ablate.rollouts.generation import HFGenerator, cut_at_eos, stop_ids
+from ablate.rollouts.schedule import Schedule
 
 N_PROMPTS = 16
 
@@ -31,6 +32,12 @@ class FakeGenerator:
         self.rounds.append(prompts)
         return [self.tok("a" * (int(p[1:]) % 3 + 1), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
                 for p in prompts]
+
+
+def off_policy_steps(spg: int, accumulation: int, num_iterations: int = 1) -> list[int]:
+    """The schedule's off-policy optimizer steps (the batch and group sizes do not change them)."""
+    return Schedule(batch_size=4, num_generations=2, steps_per_generation=spg, num_iterations=num_iterations,
+                    accumulation=accumulation).off_policy_steps()
 
 
 def length_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
@@ -52,8 +59,8 @@ def _trainer(tmp_path: Path, generator: Any = None, **overrides: Any) -> tuple[G
     compute_loss = trainer.compute_loss
 
     def recording(model: Any, inputs: dict, *a: Any, **k: Any) -> torch.Tensor:
-        served.append({"prompts": [tok.decode(p, skip_special_tokens=True) for p in inputs["prompt_ids"]],
-                       "old": "old_logps" in inputs, "step": trainer._step})
+        served.append({"prompts": [tok.decode(p, skip_special_tokens=True) for p in inputs.prompt_ids],
+                       "old": inputs.old_logps is not None, "step": trainer.rollouts.micro_step})
         return compute_loss(model, inputs, *a, **k)
 
     trainer.compute_loss = recording
@@ -94,7 +101,7 @@ def test_spg1_generates_every_step(tmp_path):
     trainer, served = _trainer(tmp_path, steps_per_generation=1)
     trainer.train()
     gen = trainer.generator
-    assert len(gen.rounds) == 8 and trainer.generation_rounds == 8
+    assert len(gen.rounds) == 8 and trainer.rollout_stats().rounds == 8
     assert [s["prompts"] for s in served] == gen.rounds
     assert not any(s["old"] for s in served)  # on-policy: no extra forward for pi_old
 
@@ -154,7 +161,7 @@ def test_resume_mid_round_reproduces_sampled_losses_exactly(tmp_path):
     losses = lambda t: {e["step"]: e["loss"] for e in t.state.log_history if "loss" in e}  # noqa: E731
     after = {k: v for k, v in losses(full).items() if k > 3}
     assert len(after) == 5 and {k: losses(resumed)[k] for k in after} == after
-    assert resumed.generation_rounds == full.generation_rounds == 2
+    assert resumed.rollout_stats().rounds == full.rollout_stats().rounds == 2
 
 
 def test_batch_must_be_a_multiple_of_num_generations(tmp_path):
@@ -197,10 +204,10 @@ def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):
     model = trainer.model.train()
     rows = [{"prompt": p, "prompt_ids": trainer.processing_class(p, add_special_tokens=False)["input_ids"]}
             for p in ("p01", "p01", "p02", "p02")]
-    trainer._step = 0
+    trainer.rollouts.micro_step = 0
     inputs = trainer._prepare_inputs(rows)
-    assert "old_logps" not in inputs
-    assert inputs["advantages"].abs().sum() > 0  # otherwise both gradients would be trivially 0
+    assert inputs.old_logps is None
+    assert inputs.advantages.abs().sum() > 0  # otherwise both gradients would be trivially 0
 
     model.zero_grad()
     trainer.compute_loss(model, inputs).backward()
@@ -209,13 +216,13 @@ def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):
     assert metrics["clip_ratio/region_mean"] == 0.0
 
     model.zero_grad()
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    n = inputs["completion_ids"].size(1)
+    ids = torch.cat([inputs.prompt_ids, inputs.completion_ids], 1)
+    att = torch.cat([inputs.prompt_mask, inputs.completion_mask], 1)
+    n = inputs.completion_ids.size(1)
     logits = model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0)).logits
-    logps = selective_log_softmax(logits[:, -n - 1:-1], inputs["completion_ids"])
-    mask = inputs["completion_mask"].float()
-    pg = -(inputs["advantages"].unsqueeze(1) * logps * mask).sum() / inputs["num_items"]
+    logps = selective_log_softmax(logits[:, -n - 1:-1], inputs.completion_ids)
+    mask = inputs.completion_mask.float()
+    pg = -(inputs.advantages.unsqueeze(1) * logps * mask).sum() / inputs.num_items
     pg.backward()
     for g, p in zip(grpo_grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
@@ -229,12 +236,12 @@ def test_old_logps_match_current_policy_before_any_update(tmp_path):
     trainer.model.train()
     rows = [{"prompt": f"p{i:02d}", "prompt_ids": trainer.processing_class(f"p{i:02d}", add_special_tokens=False)["input_ids"]}
             for i in range(8) for _ in range(2)]
-    trainer._step = 0
+    trainer.rollouts.micro_step = 0
     inputs = trainer._prepare_inputs(rows)
-    assert inputs["old_logps"].shape == inputs["completion_ids"].shape
+    assert inputs.old_logps.shape == inputs.completion_ids.shape
     with torch.no_grad():
-        logps, _ = trainer._token_logps(trainer.model, inputs)
-    torch.testing.assert_close(logps, inputs["old_logps"], rtol=0, atol=1e-5)
+        logps, _ = trainer._token_logps(trainer.model, inputs.tokens())
+    torch.testing.assert_close(logps, inputs.old_logps, rtol=0, atol=1e-5)
 
 
 def test_off_policy_steps_by_hand():
@@ -243,8 +250,6 @@ def test_off_policy_steps_by_hand():
     spg=1: every micro-batch is fresh -> none.  spg=4, ga=1: steps 2,3,4 use round 0 after 1,2,3 updates.
     spg=2, ga=4: a round never spans an update -> none.  spg=4, ga=2: micro 2,3 (step 2) after 1 update.
     spg=3, ga=2 (period 6 micro-steps = 3 steps): micro 2 (step 2), 4 and 5 (step 3) -> steps 2, 3."""
-    from ablate.rollouts.geometry import off_policy_steps
-
     assert off_policy_steps(1, 1) == []
     assert off_policy_steps(4, 1) == [2, 3, 4]
     assert off_policy_steps(2, 4) == []
@@ -271,12 +276,10 @@ def test_batch_geometry_table():
 def test_num_iterations_serves_each_round_mu_times(tmp_path):
     """spg=2, mu=2, 8 steps: a round feeds 4 micro-steps (slices 0, 1, 0, 1) -> 2 rounds; the ratio is
     against the round's policy, so pi_old is kept for every micro-step; off-policy steps 2, 3, 4 of 4."""
-    from ablate.rollouts.geometry import off_policy_steps
-
     gen = FakeGenerator(tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)[0])
     trainer, served = _trainer(tmp_path, generator=gen, steps_per_generation=2, num_iterations=2)
     trainer.train()
-    assert len(gen.rounds) == 2 and trainer.generation_rounds == 2
+    assert len(gen.rounds) == 2 and trainer.rollout_stats().rounds == 2
     for r, prompts in enumerate(gen.rounds):
         slices = [prompts[0:4], prompts[4:8]]
         assert [s["prompts"] for s in served[4 * r: 4 * r + 4]] == [slices[0], slices[1], slices[0], slices[1]]

@@ -86,7 +86,7 @@ def test_clipped_surrogate_active_and_inactive():
     Clip metrics over the 3 unmasked tokens: low 1/3, high 1/3, region 2/3 (the masked 2.2 not counted).
     Gradient: a clipped token has none; unclipped d(-r*A)/dlogp = -r*A: -0.9 and (masked token) 2.2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.2)
+    loss, m = grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2)
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
@@ -101,7 +101,7 @@ def test_clipped_surrogate_active_and_inactive():
 def test_epsilon_high_widens_only_the_upper_clip():
     """eps_low 0.2, eps_high 0.6: r=1.5 < 1.6 is no longer clipped -> -1.5; r=0.5 still low-clipped."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.6)
+    loss, m = grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.6)
     torch.testing.assert_close(loss, torch.tensor([[-1.5, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/high_mean"].item() == 0.0
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
@@ -113,12 +113,14 @@ def test_k3_kl_term():
     r=0.5: 2 - 0.693147 - 1 = 0.306853; r=1.1: 0.909091 + 0.095310 - 1 = 0.004401 (masked).
     loss += 0.1 * kl; metric kl = (0.072132 + 0.005750 + 0.306853) / 3 = 0.128245."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, ref_logps=torch.zeros(2, 2), beta=0.1)
+    inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
+    loss, m = grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2, beta=0.1)
     kl = torch.tensor([[0.072132, 0.005750], [0.306853, 0.004401]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.128245, abs=1e-5)
     with pytest.raises(ValueError):
-        grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, beta=0.1)
+        grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+                            beta=0.1)
 
 
 L = torch.tensor([[-1.2, -0.9], [1.6, 2.2]])
@@ -159,29 +161,32 @@ def test_sequence_level_ratio_gspo():
     on both tokens; row 1 (A=-2): only token 0 counts -> r = 0.5 -> min(-1, 0.8 * -2) = -1.6 -> 1.6.
     Clip metrics are per completion: row 1 low-clipped -> low 1/2, high 0, region 1/2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, importance_sampling_level="sequence")
+    loss, m = grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+                                  importance_sampling_level="sequence")
     r0 = math.sqrt(1.35)
     torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(0.5)
     assert m["clip_ratio/high_mean"].item() == 0.0 and m["clip_ratio/region_mean"].item() == pytest.approx(0.5)
     with pytest.raises(ValueError, match="token or sequence"):
-        grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, importance_sampling_level="tokens")
+        grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+                            importance_sampling_level="tokens")
 
 
 def test_delta_caps_the_ratio_of_negative_advantages():
     """r = 1.5, A = -2, eps 0.2: without delta min(1.5 * -2, 1.2 * -2) = -3 -> loss 3;
     delta = 1.3 caps r: min(1.3 * -2, -2.4) = -2.6 -> loss 2.6."""
     logps, old, adv, mask = torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([-2.0]), torch.ones(1, 1)
-    assert grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2)[0].item() == pytest.approx(3.0)
-    assert grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, delta=1.3)[0].item() == pytest.approx(2.6)
+    inputs = grpo.LossInputs(logps, old, adv, mask)
+    assert grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2)[0].item() == pytest.approx(3.0)
+    assert grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2, delta=1.3)[0].item() == pytest.approx(2.6)
 
 
 def test_kl_bias_correction_multiplies_by_the_ratio():
     """As test_k3_kl_term, times the ratio: kl * r = [[0.072132 * 1.5, 0.005750 * 0.9], [0.306853 * 0.5, .]]
     = [[0.108198, 0.005175], [0.153427, .]]; metric = (0.108198 + 0.005175 + 0.153427) / 3 = 0.088933."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(logps, old, adv, mask, 0.2, 0.2, ref_logps=torch.zeros(2, 2), beta=0.1,
-                                  bias_correction_kl=True)
+    inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
+    loss, m = grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2, beta=0.1, bias_correction_kl=True)
     kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)
@@ -194,7 +199,7 @@ def test_cispo_hand_computed():
     gradient -w A (nothing is cut): [[-1.2, -0.9], [1.0, 2.2]]; cispo_clip_ratio: r=1.5 > 1.2 with A > 0,
     1 of the 3 unmasked tokens."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.cispo(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=1.2)
+    loss, m = grpo.cispo(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=1.2)
     torch.testing.assert_close(loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0)
     assert m["cispo_clip_ratio"].item() == pytest.approx(1 / 3)
     loss.sum().backward()
@@ -206,7 +211,8 @@ def test_sapo_hand_computed():
     row 0 (A=1):  -4 sig(0.5) = -2.489837;  -4 sig(-0.1) = -1.900083
     row 1 (A=-2): 8/1.05 sig(-0.525) = 2.831877;  8/1.05 sig(0.105) = 4.009340."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.sapo(logps, old, adv, mask, 0.2, 0.2, temperature_pos=1.0, temperature_neg=1.05)
+    loss, m = grpo.sapo(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+                        temperature_pos=1.0, temperature_neg=1.05)
     torch.testing.assert_close(loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0)
     assert m == {}
 

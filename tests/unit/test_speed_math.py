@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerControl, TrainerState
 
+from ablate.rollouts.stats import RolloutStats
 from ablate.speed import throughput as speed
 
 
@@ -71,9 +72,9 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     clock = iter([0.0, 2.0, 4.0, 100.0, 101.0, 105.0]).__next__
     monkeypatch.setattr(speed.time, "perf_counter", clock)
     model = tiny_llama()
+    rollouts = RolloutStats()  # the trainer's declared counters (ablate.rollouts.stats.ReportsRollouts)
     trainer = SimpleNamespace(model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-                              callback_handler=SimpleNamespace(callbacks=[]),
-                              generated_tokens=0, generation_seconds=0.0, scoring_seconds=0.0)
+                              callback_handler=SimpleNamespace(callbacks=[]), rollout_stats=lambda: rollouts)
     cb = speed.Speed(trainer, peak_tflops=1e-6)  # 1 MFLOP/s
     args = SimpleNamespace(world_size=1, device="cpu", bf16=False, fp16=False)
     state, control = TrainerState(), TrainerControl()
@@ -81,7 +82,7 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     state.global_step, state.num_input_tokens_seen = 1, 100
     cb.on_step_end(args, state, control)  # t=2
     state.global_step, state.num_input_tokens_seen = 2, 300
-    trainer.generated_tokens, trainer.generation_seconds, trainer.scoring_seconds = 50, 1.0, 0.5
+    rollouts.generated_tokens, rollouts.generation_seconds, rollouts.scoring_seconds = 50, 1.0, 0.5
     cb.on_step_end(args, state, control)  # t=4: 4 s, 300 tokens, 50 generated, 2 steps
     logs = {"loss": 1.0}
     cb.on_log(args, state, control, logs=logs)

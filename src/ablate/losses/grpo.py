@@ -27,15 +27,27 @@ reward functions are summed with weights before normalising (`method/reward_aggr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 Aggregation = Callable[..., torch.Tensor]
-# (logps, old_logps, advantages, mask, epsilon_low, epsilon_high, ref_logps, beta, importance_sampling_level,
-#  delta, bias_correction_kl, **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`; the
-# `objective` decorator gives a function of the ratio and advantages this signature
+# (inputs: LossInputs, *, epsilon_low, epsilon_high, beta, importance_sampling_level, delta, bias_correction_kl,
+#  **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`; the `objective` decorator gives a
+# function of the ratio and advantages this signature
 Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """A micro-batch's tensors, as every objective takes them: B completions of T tokens."""
+
+    logps: torch.Tensor  # (B, T) under the policy being trained (with grad)
+    old_logps: torch.Tensor  # (B, T) under the policy that generated them (pi_old; logps.detach() on-policy)
+    advantages: torch.Tensor  # (B,)
+    mask: torch.Tensor  # (B, T) float: 1 on the completion tokens that get a loss
+    ref_logps: torch.Tensor | None = None  # (B, T) under the reference policy, for the KL term (beta > 0)
 
 
 def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -126,9 +138,8 @@ def normalize_then_sum(
 def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> Objective:
     """The signature every `method/objective` shares, around `core`, which holds only what differs.
 
-    The objective made: `(logps, old_logps, advantages, mask, epsilon_low, epsilon_high, ref_logps=None,
-    beta=0.0, importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` ->
-    (loss (B, T), metrics). logps/old/ref/mask: (B, T); advantages: (B,).
+    The objective made: `(inputs: LossInputs, *, epsilon_low, epsilon_high, beta=0.0,
+    importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T), metrics).
     `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
     al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
     `beta` > 0 adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped)
@@ -138,22 +149,21 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
     ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra fields."""
 
     def run(
-        logps: torch.Tensor,
-        old_logps: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
+        inputs: LossInputs,
+        *,
         epsilon_low: float,
         epsilon_high: float,
-        ref_logps: torch.Tensor | None = None,
         beta: float = 0.0,
         importance_sampling_level: str = "token",
         delta: float | None = None,
         bias_correction_kl: bool = False,
         **own: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        ratio = _ratio(logps, old_logps, mask, importance_sampling_level)
-        loss, metrics = core(ratio, advantages.unsqueeze(1), logps, mask, epsilon_low, epsilon_high, delta, **own)
-        return _with_kl(loss.expand_as(logps), metrics, logps, ref_logps, beta, ratio if bias_correction_kl else None, mask)
+        logps, mask, adv = inputs.logps, inputs.mask, inputs.advantages.unsqueeze(1)
+        ratio = _ratio(logps, inputs.old_logps, mask, importance_sampling_level)
+        loss, metrics = core(ratio, adv, logps, mask, epsilon_low, epsilon_high, delta, **own)
+        is_weight = ratio if bias_correction_kl else None
+        return _with_kl(loss.expand_as(logps), metrics, logps, inputs.ref_logps, beta, is_weight, mask)
 
     run.__name__, run.__qualname__, run.__doc__ = core.__name__, core.__qualname__, core.__doc__
     return run

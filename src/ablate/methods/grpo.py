@@ -4,8 +4,9 @@ Generation is autoregressive (one forward per new token), so it is amortised as 
 the train dataloader yields a *generation batch* of `per_device_train_batch_size * steps_per_generation`
 completions' worth of prompts (each prompt repeated `num_generations` times, kept together), and
 yields it `steps_per_generation` times in a row (RepeatSampler), so those prompts are not re-drawn.
-`_prepare_inputs` generates and scores on the first of those micro-steps, buffers the result split
-into `steps_per_generation` slices, and serves slice k at micro-step k:
+`_prepare_inputs` generates and scores on the first of those micro-steps, puts the round (a `Rollout`)
+in the `RolloutBuffer`, which splits it into `steps_per_generation` slices and serves slice k at
+micro-step k (the schedule: ablate.rollouts.schedule; the buffer: ablate.rollouts.buffer):
 
     micro-step   0        1        2        3        4  ...      (spg = 4)
     generate     round 0  -        -        -        round 1
@@ -24,28 +25,25 @@ ratio is against the round's policy, as in TRL).
 Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
 prompts drawn for micro-step k, which the schedule test checks), no vLLM;
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
-A checkpoint saved mid-round also holds the round's buffer (`generation_buffer.pt`: completions,
-advantages and the old policy's log-probs), so a resume at any step serves the rest of that round
-instead of regenerating it, and with the RNG restored reproduces the uninterrupted run's per-step
-losses exactly (TRL regenerates: that round's completions are new samples). Without a saved buffer
-(a checkpoint from before this), the round is regenerated from the same prompts. The generation
-counters that `summary_fields` reports are saved with each checkpoint too.
+A checkpoint saved mid-round also holds the round (`generation_buffer.pt`), so a resume at any step
+serves the rest of that round instead of regenerating it and reproduces the uninterrupted run's
+per-step losses exactly (TRL regenerates); the generation counters (`rollout_stats()`, which
+`summary_fields` and the throughput callback read) are saved with each checkpoint too.
 
 Generation goes through one seam, `generator=` (a `GenerateFn`), which a config sets as
 `method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). The default,
-`SharedPromptGenerator` (trainers/generation.py), prefills each distinct prompt once for its whole group
+`SharedPromptGenerator` (ablate.rollouts.generation), prefills each distinct prompt once for its whole group
 and drops ended rows from the batch, sampling as `model.generate` does; `HFGenerator` is plain
 `model.generate`. Scoring projects to the vocabulary only at completion positions, and with `share_prompt`
 (the default, sdpa/eager models of ablate.speed.split's families) runs one packed row `[prompt | c_1 |
-... | c_k]` per prompt, so each prompt is computed once per group (trainers/scoring.py); else one row
-per completion.
+... | c_k]` per prompt, so each prompt is computed once per group (ablate.speed.scoring); else one row
+per completion. The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -68,6 +66,7 @@ from ablate.losses.logps import selective_log_softmax
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
     GenerateFn,
     build_generator,
@@ -76,11 +75,10 @@ from ablate.rollouts.generation import (
     stop_ids,
 )
 from ablate.rollouts.geometry import PrintGeometry
+from ablate.rollouts.schedule import Schedule
+from ablate.rollouts.stats import RolloutStats
 from ablate.speed import scoring
 from ablate.speed.packing import use_packed_attention
-
-GENERATION_STATE = "generation_state.json"  # in each checkpoint: the counters summary.json reports
-GENERATION_BUFFER = "generation_buffer.pt"  # in each checkpoint saved mid-round: the round's completions
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -228,12 +226,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
         self.add_callback(PrintGeometry())  # the batch geometry table, once the step count is known
-        self._buffer: list[dict[str, torch.Tensor]] | None = None
-        self._step: int | None = None  # micro-steps done; set from global_step when training (re)starts
-        self.generation_rounds = 0
-        self.generation_seconds = 0.0
-        self.num_tokens = 0
-        self.generated_tokens, self.scoring_seconds = 0, 0.0  # this process's, for ablate.speed.throughput's numbers
+        self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
+        self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
@@ -241,23 +235,23 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
         return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name)
 
-    # ---- batching: one generation batch, served as `steps_per_generation` slices ----
+    # ---- batching: one generation batch, served by the buffer as `steps_per_generation` slices ----
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         return self._get_dataloader(
             dataset=self.train_dataset,
             description="Training",
-            batch_size=self._train_batch_size * self.args.steps_per_generation,  # a whole generation batch
+            batch_size=self.schedule.round_size,  # a whole generation batch
             sampler_fn=self._get_train_sampler,
             is_training=True,
         )
 
     def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
         dataset = self.train_dataset if dataset is None else dataset
-        prompts = self._train_batch_size * self.args.steps_per_generation // self.args.num_generations
+        prompts = self.schedule.round_size // self.args.num_generations
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        repeat = self.args.steps_per_generation * self.args.num_iterations  # micro-steps one round serves
-        return RepeatSampler(dataset, self.args.num_generations, prompts, repeat, seed)
+        # each round's prompts again for every micro-step it serves (Trainer skips what a resume has done)
+        return RepeatSampler(dataset, self.args.num_generations, prompts, self.schedule.micro_steps_per_round, seed)
 
     def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler[int]:
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
@@ -266,54 +260,45 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def training_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
-        if self._step is None:  # first step of this process: after a resume, continue the schedule
-            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+        self.rollouts.start(self.state.global_step)  # the first step of this process: after a resume, continue
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self._step += 1
+        self.rollouts.advance()
         return loss
 
-    def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> Rollout:
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return self._generate_and_score(inputs, "eval")
-        spg = self.args.steps_per_generation
-        step = self._step or 0
-        # a round serves its spg slices num_iterations times (mu passes, TRL's num_iterations)
-        if step % (spg * self.args.num_iterations) == 0 or self._buffer is None:  # None: first step after a resume
-            batch = self._generate_and_score(inputs, "train")
-            size = self._train_batch_size
-            self._buffer = [
-                {k: v[i * size : (i + 1) * size] if v.dim() else v for k, v in batch.items()} for i in range(spg)
-            ]
-        served = self._buffer[step % spg]  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
-        tokens = served["prompt_mask"].sum() + served["completion_mask"].sum()
+        if self.rollouts.needs_round():  # the rows are this round's prompts (RepeatSampler)
+            self.rollouts.put(self._generate_and_score(inputs, "train"))
+        served = self.rollouts.serve()  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
+        tokens = served.prompt_mask.sum() + served.completion_mask.sum()
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
         return served
 
     # ---- one generation round ----
 
-    def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> dict[str, torch.Tensor]:
-        """Generate a completion per row, score it, and return the padded tensors the loss needs."""
+    def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
+        """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
         _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
         completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
         seconds = time.perf_counter() - t0
-        if mode == "train":
-            self.generation_rounds += 1
-            self.generation_seconds += seconds
-            self.generated_tokens += sum(len(ids) for ids in completion_ids)
+        train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
+        if train:
+            stats.rounds += 1
+            stats.generation_seconds += seconds
+            stats.generated_tokens += sum(len(ids) for ids in completion_ids)
         batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
         stops = set(stop_ids(self.processing_class, model))
         truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
-        if mode == "train":  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
-            self.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
+        if train:  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            stats.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
         if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
             batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
         batch = {k: v.to(self.args.device) for k, v in batch.items()}
         with torch.no_grad():
-            if mode == "train" and (self.args.num_iterations > 1
-                                    or self.args.gradient_accumulation_steps % self.args.steps_per_generation != 0):
-                # the policy is updated between generation and (some) use: keep pi_old
+            if train and self.schedule.keeps_old_logps:  # the policy may change before (some) use: keep pi_old
                 batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
                 batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
@@ -324,11 +309,12 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         advantages, metrics = self.reward_aggregation(
             rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
         )
-        batch["advantages"] = advantages.to(self.args.device)
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
-        steps = self.args.steps_per_generation if mode == "train" else 1
-        batch["num_items"] = batch["completion_mask"].sum().float() / steps
+        slices = self.schedule.steps_per_generation if train else 1
+        rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
+                          num_items=batch["completion_mask"].sum().float() / slices,
+                          policy_version=self.state.global_step)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
@@ -337,12 +323,12 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
             "timing/generation_seconds": seconds,
-            "num_tokens": float(self.num_tokens),
+            "num_tokens": float(stats.num_tokens),
         })
         self.metrics.add(mode, metrics)
-        if mode == "train":  # time/scoring: the round's time after generation (padding, log-probs, rewards)
-            self.scoring_seconds += time.perf_counter() - t0 - seconds
-        return batch
+        if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
+            stats.scoring_seconds += time.perf_counter() - t0 - seconds
+        return rollout
 
     def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
         pad_id = self.processing_class.pad_token_id
@@ -416,21 +402,22 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def compute_loss(
         self,
         model: nn.Module,
-        inputs: dict[str, torch.Tensor],
+        inputs: Rollout,
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
         mode = "train" if model.training else "eval"
-        logps, entropy = self._token_logps(model, inputs, with_entropy=True)
-        mask = inputs["completion_mask"].float()
-        old = inputs.get("old_logps", logps.detach())  # ratio exactly 1 when generation is on-policy
+        logps, entropy = self._token_logps(model, inputs.tokens(), with_entropy=True)
+        mask = inputs.completion_mask.float()
+        old = logps.detach() if inputs.old_logps is None else inputs.old_logps  # ratio exactly 1 when on-policy
+        a = self.args
         per_token, metrics = self.objective(
-            logps, old, inputs["advantages"], mask, self.args.epsilon, self.args.epsilon_high,
-            inputs.get("ref_logps"), self.args.beta, self.args.importance_sampling_level, self.args.delta,
-            self.args.use_bias_correction_kl,
+            grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps),
+            epsilon_low=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta, delta=a.delta,
+            importance_sampling_level=a.importance_sampling_level, bias_correction_kl=a.use_bias_correction_kl,
         )
-        loss = self.aggregate(per_token, mask, num_items=float(inputs["num_items"]),
-                              max_completion_length=self.args.max_completion_length)
+        loss = self.aggregate(per_token, mask, num_items=float(inputs.num_items),
+                              max_completion_length=a.max_completion_length)
         metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
         self.metrics.add(mode, metrics)
         return loss
@@ -447,37 +434,27 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
 
 
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
-        """Save the generation counters with the checkpoint, so a resumed run's summary counts the
-        rounds and seconds before the resume too. Written before Trainer's files: trainer_state.json
-        comes last and marks the checkpoint complete."""
+        """Save the rollout buffer with the checkpoint: its counters, so a resumed run's summary counts the
+        rounds and seconds before the resume too, and a round saved mid-way (ablate.rollouts.buffer).
+        Written before Trainer's files: trainer_state.json comes last and marks the checkpoint complete."""
         if self.args.should_save:
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, GENERATION_STATE), "w") as f:
-                json.dump({"rounds": self.generation_rounds, "seconds": self.generation_seconds,
-                           "num_tokens": self.num_tokens}, f)
-            served = self.args.steps_per_generation * self.args.num_iterations
-            if self._buffer is not None and (self._step or 0) % served != 0:  # mid-round: keep its completions
-                torch.save([{k: v.cpu() for k, v in b.items()} for b in self._buffer],
-                           os.path.join(folder, GENERATION_BUFFER))
+            self.rollouts.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = os.path.join(resume_from_checkpoint, GENERATION_STATE)
-        if os.path.isfile(path):
-            with open(path) as f:
-                saved = json.load(f)
-            self.generation_rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
-            self.num_tokens = saved.get("num_tokens", 0)
-        buffer = os.path.join(resume_from_checkpoint, GENERATION_BUFFER)
-        if os.path.isfile(buffer):  # resumed mid-round: serve the rest of the round, do not regenerate
-            self._buffer = [{k: v.to(self.args.device) for k, v in b.items()}
-                            for b in torch.load(buffer, weights_only=True)]
+        self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
+
+    def rollout_stats(self) -> RolloutStats:
+        """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
+        return self.rollouts.stats
 
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
-        return {"generation_rounds": self.generation_rounds, "generation_seconds": round(self.generation_seconds, 3)}
+        stats = self.rollouts.stats
+        return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
 
 
 def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:

@@ -39,6 +39,8 @@ from transformers import (
     TrainingArguments,
 )
 
+from ablate.rollouts.stats import ReportsRollouts, RolloutStats
+
 PEAK_CACHE = "peak_flops.json"  # in ablate's cache dir: the probe's result per machine/device/dtype
 
 
@@ -178,8 +180,8 @@ class Speed(TrainerCallback):
     metrics.jsonl, W&B and the progress bar's log line all see them.
 
     Counts come from the trainer: `state.num_input_tokens_seen` (the tokens trained on; Trainer's own
-    for DPO and SFT) and, when it has them, GRPO's `generation_seconds`, `scoring_seconds` and
-    `generated_tokens` running totals.
+    for DPO and SFT) and, from a trainer that generates its data (`ReportsRollouts`: GRPO), the
+    generation and scoring seconds and generated tokens of its `rollout_stats()`.
     """
 
     def __init__(self, trainer: Any, peak_tflops: float | None = None) -> None:
@@ -194,11 +196,10 @@ class Speed(TrainerCallback):
         self._marks: dict[str, float] = {}
 
     def _counters(self, state: TrainerState) -> dict[str, float]:
-        t = self.trainer
+        rollouts = self.trainer.rollout_stats() if isinstance(self.trainer, ReportsRollouts) else RolloutStats()
         return {"tokens": float(state.num_input_tokens_seen or 0), "step": float(state.global_step),
-                "generated": float(getattr(t, "generated_tokens", 0)),
-                "generation": float(getattr(t, "generation_seconds", 0.0)),
-                "scoring": float(getattr(t, "scoring_seconds", 0.0))}
+                "generated": float(rollouts.generated_tokens), "generation": float(rollouts.generation_seconds),
+                "scoring": float(rollouts.scoring_seconds)}
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.peak is None:
@@ -237,7 +238,7 @@ class Speed(TrainerCallback):
                 logs["mfu"] = flops / seconds / self.peak
             if "num_input_tokens_seen" not in logs:  # GRPO: Trainer cannot count its batches, the trainer does
                 logs["num_input_tokens_seen"] = int(now["tokens"])
-        if hasattr(self.trainer, "generation_seconds"):  # GRPO: where a step's time goes
+        if isinstance(self.trainer, ReportsRollouts):  # GRPO: where a step's time goes
             logs["time/generation"] = d["generation"] / steps
             logs["time/scoring"] = d["scoring"] / steps
             logs["time/training"] = max(seconds - d["generation"] - d["scoring"], 0.0) / steps

@@ -1,0 +1,37 @@
+"""The generation counters a rollout trainer declares (`ReportsRollouts`), for summary.json and for
+ablate.speed.throughput's time split and MFU. No torch: the throughput callback imports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class RolloutStats:
+    """Running totals over the training rounds (evaluation's rounds are not counted)."""
+
+    rounds: int = 0  # generation rounds
+    generation_seconds: float = 0.0  # sampling (the generator's calls)
+    scoring_seconds: float = 0.0  # the rest of a round: padding, pi_old / reference log-probs, rewards
+    generated_tokens: int = 0  # completion tokens sampled (one forward each: 2N FLOPs in the MFU)
+    num_tokens: int = 0  # TRL's num_tokens: prompt + completion tokens generated (before any masking)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (generation_state.json), so a resumed run's summary counts the rounds
+        and seconds before the resume too. Scoring seconds and generated tokens are this process's:
+        the throughput callback uses their differences within a run only."""
+        return {"rounds": self.rounds, "seconds": self.generation_seconds, "num_tokens": self.num_tokens}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
+        self.num_tokens = saved.get("num_tokens", 0)  # absent from the earliest checkpoints
+
+
+@runtime_checkable
+class ReportsRollouts(Protocol):
+    """A trainer that generates its own training data (GRPO) and reports its counters."""
+
+    def rollout_stats(self) -> RolloutStats:
+        """The running totals so far."""
+        ...
