@@ -97,7 +97,8 @@ def test_option_composes_and_documents_fields(group, option):
 
 
 # nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
-NESTED = [(sub, o) for sub in ("loss", "scale_rewards", "objective", "reward_aggregation") for o in options(f"method/{sub}")]
+NESTED = [(sub, o) for sub in ("loss", "aggregation", "scale_rewards", "objective", "reward_aggregation")
+          for o in options(f"method/{sub}")]
 
 
 @pytest.mark.parametrize("sub,option", NESTED)
@@ -236,7 +237,7 @@ def test_experiment_files_compose(name):
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
 CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts"),
-        "method/loss": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
+        "method/loss": ("losses",), "method/aggregation": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
         "method/reward_aggregation": ("losses",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),

@@ -45,7 +45,7 @@ def test_spg8_does_8x_fewer_generation_rounds(tmp_path):
     the other loss/scaling variants (they do not change the schedule)."""
     steps = ["method.args.max_steps=16", "method.args.logging_steps=4"]
     one = _train(tmp_path / "spg1", *steps, "method.args.steps_per_generation=1", "method.args.beta=0.04",
-                 "method/loss=dr_grpo", "method/scale_rewards=batch")
+                 "method/aggregation=dr_grpo", "method/scale_rewards=batch")
     eight = _train(tmp_path / "spg8", *steps, "method.args.steps_per_generation=8")
     assert one["global_step"] == eight["global_step"] == 16
     assert one["generation_rounds"] == 16 and eight["generation_rounds"] == 2

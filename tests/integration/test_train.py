@@ -132,7 +132,7 @@ def test_other_run_in_dir_is_refused(tmp_path):
     ("method=nope", "no option 'nope' in config group 'method'"),
     ("+method.args.betta=0.2", "did you mean 'method.args.beta'"),
     ("method.args.loss_type=ipo", "ablate: error: method.args.loss_type is now the config group method/loss: use method/loss=ipo"),
-    ("method/loss=dapo", "method.loss: dapo is not a DPO loss"),
+    ("method/loss=dapo", "method/loss=dapo: GRPO's aggregations are now the group method/aggregation"),
     ("data.name=nope", "no packaged dataset 'nope'"),
     ("precision=fp16", "needs a CUDA GPU"),
     ("distributed=fsdp", "distributed=fsdp needs CUDA GPUs"),  # accelerate would run plain DDP on CPU

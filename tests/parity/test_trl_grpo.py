@@ -75,7 +75,7 @@ CASES += [(loss, level, beta, None) for loss in OBJECTIVES for level in ("token"
 @pytest.mark.parametrize("loss_type,level,beta,delta", CASES,
                          ids=[f"{c[0]}-{c[1]}-beta{c[2]}-delta{c[3]}" for c in CASES])
 def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
-    objective, aggregation = OBJECTIVES.get(loss_type, (grpo_losses.per_token_loss, LOSSES.get(loss_type)))
+    objective, aggregation = OBJECTIVES.get(loss_type, (grpo_losses.clip, LOSSES.get(loss_type)))
     if loss_type == "cispo":
         common_eps = {"epsilon_high": 1.02}  # the cap itself for cispo: low enough that some ratios exceed it
     else:
@@ -94,7 +94,7 @@ def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
                              processing_class=tok, args=trl_args)
     theirs.beta = beta
     ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"zero": _reward}, train_dataset=ds,
-                       processing_class=tok, loss=functools.partial(aggregation), objective=objective,
+                       processing_class=tok, aggregation=functools.partial(aggregation), objective=objective,
                        args=GRPOConfig(output_dir=str(tmp_path / "ours"), **common))
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
     inputs_theirs = {k: b[k] for k in keys} | {"old_per_token_logps": b["old"], "ref_per_token_logps": b["ref"],

@@ -29,7 +29,7 @@ def test_advantages_group_scaling_and_zero_std_group():
     group 1: all 5, std 0 -> A = 0 / 1e-4 = 0 (no signal, no blow-up).
     reward = mean(1,2,3,5,5,5) = 3.5; reward_std: deviations -2.5 -1.5 -0.5 1.5 1.5 1.5, squares
     sum to 15.5, /5 = 3.1, sqrt = 1.760682; frac_reward_zero_std = 1 of 2 groups = 0.5."""
-    adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.group_std)
+    adv, m = grpo.sum_then_normalize(_table(), W, num_generations=3, scale=grpo.group_std)
     d = 1 + 1e-4
     torch.testing.assert_close(adv, torch.tensor([-1 / d, 0.0, 1 / d, 0.0, 0.0, 0.0]))
     assert m["reward"].item() == pytest.approx(3.5)
@@ -40,9 +40,9 @@ def test_advantages_group_scaling_and_zero_std_group():
 def test_advantages_batch_and_none_scaling():
     """Centred per group: [-1, 0, 1, 0, 0, 0]. batch: / (1.760682 + 1e-4). none: unchanged."""
     centred = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    adv, _ = grpo.advantages(_table(), W, num_generations=3, scale=grpo.batch_std)
+    adv, _ = grpo.sum_then_normalize(_table(), W, num_generations=3, scale=grpo.batch_std)
     torch.testing.assert_close(adv, centred / (math.sqrt(3.1) + 1e-4))
-    adv, m = grpo.advantages(_table(), W, num_generations=3, scale=grpo.no_std)
+    adv, m = grpo.sum_then_normalize(_table(), W, num_generations=3, scale=grpo.no_std)
     torch.testing.assert_close(adv, centred)
     assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)  # logged whatever the scaling
 
@@ -54,11 +54,11 @@ def test_frac_reward_zero_std_is_trls_for_every_scaling():
     A config's scale is functools.partial(batch_std) (`_partial_: true`): the same."""
     for scale, expected in ((grpo.group_std, 0.5), (grpo.no_std, 0.5), (grpo.batch_std, 0.0),
                             (functools.partial(grpo.batch_std), 0.0)):
-        _, m = grpo.advantages(_table(), W, num_generations=3, scale=scale)
+        _, m = grpo.sum_then_normalize(_table(), W, num_generations=3, scale=scale)
         assert m["frac_reward_zero_std"].item() == expected, scale
     flat = torch.full((6, 2), 2.0)  # weighted sums all 3
     for scale in (grpo.group_std, grpo.no_std, grpo.batch_std, functools.partial(grpo.batch_std)):
-        _, m = grpo.advantages(flat, W, num_generations=3, scale=scale)
+        _, m = grpo.sum_then_normalize(flat, W, num_generations=3, scale=scale)
         assert m["frac_reward_zero_std"].item() == 1.0, scale
 
 
@@ -66,7 +66,7 @@ def test_advantages_unscorable_completion_is_left_out():
     """Group [None, 2, 4] (both functions returned None for the first): mean 3, std sqrt(2)
     -> A = [0, -1/(sqrt 2 + 1e-4), 1/(sqrt 2 + 1e-4)]. One function None, the other 2: counts as 2."""
     table = torch.tensor([[NAN, NAN], [2.0, 0.0], [4.0, 0.0], [NAN, 4.0], [2.0, 0.0], [0.0, 4.0]])
-    adv, _ = grpo.advantages(table, W, num_generations=3)
+    adv, _ = grpo.sum_then_normalize(table, W, num_generations=3)
     s = math.sqrt(2) + 1e-4
     torch.testing.assert_close(adv[:3], torch.tensor([0.0, -1 / s, 1 / s]))
     # group 1: sums 2, 2, 2 -> zero std -> all 0
@@ -86,7 +86,7 @@ def test_clipped_surrogate_active_and_inactive():
     Clip metrics over the 3 unmasked tokens: low 1/3, high 1/3, region 2/3 (the masked 2.2 not counted).
     Gradient: a clipped token has none; unclipped d(-r*A)/dlogp = -r*A: -0.9 and (masked token) 2.2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2)
+    loss, m = grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2)
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
@@ -101,7 +101,7 @@ def test_clipped_surrogate_active_and_inactive():
 def test_epsilon_high_widens_only_the_upper_clip():
     """eps_low 0.2, eps_high 0.6: r=1.5 < 1.6 is no longer clipped -> -1.5; r=0.5 still low-clipped."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.6)
+    loss, m = grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.6)
     torch.testing.assert_close(loss, torch.tensor([[-1.5, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/high_mean"].item() == 0.0
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
@@ -114,12 +114,12 @@ def test_k3_kl_term():
     loss += 0.1 * kl; metric kl = (0.072132 + 0.005750 + 0.306853) / 3 = 0.128245."""
     logps, old, adv, mask = _ratios()
     inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
-    loss, m = grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2, beta=0.1)
+    loss, m = grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, beta=0.1)
     kl = torch.tensor([[0.072132, 0.005750], [0.306853, 0.004401]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.128245, abs=1e-5)
     with pytest.raises(ValueError):
-        grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+        grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
                             beta=0.1)
 
 
@@ -161,14 +161,14 @@ def test_sequence_level_ratio_gspo():
     on both tokens; row 1 (A=-2): only token 0 counts -> r = 0.5 -> min(-1, 0.8 * -2) = -1.6 -> 1.6.
     Clip metrics are per completion: row 1 low-clipped -> low 1/2, high 0, region 1/2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+    loss, m = grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
                                   importance_sampling_level="sequence")
     r0 = math.sqrt(1.35)
     torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(0.5)
     assert m["clip_ratio/high_mean"].item() == 0.0 and m["clip_ratio/region_mean"].item() == pytest.approx(0.5)
     with pytest.raises(ValueError, match="token or sequence"):
-        grpo.per_token_loss(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+        grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
                             importance_sampling_level="tokens")
 
 
@@ -177,8 +177,8 @@ def test_delta_caps_the_ratio_of_negative_advantages():
     delta = 1.3 caps r: min(1.3 * -2, -2.4) = -2.6 -> loss 2.6."""
     logps, old, adv, mask = torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([-2.0]), torch.ones(1, 1)
     inputs = grpo.LossInputs(logps, old, adv, mask)
-    assert grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2)[0].item() == pytest.approx(3.0)
-    assert grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2, delta=1.3)[0].item() == pytest.approx(2.6)
+    assert grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2)[0].item() == pytest.approx(3.0)
+    assert grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, delta=1.3)[0].item() == pytest.approx(2.6)
 
 
 def test_kl_bias_correction_multiplies_by_the_ratio():
@@ -186,7 +186,7 @@ def test_kl_bias_correction_multiplies_by_the_ratio():
     = [[0.108198, 0.005175], [0.153427, .]]; metric = (0.108198 + 0.005175 + 0.153427) / 3 = 0.088933."""
     logps, old, adv, mask = _ratios()
     inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
-    loss, m = grpo.per_token_loss(inputs, epsilon_low=0.2, epsilon_high=0.2, beta=0.1, bias_correction_kl=True)
+    loss, m = grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, beta=0.1, bias_correction_kl=True)
     kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)
@@ -199,7 +199,7 @@ def test_cispo_hand_computed():
     gradient -w A (nothing is cut): [[-1.2, -0.9], [1.0, 2.2]]; cispo_clip_ratio: r=1.5 > 1.2 with A > 0,
     1 of the 3 unmasked tokens."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.cispo(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=1.2)
+    loss, m = grpo.cispo(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=1.2)
     torch.testing.assert_close(loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0)
     assert m["cispo_clip_ratio"].item() == pytest.approx(1 / 3)
     loss.sum().backward()
@@ -211,7 +211,7 @@ def test_sapo_hand_computed():
     row 0 (A=1):  -4 sig(0.5) = -2.489837;  -4 sig(-0.1) = -1.900083
     row 1 (A=-2): 8/1.05 sig(-0.525) = 2.831877;  8/1.05 sig(0.105) = 4.009340."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.sapo(grpo.LossInputs(logps, old, adv, mask), epsilon_low=0.2, epsilon_high=0.2,
+    loss, m = grpo.sapo(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
                         temperature_pos=1.0, temperature_neg=1.05)
     torch.testing.assert_close(loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0)
     assert m == {}

@@ -4,7 +4,7 @@ Three pieces, composed by the trainer:
 - advantages: `A_i = (r_i - mean(group)) / (std + 1e-4)` per prompt group (eq. in section 4.1.2), with
   the std taken per group (`method/scale_rewards=group`), over the whole batch (`batch`, Liu et al. 2025
   recommend it) or not at all (`none`, Dr. GRPO). A group whose rewards are all equal gets A = 0.
-- per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)` with
+- per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps, 1+eps_high)*A)` with
   `r = exp(logp - old_logp)` per token, or one `r = exp(mean_t(logp - old_logp))` per completion
   (GSPO, Zheng et al. 2025: `importance_sampling_level: sequence`), optionally capped at `delta`
   (two-sided clipping), plus `beta * KL` with the k3 estimator
@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 Aggregation = Callable[..., torch.Tensor]
-# (inputs: LossInputs, *, epsilon_low, epsilon_high, beta, importance_sampling_level, delta, bias_correction_kl,
+# (inputs: LossInputs, *, epsilon, epsilon_high, beta, importance_sampling_level, delta, bias_correction_kl,
 #  **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`; the `objective` decorator gives a
 # function of the ratio and advantages this signature
 Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -91,7 +91,7 @@ def frac_zero_std(grouped: torch.Tensor, scale: Scale) -> torch.Tensor:
     return torch.isclose(_nanstd(grouped, dim=1), torch.zeros(())).float().mean()
 
 
-def advantages(
+def sum_then_normalize(
     rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: Scale = group_std
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group-relative advantages from a reward table.
@@ -138,20 +138,20 @@ def normalize_then_sum(
 def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> Objective:
     """The signature every `method/objective` shares, around `core`, which holds only what differs.
 
-    The objective made: `(inputs: LossInputs, *, epsilon_low, epsilon_high, beta=0.0,
+    The objective made: `(inputs: LossInputs, *, epsilon, epsilon_high, beta=0.0,
     importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T), metrics).
     `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
     al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
     `beta` > 0 adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped)
     ratio, so its gradient is unbiased for samples from the old policy (TRL 1.16's default,
     `use_bias_correction_kl`); the logged `kl` is the corrected one, as in TRL.
-    `core(ratio, adv, logps, mask, epsilon_low, epsilon_high, delta, **own)` -> (loss, metrics):
+    `core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)` -> (loss, metrics):
     ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra fields."""
 
     def run(
         inputs: LossInputs,
         *,
-        epsilon_low: float,
+        epsilon: float,
         epsilon_high: float,
         beta: float = 0.0,
         importance_sampling_level: str = "token",
@@ -161,7 +161,7 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logps, mask, adv = inputs.logps, inputs.mask, inputs.advantages.unsqueeze(1)
         ratio = _ratio(logps, inputs.old_logps, mask, importance_sampling_level)
-        loss, metrics = core(ratio, adv, logps, mask, epsilon_low, epsilon_high, delta, **own)
+        loss, metrics = core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)
         is_weight = ratio if bias_correction_kl else None
         return _with_kl(loss.expand_as(logps), metrics, logps, inputs.ref_logps, beta, is_weight, mask)
 
@@ -170,9 +170,9 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
 
 
 @objective
-def per_token_loss(
+def clip(
     ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
-    epsilon_low: float, epsilon_high: float, delta: float | None,
+    epsilon: float, epsilon_high: float, delta: float | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate per token (+ beta * k3 KL: `objective`).
 
@@ -180,13 +180,13 @@ def per_token_loss(
     negative advantage cannot push an already-large ratio without bound.
     Metrics named as in TRL (`clip_ratio/low_mean`, `clip_ratio/high_mean`, `clip_ratio/region_mean`,
     `kl` when beta > 0): masked token means, or means over completions at the sequence level. A token
-    is "clipped" when the clip removes its gradient: r < 1-eps_low with A < 0, or r > 1+eps_high with A > 0.
+    is "clipped" when the clip removes its gradient: r < 1-eps with A < 0, or r > 1+eps_high with A > 0.
     """
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     if delta is not None:
         ratio = torch.clamp(ratio, max=delta)
     loss = -torch.min(ratio * adv, clipped * adv)
-    low = (ratio < 1 - epsilon_low) & (adv < 0)
+    low = (ratio < 1 - epsilon) & (adv < 0)
     high = (ratio > 1 + epsilon_high) & (adv > 0)
     mean = masked_mean if ratio.shape[1] > 1 else (lambda x, m: x.mean())  # sequence level: per completion
     metrics = {
@@ -203,12 +203,12 @@ def per_token_loss(
 @objective
 def cispo(
     ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
-    epsilon_low: float, epsilon_high: float, delta: float | None,
+    epsilon: float, epsilon_high: float, delta: float | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): `-sg(min(r, epsilon_high)) * A * logp`, a REINFORCE term
     weighted by the clipped, gradient-stopped ratio: no token loses its gradient, large ratios only
     lose weight. As in TRL, `epsilon_high` is the cap itself (ScaleRL, arXiv:2510.13786, recommends
-    5.0); `epsilon_low` and `delta` are unused.
+    5.0); `epsilon` and `delta` are unused.
     Metric `cispo_clip_ratio`: tokens with r > epsilon_high and A > 0."""
     loss = -torch.clamp(ratio, max=epsilon_high).detach() * adv * logps
     capped = ((ratio > epsilon_high) & (adv > 0)).float()
@@ -218,7 +218,7 @@ def cispo(
 @objective
 def sapo(
     ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
-    epsilon_low: float, epsilon_high: float, delta: float | None,
+    epsilon: float, epsilon_high: float, delta: float | None,
     temperature_pos: float = 1.0, temperature_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): the hard clip replaced by a smooth

@@ -269,7 +269,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
 
 def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
     """A one-line error when `loss` cannot take a DPO loss's arguments (e.g. a GRPO loss picked with
-    `method/loss=dapo` under method=dpo), before any data is tokenised."""
+    `method.trainer.loss._target_=ablate.losses.grpo.dapo`), before any data is tokenised."""
     try:
         inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
     except TypeError as e:

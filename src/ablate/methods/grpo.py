@@ -195,9 +195,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         reward_funcs: dict[str, RewardFunc] | None = None,
         eval_dataset: Dataset | None = None,
         generator: GenerateFn | None = None,
-        loss: grpo_losses.Aggregation = grpo_losses.dapo,
-        objective: grpo_losses.Objective = grpo_losses.per_token_loss,
-        reward_aggregation: grpo_losses.Advantages = grpo_losses.advantages,
+        aggregation: grpo_losses.Aggregation = grpo_losses.dapo,
+        objective: grpo_losses.Objective = grpo_losses.clip,
+        reward_aggregation: grpo_losses.Advantages = grpo_losses.sum_then_normalize,
         scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
         **kwargs: Any,
     ) -> None:
@@ -214,7 +214,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
-        self.aggregate = check_loss(loss)  # method/loss=NAME: how per-token losses become one number
+        self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
         self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
@@ -413,7 +413,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         a = self.args
         per_token, metrics = self.objective(
             grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps),
-            epsilon_low=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta, delta=a.delta,
+            epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta, delta=a.delta,
             importance_sampling_level=a.importance_sampling_level, bias_correction_kl=a.use_bias_correction_kl,
         )
         loss = self.aggregate(per_token, mask, num_items=float(inputs.num_items),
@@ -457,13 +457,13 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
 
 
-def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
+def check_aggregation(aggregation: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
     """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
-    `method/loss=hinge` under method=grpo)."""
+    `method.trainer.aggregation._target_=ablate.losses.dpo.hinge`)."""
     try:
-        inspect.signature(loss).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
+        inspect.signature(aggregation).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
     except TypeError as e:
-        name = getattr(getattr(loss, "func", loss), "__name__", repr(loss))
-        raise ConfigError(f"method.loss: {name} is not a GRPO loss (a GRPO loss takes per_token_loss, mask, "
+        name = getattr(getattr(aggregation, "func", aggregation), "__name__", repr(aggregation))
+        raise ConfigError(f"method.aggregation: {name} is not a GRPO aggregation (one takes per_token_loss, mask, "
                           f"num_items=..., max_completion_length=...): {e}") from None
-    return loss
+    return aggregation

@@ -67,18 +67,27 @@ def register_resolvers() -> None:
 
 # Fields that became config groups: the old spelling gets a one-line error naming the new one.
 MOVED = {
-    "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses and GRPO aggregations)
+    "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses; GRPO: method/aggregation)
     "method.args.scale_rewards": "method/scale_rewards",  # conf/method/scale_rewards/*.yaml (GRPO)
 }
+
+
+# GRPO's token aggregations left method/loss (now DPO's losses only) for a group of their own
+GRPO_AGGREGATIONS = ("grpo", "dapo", "dr_grpo", "bnpo")
 
 
 def check_moved(argv: list[str]) -> None:
     """Exit with one line when an override uses a moved field (`method.args.loss_type=hinge`)."""
     for arg in argv:
         key, _, value = arg.lstrip("+~").partition("=")
+        if key == "method/loss" and value in GRPO_AGGREGATIONS:
+            print(f"ablate: error: method/loss={value}: GRPO's aggregations are now the group method/aggregation: "
+                  f"use method/aggregation={value} (options: conf/method/aggregation/)", file=sys.stderr)
+            sys.exit(2)
         if key in MOVED:
-            print(f"ablate: error: {key} is now the config group {MOVED[key]}: use {MOVED[key]}={value or 'NAME'} "
-                  f"(options: conf/{MOVED[key]}/)", file=sys.stderr)
+            group = "method/aggregation" if key == "method.args.loss_type" and value in GRPO_AGGREGATIONS else MOVED[key]
+            print(f"ablate: error: {key} is now the config group {group}: use {group}={value or 'NAME'} "
+                  f"(options: conf/{group}/)", file=sys.stderr)
             sys.exit(2)
 
 
