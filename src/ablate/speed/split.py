@@ -33,7 +33,7 @@ def causal_lm(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def _prompt_learning(model: nn.Module) -> bool:
+def prompt_learning(model: nn.Module) -> bool:
     """peft prompt/prefix tuning: its wrapper's forward adds virtual tokens, so the inner model's parts
     (or a mask sized for the real tokens) would be wrong."""
     config = getattr(model, "active_peft_config", None)
@@ -45,7 +45,7 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     known to be exact (the caller then uses the model's own forward)."""
     lm = causal_lm(model)
     config = getattr(lm, "config", None)
-    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or _prompt_learning(model):
+    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or prompt_learning(model):
         return None
     head = lm.get_output_embeddings()
     backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
@@ -57,7 +57,7 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 def takes_custom_mask(model: nn.Module) -> bool:
     """True when a 4-D attention mask and position ids given to `model` are used as given."""
     config = getattr(causal_lm(model), "config", None)
-    return (not _prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
+    return (not prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
             and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
 
 
