@@ -122,6 +122,7 @@ class Setting:
         peft = getattr(model, "peft_config", None)
         quant = getattr(config, "quantization_config", None)
         bits = "4-bit" if _get(quant, "load_in_4bit") else "8-bit" if _get(quant, "load_in_8bit") else ""
+        method = _get(quant, "quant_method")  # e.g. bitsandbytes
         attention = getattr(config, "_attn_implementation", None)
         return cls(
             model_type=getattr(config, "model_type", None),
@@ -131,7 +132,7 @@ class Setting:
             precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
             wrapper=None if reference else wrapper_of(args),
             adapters=",".join(sorted({str(c.peft_type.value).lower() for c in peft.values()})) if peft else None,
-            quantized=f"{_get(quant, 'quant_method') or 'yes'} {bits}".strip() if quant else None)
+            quantized=f"{getattr(method, 'value', method) or 'yes'} {bits}".strip() if quant else None)
 
 
 def _get(node: Any, key: str) -> Any:
