@@ -1,11 +1,13 @@
 """A causal LM split into backbone (token ids -> final hidden states) and head (hidden -> logits).
 
-DPO's fast path (`ablate.methods.dpo`) runs the backbone itself and projects only the positions whose
-next token is scored, instead of asking the model for logits at every position. That is exact only
-where the model's own forward is `lm_head(backbone(...).last_hidden_state)` with nothing in between:
-no logit scaling or soft-capping, a plain `nn.Linear` head (a LoRA-wrapped head is not one). Model
-families are listed by name rather than guessed from attributes, because a wrong guess would be
-silently wrong numbers; any other model gets `None` and the trainer uses the plain path.
+The `completion_only_logits` path (ablate.speed.scoring) runs the backbone itself and projects only the
+positions whose next token is scored, instead of asking the model for logits at every position. That
+is exact only where the model's own forward is `lm_head(backbone(...).last_hidden_state)` with nothing
+in between: no logit scaling or soft-capping, a plain `nn.Linear` head (a LoRA-wrapped head is not
+one). Model families are listed by name rather than guessed from attributes, because a wrong guess
+would be silently wrong numbers; for any other model the speed plan (ablate.speed.plan) turns the path
+off and says why (and `lm_parts` gives `None`: the model's own forward). The forwards relied on are
+pinned in tests/unit/test_model_internals.py.
 
 The same families take a custom 4-D attention mask and explicit position ids through
 `transformers.masking_utils` (a 4-D mask is used as given), which prompt sharing needs.
