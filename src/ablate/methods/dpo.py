@@ -139,7 +139,8 @@ class DPOTrainer(ConfiguredOptimizer):
     def _policy_plan(self, model: nn.Module, args: DPOConfig, data_collator: Callable | None) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A user's collator
         builds TRL's rows only."""
-        blocked = {"dpo_pair_rows": "method.trainer.data_collator is set (it builds TRL's rows)"} if data_collator else {}
+        given = data_collator is not None
+        blocked = {"dpo_pair_rows": "method.trainer.data_collator is set (it builds TRL's rows)"} if given else {}
         plan = speed_plan.resolve("policy", Setting.of(model, args, longest_row(args)), self.perf, speed_plan.DPO, blocked)
         speed_plan.apply(model, plan)
         return plan
