@@ -48,8 +48,10 @@ def main() -> None:
     t = time.process_time()
     trainer = DPOTrainer(model=model, args=args, train_dataset=rows, processing_class=tok)
     print(f"start-up: tokenise {len(rows)} pairs + build trainer {time.process_time() - t:.2f} s")
+    full = trainer.speed_plan  # the default: pair rows, completion-only logits, padding-free
     for share in (False, True):
         trainer.data_collator.share_prompt = share
+        trainer.speed_plan = full if share else full.turned_off("dpo_pair_rows")
         t = time.process_time()
         trainer._with_ref_logps(trainer.train_dataset)
         print(f"start-up: reference precompute of {len(rows)} pairs, share_prompt={share}: "
@@ -74,11 +76,10 @@ def main() -> None:
         print(f"lm_head + log-softmax, completion positions: "
               f"{cpu(lambda: completion_logps(hid.flatten(0, 1)[where['src']], head, where['tgt'])):.3f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    for name, speed in (("plain", dict(share_prompt=False, completion_only_logits=False)),
-                        ("shared+logits", dict(share_prompt=True, completion_only_logits=True))):
-        for k, v in speed.items():
-            setattr(trainer.args, k, v)
-        batch = bs if speed["share_prompt"] else b
+    for name, plan in (("plain", full.turned_off("dpo_pair_rows", "completion_only_logits", "padding_free")),
+                       ("shared+logits", full.turned_off("padding_free"))):
+        trainer.speed_plan = plan
+        batch = bs if plan.on("dpo_pair_rows") else b
         batch = {**batch, "ref_chosen_logps": torch.zeros(8), "ref_rejected_logps": torch.zeros(8)}
         with torch.autocast("cpu", dtype=torch.bfloat16):
             fwd = cpu(lambda: trainer.compute_loss(model, batch))

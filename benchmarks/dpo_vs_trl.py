@@ -41,14 +41,13 @@ PRESETS = {
     # the real 135M model (49152-token BPE vocabulary), fp32: peak memory at equal batch
     "smollm2": dict(hidden=0, layers=0, steps=2, bf16=False, data="long_sort", model="smollm2"),
 }
-SPEED = {"ablate": {}, "ablate_plain": dict(share_prompt=False, completion_only_logits=False, padding_free=False),
+# the speed switches per side (ablate.speed.plan.Perf; default: conf/perf/on.yaml's)
+SPEED = {"ablate": {}, "ablate_plain": dict(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),
          "ablate_shared": dict(completion_only_logits=False, padding_free=False),
-         "ablate_logits": dict(share_prompt=False, padding_free=False), "ablate_padded": dict(padding_free=False),
-         "ablate_heavy": {}, "ablate_lowmem": {}}
+         "ablate_logits": dict(dpo_pair_rows=False, padding_free=False), "ablate_padded": dict(padding_free=False),
+         "ablate_heavy": dict(lean_layers=False), "ablate_lowmem": {}}
 # the `malloc_mmap_threshold` config key per side (ablate.run.memory; default: malloc as it is)
 MALLOC = {"ablate_lowmem": 131072}
-# model-builder arguments per side (default: the builder's defaults): TRL gets transformers' own modules
-BUILD = {"trl": dict(lean_layers=False), "ablate_heavy": dict(lean_layers=False)}
 
 
 def long_sort(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -97,10 +96,10 @@ def run_one(impl: str, preset: dict) -> dict:
     memory.apply(MALLOC.get(impl))  # as the CLI run (ablate.run.process.prepare) does, before the model's tensors exist
     torch.manual_seed(0)
     if preset["model"] == "smollm2":
-        tok, model = smollm2_135m(**BUILD.get(impl, {}))
+        tok, model = smollm2_135m()  # transformers' own modules: TRL keeps them
     else:
         h = preset["hidden"]
-        tok, model = tiny(hidden_size=h, num_layers=preset["layers"], intermediate_size=4 * h, **BUILD.get(impl, {}))
+        tok, model = tiny(hidden_size=h, num_layers=preset["layers"], intermediate_size=4 * h)
     steps, batch = preset["steps"], 8
     if preset["data"] == "long_sort":  # one epoch: every precomputed pair is trained on
         train = Dataset.from_list(long_sort(steps * batch))
@@ -123,9 +122,10 @@ def run_one(impl: str, preset: dict) -> dict:
                                  train_dataset=train, processing_class=tok, callbacks=[rec])
     else:
         from ablate.methods.dpo import DPOConfig, DPOTrainer
+        from ablate.speed.plan import Perf
 
-        trainer = DPOTrainer(model=model, args=DPOConfig(**common, **SPEED[impl]), train_dataset=train,
-                             processing_class=tok, callbacks=[rec])
+        trainer = DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=train, processing_class=tok,
+                             callbacks=[rec], perf=Perf(**SPEED[impl]))
     trainer.train()
     # process_time() here: the whole process's CPU seconds so far (imports, data, precompute, steps)
     return harness.report(rec, model, trainer.args, cpu_step_seconds=rec.cpu_step_seconds,

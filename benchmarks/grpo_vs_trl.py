@@ -32,7 +32,7 @@ reward, old-policy log-probs when needed) and training (forward + backward + opt
 each trainer's methods from outside, with "vs trl" ratios (trl CPU s / impl CPU s; wall s likewise).
 Then the mean reward per step of every run (reward curves over seeds with `--vary-seed`).
 `--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
-`share_prompt` off. Not part of the test run: numbers depend on the machine (docs/benchmarks.md records one set).
+`perf.grpo_group_rows` off. Not part of the test run: numbers depend on the machine (docs/benchmarks.md records one set).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     from ablate.rewards.format import one_word
 
     torch.manual_seed(seed)
-    tok, model = smollm2_135m(lean_layers=impl != "trl")  # TRL gets transformers' own RMSNorm and MLP
+    tok, model = smollm2_135m()  # transformers' own RMSNorm and MLP: ablate's speed plan makes them lean
     train = packaged("one_word_prompts", with_eval=False).train
     common = dict(output_dir=f"/tmp/bench-grpo-{impl}-{os.getpid()}", per_device_train_batch_size=batch,
                   num_generations=g, steps_per_generation=spg, gradient_accumulation_steps=1, max_steps=steps,
@@ -118,11 +118,13 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     else:
         from ablate.methods.grpo import GRPOConfig, GRPOTrainer
         from ablate.rollouts.generation import HFGenerator
+        from ablate.speed.plan import Perf
 
-        args = GRPOConfig(**common, share_prompt=impl != "ablate:noshare")
+        args = GRPOConfig(**common)
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                              reward_funcs={"one_word": one_word}, callbacks=[Record(), rec], **kw)
+                              reward_funcs={"one_word": one_word}, callbacks=[Record(), rec],
+                              perf=Perf(grpo_group_rows=impl != "ablate:noshare"), **kw)
         gen: Callable = trainer.generator
         trainer.generator = lambda m, p: gen(m, p)  # an instance attribute _timed can wrap
         _timed(trainer, "generator", box, "generation", completion_tokens)

@@ -84,6 +84,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
         optimizer_factory=instantiate(cfg.optimizer.optimizer),
         scheduler_factory=instantiate(cfg.optimizer.scheduler),
     )
+    record.add_speed_plan(trainer)  # which speed paths run, and why: run.json and W&B (ablate.speed.plan)
     speed = Speed(trainer, peak_tflops=cfg.get("peak_tflops"))
     trainer.callback_handler.callbacks.insert(0, speed)
     return trainer, speed

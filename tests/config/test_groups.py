@@ -20,7 +20,7 @@ from ablate.run.compose import register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
-GROUPS = ["model", "method", "optimizer", "precision", "distributed", "data", "callbacks", "logger"]
+GROUPS = ["model", "method", "optimizer", "precision", "distributed", "perf", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
                      if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment", "debug"})
 HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}
@@ -241,7 +241,7 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         "method/reward_aggregation": ("losses",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
-        "debug": ("callbacks",), "distributed": ()}  # distributed: TrainingArguments keys
+        "debug": ("callbacks",), "distributed": (), "perf": ("speed",)}  # distributed: TrainingArguments keys
 
 
 def test_every_group_maps_onto_its_code():

@@ -93,15 +93,15 @@ def test_resume_through_the_run_dir(tmp_path):
 
 def test_fast_generation_and_scoring_switch_off_to_the_same_run(tmp_path):
     """The default (shared-prompt generator, length-grouped scoring) and the plain path picked by config
-    (`model.generate` via HFGenerator, whole-batch scoring) sample the same completions and train the
-    same: equal rewards and losses step for step."""
+    (`perf.shared_prefill=false`: `model.generate` via HFGenerator; whole-batch scoring) sample the same
+    completions and train the same: equal rewards and losses step for step."""
     steps = ["method.args.max_steps=4", "method.args.logging_steps=1"]
     _train(tmp_path / "fast", *steps)
-    _train(tmp_path / "plain", *steps, "method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator",
-           "method.args.score_in_length_groups=false")
-    generators = [json.loads((tmp_path / run / "run.json").read_text())["config"]["method"]["trainer"]["generator"]
-                  for run in ("fast", "plain")]
-    assert [g["_target_"].rsplit(".", 1)[1] for g in generators] == ["SharedPromptGenerator", "HFGenerator"]
+    _train(tmp_path / "plain", *steps, "perf.shared_prefill=false", "perf.length_groups=false")
+    plans = [json.loads((tmp_path / run / "run.json").read_text())["speed_plan"]["policy"]["paths"]
+             for run in ("fast", "plain")]
+    assert [p["shared_prefill"]["on"] for p in plans] == [True, False]
+    assert [p["length_groups"]["on"] for p in plans] == [True, False]
     fast, plain = metrics(tmp_path / "fast"), metrics(tmp_path / "plain")
     pick = lambda rows, k: [e[k] for e in rows if k in e and "train_runtime" not in e]  # noqa: E731
     assert len(pick(fast, "reward")) == 4

@@ -67,6 +67,9 @@ def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.
         assert config["method"]["args"]["max_steps"] == 3 and config["seed"] == 0
         assert config["model"] == hydra_cfg["model"] and config["sweep_name"] == "dpo_loss"
         assert config["method"]["args"]["hub_token"] == "${oc.env:HF_TOKEN}"  # as written, never resolved
+        # the speed plan, known once the trainer exists, is added to the run's config (as in run.json)
+        plan = next(r["config"]["update"]["speed_plan"] for r in recs if r["type"] == "config")
+        assert plan == run_json["speed_plan"] and plan["policy"]["paths"]["dpo_pair_rows"]["on"]
         # this job's metrics went to this job's run: steps 1..3, and the final loss is summary.json's
         history = [r["history"]["item"] for r in recs if r["type"] == "history"]
         assert [h["_step"] for h in history] == [1, 2, 3], history[:1]

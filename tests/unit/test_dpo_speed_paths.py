@@ -1,6 +1,6 @@
-"""DPO's speed paths equal the plain path (TRL's layout, logits at every position), in float32:
+"""DPO's speed paths (conf/perf/) equal the plain path (TRL's layout, logits at every position), in float32:
 `completion_only_logits` (the head applied only where a completion token is scored, in chunks),
-`share_prompt` (one row `[prompt | chosen | rejected]` per pair, with a 4-D mask and position ids) and
+`dpo_pair_rows` (one row `[prompt | chosen | rejected]` per pair, with a 4-D mask and position ids) and
 `padding_free` (the rows' real tokens packed into one row, attention per row on the padded layout).
 
 Rows have different prompt and completion lengths, so every batch is padded in both layouts.
@@ -27,6 +27,7 @@ from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
 from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attention
 from ablate.speed.pairs import plain_pairs, plain_targets, shared_prompt_pairs
+from ablate.speed.plan import Perf
 from ablate.speed.split import lm_parts, takes_custom_mask
 
 ROWS = [
@@ -128,29 +129,30 @@ def test_no_split_for_a_lora_head_or_unknown_models():
 
 
 def _train(tmp_path, name, steps=3, attn="sdpa", lean_layers=True, **speed):
-    tok, model = tiny(lean_layers=lean_layers)
+    tok, model = tiny()
     model = _moved(model)
     model.set_attn_implementation(attn)
     args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
                      bf16=False, max_steps=steps, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3,
-                     disable_tqdm=True, **speed)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+                     disable_tqdm=True)
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok,
+                         perf=Perf(lean_layers=lean_layers, **speed))
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e]
 
 
 @pytest.mark.parametrize("speed,attn", [
-    ({"share_prompt": True, "completion_only_logits": True, "padding_free": True}, "sdpa"),  # the default
-    ({"share_prompt": True, "completion_only_logits": True, "padding_free": False}, "sdpa"),
-    ({"share_prompt": True, "completion_only_logits": False, "padding_free": False}, "sdpa"),
-    ({"share_prompt": False, "completion_only_logits": True, "padding_free": False}, "sdpa"),
-    ({"share_prompt": False, "completion_only_logits": False, "padding_free": True}, "sdpa"),
-    ({"share_prompt": True, "completion_only_logits": True, "padding_free": True}, "eager"),  # packing: sdpa only
+    ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True}, "sdpa"),  # the default
+    ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": False}, "sdpa"),
+    ({"dpo_pair_rows": True, "completion_only_logits": False, "padding_free": False}, "sdpa"),
+    ({"dpo_pair_rows": False, "completion_only_logits": True, "padding_free": False}, "sdpa"),
+    ({"dpo_pair_rows": False, "completion_only_logits": False, "padding_free": True}, "sdpa"),
+    ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True}, "eager"),  # packing: sdpa only
 ])
 def test_speed_paths_equal_plain_path_step_by_step(tmp_path, speed, attn):
     """Three optimizer steps (two batches of 3 pairs, then the first again on moved weights), with a
     precomputed reference: every logged loss and metric equals the plain path's to 1e-5."""
-    plain = _train(tmp_path, "plain", attn=attn, share_prompt=False, completion_only_logits=False, padding_free=False)
+    plain = _train(tmp_path, "plain", attn=attn, dpo_pair_rows=False, completion_only_logits=False, padding_free=False)
     fast = _train(tmp_path, "fast", attn=attn, **speed)
     assert len(plain) == len(fast) == 3
     for a, b in zip(fast, plain):
@@ -222,7 +224,7 @@ def test_packing_skips_eager_and_unknown_models():
 
 def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
     """Three optimizer steps (default speed paths, the moved weights feed back into steps 2 and 3) with
-    `model.lean_layers` on and off (ablate.speed.lean): every logged loss and metric equal to 1e-5."""
+    `perf.lean_layers` on and off (ablate.speed.lean): every logged loss and metric equal to 1e-5."""
     plain, lean = _train(tmp_path, "plain", lean_layers=False), _train(tmp_path, "lean", lean_layers=True)
     assert len(plain) == len(lean) == 3
     for a, b in zip(lean, plain):

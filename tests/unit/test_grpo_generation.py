@@ -22,6 +22,7 @@ from ablate.rollouts.generation import (
     right_pad,
 )
 from ablate.speed import scoring
+from ablate.speed.plan import Perf
 
 
 def _args(tmp_path: Any, **kw: Any) -> GRPOConfig:
@@ -128,11 +129,12 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
     """`_token_logps` with logits_to_keep (or scored in length groups) = the whole batch's full-logits
     pass: log-probs and entropies at every completion token (fp32, 1e-5) and gradients."""
     tok, model, rows = _setup()
-    args = _args(tmp_path, score_in_length_groups=path == "length_groups", share_prompt=False)  # one row per completion
+    args = _args(tmp_path)
     monkeypatch.setattr(scoring, "GROUP_OVERHEAD_TOKENS", 0)  # the tiny batch splits into several groups
     trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
                           processing_class=tok,
-                          reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
+                          reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
+                          perf=Perf(length_groups=path == "length_groups", grpo_group_rows=False))  # one row per completion
     completions = [[70, 71, 72], [73], [80, 81, 82, 83, 84], [90, 91]] * 3
     p_ids, p_mask = left_pad(rows, tok.pad_token_id)
     c_ids, c_mask = right_pad(completions, tok.pad_token_id)
@@ -152,7 +154,7 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
     monkeypatch.setattr(scoring, "length_groups", lambda *a: groups.append(grouping(*a)) or groups[-1])
     fast = run()
     monkeypatch.setattr(grpo, "takes_logits_to_keep", lambda m: False)
-    trainer.args.score_in_length_groups = False
+    trainer.speed_plan = trainer.speed_plan.turned_off("length_groups")
     full = run()
     assert calls and all(calls)  # the fast path was taken
     if path == "length_groups":

@@ -1,4 +1,4 @@
-"""GRPO's shared-prompt scoring equals the row-per-completion path (`share_prompt=False`, TRL's layout):
+"""GRPO's shared-prompt scoring equals the row-per-completion path (`perf.grpo_group_rows=false`, TRL's layout):
 one row `[prompt | c_1 | ... | c_k]` per prompt group (ablate.speed.groups), packed into one row of real
 tokens, the head applied only at completion positions, at the sampling temperature. Per-token log-probs,
 entropies and every gradient to 1e-5 in float32 (tiny Llama, tiny Qwen2 with GQA, Llama + LoRA), and
@@ -20,6 +20,7 @@ from ablate.models.adapters import lora, with_adapters
 from ablate.rollouts.generation import left_pad, right_pad
 from ablate.speed import packing, scoring
 from ablate.speed.groups import prompt_groups, shared_prompt_groups
+from ablate.speed.plan import Perf
 
 
 def test_shared_prompt_groups_layout():
@@ -104,7 +105,7 @@ def _trainer(tmp_path: Any, tok: Any, model: Any, **kw: Any) -> GRPOTrainer:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora", "llama_eager", "llama_lora_head"])
 def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arch):
     """Log-probs and entropies at every completion token, and every gradient, equal the plain path's
-    (one left-padded row per completion, full logits: share_prompt and length groups off), fp32 1e-5;
+    (one left-padded row per completion, full logits: group rows and length groups off), fp32 1e-5;
     masked positions are 0. The shared path runs, packed (sdpa) with one projection row of real tokens."""
     tok, model = _model(arch)
     trainer = _trainer(tmp_path, tok, model)
@@ -132,7 +133,7 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     fast = run()
     hook.remove()
     shared_attention = list(attention)  # the plain path's calls come after
-    trainer.args.share_prompt, trainer.args.score_in_length_groups = False, False
+    trainer.speed_plan = trainer.speed_plan.turned_off("grpo_group_rows", "length_groups")
     plain = run()
     assert calls, "the shared-prompt path was not taken"
     real = int(batch["prompt_mask"][::3].sum() + mask.sum())  # each prompt once, real completion tokens only
@@ -148,18 +149,27 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
         torch.testing.assert_close(fast[2][name], plain[2][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_falls_back_to_rows_for_other_models(tmp_path):
-    """A model outside ablate.speed.split's families (or an empty prompt) is scored one row per completion."""
+def test_falls_back_to_rows_for_other_models(tmp_path, monkeypatch):
+    """A model outside ablate.speed.split's families (the plan turns grpo_group_rows off), or a batch with
+    an empty prompt, is scored one row per completion."""
+    calls: list[int] = []
+    shared = scoring.shared_prompt_logps
+    monkeypatch.setattr(scoring, "shared_prompt_logps", lambda *a, **k: calls.append(1) or shared(*a, **k))
     tok, model = tiny()
     model.config.model_type = "somethingelse"
     trainer = _trainer(tmp_path, tok, model)
-    assert not scoring.takes_shared_prompt(model, _batch(tok))
+    assert not trainer.speed_plan.on("grpo_group_rows") and trainer.perf.grpo_group_rows  # requested, off
+    trainer._token_logps(model, _batch(tok))
+    assert not calls
     tok, model = tiny()
+    trainer = _trainer(tmp_path, tok, model)
     batch = _batch(tok)
-    assert scoring.takes_shared_prompt(model, batch)
+    trainer._token_logps(model, batch)
+    assert calls == [1] and trainer.speed_plan.on("grpo_group_rows")  # on by default
     batch["prompt_mask"][0] = 0
-    assert not scoring.takes_shared_prompt(model, batch)
-    assert trainer.args.share_prompt  # on by default
+    with pytest.warns(UserWarning, match="empty prompt"):
+        trainer._token_logps(model, batch)
+    assert calls == [1]
 
 
 def _train(tmp_path: Any, name: str, **kw: Any) -> list[dict[str, float]]:
@@ -168,11 +178,13 @@ def _train(tmp_path: Any, name: str, **kw: Any) -> list[dict[str, float]]:
     model = _moved(model)
     model.generation_config.eos_token_id = list(range(60, 100))
     data = Dataset.from_dict({"prompt": ["abc:", "hello there:", "x", "sort: zyx ="]})
+    group_rows = kw.pop("group_rows")
     args = GRPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=6, num_generations=3,
                       max_completion_length=6, temperature=0.9, max_steps=4, learning_rate=1e-2, logging_steps=1,
                       report_to="none", save_strategy="no", disable_tqdm=True, seed=0, use_cpu=True, **kw)
     trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                          reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]})
+                          reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
+                          perf=Perf(grpo_group_rows=group_rows))
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e]
 
@@ -187,11 +199,11 @@ def test_training_steps_equal_row_per_completion(tmp_path, monkeypatch, kw):
     calls = []
     shared = scoring.shared_prompt_logps
     monkeypatch.setattr(scoring, "shared_prompt_logps", lambda *a, **k: calls.append(1) or shared(*a, **k))
-    fast = _train(tmp_path, "fast", share_prompt=True, **kw)
+    fast = _train(tmp_path, "fast", group_rows=True, **kw)
     # every micro-step's loss, plus (one round) the old policy's and the reference's log-probs
     assert len(calls) == 4 + ("num_iterations" in kw) + ("beta" in kw)
     calls.clear()
-    plain = _train(tmp_path, "plain", share_prompt=False, **kw)
+    plain = _train(tmp_path, "plain", group_rows=False, **kw)
     assert len(fast) == len(plain) == 4
     for a, b in zip(fast, plain):
         assert a.keys() == b.keys()

@@ -32,6 +32,7 @@ from ablate.speed.lean import (
     SiluMulLinearFunction,
     make_lean,
 )
+from ablate.speed.plan import Perf, Setting, apply, resolve
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
 
@@ -183,7 +184,13 @@ def test_other_families_and_activations_are_left_alone():
     gelu = _model("llama", hidden_act="gelu")
     assert make_lean(gelu) == 2 * LAYERS + 1  # norms only: the lean MLP computes silu
     assert not any("forward" in vars(m) for m in gelu.model.layers[0].mlp.modules())
-    assert "forward" not in vars(tiny(lean_layers=False)[1].model.norm) and "forward" in vars(tiny()[1].model.norm)
+    # the model builders leave the modules as they are; the trainers' speed plan makes them lean
+    assert "forward" not in vars(tiny()[1].model.norm)
+    plain, lean = tiny()[1], tiny()[1]
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa"), Perf(lean_layers=True), {"lean_layers": None})
+    apply(plain, plan.turned_off("lean_layers"))
+    apply(lean, plan)
+    assert "forward" not in vars(plain.model.norm) and "forward" in vars(lean.model.norm)
 
 
 def _saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:

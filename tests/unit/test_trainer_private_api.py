@@ -17,7 +17,7 @@ import ablate
 
 SRC = Path(ablate.__file__).resolve().parent
 # name -> Trainer's parameter names (methods) or "attribute" (set in Trainer.__init__ or on the class).
-# loss_is_scaled_for_ga appeared in transformers 5.19: the floor in pyproject.toml.
+# loss_is_scaled_for_ga appeared in transformers 5.19 (the floor in pyproject.toml is 5.24: the version the tests ran).
 PINNED: dict[str, tuple[str, ...] | str] = {
     "_prepare_inputs": ("self", "inputs"),
     "_get_dataloader": ("self", "dataset", "description", "batch_size", "sampler_fn", "is_training", "dataloader_key"),

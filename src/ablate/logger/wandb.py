@@ -100,6 +100,11 @@ class WandbTracker:
         self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", config=mask(config),
                               reinit="finish_previous", **kwargs)
 
+    def add_config(self, values: dict[str, Any]) -> None:
+        """Config known only once the trainer exists (the speed plan), added to the run's config."""
+        if self.run is not None:
+            self.run.config.update(mask(values), allow_val_change=True)
+
     def callback(self) -> TrainerCallback | None:
         return _Forward(self.run) if self.run is not None else None
 

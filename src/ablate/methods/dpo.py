@@ -4,13 +4,15 @@ Departures from the paper's pseudo-code, all as in TRL: log-probs are summed ove
 only; reference log-probs are precomputed once before training by default (the reference is the
 initial policy, so no second model stays in memory); EOS ends every completion.
 
-Three speed paths, on by default, each exact (tests/unit/test_dpo_speed_paths.py) and switchable for
-ablation: `share_prompt` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
+Speed paths (conf/perf/), each exact (tests/unit/test_dpo_speed_paths.py) and switchable for ablation:
+`dpo_pair_rows` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
 `completion_only_logits` applies the LM head only where a completion token is scored, in chunks
-(ablate.losses.logps.completion_logps, ablate.speed.split), and `padding_free` sends only the batch's
-real tokens through the model, attention kept per row (ablate.speed.packing). Models outside
-ablate.speed.split's list, and the eval logits a `compute_metrics` hook receives, use TRL's layout
-and full logits.
+(ablate.losses.logps.completion_logps, ablate.speed.split), `padding_free` sends only the batch's real
+tokens through the model, attention kept per row (ablate.speed.packing), `lean_layers` saves less for
+backward (ablate.speed.lean). Which of them run is decided once, in `__init__` (ablate.speed.plan: the
+model, attention, device, wrapper), printed when training starts and recorded in run.json. With all
+of them off, and for the eval logits a `compute_metrics` hook receives, `_sequence_logps` runs the
+plain path: TRL's layout and full logits.
 """
 
 from __future__ import annotations
@@ -37,14 +39,10 @@ from ablate.methods.metrics import (
 )
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attention
-from ablate.speed.pairs import (
-    attention_mask_for,
-    plain_pairs,
-    plain_targets,
-    shared_prompt_pairs,
-)
-from ablate.speed.split import causal_lm, scored_logps, takes_custom_mask
+from ablate.speed import plan as speed_plan
+from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
+from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.scoring import pair_logps
 
 
 @dataclass
@@ -62,23 +60,15 @@ class DPOConfig(TrainingArguments):
     precompute_ref_log_probs: bool = field(
         default=True, metadata={"help": "Score the data with the initial policy once, before training."}
     )
-    share_prompt: bool = field(
-        default=True, metadata={"help": "One row per pair, [prompt | chosen | rejected]: each prompt computed once."}
-    )
-    completion_only_logits: bool = field(
-        default=True, metadata={"help": "Vocabulary projection only where a completion token is scored, in chunks."}
-    )
-    padding_free: bool = field(
-        default=True, metadata={"help": "Only real tokens through the model (rows packed; attention per row); sdpa models."}
-    )
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
 
 class DPOCollator:
     """Pads a list of tokenised pairs into one batch: rows 0..B-1 chosen, B..2B-1 rejected (TRL's layout).
 
-    With `share_prompt` it also adds the shared-prompt layout (`ablate.speed.pairs`) under `shared_*`
-    keys, which the trainer's forward uses; the plain keys stay (TRL's `num_tokens`, eval logits)."""
+    With `share_prompt` (the speed plan's `dpo_pair_rows`) it also adds the shared-prompt layout
+    (`ablate.speed.pairs`) under `shared_*` keys, which the trainer's forward uses; the plain keys stay
+    (TRL's `num_tokens`, eval logits)."""
 
     def __init__(self, pad_token_id: int, share_prompt: bool = False) -> None:
         self.pad_token_id = pad_token_id
@@ -96,7 +86,8 @@ class DPOCollator:
 
 class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
-    `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)."""
+    `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)
+    and the speed switches as `perf` (config: the `perf` group; None: all requested)."""
 
     def __init__(
         self,
@@ -108,9 +99,13 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         ref_model: PreTrainedModel | None = None,
         data_collator: Callable | None = None,
         loss: dpo_losses.DPOLoss = dpo_losses.sigmoid,
+        perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
         self.loss_fn = check_loss(loss)
+        self.perf = perf or Perf()
+        self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
+        self.ref_speed_plan: SpeedPlan | None = None  # a live reference model's own
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
@@ -118,7 +113,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             model=model,
             args=args,
             data_collator=data_collator or DPOCollator(
-                processing_class.pad_token_id, share_prompt=args.share_prompt and takes_custom_mask(model)),
+                processing_class.pad_token_id, share_prompt=self.speed_plan.on("dpo_pair_rows")),
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
@@ -126,8 +121,6 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         )
         self.metrics = MetricsBuffer()
         self.num_tokens = 0
-        if args.padding_free:  # the policy's attention becomes sdpa that can also run a packed batch
-            use_packed_attention(model)
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
@@ -139,10 +132,28 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             # a live reference: the given model (e.g. 8-bit) or a frozen copy of the initial policy
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.eval().requires_grad_(False)
-            if args.padding_free:
-                use_packed_attention(self.ref_model)
+            self.ref_speed_plan = self._reference_plan(self.ref_model, args)
             if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
                 self.ref_model.to(self.args.device)
+        self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))  # the plan's table, when training starts
+
+    def _policy_plan(self, model: nn.Module, args: DPOConfig, data_collator: Callable | None) -> SpeedPlan:
+        """The policy's speed plan, applied to it (lean layers, packed attention). A user's collator
+        builds TRL's rows only."""
+        given = data_collator is not None
+        blocked = {"dpo_pair_rows": "method.trainer.data_collator is set (it builds TRL's rows)"} if given else {}
+        plan = speed_plan.resolve("policy", Setting.of(model, args, longest_row(args)), self.perf, speed_plan.DPO, blocked)
+        speed_plan.apply(model, plan)
+        return plan
+
+    def _reference_plan(self, ref_model: nn.Module, args: DPOConfig) -> SpeedPlan:
+        """A live reference model's own plan (another model, maybe quantized, never wrapped), applied to
+        it; it scores the batches the policy's plan had built."""
+        layout = {} if self.speed_plan.on("dpo_pair_rows") else {"dpo_pair_rows": "the policy's batches are TRL's rows"}
+        plan = speed_plan.resolve("reference", Setting.of(ref_model, args, longest_row(args), reference=True),
+                                  self.perf, speed_plan.DPO_REFERENCE, layout)
+        speed_plan.apply(ref_model, plan)
+        return plan
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
@@ -156,32 +167,16 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Log-probs of `[chosen; rejected]` (2B,), and what the token metrics need: `logits` (plain
         path, or `need_logits`) or per-token `stats` with each token's sequence `seq`."""
-        if need_logits or not (self.args.completion_only_logits or "shared_input_ids" in batch):
+        plan = self.ref_speed_plan if model is self.ref_model and model is not None else self.speed_plan
+        if need_logits or not plan.any_on("dpo_pair_rows", "padding_free", "completion_only_logits"):
+            # the plain path (TRL's): rows [chosen; rejected], logits at every position; the speed paths equal it
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
             logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
             return logps, {"logits": logits}
-        # a live reference model that cannot take the shared layout's mask scores the plain rows
-        if "shared_input_ids" in batch and takes_custom_mask(model):  # one row per pair (ablate.speed.pairs)
-            mask = attention_mask_for(batch["shared_attention_mask"], causal_lm(model).config._attn_implementation)
-            inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"],
-                      "attention_mask": mask.to(batch["shared_input_ids"].device)}
-            where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
-            lengths = batch["shared_lengths"]
-        else:
-            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-            where = plain_targets(batch["input_ids"], batch["completion_mask"])
-            lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
-        if self.args.padding_free and takes_packed(model):  # one row of real tokens (ablate.speed.packing)
-            inputs, where["src"] = packed_inputs(inputs, where["src"], lengths)
-        # the split bypasses model.forward, so a wrapper around it (DDP) would be skipped: only unwrapped
-        split = self.args.completion_only_logits and self._is_unwrapped(model)
         # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
         with self.accelerator.autocast():
-            token, stats = scored_logps(model, inputs, where["src"], where["tgt"], split=split)
-        return per_sequence(token, where["seq"], batch["input_ids"].shape[0]), {"stats": stats, "seq": where["seq"]}
-
-    def _is_unwrapped(self, model: nn.Module) -> bool:
-        return self.accelerator.unwrap_model(model) is model
+            token, stats, seq = pair_logps(model, batch, plan)
+        return per_sequence(token, seq, batch["input_ids"].shape[0]), {"stats": stats, "seq": seq}
 
     def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
@@ -265,6 +260,16 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
         return loss.detach(), outputs["logits"], labels
 
+
+
+def longest_row(args: DPOConfig) -> int | None:
+    """The longest row of TRL's layout (prompt + one completion) the data can give: a sliding window at
+    least this long never cuts one (ablate.speed.plan); None when nothing caps it."""
+    if args.max_length is not None:
+        return args.max_length
+    if args.max_prompt_length is not None and args.max_completion_length is not None:
+        return args.max_prompt_length + args.max_completion_length
+    return None
 
 
 def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:

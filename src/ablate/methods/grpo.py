@@ -31,13 +31,14 @@ per-step losses exactly (TRL regenerates); the generation counters (`rollout_sta
 `summary_fields` and the throughput callback read) are saved with each checkpoint too.
 
 Generation goes through one seam, `generator=` (a `GenerateFn`), which a config sets as
-`method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). The default,
-`SharedPromptGenerator` (ablate.rollouts.generation), prefills each distinct prompt once for its whole group
-and drops ended rows from the batch, sampling as `model.generate` does; `HFGenerator` is plain
-`model.generate`. Scoring projects to the vocabulary only at completion positions, and with `share_prompt`
-(the default, sdpa/eager models of ablate.speed.split's families) runs one packed row `[prompt | c_1 |
-... | c_k]` per prompt, so each prompt is computed once per group (ablate.speed.scoring); else one row
-per completion. The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
+`method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). Left null,
+the speed plan picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path)
+prefills each distinct prompt once for its whole group and drops ended rows from the batch, sampling as
+`model.generate` does; `HFGenerator` is plain `model.generate`. Scoring (`_token_logps`) follows the
+speed plan too (ablate.speed.plan, switches in conf/perf/, decided once in `__init__`): with
+`grpo_group_rows` one packed row `[prompt | c_1 | ... | c_k]` per prompt, so each prompt is computed once
+per group, projected to the vocabulary only at completion positions (ablate.speed.scoring); else rows in
+groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout). The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from ablate.models.adapters import is_adapted, reference_forward
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
     GenerateFn,
+    HFGenerator,
     build_generator,
     left_pad,
     right_pad,
@@ -77,8 +79,9 @@ from ablate.rollouts.generation import (
 from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
+from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
-from ablate.speed.packing import use_packed_attention
+from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -103,11 +106,6 @@ class GRPOConfig(TrainingArguments):
     delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta."})
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
-    score_in_length_groups: bool = field(default=True, metadata={
-        "help": "Score rows in groups of similar length, each trimmed to its own longest "
-                "(same log-probs, less padding)."})
-    share_prompt: bool = field(default=True, metadata={
-        "help": "One row per prompt, [prompt | c_1 | ... | c_k], packed: each prompt computed once (sdpa/eager)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
@@ -199,6 +197,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         objective: grpo_losses.Objective = grpo_losses.clip,
         reward_aggregation: grpo_losses.Advantages = grpo_losses.sum_then_normalize,
         scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
+        perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
         if not reward_funcs:
@@ -207,6 +206,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if len(weights) != len(reward_funcs):
             raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
                               f"reward functions ({', '.join(reward_funcs)})")
+        self.perf = perf or Perf()
+        self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
@@ -218,16 +219,34 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
         self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
-        self.generator = build_generator(generator, args, processing_class)
+        # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
+        default = None if self.speed_plan.on("shared_prefill") else HFGenerator
+        self.generator = build_generator(default if generator is None else generator, args, processing_class)
         self.metrics = MetricsBuffer()
-        if args.share_prompt:  # sdpa that can also run a packed batch (ablate.speed.packing)
-            use_packed_attention(model)
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
+        self.ref_speed_plan: SpeedPlan | None = None
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
-        self.add_callback(PrintGeometry())  # the batch geometry table, once the step count is known
+            self.ref_speed_plan = speed_plan.resolve(  # never wrapped: its plan may differ (DDP)
+                "reference", Setting.of(self.ref_model, args, longest_row(args), reference=True), self.perf,
+                speed_plan.GRPO_REFERENCE)
+            speed_plan.apply(self.ref_model, self.ref_speed_plan)
+        # the batch geometry and the speed plan, printed together once the step count is known
+        self.add_callback(PrintGeometry())
+        self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))
         self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
         self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
+
+    def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
+        """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
+        `method.trainer.generator` is used as it is."""
+        given = getattr(generator, "func", generator)  # a class, a partial of one, or a GenerateFn
+        blocked = {} if generator is None else {
+            "shared_prefill": f"method.trainer.generator is set: {getattr(given, '__name__', type(given).__name__)}"}
+        plan = speed_plan.resolve("policy", Setting.of(model, args, longest_row(args)), self.perf,
+                                  speed_plan.GRPO, blocked)
+        speed_plan.apply(model, plan)
+        return plan
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
@@ -355,29 +374,17 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _token_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature.
-
-        With `score_in_length_groups` the rows are scored in groups of similar length, each trimmed to its own
-        longest prompt and completion, or with `share_prompt` one row per prompt (trainers/scoring.py): the
-        same values without computing padding or repeated prompts."""
-        # not through a wrapper (DDP): the split bypasses its forward. The policy's autocast (accelerate's, on
-        # model.forward) goes around the backbone's own call too; the reference model's forward has none
-        unwrapped = self.accelerator.unwrap_model(model) is model
-        if self.args.share_prompt and unwrapped and scoring.takes_shared_prompt(model, batch):
-            autocast = None if model is self.ref_model else self.accelerator.autocast()
-            return scoring.shared_prompt_logps(model, batch, self.args.temperature, self.processing_class.pad_token_id,
-                                               with_entropy, autocast)
-        if not self.args.score_in_length_groups:
+        """Per-token log-probs (and entropies) of the completion under `model`, at the sampling temperature,
+        by the model's speed plan (ablate.speed.scoring.group_logps: each prompt once per group, or rows in
+        length groups); with those paths off, `_rows_logps`: the same values, TRL's layout."""
+        plan = self.ref_speed_plan if model is self.ref_model and model is not None else self.speed_plan
+        if not plan.any_on("grpo_group_rows", "length_groups"):
             return self._rows_logps(model, batch, with_entropy)
-        groups = scoring.length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())
-        if len(groups) == 1:  # the batch is its own best group: the plain pass
-            return self._rows_logps(model, batch, with_entropy)
-        parts = [self._rows_logps(model, scoring.trim_rows(batch, torch.tensor(g, device=batch["prompt_ids"].device)),
-                                  with_entropy) for g in groups]
-        width = batch["completion_ids"].size(1)
-        logps = scoring.scatter_rows([lp for lp, _ in parts], groups, width)
-        entropy = scoring.scatter_rows([e for _, e in parts], groups, width) if with_entropy else None
-        return logps, entropy
+        # the split calls the policy's backbone around model.forward, where accelerate puts its autocast;
+        # the reference model's forward has none
+        autocast = None if model is self.ref_model else self.accelerator.autocast()
+        return scoring.group_logps(model, batch, plan, self._rows_logps, self.args.temperature,
+                                   self.processing_class.pad_token_id, with_entropy, autocast)
 
     def _rows_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
@@ -455,6 +462,14 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         stats = self.rollouts.stats
         return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+
+
+def longest_row(args: GRPOConfig) -> int | None:
+    """The longest row of TRL's layout (prompt + completion): a sliding window at least this long never
+    cuts one (ablate.speed.plan); None when prompts are not capped."""
+    if args.max_prompt_length is None:
+        return None
+    return args.max_prompt_length + args.max_completion_length
 
 
 def check_aggregation(aggregation: grpo_losses.Aggregation) -> grpo_losses.Aggregation:

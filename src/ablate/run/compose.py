@@ -65,10 +65,19 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
 
 
-# Fields that became config groups: the old spelling gets a one-line error naming the new one.
+# Fields that moved: the old spelling gets one line naming the new one. A value with a `/` is a config
+# group (`method/loss=NAME`), else a key (`perf.padding_free=false`).
 MOVED = {
     "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses; GRPO: method/aggregation)
     "method.args.scale_rewards": "method/scale_rewards",  # conf/method/scale_rewards/*.yaml (GRPO)
+    # the speed switches, gathered in conf/perf/ (ablate.speed.plan); DPO's and GRPO's share_prompt differ
+    "method.args.share_prompt": "perf.dpo_pair_rows (DPO) or perf.grpo_group_rows (GRPO)",
+    "method.args.padding_free": "perf.padding_free",
+    "method.args.completion_only_logits": "perf.completion_only_logits",
+    "method.args.score_in_length_groups": "perf.length_groups",
+    "model.lean_layers": "perf.lean_layers",
+    "method.trainer.generator._target_": "perf.shared_prefill (false: model.generate; another engine: "
+                                         "'method.trainer.generator={_target_: ..., _partial_: true}')",
 }
 
 
@@ -84,11 +93,18 @@ def check_moved(argv: list[str]) -> None:
             print(f"ablate: error: method/loss={value}: GRPO's aggregations are now the group method/aggregation: "
                   f"use method/aggregation={value} (options: conf/method/aggregation/)", file=sys.stderr)
             sys.exit(2)
-        if key in MOVED:
-            group = "method/aggregation" if key == "method.args.loss_type" and value in GRPO_AGGREGATIONS else MOVED[key]
-            print(f"ablate: error: {key} is now the config group {group}: use {group}={value or 'NAME'} "
-                  f"(options: conf/{group}/)", file=sys.stderr)
-            sys.exit(2)
+        if key not in MOVED:
+            continue
+        new = MOVED[key]
+        if key == "method.args.loss_type" and value in GRPO_AGGREGATIONS:
+            new = "method/aggregation"
+        if "/" in new.split(" ")[0]:
+            print(f"ablate: error: {key} is now the config group {new}: use {new}={value or 'NAME'} "
+                  f"(options: conf/{new}/)", file=sys.stderr)
+        else:
+            print(f"ablate: error: {key} is now {new} (conf/perf/; perf=off turns every speed path off)",
+                  file=sys.stderr)
+        sys.exit(2)
 
 
 def quote_override_value(value: str) -> str:

@@ -57,6 +57,18 @@ class Run:
         self.tracker.start(secrets.config_record(cfg), self.dir, self.info)
         rundir.write_json(self.dir / rundir.RUN, self.info)  # the tracker may have added its run id
 
+    def add_speed_plan(self, trainer: Any) -> None:
+        """The trainer's speed plans (ablate.speed.plan: which speed paths run, and why) into run.json
+        and the tracker's config, as `speed_plan`: {policy: ..., reference: ...}."""
+        plans = [getattr(trainer, "speed_plan", None), getattr(trainer, "ref_speed_plan", None)]
+        record = {p.title: p.record() for p in plans if p is not None}
+        if not record:  # a user's trainer without ablate's plan
+            return
+        self.info["speed_plan"] = record
+        rundir.write_json(self.dir / rundir.RUN, self.info)
+        if getattr(self.tracker, "add_config", None) is not None:  # a tracker of your own may not have it
+            self.tracker.add_config({"speed_plan": record})
+
     def resume_point(self) -> Path | None:
         """The newest complete checkpoint (newer incomplete or corrupt ones named in one line each);
         metrics.jsonl loses the events past it, since those steps run and log again."""

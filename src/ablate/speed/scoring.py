@@ -9,25 +9,35 @@ whole-batch pass (left padding is masked, position ids come from the mask), so t
 same up to float rounding (`tests/unit/test_grpo_generation.py` checks 1e-5 in fp32, and gradients);
 masked (padding) positions get log-prob 0.
 
-With `share_prompt` (the default) a micro-batch is instead scored one row per prompt, `[prompt | c_1 |
+With `grpo_group_rows` (the default) a micro-batch is instead scored one row per prompt, `[prompt | c_1 |
 ... | c_k]` (`ablate.speed.groups`), so each prompt is computed once for its group, packed into one row of
-real tokens (`ablate.speed.packing`; attention then runs one row per completion, the prompt's keys and
-values copied into each) and projected to the vocabulary only at completion positions
-(`ablate.losses.logps.completion_logps`): `shared_prompt_logps`, tested equal to the row-per-completion
-path in tests/unit/test_grpo_share_prompt.py.
+real tokens (`padding_free`: `ablate.speed.packing`; attention then runs one row per completion, the
+prompt's keys and values copied into each) and projected to the vocabulary only at completion positions
+(`completion_only_logits`: `ablate.losses.logps.completion_logps`): `shared_prompt_logps`, tested equal to
+the row-per-completion path in tests/unit/test_grpo_share_prompt.py.
+
+The trainers call one function per batch, which follows the run's speed plan (ablate.speed.plan):
+`group_logps` (GRPO) and `pair_logps` (DPO). Their plain paths, with every speed path off, stay in the
+trainers (`GRPOTrainer._rows_logps`, `DPOTrainer._sequence_logps`) as the reference these equal.
 """
 
 from __future__ import annotations
 
+import warnings
 from contextlib import AbstractContextManager, nullcontext
+from typing import Callable
 
 import torch
 from torch import nn
 
 from ablate.speed.groups import shared_prompt_groups
-from ablate.speed.packing import Unpad, packed_inputs, takes_packed
-from ablate.speed.pairs import attention_mask_for
-from ablate.speed.split import causal_lm, scored_logps, takes_custom_mask
+from ablate.speed.packing import Unpad, packed_inputs
+from ablate.speed.pairs import attention_mask_for, plain_targets
+from ablate.speed.plan import SpeedPlan
+from ablate.speed.split import scored_logps
+
+# (model, batch, with_entropy) -> (log-probs, entropies): a trainer's plain one-forward scorer of a batch
+RowsLogps = Callable[[nn.Module, dict[str, torch.Tensor], bool], tuple[torch.Tensor, torch.Tensor | None]]
 
 # a forward + backward pass's fixed cost (Python, kernel launches, small-matrix inefficiency), in tokens:
 # a group is split off only when it saves more padded tokens than this
@@ -76,20 +86,14 @@ def scatter_rows(parts: list[torch.Tensor], groups: list[list[int]], width: int)
     return padded[torch.argsort(order)]
 
 
-def takes_shared_prompt(model: nn.Module, batch: dict[str, torch.Tensor]) -> bool:
-    """Whether `shared_prompt_logps` can score `batch` with `model` (not wrapped: the split and the
-    custom mask bypass a wrapper's forward): a supported family with a mask-taking attention, no peft
-    prompt learning, every prompt at least one token long."""
-    return takes_custom_mask(model) and bool(batch["prompt_mask"].sum(1).min() >= 1)
-
-
 def shared_prompt_logps(
-    model: nn.Module, batch: dict[str, torch.Tensor], temperature: float, pad_token_id: int,
+    model: nn.Module, batch: dict[str, torch.Tensor], plan: SpeedPlan, temperature: float, pad_token_id: int,
     with_entropy: bool = False, autocast: AbstractContextManager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of `batch`'s completions at `temperature`, (rows, width) as
-    `completion_ids`, computed with each prompt once per group; 0 at masked (padding) positions."""
-    packed = takes_packed(model)
+    `completion_ids`, computed with each prompt once per group; 0 at masked (padding) positions.
+    Packed with the plan's `padding_free`, the head split off with its `completion_only_logits`."""
+    packed = plan.on("padding_free")
     where = shared_prompt_groups(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
                                  batch["completion_mask"], pad_token_id, with_mask=not packed)
     inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"]}
@@ -100,11 +104,61 @@ def shared_prompt_logps(
         rows, width = where["row_mask"].shape
         inputs["unpad"] = Unpad(where["row_index"], rows, width, where["row_source"], where["row_out"])
     else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
-        mask = attention_mask_for(where["attention_mask"], causal_lm(model).config._attn_implementation)
-        inputs["attention_mask"] = mask
+        inputs["attention_mask"] = attention_mask_for(where["attention_mask"], plan.setting.attention)
     with autocast or nullcontext():  # the head only where a completion token is scored
-        token, stats = scored_logps(model, inputs, src, where["tgt"], temperature=temperature)
+        token, stats = scored_logps(model, inputs, src, where["tgt"], split=plan.on("completion_only_logits"),
+                                    temperature=temperature)
     shape = batch["completion_ids"].shape
     at = (where["row"], where["col"])
     logps = token.new_zeros(shape, dtype=token.dtype).index_put(at, token)
     return logps, (stats["entropy"].new_zeros(shape).index_put(at, stats["entropy"]) if with_entropy else None)
+
+
+def group_logps(
+    model: nn.Module, batch: dict[str, torch.Tensor], plan: SpeedPlan, rows: RowsLogps, temperature: float,
+    pad_token_id: int, with_entropy: bool = False, autocast: AbstractContextManager | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GRPO's per-token log-probs (and entropies) of a batch by the plan: one row per prompt group
+    (`grpo_group_rows`), else rows in groups of similar length (`length_groups`), each scored by `rows`
+    (the trainer's plain scorer), else `rows` on the whole batch. `autocast`: the policy's (the split
+    calls its backbone around model.forward, where accelerate puts it)."""
+    if plan.on("grpo_group_rows"):
+        if bool(batch["prompt_mask"].sum(1).min() >= 1):
+            return shared_prompt_logps(model, batch, plan, temperature, pad_token_id, with_entropy, autocast)
+        # an empty prompt has no token to predict its completions' first: such a batch goes one row per completion
+        warnings.warn("a batch with an empty prompt is scored one row per completion (not grpo_group_rows)")
+    if not plan.on("length_groups"):
+        return rows(model, batch, with_entropy)
+    groups = length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())
+    if len(groups) == 1:  # the batch is its own best group: the plain pass
+        return rows(model, batch, with_entropy)
+    device = batch["prompt_ids"].device
+    parts = [rows(model, trim_rows(batch, torch.tensor(g, device=device)), with_entropy) for g in groups]
+    width = batch["completion_ids"].size(1)
+    logps = scatter_rows([lp for lp, _ in parts], groups, width)
+    entropy = scatter_rows([e for _, e in parts], groups, width) if with_entropy else None
+    return logps, entropy
+
+
+def pair_logps(
+    model: nn.Module, batch: dict[str, torch.Tensor], plan: SpeedPlan
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """DPO: log-probs of the scored completion tokens of `[chosen; rejected]` by the plan, their
+    `entropy`/`mean_logit`/`correct` stats and each token's sequence `seq` (0..B-1 chosen, B..2B-1
+    rejected): one row per pair (`dpo_pair_rows`: the collator built `shared_*`, ablate.speed.pairs)
+    or TRL's rows, packed (`padding_free`), the head only at scored tokens (`completion_only_logits`).
+    The caller supplies autocast (the split calls the backbone around model.forward)."""
+    if plan.on("dpo_pair_rows"):
+        mask = attention_mask_for(batch["shared_attention_mask"], plan.setting.attention)
+        inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"],
+                  "attention_mask": mask.to(batch["shared_input_ids"].device)}
+        where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
+        lengths = batch["shared_lengths"]
+    else:
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        where = plain_targets(batch["input_ids"], batch["completion_mask"])
+        lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
+    if plan.on("padding_free"):  # one row of real tokens (ablate.speed.packing)
+        inputs, where["src"] = packed_inputs(inputs, where["src"], lengths)
+    token, stats = scored_logps(model, inputs, where["src"], where["tgt"], split=plan.on("completion_only_logits"))
+    return token, stats, where["seq"]

@@ -1,11 +1,13 @@
 """A causal LM split into backbone (token ids -> final hidden states) and head (hidden -> logits).
 
-DPO's fast path (`ablate.methods.dpo`) runs the backbone itself and projects only the positions whose
-next token is scored, instead of asking the model for logits at every position. That is exact only
-where the model's own forward is `lm_head(backbone(...).last_hidden_state)` with nothing in between:
-no logit scaling or soft-capping, a plain `nn.Linear` head (a LoRA-wrapped head is not one). Model
-families are listed by name rather than guessed from attributes, because a wrong guess would be
-silently wrong numbers; any other model gets `None` and the trainer uses the plain path.
+The `completion_only_logits` path (ablate.speed.scoring) runs the backbone itself and projects only the
+positions whose next token is scored, instead of asking the model for logits at every position. That
+is exact only where the model's own forward is `lm_head(backbone(...).last_hidden_state)` with nothing
+in between: no logit scaling or soft-capping, a plain `nn.Linear` head (a LoRA-wrapped head is not
+one). Model families are listed by name rather than guessed from attributes, because a wrong guess
+would be silently wrong numbers; for any other model the speed plan (ablate.speed.plan) turns the path
+off and says why (and `lm_parts` gives `None`: the model's own forward). The forwards relied on are
+pinned in tests/unit/test_model_internals.py.
 
 The same families take a custom 4-D attention mask and explicit position ids through
 `transformers.masking_utils` (a 4-D mask is used as given), which prompt sharing needs.
@@ -33,7 +35,7 @@ def causal_lm(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def _prompt_learning(model: nn.Module) -> bool:
+def prompt_learning(model: nn.Module) -> bool:
     """peft prompt/prefix tuning: its wrapper's forward adds virtual tokens, so the inner model's parts
     (or a mask sized for the real tokens) would be wrong."""
     config = getattr(model, "active_peft_config", None)
@@ -45,7 +47,7 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     known to be exact (the caller then uses the model's own forward)."""
     lm = causal_lm(model)
     config = getattr(lm, "config", None)
-    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or _prompt_learning(model):
+    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or prompt_learning(model):
         return None
     head = lm.get_output_embeddings()
     backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
@@ -57,7 +59,7 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 def takes_custom_mask(model: nn.Module) -> bool:
     """True when a 4-D attention mask and position ids given to `model` are used as given."""
     config = getattr(causal_lm(model), "config", None)
-    return (not _prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
+    return (not prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
             and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
 
 

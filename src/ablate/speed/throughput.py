@@ -252,7 +252,7 @@ class Speed(TrainerCallback):
         """tokens/s and MFU as the progress bar's postfix (the bar's log lines carry them too)."""
         if "tokens_per_second" not in logs or not state.is_world_process_zero:
             return
-        from transformers.trainer_callback import ProgressCallback
+        from transformers import ProgressCallback
 
         text = f"{logs['tokens_per_second']:.4g} tok/s" + (f", MFU {logs['mfu']:.1%}" if "mfu" in logs else "")
         for cb in self.trainer.callback_handler.callbacks:

@@ -1,0 +1,310 @@
+"""The speed plan: which speed paths a run uses, decided once at start-up, each with its reason.
+
+Every path in ablate.speed gives the plain path's numbers with less time or memory, but only for some
+models (the families whose forward it reproduces), attention kernels, wrappers and devices. A trainer
+calls `resolve` once, in its `__init__`, with the switches of `conf/perf/` (`Perf`: what is requested)
+and what the run is (`Setting`: model, attention, device, precision, wrapper), then branches on the
+plan (`plan.on("padding_free")`), never on the model or the batch. The plan is printed as one table
+when training starts (`PrintPlan`) and recorded in run.json (`speed_plan`) and W&B's config. A
+requested path that cannot apply is off, and the table says why.
+
+The wrapper is known before it exists: Trainer.train wraps the model (DDP, FSDP) as the arguments say
+(`wrapper_of`). Under DDP the paths that only change the model's inputs (the shared and packed
+layouts, lean layers) run through DDP's forward, so its gradient all-reduce runs
+(tests/slow/test_ddp_speed_plan.py); the backbone/head split calls around that forward, so it is off.
+Other wrappers turn every path off until a run shows them (`THROUGH` is the place to add FSDP).
+
+Each path was shown exact (tests/unit/test_dpo_speed_paths.py, test_grpo_share_prompt.py,
+test_grpo_generation.py, test_lean_layers.py) and faster (benchmarks/) on a CPU only. On any other
+device a path is off until a run there has shown it exact and not slower (`VERIFIED`), unless
+`perf.unverified_devices=true` asks for it anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from torch import nn
+from transformers import TrainerCallback
+
+from ablate.speed.lean import make_lean
+from ablate.speed.packing import use_packed_attention
+from ablate.speed.split import (
+    MASKED_ATTENTION,
+    PACKED_SDPA,
+    PLAIN_HEAD_MODELS,
+    causal_lm,
+    prompt_learning,
+)
+
+
+@dataclass(frozen=True)
+class Perf:
+    """The speed switches (`conf/perf/`, each field commented in on.yaml): True requests a path, the
+    plan decides whether it runs. `Perf.off()` is TRL's layout everywhere: the plain path."""
+
+    dpo_pair_rows: bool = True
+    grpo_group_rows: bool = True
+    padding_free: bool = True
+    completion_only_logits: bool = True
+    length_groups: bool = True
+    shared_prefill: bool = True
+    lean_layers: bool = True
+    unverified_devices: bool = False
+
+    @classmethod
+    def off(cls) -> Perf:
+        return cls(**{f.name: False for f in dataclasses.fields(cls)})
+
+
+# every path: what it does (the table says this when it is on)
+PATHS: dict[str, str] = {
+    "dpo_pair_rows": "one row [prompt | chosen | rejected] per pair: each prompt computed once",
+    "grpo_group_rows": "one row [prompt | c_1 | ... | c_k] per prompt: each prompt computed once",
+    "padding_free": "only real tokens through the model (rows packed; attention per row)",
+    "completion_only_logits": "LM head only where a completion token is scored, in chunks",
+    "length_groups": "rows scored in groups of similar length, each cut to its longest",
+    "shared_prefill": "generation: one prefill per prompt; ended rows leave the batch",
+    "lean_layers": "RMSNorm and SiLU-MLP save less for backward",
+}
+# the paths each trainer uses -> the path each one works inside (GRPO packs and projects its group rows only)
+DPO: dict[str, str | None] = {"dpo_pair_rows": None, "padding_free": None, "completion_only_logits": None,
+                              "lean_layers": None}
+GRPO: dict[str, str | None] = {"grpo_group_rows": None, "padding_free": "grpo_group_rows",
+                               "completion_only_logits": "grpo_group_rows", "length_groups": None,
+                               "shared_prefill": None, "lean_layers": None}
+SFT: dict[str, str | None] = {"lean_layers": None}
+# a reference model is only scored (never trained, never generates)
+DPO_REFERENCE = {k: v for k, v in DPO.items() if k != "lean_layers"}
+GRPO_REFERENCE = {k: v for k, v in GRPO.items() if k not in ("lean_layers", "shared_prefill")}
+
+# wrapper -> the paths that run through it (Trainer.train puts it around the policy). None: no wrapper.
+# A wrapper not listed turns every path off; FSDP goes here once a run shows the paths under it.
+THROUGH: dict[str | None, frozenset[str]] = {
+    None: frozenset(PATHS),
+    "ddp": frozenset(PATHS) - {"completion_only_logits"},
+}
+WHY_NOT_THROUGH = {
+    ("ddp", "completion_only_logits"): "DDP: the backbone/head split calls the model's parts around DDP's "
+                                       "forward, whose hooks all-reduce the gradients",
+}
+# device type -> the paths a run there has shown exact (the tests above) and not slower (benchmarks/)
+VERIFIED: dict[str, frozenset[str]] = {"cpu": frozenset(PATHS)}  # cuda: none yet (the GPU issue)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What decides which paths apply, read once from the model and the run's arguments."""
+
+    model_type: str | None
+    attention: str | None  # config._attn_implementation: sdpa, eager, flash_attention_2, ...
+    head: str | None = None  # None: a plain nn.Linear LM head after a known backbone; else what it is
+    prompt_learning: bool = False  # peft prompt/prefix tuning: virtual tokens the layouts do not know
+    sliding_window: int | None = None
+    longest_row: int | None = None  # the longest row of TRL's layout the run can build (None: no cap)
+    device: str = "cpu"
+    precision: str = "fp32"
+    wrapper: str | None = None  # ddp | fsdp | deepspeed | dataparallel | None
+    adapters: str | None = None  # e.g. lora
+    quantized: str | None = None  # e.g. bitsandbytes 4-bit
+
+    @classmethod
+    def of(cls, model: nn.Module, args: Any, longest_row: int | None, reference: bool = False) -> Setting:
+        """`model` as built (peft-wrapped or not; not yet wrapped by Trainer); `args` its TrainingArguments.
+        A reference model is never wrapped (it is not trained)."""
+        lm = causal_lm(model)
+        config = getattr(lm, "config", None)
+        window = getattr(config, "sliding_window", None)
+        if not getattr(config, "use_sliding_window", True):  # Qwen2/3 keep the field but switch it off
+            window = None
+        peft = getattr(model, "peft_config", None)
+        quant = getattr(config, "quantization_config", None)
+        bits = "4-bit" if _get(quant, "load_in_4bit") else "8-bit" if _get(quant, "load_in_8bit") else ""
+        method = _get(quant, "quant_method")  # e.g. bitsandbytes
+        attention = getattr(config, "_attn_implementation", None)
+        return cls(
+            model_type=getattr(config, "model_type", None),
+            attention="sdpa" if attention == PACKED_SDPA else attention,  # packed: sdpa that also packs (a copy)
+            head=_head_kind(lm), prompt_learning=prompt_learning(model), sliding_window=window,
+            longest_row=longest_row, device=args.device.type,
+            precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            wrapper=None if reference else wrapper_of(args),
+            adapters=",".join(sorted({str(c.peft_type.value).lower() for c in peft.values()})) if peft else None,
+            quantized=f"{getattr(method, 'value', method) or 'yes'} {bits}".strip() if quant else None)
+
+
+def _get(node: Any, key: str) -> Any:
+    return node.get(key) if isinstance(node, dict) else getattr(node, key, None)
+
+
+def _head_kind(lm: nn.Module) -> str | None:
+    """None when the split into backbone and LM head is exact (ablate.speed.split.lm_parts): a plain
+    nn.Linear head and a backbone under the model's base_model_prefix; else what the head is."""
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if getattr(lm, getattr(lm, "base_model_prefix", ""), None) is None or head is None:
+        return "not found (no backbone/head split)"
+    if type(head) is nn.Linear:
+        return None
+    kind = type(head).__module__.split(".")[0]
+    what = {"peft": "a LoRA layer", "bitsandbytes": "quantized"}.get(kind, "a custom module")
+    return f"{what} ({type(head).__name__})"
+
+
+def wrapper_of(args: Any) -> str | None:
+    """The wrapper Trainer.train (accelerate.prepare) will put around the policy, known from its arguments."""
+    if getattr(args, "deepspeed", None):
+        return "deepspeed"
+    if getattr(args, "fsdp", None):
+        return "fsdp"
+    if getattr(args, "world_size", 1) > 1:
+        return "ddp"
+    if getattr(args, "n_gpu", 0) > 1:  # several GPUs, one process: nn.DataParallel splits batches by row
+        return "dataparallel"
+    return None
+
+
+# ---- why a path cannot apply: each check returns the reason, or None ----
+
+def _family(s: Setting) -> str | None:
+    if s.model_type not in PLAIN_HEAD_MODELS:
+        return (f"model_type {s.model_type} is not one of {', '.join(sorted(PLAIN_HEAD_MODELS))} "
+                "(the forwards these paths reproduce)")
+    return None
+
+
+def _virtual_tokens(s: Setting) -> str | None:
+    return "peft prompt learning adds virtual tokens the hand-built layouts do not know" if s.prompt_learning else None
+
+
+def _takes_mask(s: Setting) -> str | None:
+    if s.attention not in MASKED_ATTENTION:
+        return f"attention {s.attention} does not take a hand-built 4-D mask (sdpa and eager do)"
+    return None
+
+
+def _sdpa(s: Setting) -> str | None:
+    if s.attention != "sdpa":
+        return f"attention {s.attention}: packed attention runs on sdpa (model.set_attn_implementation('sdpa'))"
+    return None
+
+
+def _window(s: Setting) -> str | None:
+    """The hand-built masks have no sliding window: exact only when no row is longer than it."""
+    w = s.sliding_window
+    if w is not None and (s.longest_row is None or s.longest_row > w):
+        rows = "rows have no length cap" if s.longest_row is None else f"rows of up to {s.longest_row} tokens"
+        return f"sliding_window {w} is shorter than the rows ({rows}): the hand-built masks have no window"
+    return None
+
+
+def _plain_head(s: Setting) -> str | None:
+    return f"the LM head is {s.head}, not a plain nn.Linear" if s.head is not None else None
+
+
+CHECKS: dict[str, tuple[Callable[[Setting], str | None], ...]] = {
+    "dpo_pair_rows": (_family, _virtual_tokens, _takes_mask, _window),
+    "grpo_group_rows": (_family, _virtual_tokens, _takes_mask, _window),
+    "padding_free": (_family, _virtual_tokens, _sdpa, _window),
+    "completion_only_logits": (_family, _virtual_tokens, _plain_head),
+    "length_groups": (),
+    "shared_prefill": (),
+    "lean_layers": (_family,),
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    name: str
+    requested: bool
+    on: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class SpeedPlan:
+    """Which paths run for one model (`title`: policy or reference), and why."""
+
+    title: str
+    setting: Setting
+    decisions: tuple[Decision, ...]
+
+    def on(self, name: str) -> bool:
+        return any(d.name == name and d.on for d in self.decisions)
+
+    def any_on(self, *names: str) -> bool:
+        return any(self.on(n) for n in names)
+
+    def turned_off(self, *names: str, why: str = "turned off by the caller") -> SpeedPlan:
+        """This plan with `names` off (tests and benchmarks compare a path with the plain one)."""
+        return dataclasses.replace(self, decisions=tuple(
+            dataclasses.replace(d, on=False, why=why) if d.name in names else d for d in self.decisions))
+
+    def record(self) -> dict[str, Any]:
+        """For run.json and W&B's config."""
+        return {"setting": dataclasses.asdict(self.setting),
+                "paths": {d.name: {"requested": d.requested, "on": d.on, "why": d.why} for d in self.decisions}}
+
+    def table(self) -> str:
+        s = self.setting
+        about = [s.model_type, f"attention {s.attention}", s.device, s.precision, s.wrapper or "no wrapper",
+                 s.adapters, s.quantized and f"quantized {s.quantized}"]
+        lines = [f"Speed plan, {self.title} ({', '.join(str(a) for a in about if a)}; switches: perf.*)",
+                 f"  {'path':24}{'on':5}{'requested':11}what it does / why it is off"]
+        lines += [f"  {d.name:24}{'on' if d.on else 'off':5}{'yes' if d.requested else 'no':11}{d.why}"
+                  for d in self.decisions]
+        return "\n".join(lines)
+
+
+def resolve(title: str, setting: Setting, perf: Perf, paths: Mapping[str, str | None],
+            blocked: Mapping[str, str] | None = None) -> SpeedPlan:
+    """Decide each of `paths` (name -> the path it works inside, or None) for `setting`: on, or off with
+    the first reason `_why_off` finds. `blocked`: name -> why, reasons the trainer knows (a user's
+    collator or generator)."""
+    decisions: list[Decision] = []
+    for name, inside in paths.items():
+        inside_off = inside is not None and not any(d.name == inside and d.on for d in decisions)
+        why = _why_off(name, setting, perf, (blocked or {}).get(name), inside if inside_off else None)
+        decisions.append(Decision(name, bool(getattr(perf, name)), why is None, why or PATHS[name]))
+    return SpeedPlan(title, setting, tuple(decisions))
+
+
+def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off: str | None) -> str | None:
+    """In order: not requested, blocked by the trainer, its enclosing path off, the model (CHECKS), the
+    wrapper (THROUGH), the device (VERIFIED); None: the path runs."""
+    if not getattr(perf, name):
+        return f"perf.{name}=false"
+    if blocked:
+        return blocked
+    if inside_off:
+        return f"works inside {inside_off}, which is off"
+    for check in CHECKS[name]:
+        if (why := check(s)) is not None:
+            return why
+    if name not in THROUGH.get(s.wrapper, frozenset()):
+        return WHY_NOT_THROUGH.get((s.wrapper, name), f"{s.wrapper}: the speed paths are not verified under "
+                                                      "it yet (ablate.speed.plan.THROUGH)")
+    if name not in VERIFIED.get(s.device, frozenset()) and not perf.unverified_devices:
+        return f"{s.device}: no run there has shown it exact and not slower yet (perf.unverified_devices=true runs it)"
+    return None
+
+
+def apply(model: nn.Module, plan: SpeedPlan) -> None:
+    """Make `model` what the plan says: lean RMSNorm/MLP forwards, packed sdpa attention. Nothing else
+    changes (weights, saved config, every unpacked forward)."""
+    if plan.on("lean_layers"):
+        make_lean(model)
+    if plan.on("padding_free") and not use_packed_attention(model):
+        raise RuntimeError(f"speed plan: padding_free is on but {type(model).__name__} took no packed attention")
+
+
+class PrintPlan(TrainerCallback):
+    """Prints the speed plans as tables once, when training starts (main process)."""
+
+    def __init__(self, *plans: SpeedPlan | None) -> None:
+        self.plans = [p for p in plans if p is not None]
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero and self.plans:
+            print("\n".join(p.table() for p in self.plans), flush=True)
