@@ -1,11 +1,12 @@
 """The run directory contract, shared by training, resume, `ablate compare` and W&B.
 
     <run_dir>/
-      .hydra/            Hydra's composed config, hydra config and overrides
-      run.json           identity of the run: overrides, start time, versions, git sha, W&B run id
+      .hydra/            Hydra's composed config, hydra config and overrides (written by ablate.run.lifecycle)
+      run.json           identity of the run: overrides, start time, versions, git sha, W&B run id, data fingerprint
       metrics.jsonl      one JSON object per log event: {"step", "time", <metric names>...}
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
-      checkpoints/       Trainer checkpoints (checkpoint-<step>/), for resume
+      checkpoints/       Trainer checkpoints (checkpoint-<step>/, each sealed by manifest.json), for resume;
+                         skipped/: the ones a resume passed over (incomplete or damaged)
       model/             final model + tokenizer (safetensors), loadable with from_pretrained
       wandb/             offline W&B files when logger=wandb
       .lock              held (flock) by the process training in the dir: one run per dir at a time

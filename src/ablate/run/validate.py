@@ -4,8 +4,9 @@
   data/model paths, the optional packages a `_target_` needs. Raises `ConfigError`.
 - `Validate`, a Hydra callback (conf/config.yaml `hydra.callbacks`): runs `check` and the run-dir
   checks in `on_run_start`, which Hydra calls after composing and *before* it creates the run dir or
-  writes `.hydra/` and ablate.log into it; a mistake there leaves every existing dir as it was.
-  A multirun job is checked by `ablate.train.run` instead (it fails, the sweep goes on).
+  writes ablate.log into it, and takes the run dir's lock there; a mistake there leaves every
+  existing dir as it was. A multirun job is checked by `ablate.train.run` instead (it fails, the
+  sweep goes on); a multirun claims its sweep dir in `on_multirun_start` (`claim_sweep_dir`).
 - `one_line(e)`: Hydra's multi-line composition errors ("not in struct", "Could not find
   'method/dpoo'") as one line that names the key or option that was probably meant.
 
