@@ -83,9 +83,10 @@ class Run:
         metrics.jsonl loses the events past it, since those steps run and log again."""
         skipped: list[str] = []
         ckpt = rundir.latest_checkpoint(self.dir, skipped)
-        for why in skipped:
+        for why in skipped:  # each moved aside: a new save of its step must not mix with its files
+            aside = rundir.set_aside(self.dir / rundir.CHECKPOINTS / why.split(":")[0])
             log.warning("skipping %s; resuming from %s (it is kept in %s/)", why, ckpt.name if ckpt else "the start",
-                        rundir.set_aside(self.dir / rundir.CHECKPOINTS / why.split(":")[0]).parent.relative_to(self.dir))
+                        aside.parent.relative_to(self.dir))
         self.resumed_from = checkpoint_step(ckpt)
         rundir.truncate_metrics(self.dir, self.resumed_from)
         return ckpt

@@ -156,7 +156,7 @@ def lock(run_dir: Path, what: str = "run dir", advice: str = "use another hydra.
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        holder = _holder(fd)
         os.close(fd)
         raise RunDirError(f"{what} {run_dir} is in use by {holder}; wait for it to end, or {advice}") from None
     os.ftruncate(fd, 0)
@@ -164,9 +164,16 @@ def lock(run_dir: Path, what: str = "run dir", advice: str = "use another hydra.
     _held[run_dir] = fd
 
 
-def holds_lock(run_dir: Path) -> bool:
-    """Whether this process holds `run_dir`'s lock (see `lock`)."""
-    return run_dir.resolve() in _held
+def _holder(fd: int) -> str:
+    """The holder's line in a lock file; a holder that has just taken the lock writes it a moment later."""
+    import time
+
+    for _ in range(40):
+        line = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if line:
+            return line
+        time.sleep(0.05)
+    return "another process"
 
 
 def claim_new_dir(path: Path) -> Path:
