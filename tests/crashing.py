@@ -1,7 +1,11 @@
-"""Test helper: a callback that kills the run at a given step, as a crash or preemption would."""
+"""Test helpers: callbacks that kill the run at a given step, as a crash or preemption would, or hold
+it at the start of a run."""
 
 import os
+import time
+from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from transformers import TrainerCallback
 
 
@@ -22,3 +26,16 @@ class CrashAtEnd(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if os.environ.get("ABLATE_TEST_CRASH_AT_END"):
             raise RuntimeError("simulated crash after the final checkpoint")
+
+
+class PauseAtRunStart(Callback):
+    """A Hydra callback (after ablate's Validate, which checks the run dir): signals that it got
+    here by creating ABLATE_TEST_PAUSED, then waits until ABLATE_TEST_GO exists, so a test can start
+    a second process in the same run dir at exactly this moment."""
+
+    def on_run_start(self, config, **kwargs):
+        paused, go = Path(os.environ["ABLATE_TEST_PAUSED"]), Path(os.environ["ABLATE_TEST_GO"])
+        paused.touch()
+        deadline = time.time() + 600
+        while not go.exists() and time.time() < deadline:
+            time.sleep(0.1)

@@ -18,6 +18,10 @@ class DataError(ValueError):
     """Bad or missing data: reported to the user as one line."""
 
 
+class DiskFullError(Exception):
+    """A write failed because the disk (or the quota) is full: one line naming the disk and the dir."""
+
+
 def missing_extra(module: str, extra: str, what: str) -> ConfigError:
     """The error for an optional package that is not installed: one line naming the pip command."""
     return ConfigError(f"{what} needs the optional package '{module.split('.')[-1]}', not installed: "
@@ -25,7 +29,7 @@ def missing_extra(module: str, extra: str, what: str) -> ConfigError:
 
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, FloatingPointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, DiskFullError, FloatingPointError)
 
 
 def user_error(e: BaseException | None) -> BaseException | None:

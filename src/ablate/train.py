@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
-from ablate.run import interrupts, lifecycle, process, rundir, validate
+from ablate.run import interrupts, lifecycle, process, rundir, secrets, validate
 
 log = logging.getLogger("ablate")
 
@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:
-            print(f"ablate: error: {user_error(e)}", file=sys.stderr)
+            print(f"ablate: error: {secrets.mask_text(str(user_error(e)))}", file=sys.stderr)
             sys.exit(2)
         raise
 
@@ -72,14 +72,14 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
     validate.check_trainer_class(getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake costs no model load
+    record.check_data(data)  # a resume on data edited since the run started is refused
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
     validate.check_trainable(model)
     record.start_tracker(cfg)
     trainer = make_trainer(
         model=model, args=args, train_dataset=data.train, processing_class=tokenizer,
-        eval_dataset=data.eval if args.eval_strategy != "no" else None,
-        callbacks=callbacks(cfg, record),
+        eval_dataset=data.eval if args.eval_strategy != "no" else None, callbacks=callbacks(cfg, record),
         # partials Trainer calls in create_optimizer/create_scheduler (ConfiguredOptimizer)
         optimizer_factory=instantiate(cfg.optimizer.optimizer),
         scheduler_factory=instantiate(cfg.optimizer.scheduler),
@@ -110,14 +110,14 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
 
 def callbacks(cfg: DictConfig, record: lifecycle.Run) -> list[Any]:
     """ablate's own callbacks (the run dir contract, SLURM preemption), then the config's, then the tracker's."""
-    from ablate.run.callbacks import LogAtSaveAndEnd, MaskSavedArgs, MetricsJSONL
+    from ablate.run.callbacks import LogAtSaveAndEnd, MetricsJSONL, SealCheckpoint
     from ablate.run.preemption import SaveOnPreemption
 
     events = rundir.read_metrics(record.dir)  # already truncated to the resume point
-    out = [MetricsJSONL(record.dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
+    out = [SealCheckpoint(),  # first at on_save (SaveOnPreemption may raise there): secrets masked, manifest last
+           MetricsJSONL(record.dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
            SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
-           LogAtSaveAndEnd(),  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
-           MaskSavedArgs()]  # secrets given as TrainingArguments never reach training_args.bin
+           LogAtSaveAndEnd()]  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
     out += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
     if record.tracker is not None and record.tracker.callback() is not None:
         out.append(record.tracker.callback())
@@ -145,6 +145,6 @@ def save(trainer: Any, run_dir: Path, cfg: DictConfig) -> None:
     from ablate.run.callbacks import mask_saved_args
 
     trainer.save_model(str(run_dir / rundir.MODEL))
-    mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as MaskSavedArgs does for checkpoints
+    mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as SealCheckpoint does for checkpoints
     save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
     rundir.fix_permissions(run_dir / rundir.MODEL)

@@ -52,6 +52,27 @@ def test_completed_run_is_never_trained_further(uninterrupted):
     assert after == before
 
 
+def test_completed_run_never_changes_a_byte(uninterrupted, tmp_path):
+    """Issue 22 item 6: rerunning a completed run rewrote `.lock` and `.hydra/*` (new content from
+    another cwd, with reordered overrides, `hydra.verbose=true` or `-m`). Every path under the run
+    dir keeps its bytes and its mtime, whichever way the run is rerun."""
+    before = _snapshot(uninterrupted)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    reruns = {
+        "another cwd": ("train", *FAST, f"hydra.run.dir={uninterrupted}"),
+        "reordered overrides": ("train", *reversed(FAST), f"hydra.run.dir={uninterrupted}"),
+        "hydra.verbose": ("train", *FAST, f"hydra.run.dir={uninterrupted}", "hydra.verbose=true"),
+        "-m": ("train", "-m", *FAST, f"hydra.sweep.dir={uninterrupted.parent}", f"hydra.sweep.subdir={uninterrupted.name}"),
+        "resume": ("resume", str(uninterrupted)),
+    }
+    for how, args in reruns.items():
+        r = ablate(*args, cwd=elsewhere)
+        assert r.returncode == 0, (how, r.stderr[-3000:])
+        assert "already completed at step 6" in r.stdout, (how, r.stdout[-2000:])
+        assert _snapshot(uninterrupted) == before, how
+
+
 def test_crash_after_final_checkpoint_finishes_without_another_step(tmp_path, uninterrupted):
     """Defect 1: killed between the final checkpoint and summary.json, a resume only saves."""
     crashed = ablate("train", *FAST, f"hydra.run.dir={tmp_path}", env={"ABLATE_TEST_CRASH_AT_END": "1"})
@@ -310,3 +331,35 @@ def test_resume_refuses_a_several_process_run_as_one_process(tmp_path):
     (run_dir / "run.json").write_text(json.dumps({**info, "world_size": 1}))
     r = ablate("resume", str(run_dir), cwd=tmp_path)
     assert "ran as" not in r.stderr and "no_such_key" in r.stdout + r.stderr
+
+
+def test_resume_on_edited_data_is_refused_in_one_line(tmp_path):
+    """Issue 22 item 9: a data file edited between the kill and the resume resumed silently on other
+    data. run.json records the data's fingerprint; a resume on changed data is refused in one line
+    naming the way to accept it (`ablate resume RUN_DIR --force`), which then completes the run."""
+    data = tmp_path / "prefs.jsonl"
+    shipped = ROOT / "src" / "ablate" / "data" / "tiny" / "sort_prefs_train.jsonl"
+    data.write_text(shipped.read_text())
+    run_dir = tmp_path / "run"
+    args = ["data=jsonl", f"data.train_path={data}", *FAST, f"hydra.run.dir={run_dir}"]
+    crashed = ablate("train", *args, env={"ABLATE_TEST_CRASH_AT": "5"})
+    assert crashed.returncode != 0 and (run_dir / "checkpoints" / "checkpoint-4").is_dir()
+    recorded = json.loads((run_dir / "run.json").read_text())["data"]
+    assert recorded["train"]["rows"] == len(shipped.read_text().splitlines()) and recorded["eval"] is None
+    rows = data.read_text().splitlines()
+    first = json.loads(rows[0])
+    rows[0] = json.dumps({**first, "chosen": first["rejected"], "rejected": first["chosen"]})  # one pair flipped
+    data.write_text("\n".join(rows) + "\n")
+    refused = ablate("resume", str(run_dir))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines() == [
+        f"ablate: error: the train data changed since this run started ({len(rows)} rows, other content; run.json "
+        f"records its sha256); restore it, or resume on the new data: ablate resume {run_dir} --force"]
+    assert not [p for p in (run_dir / "checkpoints").glob("checkpoint-*") if int(p.name.split("-")[1]) > 4]
+    again = ablate("train", *args)  # the same command again: refused the same way
+    assert again.returncode == 2 and "--force" in again.stderr
+    forced = ablate("resume", str(run_dir), "--force")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert "the train data changed since this run started" in forced.stdout + forced.stderr
+    assert summary(run_dir)["status"] == "completed" and summary(run_dir)["global_step"] == 6
+    assert json.loads((run_dir / "run.json").read_text())["data"]["train"] != recorded["train"]

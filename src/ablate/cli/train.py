@@ -8,6 +8,7 @@ import traceback
 
 from ablate.paths import conf_dir
 from ablate.run.compose import check_moved, register_resolvers
+from ablate.run.secrets import remember
 
 
 def hydra_train(argv: list[str]) -> None:
@@ -22,6 +23,7 @@ def hydra_train(argv: list[str]) -> None:
     from ablate.train import main as task
 
     register_resolvers()
+    remember(argv)  # a secret given as an override is masked in every record, however it is spelled
     sys.argv = ["ablate", *argv]
     if "-m" in argv or "--multirun" in argv:  # SIGTERM/SIGINT of the parent stops its workers too
         os.environ[interrupts.SWEEP_PID] = str(os.getpid())

@@ -41,17 +41,38 @@ class MetricsJSONL(TrainerCallback):
             f.write(json.dumps(event) + "\n")
 
 
-class MaskSavedArgs(TrainerCallback):
-    """Trainer pickles its TrainingArguments into every checkpoint (training_args.bin); a secret given
-    as one (`+method.args.hub_token=hf_...`) is masked there too. Always installed by ablate.train."""
+class SealCheckpoint(TrainerCallback):
+    """The last word on every checkpoint. Trainer pickles its TrainingArguments into it
+    (training_args.bin): a secret given as one (`+method.args.hub_token=hf_...`) is masked there.
+    Then, once every rank's files are in, `manifest.json` lists every file with its size and sha256
+    (ablate.run.rundir.write_manifest): a resume takes only a checkpoint whose files match it.
+
+    Always installed by ablate.train, first of ablate's callbacks (Trainer's own write nothing at
+    on_save): on_save runs right after the trainer's `_save_checkpoint` (Trainer's files and the
+    method's own, such as GRPO's generation buffer), and this one before any callback that may end
+    the run there (SaveOnPreemption raises once the save is done)."""
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
-            mask_saved_args(Path(args.output_dir) / f"checkpoint-{state.global_step}", args)
+        from ablate.run import rundir
+
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if args.should_save:
+            mask_saved_args(ckpt, args)
+        _barrier()  # every rank's rng_state_<rank>.pth is written before the manifest lists the files
+        if args.should_save and ckpt.is_dir():
+            rundir.write_manifest(ckpt)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def mask_saved_args(directory: Path, args: TrainingArguments) -> None:
-    """Rewrite `directory/training_args.bin` with secret-looking string fields masked (only if any)."""
+    """Rewrite `directory/training_args.bin` with secret-looking fields masked, whatever their type
+    (a token given as a number, a dict of credentials), only if there is any."""
     import copy
     import dataclasses
 
@@ -60,8 +81,9 @@ def mask_saved_args(directory: Path, args: TrainingArguments) -> None:
     from ablate.run.secrets import mask
 
     path = Path(directory) / "training_args.bin"
-    changed = {f.name: mask(v, key=f.name) for f in dataclasses.fields(args)
-               if isinstance(v := getattr(args, f.name, None), str) and mask(v, key=f.name) != v}
+    changed = {f.name: masked for f in dataclasses.fields(args)
+               if isinstance(v := getattr(args, f.name, None), (str, int, float, dict, list, tuple))
+               and (masked := mask(v, key=f.name)) != (list(v) if isinstance(v, tuple) else v)}
     if not changed or not path.is_file():
         return
     masked = copy.copy(args)

@@ -113,6 +113,31 @@ def _ignores_sigterm(pid: int) -> bool:
         return False
 
 
+def watch_parent(poll_s: float = 1.0, grace_s: float = 120.0) -> None:
+    """In a sweep's worker process (hydra/launcher=local_parallel): end with the sweep's parent. A
+    parent killed with -9 forwards nothing (`forward_to_workers`), and its loky workers would finish
+    their jobs and start the queued ones with no parent. A daemon thread polls the parent's PID: once
+    this process has been handed to another parent (init, a subreaper), it sends itself SIGTERM (the
+    job records `interrupted` and is resumed by `ablate sweep ... --resume`), and exits after
+    `grace_s` if that did not end it. Only for a direct child of the sweep's parent: a SLURM job of
+    the sweep runs elsewhere and outlives its submitter by design."""
+    parent = os.environ.get(SWEEP_PID)
+    if not in_sweep_worker() or _state.get("watching") or str(os.getppid()) != parent:
+        return
+    _state["watching"] = True
+
+    def watch() -> None:
+        import time
+
+        while str(os.getppid()) == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="ablate-watch-parent", daemon=True).start()
+
+
 def in_sweep_worker() -> bool:
     """A process started by a sweep's parent to run jobs (set by `forward_to_workers`' caller)."""
     parent = os.environ.get(SWEEP_PID)

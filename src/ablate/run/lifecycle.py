@@ -29,11 +29,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import USER_ERRORS, ConfigError, user_error
+from ablate.errors import USER_ERRORS, ConfigError, DataError, DiskFullError, user_error
 from ablate.run import interrupts, rundir, secrets
 
 log = logging.getLogger("ablate")
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
+NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Run:
     summary: dict[str, Any]
     tracker: Any = None  # the logger group's tracker (W&B), started by `start_tracker`
     done: bool = False  # completed before this process started: nothing to do
+    resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
 
     def start_tracker(self, cfg: DictConfig) -> None:
@@ -69,14 +71,36 @@ class Run:
         if getattr(self.tracker, "add_config", None) is not None:  # a tracker of your own may not have it
             self.tracker.add_config({"speed_plan": record})
 
+    def check_data(self, data: Any) -> None:
+        """Record the data's fingerprint in run.json (`data`: rows and sha256 per split) or, when a
+        checkpoint is there to resume from, check it is the one recorded: a resume on data edited
+        since would train its remaining steps on rows the run's first steps never saw, silently.
+        Refused in one line (DataError); `ablate resume RUN_DIR --force` accepts the new data."""
+        now = data_fingerprint(data)
+        before = self.info.get("data")
+        if before and before != now and rundir.checkpoints(self.dir):
+            split = next(k for k in now if now[k] != before.get(k))
+            rows = [(fp or {}).get("rows", 0) for fp in (before.get(split), now[split])]
+            change = f"{rows[0]} rows then, {rows[1]} now" if rows[0] != rows[1] else f"{rows[1]} rows, other content"
+            if not os.environ.get(NEW_DATA_ENV):
+                raise DataError(f"the {split} data changed since this run started ({change}; run.json records its "
+                                f"sha256); restore it, or resume on the new data: ablate resume {self.dir} --force")
+            log.warning("the %s data changed since this run started (%s): resuming on the new data (--force)", split, change)
+        if before != now:
+            self.info["data"] = now
+            rundir.write_json(self.dir / rundir.RUN, self.info)
+
     def resume_point(self) -> Path | None:
         """The newest complete checkpoint (newer incomplete or corrupt ones named in one line each);
         metrics.jsonl loses the events past it, since those steps run and log again."""
         skipped: list[str] = []
         ckpt = rundir.latest_checkpoint(self.dir, skipped)
-        for why in skipped:
-            log.warning("skipping %s; resuming from %s", why, ckpt.name if ckpt else "the start")
-        rundir.truncate_metrics(self.dir, checkpoint_step(ckpt))
+        for why in skipped:  # each moved aside: a new save of its step must not mix with its files
+            aside = rundir.set_aside(self.dir / rundir.CHECKPOINTS / why.split(":")[0])
+            log.warning("skipping %s; resuming from %s (it is kept in %s/)", why, ckpt.name if ckpt else "the start",
+                        aside.parent.relative_to(self.dir))
+        self.resumed_from = checkpoint_step(ckpt)
+        rundir.truncate_metrics(self.dir, self.resumed_from)
         return ckpt
 
     def complete(self, history: list[dict[str, Any]], global_step: int, *extra: dict[str, Any]) -> None:
@@ -102,24 +126,26 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     """Claim Hydra's output dir for this run and record how the run ends, whatever happens inside.
 
     A completed run (or a resumed sweep's completed job) yields a `Run` with `done` set and is left
-    as it is. SIGTERM ends like Ctrl-C (`interrupted`); a second signal while the record is written
-    is ignored."""
+    as it is, every byte: it is checked before the lock is taken, and `.hydra/` is written (by
+    `write_config_files`, not by Hydra) only once this process holds the dir. SIGTERM ends like
+    Ctrl-C (`interrupted`); a second signal while the record is written is ignored."""
+    interrupts.watch_parent()  # a local_parallel worker ends with its sweep's parent, kill -9 included
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    previous = skip_completed(run_dir)
-    if previous is not None:
-        log.info("%s completed earlier: skipped", run_dir)
-        yield Run(run_dir, {}, previous, done=True)
-        return
     overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # ${oc.env:X} as written, not its value
-    rundir.lock(run_dir)  # for the process's life: a second process in this dir stops here, one line
-    info = claim(run_dir, overrides)
-    previous = rundir.read_json(run_dir / rundir.SUMMARY) or {}
-    if previous.get("status") == "completed":  # a completed run never changes
-        if rundir.is_main_process():
-            print(f"{run_dir} already completed at step {previous.get('global_step')}: nothing to do")
-        yield Run(run_dir, info, previous, done=True)
+    secrets.remember(overrides)  # this process may be a sweep's worker: it has not seen the command line
+    previous = skip_completed(run_dir) if os.environ.get(RESUME_ENV) else _completed(run_dir, overrides)
+    if previous is not None:
+        yield _untouched(run_dir, previous)
         return
+    multirun = hc.mode == RunMode.MULTIRUN
+    rundir.lock(run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir")
+    info = claim(run_dir, overrides)
+    previous = _completed(run_dir, overrides)
+    if previous is not None:  # completed by the process that held the lock a moment ago
+        yield _untouched(run_dir, previous)
+        return
+    write_config_files(run_dir, cfg, hc)
     if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
         info.update(identity(cfg))
         rundir.write_json(run_dir / rundir.RUN, info)
@@ -132,9 +158,51 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         try:
             yield run
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            _ended_by(run, e, hc.mode)
+            full = _disk_full(run, e)
+            _ended_by(run, full or e, hc.mode)
+            if full is not None:
+                raise full from e
             raise
         run.write()
+
+
+def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    """The summary of `run_dir` when it holds this very run, completed; read only (no lock taken,
+    nothing written). A dir holding another run is refused (ConfigError), as `claim` does."""
+    previous = rundir.completed_summary(run_dir)
+    if previous is not None:
+        _same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
+        if rundir.is_main_process() and not os.environ.get(RESUME_ENV):
+            print(f"{run_dir} already completed at step {previous.get('global_step')}: nothing to do")
+    return previous
+
+
+def _untouched(run_dir: Path, summary: dict[str, Any]) -> Run:
+    """A completed run, to be left as it is: log lines from here on (Hydra's launcher announcing the
+    next job of a multirun) must not land in its ablate.log."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            root.removeHandler(handler)
+            handler.close()
+    return Run(run_dir, rundir.read_json(run_dir / rundir.RUN) or {}, summary, done=True)
+
+
+def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
+    """`.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml`, as Hydra would write them, secrets
+    masked before any byte is written. conf/config.yaml turns Hydra's own writing off
+    (`hydra.output_subdir: null`): Hydra writes before the task starts, into a dir this process may
+    not own (another process's run, a completed run that must not change)."""
+    if not rundir.is_main_process():
+        return
+    hydra_node = OmegaConf.to_container(hc, resolve=False)
+    hydra_node["output_subdir"] = rundir.HYDRA  # where they are, as Hydra records it
+    out = run_dir / rundir.HYDRA
+    out.mkdir(exist_ok=True)
+    for name, node in (("config.yaml", OmegaConf.to_container(cfg, resolve=False)),
+                       ("hydra.yaml", {"hydra": hydra_node}),
+                       ("overrides.yaml", OmegaConf.to_container(hc.overrides.task, resolve=False))):
+        rundir.write_text(out / name, OmegaConf.to_yaml(OmegaConf.create(secrets.mask(node))))
 
 
 def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
@@ -159,6 +227,31 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
         if mode != RunMode.RUN:  # single runs print the one line themselves (ablate.train.main)
             log.error("run failed: %s", msg)
     run.write()
+
+
+def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
+    """`e` as one line naming the disk and the dir when it is a write that found the run dir's disk
+    full (or over quota: torch and safetensors report it in words of their own, so a disk left with
+    under 1 MiB free counts too), else None. The checkpoint being written (unsealed, newer than the
+    resume point) is removed: it could never be resumed from, and its space lets the record be written."""
+    import shutil
+
+    if not isinstance(e, Exception):  # Ctrl-C, SIGTERM, a SLURM preemption
+        return None
+    try:
+        full = rundir.disk_full(e) or shutil.disk_usage(run.dir).free < 1 << 20
+    except OSError:
+        return None
+    if not full:
+        return None
+    logging.raiseExceptions = False  # a log line finding no room is dropped, not a traceback on stderr
+    partial = [p for step, p in rundir.checkpoints(run.dir)
+               if step > run.resumed_from and not (p / rundir.MANIFEST).exists()]
+    for p in partial if rundir.is_main_process() else []:
+        shutil.rmtree(p, ignore_errors=True)
+    writing = f"{partial[0]} (removed: incomplete)" if partial else str(run.dir)
+    return DiskFullError(f"disk full: no space left on {rundir.mount_of(run.dir)} while writing {writing}; "
+                         f"free some space, then resume: ablate resume {run.dir}")
 
 
 def all_ranks_stopped() -> None:
@@ -188,16 +281,20 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     rundir.is_usable(run_dir)
     info = rundir.read_json_checked(run_dir / rundir.RUN)
     if info is not None:
-        if sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):  # recorded masked
-            raise ConfigError(
-                f"{run_dir} holds another run (overrides {info.get('overrides')}); "
-                "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"
-            )
+        _same_run(run_dir, info, overrides)
         return info
     info = {"overrides": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "versions": rundir.versions(), "git_sha": rundir.git_sha(), **_launch_context()}
     rundir.write_json(run_dir / rundir.RUN, info)
     return info
+
+
+def _same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
+    if info is not None and sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):  # recorded masked
+        raise ConfigError(
+            f"{run_dir} holds another run (overrides {info.get('overrides')}); "
+            "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"
+        )
 
 
 def _launch_context() -> dict[str, Any]:
@@ -229,11 +326,27 @@ def skip_completed(run_dir: Path) -> dict[str, Any] | None:
     """In a job of a resumed sweep: the summary of an already completed run dir (skip it), else None."""
     if not os.environ.get(RESUME_ENV):
         return None
-    summary = rundir.read_json(run_dir / rundir.SUMMARY)
-    return summary if summary and summary.get("status") == "completed" else None
+    return rundir.completed_summary(run_dir)
 
 
 # ---- checkpoints and the summary's numbers ----
+
+def data_fingerprint(data: Any) -> dict[str, Any]:
+    """Rows and sha256 of the train and eval splits as loaded (after `max_*_samples` and `columns`):
+    of the rows themselves, so it is the same wherever the data comes from (a file, the hub, a loader
+    of the user's) and changes with any edit that reaches training."""
+    out: dict[str, Any] = {}
+    for split in ("train", "eval"):
+        ds = getattr(data, split, None)
+        if ds is None:
+            out[split] = None
+            continue
+        h = hashlib.sha256()
+        for batch in ds.iter(batch_size=1024):
+            h.update(json.dumps(batch, sort_keys=True, default=str).encode())
+        out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
+    return out
+
 
 def checkpoint_step(ckpt: Path | None) -> int:
     return int(ckpt.name.split("-")[-1]) if ckpt is not None else 0

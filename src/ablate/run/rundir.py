@@ -1,13 +1,14 @@
 """The run directory contract, shared by training, resume, `ablate compare` and W&B.
 
     <run_dir>/
-      .hydra/            Hydra's composed config, hydra config and overrides
-      run.json           identity of the run: overrides, start time, versions, git sha, W&B run id
+      .hydra/            Hydra's composed config, hydra config and overrides (written by ablate.run.lifecycle)
+      run.json           identity of the run: overrides, start time, versions, git sha, W&B run id, data fingerprint
       metrics.jsonl      one JSON object per log event: {"step", "time", <metric names>...}
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
       eval.json          `ablate eval`'s metrics (its latest eval)
       eval_examples.jsonl  `ablate eval`'s per-example scores: {"id", <metric>: score...} per example
-      checkpoints/       Trainer checkpoints (checkpoint-<step>/), for resume
+      checkpoints/       Trainer checkpoints (checkpoint-<step>/, each sealed by manifest.json), for resume;
+                         skipped/: the ones a resume passed over (incomplete or damaged)
       model/             final model + tokenizer (safetensors), loadable with from_pretrained
       wandb/             offline W&B files when logger=wandb
       .lock              held (flock) by the process training in the dir: one run per dir at a time
@@ -35,10 +36,10 @@ from typing import Any
 from ablate.errors import RunDirError
 
 SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
-LOCK = ".lock"
+LOCK, HYDRA = ".lock", ".hydra"
 EXAMPLES = "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
-# what Hydra writes into the run dir before ablate's code runs: a dir holding only these is "empty"
-HYDRA_FILES = {".hydra", "ablate.log", LOCK}
+# what Hydra and the lock write into the run dir before ablate's code runs: a dir holding only these is "empty"
+HYDRA_FILES = {HYDRA, "ablate.log", LOCK}
 
 
 def is_main_process() -> bool:
@@ -54,9 +55,57 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
         return
     from ablate.run.secrets import mask
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(mask(data), indent=2, default=str) + "\n")  # secrets: ablate.run.secrets
-    os.replace(tmp, path)
+    write_text(path, json.dumps(mask(data), indent=2, default=str) + "\n")  # secrets: ablate.run.secrets
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace `path` by `text` atomically (tmp file + rename); the tmp file never outlives a failed
+    write. On a full disk (no room for the tmp file) a file already there is overwritten in place when
+    `text` fits in the blocks it holds (a summary rewritten as `failed`); else the error is raised and
+    the file kept as it was."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        data = text.encode()
+        if not (disk_full(e) and path.is_file() and len(data) <= path.stat().st_blocks * 512):
+            raise
+        with path.open("r+b") as f:  # writes into blocks the file already has: no new space needed
+            f.write(data)
+            f.truncate(len(data))
+
+
+def mount_of(path: Path) -> str:
+    """The mount point holding `path`, with its device and filesystem type when /proc/mounts says."""
+    mount = path.resolve()
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    device = ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:  # the last mount on a mount point is the visible one
+                dev, where, fstype = line.split()[:3]
+                if where.replace("\\040", " ") == str(mount):
+                    device = f" ({dev}, {fstype})" if dev != fstype else f" ({fstype})"
+    except (OSError, ValueError):
+        pass
+    return f"{mount}{device}"
+
+
+def disk_full(e: BaseException | None) -> bool:
+    """Whether `e` (or an error it was raised from) is a full disk or an exceeded quota. torch and
+    safetensors report a failed write in their own words: those are matched by their text."""
+    import errno
+
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -94,34 +143,14 @@ def is_usable(run_dir: Path) -> None:
                           "use an empty or new hydra.run.dir")
 
 
-def check_unlocked(run_dir: Path) -> None:
-    """Raise RunDirError when a live process holds `<run_dir>/.lock` (see `lock`). Only probes: an
-    absent lock file is not created, and a free lock is let go at once. Run before Hydra writes
-    `.hydra/` and ablate.log, so a dir in use is not touched; `lock` still guards the race after.
-    Only the main process probes: other ranks share the dir their rank 0 may already hold."""
-    if not is_main_process():
-        return
-    try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY)
-    except OSError:  # no lock file (or the dir): nobody holds it
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-        raise RunDirError(f"run dir {run_dir.resolve()} is in use by {holder}; wait for it to end, or use another "
-                          "hydra.run.dir") from None
-    finally:
-        os.close(fd)  # closing drops a lock taken by the probe
-
-
 _held: dict[Path, int] = {}  # lock fds, kept open (and so held) until the process exits
 
 
-def lock(run_dir: Path) -> None:
+def lock(run_dir: Path, what: str = "run dir", advice: str = "use another hydra.run.dir") -> None:
     """Hold an exclusive flock on `<run_dir>/.lock` for the rest of this process's life, so two
-    processes never train in one dir. Only the main process locks (other ranks share its dir). The
-    kernel drops the lock when the process dies, kill -9 included: a stale lock file never blocks."""
+    processes never train in one dir (or launch into one sweep dir). Only the main process locks
+    (other ranks share its dir). The kernel drops the lock when the process dies, kill -9 included:
+    a stale lock file never blocks."""
     run_dir = run_dir.resolve()
     if not is_main_process() or run_dir in _held:
         return
@@ -130,13 +159,45 @@ def lock(run_dir: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        holder = _holder(fd)
         os.close(fd)
-        raise RunDirError(f"run dir {run_dir} is in use by {holder}; wait for it to end, or use another "
-                          "hydra.run.dir") from None
+        raise RunDirError(f"{what} {run_dir} is in use by {holder}; wait for it to end, or {advice}") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode())
     _held[run_dir] = fd
+
+
+def _holder(fd: int) -> str:
+    """The holder's line in a lock file; a holder that has just taken the lock writes it a moment later."""
+    import time
+
+    for _ in range(40):
+        line = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if line:
+            return line
+        time.sleep(0.05)
+    return "another process"
+
+
+def claim_new_dir(path: Path) -> Path:
+    """Create `path` as a new directory owned by this process: if it exists (a launch of the same
+    second, a dir left by an earlier one), `path_2`, `path_3`, ... instead. Returns the dir created.
+    mkdir is atomic: two processes never get the same dir, whatever their timing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{path.name}_{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise RunDirError(f"{path}: 10000 dirs of that name exist already; choose another hydra.sweep.dir")
+
+
+def completed_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run that completed (it never changes again), else None."""
+    summary = read_json(run_dir / SUMMARY)
+    return summary if summary and summary.get("status") == "completed" else None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -203,10 +264,49 @@ def git_sha() -> str | None:
         return None
 
 
+MANIFEST = "manifest.json"  # in each checkpoint, written last: every file with its size and sha256
+
+
+def write_manifest(ckpt: Path) -> None:
+    """Seal `ckpt`: `manifest.json` lists every file in it (Trainer's, the method's own, such as GRPO's
+    generation buffer, whatever a trainer adds) with its size and sha256. Written last and atomically,
+    once every file is in: a checkpoint is complete exactly when its manifest is there and matches."""
+    files = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(ckpt.rglob("*")) if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
+    write_text(ckpt / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def checkpoint_problem(ckpt: Path) -> str | None:
-    """Why `ckpt` cannot be resumed from, or None when it is complete. Trainer writes
-    trainer_state.json last, so a checkpoint interrupted mid-save has none; a truncated
-    trainer_state.json or safetensors file (disk full, a copy cut short) is caught here too."""
+    """Why `ckpt` cannot be resumed from, or None when it is complete: with a manifest (see
+    `write_manifest`), every file it lists must be there with its size and sha256 (a file cut short,
+    emptied, deleted or damaged is named); a checkpoint without one (saved by an older ablate, or cut
+    short before its manifest) must at least have a readable trainer_state.json, which Trainer writes
+    after its other files, and complete safetensors files."""
+    manifest = ckpt / MANIFEST
+    if manifest.exists():
+        listed = (read_json(manifest) or {}).get("files")
+        if not isinstance(listed, dict) or not listed:
+            return f"{MANIFEST} is unreadable"
+        for name, want in listed.items():
+            path = ckpt / name
+            if not path.is_file():
+                return f"{name} is missing"
+            size = path.stat().st_size
+            if size != want.get("size"):
+                return f"{name} is {'truncated' if size < want.get('size', 0) else 'changed'} ({size} of {want.get('size')} bytes)"
+            if _sha256(path) != want.get("sha256"):
+                return f"{name} is damaged (its sha256 differs from {MANIFEST}'s)"
+        return None
     state = ckpt / "trainer_state.json"
     if not state.is_file():
         return "no trainer_state.json (save interrupted)"
@@ -243,14 +343,41 @@ def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 def latest_checkpoint(run_dir: Path, skipped: list[str] | None = None) -> Path | None:
     """The newest *complete* checkpoint (see `checkpoint_problem`); each newer one passed over is
-    described in `skipped`."""
+    described in `skipped`. One sealed by a manifest wins over newer unsealed ones (a save cut short
+    after Trainer's files, before the manifest); an unsealed one is used only when no sealed one is
+    left (Trainer may have rotated the older ones away already), or from an older ablate."""
+    seen: list[tuple[Path, str | None]] = []  # newest first, up to the first sealed complete one
     for _, p in checkpoints(run_dir):
         problem = checkpoint_problem(p)
-        if problem is None:
-            return p
-        if skipped is not None:
-            skipped.append(f"{p.name}: {problem}")
-    return None
+        sealed = (p / MANIFEST).is_file()
+        seen.append((p, problem if problem or sealed else f"no {MANIFEST} (save interrupted)"))
+        if problem is None and sealed:
+            break
+    usable = [p for p, problem in seen if problem is None]
+    usable += [p for p, problem in seen if problem == f"no {MANIFEST} (save interrupted)"]
+    chosen = usable[0] if usable else None
+    if skipped is not None:
+        skipped += [f"{p.name}: {problem}" for p, problem in seen if p != chosen
+                    and (chosen is None or checkpoint_step(p) > checkpoint_step(chosen))]
+    return chosen
+
+
+def set_aside(ckpt: Path) -> Path:
+    """Move a checkpoint a resume passed over into `checkpoints/skipped/` (nothing is deleted): left in
+    place, the save of the same step would mix its new files with the old ones. Returns where it is."""
+    aside = ckpt.parent / "skipped" / ckpt.name
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = ckpt.parent / "skipped" / f"{ckpt.name}.{n}"
+    if is_main_process() and ckpt.is_dir():
+        aside.parent.mkdir(exist_ok=True)
+        os.replace(ckpt, aside)
+    return aside
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    return int(ckpt.name.split("-")[-1])
 
 
 def fix_permissions(path: Path) -> None:
@@ -267,6 +394,4 @@ def truncate_metrics(run_dir: Path, after_step: int) -> None:
     path = run_dir / METRICS
     if path.is_file() and is_main_process():
         keep = [json.dumps(e) for e in read_metrics(run_dir) if e.get("step", 0) <= after_step]
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
+        write_text(path, "".join(k + "\n" for k in keep))

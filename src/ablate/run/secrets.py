@@ -6,7 +6,13 @@ A value is masked as `***` when
 - it looks like a credential anywhere in a string: `hf_...` (Hugging Face) or `sk-...` (OpenAI and
   the like), 20+ characters after the prefix;
 - it equals (or contains) the value of a secret-looking environment variable (HF_TOKEN, WANDB_API_KEY,
-  MY_SERVICE_PASSWORD...), 8+ characters long.
+  MY_SERVICE_PASSWORD...), 8+ characters long;
+- it equals (or contains) a value given on the command line under a secret-looking key (`remember`),
+  8+ characters long: quoted (`'+method.args.hub_token="a b c"'`), a number, any other type;
+- it is the password of a URL (`https://user:pw@host/...`).
+
+Under a secret-looking key every value is masked whatever its type (a number, a list, a mapping);
+only null, booleans and `${...}` interpolations are kept.
 
 `${oc.env:HF_TOKEN}` in an override or config stays as written in every record (it is not a secret,
 and it lets a resume read the variable again); only the resolved value would be.
@@ -19,6 +25,7 @@ writes itself, plus every line logged to ablate.log and the console.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -34,8 +41,13 @@ _SECRET_WORDS = r"token|secret|password|passwd|passphrase|key|apikey|api_key|acc
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_\-])(?:{_SECRET_WORDS})$|(?i:secret|password|api_?key|access_?key)")
 _NOT_SECRET = re.compile(r"(?i)(?:^|_)(?:pad|eos|bos|unk|sep|cls|mask|special|chat|additional_special)_token$")
 _CREDENTIAL = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,})")
-# key=value in overrides, override_dirname and command lines: `+method.args.hub_token=hf_...`
-_ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.@/\-]*)=(?P<value>(?:\$\{[^}]*\}|[^,\s\]'\"])+)")
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)")  # scheme://user:PASSWORD@host
+# key=value in overrides, override_dirname and command lines: `+method.args.hub_token=hf_...`; a value
+# is a run of quoted strings (Hydra's grammar: "a b", 'a,b'), interpolations and plain characters
+_ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.@/\-]*)="
+                         r"(?P<value>(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\$\{[^}]*\}|[^,\s\]'\"])+)")
+_MIN_VALUE = 8  # shorter values are masked under their key only: masking every "1" in a log would say nothing
+_remembered: set[str] = set()  # secret values given on the command line (`remember`)
 
 
 def secret_name(name: str) -> bool:
@@ -45,9 +57,29 @@ def secret_name(name: str) -> bool:
 
 
 def secret_env_values() -> list[str]:
-    """Values of the secret-looking environment variables right now (longest first)."""
-    vals = {v for k, v in os.environ.items() if secret_name(k) and len(v) >= 8}
+    """Values of the secret-looking environment variables right now, and the secret values given as
+    overrides (`remember`), longest first."""
+    vals = {v for k, v in os.environ.items() if secret_name(k) and len(v) >= _MIN_VALUE} | _remembered
     return sorted(vals, key=len, reverse=True)
+
+
+def remember(overrides: list[str]) -> None:
+    """Mask from now on, wherever it appears, the value of every override whose key looks secret
+    (`+method.args.hub_token="Tr0ub4dor&3 horse battery"`, `+x.api_key=98765432109876543210`): a value
+    quoted, or of another type than a string, reaches records in other spellings than its override's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        key, sep, raw = str(override).partition("=")
+        if not sep or not secret_name(key.lstrip("+~")) or raw.startswith("${"):
+            continue
+        values = {raw, raw.strip("'\"")}
+        with contextlib.suppress(Exception):  # not Hydra's syntax: the raw text is masked all the same
+            parsed = parser.parse_override(str(override))
+            if not parsed.is_sweep_override():
+                values |= {str(parsed.value()), parsed.get_value_element_as_str()}
+        _remembered.update(v for v in values if len(v) >= _MIN_VALUE and v != MASK)
 
 
 def mask_text(s: str, env: list[str] | None = None) -> str:
@@ -56,10 +88,12 @@ def mask_text(s: str, env: list[str] | None = None) -> str:
     for v in secret_env_values() if env is None else env:
         s = s.replace(v, MASK)
     s = _CREDENTIAL.sub(MASK, s)
+    s = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, s) if "://" in s else s
 
     def assignment(m: re.Match[str]) -> str:
         value = m.group("value")
-        if secret_name(m.group("key").lstrip("+~")) and value not in (MASK, "null", "") and not value.startswith("${"):
+        if secret_name(m.group("key").lstrip("+~")) and value.strip("'\"") not in (MASK, "null", "") \
+                and not value.startswith("${"):
             return f"{m.group('key')}={MASK}"
         return m.group(0)
 
@@ -67,17 +101,21 @@ def mask_text(s: str, env: list[str] | None = None) -> str:
 
 
 def mask(obj: Any, env: list[str] | None = None, key: str = "") -> Any:
-    """`obj` (nested dicts, lists, strings) with secrets masked; secret-looking keys' string values
-    become *** whole. Other types pass through."""
+    """`obj` (nested dicts, lists, strings, numbers) with secrets masked: under a secret-looking key
+    every value becomes *** whole (a number too; a mapping's or list's every value), except null,
+    booleans and `${...}` interpolations; elsewhere strings are masked by `mask_text`."""
     env = secret_env_values() if env is None else env
+    secret = bool(key) and secret_name(key)
     if isinstance(obj, dict):
-        return {k: mask(v, env, str(k)) for k, v in obj.items()}
+        return {k: mask(v, env, key if secret else str(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [mask(v, env, key) for v in obj]
     if isinstance(obj, str):
-        if key and secret_name(key) and obj and not obj.startswith("${") and obj != "???":
+        if secret and obj and not obj.startswith("${") and obj != "???":
             return MASK
         return mask_text(obj, env)
+    if secret and isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return MASK
     return obj
 
 
@@ -134,6 +172,7 @@ class MaskRecords(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         hc = config.hydra
+        remember([str(o) for o in hc.overrides.task])  # in a sweep's worker too: it never saw the command line
         out = Path(str(hc.runtime.output_dir))
         if hc.output_subdir is not None:
             for path in sorted((out / str(hc.output_subdir)).glob("*.yaml")):

@@ -4,8 +4,9 @@
   data/model paths, the optional packages a `_target_` needs. Raises `ConfigError`.
 - `Validate`, a Hydra callback (conf/config.yaml `hydra.callbacks`): runs `check` and the run-dir
   checks in `on_run_start`, which Hydra calls after composing and *before* it creates the run dir or
-  writes `.hydra/` and ablate.log into it; a mistake there leaves every existing dir as it was.
-  A multirun job is checked by `ablate.train.run` instead (it fails, the sweep goes on).
+  writes ablate.log into it, and takes the run dir's lock there; a mistake there leaves every
+  existing dir as it was. A multirun job is checked by `ablate.train.run` instead (it fails, the
+  sweep goes on); a multirun claims its sweep dir in `on_multirun_start` (`claim_sweep_dir`).
 - `one_line(e)`: Hydra's multi-line composition errors ("not in struct", "Could not find
   'method/dpoo'") as one line that names the key or option that was probably meant.
 
@@ -247,16 +248,27 @@ def check_dir(path: Path, key: str) -> None:
 
 def check_run_dir(run_dir: Path, hc: Any) -> None:
     """A single run's dir is absent, empty, or an ablate run dir (a readable run.json) of the same
-    overrides, and no live process holds its lock: checked before Hydra writes `.hydra/` and
-    ablate.log into it, so a user's dir (or another run's) is refused untouched. `ablate.train`
-    checks the same again, for multirun jobs and for a process that took the dir in between."""
+    overrides, and no live process holds its lock; then this process takes the lock, before Hydra
+    writes ablate.log into the dir and before ablate writes `.hydra/` (nothing of a process refused
+    here touches the dir, whatever its timing against the holder). A completed run is left unlocked
+    and untouched (`ablate.run.lifecycle` says so). `ablate.train` checks the same again, for
+    multirun jobs."""
     from ablate.run import rundir
-    from ablate.run.secrets import mask
 
     if not rundir.is_main_process():  # rank 0 checks (and then holds) the dir its other ranks share
         return
     rundir.is_usable(run_dir)
-    rundir.check_unlocked(run_dir)
+    _check_same_run(run_dir, hc)
+    if rundir.completed_summary(run_dir) is not None:
+        return
+    rundir.lock(run_dir)
+    _check_same_run(run_dir, hc)  # again under the lock: the holder before us may have written run.json
+
+
+def _check_same_run(run_dir: Path, hc: Any) -> None:
+    from ablate.run import rundir
+    from ablate.run.secrets import mask
+
     info = rundir.read_json_checked(run_dir / rundir.RUN) if run_dir.is_dir() else None
     overrides = _overrides(hc)
     if info is not None and overrides is not None and sorted(info.get("overrides", [])) != sorted(mask(overrides)):
@@ -280,13 +292,37 @@ class Validate(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A mistake in a sweep's fixed values would fail every job: refuse the sweep instead. The
         config here is the defaults plus the fixed overrides; when a group is swept the jobs'
-        configs differ from it too much to judge, so each job is checked when it starts."""
+        configs differ from it too much to judge, so each job is checked when it starts. Then the
+        launch claims its sweep dir (`claim_sweep_dir`)."""
         swept = _swept(config)
-        if swept is None:
-            _exit_on_error(lambda: check_dir(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))
-        else:
-            _exit_on_error(lambda: (check(config, swept=swept),
-                                    check_dir(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")))
+        _exit_on_error(lambda: (swept is None or check(config, swept=swept), claim_sweep_dir(config)))
+
+
+def claim_sweep_dir(config: DictConfig) -> None:
+    """A sweep launch owns its dir as a run owns its run dir. The default dir (named to the second) is
+    created anew: `_2`, `_3`, ... when another launch (of the same second, or before) has it. A
+    `hydra.sweep.dir` given on the command line (`--resume` gives its launch's) is used as it is,
+    unless a live launch holds it. Either way this process holds `<sweep dir>/.lock` until it exits,
+    and the dir is pinned in the multirun's hydra overrides: every job (in this process, a worker, a
+    SLURM job) and multirun.yaml name the same one."""
+    from omegaconf import open_dict, read_write
+
+    from ablate.run import rundir
+    from ablate.run.compose import quote_override_value
+
+    hc = config.hydra
+    path = Path(str(hc.sweep.dir))
+    given = [str(o) for o in hc.overrides.hydra if str(o).lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
+    if given:
+        check_dir(path, "hydra.sweep.dir")
+    else:
+        check_dir(path.parent, "hydra.sweep.dir")
+        path = rundir.claim_new_dir(path)
+    rundir.lock(path, what="sweep dir", advice="launch the sweep into another hydra.sweep.dir")
+    with read_write(hc), open_dict(hc):
+        hc.sweep.dir = str(path)
+        overrides = [o for o in hc.overrides.hydra if str(o) not in given]
+        hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
 
 
 def _swept(config: DictConfig) -> frozenset[str] | None:
