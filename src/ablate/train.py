@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
 from ablate.run import interrupts, lifecycle, process, rundir, validate
+from ablate.run.console import say
 
 log = logging.getLogger("ablate")
 
@@ -28,13 +29,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         return run(cfg)
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
-        print(f"ablate: interrupted ({interrupts.describe(e)})", file=sys.stderr)
+        say(f"ablate: interrupted ({interrupts.describe(e)})")
         if interrupts.in_sweep_worker():
             interrupts.leave_worker(interrupts.exit_code(e))
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:
-            print(f"ablate: error: {user_error(e)}", file=sys.stderr)
+            say(f"ablate: error: {user_error(e)}")  # below the progress bar, not glued to it
             sys.exit(2)
         raise
 
@@ -46,7 +47,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if record.done:
             return record.summary
         validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
-        validate.check_method_args(cfg)
+        validate.check_code(cfg)
         process.prepare(cfg, record.dir, record.info)  # torch threads, tags, notes, pid -> run.json
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
