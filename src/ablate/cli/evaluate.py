@@ -31,6 +31,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
     from ablate.paths import conf_dir
     from ablate.run.compose import register_resolvers
 
+    rundir.check_readable(run_dir)
     info = rundir.read_json(run_dir / rundir.RUN)
     if info is None:
         raise ConfigError(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
