@@ -129,9 +129,10 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    from ablate.run.validate import check
+    from ablate.run.validate import check, check_method_args
 
     check(cfg)  # what `ablate train` would refuse, in the same words
+    check_method_args(cfg)
     kind = _kind(cfg.method.trainer._target_)
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)

@@ -31,7 +31,6 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
     from ablate.paths import conf_dir
     from ablate.run.compose import register_resolvers
 
-    rundir.check_readable(run_dir)
     info = rundir.read_json(run_dir / rundir.RUN)
     if info is None:
         raise ConfigError(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
@@ -92,6 +91,7 @@ def eval_cmd(argv: list[str]) -> None:
 
     run_dir = Path(argv[0]).resolve()
     try:
+        rundir.check_readable(run_dir)  # before the heavy imports
         result = evaluate(run_dir, argv[1:])
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)

@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from datasets import Dataset, load_dataset, load_from_disk
+from datasets.utils.logging import (
+    disable_progress_bar,
+    enable_progress_bar,
+    is_progress_bar_enabled,
+)
 
 from ablate.errors import DataError
 
@@ -57,10 +62,15 @@ def jsonl(
         files["eval"] = str(Path(eval_path).expanduser())
     for split, path in files.items():
         _check_jsonl(Path(path), split, max_line_bytes)
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()  # "Generating train split": local files convert in a moment; nothing to watch
     try:
         ds = load_dataset("json", data_files=files)
     except Exception as e:  # datasets wraps JSON errors in long chains; keep the first useful line
         raise DataError(_load_error(e, list(files.values()))) from e
+    finally:
+        if shown:
+            enable_progress_bar()
     return _splits(ds["train"], ds.get("eval"), max_train_samples, max_eval_samples, columns, reward_funcs)
 
 

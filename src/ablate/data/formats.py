@@ -134,3 +134,16 @@ def check_text(value: Any, column: str, conv: bool, index: int) -> None:
             fix = f"rename it to '{renamed}'" if renamed else f"use one of {', '.join(ROLES)}"
             raise DataError(f"data: row {index}: '{column}' has a message with role '{role}', which chat templates "
                             f"do not know: {fix}")
+
+
+def check_rows(dataset: Dataset) -> None:
+    """`check_text` on every text cell, before tokenising: a bad row is named at once, before a
+    progress bar is drawn and before the rows above it are tokenised. Each cell is judged by its own
+    shape (string or messages); what goes with what (chosen and rejected alike) is checked per row
+    when tokenising. ShareGPT `conversations` are checked once converted, when tokenising."""
+    columns = [c for c in KNOWN if c in dataset.column_names]
+    for index, row in enumerate(dataset.select_columns(columns)):
+        for column in columns:
+            value = row[column]
+            if value is not None:  # an optional column (a prompt beside implicit-prompt rows)
+                check_text(value, column, is_messages(value), index)

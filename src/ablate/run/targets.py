@@ -113,12 +113,15 @@ def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
 
 
 def _top_level_names(spec: Any) -> frozenset[str] | None:
-    """Names defined at the top of the module `spec` (a package: its __init__.py), or None when its
-    source cannot tell (no .py source, lazy attributes, star imports, conditional definitions)."""
+    """Names defined at the top of the module `spec` (a package: its __init__.py, and its submodules),
+    or None when its source cannot tell (no .py source, lazy attributes, star imports)."""
     origin = getattr(spec, "origin", None)
     if not origin or not str(origin).endswith(".py"):
         return None
-    return _names_in(str(origin))
+    names = _names_in(str(origin))
+    subs = {p.stem for loc in spec.submodule_search_locations or [] for p in Path(loc).iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").is_file()} - {"__init__", "__main__"}
+    return None if names is None else names | subs
 
 
 def _not_importable(key: str, target: str, top: str) -> str:

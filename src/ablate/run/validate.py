@@ -73,7 +73,6 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_missing(cfg, hc, swept)
     _check_root_keys(cfg, hc)
     _check_optimizer_args(cfg)
-    _check_added_args(cfg, hc)
     values = {key: OmegaConf.select(cfg, key, default=KeyError) for key in RULES}
     for key, (ok, what) in RULES.items():
         v = values[key]
@@ -162,14 +161,6 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
             hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
             meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
-
-
-def _check_added_args(cfg: DictConfig, hc: Any) -> None:
-    """`+method.args.<field>=...` must name a field of the method's arguments class. Only then is the
-    class imported here (it pulls in transformers: seconds); every run checks it again at start."""
-    overrides = _overrides(hc)
-    if any(str(o).lstrip("+").startswith("method.args.") and str(o).startswith("+") for o in overrides or []):
-        check_method_args(cfg)
 
 
 def _check_paths(cfg: DictConfig) -> None:
@@ -309,7 +300,9 @@ class Validate(Callback):
         if swept is None:
             _exit_on_error(lambda: check_dir(Path(_dir_value(config, "hydra.sweep.dir")), "hydra.sweep.dir"))
         else:
-            _exit_on_error(lambda: (check(config, swept=swept), check_code(config, swept),
+            _exit_on_error(lambda: (check(config, swept=swept),
+                                    check_dir(Path(_dir_value(config, "hydra.sweep.dir")), "hydra.sweep.dir", create=False),
+                                    check_code(config, swept),
                                     check_dir(Path(_dir_value(config, "hydra.sweep.dir")), "hydra.sweep.dir")))
 
 
