@@ -32,3 +32,22 @@ def sweeps_dir() -> str:
         if cand.is_dir():
             return str(cand)
     raise FileNotFoundError("ablate: cannot find the sweeps/ folder (broken install?)")
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face Hub (HF_ENDPOINT, else huggingface.co) cannot be reached, or None when a
+    TCP connection opens (or offline mode is set: then the library reads its cache and says so).
+    huggingface_hub retries a failed request 5 times per file with a warning each (~25 s, ~20 lines)
+    before it gives up: a model or dataset that is neither local nor cached is refused at once instead."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return None
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{host} cannot be reached ({e.strerror or e})"
+    return None

@@ -1,8 +1,6 @@
-"""One run, top to bottom: compose -> build -> train -> save. Wiring only: the run dir's lifecycle
-is `ablate.run.lifecycle`, every check is `ablate.run.validate`, the methods are `ablate.methods`.
-
-Heavy imports (torch, transformers) happen inside `run`, so `ablate train --cfg job` stays fast.
-"""
+"""One run, top to bottom: compose -> build -> train -> save. Wiring only: the run dir's lifecycle is
+`ablate.run.lifecycle`, every check `ablate.run.validate`, the methods `ablate.methods`; torch and
+transformers are imported inside `run`, so `ablate train --cfg job` stays fast."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
 from ablate.run import interrupts, lifecycle, process, rundir, secrets, validate
+from ablate.run.console import say
 
 log = logging.getLogger("ablate")
 
@@ -28,13 +27,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         return run(cfg)
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
-        print(f"ablate: interrupted ({interrupts.describe(e)})", file=sys.stderr)
+        say(f"ablate: interrupted ({interrupts.describe(e)})")
         if interrupts.in_sweep_worker():
             interrupts.leave_worker(interrupts.exit_code(e))
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:
-            print(f"ablate: error: {secrets.mask_text(str(user_error(e)))}", file=sys.stderr)
+            say(f"ablate: error: {secrets.mask_text(str(user_error(e)))}")  # below the progress bar, not glued to it
             sys.exit(2)
         raise
 
@@ -46,7 +45,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if record.done:
             return record.summary
         validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
-        validate.check_method_args(cfg)
+        validate.check_code(cfg)
         process.prepare(cfg, record.dir, record.info)  # torch threads, tags, notes, pid -> run.json
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())

@@ -6,6 +6,12 @@ Each case runs the real CLI in a subprocess from its own scratch cwd (default ru
 an older run dir that must come out byte- and mtime-identical. The cases run concurrently (a
 module fixture hands them all to tests/fork_runner.py, which imports the CLI once and forks a
 child per case), so the table costs a fraction of a second per case; the tests only read results.
+
+Phases: `config` cases are refused before anything exists (the whole scratch cwd is unchanged), and,
+unless marked `torch`, before torch is even imported (~1 s each); `torch` cases need the method's
+code to judge (a loss against its method, precision against the machine: still before the run dir);
+`run` cases are data or model problems seen only once the file or model is read: the run dir exists,
+its summary.json says `failed` with that same one line, and the line is the last thing on stderr.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from conftest import TESTS, ablate
 
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
 ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
+SQUARED = "def squared(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta):\n    return (logp_c - logp_r) ** 2, {}\n"
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,24 @@ class Case:
     says: str                    # the error line must contain this (what to fix)
     phase: str = "config"        # config: refused before any run dir exists; run: refused by the run
     env: dict[str, str] = field(default_factory=dict)
+    torch: bool = False          # a config case that may import torch (judged by the method's code)
+    unprivileged: bool = False   # file permissions must apply (under root: run without its overrides)
+    files: tuple[tuple[str, str], ...] = ()  # (name, text) written into the case's cwd first
+    trains: bool = False         # refused after training started: the progress bar's lines come first
 
 
-def C(id: str, args: str, says: str, phase: str = "config") -> Case:
-    return Case(id, tuple(args.split()), says, phase)
+def C(id: str, args: str, says: str, phase: str = "config", **kw) -> Case:
+    return Case(id, tuple(args.split()), says, phase, **kw)
+
+
+def T(id: str, args: str, says: str, **kw) -> Case:
+    """A config case judged by the method's code (imports torch; still before any run dir)."""
+    return C(id, args, says, torch=True, **kw)
+
+
+def U(id: str, args: str, says: str, phase: str = "config", **kw) -> Case:
+    """A case about file permissions (unreadable dirs and files, a read-only HOME)."""
+    return C(id, args, says, phase, unprivileged=True, **kw)
 
 
 CASES: list[Case] = [
@@ -100,7 +121,7 @@ CASES: list[Case] = [
     C("lr-typo", "train optimizer.optimizer.lrr=1", "did you mean 'optimizer.optimizer.lr'"),
     C("seed-typo", "train sed=1", "did you mean 'seed'"),
     C("callback-typo", "train callbacks.nan_gard=null", "did you mean 'callbacks.nan_guard'"),
-    C("args-unknown-added", "train +method.args.bta=1", "did you mean 'method.args.beta'"),
+    T("args-unknown-added", "train +method.args.bta=1", "did you mean 'method.args.beta'"),
     C("method-option-typo", "train method=dpoo", "did you mean method=dpo"),
     C("model-option-typo", "train model=tinyy", "did you mean model=tiny"),
     C("data-option-typo", "train data=tiny_pref", "did you mean data=tiny_prefs"),
@@ -143,21 +164,170 @@ CASES: list[Case] = [
     C("jsonl-bad-json", "train data=jsonl data.train_path={F}/bad_json.jsonl", "line 2 is not valid JSON", "run"),
     C("jsonl-array-row", "train data=jsonl data.train_path={F}/array.jsonl", "is a JSON list, not an object", "run"),
     C("jsonl-empty", "train data=jsonl data.train_path={F}/empty.jsonl", "has no examples", "run"),
+    # ===== issue 22: tracebacks before =====
+    C("betas-out-of-range", "train optimizer.optimizer.betas=[0.9,1.5]", "optimizer.optimizer.betas=[0.9,1.5]: must be two numbers in [0, 1)"),
+    C("betas-one-value", "train optimizer.optimizer.betas=[0.9]", "optimizer.optimizer.betas=[0.9]: must be two numbers"),
+    C("seed-negative", "train seed=-1", "seed=-1: must be an integer in 0..4294967295"),
+    C("seed-too-big", "train seed=99999999999", "seed=99999999999: must be an integer in 0..4294967295"),
+    C("eval-without-eval-data", "train data=jsonl data.train_path={F}/good.jsonl method.args.eval_strategy=steps",
+      "method.args.eval_strategy=steps but the data has no eval split: add data.eval_path="),
+    C("grpo-top-k-negative", "train method=grpo method.args.top_k=-1", "method.args.top_k=-1: must be an integer >= 0"),
+    C("hidden-size-odd", "train model.hidden_size=63", "model.hidden_size=63: must be an integer >= 1 divisible by model.num_heads=4"),
+    C("lora-rank-zero", "train +peft=lora peft.r=0", "peft.r=0: must be an integer >= 1"),
+    C("lora-target-modules-empty", "train +peft=lora peft.target_modules=[]", "peft.target_modules=[]: must be all-linear or a list"),
+    C("threads-text", "train threads=abc", "threads=abc: must be null (the cores available) or an integer >= 1"),
+    C("wandb-mode-typo", "train logger=wandb logger.mode=onlin", "logger.mode=onlin: must be one of online, offline, disabled"),
+    C("early-stop-mode", "train callbacks=[default,early_stop] callbacks.early_stop.mode=maximum",
+      "callbacks.early_stop.mode=maximum: must be min (lower is better) or max"),
+    C("early-stop-patience", "train callbacks=[default,early_stop] callbacks.early_stop.patience=0", "callbacks.early_stop.patience=0"),
+    C("target-typo", "train method.trainer._target_=ablate.methods.dpo.DPOTrainr",
+      "no 'DPOTrainr' in module ablate.methods.dpo (did you mean ablate.methods.dpo.DPOTrainer?)"),
+    C("target-typo-loss", "train method.loss._target_=ablate.losses.dpo.sigmod", "did you mean ablate.losses.dpo.sigmoid?"),
+    C("target-no-module", "train method.loss._target_=ablate.lossez.dpo.sigmoid", "no 'lossez' in module ablate"),
+    C("resume-empty-run-json", "resume {F}/empty_run_json", "run.json records no overrides"),
+    C("resume-run-json-list", "resume {F}/list_run_json", "is corrupt (not a JSON object)"),
+    U("resume-unreadable", "resume {F}/unreadable_run", "unreadable_run: permission denied"),
+    U("compare-unreadable", "compare {F}/unreadable_run", "unreadable_run: permission denied"),
+    U("status-unreadable", "status {F}/unreadable_run", "unreadable_run: permission denied"),
+    U("generate-unreadable", "generate {F}/unreadable_run --prompt hi", "unreadable_run: permission denied"),
+    U("eval-unreadable", "eval {F}/unreadable_run", "unreadable_run: permission denied"),
+    U("run-dir-under-unsearchable", "train hydra.run.dir={F}/unsearchable/run", "hydra.run.dir={F}/unsearchable/run: permission denied"),
+    # ===== issue 22: silently accepted before =====
+    C("min-ratio-negative", "train optimizer.scheduler.min_ratio=-1", "optimizer.scheduler.min_ratio=-1: must be a fraction of the peak lr in [0, 1]"),
+    C("lr-in-method-args", "train +method.args.learning_rate=1e-5",
+      "method.args.learning_rate is not used: the optimizer group builds the optimizer and its schedule"),
+    C("warmup-in-method-args", "train +method.args.warmup_ratio=0.1", "use optimizer.scheduler.warmup_ratio=0.1"),
+    C("optim-in-method-args", "train +method.args.optim=sgd", "use optimizer=adamw|adamw_8bit|sgd"),
+    C("tags-not-a-list", "train tags=baseline", "tags=baseline: must be a list: tags=[baseline]"),
+    C("run-dir-empty", "train hydra.run.dir=", "hydra.run.dir is empty (it would write into the current directory)"),
+    C("sweep-dir-empty", "train -m seed=1,2 hydra.sweep.dir=", "hydra.sweep.dir is empty"),
+    C("num-layers-zero", "train model.num_layers=0", "model.num_layers=0: must be an integer >= 1"),
+    C("label-smoothing-two", "train method/loss=robust method.loss.label_smoothing=2",
+      "method.loss.label_smoothing=2: must be a number in [0, 0.5)"),
+    T("use-cpu-maybe", "train method.args.use_cpu=maybe", "method.args.use_cpu=maybe: must be true or false"),
+    T("bool-field-text", "train +method.args.gradient_checkpointing=sometimes",
+      "method.args.gradient_checkpointing=sometimes: must be true or false or null"),
+    C("warmup-ratio-two", "train optimizer.scheduler.warmup_ratio=2", "optimizer.scheduler.warmup_ratio=2: must be a fraction"),
+    C("warmup-ratio-negative", "train optimizer.scheduler.warmup_ratio=-0.5", "optimizer.scheduler.warmup_ratio=-0.5"),
+    C("sft-role-robot", "train method=sft data=jsonl data.train_path={F}/robot.jsonl",
+      "has a message with role 'robot', which chat templates do not know", "run"),
+    C("sft-role-sharegpt", "train method=sft data=jsonl data.train_path={F}/human_gpt.jsonl", "rename it to 'user'", "run"),
+    C("dpo-empty-strings", "train data=jsonl data.train_path={F}/empty_strings.jsonl", "'chosen' is empty", "run"),
+    C("compare-metric-typo", "compare {F}/done_run --metric rewards/accuracy",
+      "--metric rewards/accuracy: no run under {F}/done_run has it (did you mean --metric rewards/accuracies?"),
+    C("jsonl-huge-line", "train data=jsonl data.train_path={F}/huge_line.jsonl", "line 1 is 1.5 MiB, over data.max_line_bytes=1048576", "run"),
+    # ===== issue 22: config mistakes refused only after the run dir existed =====
+    T("fp16-on-cpu", "train precision=fp16", "precision=fp16 needs a CUDA GPU"),
+    T("tf32-on-cpu", "train precision.tf32=true", "precision.tf32=true needs an Ampere or newer CUDA GPU"),
+    T("fsdp-on-cpu", "train distributed=fsdp", "distributed=fsdp needs CUDA GPUs"),
+    C("grpo-batch-not-multiple", "train method=grpo method.args.per_device_train_batch_size=12",
+      "method.args.per_device_train_batch_size=12: must be an integer >= 1 and a multiple of method.args.num_generations=8"),
+    C("grpo-eval-batch-not-multiple", "train method=grpo method.args.eval_strategy=steps method.args.per_device_eval_batch_size=12",
+      "method.args.per_device_eval_batch_size=12"),
+    C("grpo-num-iterations-zero", "train method=grpo method.args.num_iterations=0", "method.args.num_iterations=0: must be an integer >= 1"),
+    C("grpo-delta-small", "train method=grpo method.args.delta=0.5", "method.args.delta=0.5: must be null or a number > 1 + epsilon_high"),
+    C("grpo-reward-weights-length", "train method=grpo method.args.reward_weights=[1,2,3]",
+      "must be null or a list of 1 numbers, one per data.reward_funcs entry (repeat_fraction)"),
+    C("grpo-sampling-level", "train method=grpo method.args.importance_sampling_level=sentence",
+      "method.args.importance_sampling_level=sentence: must be token (GRPO) or sequence (GSPO)"),
+    T("dpo-loss-under-grpo", "train method=grpo method/loss=hinge",
+      "method/loss=hinge (ablate.losses.dpo.hinge) does not fit method=grpo: GRPOTrainer calls its loss like "
+      "ablate.losses.grpo.dapo("),
+    T("grpo-loss-under-dpo", "train method/loss=dapo", "options that fit: method/loss=aot|aot_unpaired|apo_down"),
+    C("threads-zero", "train threads=0", "threads=0: must be null"),
+    C("threads-negative", "train threads=-2", "threads=-2: must be null"),
+    C("malloc-negative", "train malloc_mmap_threshold=-1", "malloc_mmap_threshold=-1: must be null (malloc's default) or bytes in 0..33554432"),
+    # ===== issue 22: multi-line or unhelpful before =====
+    C("command-typo", "trian", "'trian' is not a command (did you mean 'ablate train'?"),
+    C("option-as-command", "--verbose", "'--verbose' is not an option"),
+    C("override-with-dashes", "train --method=dpo", "'--method=dpo' is not an option: overrides take no dashes: write method=dpo"),
+    C("cfg-value-typo", "train --cfg jobs", "--cfg takes job|hydra|all, got 'jobs'"),
+    C("unknown-option", "train --dry-run", "'--dry-run' is not an option of ablate train"),
+    C("hub-model-unreachable", "train model=qwen2_5_0_5b", "model.path=Qwen/Qwen2.5-0.5B-Instruct: not in the local cache and "
+      "127.0.0.1 cannot be reached", "run", env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}),
+    C("hub-model-offline", "train model=qwen2_5_0_5b", "model.path: cannot load 'Qwen/Qwen2.5-0.5B-Instruct'", "run",
+      env={"HF_HUB_OFFLINE": "1"}),
+    C("hub-data-unreachable", "train data=ultrafeedback_binarized", "data: cannot load 'trl-lib/ultrafeedback_binarized': "
+      "127.0.0.1 cannot be reached", "run", env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}),
+    T("preview-bad-file", "data preview data=jsonl data.train_path={F}/mixed.jsonl",
+      "mixed.jsonl line 2 is a messages row, line 1 a preference (chosen, rejected) row: one format per file"),
+    C("preview-missing-file", "data preview data=jsonl data.train_path={F}/nope.jsonl", "data.train_path={F}/nope.jsonl: not found"),
+    C("home-path-unquoted", "train data=jsonl data.train_path=~/x.jsonl", "Hydra reads '~' only inside quotes: write "
+      "'data.train_path=\"~/x.jsonl\"'"),
+    C("warmup-steps-in-args", "train method.args.warmup_steps=10", "method.args.warmup_steps is not used: the optimizer group "
+      "builds the optimizer and its schedule (Trainer's own warmup_steps is ignored); use optimizer/scheduler=constant"),
+    U("read-only-home", "train", "the datasets cache {F}/ro_home/hf/datasets cannot be written",
+      env={"HOME": "{F}/ro_home", "HF_HOME": "{F}/ro_home/hf", "XDG_CACHE_HOME": "{F}/ro_home/cache"}),
+    U("data-file-unreadable", "train data=jsonl data.train_path={F}/unreadable.jsonl",
+      "data.train_path={F}/unreadable.jsonl: not readable (permission denied)"),
+    U("eval-file-unreadable", "train data=jsonl data.train_path={F}/good.jsonl data.eval_path={F}/unreadable.jsonl",
+      "data.eval_path={F}/unreadable.jsonl: not readable"),
+    C("jsonl-mixed-formats", "train data=jsonl data.train_path={F}/mixed.jsonl", "one format per file", "run"),
+    T("lora-target-modules-unknown", "train +peft=lora peft.target_modules=[nosuch_proj]",
+      "no such layer in this model; its linear layers: down_proj, gate_proj, k_proj", phase="run"),
+    # ===== issue 23 (4, 12) and the reorganisation's moved _target_s =====
+    C("lr-quoted", "train optimizer.optimizer.lr='1e-3'", "optimizer.optimizer.lr='1e-3' is a string (quoted), not a "
+      "number: write it unquoted, optimizer.optimizer.lr=1e-3"),
+    C("lr-quoted-in-yaml", "train --config-dir {F}/conf +experiment=quoted_lr",
+      "optimizer.optimizer.lr='1e-3' is a string (quoted), not a number"),
+    C("user-module-not-importable", "train method.loss._target_=my_losses.squared",
+      "method.loss._target_=my_losses.squared: module 'my_losses' is not importable"),
+    C("user-module-in-cwd", "train method.loss._target_=cwd_losses.squared", files=(("cwd_losses.py", SQUARED),),
+      says="module 'cwd_losses' is in the current directory (cwd_losses.py), which the `ablate` command does not import from; "
+      "run it as PYTHONPATH=. ablate"),
+    C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
+      "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
+    C("moved-generator", "train method=grpo method.trainer.generator._target_=ablate.trainers.generation.SharedPromptGenerator",
+      "ablate.trainers.generation.SharedPromptGenerator is now ablate.rollouts.generation.SharedPromptGenerator"),
+    C("moved-schedule", "train optimizer.scheduler._target_=ablate.optimizer.cosine", "is now ablate.methods.schedules.cosine"),
+    C("moved-callback", "train +callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL",
+      "ablate.callbacks.MetricsJSONL is now ablate.run.callbacks.MetricsJSONL"),
+    C("moved-in-config-dir", "train --config-dir {F}/conf method=old_dpo",
+      "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
 ]
 
 # a diverging run (lr=1e6): one line from the guard, not a traceback from inside sampling or the optimizer
 SLOW_CASES: list[Case] = [
     # the weights are NaN after step 2's update; the default logging_steps=10 would see it only at step 10
     C("grpo-diverges-before-sampling", "train method=grpo optimizer.optimizer.lr=1e6 method.args.max_steps=20",
-      "NaN/inf before the generation round", "run"),
+      "NaN/inf before the generation round", "run", trains=True),
     C("dpo-diverges", "train optimizer=sgd optimizer.optimizer.lr=1e30 method.args.max_steps=3 method.args.logging_steps=1",
-      "(NaNGuard)", "run"),
+      "(NaNGuard)", "run", trains=True),
 ]
+
+
+def _messages(*roles: str) -> list[dict[str, str]]:
+    return [{"role": r, "content": f"{r} says hi"} for r in roles]
+
+
+UNREADABLE = ("unreadable_run", "unsearchable", "unreadable.jsonl")  # chmod 000 while the table runs
+READ_ONLY = ("ro_home",)  # chmod 555
 
 
 def _fixtures(root: Path) -> Path:
     f = root / "fixtures"
     f.mkdir()
+    lines = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
+    (f / "mixed.jsonl").write_text(lines([ROWS[0], {"messages": _messages("user", "assistant")}]))
+    (f / "robot.jsonl").write_text(lines([{"messages": _messages("user", "robot")}] * 4))
+    (f / "human_gpt.jsonl").write_text(lines([{"messages": _messages("human", "gpt")}] * 4))
+    (f / "empty_strings.jsonl").write_text(lines([{"prompt": "", "chosen": "", "rejected": ""}] * 4))
+    (f / "huge_line.jsonl").write_text(lines([{"prompt": "x" * (3 << 19), "chosen": "a", "rejected": "b"}]))
+    (f / "unreadable.jsonl").write_text(lines(ROWS))
+    for name, info in (("empty_run_json", {}), ("list_run_json", [1]), ("done_run", {"overrides": [], "started": "2026-01-01T00:00:00"}),
+                       ("unreadable_run", {"overrides": []})):
+        (f / name).mkdir()
+        (f / name / "run.json").write_text(json.dumps(info))
+        (f / name / "summary.json").write_text(json.dumps({"status": "completed", "method": "dpo", "global_step": 4,
+                                                          "metrics": {"rewards/accuracies": 1.0, "loss": 0.5}}))
+    (f / "unreadable_run" / "multirun.yaml").write_text("{}\n")
+    (f / "unsearchable").mkdir()
+    (f / "ro_home").mkdir()
+    (f / "conf" / "experiment").mkdir(parents=True)
+    (f / "conf" / "experiment" / "quoted_lr.yaml").write_text('# @package _global_\noptimizer:\n  optimizer:\n    lr: "1e-3"\n')
+    (f / "conf" / "method").mkdir()
+    (f / "conf" / "method" / "old_dpo.yaml").write_text("defaults:\n  - dpo\n  - _self_\n\n"
+                                                        "trainer:\n  _target_: ablate.trainers.dpo.DPOTrainer\n")
     (f / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (f / "latin1.jsonl").write_bytes(json.dumps(ROWS[0]).encode() + b"\n" + '{"prompt": "caf\xe9"}\n'.encode("latin-1"))
     (f / "bad_json.jsonl").write_text(json.dumps(ROWS[0]) + "\n{'prompt': 1}\n")
@@ -197,33 +367,53 @@ class Result:
     case: Case
     proc: subprocess.CompletedProcess
     cwd: Path
-    before: dict[str, tuple[str, int]]
+    before: dict[str, tuple[str, int]]  # the whole scratch cwd before the command
+    torch: bool = False  # the command imported torch
 
 
-def _run_all(cases: list[Case], tmp: Path) -> dict[str, Result]:
+def _run_all(cases: list[Case], tmp: Path, warm: bool = False) -> dict[str, Result]:
     """Every case from its own scratch cwd, through tests/fork_runner.py: one Python start-up for the
-    whole table, then one fork per case (the same `ablate.cli.main` as `python -m ablate`)."""
+    whole table, then one fork per case (the same `ablate.cli.main` as `python -m ablate`). `warm`:
+    the runner imports torch & co. once first (for cases that import them anyway)."""
     fixtures = _fixtures(tmp)
     jobs, before = [], {}
+    fill = lambda text: text.replace("{F}", str(fixtures))  # noqa: E731
     for c in cases:
         cwd = tmp / c.id
         cwd.mkdir()
         _old_run(cwd)
-        before[c.id] = _snapshot(cwd / "outputs")
-        jobs.append({"argv": [a.replace("{F}", str(fixtures)) for a in c.argv], "cwd": str(cwd), "env": c.env})
+        for name, text in c.files:
+            (cwd / name).write_text(text)
+        before[c.id] = _snapshot(cwd)
+        jobs.append({"argv": [fill(a) for a in c.argv], "cwd": str(cwd), "env": {k: fill(v) for k, v in c.env.items()},
+                     "unprivileged": c.unprivileged})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "WANDB_MODE": "offline"}
-    proc = subprocess.run([sys.executable, str(TESTS / "fork_runner.py")], input=json.dumps(jobs), env=env,
-                          capture_output=True, text=True, timeout=1200)
+           "WANDB_MODE": "offline", "ABLATE_FORK_WARM": "1" if warm else "0"}
+    for name in UNREADABLE:
+        (fixtures / name).chmod(0)
+    for name in READ_ONLY:
+        (fixtures / name).chmod(0o555)
+    try:
+        proc = subprocess.run([sys.executable, str(TESTS / "fork_runner.py")], input=json.dumps(jobs), env=env,
+                              capture_output=True, text=True, timeout=1800)
+    finally:
+        for name in UNREADABLE + READ_ONLY:
+            (fixtures / name).chmod(0o755)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    return {c.id: Result(c, subprocess.CompletedProcess(c.argv, **o), tmp / c.id, before[c.id])
-            for c, o in zip(cases, out)}
+    return {c.id: Result(c, subprocess.CompletedProcess(c.argv, o["returncode"], o["stdout"], o["stderr"]), tmp / c.id,
+                         before[c.id], o["torch"]) for c, o in zip(cases, out)}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, Result]:
-    return _run_all(CASES, tmp_path_factory.mktemp("bad"))
+    """The cases refused before torch (each ~1 s, from a runner without torch: the test that they
+    never import it is real), then the others from a runner that imported it once (but a case with
+    its own environment runs cold: huggingface_hub reads HF_HUB_OFFLINE and HF_ENDPOINT at import)."""
+    cold = [c for c in CASES if (c.phase == "config" and not c.torch) or c.env]  # env: read by libraries at import
+    warm = [c for c in CASES if c not in cold]
+    return {**_run_all(cold, tmp_path_factory.mktemp("bad")),
+            **_run_all(warm, tmp_path_factory.mktemp("bad_warm"), warm=True)}
 
 
 def _check(r: Result) -> None:
@@ -236,22 +426,37 @@ def _check(r: Result) -> None:
     errors = re.findall(r"ablate: error: [^\r\n]*", err)  # a progress bar may share its line (\r)
     assert len(errors) == 1, err[-3000:]
     assert says in errors[0], errors[0]
+    # what a terminal shows: a progress bar redrawn with \r is one line; at most it and the error
+    # (a run stopped while training: its progress bar's lines, then the error on a line of its own)
+    assert case.trains or len([line for line in err.splitlines() if line.strip()]) <= 2, err[-3000:]
     if case.phase == "config":
-        # the whole of stderr is that one line, and nothing was created: no run dir, so no model
+        # the whole of stderr is that one line, and nothing was created or changed anywhere in the cwd
         assert err.strip() == errors[0], err[-3000:]
-        assert [str(p.relative_to(r.cwd)) for p in (r.cwd / "outputs").rglob("*") if p.is_dir()
-                and p.parent.name.startswith("2026-") and str(p.relative_to(r.cwd)) != OLD] == []
-        assert not (r.cwd / "outputs" / "sweeps").exists() or case.argv[0] != "train"
+        assert _snapshot(r.cwd) == r.before, "files were created or changed"
+        assert case.torch or not r.torch, "refused only after importing torch (seconds): check it earlier"
     else:
-        assert err.rstrip().endswith(errors[0]), err[-3000:]  # the last thing said
+        assert err.rstrip().splitlines()[-1] == errors[0], err[-3000:]  # the last thing said, on a line of its own
+        new = [p.parent for p in (r.cwd / "outputs").rglob("run.json") if OLD not in str(p)]
+        if case.argv[0] == "train":  # the run dir records the failure in the same words
+            assert len(new) == 1, new
+            summary = json.loads((new[0] / "summary.json").read_text())
+            assert summary["status"] == "failed" and errors[0][len("ablate: error: "):] in summary["error"], summary
+            assert not (new[0] / "model").exists()
     assert _snapshot(r.cwd / "outputs" / "runs" / "2026-01-01") == \
-        {k[len("runs/2026-01-01/"):]: v for k, v in r.before.items() if k.startswith("runs/2026-01-01/")}, \
+        {k[len("outputs/runs/2026-01-01/"):]: v for k, v in r.before.items() if k.startswith("outputs/runs/2026-01-01/")}, \
         "the existing run dir was touched"
 
 
 def test_table_is_big_enough():
-    assert len(CASES) + len(SLOW_CASES) >= 60
+    assert len(CASES) + len(SLOW_CASES) >= 160
     assert len({c.id for c in CASES + SLOW_CASES}) == len(CASES) + len(SLOW_CASES)
+
+
+def test_most_cases_fail_before_torch(results):
+    """The table's speed (and a user's): nearly every mistake is refused in about a second."""
+    fast = [c for c in CASES if c.phase == "config" and not c.torch]
+    assert len(fast) >= 0.8 * len(CASES)
+    assert not [c.id for c in fast if results[c.id].torch]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -263,6 +468,36 @@ def test_bad_input(results, case):
 @pytest.mark.parametrize("case", SLOW_CASES, ids=lambda c: c.id)
 def test_bad_input_slow(tmp_path, case):
     _check(_run_all([case], tmp_path)[case.id])
+
+
+def test_ls_lists_an_unreadable_run_dir_and_goes_on(tmp_path):
+    """One run dir under outputs/ that cannot be read: `ablate ls` lists it as `unreadable` (and
+    every other run as before), exit 0, where it used to crash with a traceback."""
+    _old_run(tmp_path)
+    bad = tmp_path / "outputs" / "runs" / "2026-01-02" / "00-00-00"
+    bad.mkdir(parents=True)
+    (bad / "run.json").write_text(json.dumps({"overrides": ["seed=1"]}))
+    bad.chmod(0)
+    try:
+        out = subprocess.run([sys.executable, str(TESTS / "fork_runner.py")], capture_output=True, text=True,
+                             input=json.dumps([{"argv": ["ls"], "cwd": str(tmp_path), "unprivileged": True},
+                                               {"argv": ["ls", "--json"], "cwd": str(tmp_path), "unprivileged": True}]),
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])})
+    finally:
+        bad.chmod(0o755)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text, js = json.loads(out.stdout)
+    assert text["returncode"] == 0 and "Traceback" not in text["stderr"], text["stderr"][-3000:]
+    rows = {r["path"].split("outputs/")[-1]: r for r in json.loads(js["stdout"])}
+    assert rows["runs/2026-01-02/00-00-00"]["status"] == "unreadable"
+    assert "permission denied" in rows["runs/2026-01-02/00-00-00"]["error"]
+    assert rows["runs/2026-01-01/00-00-00"]["status"] == "completed"
+    assert "2 run(s) under" in text["stdout"]
+
+
+def test_version_is_one_line():
+    r = ablate("--version")
+    assert r.returncode == 0 and r.stdout.strip().startswith("ablate ") and len(r.stdout.strip().splitlines()) == 1
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only dirs")

@@ -20,6 +20,7 @@ summary says which differences are clear and which are not (docs/compare.md).
 from __future__ import annotations
 
 import csv
+import difflib
 import re
 import statistics
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from ablate.analysis import stats
 from ablate.analysis.runs import Group, Run, find_runs, launches
+from ablate.errors import ConfigError
 from ablate.run import rundir
 
 # `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when logged.
@@ -350,6 +352,8 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         runs = [r for r in runs if set(tags) <= set(map(str, (rundir.read_json(r.path / rundir.RUN) or {}).get("tags") or []))]
     if not runs:
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
+    if metrics:
+        check_metrics(metrics, runs, paths)
     metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
     many = many_seed_metrics(groups, metrics)
@@ -390,6 +394,19 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
                                  many=report.ManySeeds(better, examples, profiles, words))
         print(f"wrote {out / 'summary.md'}, {out / 'summary.csv'} and {html}")
     return rows
+
+
+def check_metrics(metrics: list[str], runs: list[Run], paths: list[Path]) -> None:
+    """A `--metric` no run has (a typo) is refused, naming the ones they do have: a column of `-`
+    would read as "not logged yet"."""
+    for m in metrics:
+        if m != "speed" and all(r.final(m) is None for r in runs):
+            known = sorted({k for r in runs for k in [*r.summary.get("metrics", {}), *(k for e in r.events for k in e)]}
+                           - {"step", "time"})
+            hint = difflib.get_close_matches(m, known, n=1)
+            meant = f"did you mean --metric {hint[0]}? " if hint else ""
+            raise ConfigError(f"--metric {m}: no run under {', '.join(map(str, paths))} has it ({meant}metrics: "
+                              f"{', '.join(known) or 'none logged yet'})")
 
 
 def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:

@@ -116,13 +116,18 @@ def find_runs(paths: list[Path]) -> list[Run]:
     """Every run under `paths` (a run dir, a sweep dir, or any folder holding them), in job order."""
     runs: list[Run] = []
     for path in paths:
-        run = load_run(path)
+        try:
+            run = load_run(path)
+            subdirs = [] if run is not None or not path.is_dir() else \
+                sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS
+                        and not p.name.startswith(".")), key=_job_order)  # .submitit/, .replaced/
+        except PermissionError as e:  # one unreadable dir is listed as such; the others are still read
+            runs.append(Run(path=path, summary={"status": "unreadable", "error": f"cannot read "
+                                                f"{e.filename or path}: permission denied"}, overrides={}, launch=path))
+            continue
         if run is not None:
             runs.append(run)
-        elif path.is_dir():
-            subdirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS
-                              and not p.name.startswith(".")), key=_job_order)  # .submitit/, .replaced/
-            runs.extend(find_runs(subdirs))
+        runs.extend(find_runs(subdirs))
     return runs
 
 
@@ -165,7 +170,10 @@ def key_metric(run: Run) -> tuple[str, float | None]:
 
 
 def row(run: Run, root: Path) -> dict[str, Any]:
-    info = rundir.read_json(run.path / rundir.RUN) or {}
+    try:
+        info = rundir.read_json(run.path / rundir.RUN) or {}
+    except PermissionError:  # a run dir (or its run.json) that cannot be read: the row says so
+        info = {}
     step = run.summary.get("global_step")
     if step is None and run.events:
         step = run.events[-1].get("step")

@@ -55,11 +55,24 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
+    if argv[0] in ("--version", "-V", "version"):
+        from ablate import __version__
+
+        print(f"ablate {__version__}")
+        return
     try:
         _dispatch(argv[0], argv[1:])
     except KeyboardInterrupt:  # Ctrl-C: the run records itself (summary.json); no traceback page here
-        print("ablate: interrupted", file=sys.stderr)
+        from ablate.run.console import say
+
+        say("ablate: interrupted")
         sys.exit(130)
+    except PermissionError as e:  # a file or dir the user cannot read or write: theirs to fix, not a bug
+        from ablate.run.console import say
+        from ablate.run.validate import os_error_line
+
+        say(f"ablate: error: {os_error_line(e)}")
+        sys.exit(2)
 
 
 # command -> (module, function); modules load only when their command runs (no torch for `compare`, `ls`)
@@ -72,7 +85,13 @@ COMMANDS = {"train": ("ablate.cli.train", "hydra_train"), "status": ("ablate.cli
 
 def _dispatch(cmd: str, rest: list[str]) -> None:
     if cmd not in COMMANDS:
-        print(f"ablate: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
+        import difflib
+
+        hint = difflib.get_close_matches(cmd, COMMANDS, n=1)
+        meant = f"did you mean 'ablate {hint[0]}'? " if hint else ""
+        what = "an option" if cmd.startswith("-") else "a command"
+        print(f"ablate: error: '{cmd}' is not {what} ({meant}commands: {', '.join(COMMANDS)}; "
+              f"ablate --help for usage)", file=sys.stderr)
         sys.exit(2)
     import importlib
 

@@ -38,8 +38,13 @@ def compare_cmd(argv: list[str]) -> None:
     if args.out is not None and not installed("matplotlib"):
         print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)
         sys.exit(2)
+    from ablate.errors import ConfigError
+    from ablate.run.rundir import RunDirError, check_readable
+
     try:
+        for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
+            check_readable(d)
         compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ConfigError, RunDirError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

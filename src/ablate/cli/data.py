@@ -129,6 +129,10 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
+    from ablate.run.validate import check, check_method_args
+
+    check(cfg)  # what `ablate train` would refuse, in the same words
+    check_method_args(cfg)
     kind = _kind(cfg.method.trainer._target_)
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)
@@ -185,7 +189,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
 
 
 def data_cmd(argv: list[str]) -> None:
-    """`ablate data preview [overrides] [-n N]`: see `ablate.cli.preview`."""
+    """`ablate data preview [overrides] [-n N]`: see `preview`."""
     usage = "usage: ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
     if not argv or argv[0] != "preview":
         print(usage, file=sys.stderr)
@@ -206,16 +210,13 @@ def data_cmd(argv: list[str]) -> None:
             sys.exit(2)
         else:
             overrides.append(arg)
-    from hydra.errors import HydraException
-
-    from ablate.cli.preview import preview
-    from ablate.errors import USER_ERRORS
+    from ablate.run.validate import one_line
 
     try:
         preview(overrides, n, config_dir)
-    except USER_ERRORS as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except HydraException as e:  # a bad override: Hydra's first line says which
-        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
+        line = one_line(e)
+        if line is None:
+            raise
+        print(f"ablate: error: {line}", file=sys.stderr)
         sys.exit(2)

@@ -136,6 +136,7 @@ def eval_cmd(argv: list[str]) -> None:
 
     run_dir = Path(argv[0]).resolve()
     try:
+        rundir.check_readable(run_dir)  # before the heavy imports
         result = evaluate(run_dir, argv[1:])
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)

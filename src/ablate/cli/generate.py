@@ -103,6 +103,7 @@ def generate_cmd(argv: list[str]) -> None:
     from ablate.errors import USER_ERRORS
 
     try:
+        rundir.check_readable(args.run_dir)
         prompts = read_prompts(args.prompt, args.prompts)
         if not prompts:
             raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")

@@ -24,6 +24,7 @@ def resume_cmd(argv: list[str]) -> None:
         sys.exit(2)
     run_dir = Path(argv[0]).resolve()
     try:
+        rundir.check_readable(run_dir)
         info = rundir.read_json_checked(run_dir / rundir.RUN)
     except rundir.RunDirError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
@@ -31,6 +32,10 @@ def resume_cmd(argv: list[str]) -> None:
     summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
     if info is None:
         print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
+        sys.exit(2)
+    if not isinstance(info.get("overrides"), list):  # e.g. `{}`: not written by ablate, or cut short
+        print(f"ablate: error: {run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
+              f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ...", file=sys.stderr)
         sys.exit(2)
     if summary.get("status") == "completed":
         print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")

@@ -8,13 +8,59 @@ import traceback
 
 from ablate.paths import conf_dir
 from ablate.run.compose import check_moved, register_resolvers
+from ablate.run.console import say
 from ablate.run.secrets import remember
+
+# Hydra's own command-line options (hydra/_internal/utils.py get_args_parser): option -> its values
+# (None: takes a free value, (): takes none)
+HYDRA_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "--help": (), "-h": (), "--hydra-help": (), "-hc": (), "--version": (), "--resolve": (),
+    "--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"), "--package": None, "-p": None,
+    "--run": (), "-r": (), "--multirun": (), "-m": (), "--shell-completion": (), "-sc": (),
+    "--config-path": None, "-cp": None, "--config-name": None, "-cn": None, "--config-dir": None, "-cd": None,
+    "--experimental-rerun": None,
+    "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+    "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+}
+
+
+def check_argv(argv: list[str]) -> None:
+    """Options Hydra's argparse would answer with its whole usage page: one line instead."""
+    import difflib
+
+    args = iter(argv)
+    for arg in args:
+        if not arg.startswith("-") or arg == "-":
+            continue
+        flag, eq, value = arg.partition("=")
+        if flag not in HYDRA_OPTIONS:
+            if flag.startswith("--") and eq:  # --method=dpo: an override written as an option
+                _refuse(f"'{arg}' is not an option: overrides take no dashes: write {arg[2:]}")
+            hint = difflib.get_close_matches(flag, [k for k in HYDRA_OPTIONS if k.startswith("--")], n=1)
+            _refuse(f"'{flag}' is not an option of ablate train ({f'did you mean {hint[0]}? ' if hint else ''}"
+                    f"options: --cfg job|hydra|all, -m, --config-dir DIR, --info, --help)")
+        choices = HYDRA_OPTIONS[flag]
+        if choices == () and eq:
+            _refuse(f"'{flag}' takes no value (got '{arg}')")
+        optional = flag in ("--info", "-i")  # --info alone prints everything
+        if choices and not eq and not optional:
+            value = next(args, "")
+        if choices and (eq or not optional) and value not in choices:
+            _refuse(f"{flag} takes {'|'.join(choices)}, got '{value}' (e.g. ablate train {flag} {choices[0]})")
+        if choices is None and not eq:
+            next(args, None)
+
+
+def _refuse(line: str) -> None:
+    print(f"ablate: error: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 def hydra_train(argv: list[str]) -> None:
     """Run the training Hydra app with `argv` as its command line."""
     import hydra
 
+    check_argv(argv)
     check_moved(argv)
 
     from ablate.launchers import sweep
@@ -35,8 +81,7 @@ def hydra_train(argv: list[str]) -> None:
         hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")(task)()
     except (KeyboardInterrupt, interrupts.Interrupted) as e:
         sweep.finish()
-        print(f"ablate: interrupted ({interrupts.describe(e)}); continue a run with `ablate resume RUN_DIR`",
-              file=sys.stderr)
+        say(f"ablate: interrupted ({interrupts.describe(e)}); continue a run with `ablate resume RUN_DIR`")
         sys.exit(interrupts.exit_code(e))
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes one line below, a bug is re-raised
         error = e
@@ -56,7 +101,7 @@ def hydra_train(argv: list[str]) -> None:
             raise error
         from ablate.run.secrets import mask_text
 
-        print(f"ablate: error: {mask_text(line)}", file=sys.stderr)
+        say(f"ablate: error: {mask_text(line)}")
         sys.exit(2)
 
 

@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from datasets import Dataset, load_dataset, load_from_disk
+from datasets.utils.logging import (
+    disable_progress_bar,
+    enable_progress_bar,
+    is_progress_bar_enabled,
+)
 
 from ablate.errors import DataError
 
@@ -39,6 +44,9 @@ def _splits(train: Dataset, ev: Dataset | None, max_train: int | None, max_eval:
                       eval=map_columns(_limit(ev, max_eval), columns), reward_funcs=dict(reward_funcs or {}))
 
 
+MAX_LINE_BYTES = 1 << 20  # 1 MiB, ~250k tokens: far past any max_length; a longer line is refused
+
+
 def jsonl(
     train_path: str,
     eval_path: str | None = None,
@@ -46,25 +54,64 @@ def jsonl(
     max_eval_samples: int | None = None,
     reward_funcs: dict[str, Callable[..., Any]] | None = None,
     columns: Mapping[str, str | None] | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> DataSplits:
     """Load local JSON-lines files (one example per line) through `datasets.load_dataset("json")`."""
-    files = {"train": train_path} | ({"eval": eval_path} if eval_path else {})
+    files = {"train": str(Path(train_path).expanduser())}
+    if eval_path:
+        files["eval"] = str(Path(eval_path).expanduser())
     for split, path in files.items():
-        _check_jsonl(Path(path), split)
+        _check_jsonl(Path(path), split, max_line_bytes)
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()  # "Generating train split": local files convert in a moment; nothing to watch
     try:
         ds = load_dataset("json", data_files=files)
     except Exception as e:  # datasets wraps JSON errors in long chains; keep the first useful line
-        raise DataError(f"data: could not read {list(files.values())} as JSON lines: {str(e).splitlines()[0]}") from e
+        raise DataError(_load_error(e, list(files.values()))) from e
+    finally:
+        if shown:
+            enable_progress_bar()
     return _splits(ds["train"], ds.get("eval"), max_train_samples, max_eval_samples, columns, reward_funcs)
 
 
-def _check_jsonl(path: Path, split: str) -> None:
+def _load_error(e: BaseException, files: list[str]) -> str:
+    """The line for a failed `load_dataset`: an OS error on a path that is not one of the data files is
+    the datasets cache (a read-only HOME), not the data."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.filename and str(cause.filename) not in files:
+            return (f"data: cannot write the datasets cache ({cause.strerror or cause}: {cause.filename}); "
+                    f"set HF_DATASETS_CACHE (or HF_HOME) to a writable folder")
+        cause = cause.__cause__ or cause.__context__
+    return f"data: could not read {files} as JSON lines: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+
+
+def _row_format(row: dict[str, Any]) -> str | None:
+    """Which of TRL's formats a row's columns make (None: no known columns, e.g. before data.columns)."""
+    keys = set(row)
+    for name, needed in (("preference (chosen, rejected)", {"chosen", "rejected"}),
+                         ("prompt-completion", {"prompt", "completion"}), ("messages", {"messages"}),
+                         ("ShareGPT conversations", {"conversations"}), ("text", {"text"}), ("prompt-only", {"prompt"})):
+        if needed <= keys:
+            return name
+    return None
+
+
+def _check_jsonl(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> None:
     """Name the file and line of the first bad row: `datasets` only says the generation failed."""
     if not path.is_file():
         raise DataError(f"data: {split} file not found: {path}")
-    rows = 0
-    with path.open("rb") as f:
+    rows, first = 0, None
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise DataError(f"data: {split} file {path}: cannot read it ({e.strerror}); check its permissions") from None
+    with f:
         for number, raw in enumerate(f, start=1):
+            if len(raw) > max_line_bytes:
+                raise DataError(f"data: {path} line {number} is {len(raw) / 2**20:.1f} MiB, over data.max_line_bytes="
+                                f"{max_line_bytes}: one example that long is usually a whole dataset on one line (JSON "
+                                f"lines: one example per line); if it is one example, raise data.max_line_bytes")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -78,6 +125,12 @@ def _check_jsonl(path: Path, split: str) -> None:
                 raise DataError(f"data: {path} line {number} is not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):
                 raise DataError(f"data: {path} line {number} is a JSON {type(row).__name__}, not an object")
+            fmt = _row_format(row)
+            if first is None and fmt is not None:
+                first = (number, fmt)
+            elif fmt is not None and fmt != first[1]:
+                raise DataError(f"data: {path} line {number} is a {fmt} row, line {first[0]} a {first[1]} row: "
+                                f"one format per file (put each kind of row in a file of its own)")
             rows += 1
     if rows == 0:
         raise DataError(f"data: {split} file {path} has no examples")
@@ -90,6 +143,7 @@ def packaged(
     max_eval_samples: int | None = None,
     reward_funcs: dict[str, Callable[..., Any]] | None = None,
     columns: Mapping[str, str | None] | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> DataSplits:
     """Load one of the small datasets shipped inside the package (`ablate/data/tiny/<name>_*.jsonl`)."""
     train = PACKAGED / f"{name}_train.jsonl"
@@ -98,7 +152,7 @@ def packaged(
         raise DataError(f"data: no packaged dataset '{name}'; available: {', '.join(known)}")
     ev = PACKAGED / f"{name}_eval.jsonl"
     return jsonl(str(train), str(ev) if with_eval and ev.is_file() else None,
-                 max_train_samples, max_eval_samples, reward_funcs, columns)
+                 max_train_samples, max_eval_samples, reward_funcs, columns, max_line_bytes)
 
 
 def hub(
@@ -117,6 +171,12 @@ def hub(
     .jsonl/.json/.parquet/.csv file (train only)."""
     local = Path(path).expanduser()
     builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+    from ablate.paths import hub_unreachable
+
+    why = hub_unreachable() if not local.exists() else None
+    if why is not None:  # datasets would retry each file 5 times, a warning each, then fail
+        raise DataError(f"data: cannot load '{path}': {why}; connect to the internet, or save the dataset "
+                        f"locally (save_to_disk or .jsonl) and give its path (HF_HUB_OFFLINE=1 uses the cache)")
     try:
         if local.is_file() and local.suffix in builders:  # one file: the train split, no eval split
             train = load_dataset(builders[local.suffix], data_files=str(local), split="train")

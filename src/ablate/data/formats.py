@@ -110,11 +110,40 @@ def preference_row(row: dict[str, Any], index: int) -> dict[str, Any]:
     return out
 
 
+# Chat roles the chat templates know (OpenAI's and TRL's; Gemma's `model`); any other renders as the
+# template pleases (often as nothing, or as a user turn): ShareGPT's human/gpt must become user/assistant.
+ROLES = ("system", "user", "assistant", "tool", "developer", "model")
+COMPLETIONS = ("chosen", "rejected", "completion", "text")  # what the loss is on: never empty
+
+
 def check_text(value: Any, column: str, conv: bool, index: int) -> None:
-    """One line for a cell of the wrong shape (a number, None, a list of non-messages, mixed formats)."""
+    """One line for a cell of the wrong shape (a number, None, a list of non-messages, mixed formats),
+    an empty completion (nothing to learn from), or a message whose role no chat template knows."""
     if conv and not is_messages(value):
         raise DataError(f"data: row {index}: '{column}' must be a list of {{role, content}} messages like the "
                         f"prompt, got {type(value).__name__}")
     if not conv and not isinstance(value, str):
         raise DataError(f"data: row {index}: '{column}' must be a string (or every text column a list of "
                         f"{{role, content}} messages), got {type(value).__name__}")
+    if column in COMPLETIONS and not (value.strip() if isinstance(value, str) else value):
+        raise DataError(f"data: row {index}: '{column}' is empty (nothing to learn from); remove the row or fill it")
+    for message in value if conv else []:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            renamed = {"human": "user", "gpt": "assistant", "bot": "assistant"}.get(str(role))
+            fix = f"rename it to '{renamed}'" if renamed else f"use one of {', '.join(ROLES)}"
+            raise DataError(f"data: row {index}: '{column}' has a message with role '{role}', which chat templates "
+                            f"do not know: {fix}")
+
+
+def check_rows(dataset: Dataset) -> None:
+    """`check_text` on every text cell, before tokenising: a bad row is named at once, before a
+    progress bar is drawn and before the rows above it are tokenised. Each cell is judged by its own
+    shape (string or messages); what goes with what (chosen and rejected alike) is checked per row
+    when tokenising. ShareGPT `conversations` are checked once converted, when tokenising."""
+    columns = [c for c in KNOWN if c in dataset.column_names]
+    for index, row in enumerate(dataset.select_columns(columns)):
+        for column in columns:
+            value = row[column]
+            if value is not None:  # an optional column (a prompt beside implicit-prompt rows)
+                check_text(value, column, is_messages(value), index)

@@ -27,6 +27,7 @@ from datasets import Dataset, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
 from ablate.data.formats import (
+    check_rows,
     check_text,
     detect,
     is_messages,
@@ -267,6 +268,7 @@ def prepare_preference(
 ) -> Dataset:
     """Any preference format -> prompt_ids / chosen_ids / rejected_ids, truncated (DPO's `_prepare_dataset`)."""
     detect(dataset, "preference")
+    check_rows(dataset)
     _check_lengths(max_length=max_length, max_prompt_length=max_prompt_length,
                    max_completion_length=max_completion_length)
 
@@ -290,6 +292,7 @@ def prepare_sft(
     """Any SFT format -> prompt_ids / completion_ids (+ completion_mask with `assistant_only_loss`),
     truncated (SFT's `_prepare_dataset`)."""
     detect(dataset, "sft")
+    check_rows(dataset)
     _check_lengths(max_length=max_length)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
@@ -310,6 +313,7 @@ def prepare_prompts(
     """Prompt-only rows -> add `prompt_ids` (the last `max_prompt_length` tokens); other columns stay
     (GRPO's reward functions receive them)."""
     detect(dataset, "prompt")
+    check_rows(dataset)
     _check_lengths(max_prompt_length=max_prompt_length)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, list[int]]:

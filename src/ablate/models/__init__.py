@@ -88,19 +88,38 @@ def pretrained(
         path = str(local.resolve())
     if (local.exists() or path.startswith(("/", ".", "~"))) and not (local / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a save_pretrained directory (no config.json there)")
+    offline = _offline(path, revision)  # a hub id: cached files only when the hub cannot be reached
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code, **offline)
     except OSError as e:  # a hub id with no network and no cache lands here, as a page of text
         raise ConfigError(f"model.path: cannot load '{path}': {str(e).splitlines()[0]}") from e
     if tokenizer.pad_token is None:  # many base models ship without one; batching needs it
         tokenizer.pad_token = tokenizer.eos_token
-    kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code, **offline}
     if quantization_config is not None:
         kwargs.update(_quantized_kwargs(quantization_config))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
+
+
+def _offline(path: str, revision: str | None) -> dict[str, Any]:
+    """For a hub id while the hub cannot be reached: `local_files_only` when the model is cached (no
+    retries with a warning each), else a one-line ConfigError naming the way out."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from ablate.paths import hub_unreachable
+
+    if Path(path).expanduser().exists():
+        return {}
+    why = hub_unreachable()
+    if why is None:
+        return {}
+    if isinstance(try_to_load_from_cache(path, "config.json", revision=revision), str):
+        return {"local_files_only": True}
+    raise ConfigError(f"model.path={path}: not in the local cache and {why}; connect to the internet, or copy "
+                      f"the model dir here and use model=local model.path=DIR")
 
 
 def _merged_adapter(adapter_dir: Path, dtype: str,

@@ -82,8 +82,15 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    with quiet_peft():
-        return get_peft_model(model, adapters.config)
+    try:
+        with quiet_peft():
+            return get_peft_model(model, adapters.config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model" (a page of text)
+        if "target_modules" not in str(e) and "Target modules" not in str(e):
+            raise
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(f"peft.target_modules={adapters.config.target_modules}: no such layer in this model; "
+                          f"its linear layers: {', '.join(names)} (or peft.target_modules=all-linear)") from None
 
 
 @contextlib.contextmanager

@@ -107,6 +107,51 @@ def check_moved(argv: list[str]) -> None:
         sys.exit(2)
 
 
+# `_target_`s that moved when the code was reorganised into packages by concept (commit 5692f59):
+# old dotted prefix -> new one. A user's config (--config-dir, an override) naming an old one gets
+# one line "X is now Y" (ablate.run.targets), not Hydra's "Error locating target".
+MOVED_TARGETS = {
+    "ablate.trainers.dpo": "ablate.methods.dpo",
+    "ablate.trainers.sft": "ablate.methods.sft",
+    "ablate.trainers.grpo": "ablate.methods.grpo",
+    "ablate.trainers.metrics": "ablate.methods.metrics",
+    "ablate.trainers.optim": "ablate.methods.optim",
+    "ablate.trainers.generation": "ablate.rollouts.generation",
+    "ablate.trainers.geometry": "ablate.rollouts.geometry",
+    "ablate.trainers.scoring": "ablate.speed.scoring",
+    "ablate.optimizer": "ablate.methods.schedules",
+    "ablate.compute_metrics": "ablate.methods.compute_metrics",
+    "ablate.debug": "ablate.callbacks.debug",
+    "ablate.callbacks.MetricsJSONL": "ablate.run.callbacks.MetricsJSONL",
+    "ablate.callbacks.MaskSavedArgs": "ablate.run.callbacks.MaskSavedArgs",
+    "ablate.callbacks.LogAtSaveAndEnd": "ablate.run.callbacks.LogAtSaveAndEnd",
+    "ablate.models.lean": "ablate.speed.lean",
+    "ablate.models.packing": "ablate.speed.packing",
+    "ablate.models.split": "ablate.speed.split",
+    "ablate.data.groups": "ablate.speed.groups",
+    "ablate.data.pairs": "ablate.speed.pairs",
+    "ablate.data.format": "ablate.data.tokenize",
+    "ablate.speed.Speed": "ablate.speed.throughput.Speed",
+    "ablate.redact": "ablate.run.secrets",
+    "ablate.validate": "ablate.run.validate",
+    "ablate.rundir": "ablate.run.rundir",
+    "ablate.interrupts": "ablate.run.interrupts",
+    "ablate.preemption": "ablate.run.preemption",
+    "ablate.sweep": "ablate.launchers.sweep",
+    "ablate.sweep_resume": "ablate.launchers.sweep_resume",
+    "ablate.slurm": "ablate.launchers.slurm",
+}
+
+
+def moved_target(target: str) -> str | None:
+    """The new spelling of a `_target_` that moved (`ablate.trainers.dpo.DPOTrainer` ->
+    `ablate.methods.dpo.DPOTrainer`), or None. Matches whole dotted parts, longest old prefix first."""
+    for old in sorted(MOVED_TARGETS, key=len, reverse=True):
+        if target == old or target.startswith(old + "."):
+            return MOVED_TARGETS[old] + target[len(old):]
+    return None
+
+
 def quote_override_value(value: str) -> str:
     """`value` as one quoted value of Hydra's override grammar: run-dir names hold `=` and `,`, a cwd
     may hold spaces or quotes. Inside single quotes only a quote, and backslashes before a quote or

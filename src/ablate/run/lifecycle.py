@@ -152,7 +152,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     run = Run(run_dir, info, {"status": "running", "method": cfg.method.name, "overrides": overrides,
                               # the method's own say in `ablate compare` (a user's method too)
                               "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
-                              "run_dir": str(run_dir), "versions": info["versions"], "git_sha": info["git_sha"]})
+                              "run_dir": str(run_dir), "versions": info.get("versions"), "git_sha": info.get("git_sha")})
     rundir.write_json(run_dir / rundir.SUMMARY, run.summary)
     with interrupts.as_exceptions():
         try:

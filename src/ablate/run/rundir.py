@@ -128,6 +128,12 @@ def read_json_checked(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def check_readable(path: Path) -> None:
+    """RunDirError when `path` (a run or sweep dir given on the command line) exists but cannot be read."""
+    if path.exists() and not os.access(path, os.R_OK | os.X_OK if path.is_dir() else os.R_OK):
+        raise RunDirError(f"{path}: permission denied (cannot read it); check its permissions: ls -ld {path}")
+
+
 def is_usable(run_dir: Path) -> None:
     """Raise RunDirError unless `run_dir` is empty (Hydra's own files aside) or an ablate run dir."""
     if not run_dir.exists():

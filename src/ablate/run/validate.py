@@ -17,10 +17,8 @@ the launching process.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib.util
-import math
 import os
 import sys
 from pathlib import Path
@@ -31,60 +29,23 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate.errors import ConfigError, missing_extra
-
-Check = Callable[[Any, DictConfig], bool]
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _grpo(cfg: DictConfig) -> bool:
-    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("GRPOConfig")
-
-
-# dotted key -> (test, what the value must be). A key absent from the config is not checked.
-RULES: dict[str, tuple[Check, str]] = {
-    "seed": (lambda v, c: _int(v), "an integer"),
-    "peak_tflops": (lambda v, c: v is None or (_num(v) and v > 0), "null (measured) or a number > 0 (TFLOP/s)"),
-    "optimizer.optimizer.lr": (lambda v, c: _num(v) and v > 0, "a number > 0"),
-    "optimizer.optimizer.weight_decay": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
-    "method.args.per_device_train_batch_size": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
-    "method.args.per_device_eval_batch_size": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
-    "method.args.gradient_accumulation_steps": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
-    "method.args.num_train_epochs": (lambda v, c: _num(v) and v > 0, "a number > 0"),
-    # 0 is not "no training": Trainer runs one step. -1 means "use num_train_epochs".
-    "method.args.max_steps": (lambda v, c: _int(v) and (v == -1 or v >= 1), "-1 (use num_train_epochs) or an integer >= 1"),
-    "method.args.max_grad_norm": (lambda v, c: v is None or (_num(v) and v >= 0), "a number >= 0 (0 = no clipping)"),
-    "method.args.logging_steps": (lambda v, c: _num(v) and v > 0, "a number > 0"),
-    "method.args.eval_steps": (lambda v, c: v is None or (_num(v) and v > 0), "null or a number > 0"),
-    "method.args.save_steps": (lambda v, c: _num(v) and v > 0, "a number > 0 (turn checkpoints off with method.args.save_strategy=no)"),
-    "method.args.save_total_limit": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
-    "method.args.eval_strategy": (lambda v, c: v in ("no", "steps", "epoch"), "one of no, steps, epoch"),
-    "method.args.save_strategy": (lambda v, c: v in ("no", "steps", "epoch", "best"), "one of no, steps, epoch, best"),
-    "method.args.dataloader_num_workers": (lambda v, c: _int(v) and v >= 0, "an integer >= 0"),
-    # DPO's beta scales the implicit reward (beta=0 makes the loss constant; hinge divides by it);
-    # GRPO's beta is a KL weight, where 0 turns the reference model off.
-    "method.args.beta": (lambda v, c: _num(v) and (v >= 0 if _grpo(c) else v > 0),
-                         "a number > 0 (GRPO: >= 0, where 0 means no KL term)"),
-    "method.args.max_length": (lambda v, c: v is None or (_int(v) and v >= 1), "an integer >= 1"),
-    "method.args.max_prompt_length": (lambda v, c: v is None or (_int(v) and v >= 1), "an integer >= 1"),
-    "method.args.max_completion_length": (lambda v, c: (v is None and not _grpo(c)) or (_int(v) and v >= 1),
-                                          "an integer >= 1 (DPO: or null)"),
-    "method.args.num_generations": (lambda v, c: _int(v) and v >= 2, "an integer >= 2 (the group whose mean is the baseline)"),
-    "method.args.steps_per_generation": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
-    "method.args.temperature": (lambda v, c: _num(v) and v > 0, "a number > 0"),
-    "method.args.top_p": (lambda v, c: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "method.args.epsilon": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
-    "method.args.epsilon_high": (lambda v, c: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
-    "data.max_train_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
-    "data.max_eval_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
-    "model.dtype": (lambda v, c: v in ("float32", "bfloat16", "float16"), "one of float32, bfloat16, float16"),
-}
+from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, imported from here by train and cli
+    check_code,
+    check_distributed,
+    check_method_args,
+    check_precision,
+    check_trainable,
+    check_trainer_class,
+    has_accelerator,
+)
+from ablate.run.rules import (
+    RULES,
+    at,
+    hydra_node,
+    optimizer_field_hint,
+    refusal,
+)
+from ablate.run.targets import check_target
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -99,7 +60,7 @@ def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) 
     hydra node (`cfg.hydra` when Hydra's callbacks pass the full config, else HydraConfig.get()).
     `swept`: keys a multirun sweeps, whose value in `cfg` is not what any job gets (not checked)."""
     if hc is None:
-        hc = cfg.hydra if "hydra" in cfg else _hydra_node()
+        hc = cfg.hydra if "hydra" in cfg else hydra_node()
     try:
         _check(cfg, hc, swept)
     except OmegaConfBaseException as e:  # e.g. ${oc.env:UNSET}
@@ -109,25 +70,54 @@ def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) 
 
 def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_extras(cfg)  # first: the other checks may import modules that probe the optional packages
+    _check_targets(cfg)
     _check_missing(cfg, hc, swept)
     _check_root_keys(cfg, hc)
-    _check_added_args(cfg, hc)
+    _check_optimizer_args(cfg)
     values = {key: OmegaConf.select(cfg, key, default=KeyError) for key in RULES}
     for key, (ok, what) in RULES.items():
         v = values[key]
         if v is not KeyError and key not in swept and not ok(v, cfg):
-            raise ConfigError(f"{key}={_show(v)}: must be {what}")
+            raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
     _check_paths(cfg)
+    _check_datasets_cache(cfg)
+    _check_eval_data(cfg, swept)
 
 
-def _show(v: Any) -> str:
-    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+def _check_targets(cfg: DictConfig) -> None:
+    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.run.targets."""
+    for key, target in _targets(cfg):
+        check_target(key, target)
 
 
-def _hydra_node() -> Any:
-    from hydra.core.hydra_config import HydraConfig
+def _check_optimizer_args(cfg: DictConfig) -> None:
+    args = at(cfg, "method.args")
+    if isinstance(args, DictConfig) and at(cfg, "optimizer.optimizer") is not None:
+        for k in args:
+            hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
+            if hint:
+                raise ConfigError(hint)
 
-    return HydraConfig.get() if HydraConfig.initialized() else None
+
+def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
+    strategy = at(cfg, "method.args.eval_strategy")
+    data = at(cfg, "data")
+    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
+        return
+    target = str(data.get("_target_", ""))
+    missing = {"ablate.data.jsonl": ("eval_path", lambda: data.get("eval_path") is None),
+               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
+               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
+    if target in missing and missing[target][1]():
+        field_ = missing[target][0]
+        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
+        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
+                          f"or leave evaluation off (method.args.eval_strategy=no)")
+
+
+def _packaged_eval(data: DictConfig) -> bool:
+    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
 
 
 def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
@@ -174,14 +164,6 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
 
 
-def _check_added_args(cfg: DictConfig, hc: Any) -> None:
-    """`+method.args.<field>=...` must name a field of the method's arguments class. Only then is the
-    class imported here (it pulls in transformers: seconds); every run checks it again at start."""
-    overrides = _overrides(hc)
-    if any(str(o).lstrip("+").startswith("method.args.") and str(o).startswith("+") for o in overrides or []):
-        check_method_args(cfg)
-
-
 def _check_paths(cfg: DictConfig) -> None:
     """Data files and a local model dir exist (checked before the model is loaded)."""
     data = cfg.get("data") or {}
@@ -190,6 +172,8 @@ def _check_paths(cfg: DictConfig) -> None:
         if isinstance(path, str) and not Path(path).expanduser().is_file():
             what = "is a directory, not a JSON-lines file" if Path(path).expanduser().is_dir() else "not found"
             raise ConfigError(f"data.{key}={path}: {what}")
+        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
+            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
     model = cfg.get("model") or {}
     path = model.get("path") if isinstance(model, DictConfig) else None
     if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
@@ -197,6 +181,26 @@ def _check_paths(cfg: DictConfig) -> None:
         if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
             why = "not found" if not local.exists() else "no config.json there"
             raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
+
+
+DATA_LOADERS = ("ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
+
+
+def _check_datasets_cache(cfg: DictConfig) -> None:
+    """`datasets` writes every file it loads into its cache: a read-only HOME would fail the run after
+    its dir exists, in words about the data files. Where the cache goes is datasets' own rule."""
+    if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
+        return
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
+    existing = cache
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == cache else f" ({existing} is not writable)"
+        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
+                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -227,9 +231,18 @@ def installed(module: str) -> bool:
         return False
 
 
-def check_dir(path: Path, key: str) -> None:
-    """`path` (hydra.run.dir / hydra.sweep.dir) is, or can be created as, a writable directory.
-    Nothing is written into an existing dir (the write test is os.access)."""
+def check_dir(path: Path, key: str, create: bool = True) -> None:
+    """`path` (hydra.run.dir / hydra.sweep.dir) is, or can be created as, a writable directory; with
+    `create`, a missing one is created now (a failure is ours to report, and nothing existing is
+    touched). Nothing is written into an existing dir (the write test is os.access)."""
+    try:
+        _check_dir(path, key, create)
+    except OSError as e:  # e.g. a folder above it that cannot be searched (chmod 000)
+        where = "" if str(e.filename) == str(path) else f"{e.filename}: "
+        raise ConfigError(f"{key}={path}: {where}{os_error_line(e).split(': ', 1)[-1]}") from None
+
+
+def _check_dir(path: Path, key: str, create: bool) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key}={path} is a file, not a directory")
     parent = path
@@ -239,7 +252,7 @@ def check_dir(path: Path, key: str) -> None:
         raise ConfigError(f"{key}={path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{key}={path}: {parent} is not writable")
-    if parent != path:  # create it now: a failure is ours to report, and nothing existing is touched
+    if parent != path and create:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -283,9 +296,11 @@ class Validate(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         def checks() -> None:
             check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
-            run_dir = Path(str(config.hydra.run.dir))
-            check_dir(run_dir, "hydra.run.dir")
+            run_dir = Path(_dir_value(config, "hydra.run.dir"))
+            check_dir(run_dir, "hydra.run.dir", create=False)
             check_run_dir(run_dir, config.hydra)
+            check_code(config)  # imports the method's code (torch), which the run needs next anyway
+            check_dir(run_dir, "hydra.run.dir")  # last: creates it
 
         _exit_on_error(checks)
 
@@ -295,7 +310,16 @@ class Validate(Callback):
         configs differ from it too much to judge, so each job is checked when it starts. Then the
         launch claims its sweep dir (`claim_sweep_dir`)."""
         swept = _swept(config)
-        _exit_on_error(lambda: (swept is None or check(config, swept=swept), claim_sweep_dir(config)))
+
+        def checks() -> None:
+            sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
+            if swept is not None:
+                check(config, swept=swept)
+                check_dir(sweep_dir, "hydra.sweep.dir", create=False)
+                check_code(config, swept)  # the sweep's dir is created after the code checks
+            claim_sweep_dir(config)
+
+        _exit_on_error(checks)
 
 
 def claim_sweep_dir(config: DictConfig) -> None:
@@ -325,6 +349,15 @@ def claim_sweep_dir(config: DictConfig) -> None:
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
 
 
+def _dir_value(config: DictConfig, key: str) -> str:
+    """hydra.run.dir / hydra.sweep.dir as given; empty would mean the current directory."""
+    value = str(OmegaConf.select(config, key, default="") or "").strip()
+    if not value:
+        raise ConfigError(f"{key} is empty (it would write into the current directory); give a directory: "
+                          f"{key}=outputs/my_run, or leave it out for a new dir under outputs/")
+    return value
+
+
 def _swept(config: DictConfig) -> frozenset[str] | None:
     """The keys a multirun sweeps, or None when it sweeps a config group (or they cannot be read)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -339,15 +372,37 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
 
 
 def _exit_on_error(fn: Callable[[], Any]) -> None:
+    """Run the checks; a refusal exits here with one line. Hydra would turn any exception raised in
+    a callback into a warning and go on to create the run dir, so nothing may escape: an OS error
+    (a dir that cannot be read) is one line too, and a bug in a check is its traceback and exit 1."""
     from ablate.run.rundir import RunDirError
+    from ablate.run.secrets import mask_text
 
     try:
         fn()
     except (ConfigError, RunDirError) as e:
-        from ablate.run.secrets import mask_text
-
         print(f"ablate: error: {mask_text(str(e))}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:
+        print(f"ablate: error: {mask_text(os_error_line(e))}", file=sys.stderr)
+        sys.exit(2)
+    except Exception:  # noqa: BLE001 - a bug in a check: loud, and the run does not start
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def os_error_line(e: OSError) -> str:
+    """`PermissionError: [Errno 13] ...` as what to fix: the file, what went wrong, and the usual fix."""
+    what = e.strerror or type(e).__name__
+    where = f"{e.filename}: " if e.filename else ""
+    fix = ""
+    if isinstance(e, PermissionError):
+        fix = " (check its permissions, and those of the folders above it: ls -ld)"
+    elif e.errno == 28:  # ENOSPC
+        fix = " (free some space, or write elsewhere: hydra.run.dir=...)"
+    return f"{where}{what.lower() if what[:1].isupper() and what[1:2].islower() else what}{fix}"
 
 
 def one_line(e: BaseException) -> str | None:
@@ -369,6 +424,10 @@ def one_line(e: BaseException) -> str | None:
     if line is not None:
         return line
     if isinstance(e, OverrideParseException):
+        key, _, value = str(e.override).partition("=")
+        if "~" in value:  # a home path: Hydra's grammar has no unquoted ~ (and ablate expands it)
+            return (f"cannot parse the override '{e.override}': Hydra reads '~' only inside quotes: write "
+                    f"'{key}=\"{value}\"' (single quotes outside, for the shell), or {key}=$HOME{value.lstrip('~')}")
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
@@ -411,6 +470,9 @@ def _missing_option(e: Any) -> str:
 
 def _unknown_key(cause: Any) -> str:
     key = str(getattr(cause, "full_key", "") or "")
+    hint = optimizer_field_hint(key)  # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
+    if hint is not None:
+        return hint
     parent = getattr(cause, "parent_node", None)
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
@@ -421,79 +483,3 @@ def _unknown_key(cause: Any) -> str:
     return f"unknown config key '{key}'; known under '{prefix.rstrip('.') or '<root>'}': {', '.join(known)}" \
            f" (to add a new field on purpose: +{key}=...)"
 
-
-# ---- checks at run time: on the method, the device and the built objects (need torch) ----
-
-
-def check_method_args(cfg: DictConfig) -> None:
-    """Every `method.args` field is one of the method's arguments class (the only list of them there
-    is), else one line naming the closest field."""
-    from hydra.utils import get_class
-
-    cls = get_class(cfg.method.args._target_)
-    known = {f.name for f in dataclasses.fields(cls)}
-    for k in cfg.method.args:
-        if k not in known and k != "_target_":
-            hint = difflib.get_close_matches(str(k), known, n=1)
-            meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
-            raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
-
-
-def check_precision(args: Any) -> dict[str, Any]:
-    """`args`: the precision node (fp16 / tf32 flags), checked before any TrainingArguments exist.
-    Returns extra TrainingArguments: bf16 on a machine without any accelerator trains on the CPU
-    (`use_cpu`), where torch autocasts to bfloat16; transformers refuses bf16 there without it."""
-    import torch
-    from transformers.utils import is_torch_bf16_gpu_available
-
-    if getattr(args, "fp16", False) and not torch.cuda.is_available():
-        # accelerate silently ignores fp16 on CPU (no autocast, no scaler): refuse rather than pretend
-        raise ConfigError("precision=fp16 needs a CUDA GPU (on CPU it would silently train in fp32); use precision=bf16 or fp32")
-    if getattr(args, "tf32", None) and not torch.cuda.is_available():
-        raise ConfigError("precision.tf32=true needs an Ampere or newer CUDA GPU; leave it null on CPU")
-    if getattr(args, "bf16", False) and not is_torch_bf16_gpu_available():
-        if has_accelerator():  # never move a GPU run to the CPU behind the user's back
-            raise ConfigError("precision=bf16 needs a GPU with bfloat16 support (CUDA: Ampere or newer); "
-                              "use precision=fp32 (or fp16 on CUDA)")
-        return {"use_cpu": True}
-    return {}
-
-
-def has_accelerator() -> bool:
-    """Any GPU-like device torch can use (CUDA, ROCm, MPS, XPU, ...)."""
-    import torch
-
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    if accelerator is not None:
-        return bool(accelerator.is_available())
-    return torch.cuda.is_available() or torch.backends.mps.is_available()
-
-
-def check_distributed(args: Any) -> None:
-    """`args`: the distributed node. accelerate runs CPU processes as MULTI_CPU (DDP) whatever `fsdp`
-    says: refuse rather than pretend the model is sharded."""
-    import torch
-
-    if getattr(args, "fsdp", False) and not torch.cuda.is_available():
-        raise ConfigError("distributed=fsdp needs CUDA GPUs (on CPU accelerate would silently run plain DDP); "
-                          "use distributed=ddp")
-
-
-def check_trainable(model: Any) -> None:
-    """A quantized policy trains only through adapters (transformers refuses it deep in Trainer)."""
-    if getattr(model, "is_quantized", False) and not hasattr(model, "peft_config"):
-        raise ConfigError("the policy model is quantized (quantization_config) and has no trainable adapters; "
-                          "add adapters (+peft=qlora), quantize only the reference (method.trainer.ref_model), "
-                          "or load the policy unquantized")
-
-
-def check_trainer_class(cls: Any) -> None:
-    """The optimizer group reaches a trainer only through ConfiguredOptimizer's hooks: a trainer
-    without them would silently train with Trainer's default optimizer instead."""
-    from ablate.methods.optim import ConfiguredOptimizer
-
-    if not (isinstance(cls, type) and issubclass(cls, ConfiguredOptimizer)):
-        name = getattr(cls, "__qualname__", repr(cls))
-        raise ConfigError(f"method.trainer._target_: {name} does not subclass ablate.methods.optim.ConfiguredOptimizer, "
-                          "so the optimizer group cannot reach it; subclass one of ablate's trainers or add "
-                          "ConfiguredOptimizer as its first base")

@@ -1,0 +1,216 @@
+"""Checks that need the method's code or the machine (transformers, torch), run after every cheap
+check of ablate.run.validate: before the run dir exists for a single run (the Validate callback, in
+the process that then trains), at the start of each sweep job, and on the objects a run builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from ablate.errors import ConfigError
+from ablate.run.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
+
+
+def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset()) -> None:
+    """The checks that need the method's code (its arguments class and trainer: transformers, torch),
+    run after every cheap one: `method.args` fields and their types, each function handed to the
+    trainer (the loss, ...) against the call the trainer makes, the trainer class, and whether this
+    machine can run the precision and distributed groups. `swept`: keys a multirun sweeps."""
+    swept = swept or frozenset()
+    check_method_args(cfg, swept)
+    if OmegaConf.select(cfg, "method.trainer._target_") is not None:
+        check_trainer_functions(cfg)
+        from hydra.utils import get_class
+
+        check_trainer_class(get_class(cfg.method.trainer._target_))
+    if isinstance(cfg.get("precision"), DictConfig):
+        check_precision(cfg.precision)
+    if isinstance(cfg.get("distributed"), DictConfig):
+        check_distributed(cfg.distributed)
+
+
+def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> None:
+    """Every `method.args` field is one of the method's arguments class (the only list of them there
+    is), else one line naming the closest field; a field typed bool, int or float holds one."""
+    from hydra.utils import get_class
+
+    cls = get_class(cfg.method.args._target_)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for k in cfg.method.args:
+        if k not in fields and k != "_target_":
+            hint = difflib.get_close_matches(str(k), fields, n=1)
+            meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
+            raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
+        key = f"method.args.{k}"
+        if k in fields and key not in swept and key not in RULES:
+            what = _type_problem(cfg.method.args[k], fields[k].type)
+            if what is not None:
+                raise ConfigError(refusal(key, cfg.method.args[k], what))
+
+
+def _type_problem(v: Any, annotation: Any) -> str | None:
+    """What `v` must be for a dataclass field annotated `annotation` (bool, int, float, their unions
+    with None or str), or None when it fits or the annotation is anything else (not checked)."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation).strip("'\"")
+    kinds = {t.strip().replace("NoneType", "None") for t in text.replace("Optional[", "").rstrip("]").split("|")}
+    if not kinds <= {"bool", "int", "float", "str", "None"} or not kinds & {"bool", "int", "float"}:
+        return None
+    fits = (v is None and "None" in kinds) or (isinstance(v, bool) and "bool" in kinds) \
+        or (is_int(v) and kinds & {"int", "float"}) or (is_num(v) and "float" in kinds) or (isinstance(v, str) and "str" in kinds)
+    if fits:
+        return None
+    what = {"bool": BOOL, "int": "an integer", "float": "a number"}
+    main = next(k for k in ("bool", "int", "float") if k in kinds)
+    return what[main] + (" or null" if "None" in kinds else "")
+
+
+def check_trainer_functions(cfg: DictConfig) -> None:
+    """Each function the config hands the trainer (`method.trainer.loss` and the like: `_partial_`
+    nodes) must take the call the trainer makes of it, judged by the trainer's own default for that
+    argument: a DPO loss picked under method=grpo (`method/loss=hinge`), or a GRPO aggregation under
+    method=dpo, is refused here, before anything is built, naming the options that do fit."""
+    import inspect
+
+    from hydra.utils import get_class, instantiate
+
+    node = cfg.method.trainer
+    params = inspect.signature(get_class(node._target_).__init__).parameters
+    for name, param in params.items():
+        value = node.get(name) if name in node else None
+        if not inspect.isfunction(param.default) or not isinstance(value, DictConfig) or "_target_" not in value:
+            continue
+        problem = call_mismatch(instantiate(value), param.default)
+        if problem is not None:
+            raise ConfigError(_misfit(cfg, node, name, value, param.default, problem))
+
+
+def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:
+    """Why `fn` cannot be called as `like` is (its required arguments: positionally, or by name where
+    `fn` takes that name keyword-only), or None when it can."""
+    import inspect
+
+    try:
+        theirs = inspect.signature(fn, follow_wrapped=False).parameters
+        ours = inspect.signature(like, follow_wrapped=False).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: cannot tell
+        return None
+    required = [p for p in ours if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    by_name = {p.name for p in required if p.kind == p.KEYWORD_ONLY
+               or (p.name in theirs and theirs[p.name].kind == p.KEYWORD_ONLY)}
+    try:
+        inspect.signature(fn, follow_wrapped=False).bind(*[None] * sum(p.name not in by_name for p in required),
+                                                         **dict.fromkeys(by_name))
+    except TypeError as e:
+        return str(e)
+    return None
+
+
+def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, default: Any, problem: str) -> str:
+    """The line for a function that does not fit its trainer argument: the key and group option it
+    came from, the call the trainer makes, and the options of that group that fit."""
+    import inspect
+
+    key = _source_key(node, name)
+    group = key.replace(".", "/")
+    hc = hydra_node() if "hydra" not in cfg else cfg.hydra
+    choice = OmegaConf.select(hc, f"runtime.choices.{group}", default=None) if hc is not None else None
+    picked = f"{group}={choice} ({value._target_})" if choice else f"{key}._target_={value._target_}"
+    method = OmegaConf.select(cfg, "method.name", default="this method")
+    trainer = str(node._target_).rsplit(".", 1)[-1]
+    call = f"{default.__module__}.{default.__name__}{inspect.signature(default, follow_wrapped=False)}"
+    call = call.split(" ->")[0]
+    fitting = _fitting_options(group, default)
+    options = f"; options that fit: {group}={'|'.join(fitting)}" if fitting else ""
+    return f"{picked} does not fit method={method}: {trainer} calls its {name} like {call} ({problem}){options}"
+
+
+def _source_key(node: DictConfig, name: str) -> str:
+    """The config key a trainer argument comes from (`method.trainer.loss: ${..loss}` -> method.loss)."""
+    try:
+        target = node._get_node(name)._dereference_node()
+        return str(target._get_full_key(None)) or f"method.trainer.{name}"
+    except Exception:  # noqa: BLE001 - not an interpolation, or one OmegaConf cannot follow
+        return f"method.trainer.{name}"
+
+
+def _fitting_options(group: str, default: Any) -> list[str]:
+    """The options of config group `group` (ablate's conf/) whose function fits like `default`."""
+    from hydra.utils import instantiate
+
+    from ablate.paths import conf_dir
+
+    out = []
+    for path in sorted((Path(conf_dir()) / group).glob("*.yaml")):
+        try:
+            option = OmegaConf.load(path)
+            if isinstance(option, DictConfig) and "_target_" in option and \
+                    call_mismatch(instantiate(option), default) is None:
+                out.append(path.stem)
+        except Exception:  # noqa: BLE001 - an option that does not build is not one to suggest
+            continue
+    return out
+
+
+def check_precision(args: Any) -> dict[str, Any]:
+    """`args`: the precision node (fp16 / tf32 flags), checked before any TrainingArguments exist.
+    Returns extra TrainingArguments: bf16 on a machine without any accelerator trains on the CPU
+    (`use_cpu`), where torch autocasts to bfloat16; transformers refuses bf16 there without it."""
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    if getattr(args, "fp16", False) and not torch.cuda.is_available():
+        # accelerate silently ignores fp16 on CPU (no autocast, no scaler): refuse rather than pretend
+        raise ConfigError("precision=fp16 needs a CUDA GPU (on CPU it would silently train in fp32); use precision=bf16 or fp32")
+    if getattr(args, "tf32", None) and not torch.cuda.is_available():
+        raise ConfigError("precision.tf32=true needs an Ampere or newer CUDA GPU; leave it null on CPU")
+    if getattr(args, "bf16", False) and not is_torch_bf16_gpu_available():
+        if has_accelerator():  # never move a GPU run to the CPU behind the user's back
+            raise ConfigError("precision=bf16 needs a GPU with bfloat16 support (CUDA: Ampere or newer); "
+                              "use precision=fp32 (or fp16 on CUDA)")
+        return {"use_cpu": True}
+    return {}
+
+
+def has_accelerator() -> bool:
+    """Any GPU-like device torch can use (CUDA, ROCm, MPS, XPU, ...)."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available() or torch.backends.mps.is_available()
+
+
+def check_distributed(args: Any) -> None:
+    """`args`: the distributed node. accelerate runs CPU processes as MULTI_CPU (DDP) whatever `fsdp`
+    says: refuse rather than pretend the model is sharded."""
+    import torch
+
+    if getattr(args, "fsdp", False) and not torch.cuda.is_available():
+        raise ConfigError("distributed=fsdp needs CUDA GPUs (on CPU accelerate would silently run plain DDP); "
+                          "use distributed=ddp")
+
+
+def check_trainable(model: Any) -> None:
+    """A quantized policy trains only through adapters (transformers refuses it deep in Trainer)."""
+    if getattr(model, "is_quantized", False) and not hasattr(model, "peft_config"):
+        raise ConfigError("the policy model is quantized (quantization_config) and has no trainable adapters; "
+                          "add adapters (+peft=qlora), quantize only the reference (method.trainer.ref_model), "
+                          "or load the policy unquantized")
+
+
+def check_trainer_class(cls: Any) -> None:
+    """The optimizer group reaches a trainer only through ConfiguredOptimizer's hooks: a trainer
+    without them would silently train with Trainer's default optimizer instead."""
+    from ablate.methods.optim import ConfiguredOptimizer
+
+    if not (isinstance(cls, type) and issubclass(cls, ConfiguredOptimizer)):
+        name = getattr(cls, "__qualname__", repr(cls))
+        raise ConfigError(f"method.trainer._target_: {name} does not subclass ablate.methods.optim.ConfiguredOptimizer, "
+                          "so the optimizer group cannot reach it; subclass one of ablate's trainers or add "
+                          "ConfiguredOptimizer as its first base")
