@@ -186,8 +186,10 @@ def _check_paths(cfg: DictConfig) -> None:
     data = cfg.get("data") or {}
     for key in ("train_path", "eval_path"):
         path = data.get(key) if isinstance(data, DictConfig) else None
-        if isinstance(path, str) and not Path(path).expanduser().is_file():
-            what = "is a directory, not a JSON-lines file" if Path(path).expanduser().is_dir() else "not found"
+        local = Path(path).expanduser() if isinstance(path, str) else None
+        if local is not None and not local.is_file() and not _saved_dataset(local):
+            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
+                    if local.is_dir() else "not found")
             raise ConfigError(f"data.{key}={path}: {what}")
     model = cfg.get("model") or {}
     path = model.get("path") if isinstance(model, DictConfig) else None
@@ -196,6 +198,11 @@ def _check_paths(cfg: DictConfig) -> None:
         if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
             why = "not found" if not local.exists() else "no config.json there"
             raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
+
+
+def _saved_dataset(path: Path) -> bool:
+    """A `save_to_disk` dir (data=local reads it)."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
