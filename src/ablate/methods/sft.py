@@ -64,13 +64,14 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         self,
         model: PreTrainedModel,
         args: SFTConfig,
-        train_dataset: Dataset,
+        train_dataset: Dataset | None,
         processing_class: PreTrainedTokenizerBase,
         eval_dataset: Dataset | None = None,
         data_collator: Callable | None = None,
         **kwargs: Any,
     ) -> None:
-        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if train_dataset is not None:  # None: evaluation only (`ablate eval`)
+            train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
         super().__init__(
