@@ -21,6 +21,8 @@ def compare_cmd(argv: list[str]) -> None:
                         help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
     parser.add_argument("--pool", action="store_true",
                         help="pool runs with the same overrides across launches (default: each launch apart)")
+    parser.add_argument("--all-launches", action="store_true",
+                        help="every launch under a sweep's folder, each apart (default: its newest launch)")
     parser.add_argument("--x", default=None,
                         help="x axes of the curves, comma-separated: step,time,tokens "
                              "(default: step; reward also time)")
@@ -39,7 +41,8 @@ def compare_cmd(argv: list[str]) -> None:
         print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)
         sys.exit(2)
     try:
-        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag)
+        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
+                all_launches=args.all_launches)
     except FileNotFoundError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
