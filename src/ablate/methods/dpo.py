@@ -208,7 +208,8 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
         """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now.
 
-        Only the rows the run will draw are scored (`_rows_used`: a 3-step run on 512 pairs scores 24);
+        Only the rows the run will draw are scored (`_rows_used`: a 3-step run of 8 pairs a step on 512
+        pairs scores 32, its 3 batches and the one collated ahead);
         the others get NaN, which the collator refuses should one ever be drawn. Rows are scored in
         order of length (each row's log-probs do not depend on its batch-mates), so a batch pads to
         nearly its own length, under a progress bar with an ETA. Results go back in dataset order."""
