@@ -59,33 +59,34 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
-    """The trainer, from the config's groups: args, data, model (+ adapters), callbacks, optimizer;
-    and the throughput callback, first of all so its numbers reach every log line."""
+    """The trainer from the config's groups, the throughput callback first (its numbers reach every log)."""
     from transformers import set_seed
 
+    from ablate.methods.shapes import check_shape
     from ablate.models.adapters import with_adapters
+    from ablate.run import progress
     from ablate.speed.throughput import Speed
 
     set_seed(cfg.seed)
     args = training_args(cfg, record.dir)
     make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
-    validate.check_trainer_class(getattr(make_trainer, "func", make_trainer))
-    data = instantiate(cfg.data)  # before the model: a data mistake costs no model load
+    validate.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
+    data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
+    check_shape(trainer_cls, data.train, eval_data := data.eval if args.eval_strategy != "no" else None)
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
     validate.check_trainable(model)
     record.start_tracker(cfg)
     trainer = make_trainer(
-        model=model, args=args, train_dataset=data.train, processing_class=tokenizer,
-        eval_dataset=data.eval if args.eval_strategy != "no" else None, callbacks=callbacks(cfg, record),
-        # partials Trainer calls in create_optimizer/create_scheduler (ConfiguredOptimizer)
-        optimizer_factory=instantiate(cfg.optimizer.optimizer),
+        model=model, args=args, train_dataset=data.train, processing_class=tokenizer, eval_dataset=eval_data,
+        callbacks=callbacks(cfg, record),
+        optimizer_factory=instantiate(cfg.optimizer.optimizer),  # partials Trainer calls (ConfiguredOptimizer)
         scheduler_factory=instantiate(cfg.optimizer.scheduler),
     )
     record.add_speed_plan(trainer)  # which speed paths run, and why: run.json and W&B (ablate.speed.plan)
-    speed = Speed(trainer, peak_tflops=cfg.get("peak_tflops"))
-    trainer.callback_handler.callbacks.insert(0, speed)
+    trainer.callback_handler.callbacks.insert(0, speed := Speed(trainer, peak_tflops=cfg.get("peak_tflops")))
+    progress.install(trainer, list(cfg.method.get("compare_metrics") or []))  # one bar with the key metrics
     return trainer, speed
 
 

@@ -57,7 +57,7 @@ def required(group: str, option: str, tiny_dir: Path, tmp_path: Path) -> list[st
     """Values a user must supply for some options (marked ??? in the YAML)."""
     if (group, option) == ("model", "local"):
         return [f"model.path={tiny_dir}"]
-    if (group, option) == ("data", "jsonl"):
+    if (group, option) in (("data", "jsonl"), ("data", "local")):
         src = Path(instantiate_packaged_path())
         return [f"data.train_path={src}"]
     return []
@@ -241,7 +241,8 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         "method/reward_aggregation": ("losses",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
-        "debug": ("callbacks",), "distributed": (), "perf": ("speed",)}  # distributed: TrainingArguments keys
+        "debug": ("callbacks",), "distributed": (), "perf": ("speed",),  # distributed: TrainingArguments keys
+        "model/lr": ()}  # model/lr: an optimizer value a model option sets (no code)
 
 
 def test_every_group_maps_onto_its_code():

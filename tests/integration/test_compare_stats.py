@@ -63,9 +63,9 @@ def test_paired_difference_and_verdicts() -> None:
 
 
 def test_two_launches_are_kept_apart_unless_pooled(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    write_launch(tmp_path, "2026-01-01_10-00-00")
-    write_launch(tmp_path, "2026-01-01_11-00-00", shift=0.1)
-    rows = compare.compare([tmp_path / "dpo_loss"], metrics=["rewards/margins"])
+    first = write_launch(tmp_path, "2026-01-01_10-00-00")
+    second = write_launch(tmp_path, "2026-01-01_11-00-00", shift=0.1)
+    rows = compare.compare([first, second], metrics=["rewards/margins"])  # both launches named
     out = capsys.readouterr().out
     assert [r["runs"] for r in rows] == [3, 3, 3, 3]  # n=3 per arm per launch, not 6
     assert rows[0]["group"] == "[dpo_loss/2026-01-01_10-00-00] loss_type=sigmoid"

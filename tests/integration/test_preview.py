@@ -100,7 +100,7 @@ def test_config_dir_and_pretokenized_data(tmp_path):
 def test_colour_only_on_a_terminal(monkeypatch):
     import io
 
-    from ablate.cli.preview import CLOSE, GREEN, OPEN, preview
+    from ablate.cli.data import CLOSE, GREEN, OPEN, preview
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

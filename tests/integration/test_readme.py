@@ -80,6 +80,27 @@ CLAIMS = {  # what the README says a line leads to, beyond "exit 0, every printe
 }
 
 
+def _eval_accuracy(out: str) -> float:
+    """`ablate eval`'s eval.json (the path it prints last): held-out eval_rewards/accuracies."""
+    import json
+
+    wrote = re.findall(r"^wrote (.+eval\.json)$", out, flags=re.M)[-1]
+    return json.loads(Path(wrote).read_text())["metrics"]["eval_rewards/accuracies"]
+
+
+def _before_after(out: str) -> tuple[str, str]:
+    before = re.search(r"^before training: (.*)$", out, flags=re.M).group(1).strip()
+    after = re.search(r"^after training: (.*)$", out, flags=re.M).group(1).strip()
+    return before, after
+
+
+OUTPUT_CLAIMS = {  # what the Quick start says a look at the run shows (stdout of the line, as printed)
+    'ablate eval "$(ls -d outputs/runs/*/* | tail -1)"': lambda out: _eval_accuracy(out) == 1.0,
+    'ablate generate "$(ls -d outputs/runs/*/* | tail -1)" --prompt "sort: dcba =" --before':
+        lambda out: _before_after(out)[1] == "abcd" and _before_after(out)[0] != "abcd",
+}
+
+
 @dataclass
 class Line:
     doc: str
@@ -241,6 +262,8 @@ def test_doc_line_runs(line: Line, doc_runs):
         assert s["status"] == "completed", printed
         claim = CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None
         assert claim is None or claim(s), f"{line.id}: {s['metrics']}"
+    said = OUTPUT_CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None
+    assert said is None or said(r.stdout), f"{line.id}: the README's claim does not hold:\n{r.stdout[-3000:]}"
     for done, total in re.findall(r"(\d+)/(\d+) jobs completed", r.stdout):
         assert done == total != "0", r.stdout[-3000:]
 
@@ -258,6 +281,21 @@ def test_docs_have_their_sections_and_the_rules_match_lines():
         assert any((k + " ").startswith(rule) for k in keys), rule
     runnable = [line for line in ALL if not line.skip]
     assert len([line for line in runnable if not line.slow]) >= 12  # most single runs: the default suite
+
+
+def test_docs_state_no_test_counts_or_suite_times():
+    """Numbers in the docs come from a command anyone can rerun, or go: a count of tests or a time for
+    the suite goes stale with every test added (`pytest --collect-only -q` counts them)."""
+    stale = re.compile(r"\b\d+ tests\b|\btests in ~?\d|\(\d+ tests, ")
+    for doc in DOCS:
+        for n, text in enumerate((ROOT / doc).read_text().splitlines(), 1):
+            assert not stale.search(text), f"{doc}:{n}: {text.strip()}"
+
+
+def test_quick_start_claims_name_real_lines():
+    """Every claim the README test checks belongs to a line of the Quick start as written."""
+    quick = {_key(line.command) for line in ALL if line.doc == "README.md" and line.section in UNTOUCHED_SECTIONS}
+    assert set(OUTPUT_CLAIMS) <= quick, set(OUTPUT_CLAIMS) - quick
 
 
 def test_ci_runs_the_readme_commands():

@@ -25,6 +25,7 @@ PINNED: dict[str, tuple[str, ...] | str] = {
     "_get_eval_sampler": ("self", "eval_dataset"),
     "_save_checkpoint": ("self", "model", "trial"),
     "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),
+    "_issue_warnings_after_load": ("self", "load_result"),  # ablate.methods.optim.TiedHeadResume
     "_train_batch_size": "attribute",
     "loss_is_scaled_for_ga": "attribute",
     "_created_lr_scheduler": "attribute",  # set with the schedule, as Trainer.create_scheduler does

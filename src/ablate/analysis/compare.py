@@ -48,7 +48,8 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
     split = not pool and len(names) > 1
     groups: dict[tuple[str, str], Group] = {}
     for run in runs:
-        label = ",".join(f"{short[k]}={run.overrides.get(k, '-')}" for k in varying) or "all"
+        # a key a run did not set on its command line has the config's value: say so, not '-'
+        label = ",".join(f"{short[k]}={run.overrides.get(k, 'default')}" for k in varying) or "all"
         launch = names.get(run.launch, "") if split else ""  # type: ignore[arg-type]
         group = Group(f"[{launch}] {label}" if launch else label, [], launch, label)
         groups.setdefault((launch, label), group).runs.append(run)
@@ -342,12 +343,54 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
     return [path]
 
 
+def newest_launches(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    """The runs under `paths`, where a path holds several launches of one sweep (`outputs/sweeps/NAME`)
+    only those of its newest launch (by start time); and a note on each sweep folder whose older
+    launches were left out. A launch dir named itself is always taken whole."""
+    runs: list[Run] = []
+    notes: list[str] = []
+    for path in paths:
+        found = find_runs([path])
+        by_folder: dict[Path, dict[Path, list[Run]]] = {}
+        for r in found:
+            if r.launch is not None and r.launch != r.path.resolve() and r.launch != path.resolve():
+                by_folder.setdefault(r.launch.parent, {}).setdefault(r.launch, []).append(r)
+        dropped: set[Path] = set()
+        for folder, launched in by_folder.items():
+            if len(launched) > 1:
+                order = sorted(launched, key=lambda launch: (_started(launched[launch]), launch.name))
+                dropped.update(order[:-1])
+                notes.append(f"{folder.name}: the newest launch only ({order[-1].name}); {len(order) - 1} older "
+                             f"launch(es) left out ({', '.join(o.name for o in order[:-1])}): --all-launches "
+                             "compares every launch, each apart; --pool pools them")
+        runs += [r for r in found if r.launch not in dropped]
+    return runs, notes
+
+
+def _started(runs: list[Run]) -> str:
+    """When a launch started: its earliest run.json `started`, else its dir's modification time."""
+    import time
+
+    stamps = [str(info["started"]) for r in runs
+              if (info := rundir.read_json(r.path / rundir.RUN)) and info.get("started")]
+    if stamps:
+        return min(stamps)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runs[0].path.parent.stat().st_mtime))
+
+
 def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None, pool: bool = False,
-            xs: list[str] | None = None, tags: list[str] | None = None) -> list[dict[str, Any]]:
+            xs: list[str] | None = None, tags: list[str] | None = None,
+            all_launches: bool = False) -> list[dict[str, Any]]:
     """Print the comparison table and seed-paired differences of the runs under `paths` (only those
     carrying every tag in `tags`, from run.json); with `out`, also write plots, tables and a
-    self-contained report.html. Returns the table rows (raw numbers)."""
-    runs = find_runs(paths)
+    self-contained report.html. Returns the table rows (raw numbers).
+
+    A sweep's folder holding several launches gives its newest launch only, unless `all_launches`
+    (each launch kept apart) or `pool` (launches pooled); the output says which were left out."""
+    if all_launches or pool:
+        runs, left_out = find_runs(paths), []
+    else:
+        runs, left_out = newest_launches(paths)
     if tags:
         runs = [r for r in runs if set(tags) <= set(map(str, (rundir.read_json(r.path / rundir.RUN) or {}).get("tags") or []))]
     if not runs:
@@ -359,7 +402,7 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
-    notes = [launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
+    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
     print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:

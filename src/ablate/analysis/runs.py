@@ -6,9 +6,7 @@ Reads the run directory contract only: imports neither torch nor transformers.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -140,27 +138,10 @@ def launches(runs: list[Run]) -> dict[Path, str]:
     return out
 
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
-
-
 def status_of(run: Run, info: dict[str, Any]) -> str:
-    """summary.json's status, refined: a Ctrl-C'd run, or a `running` one whose process on this host
-    is gone (killed, machine rebooted), is `interrupted` (`ablate resume` continues it)."""
-    status = run.status
-    if status == "failed" and str(run.summary.get("error", "")).startswith("KeyboardInterrupt"):
-        return "interrupted"
-    if status == "running" and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-        if not _alive(info["pid"]):
-            return "interrupted"
-    return status
+    """The run's state as `ablate status` also gives it (`rundir.state`: summary.json, refined by the
+    lock: a `running` run whose process is gone, or a Ctrl-C'd one, is `interrupted`)."""
+    return rundir.state(run.path, run.summary, info)
 
 
 def key_metric(run: Run) -> tuple[str, float | None]:

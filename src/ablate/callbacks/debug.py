@@ -4,6 +4,7 @@ on one repeated batch; `debug=profile` traces a few steps with torch's profiler.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,15 @@ from transformers import (
 from ablate.errors import ConfigError
 
 log = logging.getLogger("ablate")
+
+
+def _print_above_bar(text: str) -> None:
+    """On lines of its own above the progress bar (as ablate.run.console.print_above_bar), never glued to it."""
+    from tqdm.auto import tqdm
+
+    with tqdm.external_write_mode(file=sys.stdout):  # bar cleared, text flushed, bar drawn again
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
 
 
 class OverfitFailed(ConfigError):
@@ -46,7 +56,7 @@ class OverfitCheck(TrainerCallback):
             raise OverfitFailed(
                 f"debug=overfit: {self.metric} went {first:.4g} -> {last:.4g} in {state.global_step} steps on one "
                 f"repeated batch; expected it to {direction} by {self.min_change:.0%} (check lr, the loss, the data)")
-        print(f"debug=overfit: {self.metric} {first:.4g} -> {last:.4g} in {state.global_step} steps: OK", flush=True)
+        _print_above_bar(f"debug=overfit: {self.metric} {first:.4g} -> {last:.4g} in {state.global_step} steps: OK")
 
 
 class Profile(TrainerCallback):
@@ -82,8 +92,8 @@ class Profile(TrainerCallback):
         sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=self.rows, max_name_column_width=48)
         (self.out / "summary.txt").write_text(table + "\n")
-        print(f"debug=profile: {self.active} steps, top {self.rows} ops by {sort}\n{table}\n"
-              f"trace: {self.out / 'trace.json'} (open in https://ui.perfetto.dev or chrome://tracing)", flush=True)
+        _print_above_bar(f"debug=profile: {self.active} steps, top {self.rows} ops by {sort}\n{table}\n"
+                         f"trace: {self.out / 'trace.json'} (open in https://ui.perfetto.dev or chrome://tracing)")
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:

@@ -6,7 +6,9 @@ Nothing here imports torch: composing and printing a config (`ablate train --cfg
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
 
 USAGE = """usage: ablate <command> [args]
 
@@ -17,11 +19,14 @@ commands:
         [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
         [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
         [--dry-run]           print each job's overrides and run dir, the count and the launcher; start nothing
-  compare DIR... [--out D] [--metric M|speed] [--pool] [--x step,time,tokens] [--tag T]
+  compare DIR... [--out D] [--metric M|speed] [--pool|--all-launches] [--x step,time,tokens] [--tag T]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
-  status SWEEP_DIR         each job's state (pending / running at step N of M / completed / failed: error), SLURM's too
+                           (a sweep's folder: its newest launch)
+  status SWEEP_DIR         each job's state (pending / running at step N of M / interrupted / completed / failed: error),
+                           as `ablate ls` gives it; SLURM's too
   ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
-  generate RUN_DIR --prompt P [--prompts F.jsonl]  completions from a run's model/ (chat template, LoRA adapters)
+  generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (chat template, LoRA
+                           adapters); --before: the starting model's too
   eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
   resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
                            (--force: although its data changed since it started)
@@ -46,12 +51,13 @@ examples:
   ablate ls --status failed                     # what have I run? (--method, --tag, --json)
   ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="
   ablate eval outputs/runs/DATE/TIME data=caps_prefs
-  ablate data preview model=smollm2_135m data=jsonl data.train_path=prefs.jsonl -n 2
+  ablate data preview model=smollm2_135m data=local data.train_path=prefs.parquet -n 2
 """
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    survive_closed_pipes()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
@@ -73,6 +79,50 @@ def main(argv: list[str] | None = None) -> None:
 
         say(f"ablate: error: {os_error_line(e)}")
         sys.exit(2)
+
+
+class _PipeSafe:
+    """A standard stream that survives its reader going away (`ablate ls --json | head -3`): the
+    first write or flush that meets a closed pipe points the stream's file descriptor at /dev/null,
+    so the command finishes quietly (exit 0) instead of raising BrokenPipeError, and a training run
+    piped into `head` goes on and records its end as any other run."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+            self._stream.flush()  # what was buffered goes to /dev/null now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def survive_closed_pipes() -> None:
+    """stdout and stderr as `_PipeSafe` streams (once per process)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _PipeSafe):
+            try:
+                stream.fileno()
+            except (AttributeError, OSError, ValueError):  # no real file behind it (pytest's capture)
+                continue
+            setattr(sys, name, _PipeSafe(stream))
 
 
 # command -> (module, function); modules load only when their command runs (no torch for `compare`, `ls`)

@@ -21,6 +21,8 @@ def compare_cmd(argv: list[str]) -> None:
                         help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
     parser.add_argument("--pool", action="store_true",
                         help="pool runs with the same overrides across launches (default: each launch apart)")
+    parser.add_argument("--all-launches", action="store_true",
+                        help="every launch under a sweep's folder, each apart (default: its newest launch)")
     parser.add_argument("--x", default=None,
                         help="x axes of the curves, comma-separated: step,time,tokens "
                              "(default: step; reward also time)")
@@ -44,7 +46,8 @@ def compare_cmd(argv: list[str]) -> None:
     try:
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
-        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag)
+        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
+                all_launches=args.all_launches)
     except (FileNotFoundError, ConfigError, RunDirError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

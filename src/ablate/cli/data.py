@@ -56,15 +56,12 @@ def _kind(trainer_target: str) -> str:
     from hydra.utils import get_class
 
     from ablate.errors import ConfigError
-    from ablate.methods.dpo import DPOTrainer
-    from ablate.methods.grpo import GRPOTrainer
-    from ablate.methods.sft import SFTTrainer
+    from ablate.methods.shapes import data_kind
 
-    cls = get_class(trainer_target)
-    for base, kind in ((DPOTrainer, "preference"), (SFTTrainer, "sft"), (GRPOTrainer, "prompt")):
-        if issubclass(cls, base):
-            return kind
-    raise ConfigError(f"ablate data preview: {trainer_target} is not a DPO, SFT or GRPO trainer subclass")
+    kind = data_kind(get_class(trainer_target))
+    if kind is None:
+        raise ConfigError(f"ablate data preview: {trainer_target} is not a DPO, SFT or GRPO trainer subclass")
+    return kind
 
 
 def _method_args(cfg: DictConfig) -> Callable[[str], Any]:
@@ -121,6 +118,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
 
     from ablate.data import tokenize
     from ablate.data.formats import detect
+    from ablate.methods.shapes import IDS
     from ablate.paths import conf_dir
     from ablate.run.compose import register_resolvers
 
@@ -142,8 +140,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
     legend = "prompts only: completions are sampled" if kind == "prompt" else f"loss tokens {legend}"
-    ids_keys = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prompt_ids", "completion_ids"),
-                "prompt": ("prompt_ids",)}[kind]
+    ids_keys = IDS[kind]
     pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
     fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
     print(f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"

@@ -50,17 +50,17 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from transformers import set_seed
-    from transformers.utils import logging as hf_logging
 
     from ablate.cli.generate import load_run_model
     from ablate.errors import ConfigError
     from ablate.models.adapters import is_adapted
+    from ablate.run.process import quiet_libraries
     from ablate.run.validate import check_precision
 
     cfg, merged = compose_run_config(run_dir, overrides)
     if cfg.method.name == "grpo":
         raise ConfigError("ablate eval: GRPO runs are not supported yet; try `ablate generate` on its prompts")
-    hf_logging.disable_progress_bar()
+    quiet_libraries()  # no dataset bars, no pin_memory warning on a CPU, as in a training run
     set_seed(cfg.seed)
     tokenizer, model = load_run_model(run_dir)
     data = instantiate(cfg.data)
@@ -75,7 +75,8 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ablate-eval-") as tmp:
         args = instantiate(cfg.method.args, output_dir=tmp, **OmegaConf.to_container(cfg.precision),
                            **device_args, **method_args)
-        trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=dataset,
+        # no train split: the rows are tokenised once, as the eval split they are
+        trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=None,
                                                   eval_dataset=dataset, processing_class=tokenizer, **extra)
         metrics = trainer.evaluate()
         examples = per_example(trainer)

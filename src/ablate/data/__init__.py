@@ -45,9 +45,13 @@ def _splits(train: Dataset, ev: Dataset | None, max_train: int | None, max_eval:
 
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB, ~250k tokens: far past any max_length; a longer line is refused
+# what `data=local` reads, named in every error about a file it cannot read
+KINDS = ("JSON lines (.jsonl), JSON (.json: a list of objects), CSV (.csv, .tsv), parquet (.parquet) "
+         "and `save_to_disk` directories")
+EVAL_SPLITS = ("eval", "validation", "test")  # a saved DatasetDict's eval split, first found
 
 
-def jsonl(
+def local(
     train_path: str,
     eval_path: str | None = None,
     max_train_samples: int | None = None,
@@ -56,25 +60,108 @@ def jsonl(
     columns: Mapping[str, str | None] | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> DataSplits:
-    """Load local JSON-lines files (one example per line) through `datasets.load_dataset("json")`."""
-    files = {"train": str(Path(train_path).expanduser())}
-    if eval_path:
-        files["eval"] = str(Path(eval_path).expanduser())
-    for split, path in files.items():
-        _check_jsonl(Path(path), split, max_line_bytes)
+    """Your own data: each path read by what it is, through the `datasets` loaders (see `read_local`).
+    A `save_to_disk` DatasetDict given as train_path brings its eval split (eval, validation or test)
+    unless eval_path is given."""
+    train, saved_eval = read_local(Path(train_path).expanduser(), "train", max_line_bytes)
+    ev = read_local(Path(eval_path).expanduser(), "eval", max_line_bytes)[0] if eval_path else saved_eval
+    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs)
+
+
+jsonl = local  # `data=jsonl`, the older name: one loader reads every kind
+
+
+def read_local(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[Dataset, Dataset | None]:
+    """One local path as a Dataset (plus a saved DatasetDict's eval split): a `save_to_disk` dir; a
+    parquet file (by its magic bytes, whatever its name); else by extension: .jsonl JSON lines, .json
+    a list of objects or JSON lines, .csv/.tsv; a file of another name is sniffed (`{`: JSON lines, `[`:
+    a JSON list). Bad rows of JSON lines are named by line (`_check_jsonl`)."""
+    if not path.exists():
+        raise DataError(f"data: {split} file not found: {path}")
+    if path.is_dir():
+        return _saved(path, split)
+    kind, options = _kind(path)
+    if kind == "jsonl":
+        _check_jsonl(path, split, max_line_bytes)
+    elif kind == "json":
+        _check_json_list(path)
     shown = is_progress_bar_enabled()
     disable_progress_bar()  # "Generating train split": local files convert in a moment; nothing to watch
     try:
-        ds = load_dataset("json", data_files=files)
-    except Exception as e:  # datasets wraps JSON errors in long chains; keep the first useful line
-        raise DataError(_load_error(e, list(files.values()))) from e
+        ds = load_dataset("json" if kind == "jsonl" else kind, data_files=str(path), split="train", **options)
+    except Exception as e:  # datasets wraps parse errors in long chains; keep the first useful line
+        raise DataError(_load_error(e, [str(path)], kind)) from e
     finally:
         if shown:
             enable_progress_bar()
-    return _splits(ds["train"], ds.get("eval"), max_train_samples, max_eval_samples, columns, reward_funcs)
+    if len(ds) == 0:
+        raise DataError(f"data: {split} file {path} has no examples")
+    return ds, None
 
 
-def _load_error(e: BaseException, files: list[str]) -> str:
+def _kind(path: Path) -> tuple[str, dict[str, Any]]:
+    """The `datasets` builder (and its options) for one file."""
+    with path.open("rb") as f:
+        head = f.read(4)
+    suffix = path.suffix.lower()
+    if head == b"PAR1" or suffix in (".parquet", ".pq"):
+        return "parquet", {}
+    if suffix == ".csv":
+        return "csv", {}
+    if suffix == ".tsv":
+        return "csv", {"sep": "\t"}
+    first = _first_char(path)
+    if first == "[" and suffix != ".jsonl":
+        return "json", {}  # a JSON list of objects
+    if suffix in (".jsonl", ".json", ".ndjson") or first == "{":
+        return "jsonl", {}
+    raise DataError(f"data: cannot tell what {path} is from its name or content; ablate reads {KINDS}")
+
+
+def _first_char(path: Path) -> str:
+    """The first non-blank character of the file's start, "" if none or not text."""
+    with path.open("rb") as f:
+        start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 BOM too
+    return chr(start[0]) if start and start[0] < 128 else ""
+
+
+def _check_json_list(path: Path) -> None:
+    """A .json file holding one JSON list: every element an object, or one line saying where not."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"data: {path} is not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"data: {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise DataError(f"data: {path} element {bad} is a JSON {type(rows[bad]).__name__}, not an object")
+    if not rows:
+        raise DataError(f"data: {path} has no examples")
+
+
+def _saved(path: Path, split: str) -> tuple[Dataset, Dataset | None]:
+    """A `save_to_disk` dir: one Dataset (the split itself), or a DatasetDict (its train split, or
+    its only one; and its eval split)."""
+    if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
+        raise DataError(f"data: {path} is a directory but no `save_to_disk` dataset (no dataset_dict.json or "
+                        f"state.json); ablate reads {KINDS}")
+    try:
+        saved = load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - a damaged dir: one line
+        raise DataError(f"data: could not load the saved dataset in {path}: {str(e).splitlines()[0]}") from e
+    if isinstance(saved, Dataset):
+        return saved, None
+    names = list(saved)
+    if "train" not in saved and len(names) != 1:
+        raise DataError(f"data: {path} holds the splits {names}, none named train; save the one to train on alone, "
+                        "or name it train")
+    train = saved["train"] if "train" in saved else saved[names[0]]
+    ev = next((saved[s] for s in EVAL_SPLITS if s in saved), None) if split == "train" else None
+    return train, ev
+
+
+def _load_error(e: BaseException, files: list[str], kind: str = "JSON lines") -> str:
     """The line for a failed `load_dataset`: an OS error on a path that is not one of the data files is
     the datasets cache (a read-only HOME), not the data."""
     cause: BaseException | None = e
@@ -83,7 +170,8 @@ def _load_error(e: BaseException, files: list[str]) -> str:
             return (f"data: cannot write the datasets cache ({cause.strerror or cause}: {cause.filename}); "
                     f"set HF_DATASETS_CACHE (or HF_HOME) to a writable folder")
         cause = cause.__cause__ or cause.__context__
-    return f"data: could not read {files} as JSON lines: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"data: could not read {', '.join(files)} as {kind}: {first}"
 
 
 def _row_format(row: dict[str, Any]) -> str | None:
@@ -116,13 +204,14 @@ def _check_jsonl(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"data: {path} line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
-                                f"{e.start + 1}); save the file as UTF-8") from None
+                                f"{e.start + 1}); save the file as UTF-8" + _kinds_hint(number)) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"data: {path} line {number} is not valid JSON ({e.msg} at column {e.colno})") from None
+                raise DataError(f"data: {path} line {number} is not valid JSON ({e.msg} at column {e.colno})"
+                                + _kinds_hint(number)) from None
             if not isinstance(row, dict):
                 raise DataError(f"data: {path} line {number} is a JSON {type(row).__name__}, not an object")
             fmt = _row_format(row)
@@ -134,6 +223,11 @@ def _check_jsonl(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -
             rows += 1
     if rows == 0:
         raise DataError(f"data: {split} file {path} has no examples")
+
+
+def _kinds_hint(line: int) -> str:
+    """After an error on a file's first line: it may be no JSON lines at all."""
+    return f" (not JSON lines? ablate reads {KINDS}, by extension or content)" if line == 1 else ""
 
 
 def packaged(
@@ -151,7 +245,7 @@ def packaged(
         known = sorted({p.name.rsplit("_", 1)[0] for p in PACKAGED.glob("*_train.jsonl")})
         raise DataError(f"data: no packaged dataset '{name}'; available: {', '.join(known)}")
     ev = PACKAGED / f"{name}_eval.jsonl"
-    return jsonl(str(train), str(ev) if with_eval and ev.is_file() else None,
+    return local(str(train), str(ev) if with_eval and ev.is_file() else None,
                  max_train_samples, max_eval_samples, reward_funcs, columns, max_line_bytes)
 
 

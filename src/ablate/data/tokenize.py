@@ -18,8 +18,10 @@ messages that follow the prompt. As in TRL's trainers (`tests/parity/test_trl_fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -252,10 +254,30 @@ def _tokenized_map(dataset: Dataset, fn: Any, name: str, what: str, columns: tup
     # explicit features: a batch whose lists are all empty (e.g. `messages` rows' prompt_ids) must not
     # make the column's type `list<null>`
     features = Features({c: List(Value("int64")) for c in columns} | {"keep": Value("bool")})
-    tokenized = dataset.map(fn, with_indices=True, remove_columns=dataset.column_names, features=features,
-                            desc=f"Tokenizing {name} {what}s")
+    with bars_if_large(len(dataset)):
+        tokenized = dataset.map(fn, with_indices=True, remove_columns=dataset.column_names, features=features,
+                                desc=f"Tokenizing {name} {what}s")
     kept = tokenized.filter(lambda row: row["keep"], desc=f"Dropping fully truncated {name} {what}s")
     return kept.remove_columns("keep")
+
+
+LARGE = 20_000  # rows from which tokenising takes long enough to want a progress bar (seconds or more)
+
+
+@contextlib.contextmanager
+def bars_if_large(rows: int) -> Iterator[None]:
+    """datasets' progress bars on for a long pass over `rows` rows (a run turns them off otherwise:
+    a bar that flashes by on a small dataset only buries the training bar)."""
+    from datasets.utils import logging as ds_logging
+
+    was = ds_logging.is_progress_bar_enabled()
+    if rows >= LARGE and not was:
+        ds_logging.enable_progress_bar()
+    try:
+        yield
+    finally:
+        if rows >= LARGE and not was:
+            ds_logging.disable_progress_bar()
 
 
 def prepare_preference(
@@ -320,7 +342,8 @@ def prepare_prompts(
         ids = tokenize_prompt(tokenizer, row, index)
         return {"prompt_ids": ids[-max_prompt_length:] if max_prompt_length else ids}
 
-    return dataset.map(fn, with_indices=True, desc=f"Tokenizing {name} prompts")
+    with bars_if_large(len(dataset)):
+        return dataset.map(fn, with_indices=True, desc=f"Tokenizing {name} prompts")
 
 
 def pad(seqs: list[list[int]], value: int) -> torch.Tensor:

@@ -57,9 +57,11 @@ def _max_steps(run_dir: Path) -> int | None:
 
 def job_state(run_dir: Path | None, slurm: str | None) -> str:
     """One job in words: pending / running at step N of M / completed / failed: <error> /
-    preempted, requeued (<SLURM state>) / <SLURM state> for a job that died before ablate wrote."""
+    interrupted at step N of M / preempted, requeued (<SLURM state>) / <SLURM state> for a job that
+    died before ablate wrote. The run dir's state is `rundir.state`'s, the one `ablate ls` shows: a
+    `running` job whose process is gone (its lock let go: kill -9, OOM) is interrupted, not running."""
     summary = rundir.read_json(run_dir / rundir.SUMMARY) if run_dir else None
-    status = (summary or {}).get("status")
+    status = rundir.state(run_dir, summary) if run_dir is not None and summary is not None else None
     if status == "completed":
         return "completed"
     if status == "failed":
@@ -67,13 +69,15 @@ def job_state(run_dir: Path | None, slurm: str | None) -> str:
     alive = slurm in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "REQUEUE_HOLD", "SUSPENDED")
     if status == "preempted":
         return f"preempted, requeued ({(slurm or '?').lower()})" if alive or slurm is None else f"preempted ({slurm})"
-    if status == "running":
-        if slurm is not None and not alive:
+    if status in ("running", "interrupted"):
+        if status == "running" and slurm is not None and not alive:
             return f"died ({slurm}, no summary)"
         events = rundir.read_metrics(run_dir) if run_dir else []
         step = events[-1]["step"] if events else 0
         total = _max_steps(run_dir) if run_dir else None
-        return f"running at step {step} of {total or '?'}"
+        return f"{status} at step {step} of {total or '?'}"
+    if status is not None:  # unreadable, or a status of a newer ablate
+        return status
     if slurm is None or slurm == "PENDING":
         return "pending"
     return "starting" if alive else f"{slurm.lower()} (before ablate started)"
@@ -102,7 +106,8 @@ def status(sweep_dir: Path) -> bool:
     for n in nums:
         job_id = recorded.get(n, {}).get("job_id")
         state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
-        done &= state == "completed" or state.startswith(("failed", "died", "preempted (")) or "before ablate" in state
+        done &= state == "completed" or state.startswith(("failed", "died", "preempted (", "interrupted")) \
+            or "before ablate" in state
         shown = " ".join(o for o in overrides[n] if o in varying and not o.startswith("+sweep="))
         table.add_row(n, shown, state, job_id or "-", slurm.get(job_id or "", "-"))
     Console(width=200).print(table)

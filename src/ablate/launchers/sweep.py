@@ -38,6 +38,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablate.analysis.runs import find_runs
+from ablate.run import rundir
 
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
@@ -160,7 +161,8 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
         key = next((m for m in run.default_metrics if run.final(m) is not None), None)
         value = run.final(key) if key else None
         overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
-        rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides), "status": run.status,
+        rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides),
+                     "status": rundir.state(run.path, run.summary),  # as `ablate ls` and `ablate status` say
                      "metric": f"{key}={value:.4g}" if key and value is not None else "-",
                      "run_dir": str(run.path), "error": str(run.summary.get("error", ""))[:160]})
     return rows

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from datasets import Dataset
 from torch import nn
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from ablate.data.tokenize import prepare_preference
@@ -43,6 +45,8 @@ from ablate.speed import plan as speed_plan
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 from ablate.speed.scoring import pair_logps
+
+logger = logging.getLogger("ablate")
 
 
 @dataclass
@@ -81,6 +85,9 @@ class DPOCollator:
         if "ref_chosen_logps" in rows[0]:
             batch["ref_chosen_logps"] = torch.tensor([r["ref_chosen_logps"] for r in rows])
             batch["ref_rejected_logps"] = torch.tensor([r["ref_rejected_logps"] for r in rows])
+            if batch["ref_chosen_logps"].isnan().any():  # a row DPOTrainer._rows_used did not foresee
+                raise RuntimeError("DPO: a train pair without a precomputed reference log-prob was drawn; "
+                                   "set method.args.precompute_ref_log_probs=false and report this")
         return batch
 
 
@@ -93,7 +100,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self,
         model: PreTrainedModel,
         args: DPOConfig,
-        train_dataset: Dataset,
+        train_dataset: Dataset | None,
         processing_class: PreTrainedTokenizerBase,
         eval_dataset: Dataset | None = None,
         ref_model: PreTrainedModel | None = None,
@@ -106,7 +113,8 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.perf = perf or Perf()
         self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
         self.ref_speed_plan: SpeedPlan | None = None  # a live reference model's own
-        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if train_dataset is not None:  # None: evaluation only (`ablate eval`)
+            train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
         super().__init__(
@@ -125,7 +133,8 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
         if args.precompute_ref_log_probs and ref_model is None:
-            self.train_dataset = self._with_ref_logps(self.train_dataset)
+            if self.train_dataset is not None:
+                self.train_dataset = self._with_ref_logps(self.train_dataset)
             if self.eval_dataset is not None:
                 self.eval_dataset = self._with_ref_logps(self.eval_dataset)
         elif ref_model is not None or not is_adapted(model):
@@ -194,16 +203,26 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
         """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now.
 
-        Rows are scored in order of length (each row's log-probs do not depend on its batch-mates), so
-        a batch pads to nearly its own length: on the compute-bound benchmark this removes most of the
-        precompute's padding. The results are put back in dataset order."""
+        Only the rows the run will draw are scored (`_rows_used`: a 3-step run of 8 pairs a step on 512
+        pairs scores 32, its 3 batches and the one collated ahead);
+        the others get NaN, which the collator refuses should one ever be drawn. Rows are scored in
+        order of length (each row's log-probs do not depend on its batch-mates), so a batch pads to
+        nearly its own length, under a progress bar with an ETA. Results go back in dataset order."""
         was_training = self.model.training
         self.model.eval()
-        lengths = [len(p) + max(len(c), len(r)) for p, c, r in
-                   zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])]
-        order = sorted(range(len(dataset)), key=lengths.__getitem__)
-        chosen, rejected = [0.0] * len(dataset), [0.0] * len(dataset)
+        rows = self._rows_used(dataset) if dataset is self.train_dataset else None
+        rows = list(range(len(dataset))) if rows is None else rows
+        lengths = {i: len(p) + max(len(c), len(r)) for i, p, c, r in
+                   zip(rows, *(dataset.select(rows)[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")))}
+        order = sorted(rows, key=lengths.__getitem__)
+        chosen, rejected = [float("nan")] * len(dataset), [float("nan")] * len(dataset)
         bs = self.args.per_device_eval_batch_size
+        name = "train" if dataset is self.train_dataset else "eval"
+        if self.is_local_process_zero():
+            logger.info("reference log-probs (the initial policy): scoring %d of %d %s pairs%s", len(rows),
+                        len(dataset), name, "" if len(rows) == len(dataset) else " (the ones this run draws)")
+        bar = tqdm(total=len(order), desc=f"Reference log-probs ({name} pairs)", unit="pair", leave=False,
+                   disable=not self.is_local_process_zero() or self.args.disable_tqdm)
         for start in range(0, len(order), bs):
             idx = order[start:start + bs]
             batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
@@ -214,8 +233,39 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             c, r = logps.float().chunk(2)
             for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
                 chosen[i], rejected[i] = lc, lr
+            bar.update(len(idx))
+        bar.close()
         self.model.train(was_training)
         return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
+
+    def _rows_used(self, dataset: Dataset) -> list[int] | None:
+        """The train rows this run draws, from step 0 to max_steps (sorted), or None for all of them.
+
+        Read from the train dataloader Trainer itself builds: with a seeded sampler (accelerate's
+        SeedableRandomSampler, seeded by data_seed) its first epoch's order is fixed, so walking its
+        batch sampler here yields exactly the batches train() will draw, without touching any RNG. A
+        resumed launch computes the same rows (all of the run's, not only those after the resume), so
+        each row's reference log-prob is the same number in every launch. A run of a whole epoch or
+        more, or an unseeded or unknown sampler, scores every row."""
+        from accelerate.data_loader import SeedableRandomSampler
+        from torch.utils.data import SequentialSampler
+
+        # micro-batches this process draws, plus the one accelerate's loader collates ahead of the last
+        needed = self.args.max_steps * self.args.gradient_accumulation_steps + 1
+        if self.args.max_steps <= 0 or needed >= len(dataset):
+            return None
+        loader = self.get_train_dataloader()
+        batches = getattr(loader, "batch_sampler", None)
+        inner = getattr(batches, "batch_sampler", batches)  # BatchSamplerShard wraps the batch sampler under DDP
+        if needed >= len(loader) or not isinstance(getattr(inner, "sampler", None),
+                                                   (SeedableRandomSampler, SequentialSampler)):
+            return None
+        used: set[int] = set()
+        for n, batch in enumerate(batches):
+            if n >= needed:
+                break
+            used.update(int(i) for i in batch)
+        return sorted(used)
 
     def compute_loss(
         self,

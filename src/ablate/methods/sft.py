@@ -67,7 +67,7 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         self,
         model: PreTrainedModel,
         args: SFTConfig,
-        train_dataset: Dataset,
+        train_dataset: Dataset | None,
         processing_class: PreTrainedTokenizerBase,
         eval_dataset: Dataset | None = None,
         data_collator: Callable | None = None,
@@ -78,7 +78,8 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         self.speed_plan = speed_plan.resolve("policy", Setting.of(model, args, args.max_length), self.perf,
                                              speed_plan.SFT)
         speed_plan.apply(model, self.speed_plan)
-        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
+        if train_dataset is not None:  # None: evaluation only (`ablate eval`)
+            train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
         super().__init__(

@@ -61,6 +61,9 @@ def tiny(
         with tempfile.TemporaryDirectory(prefix="ablate-tiny-") as tmp:
             model.save_pretrained(tmp)
             model = AutoModelForCausalLM.from_pretrained(tmp, **_quantized_kwargs(quantization_config))
+        # built from config, as without quantization: no path (peft would look for the deleted temp dir's
+        # config.json at every save and warn about it)
+        model.config._name_or_path = model.name_or_path = ""
     return tokenizer, model
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from transformers import TrainerCallback, TrainingArguments
@@ -41,4 +42,9 @@ class PrintGeometry(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
-            print(batch_geometry(args, args.world_size, state.max_steps), flush=True)
+            from tqdm.auto import tqdm
+
+            # above the progress bar, on lines of its own (as ablate.run.console.print_above_bar)
+            with tqdm.external_write_mode(file=sys.stdout):
+                sys.stdout.write(batch_geometry(args, args.world_size, state.max_steps) + "\n")
+                sys.stdout.flush()

@@ -6,6 +6,7 @@ bars first (for a last line: an error, `interrupted`). No import of tqdm: no bar
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, TextIO
 
@@ -32,3 +33,18 @@ def say(text: str, file: TextIO | None = None) -> None:
         except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the line
             pass
     print(text, file=file or sys.stderr, flush=True)
+
+
+def print_above_bar(text: str) -> None:
+    """`text` on stdout on lines of its own (`write`), flushed before the bar is redrawn, so a pipe
+    holding both streams keeps that order too."""
+    write(text, file=sys.stdout)
+
+
+def to_log_file(message: str, level: int = logging.INFO) -> None:
+    """Write `message` to the run's ablate.log only (the file handlers Hydra set up), not the console."""
+    logger = logging.getLogger("ablate")
+    record = logger.makeRecord(logger.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers + logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)

@@ -27,10 +27,10 @@ def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
     # several-process run as one (the batch per step would change, and with it the losses)
     info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     rundir.write_json(run_dir / rundir.RUN, info)
-    _quiet_libraries()
+    quiet_libraries()
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     """Messages with nothing for the user to act on stay out of the console."""
     import logging
     import warnings
@@ -38,6 +38,11 @@ def _quiet_libraries() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-checkpoint "Writing model shards" bars; the training bar stays
+    # datasets' bars (generating splits, tokenising, flattening): one training bar is the run's output;
+    # tokenising a large dataset turns its bar back on (ablate.data.tokenize.bars_if_large)
+    from datasets.utils import logging as ds_logging
+
+    ds_logging.disable_progress_bar()
     # TrainingArguments pins dataloader memory by default; on a CPU-only machine torch warns on every
     # dataloader that pinning is skipped
     warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")

@@ -206,6 +206,62 @@ def completed_summary(run_dir: Path) -> dict[str, Any] | None:
     return summary if summary and summary.get("status") == "completed" else None
 
 
+def lock_held(run_dir: Path) -> bool | None:
+    """Whether a live process holds `<run_dir>/.lock` (see `lock`): True or False, None when the dir
+    has no lock file (a run from before the lock, or a job not started). Probes with a shared lock,
+    let go at once: it never blocks the training process, and two probes never block each other."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a filesystem without flock: cannot tell
+        return None
+    finally:
+        os.close(fd)  # closing drops a lock taken by the probe
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def state(run_dir: Path, summary: dict[str, Any] | None = None, info: dict[str, Any] | None = None) -> str:
+    """A run's state, the one answer `ablate ls` and `ablate status` both give: summary.json's status,
+    refined by who is still alive. A `running` summary whose process is gone (kill -9, OOM killer, a
+    reboot) and a Ctrl-C'd run are `interrupted` (`ablate resume` continues either).
+
+    The lock tells: the kernel drops it when its process dies, kill -9 included. A lock held means
+    running; a lock let go means dead, where this host can see the holder: the run's host (run.json),
+    or any host when run.json names none. On another host a free lock proves nothing (flock on some
+    network filesystems is local to a node), so the run stays `running` there (`ablate status` then
+    asks SLURM). Run dirs without a lock file fall back to run.json's pid on this host."""
+    summary = read_json(run_dir / SUMMARY) if summary is None else summary
+    status = str((summary or {}).get("status", "running"))
+    if status == "failed" and str((summary or {}).get("error", "")).startswith("KeyboardInterrupt"):
+        return "interrupted"
+    if status != "running":
+        return status
+    info = read_json(run_dir / RUN) if info is None else info
+    info = info or {}
+    here = info.get("host") in (None, socket.gethostname())
+    held = lock_held(run_dir)
+    if held is not None:
+        return "running" if held or not here else "interrupted"
+    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"]):
+        return "interrupted"
+    return status
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All log events of a run; a half-written last line (run still going) is skipped."""
     out = []

@@ -169,8 +169,10 @@ def _check_paths(cfg: DictConfig) -> None:
     data = cfg.get("data") or {}
     for key in ("train_path", "eval_path"):
         path = data.get(key) if isinstance(data, DictConfig) else None
-        if isinstance(path, str) and not Path(path).expanduser().is_file():
-            what = "is a directory, not a JSON-lines file" if Path(path).expanduser().is_dir() else "not found"
+        local = Path(path).expanduser() if isinstance(path, str) else None
+        if local is not None and not local.is_file() and not _saved_dataset(local):
+            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
+                    if local.is_dir() else "not found")
             raise ConfigError(f"data.{key}={path}: {what}")
         if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
             raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
@@ -183,7 +185,7 @@ def _check_paths(cfg: DictConfig) -> None:
             raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
 
 
-DATA_LOADERS = ("ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
+DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
 
 
 def _check_datasets_cache(cfg: DictConfig) -> None:
@@ -201,6 +203,11 @@ def _check_datasets_cache(cfg: DictConfig) -> None:
         where = "" if existing == cache else f" ({existing} is not writable)"
         raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
                           f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
+
+
+def _saved_dataset(path: Path) -> bool:
+    """A `save_to_disk` dir (data=local reads it)."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:

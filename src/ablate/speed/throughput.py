@@ -135,24 +135,33 @@ def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
     return best
 
 
-def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None) -> float:
-    """Peak FLOP/s of `device` in `dtype`: `user_tflops` (config `peak_tflops`) if given, else the
-    cached probe for this machine, device, dtype, torch version and thread count, else a ~1 s probe
-    whose result is cached (`$ABLATE_CACHE/peak_flops.json`, default ~/.cache/ablate/). A probe taken
-    while other work shares the device reads low: delete its entry (or the file) to measure again."""
-    if user_tflops is not None:
-        return float(user_tflops) * 1e12
-    path = path or cache_path()
-    key = device_key(device, dtype)
+# fp32 FLOP/s below which no device of its class runs a dense matmul: any x86-64/ARM core of the last
+# decade does several GFLOP/s, any CUDA GPU torch supports more than a TFLOP/s. A probe below it was
+# taken while other work held the device (or is broken): it is measured again, and never cached.
+FLOORS = {"cpu": 1e9, "cuda": 1e12}
+
+
+def _plausible(value: float, device: Any, dtype: Any) -> bool:
+    """At least the device class's fp32 floor (`FLOORS`); a CPU's bf16/fp16 may well be slower
+    (emulated where the CPU has no such units), so only its fp32 figure is held to the floor."""
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cpu" and dtype != torch.float32:
+        return value > 0
+    return value >= FLOORS.get(kind, 0.0)
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
-    if isinstance(cached.get(key), (int, float)) and cached[key] > 0:
-        return float(cached[key])
-    value = probe(device, dtype)
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+def _write_cache(path: Path, key: str, value: float) -> None:
+    cached = _read_cache(path)
     cached[key] = value
     try:  # atomic: parallel runs may write at once (a lost entry is only probed again)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +170,49 @@ def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: 
         os.replace(tmp, path)
     except OSError:  # a read-only cache: measure again next time
         pass
+
+
+def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None,
+               at_least: float = 0.0) -> float:
+    """Peak FLOP/s of `device` in `dtype`: `user_tflops` (config `peak_tflops`) if given, else the
+    cached probe for this machine, device, dtype, torch version and thread count, else a ~1 s probe
+    whose result is cached (`$ABLATE_CACHE/peak_flops.json`, default ~/.cache/ablate/).
+
+    A peak is a maximum, and what contradicts it is measured again: a cached value that is
+    implausible for the device class (`FLOORS`: a probe taken on a busy machine) or below `at_least`
+    (FLOP/s a run actually reached: MFU above 100%) is probed again, and the higher figure kept. A
+    bf16/fp16 figure below the same device's fp32 one (bf16 emulated, as on CPUs without bf16 units)
+    is not the device's peak: the fp32 figure is used, so MFU shows what the slow dtype costs."""
+    import torch
+
+    if user_tflops is not None:
+        return float(user_tflops) * 1e12
+    path = path or cache_path()
+    key = device_key(device, dtype)
+    cached = _read_cache(path).get(key)
+    value = float(cached) if isinstance(cached, (int, float)) and cached > 0 else 0.0
+    if not _plausible(value, device, dtype) or value < at_least:
+        value = max(value, at_least, probe(device, dtype))
+        if not _plausible(value, device, dtype):  # a busy device: once more, longer
+            value = max(value, probe(device, dtype, seconds=3.0))
+        if _plausible(value, device, dtype):
+            _write_cache(path, key, value)
+        else:
+            logging.getLogger("ablate").warning(
+                "the peak-FLOPs probe read %.3g TFLOP/s, implausibly low for a %s (another job on it?): not "
+                "cached; MFU is against it this run (set peak_tflops=... for a datasheet figure)",
+                value / 1e12, torch.device(device).type)
+    if dtype != torch.float32:
+        value = max(value, peak_flops(device, torch.float32, path=path))
     return value
+
+
+def fmt_flops(flops: float) -> str:
+    """`8.69 GFLOP/s`, `989 TFLOP/s`: the peak as it is read next to MFU."""
+    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {unit}"
+    return f"{flops:.3g} FLOP/s"
 
 
 def run_dtype(args: TrainingArguments) -> Any:
@@ -194,6 +245,7 @@ class Speed(TrainerCallback):
         self.seconds = 0.0  # training-step seconds in the current log window
         self.total_seconds = self.total_flops = self.total_tokens = 0.0  # this process's, for summary.json
         self._marks: dict[str, float] = {}
+        self._reprobed = False  # the peak was measured again after a log window beat it (once per run)
 
     def _counters(self, state: TrainerState) -> dict[str, float]:
         rollouts = self.trainer.rollout_stats() if isinstance(self.trainer, ReportsRollouts) else RolloutStats()
@@ -207,7 +259,7 @@ class Speed(TrainerCallback):
             if state.is_world_process_zero:
                 source = "peak_tflops" if self.peak_tflops is not None else f"measured, cached in {cache_path()}"
                 logging.getLogger("ablate").info(
-                    "MFU against a peak of %.4g TFLOP/s (%s; set peak_tflops=... to override)", self.peak / 1e12, source)
+                    "MFU against a peak of %s (%s; set peak_tflops=... to override)", fmt_flops(self.peak), source)
         self._marks = self._counters(state)
         self._last = time.perf_counter()
 
@@ -234,6 +286,8 @@ class Speed(TrainerCallback):
         flops = self.flops_per_token * d["tokens"] / world + self.forward_flops_per_token * d["generated"]
         if d["tokens"] > 0:
             logs["tokens_per_second"] = d["tokens"] / seconds
+            if self.peak and flops / seconds > self.peak and self.peak_tflops is None and not self._reprobed:
+                self._raise_peak(args, flops / seconds, state.is_world_process_zero)
             if self.peak:
                 logs["mfu"] = flops / seconds / self.peak
             if "num_input_tokens_seen" not in logs:  # GRPO: Trainer cannot count its batches, the trainer does
@@ -248,16 +302,32 @@ class Speed(TrainerCallback):
         self._marks, self.seconds = now, 0.0
         self._show(state, logs)
 
+    def _raise_peak(self, args: TrainingArguments, reached: float, main: bool) -> None:
+        """This run computed faster than the cached peak: the cache was wrong (a probe on a busy
+        machine). Measure again, keep the higher figure (cached for later runs), say so once."""
+        self._reprobed = True
+        old = self.peak or 0.0
+        self.peak = peak_flops(args.device, run_dtype(args), at_least=reached)
+        if main:
+            logging.getLogger("ablate").info(
+                "this run reached %s, above the cached peak of %s: measured again, MFU now against %s",
+                fmt_flops(reached), fmt_flops(old), fmt_flops(self.peak))
+
     def _show(self, state: TrainerState, logs: dict[str, Any]) -> None:
-        """tokens/s and MFU as the progress bar's postfix (the bar's log lines carry them too)."""
+        """tokens/s and MFU, with the peak it is measured against, on the progress bar."""
         if "tokens_per_second" not in logs or not state.is_world_process_zero:
             return
         from transformers import ProgressCallback
 
-        text = f"{logs['tokens_per_second']:.4g} tok/s" + (f", MFU {logs['mfu']:.1%}" if "mfu" in logs else "")
+        text = f"{logs['tokens_per_second']:.4g} tok/s"
+        if "mfu" in logs and self.peak:
+            text += f", MFU {logs['mfu']:.1%} of {fmt_flops(self.peak)}"
         for cb in self.trainer.callback_handler.callbacks:
             if isinstance(cb, ProgressCallback) and getattr(cb, "training_bar", None) is not None:
-                cb.training_bar.set_postfix_str(text, refresh=False)
+                if hasattr(cb, "show"):  # ablate.run.console.Progress: one postfix with the key metrics
+                    cb.show("speed", text)
+                else:
+                    cb.training_bar.set_postfix_str(text, refresh=False)
 
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: this process's throughput and MFU over all its training steps, and the peak."""

@@ -1,0 +1,34 @@
+"""Which data each method takes, checked before the model is built: a file whose rows match no
+format of the method is refused in one line (`ablate.data.formats.detect`) without loading a model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# the format family (ablate.data.formats.FORMATS) of each trainer, and the tokenised columns that
+# let a dataset skip it (already tokenised rows, e.g. examples/custom_batch)
+IDS = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prompt_ids", "completion_ids"),
+       "prompt": ("prompt_ids",)}
+
+
+def data_kind(trainer_cls: type) -> str | None:
+    """"preference" (DPO and its subclasses), "sft", "prompt" (GRPO); None for a trainer of another kind."""
+    from ablate.methods.dpo import DPOTrainer
+    from ablate.methods.grpo import GRPOTrainer
+    from ablate.methods.sft import SFTTrainer
+
+    for base, kind in ((DPOTrainer, "preference"), (SFTTrainer, "sft"), (GRPOTrainer, "prompt")):
+        if isinstance(trainer_cls, type) and issubclass(trainer_cls, base):
+            return kind
+    return None
+
+
+def check_shape(trainer_cls: type, *datasets: Any) -> None:
+    """DataError (one line: the columns found, the formats expected) unless every dataset given (None:
+    skipped) is in a format `trainer_cls` takes, or already tokenised."""
+    from ablate.data.formats import detect
+
+    kind = data_kind(trainer_cls)
+    for ds in datasets:
+        if kind is not None and ds is not None and not set(IDS[kind]) <= set(ds.column_names):
+            detect(ds, kind)

@@ -1,0 +1,316 @@
+"""The first hour of a new user, again (issue 23): each test walks a user's path from a scratch dir
+through the CLI (`python -m ablate`, as the console script) and checks what the user sees.
+
+Item 1: `ablate status` and `ablate ls` agree on a job killed with -9 (the lock says who is alive).
+Item 2: every printing command survives a closed pipe. Item 3: one local-file data option reads
+JSONL, JSON, CSV, parquet and save_to_disk dirs. Item 5: a data mistake is refused before the model
+loads. Item 6: one progress bar, text on lines of its own, no library noise. Item 7: DPO scores only
+the rows the run draws, with a progress bar. Item 8: `ablate generate --before`. Item 9: a pretrained
+model's lr. Item 10: `ablate compare` on a sweep's folder takes its newest launch. Item 11: an
+implausible cached peak is measured again. (Item 13 is the README test's `test_docs_state_no_test_counts...`.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TESTS, ablate, summary
+from integration.test_compare import write_run
+
+FAST = ["method.args.save_strategy=no", "threads=1"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            "WANDB_MODE": "offline", **extra}
+
+
+def _terminal_lines(text: str) -> list[str]:
+    """What a terminal shows of stdout and stderr written to it together: a `\\r` returns to the line's
+    start, so each piece between `\\r`/`\\n` begins where the cursor was put."""
+    return [piece for piece in re.split(r"[\r\n]", text) if piece.strip()]
+
+
+def _run_dir(stdout: str) -> Path:
+    return Path(re.findall(r"^run dir: (.+)$", stdout, flags=re.M)[-1].strip())
+
+
+# ---- 1. one source of truth for a run's state -------------------------------------------------------
+
+def test_status_and_ls_agree_on_a_job_killed_with_sigkill(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "train", "-m", "seed=1", "method.args.max_steps=400",
+                             "method.args.logging_steps=1", *FAST], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        metrics = None
+        while time.time() < deadline and proc.poll() is None:
+            found = list((tmp_path / "outputs" / "sweeps").glob("*/*/*/metrics.jsonl"))
+            if found and len(found[0].read_text().splitlines()) >= 3:
+                metrics = found[0]
+                break
+            time.sleep(0.2)
+        assert metrics is not None, "the job never logged 3 steps"
+        sweep_dir = metrics.parent.parent
+        live = ablate("status", str(sweep_dir), cwd=tmp_path)
+        assert live.returncode == 0, live.stderr
+        assert "running at step" in live.stdout and "of 400" in live.stdout, live.stdout
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert json.loads((metrics.parent / "summary.json").read_text())["status"] == "running"  # as kill -9 leaves it
+    status = ablate("status", str(sweep_dir), cwd=tmp_path)
+    listed = ablate("ls", "--json", cwd=tmp_path)
+    assert status.returncode == 0 and listed.returncode == 0, status.stderr + listed.stderr
+    assert "interrupted at step" in status.stdout and "running" not in status.stdout, status.stdout
+    assert [row["status"] for row in json.loads(listed.stdout)] == ["interrupted"]
+
+
+def test_a_free_lock_on_another_host_proves_nothing(tmp_path: Path) -> None:
+    """A run dir whose run.json names another host and whose lock nobody holds here: still `running`
+    (flock on some network filesystems is local to a node); on this host it is `interrupted`."""
+    from ablate.run import rundir
+
+    for host, expected in (("elsewhere", "running"), (socket.gethostname(), "interrupted")):
+        run = tmp_path / host
+        run.mkdir()
+        (run / "run.json").write_text(json.dumps({"overrides": [], "host": host, "pid": 1}))
+        (run / "summary.json").write_text(json.dumps({"status": "running"}))
+        (run / ".lock").write_text("PID 1 on host x\n")
+        assert rundir.state(run) == expected
+
+
+# ---- 2. a closed pipe --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["ls", "--json"], ["ls"], ["compare", "outputs"], ["--help"],
+                                  ["train", "--cfg", "job"], ["status", "outputs/sweeps/s/2026-01-01_00-00-00"]])
+def test_printing_commands_survive_a_closed_pipe(tmp_path: Path, args: list[str]) -> None:
+    """`ablate ls --json | head -3`: the reader has gone before ablate writes; no traceback, exit 0."""
+    sweep = tmp_path / "outputs" / "sweeps" / "s" / "2026-01-01_00-00-00"
+    for seed in range(30):  # more output than a pipe buffers
+        write_run(sweep, seed, [f"seed={seed}"], {"rewards/margins": 0.1 * seed, "loss": 1.0})
+    (sweep / "multirun.yaml").write_text("{}\n")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "ablate", *args], cwd=tmp_path, env=_env(), stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr[-2000:]
+
+
+# ---- 3. local files of every kind --------------------------------------------------------------------
+
+ROWS = [{"question": f"sort: {w} =", "good": " " + "".join(sorted(w)), "bad": " " + w}
+        for w in ("dcba", "cab", "hgfe", "bca", "fed", "gfe", "ecd", "hba")]
+COLUMNS = ["data.columns.prompt=question", "data.columns.chosen=good", "data.columns.rejected=bad"]
+
+
+def _write_kinds(d: Path) -> dict[str, Path]:
+    from datasets import Dataset, DatasetDict
+
+    ds = Dataset.from_list(ROWS)
+    kinds = {"parquet": d / "pairs.parquet", "csv": d / "pairs.csv", "json": d / "pairs.json",
+             "jsonl": d / "pairs.jsonl", "saved": d / "saved"}
+    ds.to_parquet(kinds["parquet"])
+    ds.to_csv(kinds["csv"], index=False)
+    kinds["json"].write_text(json.dumps(ROWS))
+    kinds["jsonl"].write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    DatasetDict(train=ds, test=ds.select(range(2))).save_to_disk(str(kinds["saved"]))
+    return kinds
+
+
+def test_local_data_reads_every_kind_with_its_columns(tmp_path: Path) -> None:
+    from ablate.data import KINDS, local
+    from ablate.errors import DataError
+
+    for kind, path in _write_kinds(tmp_path).items():
+        data = local(str(path), columns={"prompt": "question", "chosen": "good", "rejected": "bad"})
+        assert data.train.column_names == ["prompt", "chosen", "rejected"], kind
+        assert data.train[0] == {"prompt": "sort: dcba =", "chosen": " abcd", "rejected": " dcba"}, kind
+        assert (data.eval is not None) == (kind == "saved")  # a saved DatasetDict brings its test split
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(DataError) as e:
+        local(str(tmp_path / "notes.txt"))
+    assert KINDS in str(e.value) and "\n" not in str(e.value)
+
+
+def test_parquet_given_as_data_jsonl_trains_and_csv_as_data_local_previews(tmp_path: Path) -> None:
+    """The issue's path (`data=jsonl data.train_path=x.parquet`) and the new option's name, through the CLI."""
+    kinds = _write_kinds(tmp_path)
+    r = ablate("train", "data=jsonl", f"data.train_path={kinds['parquet']}", *COLUMNS, "method.args.max_steps=1",
+               "method.args.per_device_train_batch_size=4", *FAST, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert summary(_run_dir(r.stdout))["status"] == "completed"
+    r = ablate("data", "preview", "data=local", f"data.train_path={kinds['csv']}", *COLUMNS, "-n", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "on 8 train rows, format: preference" in r.stdout and "sort: dcba =" in r.stdout
+
+
+# ---- 5. the data's shape before the model ------------------------------------------------------------
+
+def test_rows_matching_no_format_are_refused_before_the_model_loads(tmp_path: Path) -> None:
+    (tmp_path / "renamed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    r = ablate("train", "data=jsonl", "data.train_path=renamed.jsonl", *FAST, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "found columns ['bad', 'good', 'question']" in r.stderr and "data.columns" in r.stderr
+    assert "lean layers" not in r.stdout + r.stderr  # the model was never built
+
+
+# ---- 6 and 7. one clean bar; DPO scores only what it draws ------------------------------------------
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    cwd = tmp_path_factory.mktemp("scratch")
+    r = subprocess.run([sys.executable, "-m", "ablate", "train", "method=grpo", "method.args.max_steps=2",
+                        "method.args.logging_steps=1", *FAST], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=900)  # one stream, as a terminal shows both
+    assert r.returncode == 0, r.stdout[-3000:]
+    return cwd, r.stdout
+
+
+def test_text_is_never_glued_to_the_bar_and_log_dicts_go_to_the_log_file(grpo_run: tuple[Path, str]) -> None:
+    cwd, out = grpo_run
+    lines = _terminal_lines(out)
+    assert any(line.startswith("GRPO batch geometry") for line in lines), out[-3000:]
+    assert not any("it/s]GRPO" in line or "?it/s]GRPO" in line for line in lines)
+    assert "{'loss'" not in out and "'grad_norm'" not in out  # HF's 20-key dicts: not on the console
+    assert "Generating train split" not in out and "Tokenizing" not in out  # no dataset bars
+    assert re.search(r"it/s, loss \S+, reward \S+.*tok/s, MFU [\d.]+% of [\d.]+ [GTM]FLOP/s", out), out[-2000:]
+    log = (_run_dir(out) / "ablate.log").read_text()
+    assert "{'loss'" in log and "'grad_norm'" in log  # ... but in ablate.log, every one of them
+
+
+def test_overfit_verdict_on_a_line_of_its_own(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "ablate", "train", "debug=overfit", "threads=1"], cwd=tmp_path,
+                       env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert any(re.match(r"debug=overfit: loss \S+ -> \S+ in 30 steps: OK$", line)
+               for line in _terminal_lines(r.stdout)), r.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A DPO run of 4 steps (3 of 512 pairs' batches drawn) crashed at step 3 and resumed, with a
+    cached peak no CPU has (0.00033 TFLOP/s, a probe taken on a busy machine)."""
+    cwd = tmp_path_factory.mktemp("scratch")
+    cache = cwd / "cache"
+    cache.mkdir()
+    bogus = {f"{socket.gethostname()}|cpu|float32|torch {torch.__version__}|threads {n}": 0.00033e12
+             for n in range(1, 65)}
+    (cache / "peak_flops.json").write_text(json.dumps(bogus))
+    env = {"ABLATE_CACHE": str(cache)}
+    args = ["method.args.max_steps=4", "method.args.save_steps=2", "method.args.logging_steps=1", "threads=1",
+            "+callbacks.crash._target_=crashing.CrashAt"]
+    crashed = ablate("train", *args, cwd=cwd, env={**env, "ABLATE_TEST_CRASH_AT": "3"})
+    assert crashed.returncode != 0
+    (run_dir,) = (cwd / "outputs" / "runs").glob("*/*")
+    r = ablate("resume", str(run_dir), cwd=cwd, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"cwd": cwd, "run": run_dir, "crashed": crashed, "resumed": r, "cache": cache, "bogus": bogus}
+
+
+def test_dpo_scores_only_the_pairs_the_run_draws_with_a_bar(resumed: dict) -> None:
+    for r in (resumed["crashed"], resumed["resumed"]):  # each launch scores the whole run's rows, the same ones
+        assert "reference log-probs (the initial policy): scoring 40 of 512 train pairs" in r.stdout, r.stdout
+        assert "Reference log-probs (train pairs)" in r.stderr  # its progress bar
+    assert summary(resumed["run"])["status"] == "completed"
+
+
+def test_resume_of_a_tied_head_is_quiet(resumed: dict) -> None:
+    r = resumed["resumed"]
+    assert "resuming from" in r.stdout
+    assert "missing keys" not in r.stdout + r.stderr, r.stderr[-2000:]
+
+
+def test_an_implausible_cached_peak_is_measured_again(resumed: dict) -> None:
+    s = summary(resumed["run"])
+    assert s["peak_tflops"] >= 1e-3 and 0 < s["mfu"] < 1  # at least a GFLOP/s: any CPU core
+    cached = json.loads((resumed["cache"] / "peak_flops.json").read_text())
+    fixed = [v for k, v in cached.items() if cached[k] != resumed["bogus"].get(k)]
+    assert fixed and all(v >= 1e9 for v in fixed)  # the contradicted entry was replaced
+    assert re.search(r"MFU [\d.]+% of [\d.]+ [GT]FLOP/s", resumed["resumed"].stderr)  # the peak next to MFU
+
+
+def test_eval_names_its_split_and_is_quiet(resumed: dict) -> None:
+    r = ablate("eval", str(resumed["run"]), cwd=resumed["cwd"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Tokenizing train" not in r.stderr and "pin_memory" not in r.stderr, r.stderr[-2000:]
+    assert "dpo eval on the eval split (64 examples)" in r.stdout
+
+
+def test_qlora_run_has_no_peft_temp_path_warning(tmp_path: Path) -> None:
+    pytest.importorskip("bitsandbytes")
+    r = ablate("train", "+peft=qlora", "method.args.max_steps=1", *FAST, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Could not find a config file" not in r.stderr and "/tmp/ablate-tiny-" not in r.stderr
+
+
+# ---- 8. what training changed --------------------------------------------------------------------------
+
+def test_generate_before_shows_the_starting_model_beside_the_trained_one(resumed: dict) -> None:
+    r = ablate("generate", str(resumed["run"]), "--prompt", "sort: dcba =", "--before", "--max-new-tokens", "6",
+               cwd=resumed["cwd"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == ">>> sort: dcba =" and lines[1].startswith("before training: ")
+    assert lines[2].startswith("after training:  ")
+
+
+# ---- 9. a pretrained model's lr ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model,lr", [("smollm2_135m", "2.0e-05"), ("qwen2_5_0_5b", "2.0e-05"), ("tiny", "0.003")])
+def test_a_model_option_carries_its_lr(tmp_path: Path, model: str, lr: str) -> None:
+    r = ablate("train", f"model={model}", "--cfg", "job", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(rf"^  optimizer:\n(    .*\n)*?    lr: {re.escape(lr)}$", r.stdout, flags=re.M), r.stdout
+    r = ablate("train", f"model={model}", "optimizer.optimizer.lr=1e-4", "--cfg", "job", cwd=tmp_path)
+    assert re.search(r"^    lr: 0\.0001$", r.stdout, flags=re.M)  # the command line still wins
+
+
+def test_a_large_model_at_the_toy_lr_warns(caplog: pytest.LogCaptureFixture) -> None:
+    from ablate.methods.optim import warn_if_toy_lr
+
+    big = torch.nn.Linear(4000, 3000)  # 12M parameters
+    warn_if_toy_lr(big, torch.optim.AdamW(big.parameters(), lr=3e-3))
+    assert "the tiny model's from-scratch lr" in caplog.text
+    caplog.clear()
+    warn_if_toy_lr(big, torch.optim.AdamW(big.parameters(), lr=2e-5))
+    big.bias.requires_grad_(False)  # adapters train a part at high rates on purpose
+    warn_if_toy_lr(big, torch.optim.AdamW([big.weight], lr=3e-3))
+    assert caplog.text == ""
+
+
+# ---- 10. compare a sweep's folder -------------------------------------------------------------------------
+
+def test_compare_on_a_sweeps_folder_takes_its_newest_launch(tmp_path: Path) -> None:
+    folder = tmp_path / "outputs" / "sweeps" / "dpo_loss"
+    old = folder / "2026-01-01_10-00-00"
+    for seed in (1, 2):  # a stale launch with other overrides
+        write_run(old, seed, ["method.args.max_steps=5", f"seed={seed}"], {"rewards/margins": 9.0, "loss": 1.0})
+    new = folder / "2026-01-02_10-00-00"
+    for num, (loss, seed) in enumerate([("sigmoid", 1), ("hinge", 1)]):
+        write_run(new, num, [f"method/loss={loss}", f"seed={seed}"], {"rewards/margins": 0.5, "loss": 1.0})
+    for launch, started in ((old, "2026-01-01T10:00:00"), (new, "2026-01-02T10:00:00")):
+        (launch / "multirun.yaml").write_text("{}\n")
+        for run in launch.iterdir():
+            if run.is_dir():
+                (run / "run.json").write_text(json.dumps({"overrides": [], "started": started}))
+    r = ablate("compare", "outputs/sweeps/dpo_loss", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "2 runs in 2 groups" in r.stdout and "max_steps" not in r.stdout.split("older")[0]
+    assert "the newest launch only (2026-01-02_10-00-00)" in r.stdout and "--all-launches" in r.stdout
+    r = ablate("compare", "outputs/sweeps/dpo_loss", "--all-launches", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert "4 runs in" in r.stdout and "2 launches kept apart" in r.stdout
+    assert "max_steps=default" in r.stdout  # a key one launch did not set: the config's value, not '-'
