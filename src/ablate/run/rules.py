@@ -95,7 +95,6 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "model.num_heads": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1"),
     "model.intermediate_size": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1"),
     "model.max_position_embeddings": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1"),
-    "model.lean_layers": (_bool, BOOL),
     "peft.r": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1 (the adapter rank)"),
     "peft.lora_alpha": (lambda v, c: is_num(v) and v > 0, "a number > 0"),
     "peft.lora_dropout": (lambda v, c: is_num(v) and 0 <= v < 1, "a number in [0, 1)"),
