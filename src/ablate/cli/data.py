@@ -116,9 +116,6 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from ablate.data import tokenize
-    from ablate.data.formats import detect
-    from ablate.methods.shapes import IDS
     from ablate.paths import conf_dir
     from ablate.run.compose import register_resolvers
 
@@ -131,6 +128,10 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
 
     check(cfg)  # what `ablate train` would refuse, in the same words
     check_method_args(cfg)
+    from ablate.data import tokenize  # torch: only once the config is known to be good
+    from ablate.data.formats import detect
+    from ablate.methods.shapes import IDS
+
     kind = _kind(cfg.method.trainer._target_)
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)

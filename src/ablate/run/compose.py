@@ -76,9 +76,10 @@ MOVED = {
     "method.args.completion_only_logits": "perf.completion_only_logits",
     "method.args.score_in_length_groups": "perf.length_groups",
     "model.lean_layers": "perf.lean_layers",
-    "method.trainer.generator._target_": "perf.shared_prefill (false: model.generate; another engine: "
-                                         "'method.trainer.generator={_target_: ..., _partial_: true}')",
 }
+# the old way to pick model.generate over the shared-prefill generator (an engine of your own is still
+# `method.trainer.generator`, so only ablate's two generators are refused here)
+OLD_GENERATORS = ("ablate.rollouts.generation.HFGenerator", "ablate.rollouts.generation.SharedPromptGenerator")
 
 
 # GRPO's token aggregations left method/loss (now DPO's losses only) for a group of their own
@@ -92,6 +93,10 @@ def check_moved(argv: list[str]) -> None:
         if key == "method/loss" and value in GRPO_AGGREGATIONS:
             print(f"ablate: error: method/loss={value}: GRPO's aggregations are now the group method/aggregation: "
                   f"use method/aggregation={value} (options: conf/method/aggregation/)", file=sys.stderr)
+            sys.exit(2)
+        if key == "method.trainer.generator._target_" and value in OLD_GENERATORS:
+            print(f"ablate: error: {key} is now perf.shared_prefill (false: model.generate; another engine: "
+                  f"'method.trainer.generator={{_target_: ..., _partial_: true}}')", file=sys.stderr)
             sys.exit(2)
         if key not in MOVED:
             continue

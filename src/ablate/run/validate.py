@@ -106,7 +106,9 @@ def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
     if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
         return
     target = str(data.get("_target_", ""))
-    missing = {"ablate.data.jsonl": ("eval_path", lambda: data.get("eval_path") is None),
+    # data=local: a save_to_disk dir as train_path may bring its own eval split
+    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
+    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
                "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
                "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
     if target in missing and missing[target][1]():
@@ -266,19 +268,21 @@ def _check_dir(path: Path, key: str, create: bool) -> None:
             raise ConfigError(f"{key}={path}: cannot create it ({e.strerror})") from None
 
 
-def check_run_dir(run_dir: Path, hc: Any) -> None:
+def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
     """A single run's dir is absent, empty, or an ablate run dir (a readable run.json) of the same
     overrides, and no live process holds its lock; then this process takes the lock, before Hydra
     writes ablate.log into the dir and before ablate writes `.hydra/` (nothing of a process refused
     here touches the dir, whatever its timing against the holder). A completed run is left unlocked
     and untouched (`ablate.run.lifecycle` says so). `ablate.train` checks the same again, for
-    multirun jobs."""
+    multirun jobs. Without `take_lock` only the checks run, creating nothing (before the code checks)."""
     from ablate.run import rundir
 
     if not rundir.is_main_process():  # rank 0 checks (and then holds) the dir its other ranks share
         return
     rundir.is_usable(run_dir)
     _check_same_run(run_dir, hc)
+    if not take_lock:
+        return
     if rundir.completed_summary(run_dir) is not None:
         return
     rundir.lock(run_dir)
@@ -305,9 +309,10 @@ class Validate(Callback):
             check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
-            check_run_dir(run_dir, config.hydra)
+            check_run_dir(run_dir, config.hydra, take_lock=False)  # creates nothing yet
             check_code(config)  # imports the method's code (torch), which the run needs next anyway
-            check_dir(run_dir, "hydra.run.dir")  # last: creates it
+            check_dir(run_dir, "hydra.run.dir")  # creates it
+            check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
 
         _exit_on_error(checks)
 
