@@ -97,7 +97,7 @@ def test_fast_generation_and_scoring_switch_off_to_the_same_run(tmp_path):
     same: equal rewards and losses step for step."""
     steps = ["method.args.max_steps=4", "method.args.logging_steps=1"]
     _train(tmp_path / "fast", *steps)
-    _train(tmp_path / "plain", *steps, "method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator",
+    _train(tmp_path / "plain", *steps, "method/generator=hf",
            "method.args.score_in_length_groups=false")
     generators = [json.loads((tmp_path / run / "run.json").read_text())["config"]["method"]["trainer"]["generator"]
                   for run in ("fast", "plain")]

@@ -69,6 +69,7 @@ def register_resolvers() -> None:
 MOVED = {
     "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses and GRPO aggregations)
     "method.args.scale_rewards": "method/scale_rewards",  # conf/method/scale_rewards/*.yaml (GRPO)
+    "method.trainer.generator._target_": "method/generator",  # conf/method/generator/*.yaml (GRPO: shared_prompt | hf | vllm)
 }
 
 
@@ -77,7 +78,8 @@ def check_moved(argv: list[str]) -> None:
     for arg in argv:
         key, _, value = arg.lstrip("+~").partition("=")
         if key in MOVED:
-            print(f"ablate: error: {key} is now the config group {MOVED[key]}: use {MOVED[key]}={value or 'NAME'} "
+            name = value if value and "." not in value else "NAME"  # a class path is not an option name
+            print(f"ablate: error: {key} is now the config group {MOVED[key]}: use {MOVED[key]}={name} "
                   f"(options: conf/{MOVED[key]}/)", file=sys.stderr)
             sys.exit(2)
 
