@@ -281,7 +281,8 @@ sys.meta_path.insert(0, _Hide())
     (["train", "optimizer=adamw_8bit"], "bitsandbytes", "quant"),
     (["train", "+ref_model=live_4bit"], "bitsandbytes", "quant"),
     (["compare", ".", "--out", "report"], "matplotlib", "plot"),
-], ids=["wandb", "adamw_8bit", "live_4bit", "plots"])
+    (["train", "method=grpo", "method/generator=vllm"], "vllm", "vllm"),
+], ids=["wandb", "adamw_8bit", "live_4bit", "plots", "vllm"])
 def test_missing_extra_is_one_line_naming_the_install(tmp_path, argv, hidden, extra):
     """An optional package that is not installed: one line with the pip command, nothing created."""
     (tmp_path / "hide").mkdir()
