@@ -23,22 +23,28 @@ round feeds spg * mu micro-steps; the old policy's log-probs are then always kep
 ratio is against the round's policy, as in TRL).
 
 Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
-prompts drawn for micro-step k, which the schedule test checks), no vLLM;
+prompts drawn for micro-step k, which the schedule test checks);
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
 A checkpoint saved mid-round also holds the round (`generation_buffer.pt`), so a resume at any step
 serves the rest of that round instead of regenerating it and reproduces the uninterrupted run's
 per-step losses exactly (TRL regenerates); the generation counters (`rollout_stats()`, which
 `summary_fields` and the throughput callback read) are saved with each checkpoint too.
 
-Generation goes through one seam, `generator=` (a `GenerateFn`), which a config sets as
-`method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). Left null,
-the speed plan picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path)
-prefills each distinct prompt once for its whole group and drops ended rows from the batch, sampling as
-`model.generate` does; `HFGenerator` is plain `model.generate`. Scoring (`_token_logps`) follows the
-speed plan too (ablate.speed.plan, switches in conf/perf/, decided once in `__init__`): with
+Generation goes through one seam, `generator=` (a `GenerateFn`). Left null (the default), the speed plan
+picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path) prefills each distinct
+prompt once for its whole group and drops ended rows from the batch, sampling as `model.generate` does;
+with `perf.shared_prefill=false`, `HFGenerator`: plain `model.generate`. A config picks another engine with
+`method/generator=NAME` (conf/method/generator/: a `{_target_: ..., _partial_: true}` node built with
+(args, tokenizer)), which the plan then records as blocking `shared_prefill`: `hf` (`model.generate`) or
+`vllm` (ablate.rollouts.vllm), a colocated vLLM engine that also returns its per-token log-probs
+(`Completions`), which go into the round as `sampling_logps`: the loss then applies TRL's correction for
+the engine/trainer mismatch (`vllm_importance_sampling_*`, and `off_policy_mask_threshold` for any
+generator; ablate.losses.is_correction) as a weight on the policy term. Scoring (`_token_logps`) follows
+the speed plan too (ablate.speed.plan, switches in conf/perf/, decided once in `__init__`): with
 `grpo_group_rows` one packed row `[prompt | c_1 | ... | c_k]` per prompt, so each prompt is computed once
 per group, projected to the vocabulary only at completion positions (ablate.speed.scoring); else rows in
-groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout). The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
+groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout).
+The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
 """
 
 from __future__ import annotations
@@ -57,12 +63,14 @@ from torch.utils.data import Sampler
 from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    TrainerCallback,
     TrainingArguments,
 )
 
 from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
+from ablate.losses import is_correction
 from ablate.losses.logps import selective_log_softmax
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
@@ -71,6 +79,7 @@ from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
     GenerateFn,
     HFGenerator,
+    as_completions,
     build_generator,
     left_pad,
     right_pad,
@@ -108,6 +117,18 @@ class GRPOConfig(TrainingArguments):
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
+    vllm_importance_sampling_correction: bool = field(default=True, metadata={
+        "help": "Weight each token's policy loss by pi_trainer / pi_engine when the generator returns the engine's "
+                "log-probs (vLLM); TRL 1.16's default."})
+    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={
+        "help": "token_truncate | token_mask | sequence_truncate | sequence_mask (TRL's modes and default)."})
+    vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={
+        "help": "Lower bound of the engine IS ratio (clamped or masked below); None = none."})
+    vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={
+        "help": "Upper bound of the engine IS ratio (clamped or masked above); None = none."})
+    off_policy_mask_threshold: float | None = field(default=None, metadata={
+        "help": "Drop negative-advantage completions whose mean KL from the sampling policy exceeds this "
+                "(DeepSeek-V3.2 eq. 9); None = off."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -117,6 +138,9 @@ class GRPOConfig(TrainingArguments):
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
+            (self.vllm_importance_sampling_mode in is_correction.MODES,
+             f"vllm_importance_sampling_mode must be one of {', '.join(is_correction.MODES)}, "
+             f"got '{self.vllm_importance_sampling_mode}'"),
             (self.importance_sampling_level in ("token", "sequence"),
              f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
             (self.delta is None or self.delta > 1 + self.epsilon_high,
@@ -222,6 +246,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
         default = None if self.speed_plan.on("shared_prefill") else HFGenerator
         self.generator = build_generator(default if generator is None else generator, args, processing_class)
+        if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
+            self.add_callback(self.generator)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         self.ref_speed_plan: SpeedPlan | None = None
@@ -276,6 +302,15 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
         return RepeatSampler(eval_dataset, self.args.num_generations, prompts, 1, self.args.seed)
 
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer.train; a generator with an engine of its own (vLLM) is closed when training ends, however it ends."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            close = getattr(self.generator, "close", None)
+            if close is not None:
+                close()
+
     def training_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
@@ -301,7 +336,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
         _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
-        completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
+        out = as_completions(self.generator(model, [r["prompt_ids"] for r in rows]))
+        completion_ids = out.ids
         seconds = time.perf_counter() - t0
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
         if train:
@@ -331,9 +367,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
+        # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch with the trainer's
+        sampling = None if out.logps is None else right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
                           num_items=batch["completion_mask"].sum().float() / slices,
-                          policy_version=self.state.global_step)
+                          sampling_logps=sampling, policy_version=self.state.global_step)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
@@ -418,16 +456,37 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         mask = inputs.completion_mask.float()
         old = logps.detach() if inputs.old_logps is None else inputs.old_logps  # ratio exactly 1 when on-policy
         a = self.args
-        per_token, metrics = self.objective(
-            grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps),
+        weight, metrics = self._policy_weight(logps, old, inputs, mask)
+        per_token, own = self.objective(
+            grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps, weight),
             epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta, delta=a.delta,
             importance_sampling_level=a.importance_sampling_level, bias_correction_kl=a.use_bias_correction_kl,
         )
         loss = self.aggregate(per_token, mask, num_items=float(inputs.num_items),
                               max_completion_length=a.max_completion_length)
+        metrics.update(own)
         metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
         self.metrics.add(mode, metrics)
         return loss
+
+    def _policy_weight(
+        self, logps: torch.Tensor, old: torch.Tensor, inputs: Rollout, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The weight on the policy term (None = 1): TRL's correction for an engine's sampling (only when the
+        generator returned its log-probs, i.e. vLLM) and the off-policy sequence mask (ablate.losses.is_correction).
+        `old` is the trainer's log-probs under the generating policy (TRL's old_per_token_logps)."""
+        a, weight, metrics = self.args, None, {}
+        if inputs.sampling_logps is not None and a.vllm_importance_sampling_correction:
+            weight, metrics = is_correction.importance_sampling_correction(
+                old, inputs.sampling_logps, mask, mode=a.vllm_importance_sampling_mode,
+                clip_min=a.vllm_importance_sampling_clip_min, clip_max=a.vllm_importance_sampling_clip_max)
+        if a.off_policy_mask_threshold is not None:  # against the engine's log-probs when there are some, as TRL
+            sampling = old if inputs.sampling_logps is None else inputs.sampling_logps
+            keep = is_correction.off_policy_mask(inputs.advantages.unsqueeze(1), logps, sampling, mask,
+                                                 a.off_policy_mask_threshold)
+            metrics["off_policy/masked_fraction"] = 1 - keep.mean()
+            weight = keep if weight is None else weight * keep
+        return weight, metrics
 
     def prediction_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,

@@ -76,8 +76,8 @@ MOVED = {
     "method.args.completion_only_logits": "perf.completion_only_logits",
     "method.args.score_in_length_groups": "perf.length_groups",
     "model.lean_layers": "perf.lean_layers",
-    "method.trainer.generator._target_": "perf.shared_prefill (false: model.generate; another engine: "
-                                         "'method.trainer.generator={_target_: ..., _partial_: true}')",
+    # conf/method/generator/*.yaml (GRPO: hf | vllm); none picked = the speed plan's (perf.shared_prefill)
+    "method.trainer.generator._target_": "method/generator",
 }
 
 
@@ -99,7 +99,8 @@ def check_moved(argv: list[str]) -> None:
         if key == "method.args.loss_type" and value in GRPO_AGGREGATIONS:
             new = "method/aggregation"
         if "/" in new.split(" ")[0]:
-            print(f"ablate: error: {key} is now the config group {new}: use {new}={value or 'NAME'} "
+            name = value if value and "." not in value else "NAME"  # a class path is not an option name
+            print(f"ablate: error: {key} is now the config group {new}: use {new}={name} "
                   f"(options: conf/{new}/)", file=sys.stderr)
         else:
             print(f"ablate: error: {key} is now {new} (conf/perf/; perf=off turns every speed path off)",

@@ -80,6 +80,10 @@ RULES: dict[str, tuple[Check, str]] = {
     "method.args.top_p": (lambda v, c: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "method.args.epsilon": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
     "method.args.epsilon_high": (lambda v, c: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
+    "method.args.vllm_importance_sampling_mode": (  # ablate.losses.is_correction.MODES (TRL's)
+        lambda v, c: v in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+        "one of token_truncate, token_mask, sequence_truncate, sequence_mask"),
+    "method.args.off_policy_mask_threshold": (lambda v, c: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
     "data.max_train_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
     "data.max_eval_samples": (lambda v, c: v is None or (_int(v) and v >= 1), "null or an integer >= 1"),
     "model.dtype": (lambda v, c: v in ("float32", "bfloat16", "float16"), "one of float32, bfloat16, float16"),
@@ -90,6 +94,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "bitsandbytes.": ("bitsandbytes", "quant"),
     "transformers.BitsAndBytesConfig": ("bitsandbytes", "quant"),
     "ablate.logger.wandb.": ("wandb", "wandb"),
+    "ablate.rollouts.vllm.": ("vllm", "vllm"),
 }
 
 
