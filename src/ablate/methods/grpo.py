@@ -66,6 +66,7 @@ from ablate.losses.logps import selective_log_softmax
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rollouts.ahead import AheadRounds
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
     GenerateFn,
@@ -110,6 +111,9 @@ class GRPOConfig(TrainingArguments):
         "help": "One row per prompt, [prompt | c_1 | ... | c_k], packed: each prompt computed once (sdpa/eager)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
+    max_staleness: int = field(default=0, metadata={
+        "help": "Asynchronous GRPO: rounds sampled this many rounds ahead by a worker process with its own copy "
+                "of the weights (round k by the weights at round k - max_staleness's start); 0 = synchronous."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -119,6 +123,7 @@ class GRPOConfig(TrainingArguments):
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
+            (self.max_staleness >= 0, f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"),
             (self.importance_sampling_level in ("token", "sequence"),
              f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
             (self.delta is None or self.delta > 1 + self.epsilon_high,
@@ -159,6 +164,13 @@ class RepeatSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return (self.n // self.prompts) * self.prompts * self.g * self.repeat
+
+    def round_indices(self, k: int) -> list[int]:
+        """The rows of chunk `k` counted over epochs (epoch k // chunks per epoch), each prompt
+        `num_generations` times: what one pass of `__iter__` yields for it, without iterating."""
+        epoch, chunk = divmod(k, self.n // self.prompts)
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        return [i for i in order[chunk * self.prompts : (chunk + 1) * self.prompts] for _ in range(self.g)]
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:
@@ -228,6 +240,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.add_callback(PrintGeometry())  # the batch geometry table, once the step count is known
         self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
         self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
+        self.ahead: AheadRounds | None = None  # max_staleness > 0: rounds sampled ahead by a worker process
+        if args.max_staleness > 0:
+            check_async(args)
+            self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
+                                     args.seed, self._round_prompts)
 
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
@@ -257,6 +274,17 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
         return RepeatSampler(eval_dataset, self.args.num_generations, prompts, 1, self.args.seed)
 
+    def _round_prompts(self, k: int) -> list[list[int]]:
+        """Round k's prompt ids, read ahead of the dataloader from the sampler (asynchronous GRPO)."""
+        return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if self.ahead is not None:  # stop the generation worker, whatever ended training
+                self.ahead.close()
+
     def training_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
@@ -269,8 +297,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return self._generate_and_score(inputs, "eval")
         if self.rollouts.needs_round():  # the rows are this round's prompts (RepeatSampler)
-            self.rollouts.put(self._generate_and_score(inputs, "train"))
+            self.rollouts.put(self._generate_and_score(inputs, "train") if self.ahead is None else self._take_ahead(inputs))
         served = self.rollouts.serve()  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
+        if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
+            self.metrics.add("train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)})
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
         return served
@@ -280,26 +310,73 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
-        model = self.accelerator.unwrap_model(self.model)
-        _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
-        completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
+        keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
+        completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
+        return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
+
+    def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool
+                   ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
+        """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
+        with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
+        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead)."""
+        t0 = time.perf_counter()
+        completion_ids = self.generator(self.accelerator.unwrap_model(model), prompt_ids)
         seconds = time.perf_counter() - t0
+        batch = self._completion_batch(prompt_ids, completion_ids)
+        if keep_old:
+            with torch.no_grad():
+                batch["old_logps"] = self._token_logps(model, batch)[0]
+        return completion_ids, batch, seconds
+
+    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
+        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`."""
+        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True)
+        return completion_ids, batch["old_logps"], seconds
+
+    def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:
+        """Asynchronous GRPO: this round as the worker sampled it (waiting for it if it is not done yet);
+        hands the worker the current weights for round + max_staleness."""
+        t0 = time.perf_counter()
+        schedule = self.schedule
+        self.ahead.last_round = -(-self.state.max_steps * schedule.accumulation // schedule.micro_steps_per_round)
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # what the worker gets next
+        prompt_ids = [r["prompt_ids"] for r in rows]
+        sampled = self.ahead.take(schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step)
+        waited = time.perf_counter() - t0  # what generation costs the training loop: its wait
+        batch = self._completion_batch(prompt_ids, sampled.completion_ids)
+        batch["old_logps"] = sampled.old_logps.to(self.args.device)
+        self.rollouts.stats.background_seconds += sampled.seconds
+        return self._score(rows, sampled.completion_ids, batch, "train", waited, sampled.policy_version, t0,
+                           round_seconds=sampled.seconds)
+
+    def _completion_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        """The padded prompt and completion tensors on the device; truncated completions masked out
+        with `mask_truncated_completions`."""
+        batch = self._pad_batch(prompt_ids, completion_ids)
+        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
+            truncated = self._truncated(completion_ids)
+            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
+        return {k: v.to(self.args.device) for k, v in batch.items()}
+
+    def _truncated(self, completion_ids: list[list[int]]) -> list[bool]:
+        """Which completions have no EOS: cut at the length cap."""
+        stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
+        return [not ids or ids[-1] not in stops for ids in completion_ids]
+
+    def _score(self, rows: list[dict[str, Any]], completion_ids: list[list[int]], batch: dict[str, torch.Tensor],
+               mode: str, seconds: float, version: int, t0: float, round_seconds: float | None = None) -> Rollout:
+        """The rest of a round once it is sampled: reference log-probs, rewards, advantages, metrics and the
+        counters. `seconds`: what generation cost the training loop (sampling, or waiting for the worker)."""
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
         if train:
             stats.rounds += 1
             stats.generation_seconds += seconds
             stats.generated_tokens += sum(len(ids) for ids in completion_ids)
-        batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
-        stops = set(stop_ids(self.processing_class, model))
-        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
-        if train:  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
-            stats.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
-        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
-            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
-        batch = {k: v.to(self.args.device) for k, v in batch.items()}
+            # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            stats.num_tokens += sum(len(r["prompt_ids"]) for r in rows) + sum(len(ids) for ids in completion_ids)
+        truncated = self._truncated(completion_ids)
         with torch.no_grad():
-            if train and self.schedule.keeps_old_logps:  # the policy may change before (some) use: keep pi_old
-                batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
                 batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
             elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
@@ -313,8 +390,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
-                          num_items=batch["completion_mask"].sum().float() / slices,
-                          policy_version=self.state.global_step)
+                          num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
@@ -322,7 +398,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             "completions/min_length": lengths.min(),
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
-            "timing/generation_seconds": seconds,
+            "timing/generation_seconds": seconds if round_seconds is None else round_seconds,
             "num_tokens": float(stats.num_tokens),
         })
         self.metrics.add(mode, metrics)
@@ -441,11 +517,15 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             self.rollouts.save(folder)
+            if self.ahead is not None:  # the rounds sampled ahead, awaited (ablate.rollouts.ahead)
+                self.ahead.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
+        if self.ahead is not None:
+            self.ahead.load(resume_from_checkpoint)  # the rounds sampled ahead: served, not sampled again
 
     def rollout_stats(self) -> RolloutStats:
         """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
@@ -454,7 +534,25 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         stats = self.rollouts.stats
-        return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+        fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; the worker's sampling time
+            fields["background_generation_seconds"] = round(stats.background_seconds, 3)
+        return fields
+
+
+def check_async(args: GRPOConfig) -> None:
+    """Asynchronous GRPO's worker is a forked CPU process of a single-process run: one line otherwise."""
+    import multiprocessing
+
+    if args.device.type != "cpu":
+        raise ConfigError(f"method.args.max_staleness={args.max_staleness}: asynchronous generation runs in a forked "
+                          f"CPU process, and this run is on {args.device.type} (method.args.use_cpu=true)")
+    if args.world_size > 1:
+        raise ConfigError(f"method.args.max_staleness={args.max_staleness}: asynchronous generation is single-process "
+                          f"(this run has {args.world_size})")
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError(f"method.args.max_staleness={args.max_staleness}: asynchronous generation forks its "
+                          "worker, which this platform cannot")
 
 
 def check_loss(loss: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
