@@ -232,6 +232,6 @@ def test_worker_failure_is_raised_in_the_trainer(tmp_path):
 
 def test_prompts_read_ahead_are_checked_against_the_dataloader(tmp_path):
     trainer = _trainer(tmp_path, max_staleness=1, max_steps=2)
-    trainer._round_prompts = lambda k: [[7]] * 4
+    trainer.ahead.prompts_of = lambda k: [[7]] * 4  # not what the sampler yields
     with pytest.raises(RuntimeError, match="round 0's prompts differ"):
         trainer.train()

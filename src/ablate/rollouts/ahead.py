@@ -119,7 +119,10 @@ class Worker:
         k, completion_ids, old_logps, seconds = payload
         return k, completion_ids, torch.from_numpy(old_logps), seconds
 
-    def close(self) -> None:
+    def close(self, busy: bool = False) -> None:
+        """Stop the process: asked to exit when idle, killed when `busy` (its round is not wanted)."""
+        if busy:
+            self.process.kill()
         try:
             self.conn.send(None)
         except (BrokenPipeError, OSError):
@@ -251,7 +254,7 @@ class AheadRounds:
         """Stop the worker and forget the rounds in flight (a later `train()` starts afresh)."""
         if self.worker is not None:
             t0 = time.perf_counter()
-            self.worker.close()
+            self.worker.close(busy=bool(self.pending))
             torch.set_num_threads(self.threads)  # the trainer's share back to the whole
             logging.getLogger("ablate").debug("generation worker closed in %.2f s", time.perf_counter() - t0)
         self.worker, self.next_round = None, None
