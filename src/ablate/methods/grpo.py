@@ -54,7 +54,7 @@ import inspect
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sized
+from typing import Any, Callable
 
 import torch
 from datasets import Dataset
@@ -75,6 +75,7 @@ from ablate.losses.logps import selective_log_softmax
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
     GenerateFn,
@@ -86,6 +87,7 @@ from ablate.rollouts.generation import (
     stop_ids,
 )
 from ablate.rollouts.geometry import PrintGeometry
+from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
 from ablate.speed import plan as speed_plan
@@ -129,6 +131,9 @@ class GRPOConfig(TrainingArguments):
     off_policy_mask_threshold: float | None = field(default=None, metadata={
         "help": "Drop negative-advantage completions whose mean KL from the sampling policy exceeds this "
                 "(DeepSeek-V3.2 eq. 9); None = off."})
+    max_staleness: int = field(default=0, metadata={
+        "help": "Asynchronous GRPO: rounds sampled this many rounds ahead by a worker process with its own copy "
+                "of the weights (round k by the weights at round k - max_staleness's start); 0 = synchronous."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -138,6 +143,7 @@ class GRPOConfig(TrainingArguments):
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
+            (self.max_staleness >= 0, f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"),
             (self.vllm_importance_sampling_mode in is_correction.MODES,
              f"vllm_importance_sampling_mode must be one of {', '.join(is_correction.MODES)}, "
              f"got '{self.vllm_importance_sampling_mode}'"),
@@ -155,32 +161,6 @@ class GRPOConfig(TrainingArguments):
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"method.args: {msg}")
-
-
-class RepeatSampler(Sampler[int]):
-    """Shuffled prompt indices, each repeated `num_generations` times, in chunks of `prompts` prompts;
-    each chunk is yielded `repeat` times (TRL's RepeatSampler; incomplete last chunk dropped).
-
-    The order depends only on (seed, epoch), not on how often the sampler was iterated before (TRL's
-    does): Trainer calls `set_epoch`, so a run resumed in epoch k sees the same prompts as the original.
-    """
-
-    def __init__(self, data: Sized, num_generations: int, prompts: int, repeat: int, seed: int) -> None:
-        self.n, self.g, self.prompts, self.repeat = len(data), num_generations, prompts, repeat
-        self.seed, self.epoch = seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-        for start in range(0, self.n - self.prompts + 1, self.prompts):
-            chunk = order[start : start + self.prompts]
-            for _ in range(self.repeat):
-                yield from (i for i in chunk for _ in range(self.g))
-
-    def __len__(self) -> int:
-        return (self.n // self.prompts) * self.prompts * self.g * self.repeat
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:
@@ -262,6 +242,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))
         self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
         self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
+        self.ahead: AheadRounds | None = None  # max_staleness > 0: rounds sampled ahead by a worker process
+        if args.max_staleness > 0:
+            check_async(args, self.generator)
+            self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
+                                     args.seed, self._round_prompts)
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -302,14 +287,23 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
         return RepeatSampler(eval_dataset, self.args.num_generations, prompts, 1, self.args.seed)
 
+    def _round_prompts(self, k: int) -> list[list[int]]:
+        """Round k's prompt ids, read ahead of the dataloader from the sampler (asynchronous GRPO)."""
+        return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
+
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer.train; a generator with an engine of its own (vLLM) is closed when training ends, however it ends."""
+        """Trainer.train; whatever ends training stops the async generation worker and closes a generator
+        with an engine of its own (vLLM)."""
         try:
             return super().train(*args, **kwargs)
         finally:
-            close = getattr(self.generator, "close", None)
-            if close is not None:
-                close()
+            try:
+                if self.ahead is not None:
+                    self.ahead.close()
+            finally:
+                close = getattr(self.generator, "close", None)
+                if close is not None:
+                    close()
 
     def training_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
@@ -323,8 +317,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return self._generate_and_score(inputs, "eval")
         if self.rollouts.needs_round():  # the rows are this round's prompts (RepeatSampler)
-            self.rollouts.put(self._generate_and_score(inputs, "train"))
+            self.rollouts.put(self._generate_and_score(inputs, "train") if self.ahead is None else self._take_ahead(inputs))
         served = self.rollouts.serve()  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
+        if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
+            self.metrics.add("train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)})
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
         return served
@@ -334,27 +330,76 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
-        model = self.accelerator.unwrap_model(self.model)
-        _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
-        out = as_completions(self.generator(model, [r["prompt_ids"] for r in rows]))
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
+        keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
+        completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
+        return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
+
+    def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool
+                   ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
+        """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
+        with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
+        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead)."""
+        t0 = time.perf_counter()
+        out = as_completions(self.generator(self.accelerator.unwrap_model(model), prompt_ids))
         completion_ids = out.ids
         seconds = time.perf_counter() - t0
+        batch = self._completion_batch(prompt_ids, completion_ids)
+        if out.logps is not None:  # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch
+            batch["sampling_logps"] = right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
+        if keep_old:
+            with torch.no_grad():
+                batch["old_logps"] = self._token_logps(model, batch)[0]
+        return completion_ids, batch, seconds
+
+    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
+        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`."""
+        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True)
+        return completion_ids, batch["old_logps"], seconds
+
+    def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:
+        """Asynchronous GRPO: this round as the worker sampled it (waiting for it if it is not done yet);
+        hands the worker the current weights for round + max_staleness."""
+        t0 = time.perf_counter()
+        schedule = self.schedule
+        self.ahead.last_round = -(-self.state.max_steps * schedule.accumulation // schedule.micro_steps_per_round)
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # what the worker gets next
+        prompt_ids = [r["prompt_ids"] for r in rows]
+        sampled = self.ahead.take(schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step)
+        waited = time.perf_counter() - t0  # what generation costs the training loop: its wait
+        batch = self._completion_batch(prompt_ids, sampled.completion_ids)
+        batch["old_logps"] = sampled.old_logps.to(self.args.device)
+        self.rollouts.stats.background_seconds += sampled.seconds
+        return self._score(rows, sampled.completion_ids, batch, "train", waited, sampled.policy_version, t0,
+                           round_seconds=sampled.seconds)
+
+    def _completion_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        """The padded prompt and completion tensors on the device; truncated completions masked out
+        with `mask_truncated_completions`."""
+        batch = self._pad_batch(prompt_ids, completion_ids)
+        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
+            truncated = self._truncated(completion_ids)
+            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
+        return {k: v.to(self.args.device) for k, v in batch.items()}
+
+    def _truncated(self, completion_ids: list[list[int]]) -> list[bool]:
+        """Which completions have no EOS: cut at the length cap."""
+        stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
+        return [not ids or ids[-1] not in stops for ids in completion_ids]
+
+    def _score(self, rows: list[dict[str, Any]], completion_ids: list[list[int]], batch: dict[str, torch.Tensor],
+               mode: str, seconds: float, version: int, t0: float, round_seconds: float | None = None) -> Rollout:
+        """The rest of a round once it is sampled: reference log-probs, rewards, advantages, metrics and the
+        counters. `seconds`: what generation cost the training loop (sampling, or waiting for the worker)."""
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
         if train:
             stats.rounds += 1
             stats.generation_seconds += seconds
             stats.generated_tokens += sum(len(ids) for ids in completion_ids)
-        batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
-        stops = set(stop_ids(self.processing_class, model))
-        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
-        if train:  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
-            stats.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
-        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
-            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
-        batch = {k: v.to(self.args.device) for k, v in batch.items()}
+            # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            stats.num_tokens += sum(len(r["prompt_ids"]) for r in rows) + sum(len(ids) for ids in completion_ids)
+        truncated = self._truncated(completion_ids)
         with torch.no_grad():
-            if train and self.schedule.keeps_old_logps:  # the policy may change before (some) use: keep pi_old
-                batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
                 batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
             elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
@@ -367,11 +412,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
-        # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch with the trainer's
-        sampling = None if out.logps is None else right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
-                          num_items=batch["completion_mask"].sum().float() / slices,
-                          sampling_logps=sampling, policy_version=self.state.global_step)
+                          num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
@@ -379,7 +421,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             "completions/min_length": lengths.min(),
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
-            "timing/generation_seconds": seconds,
+            "timing/generation_seconds": seconds if round_seconds is None else round_seconds,
             "num_tokens": float(stats.num_tokens),
         })
         self.metrics.add(mode, metrics)
@@ -507,11 +549,15 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             self.rollouts.save(folder)
+            if self.ahead is not None:  # the rounds sampled ahead, awaited (ablate.rollouts.ahead)
+                self.ahead.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
+        if self.ahead is not None:
+            self.ahead.load(resume_from_checkpoint)  # the rounds sampled ahead: served, not sampled again
 
     def rollout_stats(self) -> RolloutStats:
         """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
@@ -520,7 +566,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         stats = self.rollouts.stats
-        return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+        fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; the worker's sampling time
+            fields["background_generation_seconds"] = round(stats.background_seconds, 3)
+        return fields
 
 
 def longest_row(args: GRPOConfig) -> int | None:

@@ -76,6 +76,7 @@ RULES: dict[str, tuple[Check, str]] = {
                                           "an integer >= 1 (DPO: or null)"),
     "method.args.num_generations": (lambda v, c: _int(v) and v >= 2, "an integer >= 2 (the group whose mean is the baseline)"),
     "method.args.steps_per_generation": (lambda v, c: _int(v) and v >= 1, "an integer >= 1"),
+    "method.args.max_staleness": (lambda v, c: _int(v) and v >= 0, "an integer >= 0 (0 = synchronous GRPO)"),
     "method.args.temperature": (lambda v, c: _num(v) and v > 0, "a number > 0"),
     "method.args.top_p": (lambda v, c: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "method.args.epsilon": (lambda v, c: _num(v) and v >= 0, "a number >= 0"),
