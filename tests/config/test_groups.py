@@ -121,6 +121,23 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
         assert "#" in line or lines[i - 1].strip().startswith("#"), f"method/{sub}/{option}.yaml: no comment on '{s}'"
 
 
+@pytest.mark.parametrize("option", [None, *options("method/generator")])
+def test_generator_default_is_the_speed_plans_and_an_option_reaches_the_trainer(option):
+    """No `method/generator` (the default) leaves `method.trainer.generator` null, so the speed plan picks
+    the generator (perf.shared_prefill); `method/generator=NAME` hands the trainer that engine's class as
+    a partial, built with (args, tokenizer)."""
+    import functools
+
+    cfg = make_cfg("method=grpo", *([f"method/generator={option}"] if option else []))
+    given = instantiate(cfg.method.trainer).keywords["generator"]
+    if option is None:
+        assert given is None and "generator" not in cfg.method
+        return
+    text = (CONF / "method" / "generator" / f"{option}.yaml").read_text()
+    assert isinstance(given, functools.partial) and cfg.method.generator._target_ in text
+    assert f"{given.func.__module__}.{given.func.__name__}" == cfg.method.generator._target_
+
+
 def _targets(node, path=""):
     if isinstance(node, DictConfig):
         if "_target_" in node:
@@ -238,7 +255,7 @@ def test_experiment_files_compose(name):
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
 CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts"),
         "method/loss": ("losses",), "method/aggregation": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
-        "method/reward_aggregation": ("losses",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
+        "method/reward_aggregation": ("losses",), "method/generator": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
         "debug": ("callbacks",), "distributed": (), "perf": ("speed",),  # distributed: TrainingArguments keys

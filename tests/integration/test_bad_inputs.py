@@ -141,7 +141,7 @@ CASES: list[Case] = [
       "method.args.score_in_length_groups is now perf.length_groups"),
     C("moved-lean-layers", "train model.lean_layers=false", "model.lean_layers is now perf.lean_layers"),
     C("moved-generator", "train method=grpo method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator",
-      "method.trainer.generator._target_ is now perf.shared_prefill"),
+      "method.trainer.generator._target_ is now the config group method/generator: use method/generator=NAME"),
     C("append-existing", "train +seed=1", "already at 'seed'"),
     C("override-unparsable", "train method.args.beta=[1", "method.args.beta=[1"),
     # --- paths: run dirs that cannot be used ---
@@ -279,7 +279,7 @@ CASES: list[Case] = [
       "run it as PYTHONPATH=. ablate"),
     C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
-    C("moved-generator-module", "train method=grpo method.trainer.generator._target_=ablate.trainers.generation.SharedPromptGenerator",
+    C("moved-generator-module", "train method=grpo method/generator=hf method.generator._target_=ablate.trainers.generation.SharedPromptGenerator",
       "ablate.trainers.generation.SharedPromptGenerator is now ablate.rollouts.generation.SharedPromptGenerator"),
     C("moved-schedule", "train optimizer.scheduler._target_=ablate.optimizer.cosine", "is now ablate.methods.schedules.cosine"),
     C("moved-callback", "train +callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL",
@@ -531,7 +531,8 @@ sys.meta_path.insert(0, _Hide())
     (["train", "optimizer=adamw_8bit"], "bitsandbytes", "quant"),
     (["train", "+ref_model=live_4bit"], "bitsandbytes", "quant"),
     (["compare", ".", "--out", "report"], "matplotlib", "plot"),
-], ids=["wandb", "adamw_8bit", "live_4bit", "plots"])
+    (["train", "method=grpo", "method/generator=vllm"], "vllm", "vllm"),
+], ids=["wandb", "adamw_8bit", "live_4bit", "plots", "vllm"])
 def test_missing_extra_is_one_line_naming_the_install(tmp_path, argv, hidden, extra):
     """An optional package that is not installed: one line with the pip command, nothing created."""
     (tmp_path / "hide").mkdir()

@@ -1,8 +1,9 @@
 """kill -9 at random moments (startup, a step, a checkpoint save, the final save), then the same
 command again until the run completes: the result is the uninterrupted run's, bit for bit (every
 logged loss (and GRPO reward), the final weights, summary.json's train_loss). The default suite
-kills a short DPO run 3 times; `-m slow` kills a DPO and a GRPO run at 20 moments each (issue 12),
-the GRPO run first right after its mid-round checkpoints 2 and 4, so resumes start mid-round."""
+kills a short DPO run 3 times and an asynchronous GRPO run twice; `-m slow` kills a DPO, a GRPO and an
+async GRPO run at 20 moments each (issue 12), the GRPO runs first right after their mid-round
+checkpoints, so resumes start mid-round (async: with a round in flight, saved with the checkpoint)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,14 @@ RUNS = {
     # saved with them and served after the resume) and 6, 9 (round boundaries)
     "grpo": ["method=grpo", "method.args.max_steps=9", "method.args.save_steps=2", "method.args.logging_steps=1",
              "method.args.steps_per_generation=3", "method.args.per_device_train_batch_size=16"],
+    # asynchronous GRPO (a worker samples round k+1 by round k's start weights): 5 rounds of 2 steps,
+    # checkpoints at steps 3, 9 (mid-round) and 6 (a boundary), each with the round in flight saved
+    "grpo_async": ["method=grpo", "method.args.max_steps=10", "method.args.save_steps=3",
+                   "method.args.logging_steps=1", "method.args.steps_per_generation=2",
+                   "method.args.per_device_train_batch_size=16", "method.args.max_staleness=1"],
 }
 # checkpoints saved mid-round: a launch is killed as soon as each is complete, so a resume starts there
-MID_ROUND = {"dpo": [], "grpo": [2, 4]}
+MID_ROUND = {"dpo": [], "grpo": [2, 4], "grpo_async": [3]}
 
 
 def _command(overrides: list[str], run_dir: Path) -> list[str]:
@@ -66,6 +72,8 @@ def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert (ckpt / "generation_buffer.pt").is_file(), f"{ckpt.name} should hold its round's completions"
+        if "max_staleness" in " ".join(overrides):  # and the round sampled ahead (ablate.rollouts.ahead)
+            assert (ckpt / "async_rounds.pt").is_file(), f"{ckpt.name} should hold the round in flight"
     for delay in moments:  # each launch runs the same command in the same dir, so it resumes
         proc = subprocess.Popen(_command(overrides, run_dir), cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -83,7 +91,13 @@ def test_dpo_killed_at_random_moments_resumes_to_the_same_result(tmp_path):
     _kill_and_resume("dpo", 3, tmp_path)
 
 
+def test_async_grpo_killed_at_random_moments_resumes_to_the_same_result(tmp_path):
+    """The generation worker dies with the trainer (kill -9 included); the rounds it had sampled
+    ahead come back from the checkpoint, the later ones are sampled again identically."""
+    _kill_and_resume("grpo_async", 2, tmp_path)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["dpo", "grpo"])
+@pytest.mark.parametrize("method", ["dpo", "grpo", "grpo_async"])
 def test_killed_at_20_random_moments(tmp_path, method):
     _kill_and_resume(method, 20, tmp_path)

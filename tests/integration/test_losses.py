@@ -53,6 +53,9 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
     (["train", "method=grpo", "method.args.scale_rewards=batch"],
      "ablate: error: method.args.scale_rewards is now the config group method/scale_rewards: "
      "use method/scale_rewards=batch"),
+    (["train", "method=grpo", "method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator"],
+     "ablate: error: method.trainer.generator._target_ is now the config group method/generator: "
+     "use method/generator=NAME (options: conf/method/generator/)"),
     # an old-style sweep file (name/params/overrides) is refused in one line: sweeps are Hydra configs now
     (["sweep", "old.yaml"], "ablate: error: ablate sweep: no sweep config 'old.yaml'"),
     (["train", "method=grpo", "method/loss=hinge"], "ablate: error: method.loss: hinge is not a GRPO loss"),

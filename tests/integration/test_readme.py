@@ -42,6 +42,9 @@ STEPS = "method.args.max_steps=2"
 SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
+    "python -m pytest -m slow tests/slow/test_vllm.py": "the vLLM engine's slow tests themselves (their own venv)",
+    "ablate train +experiment=smollm2_grpo method/generator=vllm":
+        "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
     "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true":
@@ -51,7 +54,7 @@ SKIP = {
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
 }
-SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip install .*)$")  # chained set-up steps
+SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip (un)?install .*)$")  # chained set-up steps
 SLOW = {  # a line whose command starts with one of these runs only in the `-m slow` suite
     "ablate sweep ": "a sweep: 2 to 12 jobs",
     "ablate train -m ": "a multirun: 6 jobs",

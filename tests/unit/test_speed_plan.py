@@ -212,6 +212,21 @@ def test_requested_but_impossible_is_off_with_its_reason_and_the_trainer_follows
     assert _off(grpo.speed_plan) == {"shared_prefill": "method.trainer.generator is set: HFGenerator"}
     assert isinstance(grpo.generator, HFGenerator)
 
+    # method/generator=vllm: Hydra's partial of the engine class; the engine itself is built on first use
+    import functools
+
+    from ablate.rollouts.vllm import VLLMGenerator
+
+    tok, model = tiny()
+    vllm = GRPOTrainer(model=model, args=GRPOConfig(output_dir=str(tmp_path / "v"), use_cpu=True, report_to="none",
+                                                    per_device_train_batch_size=4, num_generations=2),
+                       train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}), processing_class=tok,
+                       reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
+                       generator=functools.partial(VLLMGenerator, kv_cache_gib=0.125))
+    assert _off(vllm.speed_plan) == {"shared_prefill": "method.trainer.generator is set: VLLMGenerator"}
+    assert isinstance(vllm.generator, VLLMGenerator) and vllm.generator.llm is None
+    assert vllm.generator in vllm.callback_handler.callbacks  # told of the optimizer steps (weight pushes)
+
 
 @pytest.mark.parametrize("arch", ["llama", "llama_eager", "llama_lora_head", "gpt2", "mistral_window"])
 def test_plan_agrees_with_the_model_checks(arch):

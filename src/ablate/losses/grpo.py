@@ -12,7 +12,7 @@ Three pieces, composed by the trainer:
 - per-token objective (`method/objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
   clipped-weight REINFORCE term or SAPO's soft gate; TRL's `loss_type=cispo` is objective cispo with
   the dapo aggregation, `loss_type=sapo` objective sapo with the grpo aggregation.
-- aggregation over tokens (TRL's `loss_type`; here `method/loss=NAME`, conf/method/loss/), named and
+- aggregation over tokens (TRL's `loss_type`; here `method/aggregation=NAME`, conf/method/aggregation/), named and
   defined as in TRL 1.16:
   `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
   completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
@@ -48,6 +48,9 @@ class LossInputs:
     advantages: torch.Tensor  # (B,)
     mask: torch.Tensor  # (B, T) float: 1 on the completion tokens that get a loss
     ref_logps: torch.Tensor | None = None  # (B, T) under the reference policy, for the KL term (beta > 0)
+    # (B, T) or (B, 1) times the policy term, not the KL term: the engine's importance-sampling correction
+    # and/or the off-policy mask (ablate.losses.is_correction); None = 1
+    policy_weight: torch.Tensor | None = None
 
 
 def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -145,6 +148,7 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
     `beta` > 0 adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped)
     ratio, so its gradient is unbiased for samples from the old policy (TRL 1.16's default,
     `use_bias_correction_kl`); the logged `kl` is the corrected one, as in TRL.
+    `inputs.policy_weight`, when set, multiplies the core's loss before the KL term is added (TRL's order).
     `core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)` -> (loss, metrics):
     ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra fields."""
 
@@ -162,6 +166,8 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
         logps, mask, adv = inputs.logps, inputs.mask, inputs.advantages.unsqueeze(1)
         ratio = _ratio(logps, inputs.old_logps, mask, importance_sampling_level)
         loss, metrics = core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)
+        if inputs.policy_weight is not None:  # (B, 1) loss x (B, T) weight -> (B, T), as TRL broadcasts
+            loss = loss * inputs.policy_weight
         is_weight = ratio if bias_correction_kl else None
         return _with_kl(loss.expand_as(logps), metrics, logps, inputs.ref_logps, beta, is_weight, mask)
 

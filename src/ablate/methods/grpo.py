@@ -23,22 +23,28 @@ round feeds spg * mu micro-steps; the old policy's log-probs are then always kep
 ratio is against the round's policy, as in TRL).
 
 Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
-prompts drawn for micro-step k, which the schedule test checks), no vLLM;
+prompts drawn for micro-step k, which the schedule test checks);
 position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
 A checkpoint saved mid-round also holds the round (`generation_buffer.pt`), so a resume at any step
 serves the rest of that round instead of regenerating it and reproduces the uninterrupted run's
 per-step losses exactly (TRL regenerates); the generation counters (`rollout_stats()`, which
 `summary_fields` and the throughput callback read) are saved with each checkpoint too.
 
-Generation goes through one seam, `generator=` (a `GenerateFn`), which a config sets as
-`method.trainer.generator: {_target_: ..., _partial_: true}` (built with (args, tokenizer)). Left null,
-the speed plan picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path)
-prefills each distinct prompt once for its whole group and drops ended rows from the batch, sampling as
-`model.generate` does; `HFGenerator` is plain `model.generate`. Scoring (`_token_logps`) follows the
-speed plan too (ablate.speed.plan, switches in conf/perf/, decided once in `__init__`): with
+Generation goes through one seam, `generator=` (a `GenerateFn`). Left null (the default), the speed plan
+picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path) prefills each distinct
+prompt once for its whole group and drops ended rows from the batch, sampling as `model.generate` does;
+with `perf.shared_prefill=false`, `HFGenerator`: plain `model.generate`. A config picks another engine with
+`method/generator=NAME` (conf/method/generator/: a `{_target_: ..., _partial_: true}` node built with
+(args, tokenizer)), which the plan then records as blocking `shared_prefill`: `hf` (`model.generate`) or
+`vllm` (ablate.rollouts.vllm), a colocated vLLM engine that also returns its per-token log-probs
+(`Completions`), which go into the round as `sampling_logps`: the loss then applies TRL's correction for
+the engine/trainer mismatch (`vllm_importance_sampling_*`, and `off_policy_mask_threshold` for any
+generator; ablate.losses.is_correction) as a weight on the policy term. Scoring (`_token_logps`) follows
+the speed plan too (ablate.speed.plan, switches in conf/perf/, decided once in `__init__`): with
 `grpo_group_rows` one packed row `[prompt | c_1 | ... | c_k]` per prompt, so each prompt is computed once
 per group, projected to the vocabulary only at completion positions (ablate.speed.scoring); else rows in
-groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout). The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
+groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout).
+The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ import inspect
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sized
+from typing import Any, Callable
 
 import torch
 from datasets import Dataset
@@ -57,26 +63,31 @@ from torch.utils.data import Sampler
 from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    TrainerCallback,
     TrainingArguments,
 )
 
 from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
+from ablate.losses import is_correction
 from ablate.losses.logps import selective_log_softmax
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
     GenerateFn,
     HFGenerator,
+    as_completions,
     build_generator,
     left_pad,
     right_pad,
     stop_ids,
 )
 from ablate.rollouts.geometry import PrintGeometry
+from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
 from ablate.speed import plan as speed_plan
@@ -108,6 +119,21 @@ class GRPOConfig(TrainingArguments):
         default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
+    vllm_importance_sampling_correction: bool = field(default=True, metadata={
+        "help": "Weight each token's policy loss by pi_trainer / pi_engine when the generator returns the engine's "
+                "log-probs (vLLM); TRL 1.16's default."})
+    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={
+        "help": "token_truncate | token_mask | sequence_truncate | sequence_mask (TRL's modes and default)."})
+    vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={
+        "help": "Lower bound of the engine IS ratio (clamped or masked below); None = none."})
+    vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={
+        "help": "Upper bound of the engine IS ratio (clamped or masked above); None = none."})
+    off_policy_mask_threshold: float | None = field(default=None, metadata={
+        "help": "Drop negative-advantage completions whose mean KL from the sampling policy exceeds this "
+                "(DeepSeek-V3.2 eq. 9); None = off."})
+    max_staleness: int = field(default=0, metadata={
+        "help": "Asynchronous GRPO: rounds sampled this many rounds ahead by a worker process with its own copy "
+                "of the weights (round k by the weights at round k - max_staleness's start); 0 = synchronous."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -117,6 +143,10 @@ class GRPOConfig(TrainingArguments):
             (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
+            (self.max_staleness >= 0, f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"),
+            (self.vllm_importance_sampling_mode in is_correction.MODES,
+             f"vllm_importance_sampling_mode must be one of {', '.join(is_correction.MODES)}, "
+             f"got '{self.vllm_importance_sampling_mode}'"),
             (self.importance_sampling_level in ("token", "sequence"),
              f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
             (self.delta is None or self.delta > 1 + self.epsilon_high,
@@ -131,32 +161,6 @@ class GRPOConfig(TrainingArguments):
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"method.args: {msg}")
-
-
-class RepeatSampler(Sampler[int]):
-    """Shuffled prompt indices, each repeated `num_generations` times, in chunks of `prompts` prompts;
-    each chunk is yielded `repeat` times (TRL's RepeatSampler; incomplete last chunk dropped).
-
-    The order depends only on (seed, epoch), not on how often the sampler was iterated before (TRL's
-    does): Trainer calls `set_epoch`, so a run resumed in epoch k sees the same prompts as the original.
-    """
-
-    def __init__(self, data: Sized, num_generations: int, prompts: int, repeat: int, seed: int) -> None:
-        self.n, self.g, self.prompts, self.repeat = len(data), num_generations, prompts, repeat
-        self.seed, self.epoch = seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-        for start in range(0, self.n - self.prompts + 1, self.prompts):
-            chunk = order[start : start + self.prompts]
-            for _ in range(self.repeat):
-                yield from (i for i in chunk for _ in range(self.g))
-
-    def __len__(self) -> int:
-        return (self.n // self.prompts) * self.prompts * self.g * self.repeat
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:
@@ -222,6 +226,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
         default = None if self.speed_plan.on("shared_prefill") else HFGenerator
         self.generator = build_generator(default if generator is None else generator, args, processing_class)
+        if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
+            self.add_callback(self.generator)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         self.ref_speed_plan: SpeedPlan | None = None
@@ -236,6 +242,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))
         self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
         self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
+        self.ahead: AheadRounds | None = None  # max_staleness > 0: rounds sampled ahead by a worker process
+        if args.max_staleness > 0:
+            check_async(args, self.generator)
+            self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
+                                     args.seed, self._round_prompts)
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -276,6 +287,24 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
         return RepeatSampler(eval_dataset, self.args.num_generations, prompts, 1, self.args.seed)
 
+    def _round_prompts(self, k: int) -> list[list[int]]:
+        """Round k's prompt ids, read ahead of the dataloader from the sampler (asynchronous GRPO)."""
+        return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer.train; whatever ends training stops the async generation worker and closes a generator
+        with an engine of its own (vLLM)."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            try:
+                if self.ahead is not None:
+                    self.ahead.close()
+            finally:
+                close = getattr(self.generator, "close", None)
+                if close is not None:
+                    close()
+
     def training_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
@@ -288,8 +317,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return self._generate_and_score(inputs, "eval")
         if self.rollouts.needs_round():  # the rows are this round's prompts (RepeatSampler)
-            self.rollouts.put(self._generate_and_score(inputs, "train"))
+            self.rollouts.put(self._generate_and_score(inputs, "train") if self.ahead is None else self._take_ahead(inputs))
         served = self.rollouts.serve()  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
+        if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
+            self.metrics.add("train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)})
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
         return served
@@ -299,26 +330,76 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
-        model = self.accelerator.unwrap_model(self.model)
-        _check_finite(model, self.state.global_step)  # sampling from NaN logits fails deep in generate()
-        completion_ids = self.generator(model, [r["prompt_ids"] for r in rows])
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
+        keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
+        completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
+        return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
+
+    def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool
+                   ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
+        """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
+        with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
+        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead)."""
+        t0 = time.perf_counter()
+        out = as_completions(self.generator(self.accelerator.unwrap_model(model), prompt_ids))
+        completion_ids = out.ids
         seconds = time.perf_counter() - t0
+        batch = self._completion_batch(prompt_ids, completion_ids)
+        if out.logps is not None:  # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch
+            batch["sampling_logps"] = right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
+        if keep_old:
+            with torch.no_grad():
+                batch["old_logps"] = self._token_logps(model, batch)[0]
+        return completion_ids, batch, seconds
+
+    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
+        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`."""
+        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True)
+        return completion_ids, batch["old_logps"], seconds
+
+    def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:
+        """Asynchronous GRPO: this round as the worker sampled it (waiting for it if it is not done yet);
+        hands the worker the current weights for round + max_staleness."""
+        t0 = time.perf_counter()
+        schedule = self.schedule
+        self.ahead.last_round = -(-self.state.max_steps * schedule.accumulation // schedule.micro_steps_per_round)
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # what the worker gets next
+        prompt_ids = [r["prompt_ids"] for r in rows]
+        sampled = self.ahead.take(schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step)
+        waited = time.perf_counter() - t0  # what generation costs the training loop: its wait
+        batch = self._completion_batch(prompt_ids, sampled.completion_ids)
+        batch["old_logps"] = sampled.old_logps.to(self.args.device)
+        self.rollouts.stats.background_seconds += sampled.seconds
+        return self._score(rows, sampled.completion_ids, batch, "train", waited, sampled.policy_version, t0,
+                           round_seconds=sampled.seconds)
+
+    def _completion_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        """The padded prompt and completion tensors on the device; truncated completions masked out
+        with `mask_truncated_completions`."""
+        batch = self._pad_batch(prompt_ids, completion_ids)
+        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
+            truncated = self._truncated(completion_ids)
+            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
+        return {k: v.to(self.args.device) for k, v in batch.items()}
+
+    def _truncated(self, completion_ids: list[list[int]]) -> list[bool]:
+        """Which completions have no EOS: cut at the length cap."""
+        stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
+        return [not ids or ids[-1] not in stops for ids in completion_ids]
+
+    def _score(self, rows: list[dict[str, Any]], completion_ids: list[list[int]], batch: dict[str, torch.Tensor],
+               mode: str, seconds: float, version: int, t0: float, round_seconds: float | None = None) -> Rollout:
+        """The rest of a round once it is sampled: reference log-probs, rewards, advantages, metrics and the
+        counters. `seconds`: what generation cost the training loop (sampling, or waiting for the worker)."""
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
         if train:
             stats.rounds += 1
             stats.generation_seconds += seconds
             stats.generated_tokens += sum(len(ids) for ids in completion_ids)
-        batch = self._pad_batch([r["prompt_ids"] for r in rows], completion_ids)
-        stops = set(stop_ids(self.processing_class, model))
-        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]  # no EOS: cut at the length cap
-        if train:  # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
-            stats.num_tokens += int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
-        if self.args.mask_truncated_completions:  # no loss on completions cut off at max_completion_length
-            batch["completion_mask"] = batch["completion_mask"] * ~torch.tensor(truncated).unsqueeze(1)
-        batch = {k: v.to(self.args.device) for k, v in batch.items()}
+            # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
+            stats.num_tokens += sum(len(r["prompt_ids"]) for r in rows) + sum(len(ids) for ids in completion_ids)
+        truncated = self._truncated(completion_ids)
         with torch.no_grad():
-            if train and self.schedule.keeps_old_logps:  # the policy may change before (some) use: keep pi_old
-                batch["old_logps"] = self._token_logps(self.model, batch)[0]
             if self.ref_model is not None:
                 batch["ref_logps"] = self._token_logps(self.ref_model, batch)[0]
             elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
@@ -332,8 +413,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
-                          num_items=batch["completion_mask"].sum().float() / slices,
-                          policy_version=self.state.global_step)
+                          num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
@@ -341,7 +421,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             "completions/min_length": lengths.min(),
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
-            "timing/generation_seconds": seconds,
+            "timing/generation_seconds": seconds if round_seconds is None else round_seconds,
             "num_tokens": float(stats.num_tokens),
         })
         self.metrics.add(mode, metrics)
@@ -418,16 +498,37 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         mask = inputs.completion_mask.float()
         old = logps.detach() if inputs.old_logps is None else inputs.old_logps  # ratio exactly 1 when on-policy
         a = self.args
-        per_token, metrics = self.objective(
-            grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps),
+        weight, metrics = self._policy_weight(logps, old, inputs, mask)
+        per_token, own = self.objective(
+            grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps, weight),
             epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta, delta=a.delta,
             importance_sampling_level=a.importance_sampling_level, bias_correction_kl=a.use_bias_correction_kl,
         )
         loss = self.aggregate(per_token, mask, num_items=float(inputs.num_items),
                               max_completion_length=a.max_completion_length)
+        metrics.update(own)
         metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
         self.metrics.add(mode, metrics)
         return loss
+
+    def _policy_weight(
+        self, logps: torch.Tensor, old: torch.Tensor, inputs: Rollout, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The weight on the policy term (None = 1): TRL's correction for an engine's sampling (only when the
+        generator returned its log-probs, i.e. vLLM) and the off-policy sequence mask (ablate.losses.is_correction).
+        `old` is the trainer's log-probs under the generating policy (TRL's old_per_token_logps)."""
+        a, weight, metrics = self.args, None, {}
+        if inputs.sampling_logps is not None and a.vllm_importance_sampling_correction:
+            weight, metrics = is_correction.importance_sampling_correction(
+                old, inputs.sampling_logps, mask, mode=a.vllm_importance_sampling_mode,
+                clip_min=a.vllm_importance_sampling_clip_min, clip_max=a.vllm_importance_sampling_clip_max)
+        if a.off_policy_mask_threshold is not None:  # against the engine's log-probs when there are some, as TRL
+            sampling = old if inputs.sampling_logps is None else inputs.sampling_logps
+            keep = is_correction.off_policy_mask(inputs.advantages.unsqueeze(1), logps, sampling, mask,
+                                                 a.off_policy_mask_threshold)
+            metrics["off_policy/masked_fraction"] = 1 - keep.mean()
+            weight = keep if weight is None else weight * keep
+        return weight, metrics
 
     def prediction_step(
         self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
@@ -448,11 +549,15 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             self.rollouts.save(folder)
+            if self.ahead is not None:  # the rounds sampled ahead, awaited (ablate.rollouts.ahead)
+                self.ahead.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
+        if self.ahead is not None:
+            self.ahead.load(resume_from_checkpoint)  # the rounds sampled ahead: served, not sampled again
 
     def rollout_stats(self) -> RolloutStats:
         """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
@@ -461,7 +566,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         stats = self.rollouts.stats
-        return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+        fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; the worker's sampling time
+            fields["background_generation_seconds"] = round(stats.background_seconds, 3)
+        return fields
 
 
 def longest_row(args: GRPOConfig) -> int | None:

@@ -24,6 +24,7 @@ draw for draw where the logits are).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
@@ -131,8 +132,24 @@ class SharedPromptGenerator:
         return out
 
 
-# The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS.
-GenerateFn = Callable[[PreTrainedModel, list[list[int]]], list[list[int]]]
+@dataclass
+class Completions:
+    """What a generator may return instead of plain ids: the completions and, from an engine that samples
+    with numbers of its own (vLLM), its log-prob of each sampled token (after its temperature, top-k and
+    top-p processing), for the trainer's importance-sampling correction (ablate.losses.is_correction)."""
+
+    ids: list[list[int]]  # one completion per prompt row, each cut after its EOS
+    logps: list[list[float]] | None = None  # the engine's log-prob of each token of `ids`; None: none given
+
+
+# The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS, or `Completions`
+# (ids + the engine's per-token log-probs)
+GenerateFn = Callable[[PreTrainedModel, list[list[int]]], "list[list[int]] | Completions"]
+
+
+def as_completions(out: list[list[int]] | Completions) -> Completions:
+    """A generator's return value as `Completions` (plain ids: no engine log-probs)."""
+    return out if isinstance(out, Completions) else Completions(ids=out)
 
 
 class HFGenerator:
@@ -172,7 +189,7 @@ class HFGenerator:
 def build_generator(generator: GenerateFn | Callable[..., GenerateFn] | None, args: SamplingArgs,
                     tokenizer: PreTrainedTokenizerBase) -> GenerateFn:
     """The trainer's `generator=`: None -> `SharedPromptGenerator` (the default); a class, or a partial of
-    one (a config's `method.trainer.generator: {_target_: ..., _partial_: true}`) -> built with
+    one (a `method/generator=NAME` config: `{_target_: ..., _partial_: true}`) -> built with
     (args, tokenizer); anything else is already a `GenerateFn`."""
     if generator is None:
         return SharedPromptGenerator(args, tokenizer)
@@ -206,9 +223,10 @@ def cut_at_eos(ids: list[int], eos_id: int | list[int]) -> list[int]:
     return ids if end is None else ids[: end + 1]
 
 
-def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad completions to (B, max(len, 1)). Returns (ids, mask)."""
+def right_pad(seqs: list[list[int]] | list[list[float]], pad_id: int | float,
+              dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)). Returns (values, mask)."""
     width = max(max(len(s) for s in seqs), 1)
-    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
+    ids = torch.tensor([list(s) + [pad_id] * (width - len(s)) for s in seqs], dtype=dtype)
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)
     return ids, mask

@@ -12,7 +12,8 @@ class RolloutStats:
     """Running totals over the training rounds (evaluation's rounds are not counted)."""
 
     rounds: int = 0  # generation rounds
-    generation_seconds: float = 0.0  # sampling (the generator's calls)
+    generation_seconds: float = 0.0  # sampling (the generator's calls); async GRPO: the trainer's wait for a round
+    background_seconds: float = 0.0  # async GRPO: the generation worker's sampling, concurrent with training
     scoring_seconds: float = 0.0  # the rest of a round: padding, pi_old / reference log-probs, rewards
     generated_tokens: int = 0  # completion tokens sampled (one forward each: 2N FLOPs in the MFU)
     num_tokens: int = 0  # TRL's num_tokens: prompt + completion tokens generated (before any masking)
@@ -21,11 +22,13 @@ class RolloutStats:
         """What a checkpoint keeps (generation_state.json), so a resumed run's summary counts the rounds
         and seconds before the resume too. Scoring seconds and generated tokens are this process's:
         the throughput callback uses their differences within a run only."""
-        return {"rounds": self.rounds, "seconds": self.generation_seconds, "num_tokens": self.num_tokens}
+        saved = {"rounds": self.rounds, "seconds": self.generation_seconds, "num_tokens": self.num_tokens}
+        return {**saved, "background_seconds": self.background_seconds} if self.background_seconds else saved
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.rounds, self.generation_seconds = saved["rounds"], saved["seconds"]
         self.num_tokens = saved.get("num_tokens", 0)  # absent from the earliest checkpoints
+        self.background_seconds = saved.get("background_seconds", 0.0)  # async GRPO runs only
 
 
 @runtime_checkable

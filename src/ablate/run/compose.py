@@ -76,10 +76,9 @@ MOVED = {
     "method.args.completion_only_logits": "perf.completion_only_logits",
     "method.args.score_in_length_groups": "perf.length_groups",
     "model.lean_layers": "perf.lean_layers",
+    # conf/method/generator/*.yaml (GRPO: hf | vllm); none picked = the speed plan's (perf.shared_prefill)
+    "method.trainer.generator._target_": "method/generator",
 }
-# the old way to pick model.generate over the shared-prefill generator (an engine of your own is still
-# `method.trainer.generator`, so only ablate's two generators are refused here)
-OLD_GENERATORS = ("ablate.rollouts.generation.HFGenerator", "ablate.rollouts.generation.SharedPromptGenerator")
 
 
 # GRPO's token aggregations left method/loss (now DPO's losses only) for a group of their own
@@ -94,17 +93,14 @@ def check_moved(argv: list[str]) -> None:
             print(f"ablate: error: method/loss={value}: GRPO's aggregations are now the group method/aggregation: "
                   f"use method/aggregation={value} (options: conf/method/aggregation/)", file=sys.stderr)
             sys.exit(2)
-        if key == "method.trainer.generator._target_" and value in OLD_GENERATORS:
-            print(f"ablate: error: {key} is now perf.shared_prefill (false: model.generate; another engine: "
-                  f"'method.trainer.generator={{_target_: ..., _partial_: true}}')", file=sys.stderr)
-            sys.exit(2)
         if key not in MOVED:
             continue
         new = MOVED[key]
         if key == "method.args.loss_type" and value in GRPO_AGGREGATIONS:
             new = "method/aggregation"
         if "/" in new.split(" ")[0]:
-            print(f"ablate: error: {key} is now the config group {new}: use {new}={value or 'NAME'} "
+            name = value if value and "." not in value else "NAME"  # a class path is not an option name
+            print(f"ablate: error: {key} is now the config group {new}: use {new}={name} "
                   f"(options: conf/{new}/)", file=sys.stderr)
         else:
             print(f"ablate: error: {key} is now {new} (conf/perf/; perf=off turns every speed path off)",

@@ -147,6 +147,11 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
                                           "an integer >= 1 (DPO: or null)"),
     "method.args.num_generations": (lambda v, c: is_int(v) and v >= 2, "an integer >= 2 (the group whose mean is the baseline)"),
     "method.args.steps_per_generation": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1"),
+    "method.args.max_staleness": (lambda v, c: is_int(v) and v >= 0, "an integer >= 0 (0 = synchronous GRPO)"),
+    "method.args.vllm_importance_sampling_mode": (  # ablate.losses.is_correction.MODES (TRL's)
+        lambda v, c: v in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+        "one of token_truncate, token_mask, sequence_truncate, sequence_mask"),
+    "method.args.off_policy_mask_threshold": (lambda v, c: v is None or (is_num(v) and v >= 0), "null or a number >= 0"),
     "method.args.temperature": (lambda v, c: is_num(v) and v > 0, "a number > 0"),
     "method.args.top_p": (lambda v, c: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "method.args.epsilon": (lambda v, c: is_num(v) and v >= 0, "a number >= 0"),

@@ -52,6 +52,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "bitsandbytes.": ("bitsandbytes", "quant"),
     "transformers.BitsAndBytesConfig": ("bitsandbytes", "quant"),
     "ablate.logger.wandb.": ("wandb", "wandb"),
+    "ablate.rollouts.vllm.": ("vllm", "vllm"),
 }
 
 

@@ -1,0 +1,281 @@
+"""Asynchronous GRPO: generation rounds sampled ahead by a worker process with its own copy of the
+weights, while the trainer trains on the current round (`method.args.max_staleness`, TRL's name).
+
+With max_staleness s > 0, at the start of round j the trainer takes round j (sampled earlier) and
+hands the worker its current weights (policy version v_j = optimizer steps taken) for round j + s:
+
+    round        0      1      2      3      4   ...      (s = 1, spg = 1: a round is a step)
+    trains on    v0     v0     v1     v2     v3           (round k sampled by v_{k-1}; rounds 0..s by v0)
+    worker       r1     r2     r3     r4     r5           (r_{j+1} sampled while round j trains)
+
+So generation runs concurrently with training, at most s rounds behind the policy (TRL's
+AsyncGRPOTrainer bounds the lag by dropping late samples; here the lag is exactly the schedule's,
+ablate.rollouts.schedule.Schedule.policy_version, so runs are reproducible; s = 1 is verl's
+one-step-off pipeline). Each round records the `policy_version` that sampled it, and the worker
+scores the completions with the weights that sampled them: those log-probs are pi_old in the
+importance ratio, so clipping sees the real off-policy gap.
+
+Determinism: the worker is a forked process (its RNG, threads and weights its own); it seeds torch's
+RNG from (seed, round index) before each round (`round_seed`), so what it samples depends only on
+the weights it was given, the prompts and the round index, never on timing. An async run's per-step
+losses therefore equal those of a synchronous run that samples each round from the recorded older
+weights with that seed (tests/unit/test_grpo_async.py). Weights travel through shared memory: s slots
+of the trainable parameters (frozen ones never change), written once per round.
+
+Resume: the in-flight rounds are saved, not regenerated (regenerating needs the older weights that
+sampled them). A checkpoint waits for the rounds the worker has in hand and saves them with the
+checkpoint (`async_rounds.pt`: completions, behaviour log-probs, versions); the round being served
+mid-way is saved by the rollout buffer as in a synchronous run. A resumed run serves those rounds and
+hands the worker the same weights at the same round starts, so it reproduces the uninterrupted run.
+
+Prompts: a round's prompts are needed s rounds before the Trainer's dataloader yields them, so they are
+read ahead from the sampler (`prompts_of`); when the dataloader yields the round, its prompts are
+checked against them. CPU and one process only (fork; a CUDA context does not survive a fork).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ablate.errors import ConfigError
+
+AHEAD_ROUNDS = "async_rounds.pt"  # in each checkpoint of an async run: the rounds sampled but not yet trained on
+
+# The behaviour policy's part of a round: (model, prompt ids) -> (completion ids, their log-probs under
+# that model (rows, completion width), generation seconds). GRPOTrainer._behaviour.
+BehaviourFn = Callable[[nn.Module, list[list[int]]], tuple[list[list[int]], torch.Tensor, float]]
+
+
+def round_seed(seed: int, round_index: int) -> int:
+    """The RNG seed round `round_index` is sampled with: a hash of (run seed, round), so rounds are
+    independent streams whatever order or process they are sampled in."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{round_index}".encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class Sampled:
+    """One round as the behaviour policy produced it."""
+
+    round: int  # the round's index (0-based, counted over the whole run)
+    policy_version: int  # optimizer steps the sampling weights had taken
+    prompt_ids: list[list[int]]  # the prompts it was sampled for (checked against the dataloader's)
+    completion_ids: list[list[int]] | None = None  # None until the worker returns it
+    old_logps: torch.Tensor | None = None  # (rows, width): log-probs under the sampling weights (pi_old)
+    seconds: float = 0.0  # the worker's generation seconds
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_state_dict(cls, saved: dict[str, Any]) -> Sampled:
+        return cls(**saved)
+
+
+class Worker:
+    """A forked process that samples rounds with `behaviour`, from its own copy of `model` whose
+    trainable parameters are loaded from one of `slots` shared-memory copies before a round."""
+
+    def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.slots = [[p.detach().clone().share_memory_() for p in self.params] for _ in range(slots)]
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        sys.stdout.flush()  # a forked child must not flush the parent's buffered output a second time
+        sys.stderr.flush()
+        self.process = ctx.Process(target=_serve, args=(child, behaviour, model, self.params, self.slots, threads),
+                                   daemon=True, name="ablate-generation")
+        self.process.start()
+        child.close()  # the parent's copy: the pipe reads EOF once the worker has gone
+
+    def write(self, slot: int, params: list[torch.Tensor]) -> None:
+        """Copy the trainer's current trainable parameters into `slot` (no round may be using it)."""
+        with torch.no_grad():
+            for dst, src in zip(self.slots[slot], params):
+                dst.copy_(src.detach())
+
+    def submit(self, job: Sampled, slot: int, seed: int) -> None:
+        self.conn.send((job.round, slot, job.policy_version, seed, job.prompt_ids))
+
+    def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float]:
+        """The next finished round: (round, completion ids, behaviour log-probs, seconds)."""
+        try:
+            kind, *payload = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the generation worker (pid {self.process.pid}) died "
+                               f"(exit code {self.process.exitcode}); see its output above") from None
+        if kind == "error":
+            raise RuntimeError(f"the generation worker failed: {payload[0].strip().splitlines()[-1]}\n{payload[0]}")
+        k, completion_ids, old_logps, seconds = payload
+        return k, completion_ids, torch.from_numpy(old_logps), seconds
+
+    def close(self, busy: bool = False) -> None:
+        """Stop the process: asked to exit when idle, killed when `busy` (its round is not wanted)."""
+        if busy:
+            self.process.kill()
+        try:
+            self.conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[torch.Tensor],
+           slots: list[list[torch.Tensor]], threads: int) -> None:
+    """The worker's loop: load the round's weights (when they changed), seed, sample, send back."""
+    if sys.platform.startswith("linux"):  # die with the trainer, even on kill -9
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.run.interrupts)
+    torch.set_num_threads(threads)
+    loaded: tuple[int, int] | None = None
+    try:
+        while (job := conn.recv()) is not None:
+            k, slot, version, seed, prompt_ids = job
+            if loaded != (slot, version):
+                with torch.no_grad():
+                    for dst, src in zip(params, slots[slot]):
+                        dst.copy_(src)
+                loaded = (slot, version)
+            torch.manual_seed(seed)
+            completion_ids, old_logps, seconds = behaviour(model, prompt_ids)
+            conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds))
+    except EOFError:  # the trainer has gone
+        pass
+    except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
+        conn.send(("error", traceback.format_exc()))
+
+
+class AheadRounds:
+    """The trainer's side: which round to sample when, with which weights, and the rounds in flight.
+
+    `take(k, ...)` at the start of round k returns it (sampled earlier, or now at a fresh start) and
+    then hands the worker the current weights for round k + max_staleness. Rounds at or past
+    `last_round` (set by the trainer from max_steps) are never sampled."""
+
+    def __init__(self, behaviour: BehaviourFn, model: nn.Module, max_staleness: int, seed: int,
+                 prompts_of: Callable[[int], list[list[int]]]) -> None:
+        self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, max_staleness, seed, prompts_of
+        self.last_round: int | None = None
+        self.worker: Worker | None = None
+        self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
+        self.pending: deque[tuple[Sampled, int]] = deque()  # submitted, not yet returned: (job, slot)
+        self.slot_versions: list[int | None] = [None] * max_staleness  # the version each slot holds
+        self.next_round: int | None = None  # the next round to submit
+
+    def take(self, k: int, prompt_ids: list[list[int]], version: int) -> Sampled:
+        """Round k, sampled by the weights of round k - s's start; `version`: the trainer's optimizer
+        steps now (the weights it hands the worker for round k + s)."""
+        if self.worker is None:
+            self._start()
+        if self.next_round is None:  # first take of this process: after a resume, past the loaded rounds
+            self.next_round = max(self.done) + 1 if self.done else k
+        while self.next_round < min(k + self.s, self._end()):  # a fresh start: rounds k..k+s-1 by these weights
+            self._submit(self.next_round, version)
+        if k not in self.done and not any(job.round == k for job, _ in self.pending):
+            self._submit(k, version)  # not sampled ahead (a resume without its rounds): sampled now
+        while k not in self.done:
+            self._receive()
+        sampled = self.done.pop(k)
+        if sampled.prompt_ids != prompt_ids:
+            raise RuntimeError(f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
+                               "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0")
+        if self.next_round == k + self.s and self.next_round < self._end():  # round k's weights -> round k + s
+            self._submit(self.next_round, version)
+        return sampled
+
+    def _end(self) -> int:
+        return self.last_round if self.last_round is not None else 1 << 62
+
+    def _submit(self, k: int, version: int) -> None:
+        """Hand the worker round k with the weights of `version` (the trainer's current ones)."""
+        if version in self.slot_versions:
+            slot = self.slot_versions.index(version)
+        else:
+            while (slot := self._free_slot()) is None:  # never in steady state: s slots hold s versions
+                self._receive()
+            self.worker.write(slot, self.worker.params)
+            self.slot_versions[slot] = version
+        job = Sampled(round=k, policy_version=version, prompt_ids=self.prompts_of(k))
+        self.worker.submit(job, slot, round_seed(self.seed, k))
+        self.pending.append((job, slot))
+        self.next_round = max(self.next_round, k + 1)
+
+    def _free_slot(self) -> int | None:
+        busy = {slot for _, slot in self.pending}
+        return next((i for i in range(self.s) if i not in busy), None)
+
+    def _receive(self) -> None:
+        job, _ = self.pending.popleft()
+        k, job.completion_ids, job.old_logps, job.seconds = self.worker.receive()
+        assert k == job.round, f"the worker returned round {k} for round {job.round}"
+        self.done[k] = job
+
+    def _start(self) -> None:
+        """Fork the worker; the torch threads are split between it and the trainer (at least 1 each)."""
+        threads = self.threads = torch.get_num_threads()
+        mine = max(threads - threads // 2, 1)
+        self.worker = Worker(self.behaviour, self.model, slots=self.s, threads=max(threads // 2, 1))
+        torch.set_num_threads(mine)
+        logging.getLogger("ablate").info(
+            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s)); training on %d thread(s)",
+            self.s, self.worker.process.pid, max(threads // 2, 1), mine)
+
+    def save(self, folder: str) -> None:
+        """Wait for the rounds in flight and save every round sampled but not yet taken."""
+        while self.pending:
+            self._receive()
+        torch.save({"max_staleness": self.s, "rounds": [r.state_dict() for r in self.done.values()]},
+                   os.path.join(folder, AHEAD_ROUNDS))
+
+    def load(self, folder: str) -> None:
+        path = os.path.join(folder, AHEAD_ROUNDS)
+        if os.path.isfile(path):
+            saved = torch.load(path, weights_only=True)
+            self.done = {r["round"]: Sampled.from_state_dict(r) for r in saved["rounds"]}
+
+    def close(self) -> None:
+        """Stop the worker and forget the rounds in flight (a later `train()` starts afresh)."""
+        if self.worker is not None:
+            t0 = time.perf_counter()
+            self.worker.close(busy=bool(self.pending))
+            torch.set_num_threads(self.threads)  # the trainer's share back to the whole
+            logging.getLogger("ablate").debug("generation worker closed in %.2f s", time.perf_counter() - t0)
+        self.worker, self.next_round = None, None
+        self.done, self.pending = {}, deque()
+        self.slot_versions = [None] * self.s
+
+
+def check_async(args: Any, generator: Any) -> None:
+    """Asynchronous GRPO's worker is a forked CPU process of a single-process run that samples with the
+    trainer's own generator on its copy of the weights: one line otherwise."""
+    s = f"method.args.max_staleness={args.max_staleness}"
+    if args.device.type != "cpu":
+        raise ConfigError(f"{s}: asynchronous generation runs in a forked CPU process, and this run is on "
+                          f"{args.device.type} (method.args.use_cpu=true)")
+    if args.world_size > 1:
+        raise ConfigError(f"{s}: asynchronous generation is single-process (this run has {args.world_size})")
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError(f"{s}: asynchronous generation forks its worker, which this platform cannot")
+    if hasattr(generator, "close"):  # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
+        raise ConfigError(f"{s}: asynchronous generation samples in a forked copy of the policy, which a generator "
+                          f"with an engine of its own ({type(generator).__name__}) cannot; use max_staleness=0 "
+                          "or no method/generator")
