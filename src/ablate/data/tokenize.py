@@ -22,6 +22,7 @@ import json
 import logging
 from typing import Any
 
+import torch
 from datasets import Dataset, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
@@ -316,3 +317,9 @@ def prepare_prompts(
         return {"prompt_ids": ids[-max_prompt_length:] if max_prompt_length else ids}
 
     return dataset.map(fn, with_indices=True, desc=f"Tokenizing {name} prompts")
+
+
+def pad(seqs: list[list[int]], value: int) -> torch.Tensor:
+    """Right-pad lists of ids to one (B, T) tensor."""
+    width = max(len(s) for s in seqs)
+    return torch.tensor([s + [value] * (width - len(s)) for s in seqs], dtype=torch.long)
