@@ -143,7 +143,14 @@ class RayLauncher(Launcher):
         kwargs.setdefault("address", self.params.address)
         kwargs.setdefault("logging_level", logging.WARNING)
         t0 = time.time()
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as e:  # no cluster there: a one-line error, not Ray's traceback
+            from ablate.errors import ConfigError
+
+            first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise ConfigError(f"hydra/launcher=ray: no Ray cluster at address {kwargs['address']!r} ({first}); start one "
+                              "(`ray start --head`) or set hydra.launcher.address=HOST:PORT of its head") from None
         nodes = [n for n in ray.nodes() if n["Alive"]]
         log.info(f"Ray: connected in {time.time() - t0:.1f}s to {len(nodes)} node(s), resources {ray.cluster_resources()}")
 
@@ -183,8 +190,10 @@ class RayLauncher(Launcher):
         need = {k: v for k, v in need.items() if v > 0}
         nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
         if not any(all(res.get(k, 0.0) >= v for k, v in need.items()) for res in nodes):
+            from ablate.errors import ConfigError
+
             have = [{k: v for k, v in res.items() if k in need} for res in nodes]
-            raise ValueError(f"hydra/launcher=ray: no node of the Ray cluster has {need} for one job "
+            raise ConfigError(f"hydra/launcher=ray: no node of the Ray cluster has {need} for one job "
                              f"(the nodes have {have}); Ray would keep the jobs pending forever")
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
