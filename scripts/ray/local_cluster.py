@@ -137,8 +137,10 @@ def _announce_agent_port(node_dir: Path, port: int) -> bool:
         flags = dict(a[2:].split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
         if "session_dir" not in flags or "node_id" not in flags:
             return False
-        from ray._raylet import DASHBOARD_AGENT_LISTEN_PORT_NAME, persist_port
-
+        try:
+            from ray._raylet import DASHBOARD_AGENT_LISTEN_PORT_NAME, persist_port
+        except ImportError:  # another Ray version: its raylet may not wait like this
+            return True
         persist_port(flags["session_dir"], flags["node_id"], DASHBOARD_AGENT_LISTEN_PORT_NAME, port)
         return True
     return False

@@ -11,8 +11,12 @@ Only this cluster's processes are stopped (by its dir), never other Ray clusters
 - the launching process killed with -9 mid-sweep takes its running jobs with it; `ablate status`
   says so; `ablate sweep ... --resume` completes the sweep, completed jobs skipped.
 
+- SIGTERM to the launching process: every running job records `interrupted`, exit 143, no job
+  process left on the cluster.
+
 Run with `python -m pytest -m slow tests/slow/test_ray.py -n 0` (needs `pip install 'ablate[ray]'`;
-about 5-10 minutes on 2 loaded CPU cores: the cluster's start, then 8 short training jobs).
+the cluster's start, then 10 short training jobs: ~11 minutes on 2 CPU cores shared with ~30 other
+processes, a few on a machine of its own).
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def _free_base_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """(address, env): a 2-node Ray cluster on loopback, and the environment its drivers need."""
+    """(address, env, base): a 2-node Ray cluster on loopback, the environment its drivers need, its dir."""
     local = _local_cluster()
     base = Path(tempfile.mkdtemp(prefix="ablray", dir="/tmp"))  # short: Ray's socket paths live under it
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
@@ -73,7 +77,7 @@ def cluster():
     env.pop("RAY_ADDRESS", None)
     try:
         address = local.start(base, _free_base_port(), nodes=2, cpus=1, env=env)
-        yield address, env
+        yield address, env, base
     finally:
         local.stop(base)
         left = local.cluster_pids(base)
@@ -111,14 +115,21 @@ def read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def rows(stdout: str) -> dict[str, str]:
-    """The table rows of `ablate status` / the end-of-sweep table, by job number."""
-    return {line.split("│")[1].strip(): line for line in stdout.splitlines()
-            if line.startswith("│") and line.split("│")[1].strip().isdigit()}
+def rows(stdout: str, table: int = 0) -> dict[str, str]:
+    """The rows, by job number, of a table the command printed (`ablate status`: 0 = its own, 1 =
+    the end-of-sweep table; a sweep: -1 = the end-of-sweep table; the jobs' own output, streamed by
+    Ray with a prefix, is no table here)."""
+    tables: list[dict[str, str]] = []
+    for line in stdout.splitlines():
+        if line.startswith("┏"):
+            tables.append({})
+        elif line.startswith("│") and tables and line.split("│")[1].strip().isdigit():
+            tables[-1][line.split("│")[1].strip()] = line
+    return tables[table] if tables else {}
 
 
 def test_dpo_loss_sweep_runs_on_both_nodes_and_status_reads_it(cluster, tmp_path: Path) -> None:
-    address, env = cluster
+    address, env, _ = cluster
     r = run(["sweep", "dpo_loss", "seed=1", "method.args.max_steps=3", *COMMON, f"hydra.launcher.address={address}"],
             tmp_path, env)
     assert r.returncode == 0, r.stdout[-5000:]
@@ -144,7 +155,7 @@ def test_dpo_loss_sweep_runs_on_both_nodes_and_status_reads_it(cluster, tmp_path
 
 
 def test_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path) -> None:
-    address, env = cluster
+    address, env, _ = cluster
     env = {**env, "ABLATE_TEST_CRASH_AT": "2", "ABLATE_TEST_CRASH_SEED": "2",  # reach the jobs: ABLATE_* is forwarded
            "ABLATE_TEST_KILL_AT": "2", "ABLATE_TEST_KILL_SEED": "3"}
     r = run(["sweep", "dpo_loss", "method/loss=sigmoid", "seed=1,2,3", "method.args.max_steps=3", *COMMON,
@@ -152,7 +163,7 @@ def test_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path)
              f"hydra.launcher.address={address}"], tmp_path, env)
     assert r.returncode == 1, r.stdout[-5000:]
     assert "1/3 jobs completed" in r.stdout and "2 sweep job(s) failed" in r.stdout, r.stdout[-5000:]
-    table = rows(r.stdout)
+    table = rows(r.stdout, -1)
     assert "completed" in table["0"], r.stdout[-5000:]
     assert "failed" in table["1"] and "simulated crash at step 2" in table["1"], r.stdout[-5000:]
     assert "failed" in table["2"] and "WorkerCrashedError" in table["2"], r.stdout[-5000:]
@@ -182,7 +193,7 @@ def _completed(cwd: Path) -> int:
 
 
 def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) -> None:
-    address, env = cluster
+    address, env, _ = cluster
     args = ["sweep", "dpo_loss", "method/loss=sigmoid", "seed=1,2,3", "method.args.max_steps=6",
             "method.args.save_steps=2", *COMMON, f"hydra.launcher.address={address}"]
     proc = start(args, tmp_path, env)
@@ -220,3 +231,64 @@ def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) 
         assert summary["status"] == "completed" and summary["global_step"] == 6, (job, summary)
         steps = [e["step"] for e in map(json.loads, (job / "metrics.jsonl").read_text().splitlines()) if "loss" in e]
         assert steps == [1, 2, 3, 4, 5, 6], (job, steps)  # each step logged once across the kill
+
+
+def test_sigterm_to_the_launching_process_interrupts_every_job(cluster, tmp_path: Path) -> None:
+    """SIGTERM (docker stop, a scheduler's kill) or Ctrl-C of the driver: each running job gets a
+    KeyboardInterrupt and records `interrupted` (resumable), the table is printed, exit 143, and
+    no job's process is left on the cluster."""
+    address, env, base = cluster
+    proc = start(["sweep", "dpo_loss", "seed=1", "method.args.max_steps=400", *COMMON,
+                  f"hydra.launcher.address={address}"], tmp_path, env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None and len(list(tmp_path.glob("outputs/sweeps/dpo_loss/*/*/metrics.jsonl"))) < 2:
+            assert time.monotonic() < deadline, "the jobs did not start training in time"
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()[-5000:]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out[-5000:]
+    assert "0/2 jobs completed" in out and "interrupted" in out, out[-5000:]
+    for job in jobs(sweep_dir(tmp_path)).values():
+        summary = read(job / "summary.json")
+        assert summary["status"] == "interrupted" and "SIG" in summary["error"], summary
+    assert not _job_processes(base)
+
+
+def _job_processes(base: Path) -> list[str]:
+    """The cluster's processes running a job (Ray names a worker `ray::<task name>` while it runs one)."""
+    import psutil
+
+    names = []
+    for pid in _local_cluster().cluster_pids(base):
+        try:
+            names.append(psutil.Process(pid).name())
+        except psutil.NoSuchProcess:
+            pass
+    return [n for n in names if "hydra_job" in n]
+
+
+@pytest.fixture
+def driver_env(cluster, monkeypatch):
+    """This process as a Ray driver of the test cluster (hydra.launcher.address=auto reads RAY_ADDRESS)."""
+    address, env, _ = cluster
+    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "PYTHONPATH"):
+        monkeypatch.setenv(key, address if key == "RAY_ADDRESS" else env[key])
+    yield
+    import ray
+
+    ray.shutdown()  # each test connects afresh: Hydra's fixtures reset its singletons between tests
+
+
+from hydra.test_utils.launcher_common_tests import LauncherTestSuite  # noqa: E402
+
+
+@pytest.mark.usefixtures("driver_env")
+@pytest.mark.parametrize("launcher_name, overrides", [("ablate_ray", [])])
+class TestHydrasLauncherContract(LauncherTestSuite):
+    """Hydra's own test suite for launcher plugins (job dirs, overrides, return values, batches),
+    run in this process against the 2-node cluster."""

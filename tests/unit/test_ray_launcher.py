@@ -130,6 +130,9 @@ def test_status_words_when_the_launching_process_is_gone(tmp_path):
     assert state(None, False).startswith("died before it started")
     assert state(done, False) == "completed"
     assert state(running, None) == "running at step 3 of 6"  # driver on another machine: unknown
+    exited = _job(tmp_path, "2_seed=3", {"status": "failed", "error": "SystemExit: 1"})
+    assert state(exited, False).startswith("died with the sweep's launching process (SystemExit: 1)")
+    assert state(exited, True) == "failed: SystemExit: 1"
 
 
 def test_ray_jobs_file_and_driver_liveness(tmp_path):

@@ -58,9 +58,11 @@ def driver_alive(driver: dict[str, Any] | None) -> bool | None:
 def job_state(state: str, alive: bool | None) -> str:
     """One Ray job in words, from its run dir's `state` (launchers.slurm.job_state: pending /
     running at step N of M / completed / failed: ...) and whether the driver runs: with the driver
-    gone, a job can no longer be running or pending."""
+    gone, a job can no longer be running or pending, and a SystemExit is Ray ending the job with it."""
     if alive is False and state.startswith("running"):
         return f"died with the sweep's launching process ({state.replace('running ', '')}); ablate sweep --resume"
+    if alive is False and state.startswith("failed: SystemExit"):  # Ray tells a dead driver's workers to exit
+        return f"died with the sweep's launching process ({state[len('failed: '):]}); ablate sweep --resume"
     if alive is False and state == "pending":
         return "died before it started: the sweep's launching process is gone; ablate sweep --resume"
     return state

@@ -227,9 +227,14 @@ class RayLauncher(Launcher):
         overrides_of: Dict[Any, List[str]] = {}
         results: Dict[Any, JobReturn] = {}
         started = time.time()
+        # ray.init installs a C-level SIGTERM handler in this process that logs, calls the previous
+        # handler and then aborts the process (SIGABRT), cutting the jobs' cancellation short: SIGTERM
+        # goes back to Python's handler here, ablate's sweep parent's (interrupts.forward_to_workers),
+        # else KeyboardInterrupt. Either ends in the except clause below: the jobs are cancelled.
         previous = signal.getsignal(signal.SIGTERM)
-        if previous in (signal.SIG_DFL, None):  # nobody else handles it (ablate's sweep parent does): cancel on it
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.default_int_handler)
+        if callable(signal.getsignal(signal.SIGINT)):
+            signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
         try:
             for i, overrides in enumerate(job_overrides):
                 idx = initial_job_idx + i
@@ -262,7 +267,7 @@ class RayLauncher(Launcher):
             self._cancel([ref for ref in refs if ref not in results])
             raise
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         return [results[ref] for ref in refs]
 
     def _cancel(self, refs: List[Any]) -> None:
