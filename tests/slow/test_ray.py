@@ -71,8 +71,12 @@ def cluster():
     """(address, env, base): a 2-node Ray cluster on loopback, the environment its drivers need, its dir."""
     local = _local_cluster()
     base = Path(tempfile.mkdtemp(prefix="ablray", dir="/tmp"))  # short: Ray's socket paths live under it
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-           "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "250", "WANDB_MODE": "disabled",
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    saved = {k: os.environ.get(k) for k in auth}
+    # this process too: Ray reads the auth settings once, when this process first loads it (the
+    # cluster's start does, and TestHydrasLauncherContract drives the cluster from here)
+    os.environ.update(auth)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "250", "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)
     try:
@@ -82,6 +86,8 @@ def cluster():
         local.stop(base)
         left = local.cluster_pids(base)
         shutil.rmtree(base, ignore_errors=True)
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         assert not left, f"Ray processes of the test cluster left running: {left}"
 
 
@@ -276,8 +282,8 @@ def _job_processes(base: Path) -> list[str]:
 def driver_env(cluster, monkeypatch):
     """This process as a Ray driver of the test cluster (hydra.launcher.address=auto reads RAY_ADDRESS)."""
     address, env, _ = cluster
-    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "PYTHONPATH"):
-        monkeypatch.setenv(key, address if key == "RAY_ADDRESS" else env[key])
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     yield
     import ray
 
@@ -285,6 +291,8 @@ def driver_env(cluster, monkeypatch):
 
 
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite  # noqa: E402
+
+import hydra_plugins.ablate_launchers.ray_launcher  # noqa: E402,F401  (its ConfigStore entry survives Hydra's test fixtures)
 
 
 @pytest.mark.usefixtures("driver_env")

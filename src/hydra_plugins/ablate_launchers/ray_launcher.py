@@ -53,6 +53,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass
@@ -128,6 +129,7 @@ class RayLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
+        self._cancelled: set = set()
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -212,6 +214,7 @@ class RayLauncher(Launcher):
         # resolved here, once: a resolver such as ${now:...} must not run again on another node, later
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}  # before ray.init, which replaces SIGTERM's
         self._init_ray()
         opts = self.remote_options()
         if p.check_feasible:
@@ -227,16 +230,17 @@ class RayLauncher(Launcher):
         overrides_of: Dict[Any, List[str]] = {}
         results: Dict[Any, JobReturn] = {}
         started = time.time()
-        # ray.init installs a C-level SIGTERM handler in this process that logs, calls the previous
-        # handler and then aborts the process (SIGABRT), cutting the jobs' cancellation short: SIGTERM
-        # goes back to Python's handler here, ablate's sweep parent's (interrupts.forward_to_workers),
-        # else KeyboardInterrupt. Either ends in the except clause below: the jobs are cancelled.
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.default_int_handler)
-        if callable(signal.getsignal(signal.SIGINT)):
-            signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
+        # Ctrl-C / SIGTERM while the jobs run: noted here, acted on between waits. A handler that raises
+        # (ablate's sweep parent's, interrupts.forward_to_workers) would raise inside Ray's C code,
+        # which turns anything but KeyboardInterrupt into a SystemError or loses it; and ray.init put
+        # its own SIGTERM handler (sys.exit, and a C-level one that can abort the process) in place.
+        caught: List[int] = []
+        for s in STOP_SIGNALS:
+            signal.signal(s, lambda signum, frame: caught.append(signum))
         try:
             for i, overrides in enumerate(job_overrides):
+                if caught:
+                    break
                 idx = initial_job_idx + i
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
                 sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -247,28 +251,47 @@ class RayLauncher(Launcher):
                     self.hydra_context, sweep_config, self.task_function, state, cwd)
                 refs.append(ref)
                 overrides_of[ref] = list(overrides)
-            ray_jobs.record(sweep_dir, {str(initial_job_idx + i): {"task_id": ref.task_id().hex(), "overrides": overrides_of[ref]}
-                                        for i, ref in enumerate(refs)})  # for `ablate status`
+            ray_jobs.record(sweep_dir, {  # for `ablate status`
+                str(initial_job_idx + i): {"task_id": ref.task_id().hex(), "overrides": overrides_of[ref]}
+                for i, ref in enumerate(refs)})
             pending = list(refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                ref = done[0]
-                try:
-                    ret = ray.get(ref)
-                except Exception as e:  # RayTaskError, WorkerCrashedError, OutOfMemoryError, NodeDiedError, ...
-                    ret = JobReturn(overrides=overrides_of[ref], status=JobStatus.FAILED, _return_value=e)
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                    log.error(f"job {' '.join(overrides_of[ref])} did not finish: {type(e).__name__}: {first}")
-                    ray_jobs.record_death(sweep_dir, initial_job_idx + refs.index(ref), e)
-                results[ref] = ret
-                log.info(f"job {' '.join(filter_overrides(overrides_of[ref]))}: {ret.status.name} "
-                         f"({len(results)}/{len(job_overrides)} done, {time.time() - started:.1f}s)")
-        except BaseException:  # Ctrl-C, SIGTERM, or ablate's own signal exception (interrupts.Interrupted)
+            while pending and not caught:
+                done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+                for ref in done:
+                    results[ref] = self._result(ref, overrides_of[ref], sweep_dir, initial_job_idx + refs.index(ref))
+                    log.info(f"job {' '.join(filter_overrides(overrides_of[ref]))}: {results[ref].status.name} "
+                             f"({len(results)}/{len(job_overrides)} done, {time.time() - started:.1f}s)")
+            if caught:
+                self._cancel([ref for ref in refs if ref not in results])
+                for s, handler in previous.items():
+                    signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+                # the signal again, now to the handler from before: ablate's raises Interrupted /
+                # KeyboardInterrupt (the sweep table, exit 143 / 130), the default one ends the process
+                os.kill(os.getpid(), caught[0])
+                time.sleep(1)
+                raise KeyboardInterrupt
+        except BaseException:  # Ray's own errors while submitting or waiting; the re-raised signal
             self._cancel([ref for ref in refs if ref not in results])
             raise
         finally:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            for s, handler in previous.items():
+                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         return [results[ref] for ref in refs]
+
+    def _result(self, ref: Any, overrides: List[str], sweep_dir: Path, num: int) -> JobReturn:
+        """A finished task's JobReturn; a task that ended without one (its process killed: OOM, a
+        signal, a lost node) is a FAILED JobReturn, recorded in its run dir too."""
+        import ray
+
+        from ablate.launchers import ray_jobs
+
+        try:
+            return ray.get(ref)
+        except Exception as e:  # RayTaskError, WorkerCrashedError, OutOfMemoryError, NodeDiedError, ...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            log.error(f"job {' '.join(overrides)} did not finish: {type(e).__name__}: {first}")
+            ray_jobs.record_death(sweep_dir, num, e)
+            return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=e)
 
     def _cancel(self, refs: List[Any]) -> None:
         """Interrupt the unfinished jobs: KeyboardInterrupt inside each running task first (the job
@@ -276,6 +299,8 @@ class RayLauncher(Launcher):
         in one long C call only sees the KeyboardInterrupt when that call returns)."""
         import ray
 
+        refs = [ref for ref in refs if ref not in self._cancelled]
+        self._cancelled.update(refs)
         if not refs:
             return
         log.warning(f"interrupted: cancelling {len(refs)} Ray task(s), grace {self.params.cancel_grace_s}s")
