@@ -23,11 +23,13 @@ are the test's environment's.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +55,17 @@ SKIP = {
     "torchrun --nproc_per_node=8 -m ablate train distributed=fsdp model=...": "needs 8 CUDA GPUs",
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
+    "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379":
+        "needs a Ray cluster of several machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
+    "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379 hydra.launcher.num_gpus=1":
+        "needs a Ray cluster of GPU machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
+    "ray start --head --port=6379 --num-gpus=8": "starts a node of a real Ray cluster (8 GPUs, port 6379, all interfaces)",
+    "ray start --address=10.0.0.1:6379 --num-gpus=8": "joins a Ray cluster on another machine",
 }
+# sections whose lines need an optional package (skipped without it, with the reason) and take minutes (slow)
+NEEDS = {"A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this machine, then a sweep on it")}
+# lines that start something outliving the line: what stops it when the doc's test ends, even after a failure
+CLEANUP = {"python scripts/ray/local_cluster.py start": "python scripts/ray/local_cluster.py stop"}
 SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip (un)?install .*)$")  # chained set-up steps
 SLOW = {  # a line whose command starts with one of these runs only in the `-m slow` suite
     "ablate sweep ": "a sweep: 2 to 12 jobs",
@@ -155,6 +167,11 @@ def parse(doc: str) -> tuple[list[Line], dict[str, str]]:
         key = _key(line.command)
         line.skip = SKIP.get(key) or (None if line.command else "set-up only (the test runs in the installed env)")
         line.slow = next((why for k, why in SLOW.items() if (key + " ").startswith(k)), None)
+        if line.section in NEEDS and not line.skip:
+            module, why = NEEDS[line.section]
+            line.slow = why
+            if importlib.util.find_spec(module) is None:
+                line.skip = f"needs the optional package {module}: pip install 'ablate[{module}]'"
     return lines, files
 
 
@@ -187,6 +204,7 @@ class DocRun:
     cwd: Path
     env: dict[str, str]
     results: dict[int, subprocess.CompletedProcess] = field(default_factory=dict)
+    cleanup: list[str] = field(default_factory=list)  # CLEANUP commands of lines that ran
 
     def run(self, target: Line) -> subprocess.CompletedProcess:
         # earlier lines first: later ones use their outputs (outputs/my_run, a sweep dir); a slow line
@@ -201,6 +219,8 @@ class DocRun:
 
     def _exec(self, line: Line) -> subprocess.CompletedProcess:
         command = line.command
+        if command in CLEANUP:
+            self.cleanup.append(CLEANUP[command])
         if RESUMABLE in command:
             command = command.replace(RESUMABLE, self._interrupted_run())
         # debug presets set their own (small) step counts: overfit checks its 30 steps halve the loss
@@ -239,7 +259,7 @@ def _env(bin_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def doc_runs(tmp_path_factory) -> dict[str, DocRun]:
+def doc_runs(tmp_path_factory) -> Iterator[dict[str, DocRun]]:
     runs = {}
     for doc in sorted({line.doc for line in ALL if not line.skip}):  # a scratch clone per doc with lines to run
         root = tmp_path_factory.mktemp("doc")
@@ -251,7 +271,10 @@ def doc_runs(tmp_path_factory) -> dict[str, DocRun]:
             (cwd / name).parent.mkdir(parents=True, exist_ok=True)
             (cwd / name).write_text(text)
         runs[doc] = DocRun(doc, cwd, _env(root / "bin"))
-    return runs
+    yield runs
+    for run in runs.values():  # a Ray cluster a doc started must not outlive its test, failed or not
+        for command in run.cleanup:
+            subprocess.run(["bash", "-c", command], cwd=run.cwd, env=run.env, capture_output=True, timeout=300)
 
 
 @pytest.mark.parametrize("line", [_param(line) for line in ALL])

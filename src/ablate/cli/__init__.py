@@ -40,7 +40,7 @@ examples:
   ablate train method=grpo method.args.steps_per_generation=4
   ablate train -m method=dpo,dpo_hinge seed=1,2,3
   ablate sweep dpo_loss method.args.max_steps=20
-  ablate sweep dpo_loss hydra/launcher=local_parallel   # or hydra/launcher=slurm
+  ablate sweep dpo_loss hydra/launcher=local_parallel   # or hydra/launcher=slurm, hydra/launcher=ray
   ablate train -m +sweep=dpo_loss seed=1                 # the same sweep, one seed
   ablate sweep dpo_loss --dry-run seed=1                 # the jobs it would launch (2), nothing started
   ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped

@@ -94,6 +94,10 @@ def hydra_train(argv: list[str]) -> None:
     if failed:
         if error is not None and line is None:
             traceback.print_exception(error)
+        elif line is not None and sweep.job_count() == 0:  # the launcher refused (hydra/launcher=ray: no cluster)
+            from ablate.run.secrets import mask_text
+
+            print(f"ablate: error: {mask_text(line)}", file=sys.stderr)
         print(f"ablate: {failed} sweep job(s) failed (see the table above)", file=sys.stderr)
         sys.exit(1)
     if error is not None:

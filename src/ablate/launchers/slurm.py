@@ -88,28 +88,38 @@ def status(sweep_dir: Path) -> bool:
     from rich.console import Console
     from rich.table import Table
 
-    from ablate.launchers import sweep
+    from ablate.launchers import ray_jobs, sweep
 
     recorded = read_jobs(sweep_dir)
+    driver, ray_recorded = ray_jobs.read(sweep_dir)  # hydra/launcher=ray: no scheduler to ask, its driver instead
     dirs = {p.name.split("_")[0]: p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()}
-    nums = sorted(set(recorded) | set(dirs), key=int)
+    nums = sorted(set(recorded) | set(ray_recorded) | set(dirs), key=int)
     slurm = scheduler_states([recorded[n]["job_id"] for n in nums if n in recorded])
+    alive = ray_jobs.driver_alive(driver)
     print(f"sweep {sweep_dir}: {len(nums)} jobs")
     table = Table()
-    for col in ("job", "overrides", "state", "SLURM job", "SLURM state"):
+    columns = ("Ray task", "launching process") if ray_recorded else ("SLURM job", "SLURM state")
+    for col in ("job", "overrides", "state", *columns):
         table.add_column(col, overflow="fold")
-    overrides = {n: recorded[n]["overrides"] if n in recorded else
+    known = {**ray_recorded, **recorded}
+    overrides = {n: known[n]["overrides"] if n in known else
                  (rundir.read_json(dirs[n] / rundir.RUN) or {}).get("overrides", []) for n in nums}
     varying = {o for n in nums for o in overrides[n]
                if sum(o in overrides[m] for m in nums) < len(nums) or len(nums) == 1}
     done = True
     for n in nums:
-        job_id = recorded.get(n, {}).get("job_id")
-        state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
+        if ray_recorded:
+            state = ray_jobs.job_state(job_state(dirs.get(n), None), alive)
+            task = ray_recorded.get(n, {}).get("task_id", "-")
+            scheduler = [task[:16], {True: "running", False: "ended", None: f"on {driver.get('host')}" if driver else "-"}[alive]]
+        else:
+            job_id = recorded.get(n, {}).get("job_id")
+            state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
+            scheduler = [job_id or "-", slurm.get(job_id or "", "-")]
         done &= state == "completed" or state.startswith(("failed", "died", "preempted (", "interrupted")) \
             or "before ablate" in state
         shown = " ".join(o for o in overrides[n] if o in varying and not o.startswith("+sweep="))
-        table.add_row(n, shown, state, job_id or "-", slurm.get(job_id or "", "-"))
+        table.add_row(n, shown, state, *scheduler)
     Console(width=200).print(table)
     if done and nums:
         sweep.print_summary(sweep_dir)

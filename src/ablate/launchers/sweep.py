@@ -175,6 +175,7 @@ def print_summary(sweep_dir: Path) -> int:
     from rich.table import Table
 
     rows = job_rows(sweep_dir)
+    _state["jobs"] = len(rows)
     failed = sum(r["status"] != "completed" for r in rows)
     plan = _state.get("plan")
     title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed"
@@ -205,10 +206,15 @@ class SweepSummary(Callback):
         from ablate.run.compose import publish_launch_time
 
         publish_launch_time()  # before any job process starts: they must resolve the same sweep dir
-        _state.update(sweep_dir=Path(str(config.hydra.sweep.dir)).resolve(), printed=False, failed=0)
+        _state.update(sweep_dir=Path(str(config.hydra.sweep.dir)).resolve(), printed=False, failed=0, jobs=0)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         finish()
+
+
+def job_count() -> int:
+    """Jobs in the table printed at the end of this process's multirun (0: none ran, or none printed)."""
+    return int(_state.get("jobs") or 0)
 
 
 def finish() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,27 @@ def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
     info["tags"] = [str(t) for t in (cfg.get("tags") or [])]
     info["notes"] = cfg.get("notes")
     info["host"], info["pid"] = socket.gethostname(), os.getpid()
+    node = ray_node()  # hydra/launcher=ray: which node of the cluster ran it (this time: a resume may move)
+    if node is not None:
+        info["ray"] = node
+    else:
+        info.pop("ray", None)
     # processes in the run (torchrun ranks, SLURM tasks): `ablate resume` refuses to continue a
     # several-process run as one (the batch per step would change, and with it the losses)
     info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     rundir.write_json(run_dir / rundir.RUN, info)
     quiet_libraries()
+
+
+def ray_node() -> dict[str, Any] | None:
+    """Where a Ray task runs (hydra/launcher=ray): its node's id and IP, the task's id; None when
+    this process is not a Ray worker. `ray` is never imported here: a Ray worker has it loaded."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():  # get_runtime_context() would start a local Ray
+        return None
+    context = ray.get_runtime_context()
+    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "task_id": context.get_task_id(), "job_id": context.get_job_id()}
 
 
 def quiet_libraries() -> None:

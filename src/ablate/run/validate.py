@@ -54,6 +54,10 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "ablate.logger.wandb.": ("wandb", "wandb"),
     "ablate.rollouts.vllm.": ("vllm", "vllm"),
 }
+# hydra.launcher._target_ prefix -> (import name, extra, the override that chose it)
+LAUNCHER_EXTRAS: dict[str, tuple[str, str, str]] = {
+    "hydra_plugins.ablate_launchers.ray_launcher.": ("ray", "ray", "hydra/launcher=ray"),
+}
 
 
 def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) -> None:
@@ -234,6 +238,14 @@ def _check_extras(cfg: DictConfig) -> None:
                 raise missing_extra(module, extra, f"{key}={target}")
 
 
+def check_launcher(hc: Any) -> None:
+    """The multirun's launcher needs an optional package that is missing: one line naming the extra."""
+    target = str(OmegaConf.select(hc, "launcher._target_", default="") or "")
+    for prefix, (module, extra, what) in LAUNCHER_EXTRAS.items():
+        if target.startswith(prefix) and not installed(module):
+            raise missing_extra(module, extra, what)
+
+
 def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -322,6 +334,7 @@ class Validate(Callback):
         config here is the defaults plus the fixed overrides; when a group is swept the jobs'
         configs differ from it too much to judge, so each job is checked when it starts. Then the
         launch claims its sweep dir (`claim_sweep_dir`)."""
+        _exit_on_error(lambda: check_launcher(config.hydra))  # before any job is submitted
         swept = _swept(config)
 
         def checks() -> None:
