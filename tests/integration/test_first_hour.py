@@ -187,7 +187,8 @@ def test_text_is_never_glued_to_the_bar_and_log_dicts_go_to_the_log_file(grpo_ru
     assert not any("it/s]GRPO" in line or "?it/s]GRPO" in line for line in lines)
     assert "{'loss'" not in out and "'grad_norm'" not in out  # HF's 20-key dicts: not on the console
     assert "Generating train split" not in out and "Tokenizing" not in out  # no dataset bars
-    assert re.search(r"it/s, loss \S+, reward \S+.*tok/s, MFU [\d.]+% of [\d.]+ [GTM]FLOP/s", out), out[-2000:]
+    # tqdm's rate reads it/s, or s/it when a step takes over a second (a busy machine)
+    assert re.search(r"(it/s|s/it), loss \S+, reward \S+.*tok/s, MFU [\d.]+% of [\d.]+ [GTM]FLOP/s", out), out[-2000:]
     log = (_run_dir(out) / "ablate.log").read_text()
     assert "{'loss'" in log and "'grad_norm'" in log  # ... but in ablate.log, every one of them
 
