@@ -34,6 +34,7 @@ def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
     info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     rundir.write_json(run_dir / rundir.RUN, info)
     quiet_libraries()
+    init_process_group(cfg)
 
 
 def ray_node() -> dict[str, Any] | None:
@@ -77,3 +78,24 @@ def export_torch_distributed() -> None:
         from submitit.helpers import TorchDistributedEnvironment
 
         TorchDistributedEnvironment().export()
+
+
+def init_process_group(cfg: Any) -> None:
+    """Join the job's gloo process group (CPU ranks: no CUDA, or method.args.use_cpu) with
+    `distributed.ddp_timeout` seconds for any collective, before TrainingArguments would: on CPU
+    transformers and accelerate init it without a timeout, i.e. gloo's 30 minutes, so a frozen peer
+    (a hung node, a network partition) would stall the other ranks that long. accelerate reuses a
+    group it finds. A peer that dies is noticed at once either way (its TCP connections reset). GPU
+    runs: TrainingArguments passes ddp_timeout to NCCL itself."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    import torch
+    import torch.distributed as dist
+
+    use_cpu = bool(cfg.get("method", {}).get("args", {}).get("use_cpu"))
+    if dist.is_initialized() or (torch.cuda.is_available() and not use_cpu):
+        return
+    from datetime import timedelta
+
+    timeout = (cfg.get("distributed") or {}).get("ddp_timeout") or 1800  # TrainingArguments' default
+    dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
