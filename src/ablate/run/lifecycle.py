@@ -29,7 +29,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import USER_ERRORS, ConfigError, DataError, DiskFullError, PeerLostError, user_error
+from ablate.errors import (
+    USER_ERRORS,
+    ConfigError,
+    DataError,
+    DiskFullError,
+    PeerLostError,
+    user_error,
+)
 from ablate.run import interrupts, rundir, secrets
 
 log = logging.getLogger("ablate")
