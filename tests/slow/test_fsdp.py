@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from conftest import ROOT, TESTS, metrics, summary
@@ -143,23 +144,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_node(agent: int) -> None:
+    """SIGKILL a node: its torchrun agent and the workers it started (each in a session of its own)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == agent:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+    try:
+        os.killpg(agent, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_node_left() -> Iterator[None]:
+    """A failing test leaves no node running (a stalled rank sleeps for 10 minutes)."""
+    yield
+    while STARTED:
+        p = STARTED.pop()
+        if p.poll() is None:
+            _kill_node(p.pid)
+            p.communicate()
+
+
 def _node(cwd: Path, port: int, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """One 'node': its own torchrun agent and working dir, 1 rank; the run dir is given explicitly
     (on a real cluster: a path on the shared filesystem), so both nodes name the same one."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
+    p = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
          f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=ablate_test", "-m", "ablate", "train",
          "method.args.use_cpu=true", *STEPS, *overrides],
         cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)  # its own process group: the test can kill the whole node
+    STARTED.append(p)
+    return p
 
 
 def _wait(p: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int, str, str]:
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        _kill_node(p.pid)
         out, err = p.communicate()
         pytest.fail(f"node did not finish within {timeout} s: {err[-3000:]}")
     return p.returncode, out, err
@@ -189,11 +220,12 @@ def test_a_killed_node_ends_the_other_quickly_and_the_run_resumes(tmp_path: Path
     while not list(run_dir.glob("stalled.*")):
         assert time.time() < deadline and all(p.poll() is None for p in nodes), [p.communicate()[1][-2000:] for p in nodes]
         time.sleep(0.5)
-    victim_pgid = os.getpgid(int(next(run_dir.glob("stalled.*")).suffix[1:]))  # the node that holds rank 1
-    victim = next(p for p in nodes if p.pid == victim_pgid)
+    worker = int(next(run_dir.glob("stalled.*")).suffix[1:])  # rank 1; its parent is its node's agent
+    agent = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    victim = next(p for p in nodes if p.pid == agent)
     survivor = next(p for p in nodes if p is not victim)
     time.sleep(2.0)  # rank 0 is in step 4's first collective by now
-    os.killpg(victim_pgid, signal.SIGKILL)
+    _kill_node(agent)  # the node's crash
     killed = time.time()
     rc, out, err = _wait(survivor, timeout=150)
     took = time.time() - killed
