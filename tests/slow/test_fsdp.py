@@ -240,3 +240,14 @@ def test_a_killed_node_ends_the_other_quickly_and_the_run_resumes(tmp_path: Path
         assert rc == 0, err[-3000:]
     assert summary(run_dir)["status"] == "completed" and summary(run_dir)["global_step"] == 4
     assert _losses(run_dir) == pytest.approx(_losses(ddp_dpo), rel=1e-5, abs=1e-6)
+
+
+def test_two_nodes_without_a_shared_run_dir_are_refused(tmp_path: Path) -> None:
+    """Each node's default run dir is under its own working dir: the ranks would write a run that cannot
+    resume (a checkpoint's files split over two dirs). Refused on every rank in one line, before any model."""
+    port = _free_port()
+    env = _env(ABLATE_LAUNCH_TIME=str(time.time()))  # the documented way to share the launch time; not the dir
+    nodes = [_node(tmp_path / f"node{i}", port, env=env) for i in range(2)]
+    for rc, _, err in (_wait(p) for p in nodes):
+        assert rc != 0 and err.count("ablate: error: the ranks name different run dirs") == 1, err[-3000:]
+        assert "same hydra.run.dir" in err

@@ -1,0 +1,54 @@
+"""A SLURM job over 2 nodes, 1 task each (hydra.launcher.nodes=2): each task exports torchrun's
+variables from SLURM's, so the two tasks are one run of 2 ranks (the same path as tasks_per_node=2,
+which tests/slow/test_slurm.py runs; the local SLURM has one node, see docs/distributed.md)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ablate.run import process
+from ablate.run.validate import check_distributed, job_processes
+
+TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "CUDA_VISIBLE_DEVICES")
+
+
+def _slurm_task(monkeypatch: pytest.MonkeyPatch, node: int) -> None:
+    """The environment SLURM gives the task on node `node` (0 or 1) of job 4242, nodes=2, ntasks-per-node=1."""
+    for k in TORCH_VARS:  # set then unset: the test's undo removes what the export adds
+        monkeypatch.setenv(k, "x")
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    for k, v in {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
+                 "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+                 "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu[07-08]"}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_each_node_of_a_two_node_slurm_job_is_one_rank_of_one_run(monkeypatch: pytest.MonkeyPatch, node: int) -> None:
+    _slurm_task(monkeypatch, node)
+    assert job_processes() == 2  # distributed=fsdp is not refused as a single process, before the export
+    process.export_torch_distributed()
+    assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "gpu07"}
+    first = os.environ["MASTER_PORT"]
+    _slurm_task(monkeypatch, 1 - node)
+    process.export_torch_distributed()
+    assert os.environ["MASTER_PORT"] == first  # both nodes derive the same port from the job id
+    assert job_processes() == 2
+
+
+def test_fsdp_in_one_process_is_refused_and_two_are_not() -> None:
+    from omegaconf import OmegaConf
+
+    from ablate.errors import ConfigError
+
+    node = OmegaConf.create({"fsdp": True})
+    with pytest.raises(ConfigError, match="several processes"):
+        check_distributed(node, processes=1)
+    check_distributed(node, processes=2)
+    check_distributed(node, processes=None)  # a sweep's driver: each job decides
+    assert check_distributed(OmegaConf.create({"fsdp": False}), processes=1) == {}
