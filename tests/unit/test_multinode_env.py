@@ -52,3 +52,17 @@ def test_fsdp_in_one_process_is_refused_and_two_are_not() -> None:
     check_distributed(node, processes=2)
     check_distributed(node, processes=None)  # a sweep's driver: each job decides
     assert check_distributed(OmegaConf.create({"fsdp": False}), processes=1) == {}
+
+
+def test_launch_time_shared_by_nodes_as_unix_seconds_or_iso(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes' torchrun agents start apart: the same ABLATE_LAUNCH_TIME on each names the same default run dir."""
+    from datetime import datetime
+
+    from ablate.run.compose import _launch_time
+
+    monkeypatch.setenv("ABLATE_LAUNCH_TIME", "1796166550.25")
+    assert _launch_time() == datetime.fromtimestamp(1796166550.25)
+    monkeypatch.setenv("ABLATE_LAUNCH_TIME", "1796166550")
+    assert _launch_time() == datetime.fromtimestamp(1796166550)
+    monkeypatch.setenv("ABLATE_LAUNCH_TIME", "2026-01-02T03:04:05")
+    assert _launch_time() == datetime(2026, 1, 2, 3, 4, 5)
