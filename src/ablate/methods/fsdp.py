@@ -12,7 +12,7 @@ so every ablate trainer has it. tests/slow/test_fsdp.py: losses equal DDP's on 2
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Iterator
 
 from torch import nn
 from transformers import Trainer
@@ -64,9 +64,3 @@ def full_params(model: nn.Module) -> Iterator[nn.Module]:
             for g, info in groups:
                 g.post_forward_mesh_info = info
 
-
-def is_sharded(model: Any) -> bool:
-    """Whether `model` holds FSDP2 units (Trainer has prepared it under distributed=fsdp)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in model.modules())

@@ -165,10 +165,10 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         try:
             yield run
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            full = _disk_full(run, e) or _peer_lost(run, e)
-            _ended_by(run, full or e, hc.mode)
-            if full is not None:
-                raise full from e
+            known = _disk_full(run, e) or _peer_lost(run, e)  # said in one line
+            _ended_by(run, known or e, hc.mode)
+            if known is not None:
+                raise known from e
             raise
         run.write()
 
