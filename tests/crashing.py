@@ -55,3 +55,16 @@ class KillAt(TrainerCallback):
             run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
             (run_dir / f"killed.{os.getpid()}").touch()
             os.kill(os.getpid(), 9)
+
+
+class StallAt(TrainerCallback):
+    """Global rank ABLATE_TEST_STALL_RANK (default 1) stops at step ABLATE_TEST_STALL_AT: writes
+    `stalled.<pid>` in the run dir, then sleeps, so the other ranks wait for it in their next
+    collective (a test then kills its node, or lets the distributed timeout fire)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        at = int(os.environ.get("ABLATE_TEST_STALL_AT", "0"))
+        if at and state.global_step == at and os.environ.get("RANK") == os.environ.get("ABLATE_TEST_STALL_RANK", "1"):
+            run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
+            (run_dir / f"stalled.{os.getpid()}").touch()
+            time.sleep(600)

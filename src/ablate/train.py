@@ -45,8 +45,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if record.done:
             return record.summary
         validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
-        validate.check_code(cfg)
-        process.prepare(cfg, record.dir, record.info)  # torch threads, tags, notes, pid -> run.json
+        validate.check_code(cfg, processes=validate.job_processes())
+        process.prepare(cfg, record.dir, record.info)  # threads, tags, pid -> run.json; the gloo group's timeout
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
         save(trainer, record.dir, cfg)
@@ -94,8 +94,8 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
     """TrainingArguments from method.args, with the precision and distributed groups' values as
     explicit kwargs (checked first: TrainingArguments raises a page on, e.g., tf32 without a GPU);
     its own refusals (ValueError in __post_init__) are one line."""
-    device_args = {**validate.check_precision(cfg.precision), **OmegaConf.to_container(cfg.distributed)}
-    validate.check_distributed(cfg.distributed)
+    device_args = {**validate.check_precision(cfg.precision), **OmegaConf.to_container(cfg.distributed),
+                   **validate.check_distributed(cfg.distributed, validate.job_processes())}
     try:
         return instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
                            **OmegaConf.to_container(cfg.precision), **device_args)
@@ -139,12 +139,12 @@ def fit(trainer: Any, ckpt: Path | None) -> None:
 
 def save(trainer: Any, run_dir: Path, cfg: DictConfig) -> None:
     """run_dir/model: a plain from_pretrained dir (secrets masked in its training_args.bin)."""
+    if trainer.is_world_process_zero() or trainer.is_fsdp_enabled:  # FSDP: a collective, rank 0 writes
+        trainer.save_model(str(run_dir / rundir.MODEL))
     if not trainer.is_world_process_zero():
         return
     from ablate.models.adapters import save_merged
     from ablate.run.callbacks import mask_saved_args
-
-    trainer.save_model(str(run_dir / rundir.MODEL))
     mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as SealCheckpoint does for checkpoints
     save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
     rundir.fix_permissions(run_dir / rundir.MODEL)

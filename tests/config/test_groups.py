@@ -211,11 +211,14 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
-        if flags.get("fsdp"):  # no GPU here: accelerate would run plain DDP, so it is refused
-            with pytest.raises(ConfigError, match="CUDA"):
-                check_distributed(node)
+        if flags.get("fsdp"):  # one process: nothing to shard over, refused; CPU ranks shard over gloo (use_cpu)
+            with pytest.raises(ConfigError, match="several processes"):
+                check_distributed(node, processes=1)
+            import torch
+
+            assert check_distributed(node, processes=2) == ({} if torch.cuda.is_available() else {"use_cpu": True})
             return
-        check_distributed(node)
+        assert check_distributed(node, processes=1) == {}
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **flags)
         assert not args.fsdp
     else:

@@ -53,6 +53,9 @@ SKIP = {
         "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "bash scripts/slurm/start.sh": "installs and starts SLURM as root with apt (tests/slow/test_slurm.py)",
     "torchrun --nproc_per_node=8 -m ablate train distributed=fsdp model=...": "needs 8 CUDA GPUs",
+    "torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400 --rdzv_id=myrun "
+    "-m ablate train distributed=fsdp hydra.run.dir=/shared/runs/myrun":
+        "one of two nodes (another machine at 10.0.0.1); tests/slow/test_fsdp.py runs two nodes on loopback",
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
     "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379":

@@ -135,7 +135,7 @@ def test_other_run_in_dir_is_refused(tmp_path):
     ("method/loss=dapo", "method/loss=dapo: GRPO's aggregations are now the group method/aggregation"),
     ("data.name=nope", "no packaged dataset 'nope'"),
     ("precision=fp16", "needs a CUDA GPU"),
-    ("distributed=fsdp", "distributed=fsdp needs CUDA GPUs"),  # accelerate would run plain DDP on CPU
+    ("distributed=fsdp", "distributed=fsdp shards the model over several processes"),  # one process: nothing to shard over
 ])
 def test_bad_override_is_a_short_error(tmp_path, override, needle):
     r = ablate("train", override, f"hydra.run.dir={tmp_path}")

@@ -72,6 +72,7 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import selective_log_softmax
+from ablate.methods.fsdp import full_params
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
@@ -341,7 +342,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
         it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead)."""
         t0 = time.perf_counter()
-        out = as_completions(self.generator(self.accelerator.unwrap_model(model), prompt_ids))
+        with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
+            out = as_completions(self.generator(whole, prompt_ids))
         completion_ids = out.ids
         seconds = time.perf_counter() - t0
         batch = self._completion_batch(prompt_ids, completion_ids)

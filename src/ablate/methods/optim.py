@@ -5,8 +5,9 @@ that is right for the setup: after DDP wrapping, on the sharded parameters under
 refuses ready-made ones through `optimizers=`), with the real number of optimizer steps, and before
 a resume loads their state from the checkpoint. `ConfiguredOptimizer` overrides only those two hooks
 to call the config's `_partial_`s instead of Trainer's `args.optim` / `lr_scheduler_type` defaults.
-ablate's trainers subclass it; so does a user's trainer that subclasses one of them. Its base,
-`TiedHeadResume`, keeps a resume of a tied-embedding model quiet.
+ablate's trainers subclass it; so does a user's trainer that subclasses one of them. Its bases:
+`ShardOnCPU` makes distributed=fsdp shard on CPU ranks too (ablate.methods.fsdp), `TiedHeadResume`
+keeps a resume of a tied-embedding model quiet.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from transformers import Trainer
+
+from ablate.methods.fsdp import ShardOnCPU
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]  # the `optimizer` group's partial
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]  # f(optimizer, num_training_steps=N)
@@ -36,7 +39,7 @@ class TiedHeadResume(Trainer):
         super()._issue_warnings_after_load(type(load_result)(missing, load_result.unexpected_keys))
 
 
-class ConfiguredOptimizer(TiedHeadResume):
+class ConfiguredOptimizer(ShardOnCPU, TiedHeadResume):
     """A Trainer whose optimizer is `optimizer_factory(trainable_parameters)` and whose schedule is
     `scheduler_factory(optimizer, num_training_steps=N)`; either left None keeps Trainer's default."""
 

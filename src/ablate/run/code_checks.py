@@ -16,11 +16,12 @@ from ablate.errors import ConfigError
 from ablate.run.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
 
 
-def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset()) -> None:
+def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None) -> None:
     """The checks that need the method's code (its arguments class and trainer: transformers, torch),
     run after every cheap one: `method.args` fields and their types, each function handed to the
     trainer (the loss, ...) against the call the trainer makes, the trainer class, and whether this
-    machine can run the precision and distributed groups. `swept`: keys a multirun sweeps."""
+    machine can run the precision and distributed groups. `swept`: keys a multirun sweeps; `processes`:
+    the job's ranks when this process is one of them (None: a sweep's driver)."""
     swept = swept or frozenset()
     check_method_args(cfg, swept)
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
@@ -31,7 +32,7 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset()) -> N
     if isinstance(cfg.get("precision"), DictConfig):
         check_precision(cfg.precision)
     if isinstance(cfg.get("distributed"), DictConfig):
-        check_distributed(cfg.distributed)
+        check_distributed(cfg.distributed, processes)
 
 
 def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> None:
@@ -186,14 +187,31 @@ def has_accelerator() -> bool:
     return torch.cuda.is_available() or torch.backends.mps.is_available()
 
 
-def check_distributed(args: Any) -> None:
-    """`args`: the distributed node. accelerate runs CPU processes as MULTI_CPU (DDP) whatever `fsdp`
-    says: refuse rather than pretend the model is sharded."""
+def check_distributed(args: Any, processes: int | None = None) -> dict[str, Any]:
+    """`args`: the distributed node; `processes`: the job's ranks when known here (None: a sweep on a
+    launcher, decided per job). Returns extra TrainingArguments: FSDP2 on a machine without any
+    accelerator shards CPU ranks over gloo (`use_cpu`; ablate.methods.fsdp.ShardOnCPU)."""
     import torch
 
-    if getattr(args, "fsdp", False) and not torch.cuda.is_available():
-        raise ConfigError("distributed=fsdp needs CUDA GPUs (on CPU accelerate would silently run plain DDP); "
-                          "use distributed=ddp")
+    if not getattr(args, "fsdp", False):
+        return {}
+    if processes is not None and processes < 2:
+        raise ConfigError("distributed=fsdp shards the model over several processes: start it with "
+                          "torchrun --nproc_per_node=2 (or hydra.launcher.tasks_per_node=2 under SLURM), "
+                          "or use distributed=ddp for one process")
+    if torch.cuda.is_available():
+        return {}
+    if has_accelerator():  # MPS, XPU, ...: accelerate has no FSDP there and ablate has not run one
+        raise ConfigError("distributed=fsdp runs on CUDA GPUs or on CPU ranks (gloo); this machine's accelerator "
+                          "is neither: use distributed=ddp")
+    return {"use_cpu": True}
+
+
+def job_processes() -> int:
+    """The ranks of this job as torchrun (WORLD_SIZE) or SLURM (SLURM_NTASKS) sets them; 1 alone."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
 
 
 def check_trainable(model: Any) -> None:

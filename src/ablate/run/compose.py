@@ -35,9 +35,10 @@ def _launch_time() -> datetime:
     composes its own config: a multirun's job processes (joblib workers, SLURM jobs) inherit the
     launching process's time in ABLATE_LAUNCH_TIME (set by `publish_launch_time`); torchrun ranks
     share their launcher (the torchrun agent, their parent process), whose start time is the same
-    for all of them."""
-    if os.environ.get(LAUNCH_TIME_ENV):
-        return datetime.fromisoformat(os.environ[LAUNCH_TIME_ENV])
+    for all of them; several nodes' agents are not one process: the user exports the same value on each."""
+    if os.environ.get(LAUNCH_TIME_ENV):  # ISO (what publish_launch_time writes) or Unix seconds (`date +%s`)
+        value = os.environ[LAUNCH_TIME_ENV].strip()
+        return datetime.fromtimestamp(float(value)) if value.replace(".", "", 1).isdigit() else datetime.fromisoformat(value)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import psutil
 

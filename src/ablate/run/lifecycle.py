@@ -29,7 +29,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import USER_ERRORS, ConfigError, DataError, DiskFullError, user_error
+from ablate.errors import (
+    USER_ERRORS,
+    ConfigError,
+    DataError,
+    DiskFullError,
+    PeerLostError,
+    user_error,
+)
 from ablate.run import interrupts, rundir, secrets
 
 log = logging.getLogger("ablate")
@@ -158,10 +165,10 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         try:
             yield run
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            full = _disk_full(run, e)
-            _ended_by(run, full or e, hc.mode)
-            if full is not None:
-                raise full from e
+            known = _disk_full(run, e) or _peer_lost(run, e)  # said in one line
+            _ended_by(run, known or e, hc.mode)
+            if known is not None:
+                raise known from e
             raise
         run.write()
 
@@ -227,6 +234,28 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
         if mode != RunMode.RUN:  # single runs print the one line themselves (ablate.train.main)
             log.error("run failed: %s", msg)
     run.write()
+
+
+# what gloo says when a peer process died (its TCP connections reset) or hung past distributed.ddp_timeout
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting")
+
+
+def _peer_lost(run: Run, e: BaseException) -> PeerLostError | None:
+    """`e` as one line when a collective failed because another rank of the job died or hung (a node
+    crashed, was killed or partitioned), with the checkpoint to resume from; else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    cause: BaseException | None = e
+    while cause is not None and not (isinstance(cause, RuntimeError) and any(m in str(cause) for m in PEER_LOST)):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    what = next(m for m in PEER_LOST if m in str(cause))
+    sealed = [p for _, p in rundir.checkpoints(run.dir) if (p / rundir.MANIFEST).exists()]  # newest first
+    where = f"from {sealed[0].name}" if sealed else "from the start (no checkpoint yet)"
+    return PeerLostError(f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
+                         f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
+                         "again on every node")
 
 
 def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:

@@ -34,6 +34,8 @@ def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
     info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     rundir.write_json(run_dir / rundir.RUN, info)
     quiet_libraries()
+    init_process_group(cfg)
+    check_shared_run_dir(run_dir)
 
 
 def ray_node() -> dict[str, Any] | None:
@@ -77,3 +79,44 @@ def export_torch_distributed() -> None:
         from submitit.helpers import TorchDistributedEnvironment
 
         TorchDistributedEnvironment().export()
+
+
+def init_process_group(cfg: Any) -> None:
+    """Join the job's gloo process group (CPU ranks: no CUDA, or method.args.use_cpu) with
+    `distributed.ddp_timeout` seconds for any collective, before TrainingArguments would: on CPU
+    transformers and accelerate init it without a timeout, i.e. gloo's 30 minutes, so a frozen peer
+    (a hung node, a network partition) would stall the other ranks that long. accelerate reuses a
+    group it finds. A peer that dies is noticed at once either way (its TCP connections reset). GPU
+    runs: TrainingArguments passes ddp_timeout to NCCL itself."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    import torch
+    import torch.distributed as dist
+
+    use_cpu = bool(cfg.get("method", {}).get("args", {}).get("use_cpu"))
+    if dist.is_initialized() or (torch.cuda.is_available() and not use_cpu):
+        return
+    from datetime import timedelta
+
+    timeout = (cfg.get("distributed") or {}).get("ddp_timeout") or 1800  # TrainingArguments' default
+    dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
+
+
+def check_shared_run_dir(run_dir: Path) -> None:
+    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
+    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
+    own default dir (relative to their working dir, named by their own launch time), or a dir on a
+    filesystem only one node sees, would train on but leave a run that cannot resume."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dirs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
+    if len(set(dirs)) > 1 or not (run_dir / rundir.RUN).is_file():
+        from ablate.errors import ConfigError
+
+        what = f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})" if len(set(dirs)) > 1 else \
+            f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
+        raise ConfigError(f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
+                          "(docs/distributed.md: several nodes)")

@@ -37,6 +37,7 @@ from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, import
     check_trainable,
     check_trainer_class,
     has_accelerator,
+    job_processes,
 )
 from ablate.run.rules import (
     RULES,
@@ -323,7 +324,7 @@ class Validate(Callback):
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
             check_run_dir(run_dir, config.hydra, take_lock=False)  # creates nothing yet
-            check_code(config)  # imports the method's code (torch), which the run needs next anyway
+            check_code(config, processes=job_processes())  # imports the method's code (torch), which the run needs next anyway
             check_dir(run_dir, "hydra.run.dir")  # creates it
             check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
 
