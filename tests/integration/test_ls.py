@@ -108,8 +108,7 @@ def test_status_of_a_live_process_stays_running(tmp_path: Path) -> None:
     assert [r["status"] for r in runs.list_runs(tmp_path)] == ["running"]
 
 
-def test_bad_threads_setting_is_one_line_and_a_failed_summary(tmp_path: Path) -> None:
+def test_bad_threads_setting_is_one_line_before_the_run_dir(tmp_path: Path) -> None:
     r = ablate("train", "threads=0", cwd=tmp_path)
-    assert r.returncode == 2 and "ablate: error: threads must be a positive number" in r.stderr
-    (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
-    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert r.returncode == 2 and "ablate: error: threads=0: must be null" in r.stderr
+    assert not (tmp_path / "outputs").exists()  # a config mistake: refused before the run dir exists
