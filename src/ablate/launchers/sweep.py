@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 from ablate.analysis.runs import find_runs
 from ablate.run import rundir
 
+DONE = ("completed", "pruned")  # a job that ended as it should: a study's pruner stopping a trial is no failure
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 
@@ -176,16 +177,17 @@ def print_summary(sweep_dir: Path) -> int:
 
     rows = job_rows(sweep_dir)
     _state["jobs"] = len(rows)
-    failed = sum(r["status"] != "completed" for r in rows)
+    failed = sum(r["status"] not in DONE for r in rows)
     plan = _state.get("plan")
-    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed"
+    pruned = sum(r["status"] == "pruned" for r in rows)
+    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed" + (f" ({pruned} pruned)" if pruned else "")
     table = Table(title=title, min_width=len(title))  # a title wider than its table would wrap
     for col in ("job", "overrides", "status", *(["this launch"] if plan else []), "key metric", "run dir", "error"):
         # paths are pasted (ablate resume / compare): never folded; long text columns fold instead
         table.add_column(col, overflow="fold", no_wrap=col == "run dir",
                          max_width=60 if col in ("overrides", "error") else None)
     for r in rows:
-        style = "" if r["status"] == "completed" else "red"
+        style = "" if r["status"] in DONE else "red"
         launch = [plan.get(r["job"], "-")] if plan else []
         table.add_row(r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"],
                       style=style)

@@ -8,7 +8,8 @@ lightning-hydra-template's `task_wrapper`):
 
 Everything a run dir records about how a run ended is written here: `completed`, `failed` (with
 the error's one line; the full traceback goes to ablate.log), `interrupted` (Ctrl-C, SIGTERM),
-`preempted` (SLURM; the job is then requeued). No torch import at module level.
+`preempted` (SLURM; the job is then requeued), `pruned` (a study's pruner stopped the trial: not an
+error, so the block ends normally after recording it). No torch import at module level.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import USER_ERRORS, ConfigError, DataError, DiskFullError, user_error
+from ablate.errors import USER_ERRORS, ConfigError, DataError, DiskFullError, Pruned, user_error
 from ablate.run import interrupts, rundir, secrets
 
 log = logging.getLogger("ablate")
@@ -157,6 +158,11 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     with interrupts.as_exceptions():
         try:
             yield run
+        except Pruned as e:  # a study stopped this trial: recorded, and the caller goes on as after a completed run
+            run.summary.update(status="pruned", global_step=e.step, pruned_at=e.step,
+                               metrics=final_metrics(rundir.read_metrics(run.dir)))
+            run.write()
+            return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
             full = _disk_full(run, e)
             _ended_by(run, full or e, hc.mode)
