@@ -109,7 +109,13 @@ def trial_callbacks() -> list[Any]:
     """[ReportToStudy] when this run is a study's trial (the sweeper set its environment, ablate.run.studies), else []."""
     import os
 
-    from ablate.run.studies import METRIC_ENV, PRUNER_ENV, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
+    from ablate.run.studies import (
+        METRIC_ENV,
+        PRUNER_ENV,
+        STORAGE_ENV,
+        STUDY_ENV,
+        TRIAL_ENV,
+    )
 
     if not os.environ.get(TRIAL_ENV):
         return []

@@ -30,7 +30,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import USER_ERRORS, ConfigError, DataError, DiskFullError, Pruned, user_error
+from ablate.errors import (
+    USER_ERRORS,
+    ConfigError,
+    DataError,
+    DiskFullError,
+    Pruned,
+    user_error,
+)
 from ablate.run import interrupts, rundir, secrets
 
 log = logging.getLogger("ablate")
@@ -90,6 +97,13 @@ class Run:
         if before != now:
             self.info["data"] = now
             rundir.write_json(self.dir / rundir.RUN, self.info)
+
+    def study_callbacks(self) -> list[Any]:
+        """When this run is a study's trial (hydra/sweeper=optuna): the callback reporting its metric to
+        the study, which may prune it (ablate.run.trial); else none."""
+        from ablate.run.callbacks import trial_callbacks
+
+        return trial_callbacks()
 
     def resume_point(self) -> Path | None:
         """The newest complete checkpoint (newer incomplete or corrupt ones named in one line each);

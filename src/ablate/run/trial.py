@@ -14,7 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from ablate.errors import Pruned
 
@@ -26,8 +31,8 @@ class ReportToStudy(TrainerCallback):
     at that step; when the pruner says so, end the run as `pruned` at that step."""
 
     def __init__(self, storage_url: str, study_name: str, trial_id: int, metric: str, pruner: str | None = None) -> None:
-        from ablate.run.studies import require_optuna, storage
         from ablate.run.studies import pruner as make_pruner
+        from ablate.run.studies import require_optuna, storage
 
         optuna = require_optuna()
         self.metric = metric

@@ -105,7 +105,13 @@ class OptunaSweeper(Sweeper):
     def _env(self, url: str, study_name: str, trial: Any) -> List[str]:
         """The job's hydra overrides naming its study and trial (not task overrides: no run dir name change)."""
         from ablate.run.compose import quote_override_value
-        from ablate.run.studies import METRIC_ENV, PRUNER_ENV, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
+        from ablate.run.studies import (
+            METRIC_ENV,
+            PRUNER_ENV,
+            STORAGE_ENV,
+            STUDY_ENV,
+            TRIAL_ENV,
+        )
 
         env = {STORAGE_ENV: url, STUDY_ENV: study_name, TRIAL_ENV: str(trial._trial_id), METRIC_ENV: self.metric,
                PRUNER_ENV: json.dumps(OmegaConf.to_container(self.pruner_cfg, resolve=True)) if self.pruner_cfg else ""}
