@@ -176,3 +176,21 @@ def test_pruning_stops_a_clearly_worse_trial(tmp_path):
     assert train([0.55, 0.45, 0.35]) is None  # better at every step: never pruned
     assert train([0.69, 0.69, 0.69]) == 5  # worse than the median at step 5: stopped there
     assert s.get_trials()[-1].intermediate_values == {5: 0.69}
+
+
+def test_compare_shows_a_studys_trials_best_first(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    from ablate.analysis.study import best_command, load, trial_rows
+
+    s = sweeper(tmp_path, n_trials=4)
+    s.config.hydra.overrides = {"task": ["+sweep=unit", "seed=1"]}  # as Hydra records the launch (multirun.yaml)
+    s.sweep(["seed=1"])
+    study = load(tmp_path)
+    rows = trial_rows(study)
+    values = [float(r[2]) for r in rows]
+    assert values == sorted(values) and len(rows) == 4  # minimize: best first
+    best = study.best_trial
+    assert rows[0][0] == str(best.number) and rows[0][4] == str(best.number)  # its run dir, job number = trial number
+    lr = trial_overrides({"optimizer.optimizer.lr": best.params["optimizer.optimizer.lr"]})[0]
+    command = best_command(study, tmp_path)
+    assert command.startswith("ablate train +sweep=unit seed=1 ") and lr in command

@@ -158,8 +158,10 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
+    objective = study_metric(sweep_dir)
     for run in runs:
-        key = next((m for m in run.default_metrics if run.final(m) is not None), None)
+        key = objective if objective and run.final(objective) is not None else \
+            next((m for m in run.default_metrics if run.final(m) is not None), None)
         value = run.final(key) if key else None
         overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
         rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides),
@@ -167,6 +169,16 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
                      "metric": f"{key}={value:.4g}" if key and value is not None else "-",
                      "run_dir": str(run.path), "error": str(run.summary.get("error", ""))[:160]})
     return rows
+
+
+def study_metric(sweep_dir: Path) -> str | None:
+    """A study's objective (hydra/sweeper=optuna: `hydra.sweeper.metric` in multirun.yaml), the key
+    metric of its table; None for a grid."""
+    from omegaconf import OmegaConf
+
+    if not (sweep_dir / "study.db").is_file() or not (sweep_dir / "multirun.yaml").is_file():
+        return None
+    return OmegaConf.select(OmegaConf.load(sweep_dir / "multirun.yaml"), "hydra.sweeper.metric", default=None)
 
 
 def print_summary(sweep_dir: Path) -> int:
