@@ -424,11 +424,9 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         print(WORDS_TITLE + ":")
         for line in words:
             print(f"  {line}")
-    from ablate.analysis.study import (
-        print_studies,  # a study's launch (study.db): its trials, best trial, plots
-    )
+    from ablate.analysis.study import print_studies
 
-    study_plots = print_studies(runs, out)
+    study_plots = print_studies(runs, print_table, out)  # a study's launch (study.db): trials, best trial, plots
     if out is not None:
         from ablate.analysis import report
 

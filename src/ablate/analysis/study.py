@@ -5,6 +5,7 @@ optimization history and the parameter importances (Optuna's fANOVA evaluator; H
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,9 @@ def best_command(study: Any, sweep_dir: Path) -> str | None:
     return " ".join(["ablate train", *fixed, str(best.user_attrs.get("overrides", ""))])
 
 
-def print_studies(runs: list[Run], out: Path | None = None) -> list[Path]:
-    """For each study among `runs`' launches: its trials and best trial; the plots with `out`."""
-    from ablate.analysis.compare import print_table
-
+def print_studies(runs: list[Run], print_table: Callable[..., None], out: Path | None = None) -> list[Path]:
+    """For each study among `runs`' launches: its trials and best trial (`print_table`: compare's);
+    the plots with `out`."""
     written: list[Path] = []
     for sweep_dir in study_dirs(runs):
         try:
