@@ -289,7 +289,7 @@ def test_doc_line_runs(line: Line, doc_runs):
     assert r.returncode == 0, f"{line.id}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
     for printed in re.findall(r"^run dir: (.+)$", r.stdout, flags=re.M):
         s = summary(Path(printed))
-        assert s["status"] == "completed", printed
+        assert s["status"] in ("completed", "pruned"), printed  # a study's trial may be pruned (as it should be)
         claim = CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None
         assert claim is None or claim(s), f"{line.id}: {s['metrics']}"
     said = OUTPUT_CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None

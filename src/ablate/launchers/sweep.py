@@ -141,10 +141,43 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
     return launcher, jobs
 
 
+def study_plan(hydra_argv: list[str]) -> str | None:
+    """`--dry-run` of a study (hydra/sweeper=optuna): its trials are sampled as it runs, so what it would
+    do is its budget, sampler, pruner, objective and search space; None for a grid."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from ablate.launchers.sweep_resume import fixed_overrides
+    from ablate.paths import conf_dir
+    from ablate.run.compose import register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=fixed_overrides(hydra_argv), return_hydra_config=True)
+            sw = cfg.hydra.sweeper
+            if not str(sw.get("_target_", "")).endswith("OptunaSweeper"):
+                return None
+            swept = [a for a in hydra_argv if not a.startswith("-") and a not in fixed_overrides(hydra_argv)]
+            space = {**OmegaConf.to_container(sw.params), **dict(a.split("=", 1) for a in swept)}
+            sampler, pruner = (OmegaConf.select(sw, f"{k}._target_", default="-").split(".")[-1] for k in ("sampler", "pruner"))
+            return "\n".join([f"dry run of study {cfg.sweep_name}: {sw.n_trials} trials, {sw.n_jobs} at a time, {sampler}, "
+                              f"{pruner}, {sw.direction} {sw.metric}; nothing started; search space:",
+                              *(f"  {k}: {v}" for k, v in space.items())])
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def print_plan(name: str, hydra_argv: list[str]) -> None:
     """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run dir."""
     from ablate.run.secrets import mask_text
 
+    study = study_plan(hydra_argv)
+    if study is not None:
+        print(mask_text(study))
+        return
     launcher, jobs = plan_jobs(hydra_argv)
     print(f"dry run of sweep {name}: {len(jobs)} job(s), launcher {launcher}; nothing started")
     for num, (overrides, run_dir) in enumerate(jobs):
