@@ -89,5 +89,7 @@ def test_killed_driver_resumes_the_study(tmp_path):
     after = trials(sweep_dir)
     assert [t.state.name for t in after] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
     assert after[2].params == after[1].params  # the killed trial's parameters ran again, first
+    assert after[3].params != after[0].params  # the continued sampler draws new points, not its first ones again
+    assert list((sweep_dir / ".replaced").glob("1_*"))  # the killed trial's dir, out of the table
     assert (first / "summary.json").read_text() == before  # the finished trial was not repeated
     assert "best trial" in out

@@ -69,12 +69,12 @@ class StubLauncher:
     def launch(self, batch, initial_job_idx):
         out = []
         for i, overrides in enumerate(batch):
-            if self.die_after is not None and len(self.jobs) == self.die_after:
-                raise KeyboardInterrupt  # the driver dies with this trial asked, RUNNING in study.db
-            task = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
-            self.jobs.append(task)
             run_dir = self.sweep_dir / f"{initial_job_idx + i}"
             run_dir.mkdir(parents=True)
+            if self.die_after is not None and len(self.jobs) == self.die_after:
+                raise KeyboardInterrupt  # the driver dies with this trial started, RUNNING in study.db
+            task = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
+            self.jobs.append(task)
             loss = (math.log10(float(task["optimizer.optimizer.lr"])) + 2) ** 2 + (float(task["method.args.beta"]) - 0.5) ** 2
             (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "metrics": {"loss": loss}}))
             out.append(SimpleNamespace(hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)}}})))
@@ -140,8 +140,10 @@ def test_killed_driver_then_rerun_continues_the_study(tmp_path):
     done = [t for t in trials if t.state.name == "COMPLETE"]
     assert len(done) == 5 and len(again.launcher.jobs) == 2  # 3 finished trials not repeated: 2 new jobs
     assert trials[3].state.name == "FAIL"  # the one the dead driver left running...
+    assert not (tmp_path / "3").exists() and list((tmp_path / ".replaced").glob("3-*"))  # (its dir set aside)
     assert trials[4].params == before[3].params and trials[4].user_attrs["retry_of"] == 3  # ...runs again, first
     assert [t.params for t in done[:3]] == [t.params for t in before[:3]]
+    assert done[4].params not in [t.params for t in done[:4]]  # the continued sampler does not redraw its first points
     again.sweep([])  # the budget is spent: a third launch runs nothing
     assert len(again.launcher.jobs) == 2
 

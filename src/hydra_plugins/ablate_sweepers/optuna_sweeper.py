@@ -68,6 +68,10 @@ class OptunaSweeper(Sweeper):
             storage=storage(url), study_name=name, direction=self.direction, load_if_exists=True,
             sampler=instantiate(self.sampler_cfg) if self.sampler_cfg else None,
             pruner=instantiate(self.pruner_cfg) if self.pruner_cfg else None)
+        seed = OmegaConf.select(self.sampler_cfg, "seed", default=None) if self.sampler_cfg else None
+        if seed is not None and (done := len(study.get_trials(deepcopy=False))):
+            # a continued study: a sampler seeded as at its start would draw its first trials' parameters again
+            study.sampler = instantiate(self.sampler_cfg, seed=int(seed) + done)
         if study.direction.name.lower() != self.direction.lower():
             raise ValueError(f"{url}: study {name} was created to {study.direction.name.lower()}, "
                              f"not {self.direction}: launch it into a new sweep dir")
@@ -84,7 +88,7 @@ class OptunaSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         study, url = self._study(sweep_dir)
-        self._requeue_stale(study, optuna)
+        self._requeue_stale(study, optuna, sweep_dir)
         if not study.get_trials(deepcopy=False):  # a new study: the trials the user asked for first
             for params in self.enqueue:
                 study.enqueue_trial(params)
@@ -141,10 +145,22 @@ class OptunaSweeper(Sweeper):
             log.warning("trial %d: %s -> %s (%s)", trial.number, trial.user_attrs["overrides"], status, run_dir)
 
     @staticmethod
-    def _requeue_stale(study: Any, optuna: Any) -> None:
-        """Trials a killed driver left RUNNING are failed, and their parameters run again first."""
+    def _requeue_stale(study: Any, optuna: Any, sweep_dir: Path) -> None:
+        """Trials a killed driver left RUNNING are failed, and their parameters run again first (a new
+        trial, a new job dir); the old job dir is moved into `<sweep dir>/.replaced/`, as `--force` does
+        to a changed job of a grid, so the sweep's table and `ablate compare` hold each trial once."""
+        import shutil
+        import time
+
+        from ablate.launchers.sweep_resume import job_dir
+
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            old = job_dir(sweep_dir, t.number)
+            if old is not None:
+                aside = sweep_dir / ".replaced" / f"{old.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+                aside.parent.mkdir(exist_ok=True)
+                shutil.move(str(old), aside)
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
             log.warning("trial %d was left running by an earlier driver: marked failed, its parameters queued again",
                         t.number)
