@@ -32,14 +32,16 @@ def trial_rows(study: Any) -> list[list[str]]:
     """One row per trial: number, state (pruned at step N), value, overrides, run dir; best first
     (complete trials by value in the study's direction, then the rest by number)."""
     sign = -1 if study.direction.name == "MAXIMIZE" else 1
-    done = sorted((t for t in study.trials if t.value is not None), key=lambda t: sign * t.value)
-    rest = [t for t in study.trials if t.value is None]
+    complete = [t for t in study.trials if t.state.name == "COMPLETE" and t.value is not None]
+    done = sorted(complete, key=lambda t: sign * t.value)
+    rest = [t for t in study.trials if t not in complete]
     rows = []
     for t in done + rest:
-        state = t.state.name.lower()
-        if state == "pruned" and t.intermediate_values:
-            state = f"pruned at step {max(t.intermediate_values)}"
-        rows.append([str(t.number), state, "-" if t.value is None else f"{t.value:.6g}",
+        state, value = t.state.name.lower(), "-" if t.value is None else f"{t.value:.6g}"
+        if state == "pruned" and t.intermediate_values:  # its value: the last one it reported
+            step = max(t.intermediate_values)
+            state, value = f"pruned at step {step}", f"{t.intermediate_values[step]:.6g} (step {step})"
+        rows.append([str(t.number), state, value,
                      str(t.user_attrs.get("overrides", "")), Path(str(t.user_attrs.get("run_dir", "-"))).name])
     return rows
 
@@ -86,7 +88,7 @@ def write_plots(out: Path, study: Any) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
+    done = [t for t in study.trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     if not done:
         return []
     out.mkdir(parents=True, exist_ok=True)
@@ -95,6 +97,10 @@ def write_plots(out: Path, study: Any) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([t.number for t in done], [t.value for t in done], "o", label="trial")
     ax.step([t.number for t in done], best, where="post", label="best so far")
+    pruned = [t for t in study.trials if t.state.name == "PRUNED" and t.intermediate_values]
+    if pruned:  # where each pruned trial stood when it was stopped
+        ax.plot([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+                "x", color="grey", label="pruned (its last report)")
     ax.set(xlabel="trial", ylabel="objective", title=f"study {study.study_name}: optimization history")
     ax.legend()
     paths = [out / f"study_{study.study_name}_history.png"]
