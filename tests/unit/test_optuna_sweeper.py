@@ -59,6 +59,20 @@ def test_missing_optuna_is_one_line(monkeypatch):
     assert "pip install 'ablate[optuna]'" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_missing_optuna_refuses_the_study_before_it_starts(monkeypatch):
+    """The Validate callback's multirun check (before the sweep dir is claimed): one line, the extra named."""
+    from ablate.errors import ConfigError
+    from ablate.run import validate
+
+    monkeypatch.setattr(validate, "installed", lambda module: module != "optuna")
+    hc = OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
+                           "sweeper": {"_target_": "hydra_plugins.ablate_sweepers.optuna_sweeper.OptunaSweeper"}})
+    with pytest.raises(ConfigError, match=r"^hydra/sweeper=optuna \(a study\) needs .*pip install 'ablate\[optuna\]'$"):
+        validate.check_launcher(hc)
+    hc.sweeper._target_ = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+    validate.check_launcher(hc)  # a grid needs no optuna
+
+
 class StubLauncher:
     """Runs no training: each job's run dir gets a summary.json whose loss is a known function of its
     overrides (minimum at lr=1e-2, beta=0.5). `die_after`: raise on that job, as a killed driver."""
