@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ablate.errors import ConfigError
 from ablate.run import rundir
 from ablate.run.studies import require_optuna
 
@@ -55,7 +56,7 @@ def distribution(override: Any) -> Any:
     if isinstance(value, (ChoiceSweep, RangeSweep)):
         # the choices as the override grammar writes them: a trial's override is `key=<choice>`
         return d.CategoricalDistribution(list(override.sweep_string_iterator()))
-    raise ValueError(f"hydra.sweeper.params: {override.input_line} is not a search space "
+    raise ConfigError(f"hydra.sweeper.params: {override.input_line} is not a search space "
                      "(interval(a,b), tag(log, interval(a,b)), tag(int, interval(a,b)), range(a,b), a,b,c)")
 
 
@@ -71,8 +72,8 @@ def search_space(params: dict[str, Any], arguments: list[str]) -> tuple[dict[str
     space = {k: distribution(o) for k, o in last.items() if o.is_sweep_override()}
     fixed = [o.input_line for k, o in last.items() if not o.is_sweep_override()]
     if not space:
-        raise ValueError("hydra/sweeper=optuna: hydra.sweeper.params holds no search space (e.g. "
-                         "optimizer.lr: tag(log, interval(1e-4, 1e-2)))")
+        raise ConfigError("hydra/sweeper=optuna: hydra.sweeper.params holds no search space (e.g. "
+                         "optimizer.optimizer.lr: tag(log, interval(1e-4, 1e-2)))")
     return space, fixed
 
 

@@ -73,7 +73,9 @@ class OptunaSweeper(Sweeper):
             # a continued study: a sampler seeded as at its start would draw its first trials' parameters again
             study.sampler = instantiate(self.sampler_cfg, seed=int(seed) + done)
         if study.direction.name.lower() != self.direction.lower():
-            raise ValueError(f"{url}: study {name} was created to {study.direction.name.lower()}, "
+            from ablate.errors import ConfigError
+
+            raise ConfigError(f"{url}: study {name} was created to {study.direction.name.lower()}, "
                              f"not {self.direction}: launch it into a new sweep dir")
         return study, url
 
