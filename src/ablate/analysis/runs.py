@@ -14,7 +14,7 @@ from typing import Any
 
 from ablate.run import rundir
 
-STATUSES = ("running", "completed", "failed", "interrupted", "preempted")
+STATUSES = ("running", "completed", "failed", "interrupted", "preempted", "pruned")  # pruned: a study's trial stopped early
 NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns
 # Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
 # from the method's YAML).

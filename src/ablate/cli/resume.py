@@ -37,8 +37,8 @@ def resume_cmd(argv: list[str]) -> None:
         print(f"ablate: error: {run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
               f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ...", file=sys.stderr)
         sys.exit(2)
-    if summary.get("status") == "completed":
-        print(f"{run_dir} already completed at step {summary.get('global_step')}: nothing to resume")
+    if summary.get("status") in ("completed", "pruned"):  # pruned: its study stopped it on purpose
+        print(f"{run_dir} already {summary['status']} at step {summary.get('global_step')}: nothing to resume")
         return
     ranks, here = int(info.get("world_size") or 1), int(os.environ.get("WORLD_SIZE", "1"))
     if ranks > 1 and ranks != here:

@@ -105,7 +105,7 @@ def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> 
     counts: dict[str, int] = {}
     for action in actions.values():
         counts[action.split(" ")[0]] = counts.get(action.split(" ")[0], 0) + 1
-    print(f"resuming {sweep_dir}: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
+    print(f"resuming {sweep_dir}: " + (", ".join(f"{n} {a}" for a, n in counts.items()) or "the study in study.db"))
     os.environ[lifecycle.RESUME_ENV] = "1"  # inherited by the job processes
     sweep.set_plan(actions)
     kept = [a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")]

@@ -64,6 +64,8 @@ def job_state(run_dir: Path | None, slurm: str | None) -> str:
     status = rundir.state(run_dir, summary) if run_dir is not None and summary is not None else None
     if status == "completed":
         return "completed"
+    if status == "pruned":  # a study's pruner stopped the trial (hydra/sweeper=optuna): done, not failed
+        return f"pruned at step {summary.get('pruned_at', summary.get('global_step', '?'))}"
     if status == "failed":
         return f"failed: {summary.get('error', '?')}"
     alive = slurm in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "REQUEUE_HOLD", "SUSPENDED")
@@ -116,7 +118,7 @@ def status(sweep_dir: Path) -> bool:
             job_id = recorded.get(n, {}).get("job_id")
             state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
             scheduler = [job_id or "-", slurm.get(job_id or "", "-")]
-        done &= state == "completed" or state.startswith(("failed", "died", "preempted (", "interrupted")) \
+        done &= state == "completed" or state.startswith(("failed", "died", "preempted (", "interrupted", "pruned")) \
             or "before ablate" in state
         shown = " ".join(o for o in overrides[n] if o in varying and not o.startswith("+sweep="))
         table.add_row(n, shown, state, *scheduler)

@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 from ablate.analysis.runs import find_runs
 from ablate.run import rundir
 
+DONE = ("completed", "pruned")  # a job that ended as it should: a study's pruner stopping a trial is no failure
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 
@@ -140,10 +141,43 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
     return launcher, jobs
 
 
+def study_plan(hydra_argv: list[str]) -> str | None:
+    """`--dry-run` of a study (hydra/sweeper=optuna): its trials are sampled as it runs, so what it would
+    do is its budget, sampler, pruner, objective and search space; None for a grid."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from ablate.launchers.sweep_resume import fixed_overrides
+    from ablate.paths import conf_dir
+    from ablate.run.compose import register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=fixed_overrides(hydra_argv), return_hydra_config=True)
+            sw = cfg.hydra.sweeper
+            if not str(sw.get("_target_", "")).endswith("OptunaSweeper"):
+                return None
+            swept = [a for a in hydra_argv if not a.startswith("-") and a not in fixed_overrides(hydra_argv)]
+            space = {**OmegaConf.to_container(sw.params), **dict(a.split("=", 1) for a in swept)}
+            sampler, pruner = (OmegaConf.select(sw, f"{k}._target_", default="-").split(".")[-1] for k in ("sampler", "pruner"))
+            return "\n".join([f"dry run of study {cfg.sweep_name}: {sw.n_trials} trials, {sw.n_jobs} at a time, {sampler}, "
+                              f"{pruner}, {sw.direction} {sw.metric}; nothing started; search space:",
+                              *(f"  {k}: {v}" for k, v in space.items())])
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def print_plan(name: str, hydra_argv: list[str]) -> None:
     """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run dir."""
     from ablate.run.secrets import mask_text
 
+    study = study_plan(hydra_argv)
+    if study is not None:
+        print(mask_text(study))
+        return
     launcher, jobs = plan_jobs(hydra_argv)
     print(f"dry run of sweep {name}: {len(jobs)} job(s), launcher {launcher}; nothing started")
     for num, (overrides, run_dir) in enumerate(jobs):
@@ -157,8 +191,10 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
+    objective = study_metric(sweep_dir)
     for run in runs:
-        key = next((m for m in run.default_metrics if run.final(m) is not None), None)
+        key = objective if objective and run.final(objective) is not None else \
+            next((m for m in run.default_metrics if run.final(m) is not None), None)
         value = run.final(key) if key else None
         overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
         rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides),
@@ -166,6 +202,16 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
                      "metric": f"{key}={value:.4g}" if key and value is not None else "-",
                      "run_dir": str(run.path), "error": str(run.summary.get("error", ""))[:160]})
     return rows
+
+
+def study_metric(sweep_dir: Path) -> str | None:
+    """A study's objective (hydra/sweeper=optuna: `hydra.sweeper.metric` in multirun.yaml), the key
+    metric of its table; None for a grid."""
+    from omegaconf import OmegaConf
+
+    if not (sweep_dir / "study.db").is_file() or not (sweep_dir / "multirun.yaml").is_file():
+        return None
+    return OmegaConf.select(OmegaConf.load(sweep_dir / "multirun.yaml"), "hydra.sweeper.metric", default=None)
 
 
 def print_summary(sweep_dir: Path) -> int:
@@ -176,16 +222,17 @@ def print_summary(sweep_dir: Path) -> int:
 
     rows = job_rows(sweep_dir)
     _state["jobs"] = len(rows)
-    failed = sum(r["status"] != "completed" for r in rows)
+    failed = sum(r["status"] not in DONE for r in rows)
     plan = _state.get("plan")
-    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed"
+    pruned = sum(r["status"] == "pruned" for r in rows)
+    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed" + (f" ({pruned} pruned)" if pruned else "")
     table = Table(title=title, min_width=len(title))  # a title wider than its table would wrap
     for col in ("job", "overrides", "status", *(["this launch"] if plan else []), "key metric", "run dir", "error"):
         # paths are pasted (ablate resume / compare): never folded; long text columns fold instead
         table.add_column(col, overflow="fold", no_wrap=col == "run dir",
                          max_width=60 if col in ("overrides", "error") else None)
     for r in rows:
-        style = "" if r["status"] == "completed" else "red"
+        style = "" if r["status"] in DONE else "red"
         launch = [plan.get(r["job"], "-")] if plan else []
         table.add_row(r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"],
                       style=style)

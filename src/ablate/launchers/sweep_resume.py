@@ -123,6 +123,8 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
                 if sweep_dir is None:
                     raise ResumeRefused(f"no earlier launch under {pattern.parent}/ to resume "
                                         "(run it without --resume, or give the sweep dir: ablate sweep --resume DIR)")
+            if (sweep_dir / "study.db").is_file():  # a study (hydra/sweeper=optuna) continues from its database
+                return sweep_dir.resolve(), {}
             search = [a for a in argv if a.startswith("hydra.searchpath=")]  # a sweep config of the user's own
             for num, overrides in enumerate(expand_jobs(argv)):
                 actions[str(num)] = _job_action(sweep_dir, num, overrides, search, force)

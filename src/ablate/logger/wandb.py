@@ -111,6 +111,6 @@ class WandbTracker:
     def finish(self, status: str) -> None:
         if self.run is not None:
             run, self.run = self.run, None
-            run.finish(exit_code=0 if status == "completed" else 1)
+            run.finish(exit_code=0 if status in ("completed", "pruned") else 1)
             if self.kwargs["mode"] == "offline":
                 print(f"W&B (offline): upload with `wandb sync {Path(run.dir).parent}`")

@@ -103,3 +103,23 @@ class LogAtSaveAndEnd(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if control.should_save or control.should_training_stop or state.global_step >= state.max_steps:
             control.should_log = True
+
+
+def trial_callbacks() -> list[Any]:
+    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment, ablate.run.studies), else []."""
+    import os
+
+    from ablate.run.studies import (
+        METRIC_ENV,
+        PRUNER_ENV,
+        STORAGE_ENV,
+        STUDY_ENV,
+        TRIAL_ENV,
+    )
+
+    if not os.environ.get(TRIAL_ENV):
+        return []
+    from ablate.run.trial import ReportToStudy
+
+    return [ReportToStudy(os.environ[STORAGE_ENV], os.environ[STUDY_ENV], int(os.environ[TRIAL_ENV]),
+                          os.environ[METRIC_ENV], os.environ.get(PRUNER_ENV))]

@@ -8,7 +8,8 @@ lightning-hydra-template's `task_wrapper`):
 
 Everything a run dir records about how a run ended is written here: `completed`, `failed` (with
 the error's one line; the full traceback goes to ablate.log), `interrupted` (Ctrl-C, SIGTERM),
-`preempted` (SLURM; the job is then requeued). No torch import at module level.
+`preempted` (SLURM; the job is then requeued), `pruned` (a study's pruner stopped the trial: not an
+error, so the block ends normally after recording it). No torch import at module level.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ablate.errors import (
     DataError,
     DiskFullError,
     PeerLostError,
+    Pruned,
     user_error,
 )
 from ablate.run import interrupts, rundir, secrets
@@ -96,6 +98,13 @@ class Run:
         if before != now:
             self.info["data"] = now
             rundir.write_json(self.dir / rundir.RUN, self.info)
+
+    def study_callbacks(self) -> list[Any]:
+        """When this run is a study's trial (hydra/sweeper=optuna): the callback reporting its metric to
+        the study, which may prune it (ablate.run.trial); else none."""
+        from ablate.run.callbacks import trial_callbacks
+
+        return trial_callbacks()
 
     def resume_point(self) -> Path | None:
         """The newest complete checkpoint (newer incomplete or corrupt ones named in one line each);
@@ -164,6 +173,11 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     with interrupts.as_exceptions():
         try:
             yield run
+        except Pruned as e:  # a study stopped this trial: recorded, and the caller goes on as after a completed run
+            run.summary.update(status="pruned", global_step=e.step, pruned_at=e.step,
+                               metrics=final_metrics(rundir.read_metrics(run.dir)))
+            run.write()
+            return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
             known = _disk_full(run, e) or _peer_lost(run, e)  # said in one line
             _ended_by(run, known or e, hc.mode)

@@ -59,6 +59,10 @@ EXTRAS: dict[str, tuple[str, str]] = {
 LAUNCHER_EXTRAS: dict[str, tuple[str, str, str]] = {
     "hydra_plugins.ablate_launchers.ray_launcher.": ("ray", "ray", "hydra/launcher=ray"),
 }
+# the same for the multirun's sweeper (the study's sweeper imports optuna only when it starts)
+SWEEPER_EXTRAS: dict[str, tuple[str, str, str]] = {
+    "hydra_plugins.ablate_sweepers.optuna_sweeper.": ("optuna", "optuna", "hydra/sweeper=optuna (a study)"),
+}
 
 
 def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) -> None:
@@ -240,11 +244,12 @@ def _check_extras(cfg: DictConfig) -> None:
 
 
 def check_launcher(hc: Any) -> None:
-    """The multirun's launcher needs an optional package that is missing: one line naming the extra."""
-    target = str(OmegaConf.select(hc, "launcher._target_", default="") or "")
-    for prefix, (module, extra, what) in LAUNCHER_EXTRAS.items():
-        if target.startswith(prefix) and not installed(module):
-            raise missing_extra(module, extra, what)
+    """The multirun's launcher (or sweeper) needs an optional package that is missing: one line naming the extra."""
+    for key, extras in (("launcher._target_", LAUNCHER_EXTRAS), ("sweeper._target_", SWEEPER_EXTRAS)):
+        target = str(OmegaConf.select(hc, key, default="") or "")
+        for prefix, (module, extra, what) in extras.items():
+            if target.startswith(prefix) and not installed(module):
+                raise missing_extra(module, extra, what)
 
 
 def installed(module: str) -> bool:
