@@ -368,7 +368,9 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
-    given = [str(o) for o in hc.overrides.hydra if str(o).lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
+    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
+    raw = [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
+    given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir")
     else:
@@ -377,7 +379,7 @@ def claim_sweep_dir(config: DictConfig) -> None:
     rundir.lock(path, what="sweep dir", advice="launch the sweep into another hydra.sweep.dir")
     with read_write(hc), open_dict(hc):
         hc.sweep.dir = str(path)
-        overrides = [o for o in hc.overrides.hydra if str(o) not in given]
+        overrides = [o for o in raw if o not in given]
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
 
 
