@@ -113,7 +113,9 @@ def test_grpo_kl_reference_is_the_model_with_adapters_off(tmp_path):
     trainer.model.train()
     batch = trainer._generate_and_score([trainer.train_dataset[i] for i in (0, 0, 1, 1)], "train")
     assert trainer.model.training
-    expected, _ = GRPOTrainer._token_logps(trainer, base, batch.tokens())
+    # the base model's log-probs by the plain path (TRL's layout): `base` is a copy the speed plan never
+    # touched, and the reference (adapters off) is scored by the plan's layouts, exact to float rounding
+    expected, _ = GRPOTrainer._rows_logps(trainer, base, batch.tokens())
     torch.testing.assert_close(batch.ref_logps, expected)
     with torch.no_grad():
         policy, _ = trainer._token_logps(trainer.model, batch.tokens())
