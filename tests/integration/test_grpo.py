@@ -60,7 +60,10 @@ def test_bad_batch_is_one_line_error(tmp_path):
     r = ablate("train", "method=grpo", "method.args.per_device_train_batch_size=12",
                f"hydra.run.dir={tmp_path / 'bad'}", env=ENV)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].startswith("ablate: error: method.args: per_device_train_batch_size (12)")
+    assert r.stderr.strip().splitlines() == [  # one line, before the run dir exists (run/rules.py)
+        "ablate: error: method.args.per_device_train_batch_size=12: must be an integer >= 1 and a multiple of "
+        "method.args.num_generations=8 (GRPO's batch counts completions, whole groups)"]
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow
