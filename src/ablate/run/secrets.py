@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 MASK = "***"
 _SECRET_WORDS = r"token|secret|password|passwd|passphrase|key|apikey|api_key|access_key|private_key|credentials?"
@@ -72,7 +72,8 @@ def remember(overrides: list[str]) -> None:
     parser = OverridesParser.create()
     for override in overrides:
         key, sep, raw = str(override).partition("=")
-        if not sep or not secret_name(key.lstrip("+~")) or raw.startswith("${"):
+        # an interpolation is not a secret: quoted, or escaped as Hydra's sweeper passes it to a job ($\{...\})
+        if not sep or not secret_name(key.lstrip("+~")) or raw.strip("'\"").replace("\\", "").startswith("${"):
             continue
         values = {raw, raw.strip("'\"")}
         with contextlib.suppress(Exception):  # not Hydra's syntax: the raw text is masked all the same
@@ -93,7 +94,7 @@ def mask_text(s: str, env: list[str] | None = None) -> str:
     def assignment(m: re.Match[str]) -> str:
         value = m.group("value")
         if secret_name(m.group("key").lstrip("+~")) and value.strip("'\"") not in (MASK, "null", "") \
-                and not value.startswith("${"):
+                and not value.strip("'\"").replace("\\", "").startswith("${"):
             return f"{m.group('key')}={MASK}"
         return m.group(0)
 
@@ -111,7 +112,7 @@ def mask(obj: Any, env: list[str] | None = None, key: str = "") -> Any:
     if isinstance(obj, (list, tuple)):
         return [mask(v, env, key) for v in obj]
     if isinstance(obj, str):
-        if secret and obj and not obj.startswith("${") and obj != "???":
+        if secret and obj and not obj.strip("'\"").startswith("${") and obj != "???":
             return MASK
         return mask_text(obj, env)
     if secret and isinstance(obj, (int, float)) and not isinstance(obj, bool):
@@ -121,7 +122,6 @@ def mask(obj: Any, env: list[str] | None = None, key: str = "") -> Any:
 
 def config_record(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config for a record (W&B), masked, with `${oc.env:...}` values left as written."""
-    from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(cfg, resolve=False)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -172,7 +172,8 @@ class MaskRecords(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         hc = config.hydra
-        remember([str(o) for o in hc.overrides.task])  # in a sweep's worker too: it never saw the command line
+        # in a sweep's worker too (it never saw the command line); as written: `${oc.env:...}` stays unresolved
+        remember([str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)])
         out = Path(str(hc.runtime.output_dir))
         if hc.output_subdir is not None:
             for path in sorted((out / str(hc.output_subdir)).glob("*.yaml")):
