@@ -85,9 +85,10 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
         assert "reward_vs_step.png" in pngs and "reward_vs_time.png" in pngs
         assert {"generation_seconds_by_group.png", "generation_rounds_by_group.png"} <= set(pngs)
         # what spg buys: rounds = ceil(steps / spg), read back through compare from each job's summary.json
-        for value in params[key]:
+        for value in params[key]:  # a sweep of another key (grpo_staleness) keeps spg 1: a round per step
+            spg = int(value) if key.endswith("steps_per_generation") else 1
             steps = {json.loads((j / "summary.json").read_text())["global_step"] for j in jobs}
-            assert float(rows[f"{short}={value}"]["generation_rounds mean"]) == -(-max(steps) // int(value))
+            assert float(rows[f"{short}={value}"]["generation_rounds mean"]) == -(-max(steps) // spg)
     else:
         assert {"rewards_margins_vs_step.png", "rewards_accuracies_vs_step.png"} <= set(pngs)
 
