@@ -127,3 +127,13 @@ def test_package_root_is_short_and_train_only_wires():
     assert len(root) <= 6, root
     assert all(p.name in LAYER for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
     assert len((SRC / "train.py").read_text().splitlines()) <= 150
+
+
+def test_test_files_have_unique_names():
+    """tests/ has no __init__.py (rootdir-relative imports), so two test files with one basename in two
+    folders make pytest stop collecting with "import file mismatch": CI's run of stop 26 failed so."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for p in tests.rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}

@@ -30,9 +30,16 @@ def find_sweep(arg: str) -> tuple[str, list[str]]:
 def check_sweep_file(path: Path) -> None:
     """A file of your own is a sweep only with swept values under `hydra.sweeper.params`: anything else
     would run as one plain training job. An old-style file (top-level `params:`) says how to convert it."""
+    import yaml
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(path)
+    from ablate.run.validate import _bad_config_file
+
+    try:
+        cfg = OmegaConf.load(path)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:  # the same one line as a broken file under conf/
+        reason = _bad_config_file(e) or f"{path}: not valid YAML"
+        raise ValueError(f"ablate sweep: {reason.replace('a config file', str(path))}") from None
     if OmegaConf.select(cfg, "hydra.sweeper.params") is not None:
         return
     if "params" in cfg:
