@@ -187,6 +187,21 @@ def test_a_generator_with_its_own_engine_is_refused(tmp_path):
                     generator=functools.partial(VLLMGenerator, kv_cache_gib=0.125))
 
 
+def test_more_than_one_process_is_refused():
+    """The worker forks one process's policy: under DDP or FSDP (distributed=fsdp needs >= 2 ranks) each
+    rank would fork a copy of its own shard or replica and the ranks' rounds would not line up: one line."""
+    import types
+
+    import torch
+
+    from ablate.rollouts.ahead import check_async
+
+    args = types.SimpleNamespace(max_staleness=1, device=torch.device("cpu"), world_size=2)
+    with pytest.raises(ConfigError, match=r"max_staleness=1: asynchronous generation is single-process \(this run has 2\)"):
+        check_async(args, None)
+    check_async(types.SimpleNamespace(max_staleness=1, device=torch.device("cpu"), world_size=1), None)
+
+
 @pytest.mark.parametrize(("s", "spg", "mu", "steps"), [(1, 1, 1, 6), (2, 2, 1, 10), (1, 1, 2, 6)])
 def test_async_losses_equal_sync_sampling_from_recorded_older_weights(tmp_path, s, spg, mu, steps):
     """The async run's rounds carry the schedule's versions (round k by round k-s's start), and its

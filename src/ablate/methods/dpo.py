@@ -324,10 +324,11 @@ def longest_row(args: DPOConfig) -> int | None:
 
 def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
     """A one-line error when `loss` cannot take a DPO loss's arguments (e.g. a GRPO loss picked with
-    `method.trainer.loss._target_=ablate.losses.grpo.dapo`), before any data is tokenised."""
+    `method.loss._target_=ablate.losses.grpo.dapo`), before any data is tokenised. A partial whose own
+    keywords the function does not take (the group's `label_smoothing`) fails already in `signature`."""
     try:
         inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ConfigError(f"method.loss: {dpo_losses.name(loss)} is not a DPO loss "
                           f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {e}") from None
     return loss
