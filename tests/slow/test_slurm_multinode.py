@@ -1,14 +1,15 @@
 """One run across two SLURM nodes (hydra/launcher=slurm hydra.launcher.nodes=2 tasks_per_node=1) on a
 real two-node cluster: one run dir written by global rank 0 only, per-step losses equal to the
-single-node 2-task run's (tasks_per_node=2), and a 2-node job preempted with USR2 is requeued and
-resumes on both nodes to the same losses.
+single-node 2-task run's (tasks_per_node=2), a 2-node job preempted with USR2 is requeued and
+resumes on both nodes to the same losses, and when one node's task dies the other ends in seconds
+with one line and the same command resumes.
 
 The cluster: the running one when it has two usable nodes; else scripts/slurm/start.sh with
 SLURM_NODES=2 (two `slurmd -N lab-nI` on this machine, SLURM's multiple-slurmd mode, 127.0.0.1 each),
 which also turns a running one-node cluster of that script into two nodes; afterwards it is put
 back as found (one node again, or stopped). Both nodes share this machine's filesystem and loopback,
 as a real cluster's nodes share theirs; what differs is per node: the slurmd, the job step's task,
-SLURM_NODEID. Run: `python -m pytest -m slow tests/slow/test_slurm_multinode.py -n 0` (about 6
+SLURM_NODEID. Run: `python -m pytest -m slow tests/slow/test_slurm_multinode.py -n 0` (about 12
 minutes on 2 loaded CPU cores once the cluster is up).
 """
 
@@ -59,7 +60,10 @@ def _start(nodes: int) -> None:
 @pytest.fixture(scope="module")
 def two_node_cluster() -> Iterator[None]:
     """Two usable nodes with accounting for this module, left as found afterwards."""
-    missing = _cluster_state()
+    missing, deadline = _cluster_state(), time.monotonic() + 60
+    while missing and not missing.startswith("no SLURM") and time.monotonic() < deadline:
+        time.sleep(1)  # a node still `completing` the previous module's last job
+        missing = _cluster_state()
     if missing is None and len(_usable_nodes()) >= 2:
         yield
         return
@@ -181,4 +185,68 @@ def test_two_node_job_preempted_resumes_on_both_nodes_to_the_same_losses(single_
         assert f"checkpoint-{stopped_at} saved; the job is requeued" in log, f"rank {rank}:\n{log[-3000:]}"
         assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, f"rank {rank}:\n{log[-3000:]}"
         assert "run failed" not in log and "Connection closed by peer" not in log, f"rank {rank}:\n{log[-3000:]}"
+    _assert_no_job_processes(sweep_dir, name)
+
+
+def _task_pid(sweep_dir: Path, rank: int) -> int:
+    """The process of the job's task `rank` (on node `rank`): its environment says which."""
+    import psutil
+
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if ("submitit.core._submit" in cmd and str(sweep_dir) in cmd and p.info["name"].startswith("python")
+                    and p.environ().get("SLURM_PROCID") == str(rank)):
+                return p.info["pid"]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no process for task {rank}: {_job_logs(sweep_dir)}")
+
+
+def test_a_node_whose_task_dies_ends_the_job_in_one_line_and_the_rerun_resumes(
+        single_node_reference: dict[int, float], tmp_path: Path) -> None:
+    """The task on the second node SIGKILLed after the first checkpoint (its node as good as gone):
+    rank 0 on the first node ends at once with the one line that names the checkpoint to resume
+    from, the job ends within seconds (no wait for ddp_timeout, 600 s), the multirun fails, and the
+    same command again resumes both nodes from that checkpoint to the one-node run's losses."""
+    sweep_dir, name = tmp_path / "sweep", _job_name("twonodecrash")
+    args = _two_node_args(name, sweep_dir)
+    proc = _ablate(args, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, _job_logs(sweep_dir)
+            time.sleep(0.2)
+        os.kill(_task_pid(sweep_dir, 1), 9)
+        killed = time.monotonic()
+        (run_dir,) = _job_dirs(sweep_dir)
+        while json.loads((run_dir / "summary.json").read_text())["status"] != "failed":  # rank 0's end
+            assert time.monotonic() - killed < 30, f"rank 0 still running 30 s after its peer died\n{_job_logs(sweep_dir)}"
+            time.sleep(0.2)
+        while _sh("squeue", "-h", f"--name={name}").stdout.strip():  # the job's end: srun ends the step
+            assert time.monotonic() - killed < 60, f"the job still runs 60 s after a task died\n{_job_logs(sweep_dir)}"
+            time.sleep(0.5)
+        out = _wait(proc, 300, sweep_dir)  # submitit sees it at its next state check (at least once a minute)
+    finally:
+        _sh("scancel", f"--name={name}")
+    assert proc.returncode != 0, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    error = summary["error"]
+    assert summary["status"] == "failed" and error.startswith("PeerLostError: rank 0 lost another rank"), summary
+    assert "\n" not in error and "start the same command again on every node" in error, error
+    step = int(error.split("resumes from checkpoint-")[1].split(":")[0])
+    assert (run_dir / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    _assert_no_job_processes(sweep_dir, name)  # rank 0 did not stay behind in a collective
+
+    proc = _ablate(args, cwd=tmp_path)  # the same command again
+    try:
+        out = _wait(proc, 420, sweep_dir)
+    finally:
+        _sh("scancel", f"--name={name}")
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    assert _job_dirs(sweep_dir) == [run_dir]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
+    assert f"resuming from {run_dir}/checkpoints/checkpoint-{step}" in (run_dir / "ablate.log").read_text()
+    assert _losses(run_dir) == pytest.approx(single_node_reference, rel=1e-5, abs=1e-6)
     _assert_no_job_processes(sweep_dir, name)
