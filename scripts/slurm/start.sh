@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bring up a single-node SLURM 22.05 cluster (munge + mariadb + slurmdbd + slurmctld + slurmd) on this
-# machine, for `hydra/launcher=slurm` and tests/slow/test_slurm.py. Debian/Ubuntu without systemd, as
+# machine, for `hydra/launcher=slurm` and tests/slow/test_slurm.py; SLURM_NODES=2 makes it two nodes
+# (tests/slow/test_slurm_multinode.py: `hydra.launcher.nodes=2`). Debian/Ubuntu without systemd, as
 # root: installs slurm-wlm, munge, slurmdbd, mariadb-server with apt-get when missing, writes
 # /etc/slurm/slurm.conf (+ slurmdbd.conf) and starts the daemons by hand (no systemd needed).
 # Idempotent: re-running starts only what is not running (and restarts the slurm daemons if the
@@ -10,6 +11,11 @@
 #   WITH_DBD=1        run slurmdbd+mariadb so that `sacct` works: without accounting submitit cannot
 #                     see a job that died without a result and a Hydra multirun waits forever
 #   SLURM_PARTITION=debug
+#   SLURM_NODES=1     nodes of the cluster. 2 (or more): nodes lab-n1, lab-n2, ... on this one machine,
+#                     one `slurmd -N lab-nI` each on its own port (SLURM's "multiple slurmd" mode, which
+#                     Debian's build has), every one with the whole machine's CPUs and memory and
+#                     127.0.0.1 as its address (added to /etc/hosts: a job's MASTER_ADDR is its first
+#                     node's name). Switching between 1 and 2 restarts the slurm daemons (and ends jobs).
 # Choices that matter for preemption tests (see also conf/hydra/launcher/slurm.yaml):
 #   AuthInfo=cred_expire=10 + sched_interval=5: a requeued job restarts after ~12 s, not 120 s;
 #   MailProg=/bin/true (slurmctld refuses to start without a mailer); proctrack/linuxproc + task/none
@@ -18,6 +24,7 @@ set -euo pipefail
 BASE=${SLURM_LAB_DIR:-${TMPDIR:-/tmp}/slurm-local}
 WITH_DBD=${WITH_DBD:-1}
 PART=${SLURM_PARTITION:-debug}
+NODES=${SLURM_NODES:-1}
 T0=$(date +%s.%N)
 log() { echo "[slurm/start.sh $(date +%T)] $*"; }
 alive() { # alive PIDFILE NAME -> true if the pid in PIDFILE is running and its comm is NAME
@@ -25,6 +32,7 @@ alive() { # alive PIDFILE NAME -> true if the pid in PIDFILE is running and its 
   [ -n "$p" ] && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = "$2" ]
 }
 
+case "$NODES" in [1-9]) ;; *) echo "scripts/slurm/start.sh: SLURM_NODES=$NODES, expected 1 to 9" >&2; exit 2 ;; esac
 if [ "$(id -u)" != 0 ]; then echo "scripts/slurm/start.sh: must run as root (installs packages, starts daemons)" >&2; exit 3; fi
 
 # ---- 1. packages -----------------------------------------------------------------------------
@@ -45,7 +53,10 @@ fi
 mkdir -p "$BASE"/{state,spool,log,run} /etc/slurm
 chmod 755 "$BASE"
 H=$(hostname -s)
-if ! getent hosts "$H" >/dev/null; then echo "127.0.0.1 $H" >> /etc/hosts; log "added $H to /etc/hosts"; fi
+if [ "$NODES" = 1 ]; then NAMES=$H; else NAMES=$(seq -f "lab-n%g" "$NODES" | tr '\n' ' '); fi
+for n in $H $NAMES; do
+  if ! getent hosts "$n" >/dev/null; then echo "127.0.0.1 $n" >> /etc/hosts; log "added $n to /etc/hosts"; fi
+done
 
 if [ ! -s /etc/munge/munge.key ]; then mungekey -c -f -k /etc/munge/munge.key; fi
 chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key
@@ -60,6 +71,16 @@ munge -n | unmunge >/dev/null || { echo "munge not working" >&2; exit 1; }
 # ---- 3. config -------------------------------------------------------------------------------
 # node line from the hardware (NodeName=H CPUs= Boards= SocketsPerBoard= CoresPerSocket= ThreadsPerCore= RealMemory=)
 NODELINE=$(slurmd -C | head -1)
+SLURMD_FILES="SlurmdSpoolDir=$BASE/spool
+SlurmdPidFile=$BASE/run/slurmd.pid
+SlurmdLogFile=$BASE/log/slurmd.log"
+if [ "$NODES" != 1 ]; then   # several slurmd on one host: per-node files (%n = the node's name), ports 6831...
+  NODELINE="NodeName=lab-n[1-$NODES] NodeHostname=$H NodeAddr=127.0.0.1 Port=[6831-$((6830 + NODES))] ${NODELINE#NodeName=* }"
+  SLURMD_FILES="SlurmdSpoolDir=$BASE/spool/%n
+SlurmdPidFile=$BASE/run/slurmd-%n.pid
+SlurmdLogFile=$BASE/log/slurmd-%n.log"
+  for n in $NAMES; do mkdir -p "$BASE/spool/$n"; done
+fi
 if [ "$WITH_DBD" = 1 ]; then
   ACCT="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
@@ -69,6 +90,7 @@ else
 JobAcctGatherType=jobacct_gather/none"
 fi
 NEWCONF=$(cat <<EOF
+# written by scripts/slurm/start.sh (ablate): tests may restart this cluster as 1 or 2 nodes
 ClusterName=lab
 SlurmctldHost=$H
 SlurmUser=root
@@ -86,11 +108,9 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1024
 ReturnToService=2
 StateSaveLocation=$BASE/state
-SlurmdSpoolDir=$BASE/spool
 SlurmctldPidFile=$BASE/run/slurmctld.pid
-SlurmdPidFile=$BASE/run/slurmd.pid
 SlurmctldLogFile=$BASE/log/slurmctld.log
-SlurmdLogFile=$BASE/log/slurmd.log
+$SLURMD_FILES
 SlurmctldDebug=info
 SlurmdDebug=info
 $ACCT
@@ -153,29 +173,38 @@ fi
 
 # ---- 5. slurmctld + slurmd ---------------------------------------------------------------------
 if [ "$CHANGED" = 1 ]; then   # config changed: restart running slurm daemons so they agree
-  for d in slurmd slurmctld; do
-    if alive "$BASE/run/$d.pid" $d; then
-      p=$(cat "$BASE/run/$d.pid"); log "restarting $d (config changed)"; kill "$p"
+  for f in "$BASE"/run/slurmd.pid "$BASE"/run/slurmd-*.pid "$BASE/run/slurmctld.pid"; do   # every slurmd: also those of the other node count
+    d=$(basename "$f" .pid); d=${d%%-*}
+    if alive "$f" "$d"; then
+      p=$(cat "$f"); log "restarting $(basename "$f" .pid) (config changed)"; kill "$p"
       for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     fi
   done
 fi
 if ! alive "$BASE/run/slurmctld.pid" slurmctld; then log "starting slurmctld"; slurmctld; fi
 for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q 'is UP' && break; sleep 0.1; done
-if ! alive "$BASE/run/slurmd.pid" slurmd; then log "starting slurmd"; slurmd; fi
+if [ "$NODES" = 1 ]; then
+  if ! alive "$BASE/run/slurmd.pid" slurmd; then log "starting slurmd"; slurmd; fi
+else
+  for n in $NAMES; do
+    if ! alive "$BASE/run/slurmd-$n.pid" slurmd; then log "starting slurmd -N $n"; slurmd -N "$n"; fi
+  done
+fi
 
-# ---- 6. wait for the node to be idle -----------------------------------------------------------
-st=""
-for i in $(seq 120); do
-  st=$(sinfo -h -n "$H" -o %T 2>/dev/null | head -1)
-  case "$st" in
-    idle|mixed|allocated) break ;;
-    down*|drain*|inval*) [ "$i" = 10 ] && scontrol update NodeName="$H" State=RESUME 2>/dev/null || true ;;
+# ---- 6. wait for the nodes to be idle ----------------------------------------------------------
+for n in $NAMES; do
+  st=""
+  for i in $(seq 120); do
+    st=$(sinfo -h -n "$n" -o %T 2>/dev/null | head -1)
+    case "$st" in
+      idle|mixed|allocated) break ;;
+      down*|drain*|inval*) [ "$i" = 10 ] && scontrol update NodeName="$n" State=RESUME 2>/dev/null || true ;;
+    esac
+    sleep 0.5
+  done
+  case "$st" in idle|mixed|allocated) ;; *)
+    echo "node $n not ready (state '$st'); see $BASE/log/" >&2; tail -20 "$BASE/log/slurmctld.log" >&2; exit 1 ;;
   esac
-  sleep 0.5
 done
-case "$st" in idle|mixed|allocated) ;; *)
-  echo "node $H not ready (state '$st'); see $BASE/log/" >&2; tail -20 "$BASE/log/slurmctld.log" >&2; exit 1 ;;
-esac
 sinfo
-log "cluster up in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $T0}") s (node $H: $st)"
+log "cluster up in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $T0}") s (nodes $(echo $NAMES): $st)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Stop the SLURM cluster started by scripts/slurm/start.sh: cancel its jobs, then stop its daemons by
-# the PIDs in their pid files (the process name is checked first, so a stale pid file never kills an
-# unrelated process). Idempotent: what is not running is skipped. Installed packages stay.
+# Stop the SLURM cluster started by scripts/slurm/start.sh (one node, or SLURM_NODES=2): cancel its
+# jobs, then stop its daemons by the PIDs in their pid files (the process name is checked first, so a
+# stale pid file never kills an unrelated process). Idempotent: what is not running is skipped. Installed packages stay.
 #   PURGE=1  also delete state, spool, logs and the accounting database under SLURM_LAB_DIR
 set -uo pipefail
 BASE=${SLURM_LAB_DIR:-${TMPDIR:-/tmp}/slurm-local}
@@ -19,7 +19,7 @@ if command -v scontrol >/dev/null && scontrol ping 2>/dev/null | grep -q 'is UP'
   scancel --quiet --user=root 2>/dev/null   # leave no orphaned slurmstepd / job processes behind
   for _ in $(seq 30); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
 fi
-stop "$BASE/run/slurmd.pid"    slurmd
+for f in "$BASE"/run/slurmd.pid "$BASE"/run/slurmd-*.pid; do [ -e "$f" ] && stop "$f" slurmd; done   # slurmd.pid, or slurmd-lab-nI.pid (SLURM_NODES=2)
 stop "$BASE/run/slurmctld.pid" slurmctld
 stop "$BASE/run/slurmdbd.pid"  slurmdbd
 stop /run/mysqld/mariadbd.pid  mariadbd

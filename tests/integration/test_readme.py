@@ -51,6 +51,8 @@ SKIP = {
     "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true":
         "needs a SLURM cluster (tests/slow/test_slurm.py)",
+    "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=1 "
+    "method.args.use_cpu=true": "needs a SLURM cluster of two nodes (tests/slow/test_slurm_multinode.py)",
     "bash scripts/slurm/start.sh": "installs and starts SLURM as root with apt (tests/slow/test_slurm.py)",
     "torchrun --nproc_per_node=8 -m ablate train distributed=fsdp model=...": "needs 8 CUDA GPUs",
     "torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400 --rdzv_id=myrun "

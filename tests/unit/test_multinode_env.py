@@ -1,6 +1,7 @@
 """A SLURM job over 2 nodes, 1 task each (hydra.launcher.nodes=2): each task exports torchrun's
 variables from SLURM's, so the two tasks are one run of 2 ranks (the same path as tasks_per_node=2,
-which tests/slow/test_slurm.py runs; the local SLURM has one node, see docs/distributed.md)."""
+which tests/slow/test_slurm.py runs; tests/slow/test_slurm_multinode.py runs a real 2-node job on
+two local nodes of one host, which this covers for distinct hosts: MASTER_ADDR, one MASTER_PORT)."""
 
 from __future__ import annotations
 
