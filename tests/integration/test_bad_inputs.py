@@ -236,7 +236,8 @@ CASES: list[Case] = [
     C("dpo-loss-group-under-grpo", "train method=grpo method/loss=hinge", "method/loss=hinge is a DPO loss; GRPO's "
       "token aggregation is the group method/aggregation"),
     T("grpo-loss-target-under-dpo", "train method.loss._target_=ablate.losses.grpo.dapo",
-      "method.loss: ablate.losses.grpo.dapo is not a DPO loss"),
+      "method.loss: dapo is not a DPO loss (a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): "
+      "it does not take the group's label_smoothing"),
     C("grpo-loss-under-dpo", "train method/loss=dapo", "method/loss=dapo: GRPO's aggregations are now the group "
       "method/aggregation: use method/aggregation=dapo"),
     C("threads-zero", "train threads=0", "threads=0: must be null"),

@@ -329,6 +329,8 @@ def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
     try:
         inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
     except (TypeError, ValueError) as e:
+        given = ", ".join(getattr(loss, "keywords", {}) or {})
+        why = f"it does not take the group's {given}" if isinstance(e, ValueError) and given else str(e)
         raise ConfigError(f"method.loss: {dpo_losses.name(loss)} is not a DPO loss "
-                          f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {e}") from None
+                          f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {why}") from None
     return loss
