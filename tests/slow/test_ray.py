@@ -9,14 +9,15 @@ Only this cluster's processes are stopped (by its dir), never other Ray clusters
   the table shows both failed (exit 1), the killed one ran once (no silent Ray retry), and `ablate
   status` reads the sweep (one sweep proves all of it: the cluster's jobs are the slow part);
 - the launching process killed with -9 mid-sweep takes its running jobs with it; `ablate status`
-  says so; `ablate sweep ... --resume` completes the sweep, completed jobs skipped.
-
+  says so; `ablate sweep ... --resume` completes the sweep, completed jobs skipped;
 - SIGTERM to the launching process: every running job records `interrupted`, exit 143, no job
-  process left on the cluster.
+  process left on the cluster;
+- Hydra's own launcher test suite, and `hydra.job.chdir` honoured as Hydra's BasicLauncher does.
 
-Run with `python -m pytest -m slow tests/slow/test_ray.py -n 0` (needs `pip install 'ablate[ray]'`;
-the cluster's start, then 10 short training jobs: ~11 minutes on 2 CPU cores shared with ~30 other
-processes, a few on a machine of its own).
+Run with `python -m pytest -m slow tests/slow/test_ray.py -n 0` (needs `pip install 'ablate[ray]'`,
+which `.[dev]` includes, so CI runs it): the cluster's start, 10 short ablate jobs in 3 sweeps, then
+Hydra's suite on tiny jobs: ~9 minutes on 2 CPU cores at load average 10-13 (most of it each job's
+fresh worker process starting torch), a few on a machine of its own.
 """
 
 from __future__ import annotations
