@@ -4,19 +4,20 @@ this machine and stops after it (scripts/ray/local_cluster.py): head on 127.0.0.
 (the nodes and every driver get it through RAY_AUTH_TOKEN; the GCS listens on all interfaces).
 Only this cluster's processes are stopped (by its dir), never other Ray clusters on the machine.
 
-- the dpo_loss sweep runs with its jobs on both nodes (each job's run.json names its Ray node), and
-  `ablate status` reads it;
-- a job that raises and a job whose process is SIGKILLed (as the OOM killer would) do not stop the
-  other, the table shows both failed (exit 1), and the killed one ran once (no silent Ray retry);
+- the dpo_loss sweep runs with its jobs on both nodes (each job's run.json names its Ray node); a job
+  that raises and a job whose process is SIGKILLed (as the OOM killer would) do not stop the other,
+  the table shows both failed (exit 1), the killed one ran once (no silent Ray retry), and `ablate
+  status` reads the sweep (one sweep proves all of it: the cluster's jobs are the slow part);
 - the launching process killed with -9 mid-sweep takes its running jobs with it; `ablate status`
-  says so; `ablate sweep ... --resume` completes the sweep, completed jobs skipped.
-
+  says so; `ablate sweep ... --resume` completes the sweep, completed jobs skipped;
 - SIGTERM to the launching process: every running job records `interrupted`, exit 143, no job
-  process left on the cluster.
+  process left on the cluster;
+- Hydra's own launcher test suite, and `hydra.job.chdir` honoured as Hydra's BasicLauncher does.
 
-Run with `python -m pytest -m slow tests/slow/test_ray.py -n 0` (needs `pip install 'ablate[ray]'`;
-the cluster's start, then 10 short training jobs: ~11 minutes on 2 CPU cores shared with ~30 other
-processes, a few on a machine of its own).
+Run with `python -m pytest -m slow tests/slow/test_ray.py -n 0` (needs `pip install 'ablate[ray]'`,
+which `.[dev]` includes, so CI runs it): the cluster's start, 10 short ablate jobs in 3 sweeps, then
+Hydra's suite on tiny jobs: ~9 minutes on 2 CPU cores at load average 10-13 (most of it each job's
+fresh worker process starting torch), a few on a machine of its own.
 """
 
 from __future__ import annotations
@@ -134,33 +135,11 @@ def rows(stdout: str, table: int = 0) -> dict[str, str]:
     return tables[table] if tables else {}
 
 
-def test_dpo_loss_sweep_runs_on_both_nodes_and_status_reads_it(cluster, tmp_path: Path) -> None:
-    address, env, _ = cluster
-    r = run(["sweep", "dpo_loss", "seed=1", "method.args.max_steps=3", *COMMON, f"hydra.launcher.address={address}"],
-            tmp_path, env)
-    assert r.returncode == 0, r.stdout[-5000:]
-    assert "2/2 jobs completed" in r.stdout, r.stdout[-5000:]
-    sweep = sweep_dir(tmp_path)  # the default relative sweep dir, where the driver printed it: one launch
-    nodes = {}
-    for num, job in jobs(sweep).items():
-        assert read(job / "summary.json")["status"] == "completed"
-        info = read(job / "run.json")
-        nodes[num] = info["ray"]
-        assert info["threads"] == 1, info  # Ray gives the job OMP_NUM_THREADS = its num_cpus
-    assert {n["node_ip"] for n in nodes.values()} == {"127.0.0.2", "127.0.0.3"}, nodes  # one job on each node
-    assert len({n["node_id"] for n in nodes.values()}) == 2 and all(n["task_id"] for n in nodes.values()), nodes
-    recorded = read(sweep / "ray_jobs.json")
-    assert sorted(recorded["jobs"]) == ["0", "1"] and recorded["driver"]["pid"] > 0
-
-    status = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert status.returncode == 0, status.stderr
-    table = rows(status.stdout)
-    assert sorted(table) == ["0", "1"] and all("completed" in row and "ended" in row for row in table.values()), status.stdout
-    assert "Ray task" in status.stdout and "2/2 jobs completed" in status.stdout  # the end-of-sweep table too
-
-
-def test_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path) -> None:
+def test_dpo_loss_sweep_on_both_nodes_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path) -> None:
+    """One sweep of 3 jobs, one per node at a time: the first completes, the second raises, the third's
+    process is SIGKILLed (as the OOM killer would). The table shows both failed (exit 1), the killed one
+    ran once (no silent Ray retry), each job's run.json names its Ray node (both nodes used), and
+    `ablate status` reads the sweep."""
     address, env, _ = cluster
     env = {**env, "ABLATE_TEST_CRASH_AT": "2", "ABLATE_TEST_CRASH_SEED": "2",  # reach the jobs: ABLATE_* is forwarded
            "ABLATE_TEST_KILL_AT": "2", "ABLATE_TEST_KILL_SEED": "3"}
@@ -173,9 +152,28 @@ def test_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path)
     assert "completed" in table["0"], r.stdout[-5000:]
     assert "failed" in table["1"] and "simulated crash at step 2" in table["1"], r.stdout[-5000:]
     assert "failed" in table["2"] and "WorkerCrashedError" in table["2"], r.stdout[-5000:]
-    killed = jobs(sweep_dir(tmp_path))["2"]
+    sweep = sweep_dir(tmp_path)  # the default relative sweep dir, where the driver printed it: one launch
+    killed = jobs(sweep)["2"]
     assert len(list(killed.glob("killed.*"))) == 1, "the killed job ran again (Ray's retries are on)"
     assert read(killed / "summary.json")["status"] == "failed"
+
+    nodes = {}
+    for num, job in jobs(sweep).items():
+        info = read(job / "run.json")
+        nodes[num] = info["ray"]
+        assert info["threads"] == 1, info  # Ray gives the job OMP_NUM_THREADS = its num_cpus
+    assert {n["node_ip"] for n in nodes.values()} == {"127.0.0.2", "127.0.0.3"}, nodes  # jobs on each node
+    assert len({n["node_id"] for n in nodes.values()}) == 2 and all(n["task_id"] for n in nodes.values()), nodes
+    recorded = read(sweep / "ray_jobs.json")
+    assert sorted(recorded["jobs"]) == ["0", "1", "2"] and recorded["driver"]["pid"] > 0
+
+    status = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    table = rows(status.stdout)
+    assert sorted(table) == ["0", "1", "2"] and all("ended" in row for row in table.values()), status.stdout
+    assert "completed" in table["0"] and "failed" in table["1"] and "failed" in table["2"], status.stdout
+    assert "Ray task" in status.stdout and "1/3 jobs completed" in status.stdout  # the end-of-sweep table too
 
 
 def _steps_logged(cwd: Path) -> int:
@@ -295,8 +293,59 @@ from hydra.test_utils.launcher_common_tests import LauncherTestSuite  # noqa: E4
 import hydra_plugins.ablate_launchers.ray_launcher  # noqa: E402,F401  (its ConfigStore entry survives Hydra's test fixtures)
 
 
-@pytest.mark.usefixtures("driver_env")
+@pytest.fixture
+def hydra_version_base(request):
+    """This process's Hydra version_base for one test: None = unset, as in a fresh process (Hydra's
+    1.1 defaults: a job runs in its output dir unless hydra.job.chdir=False), or "1.3" (ablate's:
+    it stays in the launching dir unless hydra.job.chdir=True). Hydra keeps it in a process-wide
+    singleton that nothing resets: once any test of this process composed ablate's config
+    (initialize_config_dir(version_base="1.3"): tests/unit/test_ray_launcher.py,
+    tests/slow/test_sweep_resume.py) it is 1.3, and Hydra's launcher suite, which assumes unset,
+    fails for every launcher, Hydra's own BasicLauncher included (no `a_module.log` in the job's
+    working dir). The launcher carries the driver's value to each job (Singleton state)."""
+    from hydra.version import _UNSPECIFIED_, VersionBase, setbase
+
+    saved = VersionBase.instance().getbase()
+    wanted = getattr(request, "param", None)
+    if wanted is None:
+        VersionBase.instance().version_base = _UNSPECIFIED_
+    else:
+        setbase(wanted)
+    yield
+    VersionBase.instance().version_base = saved
+
+
+@pytest.mark.usefixtures("driver_env", "hydra_version_base")
 @pytest.mark.parametrize("launcher_name, overrides", [("ablate_ray", [])])
 class TestHydrasLauncherContract(LauncherTestSuite):
     """Hydra's own test suite for launcher plugins (job dirs, overrides, return values, batches),
-    run in this process against the 2-node cluster."""
+    run in this process against the 2-node cluster, in the process state it assumes (no version_base
+    set: jobs run in their output dirs)."""
+
+
+@pytest.mark.usefixtures("driver_env")
+@pytest.mark.parametrize("hydra_version_base, chdir, in_output_dir", [
+    ("1.3", False, False),  # ablate's version_base and conf/config.yaml's hydra.job.chdir: the launching dir
+    ("1.3", True, True),    # a user's hydra.job.chdir=True wins over run_in_launch_dir
+], indirect=["hydra_version_base"])  # unset version_base, chdir unset: the output dir (Hydra's suite above)
+def test_each_job_runs_where_hydra_job_chdir_says(hydra_sweep_runner, hydra_version_base, chdir, in_output_dir,
+                                                   tmp_path: Path, monkeypatch) -> None:
+    """hydra.job.chdir as Hydra's BasicLauncher honours it (hydra.core.utils.run_job), on both nodes:
+    the job's cwd is its output dir or, with `run_in_launch_dir`, the driver's cwd, never the raylet's."""
+    launch = tmp_path / "launch"
+    launch.mkdir()
+    monkeypatch.chdir(launch)
+    sweep = hydra_sweep_runner(
+        calling_file=None, calling_module="hydra.test_utils.a_module", config_path="configs",
+        config_name="compose.yaml", task_function=lambda cfg: os.getcwd(), temp_dir=tmp_path / "sweep",
+        overrides=["hydra/launcher=ablate_ray", "hydra.launcher.scheduling_strategy=SPREAD", "+a=0,1",
+                   f"hydra.job.chdir={chdir}"])
+    with sweep:
+        returns = sweep.returns[0]
+        assert len(returns) == 2
+        for ret in returns:
+            out = os.path.realpath(ret.hydra_cfg.hydra.runtime.output_dir)
+            expected = out if in_output_dir else os.path.realpath(launch)
+            assert os.path.realpath(ret.return_value) == expected, (chdir, ret.return_value)
+            assert os.path.realpath(ret.working_dir) == expected
+            assert (Path(out) / "a_module.log").is_file()  # the job's log is in its output dir either way

@@ -135,6 +135,24 @@ def test_status_words_when_the_launching_process_is_gone(tmp_path):
     assert state(exited, True) == "failed: SystemExit: 1"
 
 
+def test_a_job_left_running_whose_lock_is_free_died_with_the_launching_process(tmp_path):
+    """What a real job leaves when Ray ends it with its driver: summary `running`, its run-dir lock let
+    go (rundir.state: interrupted). A job that recorded `interrupted` itself (the driver's SIGTERM
+    cancelled it) is not one Ray killed with the driver."""
+    killed = _job(tmp_path, "0_seed=1", {"status": "running"}, steps=2)
+    (killed / ".lock").write_text("PID 1 on host gone\n")  # nobody holds it
+    stopped = _job(tmp_path, "1_seed=2", {"status": "interrupted", "error": "SIGTERM"}, steps=4)
+
+    def state(run_dir, alive):
+        recorded = json.loads((run_dir / "summary.json").read_text())["status"]
+        return ray_jobs.job_state(slurm.job_state(run_dir, None), alive, recorded)
+
+    assert slurm.job_state(killed, None) == "interrupted at step 2 of 6"
+    assert state(killed, False) == "died with the sweep's launching process (at step 2 of 6); ablate sweep --resume"
+    assert state(killed, None) == "interrupted at step 2 of 6"  # driver on another machine: what the run dir says
+    assert state(stopped, False) == "interrupted at step 4 of 6"
+
+
 def test_ray_jobs_file_and_driver_liveness(tmp_path):
     ray_jobs.record(tmp_path, {"0": {"task_id": "ab", "overrides": ["seed=1"]}})
     ray_jobs.record(tmp_path, {"1": {"task_id": "cd", "overrides": ["seed=2"]}})  # a resumed launch adds

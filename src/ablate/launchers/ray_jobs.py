@@ -55,12 +55,18 @@ def driver_alive(driver: dict[str, Any] | None) -> bool | None:
         return False
 
 
-def job_state(state: str, alive: bool | None) -> str:
+def job_state(state: str, alive: bool | None, recorded: str | None = None) -> str:
     """One Ray job in words, from its run dir's `state` (launchers.slurm.job_state: pending /
-    running at step N of M / completed / failed: ...) and whether the driver runs: with the driver
-    gone, a job can no longer be running or pending, and a SystemExit is Ray ending the job with it."""
-    if alive is False and state.startswith("running"):
-        return f"died with the sweep's launching process ({state.replace('running ', '')}); ablate sweep --resume"
+    running at step N of M / interrupted at step N of M / completed / failed: ...), whether the
+    driver runs, and the status its summary.json `recorded`. With the driver gone, a job can no
+    longer be running or pending; a job that recorded `running` and whose process is gone (its lock
+    let go: `rundir.state` says interrupted) was ended by Ray with the driver, as is one that
+    recorded a SystemExit. A job that recorded `interrupted` itself (the driver's SIGTERM/Ctrl-C
+    cancelled it) stays `interrupted`."""
+    left_running = state.startswith("running") or (recorded == "running" and state.startswith("interrupted "))
+    if alive is False and left_running:
+        at = state.split(" ", 1)[1] if " " in state else state
+        return f"died with the sweep's launching process ({at}); ablate sweep --resume"
     if alive is False and state.startswith("failed: SystemExit"):  # Ray tells a dead driver's workers to exit
         return f"died with the sweep's launching process ({state[len('failed: '):]}); ablate sweep --resume"
     if alive is False and state == "pending":

@@ -111,7 +111,8 @@ def status(sweep_dir: Path) -> bool:
     done = True
     for n in nums:
         if ray_recorded:
-            state = ray_jobs.job_state(job_state(dirs.get(n), None), alive)
+            recorded_status = (rundir.read_json(dirs[n] / rundir.SUMMARY) or {}).get("status") if n in dirs else None
+            state = ray_jobs.job_state(job_state(dirs.get(n), None), alive, recorded_status)
             task = ray_recorded.get(n, {}).get("task_id", "-")
             scheduler = [task[:16], {True: "running", False: "ended", None: f"on {driver.get('host')}" if driver else "-"}[alive]]
         else:

@@ -116,7 +116,7 @@ def _execute(hydra_context: HydraContext, sweep_config: DictConfig, task_functio
     old_cwd = os.getcwd()
     if cwd is not None:
         os.chdir(cwd)  # FileNotFoundError here: this node does not share the driver's filesystem
-    try:
+    try:  # run_job honours hydra.job.chdir from here, as Hydra's BasicLauncher does (ablate's conf: false)
         return run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     finally:
