@@ -231,13 +231,13 @@ CASES: list[Case] = [
     C("grpo-sampling-level", "train method=grpo method.args.importance_sampling_level=sentence",
       "method.args.importance_sampling_level=sentence: must be token (GRPO) or sequence (GSPO)"),
     T("dpo-loss-under-grpo", "train method=grpo method.aggregation._target_=ablate.losses.dpo.hinge",
-      "(ablate.losses.dpo.hinge) does not fit method=grpo: GRPOTrainer calls its aggregation like "
+      "method.aggregation._target_=ablate.losses.dpo.hinge does not fit method=grpo: GRPOTrainer calls its aggregation like "
       "ablate.losses.grpo.dapo("),
     C("dpo-loss-group-under-grpo", "train method=grpo method/loss=hinge", "method/loss=hinge is a DPO loss; GRPO's "
       "token aggregation is the group method/aggregation"),
     T("grpo-loss-target-under-dpo", "train method.loss._target_=ablate.losses.grpo.dapo",
-      "method.loss: dapo is not a DPO loss (a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): "
-      "it does not take the group's label_smoothing"),
+      "method.loss._target_=ablate.losses.grpo.dapo does not fit method=dpo: DPOTrainer calls its loss like "
+      "ablate.losses.dpo.sigmoid(logp_c"),
     C("grpo-loss-under-dpo", "train method/loss=dapo", "method/loss=dapo: GRPO's aggregations are now the group "
       "method/aggregation: use method/aggregation=dapo"),
     C("threads-zero", "train threads=0", "threads=0: must be null"),

@@ -95,11 +95,19 @@ def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:
     `fn` takes that name keyword-only), or None when it can."""
     import inspect
 
+    import functools
+
     try:
         theirs = inspect.signature(fn, follow_wrapped=False).parameters
         ours = inspect.signature(like, follow_wrapped=False).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: cannot tell
-        return None
+    except (TypeError, ValueError):  # a partial whose keywords its function does not take, or a builtin
+        if isinstance(fn, functools.partial):
+            taken = inspect.signature(fn.func, follow_wrapped=False).parameters
+            if not any(p.kind == p.VAR_KEYWORD for p in taken.values()):
+                extra = [k for k in fn.keywords if k not in taken]
+                if extra:
+                    return f"it does not take the group's {', '.join(extra)}"
+        return None  # a builtin without a signature: cannot tell
     required = [p for p in ours if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     by_name = {p.name for p in required if p.kind == p.KEYWORD_ONLY
                or (p.name in theirs and theirs[p.name].kind == p.KEYWORD_ONLY)}
@@ -120,7 +128,9 @@ def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, def
     group = key.replace(".", "/")
     hc = hydra_node() if "hydra" not in cfg else cfg.hydra
     choice = OmegaConf.select(hc, f"runtime.choices.{group}", default=None) if hc is not None else None
-    picked = f"{group}={choice} ({value._target_})" if choice else f"{key}._target_={value._target_}"
+    task = list(OmegaConf.select(hc, "overrides.task", default=None) or []) if hc is not None else []
+    retargeted = any(str(o).lstrip("+~").startswith(f"{key}._target_=") for o in task)  # the option is not what runs
+    picked = f"{group}={choice} ({value._target_})" if choice and not retargeted else f"{key}._target_={value._target_}"
     method = OmegaConf.select(cfg, "method.name", default="this method")
     trainer = str(node._target_).rsplit(".", 1)[-1]
     call = f"{default.__module__}.{default.__name__}{inspect.signature(default, follow_wrapped=False)}"
