@@ -94,6 +94,16 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "ablate train 'tags=": "tests/integration/test_ls.py runs tags, notes and threads by default",
     "ablate train threads=": "tests/integration/test_ls.py runs tags, notes and threads by default",
     "ablate train peak_tflops=": "tests/integration/test_speed.py runs a user-set peak by default",
+    "ablate train method=dpo_hinge ": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
+    "ablate train method/loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
+    "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
+    "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
+                                             "tests/unit/test_grpo_async.py (max_staleness) train them by default",
+    "ablate train method.args.max_steps=200 ": "200 steps of the default run (Quick start runs it by default)",
+    "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
+    "ablate train perf=off": "tests/integration/test_speed_plan.py trains perf=off against the default by default",
+    "ablate train perf.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",
+    "ablate train method=grpo perf.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
 }
 UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
 USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl"}  # "your own data"
