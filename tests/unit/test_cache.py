@@ -1,6 +1,6 @@
 """The reuse cache (ablate.data.cache): a hit gives the computed rows; every key input misses when it
 changes; a damaged, partial or half-written entry is never used; racing processes compute once;
-`ablate cache ls|clear`. Training with and without it: tests/integration/test_cache.py."""
+`ablate cache ls|clear`. Training with and without it: tests/integration/test_cache_losses.py."""
 
 from __future__ import annotations
 
@@ -125,6 +125,22 @@ def test_reference_logps_from_the_cache_are_the_computed_ones(tmp_path) -> None:
     assert any(x != x for x in plain.train_dataset["ref_chosen_logps"])  # rows not drawn: NaN
     for trainer in runs:
         assert _bits(trainer.train_dataset[:]) == _bits(plain.train_dataset[:])  # bit for bit
+
+
+def test_sft_examples_come_from_the_cache_and_miss_on_their_loss_mask(tmp_path) -> None:
+    from ablate.data import packaged
+    from ablate.methods.sft import SFTConfig, SFTTrainer
+
+    cache = reuse.Cache(dir=str(tmp_path / "c"))
+    rows = packaged("sort_sft", with_eval=False).train
+
+    def build(**args) -> SFTTrainer:
+        config = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=1, report_to="none", use_cpu=True, **args)
+        return SFTTrainer(model=tiny()[1], args=config, train_dataset=rows, processing_class=tiny()[0], cache=cache)
+
+    first, again, other = build(), build(), build(completion_only_loss=False)
+    assert [e["hit"] for e in cache.events] == [False, True, False]
+    assert again.train_dataset[:] == first.train_dataset[:] != other.train_dataset[:]
 
 
 def _entry(root: Path) -> Path:

@@ -5,8 +5,8 @@ An entry's key is the sha256 of everything that could change one bit of it: the 
 the file's name or date), the tokenizer's saved files and chat template, every argument, the model's
 weights, precision, device and thread count, the versions of torch/transformers/datasets and the
 source of ablate and of the trainer's classes (any code change misses). A hit is therefore the same
-bytes a computation would give (tests/integration/test_cache.py trains with and without it: bitwise
-equal losses).
+bytes a computation would give (tests/integration/test_cache_losses.py trains with and without it:
+bitwise equal losses).
 
 Entries live in `<dir>/<kind>/<key>/` (dir: `cache.dir`, else `$ABLATE_CACHE/entries`, by default
 ~/.cache/ablate/entries), each a `save_to_disk` dataset in `data/` and `manifest.json`, written last,
@@ -69,7 +69,11 @@ class Cache:
         if not self.enabled:
             return compute()
         t0 = time.perf_counter()
-        parts = key()
+        try:
+            parts = key()
+        except Exception as e:  # noqa: BLE001 - e.g. weights it cannot read: no key, no reuse, same result
+            log.warning("cache: cannot key %s (%s: %s); computing it without the cache", what, type(e).__name__, e)
+            return compute()
         digest = key_digest(kind, parts)
         entry = self.dir / kind / digest
         held = contextlib.ExitStack()

@@ -2,7 +2,8 @@
 
 Departures from the paper's pseudo-code, all as in TRL: log-probs are summed over completion tokens
 only; reference log-probs are precomputed once before training by default (the reference is the
-initial policy, so no second model stays in memory); EOS ends every completion.
+initial policy, so no second model stays in memory; the `cache` group reuses them, and the tokenized
+pairs, across runs with the same key: ablate.data.cache); EOS ends every completion.
 
 Speed paths (conf/perf/), each exact (tests/unit/test_dpo_speed_paths.py) and switchable for ablation:
 `dpo_pair_rows` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
