@@ -84,7 +84,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
         optimizer_factory=instantiate(cfg.optimizer.optimizer),  # partials Trainer calls (ConfiguredOptimizer)
         scheduler_factory=instantiate(cfg.optimizer.scheduler),
     )
-    record.add_speed_plan(trainer)  # which speed paths run, and why: run.json and W&B (ablate.speed.plan)
+    record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B) and cache hits: run.json
     trainer.callback_handler.callbacks.insert(0, speed := Speed(trainer, peak_tflops=cfg.get("peak_tflops")))
     progress.install(trainer, list(cfg.method.get("compare_metrics") or []))  # one bar with the key metrics
     return trainer, speed

@@ -20,7 +20,7 @@ from ablate.run.compose import register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
-GROUPS = ["model", "method", "optimizer", "precision", "distributed", "perf", "data", "callbacks", "logger"]
+GROUPS = ["model", "method", "optimizer", "precision", "distributed", "perf", "cache", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
                      if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment", "debug"})
 HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}
@@ -263,7 +263,7 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
         # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
         "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (),
-        "debug": ("callbacks",), "distributed": (), "perf": ("speed",),  # distributed: TrainingArguments keys
+        "debug": ("callbacks",), "distributed": (), "perf": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
         "model/lr": ()}  # model/lr: an optimizer value a model option sets (no code)
 
 

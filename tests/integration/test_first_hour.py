@@ -212,8 +212,10 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict:
              for n in range(1, 65)}
     (cache / "peak_flops.json").write_text(json.dumps(bogus))
     env = {"ABLATE_CACHE": str(cache)}
+    # cache=off: each launch scores its reference log-probs itself (with the cache the resumed launch loads the
+    # crashed one's: tests/integration/test_cache_losses.py)
     args = ["method.args.max_steps=4", "method.args.save_steps=2", "method.args.logging_steps=1", "threads=1",
-            "+callbacks.crash._target_=crashing.CrashAt"]
+            "+callbacks.crash._target_=crashing.CrashAt", "cache=off"]
     crashed = ablate("train", *args, cwd=cwd, env={**env, "ABLATE_TEST_CRASH_AT": "3"})
     assert crashed.returncode != 0
     (run_dir,) = (cwd / "outputs" / "runs").glob("*/*")

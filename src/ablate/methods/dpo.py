@@ -2,7 +2,8 @@
 
 Departures from the paper's pseudo-code, all as in TRL: log-probs are summed over completion tokens
 only; reference log-probs are precomputed once before training by default (the reference is the
-initial policy, so no second model stays in memory); EOS ends every completion.
+initial policy, so no second model stays in memory; the `cache` group reuses them, and the tokenized
+pairs, across runs with the same key: ablate.data.cache); EOS ends every completion.
 
 Speed paths (conf/perf/), each exact (tests/unit/test_dpo_speed_paths.py) and switchable for ablation:
 `dpo_pair_rows` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
@@ -18,6 +19,7 @@ plain path: TRL's layout and full logits.
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
+from ablate.data import cache as reuse
 from ablate.data.tokenize import prepare_preference
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
@@ -107,10 +110,12 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         data_collator: Callable | None = None,
         loss: dpo_losses.DPOLoss = dpo_losses.sigmoid,
         perf: Perf | None = None,
+        cache: reuse.Cache | None = None,
         **kwargs: Any,
     ) -> None:
         self.loss_fn = check_loss(loss)
         self.perf = perf or Perf()
+        self.cache = cache or reuse.Cache(enabled=False)  # tokenized pairs, reference log-probs (ablate.data.cache)
         self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
         self.ref_speed_plan: SpeedPlan | None = None  # a live reference model's own
         if train_dataset is not None:  # None: evaluation only (`ablate eval`)
@@ -167,9 +172,13 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
     ) -> Dataset:
-        """Any TRL preference format (see ablate.data.formats) -> prompt_ids/chosen_ids/rejected_ids."""
-        return prepare_preference(dataset, tokenizer, args.max_length, args.max_prompt_length,
-                                  args.max_completion_length, name)
+        """Any TRL preference format (see ablate.data.formats) -> prompt_ids/chosen_ids/rejected_ids,
+        from the cache when a run has tokenized these rows so before."""
+        lengths = {"max_length": args.max_length, "max_prompt_length": args.max_prompt_length,
+                   "max_completion_length": args.max_completion_length}
+        return self.cache.dataset(
+            "tokenized", f"tokenized {name} pairs", lambda: reuse.tokenized_key(dataset, tokenizer, type(self), lengths),
+            lambda: prepare_preference(dataset, tokenizer, **lengths, name=name))
 
     def _sequence_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], need_logits: bool = False
@@ -201,23 +210,44 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
 
     @torch.inference_mode()  # no autograd bookkeeping at all: these log-probs are constants
     def _with_ref_logps(self, dataset: Dataset) -> Dataset:
-        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now.
+        """Add ref_chosen_logps / ref_rejected_logps columns, scored by the model as it is now (or
+        loaded from the cache: the same numbers, for the same weights, rows, layout and device).
 
         Only the rows the run will draw are scored (`_rows_used`: a 3-step run of 8 pairs a step on 512
         pairs scores 32, its 3 batches and the one collated ahead);
-        the others get NaN, which the collator refuses should one ever be drawn. Rows are scored in
-        order of length (each row's log-probs do not depend on its batch-mates), so a batch pads to
-        nearly its own length, under a progress bar with an ETA. Results go back in dataset order."""
-        was_training = self.model.training
-        self.model.eval()
+        the others get NaN, which the collator refuses should one ever be drawn."""
         rows = self._rows_used(dataset) if dataset is self.train_dataset else None
         rows = list(range(len(dataset))) if rows is None else rows
+        name = "train" if dataset is self.train_dataset else "eval"
+        scored = self.cache.dataset("ref_logps", f"reference log-probs of {len(rows)} {name} pairs",
+                                    lambda: self._ref_key(dataset, rows), lambda: self._score_ref(dataset, rows, name))
+        columns = scored[:]  # {name: list of floats}
+        return (dataset.add_column("ref_chosen_logps", columns["ref_chosen_logps"])
+                .add_column("ref_rejected_logps", columns["ref_rejected_logps"]))
+
+    def _ref_key(self, dataset: Dataset, rows: list[int]) -> dict[str, Any]:
+        """Everything a reference log-prob's bits depend on: the tokenized rows and which are scored,
+        the weights, the batch size (padding), the speed plan's layout, precision, device, code."""
+        args = self.args
+        return {"rows": reuse.rows_digest(dataset), "scored": hashlib.sha256(str(rows).encode()).hexdigest(),
+                "weights": reuse.weights_digest(self.model), "adapted": is_adapted(self.model),
+                "batch_size": args.per_device_eval_batch_size, "plan": self.speed_plan.record(),
+                "precision": {"bf16": args.bf16, "fp16": args.fp16, "tf32": args.tf32,
+                              "autocast": str(self.accelerator.mixed_precision)},
+                "device": reuse.device_facts(args.device), "code": reuse.code_digest(type(self)),
+                "libraries": reuse.environment()}
+
+    def _score_ref(self, dataset: Dataset, rows: list[int], name: str) -> Dataset:
+        """`rows`' reference log-probs (NaN elsewhere), in dataset order. Rows are scored in order of
+        length (each row's log-probs do not depend on its batch-mates), so a batch pads to nearly its
+        own length, under a progress bar with an ETA."""
+        was_training = self.model.training
+        self.model.eval()
         lengths = {i: len(p) + max(len(c), len(r)) for i, p, c, r in
                    zip(rows, *(dataset.select(rows)[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")))}
         order = sorted(rows, key=lengths.__getitem__)
         chosen, rejected = [float("nan")] * len(dataset), [float("nan")] * len(dataset)
         bs = self.args.per_device_eval_batch_size
-        name = "train" if dataset is self.train_dataset else "eval"
         if self.is_local_process_zero():
             logger.info("reference log-probs (the initial policy): scoring %d of %d %s pairs%s", len(rows),
                         len(dataset), name, "" if len(rows) == len(dataset) else " (the ones this run draws)")
@@ -236,7 +266,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             bar.update(len(idx))
         bar.close()
         self.model.train(was_training)
-        return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
+        return Dataset.from_dict({"ref_chosen_logps": chosen, "ref_rejected_logps": rejected})
 
     def _rows_used(self, dataset: Dataset) -> list[int] | None:
         """The train rows this run draws, from step 0 to max_steps (sorted), or None for all of them.

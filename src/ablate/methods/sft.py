@@ -11,6 +11,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
+from ablate.data import cache as reuse
 from ablate.data.tokenize import pad, prepare_sft
 from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
@@ -72,9 +73,11 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         eval_dataset: Dataset | None = None,
         data_collator: Callable | None = None,
         perf: Perf | None = None,
+        cache: reuse.Cache | None = None,
         **kwargs: Any,
     ) -> None:
         self.perf = perf or Perf()
+        self.cache = cache or reuse.Cache(enabled=False)  # tokenized examples (ablate.data.cache)
         self.speed_plan = speed_plan.resolve("policy", Setting.of(model, args, args.max_length), self.perf,
                                              speed_plan.SFT)
         speed_plan.apply(model, self.speed_plan)
@@ -99,9 +102,13 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str
     ) -> Dataset:
-        """Any TRL SFT format (see ablate.data.formats) -> prompt_ids/completion_ids (loss on the latter)."""
-        return prepare_sft(dataset, tokenizer, args.max_length, args.completion_only_loss, name,
-                           args.assistant_only_loss)
+        """Any TRL SFT format (see ablate.data.formats) -> prompt_ids/completion_ids (loss on the latter),
+        from the cache when a run has tokenized these rows so before."""
+        options = {"max_length": args.max_length, "completion_only_loss": args.completion_only_loss,
+                   "assistant_only_loss": args.assistant_only_loss}
+        return self.cache.dataset(
+            "tokenized", f"tokenized {name} examples", lambda: reuse.tokenized_key(dataset, tokenizer, type(self), options),
+            lambda: prepare_sft(dataset, tokenizer, name=name, **options))
 
     def compute_loss(
         self,

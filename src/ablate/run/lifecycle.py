@@ -68,6 +68,24 @@ class Run:
         self.tracker.start(secrets.config_record(cfg), self.dir, self.info)
         rundir.write_json(self.dir / rundir.RUN, self.info)  # the tracker may have added its run id
 
+    def add_trainer_facts(self, trainer: Any) -> None:
+        """What the trainer decided while it was built: its speed plans and its cache lookups."""
+        self.add_speed_plan(trainer)
+        self.add_cache(trainer)
+
+    def add_cache(self, trainer: Any) -> None:
+        """The trainer's cache lookups (ablate.data.cache: each entry's kind, key, hit or miss, seconds)
+        into run.json as `cache`; a resumed launch adds its own to the list."""
+        cache = getattr(trainer, "cache", None)
+        if cache is None or not hasattr(cache, "record"):
+            return
+        now = cache.record()
+        launches = self.info.get("cache", {}).get("launches", []) + [now["entries"]]
+        self.info["cache"] = {"enabled": now["enabled"], "dir": now["dir"], "launches": launches,
+                              "hits": sum(e["hit"] for e in now["entries"]),
+                              "misses": sum(not e["hit"] for e in now["entries"])}
+        rundir.write_json(self.dir / rundir.RUN, self.info)
+
     def add_speed_plan(self, trainer: Any) -> None:
         """The trainer's speed plans (ablate.speed.plan: which speed paths run, and why) into run.json
         and the tracker's config, as `speed_plan`: {policy: ..., reference: ...}."""

@@ -1,0 +1,44 @@
+"""`ablate cache ls|clear`: what the reuse cache holds (ablate.data.cache), and removing it."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+
+def cache_cmd(argv: list[str]) -> None:
+    """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]`."""
+    from ablate.data.cache import KINDS, default_dir, entries
+
+    parser = argparse.ArgumentParser(prog="ablate cache", description="list or remove the entries that runs reuse "
+                                     "(tokenized datasets, DPO's reference log-probs)")
+    parser.add_argument("action", choices=("ls", "clear"), help="ls: each entry, its kind and size; clear: remove them")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help=f"the cache's dir, as cache.dir (default: {default_dir()}, from $ABLATE_CACHE)")
+    parser.add_argument("--kind", choices=KINDS, default=None, help="only entries of this kind")
+    args = parser.parse_args(argv)
+    root = (args.dir or default_dir()).expanduser()
+    rows = [e for e in entries(root) if args.kind in (None, e["kind"])]
+    if args.action == "ls":
+        for e in rows:
+            print(f"{e['kind']:10} {e['entry'][:16]}  {human(e['bytes']):>9}  {e['created']:19}  {e['what']}"
+                  + (f" ({e['rows']} rows)" if e["rows"] is not None else ""))
+        print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {human(sum(e['bytes'] for e in rows))} in {root}")
+        return
+    for e in rows:  # a run holding an entry keeps reading it (loaded in memory); the next one recomputes
+        shutil.rmtree(e["path"], ignore_errors=True)
+    for kind in [k for k in KINDS if args.kind in (None, k)]:  # a killed writer's leftovers; lock files stay
+        for leftover in (root / kind).glob(".tmp-*"):  # (0 bytes: removing one a job holds would let two write)
+            shutil.rmtree(leftover, ignore_errors=True)
+    print(f"removed {len(rows)} entr{'y' if len(rows) == 1 else 'ies'} ({human(sum(e['bytes'] for e in rows))}) "
+          f"from {root}")
+
+
+def human(n: int) -> str:
+    """Bytes as B, KiB, MiB or GiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

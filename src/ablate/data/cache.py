@@ -1,0 +1,354 @@
+"""A content-addressed cache of what a sweep's jobs would otherwise each compute again: the tokenized
+dataset and DPO's precomputed reference log-probs (config: the `cache` group, `cache=off`).
+
+An entry's key is the sha256 of everything that could change one bit of it: the rows themselves (not
+the file's name or date), the tokenizer's saved files and chat template, every argument, the model's
+weights, precision, device and thread count, the versions of torch/transformers/datasets and the
+source of ablate and of the trainer's classes (any code change misses). A hit is therefore the same
+bytes a computation would give (tests/integration/test_cache_losses.py trains with and without it:
+bitwise equal losses).
+
+Entries live in `<dir>/<kind>/<key>/` (dir: `cache.dir`, else `$ABLATE_CACHE/entries`, by default
+~/.cache/ablate/entries), each a `save_to_disk` dataset in `data/` and `manifest.json`, written last,
+with every file's sha256. An entry is built in a `.tmp-*` dir and renamed into place, so a writer
+killed mid-way (kill -9) leaves no entry; one whose manifest or checksum does not match is said in one
+line, removed and computed again. Jobs racing for one key take a file lock (flock): one computes,
+the others wait and load. `ablate cache ls|clear` lists and removes entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import inspect
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from datasets import Dataset
+
+from ablate.paths import cache_root
+
+log = logging.getLogger("ablate")
+MANIFEST = "manifest.json"
+DATA = "data"
+KINDS = ("tokenized", "ref_logps")  # what ablate caches (the first level of the cache dir)
+_SOURCE = Path(__file__).resolve().parents[1]  # the ablate package: its code is part of every key
+
+
+def default_dir() -> Path:
+    """`$ABLATE_CACHE/entries` (default ~/.cache/ablate/entries; XDG_CACHE_HOME respected)."""
+    return cache_root() / "entries"
+
+
+class Cache:
+    """The cache a trainer uses (`conf/cache/`): `enabled` false computes everything, as before.
+    `events` lists this run's hits and misses (run.json's `cache`)."""
+
+    def __init__(self, enabled: bool = True, dir: str | None = None) -> None:  # noqa: A002 - the config key
+        self.enabled = enabled
+        self.dir = Path(dir).expanduser() if dir else default_dir()
+        self.events: list[dict[str, Any]] = []
+
+    def record(self) -> dict[str, Any]:
+        """What run.json says: where the entries are and each lookup's outcome."""
+        return {"enabled": self.enabled, "dir": str(self.dir), "entries": self.events}
+
+    def dataset(self, kind: str, what: str, key: Callable[[], Mapping[str, Any]],
+                compute: Callable[[], Dataset]) -> Dataset:
+        """The entry of `key()` (a dict of strings and numbers; not computed when the cache is off)
+        loaded, or `compute()`d and stored. Warnings the computation logged are stored with it and
+        said again on a hit."""
+        if not self.enabled:
+            return compute()
+        t0 = time.perf_counter()
+        try:
+            parts = key()
+        except Exception as e:  # noqa: BLE001 - e.g. weights it cannot read: no key, no reuse, same result
+            log.warning("cache: cannot key %s (%s: %s); computing it without the cache", what, type(e).__name__, e)
+            return compute()
+        digest = key_digest(kind, parts)
+        entry = self.dir / kind / digest
+        held = contextlib.ExitStack()
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(_locked(entry.parent / f"{digest}.lock"))  # racing jobs: one computes
+        except OSError as e:  # a read-only or full disk: the cache only saves time
+            log.warning("cache: cannot use %s (%s); computing %s without it", self.dir, e.strerror or e, what)
+            return compute()
+        with held:
+            found = load(entry)
+            if found is not None:
+                for line in found[1].get("said", []):
+                    log.warning("%s", line)
+                self._event(kind, what, digest, True, t0)
+                log.info("cache: %s loaded (%s/%s, %.1f s)", what, kind, digest[:12], time.perf_counter() - t0)
+                return found[0]
+            with _said() as said:
+                out = compute()
+            store(entry, out, {"kind": kind, "what": what, "rows": len(out), "said": said, "parts": dict(parts)})
+            self._event(kind, what, digest, False, t0)
+            return out
+
+    def _event(self, kind: str, what: str, digest: str, hit: bool, t0: float) -> None:
+        self.events.append({"what": what, "entry": f"{kind}/{digest[:16]}", "hit": hit,
+                            "seconds": round(time.perf_counter() - t0, 3)})
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (released by the kernel if the holder dies, kill -9 included)."""
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _said() -> Iterator[list[str]]:
+    """The warning lines logged on the "ablate" logger meanwhile (e.g. "dropped 3 of 512 pairs")."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(handler)
+
+
+# ---- entries on disk ----
+
+def load(entry: Path) -> tuple[Dataset, dict[str, Any]] | None:
+    """The entry's dataset and manifest, or None: absent, or damaged (said in one line, removed)."""
+    if not entry.exists():
+        return None
+    why = check(entry)
+    if why is None:
+        from datasets import load_from_disk
+
+        try:  # in memory: datasets would write its select/map cache files into a mapped entry's dir
+            return load_from_disk(str(entry / DATA), keep_in_memory=True), json.loads((entry / MANIFEST).read_text())
+        except Exception as e:  # noqa: BLE001 - any unreadable entry is recomputed
+            why = f"unreadable ({type(e).__name__})"
+    log.warning("cache: entry %s/%s is %s; recomputing it", entry.parent.name, entry.name[:12], why)
+    shutil.rmtree(entry, ignore_errors=True)
+    return None
+
+
+def check(entry: Path) -> str | None:
+    """Why `entry` cannot be used (no manifest: never finished; a file missing or changed), or None."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "incomplete (no manifest)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "corrupt (unreadable manifest)"
+    for name, sha in files.items():
+        try:
+            if file_sha256(entry / name) != sha:
+                return f"corrupt ({name}: checksum mismatch)"
+        except OSError:
+            return f"incomplete ({name} missing)"
+    return None
+
+
+def store(entry: Path, dataset: Dataset, meta: dict[str, Any]) -> None:
+    """Write `dataset` as `entry` atomically: a tmp dir, the manifest last, one rename. The caller
+    holds the entry's lock; a failed write (disk full) is said in one line and leaves no entry."""
+    from datasets.utils.logging import (
+        disable_progress_bar,
+        enable_progress_bar,
+        is_progress_bar_enabled,
+    )
+
+    for stale in entry.parent.glob(f".tmp-{entry.name}-*"):  # a writer killed mid-way (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = entry.parent / f".tmp-{entry.name}-{os.getpid()}"
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        dataset.save_to_disk(str(tmp / DATA))
+        files = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted((tmp / DATA).rglob("*")) if p.is_file()}
+        size = sum((tmp / f).stat().st_size for f in files)
+        manifest = {**meta, "files": files, "bytes": size, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, default=str))
+        if entry.exists():  # a damaged one the load above did not remove
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    except OSError as e:
+        log.warning("cache: could not store %s/%s (%s); the run goes on without it", entry.parent.name,
+                    entry.name[:12], e.strerror or e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if shown:
+            enable_progress_bar()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """Write and fsync every file of the entry's dir first, then the manifest: a crash leaves no
+    manifest naming a file whose bytes never reached the disk."""
+    for p in path.parent.rglob("*"):
+        if p.is_file():
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+    with path.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def entries(root: Path) -> list[dict[str, Any]]:
+    """Every entry under `root`, with its manifest's facts (an entry without one: `incomplete`); a
+    `.tmp-*` dir (being written, or left by a killed writer) is none."""
+    out = []
+    for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        for entry in sorted(p for p in kind_dir.iterdir() if p.is_dir() and not p.name.startswith(".tmp-")):
+            try:
+                manifest = json.loads((entry / MANIFEST).read_text())
+            except (OSError, ValueError):
+                manifest = {"what": "incomplete (no manifest)"}
+            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+            out.append({"kind": kind_dir.name, "entry": entry.name, "what": manifest.get("what", ""), "bytes": size,
+                        "rows": manifest.get("rows"), "created": manifest.get("created", ""), "path": str(entry)})
+    return out
+
+
+# ---- digests: the parts of a key ----
+
+def tokenized_key(dataset: Dataset, tokenizer: Any, trainer: type, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A tokenized dataset's key: its rows, the tokenizer (files, chat template), every tokenization
+    argument (`args`: lengths, loss masks), the code (ablate's, the trainer's) and library versions."""
+    return {"rows": rows_digest(dataset), "tokenizer": tokenizer_digest(tokenizer), "args": dict(args),
+            "code": code_digest(trainer), "libraries": environment()}
+
+
+def key_digest(kind: str, key: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps({"kind": kind, **key}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rows_digest(dataset: Dataset) -> str:
+    """sha256 of a dataset's rows as they are (features and every value, in order), whatever the Arrow
+    layout they are stored in (chunks, slices, memory-mapped or not): the same rows give the same digest."""
+    h = hashlib.sha256(str(dataset.features).encode())
+    for table in dataset.with_format("arrow").iter(batch_size=8192):
+        for name in table.column_names:
+            h.update(name.encode())
+            _hash_values(h, table.column(name).combine_chunks())
+    return h.hexdigest()
+
+
+def _hash_values(h: Any, values: Any) -> None:
+    """Arrow values into `h`, layout-free: lists as their lengths then their flattened values, numbers
+    as their bytes, anything else (text, structs) as JSON."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = values.type
+    h.update(str(t).encode())
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        h.update(pc.list_value_length(values).fill_null(-1).to_numpy(zero_copy_only=False).astype("int64").tobytes())
+        _hash_values(h, pc.list_flatten(values))
+    elif (pa.types.is_integer(t) or pa.types.is_floating(t)) and values.null_count == 0:
+        h.update(values.to_numpy(zero_copy_only=False).tobytes())
+    else:
+        h.update(json.dumps(values.to_pylist(), sort_keys=True, default=str).encode())
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """sha256 of the tokenizer's saved files (vocabulary, merges, special tokens, chat template) and
+    of its class's source when it is not the library's (e.g. the tiny byte tokenizer)."""
+    h = hashlib.sha256(type(tokenizer).__qualname__.encode())
+    h.update(str(getattr(tokenizer, "chat_template", None)).encode())
+    with tempfile.TemporaryDirectory(prefix="ablate-tok-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        for p in sorted(Path(tmp).rglob("*")):
+            if p.is_file():
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
+    h.update(code_digest(type(tokenizer)).encode())
+    return h.hexdigest()
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 of the model's class, config and every tensor of its state dict (names, dtypes, bytes)."""
+    import torch
+
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    config = getattr(model, "config", None)
+    if config is not None:
+        h.update(config.to_json_string(use_diff=False).encode())
+        h.update(str(getattr(config, "_attn_implementation", None)).encode())
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def code_digest(*classes: type) -> str:
+    """sha256 of ablate's own source and of the source files of `classes` and their bases that are
+    neither ablate's nor a library's pinned by version (a trainer or tokenizer of your own)."""
+    h = hashlib.sha256()
+    for p in sorted(_SOURCE.rglob("*.py")):
+        h.update(p.read_bytes())
+    files = set()
+    for cls in classes:
+        for base in inspect.getmro(cls):
+            if base.__module__.split(".")[0] in ("ablate", "builtins", "transformers", "torch", "tokenizers"):
+                continue
+            with contextlib.suppress(TypeError, OSError):
+                files.add(inspect.getsourcefile(base))
+    for f in sorted(x for x in files if x):
+        h.update(Path(f).read_bytes())
+    return h.hexdigest()
+
+
+def environment() -> dict[str, Any]:
+    """Library versions (behaviour changes with them), for every key."""
+    import datasets
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "datasets": datasets.__version__, "tokenizers": tokenizers.__version__, "python": platform.python_version()}
+
+
+def device_facts(device: Any) -> dict[str, Any]:
+    """What a forward's bits depend on beyond the model and the inputs: device type and model, CPU
+    instruction set, thread count (a reduction's blocking), matmul precision, CUDA/cuDNN versions."""
+    import torch
+
+    facts: dict[str, Any] = {"type": str(getattr(device, "type", device)), "machine": platform.machine(),
+                             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                             "threads": torch.get_num_threads(),
+                             "matmul_precision": torch.get_float32_matmul_precision(),
+                             "deterministic": torch.are_deterministic_algorithms_enabled()}
+    if facts["type"] == "cuda":
+        facts.update(name=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                     cudnn=torch.backends.cudnn.version(), tf32=torch.backends.cuda.matmul.allow_tf32,
+                     cudnn_tf32=torch.backends.cudnn.allow_tf32)
+    return facts
