@@ -93,9 +93,8 @@ def check_trainer_functions(cfg: DictConfig) -> None:
 def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:
     """Why `fn` cannot be called as `like` is (its required arguments: positionally, or by name where
     `fn` takes that name keyword-only), or None when it can."""
-    import inspect
-
     import functools
+    import inspect
 
     try:
         theirs = inspect.signature(fn, follow_wrapped=False).parameters
