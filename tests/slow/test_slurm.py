@@ -126,6 +126,28 @@ def _preempt_after_first_checkpoint(proc: subprocess.Popen, sweep_dir: Path, nam
     return job_id
 
 
+def _preempted_then_finished(proc: subprocess.Popen, sweep_dir: Path, name: str) -> tuple[str, Path, int]:
+    """USR2 after the job's first checkpoint: the run dir says `preempted` at a step before the last,
+    with that step's checkpoint saved; then the requeued job runs to its end. (job id, run dir, step)."""
+    try:
+        (job_id,) = _preempt_after_first_checkpoint(proc, sweep_dir, name)
+        run_dir = _job_dirs(sweep_dir)[0]
+        deadline = time.monotonic() + 120
+        while json.loads((run_dir / "summary.json").read_text())["status"] != "preempted":
+            assert time.monotonic() < deadline, f"not preempted 120 s after USR2\n{_job_logs(sweep_dir)}"
+            time.sleep(0.1)
+        stopped_at = max(_losses(run_dir))
+        assert stopped_at < DDP_STEPS, "finished before the signal: nothing was preempted"
+        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
+    except BaseException:
+        _sh("scancel", f"--name={name}")
+        proc.kill()
+        raise
+    out = _wait(proc, 420, sweep_dir)
+    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    return job_id, run_dir, stopped_at
+
+
 def _loss_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [e["step"] for e in map(json.loads, lines) if "loss" in e]
@@ -333,31 +355,15 @@ def test_two_task_job_preempted_resumes_to_the_same_losses(ddp_reference: dict[i
     dying in a collective), the job is requeued, both ranks resume from that checkpoint, and the
     per-step losses equal the uninterrupted run's."""
     sweep_dir, name = tmp_path / "sweep", _job_name("ddppreempt")
-    proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp_path)
-    try:
-        job_id = _preempt_after_first_checkpoint(proc, sweep_dir, name)  # USR2 reaches both tasks (srun forwards it)
-
-        run_dir = _job_dirs(sweep_dir)[0]
-        deadline = time.monotonic() + 120
-        while json.loads((run_dir / "summary.json").read_text())["status"] != "preempted":
-            assert time.monotonic() < deadline, f"not preempted 120 s after USR2\n{_job_logs(sweep_dir)}"
-            time.sleep(0.1)
-        stopped_at = max(_losses(run_dir))
-        assert stopped_at < DDP_STEPS, "finished before the signal: nothing was preempted"
-        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
-    except BaseException:
-        _sh("scancel", f"--name={name}")
-        proc.kill()
-        raise
-    out = _wait(proc, 420, sweep_dir)
-    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp_path)  # USR2 reaches both tasks (srun forwards it)
+    job_id, run_dir, stopped_at = _preempted_then_finished(proc, sweep_dir, name)
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
     assert _losses(run_dir) == pytest.approx(ddp_reference, rel=1e-5, abs=1e-6)  # no step lost, repeated or changed
-    assert _sacct_states(["-X", "-D", "-j", job_id[0]], ["REQUEUED", "COMPLETED"])
+    assert _sacct_states(["-X", "-D", "-j", job_id], ["REQUEUED", "COMPLETED"])
     logs = {p.name: p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.*")}
-    task_logs = [logs[f"{job_id[0]}_{rank}_log.out"] + logs[f"{job_id[0]}_{rank}_log.err"] for rank in (0, 1)]
+    task_logs = [logs[f"{job_id}_{rank}_log.out"] + logs[f"{job_id}_{rank}_log.err"] for rank in (0, 1)]
     for rank, log in enumerate(task_logs):  # each rank stopped at the agreed step and resumed from it
         assert f"checkpoint-{stopped_at} saved; the job is requeued" in log, f"rank {rank}:\n{log[-3000:]}"
         assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, f"rank {rank}:\n{log[-3000:]}"

@@ -36,7 +36,7 @@ from test_slurm import (
     _job_logs,
     _job_name,
     _losses,
-    _preempt_after_first_checkpoint,
+    _preempted_then_finished,
     _sacct_states,
     _sh,
     _wait,
@@ -157,22 +157,7 @@ def test_two_node_job_preempted_resumes_on_both_nodes_to_the_same_losses(single_
     the job is requeued onto two nodes again and both ranks resume from that checkpoint."""
     sweep_dir, name = tmp_path / "sweep", _job_name("twonodepreempt")
     proc = _ablate(_two_node_args(name, sweep_dir), cwd=tmp_path)
-    try:
-        (job_id,) = _preempt_after_first_checkpoint(proc, sweep_dir, name)
-        run_dir = _job_dirs(sweep_dir)[0]
-        deadline = time.monotonic() + 120
-        while json.loads((run_dir / "summary.json").read_text())["status"] != "preempted":
-            assert time.monotonic() < deadline, f"not preempted 120 s after USR2\n{_job_logs(sweep_dir)}"
-            time.sleep(0.1)
-        stopped_at = max(_losses(run_dir))
-        assert stopped_at < DDP_STEPS, "finished before the signal: nothing was preempted"
-        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
-    except BaseException:
-        _sh("scancel", f"--name={name}")
-        proc.kill()
-        raise
-    out = _wait(proc, 420, sweep_dir)
-    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
+    job_id, run_dir, stopped_at = _preempted_then_finished(proc, sweep_dir, name)
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
