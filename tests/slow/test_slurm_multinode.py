@@ -102,18 +102,24 @@ def _sacct_nodes(job_id: str) -> list[str]:
     return out.split()
 
 
-@pytest.fixture(scope="module")
-def single_node_reference(two_node_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """Per-step losses of the uninterrupted one-node 2-task run (tasks_per_node=2), on the same cluster."""
-    tmp = tmp_path_factory.mktemp("single_node")
-    sweep_dir, name = tmp / "sweep", _job_name("onenode")
-    proc = _ablate(_ddp_args(name, sweep_dir), cwd=tmp)
+def _run_job(args: list[str], name: str, sweep_dir: Path, cwd: Path) -> Path:
+    """Launch one SLURM job through ablate, wait for it (cancelled if the wait fails), assert it
+    succeeded; its submitit folder."""
+    proc = _ablate(args, cwd=cwd)
     try:
         out = _wait(proc, 420, sweep_dir)
     finally:
         _sh("scancel", f"--name={name}")
     assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
-    job = _job_folder(sweep_dir)
+    return _job_folder(sweep_dir)
+
+
+@pytest.fixture(scope="module")
+def single_node_reference(two_node_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """Per-step losses of the uninterrupted one-node 2-task run (tasks_per_node=2), on the same cluster."""
+    tmp = tmp_path_factory.mktemp("single_node")
+    sweep_dir, name = tmp / "sweep", _job_name("onenode")
+    job = _run_job(_ddp_args(name, sweep_dir), name, sweep_dir, tmp)
     assert _sacct_nodes(job.name) == ["1"]  # really on one node
     (run_dir,) = _job_dirs(sweep_dir)
     losses = _losses(run_dir)
@@ -124,13 +130,7 @@ def single_node_reference(two_node_cluster: None, tmp_path_factory: pytest.TempP
 def test_two_node_job_is_one_run_with_the_single_node_losses(single_node_reference: dict[int, float],
                                                              tmp_path: Path) -> None:
     sweep_dir, name = tmp_path / "sweep", _job_name("twonode")
-    proc = _ablate(_two_node_args(name, sweep_dir), cwd=tmp_path)
-    try:
-        out = _wait(proc, 420, sweep_dir)
-    finally:
-        _sh("scancel", f"--name={name}")
-    assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
-    job = _job_folder(sweep_dir)
+    job = _run_job(_two_node_args(name, sweep_dir), name, sweep_dir, tmp_path)
     script = (job / f"{job.name}_submission.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     assert _sacct_nodes(job.name) == ["2"]
