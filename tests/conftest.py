@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +17,53 @@ ROOT = TESTS.parent
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker already has a core of its own: one thread per ablate process it starts
-    # (torch's default pool would give every concurrent run all cores and oversubscribe them).
+    # (torch's default pool would give every concurrent run all cores and oversubscribe them;
+    # a test that runs alone on purpose, the vLLM engine's, sets its own).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject addopts): one worker per available core, at most 4; none for `-m slow`,
-    whose one-node SLURM cluster, torchrun jobs and aimed kills want the machine to themselves."""
-    markexpr = config.getoption("markexpr") or ""
-    if "slow" in markexpr and "not slow" not in markexpr:
-        return 0
+    """`-n auto` (pyproject addopts): one worker per available core, at most 4, for the default and the
+    slow suite alike (a slow test's processes spend much of their time starting up and waiting)."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+# Files whose tests share one machine-wide service run on one worker, one after the other: the SLURM
+# cluster (test_slurm_multinode turns it into two nodes and back while it runs).
+SHARED = {"tests/slow/test_slurm.py": "slurm", "tests/slow/test_slurm_multinode.py": "slurm"}
+# The longest groups start first (xdist hands groups out in collection order), so that the workers
+# end together rather than one finishing a long group alone.
+FIRST = ["slurm", "tests/slow/test_ray.py", "docs:README.md", "tests/slow/test_fsdp.py"]
+DOC_LINE = re.compile(r"tests/integration/test_readme\.py::test_doc_line_runs\[([^:\]]+):\d+ ")
+
+
+def group(nodeid: str) -> str:
+    """The xdist work unit of a test: its file (its module fixtures are made once, on one worker), the
+    SHARED name of its file, or for the docs test's lines their doc (a doc's lines run in order in one
+    scratch clone; the docs spread over the workers)."""
+    doc = DOC_LINE.match(nodeid)
+    if doc:
+        return f"docs:{doc.group(1)}"
+    path = nodeid.split("::", 1)[0]
+    return SHARED.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Work units by `group` (xdist's `--dist loadgroup` cannot do it under pytest 9.2: the group
+    names it appends to node ids no longer reach them)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group(nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The groups in FIRST first (a stable sort: within a group, the file's order)."""
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(group(item.nodeid), len(FIRST)))
 
 
 def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,

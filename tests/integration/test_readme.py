@@ -9,6 +9,9 @@ reason, shown by pytest as the skip reason (`pytest -rs`):
   test suite itself). `&&`-chained set-up steps (venv, `pip install`) are left out: the test runs
   in the environment they installed.
 - SLOW: lines that take minutes; they run in the `-m slow` suite (with every earlier line of their doc).
+- COVERED: lines that repeat a run a named default-suite test makes, and asserts more about (every DPO
+  loss, every optimizer, LoRA, the debug presets...): composed with `--cfg job` (a key, group or
+  option the docs name that no longer exists fails it) and not trained a second time.
 - Step counts: `method.args.max_steps=2` is appended to an `ablate train|sweep` line that does not set
   it already (Quick start runs untouched: it is the README's promise, seconds; `debug=` presets keep their own).
 - Placeholders: `outputs/runs/<date>/<time>_<overrides>` is filled with the real dir of an
@@ -44,7 +47,7 @@ STEPS = "method.args.max_steps=2"
 SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
-    "python -m pytest -m slow tests/slow/test_vllm.py": "the vLLM engine's slow tests themselves (their own venv)",
+    "python -m pytest -m slow tests/slow/test_vllm.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
     "ablate train +experiment=smollm2_grpo method/generator=vllm":
         "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
     "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
@@ -84,10 +87,11 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "ablate train model=smollm2_135m": "a 135M-parameter model",
     "ablate train +experiment=smollm2": "a 135M-parameter model",
     "ablate data preview +experiment=smollm2": "fetches and converts SmolLM2 on first use",
-    "ablate train logger=wandb": "starts W&B (offline); tests/integration/test_wandb.py covers it by default",
-    "PYTHONPATH=examples/": "the examples; tests/integration/test_examples.py runs them by default",
-    # the lines below each repeat a run a dedicated default-suite test makes (and asserts more about);
-    # the docs test runs them in the slow suite so that the default one stays near 10 minutes on 2 cores
+    "ablate train method.args.max_steps=200 ": "200 steps",
+}
+COVERED = {  # a line whose command starts with one of these is composed only: the named test trains it by default
+    "ablate train logger=wandb": "tests/integration/test_wandb.py trains with W&B (offline) by default",
+    "PYTHONPATH=examples/": "tests/integration/test_examples.py trains each example by default",
     "ablate train debug=": "tests/integration/test_debug.py runs every debug preset by default",
     "ablate train +peft=": "tests/integration/test_peft.py runs LoRA and QLoRA by default",
     "ablate train method=grpo +peft=": "tests/integration/test_peft.py runs GRPO with LoRA by default",
@@ -99,7 +103,6 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
     "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
                                              "tests/unit/test_grpo_async.py (max_staleness) train them by default",
-    "ablate train method.args.max_steps=200 ": "200 steps of the default run (Quick start runs it by default)",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
     "ablate train perf=off": "tests/integration/test_speed_plan.py trains perf=off against the default by default",
     "ablate train perf.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",
@@ -143,6 +146,7 @@ class Line:
     command: str = ""  # what runs: set-up segments and the comment removed
     skip: str | None = None
     slow: str | None = None
+    covered: str | None = None  # the default-suite test that trains this line's run: composed only here
 
     @property
     def id(self) -> str:
@@ -185,6 +189,7 @@ def parse(doc: str) -> tuple[list[Line], dict[str, str]]:
         key = _key(line.command)
         line.skip = SKIP.get(key) or (None if line.command else "set-up only (the test runs in the installed env)")
         line.slow = next((why for k, why in SLOW.items() if (key + " ").startswith(k)), None)
+        line.covered = next((why for k, why in COVERED.items() if (key + " ").startswith(k)), None)
         needs = NEEDS.get(line.section) or next((v for k, v in NEEDS_LINE.items() if (key + " ").startswith(k + " ")), None)
         if needs and not line.skip:
             module, why = needs
@@ -212,6 +217,7 @@ ALL = _all_lines()
 
 
 def _param(line: Line):
+    # the id starts with the doc: tests/conftest.py's `group` runs a doc's lines on one xdist worker
     return pytest.param(line, id=line.id, marks=[pytest.mark.slow] if line.slow and not line.skip else [])
 
 
@@ -246,6 +252,8 @@ class DocRun:
         if (line.section not in UNTOUCHED_SECTIONS and re.search(r"\bablate (train|sweep)\b", command)
                 and "method.args.max_steps=" not in command and "debug=" not in command):
             command = f"{command} {STEPS}"
+        if line.covered:
+            command = f"{command} --cfg job"  # composed, not trained: line.covered trains it
         return subprocess.run(["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True,
                               text=True, timeout=1800)
 
@@ -302,6 +310,8 @@ def test_doc_line_runs(line: Line, doc_runs):
         pytest.skip(f"{(line.command or line.text)[:60]}: {line.skip}")
     r = doc_runs[line.doc].run(line)
     assert r.returncode == 0, f"{line.id}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    if line.covered:  # the job's config, composed (Hydra printed it: the method's trainer and its args)
+        assert "_target_: ablate.methods." in r.stdout and "max_steps:" in r.stdout, f"{line.id}\n{r.stdout[-3000:]}"
     for printed in re.findall(r"^run dir: (.+)$", r.stdout, flags=re.M):
         s = summary(Path(printed))
         assert s["status"] in ("completed", "pruned"), printed  # a study's trial may be pruned (as it should be)
@@ -323,8 +333,13 @@ def test_docs_have_their_sections_and_the_rules_match_lines():
     assert len([line for line in ALL if line.doc == "docs/extending.md"]) >= 4
     keys = {_key(line.command) for line in ALL}
     assert set(SKIP) <= keys, set(SKIP) - keys
-    for rule in SLOW:
+    for rule in [*SLOW, *COVERED]:
         assert any((k + " ").startswith(rule) for k in keys), rule
+    for rule, why in COVERED.items():  # the test named trains it, and the line is one `ablate train`
+        assert all((ROOT / t).is_file() for t in re.findall(r"tests/\S+\.py", why)) and "tests/" in why, why
+        for line in ALL:
+            if line.covered == why and not line.skip:
+                assert re.fullmatch(r"(PYTHONPATH=\S+\s+)?ablate train [^&|;]*", line.command), line.command
     runnable = [line for line in ALL if not line.skip]
     assert len([line for line in runnable if not line.slow]) >= 12  # most single runs: the default suite
 
