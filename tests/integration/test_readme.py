@@ -8,7 +8,9 @@ reason, shown by pytest as the skip reason (`pytest -rs`):
 - SKIP: lines that cannot run on a CPU machine without network or root (SLURM, online W&B, the
   test suite itself). `&&`-chained set-up steps (venv, `pip install`) are left out: the test runs
   in the environment they installed.
-- SLOW: lines that take minutes; they run in the `-m slow` suite (with every earlier line of their doc).
+- SLOW: lines that take minutes; they run in the `-m slow` suite, after the earlier slow lines of their
+  doc (what a slow line reads, a sweep dir, the fetched model, is made by slow lines; the default lines
+  before it, run by the default suite, are not run again).
 - COVERED: lines that repeat a run a named default-suite test makes, and asserts more about (every DPO
   loss, every optimizer, LoRA, the debug presets...): composed with `--cfg job` (a key, group or
   option the docs name that no longer exists fails it) and not trained a second time.
@@ -232,12 +234,12 @@ class DocRun:
     cleanup: list[str] = field(default_factory=list)  # CLEANUP commands of lines that ran
 
     def run(self, target: Line) -> subprocess.CompletedProcess:
-        # earlier lines first: later ones use their outputs (outputs/my_run, a sweep dir); a slow line
-        # runs after every earlier line (the `-m slow` suite has not run the default ones)
+        # earlier lines first: later ones use their outputs (outputs/my_run, a sweep dir); a default
+        # line after the default lines before it, a slow line after the slow lines before it
         for line in ALL:
             if line.doc != self.doc or line.lineno > target.lineno:
                 continue
-            if line.skip or line.lineno in self.results or (line.slow and not target.slow):
+            if line.skip or line.lineno in self.results or bool(line.slow) != bool(target.slow):
                 continue
             self.results[line.lineno] = self._exec(line)
         return self.results[target.lineno]
