@@ -11,9 +11,10 @@ reason, shown by pytest as the skip reason (`pytest -rs`):
 - SLOW: lines that take minutes; they run in the `-m slow` suite, after the earlier slow lines of their
   doc (what a slow line reads, a sweep dir, the fetched model, is made by slow lines; the default lines
   before it, run by the default suite, are not run again).
-- COVERED: lines that repeat a run a named default-suite test makes, and asserts more about (every DPO
-  loss, every optimizer, LoRA, the debug presets...): composed with `--cfg job` (a key, group or
-  option the docs name that no longer exists fails it) and not trained a second time.
+- COVERED: lines that repeat a run a named test makes, and asserts more about (every DPO loss, every
+  optimizer, LoRA, the debug presets...; the SmolLM2 experiments, by the slow suite): composed with
+  `--cfg job` in the default suite (a key, group or option the docs name that no longer exists fails
+  it) and not trained a second time.
 - Step counts: `method.args.max_steps=2` is appended to an `ablate train|sweep` line that does not set
   it already (Quick start runs untouched: it is the README's promise, seconds; `debug=` presets keep their own).
 - Placeholders: `outputs/runs/<date>/<time>_<overrides>` is filled with the real dir of an
@@ -87,13 +88,15 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "torchrun ": "2 processes",
     "ablate fetch smollm2_135m": "downloads and converts a 135M model on first use",
     "ablate train model=smollm2_135m": "a 135M-parameter model",
-    "ablate train +experiment=smollm2": "a 135M-parameter model",
     "ablate data preview +experiment=smollm2": "fetches and converts SmolLM2 on first use",
     "ablate train method.args.max_steps=200 ": "200 steps",
 }
-COVERED = {  # a line whose command starts with one of these is composed only: the named test trains it by default
+COVERED = {  # a line whose command starts with one of these is composed only: the named test trains it
     "ablate train logger=wandb": "tests/integration/test_wandb.py trains with W&B (offline) by default",
     "PYTHONPATH=examples/": "tests/integration/test_examples.py trains each example by default",
+    # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target
+    "ablate train +experiment=smollm2": "tests/slow/test_smollm2.py trains each SmolLM2 experiment to a held-out target",
+    "ablate train model=smollm2_135m +peft=": "tests/slow/test_lora_smollm2.py trains LoRA on SmolLM2 through the CLI",
     "ablate train debug=": "tests/integration/test_debug.py runs every debug preset by default",
     "ablate train +peft=": "tests/integration/test_peft.py runs LoRA and QLoRA by default",
     "ablate train method=grpo +peft=": "tests/integration/test_peft.py runs GRPO with LoRA by default",
@@ -190,8 +193,8 @@ def parse(doc: str) -> tuple[list[Line], dict[str, str]]:
         line.command = " && ".join(p for p in parts if not SETUP.match(p))
         key = _key(line.command)
         line.skip = SKIP.get(key) or (None if line.command else "set-up only (the test runs in the installed env)")
-        line.slow = next((why for k, why in SLOW.items() if (key + " ").startswith(k)), None)
         line.covered = next((why for k, why in COVERED.items() if (key + " ").startswith(k)), None)
+        line.slow = None if line.covered else next((why for k, why in SLOW.items() if (key + " ").startswith(k)), None)
         needs = NEEDS.get(line.section) or next((v for k, v in NEEDS_LINE.items() if (key + " ").startswith(k + " ")), None)
         if needs and not line.skip:
             module, why = needs
