@@ -97,6 +97,10 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target
     "ablate train +experiment=smollm2": "tests/slow/test_smollm2.py trains each SmolLM2 experiment to a held-out target",
     "ablate train model=smollm2_135m +peft=": "tests/slow/test_lora_smollm2.py trains LoRA on SmolLM2 through the CLI",
+    # sweep files: each runs whole (every job, then compare) in the slow suite; `ablate sweep dpo_loss`
+    # lines still run here (the README's compare lines read their default sweep dir)
+    "ablate sweep grpo_": "tests/slow/test_sweeps.py runs every sweep file's jobs and compares them",
+    "ablate sweep dpo_losses": "tests/slow/test_sweeps.py runs every sweep file's jobs and compares them",
     "ablate train debug=": "tests/integration/test_debug.py runs every debug preset by default",
     "ablate train +peft=": "tests/integration/test_peft.py runs LoRA and QLoRA by default",
     "ablate train method=grpo +peft=": "tests/integration/test_peft.py runs GRPO with LoRA by default",
@@ -340,11 +344,11 @@ def test_docs_have_their_sections_and_the_rules_match_lines():
     assert set(SKIP) <= keys, set(SKIP) - keys
     for rule in [*SLOW, *COVERED]:
         assert any((k + " ").startswith(rule) for k in keys), rule
-    for rule, why in COVERED.items():  # the test named trains it, and the line is one `ablate train`
+    for rule, why in COVERED.items():  # the test named trains it, and the line is one `ablate train|sweep`
         assert all((ROOT / t).is_file() for t in re.findall(r"tests/\S+\.py", why)) and "tests/" in why, why
         for line in ALL:
             if line.covered == why and not line.skip:
-                assert re.fullmatch(r"(PYTHONPATH=\S+\s+)?ablate train [^&|;]*", line.command), line.command
+                assert re.fullmatch(r"(PYTHONPATH=\S+\s+)?ablate (train|sweep) [^&|;]*", line.command), line.command
     runnable = [line for line in ALL if not line.skip]
     assert len([line for line in runnable if not line.slow]) >= 12  # most single runs: the default suite
 
