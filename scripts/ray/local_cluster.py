@@ -63,6 +63,10 @@ def environment(base_env: dict[str, str] | None = None) -> dict[str, str]:
     env = {**(os.environ if base_env is None else base_env), "RAY_USAGE_STATS_ENABLED": "0"}
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_agent_register_timeout_ms", "300000")  # agents slow to register on a loaded machine
+    # Ray renices its workers (the jobs) to 15; on a machine shared with other work they then starve:
+    # a 2-job sweep here waited 9 minutes beside a test suite. The jobs get the priority they have
+    # under every other launcher (workers start from the raylet's environment).
+    env.setdefault("RAY_worker_niceness", "0")
     return env
 
 

@@ -178,3 +178,17 @@ def test_a_job_whose_process_died_is_recorded_failed(tmp_path):
 
 def test_run_json_names_no_ray_node_outside_ray():
     assert process.ray_node() is None
+
+
+def test_the_local_clusters_jobs_are_not_reniced():
+    """scripts/ray/local_cluster.py: Ray renices its workers to 15 unless RAY_worker_niceness says
+    otherwise; on one shared machine such jobs starve (a 2-job sweep waited 9 minutes beside a test
+    suite), so the nodes' environment sets 0, and a value the caller set is kept."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("local_cluster", root / "scripts/ray/local_cluster.py")
+    local = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(local)
+    assert local.environment({})["RAY_worker_niceness"] == "0"
+    assert local.environment({"RAY_worker_niceness": "15"})["RAY_worker_niceness"] == "15"
