@@ -42,6 +42,8 @@ from test_slurm import (
     _wait,
 )
 
+from ablate.run.rundir import MANIFEST
+
 pytestmark = pytest.mark.slow
 MARK = "written by scripts/slurm/start.sh"  # the first line of the config start.sh writes
 
@@ -199,7 +201,9 @@ def test_a_node_whose_task_dies_ends_the_job_in_one_line_and_the_rerun_resumes(
     proc = _ablate(args, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
-        while not list(sweep_dir.glob("0*/checkpoints/checkpoint-*/trainer_state.json")):
+        # a sealed checkpoint (its manifest is written last): killed while one is still being written,
+        # rank 0 rightly names none to resume from (failed so once in CI-like load)
+        while not list(sweep_dir.glob(f"0*/checkpoints/checkpoint-*/{MANIFEST}")):
             assert proc.poll() is None and time.monotonic() < deadline, _job_logs(sweep_dir)
             time.sleep(0.2)
         os.kill(_task_pid(sweep_dir, 1), 9)
