@@ -19,7 +19,7 @@ ROOT = TESTS.parent
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker already has a core of its own: one thread per ablate process it starts
     # (torch's default pool would give every concurrent run all cores and oversubscribe them;
-    # a test that runs alone on purpose, the vLLM engine's, sets its own).
+    # the vLLM suite, which wants every core for its engine, runs with -n 0: no worker, no limit).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -70,8 +70,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The groups in FIRST first, then the others by their number of tests, most first (xdist's own
     order); a stable sort: within a group, the file's order."""
     rank = {name: i for i, name in enumerate(FIRST)}
-    size = Counter(group(item.nodeid) for item in items)
-    items.sort(key=lambda item: (rank.get(group(item.nodeid), len(FIRST)), -size[group(item.nodeid)]))
+    groups = {item.nodeid: group(item.nodeid) for item in items}
+    size = Counter(groups.values())
+    items.sort(key=lambda item: (rank.get(groups[item.nodeid], len(FIRST)), -size[groups[item.nodeid]]))
 
 
 def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,

@@ -155,7 +155,7 @@ class Line:
     command: str = ""  # what runs: set-up segments and the comment removed
     skip: str | None = None
     slow: str | None = None
-    covered: str | None = None  # the default-suite test that trains this line's run: composed only here
+    covered: str | None = None  # the test that trains this line's run (COVERED): composed only here
 
     @property
     def id(self) -> str:
