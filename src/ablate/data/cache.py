@@ -39,7 +39,7 @@ from ablate.paths import cache_root
 log = logging.getLogger("ablate")
 MANIFEST = "manifest.json"
 DATA = "data"
-KINDS = ("tokenized", "ref_logps")  # what ablate caches (the first level of the cache dir)
+KINDS = ("tokenized", "ref_logps", "initial_eval")  # what ablate caches (the first level of the cache dir)
 _SOURCE = Path(__file__).resolve().parents[1]  # the ablate package: its code is part of every key
 
 
@@ -66,14 +66,30 @@ class Cache:
         """The entry of `key()` (a dict of strings and numbers; not computed when the cache is off)
         loaded, or `compute()`d and stored. Warnings the computation logged are stored with it and
         said again on a hit."""
+        with self.slot(kind, what, key) as slot:
+            if slot.found is not None:
+                return slot.found
+            with _said() as said:
+                out = compute()
+            slot.store(out, said)
+            return out
+
+    @contextlib.contextmanager
+    def slot(self, kind: str, what: str, key: Callable[[], Mapping[str, Any]]) -> Iterator[Slot]:
+        """The entry of `key()` held (its lock taken) for the block: `slot.found` is the loaded dataset on a
+        hit, else None, and the block computes it and calls `slot.store(dataset)`. For results made
+        while something else runs (the initial policy's eval forwards, recorded during the eval)."""
+        slot = Slot(self, kind, what)
         if not self.enabled:
-            return compute()
-        t0 = time.perf_counter()
+            yield slot
+            return
+        slot.t0 = time.perf_counter()
         try:
             parts = key()
         except Exception as e:  # noqa: BLE001 - e.g. weights it cannot read: no key, no reuse, same result
             log.warning("cache: cannot key %s (%s: %s); computing it without the cache", what, type(e).__name__, e)
-            return compute()
+            yield slot
+            return
         digest = key_digest(kind, parts)
         entry = self.dir / kind / digest
         held = contextlib.ExitStack()
@@ -82,24 +98,42 @@ class Cache:
             held.enter_context(_locked(entry.parent / f"{digest}.lock"))  # racing jobs: one computes
         except OSError as e:  # a read-only or full disk: the cache only saves time
             log.warning("cache: cannot use %s (%s); computing %s without it", self.dir, e.strerror or e, what)
-            return compute()
+            yield slot
+            return
         with held:
             found = load(entry)
             if found is not None:
                 for line in found[1].get("said", []):
                     log.warning("%s", line)
-                self._event(kind, what, digest, True, t0)
-                log.info("cache: %s loaded (%s/%s, %.1f s)", what, kind, digest[:12], time.perf_counter() - t0)
-                return found[0]
-            with _said() as said:
-                out = compute()
-            store(entry, out, {"kind": kind, "what": what, "rows": len(out), "said": said, "parts": dict(parts)})
-            self._event(kind, what, digest, False, t0)
-            return out
+                self._event(kind, what, digest, True, slot.t0)
+                log.info("cache: %s loaded (%s/%s, %.1f s)", what, kind, digest[:12], time.perf_counter() - slot.t0)
+                slot.found = found[0]
+            else:
+                slot.entry, slot.digest, slot.parts = entry, digest, dict(parts)
+            yield slot
 
     def _event(self, kind: str, what: str, digest: str, hit: bool, t0: float) -> None:
         self.events.append({"what": what, "entry": f"{kind}/{digest[:16]}", "hit": hit,
                             "seconds": round(time.perf_counter() - t0, 3)})
+
+
+class Slot:
+    """One lookup of `Cache.slot`: `found` (a hit's dataset) or, on a miss, where `store` writes."""
+
+    def __init__(self, cache: Cache, kind: str, what: str) -> None:
+        self.cache, self.kind, self.what = cache, kind, what
+        self.found: Dataset | None = None
+        self.entry: Path | None = None  # set on a miss with the cache on: the entry to write
+        self.digest, self.parts, self.t0 = "", {}, 0.0
+
+    def store(self, dataset: Dataset, said: list[str] | None = None) -> None:
+        """Write the computed `dataset` as the entry (nothing when the cache is off or this was a hit)."""
+        if self.entry is None:
+            return
+        store(self.entry, dataset, {"kind": self.kind, "what": self.what, "rows": len(dataset), "said": said or [],
+                                    "parts": self.parts})
+        self.cache._event(self.kind, self.what, self.digest, False, self.t0)
+        self.entry = None
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 Departures from the paper's pseudo-code, all as in TRL: log-probs are summed over completion tokens
 only; reference log-probs are precomputed once before training by default (the reference is the
 initial policy, so no second model stays in memory; the `cache` group reuses them, and the tokenized
-pairs, across runs with the same key: ablate.data.cache); EOS ends every completion.
+pairs and an eval's forwards at step 0, across runs with the same key: ablate.data.cache,
+ablate.methods.initial_eval); EOS ends every completion.
 
 Speed paths (conf/perf/), each exact (tests/unit/test_dpo_speed_paths.py) and switchable for ablation:
 `dpo_pair_rows` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
@@ -36,6 +37,7 @@ from ablate.data.tokenize import prepare_preference
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import per_sequence, sequence_logps, token_logps
+from ablate.methods import initial_eval
 from ablate.methods.metrics import (
     LogsMetrics,
     MetricsBuffer,
@@ -134,6 +136,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         )
         self.metrics = MetricsBuffer()
         self.num_tokens = 0
+        self.initial_forwards: initial_eval.Forwards | None = None  # an eval at step 0 replaying or recording
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
@@ -305,7 +308,10 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mode = "train" if model.training else "eval"
-        logps, out = self._sequence_logps(model, inputs, need_logits=return_outputs)
+        if self.initial_forwards is not None and mode == "eval" and not return_outputs:
+            logps, out = self.initial_forwards(inputs, lambda: self._sequence_logps(model, inputs))
+        else:
+            logps, out = self._sequence_logps(model, inputs, need_logits=return_outputs)
         logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
         if "ref_chosen_logps" in inputs:  # precomputed
             ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
@@ -323,6 +329,33 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.metrics.set(mode, "num_tokens", self.num_tokens)
         loss = losses.mean()
         return (loss, {"logits": out["logits"]}) if return_outputs else loss
+
+    def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Trainer's evaluate; at step 0 with the cache on, the initial policy's forwards come from the
+        cache's `initial_eval` entry (recorded by the first job that ran them: ablate.methods.initial_eval)."""
+        if not self._initial_eval_reusable(eval_dataset):
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        what = f"the initial policy's forwards of {len(self.eval_dataset)} eval pairs"
+        key = lambda: {**self._ref_key(self.eval_dataset, list(range(len(self.eval_dataset)))),  # noqa: E731
+                       "drop_last": self.args.dataloader_drop_last, "collator": type(self.data_collator).__qualname__}
+        with self.cache.slot("initial_eval", what, key) as slot:
+            self.initial_forwards = initial_eval.Forwards(slot.found)
+            try:
+                out = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            finally:
+                forwards, self.initial_forwards = self.initial_forwards, None
+            if slot.found is None:
+                slot.store(forwards.dataset())
+        return out
+
+    def _initial_eval_reusable(self, eval_dataset: Dataset | None) -> bool:
+        """An eval whose forwards every job of a sweep runs alike: the initial weights (step 0 of a fresh
+        run), the run's own eval set, one process, no logits wanted (no compute_metrics), and the speed
+        plan's per-token statistics (the plain path's full logits are not worth storing)."""
+        return (self.cache.enabled and self.state.global_step == 0 and eval_dataset is None
+                and isinstance(self.eval_dataset, Dataset) and self.args.world_size == 1 and self.compute_metrics is None
+                and self.speed_plan.any_on("dpo_pair_rows", "padding_free", "completion_only_logits"))
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None

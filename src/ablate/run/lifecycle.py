@@ -57,6 +57,7 @@ class Run:
     done: bool = False  # completed before this process started: nothing to do
     resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
+    cache_recorded: bool = False  # this launch's cache lookups are in run.json (later calls update them)
 
     def start_tracker(self, cfg: DictConfig) -> None:
         """The logger group's tracker (logger=none composes to nothing): one W&B run per job, on rank 0."""
@@ -75,12 +76,17 @@ class Run:
 
     def add_cache(self, trainer: Any) -> None:
         """The trainer's cache lookups (ablate.data.cache: each entry's kind, key, hit or miss, seconds)
-        into run.json as `cache`; a resumed launch adds its own to the list."""
+        into run.json as `cache`; a resumed launch adds its own to the list. Called again after
+        training (lookups made while it trains: the initial eval's forwards), it updates this launch's."""
         cache = getattr(trainer, "cache", None)
         if cache is None or not hasattr(cache, "record"):
             return
         now = cache.record()
-        launches = self.info.get("cache", {}).get("launches", []) + [now["entries"]]
+        launches = self.info.get("cache", {}).get("launches", [])
+        if self.cache_recorded:
+            launches = launches[:-1]
+        self.cache_recorded = True
+        launches = launches + [now["entries"]]
         self.info["cache"] = {"enabled": now["enabled"], "dir": now["dir"], "launches": launches,
                               "hits": sum(e["hit"] for e in now["entries"]),
                               "misses": sum(not e["hit"] for e in now["entries"])}
