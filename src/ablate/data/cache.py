@@ -1,5 +1,6 @@
 """A content-addressed cache of what a sweep's jobs would otherwise each compute again: the tokenized
-dataset and DPO's precomputed reference log-probs (config: the `cache` group, `cache=off`).
+dataset, DPO's precomputed reference log-probs and the initial policy's eval forwards at step 0
+(ablate.methods.initial_eval) (config: the `cache` group, `cache=off`).
 
 An entry's key is the sha256 of everything that could change one bit of it: the rows themselves (not
 the file's name or date), the tokenizer's saved files and chat template, every argument, the model's
