@@ -49,10 +49,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         process.prepare(cfg, record.dir, record.info)  # threads, tags, pid -> run.json; the gloo group's timeout
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
-        record.add_cache(trainer)  # the lookups made while training (an eval's at step 0)
         save(trainer, record.dir, cfg)
-        record.complete(trainer.state.log_history, trainer.state.global_step,
-                        getattr(trainer, "summary_fields", dict)(),  # e.g. GRPO's generation rounds
+        record.complete(trainer, getattr(trainer, "summary_fields", dict)(),  # e.g. GRPO's generation rounds
                         speed.summary_fields())  # tokens/s and MFU over the whole run (`ablate compare`)
     if rundir.is_main_process():
         lifecycle.print_result(record)

@@ -3,7 +3,7 @@ lightning-hydra-template's `task_wrapper`):
 
     with lifecycle.record(cfg) as run:      # claims the dir: lock, run.json, summary.json `running`
         ...build and train...                # any failure below is recorded, never lost
-        run.complete(state, extra)           # status `completed`, final metrics
+        run.complete(trainer, extra)         # status `completed`, final metrics, the cache's lookups
     # summary.json is written once more on the way out, whatever happened
 
 Everything a run dir records about how a run ended is written here: `completed`, `failed` (with
@@ -143,12 +143,15 @@ class Run:
         rundir.truncate_metrics(self.dir, self.resumed_from)
         return ckpt
 
-    def complete(self, history: list[dict[str, Any]], global_step: int, *extra: dict[str, Any]) -> None:
+    def complete(self, trainer: Any, *extra: dict[str, Any]) -> None:
         """Training ended normally: status, the last value of every logged metric, run-level fields
-        (`extra`: e.g. GRPO's generation rounds, tokens/s and MFU over the whole run)."""
+        (`extra`: e.g. GRPO's generation rounds, tokens/s and MFU over the whole run), and the cache
+        lookups made while training (an eval's at step 0) into run.json."""
+        history, global_step = trainer.state.log_history, trainer.state.global_step
         metrics = final_metrics(history)
         metrics["train_loss"] = train_loss(history, global_step)
         self.summary.update(status="completed", global_step=global_step, metrics=metrics)
+        self.add_cache(trainer)
         for fields in extra:
             self.summary.update(fields)
 
