@@ -2,7 +2,7 @@
 
     python benchmarks/grpo_vs_trl.py [--steps 4] [--spg 1 4] [--batch 16] [--num-generations 8]
                                      [--new-tokens 64] [--repeats 2] [--seed 0] [--vary-seed]
-                                     [--impls ablate trl ablate:hf ablate:noshare ablate:async1]
+                                     [--impls ablate trl ablate:hf ablate:noshare ablate:async1] [--full-length]
 
 Both trainers get the same model dir (`ablate fetch smollm2_135m`), the packaged `one_word_prompts`
 data (chat prompts, reward 1 / word count), the same geometry (`--batch` completions per optimizer
@@ -37,7 +37,10 @@ worker samples round k+N while round k trains: torch's threads split between the
 OMP_NUM_THREADS=2 on 2 cores, where the synchronous sides use both threads for each phase). For an
 async side the CPU split counts the worker's CPU as generation (its process's, once it has exited),
 "wait" is the time training waited for a round, and its losses differ from the synchronous sides'
-(samples from older weights, other seeds). Not part of the test run: numbers depend on the machine
+(samples from older weights, other seeds). `--full-length` (ablate sides) ends no completion early: on
+this task the reward is for short answers, so a side that learns them later (async: stale samples)
+generates longer completions and pays for them per step; with every completion --new-tokens long, a
+step's generation work is the same on both sides and s/step compares the schedules. Not part of the test run: numbers depend on the machine
 (docs/benchmarks.md records one set).
 """
 
@@ -86,9 +89,18 @@ def round_means(step_seconds: list[float], spg: int) -> list[float]:
     return [statistics.fmean(step_seconds[i - i % spg:i - i % spg + spg]) for i in range(len(step_seconds))]
 
 
-def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int) -> dict:
+def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int,
+            full_length: bool = False) -> dict:
     import torch
     from transformers import TrainerCallback
+
+    if full_length:  # no id ends a completion: every one is new_tokens long, whatever the policy has learned
+        if impl == "trl":
+            raise SystemExit("--full-length is for ablate's sides only")
+        import ablate.methods.grpo
+        import ablate.rollouts.generation
+
+        ablate.rollouts.generation.stop_ids = ablate.methods.grpo.stop_ids = lambda tokenizer, model=None: [-1]
 
     from ablate.data import packaged
     from ablate.models import smollm2_135m
@@ -204,20 +216,25 @@ def main() -> None:
     p.add_argument("--vary-seed", action="store_true", help="repeat r runs seed + r (reward curves over seeds)")
     p.add_argument("--impls", nargs="+", default=["ablate", "trl"],
                    help="alternated; the first is the base max |dloss| is measured against")
+    p.add_argument("--full-length", action="store_true",
+                   help="ablate sides: no stop id, every completion --new-tokens long (a step's generation work fixed, "
+                        "so a side that learns the short answers later is not charged for its longer ones)")
     p.add_argument("--child", help="internal: run one impl and print its JSON")
     a = p.parse_args()
     if a.child:
-        run_one(a.child, a.steps, a.batch, a.num_generations, a.spg[0], a.new_tokens, a.seed)
+        run_one(a.child, a.steps, a.batch, a.num_generations, a.spg[0], a.new_tokens, a.seed, a.full_length)
         return
     print(f"GRPO, SmolLM2-135M-Instruct fp32, {a.batch} completions/step ({a.num_generations} per prompt), "
-          f"{a.new_tokens} new tokens, {a.steps} steps, {a.repeats} repeats (median)")
+          f"{a.new_tokens} new tokens{' (all of them: --full-length)' if a.full_length else ''}, {a.steps} steps, "
+          f"{a.repeats} repeats (median)")
     for spg in a.spg:
         load = harness.load_average()
         results: dict[str, list[dict]] = {impl: [] for impl in a.impls}
         for rep in range(a.repeats):  # one alternated round per repeat: its seed can differ (--vary-seed)
             seed = a.seed + rep if a.vary_seed else a.seed
             args = ["--steps", str(a.steps), "--spg", str(spg), "--batch", str(a.batch), "--num-generations",
-                    str(a.num_generations), "--new-tokens", str(a.new_tokens), "--seed", str(seed)]
+                    str(a.num_generations), "--new-tokens", str(a.new_tokens), "--seed", str(seed),
+                    *(["--full-length"] if a.full_length else [])]
             round_ = harness.run_alternately({impl: [sys.executable, __file__, "--child", impl, *args]
                                               for impl in a.impls}, repeats=1)
             for impl, runs in round_.items():
