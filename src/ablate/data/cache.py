@@ -329,18 +329,23 @@ def tokenizer_digest(tokenizer: Any) -> str:
 
 def weights_digest(model: Any) -> str:
     """sha256 of the model's class, config and every tensor of its state dict (names, dtypes, bytes)."""
-    import torch
-
     h = hashlib.sha256(type(model).__qualname__.encode())
     config = getattr(model, "config", None)
     if config is not None:
         h.update(config.to_json_string(use_diff=False).encode())
         h.update(str(getattr(config, "_attn_implementation", None)).encode())
     for name, tensor in model.state_dict().items():
-        t = tensor.detach()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        hash_tensor(h, name, tensor)
     return h.hexdigest()
+
+
+def hash_tensor(h: Any, name: str, tensor: Any) -> None:
+    """A named tensor into `h`: its name, dtype, shape, then its bytes."""
+    import torch
+
+    t = tensor.detach()
+    h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
 
 
 def code_digest(*classes: type) -> str:

@@ -337,9 +337,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if not self._initial_eval_reusable(eval_dataset):
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         what = f"the initial policy's forwards of {len(self.eval_dataset)} eval pairs"
-        key = lambda: {**self._ref_key(self.eval_dataset, list(range(len(self.eval_dataset)))),  # noqa: E731
-                       "drop_last": self.args.dataloader_drop_last, "collator": type(self.data_collator).__qualname__}
-        with self.cache.slot("initial_eval", what, key) as slot:
+        with self.cache.slot("initial_eval", what, self._initial_eval_key) as slot:
             self.initial_forwards = initial_eval.Forwards(slot.found)
             try:
                 out = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
@@ -348,6 +346,12 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             if slot.found is None:
                 slot.store(forwards.dataset())
         return out
+
+    def _initial_eval_key(self) -> dict[str, Any]:
+        """The eval rows' reference key (the same forwards, batched as the eval batches them) and how the
+        eval loader groups them."""
+        return {**self._ref_key(self.eval_dataset, list(range(len(self.eval_dataset)))),
+                "drop_last": self.args.dataloader_drop_last, "collator": type(self.data_collator).__qualname__}
 
     def _initial_eval_reusable(self, eval_dataset: Dataset | None) -> bool:
         """An eval whose forwards every job of a sweep runs alike: the initial weights (step 0 of a fresh

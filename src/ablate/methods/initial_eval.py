@@ -23,6 +23,8 @@ from datasets import Dataset
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from ablate.data.cache import hash_tensor
+
 Output = tuple[torch.Tensor, dict[str, Any]]  # (log-probs, {"stats": {name: tensor}, "seq": tensor})
 
 
@@ -30,11 +32,8 @@ def batch_digest(inputs: dict[str, Any]) -> str:
     """sha256 of a batch's tensors (names, dtypes, shapes, bytes), in name order."""
     h = hashlib.sha256()
     for name in sorted(inputs):
-        t = inputs[name]
-        if isinstance(t, torch.Tensor):
-            t = t.detach().cpu().contiguous()
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        if isinstance(inputs[name], torch.Tensor):
+            hash_tensor(h, name, inputs[name])
     return h.hexdigest()
 
 
@@ -64,10 +63,10 @@ class Forwards:
             logps, out = compute()
             self.recorded.append({"batch": digest, "output": encode(logps, out)})
             return logps, out
-        if self.next >= len(self.found) or self.found[self.next]["batch"] != digest:
+        row = self.found[self.next] if self.next < len(self.found) else None
+        if row is None or row["batch"] != digest:
             raise RuntimeError(f"cache: eval batch {self.next} is not the one the initial_eval entry recorded; "
                                "run with cache=off and report this (the entry's key misses something)")
-        row = self.found[self.next]
         self.next += 1
         return decode(row["output"], inputs["input_ids"].device)
 
