@@ -95,8 +95,8 @@ class Worker:
         self.conn, child = ctx.Pipe()
         sys.stdout.flush()  # a forked child must not flush the parent's buffered output a second time
         sys.stderr.flush()
-        self.process = ctx.Process(target=_serve, args=(child, behaviour, model, self.params, self.slots, threads),
-                                   daemon=True, name="ablate-generation")
+        self.process = ctx.Process(target=_serve, args=(child, behaviour, model, self.params, self.slots, threads,
+                                                        os.getpid()), daemon=True, name="ablate-generation")
         self.process.start()
         child.close()  # the parent's copy: the pipe reads EOF once the worker has gone
 
@@ -137,12 +137,14 @@ class Worker:
 
 
 def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[torch.Tensor],
-           slots: list[list[torch.Tensor]], threads: int) -> None:
+           slots: list[list[torch.Tensor]], threads: int, trainer_pid: int) -> None:
     """The worker's loop: load the round's weights (when they changed), seed, sample, send back."""
     if sys.platform.startswith("linux"):  # die with the trainer, even on kill -9
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != trainer_pid:  # the trainer died before prctl took effect: no signal will come
+        os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.run.interrupts)
     torch.set_num_threads(threads)

@@ -152,6 +152,22 @@ def is_usable(run_dir: Path) -> None:
 _held: dict[Path, int] = {}  # lock fds, kept open (and so held) until the process exits
 
 
+def _forget_locks_in_child() -> None:
+    """A forked child (async GRPO's generation worker, a dataloader worker) closes its copies of the lock
+    fds: a flock lives while any fd of it is open, so a child still dying after its trainer was killed
+    -9 would otherwise hold the run dir against the resume that follows. Closing (not LOCK_UN, which
+    would unlock the parent's too) leaves the parent's lock held."""
+    for fd in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
 def lock(run_dir: Path, what: str = "run dir", advice: str = "use another hydra.run.dir") -> None:
     """Hold an exclusive flock on `<run_dir>/.lock` for the rest of this process's life, so two
     processes never train in one dir (or launch into one sweep dir). Only the main process locks
