@@ -79,6 +79,22 @@ def test_hinge_learns(tmp_path):
     assert s["method"] == "dpo_hinge" and s["metrics"]["rewards/accuracies"] >= 0.9
 
 
+def test_eval_before_training_is_an_exact_tie(tmp_path):
+    """At step 0 the policy is the reference, so every eval pair's implicit rewards are 0 - 0 and
+    eval_rewards/accuracies (chosen > rejected, a tie is not a win) is exactly 0, as TRL shows. The
+    reference was scored in length-sorted batches and the eval in dataset order, and a row's log-prob
+    moves in the last bits with its batch-mates' padding: 1 of 64 caps_prefs pairs (1 of 32 on SmolLM2)
+    won a tie by noise. The eval's reference is now scored in the eval loader's batches."""
+    run_dir = tmp_path / "run"
+    r = ablate("train", "data=caps_prefs", "method.args.max_steps=1", "method.args.eval_strategy=steps",
+               "method.args.eval_steps=1", "+method.args.eval_on_start=true", "method.args.per_device_eval_batch_size=16",
+               f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = [e for e in metrics(run_dir) if "eval_rewards/accuracies" in e][0]
+    assert first["step"] == 0 and first["eval_rewards/accuracies"] == 0.0 and first["eval_rewards/margins"] == 0.0, first
+    assert first["eval_rewards/chosen"] == 0.0 and first["eval_rewards/rejected"] == 0.0, first
+
+
 def test_sft_lowers_loss(tmp_path):
     r = ablate("train", "method=sft", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]

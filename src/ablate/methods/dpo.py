@@ -241,14 +241,16 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
                 "libraries": reuse.environment()}
 
     def _score_ref(self, dataset: Dataset, rows: list[int], name: str) -> Dataset:
-        """`rows`' reference log-probs (NaN elsewhere), in dataset order. Rows are scored in order of
-        length (each row's log-probs do not depend on its batch-mates), so a batch pads to nearly its
-        own length, under a progress bar with an ETA."""
+        """`rows`' reference log-probs (NaN elsewhere), in dataset order, under a progress bar with an ETA.
+        Train rows are scored in order of length, so a batch pads to nearly its own length. Eval rows are
+        scored in the eval loader's own batches (dataset order): a row's log-prob moves in the last bits
+        with its batch-mates' padding, and in these batches the eval at step 0 computes the policy's
+        bitwise the same, so its rewards are exact ties (margins 0, accuracy 0), as in TRL's precompute."""
         was_training = self.model.training
         self.model.eval()
         lengths = {i: len(p) + max(len(c), len(r)) for i, p, c, r in
                    zip(rows, *(dataset.select(rows)[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")))}
-        order = sorted(rows, key=lengths.__getitem__)
+        order = sorted(rows, key=lengths.__getitem__) if name == "train" else list(rows)
         chosen, rejected = [float("nan")] * len(dataset), [float("nan")] * len(dataset)
         bs = self.args.per_device_eval_batch_size
         if self.is_local_process_zero():
