@@ -48,7 +48,9 @@ def _run_dir(stdout: str) -> Path:
 # ---- 1. one source of truth for a run's state -------------------------------------------------------
 
 def test_status_and_ls_agree_on_a_job_killed_with_sigkill(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "train", "-m", "seed=1", "method.args.max_steps=400",
+    # far more steps than the test lives (it kills the job): `ablate status` below may first start the
+    # tests' fork server (~15 s on a loaded machine), and a 400-step job had finished by then (once)
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "train", "-m", "seed=1", "method.args.max_steps=100000",
                              "method.args.logging_steps=1", *FAST], cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -64,7 +66,7 @@ def test_status_and_ls_agree_on_a_job_killed_with_sigkill(tmp_path: Path) -> Non
         sweep_dir = metrics.parent.parent
         live = ablate("status", str(sweep_dir), cwd=tmp_path)
         assert live.returncode == 0, live.stderr
-        assert "running at step" in live.stdout and "of 400" in live.stdout, live.stdout
+        assert "running at step" in live.stdout and "of 100000" in live.stdout, live.stdout
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

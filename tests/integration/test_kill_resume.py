@@ -12,12 +12,11 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TESTS, ablate, metrics, summary
+from conftest import ablate, ablate_started, metrics, summary
 
 RUNS = {
     "dpo": ["method.args.max_steps=12", "method.args.save_steps=2", "method.args.logging_steps=1"],
@@ -33,10 +32,6 @@ RUNS = {
 }
 # checkpoints saved mid-round: a launch is killed as soon as each is complete, so a resume starts there
 MID_ROUND = {"dpo": [], "grpo": [2, 4], "grpo_async": [3]}
-
-
-def _command(overrides: list[str], run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "ablate", "train", *overrides, f"hydra.run.dir={run_dir}"]
 
 
 def _result(run_dir: Path) -> tuple:
@@ -58,15 +53,14 @@ def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
     seed = int(os.environ.get("ABLATE_TEST_KILL_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     run_dir = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    # most of a launch is startup (imports, model, reference log-probs): kill from mid-startup to the
-    # end, so the moments fall on steps, checkpoint saves and the final save too
+    # every launch is a forked child of the tests' fork server, as the reference run was (conftest.ablate):
+    # its startup is building the model, data, reference log-probs (the imports are done). Kill from
+    # mid-startup to the end, so the moments fall on steps, checkpoint saves and the final save too
     startup = max(duration - metrics(ref)[-1]["time"], 0.0)
     moments = [rng.uniform(0.5 * startup, duration) for _ in range(kills)]
     for step in MID_ROUND[method]:  # first kill -9 right after each mid-round checkpoint: resumes start mid-round
         ckpt = run_dir / "checkpoints" / f"checkpoint-{step}"
-        proc = subprocess.Popen(_command(overrides, run_dir), cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = ablate_started("train", *overrides, f"hydra.run.dir={run_dir}")
         while proc.poll() is None and not (ckpt / "trainer_state.json").is_file():  # written last
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
@@ -75,8 +69,7 @@ def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
         if "max_staleness" in " ".join(overrides):  # and the round sampled ahead (ablate.rollouts.ahead)
             assert (ckpt / "async_rounds.pt").is_file(), f"{ckpt.name} should hold the round in flight"
     for delay in moments:  # each launch runs the same command in the same dir, so it resumes
-        proc = subprocess.Popen(_command(overrides, run_dir), cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = ablate_started("train", *overrides, f"hydra.run.dir={run_dir}")
         try:
             proc.wait(timeout=delay)
         except subprocess.TimeoutExpired:
