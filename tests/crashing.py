@@ -43,16 +43,17 @@ class PauseAtRunStart(Callback):
 
 class KillAt(TrainerCallback):
     """The job's process dies at step ABLATE_TEST_KILL_AT (SIGKILL, as the OOM killer would: no
-    Python exception, nothing recorded); with ABLATE_TEST_KILL_SEED, only the run of that seed.
+    Python exception, nothing recorded); with ABLATE_TEST_KILL_SEED, only the run of that seed; with
+    ABLATE_TEST_KILL_JOB=N, only a sweep's job N (its run dir `N_*`).
     Leaves `killed.<pid>` in the run dir first, so a test can count how often the job ran."""
 
     def on_step_end(self, args, state, control, **kwargs):
         at = int(os.environ.get("ABLATE_TEST_KILL_AT", "0"))
         seed = os.environ.get("ABLATE_TEST_KILL_SEED")
-        if at and state.global_step == at and (seed is None or seed == str(args.seed)):
-            from pathlib import Path
-
-            run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
+        job = os.environ.get("ABLATE_TEST_KILL_JOB")
+        run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
+        if (at and state.global_step == at and (seed is None or seed == str(args.seed))
+                and (job is None or run_dir.name.startswith(f"{job}_"))):
             (run_dir / f"killed.{os.getpid()}").touch()
             os.kill(os.getpid(), 9)
 

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -42,8 +41,8 @@ hydra:
 """
 
 
-def ablate(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env=ENV, text=True,
+def ablate(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env={**ENV, **(env or {})}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -74,17 +73,17 @@ def test_clearly_worse_trial_is_pruned(tmp_path):
 def test_killed_driver_resumes_the_study(tmp_path):
     sweep_dir = tmp_path / "s"
     args = ["sweep", "tune_dpo_beta_lr", "hydra.sweeper.n_trials=3", *SHORT, f"hydra.sweep.dir={sweep_dir}"]
-    proc = ablate(args, tmp_path)
-    deadline = time.time() + 600
-    while time.time() < deadline and not list(sweep_dir.glob("1_*/metrics.jsonl")):  # trial 1 is training
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its in-process trial, at once
-    proc.wait()
+    # Trial 1 kills its own process at step 3: the driver and its in-process trial die at once, mid-trial
+    # (a kill timed from outside could land after the short trial had already finished).
+    kill = ["+callbacks.kill._target_=crashing.KillAt"]
+    proc = ablate([*args, *kill], tmp_path, {"ABLATE_TEST_KILL_AT": "3", "ABLATE_TEST_KILL_JOB": "1"})
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == -signal.SIGKILL, out[-3000:]
+    assert list(sweep_dir.glob("1_*/killed.*"))
     first = next(sweep_dir.glob("0_*"))
     before = (first / "summary.json").read_text()
     assert [t.state.name for t in trials(sweep_dir)] == ["COMPLETE", "RUNNING"]
-    out = finished(ablate([*args, "--resume"], tmp_path))
+    out = finished(ablate([*args, *kill, "--resume"], tmp_path))  # the same command; no kill step set now
     assert "the study in study.db" in out
     after = trials(sweep_dir)
     assert [t.state.name for t in after][:3] == ["COMPLETE", "FAIL", "COMPLETE"]
