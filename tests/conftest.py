@@ -96,8 +96,8 @@ _ENV_AT_START = _base_env()  # before any test sets a variable of its own
 
 
 class ForkServer:
-    """tests/fork_server.py for this process: the imports of a run made once, a forked child per command
-    (same stdout, stderr, exit status, files as `python -m ablate`; ~11 s less per command)."""
+    """`tests/fork_runner.py --serve` for this process: the imports of a run made once, a forked child per
+    command (same stdout, stderr, exit status, files as `python -m ablate`; ~11 s less per command)."""
 
     def __init__(self) -> None:
         self.env = dict(_ENV_AT_START)
@@ -105,6 +105,7 @@ class ForkServer:
         self.lock = threading.Lock()
         self.tmp = tempfile.mkdtemp(prefix="fork_server_")
         self.count = 0
+        self.pending = b""  # answer bytes read from the pipe, not yet returned
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -120,18 +121,25 @@ class ForkServer:
 
     def _start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, str(TESTS / "fork_server.py")], env=self.env, cwd=ROOT,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                         text=True, bufsize=1)
+            self.proc = subprocess.Popen([sys.executable, str(TESTS / "fork_runner.py"), "--serve"], env=self.env,
+                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            self.pending = b""
         return self.proc
 
-    def _answer(self, proc: subprocess.Popen, timeout: float) -> dict:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        if not ready:
-            raise TimeoutError
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("tests/fork_server.py exited (see its imports: python tests/fork_server.py < /dev/null)")
+    def _answer(self, timeout: float) -> dict:
+        """The server's next line. Read from the raw fd: a buffered readline could take the next answer
+        (a fast command's exit status) into its buffer, where select would never see it."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError("tests/fork_runner.py --serve exited (try: python tests/fork_runner.py --serve < /dev/null)")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
     def start(self, args: list[str], cwd: Path, env: dict[str, str]) -> Forked:
@@ -143,7 +151,7 @@ class ForkServer:
             out, err = f"{self.tmp}/{self.count}.out", f"{self.tmp}/{self.count}.err"
             proc.stdin.write(json.dumps({"argv": list(args), "cwd": str(cwd), "env": env, "out": out, "err": err}) + "\n")
             proc.stdin.flush()
-            return Forked(self, [sys.executable, "-m", "ablate", *args], self._answer(proc, 600)["pid"], out, err)
+            return Forked(self, [sys.executable, "-m", "ablate", *args], self._answer(600)["pid"], out, err)
         except BaseException:
             self.lock.release()
             raise
@@ -170,7 +178,7 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             try:
-                answer = self.server._answer(self.server.proc, 10**6 if timeout is None else timeout)
+                answer = self.server._answer(10**6 if timeout is None else timeout)
             except TimeoutError:
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
             self.returncode = answer["returncode"]
@@ -214,7 +222,7 @@ def _fork_server(env: dict[str, str], fresh: bool) -> ForkServer | None:
 
 def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
            timeout: int = 600, fresh: bool = False) -> subprocess.CompletedProcess:
-    """`python -m ablate <args>`, run to its end: a forked child of tests/fork_server.py (the imports
+    """`python -m ablate <args>`, run to its end: a forked child of tests/fork_runner.py --serve (the imports
     done once per test process), or with `fresh` (or an environment that differs in what is read at
     import time) a new interpreter: the same code path as the console script either way."""
     full_env = {**_base_env(), **(env or {})}

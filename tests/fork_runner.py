@@ -1,16 +1,30 @@
-"""Run many `ablate ...` command lines fast: import the CLI once, then fork one child per command.
+"""Run `ablate ...` command lines fast: do the imports once, then fork one child per command.
 
-Each child is what `python -m ablate ARGS` is after its imports: own cwd, own stdout/stderr (real
-file descriptors, so whatever any library prints is captured), `ablate.cli.main(ARGS)`, exit status
-from SystemExit, an uncaught exception printed as a traceback (exit 1), as the interpreter does.
-Only the import time (~1 s a command on a loaded machine) is shared.
+Each child is what `python -m ablate ARGS` is once its imports are done: its own cwd (first on
+sys.path, as `-m` puts it), stdin from /dev/null, stdout/stderr to files (real file descriptors, so
+whatever any library prints is captured), the job's whole environment, `ablate.cli.main(ARGS)`, then
+the interpreter's own exit (non-daemon threads joined, atexit handlers run, an uncaught exception
+printed as a traceback with status 1, SystemExit's code or message). Why: ~11 of a short CLI command's
+~17 s are imports (torch, transformers.trainer, peft, datasets; python -X importtime, 2026-12-03).
+Nothing here runs a tensor op or a tokenizer before forking, so forking is safe (no thread pool yet).
 
-    python tests/fork_runner.py < [{"argv": [...], "cwd": "...", "env": {...}, "unprivileged": bool}, ...]  (JSON)
+Two modes:
+
+    python tests/fork_runner.py < [{"argv": [...], "cwd": "...", "env": {...}, "unprivileged": bool}, ...]
     -> [{"returncode": int, "stdout": str, "stderr": str, "torch": bool}, ...]  (JSON on stdout)
 
-`unprivileged`: under root, the command runs without root's power over file permissions (so a
-chmod 000 dir is unreadable to it, as to any user).
-`torch`: whether the command imported torch (a refusal before it costs ~1 s; after it, several).
+the bad-inputs table (tests/integration/test_bad_inputs.py), each as the `ablate` console script runs
+it (the cwd not on sys.path): `env` adds to this process's; the CLI's
+imports only (no torch: a refusal before torch must not import it) unless ABLATE_FORK_WARM=1.
+`unprivileged`: under root, the command runs without root's power over file permissions (a chmod 000
+dir is unreadable to it, as to any user). `torch`: whether the command imported torch.
+
+    python tests/fork_runner.py --serve   (a line of JSON each way)
+    {"argv", "cwd", "env", "out", "err"} -> {"pid": int}, then {"returncode": int}
+
+tests/conftest.py's server behind `ablate(...)`, one per test process, the imports of a run warmed
+first: `env` is the command's whole environment (conftest sends a command here only when it differs
+from the server's in variables read at run time, never at import time).
 """
 
 from __future__ import annotations
@@ -53,58 +67,96 @@ def _drop_file_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def _child(job: dict, out: str, err: str) -> None:
-    for fd, path in ((1, out), (2, err)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-    if job.get("unprivileged") and os.geteuid() == 0:
-        _drop_file_capabilities()
-    os.chdir(job["cwd"])
-    os.environ.update(job.get("env") or {})
-    sys.argv = ["ablate", *job["argv"]]
-    code = 0
+def _exit_code(e: SystemExit) -> int:
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
+    return 1
+
+
+def _child(job: dict, out: str, err: str, torch_file: str | None = None, as_module: bool = True) -> None:
+    """Runs in the forked child; never returns. `torch_file`: where to write whether it imported torch.
+    `as_module`: `python -m ablate` (the cwd first on sys.path), else the `ablate` console script (not)."""
+    code = 1
     try:
-        ablate.cli.main(job["argv"])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for fd, path in ((1, out), (2, err)):
+            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(f, fd)
+            os.close(f)
+        if job.get("unprivileged") and os.geteuid() == 0:
+            _drop_file_capabilities()
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        if as_module:
+            sys.path[0] = os.getcwd()  # `python -m` puts the cwd first: a user's own modules import from it
+            sys.argv = [ablate.cli.__file__.replace("__init__.py", "__main__.py"), *job["argv"]]
+        else:
+            sys.argv = ["ablate", *job["argv"]]
+        import importlib
+
+        importlib.invalidate_caches()
+        try:
+            ablate.cli.main(job["argv"])
+            code = 0
+        except SystemExit as e:
+            code = _exit_code(e)
+        except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+            traceback.print_exc()
+            code = 1
+        # the interpreter's shutdown: join non-daemon threads, then atexit handlers
+        import atexit
+        import threading
+
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+        if torch_file is not None:
+            with open(torch_file, "w") as f:
+                f.write("1" if "torch" in sys.modules else "0")
+    except BaseException:  # noqa: BLE001
         traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with open(f"{out}.torch", "w") as f:  # whether the command imported torch (the slow part of a start)
-        f.write("1" if "torch" in sys.modules else "0")
-    os._exit(code)
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def _warm() -> None:
-    """ABLATE_FORK_WARM=1: import what a run imports (torch, transformers, datasets, the methods) once,
-    before forking, for commands that get that far (checks of the method's code, data errors): each
-    then costs its own work, not a ~5 s import. Nothing runs a tensor op here: forking stays safe."""
-    import datasets  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    """Import what a run imports (torch, transformers' Trainer, datasets, peft, the methods) once,
+    before forking: each command then costs its own work, not these imports. What an import prints
+    stays off stdout (the answers go there)."""
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        import datasets  # noqa: F401
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        import transformers.trainer  # noqa: F401
 
-    import ablate.data  # noqa: F401
-    import ablate.methods.dpo  # noqa: F401
-    import ablate.methods.grpo  # noqa: F401
-    import ablate.methods.sft  # noqa: F401
-    import ablate.models  # noqa: F401
+        import ablate.cli.train  # noqa: F401
+        import ablate.data  # noqa: F401
+        import ablate.methods.dpo  # noqa: F401
+        import ablate.methods.grpo  # noqa: F401
+        import ablate.methods.sft  # noqa: F401
+        import ablate.models  # noqa: F401
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
-def main() -> None:
+def batch() -> None:
+    """Every job of the JSON list on stdin, ABLATE_TEST_WORKERS (2) at a time; their results on stdout."""
     if os.environ.get("ABLATE_FORK_WARM") == "1":
-        saved = os.dup(1)
-        os.dup2(2, 1)  # whatever an import prints stays off the JSON answer on stdout
-        try:
-            _warm()
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
+        _warm()
     jobs = json.load(sys.stdin)
     parallel = int(os.environ.get("ABLATE_TEST_WORKERS", "2"))
     tmp = tempfile.mkdtemp(prefix="fork_runner_")
@@ -118,18 +170,32 @@ def main() -> None:
         results[i] = {"returncode": os.waitstatus_to_exitcode(status),
                       "stdout": open(f"{tmp}/{i}.out", errors="replace").read(),
                       "stderr": open(f"{tmp}/{i}.err", errors="replace").read(),
-                      "torch": os.path.exists(f"{tmp}/{i}.out.torch") and open(f"{tmp}/{i}.out.torch").read() == "1"}
+                      "torch": os.path.exists(f"{tmp}/{i}.torch") and open(f"{tmp}/{i}.torch").read() == "1"}
 
     while pending or running:
         while pending and len(running) < parallel:
             i = pending.pop(0)
+            job = {**jobs[i], "env": {**os.environ, **(jobs[i].get("env") or {})}}
             pid = os.fork()
             if pid == 0:
-                _child(jobs[i], f"{tmp}/{i}.out", f"{tmp}/{i}.err")
+                _child(job, f"{tmp}/{i}.out", f"{tmp}/{i}.err", f"{tmp}/{i}.torch", as_module=False)
             running[pid] = i
         reap()
     json.dump(results, sys.stdout)
 
 
+def serve() -> None:
+    """One command at a time, as conftest sends them: its pid once forked, its exit status once ended."""
+    _warm()
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(job, job["out"], job["err"])
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    serve() if sys.argv[1:] == ["--serve"] else batch()

@@ -248,9 +248,11 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         bitwise the same, so its rewards are exact ties (margins 0, accuracy 0), as in TRL's precompute."""
         was_training = self.model.training
         self.model.eval()
-        lengths = {i: len(p) + max(len(c), len(r)) for i, p, c, r in
-                   zip(rows, *(dataset.select(rows)[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")))}
-        order = sorted(rows, key=lengths.__getitem__) if name == "train" else list(rows)
+        order = list(rows)
+        if name == "train":
+            lengths = {i: len(p) + max(len(c), len(r)) for i, p, c, r in
+                       zip(rows, *(dataset.select(rows)[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")))}
+            order.sort(key=lengths.__getitem__)
         chosen, rejected = [float("nan")] * len(dataset), [float("nan")] * len(dataset)
         bs = self.args.per_device_eval_batch_size
         if self.is_local_process_zero():
