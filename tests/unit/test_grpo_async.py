@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 from ablate.errors import ConfigError
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer, RepeatSampler
 from ablate.models import tiny
-from ablate.rollouts.ahead import AHEAD_ROUNDS, round_seed
+from ablate.rollouts.ahead import AHEAD_ROUNDS, AheadRounds, round_seed
 from ablate.rollouts.geometry import batch_geometry
 from ablate.rollouts.schedule import Schedule
 
@@ -92,9 +92,9 @@ def _round_versions(trainer: GRPOTrainer) -> dict[int, int]:
 
 
 class SampledFromRecordedWeights(GRPOTrainer):
-    """The synchronous reference: each round is sampled, and its pi_old scored, by a copy of the policy
-    holding the weights this run itself had at the version the async run recorded for that round, with
-    the round's seed; nothing else differs from a synchronous run."""
+    """The synchronous reference: each round is sampled, and its pi_old taken from the sampling logits
+    (as the worker does), by a copy of the policy holding the weights this run itself had at the version
+    the async run recorded for that round, with the round's seed; nothing else differs from a synchronous run."""
 
     versions: dict[int, int] = {}
     record: Record
@@ -107,7 +107,7 @@ class SampledFromRecordedWeights(GRPOTrainer):
         old.load_state_dict(self.record.weights[self.versions[k]])
         with torch.random.fork_rng():
             torch.manual_seed(round_seed(self.args.seed, k))
-            return super()._behaviour(old, prompt_ids, True)
+            return super()._behaviour(old, prompt_ids, True, old_from_sampling=True)  # as the worker scores it
 
 
 def _reference(path: Path, versions: dict[int, int], **overrides: Any) -> GRPOTrainer:
@@ -135,6 +135,54 @@ def test_versions_by_hand():
     s0 = Schedule(batch_size=4, num_generations=2, steps_per_generation=2, accumulation=3)
     assert [s0.policy_version(k) for k in range(5)] == [0, 0, 1, 2, 2]  # round starts 0, 2, 4, 6, 8 micro-steps
     assert not Schedule(batch_size=4, num_generations=2).keeps_old_logps
+
+
+class FakeWorker:
+    """`Worker`'s interface, in process: records the calls; returns the oldest round submitted."""
+
+    def __init__(self) -> None:
+        self.params = [torch.zeros(2)]
+        self.calls: list[tuple] = []
+        self.queue: list[tuple[int, int]] = []  # (round, slot) submitted, not yet returned
+
+    def write(self, slot: int, params: list[torch.Tensor]) -> None:
+        self.calls.append(("write", slot))
+
+    def submit(self, job: Any, slot: int, seed: int) -> None:
+        self.calls.append(("submit", job.round, job.policy_version, slot))
+        self.queue.append((job.round, slot))
+
+    def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float]:
+        k, _ = self.queue.pop(0)
+        self.calls.append(("receive", k))
+        return k, [[1]], torch.zeros(1, 1), 0.0
+
+
+@pytest.mark.parametrize("s", [1, 2])
+def test_the_next_round_is_queued_before_this_one_is_awaited(s):
+    """At round k's start the trainer queues round k + s with its current weights (in a slot no round in
+    flight uses) before it waits for round k: the worker never waits for the hand-over. Steady state:
+    s rounds in flight, each with its own slot, and a free (s+1)-th slot for the new weights."""
+    ahead = AheadRounds(behaviour=None, model=None, max_staleness=s, seed=0, prompts_of=lambda k: [[k]])
+    ahead.worker = worker = FakeWorker()
+    ahead.last_round = 6
+    for k in range(6):  # version k at round k's start: one optimizer step per round
+        worker.calls.clear()
+        in_flight = dict(worker.queue)  # round -> slot
+        assert ahead.take(k, [[k]], version=k).round == k
+        submits = [c for c in worker.calls if c[0] == "submit"]
+        if k == 0:  # a fresh start: rounds 0..s by the initial weights, one slot, written once
+            assert [c[1:3] for c in submits] == [(r, 0) for r in range(s + 1)] and len({c[3] for c in submits}) == 1
+            assert [c for c in worker.calls if c[0] == "write"] == [("write", submits[0][3])]
+        elif k + s < 6:
+            assert sorted(in_flight) == list(range(k, k + s))  # s rounds in flight
+            (_, r, v, slot), = submits
+            assert (r, v) == (k + s, k) and ("write", slot) in worker.calls
+            assert slot not in in_flight.values() and slot <= s  # a slot no round in flight uses, of s + 1
+            assert worker.calls.index(submits[0]) < worker.calls.index(("receive", k))
+        else:
+            assert submits == []  # past the last round: nothing more to sample
+    assert ahead.done == {} and not ahead.pending
 
 
 def test_geometry_table_names_the_version_feeding_each_step():

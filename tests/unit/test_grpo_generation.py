@@ -109,6 +109,32 @@ def test_restores_train_mode_and_generates_from_one_token_prompts(tmp_path):
     assert a == b and model.training
 
 
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (20, 0.8)])
+def test_sampling_log_probs_are_the_trainers_log_probs(tmp_path, top_k, top_p):
+    """`sample(policy_logps=True)` (asynchronous GRPO's pi_old, from the logits each token was drawn from)
+    draws what `__call__` draws, leaves the RNG where it does, and gives each kept token the log-prob
+    the trainer's forward pass gives it at the sampling temperature, top-k/top-p not applied (TRL's pi):
+    fp32, 1e-5, rows ended early included. Not the temperature-1 log-probs (the test can fail)."""
+    tok, model, rows = _setup()
+    args = _args(tmp_path, top_k=top_k, top_p=top_p)
+    gen = SharedPromptGenerator(args, tok)
+    plain, rng_plain = _draw(gen, model, rows)
+    out, rng = _draw(lambda m, r: gen.sample(m, r, policy_logps=True), model, rows)
+    assert out.ids == plain and rng == rng_plain and out.logps is None
+    assert [len(lp) for lp in out.policy_logps] == [len(c) for c in out.ids] and len({len(c) for c in out.ids}) > 2
+    trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
+                          processing_class=tok, reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
+    batch = trainer._completion_batch(rows, out.ids)
+    with torch.no_grad():
+        forward = trainer._token_logps(model, batch)[0] * batch["completion_mask"]
+    decoded = right_pad(out.policy_logps, 0.0, torch.float32)[0]
+    torch.testing.assert_close(decoded, forward, rtol=0, atol=1e-5)
+    trainer.args.temperature = 1.0
+    with torch.no_grad():
+        at_one = trainer._token_logps(model, batch)[0] * batch["completion_mask"]
+    assert (decoded - at_one).abs().max() > 1e-2
+
+
 def test_generator_from_config_partial_and_default(tmp_path):
     tok, _, _ = _setup()
     args = _args(tmp_path)

@@ -336,27 +336,38 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
         return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
 
-    def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool
+    def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool, old_from_sampling: bool = False
                    ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
         """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
         with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
-        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead)."""
+        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead).
+
+        `old_from_sampling`: pi_old from the logits the tokens were drawn from, when the generator can
+        give them (`SharedPromptGenerator.sample`), instead of a second forward pass over the completions:
+        the same distribution (one weights version, the loss's temperature), numerically the decode's
+        (KV cache, other batch shapes: fp32 differences ~1e-6). The worker's choice; synchronous runs keep
+        TRL's forward pass, so their numbers do not move."""
         t0 = time.perf_counter()
+        sample = getattr(self.generator, "sample", None) if keep_old and old_from_sampling else None
         with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
-            out = as_completions(self.generator(whole, prompt_ids))
+            out = sample(whole, prompt_ids, policy_logps=True) if sample else as_completions(self.generator(whole, prompt_ids))
         completion_ids = out.ids
         seconds = time.perf_counter() - t0
         batch = self._completion_batch(prompt_ids, completion_ids)
         if out.logps is not None:  # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch
             batch["sampling_logps"] = right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
-        if keep_old:
+        if keep_old and out.policy_logps is not None:
+            batch["old_logps"] = right_pad(out.policy_logps, 0.0, torch.float32)[0].to(self.args.device)
+        elif keep_old:
             with torch.no_grad():
                 batch["old_logps"] = self._token_logps(model, batch)[0]
         return completion_ids, batch, seconds
 
     def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
-        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`."""
-        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True)
+        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`,
+        from the sampling logits where the generator gives them (one decode, no scoring pass: the worker's
+        round is most of an async step's critical path)."""
+        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
         return completion_ids, batch["old_logps"], seconds
 
     def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:

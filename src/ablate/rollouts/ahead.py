@@ -12,15 +12,20 @@ So generation runs concurrently with training, at most s rounds behind the polic
 AsyncGRPOTrainer bounds the lag by dropping late samples; here the lag is exactly the schedule's,
 ablate.rollouts.schedule.Schedule.policy_version, so runs are reproducible; s = 1 is verl's
 one-step-off pipeline). Each round records the `policy_version` that sampled it, and the worker
-scores the completions with the weights that sampled them: those log-probs are pi_old in the
-importance ratio, so clipping sees the real off-policy gap.
+takes each token's log-prob under the weights that sampled it from the logits it was drawn from
+(GRPOTrainer._sample_ahead): those log-probs are pi_old in the importance ratio, so clipping sees the
+real off-policy gap.
 
 Determinism: the worker is a forked process (its RNG, threads and weights its own); it seeds torch's
 RNG from (seed, round index) before each round (`round_seed`), so what it samples depends only on
 the weights it was given, the prompts and the round index, never on timing. An async run's per-step
 losses therefore equal those of a synchronous run that samples each round from the recorded older
-weights with that seed (tests/unit/test_grpo_async.py). Weights travel through shared memory: s slots
-of the trainable parameters (frozen ones never change), written once per round.
+weights with that seed (tests/unit/test_grpo_async.py). Weights travel through shared memory: s + 1
+slots of the trainable parameters (frozen ones never change), each written once per round by the
+trainer and computed with in place by the worker (no copy on its side). The extra slot lets the
+trainer queue round k + s (with its current weights) before it awaits round k, so the worker goes
+from one round to the next without waiting for the hand-over: on two cores the worker's rounds are
+an async step's critical path.
 
 Resume: the in-flight rounds are saved, not regenerated (regenerating needs the older weights that
 sampled them). A checkpoint waits for the rounds the worker has in hand and saves them with the
@@ -86,7 +91,7 @@ class Sampled:
 
 class Worker:
     """A forked process that samples rounds with `behaviour`, from its own copy of `model` whose
-    trainable parameters are loaded from one of `slots` shared-memory copies before a round."""
+    trainable parameters are, for each round, one of `slots` shared-memory copies the trainer writes."""
 
     def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -148,15 +153,11 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.run.interrupts)
     torch.set_num_threads(threads)
-    loaded: tuple[int, int] | None = None
     try:
         while (job := conn.recv()) is not None:
             k, slot, version, seed, prompt_ids = job
-            if loaded != (slot, version):
-                with torch.no_grad():
-                    for dst, src in zip(params, slots[slot]):
-                        dst.copy_(src)
-                loaded = (slot, version)
+            for p, weights in zip(params, slots[slot]):  # the model computes with the slot itself: no copy
+                p.data = weights  # (the trainer writes a slot only while no round in flight uses it)
             torch.manual_seed(seed)
             completion_ids, old_logps, seconds = behaviour(model, prompt_ids)
             conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds))
@@ -180,7 +181,7 @@ class AheadRounds:
         self.worker: Worker | None = None
         self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
         self.pending: deque[tuple[Sampled, int]] = deque()  # submitted, not yet returned: (job, slot)
-        self.slot_versions: list[int | None] = [None] * max_staleness  # the version each slot holds
+        self.slot_versions: list[int | None] = [None] * (max_staleness + 1)  # the version each slot holds
         self.next_round: int | None = None  # the next round to submit
 
     def take(self, k: int, prompt_ids: list[list[int]], version: int) -> Sampled:
@@ -194,14 +195,16 @@ class AheadRounds:
             self._submit(self.next_round, version)
         if k not in self.done and not any(job.round == k for job, _ in self.pending):
             self._submit(k, version)  # not sampled ahead (a resume without its rounds): sampled now
+        # round k's weights -> round k + s, queued before round k is awaited: the worker goes on to it the moment
+        # it has finished round k, so the weights' copy and the hand-over are not on its critical path
+        if self.next_round == k + self.s and self.next_round < self._end():
+            self._submit(self.next_round, version)
         while k not in self.done:
             self._receive()
         sampled = self.done.pop(k)
         if sampled.prompt_ids != prompt_ids:
             raise RuntimeError(f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
                                "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0")
-        if self.next_round == k + self.s and self.next_round < self._end():  # round k's weights -> round k + s
-            self._submit(self.next_round, version)
         return sampled
 
     def _end(self) -> int:
@@ -212,7 +215,7 @@ class AheadRounds:
         if version in self.slot_versions:
             slot = self.slot_versions.index(version)
         else:
-            while (slot := self._free_slot()) is None:  # never in steady state: s slots hold s versions
+            while (slot := self._free_slot()) is None:  # never in steady state: s rounds in flight, s + 1 slots
                 self._receive()
             self.worker.write(slot, self.worker.params)
             self.slot_versions[slot] = version
@@ -223,7 +226,7 @@ class AheadRounds:
 
     def _free_slot(self) -> int | None:
         busy = {slot for _, slot in self.pending}
-        return next((i for i in range(self.s) if i not in busy), None)
+        return next((i for i in range(len(self.slot_versions)) if i not in busy), None)
 
     def _receive(self) -> None:
         job, _ = self.pending.popleft()
@@ -235,7 +238,7 @@ class AheadRounds:
         """Fork the worker; the torch threads are split between it and the trainer (at least 1 each)."""
         threads = self.threads = torch.get_num_threads()
         mine = max(threads - threads // 2, 1)
-        self.worker = Worker(self.behaviour, self.model, slots=self.s, threads=max(threads // 2, 1))
+        self.worker = Worker(self.behaviour, self.model, slots=len(self.slot_versions), threads=max(threads // 2, 1))
         torch.set_num_threads(mine)
         logging.getLogger("ablate").info(
             "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s)); training on %d thread(s)",
@@ -263,7 +266,7 @@ class AheadRounds:
             logging.getLogger("ablate").debug("generation worker closed in %.2f s", time.perf_counter() - t0)
         self.worker, self.next_round = None, None
         self.done, self.pending = {}, deque()
-        self.slot_versions = [None] * self.s
+        self.slot_versions = [None] * (self.s + 1)
 
 
 def check_async(args: Any, generator: Any) -> None:

@@ -41,6 +41,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from ablate.losses.logps import selective_log_softmax
+
 
 class SamplingArgs(Protocol):
     """What a generator reads from the method's arguments (GRPOConfig has these fields)."""
@@ -64,6 +66,7 @@ class SharedPromptGenerator:
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.max_new_tokens = args.max_completion_length
+        self.temperature = args.temperature  # the log-probs' temperature, as the trainer's (sampling or not)
         self.do_sample = do_sample
         warpers = []  # generate's order (GenerationMixin._get_logits_processor)
         if do_sample and args.temperature != 1.0:
@@ -74,22 +77,31 @@ class SharedPromptGenerator:
             warpers.append(TopPLogitsWarper(top_p=args.top_p))
         self.warpers = LogitsProcessorList(warpers)
 
-    @torch.no_grad()
     def __call__(self, model: PreTrainedModel, prompt_ids: list[list[int]]) -> list[list[int]]:
+        return self.sample(model, prompt_ids).ids
 
+    @torch.no_grad()
+    def sample(self, model: PreTrainedModel, prompt_ids: list[list[int]], policy_logps: bool = False) -> Completions:
+        """The completions and, with `policy_logps`, each sampled token's log-prob under `model` at the
+        sampling temperature, taken from the very logits it was drawn from (no second forward pass)."""
         stops = stop_ids(self.tokenizer, model)
         device = next(model.parameters()).device
         input_ids, mask = (t.to(device) for t in left_pad(prompt_ids, self.pad_id))
         was_training = model.training
         model.eval()
         try:
-            out = self._decode(model, prompt_ids, input_ids, mask, torch.tensor(stops, device=device))
+            out, logps = self._decode(model, prompt_ids, input_ids, mask, torch.tensor(stops, device=device),
+                                      policy_logps)
         finally:
             model.train(was_training)
-        return [cut_at_eos(row, stops) for row in out.tolist()]
+        ids = [cut_at_eos(row, stops) for row in out.tolist()]
+        if logps is None:
+            return Completions(ids=ids)
+        return Completions(ids=ids, policy_logps=[row[: len(c)] for row, c in zip(logps.tolist(), ids)])
 
     def _decode(self, model: PreTrainedModel, prompt_ids: list[list[int]], input_ids: torch.Tensor,
-                mask: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, stops: torch.Tensor, policy_logps: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         rows = input_ids.size(0)
         first: dict[tuple[int, ...], int] = {}  # distinct prompt -> its first row
         for i, p in enumerate(prompt_ids):
@@ -106,6 +118,7 @@ class SharedPromptGenerator:
             cache.reorder_cache(expand)  # one copy of each prompt's keys/values per row that has it
         logits = logits[expand]
         out = torch.full((rows, self.max_new_tokens), self.pad_id, dtype=torch.long, device=input_ids.device)
+        logps = torch.zeros(rows, self.max_new_tokens, device=input_ids.device) if policy_logps else None
         active = torch.arange(rows, device=input_ids.device)  # batch row -> output row
         no_ids = input_ids[:, :0]  # the warpers above read only the scores
         for step in range(self.max_new_tokens):
@@ -119,6 +132,8 @@ class SharedPromptGenerator:
             else:
                 tokens = scores.argmax(dim=-1)
             out[active, step] = tokens
+            if logps is not None:  # as the trainer scores a completion: logits / temperature, log-softmax in fp32
+                logps[active, step] = selective_log_softmax(logits / self.temperature, tokens)
             going = ~torch.isin(tokens, stops)
             if step == self.max_new_tokens - 1 or not going.any():
                 break
@@ -129,7 +144,7 @@ class SharedPromptGenerator:
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
             logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
                            cache=cache, use_cache=True).logits[:, -1]
-        return out
+        return out, logps
 
 
 @dataclass
@@ -140,6 +155,9 @@ class Completions:
 
     ids: list[list[int]]  # one completion per prompt row, each cut after its EOS
     logps: list[list[float]] | None = None  # the engine's log-prob of each token of `ids`; None: none given
+    # the sampling model's log-prob of each token of `ids` as the loss defines it (temperature only, no top-k/top-p),
+    # from the logits it was sampled from: pi_old for asynchronous GRPO's worker (SharedPromptGenerator.sample)
+    policy_logps: list[list[float]] | None = None
 
 
 # The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS, or `Completions`
