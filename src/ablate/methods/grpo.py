@@ -340,15 +340,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                    ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
         """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
         with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
-        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead).
-
-        `old_from_sampling`: pi_old from the logits the tokens were drawn from, when the generator can
-        give them (`SharedPromptGenerator.sample`), instead of a second forward pass over the completions:
-        the same distribution (one weights version, the loss's temperature), numerically the decode's
-        (KV cache, other batch shapes: fp32 differences ~1e-6). The worker's choice; synchronous runs keep
-        TRL's forward pass, so their numbers do not move."""
+        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead),
+        `old_from_sampling`: pi_old from the logits the tokens were drawn from where the generator gives
+        them (`SharedPromptGenerator.sample`), not a second forward pass (synchronous runs keep TRL's)."""
         t0 = time.perf_counter()
-        sample = getattr(self.generator, "sample", None) if keep_old and old_from_sampling else None
+        sample = getattr(self.generator, "sample", None) if old_from_sampling else None
         with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
             out = sample(whole, prompt_ids, policy_logps=True) if sample else as_completions(self.generator(whole, prompt_ids))
         completion_ids = out.ids
@@ -356,7 +352,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         batch = self._completion_batch(prompt_ids, completion_ids)
         if out.logps is not None:  # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch
             batch["sampling_logps"] = right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
-        if keep_old and out.policy_logps is not None:
+        if out.policy_logps is not None:
             batch["old_logps"] = right_pad(out.policy_logps, 0.0, torch.float32)[0].to(self.args.device)
         elif keep_old:
             with torch.no_grad():
@@ -364,9 +360,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return completion_ids, batch, seconds
 
     def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
-        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`,
-        from the sampling logits where the generator gives them (one decode, no scoring pass: the worker's
-        round is most of an async step's critical path)."""
+        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`
+        (from the sampling logits: the worker's round is most of an async step's critical path)."""
         completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
         return completion_ids, batch["old_logps"], seconds
 

@@ -112,7 +112,7 @@ class Worker:
                 dst.copy_(src.detach())
 
     def submit(self, job: Sampled, slot: int, seed: int) -> None:
-        self.conn.send((job.round, slot, job.policy_version, seed, job.prompt_ids))
+        self.conn.send((job.round, slot, seed, job.prompt_ids))
 
     def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float]:
         """The next finished round: (round, completion ids, behaviour log-probs, seconds)."""
@@ -155,7 +155,7 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
     torch.set_num_threads(threads)
     try:
         while (job := conn.recv()) is not None:
-            k, slot, version, seed, prompt_ids = job
+            k, slot, seed, prompt_ids = job
             for p, weights in zip(params, slots[slot]):  # the model computes with the slot itself: no copy
                 p.data = weights  # (the trainer writes a slot only while no round in flight uses it)
             torch.manual_seed(seed)
