@@ -98,6 +98,7 @@ class SampledFromRecordedWeights(GRPOTrainer):
 
     versions: dict[int, int] = {}
     record: Record
+    dtype: torch.dtype | None = None  # the worker's (generation_dtype): the copy's parameters cast to it
 
     def _behaviour(self, model: Any, prompt_ids: list[list[int]], keep_old: bool) -> Any:
         if not self.model.training:
@@ -105,13 +106,15 @@ class SampledFromRecordedWeights(GRPOTrainer):
         k = self.schedule.round_of(self.rollouts.micro_step)
         old = copy.deepcopy(self.accelerator.unwrap_model(model))
         old.load_state_dict(self.record.weights[self.versions[k]])
+        for p in old.parameters() if self.dtype else ():
+            p.data = p.data.to(self.dtype)
         with torch.random.fork_rng():
             torch.manual_seed(round_seed(self.args.seed, k))
             return super()._behaviour(old, prompt_ids, True, old_from_sampling=True)  # as the worker scores it
 
 
-def _reference(path: Path, versions: dict[int, int], **overrides: Any) -> GRPOTrainer:
-    cls = type("Ref", (SampledFromRecordedWeights,), {"versions": versions, "record": Record()})
+def _reference(path: Path, versions: dict[int, int], dtype: torch.dtype | None = None, **overrides: Any) -> GRPOTrainer:
+    cls = type("Ref", (SampledFromRecordedWeights,), {"versions": versions, "record": Record(), "dtype": dtype})
     ref = _trainer(path, cls=cls, **overrides)
     ref.add_callback(cls.record)
     return ref
@@ -276,14 +279,41 @@ def test_async_losses_equal_sync_sampling_from_recorded_older_weights(tmp_path, 
     assert _losses(plain) != losses
 
 
-@pytest.mark.parametrize(("s", "spg", "stop"), [(1, 2, 3), (2, 1, 2)])
-def test_resume_with_rounds_in_flight_reproduces_the_losses(tmp_path, s, spg, stop):
-    """Checkpoint at step `stop` (s=1, spg=2: mid-round; s=2, spg=1: a round boundary): the rounds
-    sampled ahead are awaited and saved with it; the resumed run serves them, hands the worker the
+def test_a_bf16_worker_samples_with_the_weights_rounded_to_bf16(tmp_path):
+    """generation_dtype=bfloat16: the worker samples round k, and takes its pi_old, with the recorded
+    weights rounded to bf16 (its frozen and trainable parameters; buffers as they are), so the losses
+    equal, bit for bit, those of the reference sampling from a bf16 copy; the trainer's own weights stay
+    fp32. The fp32 worker's losses differ (the cast happened)."""
+    run = _trainer(tmp_path / "bf16", max_staleness=1, generation_dtype="bfloat16")
+    run.train()
+    assert {p.dtype for p in run.model.parameters()} == {torch.float32}
+    losses = _losses(run)
+    assert len(losses) == 6 and sum(abs(v) for v in losses.values()) > 0
+    ref = _reference(tmp_path / "ref", _round_versions(run), dtype=torch.bfloat16, max_staleness=0)
+    ref.train()
+    assert _losses(ref) == losses
+    fp32 = _trainer(tmp_path / "fp32", max_staleness=1)
+    fp32.train()
+    assert _losses(fp32) != losses
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(max_staleness=0, generation_dtype="bfloat16"), "generation_dtype is the async worker's"),
+    (dict(max_staleness=1, generation_dtype="bf16"), "generation_dtype must be float32 or bfloat16"),
+])
+def test_generation_dtype_is_checked(tmp_path, kw, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+
+
+@pytest.mark.parametrize(("s", "spg", "stop", "dtype"), [(1, 2, 3, None), (2, 1, 2, None), (1, 1, 3, "bfloat16")])
+def test_resume_with_rounds_in_flight_reproduces_the_losses(tmp_path, s, spg, stop, dtype):
+    """Checkpoint at step `stop` (s=1, spg=2: mid-round; s=2, spg=1: a round boundary; a bf16 worker): the
+    rounds sampled ahead are awaited and saved with it; the resumed run serves them, hands the worker the
     same weights at the same rounds, and logs the uninterrupted run's losses."""
-    full = _trainer(tmp_path / "full", max_staleness=s, steps_per_generation=spg, max_steps=8)
+    full = _trainer(tmp_path / "full", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype)
     full.train()
-    first = _trainer(tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8,
+    first = _trainer(tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype,
                      save_strategy="steps", save_steps=stop)
     first.add_callback(StopAt(stop))  # as if killed right after the checkpoint
     first.train()
@@ -291,7 +321,7 @@ def test_resume_with_rounds_in_flight_reproduces_the_losses(tmp_path, s, spg, st
     saved = torch.load(ckpt / AHEAD_ROUNDS, weights_only=True)
     next_round = -(-stop // spg)  # the first round not started yet
     assert [r["round"] for r in saved["rounds"]] == list(range(next_round, next_round + s))
-    resumed = _trainer(tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8)
+    resumed = _trainer(tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype)
     resumed.train(resume_from_checkpoint=str(ckpt))
     after = {k: v for k, v in _losses(full).items() if k > stop}
     assert len(after) == 8 - stop and {k: _losses(resumed)[k] for k in after} == after

@@ -135,6 +135,9 @@ class GRPOConfig(TrainingArguments):
     max_staleness: int = field(default=0, metadata={
         "help": "Asynchronous GRPO: rounds sampled this many rounds ahead by a worker process with its own copy "
                 "of the weights (round k by the weights at round k - max_staleness's start); 0 = synchronous."})
+    generation_dtype: str | None = field(default=None, metadata={
+        "help": "Async GRPO's worker: its weights' and compute's dtype; None = the trainer's | bfloat16 (half the "
+                "memory read per token; pi_old is the bf16 sampler's own log-probs, so the ratio sees the mismatch)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -145,6 +148,10 @@ class GRPOConfig(TrainingArguments):
             (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
             (self.max_staleness >= 0, f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"),
+            (self.generation_dtype in (None, "float32", "bfloat16"), f"generation_dtype must be float32 or bfloat16 "
+             f"(null = the trainer's), got '{self.generation_dtype}'"),
+            (self.generation_dtype is None or self.max_staleness > 0, "generation_dtype is the async worker's "
+             "(max_staleness > 0); a synchronous run samples with the policy itself (an engine: method/generator=vllm)"),
             (self.vllm_importance_sampling_mode in is_correction.MODES,
              f"vllm_importance_sampling_mode must be one of {', '.join(is_correction.MODES)}, "
              f"got '{self.vllm_importance_sampling_mode}'"),
@@ -247,7 +254,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if args.max_staleness > 0:
             check_async(args, self.generator)
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
-                                     args.seed, self._round_prompts)
+                                     args.seed, self._round_prompts, dtype=getattr(torch, args.generation_dtype or "", None))
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as

@@ -27,6 +27,14 @@ trainer queue round k + s (with its current weights) before it awaits round k, s
 from one round to the next without waiting for the hand-over: on two cores the worker's rounds are
 an async step's critical path.
 
+Precision (`method.args.generation_dtype`): by default the worker computes in the trainer's dtype, so
+at zero lag its pi_old is the trainer's log-prob up to the KV cache's summation order. With bfloat16 its
+weights are the trainer's rounded to bf16 (the slots hold bf16: the trainer's write rounds them) and
+it decodes in bf16, reading half the bytes per token: decoding on a CPU is bound by reading the weights.
+pi_old is then the bf16 sampler's own log-prob of each token (the logits it was drawn from, in fp32 from
+there on), so the importance ratio pi_theta / pi_old is taken against the distribution that really drew
+the tokens, and clipping bounds the precision gap with the staleness, as for a bf16 rollout engine.
+
 Resume: the in-flight rounds are saved, not regenerated (regenerating needs the older weights that
 sampled them). A checkpoint waits for the rounds the worker has in hand and saves them with the
 checkpoint (`async_rounds.pt`: completions, behaviour log-probs, versions); the round being served
@@ -91,22 +99,25 @@ class Sampled:
 
 class Worker:
     """A forked process that samples rounds with `behaviour`, from its own copy of `model` whose
-    trainable parameters are, for each round, one of `slots` shared-memory copies the trainer writes."""
+    trainable parameters are, for each round, one of `slots` shared-memory copies the trainer writes;
+    in `dtype` when given (the trainer's copy converts on writing, the worker casts its frozen ones)."""
 
-    def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int) -> None:
+    def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int,
+                 dtype: torch.dtype | None = None) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.slots = [[p.detach().clone().share_memory_() for p in self.params] for _ in range(slots)]
+        self.slots = [[p.detach().to(dtype or p.dtype).clone().share_memory_() for p in self.params] for _ in range(slots)]
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         sys.stdout.flush()  # a forked child must not flush the parent's buffered output a second time
         sys.stderr.flush()
         self.process = ctx.Process(target=_serve, args=(child, behaviour, model, self.params, self.slots, threads,
-                                                        os.getpid()), daemon=True, name="ablate-generation")
+                                                        os.getpid(), dtype), daemon=True, name="ablate-generation")
         self.process.start()
         child.close()  # the parent's copy: the pipe reads EOF once the worker has gone
 
     def write(self, slot: int, params: list[torch.Tensor]) -> None:
-        """Copy the trainer's current trainable parameters into `slot` (no round may be using it)."""
+        """Copy the trainer's current trainable parameters into `slot` (no round may be using it), rounded to
+        the slot's dtype (round-to-nearest-even, as `Tensor.to`)."""
         with torch.no_grad():
             for dst, src in zip(self.slots[slot], params):
                 dst.copy_(src.detach())
@@ -142,8 +153,8 @@ class Worker:
 
 
 def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[torch.Tensor],
-           slots: list[list[torch.Tensor]], threads: int, trainer_pid: int) -> None:
-    """The worker's loop: load the round's weights (when they changed), seed, sample, send back."""
+           slots: list[list[torch.Tensor]], threads: int, trainer_pid: int, dtype: torch.dtype | None) -> None:
+    """The worker's loop: point the model at the round's weights, seed, sample, send back."""
     if sys.platform.startswith("linux"):  # die with the trainer, even on kill -9
         import ctypes
 
@@ -153,6 +164,11 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.run.interrupts)
     torch.set_num_threads(threads)
+    if dtype is not None:  # the frozen parameters (LoRA's base) once; buffers (rotary frequencies) stay as they are
+        with torch.no_grad():
+            for p in model.parameters():
+                if not p.requires_grad:  # the trainable ones are the slots' (already in dtype)
+                    p.data = p.data.to(dtype)
     try:
         while (job := conn.recv()) is not None:
             k, slot, seed, prompt_ids = job
@@ -175,8 +191,9 @@ class AheadRounds:
     `last_round` (set by the trainer from max_steps) are never sampled."""
 
     def __init__(self, behaviour: BehaviourFn, model: nn.Module, max_staleness: int, seed: int,
-                 prompts_of: Callable[[int], list[list[int]]]) -> None:
+                 prompts_of: Callable[[int], list[list[int]]], dtype: torch.dtype | None = None) -> None:
         self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, max_staleness, seed, prompts_of
+        self.dtype = dtype  # the worker's weights and compute (None: the trainer's)
         self.last_round: int | None = None
         self.worker: Worker | None = None
         self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
@@ -238,11 +255,13 @@ class AheadRounds:
         """Fork the worker; the torch threads are split between it and the trainer (at least 1 each)."""
         threads = self.threads = torch.get_num_threads()
         mine = max(threads - threads // 2, 1)
-        self.worker = Worker(self.behaviour, self.model, slots=len(self.slot_versions), threads=max(threads // 2, 1))
+        self.worker = Worker(self.behaviour, self.model, slots=len(self.slot_versions), threads=max(threads // 2, 1),
+                             dtype=self.dtype)
         torch.set_num_threads(mine)
+        dtype = str(self.dtype or "the trainer's dtype").removeprefix("torch.")
         logging.getLogger("ablate").info(
-            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s)); training on %d thread(s)",
-            self.s, self.worker.process.pid, max(threads // 2, 1), mine)
+            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); training on %d thread(s)",
+            self.s, self.worker.process.pid, max(threads // 2, 1), dtype, mine)
 
     def save(self, folder: str) -> None:
         """Wait for the rounds in flight and save every round sampled but not yet taken."""

@@ -133,7 +133,7 @@ class SharedPromptGenerator:
                 tokens = scores.argmax(dim=-1)
             out[active, step] = tokens
             if logps is not None:  # as the trainer scores a completion: logits / temperature, log-softmax in fp32
-                logps[active, step] = selective_log_softmax(logits / self.temperature, tokens)
+                logps[active, step] = selective_log_softmax(logits.float() / self.temperature, tokens)  # (bf16 logits too)
             going = ~torch.isin(tokens, stops)
             if step == self.max_new_tokens - 1 or not going.any():
                 break
