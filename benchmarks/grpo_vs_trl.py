@@ -242,7 +242,8 @@ def main() -> None:
                                               for impl in a.impls}, repeats=1)
             for impl, runs in round_.items():
                 results[impl] += runs
-                print(f"  {impl} spg {spg} seed {seed}: {runs[0]['wall_per_step']:.2f} s/step",
+                steal = "" if runs[0]["steal"] is None else f" (CPU steal {runs[0]['steal']:.0%})"
+                print(f"  {impl} spg {spg} seed {seed}: {runs[0]['wall_per_step']:.2f} s/step{steal}",
                       file=sys.stderr, flush=True)
         print()
         harness.print_table(f"GRPO spg {spg}: max |dloss| vs {a.impls[0]} (seed {a.seed}"

@@ -22,8 +22,10 @@ HW MFU (the FLOPs the training forwards and backwards actually computed: 6N per 
 model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`;
 TRL's fused LM head bypasses the head module: its children add `StepRecorder.watch_trl_fused_head`),
 peak RSS (max over repeats), and the largest per-step loss difference from the first implementation.
-The load average is printed with the table: on a shared machine, numbers are only comparable within
-one table. Run by hand; the tests check the harness, never the timings.
+The load average is printed with the table, and each run's CPU steal (the share of the CPUs' time the
+hypervisor gave to other guests while it ran, from /proc/stat): on a shared machine, numbers are only
+comparable within one table, and a run with steal has lost wall-clock to its neighbours (more so a
+side whose threads wait on each other at every operation). Run by hand; the tests check the harness, never the timings.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def run_alternately(commands: dict[str, list[str]], repeats: int, env: dict[str,
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
     for _ in range(repeats):
         for name, cmd in commands.items():
-            t0 = time.perf_counter()
+            t0, ticks = time.perf_counter(), cpu_ticks()
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                   env={**os.environ, **(env or {})})
             seconds = time.perf_counter() - t0
@@ -135,6 +137,7 @@ def run_alternately(commands: dict[str, list[str]], repeats: int, env: dict[str,
                 raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             result["process_seconds"] = seconds
+            result["steal"] = steal_fraction(ticks, cpu_ticks())
             results[name].append(result)
     return results
 
@@ -182,6 +185,24 @@ def machine() -> str:
     return f"{cpu}, {cores} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, Python {platform.python_version()}"
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs since boot (/proc/stat's `cpu` line); None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
+
+
+def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the CPUs' ticks between two `cpu_ticks()` readings stolen by the hypervisor."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def load_average() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -213,3 +234,6 @@ def print_table(title: str, results: dict[str, list[dict[str, Any]]], load_befor
     devices = sorted({r["device"] for runs in results.values() for r in runs if r.get("device")})
     print(f"machine: {machine()}" + (f"; device: {', '.join(devices)}" if devices else ""))
     print(f"load average (1, 5, 15 min): {load_before + ' before, ' if load_before else ''}{load_average()} after")
+    steal = [r["steal"] for runs in results.values() for r in runs if r.get("steal") is not None]
+    if steal:
+        print(f"CPU steal per run (the hypervisor's, /proc/stat): {min(steal):.0%} to {max(steal):.0%}")

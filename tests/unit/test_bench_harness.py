@@ -32,6 +32,7 @@ def test_alternates_and_tabulates(tmp_path: Path) -> None:
     results = harness.run_alternately({n: [sys.executable, str(child), n, str(log)] for n in ("a", "b")}, repeats=2)
     assert log.read_text().split() == ["a", "b", "a", "b"]
     assert all(r["process_seconds"] > 0 for runs in results.values() for r in runs)
+    assert all(r["steal"] is None or 0 <= r["steal"] <= 1 for runs in results.values() for r in runs)
     a, b = harness.summarize(results)
     assert (a["s_per_step"], b["s_per_step"]) == (1.0, 2.0)  # each run's first (warm-up) step left out
     assert a["tokens_per_s"] == 100.0 and a["tokens_counted"]  # 300 tokens / 3 steps / 1 s
@@ -47,6 +48,17 @@ def test_alternates_and_tabulates(tmp_path: Path) -> None:
     assert text.splitlines()[0] == "title" and "62.0%" in text and "31.0%" in text and "1.00e-02" in text
     assert "91.5%" in text and "45.8%" in text
     assert "50*" in text and "counted by another implementation" in text
+
+
+def test_steal_is_the_stolen_share_of_the_ticks_between_readings() -> None:
+    """(steal, total) ticks (100, 1000) then (130, 1100): 30 of the 100 ticks between them were stolen;
+    no readings or no ticks between them: unknown."""
+    assert harness.steal_fraction((100, 1000), (130, 1100)) == pytest.approx(0.3)
+    assert harness.steal_fraction(None, (130, 1100)) is None
+    assert harness.steal_fraction((100, 1000), (100, 1000)) is None
+    ticks = harness.cpu_ticks()
+    if ticks is not None:  # Linux: steal is one of the fields the total sums
+        assert 0 <= ticks[0] <= ticks[1]
 
 
 def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> None:
