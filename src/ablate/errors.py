@@ -5,6 +5,8 @@ No heavy imports here (no torch, no datasets): the launching process uses it to 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class ConfigError(ValueError):
     """A config value ablate refuses (checked before any model is built)."""
@@ -50,10 +52,17 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirEr
                                                 FloatingPointError)
 
 
+def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseException]:
+    """`e`, then the error it was raised from (`__cause__`; with `context`, else the one being handled when it
+    was raised, `__context__`), and so on, each once: a chain can loop back on itself (an error re-raised
+    `from` the wrapper that holds it), and a walk that does not stop there never returns."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or (e.__context__ if context else None)
+
+
 def user_error(e: BaseException | None) -> BaseException | None:
     """The user-fixable error behind `e`, if any (Hydra's instantiate wraps errors in its own)."""
-    while e is not None:
-        if isinstance(e, USER_ERRORS):
-            return e
-        e = e.__cause__
-    return None
+    return next((c for c in chain(e, context=False) if isinstance(c, USER_ERRORS)), None)

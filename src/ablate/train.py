@@ -100,8 +100,8 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
                            **OmegaConf.to_container(cfg.precision), **device_args)
     except Exception as e:  # noqa: BLE001 - Hydra wraps the dataclass's ValueError/TypeError
         cause = e.__cause__ or e
-        if isinstance(cause, ConfigError):  # the method's config already said what to fix
-            raise cause from e
+        if isinstance(cause, ConfigError):  # the method's config already said what to fix (a new error: `cause from e`
+            raise ConfigError(str(cause)) from e  # would make e's cause chain a loop, e.__cause__ being cause)
         if isinstance(cause, (ValueError, TypeError)):
             raise ConfigError(f"method.args: {str(cause).strip().splitlines()[0]}") from e
         raise

@@ -20,7 +20,7 @@ from datasets.utils.logging import (
     is_progress_bar_enabled,
 )
 
-from ablate.errors import DataError
+from ablate.errors import DataError, chain
 
 PACKAGED = Path(__file__).parent / "tiny"
 
@@ -164,12 +164,10 @@ def _saved(path: Path, split: str) -> tuple[Dataset, Dataset | None]:
 def _load_error(e: BaseException, files: list[str], kind: str = "JSON lines") -> str:
     """The line for a failed `load_dataset`: an OS error on a path that is not one of the data files is
     the datasets cache (a read-only HOME), not the data."""
-    cause: BaseException | None = e
-    while cause is not None:
+    for cause in chain(e):
         if isinstance(cause, OSError) and cause.filename and str(cause.filename) not in files:
             return (f"data: cannot write the datasets cache ({cause.strerror or cause}: {cause.filename}); "
                     f"set HF_DATASETS_CACHE (or HF_HOME) to a writable folder")
-        cause = cause.__cause__ or cause.__context__
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return f"data: could not read {', '.join(files)} as {kind}: {first}"
 

@@ -37,6 +37,7 @@ from ablate.errors import (
     DiskFullError,
     PeerLostError,
     Pruned,
+    chain,
     user_error,
 )
 from ablate.run import interrupts, rundir, secrets
@@ -286,9 +287,7 @@ def _peer_lost(run: Run, e: BaseException) -> PeerLostError | None:
     crashed, was killed or partitioned), with the checkpoint to resume from; else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
-    cause: BaseException | None = e
-    while cause is not None and not (isinstance(cause, RuntimeError) and any(m in str(cause) for m in PEER_LOST)):
-        cause = cause.__cause__ or cause.__context__
+    cause = next((c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None)
     if cause is None:
         return None
     what = next(m for m in PEER_LOST if m in str(cause))

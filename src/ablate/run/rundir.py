@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ablate.errors import RunDirError
+from ablate.errors import RunDirError, chain
 
 SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
 LOCK, HYDRA = ".lock", ".hydra"
@@ -99,12 +99,11 @@ def disk_full(e: BaseException | None) -> bool:
     safetensors report a failed write in their own words: those are matched by their text."""
     import errno
 
-    while e is not None:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+    for c in chain(e):
+        if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+        if "No space left on device" in str(c) or "Disk quota exceeded" in str(c):
             return True
-        e = e.__cause__ or e.__context__
     return False
 
 

@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ablate.errors import ConfigError, missing_extra
+from ablate.errors import ConfigError, chain, missing_extra
 from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, imported from here by train and cli
     check_code,
     check_distributed,
@@ -449,11 +449,9 @@ def one_line(e: BaseException) -> str | None:
 
     from ablate.errors import USER_ERRORS
 
-    cause = e
-    while cause is not None:
+    for cause in chain(e, context=False):
         if isinstance(cause, USER_ERRORS):
             return str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        cause = cause.__cause__
     line = _bad_config_file(e)
     if line is not None:
         return line
@@ -478,14 +476,13 @@ def _bad_config_file(e: BaseException) -> str | None:
     """A config file (conf/, a sweep config, --config-dir) that is not YAML or not UTF-8."""
     import yaml
 
-    while e is not None:
-        if isinstance(e, yaml.MarkedYAMLError):
-            mark = e.problem_mark or e.context_mark
+    for c in chain(e):
+        if isinstance(c, yaml.MarkedYAMLError):
+            mark = c.problem_mark or c.context_mark
             where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
-            return f"{where}: not valid YAML ({e.problem or e.context})"
-        if isinstance(e, UnicodeDecodeError):
-            return f"a config file is not UTF-8 text (byte 0x{e.object[e.start]:02x}); save it as UTF-8"
-        e = e.__cause__ or e.__context__
+            return f"{where}: not valid YAML ({c.problem or c.context})"
+        if isinstance(c, UnicodeDecodeError):
+            return f"a config file is not UTF-8 text (byte 0x{c.object[c.start]:02x}); save it as UTF-8"
     return None
 
 
