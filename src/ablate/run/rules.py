@@ -148,6 +148,9 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.num_generations": (lambda v, c: is_int(v) and v >= 2, "an integer >= 2 (the group whose mean is the baseline)"),
     "method.args.steps_per_generation": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1"),
     "method.args.max_staleness": (lambda v, c: is_int(v) and v >= 0, "an integer >= 0 (0 = synchronous GRPO)"),
+    "method.args.generation_dtype": (  # the async worker's (ablate.rollouts.ahead): a synchronous run has none
+        lambda v, c: v is None or (v in ("float32", "bfloat16") and is_int(s := at(c, "method.args.max_staleness")) and s > 0),
+        "null, float32 or bfloat16, with method.args.max_staleness > 0 (the async generation worker's dtype)"),
     "method.args.vllm_importance_sampling_mode": (  # ablate.losses.is_correction.MODES (TRL's)
         lambda v, c: v in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
         "one of token_truncate, token_mask, sequence_truncate, sequence_mask"),
