@@ -53,7 +53,6 @@ import copy
 import inspect
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -64,7 +63,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     TrainerCallback,
-    TrainingArguments,
 )
 
 from ablate.data.tokenize import prepare_prompts
@@ -73,6 +71,7 @@ from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import selective_log_softmax
 from ablate.methods.fsdp import full_params
+from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
@@ -96,79 +95,6 @@ from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 
 RewardFunc = Callable[..., list[float | None]]
-
-
-@dataclass
-class GRPOConfig(TrainingArguments):
-    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
-    steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
-    num_iterations: int = field(default=1, metadata={"help": "Passes (mu) over each generation round's slices."})
-    max_prompt_length: int | None = field(default=512, metadata={"help": "Keep the last N prompt tokens."})
-    max_completion_length: int = field(default=256, metadata={"help": "New tokens generated per completion."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied when scoring)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    top_k: int = field(default=0, metadata={
-        "help": "Sample among the k most likely tokens; 0 = off (TRL 1.16's default; generate's own default is 50)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
-    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None = epsilon."})
-    beta: float = field(default=0.0, metadata={"help": "KL weight; 0 = no reference model."})
-    reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
-    importance_sampling_level: str = field(
-        default="token", metadata={"help": "token (GRPO) | sequence (GSPO: one ratio per completion)."})
-    delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta."})
-    use_bias_correction_kl: bool = field(
-        default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL 1.16's default)."})
-    mask_truncated_completions: bool = field(
-        default=False, metadata={"help": "Completions without EOS get no loss (their tokens are masked out)."})
-    vllm_importance_sampling_correction: bool = field(default=True, metadata={
-        "help": "Weight each token's policy loss by pi_trainer / pi_engine when the generator returns the engine's "
-                "log-probs (vLLM); TRL 1.16's default."})
-    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={
-        "help": "token_truncate | token_mask | sequence_truncate | sequence_mask (TRL's modes and default)."})
-    vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={
-        "help": "Lower bound of the engine IS ratio (clamped or masked below); None = none."})
-    vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={
-        "help": "Upper bound of the engine IS ratio (clamped or masked above); None = none."})
-    off_policy_mask_threshold: float | None = field(default=None, metadata={
-        "help": "Drop negative-advantage completions whose mean KL from the sampling policy exceeds this "
-                "(DeepSeek-V3.2 eq. 9); None = off."})
-    max_staleness: int = field(default=0, metadata={
-        "help": "Asynchronous GRPO: rounds sampled this many rounds ahead by a worker process with its own copy "
-                "of the weights (round k by the weights at round k - max_staleness's start); 0 = synchronous."})
-    generation_dtype: str | None = field(default=None, metadata={
-        "help": "Async GRPO's worker: its weights' and compute's dtype; None = the trainer's | bfloat16 (half the "
-                "memory read per token; pi_old is the bf16 sampler's own log-probs, so the ratio sees the mismatch)."})
-    remove_unused_columns: bool = False  # reward functions receive every dataset column
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        checks = [
-            (self.num_generations >= 2, f"num_generations must be >= 2 (a group), got {self.num_generations}"),
-            (self.steps_per_generation >= 1, f"steps_per_generation must be >= 1, got {self.steps_per_generation}"),
-            (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
-            (self.max_staleness >= 0, f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"),
-            (self.generation_dtype in (None, "float32", "bfloat16"), f"generation_dtype must be float32 or bfloat16 "
-             f"(null = the trainer's), got '{self.generation_dtype}'"),
-            (self.generation_dtype is None or self.max_staleness > 0, "generation_dtype is the async worker's "
-             "(max_staleness > 0); a synchronous run samples with the policy itself (an engine: method/generator=vllm)"),
-            (self.vllm_importance_sampling_mode in is_correction.MODES,
-             f"vllm_importance_sampling_mode must be one of {', '.join(is_correction.MODES)}, "
-             f"got '{self.vllm_importance_sampling_mode}'"),
-            (self.importance_sampling_level in ("token", "sequence"),
-             f"importance_sampling_level must be token or sequence, got '{self.importance_sampling_level}'"),
-            (self.delta is None or self.delta > 1 + self.epsilon_high,
-             f"delta ({self.delta}) must exceed 1 + epsilon_high ({1 + self.epsilon_high})"),
-            (self.per_device_train_batch_size % self.num_generations == 0,
-             f"per_device_train_batch_size ({self.per_device_train_batch_size}) counts completions and must be "
-             f"a multiple of num_generations ({self.num_generations})"),
-            (self.eval_strategy == "no" or self.per_device_eval_batch_size % self.num_generations == 0,
-             f"per_device_eval_batch_size ({self.per_device_eval_batch_size}) must be a multiple of "
-             f"num_generations ({self.num_generations})"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(f"method.args: {msg}")
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:
@@ -253,8 +179,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.ahead: AheadRounds | None = None  # max_staleness > 0: rounds sampled ahead by a worker process
         if args.max_staleness > 0:
             check_async(args, self.generator)
+            dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
-                                     args.seed, self._round_prompts, dtype=getattr(torch, args.generation_dtype or "", None))
+                                     args.seed, self._round_prompts, dtype=dtype)
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
