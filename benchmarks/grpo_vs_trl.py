@@ -2,7 +2,8 @@
 
     python benchmarks/grpo_vs_trl.py [--steps 4] [--spg 1 4] [--batch 16] [--num-generations 8]
                                      [--new-tokens 64] [--repeats 2] [--seed 0] [--vary-seed]
-                                     [--impls ablate trl ablate:hf ablate:noshare ablate:async1 ablate:async1:bf16]
+                                     [--impls ablate trl ablate:hf ablate:noshare ablate:async1 ablate:async1:bf16
+                                              ablate:async1:bf16:balanced]
                                      [--full-length]
 
 Both trainers get the same model dir (`ablate fetch smollm2_135m`), the packaged `one_word_prompts`
@@ -36,7 +37,9 @@ Then the mean reward per step of every run (reward curves over seeds with `--var
 `perf.grpo_group_rows` off, `ablate:asyncN` asynchronous GRPO with `max_staleness=N` (a forked generation
 worker samples round k+N while round k trains: torch's threads split between the two, so run it with
 OMP_NUM_THREADS=2 on 2 cores, where the synchronous sides use both threads for each phase);
-`ablate:asyncN:bf16` the same with the worker in bf16 (`generation_dtype=bfloat16`). For an
+`ablate:asyncN:bf16` the same with the worker in bf16 (`generation_dtype=bfloat16`), and a `:balanced` suffix
+(`ablate:async1:balanced`, `ablate:async1:bf16:balanced`) with `async_threads=balanced` (the trainer takes
+the worker's thread while the worker is idle). For an
 async side the CPU split counts the worker's CPU as generation (its process's, once it has exited),
 "wait" is the time training waited for a round, and its losses differ from the synchronous sides'
 (samples from older weights, other seeds). `--full-length` (ablate sides) ends no completion early: on
@@ -142,7 +145,8 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         from ablate.speed.plan import Perf
 
         args = GRPOConfig(**common, max_staleness=staleness(impl),
-                          generation_dtype="bfloat16" if impl.endswith(":bf16") else None)
+                          generation_dtype="bfloat16" if ":bf16" in impl else None,
+                          async_threads="balanced" if impl.endswith(":balanced") else "split")
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                               reward_funcs={"one_word": one_word}, callbacks=[Record(), rec],
@@ -175,8 +179,8 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
 
 
 def staleness(impl: str) -> int:
-    """`ablate:asyncN[:bf16]` -> N (asynchronous GRPO's max_staleness); 0 for the synchronous sides."""
-    return int(impl.removeprefix("ablate:async").removesuffix(":bf16")) if impl.startswith("ablate:async") else 0
+    """`ablate:asyncN[:bf16][:balanced]` -> N (asynchronous GRPO's max_staleness); 0 for the synchronous sides."""
+    return int(impl.removeprefix("ablate:async").split(":")[0]) if impl.startswith("ablate:async") else 0
 
 
 def _children_cpu() -> float:

@@ -111,8 +111,8 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train method/loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
     "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
-                                             "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) "
-                                             "train them by default",
+                                             "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
+                                             "tests/unit/test_async_cores.py (async_threads) train them by default",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
     "ablate train perf=off": "tests/integration/test_speed_plan.py trains perf=off against the default by default",
     "ablate train perf.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",

@@ -181,7 +181,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             check_async(args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
-                                     args.seed, self._round_prompts, dtype=dtype)
+                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced")
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as

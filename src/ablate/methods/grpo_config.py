@@ -52,6 +52,10 @@ class GRPOConfig(TrainingArguments):
     generation_dtype: str | None = field(default=None, metadata={
         "help": "Async GRPO's worker: its weights' and compute's dtype; None = the trainer's | bfloat16 (half the "
                 "memory read per token; pi_old is the bf16 sampler's own log-probs, so the ratio sees the mismatch)."})
+    async_threads: str = field(default="split", metadata={
+        "help": "Async GRPO's torch threads: split = fixed halves for the trainer and the worker (reproducible) | "
+                "balanced = the trainer also takes the worker's while it is idle (faster when the worker is; the "
+                "trainer's last bits then depend on timing: ablate.rollouts.cores)."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -66,6 +70,9 @@ class GRPOConfig(TrainingArguments):
              f"(null = the trainer's), got '{self.generation_dtype}'"),
             (self.generation_dtype is None or self.max_staleness > 0, "generation_dtype is the async worker's "
              "(max_staleness > 0); a synchronous run samples with the policy itself (an engine: method/generator=vllm)"),
+            (self.async_threads in ("split", "balanced"), f"async_threads must be split or balanced, got '{self.async_threads}'"),
+            (self.async_threads == "split" or self.max_staleness > 0, "async_threads=balanced shares the cores with the "
+             "async worker (max_staleness > 0); a synchronous run uses every thread throughout"),
             (self.vllm_importance_sampling_mode in is_correction.MODES,
              f"vllm_importance_sampling_mode must be one of {', '.join(is_correction.MODES)}, "
              f"got '{self.vllm_importance_sampling_mode}'"),

@@ -41,6 +41,10 @@ checkpoint (`async_rounds.pt`: completions, behaviour log-probs, versions); the 
 mid-way is saved by the rollout buffer as in a synchronous run. A resumed run serves those rounds and
 hands the worker the same weights at the same round starts, so it reproduces the uninterrupted run.
 
+Threads: the trainer and the worker split the torch threads (at least one each), fixed, so the run is
+reproducible. With `method.args.async_threads=balanced` the trainer also takes the worker's threads
+while the worker is idle (its round done before the trainer's step): ablate.rollouts.cores.
+
 Prompts: a round's prompts are needed s rounds before the Trainer's dataloader yields them, so they are
 read ahead from the sampler (`prompts_of`); when the dataloader yields the round, its prompts are
 checked against them. CPU and one process only (fork; a CUDA context does not survive a fork).
@@ -64,6 +68,7 @@ import torch
 from torch import nn
 
 from ablate.errors import ConfigError
+from ablate.rollouts.cores import CoreShare
 
 AHEAD_ROUNDS = "async_rounds.pt"  # in each checkpoint of an async run: the rounds sampled but not yet trained on
 
@@ -103,7 +108,7 @@ class Worker:
     in `dtype` when given (the trainer's copy converts on writing, the worker casts its frozen ones)."""
 
     def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, cores: CoreShare | None = None) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.slots = [[p.detach().to(dtype or p.dtype).clone().share_memory_() for p in self.params] for _ in range(slots)]
         ctx = multiprocessing.get_context("fork")
@@ -111,7 +116,7 @@ class Worker:
         sys.stdout.flush()  # a forked child must not flush the parent's buffered output a second time
         sys.stderr.flush()
         self.process = ctx.Process(target=_serve, args=(child, behaviour, model, self.params, self.slots, threads,
-                                                        os.getpid(), dtype), daemon=True, name="ablate-generation")
+                                                        os.getpid(), dtype, cores), daemon=True, name="ablate-generation")
         self.process.start()
         child.close()  # the parent's copy: the pipe reads EOF once the worker has gone
 
@@ -153,7 +158,8 @@ class Worker:
 
 
 def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[torch.Tensor],
-           slots: list[list[torch.Tensor]], threads: int, trainer_pid: int, dtype: torch.dtype | None) -> None:
+           slots: list[list[torch.Tensor]], threads: int, trainer_pid: int, dtype: torch.dtype | None,
+           cores: CoreShare | None) -> None:
     """The worker's loop: point the model at the round's weights, seed, sample, send back."""
     if sys.platform.startswith("linux"):  # die with the trainer, even on kill -9
         import ctypes
@@ -172,10 +178,14 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
     try:
         while (job := conn.recv()) is not None:
             k, slot, seed, prompt_ids = job
+            if cores is not None:  # async_threads=balanced: the trainer's share while this round is sampled
+                cores.worker_busy(True)
             for p, weights in zip(params, slots[slot]):  # the model computes with the slot itself: no copy
                 p.data = weights  # (the trainer writes a slot only while no round in flight uses it)
             torch.manual_seed(seed)
             completion_ids, old_logps, seconds = behaviour(model, prompt_ids)
+            if cores is not None and not conn.poll():  # idle until the trainer's next round (none queued)
+                cores.worker_busy(False)
             conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds))
     except EOFError:  # the trainer has gone
         pass
@@ -191,11 +201,14 @@ class AheadRounds:
     `last_round` (set by the trainer from max_steps) are never sampled."""
 
     def __init__(self, behaviour: BehaviourFn, model: nn.Module, max_staleness: int, seed: int,
-                 prompts_of: Callable[[int], list[list[int]]], dtype: torch.dtype | None = None) -> None:
+                 prompts_of: Callable[[int], list[list[int]]], dtype: torch.dtype | None = None,
+                 balanced: bool = False) -> None:
+        self.balanced = balanced  # async_threads=balanced: the trainer takes the worker's threads while it idles
         self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, max_staleness, seed, prompts_of
         self.dtype = dtype  # the worker's weights and compute (None: the trainer's)
         self.last_round: int | None = None
         self.worker: Worker | None = None
+        self.cores: CoreShare | None = None  # async_threads=balanced: the threads follow who is busy
         self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
         self.pending: deque[tuple[Sampled, int]] = deque()  # submitted, not yet returned: (job, slot)
         self.slot_versions: list[int | None] = [None] * (max_staleness + 1)  # the version each slot holds
@@ -237,6 +250,8 @@ class AheadRounds:
             self.worker.write(slot, self.worker.params)
             self.slot_versions[slot] = version
         job = Sampled(round=k, policy_version=version, prompt_ids=self.prompts_of(k))
+        if self.cores is not None:  # busy from now: the trainer gives its extra threads back at its next layer
+            self.cores.worker_busy(True)
         self.worker.submit(job, slot, round_seed(self.seed, k))
         self.pending.append((job, slot))
         self.next_round = max(self.next_round, k + 1)
@@ -255,13 +270,17 @@ class AheadRounds:
         """Fork the worker; the torch threads are split between it and the trainer (at least 1 each)."""
         threads = self.threads = torch.get_num_threads()
         mine = max(threads - threads // 2, 1)
+        self.cores = CoreShare(threads, mine) if self.balanced and threads > 1 else None
         self.worker = Worker(self.behaviour, self.model, slots=len(self.slot_versions), threads=max(threads // 2, 1),
-                             dtype=self.dtype)
+                             dtype=self.dtype, cores=self.cores)
         torch.set_num_threads(mine)
+        if self.cores is not None:
+            self.cores.attach(self.model)  # after the fork: the worker's copy of the model has no hooks
         dtype = str(self.dtype or "the trainer's dtype").removeprefix("torch.")
         logging.getLogger("ablate").info(
-            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); training on %d thread(s)",
-            self.s, self.worker.process.pid, max(threads // 2, 1), dtype, mine)
+            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); training on %d thread(s)%s",
+            self.s, self.worker.process.pid, max(threads // 2, 1), dtype, mine,
+            f", {threads} while the worker is idle" if self.cores is not None else "")
 
     def save(self, folder: str) -> None:
         """Wait for the rounds in flight and save every round sampled but not yet taken."""
@@ -281,6 +300,11 @@ class AheadRounds:
         if self.worker is not None:
             t0 = time.perf_counter()
             self.worker.close(busy=bool(self.pending))
+            if self.cores is not None:
+                logging.getLogger("ablate").info("async GRPO: the trainer changed its thread count %d times "
+                                                 "(async_threads=balanced)", self.cores.switches)
+                self.cores.detach()
+                self.cores = None
             torch.set_num_threads(self.threads)  # the trainer's share back to the whole
             logging.getLogger("ablate").debug("generation worker closed in %.2f s", time.perf_counter() - t0)
         self.worker, self.next_round = None, None

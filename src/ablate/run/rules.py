@@ -151,6 +151,9 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.generation_dtype": (  # the async worker's (ablate.rollouts.ahead): a synchronous run has none
         lambda v, c: v is None or (v in ("float32", "bfloat16") and is_int(s := at(c, "method.args.max_staleness")) and s > 0),
         "null, float32 or bfloat16, with method.args.max_staleness > 0 (the async generation worker's dtype)"),
+    "method.args.async_threads": (  # ablate.rollouts.cores: the async worker's idle cores; a synchronous run has all
+        lambda v, c: v == "split" or (v == "balanced" and is_int(s := at(c, "method.args.max_staleness")) and s > 0),
+        "split, or balanced with method.args.max_staleness > 0 (the trainer taking the idle async worker's threads)"),
     "method.args.vllm_importance_sampling_mode": (  # ablate.losses.is_correction.MODES (TRL's)
         lambda v, c: v in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
         "one of token_truncate, token_mask, sequence_truncate, sequence_mask"),
