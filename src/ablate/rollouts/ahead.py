@@ -301,7 +301,7 @@ class AheadRounds:
             t0 = time.perf_counter()
             self.worker.close(busy=bool(self.pending))
             if self.cores is not None:
-                logging.getLogger("ablate").info("async GRPO: the trainer changed its thread count %d times "
+                logging.getLogger("ablate").info("async GRPO: the trainer changed its thread count %d time(s) "
                                                  "(async_threads=balanced)", self.cores.switches)
                 self.cores.detach()
                 self.cores = None
