@@ -14,7 +14,8 @@ one (libgomp's threads do not survive the fork; the child hangs in its first wid
 The price: CPU kernels (matmul, reductions) split their work by the thread count, so their results
 depend on it in the last bits, and when a switch happens depends on timing. The trainer's gradients
 of a balanced run are therefore not bit-reproducible (nor is its resume exact), as no GPU run with
-non-deterministic kernels is; the worker's samples are unaffected. The default (`split`) keeps both
+non-deterministic kernels is; the worker samples as before from the weights it is handed (but
+those come from the trainer, so later rounds differ too). The default (`split`) keeps both
 thread counts fixed and the run reproducible.
 """
 
