@@ -12,7 +12,6 @@ import torch
 from datasets import Dataset
 from torch import nn
 
-from ablate.errors import ConfigError
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
 from ablate.rollouts.cores import CoreShare, decoder_layers
@@ -104,12 +103,3 @@ def test_a_balanced_async_run_trains_and_gives_the_threads_back(tmp_path, caplog
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     assert torch.get_num_threads() == 2 and trainer.ahead.cores is None
-
-
-@pytest.mark.parametrize(("kw", "message"), [
-    (dict(max_staleness=0, async_threads="balanced"), "async_threads=balanced shares the cores with the async worker"),
-    (dict(max_staleness=1, async_threads="shared"), "async_threads must be split or balanced, got 'shared'"),
-])
-def test_async_threads_is_checked(tmp_path, kw, message):
-    with pytest.raises(ConfigError, match=message):
-        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)

@@ -300,8 +300,11 @@ def test_a_bf16_worker_samples_with_the_weights_rounded_to_bf16(tmp_path):
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(max_staleness=0, generation_dtype="bfloat16"), "generation_dtype is the async worker's"),
     (dict(max_staleness=1, generation_dtype="bf16"), "generation_dtype must be float32 or bfloat16"),
+    (dict(max_staleness=0, async_threads="balanced"), "async_threads=balanced shares the cores with the async worker"),
+    (dict(max_staleness=1, async_threads="shared"), "async_threads must be split or balanced, got 'shared'"),
 ])
-def test_generation_dtype_is_checked(tmp_path, kw, message):
+def test_async_options_are_checked(tmp_path, kw, message):
+    """generation_dtype and async_threads (tests/unit/test_async_cores.py) are the async worker's."""
     with pytest.raises(ConfigError, match=message):
         GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
 
