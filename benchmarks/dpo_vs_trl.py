@@ -15,7 +15,7 @@ turns on by default, and transformers' own RMSNorm and MLP modules), `ablate` (d
 completion-only logits, padding-free, lean layers), `ablate_plain` (the first three off: TRL's layout),
 `ablate_shared`, `ablate_logits` (one each), `ablate_padded` (the defaults but padded), `ablate_heavy`
 (the defaults but no lean layers: transformers' RMSNorm and MLP save more for backward), `ablate_lowmem`
-(the defaults plus `malloc_mmap_threshold=131072`, applied by the same ablate.run.memory.apply as the CLI's). Tokens/s counts prompt +
+(the defaults plus `malloc_mmap_threshold=131072`, applied by the same ablate.process.memory.apply as the CLI's). Tokens/s counts prompt +
 completion tokens of both sides (TRL's `num_tokens`) for every side, so the shared prompt shows as
 more tokens/s for the same data. Not part of the test run: numbers depend on the machine.
 """
@@ -46,7 +46,7 @@ SPEED = {"ablate": {}, "ablate_plain": dict(dpo_pair_rows=False, completion_only
          "ablate_shared": dict(completion_only_logits=False, padding_free=False),
          "ablate_logits": dict(dpo_pair_rows=False, padding_free=False), "ablate_padded": dict(padding_free=False),
          "ablate_heavy": dict(lean_layers=False), "ablate_lowmem": {}}
-# the `malloc_mmap_threshold` config key per side (ablate.run.memory; default: malloc as it is)
+# the `malloc_mmap_threshold` config key per side (ablate.process.memory; default: malloc as it is)
 MALLOC = {"ablate_lowmem": 131072}
 
 
@@ -91,9 +91,9 @@ def run_one(impl: str, preset: dict) -> dict:
 
     from ablate.data import packaged
     from ablate.models import smollm2_135m, tiny
-    from ablate.run import memory
+    from ablate.process import memory
 
-    memory.apply(MALLOC.get(impl))  # as the CLI run (ablate.run.process.prepare) does, before the model's tensors exist
+    memory.apply(MALLOC.get(impl))  # as the CLI run (ablate.process.setup.prepare) does, before the model's tensors exist
     torch.manual_seed(0)
     if preset["model"] == "smollm2":
         tok, model = smollm2_135m()  # transformers' own modules: TRL keeps them

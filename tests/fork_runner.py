@@ -41,7 +41,7 @@ import yaml  # noqa: F401
 
 import ablate.cli
 import ablate.launchers.sweep  # noqa: F401
-import ablate.run.validate  # noqa: F401
+import ablate.config.validate  # noqa: F401
 import ablate.train  # noqa: F401 - hydra, omegaconf; not torch
 
 

@@ -1,6 +1,5 @@
-"""One run, top to bottom: compose -> build -> train -> save. Wiring only: the run dir's lifecycle is
-`ablate.run.lifecycle`, every check `ablate.run.validate`, the methods `ablate.methods`; torch and
-transformers are imported inside `run`, so `ablate train --cfg job` stays fast."""
+"""One run, top to bottom: compose -> build -> train -> save. Wiring only (the record: ablate.record, the
+checks: ablate.config); torch is imported inside `run`, so `ablate train --cfg job` stays fast."""
 
 from __future__ import annotations
 
@@ -15,8 +14,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
-from ablate.run import interrupts, lifecycle, process, rundir, secrets, validate
-from ablate.run.console import say
+from ablate.config import validate
+from ablate.process import interrupts, setup
+from ablate.process.console import say
+from ablate.record import lifecycle, rundir, secrets
 
 log = logging.getLogger("ablate")
 
@@ -40,13 +41,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
-    process.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
+    setup.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     with lifecycle.record(cfg) as record:
         if record.done:
             return record.summary
         validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
         validate.check_code(cfg, processes=validate.job_processes())
-        process.prepare(cfg, record.dir, record.info)  # threads, tags, pid -> run.json; the gloo group's timeout
+        record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
         save(trainer, record.dir, cfg)
@@ -63,7 +64,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
 
     from ablate.methods.shapes import check_shape
     from ablate.models.adapters import with_adapters
-    from ablate.run import progress
+    from ablate.process import progress
     from ablate.speed.throughput import Speed
 
     set_seed(cfg.seed)
@@ -109,8 +110,8 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
 
 def callbacks(cfg: DictConfig, record: lifecycle.Run) -> list[Any]:
     """ablate's own callbacks (the run dir contract, SLURM preemption), the config's, a study trial's, the tracker's."""
-    from ablate.run.callbacks import LogAtSaveAndEnd, MetricsJSONL, SealCheckpoint
-    from ablate.run.preemption import SaveOnPreemption
+    from ablate.process.preemption import SaveOnPreemption
+    from ablate.record.callbacks import LogAtSaveAndEnd, MetricsJSONL, SealCheckpoint
 
     events = rundir.read_metrics(record.dir)  # already truncated to the resume point
     out = [SealCheckpoint(),  # first at on_save (SaveOnPreemption may raise there): secrets masked, manifest last
@@ -143,7 +144,7 @@ def save(trainer: Any, run_dir: Path, cfg: DictConfig) -> None:
     if not trainer.is_world_process_zero():
         return
     from ablate.models.adapters import save_merged
-    from ablate.run.callbacks import mask_saved_args
+    from ablate.record.callbacks import mask_saved_args
     mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as SealCheckpoint does for checkpoints
     save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
     rundir.fix_permissions(run_dir / rundir.MODEL)

@@ -16,7 +16,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.paths import conf_dir
-from ablate.run.compose import register_resolvers
+from ablate.config.compose import register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
@@ -190,7 +190,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.run.validate import check_precision
+        from ablate.config.validate import check_precision
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
@@ -207,7 +207,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.run.validate import check_distributed
+        from ablate.config.validate import check_distributed
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags

@@ -295,7 +295,7 @@ CASES: list[Case] = [
       "ablate.trainers.generation.SharedPromptGenerator is now ablate.rollouts.generation.SharedPromptGenerator"),
     C("moved-schedule", "train optimizer.scheduler._target_=ablate.optimizer.cosine", "is now ablate.methods.schedules.cosine"),
     C("moved-callback", "train +callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL",
-      "ablate.callbacks.MetricsJSONL is now ablate.run.callbacks.MetricsJSONL"),
+      "ablate.callbacks.MetricsJSONL is now ablate.record.callbacks.MetricsJSONL"),
     C("moved-in-config-dir", "train --config-dir {F}/conf method=old_dpo",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
 ]
@@ -561,7 +561,7 @@ def test_missing_slurm_launcher_names_the_extra():
     checked on the error Hydra raises when the plugin's config is missing."""
     from hydra.errors import MissingConfigException
 
-    from ablate.run.validate import one_line
+    from ablate.config.validate import one_line
 
     e = MissingConfigException("Could not find 'hydra/launcher/submitit_slurm'", "hydra/launcher/submitit_slurm")
     assert one_line(e) == ("hydra/launcher=slurm needs the optional package 'hydra_submitit_launcher', "

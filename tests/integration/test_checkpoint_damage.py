@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ablate, metrics, summary
 
-from ablate.run import rundir
+from ablate.record import rundir
 
 FAST = ["method.args.max_steps=6", "method.args.save_steps=2", "method.args.logging_steps=1",
         "+callbacks.crash._target_=crashing.CrashAt"]

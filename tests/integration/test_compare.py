@@ -134,7 +134,7 @@ def test_every_sweep_config_is_hydras_format_with_a_comment_and_a_name(path: Pat
 
     from ablate.cli.sweep import find_sweep
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     assert path.read_text().startswith("# @package _global_\n# ")
     register_resolvers()

@@ -61,7 +61,7 @@ def test_presets_compose_and_document_every_field() -> None:
     from hydra.core.global_hydra import GlobalHydra
 
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     presets = sorted(p.stem for p in (Path(conf_dir()) / "debug").glob("*.yaml"))

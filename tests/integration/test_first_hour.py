@@ -81,7 +81,7 @@ def test_status_and_ls_agree_on_a_job_killed_with_sigkill(tmp_path: Path) -> Non
 def test_a_free_lock_on_another_host_proves_nothing(tmp_path: Path) -> None:
     """A run dir whose run.json names another host and whose lock nobody holds here: still `running`
     (flock on some network filesystems is local to a node); on this host it is `interrupted`."""
-    from ablate.run import rundir
+    from ablate.record import rundir
 
     for host, expected in (("elsewhere", "running"), (socket.gethostname(), "interrupted")):
         run = tmp_path / host

@@ -56,7 +56,7 @@ def test_real_run_records_tags_notes_and_threads(scratch: Path) -> None:
     info = json.loads(info_path.read_text())
     assert info["tags"] == ["baseline", "v2"] and info["notes"] == "first try"
     assert info["threads"] == 1 and info["threads_source"] == "config threads"
-    assert info["malloc_mmap_threshold"] == 131072  # ablate.run.memory applied (glibc) in the user's run
+    assert info["malloc_mmap_threshold"] == 131072  # ablate.process.memory applied (glibc) in the user's run
     assert "tags" not in info_path.parent.name and "notes" not in info_path.parent.name  # labels don't name the dir
 
 

@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 
 from ablate.errors import ConfigError, chain, user_error
 from ablate.paths import conf_dir
-from ablate.run import rundir
-from ablate.run.compose import register_resolvers
+from ablate.record import rundir
+from ablate.config.compose import register_resolvers
 
 
 def _loop() -> tuple[Exception, Exception, Exception]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from datasets import Dataset
 
 from ablate.cli.evaluate import example_ids
-from ablate.run import rundir
+from ablate.record import rundir
 
 
 def test_example_ids_hash_the_raw_row_unless_rows_were_dropped() -> None:

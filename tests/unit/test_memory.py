@@ -1,4 +1,4 @@
-"""ablate.run.memory: the malloc_mmap_threshold key really changes where glibc puts a freed-and-reallocated
+"""ablate.process.memory: the malloc_mmap_threshold key really changes where glibc puts a freed-and-reallocated
 block (each case in its own process: the setting is process-wide)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ablate.errors import ConfigError
-from ablate.run import memory
+from ablate.process import memory
 
 pytestmark = pytest.mark.skipif(memory.glibc() is None, reason="glibc only")
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(memory.glibc() is None, reason="glibc only")
 # the second block comes from the heap (0); a fixed 128 KiB threshold mmaps it again.
 PROBE = """
 import ctypes, sys
-from ablate.run import memory
+from ablate.process import memory
 info = memory.apply(None if sys.argv[1] == "none" else int(sys.argv[1]))
 libc = memory.glibc()
 class Mallinfo2(ctypes.Structure):

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from ablate.run import process
-from ablate.run.validate import check_distributed, job_processes
+from ablate.process import setup as process
+from ablate.config.validate import check_distributed, job_processes
 
 TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "CUDA_VISIBLE_DEVICES")
@@ -59,7 +59,7 @@ def test_launch_time_shared_by_nodes_as_unix_seconds_or_iso(monkeypatch: pytest.
     """Nodes' torchrun agents start apart: the same ABLATE_LAUNCH_TIME on each names the same default run dir."""
     from datetime import datetime
 
-    from ablate.run.compose import _launch_time
+    from ablate.config.compose import _launch_time
 
     monkeypatch.setenv("ABLATE_LAUNCH_TIME", "1796166550.25")
     assert _launch_time() == datetime.fromtimestamp(1796166550.25)
@@ -74,8 +74,8 @@ def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatc
     from types import SimpleNamespace
 
     from ablate.errors import PeerLostError, user_error
-    from ablate.run import rundir
-    from ablate.run.lifecycle import _peer_lost
+    from ablate.record import rundir
+    from ablate.record.lifecycle import _peer_lost
 
     for step, sealed in ((2, True), (4, False)):  # checkpoint-4 was being written: not resumable
         (tmp_path / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)

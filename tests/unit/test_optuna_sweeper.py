@@ -51,7 +51,7 @@ def test_objective_from_summary_or_metrics_at_step(tmp_path):
 
 
 def test_missing_optuna_is_one_line(monkeypatch):
-    from ablate.run.studies import require_optuna
+    from ablate.record.studies import require_optuna
 
     monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` raises ImportError
     with pytest.raises(ValueError) as e:
@@ -62,7 +62,7 @@ def test_missing_optuna_is_one_line(monkeypatch):
 def test_missing_optuna_refuses_the_study_before_it_starts(monkeypatch):
     """The Validate callback's multirun check (before the sweep dir is claimed): one line, the extra named."""
     from ablate.errors import ConfigError
-    from ablate.run import validate
+    from ablate.config import validate
 
     monkeypatch.setattr(validate, "installed", lambda module: module != "optuna")
     hc = OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
@@ -167,7 +167,7 @@ def test_pruning_stops_a_clearly_worse_trial(tmp_path):
     at the same steps is pruned at its first report past warm-up; the good one is not."""
     optuna = pytest.importorskip("optuna")
     from ablate.errors import Pruned
-    from ablate.run.trial import ReportToStudy
+    from ablate.record.trial import ReportToStudy
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     s = optuna.create_study(study_name="p", storage=url, pruner=optuna.pruners.MedianPruner(n_startup_trials=1))

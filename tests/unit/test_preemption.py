@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from ablate.run.preemption import Preempted, SaveOnPreemption
+from ablate.process.preemption import Preempted, SaveOnPreemption
 
 
 @pytest.fixture

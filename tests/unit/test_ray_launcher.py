@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 from ablate.errors import ConfigError
 from ablate.launchers import ray_jobs, slurm
 from ablate.paths import conf_dir
-from ablate.run import process, validate
-from ablate.run.compose import register_resolvers
+from ablate.config import validate
+from ablate.process import setup as process
+from ablate.config.compose import register_resolvers
 from hydra_plugins.ablate_launchers.ray_launcher import RayLauncher, RayLauncherConf
 
 YAML = Path(conf_dir()) / "hydra" / "launcher" / "ray.yaml"

@@ -1,10 +1,10 @@
-"""Which names and values ablate.run.secrets treats as secrets."""
+"""Which names and values ablate.record.secrets treats as secrets."""
 
 from __future__ import annotations
 
 import pytest
 
-from ablate.run.secrets import MASK, mask, mask_text, secret_name
+from ablate.record.secrets import MASK, mask, mask_text, secret_name
 
 
 @pytest.mark.parametrize("name", ["hub_token", "model.token", "WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
@@ -36,7 +36,7 @@ def test_sweep_job_identity_masks_secrets_and_ignores_a_rotated_token(monkeypatc
     token leaves the job's hash unchanged (the resume must not call it a different job)."""
     from omegaconf import OmegaConf
 
-    from ablate.run.lifecycle import identity
+    from ablate.record.lifecycle import identity
 
     cfg = OmegaConf.create({"model": {"token": "${oc.env:MY_SERVICE_PASSWORD}", "path": "/data/m"}, "lr": 0.1})
     monkeypatch.setenv("MY_SERVICE_PASSWORD", "first-password-123")

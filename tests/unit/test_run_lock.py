@@ -1,4 +1,4 @@
-"""The run dir's flock (ablate.run.rundir.lock) and forked children."""
+"""The run dir's flock (ablate.record.rundir.lock) and forked children."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 HOLDER = """
 import os, signal, sys, time
 from pathlib import Path
-from ablate.run.rundir import lock
+from ablate.record.rundir import lock
 run_dir = Path(sys.argv[1])
 lock(run_dir)
 pid = os.fork()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ablate.errors import ConfigError
-from ablate.run import threads
+from ablate.process import threads
 
 
 @pytest.fixture

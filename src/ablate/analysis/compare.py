@@ -29,7 +29,7 @@ from typing import Any
 from ablate.analysis import stats
 from ablate.analysis.runs import Group, Run, find_runs, launches
 from ablate.errors import ConfigError
-from ablate.run import rundir
+from ablate.record import rundir
 
 # `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when logged.
 SPEED_METRICS = ["tokens_per_second", "mfu"]

@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ablate.run import rundir
+from ablate.record import rundir
 
 STATUSES = ("running", "completed", "failed", "interrupted", "preempted", "pruned")  # pruned: a study's trial stopped early
 NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns

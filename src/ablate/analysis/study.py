@@ -20,7 +20,7 @@ def study_dirs(runs: list[Run]) -> list[Path]:
 
 
 def load(sweep_dir: Path) -> Any:
-    from ablate.run.studies import require_optuna, storage
+    from ablate.record.studies import require_optuna, storage
 
     optuna = require_optuna()
     url = f"sqlite:///{(sweep_dir / DB).resolve()}"

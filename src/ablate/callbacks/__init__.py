@@ -1,5 +1,5 @@
 """Callbacks a user selects: *when* things happen (printing, stopping). `conf/callbacks/*.yaml`;
-the debug presets' callbacks are in `debug`. The callbacks every run gets are `ablate.run.callbacks`."""
+the debug presets' callbacks are in `debug`. The callbacks every run gets are `ablate.record.callbacks`."""
 
 from __future__ import annotations
 

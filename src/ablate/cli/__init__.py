@@ -71,13 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _dispatch(argv[0], argv[1:])
     except KeyboardInterrupt:  # Ctrl-C: the run records itself (summary.json); no traceback page here
-        from ablate.run.console import say
+        from ablate.process.console import say
 
         say("ablate: interrupted")
         sys.exit(130)
     except PermissionError as e:  # a file or dir the user cannot read or write: theirs to fix, not a bug
-        from ablate.run.console import say
-        from ablate.run.validate import os_error_line
+        from ablate.process.console import say
+        from ablate.config.validate import os_error_line
 
         say(f"ablate: error: {os_error_line(e)}")
         sys.exit(2)

@@ -35,13 +35,13 @@ def compare_cmd(argv: list[str]) -> None:
     if x_axes and not set(x_axes) <= set(X_AXES):
         parser.error(f"--x takes {','.join(X_AXES)}, got {args.x}")
     from ablate.errors import missing_extra
-    from ablate.run.validate import installed
+    from ablate.config.validate import installed
 
     if args.out is not None and not installed("matplotlib"):
         print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)
         sys.exit(2)
     from ablate.errors import ConfigError
-    from ablate.run.rundir import RunDirError, check_readable
+    from ablate.record.rundir import RunDirError, check_readable
 
     try:
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)

@@ -117,14 +117,14 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     from hydra.utils import instantiate
 
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    from ablate.run.validate import check, check_method_args
+    from ablate.config.validate import check, check_method_args
 
     check(cfg)  # what `ablate train` would refuse, in the same words
     check_method_args(cfg)
@@ -208,7 +208,7 @@ def data_cmd(argv: list[str]) -> None:
             sys.exit(2)
         else:
             overrides.append(arg)
-    from ablate.run.validate import one_line
+    from ablate.config.validate import one_line
 
     try:
         preview(overrides, n, config_dir)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.analysis.runs import override_key
-from ablate.run import rundir
+from ablate.record import rundir
 
 EVAL = "eval.json"
 
@@ -33,7 +33,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
 
     from ablate.errors import ConfigError
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     info = rundir.read_json(run_dir / rundir.RUN)
     if info is None:
@@ -54,8 +54,8 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from ablate.cli.generate import load_run_model
     from ablate.errors import ConfigError
     from ablate.models.adapters import is_adapted
-    from ablate.run.process import quiet_libraries
-    from ablate.run.validate import check_precision
+    from ablate.process.setup import quiet_libraries
+    from ablate.config.validate import check_precision
 
     cfg, merged = compose_run_config(run_dir, overrides)
     if cfg.method.name == "grpo":

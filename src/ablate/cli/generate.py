@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ablate.run import rundir
+from ablate.record import rundir
 
 
 def load_run_model(run_dir: Path) -> tuple[Any, Any]:

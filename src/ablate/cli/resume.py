@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 from ablate.cli.train import echo, hydra_train
-from ablate.run.compose import quote_override_value
+from ablate.config.compose import quote_override_value
 
 
 def resume_cmd(argv: list[str]) -> None:
     """`ablate resume RUN_DIR [--force] [hydra overrides]`: rerun a run's own overrides in its own dir,
     which continues it from its newest complete checkpoint (a crashed, killed or failed run).
     `--force`: resume although the data changed since the run started (refused without it)."""
-    from ablate.run import lifecycle, rundir
+    from ablate.record import lifecycle, rundir
 
     if "--force" in argv:  # the data changed since the run started: resume on the new data all the same
         os.environ[lifecycle.NEW_DATA_ENV] = "1"
@@ -64,7 +64,7 @@ def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]
     run.json holds secrets masked, so a run started with `+model.token=hf_...` is resumed by passing
     it again (or started with `'+model.token=${oc.env:HF_TOKEN}'`, recorded as written)."""
     from ablate.analysis.runs import override_key
-    from ablate.run.secrets import MASK
+    from ablate.record.secrets import MASK
 
     keys = {override_key(o) for o in given if "=" in o}
     kept = [o for o in recorded if override_key(o) not in keys]

@@ -10,7 +10,7 @@ from ablate.launchers.slurm import status
 
 def status_cmd(argv: list[str]) -> None:
     """`ablate status SWEEP_DIR`: each job's state (run dirs + SLURM); the end table once all are done."""
-    from ablate.run.rundir import RunDirError, check_readable
+    from ablate.record.rundir import RunDirError, check_readable
 
     try:
         check_readable(Path(argv[0])) if argv else None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ablate.cli.train import echo, hydra_train
 from ablate.paths import sweeps_dir
-from ablate.run.compose import check_moved, quote_override_value
+from ablate.config.compose import check_moved, quote_override_value
 
 
 def find_sweep(arg: str) -> tuple[str, list[str]]:
@@ -33,7 +33,7 @@ def check_sweep_file(path: Path) -> None:
     import yaml
     from omegaconf import OmegaConf
 
-    from ablate.run.validate import _bad_config_file
+    from ablate.config.validate import _bad_config_file
 
     try:
         cfg = OmegaConf.load(path)
@@ -103,7 +103,7 @@ def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> 
     """Check every job of the sweep against its earlier launch (sweep_resume.plan) and return the
     argv that relaunches it into that launch's dir, completed jobs skipped."""
     from ablate.launchers import sweep, sweep_resume
-    from ablate.run import lifecycle
+    from ablate.record import lifecycle
 
     try:
         sweep_dir, actions = sweep_resume.plan(hydra_argv, sweep_dir, force)

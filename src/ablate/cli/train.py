@@ -7,9 +7,9 @@ import sys
 import traceback
 
 from ablate.paths import conf_dir
-from ablate.run.compose import check_moved, register_resolvers
-from ablate.run.console import say
-from ablate.run.secrets import remember
+from ablate.config.compose import check_moved, register_resolvers
+from ablate.process.console import say
+from ablate.record.secrets import remember
 
 # Hydra's own command-line options (hydra/_internal/utils.py get_args_parser): option -> its values
 # (None: takes a free value, (): takes none)
@@ -64,8 +64,8 @@ def hydra_train(argv: list[str]) -> None:
     check_moved(argv)
 
     from ablate.launchers import sweep
-    from ablate.run import interrupts
-    from ablate.run.validate import one_line
+    from ablate.process import interrupts
+    from ablate.config.validate import one_line
     from ablate.train import main as task
 
     register_resolvers()
@@ -95,7 +95,7 @@ def hydra_train(argv: list[str]) -> None:
         if error is not None and line is None:
             traceback.print_exception(error)
         elif line is not None and sweep.job_count() == 0:  # the launcher refused (hydra/launcher=ray: no cluster)
-            from ablate.run.secrets import mask_text
+            from ablate.record.secrets import mask_text
 
             print(f"ablate: error: {mask_text(line)}", file=sys.stderr)
         print(f"ablate: {failed} sweep job(s) failed (see the table above)", file=sys.stderr)
@@ -103,13 +103,13 @@ def hydra_train(argv: list[str]) -> None:
     if error is not None:
         if line is None:
             raise error
-        from ablate.run.secrets import mask_text
+        from ablate.record.secrets import mask_text
 
         say(f"ablate: error: {mask_text(line)}")
         sys.exit(2)
 
 
 def echo(hydra_argv: list[str]) -> None:
-    from ablate.run.secrets import mask_text
+    from ablate.record.secrets import mask_text
 
     print("ablate train " + " ".join(mask_text(a) for a in hydra_argv))

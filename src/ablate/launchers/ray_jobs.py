@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.run import rundir
+from ablate.record import rundir
 
 JOBS_FILE = "ray_jobs.json"
 

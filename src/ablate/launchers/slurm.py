@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ablate.run import rundir
+from ablate.record import rundir
 
 JOBS_FILE = "slurm_jobs.json"
 

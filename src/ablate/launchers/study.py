@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.errors import ConfigError
-from ablate.run import rundir
-from ablate.run.studies import require_optuna
+from ablate.record import rundir
+from ablate.record.studies import require_optuna
 
 DB = "study.db"
 

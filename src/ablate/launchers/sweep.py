@@ -38,7 +38,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablate.analysis.runs import find_runs
-from ablate.run import rundir
+from ablate.record import rundir
 
 DONE = ("completed", "pruned")  # a job that ended as it should: a study's pruner stopping a trial is no failure
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
@@ -111,7 +111,7 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
 
     from ablate.launchers.sweep_resume import expand_jobs, fixed_overrides
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     parser = OverridesParser.create()
@@ -150,7 +150,7 @@ def study_plan(hydra_argv: list[str]) -> str | None:
 
     from ablate.launchers.sweep_resume import fixed_overrides
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()
@@ -172,7 +172,7 @@ def study_plan(hydra_argv: list[str]) -> str | None:
 
 def print_plan(name: str, hydra_argv: list[str]) -> None:
     """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run dir."""
-    from ablate.run.secrets import mask_text
+    from ablate.record.secrets import mask_text
 
     study = study_plan(hydra_argv)
     if study is not None:
@@ -250,7 +250,7 @@ class SweepSummary(Callback):
     """Hydra callback (conf/config.yaml `hydra.callbacks`): the job table at the end of a multirun."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from ablate.run.compose import publish_launch_time
+        from ablate.config.compose import publish_launch_time
 
         publish_launch_time()  # before any job process starts: they must resolve the same sweep dir
         _state.update(sweep_dir=Path(str(config.hydra.sweep.dir)).resolve(), printed=False, failed=0, jobs=0)

@@ -26,8 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.run import rundir
-from ablate.run.lifecycle import identity
+from ablate.record import rundir
+from ablate.record.lifecycle import identity
 
 
 class ResumeRefused(Exception):
@@ -110,7 +110,7 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
     from hydra.errors import HydraException
 
     from ablate.paths import conf_dir
-    from ablate.run.compose import register_resolvers
+    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()

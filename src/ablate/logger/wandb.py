@@ -11,7 +11,7 @@ Trainer's integrations off (`report_to=none`) and drives W&B itself:
 - files under `<run_dir>/wandb/` (offline by default; `wandb sync` command printed at the end);
 - the run id lives in run.json, so a resumed job (same run dir) continues the same W&B run;
 - secrets (`WANDB_API_KEY`, `HF_TOKEN`, `hf_...`, `*_token` keys) are masked in the config and the
-  command line W&B records (ablate.run.secrets).
+  command line W&B records (ablate.record.secrets).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from ablate.run.secrets import mask, mask_text
+from ablate.record.secrets import mask, mask_text
 
 
 class _Forward(TrainerCallback):

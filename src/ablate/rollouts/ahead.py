@@ -168,7 +168,7 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
     if os.getppid() != trainer_pid:  # the trainer died before prctl took effect: no signal will come
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.run.interrupts)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.process.interrupts)
     torch.set_num_threads(threads)
     if dtype is not None:  # the frozen parameters (LoRA's base) once; buffers (rotary frequencies) stay as they are
         with torch.no_grad():

@@ -69,7 +69,7 @@ class PrintGeometry(TrainerCallback):
         if state.is_world_process_zero:
             from tqdm.auto import tqdm
 
-            # above the progress bar, on lines of its own (as ablate.run.console.print_above_bar)
+            # above the progress bar, on lines of its own (as ablate.process.console.print_above_bar)
             with tqdm.external_write_mode(file=sys.stdout):
                 sys.stdout.write(batch_geometry(args, args.world_size, state.max_steps) + "\n")
                 sys.stdout.flush()

@@ -324,7 +324,7 @@ class Speed(TrainerCallback):
             text += f", MFU {logs['mfu']:.1%} of {fmt_flops(self.peak)}"
         for cb in self.trainer.callback_handler.callbacks:
             if isinstance(cb, ProgressCallback) and getattr(cb, "training_bar", None) is not None:
-                if hasattr(cb, "show"):  # ablate.run.console.Progress: one postfix with the key metrics
+                if hasattr(cb, "show"):  # ablate.process.console.Progress: one postfix with the key metrics
                     cb.show("speed", text)
                 else:
                     cb.training_bar.set_postfix_str(text, refresh=False)

@@ -11,8 +11,8 @@ Optuna's public ask-and-tell API (`study.ask(distributions)`, `study.tell(trial,
   are never repeated. `n_trials` is the study's budget: trials this sweeper finished, over all launches;
 - each batch of `n_jobs` trials goes to the configured launcher (basic, local_parallel, slurm, ray) as
   one ordinary ablate job each; job number = trial number (the job dir `<number>_<overrides>`);
-- a trial's environment (hydra.job.env_set, ablate.run.studies) names the study and the trial, so
-  the run reports its metric as it trains (ablate.run.trial) and the pruner can stop it (`pruned`);
+- a trial's environment (hydra.job.env_set, ablate.record.studies) names the study and the trial, so
+  the run reports its metric as it trains (ablate.record.trial) and the pruner can stop it (`pruned`);
 - its objective is read from its run dir when the job returns (summary.json, or metrics.jsonl at
   `step`), whichever launcher ran it.
 
@@ -59,7 +59,7 @@ class OptunaSweeper(Sweeper):
         from hydra.utils import instantiate
 
         from ablate.launchers.study import storage_url
-        from ablate.run.studies import require_optuna, storage
+        from ablate.record.studies import require_optuna, storage
 
         optuna = require_optuna()
         url = storage_url(sweep_dir)
@@ -81,7 +81,7 @@ class OptunaSweeper(Sweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         from ablate.launchers.study import search_space, trial_overrides
-        from ablate.run.studies import require_optuna
+        from ablate.record.studies import require_optuna
 
         optuna = require_optuna()
         assert self.config is not None and self.launcher is not None
@@ -110,8 +110,8 @@ class OptunaSweeper(Sweeper):
 
     def _env(self, url: str, study_name: str, trial: Any) -> List[str]:
         """The job's hydra overrides naming its study and trial (not task overrides: no run dir name change)."""
-        from ablate.run.compose import quote_override_value
-        from ablate.run.studies import (
+        from ablate.config.compose import quote_override_value
+        from ablate.record.studies import (
             METRIC_ENV,
             PRUNER_ENV,
             STORAGE_ENV,
@@ -126,7 +126,7 @@ class OptunaSweeper(Sweeper):
     def _tell(self, study: Any, trial: Any, ret: Any, optuna: Any) -> None:
         """Score the finished job from its run dir and tell the study: complete, pruned or failed."""
         from ablate.launchers.study import objective
-        from ablate.run import rundir
+        from ablate.record import rundir
 
         run_dir = Path(str(OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir"))) if ret.hydra_cfg else None
         summary = (rundir.read_json(run_dir / rundir.SUMMARY) if run_dir else None) or {}

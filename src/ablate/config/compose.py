@@ -18,7 +18,7 @@ def _dirname(overrides: str, limit: int = 100) -> str:
     """Run-dir suffix from the overrides: filesystem-safe, bounded in length (hash keeps it unique)."""
     if not overrides:
         return ""
-    from ablate.run.secrets import mask_text
+    from ablate.record.secrets import mask_text
 
     overrides = mask_text(overrides)  # `+model.token=hf_...` must not name a directory
     safe = re.sub(r"[^A-Za-z0-9=,._+-]", "_", overrides)
@@ -115,7 +115,7 @@ def check_moved(argv: list[str]) -> None:
 
 # `_target_`s that moved when the code was reorganised into packages by concept (commit 5692f59):
 # old dotted prefix -> new one. A user's config (--config-dir, an override) naming an old one gets
-# one line "X is now Y" (ablate.run.targets), not Hydra's "Error locating target".
+# one line "X is now Y" (ablate.config.targets), not Hydra's "Error locating target".
 MOVED_TARGETS = {
     "ablate.trainers.dpo": "ablate.methods.dpo",
     "ablate.trainers.sft": "ablate.methods.sft",
@@ -128,9 +128,9 @@ MOVED_TARGETS = {
     "ablate.optimizer": "ablate.methods.schedules",
     "ablate.compute_metrics": "ablate.methods.compute_metrics",
     "ablate.debug": "ablate.callbacks.debug",
-    "ablate.callbacks.MetricsJSONL": "ablate.run.callbacks.MetricsJSONL",
-    "ablate.callbacks.MaskSavedArgs": "ablate.run.callbacks.MaskSavedArgs",
-    "ablate.callbacks.LogAtSaveAndEnd": "ablate.run.callbacks.LogAtSaveAndEnd",
+    "ablate.callbacks.MetricsJSONL": "ablate.record.callbacks.MetricsJSONL",
+    "ablate.callbacks.MaskSavedArgs": "ablate.record.callbacks.MaskSavedArgs",
+    "ablate.callbacks.LogAtSaveAndEnd": "ablate.record.callbacks.LogAtSaveAndEnd",
     "ablate.models.lean": "ablate.speed.lean",
     "ablate.models.packing": "ablate.speed.packing",
     "ablate.models.split": "ablate.speed.split",
@@ -138,14 +138,33 @@ MOVED_TARGETS = {
     "ablate.data.pairs": "ablate.speed.pairs",
     "ablate.data.format": "ablate.data.tokenize",
     "ablate.speed.Speed": "ablate.speed.throughput.Speed",
-    "ablate.redact": "ablate.run.secrets",
-    "ablate.validate": "ablate.run.validate",
-    "ablate.rundir": "ablate.run.rundir",
-    "ablate.interrupts": "ablate.run.interrupts",
-    "ablate.preemption": "ablate.run.preemption",
+    "ablate.redact": "ablate.record.secrets",
+    "ablate.validate": "ablate.config.validate",
+    "ablate.rundir": "ablate.record.rundir",
+    "ablate.interrupts": "ablate.process.interrupts",
+    "ablate.preemption": "ablate.process.preemption",
     "ablate.sweep": "ablate.launchers.sweep",
     "ablate.sweep_resume": "ablate.launchers.sweep_resume",
     "ablate.slurm": "ablate.launchers.slurm",
+    # run/ split by concept (issue 34): the config, the run record, the process
+    "ablate.run.compose": "ablate.config.compose",
+    "ablate.run.validate": "ablate.config.validate",
+    "ablate.run.code_checks": "ablate.config.code_checks",
+    "ablate.run.rules": "ablate.config.rules",
+    "ablate.run.targets": "ablate.config.targets",
+    "ablate.run.rundir": "ablate.record.rundir",
+    "ablate.run.lifecycle": "ablate.record.lifecycle",
+    "ablate.run.callbacks": "ablate.record.callbacks",
+    "ablate.run.secrets": "ablate.record.secrets",
+    "ablate.run.studies": "ablate.record.studies",
+    "ablate.run.trial": "ablate.record.trial",
+    "ablate.run.interrupts": "ablate.process.interrupts",
+    "ablate.run.preemption": "ablate.process.preemption",
+    "ablate.run.threads": "ablate.process.threads",
+    "ablate.run.memory": "ablate.process.memory",
+    "ablate.run.process": "ablate.process.setup",
+    "ablate.run.console": "ablate.process.console",
+    "ablate.run.progress": "ablate.process.progress",
 }
 
 

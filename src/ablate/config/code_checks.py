@@ -1,5 +1,5 @@
 """Checks that need the method's code or the machine (transformers, torch), run after every cheap
-check of ablate.run.validate: before the run dir exists for a single run (the Validate callback, in
+check of ablate.config.validate: before the run dir exists for a single run (the Validate callback, in
 the process that then trains), at the start of each sweep job, and on the objects a run builds.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError
-from ablate.run.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
+from ablate.config.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
 
 
 def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None) -> None:

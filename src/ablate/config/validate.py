@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate.errors import ConfigError, chain, missing_extra
-from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, imported from here by train and cli
+from ablate.config.code_checks import (  # noqa: F401 - the run-time checks, imported from here by train and cli
     check_code,
     check_distributed,
     check_method_args,
@@ -39,14 +39,14 @@ from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, import
     has_accelerator,
     job_processes,
 )
-from ablate.run.rules import (
+from ablate.config.rules import (
     RULES,
     at,
     hydra_node,
     optimizer_field_hint,
     refusal,
 )
-from ablate.run.targets import check_target
+from ablate.config.targets import check_target
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -95,7 +95,7 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
 
 
 def _check_targets(cfg: DictConfig) -> None:
-    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.run.targets."""
+    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets."""
     for key, target in _targets(cfg):
         check_target(key, target)
 
@@ -292,9 +292,9 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
     overrides, and no live process holds its lock; then this process takes the lock, before Hydra
     writes ablate.log into the dir and before ablate writes `.hydra/` (nothing of a process refused
     here touches the dir, whatever its timing against the holder). A completed run is left unlocked
-    and untouched (`ablate.run.lifecycle` says so). `ablate.train` checks the same again, for
+    and untouched (`ablate.record.lifecycle` says so). `ablate.train` checks the same again, for
     multirun jobs. Without `take_lock` only the checks run, creating nothing (before the code checks)."""
-    from ablate.run import rundir
+    from ablate.record import rundir
 
     if not rundir.is_main_process():  # rank 0 checks (and then holds) the dir its other ranks share
         return
@@ -309,8 +309,8 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
 
 
 def _check_same_run(run_dir: Path, hc: Any) -> None:
-    from ablate.run import rundir
-    from ablate.run.secrets import mask
+    from ablate.record import rundir
+    from ablate.record.secrets import mask
 
     info = rundir.read_json_checked(run_dir / rundir.RUN) if run_dir.is_dir() else None
     overrides = _overrides(hc)
@@ -363,8 +363,8 @@ def claim_sweep_dir(config: DictConfig) -> None:
     SLURM job) and multirun.yaml name the same one."""
     from omegaconf import open_dict, read_write
 
-    from ablate.run import rundir
-    from ablate.run.compose import quote_override_value
+    from ablate.record import rundir
+    from ablate.config.compose import quote_override_value
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
@@ -409,8 +409,8 @@ def _exit_on_error(fn: Callable[[], Any]) -> None:
     """Run the checks; a refusal exits here with one line. Hydra would turn any exception raised in
     a callback into a warning and go on to create the run dir, so nothing may escape: an OS error
     (a dir that cannot be read) is one line too, and a bug in a check is its traceback and exit 1."""
-    from ablate.run.rundir import RunDirError
-    from ablate.run.secrets import mask_text
+    from ablate.record.rundir import RunDirError
+    from ablate.record.secrets import mask_text
 
     try:
         fn()

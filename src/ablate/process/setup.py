@@ -1,22 +1,20 @@
 """Process set-up early in a run, before any heavy work: torch threads, malloc, quiet libraries,
-who runs it (run.json), and torch.distributed's variables in a SLURM job of several tasks."""
+who runs it (for run.json), and torch.distributed's variables in a SLURM job of several tasks."""
 
 from __future__ import annotations
 
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
-from ablate.run import rundir
 
-
-def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
-    """Early in a run, before any heavy work: threads, malloc, tags, notes, pid -> run.json."""
+def prepare(cfg: Any, info: dict[str, Any]) -> None:
+    """Early in a run, before any heavy work: threads, malloc, tags, notes, pid -> `info` (run.json);
+    quiet libraries; the job's gloo group."""
     from hydra.core.hydra_config import HydraConfig
 
-    from ablate.run import memory, threads
+    from ablate.process import memory, threads
 
     launcher = HydraConfig.get().get("launcher") if HydraConfig.initialized() else None
     info.update(threads.apply(cfg.get("threads"), launcher))
@@ -32,10 +30,8 @@ def prepare(cfg: Any, run_dir: Path, info: dict[str, Any]) -> None:
     # processes in the run (torchrun ranks, SLURM tasks): `ablate resume` refuses to continue a
     # several-process run as one (the batch per step would change, and with it the losses)
     info["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
-    rundir.write_json(run_dir / rundir.RUN, info)
     quiet_libraries()
     init_process_group(cfg)
-    check_shared_run_dir(run_dir)
 
 
 def ray_node() -> dict[str, Any] | None:
@@ -100,23 +96,3 @@ def init_process_group(cfg: Any) -> None:
 
     timeout = (cfg.get("distributed") or {}).get("ddp_timeout") or 1800  # TrainingArguments' default
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
-
-
-def check_shared_run_dir(run_dir: Path) -> None:
-    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
-    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
-    own default dir (relative to their working dir, named by their own launch time), or a dir on a
-    filesystem only one node sees, would train on but leave a run that cannot resume."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    dirs: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
-    if len(set(dirs)) > 1 or not (run_dir / rundir.RUN).is_file():
-        from ablate.errors import ConfigError
-
-        what = f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})" if len(set(dirs)) > 1 else \
-            f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
-        raise ConfigError(f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
-                          "(docs/distributed.md: several nodes)")

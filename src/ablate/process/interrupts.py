@@ -4,7 +4,7 @@
   sweep parent stopping its workers) raises `Interrupted` while `as_exceptions()` is active. Either
   way ablate.train writes summary.json with `status: interrupted` and exits 128+signal (130, 143);
   `ablate resume RUN_DIR` continues from the newest checkpoint.
-- SLURM preemption (USR2, see ablate.run.preemption) raises `Preempted` once the checkpoint is saved.
+- SLURM preemption (USR2, see ablate.process.preemption) raises `Preempted` once the checkpoint is saved.
 
 No torch import here: ablate.train checks these types whatever stage the run failed in.
 """

@@ -45,7 +45,7 @@ class SealCheckpoint(TrainerCallback):
     """The last word on every checkpoint. Trainer pickles its TrainingArguments into it
     (training_args.bin): a secret given as one (`+method.args.hub_token=hf_...`) is masked there.
     Then, once every rank's files are in, `manifest.json` lists every file with its size and sha256
-    (ablate.run.rundir.write_manifest): a resume takes only a checkpoint whose files match it.
+    (ablate.record.rundir.write_manifest): a resume takes only a checkpoint whose files match it.
 
     Always installed by ablate.train, first of ablate's callbacks (Trainer's own write nothing at
     on_save): on_save runs right after the trainer's `_save_checkpoint` (Trainer's files and the
@@ -53,7 +53,7 @@ class SealCheckpoint(TrainerCallback):
     the run there (SaveOnPreemption raises once the save is done)."""
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        from ablate.run import rundir
+        from ablate.record import rundir
 
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if args.should_save:
@@ -78,7 +78,7 @@ def mask_saved_args(directory: Path, args: TrainingArguments) -> None:
 
     import torch
 
-    from ablate.run.secrets import mask
+    from ablate.record.secrets import mask
 
     path = Path(directory) / "training_args.bin"
     changed = {f.name: masked for f in dataclasses.fields(args)
@@ -106,10 +106,10 @@ class LogAtSaveAndEnd(TrainerCallback):
 
 
 def trial_callbacks() -> list[Any]:
-    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment, ablate.run.studies), else []."""
+    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment, ablate.record.studies), else []."""
     import os
 
-    from ablate.run.studies import (
+    from ablate.record.studies import (
         METRIC_ENV,
         PRUNER_ENV,
         STORAGE_ENV,
@@ -119,7 +119,7 @@ def trial_callbacks() -> list[Any]:
 
     if not os.environ.get(TRIAL_ENV):
         return []
-    from ablate.run.trial import ReportToStudy
+    from ablate.record.trial import ReportToStudy
 
     return [ReportToStudy(os.environ[STORAGE_ENV], os.environ[STUDY_ENV], int(os.environ[TRIAL_ENV]),
                           os.environ[METRIC_ENV], os.environ.get(PRUNER_ENV))]

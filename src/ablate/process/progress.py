@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers.trainer_callback import ProgressCallback
 
-from ablate.run.console import print_above_bar, to_log_file
+from ablate.process.console import print_above_bar, to_log_file
 
 
 def _fmt(value: Any) -> str:

@@ -1,6 +1,6 @@
 """The value rules of ablate's config (`RULES`: key -> test, what the value must be), and how a
 refused value is said. No torch, no transformers: the launching process checks a config with them
-(ablate.run.validate) before any run dir exists.
+(ablate.config.validate) before any run dir exists.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ablate.run.memory import MAX_THRESHOLD as MAX_MMAP_THRESHOLD
+from ablate.process.memory import MAX_THRESHOLD as MAX_MMAP_THRESHOLD
 
 Check = Callable[[Any, DictConfig], bool]
 

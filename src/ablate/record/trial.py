@@ -3,9 +3,9 @@ trains, and the study's pruner may stop it early (Optuna's pruning protocol: `tr
 step)`, then `trial.should_prune()`; Li et al. 2018 Hyperband, Jamieson & Talwalkar 2016 successive
 halving, or the median rule of Google Vizier, Golovin et al. 2017).
 
-The sweeper (hydra_plugins/ablate_sweepers) sets the job's environment (ablate.run.studies): the
+The sweeper (hydra_plugins/ablate_sweepers) sets the job's environment (ablate.record.studies): the
 study's storage URL, its name, the trial's id and the metric. Outside a study none is set and the run
-gets no callback. A pruned run ends through `Pruned`: ablate.run.lifecycle records summary.json
+gets no callback. A pruned run ends through `Pruned`: ablate.record.lifecycle records summary.json
 status `pruned` with the step, saves no model, and the job counts as done (not failed).
 """
 
@@ -31,8 +31,8 @@ class ReportToStudy(TrainerCallback):
     at that step; when the pruner says so, end the run as `pruned` at that step."""
 
     def __init__(self, storage_url: str, study_name: str, trial_id: int, metric: str, pruner: str | None = None) -> None:
-        from ablate.run.studies import pruner as make_pruner
-        from ablate.run.studies import require_optuna, storage
+        from ablate.record.studies import pruner as make_pruner
+        from ablate.record.studies import require_optuna, storage
 
         optuna = require_optuna()
         self.metric = metric

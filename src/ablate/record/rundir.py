@@ -1,7 +1,7 @@
 """The run directory contract, shared by training, resume, `ablate compare` and W&B.
 
     <run_dir>/
-      .hydra/            Hydra's composed config, hydra config and overrides (written by ablate.run.lifecycle)
+      .hydra/            Hydra's composed config, hydra config and overrides (written by ablate.record.lifecycle)
       run.json           identity of the run: overrides, start time, versions, git sha, W&B run id, data fingerprint
       metrics.jsonl      one JSON object per log event: {"step", "time", <metric names>...}
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
@@ -53,9 +53,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     process writes: one run dir per job, not per rank."""
     if not is_main_process():
         return
-    from ablate.run.secrets import mask
+    from ablate.record.secrets import mask
 
-    write_text(path, json.dumps(mask(data), indent=2, default=str) + "\n")  # secrets: ablate.run.secrets
+    write_text(path, json.dumps(mask(data), indent=2, default=str) + "\n")  # secrets: ablate.record.secrets
 
 
 def write_text(path: Path, text: str) -> None:

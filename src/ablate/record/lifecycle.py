@@ -40,7 +40,8 @@ from ablate.errors import (
     chain,
     user_error,
 )
-from ablate.run import interrupts, rundir, secrets
+from ablate.process import interrupts
+from ablate.record import rundir, secrets
 
 log = logging.getLogger("ablate")
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
@@ -124,10 +125,19 @@ class Run:
             self.info["data"] = now
             rundir.write_json(self.dir / rundir.RUN, self.info)
 
+    def prepare(self, cfg: DictConfig) -> None:
+        """This process set up for the run (ablate.process.setup: threads, malloc, the gloo group), and
+        who runs it in run.json, which every rank must then see."""
+        from ablate.process import setup
+
+        setup.prepare(cfg, self.info)
+        rundir.write_json(self.dir / rundir.RUN, self.info)
+        check_shared_run_dir(self.dir)
+
     def study_callbacks(self) -> list[Any]:
         """When this run is a study's trial (hydra/sweeper=optuna): the callback reporting its metric to
-        the study, which may prune it (ablate.run.trial); else none."""
-        from ablate.run.callbacks import trial_callbacks
+        the study, which may prune it (ablate.record.trial); else none."""
+        from ablate.record.callbacks import trial_callbacks
 
         return trial_callbacks()
 
@@ -333,6 +343,26 @@ def all_ranks_stopped() -> None:
         dist.barrier()
 
 
+def check_shared_run_dir(run_dir: Path) -> None:
+    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
+    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
+    own default dir (relative to their working dir, named by their own launch time), or a dir on a
+    filesystem only one node sees, would train on but leave a run that cannot resume."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dirs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
+    if len(set(dirs)) > 1 or not (run_dir / rundir.RUN).is_file():
+        from ablate.errors import ConfigError
+
+        what = f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})" if len(set(dirs)) > 1 else \
+            f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
+        raise ConfigError(f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
+                          "(docs/distributed.md: several nodes)")
+
+
 def _log_to_file(message: str) -> None:
     """Write `message` to the run's ablate.log only (not the console): the full cause of an error
     the user sees as one line."""
@@ -381,7 +411,7 @@ def _launch_context() -> dict[str, Any]:
 
 def identity(cfg: DictConfig) -> dict[str, Any]:
     """What a job's run.json records of its config: the resolved config, secrets masked as every
-    record is (ablate.run.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
+    record is (ablate.record.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
     masked config: a rotated token does not change the job; a resumed sweep compares it)."""
     resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
     return {"config_hash": config_hash(resolved), "config": resolved}

@@ -1,0 +1,1 @@
+"""This process: how it is stopped (signals, SLURM preemption), its threads and memory, what it prints."""
