@@ -277,11 +277,8 @@ def key_digest(kind: str, key: Mapping[str, Any]) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def rows_digest(dataset: Dataset) -> str:

@@ -258,20 +258,19 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if self.is_local_process_zero():
             logger.info("reference log-probs (the initial policy): scoring %d of %d %s pairs%s", len(rows),
                         len(dataset), name, "" if len(rows) == len(dataset) else " (the ones this run draws)")
-        bar = tqdm(total=len(order), desc=f"Reference log-probs ({name} pairs)", unit="pair", leave=False,
-                   disable=not self.is_local_process_zero() or self.args.disable_tqdm)
-        for start in range(0, len(order), bs):
-            idx = order[start:start + bs]
-            batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
-            # accelerate's autocast, as TRL's precompute: the training forwards get it from accelerate's
-            # wrapper of model.forward, which does not exist yet (Trainer's own autocast context is a no-op)
-            with self.accelerator.autocast():
-                logps = self._reference_logps(self.model, batch)
-            c, r = logps.float().chunk(2)
-            for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
-                chosen[i], rejected[i] = lc, lr
-            bar.update(len(idx))
-        bar.close()
+        with tqdm(total=len(order), desc=f"Reference log-probs ({name} pairs)", unit="pair", leave=False,
+                  disable=not self.is_local_process_zero() or self.args.disable_tqdm) as bar:  # closed on a failure too
+            for start in range(0, len(order), bs):
+                idx = order[start:start + bs]
+                batch = self._prepare_inputs(self.data_collator([dataset[i] for i in idx]))
+                # accelerate's autocast, as TRL's precompute: the training forwards get it from accelerate's
+                # wrapper of model.forward, which does not exist yet (Trainer's own autocast context is a no-op)
+                with self.accelerator.autocast():
+                    logps = self._reference_logps(self.model, batch)
+                c, r = logps.float().chunk(2)
+                for i, lc, lr in zip(idx, c.tolist(), r.tolist()):
+                    chosen[i], rejected[i] = lc, lr
+                bar.update(len(idx))
         self.model.train(was_training)
         return Dataset.from_dict({"ref_chosen_logps": chosen, "ref_rejected_logps": rejected})
 

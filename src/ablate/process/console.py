@@ -1,33 +1,43 @@
 """Lines on the console while a tqdm progress bar may be drawn there. A bar redraws its own line
 with `\\r` and no newline, so a plain print lands glued to the bar and is drawn over at its next
 update: `write` puts a line above a live bar (for messages during training), `say` ends the live
-bars first (for a last line: an error, `interrupted`). No import of tqdm: no bar, a plain print.
+bars first (for a last line: an error, `interrupted`). The bars are the ones ablate drew and
+`track`ed (the training bar, DPO's reference pass); no import of tqdm here: no bar, a plain print.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from typing import Any, TextIO
 
+_bars: weakref.WeakSet[Any] = weakref.WeakSet()
 
-def _bars() -> list[Any]:
-    std = sys.modules.get("tqdm.std")  # the base class of every tqdm bar (tqdm.auto's too)
-    return [b for b in list(getattr(getattr(std, "tqdm", None), "_instances", [])) if not getattr(b, "disable", True)]
+
+def track(bar: Any) -> Any:
+    """Remember a bar ablate drew, so `write` keeps it intact and `say` ends it first; returns it."""
+    if bar is not None:
+        _bars.add(bar)
+    return bar
+
+
+def _live() -> list[Any]:
+    return [b for b in list(_bars) if not getattr(b, "disable", True)]  # tqdm sets disable on close()
 
 
 def write(text: str, file: TextIO | None = None) -> None:
     """`text` on lines of its own; a live bar is cleared and redrawn below it (tqdm.write)."""
     out = file or sys.stderr
-    if _bars():
-        sys.modules["tqdm.std"].tqdm.write(text, file=out)
+    if _live():
+        type(_live()[0]).write(text, file=out)
         return
     print(text, file=out, flush=True)
 
 
 def say(text: str, file: TextIO | None = None) -> None:
     """A last line: every live bar is closed first (its final state stays on a line of its own)."""
-    for bar in _bars():
+    for bar in _live():
         try:
             bar.close()
         except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the line

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers.trainer_callback import ProgressCallback
 
-from ablate.process.console import print_above_bar, to_log_file
+from ablate.process.console import print_above_bar, to_log_file, track
 
 
 def _fmt(value: Any) -> str:
@@ -29,6 +29,14 @@ class Progress(ProgressCallback):
         # loss first, then the method's own (its YAML's compare_metrics), each once
         self.metrics = list(dict.fromkeys(["loss", *(metrics or [])]))
         self.parts: dict[str, str] = {}  # postfix pieces by owner ("metrics"; "speed" from ablate.speed.throughput)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_train_begin(args, state, control, **kwargs)
+        track(self.training_bar)  # a last line (an error) ends it first: ablate.process.console.say
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_prediction_step(args, state, control, **kwargs)
+        track(self.prediction_bar)
 
     def show(self, owner: str, text: str) -> None:
         """Set one piece of the postfix (the metrics, or the speed callback's tokens/s and MFU)."""
