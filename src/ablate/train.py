@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
-from ablate.config import validate
+from ablate.config import checks, code_checks
 from ablate.process import interrupts, setup
 from ablate.process.console import say
 from ablate.record import lifecycle, rundir, secrets
@@ -45,8 +45,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with lifecycle.record(cfg) as record:
         if record.done:
             return record.summary
-        validate.check(cfg)  # a single run was checked before its dir existed (validate.Validate); a sweep job here
-        validate.check_code(cfg, processes=validate.job_processes())
+        checks.check(cfg)  # a single run was checked before its dir existed (config.validate); a sweep job here
+        code_checks.check_code(cfg, processes=code_checks.job_processes())
         record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
@@ -70,13 +70,13 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     set_seed(cfg.seed)
     args = training_args(cfg, record.dir)
     make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
-    validate.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
+    code_checks.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
     check_shape(trainer_cls, data.train, eval_data := data.eval if args.eval_strategy != "no" else None)
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
-    validate.check_trainable(model)
+    code_checks.check_trainable(model)
     record.start_tracker(cfg)
     trainer = make_trainer(
         model=model, args=args, train_dataset=data.train, processing_class=tokenizer, eval_dataset=eval_data,
@@ -94,8 +94,8 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
     """TrainingArguments from method.args, with the precision and distributed groups' values as
     explicit kwargs (checked first: TrainingArguments raises a page on, e.g., tf32 without a GPU);
     its own refusals (ValueError in __post_init__) are one line."""
-    device_args = {**validate.check_precision(cfg.precision), **OmegaConf.to_container(cfg.distributed),
-                   **validate.check_distributed(cfg.distributed, validate.job_processes())}
+    device_args = {**code_checks.check_precision(cfg.precision), **OmegaConf.to_container(cfg.distributed),
+                   **code_checks.check_distributed(cfg.distributed, code_checks.job_processes())}
     try:
         return instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
                            **OmegaConf.to_container(cfg.precision), **device_args)

@@ -190,7 +190,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.config.validate import check_precision
+        from ablate.config.code_checks import check_precision
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
@@ -207,7 +207,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.config.validate import check_distributed
+        from ablate.config.code_checks import check_distributed
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags

@@ -212,7 +212,7 @@ CASES: list[Case] = [
     C("num-layers-zero", "train model.num_layers=0", "model.num_layers=0: must be an integer >= 1"),
     C("label-smoothing-two", "train method/loss=robust method.loss.label_smoothing=2",
       "method.loss.label_smoothing=2: must be a number in [0, 0.5)"),
-    T("use-cpu-maybe", "train method.args.use_cpu=maybe", "method.args.use_cpu=maybe: must be true or false"),
+    C("use-cpu-maybe", "train method.args.use_cpu=maybe", "method.args.use_cpu=maybe: must be true or false"),
     T("bool-field-text", "train +method.args.gradient_checkpointing=sometimes",
       "method.args.gradient_checkpointing=sometimes: must be true or false or null"),
     C("warmup-ratio-two", "train optimizer.scheduler.warmup_ratio=2", "optimizer.scheduler.warmup_ratio=2: must be a fraction"),

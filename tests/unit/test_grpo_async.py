@@ -125,14 +125,14 @@ def test_versions_by_hand():
     s=2, spg=2 (a round = 2 steps): round k by round k-2's start = step 2(k-2); rounds 0..2 by v0.
     s=1, spg=1, ga=4: 4 rounds per step; round k by round k-1's start, after (k-1)//4 steps.
     s=0 is the synchronous schedule: round k by its own start's weights."""
-    s1 = Schedule(batch_size=4, num_generations=2, max_staleness=1)
+    s1 = Schedule(batch_size=4, num_generations=2, staleness=1)
     assert [s1.policy_version(k) for k in range(6)] == [0, 0, 1, 2, 3, 4]
     assert [s1.step_versions(t) for t in range(1, 5)] == [[0], [0], [1], [2]]
     assert s1.stale_steps(5) == [2, 3, 4, 5] and s1.keeps_old_logps
-    s2 = Schedule(batch_size=4, num_generations=2, steps_per_generation=2, max_staleness=2)
+    s2 = Schedule(batch_size=4, num_generations=2, steps_per_generation=2, staleness=2)
     assert [s2.policy_version(k) for k in range(6)] == [0, 0, 0, 2, 4, 6]
     assert [s2.step_versions(t)[0] for t in range(1, 11)] == [0, 0, 0, 0, 0, 0, 2, 2, 4, 4]
-    ga4 = Schedule(batch_size=4, num_generations=2, accumulation=4, max_staleness=1)
+    ga4 = Schedule(batch_size=4, num_generations=2, accumulation=4, staleness=1)
     assert [ga4.policy_version(k) for k in range(10)] == [0, 0, 0, 0, 0, 1, 1, 1, 1, 2]
     assert ga4.step_versions(2) == [0, 1]  # round 4 (by round 3's start, v0) and rounds 5-7 (v1)
     s0 = Schedule(batch_size=4, num_generations=2, steps_per_generation=2, accumulation=3)
@@ -166,7 +166,7 @@ def test_the_next_round_is_queued_before_this_one_is_awaited(s):
     """At round k's start the trainer queues round k + s with its current weights (in a slot no round in
     flight uses) before it waits for round k: the worker never waits for the hand-over. Steady state:
     s rounds in flight, each with its own slot, and a free (s+1)-th slot for the new weights."""
-    ahead = AheadRounds(behaviour=None, model=None, max_staleness=s, seed=0, prompts_of=lambda k: [[k]])
+    ahead = AheadRounds(behaviour=None, model=None, staleness=s, seed=0, prompts_of=lambda k: [[k]])
     ahead.worker = worker = FakeWorker()
     ahead.last_round = 6
     for k in range(6):  # version k at round k's start: one optimizer step per round
@@ -217,7 +217,7 @@ def test_max_staleness_0_is_the_synchronous_trainer(tmp_path):
     assert trainer.ahead is None
     trainer.train()
     assert not any("sample/staleness_mean" in e for e in trainer.state.log_history)
-    with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
+    with pytest.raises(ConfigError, match=r"method.args.max_staleness=-1: must be an integer >= 0"):
         GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_staleness=-1,
                    report_to="none")
 
@@ -247,10 +247,10 @@ def test_more_than_one_process_is_refused():
 
     from ablate.rollouts.ahead import check_async
 
-    args = types.SimpleNamespace(max_staleness=1, device=torch.device("cpu"), world_size=2)
+    args = types.SimpleNamespace(device=torch.device("cpu"), world_size=2)
     with pytest.raises(ConfigError, match=r"max_staleness=1: asynchronous generation is single-process \(this run has 2\)"):
-        check_async(args, None)
-    check_async(types.SimpleNamespace(max_staleness=1, device=torch.device("cpu"), world_size=1), None)
+        check_async(1, args, None)
+    check_async(1, types.SimpleNamespace(device=torch.device("cpu"), world_size=1), None)
 
 
 @pytest.mark.parametrize(("s", "spg", "mu", "steps"), [(1, 1, 1, 6), (2, 2, 1, 10), (1, 1, 2, 6)])
@@ -298,10 +298,12 @@ def test_a_bf16_worker_samples_with_the_weights_rounded_to_bf16(tmp_path):
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(max_staleness=0, generation_dtype="bfloat16"), "generation_dtype is the async worker's"),
-    (dict(max_staleness=1, generation_dtype="bf16"), "generation_dtype must be float32 or bfloat16"),
-    (dict(max_staleness=0, async_threads="balanced"), "async_threads=balanced shares the cores with the async worker"),
-    (dict(max_staleness=1, async_threads="shared"), "async_threads must be split or balanced, got 'shared'"),
+    (dict(max_staleness=0, generation_dtype="bfloat16"), "generation_dtype=bfloat16: must be null, float32 or bfloat16, "
+     "with method.args.max_staleness > 0"),
+    (dict(max_staleness=1, generation_dtype="bf16"), "generation_dtype=bf16: must be null, float32 or bfloat16"),
+    (dict(max_staleness=0, async_threads="balanced"), "async_threads=balanced: must be split, or balanced with "
+     "method.args.max_staleness > 0"),
+    (dict(max_staleness=1, async_threads="shared"), "async_threads=shared: must be split, or balanced"),
 ])
 def test_async_options_are_checked(tmp_path, kw, message):
     """generation_dtype and async_threads (tests/unit/test_async_cores.py) are the async worker's."""

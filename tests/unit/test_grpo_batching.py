@@ -165,9 +165,10 @@ def test_resume_mid_round_reproduces_sampled_losses_exactly(tmp_path):
 
 
 def test_batch_must_be_a_multiple_of_num_generations(tmp_path):
-    with pytest.raises(ConfigError, match="multiple of num_generations"):
+    with pytest.raises(ConfigError, match="per_device_train_batch_size=6: must be an integer >= 1 and a multiple of "
+                       "method.args.num_generations=4"):
         GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=6, num_generations=4, report_to="none")
-    with pytest.raises(ConfigError, match="num_generations must be >= 2"):
+    with pytest.raises(ConfigError, match="num_generations=1: must be an integer >= 2"):
         GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=1, report_to="none")
 
 

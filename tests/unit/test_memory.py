@@ -10,6 +10,7 @@ import pytest
 
 from ablate.errors import ConfigError
 from ablate.process import memory
+from ablate.schema.nodes import Root
 
 pytestmark = pytest.mark.skipif(memory.glibc() is None, reason="glibc only")
 
@@ -43,6 +44,6 @@ def test_fixed_threshold_mmaps_again() -> None:
 
 
 def test_bad_threshold_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="malloc_mmap_threshold"):
-        memory.apply(-1)
+    with pytest.raises(ConfigError, match=r"^malloc_mmap_threshold=-1: must be null \(malloc's default\) or bytes"):
+        Root(malloc_mmap_threshold=-1)  # the value's one check: its schema
     assert memory.apply(None) == {}

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from ablate.process import setup as process
-from ablate.config.validate import check_distributed, job_processes
+from ablate.config.code_checks import check_distributed, job_processes
 
 TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "CUDA_VISIBLE_DEVICES")

@@ -19,7 +19,7 @@ from ablate.methods.compute_metrics import completion_accuracy
 from ablate.methods.schedules import constant, cosine, step
 from ablate.paths import conf_dir
 from ablate.config.compose import register_resolvers
-from ablate.config.validate import check_precision
+from ablate.config.code_checks import check_precision
 
 
 def _compose(*overrides: str):
@@ -161,7 +161,7 @@ def test_trainer_without_configured_optimizer_is_refused():
     from transformers import Trainer
 
     from ablate.methods import dpo, grpo, sft
-    from ablate.config.validate import check_trainer_class
+    from ablate.config.code_checks import check_trainer_class
 
     for cls in (dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer, type("Mine", (dpo.DPOTrainer,), {})):
         check_trainer_class(cls)  # accepted

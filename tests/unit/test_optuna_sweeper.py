@@ -62,15 +62,15 @@ def test_missing_optuna_is_one_line(monkeypatch):
 def test_missing_optuna_refuses_the_study_before_it_starts(monkeypatch):
     """The Validate callback's multirun check (before the sweep dir is claimed): one line, the extra named."""
     from ablate.errors import ConfigError
-    from ablate.config import validate
+    from ablate.config import checks
 
-    monkeypatch.setattr(validate, "installed", lambda module: module != "optuna")
+    monkeypatch.setattr(checks, "installed", lambda module: module != "optuna")
     hc = OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
                            "sweeper": {"_target_": "hydra_plugins.ablate_sweepers.optuna_sweeper.OptunaSweeper"}})
     with pytest.raises(ConfigError, match=r"^hydra/sweeper=optuna \(a study\) needs .*pip install 'ablate\[optuna\]'$"):
-        validate.check_launcher(hc)
+        checks.check_launcher(hc)
     hc.sweeper._target_ = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-    validate.check_launcher(hc)  # a grid needs no optuna
+    checks.check_launcher(hc)  # a grid needs no optuna
 
 
 class StubLauncher:

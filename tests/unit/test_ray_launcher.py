@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from ablate.errors import ConfigError
 from ablate.launchers import ray_jobs, slurm
 from ablate.paths import conf_dir
-from ablate.config import validate
+from ablate.config import checks
 from ablate.process import setup as process
 from ablate.config.compose import register_resolvers
 from hydra_plugins.ablate_launchers.ray_launcher import RayLauncher, RayLauncherConf
@@ -102,11 +102,11 @@ def test_each_job_gets_resources_no_retries_and_the_forwarded_environment_withou
 
 
 def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
-    monkeypatch.setattr(validate, "installed", lambda module: module != "ray")
+    monkeypatch.setattr(checks, "installed", lambda module: module != "ray")
     with pytest.raises(ConfigError) as e:
-        validate.check_launcher(OmegaConf.create({"launcher": {"_target_": RayLauncherConf._target_}}))
+        checks.check_launcher(OmegaConf.create({"launcher": {"_target_": RayLauncherConf._target_}}))
     assert str(e.value) == "hydra/launcher=ray needs the optional package 'ray', not installed: pip install 'ablate[ray]'"
-    validate.check_launcher(OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}))
+    checks.check_launcher(OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}))
 
 
 def _job(sweep: Path, name: str, summary: dict | None, steps: int = 0) -> Path:

@@ -35,7 +35,7 @@ def compare_cmd(argv: list[str]) -> None:
     if x_axes and not set(x_axes) <= set(X_AXES):
         parser.error(f"--x takes {','.join(X_AXES)}, got {args.x}")
     from ablate.errors import missing_extra
-    from ablate.config.validate import installed
+    from ablate.config.checks import installed
 
     if args.out is not None and not installed("matplotlib"):
         print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)

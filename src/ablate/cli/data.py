@@ -124,7 +124,8 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    from ablate.config.validate import check, check_method_args
+    from ablate.config.checks import check
+    from ablate.config.code_checks import check_method_args
 
     check(cfg)  # what `ablate train` would refuse, in the same words
     check_method_args(cfg)

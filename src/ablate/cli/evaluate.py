@@ -55,7 +55,7 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from ablate.errors import ConfigError
     from ablate.models.adapters import is_adapted
     from ablate.process.setup import quiet_libraries
-    from ablate.config.validate import check_precision
+    from ablate.config.code_checks import check_precision
 
     cfg, merged = compose_run_config(run_dir, overrides)
     if cfg.method.name == "grpo":

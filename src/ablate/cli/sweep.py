@@ -33,12 +33,12 @@ def check_sweep_file(path: Path) -> None:
     import yaml
     from omegaconf import OmegaConf
 
-    from ablate.config.validate import _bad_config_file
+    from ablate.config.validate import bad_config_file
 
     try:
         cfg = OmegaConf.load(path)
     except (yaml.YAMLError, UnicodeDecodeError) as e:  # the same one line as a broken file under conf/
-        reason = _bad_config_file(e) or f"{path}: not valid YAML"
+        reason = bad_config_file(e) or f"{path}: not valid YAML"
         raise ValueError(f"ablate sweep: {reason.replace('a config file', str(path))}") from None
     if OmegaConf.select(cfg, "hydra.sweeper.params") is not None:
         return

@@ -13,7 +13,8 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError
-from ablate.config.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
+from ablate.config.checks import hydra_node
+from ablate.schema import BOOL, Schema, is_int, is_num, refusal
 
 
 def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None) -> None:
@@ -37,21 +38,29 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
 
 def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> None:
     """Every `method.args` field is one of the method's arguments class (the only list of them there
-    is), else one line naming the closest field; a field typed bool, int or float holds one."""
+    is), else one line naming the closest field. A class of the user's that subclasses one of ablate's
+    (its schema has no `_target_` of its own) is checked against that schema now; a field that no
+    schema checks, typed bool, int or float, must hold one."""
     from hydra.utils import get_class
 
     cls = get_class(cfg.method.args._target_)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    checked = {f.name for f in dataclasses.fields(cls) if f.metadata.get("check") is not None}
     for k in cfg.method.args:
         if k not in fields and k != "_target_":
             hint = difflib.get_close_matches(str(k), fields, n=1)
             meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
             raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
         key = f"method.args.{k}"
-        if k in fields and key not in swept and key not in RULES:
+        if k in fields and key not in swept and k not in checked:
             what = _type_problem(cfg.method.args[k], fields[k].type)
             if what is not None:
                 raise ConfigError(refusal(key, cfg.method.args[k], what))
+    if issubclass(cls, Schema) and str(cfg.method.args._target_) not in Schema.by_target:
+        values = OmegaConf.to_container(cfg.method.args, resolve=True)
+        for key, value, what in cls.of(values).problems("method.args"):
+            if key not in swept:
+                raise ConfigError(refusal(key, value, what))
 
 
 def _type_problem(v: Any, annotation: Any) -> str | None:
@@ -65,7 +74,7 @@ def _type_problem(v: Any, annotation: Any) -> str | None:
         or (is_int(v) and kinds & {"int", "float"}) or (is_num(v) and "float" in kinds) or (isinstance(v, str) and "str" in kinds)
     if fits:
         return None
-    what = {"bool": BOOL, "int": "an integer", "float": "a number"}
+    what = {"bool": BOOL.words(None, ""), "int": "an integer", "float": "a number"}
     main = next(k for k in ("bool", "int", "float") if k in kinds)
     return what[main] + (" or null" if "None" in kinds else "")
 

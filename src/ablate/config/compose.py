@@ -146,11 +146,11 @@ MOVED_TARGETS = {
     "ablate.sweep": "ablate.launchers.sweep",
     "ablate.sweep_resume": "ablate.launchers.sweep_resume",
     "ablate.slurm": "ablate.launchers.slurm",
+    "ablate.methods.grpo_config": "ablate.methods.grpo",  # GRPOConfig: its fields and checks are ablate.schema.grpo
     # run/ split by concept (issue 34): the config, the run record, the process
     "ablate.run.compose": "ablate.config.compose",
     "ablate.run.validate": "ablate.config.validate",
     "ablate.run.code_checks": "ablate.config.code_checks",
-    "ablate.run.rules": "ablate.config.rules",
     "ablate.run.targets": "ablate.config.targets",
     "ablate.run.rundir": "ablate.record.rundir",
     "ablate.run.lifecycle": "ablate.record.lifecycle",

@@ -1,24 +1,21 @@
-"""Bad input gets one line naming what to fix, before anything is built or any run dir is touched.
+"""The Hydra callback that refuses a bad config or run dir before Hydra touches anything, and Hydra's
+own errors as one line.
 
-- `check(cfg)`: the composed config: required fields, value types and ranges, unknown root keys,
-  data/model paths, the optional packages a `_target_` needs. Raises `ConfigError`.
-- `Validate`, a Hydra callback (conf/config.yaml `hydra.callbacks`): runs `check` and the run-dir
-  checks in `on_run_start`, which Hydra calls after composing and *before* it creates the run dir or
-  writes ablate.log into it, and takes the run dir's lock there; a mistake there leaves every
-  existing dir as it was. A multirun job is checked by `ablate.train.run` instead (it fails, the
-  sweep goes on); a multirun claims its sweep dir in `on_multirun_start` (`claim_sweep_dir`).
+- `Validate` (conf/config.yaml `hydra.callbacks`): runs the config checks (ablate.config.checks, then
+  ablate.config.code_checks) and the run-dir checks in `on_run_start`, which Hydra calls after
+  composing and *before* it creates the run dir or writes ablate.log into it, and takes the run dir's
+  lock there; a mistake leaves every existing dir as it was. A multirun job is checked by
+  `ablate.train.run` instead (it fails, the sweep goes on); a multirun claims its sweep dir in
+  `on_multirun_start` (`claim_sweep_dir`).
 - `one_line(e)`: Hydra's multi-line composition errors ("not in struct", "Could not find
   'method/dpoo'") as one line that names the key or option that was probably meant.
 
-Only the values ablate's own config defines are range-checked (RULES below); any other
-TrainingArguments field is checked by TrainingArguments itself. No torch import here: this runs in
-the launching process.
+No torch import at module level: this runs in the launching process.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -28,236 +25,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ablate.config.checks import task_overrides, check, check_launcher, optimizer_field_hint
+from ablate.config.code_checks import check_code, job_processes
 from ablate.errors import ConfigError, chain, missing_extra
-from ablate.config.code_checks import (  # noqa: F401 - the run-time checks, imported from here by train and cli
-    check_code,
-    check_distributed,
-    check_method_args,
-    check_precision,
-    check_trainable,
-    check_trainer_class,
-    has_accelerator,
-    job_processes,
-)
-from ablate.config.rules import (
-    RULES,
-    at,
-    hydra_node,
-    optimizer_field_hint,
-    refusal,
-)
-from ablate.config.targets import check_target
-
-# `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
-EXTRAS: dict[str, tuple[str, str]] = {
-    "bitsandbytes.": ("bitsandbytes", "quant"),
-    "transformers.BitsAndBytesConfig": ("bitsandbytes", "quant"),
-    "ablate.logger.wandb.": ("wandb", "wandb"),
-    "ablate.rollouts.vllm.": ("vllm", "vllm"),
-}
-# hydra.launcher._target_ prefix -> (import name, extra, the override that chose it)
-LAUNCHER_EXTRAS: dict[str, tuple[str, str, str]] = {
-    "hydra_plugins.ablate_launchers.ray_launcher.": ("ray", "ray", "hydra/launcher=ray"),
-}
-# the same for the multirun's sweeper (the study's sweeper imports optuna only when it starts)
-SWEEPER_EXTRAS: dict[str, tuple[str, str, str]] = {
-    "hydra_plugins.ablate_sweepers.optuna_sweeper.": ("optuna", "optuna", "hydra/sweeper=optuna (a study)"),
-}
-
-
-def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) -> None:
-    """Raise ConfigError for the first mistake visible in the composed config `cfg`; `hc` is the
-    hydra node (`cfg.hydra` when Hydra's callbacks pass the full config, else HydraConfig.get()).
-    `swept`: keys a multirun sweeps, whose value in `cfg` is not what any job gets (not checked)."""
-    if hc is None:
-        hc = cfg.hydra if "hydra" in cfg else hydra_node()
-    try:
-        _check(cfg, hc, swept)
-    except OmegaConfBaseException as e:  # e.g. ${oc.env:UNSET}
-        key = getattr(e, "full_key", None)
-        raise ConfigError(f"{key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
-
-
-def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
-    _check_extras(cfg)  # first: the other checks may import modules that probe the optional packages
-    _check_targets(cfg)
-    _check_missing(cfg, hc, swept)
-    _check_root_keys(cfg, hc)
-    _check_optimizer_args(cfg)
-    values = {key: OmegaConf.select(cfg, key, default=KeyError) for key in RULES}
-    for key, (ok, what) in RULES.items():
-        v = values[key]
-        if v is not KeyError and key not in swept and not ok(v, cfg):
-            raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
-    _check_paths(cfg)
-    _check_datasets_cache(cfg)
-    _check_eval_data(cfg, swept)
-
-
-def _check_targets(cfg: DictConfig) -> None:
-    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets."""
-    for key, target in _targets(cfg):
-        check_target(key, target)
-
-
-def _check_optimizer_args(cfg: DictConfig) -> None:
-    args = at(cfg, "method.args")
-    if isinstance(args, DictConfig) and at(cfg, "optimizer.optimizer") is not None:
-        for k in args:
-            hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
-            if hint:
-                raise ConfigError(hint)
-
-
-def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
-    strategy = at(cfg, "method.args.eval_strategy")
-    data = at(cfg, "data")
-    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
-        return
-    target = str(data.get("_target_", ""))
-    # data=local: a save_to_disk dir as train_path may bring its own eval split
-    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
-    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
-               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
-               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
-    if target in missing and missing[target][1]():
-        field_ = missing[target][0]
-        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
-        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
-
-
-def _packaged_eval(data: DictConfig) -> bool:
-    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
-
-
-def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
-    """`???` fields (data=jsonl's train_path, model=local's path): name the group and the fix."""
-    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-    missing = sorted(set(OmegaConf.missing_keys(task)) - swept)
-    if missing:
-        key = missing[0]
-        root = key.split(".")[0]
-        choice = OmegaConf.select(hc, f"runtime.choices.{root}", default=None) if hc is not None else None
-        group = f" ({root}={choice} needs it)" if choice else ""
-        raise ConfigError(f"{key} is required{group}: add {key}=...")
-
-
-def _known_roots(hc: Any) -> set[str]:
-    """Root keys that come from ablate's config: the primary config's own keys and config groups."""
-    from ablate.paths import conf_dir
-
-    known = {"hydra"}
-    known |= {str(k) for k in OmegaConf.load(Path(conf_dir()) / "config.yaml") if k != "defaults"}
-    choices = OmegaConf.select(hc, "runtime.choices", default=None) or {}
-    known |= {str(group).split("/")[0].split("@")[0] for group in choices}
-    return known
-
-
-def _overrides(hc: Any) -> list[str] | None:
-    """The task overrides as given (reading them through OmegaConf would resolve `${oc.env:...}`)."""
-    node = OmegaConf.select(hc, "overrides.task", default=None) if hc is not None else None
-    return None if node is None else [str(o) for o in OmegaConf.to_container(node, resolve=False)]
-
-
-def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
-    """A `+key=value` at the root that is no config group (`+precison=bf16`) would compose as a plain
-    value nothing reads, and the run would train without it: refuse it, naming the likely key."""
-    overrides = _overrides(hc)
-    if overrides is None:
-        return
-    added = {str(o).lstrip("+").split("=")[0].split(".")[0] for o in overrides if str(o).startswith("+")}
-    known = _known_roots(hc)
-    for root in sorted(added - known):
-        if root in cfg:
-            hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
-            meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
-            raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
-
-
-def _check_paths(cfg: DictConfig) -> None:
-    """Data files and a local model dir exist (checked before the model is loaded)."""
-    data = cfg.get("data") or {}
-    for key in ("train_path", "eval_path"):
-        path = data.get(key) if isinstance(data, DictConfig) else None
-        local = Path(path).expanduser() if isinstance(path, str) else None
-        if local is not None and not local.is_file() and not _saved_dataset(local):
-            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
-                    if local.is_dir() else "not found")
-            raise ConfigError(f"data.{key}={path}: {what}")
-        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
-            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
-    model = cfg.get("model") or {}
-    path = model.get("path") if isinstance(model, DictConfig) else None
-    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
-        local = Path(path).expanduser()
-        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
-            why = "not found" if not local.exists() else "no config.json there"
-            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
-
-
-DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
-
-
-def _check_datasets_cache(cfg: DictConfig) -> None:
-    """`datasets` writes every file it loads into its cache: a read-only HOME would fail the run after
-    its dir exists, in words about the data files. Where the cache goes is datasets' own rule."""
-    if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
-        return
-    env = os.environ
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
-    existing = cache
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == cache else f" ({existing} is not writable)"
-        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
-                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
-
-
-def _saved_dataset(path: Path) -> bool:
-    """A `save_to_disk` dir (data=local reads it)."""
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
-def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    if isinstance(node, DictConfig):
-        for k in node.keys():
-            if k == "hydra" and not prefix:
-                continue
-            v = node._get_node(k)
-            if k == "_target_":
-                out.append((prefix + "_target_", str(node[k])))
-            elif isinstance(v, DictConfig):
-                out += _targets(v, f"{prefix}{k}.")
-    return out
-
-
-def _check_extras(cfg: DictConfig) -> None:
-    for key, target in _targets(cfg):
-        for prefix, (module, extra) in EXTRAS.items():
-            if target.startswith(prefix) and not installed(module):
-                raise missing_extra(module, extra, f"{key}={target}")
-
-
-def check_launcher(hc: Any) -> None:
-    """The multirun's launcher (or sweeper) needs an optional package that is missing: one line naming the extra."""
-    for key, extras in (("launcher._target_", LAUNCHER_EXTRAS), ("sweeper._target_", SWEEPER_EXTRAS)):
-        target = str(OmegaConf.select(hc, key, default="") or "")
-        for prefix, (module, extra, what) in extras.items():
-            if target.startswith(prefix) and not installed(module):
-                raise missing_extra(module, extra, what)
-
-
-def installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
 
 def check_dir(path: Path, key: str, create: bool = True) -> None:
     """`path` (hydra.run.dir / hydra.sweep.dir) is, or can be created as, a writable directory; with
@@ -313,7 +83,7 @@ def _check_same_run(run_dir: Path, hc: Any) -> None:
     from ablate.record.secrets import mask
 
     info = rundir.read_json_checked(run_dir / rundir.RUN) if run_dir.is_dir() else None
-    overrides = _overrides(hc)
+    overrides = task_overrides(hc)
     if info is not None and overrides is not None and sorted(info.get("overrides", [])) != sorted(mask(overrides)):
         raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
                           "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
@@ -398,7 +168,7 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
 
     choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
     try:
-        parsed = OverridesParser.create().parse_overrides(_overrides(config.hydra) or [])
+        parsed = OverridesParser.create().parse_overrides(task_overrides(config.hydra) or [])
     except Exception:  # noqa: BLE001 - Hydra parsed them already; never refuse a sweep on our own parse
         return None
     keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
@@ -452,7 +222,7 @@ def one_line(e: BaseException) -> str | None:
     for cause in chain(e, context=False):
         if isinstance(cause, USER_ERRORS):
             return str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-    line = _bad_config_file(e)
+    line = bad_config_file(e)
     if line is not None:
         return line
     if isinstance(e, OverrideParseException):
@@ -472,7 +242,7 @@ def one_line(e: BaseException) -> str | None:
     return None
 
 
-def _bad_config_file(e: BaseException) -> str | None:
+def bad_config_file(e: BaseException) -> str | None:
     """A config file (conf/, a sweep config, --config-dir) that is not YAML or not UTF-8."""
     import yaml
 

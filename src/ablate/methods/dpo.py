@@ -23,7 +23,7 @@ import copy
 import hashlib
 import inspect
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -46,6 +46,7 @@ from ablate.methods.metrics import (
 )
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.schema.args import DPOArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
@@ -55,20 +56,9 @@ logger = logging.getLogger("ablate")
 
 
 @dataclass
-class DPOConfig(TrainingArguments):
-    beta: float = field(default=0.1, metadata={"help": "KL strength: scales the implicit reward."})
-    max_length: int | None = field(
-        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop pairs whose prompt fills it."}
-    )
-    max_prompt_length: int | None = field(
-        default=None, metadata={"help": "Keep the last N prompt tokens (before max_length; not in TRL 1.16)."}
-    )
-    max_completion_length: int | None = field(
-        default=None, metadata={"help": "Keep the first N tokens of each completion (not in TRL 1.16)."}
-    )
-    precompute_ref_log_probs: bool = field(
-        default=True, metadata={"help": "Score the data with the initial policy once, before training."}
-    )
+class DPOConfig(DPOArgs, TrainingArguments):
+    """`method.args`: TrainingArguments with DPO's fields, defaults and checks (ablate.schema.args.DPOArgs)."""
+
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
 

@@ -53,6 +53,7 @@ import copy
 import inspect
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -63,6 +64,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     TrainerCallback,
+    TrainingArguments,
 )
 
 from ablate.data.tokenize import prepare_prompts
@@ -71,7 +73,6 @@ from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import selective_log_softmax
 from ablate.methods.fsdp import full_params
-from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
@@ -90,6 +91,8 @@ from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
+from ablate.schema import refusal
+from ablate.schema.grpo import GRPOArgs, reward_weights_problem
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
@@ -117,6 +120,13 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclass
+class GRPOConfig(GRPOArgs, TrainingArguments):
+    """`method.args`: TrainingArguments with GRPO's fields, defaults and checks (ablate.schema.grpo.GRPOArgs)."""
+
+    remove_unused_columns: bool = False  # reward functions receive every dataset column
+
+
 class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
 
@@ -140,10 +150,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     ) -> None:
         if not reward_funcs:
             raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
-        weights = args.reward_weights or [1.0] * len(reward_funcs)
-        if len(weights) != len(reward_funcs):
-            raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
-                              f"reward functions ({', '.join(reward_funcs)})")
+        problem = reward_weights_problem(args.reward_weights, list(reward_funcs))
+        if problem is not None:
+            raise ConfigError(refusal(*problem))
         self.perf = perf or Perf()
         self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
@@ -152,7 +161,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
         self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
@@ -176,11 +185,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))
         self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
         self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
-        self.ahead: AheadRounds | None = None  # max_staleness > 0: rounds sampled ahead by a worker process
-        if args.max_staleness > 0:
-            check_async(args, self.generator)
+        self.ahead: AheadRounds | None = None  # rounds sampled ahead by a worker process (async GRPO)
+        if self.schedule.staleness:
+            check_async(self.schedule.staleness, args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
-            self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
+            self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), self.schedule.staleness,
                                      args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced")
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
@@ -301,7 +310,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
 
     def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:
         """Asynchronous GRPO: this round as the worker sampled it (waiting for it if it is not done yet);
-        hands the worker the current weights for round + max_staleness."""
+        hands the worker the current weights for round + s."""
         t0 = time.perf_counter()
         schedule = self.schedule
         self.ahead.last_round = -(-self.state.max_steps * schedule.accumulation // schedule.micro_steps_per_round)

@@ -3,7 +3,7 @@ every token (`messages` / `text` rows), as TRL's SFTTrainer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -17,22 +17,15 @@ from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
+from ablate.schema.args import SFTArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed.plan import Perf, PrintPlan, Setting
 
 
 @dataclass
-class SFTConfig(TrainingArguments):
-    max_length: int | None = field(
-        default=512, metadata={"help": "Keep the first N tokens of prompt+completion; drop rows left without loss tokens."}
-    )
-    completion_only_loss: bool | None = field(
-        default=None, metadata={"help": "Loss on the completion only; None: True for prompt-completion rows (TRL)."}
-    )
-    assistant_only_loss: bool = field(
-        default=False, metadata={"help": "Conversational rows: loss on the assistant turns only (TRL's); needs "
-                                         "{% generation %} markers in the chat template (ablate.data.chat_templates)."}
-    )
+class SFTConfig(SFTArgs, TrainingArguments):
+    """`method.args`: TrainingArguments with SFT's fields, defaults and checks (ablate.schema.args.SFTArgs)."""
+
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
 

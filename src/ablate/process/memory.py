@@ -21,8 +21,7 @@ import ctypes
 import ctypes.util
 from typing import Any
 
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-MAX_THRESHOLD = 32 * 1024 * 1024  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit)
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h; the value's range is checked by its schema (ablate.schema.nodes.Root)
 
 
 def glibc() -> Any:
@@ -42,8 +41,6 @@ def apply(threshold: int | None) -> dict[str, Any]:
         return {}
     from ablate.errors import ConfigError
 
-    if not 0 <= int(threshold) <= MAX_THRESHOLD:
-        raise ConfigError(f"malloc_mmap_threshold must be bytes in 0..{MAX_THRESHOLD} or null, got {threshold}")
     libc = glibc()
     if libc is None:
         return {"malloc_mmap_threshold": None}

@@ -51,11 +51,7 @@ def _get(node: Any, key: str) -> Any:
 def choose(setting: int | None, launcher: Any = None) -> tuple[int, str]:
     """The thread count and where it came from: the `threads` config key, else OMP_NUM_THREADS
     (the user's environment), else available cores // local jobs (at least 1)."""
-    if setting is not None:
-        if int(setting) < 1:
-            from ablate.errors import ConfigError
-
-            raise ConfigError(f"threads must be a positive number of threads or null (automatic), got {setting}")
+    if setting is not None:  # checked by its schema (ablate.schema.nodes.Root)
         return int(setting), "config threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:

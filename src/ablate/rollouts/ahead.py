@@ -197,21 +197,21 @@ class AheadRounds:
     """The trainer's side: which round to sample when, with which weights, and the rounds in flight.
 
     `take(k, ...)` at the start of round k returns it (sampled earlier, or now at a fresh start) and
-    then hands the worker the current weights for round k + max_staleness. Rounds at or past
+    then hands the worker the current weights for round k + s. Rounds at or past
     `last_round` (set by the trainer from max_steps) are never sampled."""
 
-    def __init__(self, behaviour: BehaviourFn, model: nn.Module, max_staleness: int, seed: int,
+    def __init__(self, behaviour: BehaviourFn, model: nn.Module, staleness: int, seed: int,
                  prompts_of: Callable[[int], list[list[int]]], dtype: torch.dtype | None = None,
                  balanced: bool = False) -> None:
         self.balanced = balanced  # async_threads=balanced: the trainer takes the worker's threads while it idles
-        self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, max_staleness, seed, prompts_of
+        self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, staleness, seed, prompts_of
         self.dtype = dtype  # the worker's weights and compute (None: the trainer's)
         self.last_round: int | None = None
         self.worker: Worker | None = None
         self.cores: CoreShare | None = None  # async_threads=balanced: the threads follow who is busy
         self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
         self.pending: deque[tuple[Sampled, int]] = deque()  # submitted, not yet returned: (job, slot)
-        self.slot_versions: list[int | None] = [None] * (max_staleness + 1)  # the version each slot holds
+        self.slot_versions: list[int | None] = [None] * (staleness + 1)  # the version each slot holds
         self.next_round: int | None = None  # the next round to submit
 
     def take(self, k: int, prompt_ids: list[list[int]], version: int) -> Sampled:
@@ -312,10 +312,11 @@ class AheadRounds:
         self.slot_versions = [None] * (self.s + 1)
 
 
-def check_async(args: Any, generator: Any) -> None:
+def check_async(staleness: int, args: Any, generator: Any) -> None:
     """Asynchronous GRPO's worker is a forked CPU process of a single-process run that samples with the
-    trainer's own generator on its copy of the weights: one line otherwise."""
-    s = f"method.args.max_staleness={args.max_staleness}"
+    trainer's own generator on its copy of the weights: what this run's device, processes and engine
+    cannot do is one line (the value itself is checked by its schema, ablate.schema.grpo)."""
+    s = f"method.args.max_staleness={staleness}"
     if args.device.type != "cpu":
         raise ConfigError(f"{s}: asynchronous generation runs in a forked CPU process, and this run is on "
                           f"{args.device.type} (method.args.use_cpu=true)")
@@ -325,5 +326,5 @@ def check_async(args: Any, generator: Any) -> None:
         raise ConfigError(f"{s}: asynchronous generation forks its worker, which this platform cannot")
     if hasattr(generator, "close"):  # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
         raise ConfigError(f"{s}: asynchronous generation samples in a forked copy of the policy, which a generator "
-                          f"with an engine of its own ({type(generator).__name__}) cannot; use max_staleness=0 "
+                          f"with an engine of its own ({type(generator).__name__}) cannot; use method.args.max_staleness=0 "
                           "or no method/generator")

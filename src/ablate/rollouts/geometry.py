@@ -24,7 +24,7 @@ def batch_geometry(args: Any, world_size: int, max_steps: int) -> str:
     rounds = math.ceil(micro / schedule.micro_steps_per_round)
     period = schedule.period_steps  # optimizer steps after which the pattern repeats
     off = schedule.off_policy_steps()
-    if schedule.max_staleness:
+    if schedule.staleness:
         policy = _stale(schedule.stale_steps(max_steps), max_steps)
     elif not off:
         policy = "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
@@ -36,7 +36,7 @@ def batch_geometry(args: Any, world_size: int, max_steps: int) -> str:
     lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
     lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {rounds}",
               f"  off-policy optimizer steps: {policy}"]
-    if schedule.max_staleness:
+    if schedule.staleness:
         lines += _versions(schedule, max_steps)
     return "\n".join(lines)
 
@@ -51,12 +51,13 @@ def _stale(steps: list[int], max_steps: int) -> str:
 
 def _versions(schedule: Schedule, max_steps: int, shown: int = 8) -> list[str]:
     """Asynchronous GRPO: which policy version (optimizer steps taken) sampled each step's data."""
-    s, per_round = schedule.max_staleness, schedule.micro_steps_per_round / schedule.accumulation
+    s, per_round = schedule.staleness, schedule.micro_steps_per_round / schedule.accumulation
     versions = [schedule.step_versions(t) for t in range(1, max_steps + 1)]
     lag = max(t - v[0] for t, v in enumerate(versions))  # step t + 1 trains after t updates
     head = ", ".join(f"{t + 1}: v{'/v'.join(map(str, v))}" for t, v in enumerate(versions[:shown]))
     sync = f"every {per_round:g} optimizer steps" if per_round > 1 else "every optimizer step"
-    return [f"  async (max_staleness={s}): round k sampled by a worker with the weights of round k-{s}'s start, "
+    return [f"  async ({s} round{'s' if s > 1 else ''} ahead): round k sampled by a worker with the weights of "
+            f"round k-{s}'s start, "
             f"synced at round starts ({sync})",
             f"  sampling policy version per optimizer step (v = steps taken): {head}"
             f"{', ...' if max_steps > shown else ''} (lag <= {lag} step{'s' if lag != 1 else ''})"]

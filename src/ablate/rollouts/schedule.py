@@ -9,9 +9,10 @@ serves its spg slices `num_iterations` (mu) times over, so it feeds spg * mu mic
     trains on    slice 0  slice 1  slice 0  slice 1  slice 0
 
 The optimizer steps after every `accumulation` micro-steps. This is the one reader of
-`steps_per_generation`, `num_iterations` and `max_staleness`; the trainer and the geometry table ask it.
+`steps_per_generation`, `num_iterations` and `max_staleness` (s: `staleness`); the trainer and the
+geometry table ask it.
 
-With `max_staleness` s > 0 (asynchronous GRPO, ablate.rollouts.ahead) round k is sampled ahead of its
+With s > 0 (asynchronous GRPO, ablate.rollouts.ahead) round k is sampled ahead of its
 use, by the weights the policy had when round k - s began (rounds 0..s by the initial weights): its
 `policy_version` is the optimizer steps taken at that moment. s = 0 is the synchronous schedule above,
 where round k is sampled by the weights at its own start.
@@ -33,14 +34,14 @@ class Schedule:
     steps_per_generation: int = 1  # micro-steps (slices) per generation round
     num_iterations: int = 1  # passes (mu) over a round's slices
     accumulation: int = 1  # micro-steps per optimizer step (gradient_accumulation_steps)
-    max_staleness: int = 0  # rounds sampled ahead: round k by the weights at round k - max_staleness's start
+    staleness: int = 0  # rounds sampled ahead: round k by the weights at round k - staleness's start
 
     @classmethod
     def from_args(cls, args: Any) -> Schedule:
         """From a GRPOConfig (Trainer's `train_batch_size`: per device, times GPUs under DataParallel)."""
         return cls(batch_size=args.train_batch_size, num_generations=args.num_generations,
                    steps_per_generation=args.steps_per_generation, num_iterations=args.num_iterations,
-                   accumulation=args.gradient_accumulation_steps, max_staleness=getattr(args, "max_staleness", 0))
+                   accumulation=args.gradient_accumulation_steps, staleness=getattr(args, "max_staleness", 0))
 
     @property
     def round_size(self) -> int:
@@ -70,8 +71,8 @@ class Schedule:
 
     def policy_version(self, round_index: int) -> int:
         """Optimizer steps the policy that samples round `round_index` has taken: those done when round
-        `round_index - max_staleness` began (its first micro-step), at least round 0's."""
-        return max(round_index - self.max_staleness, 0) * self.micro_steps_per_round // self.accumulation
+        `round_index - staleness` began (its first micro-step), at least round 0's."""
+        return max(round_index - self.staleness, 0) * self.micro_steps_per_round // self.accumulation
 
     def step_versions(self, step: int) -> list[int]:
         """The policy versions that sampled what optimizer step `step` (1-based) trains on."""
@@ -83,9 +84,9 @@ class Schedule:
         """Whether pi_old's log-probs are scored at generation time: the policy can be updated between
         a round's generation and (some) use when a round does not fit whole optimizer steps, and with
         mu > 1 the ratio is always against the round's policy (as in TRL); rounds sampled ahead
-        (max_staleness > 0) always keep the log-probs of the weights that sampled them. Otherwise the
+        (staleness > 0) always keep the log-probs of the weights that sampled them. Otherwise the
         ratio is exactly 1 and the detached current log-probs stand in."""
-        return self.max_staleness > 0 or self.num_iterations > 1 or self.accumulation % self.steps_per_generation != 0
+        return self.staleness > 0 or self.num_iterations > 1 or self.accumulation % self.steps_per_generation != 0
 
     def off_policy_steps(self) -> list[int]:
         """Which optimizer steps (1-based, within one period of lcm(spg * mu, accumulation) micro-steps)

@@ -1,0 +1,179 @@
+"""One schema per config node: a dataclass whose fields are the node's keys, each declared once with
+its default, its one-line help and its check. A mistake is one line, `key=value: must be <what>`.
+
+Checked once, wherever the node is made:
+- a method's arguments class subclasses its schema (`DPOConfig(DPOArgs, TrainingArguments)`), so
+  creating one checks it (`__post_init__`, as TRL's configs do), in a run or from Python;
+- the launching process checks the composed config against the same schemas before torch is
+  imported or any run dir exists (ablate.config.checks: `Schema.problems` on each node's values).
+
+Nodes whose values go to code ablate does not own (a torch optimizer, a user's loader) have schemas
+whose fields default to ABSENT: a key the node does not hold is not checked. No torch import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
+
+from ablate.errors import ConfigError
+
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()  # a key the node does not set
+
+
+def is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What a field's value must be: `test(value, node)`, and the words for it (`what`: text, or text
+    made from the node and its key prefix, for a check against a sibling field)."""
+
+    test: Callable[[Any, Any], bool]
+    what: str | Callable[[Any, str], str]
+
+    def words(self, node: Any, at: str) -> str:
+        return self.what if isinstance(self.what, str) else self.what(node, at)
+
+    def __or__(self, other: Rule) -> Rule:
+        """Either rule (for a value that may be, e.g., all-linear or a list)."""
+        return Rule(lambda v, n: self.test(v, n) or other.test(v, n),
+                    lambda n, at: f"{self.words(n, at)} or {other.words(n, at)}")
+
+
+def integer(at_least: int, why: str = "", at_most: int | None = None) -> Rule:
+    if at_most is not None:
+        return Rule(lambda v, n: is_int(v) and at_least <= v <= at_most, f"an integer in {at_least}..{at_most}{why}")
+    return Rule(lambda v, n: is_int(v) and v >= at_least, f"an integer >= {at_least}{why}")
+
+
+def number(above: float | None = None, at_least: float | None = None, why: str = "") -> Rule:
+    if above is not None:
+        return Rule(lambda v, n: is_num(v) and v > above, f"a number > {above:g}{why}")
+    return Rule(lambda v, n: is_num(v) and v >= at_least, f"a number >= {at_least:g}{why}")
+
+
+def fraction(of: str = "", high: float = 1.0, closed: bool = True) -> Rule:
+    """A number in [0, high] ([0, high) with `closed=False`)."""
+    bound = "]" if closed else ")"
+    return Rule(lambda v, n: is_num(v) and 0 <= v and (v <= high if closed else v < high),
+                f"{of or 'a number'} in [0, {high:g}{bound}")
+
+
+def choice(*values: Any, words: str = "") -> Rule:
+    return Rule(lambda v, n: v in values, words or f"one of {', '.join(map(str, values))}")
+
+
+BOOL = Rule(lambda v, n: isinstance(v, bool), "true or false")
+
+
+def nullable(rule: Rule, null: str = "") -> Rule:
+    """`rule`, or null (`null`: what null means, said in the message)."""
+    return Rule(lambda v, n: v is None or rule.test(v, n),
+                lambda n, at: f"null{f' ({null})' if null else ''} or {rule.words(n, at)}")
+
+
+def field(default: Any = ABSENT, check: Rule | None = None, help: str = "",  # noqa: A002 - dataclass metadata's name
+          factory: Callable[[], Any] | None = None) -> Any:
+    """A schema field: its default (a list: `factory`), its check and its one-line help."""
+    meta = {"check": check, "help": help}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+Problem = tuple[str, Any, str]  # (dotted key, value, what it must be)
+
+
+class Schema:
+    """Base of every node's schema (a dataclass). `node`: the node's dotted path in the config
+    ("" = the root), the prefix of every key a refusal names; `targets`: the `_target_`s whose node
+    this schema checks (a method's arguments class), else the schema checks the node at `node`."""
+
+    node: ClassVar[str] = ""
+    targets: ClassVar[tuple[str, ...]] = ()
+    by_path: ClassVar[dict[str, type[Schema]]] = {}
+    by_target: ClassVar[dict[str, type[Schema]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "targets" in cls.__dict__:
+            Schema.by_target.update(dict.fromkeys(cls.targets, cls))
+        elif "node" in cls.__dict__:
+            Schema.by_path[cls.node] = cls
+
+    def __post_init__(self) -> None:
+        """Checks first, then the next class's own set-up (TrainingArguments')."""
+        self.check()
+        after = getattr(super(), "__post_init__", None)
+        if after is not None:
+            after()
+
+    def check(self, at: str | None = None) -> None:
+        for key, value, what in self.problems(at):
+            raise ConfigError(refusal(key, value, what))
+
+    def problems(self, at: str | None = None) -> Iterator[Problem]:
+        """Every field whose value fails its check (ABSENT ones are not checked)."""
+        at = self.node if at is None else at
+        for f in dataclasses.fields(self):
+            rule = f.metadata.get("check")
+            value = getattr(self, f.name, ABSENT)
+            if rule is not None and value is not ABSENT and not rule.test(value, self):
+                yield f"{at + '.' if at else ''}{f.name}", value, rule.words(self, at)
+
+    def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
+        """Checks against other nodes of the composed config (`cfg`, resolved): e.g. one reward weight
+        per reward function. None by default."""
+        return iter(())
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Schema:
+        """The node's `values` as this schema, not yet checked (the fields it does not hold: defaults)."""
+        self = cls.__new__(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                value = values[f.name]
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(self, f.name, value)
+        return self
+
+
+def schema_for(path: str, target: Any = None) -> type[Schema] | None:
+    """The schema of the node at `path` whose `_target_` is `target`: by target, else by path."""
+    from ablate.schema import args, grpo, nodes  # noqa: F401 - each schema registers itself
+
+    return Schema.by_target.get(str(target)) or Schema.by_path.get(path)
+
+
+def refusal(key: str, v: Any, what: str) -> str:
+    """`key=value: must be ...`; a number written as a quoted string gets the spelling that makes it one."""
+    if isinstance(v, str) and _looks_numeric(v) and ("number" in what or "integer" in what):
+        return (f"{key}='{v}' is a string (quoted), not a number: write it unquoted, {key}={v} (in a YAML file "
+                f"{key.rsplit('.', 1)[-1]}: {v} without quotes; YAML 1.1 reads 1e-3 as text: write 1.0e-3)")
+    return f"{key}={show(v)}: must be {what}"
+
+
+def _looks_numeric(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def show(v: Any) -> str:
+    """A value as it is written on the command line."""
+    if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig":
+        return "[" + ",".join(show(x) for x in v) + "]"
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)

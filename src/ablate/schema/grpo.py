@@ -1,0 +1,119 @@
+"""GRPO's `method.args` (conf/method/grpo.yaml): TRL 1.16's GRPOConfig names and defaults for what
+ablate's GRPOTrainer implements, each with its check. Batches count completions: whole groups."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ablate.schema import (
+    BOOL,
+    Problem,
+    Rule,
+    choice,
+    field,
+    integer,
+    is_int,
+    is_num,
+    nullable,
+    number,
+)
+from ablate.schema.args import TrainArgs
+
+
+def _groups(eval_only: bool = False) -> Rule:
+    """A batch of whole groups: a multiple of num_generations (an eval batch only when evaluating)."""
+    def test(v: Any, n: Any) -> bool:
+        g = n.num_generations
+        skip = (eval_only and n.eval_strategy == "no") or not is_int(g) or g < 1
+        return is_int(v) and v >= 1 and (skip or v % g == 0)
+
+    why = "" if eval_only else " (GRPO's batch counts completions, whole groups)"
+    return Rule(test, lambda n, at: f"an integer >= 1 and a multiple of {at}.num_generations={n.num_generations}{why}")
+
+
+def _is_async(n: Any) -> bool:
+    """Rounds are sampled ahead by a worker (ablate.rollouts.ahead): its options apply."""
+    return is_int(n.max_staleness) and n.max_staleness > 0
+
+
+def _delta(v: Any, n: Any) -> bool:
+    high = n.epsilon if n.epsilon_high is None else n.epsilon_high
+    return v is None or (is_num(v) and (not is_num(high) or v > 1 + high))
+
+
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # ablate.losses.is_correction.MODES
+
+
+@dataclass
+class GRPOArgs(TrainArgs):
+    targets = ("ablate.methods.grpo.GRPOConfig",)
+    per_device_train_batch_size: int = field(8, _groups(), "Completions (not prompts) per micro-batch.")
+    per_device_eval_batch_size: int = field(8, _groups(eval_only=True), "Completions per eval micro-batch.")
+    num_generations: int = field(8, integer(2, " (the group whose mean is the baseline)"), "Completions per prompt.")
+    steps_per_generation: int = field(1, integer(1), "Micro-steps served by one generation round.")
+    num_iterations: int = field(1, integer(1, " (passes over each generation round)"),
+                                "Passes (mu) over each round's slices.")
+    max_staleness: int = field(0, integer(0, " (0 = synchronous GRPO)"),
+                               "Async GRPO: rounds sampled this many rounds ahead by a worker process with its own "
+                               "copy of the weights (round k by the weights at round k - s's start); 0 = synchronous.")
+    generation_dtype: str | None = field(None, Rule(lambda v, n: v is None or (v in ("float32", "bfloat16") and _is_async(n)),
+                                                    "null, float32 or bfloat16, with method.args.max_staleness > 0 "
+                                                    "(the async generation worker's dtype)"),
+                                         "Async worker's dtype: null = the trainer's | bfloat16 (pi_old is the bf16 "
+                                         "sampler's own log-probs).")
+    async_threads: str = field("split", Rule(lambda v, n: v == "split" or (v == "balanced" and _is_async(n)),
+                                             "split, or balanced with method.args.max_staleness > 0 (the trainer "
+                                             "taking the idle async worker's threads)"),
+                               "split = fixed halves (reproducible) | balanced = the trainer also takes the idle "
+                               "worker's (last bits timing-dependent: ablate.rollouts.cores).")
+    max_prompt_length: int | None = field(512, nullable(integer(1)), "Keep the last N prompt tokens.")
+    max_completion_length: int = field(256, integer(1), "New tokens generated per completion.")
+    temperature: float = field(1.0, number(above=0), "Sampling temperature (also applied when scoring).")
+    top_p: float = field(1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass.")
+    top_k: int = field(0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off (TRL's default).")
+    epsilon: float = field(0.2, number(at_least=0), "Lower clip range: ratio >= 1 - epsilon.")
+    epsilon_high: float | None = field(None, nullable(number(at_least=0)), "Upper clip range; null = epsilon.")
+    beta: float = field(0.0, number(at_least=0, why=" (0 = no KL term)"), "KL weight; 0 = no reference model.")
+    reward_weights: list[float] | None = field(None, Rule(
+        lambda v, n: v is None or (isinstance(v, list) and all(is_num(w) for w in v)), "null or a list of numbers"),
+        "One weight per reward function (null: all 1).")
+    importance_sampling_level: str = field("token", choice("token", "sequence", words="token (GRPO) or sequence (GSPO)"),
+                                           "token (GRPO) | sequence (GSPO: one ratio per completion).")
+    delta: float | None = field(None, Rule(_delta, "null or a number > 1 + epsilon_high (two-sided clipping caps the "
+                                                   "ratio above the clip range)"),
+                                "Two-sided clipping: cap the ratio at delta; null = off.")
+    use_bias_correction_kl: bool = field(True, BOOL, "KL term times the importance ratio (TRL 1.16's default).")
+    mask_truncated_completions: bool = field(False, BOOL, "Completions without EOS get no loss (DAPO).")
+    vllm_importance_sampling_correction: bool = field(True, BOOL, "Weight the policy loss by pi_trainer / pi_engine "
+                                                                  "when the generator returns engine log-probs.")
+    vllm_importance_sampling_mode: str = field("sequence_mask", choice(*IS_MODES), "How the engine ratio is bounded.")
+    vllm_importance_sampling_clip_min: float | None = field(None, nullable(number(at_least=0)),
+                                                            "Lower bound of the engine ratio; null = none.")
+    vllm_importance_sampling_clip_max: float | None = field(3.0, nullable(number(at_least=0)),
+                                                            "Upper bound of the engine ratio; null = none.")
+    off_policy_mask_threshold: float | None = field(None, nullable(number(at_least=0)),
+                                                    "Drop A<0 completions whose mean KL(sampler -> policy) exceeds "
+                                                    "this (DeepSeek-V3.2 eq. 9); null = off.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
+        funcs = (cfg.get("data") or {}).get("reward_funcs")
+        if isinstance(funcs, Mapping):
+            problem = reward_weights_problem(self.reward_weights, list(funcs))
+            if problem is not None:
+                yield problem
+
+
+def reward_weights_problem(weights: Any, names: list[str]) -> Problem | None:
+    """One weight per reward function, or none given: checked against the data's reward functions when
+    the config is (their names), and by the trainer against the ones it was handed."""
+    if weights is None or not isinstance(weights, list) or len(weights) == len(names):
+        return None
+    return ("method.args.reward_weights", weights,
+            f"null or a list of {len(names)} numbers, one per data.reward_funcs entry ({', '.join(names)})")
+

@@ -1,0 +1,137 @@
+"""The schemas of the nodes that are not a method's arguments: the root, the optimizer and its schedule,
+the model, adapters, precision, data, the logger, early stopping, DPO's loss. Their values go to code
+ablate does not always own (any torch.optim class, a user's loader), so a field defaults to ABSENT:
+a key the node does not hold is not checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ablate.schema import (
+    BOOL,
+    Rule,
+    Schema,
+    choice,
+    field,
+    fraction,
+    integer,
+    is_int,
+    is_num,
+    nullable,
+    number,
+)
+
+MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit): ablate.process.memory
+
+
+def _labels(v: Any, n: Any) -> bool:
+    return v is None or (isinstance(v, list) and all(isinstance(t, (str, int, float)) for t in v))
+
+
+@dataclass
+class Root(Schema):
+    node = ""
+    seed: int = field(check=integer(0, at_most=2**32 - 1, why=" (numpy's seed range)"))
+    tags: list[str] | None = field(check=Rule(_labels, "a list: tags=[baseline] (several: 'tags=[baseline,v2]')"))
+    peak_tflops: float | None = field(check=nullable(number(above=0, why=" (TFLOP/s)"), "measured"))
+    threads: int | None = field(check=nullable(integer(1), "the cores available"))
+    malloc_mmap_threshold: int | None = field(check=nullable(
+        Rule(lambda v, n: is_int(v) and 0 <= v <= MAX_MMAP_THRESHOLD, f"bytes in 0..{MAX_MMAP_THRESHOLD} (e.g. 131072)"),
+        "malloc's default"))
+
+
+def _betas(v: Any, n: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(is_num(b) and 0 <= b < 1 for b in v)
+
+
+@dataclass
+class Optimizer(Schema):
+    node = "optimizer.optimizer"
+    lr: float = field(check=number(above=0))
+    weight_decay: float = field(check=number(at_least=0))
+    betas: list[float] = field(check=Rule(_betas, "two numbers in [0, 1): 'optimizer.optimizer.betas=[0.9,0.999]'"))
+    momentum: float = field(check=number(at_least=0))
+    eps: float = field(check=number(above=0))
+
+
+@dataclass
+class Scheduler(Schema):
+    node = "optimizer.scheduler"
+    warmup_ratio: float = field(check=fraction("a fraction of the steps"))
+    warmup_steps: int = field(check=integer(0))
+    min_ratio: float = field(check=fraction("a fraction of the peak lr"))
+    step_size: int = field(check=integer(1))
+    gamma: float = field(check=number(above=0))
+
+
+def _divides(v: Any, n: Any) -> bool:
+    heads = n.num_heads
+    return is_int(v) and v >= 1 and (not is_int(heads) or heads < 1 or v % heads == 0)
+
+
+@dataclass
+class Model(Schema):
+    node = "model"
+    hidden_size: int = field(check=Rule(_divides, lambda n, at: f"an integer >= 1 divisible by {at}.num_heads={n.num_heads}"))
+    num_layers: int = field(check=integer(1))
+    num_heads: int = field(check=integer(1))
+    intermediate_size: int = field(check=integer(1))
+    max_position_embeddings: int = field(check=integer(1))
+    dtype: str = field(check=choice("float32", "bfloat16", "float16"))
+
+
+def _modules(v: Any, n: Any) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(isinstance(m, str) for m in v)
+
+
+@dataclass
+class Adapters(Schema):
+    node = "peft"
+    r: int = field(check=integer(1, " (the adapter rank)"))
+    lora_alpha: float = field(check=number(above=0))
+    lora_dropout: float = field(check=fraction(closed=False))
+    target_modules: Any = field(check=choice("all-linear", words="all-linear") | Rule(
+        _modules, "a list of module names: 'peft.target_modules=[q_proj,v_proj]'"))
+    bias: str = field(check=choice("none", "all", "lora_only"))
+    use_rslora: bool = field(check=BOOL)
+    use_dora: bool = field(check=BOOL)
+    save_merged: bool = field(check=BOOL)
+
+
+@dataclass
+class Precision(Schema):
+    node = "precision"
+    bf16: bool = field(check=BOOL)
+    fp16: bool = field(check=BOOL)
+    tf32: bool | None = field(check=Rule(lambda v, n: v is None or isinstance(v, bool), "true, false or null"))
+
+
+@dataclass
+class Data(Schema):
+    node = "data"
+    max_train_samples: int | None = field(check=nullable(integer(1)))
+    max_eval_samples: int | None = field(check=nullable(integer(1)))
+
+
+@dataclass
+class Wandb(Schema):
+    node = "logger"
+    targets = ("ablate.logger.wandb.WandbTracker",)
+    mode: str = field(check=choice("online", "offline", "disabled"))
+
+
+@dataclass
+class EarlyStop(Schema):
+    node = "callbacks.early_stop"
+    targets = ("ablate.callbacks.EarlyStop",)
+    mode: str = field(check=choice("min", "max", words="min (lower is better) or max"))
+    patience: int = field(check=integer(1))
+    min_delta: float = field(check=number(at_least=0))
+
+
+@dataclass
+class DPOLoss(Schema):
+    node = "method.loss"
+    # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
+    label_smoothing: float = field(check=fraction(high=0.5, closed=False))

@@ -1,0 +1,104 @@
+"""One schema per config node (ablate.schema): each value is checked once, where the node is made, in
+the same words whether the config is composed (before torch) or a method's config class is created."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from transformers import TrainingArguments
+
+from ablate.errors import ConfigError
+from ablate.losses import is_correction
+from ablate.methods.dpo import DPOConfig
+from ablate.methods.grpo import GRPOConfig
+from ablate.methods.sft import SFTConfig
+from ablate.schema import Schema, schema_for
+from ablate.schema.args import DPOArgs, SFTArgs, TrainArgs
+from ablate.schema.grpo import IS_MODES, GRPOArgs, reward_weights_problem
+from ablate.schema.nodes import Model, Optimizer, Root
+
+
+def test_the_training_fields_keep_trainingarguments_defaults():
+    """A method's config class inherits its schema's fields: a default that differs from
+    TrainingArguments' would silently change every run made from Python."""
+    theirs = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    ours = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
+    assert ours == {k: theirs[k] for k in ours}
+
+
+@pytest.mark.parametrize("config,schema", [(DPOConfig, DPOArgs), (SFTConfig, SFTArgs), (GRPOConfig, GRPOArgs)])
+def test_each_method_config_is_its_schema(tmp_path, config, schema):
+    """The config class's checked fields are exactly its schema's; each has a one-line help."""
+    assert issubclass(config, schema) and schema_for("method.args", f"{config.__module__}.{config.__name__}") is schema
+    checked = {f.name for f in dataclasses.fields(config) if f.metadata.get("check") is not None}
+    assert checked == {f.name for f in dataclasses.fields(schema)}
+    assert all(f.metadata["help"] for f in dataclasses.fields(schema))
+    config(output_dir=str(tmp_path), report_to="none")  # the defaults pass their own checks
+
+
+@pytest.mark.parametrize("config,kw,line", [
+    (DPOConfig, {"beta": 0}, "method.args.beta=0: must be a number > 0"),
+    (DPOConfig, {"max_steps": 0}, "method.args.max_steps=0: must be -1 (use num_train_epochs) or an integer >= 1"),
+    (SFTConfig, {"max_length": 0}, "method.args.max_length=0: must be null or an integer >= 1"),
+    (GRPOConfig, {"beta": -1}, "method.args.beta=-1: must be a number >= 0 (0 = no KL term)"),
+    (GRPOConfig, {"num_generations": 4, "per_device_train_batch_size": 6},
+     "method.args.per_device_train_batch_size=6: must be an integer >= 1 and a multiple of method.args.num_generations=4"),
+    (GRPOConfig, {"delta": 1.1}, "method.args.delta=1.1: must be null or a number > 1 + epsilon_high"),
+])
+def test_a_bad_value_is_one_line_from_python_too(tmp_path, config, kw, line):
+    with pytest.raises(ConfigError) as e:
+        config(output_dir=str(tmp_path), report_to="none", **kw)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_epsilon_high_defaults_to_epsilon(tmp_path):
+    assert GRPOConfig(output_dir=str(tmp_path), report_to="none", epsilon=0.3).epsilon_high == 0.3
+
+
+def test_the_schema_knows_the_losses_modes():
+    assert IS_MODES == tuple(is_correction.MODES)
+
+
+def test_absent_keys_are_not_checked_and_siblings_are():
+    """A node's schema checks the keys it holds (a pretrained model has no num_heads); a check
+    against a sibling names it."""
+    assert list(Model.of({"dtype": "float32"}).problems()) == []
+    assert list(Model.of({"hidden_size": 10, "num_heads": 4}).problems()) == [
+        ("model.hidden_size", 10, "an integer >= 1 divisible by model.num_heads=4")]
+    assert [k for k, _, _ in Optimizer.of({"lr": 0, "momentum": -1}).problems()] == ["optimizer.optimizer.lr",
+                                                                                     "optimizer.optimizer.momentum"]
+    assert [k for k, _, _ in Root.of({"seed": -1, "tags": "x"}).problems()] == ["seed", "tags"]
+
+
+def test_reward_weights_against_the_reward_functions():
+    assert reward_weights_problem(None, ["a"]) is None and reward_weights_problem([1.0, 2.0], ["a", "b"]) is None
+    assert reward_weights_problem([1.0], ["a", "b"])[2] == \
+        "null or a list of 2 numbers, one per data.reward_funcs entry (a, b)"
+
+
+def test_a_user_subclass_is_checked_before_the_run_dir(tmp_path):
+    """A config class of the user's own (no schema registered for its `_target_`) subclassing ablate's is
+    checked against the inherited schema by the code checks (ablate.config.code_checks), before any run dir."""
+    from omegaconf import OmegaConf
+
+    from ablate.config.code_checks import check_method_args
+
+    cfg = OmegaConf.create({"method": {"args": {"_target_": "test_schema.MyDPOConfig", "beta": -1.0}}})
+    with pytest.raises(ConfigError, match=r"^method.args.beta=-1.0: must be a number > 0$"):
+        check_method_args(cfg)
+
+
+@dataclasses.dataclass
+class MyDPOConfig(DPOConfig):
+    my_weight: float = 1.0
+
+
+def test_every_schema_field_has_a_check():
+    """A field of a node's schema is there to be checked (a field with no check belongs nowhere here)."""
+    def all_subclasses(c):
+        return set(c.__subclasses__()).union(*(all_subclasses(s) for s in c.__subclasses__()))
+
+    for schema in all_subclasses(Schema):
+        if schema.__module__.startswith("ablate.schema"):
+            assert all(f.metadata.get("check") is not None for f in dataclasses.fields(schema)), schema
