@@ -57,6 +57,7 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_schemas(cfg, swept)
     _check_paths(cfg)
     _check_datasets_cache(cfg)
+    _check_cache_dir(cfg)
     _check_eval_data(cfg, swept)
 
 
@@ -211,6 +212,22 @@ def _check_datasets_cache(cfg: DictConfig) -> None:
         where = "" if existing == cache else f" ({existing} is not writable)"
         raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
                           f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
+
+
+def _check_cache_dir(cfg: DictConfig) -> None:
+    """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
+    go on without its cache, saying so at each lookup, and with no cached speed probe either."""
+    from ablate.paths import cache_root
+
+    given = at(cfg, "cache.dir")
+    for key, path in (("cache.dir", given), ("ABLATE_CACHE", os.environ.get("ABLATE_CACHE"))):
+        above = Path(str(path)).expanduser() if path else None
+        while above is not None and not above.exists() and above != above.parent:
+            above = above.parent
+        if above is not None and above.exists() and not above.is_dir():
+            where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
+            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
+                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
 
 
 def _saved_dataset(path: Path) -> bool:

@@ -57,7 +57,7 @@ def _check_dir(path: Path, key: str, create: bool) -> None:
             raise ConfigError(f"{key}={path}: cannot create it ({e.strerror})") from None
 
 
-def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
+def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True, cfg: DictConfig | None = None) -> None:
     """A single run's dir is absent, empty, or an ablate run dir (a readable run.json) of the same
     overrides, and no live process holds its lock; then this process takes the lock, before Hydra
     writes ablate.log into the dir and before ablate writes `.hydra/` (nothing of a process refused
@@ -69,7 +69,7 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
     if not rundir.is_main_process():  # rank 0 checks (and then holds) the dir its other ranks share
         return
     rundir.is_usable(run_dir)
-    _check_same_run(run_dir, hc)
+    _check_same_run(run_dir, hc, cfg)
     if not take_lock:
         return
     if rundir.completed_summary(run_dir) is not None:
@@ -78,7 +78,7 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
     _check_same_run(run_dir, hc)  # again under the lock: the holder before us may have written run.json
 
 
-def _check_same_run(run_dir: Path, hc: Any) -> None:
+def _check_same_run(run_dir: Path, hc: Any, cfg: DictConfig | None = None) -> None:
     from ablate.record import rundir
     from ablate.record.secrets import mask
 
@@ -87,6 +87,11 @@ def _check_same_run(run_dir: Path, hc: Any) -> None:
     if info is not None and overrides is not None and sorted(info.get("overrides", [])) != sorted(mask(overrides)):
         raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
                           "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
+    if info is not None and cfg is not None and rundir.completed_summary(run_dir) is None:
+        from ablate.record.lifecycle import check_same_config, identity
+
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+        check_same_config(run_dir.resolve(), info, identity(task), warn=False)
 
 
 class Validate(Callback):
@@ -98,7 +103,7 @@ class Validate(Callback):
             check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
-            check_run_dir(run_dir, config.hydra, take_lock=False)  # creates nothing yet
+            check_run_dir(run_dir, config.hydra, take_lock=False, cfg=config)  # creates nothing yet
             check_code(config, processes=job_processes())  # imports the method's code (torch), which the run needs next anyway
             check_dir(run_dir, "hydra.run.dir")  # creates it
             check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
@@ -115,6 +120,8 @@ class Validate(Callback):
 
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
+            if _sweep_dir_given(config.hydra):
+                check_not_a_sweep(sweep_dir)  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -138,10 +145,11 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
-    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
-    raw = [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
+    raw = _hydra_overrides(hc)
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
+        check_dir(path, "hydra.sweep.dir", create=False)
+        check_not_a_sweep(path)
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
@@ -151,6 +159,30 @@ def claim_sweep_dir(config: DictConfig) -> None:
         hc.sweep.dir = str(path)
         overrides = [o for o in raw if o not in given]
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
+
+
+def _hydra_overrides(hc: Any) -> list[str]:
+    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
+    return [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
+
+
+def _sweep_dir_given(hc: Any) -> bool:
+    """`hydra.sweep.dir` was given on the command line (else the launch makes a new dir of its own)."""
+    return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in _hydra_overrides(hc))
+
+
+SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
+
+
+def check_not_a_sweep(path: Path) -> None:
+    """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
+    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job)."""
+    from ablate.record.lifecycle import RESUME_ENV
+
+    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
+    if held and not os.environ.get(RESUME_ENV):
+        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
+                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
 
 
 def _dir_value(config: DictConfig, key: str) -> str:
