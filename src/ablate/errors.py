@@ -29,7 +29,7 @@ class PeerLostError(Exception):
 
 
 class Pruned(Exception):
-    """A study's pruner stopped this trial (ablate.record.trial): recorded as status `pruned` at `step`,
+    """A study's pruner stopped this trial (ablate.record.callbacks.ReportToStudy): recorded as status `pruned` at `step`,
     not as a failure."""
 
     def __init__(self, step: int, metric: str, value: float) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ablate, metrics, summary
 
-from ablate.record import rundir
+from ablate.record import checkpoints
 
 FAST = ["method.args.max_steps=6", "method.args.save_steps=2", "method.args.logging_steps=1",
         "+callbacks.crash._target_=crashing.CrashAt"]
@@ -74,7 +74,7 @@ def test_damaged_newest_checkpoint_is_passed_over_for_the_previous_one(dpo, tmp_
     name, damage, why = DAMAGE[kind]
     damage(run / "checkpoints" / "checkpoint-4" / name)
     skipped: list[str] = []
-    assert rundir.latest_checkpoint(run, skipped) == run / "checkpoints" / "checkpoint-2"
+    assert checkpoints.latest_checkpoint(run, skipped) == run / "checkpoints" / "checkpoint-2"
     assert len(skipped) == 1 and skipped[0].startswith(f"checkpoint-4: {why}"), skipped
 
 
@@ -85,14 +85,14 @@ def test_checkpoint_without_manifest(dpo, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(dpo[0], run)
     ckpts = run / "checkpoints"
-    (ckpts / "checkpoint-4" / rundir.MANIFEST).unlink()
+    (ckpts / "checkpoint-4" / checkpoints.MANIFEST).unlink()
     skipped: list[str] = []
-    assert rundir.latest_checkpoint(run, skipped) == ckpts / "checkpoint-2"
-    assert skipped == [f"checkpoint-4: no {rundir.MANIFEST} (save interrupted)"]
-    (ckpts / "checkpoint-2" / rundir.MANIFEST).unlink()  # as an older ablate left them
-    assert rundir.latest_checkpoint(run) == ckpts / "checkpoint-4"
+    assert checkpoints.latest_checkpoint(run, skipped) == ckpts / "checkpoint-2"
+    assert skipped == [f"checkpoint-4: no {checkpoints.MANIFEST} (save interrupted)"]
+    (ckpts / "checkpoint-2" / checkpoints.MANIFEST).unlink()  # as an older ablate left them
+    assert checkpoints.latest_checkpoint(run) == ckpts / "checkpoint-4"
     _cut(ckpts / "checkpoint-4" / "model.safetensors")
-    assert rundir.latest_checkpoint(run) == ckpts / "checkpoint-2"
+    assert checkpoints.latest_checkpoint(run) == ckpts / "checkpoint-2"
 
 
 def test_resume_after_deleted_optimizer_state_matches_the_uninterrupted_run(dpo, tmp_path):
@@ -111,7 +111,7 @@ def test_resume_after_deleted_optimizer_state_matches_the_uninterrupted_run(dpo,
     assert _losses(run) == _losses(dpo[1])
     assert not (run / "checkpoints" / "skipped" / "checkpoint-4" / "optimizer.pt").exists()
     assert (run / "checkpoints" / "skipped" / "checkpoint-4" / "trainer_state.json").is_file()
-    manifest = json.loads((run / "checkpoints" / "checkpoint-6" / rundir.MANIFEST).read_text())
+    manifest = json.loads((run / "checkpoints" / "checkpoint-6" / checkpoints.MANIFEST).read_text())
     assert {"optimizer.pt", "trainer_state.json", "model.safetensors"} <= set(manifest["files"])
 
 

@@ -74,13 +74,13 @@ def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatc
     from types import SimpleNamespace
 
     from ablate.errors import PeerLostError, user_error
-    from ablate.record import rundir
+    from ablate.record import checkpoints
     from ablate.record.lifecycle import _peer_lost
 
     for step, sealed in ((2, True), (4, False)):  # checkpoint-4 was being written: not resumable
         (tmp_path / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
         if sealed:
-            (tmp_path / "checkpoints" / f"checkpoint-{step}" / rundir.MANIFEST).write_text("{}")
+            (tmp_path / "checkpoints" / f"checkpoint-{step}" / checkpoints.MANIFEST).write_text("{}")
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:4242: "
                         "Connection reset by peer")
     try:

@@ -167,7 +167,7 @@ def test_pruning_stops_a_clearly_worse_trial(tmp_path):
     at the same steps is pruned at its first report past warm-up; the good one is not."""
     optuna = pytest.importorskip("optuna")
     from ablate.errors import Pruned
-    from ablate.record.trial import ReportToStudy
+    from ablate.record.callbacks import ReportToStudy
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     s = optuna.create_study(study_name="p", storage=url, pruner=optuna.pruners.MedianPruner(n_startup_trials=1))

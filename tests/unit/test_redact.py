@@ -31,12 +31,12 @@ def test_mask_nested():
 
 
 def test_sweep_job_identity_masks_secrets_and_ignores_a_rotated_token(monkeypatch):
-    """lifecycle.identity (run.json's config and its hash) masks with the same rules as every
+    """identity.identity (run.json's config and its hash) masks with the same rules as every
     other record: a resolved ${oc.env:...} secret and a secret-named key never appear, and a rotated
     token leaves the job's hash unchanged (the resume must not call it a different job)."""
     from omegaconf import OmegaConf
 
-    from ablate.record.lifecycle import identity
+    from ablate.record.identity import identity
 
     cfg = OmegaConf.create({"model": {"token": "${oc.env:MY_SERVICE_PASSWORD}", "path": "/data/m"}, "lr": 0.1})
     monkeypatch.setenv("MY_SERVICE_PASSWORD", "first-password-123")

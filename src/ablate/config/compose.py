@@ -157,7 +157,7 @@ MOVED_TARGETS = {
     "ablate.run.callbacks": "ablate.record.callbacks",
     "ablate.run.secrets": "ablate.record.secrets",
     "ablate.run.studies": "ablate.record.studies",
-    "ablate.run.trial": "ablate.record.trial",
+    "ablate.run.trial": "ablate.record.callbacks",
     "ablate.run.interrupts": "ablate.process.interrupts",
     "ablate.run.preemption": "ablate.process.preemption",
     "ablate.run.threads": "ablate.process.threads",

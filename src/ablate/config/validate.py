@@ -88,7 +88,7 @@ def _check_same_run(run_dir: Path, hc: Any, cfg: DictConfig | None = None) -> No
         raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
                           "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
     if info is not None and cfg is not None and rundir.completed_summary(run_dir) is None:
-        from ablate.record.lifecycle import check_same_config, identity
+        from ablate.record.identity import check_same_config, identity
 
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         check_same_config(run_dir.resolve(), info, identity(task), warn=False)

@@ -26,8 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.record import rundir
-from ablate.record.lifecycle import identity
+from ablate.record import checkpoints, rundir
+from ablate.record.identity import identity
 
 
 class ResumeRefused(Exception):
@@ -160,7 +160,7 @@ def _job_action(sweep_dir: Path, num: int, overrides: list[str], search: list[st
     status = (rundir.read_json(d / rundir.SUMMARY) or {}).get("status", "interrupted")
     if status == "completed":
         return "skipped"
-    ckpt = rundir.latest_checkpoint(d)
+    ckpt = checkpoints.latest_checkpoint(d)
     was = "interrupted" if status == "running" else status  # `running` left behind = killed
     return f"resumed from step {ckpt.name.split('-')[-1]} ({was})" if ckpt else f"restarted ({was}, no checkpoint)"
 

@@ -1,9 +1,11 @@
 """The callbacks every run gets, part of the run directory contract (not config options):
-metrics.jsonl, log windows that survive a resume, and secrets masked in saved TrainingArguments."""
+metrics.jsonl, log windows that survive a resume, secrets masked in saved TrainingArguments,
+checkpoints sealed; and a study's trial reporting to its study (`ReportToStudy`)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,10 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+
+from ablate.errors import Pruned
+
+log = logging.getLogger("ablate")
 
 
 class MetricsJSONL(TrainerCallback):
@@ -45,7 +51,7 @@ class SealCheckpoint(TrainerCallback):
     """The last word on every checkpoint. Trainer pickles its TrainingArguments into it
     (training_args.bin): a secret given as one (`+method.args.hub_token=hf_...`) is masked there.
     Then, once every rank's files are in, `manifest.json` lists every file with its size and sha256
-    (ablate.record.rundir.write_manifest): a resume takes only a checkpoint whose files match it.
+    (ablate.record.checkpoints.write_manifest): a resume takes only a checkpoint whose files match it.
 
     Always installed by ablate.train, first of ablate's callbacks (Trainer's own write nothing at
     on_save): on_save runs right after the trainer's `_save_checkpoint` (Trainer's files and the
@@ -53,14 +59,14 @@ class SealCheckpoint(TrainerCallback):
     the run there (SaveOnPreemption raises once the save is done)."""
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        from ablate.record import rundir
+        from ablate.record import checkpoints
 
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if args.should_save:
             mask_saved_args(ckpt, args)
         _barrier()  # every rank's rng_state_<rank>.pth is written before the manifest lists the files
         if args.should_save and ckpt.is_dir():
-            rundir.write_manifest(ckpt)
+            checkpoints.write_manifest(ckpt)
 
 
 def _barrier() -> None:
@@ -119,7 +125,35 @@ def trial_callbacks() -> list[Any]:
 
     if not os.environ.get(TRIAL_ENV):
         return []
-    from ablate.record.trial import ReportToStudy
-
     return [ReportToStudy(os.environ[STORAGE_ENV], os.environ[STUDY_ENV], int(os.environ[TRIAL_ENV]),
                           os.environ[METRIC_ENV], os.environ.get(PRUNER_ENV))]
+
+
+class ReportToStudy(TrainerCallback):
+    """A run that is one trial of a study (hydra/sweeper=optuna) reports its metric to the study at every
+    log event holding it (an eval's `eval_*` or a train metric), and the study's pruner may stop it
+    (Optuna's protocol: `trial.report(value, step)`, then `trial.should_prune()`; Li et al. 2018
+    Hyperband, Jamieson & Talwalkar 2016 successive halving, or the median rule of Google Vizier,
+    Golovin et al. 2017). The sweeper sets the job's environment (ablate.record.studies); a pruned run
+    ends through `Pruned`: ablate.record.lifecycle records status `pruned` with the step, saves no
+    model, and the job counts as done (not failed)."""
+
+    def __init__(self, storage_url: str, study_name: str, trial_id: int, metric: str, pruner: str | None = None) -> None:
+        from ablate.record.studies import pruner as make_pruner
+        from ablate.record.studies import require_optuna, storage
+
+        optuna = require_optuna()
+        self.metric = metric
+        study = optuna.load_study(study_name=study_name, storage=storage(storage_url), pruner=make_pruner(pruner))
+        self.trial = optuna.trial.Trial(study, trial_id)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        value = (logs or {}).get(self.metric)
+        if not isinstance(value, (int, float)) or not state.is_world_process_zero:
+            return
+        self.trial.report(float(value), state.global_step)
+        if self.trial.should_prune():
+            log.warning("trial %d pruned at step %d (%s=%.4g)", self.trial.number, state.global_step, self.metric, value)
+            raise Pruned(state.global_step, self.metric, float(value))
+

@@ -15,8 +15,6 @@ error, so the block ends normally after recording it). No torch import at module
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import time
@@ -42,12 +40,18 @@ from ablate.errors import (
     user_error,
 )
 from ablate.process import interrupts
-from ablate.record import rundir, secrets
+from ablate.record import checkpoints, rundir, secrets
+from ablate.record.identity import (
+    NEW_DATA_ENV,
+    check_same_config,
+    claim,
+    data_fingerprint,
+    identity,
+    same_run,
+)
 
 log = logging.getLogger("ablate")
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
-NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
-NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
 
 
 @dataclass
@@ -115,7 +119,7 @@ class Run:
         Refused in one line (DataError); `ablate resume RUN_DIR --force` accepts the new data."""
         now = data_fingerprint(data)
         before = self.info.get("data")
-        if before and before != now and rundir.checkpoints(self.dir):
+        if before and before != now and checkpoints.checkpoints(self.dir):
             split = next(k for k in now if now[k] != before.get(k))
             rows = [(fp or {}).get("rows", 0) for fp in (before.get(split), now[split])]
             change = f"{rows[0]} rows then, {rows[1]} now" if rows[0] != rows[1] else f"{rows[1]} rows, other content"
@@ -138,7 +142,7 @@ class Run:
 
     def study_callbacks(self) -> list[Any]:
         """When this run is a study's trial (hydra/sweeper=optuna): the callback reporting its metric to
-        the study, which may prune it (ablate.record.trial); else none."""
+        the study, which may prune it (ablate.record.callbacks.ReportToStudy); else none."""
         from ablate.record.callbacks import trial_callbacks
 
         return trial_callbacks()
@@ -147,9 +151,9 @@ class Run:
         """The newest complete checkpoint (newer incomplete or corrupt ones named in one line each);
         metrics.jsonl loses the events past it, since those steps run and log again."""
         skipped: list[str] = []
-        ckpt = rundir.latest_checkpoint(self.dir, skipped)
+        ckpt = checkpoints.latest_checkpoint(self.dir, skipped)
         for why in skipped:  # each moved aside: a new save of its step must not mix with its files
-            aside = rundir.set_aside(self.dir / rundir.CHECKPOINTS / why.split(":")[0])
+            aside = checkpoints.set_aside(self.dir / rundir.CHECKPOINTS / why.split(":")[0])
             log.warning("skipping %s; resuming from %s (it is kept in %s/)", why, ckpt.name if ckpt else "the start",
                         aside.parent.relative_to(self.dir))
         self.resumed_from = checkpoint_step(ckpt)
@@ -197,7 +201,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     multirun = hc.mode == RunMode.MULTIRUN
     with _refusal_recorded(run_dir, hc):  # a dir that is not this run's: nothing written into it
         rundir.is_usable(run_dir)
-        _same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
+        same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
         rundir.lock(run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir")
         info = claim(run_dir, overrides)
         now = identity(cfg)
@@ -237,7 +241,7 @@ def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     nothing written). A dir holding another run is refused (ConfigError), as `claim` does."""
     previous = rundir.completed_summary(run_dir)
     if previous is not None:
-        _same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
+        same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
         if rundir.is_main_process() and not os.environ.get(RESUME_ENV):
             print(f"{run_dir} already completed at step {previous.get('global_step')}: nothing to do")
     return previous
@@ -332,7 +336,7 @@ def _peer_lost(run: Run, e: BaseException) -> PeerLostError | None:
     if cause is None:
         return None
     what = next(m for m in PEER_LOST if m in str(cause))
-    sealed = [p for _, p in rundir.checkpoints(run.dir) if (p / rundir.MANIFEST).exists()]  # newest first
+    sealed = [p for _, p in checkpoints.checkpoints(run.dir) if (p / checkpoints.MANIFEST).exists()]  # newest first
     where = f"from {sealed[0].name}" if sealed else "from the start (no checkpoint yet)"
     return PeerLostError(f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
                          f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
@@ -355,8 +359,8 @@ def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
     if not full:
         return None
     logging.raiseExceptions = False  # a log line finding no room is dropped, not a traceback on stderr
-    partial = [p for step, p in rundir.checkpoints(run.dir)
-               if step > run.resumed_from and not (p / rundir.MANIFEST).exists()]
+    partial = [p for step, p in checkpoints.checkpoints(run.dir)
+               if step > run.resumed_from and not (p / checkpoints.MANIFEST).exists()]
     for p in partial if rundir.is_main_process() else []:
         shutil.rmtree(p, ignore_errors=True)
     writing = f"{partial[0]} (removed: incomplete)" if partial else str(run.dir)
@@ -403,90 +407,6 @@ def _log_to_file(message: str) -> None:
             handler.handle(entry)
 
 
-# ---- the run's identity (run.json) ----
-
-def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """Record (or check) the run's identity: a dir is resumed only by the same command; a dir that
-    is neither empty nor an ablate run, or whose run.json is corrupt, is refused (RunDirError)."""
-    rundir.is_usable(run_dir)
-    info = rundir.read_json_checked(run_dir / rundir.RUN)
-    if info is not None:
-        _same_run(run_dir, info, overrides)
-        return info
-    info = {"overrides": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "versions": rundir.versions(), "git_sha": rundir.git_sha(), **_launch_context()}
-    rundir.write_json(run_dir / rundir.RUN, info)
-    return info
-
-
-def _same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
-    if info is not None and sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):  # recorded masked
-        raise ConfigError(
-            f"{run_dir} holds another run (overrides {info.get('overrides')}); "
-            "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"
-        )
-
-
-def _launch_context() -> dict[str, Any]:
-    """What `ablate resume` needs beyond the overrides to compose the same config: the --config-dir
-    given at launch (method/my_hinge.yaml lives there) and the PYTHONPATH its _target_s import from."""
-    out: dict[str, Any] = {}
-    dirs = [s.path for s in HydraConfig.get().runtime.config_sources if s.provider == "command-line"]
-    if dirs:
-        out["config_dir"] = str(Path(dirs[0].split("://", 1)[-1]).resolve())
-    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if paths:
-        out["pythonpath"] = paths
-    return out
-
-
-def identity(cfg: DictConfig) -> dict[str, Any]:
-    """What a job's run.json records of its config: the resolved config, secrets masked as every
-    record is (ablate.record.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
-    masked config: a rotated token does not change the job; a resumed sweep compares it)."""
-    resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
-    return {"config_hash": config_hash(resolved), "config": resolved}
-
-
-def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str, Any], warn: bool = True) -> None:
-    """A resume (a checkpoint to continue) whose composed config differs from the one the run started
-    with (a config file edited since, a changed default) would train its remaining steps on another
-    config and rewrite `.hydra/config.yaml` to it: refused naming the keys (ConfigError), unless
-    `ablate resume RUN_DIR --force` accepts the new config. No checkpoint: the run starts over on it."""
-    before = (info or {}).get("config_hash")
-    if not before or before == now["config_hash"] or not rundir.checkpoints(run_dir):
-        return
-    changed = config_changes((info or {}).get("config") or {}, now["config"])
-    shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
-    if os.environ.get(NEW_CONFIG_ENV):
-        if warn:  # said once, by the run (the launching process checks it first, silently)
-            log.warning("the composed config changed since this run started (%s): resuming with it (--force)",
-                        shown)
-        return
-    raise ConfigError(f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
-                      f"config files, or resume with the new config: ablate resume {run_dir} --force")
-
-
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`key (was X, now Y)` for every key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
-    return [f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
-            for k in [*b, *(k for k in a if k not in b)] if a.get(k, "<absent>") != b.get(k, "<absent>")]
-
-
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: node}
-
-
-def config_hash(resolved: Any) -> str:
-    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def skip_completed(run_dir: Path) -> dict[str, Any] | None:
     """In a job of a resumed sweep: the summary of an already completed run dir (skip it), else None."""
     if not os.environ.get(RESUME_ENV):
@@ -494,24 +414,7 @@ def skip_completed(run_dir: Path) -> dict[str, Any] | None:
     return rundir.completed_summary(run_dir)
 
 
-# ---- checkpoints and the summary's numbers ----
-
-def data_fingerprint(data: Any) -> dict[str, Any]:
-    """Rows and sha256 of the train and eval splits as loaded (after `max_*_samples` and `columns`):
-    of the rows themselves, so it is the same wherever the data comes from (a file, the hub, a loader
-    of the user's) and changes with any edit that reaches training."""
-    out: dict[str, Any] = {}
-    for split in ("train", "eval"):
-        ds = getattr(data, split, None)
-        if ds is None:
-            out[split] = None
-            continue
-        h = hashlib.sha256()
-        for batch in ds.iter(batch_size=1024):
-            h.update(json.dumps(batch, sort_keys=True, default=str).encode())
-        out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
-    return out
-
+# ---- the summary's numbers ----
 
 def checkpoint_step(ckpt: Path | None) -> int:
     return int(ckpt.name.split("-")[-1]) if ckpt is not None else 0

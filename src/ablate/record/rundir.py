@@ -7,7 +7,7 @@
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
       eval.json          `ablate eval`'s metrics (its latest eval)
       eval_examples.jsonl  `ablate eval`'s per-example scores: {"id", <metric>: score...} per example
-      checkpoints/       Trainer checkpoints (checkpoint-<step>/, each sealed by manifest.json), for resume;
+      checkpoints/       Trainer checkpoints (checkpoint-<step>/, each sealed by manifest.json: ablate.record.checkpoints), for resume;
                          skipped/: the ones a resume passed over (incomplete or damaged)
       model/             final model + tokenizer (safetensors), loadable with from_pretrained
       wandb/             offline W&B files when logger=wandb
@@ -25,9 +25,7 @@ import fcntl
 import json
 import os
 import platform
-import re
 import socket
-import struct
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -361,119 +359,6 @@ def git_sha() -> str | None:
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
-
-
-MANIFEST = "manifest.json"  # in each checkpoint, written last: every file with its size and sha256
-
-
-def write_manifest(ckpt: Path) -> None:
-    """Seal `ckpt`: `manifest.json` lists every file in it (Trainer's, the method's own, such as GRPO's
-    generation buffer, whatever a trainer adds) with its size and sha256. Written last and atomically,
-    once every file is in: a checkpoint is complete exactly when its manifest is there and matches."""
-    files = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(ckpt.rglob("*")) if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
-    write_text(ckpt / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """Why `ckpt` cannot be resumed from, or None when it is complete: with a manifest (see
-    `write_manifest`), every file it lists must be there with its size and sha256 (a file cut short,
-    emptied, deleted or damaged is named); a checkpoint without one (saved by an older ablate, or cut
-    short before its manifest) must at least have a readable trainer_state.json, which Trainer writes
-    after its other files, and complete safetensors files."""
-    manifest = ckpt / MANIFEST
-    if manifest.exists():
-        listed = (read_json(manifest) or {}).get("files")
-        if not isinstance(listed, dict) or not listed:
-            return f"{MANIFEST} is unreadable"
-        for name, want in listed.items():
-            path = ckpt / name
-            if not path.is_file():
-                return f"{name} is missing"
-            size = path.stat().st_size
-            if size != want.get("size"):
-                return f"{name} is {'truncated' if size < want.get('size', 0) else 'changed'} ({size} of {want.get('size')} bytes)"
-            if _sha256(path) != want.get("sha256"):
-                return f"{name} is damaged (its sha256 differs from {MANIFEST}'s)"
-        return None
-    state = ckpt / "trainer_state.json"
-    if not state.is_file():
-        return "no trainer_state.json (save interrupted)"
-    if read_json(state) is None:
-        return "trainer_state.json is unreadable"
-    for weights in ckpt.glob("*.safetensors"):
-        if not _safetensors_complete(weights):
-            return f"{weights.name} is truncated"
-    return None
-
-
-def _safetensors_complete(path: Path) -> bool:
-    """A safetensors file is an 8-byte header length, a JSON header, then the tensors' bytes; it is
-    complete when it is as long as its header says."""
-    try:
-        with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        return path.stat().st_size == 8 + n + end
-    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError):
-        return False
-
-
-def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """`(step, path)` of every checkpoint dir, newest first."""
-    out = []
-    for p in (run_dir / CHECKPOINTS).glob("checkpoint-*"):
-        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
-        if m and p.is_dir():
-            out.append((int(m.group(1)), p))
-    return sorted(out, reverse=True)
-
-
-def latest_checkpoint(run_dir: Path, skipped: list[str] | None = None) -> Path | None:
-    """The newest *complete* checkpoint (see `checkpoint_problem`); each newer one passed over is
-    described in `skipped`. One sealed by a manifest wins over newer unsealed ones (a save cut short
-    after Trainer's files, before the manifest); an unsealed one is used only when no sealed one is
-    left (Trainer may have rotated the older ones away already), or from an older ablate."""
-    seen: list[tuple[Path, str | None]] = []  # newest first, up to the first sealed complete one
-    for _, p in checkpoints(run_dir):
-        problem = checkpoint_problem(p)
-        sealed = (p / MANIFEST).is_file()
-        seen.append((p, problem if problem or sealed else f"no {MANIFEST} (save interrupted)"))
-        if problem is None and sealed:
-            break
-    usable = [p for p, problem in seen if problem is None]
-    usable += [p for p, problem in seen if problem == f"no {MANIFEST} (save interrupted)"]
-    chosen = usable[0] if usable else None
-    if skipped is not None:
-        skipped += [f"{p.name}: {problem}" for p, problem in seen if p != chosen
-                    and (chosen is None or checkpoint_step(p) > checkpoint_step(chosen))]
-    return chosen
-
-
-def set_aside(ckpt: Path) -> Path:
-    """Move a checkpoint a resume passed over into `checkpoints/skipped/` (nothing is deleted): left in
-    place, the save of the same step would mix its new files with the old ones. Returns where it is."""
-    aside = ckpt.parent / "skipped" / ckpt.name
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = ckpt.parent / "skipped" / f"{ckpt.name}.{n}"
-    if is_main_process() and ckpt.is_dir():
-        aside.parent.mkdir(exist_ok=True)
-        os.replace(ckpt, aside)
-    return aside
-
-
-def checkpoint_step(ckpt: Path) -> int:
-    return int(ckpt.name.split("-")[-1])
 
 
 def fix_permissions(path: Path) -> None:

@@ -12,7 +12,7 @@ Optuna's public ask-and-tell API (`study.ask(distributions)`, `study.tell(trial,
 - each batch of `n_jobs` trials goes to the configured launcher (basic, local_parallel, slurm, ray) as
   one ordinary ablate job each; job number = trial number (the job dir `<number>_<overrides>`);
 - a trial's environment (hydra.job.env_set, ablate.record.studies) names the study and the trial, so
-  the run reports its metric as it trains (ablate.record.trial) and the pruner can stop it (`pruned`);
+  the run reports its metric as it trains (ablate.record.callbacks.ReportToStudy) and the pruner can stop it (`pruned`);
 - its objective is read from its run dir when the job returns (summary.json, or metrics.jsonl at
   `step`), whichever launcher ran it.
 

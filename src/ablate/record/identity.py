@@ -1,0 +1,123 @@
+"""A run's identity, recorded in run.json and checked whenever the dir is used again: the command
+that made it (its overrides, launch context, versions), the config it composed (resolved, masked,
+hashed) and the data it read (rows and sha256 per split). A resume on another command, config or data
+is refused in one line, unless `ablate resume RUN_DIR --force` accepts the new config or data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ablate.errors import ConfigError
+from ablate.record import checkpoints, rundir, secrets
+
+log = logging.getLogger("ablate")
+NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
+NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
+
+
+def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    """Record (or check) the run's identity: a dir is resumed only by the same command; a dir that
+    is neither empty nor an ablate run, or whose run.json is corrupt, is refused (RunDirError)."""
+    rundir.is_usable(run_dir)
+    info = rundir.read_json_checked(run_dir / rundir.RUN)
+    if info is not None:
+        same_run(run_dir, info, overrides)
+        return info
+    info = {"overrides": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "versions": rundir.versions(), "git_sha": rundir.git_sha(), **_launch_context()}
+    rundir.write_json(run_dir / rundir.RUN, info)
+    return info
+
+
+def same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
+    if info is not None and sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):  # recorded masked
+        raise ConfigError(
+            f"{run_dir} holds another run (overrides {info.get('overrides')}); "
+            "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"
+        )
+
+
+def _launch_context() -> dict[str, Any]:
+    """What `ablate resume` needs beyond the overrides to compose the same config: the --config-dir
+    given at launch (method/my_hinge.yaml lives there) and the PYTHONPATH its _target_s import from."""
+    out: dict[str, Any] = {}
+    dirs = [s.path for s in HydraConfig.get().runtime.config_sources if s.provider == "command-line"]
+    if dirs:
+        out["config_dir"] = str(Path(dirs[0].split("://", 1)[-1]).resolve())
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if paths:
+        out["pythonpath"] = paths
+    return out
+
+
+def identity(cfg: DictConfig) -> dict[str, Any]:
+    """What a job's run.json records of its config: the resolved config, secrets masked as every
+    record is (ablate.record.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
+    masked config: a rotated token does not change the job; a resumed sweep compares it)."""
+    resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
+    return {"config_hash": config_hash(resolved), "config": resolved}
+
+
+def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str, Any], warn: bool = True) -> None:
+    """A resume (a checkpoint to continue) whose composed config differs from the one the run started
+    with (a config file edited since, a changed default) would train its remaining steps on another
+    config and rewrite `.hydra/config.yaml` to it: refused naming the keys (ConfigError), unless
+    `ablate resume RUN_DIR --force` accepts the new config. No checkpoint: the run starts over on it."""
+    before = (info or {}).get("config_hash")
+    if not before or before == now["config_hash"] or not checkpoints.checkpoints(run_dir):
+        return
+    changed = config_changes((info or {}).get("config") or {}, now["config"])
+    shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+    if os.environ.get(NEW_CONFIG_ENV):
+        if warn:  # said once, by the run (the launching process checks it first, silently)
+            log.warning("the composed config changed since this run started (%s): resuming with it (--force)",
+                        shown)
+        return
+    raise ConfigError(f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
+                      f"config files, or resume with the new config: ablate resume {run_dir} --force")
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key (was X, now Y)` for every key, in config order, whose value differs."""
+    a, b = _flat(old), _flat(new)
+    return [f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
+            for k in [*b, *(k for k in a if k not in b)] if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def config_hash(resolved: Any) -> str:
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def data_fingerprint(data: Any) -> dict[str, Any]:
+    """Rows and sha256 of the train and eval splits as loaded (after `max_*_samples` and `columns`):
+    of the rows themselves, so it is the same wherever the data comes from (a file, the hub, a loader
+    of the user's) and changes with any edit that reaches training."""
+    out: dict[str, Any] = {}
+    for split in ("train", "eval"):
+        ds = getattr(data, split, None)
+        if ds is None:
+            out[split] = None
+            continue
+        h = hashlib.sha256()
+        for batch in ds.iter(batch_size=1024):
+            h.update(json.dumps(batch, sort_keys=True, default=str).encode())
+        out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
+    return out
