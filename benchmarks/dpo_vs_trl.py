@@ -41,7 +41,7 @@ PRESETS = {
     # the real 135M model (49152-token BPE vocabulary), fp32: peak memory at equal batch
     "smollm2": dict(hidden=0, layers=0, steps=2, bf16=False, data="long_sort", model="smollm2"),
 }
-# the speed switches per side (ablate.speed.plan.Perf; default: conf/perf/on.yaml's)
+# the speed switches per side (ablate.speed.plan.Perf; default: conf/speed/on.yaml's)
 SPEED = {"ablate": {}, "ablate_plain": dict(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),
          "ablate_shared": dict(completion_only_logits=False, padding_free=False),
          "ablate_logits": dict(dpo_pair_rows=False, padding_free=False), "ablate_padded": dict(padding_free=False),

@@ -34,7 +34,7 @@ reward, old-policy log-probs when needed) and training (forward + backward + opt
 each trainer's methods from outside, with "vs trl" ratios (trl CPU s / impl CPU s; wall s likewise).
 Then the mean reward per step of every run (reward curves over seeds with `--vary-seed`).
 `--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
-`perf.grpo_group_rows` off, `ablate:asyncN` asynchronous GRPO with `max_staleness=N` (a forked generation
+`speed.grpo_group_rows` off, `ablate:asyncN` asynchronous GRPO with `max_staleness=N` (a forked generation
 worker samples round k+N while round k trains: torch's threads split between the two, so run it with
 OMP_NUM_THREADS=2 on 2 cores, where the synchronous sides use both threads for each phase);
 `ablate:asyncN:bf16` the same with the worker in bf16 (`generation_dtype=bfloat16`), and a `:balanced` suffix

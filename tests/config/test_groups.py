@@ -20,7 +20,7 @@ from ablate.config.compose import register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
-GROUPS = ["model", "method", "optimizer", "precision", "distributed", "perf", "cache", "data", "callbacks", "logger"]
+GROUPS = ["model", "method", "optimizer", "precision", "distributed", "speed", "cache", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
                      if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment", "debug"})
 HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}
@@ -97,13 +97,15 @@ def test_option_composes_and_documents_fields(group, option):
 
 
 # nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
-NESTED = [(sub, o) for sub in ("loss", "aggregation", "scale_rewards", "objective", "reward_aggregation")
-          for o in options(f"method/{sub}")]
+# each subgroup's node -> the trainer argument it reaches (`method.trainer.loss: ${..dpo_loss}`)
+SUBGROUPS = {"dpo_loss": "loss", "grpo_aggregation": "aggregation", "grpo_scale_rewards": "scale_rewards",
+             "grpo_objective": "objective", "grpo_reward_aggregation": "reward_aggregation"}
+NESTED = [(sub, o) for sub in SUBGROUPS for o in options(f"method/{sub}")]
 
 
 @pytest.mark.parametrize("sub,option", NESTED)
 def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
-    """`method/loss=NAME` and `method/scale_rewards=NAME`: every option composes under its method,
+    """`method/dpo_loss=NAME` and `method/grpo_scale_rewards=NAME`: every option composes under its method,
     documents its fields, and is handed to the trainer as a function (`_partial_`)."""
     import functools
 
@@ -111,7 +113,7 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
     method = "grpo" if "losses.grpo." in text else "dpo"
     cfg = make_cfg(f"method={method}", f"method/{sub}={option}")
     assert cfg.method[sub]._target_ in text and cfg.method[sub]._partial_ is True
-    fn = instantiate(cfg.method.trainer).keywords[sub]  # the trainer partial's own argument
+    fn = instantiate(cfg.method.trainer).keywords[SUBGROUPS[sub]]  # the trainer partial's own argument
     assert isinstance(fn, functools.partial)
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -121,21 +123,21 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
         assert "#" in line or lines[i - 1].strip().startswith("#"), f"method/{sub}/{option}.yaml: no comment on '{s}'"
 
 
-@pytest.mark.parametrize("option", [None, *options("method/generator")])
+@pytest.mark.parametrize("option", [None, *options("method/rollouts")])
 def test_generator_default_is_the_speed_plans_and_an_option_reaches_the_trainer(option):
-    """No `method/generator` (the default) leaves `method.trainer.generator` null, so the speed plan picks
-    the generator (perf.shared_prefill); `method/generator=NAME` hands the trainer that engine's class as
+    """No `method/rollouts` (the default) leaves `method.trainer.generator` null, so the speed plan picks
+    the generator (speed.shared_prefill); `method/rollouts=NAME` hands the trainer that engine's class as
     a partial, built with (args, tokenizer)."""
     import functools
 
-    cfg = make_cfg("method=grpo", *([f"method/generator={option}"] if option else []))
+    cfg = make_cfg("method=grpo", *([f"method/rollouts={option}"] if option else []))
     given = instantiate(cfg.method.trainer).keywords["generator"]
     if option is None:
-        assert given is None and "generator" not in cfg.method
+        assert given is None and "rollouts" not in cfg.method
         return
-    text = (CONF / "method" / "generator" / f"{option}.yaml").read_text()
-    assert isinstance(given, functools.partial) and cfg.method.generator._target_ in text
-    assert f"{given.func.__module__}.{given.func.__name__}" == cfg.method.generator._target_
+    text = (CONF / "method" / "rollouts" / f"{option}.yaml").read_text()
+    assert isinstance(given, functools.partial) and cfg.method.rollouts._target_ in text
+    assert f"{given.func.__module__}.{given.func.__name__}" == cfg.method.rollouts._target_
 
 
 def _targets(node, path=""):
@@ -257,14 +259,15 @@ def test_experiment_files_compose(name):
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
 CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts"),
-        "method/loss": ("losses",), "method/aggregation": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
-        "method/reward_aggregation": ("losses",), "method/generator": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
+        "method/dpo_loss": ("losses",), "method/grpo_aggregation": ("losses",), "method/grpo_scale_rewards": ("losses",), "method/grpo_objective": ("losses",),
+        "method/grpo_reward_aggregation": ("losses",), "method/rollouts": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
         # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
         "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (), "hydra/job_logging": (),
-        "debug": ("callbacks",), "distributed": (), "perf": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
-        "model/lr": ()}  # model/lr: an optimizer value a model option sets (no code)
+        "debug": ("callbacks",), "distributed": (), "speed": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
+        "optimizer/lr": (),  # the optimizer's lr a model is fine-tuned at (no code)
+        "model/lr": ()}  # trainers/, model/lr/: the old files, kept for one release (ablate.schema.renamed)
 
 
 def test_every_group_maps_onto_its_code():

@@ -139,19 +139,19 @@ CASES: list[Case] = [
     C("scheduler-option-typo", "train optimizer/scheduler=cosin", "optimizer/scheduler=cosine"),
     C("experiment-typo", "train +experiment=hinge_stron", "experiment=hinge_strong"),
     C("launcher-typo", "train hydra/launcher=slurmm", "hydra/launcher=slurm"),
-    C("perf-typo", "train perf.padding_fre=false", "did you mean 'perf.padding_free'"),
-    C("perf-option-typo", "train perf=of", "did you mean perf=off"),
-    # --- speed switches that moved to the perf group: the old spelling names the new one ---
+    C("perf-typo", "train speed.padding_fre=false", "did you mean 'speed.padding_free'"),
+    C("perf-option-typo", "train speed=of", "did you mean speed=off"),
+    # --- speed switches that moved to the speed group: the old spelling names the new one ---
     C("moved-share-prompt", "train method.args.share_prompt=false",
-      "method.args.share_prompt is now perf.dpo_pair_rows (DPO) or perf.grpo_group_rows (GRPO)"),
-    C("moved-padding-free", "train method.args.padding_free=false", "method.args.padding_free is now perf.padding_free"),
+      "method.args.share_prompt is now speed.dpo_pair_rows (DPO) or speed.grpo_group_rows (GRPO)"),
+    C("moved-padding-free", "train method.args.padding_free=false", "method.args.padding_free is now speed.padding_free"),
     C("moved-logits", "train method.args.completion_only_logits=false",
-      "method.args.completion_only_logits is now perf.completion_only_logits"),
+      "method.args.completion_only_logits is now speed.completion_only_logits"),
     C("moved-length-groups", "train method=grpo method.args.score_in_length_groups=false",
-      "method.args.score_in_length_groups is now perf.length_groups"),
-    C("moved-lean-layers", "train model.lean_layers=false", "model.lean_layers is now perf.lean_layers"),
+      "method.args.score_in_length_groups is now speed.length_groups"),
+    C("moved-lean-layers", "train model.lean_layers=false", "model.lean_layers is now speed.lean_layers"),
     C("moved-generator", "train method=grpo method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator",
-      "method.trainer.generator._target_ is now the config group method/generator: use method/generator=NAME"),
+      "method.trainer.generator._target_ is now the config group method/rollouts: use method/rollouts=NAME"),
     C("append-existing", "train +seed=1", "already at 'seed'"),
     C("override-unparsable", "train method.args.beta=[1", "method.args.beta=[1"),
     # --- paths: run dirs that cannot be used ---
@@ -192,8 +192,8 @@ CASES: list[Case] = [
     C("early-stop-patience", "train callbacks=[default,early_stop] callbacks.early_stop.patience=0", "callbacks.early_stop.patience=0"),
     C("target-typo", "train method.trainer._target_=ablate.methods.dpo.DPOTrainr",
       "no 'DPOTrainr' in module ablate.methods.dpo (did you mean ablate.methods.dpo.DPOTrainer?)"),
-    C("target-typo-loss", "train method.loss._target_=ablate.losses.dpo.sigmod", "did you mean ablate.losses.dpo.sigmoid?"),
-    C("target-no-module", "train method.loss._target_=ablate.lossez.dpo.sigmoid", "no 'lossez' in module ablate"),
+    C("target-typo-loss", "train method.dpo_loss._target_=ablate.losses.dpo.sigmod", "did you mean ablate.losses.dpo.sigmoid?"),
+    C("target-no-module", "train method.dpo_loss._target_=ablate.lossez.dpo.sigmoid", "no 'lossez' in module ablate"),
     C("resume-empty-run-json", "resume {F}/empty_run_json", "run.json records no overrides"),
     C("resume-run-json-list", "resume {F}/list_run_json", "is corrupt (not a JSON object)"),
     U("resume-unreadable", "resume {F}/unreadable_run", "unreadable_run: permission denied"),
@@ -212,8 +212,8 @@ CASES: list[Case] = [
     C("run-dir-empty", "train hydra.run.dir=", "hydra.run.dir is empty (it would write into the current directory)"),
     C("sweep-dir-empty", "train -m seed=1,2 hydra.sweep.dir=", "hydra.sweep.dir is empty"),
     C("num-layers-zero", "train model.num_layers=0", "model.num_layers=0: must be an integer >= 1"),
-    C("label-smoothing-two", "train method/loss=robust method.loss.label_smoothing=2",
-      "method.loss.label_smoothing=2: must be a number in [0, 0.5)"),
+    C("label-smoothing-two", "train method/dpo_loss=robust method.dpo_loss.label_smoothing=2",
+      "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5)"),
     C("use-cpu-maybe", "train method.args.use_cpu=maybe", "method.args.use_cpu=maybe: must be true or false"),
     T("bool-field-text", "train +method.args.gradient_checkpointing=sometimes",
       "method.args.gradient_checkpointing=sometimes: must be true or false or null"),
@@ -240,16 +240,16 @@ CASES: list[Case] = [
       "must be null or a list of 1 numbers, one per data.reward_funcs entry (repeat_fraction)"),
     C("grpo-sampling-level", "train method=grpo method.args.importance_sampling_level=sentence",
       "method.args.importance_sampling_level=sentence: must be token (GRPO) or sequence (GSPO)"),
-    T("dpo-loss-under-grpo", "train method=grpo method.aggregation._target_=ablate.losses.dpo.hinge",
-      "method.aggregation._target_=ablate.losses.dpo.hinge does not fit method=grpo: GRPOTrainer calls its aggregation like "
+    T("dpo-loss-under-grpo", "train method=grpo method.grpo_aggregation._target_=ablate.losses.dpo.hinge",
+      "method.grpo_aggregation._target_=ablate.losses.dpo.hinge does not fit method=grpo: GRPOTrainer calls its aggregation like "
       "ablate.losses.grpo.dapo("),
-    C("dpo-loss-group-under-grpo", "train method=grpo method/loss=hinge", "method/loss=hinge is a DPO loss; GRPO's "
-      "token aggregation is the group method/aggregation"),
-    T("grpo-loss-target-under-dpo", "train method.loss._target_=ablate.losses.grpo.dapo",
-      "method.loss._target_=ablate.losses.grpo.dapo does not fit method=dpo: DPOTrainer calls its loss like "
+    C("dpo-loss-group-under-grpo", "train method=grpo method/dpo_loss=hinge", "method/dpo_loss=hinge is a DPO loss; GRPO's "
+      "token aggregation is the group method/grpo_aggregation"),
+    T("grpo-loss-target-under-dpo", "train method.dpo_loss._target_=ablate.losses.grpo.dapo",
+      "method.dpo_loss._target_=ablate.losses.grpo.dapo does not fit method=dpo: DPOTrainer calls its loss like "
       "ablate.losses.dpo.sigmoid(logp_c"),
-    C("grpo-loss-under-dpo", "train method/loss=dapo", "method/loss=dapo: GRPO's aggregations are now the group "
-      "method/aggregation: use method/aggregation=dapo"),
+    C("grpo-loss-under-dpo", "train method/dpo_loss=dapo", "method/dpo_loss=dapo: GRPO's aggregations are now the group "
+      "method/grpo_aggregation: use method/grpo_aggregation=dapo"),
     C("threads-zero", "train threads=0", "threads=0: must be null"),
     C("threads-negative", "train threads=-2", "threads=-2: must be null"),
     C("malloc-negative", "train malloc_mmap_threshold=-1", "malloc_mmap_threshold=-1: must be null (malloc's default) or bytes in 0..33554432"),
@@ -286,14 +286,14 @@ CASES: list[Case] = [
       "number: write it unquoted, optimizer.optimizer.lr=1e-3"),
     C("lr-quoted-in-yaml", "train --config-dir {F}/conf +experiment=quoted_lr",
       "optimizer.optimizer.lr='1e-3' is a string (quoted), not a number"),
-    C("user-module-not-importable", "train method.loss._target_=my_losses.squared",
-      "method.loss._target_=my_losses.squared: module 'my_losses' is not importable"),
-    C("user-module-in-cwd", "train method.loss._target_=cwd_losses.squared", files=(("cwd_losses.py", SQUARED),),
+    C("user-module-not-importable", "train method.dpo_loss._target_=my_losses.squared",
+      "method.dpo_loss._target_=my_losses.squared: module 'my_losses' is not importable"),
+    C("user-module-in-cwd", "train method.dpo_loss._target_=cwd_losses.squared", files=(("cwd_losses.py", SQUARED),),
       says="module 'cwd_losses' is in the current directory (cwd_losses.py), which the `ablate` command does not import from; "
       "run it as PYTHONPATH=. ablate"),
     C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
-    C("moved-generator-module", "train method=grpo method/generator=hf method.generator._target_=ablate.trainers.generation.SharedPromptGenerator",
+    C("moved-generator-module", "train method=grpo method/rollouts=hf method.rollouts._target_=ablate.trainers.generation.SharedPromptGenerator",
       "ablate.trainers.generation.SharedPromptGenerator is now ablate.rollouts.generation.SharedPromptGenerator"),
     C("moved-schedule", "train optimizer.scheduler._target_=ablate.optimizer.cosine", "is now ablate.methods.schedules.cosine"),
     C("moved-callback", "train +callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL",
@@ -555,7 +555,7 @@ sys.meta_path.insert(0, _Hide())
     (["train", "optimizer=adamw_8bit"], "bitsandbytes", "quant"),
     (["train", "+ref_model=live_4bit"], "bitsandbytes", "quant"),
     (["compare", ".", "--out", "report"], "matplotlib", "plot"),
-    (["train", "method=grpo", "method/generator=vllm"], "vllm", "vllm"),
+    (["train", "method=grpo", "method/rollouts=vllm"], "vllm", "vllm"),
 ], ids=["wandb", "adamw_8bit", "live_4bit", "plots", "vllm"])
 def test_missing_extra_is_one_line_naming_the_install(tmp_path, argv, hidden, extra):
     """An optional package that is not installed: one line with the pip command, nothing created."""

@@ -45,7 +45,7 @@ def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status:
 def sweep_dir(tmp_path: Path) -> Path:
     root = tmp_path / "dpo_loss" / "2026-01-01_00-00-00"
     for num, ((loss, seed), margin) in enumerate(MARGINS.items()):
-        write_run(root, num, ["sweep_name=dpo_loss", "method=dpo", f"method/loss={loss}", f"seed={seed}"],
+        write_run(root, num, ["sweep_name=dpo_loss", "method=dpo", f"method/dpo_loss={loss}", f"seed={seed}"],
                   {"rewards/margins": margin, "rewards/accuracies": 0.5 + margin / 2, "loss": 1.0 - margin},
                   runtime=1.0 + seed)
     (root / "multirun.yaml").write_text("{}\n")
@@ -54,19 +54,19 @@ def sweep_dir(tmp_path: Path) -> Path:
 
 def test_groups_by_the_overrides_that_differ_ignoring_seed(sweep_dir: Path) -> None:
     groups = compare.group_runs(compare.find_runs([sweep_dir]))
-    assert [g.label for g in groups] == ["loss=sigmoid", "loss=hinge"]
+    assert [g.label for g in groups] == ["dpo_loss=sigmoid", "dpo_loss=hinge"]
     assert [[r.overrides["seed"] for r in g.runs] for g in groups] == [["1", "2"], ["1", "2"]]
 
 
 def test_table_is_mean_and_std_of_the_summaries(sweep_dir: Path) -> None:
     rows = compare.compare([sweep_dir], metrics=["rewards/margins"])
     by_group = {r["group"]: r for r in rows}
-    assert by_group["loss=sigmoid"]["rewards/margins mean"] == pytest.approx(0.3)
-    assert by_group["loss=sigmoid"]["rewards/margins std"] == pytest.approx(0.141421, abs=1e-6)
-    assert by_group["loss=hinge"]["rewards/margins mean"] == pytest.approx(0.7)
-    assert by_group["loss=hinge"]["rewards/margins std"] == pytest.approx(0.282843, abs=1e-6)
-    assert by_group["loss=hinge"]["runtime_s mean"] == pytest.approx(2.5)  # runtimes 2.0 and 3.0
-    assert by_group["loss=hinge"]["status"] == "2 completed"
+    assert by_group["dpo_loss=sigmoid"]["rewards/margins mean"] == pytest.approx(0.3)
+    assert by_group["dpo_loss=sigmoid"]["rewards/margins std"] == pytest.approx(0.141421, abs=1e-6)
+    assert by_group["dpo_loss=hinge"]["rewards/margins mean"] == pytest.approx(0.7)
+    assert by_group["dpo_loss=hinge"]["rewards/margins std"] == pytest.approx(0.282843, abs=1e-6)
+    assert by_group["dpo_loss=hinge"]["runtime_s mean"] == pytest.approx(2.5)  # runtimes 2.0 and 3.0
+    assert by_group["dpo_loss=hinge"]["status"] == "2 completed"
 
 
 def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_path: Path) -> None:
@@ -77,15 +77,15 @@ def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_pa
     proc = subprocess.run([sys.executable, "-c", code, "compare", str(sweep_dir), "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert "loss=sigmoid" in proc.stdout and "loss=hinge" in proc.stdout
+    assert "dpo_loss=sigmoid" in proc.stdout and "dpo_loss=hinge" in proc.stdout
     assert "0.3 ± 0.14" in proc.stdout and "0.7 ± 0.28" in proc.stdout  # rewards/margins
     for name in ("rewards_margins_vs_step.png", "rewards_accuracies_vs_step.png", "loss_vs_step.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     rows = {r["group"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert float(rows["loss=hinge"]["loss mean"]) == pytest.approx(1.0 - 0.7)
+    assert float(rows["dpo_loss=hinge"]["loss mean"]) == pytest.approx(1.0 - 0.7)
     md = (out / "summary.md").read_text()
     assert md.startswith("| group | runs | status | rewards/accuracies | rewards/margins | loss |")
-    assert "| loss=hinge | 2 | 2 completed |" in md
+    assert "| dpo_loss=hinge | 2 | 2 completed |" in md
 
 
 def test_metric_flag_picks_the_columns(sweep_dir: Path, tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_sweep_names_become_multirun_argv() -> None:
     assert sweep.sweep_argv("dpo_loss", ["--cfg", "job"])[0] == "+sweep=dpo_loss"  # inspecting: no -m
     # job dirs are named by what varies only (NameJobsByWhatVaries, for every multirun): the fixed
     # command-line keys join the config's exclude_keys; swept ones and group choices stay in the name
-    exclude = sweep.exclude_keys_override(["+sweep=dpo_loss", "seed=0", "logger=wandb", "lr=1,2", "method/loss=hinge"],
+    exclude = sweep.exclude_keys_override(["+sweep=dpo_loss", "seed=0", "logger=wandb", "lr=1,2", "method/dpo_loss=hinge"],
                                           ["sweep_name", "tags", "notes"])
     assert exclude == "hydra.job.config.override_dirname.exclude_keys=[sweep_name,tags,notes,sweep,seed,logger]"
 

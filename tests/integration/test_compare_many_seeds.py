@@ -41,7 +41,7 @@ def write_sweep(root: Path, seeds: int = 6, examples: bool = True, stamp: str = 
     for loss, n in (("sigmoid", seeds), ("hinge", hinge_seeds or seeds)):
         for seed in range(1, n + 1):
             margin, accuracy = MARGINS[loss][seed - 1], ACCURACIES[loss][seed - 1]
-            run = write_run(sweep, num, ["sweep_name=dpo_loss", "method=dpo", f"method/loss={loss}", f"seed={seed}"],
+            run = write_run(sweep, num, ["sweep_name=dpo_loss", "method=dpo", f"method/dpo_loss={loss}", f"seed={seed}"],
                             {"rewards/margins": margin, "rewards/accuracies": accuracy, "loss": 1.0 - margin})
             if examples:
                 rows = [{"id": i, "index": n, "rewards/margins": v} for n, (i, v) in enumerate(EXAMPLES[loss](seed).items())]
@@ -54,24 +54,24 @@ def write_sweep(root: Path, seeds: int = 6, examples: bool = True, stamp: str = 
 def test_six_seeds_add_iqm_probability_of_improvement_and_words(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rows = {r["group"]: r for r in compare.compare([write_sweep(tmp_path, examples=False)])}
     out = capsys.readouterr().out
-    assert rows["loss=sigmoid"]["rewards/margins iqm"] == pytest.approx(0.35)
-    assert rows["loss=hinge"]["rewards/margins iqm"] == pytest.approx(0.75)
-    assert rows["loss=sigmoid"]["loss iqm"] == pytest.approx(0.65) and rows["loss=hinge"]["loss iqm"] == pytest.approx(0.25)
+    assert rows["dpo_loss=sigmoid"]["rewards/margins iqm"] == pytest.approx(0.35)
+    assert rows["dpo_loss=hinge"]["rewards/margins iqm"] == pytest.approx(0.75)
+    assert rows["dpo_loss=sigmoid"]["loss iqm"] == pytest.approx(0.65) and rows["dpo_loss=hinge"]["loss iqm"] == pytest.approx(0.25)
     lo, hi = stats.iqm_ci(MARGINS["sigmoid"])
     assert lo < 0.35 < hi and f"0.35 [{lo:.4g}, {hi:.4g}]" in out  # the IQM column
     assert "rewards/margins IQM" in out and "IQM: interquartile mean over seeds" in out
 
     lo, hi = stats.poi_ci(MARGINS["hinge"], MARGINS["sigmoid"])
     assert lo > 0.5  # every hand-made hinge seed but one beats most sigmoid seeds
-    assert (f"P(loss=hinge better than loss=sigmoid on rewards/margins) = 0.94 [{lo:.2f}, {hi:.2f}], 6 vs 6 seeds: "
-            "clear, loss=hinge better (95% interval above 0.5)") in out
-    assert "P(loss=hinge better than loss=sigmoid on loss) = 0.94 [" in out  # lower loss is better
+    assert (f"P(dpo_loss=hinge better than dpo_loss=sigmoid on rewards/margins) = 0.94 [{lo:.2f}, {hi:.2f}], 6 vs 6 seeds: "
+            "clear, dpo_loss=hinge better (95% interval above 0.5)") in out
+    assert "P(dpo_loss=hinge better than dpo_loss=sigmoid on loss) = 0.94 [" in out  # lower loss is better
     assert re.search(r"on rewards/accuracies\) = 0\.50 \[0\.\d\d, 0\.\d\d\], 6 vs 6 seeds: not clear", out), out
 
     words = out.split("in words")[1].splitlines()[1:]
-    assert "  clear: loss=hinge better than loss=sigmoid on rewards/margins (probability of improvement)" in words
-    assert "  clear: loss=hinge lower than loss=sigmoid on loss (seed-paired)" in words
-    assert "  not clear: loss=hinge vs loss=sigmoid on rewards/accuracies (probability of improvement)" in words
+    assert "  clear: dpo_loss=hinge better than dpo_loss=sigmoid on rewards/margins (probability of improvement)" in words
+    assert "  clear: dpo_loss=hinge lower than dpo_loss=sigmoid on loss (seed-paired)" in words
+    assert "  not clear: dpo_loss=hinge vs dpo_loss=sigmoid on rewards/accuracies (probability of improvement)" in words
     assert "per-example" not in out  # no eval_examples.jsonl
 
 
@@ -80,9 +80,9 @@ def test_per_example_differences_pair_the_shared_examples(tmp_path: Path, capsys
     are enough: the examples, not the seeds, are the sample."""
     compare.compare([write_sweep(tmp_path, seeds=4)], metrics=["rewards/margins"])
     out = capsys.readouterr().out
-    assert ("loss=hinge − loss=sigmoid eval rewards/margins = +0.125 [+0.03117, +0.2188] (SE 0.048 paired, "
-            "0.19 unpaired), n=4 examples: clear, loss=hinge higher (95% interval excludes 0)") in out
-    assert "  clear: loss=hinge higher than loss=sigmoid on eval rewards/margins (per example)" in out
+    assert ("dpo_loss=hinge − dpo_loss=sigmoid eval rewards/margins = +0.125 [+0.03117, +0.2188] (SE 0.048 paired, "
+            "0.19 unpaired), n=4 examples: clear, dpo_loss=hinge higher (95% interval excludes 0)") in out
+    assert "  clear: dpo_loss=hinge higher than dpo_loss=sigmoid on eval rewards/margins (per example)" in out
     assert "IQM" not in out and "probability of improvement (" not in out  # 4 seeds: no many-seed statistics
 
 
@@ -95,7 +95,7 @@ def test_report_shows_the_many_seed_sections_and_profiles(tmp_path: Path) -> Non
     proc = subprocess.run([sys.executable, "-c", code, "compare", str(write_sweep(tmp_path)), "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
-    assert "clear, loss=hinge better" in proc.stdout and "n=4 examples: clear" in proc.stdout
+    assert "clear, dpo_loss=hinge better" in proc.stdout and "n=4 examples: clear" in proc.stdout
     for metric in ("rewards_margins", "rewards_accuracies", "loss"):
         assert (out / f"{metric}_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
@@ -103,13 +103,13 @@ def test_report_shows_the_many_seed_sections_and_profiles(tmp_path: Path) -> Non
                     "<h2>Per-example paired differences (eval)</h2>", "<h2>In words</h2>"):
         assert section in page
     assert "alt='loss_profile'" in page and len(re.findall(r"src='data:image/png", page)) == len(list(out.glob("*.png")))
-    assert "clear: loss=hinge better than loss=sigmoid on loss (probability of improvement)" in page
-    assert "not clear: loss=hinge vs loss=sigmoid on rewards/accuracies (seed-paired)" in page
+    assert "clear: dpo_loss=hinge better than dpo_loss=sigmoid on loss (probability of improvement)" in page
+    assert "not clear: dpo_loss=hinge vs dpo_loss=sigmoid on rewards/accuracies (seed-paired)" in page
     assert (out / "summary.md").read_text().splitlines()[0] == (
         "| group | runs | status | rewards/accuracies | rewards/accuracies IQM | rewards/margins | rewards/margins IQM "
         "| loss | loss IQM | runtime (s) | steps |")
     table = {r["group"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert float(table["loss=hinge"]["rewards/margins iqm"]) == pytest.approx(0.75)
+    assert float(table["dpo_loss=hinge"]["rewards/margins iqm"]) == pytest.approx(0.75)
 
 
 OLD_HEADER = "| group | runs | status | rewards/accuracies | rewards/margins | loss | runtime (s) | steps |"
@@ -127,7 +127,7 @@ def test_below_five_seeds_the_output_is_as_before(tmp_path: Path, capsys: pytest
     assert all(set(r) == OLD_KEYS for r in rows)
     for new in ("IQM", "probability of improvement", "P(", "per-example", "in words", "clear:"):
         assert new not in out, new
-    assert "n=4 pairs: loss=hinge higher (95% interval excludes 0)" in out  # the seed-paired verdicts as before
+    assert "n=4 pairs: dpo_loss=hinge higher (95% interval excludes 0)" in out  # the seed-paired verdicts as before
     if _has_matplotlib():
         assert (report / "summary.md").read_text().splitlines()[0] == OLD_HEADER
         assert not list(report.glob("*_profile.png"))

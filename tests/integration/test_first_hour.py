@@ -306,7 +306,7 @@ def test_compare_on_a_sweeps_folder_takes_its_newest_launch(tmp_path: Path) -> N
         write_run(old, seed, ["method.args.max_steps=5", f"seed={seed}"], {"rewards/margins": 9.0, "loss": 1.0})
     new = folder / "2026-01-02_10-00-00"
     for num, (loss, seed) in enumerate([("sigmoid", 1), ("hinge", 1)]):
-        write_run(new, num, [f"method/loss={loss}", f"seed={seed}"], {"rewards/margins": 0.5, "loss": 1.0})
+        write_run(new, num, [f"method/dpo_loss={loss}", f"seed={seed}"], {"rewards/margins": 0.5, "loss": 1.0})
     for launch, started in ((old, "2026-01-01T10:00:00"), (new, "2026-01-02T10:00:00")):
         (launch / "multirun.yaml").write_text("{}\n")
         for run in launch.iterdir():

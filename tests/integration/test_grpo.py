@@ -45,7 +45,7 @@ def test_spg8_does_8x_fewer_generation_rounds(tmp_path):
     the other loss/scaling variants (they do not change the schedule)."""
     steps = ["method.args.max_steps=16", "method.args.logging_steps=4"]
     one = _train(tmp_path / "spg1", *steps, "method.args.steps_per_generation=1", "method.args.beta=0.04",
-                 "method/aggregation=dr_grpo", "method/scale_rewards=batch")
+                 "method/grpo_aggregation=dr_grpo", "method/grpo_scale_rewards=batch")
     eight = _train(tmp_path / "spg8", *steps, "method.args.steps_per_generation=8")
     assert one["global_step"] == eight["global_step"] == 16
     assert one["generation_rounds"] == 16 and eight["generation_rounds"] == 2
@@ -96,11 +96,11 @@ def test_resume_through_the_run_dir(tmp_path):
 
 def test_fast_generation_and_scoring_switch_off_to_the_same_run(tmp_path):
     """The default (shared-prompt generator, length-grouped scoring) and the plain path picked by config
-    (`perf.shared_prefill=false`: `model.generate` via HFGenerator; whole-batch scoring) sample the same
+    (`speed.shared_prefill=false`: `model.generate` via HFGenerator; whole-batch scoring) sample the same
     completions and train the same: equal rewards and losses step for step."""
     steps = ["method.args.max_steps=4", "method.args.logging_steps=1"]
     _train(tmp_path / "fast", *steps)
-    _train(tmp_path / "plain", *steps, "perf.shared_prefill=false", "perf.length_groups=false")
+    _train(tmp_path / "plain", *steps, "speed.shared_prefill=false", "speed.length_groups=false")
     plans = [json.loads((tmp_path / run / "run.json").read_text())["speed_plan"]["policy"]["paths"]
              for run in ("fast", "plain")]
     assert [p["shared_prefill"]["on"] for p in plans] == [True, False]

@@ -1,5 +1,5 @@
 """Picking a loss through config, as a user does (issue 9 A): a user's loss is one function + one YAML
-in their config dir; `method/loss=NAME` selects it; the old `method.args.loss_type` spelling is one
+in their config dir; `method/dpo_loss=NAME` selects it; the old `method.args.loss_type` spelling is one
 line naming the new one. Runs the CLI from a scratch cwd with the default output dirs."""
 
 from __future__ import annotations
@@ -26,40 +26,40 @@ target: 1.0                         # the margin to regress onto, in units of 1/
 
 def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
     """The docs' example (docs/extending.md section 1) with target=1 is IPO: the same losses step by step
-    as `method/loss=ipo`; with target=2 it is not."""
+    as `method/dpo_loss=ipo`; with target=2 it is not."""
     (tmp_path / "my_losses.py").write_text(MY_LOSS)
-    (tmp_path / "my_conf" / "method" / "loss").mkdir(parents=True)
-    (tmp_path / "my_conf" / "method" / "loss" / "squared.yaml").write_text(MY_YAML)
+    (tmp_path / "my_conf" / "method" / "dpo_loss").mkdir(parents=True)
+    (tmp_path / "my_conf" / "method" / "dpo_loss" / "squared.yaml").write_text(MY_YAML)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    r = ablate("train", "-m", "--config-dir", "my_conf", "method/loss=squared", "method.loss.target=1.0,2.0",
+    r = ablate("train", "-m", "--config-dir", "my_conf", "method/dpo_loss=squared", "method.dpo_loss.target=1.0,2.0",
                *FAST, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = [p for p in (tmp_path / "outputs" / "sweeps" / "multirun").glob("*/*_*") if p.is_dir()]
     done = {o: p for p in jobs if summary(p)["status"] == "completed" for o in summary(p)["overrides"] if "target" in o}
-    assert sorted(done) == ["method.loss.target=1.0", "method.loss.target=2.0"]
-    ipo = ablate("train", "method/loss=ipo", *FAST, cwd=tmp_path)
+    assert sorted(done) == ["method.dpo_loss.target=1.0", "method.dpo_loss.target=2.0"]
+    ipo = ablate("train", "method/dpo_loss=ipo", *FAST, cwd=tmp_path)
     assert ipo.returncode == 0, ipo.stderr[-2000:]
-    ipo_dir = next((tmp_path / "outputs" / "runs").glob("*/*method_loss=ipo*"))
+    ipo_dir = next((tmp_path / "outputs" / "runs").glob("*/*method_dpo_loss=ipo*"))
     losses = {k: [e["loss"] for e in metrics(p) if "loss" in e] for k, p in done.items()}
     ipo_losses = [e["loss"] for e in metrics(ipo_dir) if "loss" in e]
     assert len(ipo_losses) == 3
-    assert losses["method.loss.target=1.0"] == pytest.approx(ipo_losses, abs=1e-6)
-    assert losses["method.loss.target=2.0"][0] != pytest.approx(ipo_losses[0], abs=1e-3)
+    assert losses["method.dpo_loss.target=1.0"] == pytest.approx(ipo_losses, abs=1e-6)
+    assert losses["method.dpo_loss.target=2.0"][0] != pytest.approx(ipo_losses[0], abs=1e-3)
 
 
 @pytest.mark.parametrize("args,needle", [
     (["train", "method.args.loss_type=hinge"],
-     "ablate: error: method.args.loss_type is now the config group method/loss: use method/loss=hinge"),
+     "ablate: error: method.args.loss_type is now the config group method/dpo_loss: use method/dpo_loss=hinge"),
     (["train", "method=grpo", "method.args.scale_rewards=batch"],
-     "ablate: error: method.args.scale_rewards is now the config group method/scale_rewards: "
-     "use method/scale_rewards=batch"),
+     "ablate: error: method.args.scale_rewards is now the config group method/grpo_scale_rewards: "
+     "use method/grpo_scale_rewards=batch"),
     (["train", "method=grpo", "method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator"],
-     "ablate: error: method.trainer.generator._target_ is now the config group method/generator: "
-     "use method/generator=NAME (options: conf/method/generator/)"),
+     "ablate: error: method.trainer.generator._target_ is now the config group method/rollouts: "
+     "use method/rollouts=NAME (options: conf/method/rollouts/)"),
     # an old-style sweep file (name/params/overrides) is refused in one line: sweeps are Hydra configs now
     (["sweep", "old.yaml"], "ablate: error: ablate sweep: old.yaml is an old-style sweep file (top-level params:)"),
-    (["train", "method=grpo", "method/loss=hinge"], "ablate: error: method/loss=hinge is a DPO loss; GRPO's token "
-     "aggregation is the group method/aggregation"),
+    (["train", "method=grpo", "method/dpo_loss=hinge"], "ablate: error: method/dpo_loss=hinge is a DPO loss; GRPO's token "
+     "aggregation is the group method/grpo_aggregation"),
 ])
 def test_old_spelling_and_wrong_method_are_one_line(tmp_path, args, needle):
     (tmp_path / "old.yaml").write_text("# an old sweep file\nname: old\nparams:\n  method.args.loss_type: sigmoid,hinge\n")

@@ -51,7 +51,7 @@ SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
     "python -m pytest -m slow tests/slow/test_vllm.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
-    "ablate train +experiment=smollm2_grpo method/generator=vllm":
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm":
         "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
     "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
@@ -108,15 +108,15 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train threads=": "tests/integration/test_ls.py runs tags, notes and threads by default",
     "ablate train peak_tflops=": "tests/integration/test_speed.py runs a user-set peak by default",
     "ablate train method=dpo_hinge ": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
-    "ablate train method/loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
+    "ablate train method/dpo_loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
     "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
                                              "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
                                              "tests/unit/test_async_cores.py (async_threads) train them by default",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
-    "ablate train perf=off": "tests/integration/test_speed_plan.py trains perf=off against the default by default",
-    "ablate train perf.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",
-    "ablate train method=grpo perf.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
+    "ablate train speed=off": "tests/integration/test_speed_plan.py trains speed=off against the default by default",
+    "ablate train speed.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",
+    "ablate train method=grpo speed.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
 }
 UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
 USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl"}  # "your own data"

@@ -1,5 +1,5 @@
 """The speed plan from the command line: `ablate train` from a scratch dir prints it as one table when
-training starts (GRPO: under its batch geometry) and records it in run.json; `perf=off` (every speed
+training starts (GRPO: under its batch geometry) and records it in run.json; `speed=off` (every speed
 path off: TRL's layout, transformers' own modules) trains to the same losses as the default, step for
 step, and says so in its plan."""
 
@@ -29,14 +29,14 @@ def _plan(run_dir: Path) -> dict:
 def runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     cwd = tmp_path_factory.mktemp("scratch")
     grpo = ["method=grpo", "method.args.per_device_train_batch_size=16"]
-    return {"dpo": _train(cwd), "dpo_off": _train(cwd, "perf=off"),
+    return {"dpo": _train(cwd), "dpo_off": _train(cwd, "speed=off"),
             "grpo": _train(cwd, *grpo, "method.args.beta=0.04"), "grpo_off": _train(cwd, *grpo, "method.args.beta=0.04",
-                                                                                    "perf=off")}
+                                                                                    "speed=off")}
 
 
 def test_the_plan_is_printed_once_and_recorded(runs):
     run_dir, out = runs["dpo"]
-    assert out.count("Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: perf.*)") == 1
+    assert out.count("Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: speed.*)") == 1
     table = out[out.index("Speed plan, policy"):].splitlines()[1:6]
     assert [line.split()[:3] for line in table[1:]] == [[name, "on", "yes"] for name in
                                                         ("dpo_pair_rows", "padding_free", "completion_only_logits",
@@ -66,7 +66,7 @@ def test_perf_off_is_the_plain_path_with_the_same_losses(runs, method):
     fast, _ = runs[method]
     plain, out = runs[f"{method}_off"]
     paths = _plan(plain)["policy"]["paths"]
-    assert paths and all(not p["on"] and p["why"] == f"perf.{name}=false" for name, p in paths.items())
+    assert paths and all(not p["on"] and p["why"] == f"speed.{name}=false" for name, p in paths.items())
     assert "lean layers" not in out  # transformers' own modules
     pick = lambda run, k: [e[k] for e in metrics(run) if k in e]  # noqa: E731
     # GRPO's logged loss is ~0 here (no reward yet, Trainer rounds to 4 decimals): its entropy comes from

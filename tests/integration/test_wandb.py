@@ -48,7 +48,7 @@ def wandb_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
 def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     sweep_dir, proc = wandb_sweep
     jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
-    assert [j.name for j in jobs] == ["0_method_loss=sigmoid", "1_method_loss=hinge"]
+    assert [j.name for j in jobs] == ["0_method_dpo_loss=sigmoid", "1_method_dpo_loss=hinge"]
     ids = []
     for job, loss in zip(jobs, ("sigmoid", "hinge")):
         offline = list((job / "wandb").glob("offline-run-*"))
@@ -59,11 +59,11 @@ def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.
         assert run["run_id"] == run_json["wandb_run_id"] and offline[0].name.endswith(run["run_id"])
         ids.append(run["run_id"])
         assert run["run_group"] == "dpo_loss/2026-01-01_00-00-00"
-        assert run["display_name"] == f"method/loss={loss}"
+        assert run["display_name"] == f"method/dpo_loss={loss}"
         assert run["job_type"] == "dpo" and "dpo_loss" in run["tags"]
         config = run["config"]["update"]
         hydra_cfg = yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
-        assert config["method"]["loss"]["_target_"] == hydra_cfg["method"]["loss"]["_target_"] == f"ablate.losses.dpo.{loss}"
+        assert config["method"]["dpo_loss"]["_target_"] == hydra_cfg["method"]["dpo_loss"]["_target_"] == f"ablate.losses.dpo.{loss}"
         assert config["method"]["args"]["max_steps"] == 3 and config["seed"] == 0
         assert config["model"] == hydra_cfg["model"] and config["sweep_name"] == "dpo_loss"
         assert config["method"]["args"]["hub_token"] == "${oc.env:HF_TOKEN}"  # as written, never resolved

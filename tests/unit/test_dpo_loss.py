@@ -190,7 +190,7 @@ DPO_FILES = sorted(p for p in LOSS_DIR.glob("*.yaml") if "losses.dpo." in p.read
 
 @pytest.mark.parametrize("path", DPO_FILES, ids=lambda p: p.stem)
 def test_every_dpo_loss_yaml_is_a_partial_of_its_function(path: Path):
-    """conf/method/loss/<name>.yaml instantiates to a partial of ablate.losses.dpo.<function>, which
+    """conf/method/dpo_loss/<name>.yaml instantiates to a partial of ablate.losses.dpo.<function>, which
     runs on the pairs above with its YAML's hyper-parameters and gives one finite loss per pair."""
     fn = instantiate(yaml.safe_load(path.read_text()))
     assert isinstance(fn, functools.partial)

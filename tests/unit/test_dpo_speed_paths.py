@@ -1,4 +1,4 @@
-"""DPO's speed paths (conf/perf/) equal the plain path (TRL's layout, logits at every position), in float32:
+"""DPO's speed paths (conf/speed/) equal the plain path (TRL's layout, logits at every position), in float32:
 `completion_only_logits` (the head applied only where a completion token is scored, in chunks),
 `dpo_pair_rows` (one row `[prompt | chosen | rejected]` per pair, with a 4-D mask and position ids) and
 `padding_free` (the rows' real tokens packed into one row, attention per row on the padded layout).
@@ -224,7 +224,7 @@ def test_packing_skips_eager_and_unknown_models():
 
 def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
     """Three optimizer steps (default speed paths, the moved weights feed back into steps 2 and 3) with
-    `perf.lean_layers` on and off (ablate.speed.lean): every logged loss and metric equal to 1e-5."""
+    `speed.lean_layers` on and off (ablate.speed.lean): every logged loss and metric equal to 1e-5."""
     plain, lean = _train(tmp_path, "plain", lean_layers=False), _train(tmp_path, "lean", lean_layers=True)
     assert len(plain) == len(lean) == 3
     for a, b in zip(lean, plain):

@@ -223,7 +223,7 @@ def test_max_staleness_0_is_the_synchronous_trainer(tmp_path):
 
 
 def test_a_generator_with_its_own_engine_is_refused(tmp_path):
-    """The worker samples with a forked copy of the policy; a vLLM engine (method/generator=vllm), whose
+    """The worker samples with a forked copy of the policy; a vLLM engine (method/rollouts=vllm), whose
     weights the trainer pushes, cannot be forked: one line, no worker started."""
     import functools
 

@@ -1,4 +1,4 @@
-"""GRPO's shared-prompt scoring equals the row-per-completion path (`perf.grpo_group_rows=false`, TRL's layout):
+"""GRPO's shared-prompt scoring equals the row-per-completion path (`speed.grpo_group_rows=false`, TRL's layout):
 one row `[prompt | c_1 | ... | c_k]` per prompt group (ablate.speed.groups), packed into one row of real
 tokens, the head applied only at completion positions, at the sampling temperature. Per-token log-probs,
 entropies and every gradient to 1e-5 in float32 (tiny Llama, tiny Qwen2 with GQA, Llama + LoRA), and

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from ablate.launchers.study import objective, search_space, trial_overrides
 
 SPACE = {"optimizer.optimizer.lr": "tag(log, interval(1e-4, 1e-1))", "method.args.beta": "interval(0.0, 1.0)",
-         "method.args.max_steps": "tag(int, interval(2, 9))", "method/loss": "sigmoid,hinge", "seed": "3"}
+         "method.args.max_steps": "tag(int, interval(2, 9))", "method/dpo_loss": "sigmoid,hinge", "seed": "3"}
 
 
 def test_search_space_reads_hydra_grammar():
@@ -25,7 +25,7 @@ def test_search_space_reads_hydra_grammar():
     d = optuna.distributions
     assert space["optimizer.optimizer.lr"] == d.FloatDistribution(1e-4, 1e-1, log=True)
     assert space["method.args.max_steps"] == d.IntDistribution(2, 9)
-    assert space["method/loss"] == d.CategoricalDistribution(["sigmoid", "hinge"])
+    assert space["method/dpo_loss"] == d.CategoricalDistribution(["sigmoid", "hinge"])
     assert space["method.args.beta"] == d.CategoricalDistribution(["0.1", "0.5"])  # the command line wins
     assert fixed == ["seed=4"]
     assert search_space({"x": "range(1,7,2)"}, [])[0]["x"] == d.IntDistribution(1, 5, step=2)
@@ -35,8 +35,8 @@ def test_search_space_reads_hydra_grammar():
 
 def test_trial_overrides_keep_floats_exact():
     lr = 0.1 + 0.2  # 0.30000000000000004: a rounded override would not reproduce the trial
-    assert trial_overrides({"optimizer.optimizer.lr": lr, "method/loss": "hinge", "n": 3}) == [
-        "optimizer.optimizer.lr=0.30000000000000004", "method/loss=hinge", "n=3"]
+    assert trial_overrides({"optimizer.optimizer.lr": lr, "method/dpo_loss": "hinge", "n": 3}) == [
+        "optimizer.optimizer.lr=0.30000000000000004", "method/dpo_loss=hinge", "n=3"]
     assert float(trial_overrides({"x": lr})[0].split("=")[1]) == lr
 
 

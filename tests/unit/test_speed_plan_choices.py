@@ -62,7 +62,7 @@ def test_every_path_on_for_the_tiny_model_on_a_cpu():
 
 def test_perf_off_turns_every_path_off():
     plan = _plan(tiny()[1], GRPO, Perf.off())
-    assert _off(plan) == {name: f"perf.{name}=false" for name in GRPO}
+    assert _off(plan) == {name: f"speed.{name}=false" for name in GRPO}
     assert not any(d.requested for d in plan.decisions)
 
 
@@ -184,7 +184,7 @@ def test_wrappers():
 def test_a_device_no_run_has_verified():
     """On CUDA every path is off until a GPU run shows it exact and not slower; asked for, it runs."""
     cuda = Setting(model_type="llama", attention="sdpa", device="cuda")
-    why = "cuda: no run there has shown it exact and not slower yet (perf.unverified_devices=true runs it)"
+    why = "cuda: no run there has shown it exact and not slower yet (speed.unverified_devices=true runs it)"
     assert _off(resolve("policy", cuda, Perf(), DPO)) == {n: why for n in DPO}
     assert _off(resolve("policy", cuda, Perf(unverified_devices=True), DPO)) == {}
 
@@ -223,7 +223,7 @@ def test_requested_but_impossible_is_off_with_its_reason_and_the_trainer_follows
     assert _off(grpo.speed_plan) == {"shared_prefill": "method.trainer.generator is set: HFGenerator"}
     assert isinstance(grpo.generator, HFGenerator)
 
-    # method/generator=vllm: Hydra's partial of the engine class; the engine itself is built on first use
+    # method/rollouts=vllm: Hydra's partial of the engine class; the engine itself is built on first use
     import functools
 
     from ablate.rollouts.vllm import VLLMGenerator
@@ -261,11 +261,11 @@ def test_plan_agrees_with_the_model_checks(arch):
 def test_table_and_record():
     plan = _plan(tiny()[1], GRPO, Perf(length_groups=False))
     lines = plan.table().splitlines()
-    assert lines[0] == "Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: perf.*)"
+    assert lines[0] == "Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: speed.*)"
     assert len(lines) == 2 + len(GRPO)
     assert lines[2 + list(GRPO).index("length_groups")].split() == ["length_groups", "off", "no",
-                                                                    "perf.length_groups=false"]
+                                                                    "speed.length_groups=false"]
     record = json.loads(json.dumps(plan.record()))
     assert record["setting"]["model_type"] == "llama" and list(record["paths"]) == list(GRPO)
-    assert record["paths"]["length_groups"] == {"requested": False, "on": False, "why": "perf.length_groups=false"}
+    assert record["paths"]["length_groups"] == {"requested": False, "on": False, "why": "speed.length_groups=false"}
     assert plan.turned_off("grpo_group_rows").on("grpo_group_rows") is False and plan.on("grpo_group_rows")

@@ -57,7 +57,7 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
 
 
 def _short_names(keys: list[str]) -> dict[str, str]:
-    """`method.args.beta` -> `beta`, `method/loss` -> `loss` where the last part is unambiguous."""
+    """`method.args.beta` -> `beta`, `method/dpo_loss` -> `dpo_loss` where the last part is unambiguous."""
     last = [re.split(r"[./]", k)[-1] for k in keys]
     return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 

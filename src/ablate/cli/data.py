@@ -118,8 +118,10 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
 
     from ablate.paths import conf_dir
     from ablate.config.compose import register_resolvers
+    from ablate.config.moved import rename
 
     register_resolvers()
+    overrides = rename(overrides)  # an old group name (perf=off) works, noted once
     if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ablate.cli.train import echo, hydra_train
 from ablate.paths import sweeps_dir
-from ablate.config.compose import check_moved, quote_override_value
+from ablate.config.compose import quote_override_value
+from ablate.config.moved import check_moved, rename
 
 
 def find_sweep(arg: str) -> tuple[str, list[str]]:
@@ -60,11 +61,12 @@ def sweep_cmd(argv: list[str]) -> None:
               "  (e.g. ablate sweep dpo_loss --dry-run)", file=sys.stderr)
         sys.exit(2)
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
+    argv = [argv[0], *rename(argv[1:])]  # an old group name (perf=off) works, noted once
     try:
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
 
-            hydra_argv = [*launch_argv(sweep_dir), *argv[1:]]
+            hydra_argv = [*rename(launch_argv(sweep_dir)), *argv[1:]]
         else:
             name, extra = find_sweep(argv[0])
             hydra_argv = sweep_argv(name, [*extra, *argv[1:]])

@@ -7,7 +7,8 @@ import sys
 import traceback
 
 from ablate.paths import conf_dir
-from ablate.config.compose import check_moved, register_resolvers
+from ablate.config.compose import register_resolvers
+from ablate.config.moved import check_moved, rename
 from ablate.process.console import say
 from ablate.record.secrets import remember
 
@@ -61,6 +62,7 @@ def hydra_train(argv: list[str]) -> None:
     import hydra
 
     check_argv(argv)
+    argv = rename(argv)  # an old group name (perf=off) works, noted once
     check_moved(argv)
 
     from ablate.launchers import sweep

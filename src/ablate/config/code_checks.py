@@ -82,7 +82,7 @@ def _type_problem(v: Any, annotation: Any) -> str | None:
 def check_trainer_functions(cfg: DictConfig) -> None:
     """Each function the config hands the trainer (`method.trainer.loss` and the like: `_partial_`
     nodes) must take the call the trainer makes of it, judged by the trainer's own default for that
-    argument: a DPO loss picked under method=grpo (`method/loss=hinge`), or a GRPO aggregation under
+    argument: a DPO loss picked under method=grpo (`method/dpo_loss=hinge`), or a GRPO aggregation under
     method=dpo, is refused here, before anything is built, naming the options that do fit."""
     import inspect
 
@@ -149,7 +149,7 @@ def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, def
 
 
 def _source_key(node: DictConfig, name: str) -> str:
-    """The config key a trainer argument comes from (`method.trainer.loss: ${..loss}` -> method.loss)."""
+    """The config key a trainer argument comes from (`method.trainer.loss: ${..dpo_loss}` -> method.dpo_loss)."""
     try:
         target = node._get_node(name)._dereference_node()
         return str(target._get_full_key(None)) or f"method.trainer.{name}"

@@ -1,5 +1,5 @@
 """Composing a run's config: Hydra's resolvers for run-dir names, the launch time every process of
-one launch shares, and the one-line errors for config keys that moved.
+one launch shares, and override values quoted for Hydra's grammar (old spellings: ablate.config.moved).
 
 No torch import here: `ablate train --cfg job` composes and prints in about a second.
 """
@@ -10,7 +10,6 @@ import functools
 import hashlib
 import os
 import re
-import sys
 from datetime import datetime
 
 
@@ -64,117 +63,6 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ablate_dirname", _dirname)
     if not OmegaConf.has_resolver("ablate_now"):  # like Hydra's ${now:fmt}, the same for every rank
         OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
-
-
-# Fields that moved: the old spelling gets one line naming the new one. A value with a `/` is a config
-# group (`method/loss=NAME`), else a key (`perf.padding_free=false`).
-MOVED = {
-    "method.args.loss_type": "method/loss",  # conf/method/loss/*.yaml (DPO losses; GRPO: method/aggregation)
-    "method.args.scale_rewards": "method/scale_rewards",  # conf/method/scale_rewards/*.yaml (GRPO)
-    # the speed switches, gathered in conf/perf/ (ablate.speed.plan); DPO's and GRPO's share_prompt differ
-    "method.args.share_prompt": "perf.dpo_pair_rows (DPO) or perf.grpo_group_rows (GRPO)",
-    "method.args.padding_free": "perf.padding_free",
-    "method.args.completion_only_logits": "perf.completion_only_logits",
-    "method.args.score_in_length_groups": "perf.length_groups",
-    "model.lean_layers": "perf.lean_layers",
-    # conf/method/generator/*.yaml (GRPO: hf | vllm); none picked = the speed plan's (perf.shared_prefill)
-    "method.trainer.generator._target_": "method/generator",
-}
-
-
-# GRPO's token aggregations left method/loss (now DPO's losses only) for a group of their own
-GRPO_AGGREGATIONS = ("grpo", "dapo", "dr_grpo", "bnpo")
-
-
-def check_moved(argv: list[str]) -> None:
-    """Exit with one line when an override uses a moved field (`method.args.loss_type=hinge`)."""
-    for arg in argv:
-        key, _, value = arg.lstrip("+~").partition("=")
-        if key == "method/loss" and value in GRPO_AGGREGATIONS:
-            print(f"ablate: error: method/loss={value}: GRPO's aggregations are now the group method/aggregation: "
-                  f"use method/aggregation={value} (options: conf/method/aggregation/)", file=sys.stderr)
-            sys.exit(2)
-        if key == "method/loss" and "method=grpo" in argv:
-            print(f"ablate: error: method/loss={value} is a DPO loss; GRPO's token aggregation is the group "
-                  f"method/aggregation (options: conf/method/aggregation/)", file=sys.stderr)
-            sys.exit(2)
-        if key not in MOVED:
-            continue
-        new = MOVED[key]
-        if key == "method.args.loss_type" and value in GRPO_AGGREGATIONS:
-            new = "method/aggregation"
-        if "/" in new.split(" ")[0]:
-            name = value if value and "." not in value else "NAME"  # a class path is not an option name
-            print(f"ablate: error: {key} is now the config group {new}: use {new}={name} "
-                  f"(options: conf/{new}/)", file=sys.stderr)
-        else:
-            print(f"ablate: error: {key} is now {new} (conf/perf/; perf=off turns every speed path off)",
-                  file=sys.stderr)
-        sys.exit(2)
-
-
-# `_target_`s that moved when the code was reorganised into packages by concept (commit 5692f59):
-# old dotted prefix -> new one. A user's config (--config-dir, an override) naming an old one gets
-# one line "X is now Y" (ablate.config.targets), not Hydra's "Error locating target".
-MOVED_TARGETS = {
-    "ablate.trainers.dpo": "ablate.methods.dpo",
-    "ablate.trainers.sft": "ablate.methods.sft",
-    "ablate.trainers.grpo": "ablate.methods.grpo",
-    "ablate.trainers.metrics": "ablate.methods.metrics",
-    "ablate.trainers.optim": "ablate.methods.optim",
-    "ablate.trainers.generation": "ablate.rollouts.generation",
-    "ablate.trainers.geometry": "ablate.rollouts.geometry",
-    "ablate.trainers.scoring": "ablate.speed.scoring",
-    "ablate.optimizer": "ablate.methods.schedules",
-    "ablate.compute_metrics": "ablate.methods.compute_metrics",
-    "ablate.debug": "ablate.callbacks.debug",
-    "ablate.callbacks.MetricsJSONL": "ablate.record.callbacks.MetricsJSONL",
-    "ablate.callbacks.MaskSavedArgs": "ablate.record.callbacks.MaskSavedArgs",
-    "ablate.callbacks.LogAtSaveAndEnd": "ablate.record.callbacks.LogAtSaveAndEnd",
-    "ablate.models.lean": "ablate.speed.lean",
-    "ablate.models.packing": "ablate.speed.packing",
-    "ablate.models.split": "ablate.speed.split",
-    "ablate.data.groups": "ablate.speed.groups",
-    "ablate.data.pairs": "ablate.speed.pairs",
-    "ablate.data.format": "ablate.data.tokenize",
-    "ablate.speed.Speed": "ablate.speed.throughput.Speed",
-    "ablate.redact": "ablate.record.secrets",
-    "ablate.validate": "ablate.config.validate",
-    "ablate.rundir": "ablate.record.rundir",
-    "ablate.interrupts": "ablate.process.interrupts",
-    "ablate.preemption": "ablate.process.preemption",
-    "ablate.sweep": "ablate.launchers.sweep",
-    "ablate.sweep_resume": "ablate.launchers.sweep_resume",
-    "ablate.slurm": "ablate.launchers.slurm",
-    "ablate.methods.grpo_config": "ablate.methods.grpo",  # GRPOConfig: its fields and checks are ablate.schema.grpo
-    # run/ split by concept (issue 34): the config, the run record, the process
-    "ablate.run.compose": "ablate.config.compose",
-    "ablate.run.validate": "ablate.config.validate",
-    "ablate.run.code_checks": "ablate.config.code_checks",
-    "ablate.run.targets": "ablate.config.targets",
-    "ablate.run.rundir": "ablate.record.rundir",
-    "ablate.run.lifecycle": "ablate.record.lifecycle",
-    "ablate.run.callbacks": "ablate.record.callbacks",
-    "ablate.run.secrets": "ablate.record.secrets",
-    "ablate.run.studies": "ablate.record.studies",
-    "ablate.run.trial": "ablate.record.callbacks",
-    "ablate.run.interrupts": "ablate.process.interrupts",
-    "ablate.run.preemption": "ablate.process.preemption",
-    "ablate.run.threads": "ablate.process.threads",
-    "ablate.run.memory": "ablate.process.memory",
-    "ablate.run.process": "ablate.process.setup",
-    "ablate.run.console": "ablate.process.console",
-    "ablate.run.progress": "ablate.process.progress",
-}
-
-
-def moved_target(target: str) -> str | None:
-    """The new spelling of a `_target_` that moved (`ablate.trainers.dpo.DPOTrainer` ->
-    `ablate.methods.dpo.DPOTrainer`), or None. Matches whole dotted parts, longest old prefix first."""
-    for old in sorted(MOVED_TARGETS, key=len, reverse=True):
-        if target == old or target.startswith(old + "."):
-            return MOVED_TARGETS[old] + target[len(old):]
-    return None
 
 
 def quote_override_value(value: str) -> str:

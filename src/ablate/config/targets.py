@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.errors import ConfigError
-from ablate.config.compose import moved_target
+from ablate.config.moved import moved_target
 
 
 def check_target(key: str, target: str) -> None:

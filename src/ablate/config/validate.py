@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ablate.config.checks import task_overrides, check, check_launcher, optimizer_field_hint
 from ablate.config.code_checks import check_code, job_processes
+from ablate.config.moved import note_aliases, rename_params
 from ablate.errors import ConfigError, chain, missing_extra
 
 def check_dir(path: Path, key: str, create: bool = True) -> None:
@@ -80,16 +81,13 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True, cfg: DictConfi
 
 def _check_same_run(run_dir: Path, hc: Any, cfg: DictConfig | None = None) -> None:
     from ablate.record import rundir
-    from ablate.record.secrets import mask
+    from ablate.record.identity import check_same_config, identity, same_run
 
     info = rundir.read_json_checked(run_dir / rundir.RUN) if run_dir.is_dir() else None
     overrides = task_overrides(hc)
-    if info is not None and overrides is not None and sorted(info.get("overrides", [])) != sorted(mask(overrides)):
-        raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
-                          "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
+    if overrides is not None:
+        same_run(run_dir.resolve(), info, overrides)
     if info is not None and cfg is not None and rundir.completed_summary(run_dir) is None:
-        from ablate.record.identity import check_same_config, identity
-
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         check_same_config(run_dir.resolve(), info, identity(task), warn=False)
 
@@ -100,6 +98,7 @@ class Validate(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         def checks() -> None:
+            note_aliases(config.hydra)  # a user's YAML including an old file (/trainers/common_args@args)
             check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
@@ -116,6 +115,8 @@ class Validate(Callback):
         configs differ from it too much to judge, so each job is checked when it starts. Then the
         launch claims its sweep dir (`claim_sweep_dir`)."""
         _exit_on_error(lambda: check_launcher(config.hydra))  # before any job is submitted
+        rename_params(OmegaConf.select(config, "hydra.sweeper.params"))  # a sweep file's old group names, noted
+        note_aliases(config.hydra)
         swept = _swept(config)
 
         def checks() -> None:

@@ -10,7 +10,7 @@ own override grammar (the same file format as every sweep):
           optimizer.optimizer.lr: interval(1e-4, 1e-2)    # float, uniform
           method.args.max_steps: tag(int, interval(8, 32))  # int, uniform (both ends included)
           method.args.gradient_accumulation_steps: range(1, 5)  # int in 1..4 (Hydra's range: end excluded)
-          method/loss: sigmoid,hinge                        # categorical (also choice(sigmoid,hinge))
+          method/dpo_loss: sigmoid,hinge                        # categorical (also choice(sigmoid,hinge))
           seed: 1                                           # not a sweep: fixed for every trial
 
 The study lives in `<sweep dir>/study.db` (SQLite through Optuna's RDBStorage: a real database that

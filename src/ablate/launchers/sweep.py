@@ -12,7 +12,7 @@ swept keys under `hydra.sweeper.params` (Hydra >= 1.2 reads them from there)::
     hydra:
       sweeper:
         params:                    # swept: one job per combination
-          method/loss: sigmoid,hinge
+          method/dpo_loss: sigmoid,hinge
           seed: 1,2,3
 
 `ablate sweep dpo_loss [overrides]` is `ablate train -m +sweep=dpo_loss [overrides]`; an override
@@ -67,7 +67,7 @@ DIRNAME_KEY = "hydra.job.config.override_dirname.exclude_keys"
 
 def exclude_keys_override(task_overrides: list[str], base: list[str]) -> str:
     """The hydra override that names a multirun's job dirs (and W&B runs) by what varies
-    (`3_method_loss=hinge,seed=2`): `base` (the config's exclude_keys: the sweep's name, tags,
+    (`3_method_dpo_loss=hinge,seed=2`): `base` (the config's exclude_keys: the sweep's name, tags,
     notes) plus every command-line override that sweeps nothing, the same for every job.
     `task_overrides`: the multirun's command line as Hydra records it (sweep syntax unexpanded)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -77,7 +77,7 @@ def exclude_keys_override(task_overrides: list[str], base: list[str]) -> str:
     for a in task_overrides:
         override = parser.parse_override(a)
         key = override.key_or_group
-        # group choices with a `/` (method/loss=hinge) stay in the name, as they always have
+        # group choices with a `/` (method/dpo_loss=hinge) stay in the name, as they always have
         if not override.is_sweep_override() and "/" not in key and key not in fixed:
             fixed.append(key)
     return f"{DIRNAME_KEY}=[" + ",".join(fixed) + "]"

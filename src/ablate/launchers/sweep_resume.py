@@ -22,12 +22,13 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from ablate.config.moved import rename_params
 from ablate.record import checkpoints, rundir
-from ablate.record.identity import identity
+from ablate.record.identity import config_changes, identity, same_config, same_overrides
+from ablate.schema.renamed import current_config, current_overrides
 
 
 class ResumeRefused(Exception):
@@ -70,26 +71,9 @@ def expand_jobs(argv: list[str]) -> list[list[str]]:
 
     task = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
     params = _compose(fixed_overrides(argv), hydra_config=True).hydra.sweeper.params or {}
+    rename_params(params)  # a sweep file's old group names (method/loss: ...), as the launch reads them
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + task)
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-
-
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: node}
-
-
-def first_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """`key (was X, now Y)` for the first key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
-    for key in [*b, *(k for k in a if k not in b)]:
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            return f"{key} (was {a.get(key, '<absent>')}, now {b.get(key, '<absent>')})"
-    return "?"
 
 
 def job_dir(sweep_dir: Path, num: int) -> Path | None:
@@ -141,14 +125,14 @@ def _job_action(sweep_dir: Path, num: int, overrides: list[str], search: list[st
     if d is None or info is None:  # never launched, or launched and killed before ablate started
         return "new"
     differs = None
-    if sorted(info.get("overrides", [])) != sorted(overrides):
-        old = dict(o.split("=", 1) for o in info.get("overrides", []) if "=" in o)
+    if not same_overrides(info.get("overrides", []), overrides):
+        old = dict(o.split("=", 1) for o in current_overrides(info.get("overrides", [])) if "=" in o)
         new = dict(o.split("=", 1) for o in overrides if "=" in o)
-        differs = "overrides " + first_difference(old, new)
+        differs = "overrides " + (config_changes(old, new) or ["?"])[0]
     elif info.get("config_hash"):
         resolved = identity(_compose([*search, *overrides]))
-        if resolved["config_hash"] != info["config_hash"]:
-            differs = first_difference(info.get("config") or {}, resolved["config"])
+        if not same_config(info, resolved):
+            differs = (config_changes(current_config(info.get("config") or {}), resolved["config"]) or ["?"])[0]
     if differs is not None:
         if not force:
             raise ResumeRefused(f"cannot resume {sweep_dir}: job {num} ({d.name}) changed since it ran: {differs}; "

@@ -4,7 +4,7 @@ Every loss has the same inputs, per pair (shape (B,)): the summed completion log
 (`logp_c`, `logp_r`) and of the reference (`ref_c`, `ref_r`) for the chosen and rejected completion,
 and their completion token counts (`n_c`, `n_r`; the reference scores the same tokens). `beta` comes
 from `method.args.beta`; any other hyper-parameter is a keyword argument set in the loss's YAML
-(`conf/method/loss/<name>.yaml`, `_partial_: true`). A loss returns `(per_pair_loss, metrics)`;
+(`conf/method/dpo_loss/<name>.yaml`, `_partial_: true`). A loss returns `(per_pair_loss, metrics)`;
 `metrics` holds only what is particular to the loss (usually nothing): the trainer always logs
 TRL's `rewards/*` and `logps/*` from `reward_metrics`.
 
@@ -31,7 +31,7 @@ formulas and names as in TRL 1.16's DPOTrainer (`loss_type=...`):
 - sigmoid_norm  -logsig(b (c/n_c - r/n_r))                      length-normalised DPO (as SimPO's length term)
 - sft           -sum(logp_c) / sum(n_c) over the batch          NLL of the chosen tokens (RPO's term)
 `weighted` sums several of them with weights (TRL's `loss_type=[...]`, `loss_weights=[...]`);
-`conf/method/loss/mpo.yaml` is MPO's (Wang et al. 2024): 0.8 sigmoid + 0.2 bco_pair + 1.0 sft.
+`conf/method/dpo_loss/mpo.yaml` is MPO's (Wang et al. 2024): 0.8 sigmoid + 0.2 bco_pair + 1.0 sft.
 
 A new loss is one function with this signature plus one YAML naming it (`_target_`, `_partial_: true`).
 """

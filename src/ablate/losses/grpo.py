@@ -2,17 +2,17 @@
 
 Three pieces, composed by the trainer:
 - advantages: `A_i = (r_i - mean(group)) / (std + 1e-4)` per prompt group (eq. in section 4.1.2), with
-  the std taken per group (`method/scale_rewards=group`), over the whole batch (`batch`, Liu et al. 2025
+  the std taken per group (`method/grpo_scale_rewards=group`), over the whole batch (`batch`, Liu et al. 2025
   recommend it) or not at all (`none`, Dr. GRPO). A group whose rewards are all equal gets A = 0.
 - per-token loss: the PPO clipped surrogate `-min(r*A, clip(r, 1-eps, 1+eps_high)*A)` with
   `r = exp(logp - old_logp)` per token, or one `r = exp(mean_t(logp - old_logp))` per completion
   (GSPO, Zheng et al. 2025: `importance_sampling_level: sequence`), optionally capped at `delta`
   (two-sided clipping), plus `beta * KL` with the k3 estimator
   `exp(ref - logp) - (ref - logp) - 1` (Schulman 2020) when beta > 0.
-- per-token objective (`method/objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
+- per-token objective (`method/grpo_objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
   clipped-weight REINFORCE term or SAPO's soft gate; TRL's `loss_type=cispo` is objective cispo with
   the dapo aggregation, `loss_type=sapo` objective sapo with the grpo aggregation.
-- aggregation over tokens (TRL's `loss_type`; here `method/aggregation=NAME`, conf/method/aggregation/), named and
+- aggregation over tokens (TRL's `loss_type`; here `method/grpo_aggregation=NAME`, conf/method/grpo_aggregation/), named and
   defined as in TRL 1.16:
   `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
   completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
@@ -21,7 +21,7 @@ Three pieces, composed by the trainer:
 
 Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
-reward functions are summed with weights before normalising (`method/reward_aggregation=sum_then_normalize`;
+reward functions are summed with weights before normalising (`method/grpo_reward_aggregation=sum_then_normalize`;
 `normalize_then_sum` normalises each function per group first, as TRL's `multi_objective_aggregation`).
 """
 
@@ -34,7 +34,7 @@ import torch
 
 Aggregation = Callable[..., torch.Tensor]
 # (inputs: LossInputs, *, epsilon, epsilon_high, beta, importance_sampling_level, delta, bias_correction_kl,
-#  **own) -> (per-token loss (B, T), metrics); `method/objective=NAME`; the `objective` decorator gives a
+#  **own) -> (per-token loss (B, T), metrics); `method/grpo_objective=NAME`; the `objective` decorator gives a
 # function of the ratio and advantages this signature
 Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -78,10 +78,10 @@ def no_std(rewards: torch.Tensor) -> torch.Tensor:
 
 
 # the denominator of the advantage, (groups, G) -> (groups, 1) or broadcastable; a config node
-# `conf/method/scale_rewards/<name>.yaml` names one (`method/scale_rewards=batch`)
+# `conf/method/grpo_scale_rewards/<name>.yaml` names one (`method/grpo_scale_rewards=batch`)
 Scale = Callable[[torch.Tensor], torch.Tensor]
 # (rewards_per_func (N, F), weights (F,), num_generations, scale) -> (advantages (N,), metrics);
-# `method/reward_aggregation=NAME` names one
+# `method/grpo_reward_aggregation=NAME` names one
 Advantages = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -139,7 +139,7 @@ def normalize_then_sum(
 
 
 def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> Objective:
-    """The signature every `method/objective` shares, around `core`, which holds only what differs.
+    """The signature every `method/grpo_objective` shares, around `core`, which holds only what differs.
 
     The objective made: `(inputs: LossInputs, *, epsilon, epsilon_high, beta=0.0,
     importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T), metrics).

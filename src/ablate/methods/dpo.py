@@ -6,7 +6,7 @@ initial policy, so no second model stays in memory; the `cache` group reuses the
 pairs and an eval's forwards at step 0, across runs with the same key: ablate.data.cache,
 ablate.methods.initial_eval); EOS ends every completion.
 
-Speed paths (conf/perf/), each exact (tests/unit/test_dpo_speed_paths.py) and switchable for ablation:
+Speed paths (conf/speed/), each exact (tests/unit/test_dpo_speed_paths.py) and switchable for ablation:
 `dpo_pair_rows` runs one row `[prompt | chosen | rejected]` per pair (ablate.speed.pairs),
 `completion_only_logits` applies the LM head only where a completion token is scored, in chunks
 (ablate.losses.logps.completion_logps, ablate.speed.split), `padding_free` sends only the batch's real
@@ -88,8 +88,8 @@ class DPOCollator:
 
 class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
-    `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)
-    and the speed switches as `perf` (config: the `perf` group; None: all requested)."""
+    `losses.dpo` function or any with its signature; config: `method/dpo_loss=NAME`, `method.trainer.loss`)
+    and the speed switches as `perf` (config: the `speed` group; None: all requested)."""
 
     def __init__(
         self,
@@ -384,13 +384,13 @@ def longest_row(args: DPOConfig) -> int | None:
 
 def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
     """A one-line error when `loss` cannot take a DPO loss's arguments (e.g. a GRPO loss picked with
-    `method.loss._target_=ablate.losses.grpo.dapo`), before any data is tokenised. A partial whose own
+    `method.dpo_loss._target_=ablate.losses.grpo.dapo`), before any data is tokenised. A partial whose own
     keywords the function does not take (the group's `label_smoothing`) fails already in `signature`."""
     try:
         inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
     except (TypeError, ValueError) as e:
         given = ", ".join(getattr(loss, "keywords", {}) or {})
         why = f"it does not take the group's {given}" if isinstance(e, ValueError) and given else str(e)
-        raise ConfigError(f"method.loss: {dpo_losses.name(loss)} is not a DPO loss "
+        raise ConfigError(f"method.dpo_loss: {dpo_losses.name(loss)} is not a DPO loss "
                           f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {why}") from None
     return loss

@@ -33,14 +33,14 @@ per-step losses exactly (TRL regenerates); the generation counters (`rollout_sta
 Generation goes through one seam, `generator=` (a `GenerateFn`). Left null (the default), the speed plan
 picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path) prefills each distinct
 prompt once for its whole group and drops ended rows from the batch, sampling as `model.generate` does;
-with `perf.shared_prefill=false`, `HFGenerator`: plain `model.generate`. A config picks another engine with
-`method/generator=NAME` (conf/method/generator/: a `{_target_: ..., _partial_: true}` node built with
+with `speed.shared_prefill=false`, `HFGenerator`: plain `model.generate`. A config picks another engine with
+`method/rollouts=NAME` (conf/method/rollouts/: a `{_target_: ..., _partial_: true}` node built with
 (args, tokenizer)), which the plan then records as blocking `shared_prefill`: `hf` (`model.generate`) or
 `vllm` (ablate.rollouts.vllm), a colocated vLLM engine that also returns its per-token log-probs
 (`Completions`), which go into the round as `sampling_logps`: the loss then applies TRL's correction for
 the engine/trainer mismatch (`vllm_importance_sampling_*`, and `off_policy_mask_threshold` for any
 generator; ablate.losses.is_correction) as a weight on the policy term. Scoring (`_token_logps`) follows
-the speed plan too (ablate.speed.plan, switches in conf/perf/, decided once in `__init__`): with
+the speed plan too (ablate.speed.plan, switches in conf/speed/, decided once in `__init__`): with
 `grpo_group_rows` one packed row `[prompt | c_1 | ... | c_k]` per prompt, so each prompt is computed once
 per group, projected to the vocabulary only at completion positions (ablate.speed.scoring); else rows in
 groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout).
@@ -162,10 +162,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
-        self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
-        self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
-        self.objective = objective  # method/objective=NAME: the per-token loss (clip, cispo, sapo)
-        self.reward_aggregation = reward_aggregation  # method/reward_aggregation=NAME: rewards -> advantages
+        self.aggregate = check_aggregation(aggregation)  # method/grpo_aggregation=NAME: per-token losses -> one number
+        self.scale_rewards = scale_rewards  # method/grpo_scale_rewards=NAME: the advantages' denominator
+        self.objective = objective  # method/grpo_objective=NAME: the per-token loss (clip, cispo, sapo)
+        self.reward_aggregation = reward_aggregation  # method/grpo_reward_aggregation=NAME: rewards -> advantages
         # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
         default = None if self.speed_plan.on("shared_prefill") else HFGenerator
         self.generator = build_generator(default if generator is None else generator, args, processing_class)
@@ -538,6 +538,6 @@ def check_aggregation(aggregation: grpo_losses.Aggregation) -> grpo_losses.Aggre
         inspect.signature(aggregation).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
     except TypeError as e:
         name = getattr(getattr(aggregation, "func", aggregation), "__name__", repr(aggregation))
-        raise ConfigError(f"method.aggregation: {name} is not a GRPO aggregation (one takes per_token_loss, mask, "
+        raise ConfigError(f"method.grpo_aggregation: {name} is not a GRPO aggregation (one takes per_token_loss, mask, "
                           f"num_items=..., max_completion_length=...): {e}") from None
     return aggregation

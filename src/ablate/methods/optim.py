@@ -92,4 +92,4 @@ def warn_if_toy_lr(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         logging.getLogger("ablate").warning(
             "lr %.3g on a %dM-parameter model trained in full: that is the tiny model's from-scratch lr; a "
             "pretrained model is usually fine-tuned at 1e-5..1e-4 (optimizer.optimizer.lr=2e-5, or "
-            "+model/lr=pretrained)", lr, total // 1_000_000)
+            "optimizer/lr=pretrained)", lr, total // 1_000_000)

@@ -54,7 +54,7 @@ class SFTCollator:
 
 
 class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
-    """Next-token NLL on the completion, given the prompt. Its one speed path, `lean_layers` (conf/perf/),
+    """Next-token NLL on the completion, given the prompt. Its one speed path, `lean_layers` (conf/speed/),
     is decided by ablate.speed.plan as the other trainers' are."""
 
     def __init__(

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError
 from ablate.record import checkpoints, rundir, secrets
+from ablate.schema.renamed import current_config, current_overrides
 
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
@@ -38,8 +39,13 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     return info
 
 
+def same_overrides(recorded: list[str], given: list[str]) -> bool:
+    """The same command: `given` as it is recorded (masked), a renamed group's old spelling read as today's."""
+    return sorted(current_overrides(recorded)) == sorted(current_overrides(secrets.mask(given)))
+
+
 def same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
-    if info is not None and sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):  # recorded masked
+    if info is not None and not same_overrides(info.get("overrides", []), overrides):
         raise ConfigError(
             f"{run_dir} holds another run (overrides {info.get('overrides')}); "
             "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it"
@@ -73,9 +79,9 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
     config and rewrite `.hydra/config.yaml` to it: refused naming the keys (ConfigError), unless
     `ablate resume RUN_DIR --force` accepts the new config. No checkpoint: the run starts over on it."""
     before = (info or {}).get("config_hash")
-    if not before or before == now["config_hash"] or not checkpoints.checkpoints(run_dir):
+    if not before or same_config(info or {}, now) or not checkpoints.checkpoints(run_dir):
         return
-    changed = config_changes((info or {}).get("config") or {}, now["config"])
+    changed = config_changes(current_config((info or {}).get("config") or {}), now["config"])
     shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
     if os.environ.get(NEW_CONFIG_ENV):
         if warn:  # said once, by the run (the launching process checks it first, silently)
@@ -84,6 +90,12 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
         return
     raise ConfigError(f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
                       f"config files, or resume with the new config: ablate resume {run_dir} --force")
+
+
+def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
+    """run.json's config is `now`'s (`identity`): the same hash, once renamed groups take today's names."""
+    return info.get("config_hash") == now["config_hash"] or \
+        config_hash(current_config(info.get("config") or {})) == now["config_hash"]
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -327,4 +327,4 @@ def check_async(staleness: int, args: Any, generator: Any) -> None:
     if hasattr(generator, "close"):  # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
         raise ConfigError(f"{s}: asynchronous generation samples in a forked copy of the policy, which a generator "
                           f"with an engine of its own ({type(generator).__name__}) cannot; use method.args.max_staleness=0 "
-                          "or no method/generator")
+                          "or no method/rollouts")

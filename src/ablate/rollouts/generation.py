@@ -207,7 +207,7 @@ class HFGenerator:
 def build_generator(generator: GenerateFn | Callable[..., GenerateFn] | None, args: SamplingArgs,
                     tokenizer: PreTrainedTokenizerBase) -> GenerateFn:
     """The trainer's `generator=`: None -> `SharedPromptGenerator` (the default); a class, or a partial of
-    one (a `method/generator=NAME` config: `{_target_: ..., _partial_: true}`) -> built with
+    one (a `method/rollouts=NAME` config: `{_target_: ..., _partial_: true}`) -> built with
     (args, tokenizer); anything else is already a `GenerateFn`."""
     if generator is None:
         return SharedPromptGenerator(args, tokenizer)

@@ -1,4 +1,4 @@
-"""A vLLM engine behind GRPO's generator seam (`method/generator=vllm`, conf/method/generator/vllm.yaml).
+"""A vLLM engine behind GRPO's generator seam (`method/rollouts=vllm`, conf/method/rollouts/vllm.yaml).
 
 Colocated, as TRL's `vllm_mode="colocate"`: the engine lives in the training process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), built on the first generation round from the policy's directory
@@ -159,18 +159,18 @@ class VLLMGenerator(TrainerCallback):
 
     def _build(self, model: PreTrainedModel) -> Any:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError("method/generator=vllm: one colocated engine per process of a multi-process (DDP) "
+            raise ConfigError("method/rollouts=vllm: one colocated engine per process of a multi-process (DDP) "
                               "run is not supported yet; run a single process")
         base = model.get_base_model() if is_adapted(model) else model
         if getattr(base.config, "quantization_config", None) is not None:
-            raise ConfigError("method/generator=vllm cannot take a quantized (QLoRA) base: the push needs "
+            raise ConfigError("method/rollouts=vllm cannot take a quantized (QLoRA) base: the push needs "
                               "full-precision weights; use +peft=lora")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (colocated)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             from vllm import LLM
         except ImportError:
-            raise missing_extra("vllm", "vllm", "method/generator=vllm") from None
+            raise missing_extra("vllm", "vllm", "method/rollouts=vllm") from None
         source, load = self._source(base)
         t0 = time.perf_counter()
         with _global_rng_kept():  # vLLM seeds the global RNGs in-process: keep the trainer's streams

@@ -132,6 +132,6 @@ class EarlyStop(Schema):
 
 @dataclass
 class DPOLoss(Schema):
-    node = "method.loss"
+    node = "method.dpo_loss"
     # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
     label_smoothing: float = field(check=fraction(high=0.5, closed=False))

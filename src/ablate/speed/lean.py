@@ -18,7 +18,7 @@ formulas autograd uses (equal to float rounding, usually bitwise).
 `make_lean` swaps the forward of those modules per instance, only for the model families listed in
 `ablate.speed.split.PLAIN_HEAD_MODELS` (whose RMSNorm and MLP code is known, and pinned in
 tests/unit/test_model_internals.py): a wrong guess about another family's modules would be silently
-wrong numbers. The trainers' speed plan applies it (`perf.lean_layers`, ablate.speed.plan.apply).
+wrong numbers. The trainers' speed plan applies it (`speed.lean_layers`, ablate.speed.plan.apply).
 Parameters, state_dict and saving are untouched, and the projections are still called as modules, so
 LoRA layers on them keep working.
 """

@@ -2,7 +2,7 @@
 
 Every path in ablate.speed gives the plain path's numbers with less time or memory, but only for some
 models (the families whose forward it reproduces), attention kernels, wrappers and devices. A trainer
-calls `resolve` once, in its `__init__`, with the switches of `conf/perf/` (`Perf`: what is requested)
+calls `resolve` once, in its `__init__`, with the switches of `conf/speed/` (`Perf`: what is requested)
 and what the run is (`Setting`: model, attention, device, precision, wrapper), then branches on the
 plan (`plan.on("padding_free")`), never on the model or the batch. The plan is printed as one table
 when training starts (`PrintPlan`) and recorded in run.json (`speed_plan`) and W&B's config. A
@@ -17,7 +17,7 @@ Other wrappers turn every path off until a run shows them (`THROUGH` is the plac
 Each path was shown exact (tests/unit/test_dpo_speed_paths.py, test_grpo_share_prompt.py,
 test_grpo_generation.py, test_lean_layers.py) and faster (benchmarks/) on a CPU only. On any other
 device a path is off until a run there has shown it exact and not slower (`VERIFIED`), unless
-`perf.unverified_devices=true` asks for it anyway.
+`speed.unverified_devices=true` asks for it anyway.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from ablate.speed.split import (
 
 @dataclass(frozen=True)
 class Perf:
-    """The speed switches (`conf/perf/`, each field commented in on.yaml): True requests a path, the
+    """The speed switches (`conf/speed/`, each field commented in on.yaml): True requests a path, the
     plan decides whether it runs. `Perf.off()` is TRL's layout everywhere: the plain path."""
 
     dpo_pair_rows: bool = True
@@ -257,7 +257,7 @@ class SpeedPlan:
         s = self.setting
         about = [s.model_type, f"attention {s.attention}", s.device, s.precision, s.wrapper or "no wrapper",
                  s.adapters, s.quantized and f"quantized {s.quantized}"]
-        lines = [f"Speed plan, {self.title} ({', '.join(str(a) for a in about if a)}; switches: perf.*)",
+        lines = [f"Speed plan, {self.title} ({', '.join(str(a) for a in about if a)}; switches: speed.*)",
                  f"  {'path':24}{'on':5}{'requested':11}what it does / why it is off"]
         lines += [f"  {d.name:24}{'on' if d.on else 'off':5}{'yes' if d.requested else 'no':11}{d.why}"
                   for d in self.decisions]
@@ -281,7 +281,7 @@ def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off:
     """In order: not requested, blocked by the trainer, its enclosing path off, the model (CHECKS), the
     wrapper (THROUGH), the device (VERIFIED); None: the path runs."""
     if not getattr(perf, name):
-        return f"perf.{name}=false"
+        return f"speed.{name}=false"
     if blocked:
         return blocked
     if inside_off:
@@ -296,7 +296,7 @@ def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off:
         return WHY_NOT_THROUGH.get((s.wrapper, name), f"{s.wrapper}: the speed paths are not verified under "
                                                       "it yet (ablate.speed.plan.THROUGH)")
     if name not in VERIFIED.get(s.device, frozenset()) and not perf.unverified_devices:
-        return f"{s.device}: no run there has shown it exact and not slower yet (perf.unverified_devices=true runs it)"
+        return f"{s.device}: no run there has shown it exact and not slower yet (speed.unverified_devices=true runs it)"
     return None
 
 
