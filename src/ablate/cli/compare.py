@@ -3,37 +3,20 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from typing import Any
 
 
-def compare_cmd(argv: list[str]) -> None:
-    """`ablate compare DIR... [--metric M]... [--out DIR]`."""
-    import argparse
-
+def compare_cmd(args: Any) -> None:
+    """`ablate compare DIR... [--metric M]... [--out DIR]` (arguments: ablate.cli.parser)."""
     from ablate.analysis.compare import compare
 
-    parser = argparse.ArgumentParser(prog="ablate compare", description="compare run and sweep directories")
-    parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
-    parser.add_argument("--metric", action="append", default=None,
-                        help="metric to show (repeat or comma-separate; default: per method; "
-                             "speed: tokens_per_second, mfu and GRPO's time/*)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
-    parser.add_argument("--pool", action="store_true",
-                        help="pool runs with the same overrides across launches (default: each launch apart)")
-    parser.add_argument("--all-launches", action="store_true",
-                        help="every launch under a sweep's folder, each apart (default: its newest launch)")
-    parser.add_argument("--x", default=None,
-                        help="x axes of the curves, comma-separated: step,time,tokens "
-                             "(default: step; reward also time)")
-    parser.add_argument("--tag", action="append", default=[], help="only runs tagged so (tags=[...]; repeat: all of them)")
-    args = parser.parse_args(argv)
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
     from ablate.analysis.compare import X_AXES
 
     if x_axes and not set(x_axes) <= set(X_AXES):
-        parser.error(f"--x takes {','.join(X_AXES)}, got {args.x}")
+        print(f"ablate: error: --x takes {','.join(X_AXES)}, got {args.x}", file=sys.stderr)
+        sys.exit(2)
     from ablate.errors import missing_extra
     from ablate.config.checks import installed
 

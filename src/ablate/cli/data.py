@@ -189,28 +189,9 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
             print(f"note: {note}", file=out)
 
 
-def data_cmd(argv: list[str]) -> None:
-    """`ablate data preview [overrides] [-n N]`: see `preview`."""
-    usage = "usage: ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
-    if not argv or argv[0] != "preview":
-        print(usage, file=sys.stderr)
-        sys.exit(2)
-    overrides, n, rest, config_dir = [], 3, argv[1:], None
-    while rest:
-        arg = rest.pop(0)
-        if arg in ("--config-dir", "-cd") or arg.startswith("--config-dir="):
-            config_dir = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
-        elif arg in ("-n", "--n") or arg.startswith(("-n=", "--n=")):
-            value = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
-            if not value.isdigit() or int(value) < 1:
-                print(f"ablate data preview: -n needs a positive number, got '{value}'\n{usage}", file=sys.stderr)
-                sys.exit(2)
-            n = int(value)
-        elif arg.startswith("-"):
-            print(f"ablate data preview: unknown option '{arg}'\n{usage}", file=sys.stderr)
-            sys.exit(2)
-        else:
-            overrides.append(arg)
+def data_cmd(args: Any) -> None:
+    """`ablate data preview [overrides] [-n N] [--config-dir DIR]`: see `preview` (arguments: ablate.cli.parser)."""
+    overrides, n, config_dir = args.overrides, args.n, args.config_dir
     from ablate.config.validate import one_line
 
     try:

@@ -127,20 +127,16 @@ def example_ids(raw: Any, scored: Any) -> list[str]:
     return [hashlib.sha1(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:16] for r in rows]
 
 
-def eval_cmd(argv: list[str]) -> None:
-    """`ablate eval RUN_DIR [key=value ...]`."""
-    if not argv or argv[0].startswith("-"):
-        print("usage: ablate eval RUN_DIR [data=... key=value ...]   (writes RUN_DIR/eval.json, eval_examples.jsonl)",
-              file=sys.stderr)
-        sys.exit(2)
+def eval_cmd(args: Any) -> None:
+    """`ablate eval RUN_DIR [key=value ...]` (arguments: ablate.cli.parser)."""
     from hydra.errors import HydraException
 
     from ablate.errors import USER_ERRORS
 
-    run_dir = Path(argv[0]).resolve()
+    run_dir = args.run_dir.resolve()
     try:
         rundir.check_readable(run_dir)  # before the heavy imports
-        result = evaluate(run_dir, argv[1:])
+        result = evaluate(run_dir, args.overrides)
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
-def fetch_cmd(argv: list[str]) -> None:
+def fetch_cmd(args: Any) -> None:
     """`ablate fetch smollm2_135m [--force]`: build the cached model dir now (model=smollm2_135m does
     it on first use) and print its path, e.g. for `model=local model.path=$(ablate fetch smollm2_135m)`."""
     from ablate.errors import ConfigError
 
-    if not argv or argv[0] != "smollm2_135m":
-        print("usage: ablate fetch smollm2_135m [--force]", file=sys.stderr)
-        sys.exit(2)
     from ablate.models.smollm2 import fetch
 
     try:
-        print(fetch(force="--force" in argv[1:]))
+        print(fetch(force=args.force))
     except ConfigError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -8,7 +8,6 @@ chat template when it has one (as training formatted them), else they are used a
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -116,20 +115,9 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temper
     return rows
 
 
-def generate_cmd(argv: list[str]) -> None:
-    """`ablate generate RUN_DIR (--prompt P ... | --prompts FILE.jsonl) [--max-new-tokens N] [--temperature T] [--json]
-    [--before]`."""
-    parser = argparse.ArgumentParser(prog="ablate generate", description="completions from a run's saved model")
-    parser.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included)")
-    parser.add_argument("--prompt", action="append", default=[], help="a user message (repeat for several)")
-    parser.add_argument("--prompts", type=Path, help="JSONL file, one {\"prompt\": ...} per line (string or messages)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per completion (64)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion")
-    parser.add_argument("--before", action="store_true",
-                        help="also the completion of the model the run started from (what training changed)")
-    args = parser.parse_args(argv)
+def generate_cmd(args: Any) -> None:
+    """`ablate generate RUN_DIR (--prompt P ... | --prompts FILE.jsonl) [--max-new-tokens N] [--temperature T]
+    [--json] [--before]` (arguments: ablate.cli.parser)."""
     from ablate.errors import USER_ERRORS
 
     try:

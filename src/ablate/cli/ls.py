@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
+from typing import Any
 
 from ablate.analysis.runs import STATUSES, format_rows, list_runs
 
 
-def ls_cmd(argv: list[str]) -> None:
-    """`ablate ls [DIR] [--status S] [--method M] [--tag T]... [--json]`."""
-    parser = argparse.ArgumentParser(prog="ablate ls", description="list runs and sweep jobs, newest first")
-    parser.add_argument("dir", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs/)")
-    parser.add_argument("--status", choices=STATUSES, help="only runs with this status")
-    parser.add_argument("--method", help="only runs of this method (dpo, sft, grpo, ...)")
-    parser.add_argument("--tag", action="append", default=[], help="only runs tagged so (repeat: all of them)")
-    parser.add_argument("--json", action="store_true", help="one JSON list of runs, for scripts")
-    args = parser.parse_args(argv)
+def ls_cmd(args: Any) -> None:
+    """`ablate ls [DIR] [--status S] [--method M] [--tag T]... [--json]` (arguments: ablate.cli.parser)."""
+    if args.status is not None and args.status not in STATUSES:
+        print(f"ablate: error: --status takes {'|'.join(STATUSES)}, got '{args.status}'", file=sys.stderr)
+        sys.exit(2)
     if not args.dir.is_dir():
         print(f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
               file=sys.stderr)

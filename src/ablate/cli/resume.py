@@ -5,26 +5,23 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
 
 
-def resume_cmd(argv: list[str]) -> None:
+def resume_cmd(args: Any) -> None:
     """`ablate resume RUN_DIR [--force] [hydra overrides]`: rerun a run's own overrides in its own dir,
     which continues it from its newest complete checkpoint (a crashed, killed or failed run).
     `--force`: resume although the data or the composed config changed since the run started
     (refused without it)."""
     from ablate.record import identity, rundir
 
-    if "--force" in argv:  # the data or the config changed since the run started: resume on them all the same
+    if args.force:  # the data or the config changed since the run started: resume on them all the same
         os.environ[identity.NEW_DATA_ENV] = "1"
         os.environ[identity.NEW_CONFIG_ENV] = "1"
-        argv = [a for a in argv if a != "--force"]
-    if len(argv) < 1 or argv[0].startswith("-"):
-        print("usage: ablate resume RUN_DIR [--force] [hydra.key=value ...]", file=sys.stderr)
-        sys.exit(2)
-    run_dir = Path(argv[0]).resolve()
+    run_dir = args.run_dir.resolve()
     try:
         rundir.check_readable(run_dir)
         info = rundir.read_json_checked(run_dir / rundir.RUN)
@@ -55,7 +52,7 @@ def resume_cmd(argv: list[str]) -> None:
             sys.path.insert(0, path)
     if info.get("pythonpath"):  # for the processes a launcher starts (local_parallel, torchrun)
         os.environ["PYTHONPATH"] = os.pathsep.join([*info["pythonpath"], os.environ.get("PYTHONPATH", "")])
-    hydra_argv = [*config_dir, *_unmasked(info["overrides"], argv[1:], run_dir),
+    hydra_argv = [*config_dir, *_unmasked(info["overrides"], args.overrides, run_dir),
                   f"hydra.run.dir={quote_override_value(str(run_dir))}"]
     echo(hydra_argv)
     hydra_train(hydra_argv)

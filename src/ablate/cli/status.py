@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from typing import Any
 
 from ablate.launchers.slurm import status
 
 
-def status_cmd(argv: list[str]) -> None:
+def status_cmd(args: Any) -> None:
     """`ablate status SWEEP_DIR`: each job's state (run dirs + SLURM); the end table once all are done."""
     from ablate.record.rundir import RunDirError, check_readable
 
     try:
-        check_readable(Path(argv[0])) if argv else None
+        check_readable(args.sweep_dir)
     except RunDirError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
-    if len(argv) != 1 or not (Path(argv[0]) / "multirun.yaml").is_file():
-        print("usage: ablate status SWEEP_DIR   (a sweep dir: it holds multirun.yaml)", file=sys.stderr)
+    if not (args.sweep_dir / "multirun.yaml").is_file():
+        print(f"ablate: error: {args.sweep_dir} is not a sweep dir (no multirun.yaml): give one, e.g. "
+              "outputs/sweeps/NAME/<date-time>", file=sys.stderr)
         sys.exit(2)
-    status(Path(argv[0]).resolve())
+    status(args.sweep_dir.resolve())

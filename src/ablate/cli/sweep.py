@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ablate.cli.train import echo, hydra_train
 from ablate.paths import sweeps_dir
@@ -49,19 +50,18 @@ def check_sweep_file(path: Path) -> None:
     raise ValueError(f"ablate sweep: {path} sweeps nothing (no hydra.sweeper.params; see sweeps/dpo_loss.yaml)")
 
 
-def sweep_cmd(argv: list[str]) -> None:
+def sweep_cmd(args: Any) -> None:
     """`ablate sweep NAME [overrides] [--resume [--force]]` / `ablate sweep --resume SWEEP_DIR`:
     the sweep file sweeps/NAME.yaml (or a path) as a Hydra multirun, or an earlier launch resumed."""
     from ablate.launchers.sweep import sweep_argv
 
-    resume, force, detach, dry = "--resume" in argv, "--force" in argv, "--detach" in argv, "--dry-run" in argv
-    argv = [a for a in argv if a not in ("--resume", "--force", "--detach", "--dry-run")]
-    if not argv or argv[0].startswith("-") or (dry and resume):
-        print("usage: ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
-              "  (e.g. ablate sweep dpo_loss --dry-run)", file=sys.stderr)
+    resume, force, detach, dry = args.resume, args.force, args.detach, args.dry_run
+    if not args.name or (dry and resume):
+        print("ablate: error: give a sweep NAME (or --resume SWEEP_DIR), and not --dry-run with --resume "
+              "(e.g. ablate sweep dpo_loss --dry-run; ablate sweep --help)", file=sys.stderr)
         sys.exit(2)
+    argv = [args.name, *rename(args.overrides)]  # an old group name (perf=off) works, noted once
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
-    argv = [argv[0], *rename(argv[1:])]  # an old group name (perf=off) works, noted once
     try:
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
