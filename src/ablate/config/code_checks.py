@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError
 from ablate.config.checks import hydra_node
-from ablate.schema import BOOL, Schema, is_int, is_num, refusal
+from ablate.schema import BOOL, Schema, call_mismatch, is_int, is_num, refusal
 
 
 def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None) -> None:
@@ -97,34 +97,6 @@ def check_trainer_functions(cfg: DictConfig) -> None:
         problem = call_mismatch(instantiate(value), param.default)
         if problem is not None:
             raise ConfigError(_misfit(cfg, node, name, value, param.default, problem))
-
-
-def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:
-    """Why `fn` cannot be called as `like` is (its required arguments: positionally, or by name where
-    `fn` takes that name keyword-only), or None when it can."""
-    import functools
-    import inspect
-
-    try:
-        theirs = inspect.signature(fn, follow_wrapped=False).parameters
-        ours = inspect.signature(like, follow_wrapped=False).parameters.values()
-    except (TypeError, ValueError):  # a partial whose keywords its function does not take, or a builtin
-        if isinstance(fn, functools.partial):
-            taken = inspect.signature(fn.func, follow_wrapped=False).parameters
-            if not any(p.kind == p.VAR_KEYWORD for p in taken.values()):
-                extra = [k for k in fn.keywords if k not in taken]
-                if extra:
-                    return f"it does not take the group's {', '.join(extra)}"
-        return None  # a builtin without a signature: cannot tell
-    required = [p for p in ours if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    by_name = {p.name for p in required if p.kind == p.KEYWORD_ONLY
-               or (p.name in theirs and theirs[p.name].kind == p.KEYWORD_ONLY)}
-    try:
-        inspect.signature(fn, follow_wrapped=False).bind(*[None] * sum(p.name not in by_name for p in required),
-                                                         **dict.fromkeys(by_name))
-    except TypeError as e:
-        return str(e)
-    return None
 
 
 def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, default: Any, problem: str) -> str:

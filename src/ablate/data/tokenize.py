@@ -231,14 +231,6 @@ def truncate(
     return out
 
 
-def _check_lengths(**lengths: int | None) -> None:
-    from ablate.errors import ConfigError
-
-    for name, value in lengths.items():
-        if value is not None and value < 1:
-            raise ConfigError(f"method.args.{name}={value}: must be a positive number of tokens (or null: no limit)")
-
-
 def _finish(dataset: Dataset, kept: Dataset, name: str, what: str, hint: str) -> Dataset:
     """Drop the rows `truncate` rejected, saying how many; none left is an error."""
     dropped = len(dataset) - len(kept)
@@ -291,8 +283,6 @@ def prepare_preference(
     """Any preference format -> prompt_ids / chosen_ids / rejected_ids, truncated (DPO's `_prepare_dataset`)."""
     detect(dataset, "preference")
     check_rows(dataset)
-    _check_lengths(max_length=max_length, max_prompt_length=max_prompt_length,
-                   max_completion_length=max_completion_length)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
         ids = tokenize_preference(tokenizer, row, index)
@@ -315,7 +305,6 @@ def prepare_sft(
     truncated (SFT's `_prepare_dataset`)."""
     detect(dataset, "sft")
     check_rows(dataset)
-    _check_lengths(max_length=max_length)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
         ids = tokenize_sft(tokenizer, row, index, completion_only_loss, assistant_only_loss)
@@ -336,7 +325,6 @@ def prepare_prompts(
     (GRPO's reward functions receive them)."""
     detect(dataset, "prompt")
     check_rows(dataset)
-    _check_lengths(max_prompt_length=max_prompt_length)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, list[int]]:
         ids = tokenize_prompt(tokenizer, row, index)

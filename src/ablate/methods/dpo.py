@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -34,7 +33,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArgum
 
 from ablate.data import cache as reuse
 from ablate.data.tokenize import prepare_preference
-from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import per_sequence, sequence_logps, token_logps
 from ablate.methods import initial_eval
@@ -45,7 +43,9 @@ from ablate.methods.metrics import (
     token_metrics,
 )
 from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.tokenized import TokenizedRows
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.schema import fits
 from ablate.schema.args import DPOArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
@@ -86,10 +86,14 @@ class DPOCollator:
         return batch
 
 
-class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
+class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
     `losses.dpo` function or any with its signature; config: `method/dpo_loss=NAME`, `method.trainer.loss`)
     and the speed switches as `perf` (config: the `speed` group; None: all requested)."""
+
+    tokenize = staticmethod(prepare_preference)  # any TRL preference format -> prompt/chosen/rejected ids
+    row = "pair"
+    tokenize_args = ("max_length", "max_prompt_length", "max_completion_length")
 
     def __init__(
         self,
@@ -105,7 +109,7 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         cache: reuse.Cache | None = None,
         **kwargs: Any,
     ) -> None:
-        self.loss_fn = check_loss(loss)
+        self.loss_fn = fits(loss, dpo_losses.sigmoid, "method.dpo_loss")  # before any data is tokenised
         self.perf = perf or Perf()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized pairs, reference log-probs (ablate.data.cache)
         self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
@@ -161,17 +165,6 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
                                   self.perf, speed_plan.DPO_REFERENCE, layout)
         speed_plan.apply(ref_model, plan)
         return plan
-
-    def _prepare_dataset(
-        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: DPOConfig, name: str
-    ) -> Dataset:
-        """Any TRL preference format (see ablate.data.formats) -> prompt_ids/chosen_ids/rejected_ids,
-        from the cache when a run has tokenized these rows so before."""
-        lengths = {"max_length": args.max_length, "max_prompt_length": args.max_prompt_length,
-                   "max_completion_length": args.max_completion_length}
-        return self.cache.dataset(
-            "tokenized", f"tokenized {name} pairs", lambda: reuse.tokenized_key(dataset, tokenizer, type(self), lengths),
-            lambda: prepare_preference(dataset, tokenizer, **lengths, name=name))
 
     def _sequence_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], need_logits: bool = False
@@ -380,17 +373,3 @@ def longest_row(args: DPOConfig) -> int | None:
     if args.max_prompt_length is not None and args.max_completion_length is not None:
         return args.max_prompt_length + args.max_completion_length
     return None
-
-
-def check_loss(loss: dpo_losses.DPOLoss) -> dpo_losses.DPOLoss:
-    """A one-line error when `loss` cannot take a DPO loss's arguments (e.g. a GRPO loss picked with
-    `method.dpo_loss._target_=ablate.losses.grpo.dapo`), before any data is tokenised. A partial whose own
-    keywords the function does not take (the group's `label_smoothing`) fails already in `signature`."""
-    try:
-        inspect.signature(loss).bind(*[torch.zeros(1)] * 6, beta=0.1)
-    except (TypeError, ValueError) as e:
-        given = ", ".join(getattr(loss, "keywords", {}) or {})
-        why = f"it does not take the group's {given}" if isinstance(e, ValueError) and given else str(e)
-        raise ConfigError(f"method.dpo_loss: {dpo_losses.name(loss)} is not a DPO loss "
-                          f"(a DPO loss takes logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=...): {why}") from None
-    return loss

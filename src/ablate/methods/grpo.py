@@ -1,50 +1,23 @@
-"""GRPO on `transformers.Trainer`: one generation round feeds `steps_per_generation` micro-steps.
+"""GRPO on `transformers.Trainer` (Shao et al. 2024; TRL 1.16's GRPOTrainer): one generation round
+feeds `steps_per_generation` micro-steps, each slice served `num_iterations` times (the schedule and
+its diagram: ablate.rollouts.schedule). The train dataloader yields a round's prompts, each repeated
+`num_generations` times, spg times in a row (RepeatSampler); `_prepare_inputs` generates and scores
+on the first of those micro-steps and the `RolloutBuffer` serves slice k at micro-step k. Batches
+count completions, so `per_device_train_batch_size` is a multiple of `num_generations`.
 
-Generation is autoregressive (one forward per new token), so it is amortised as in TRL 1.16:
-the train dataloader yields a *generation batch* of `per_device_train_batch_size * steps_per_generation`
-completions' worth of prompts (each prompt repeated `num_generations` times, kept together), and
-yields it `steps_per_generation` times in a row (RepeatSampler), so those prompts are not re-drawn.
-`_prepare_inputs` generates and scores on the first of those micro-steps, puts the round (a `Rollout`)
-in the `RolloutBuffer`, which splits it into `steps_per_generation` slices and serves slice k at
-micro-step k (the schedule: ablate.rollouts.schedule; the buffer: ablate.rollouts.buffer):
+Departures from TRL: no shuffle of the round before slicing (slice k is exactly the prompts drawn for
+micro-step k); position ids follow the left padding (training scores exactly what was sampled);
+pi_old is scored at generation time only when the policy can change before the round is used
+(Schedule.keeps_old_logps), else the ratio is exactly 1; a checkpoint saved mid-round holds the round
+(`generation_buffer.pt`) and the generation counters, so a resume at any step reproduces the
+uninterrupted run's per-step losses (TRL regenerates).
 
-    micro-step   0        1        2        3        4  ...      (spg = 4)
-    generate     round 0  -        -        -        round 1
-    trains on    slice 0  slice 1  slice 2  slice 3  slice 0
-
-`per_device_train_batch_size` counts completions (as in TRL), so it must be a multiple of
-`num_generations`. The old policy's log-probs are computed at generation time only when the policy
-can change between generation and use (`gradient_accumulation_steps % steps_per_generation != 0`,
-e.g. spg > accumulation, or num_iterations > 1); otherwise the ratio is exactly 1 and the detached
-current log-probs stand in.
-
-`num_iterations` (mu) serves a round's slices mu times over (micro-steps 0..spg-1, then again), so a
-round feeds spg * mu micro-steps; the old policy's log-probs are then always kept (the importance
-ratio is against the round's policy, as in TRL).
-
-Departures from TRL: no shuffle of the generation batch before slicing (slice k is exactly the
-prompts drawn for micro-step k, which the schedule test checks);
-position ids follow the left padding (as `generate` does) so training scores exactly what was sampled.
-A checkpoint saved mid-round also holds the round (`generation_buffer.pt`), so a resume at any step
-serves the rest of that round instead of regenerating it and reproduces the uninterrupted run's
-per-step losses exactly (TRL regenerates); the generation counters (`rollout_stats()`, which
-`summary_fields` and the throughput callback read) are saved with each checkpoint too.
-
-Generation goes through one seam, `generator=` (a `GenerateFn`). Left null (the default), the speed plan
-picks: `SharedPromptGenerator` (rollouts/generation.py, the `shared_prefill` path) prefills each distinct
-prompt once for its whole group and drops ended rows from the batch, sampling as `model.generate` does;
-with `speed.shared_prefill=false`, `HFGenerator`: plain `model.generate`. A config picks another engine with
-`method/rollouts=NAME` (conf/method/rollouts/: a `{_target_: ..., _partial_: true}` node built with
-(args, tokenizer)), which the plan then records as blocking `shared_prefill`: `hf` (`model.generate`) or
-`vllm` (ablate.rollouts.vllm), a colocated vLLM engine that also returns its per-token log-probs
-(`Completions`), which go into the round as `sampling_logps`: the loss then applies TRL's correction for
-the engine/trainer mismatch (`vllm_importance_sampling_*`, and `off_policy_mask_threshold` for any
-generator; ablate.losses.is_correction) as a weight on the policy term. Scoring (`_token_logps`) follows
-the speed plan too (ablate.speed.plan, switches in conf/speed/, decided once in `__init__`): with
-`grpo_group_rows` one packed row `[prompt | c_1 | ... | c_k]` per prompt, so each prompt is computed once
-per group, projected to the vocabulary only at completion positions (ablate.speed.scoring); else rows in
-groups of similar length (`length_groups`), else one row per completion (`_rows_logps`, TRL's layout).
-The objective takes a `LossInputs` and the clipping settings by keyword (ablate.losses.grpo).
+Seams, each chosen by config: `generator=` (none: the speed plan's SharedPromptGenerator, one prefill
+per prompt group, or HFGenerator; `method/rollouts=hf|vllm`: an engine, whose own log-probs drive
+TRL's importance-sampling correction, ablate.losses.is_correction); scoring by the speed plan (one
+packed row per prompt group, or rows in length groups, else TRL's row per completion:
+ablate.speed.scoring); the loss is the `objective` of a `LossInputs`, then the `aggregation`
+(ablate.losses.grpo). Rounds sampled ahead by a worker process (async GRPO): ablate.rollouts.ahead.
 """
 
 from __future__ import annotations
@@ -91,7 +64,7 @@ from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
-from ablate.schema import refusal
+from ablate.schema import fits, refusal
 from ablate.schema.grpo import GRPOArgs, reward_weights_problem
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
@@ -162,7 +135,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
-        self.aggregate = check_aggregation(aggregation)  # method/grpo_aggregation=NAME: per-token losses -> one number
+        self.aggregate = fits(aggregation, grpo_losses.dapo, "method.grpo_aggregation")  # per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/grpo_scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/grpo_objective=NAME: the per-token loss (clip, cispo, sapo)
         self.reward_aggregation = reward_aggregation  # method/grpo_reward_aggregation=NAME: rewards -> advantages
@@ -236,8 +209,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer.train; whatever ends training stops the async generation worker and closes a generator
-        with an engine of its own (vLLM)."""
+        """Trainer.train; however it ends, the async worker stops and an engine (vLLM) closes."""
         try:
             return super().train(*args, **kwargs)
         finally:
@@ -281,11 +253,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
 
     def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool, old_from_sampling: bool = False
                    ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
-        """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
-        with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
-        it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead),
-        `old_from_sampling`: pi_old from the logits the tokens were drawn from where the generator gives
-        them (`SharedPromptGenerator.sample`), not a second forward pass (synchronous runs keep TRL's)."""
+        """The sampling policy's part of a round: completions, padded batch, pi_old's log-probs (with
+        `keep_old`; the async worker's from its sampling logits, `old_from_sampling`, not a second forward)."""
         t0 = time.perf_counter()
         sample = getattr(self.generator, "sample", None) if old_from_sampling else None
         with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
@@ -303,8 +272,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return completion_ids, batch, seconds
 
     def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
-        """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`
-        (from the sampling logits: the worker's round is most of an async step's critical path)."""
+        """The async worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs."""
         completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
         return completion_ids, batch["old_logps"], seconds
 
@@ -529,15 +497,3 @@ def longest_row(args: GRPOConfig) -> int | None:
     if args.max_prompt_length is None:
         return None
     return args.max_prompt_length + args.max_completion_length
-
-
-def check_aggregation(aggregation: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
-    """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
-    `method.trainer.aggregation._target_=ablate.losses.dpo.hinge`)."""
-    try:
-        inspect.signature(aggregation).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
-    except TypeError as e:
-        name = getattr(getattr(aggregation, "func", aggregation), "__name__", repr(aggregation))
-        raise ConfigError(f"method.grpo_aggregation: {name} is not a GRPO aggregation (one takes per_token_loss, mask, "
-                          f"num_items=..., max_completion_length=...): {e}") from None
-    return aggregation

@@ -17,6 +17,7 @@ from ablate.losses.logps import token_logps
 from ablate.losses.sft import nll
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.tokenized import TokenizedRows
 from ablate.schema.args import SFTArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed.plan import Perf, PrintPlan, Setting
@@ -53,9 +54,13 @@ class SFTCollator:
         }
 
 
-class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
+class SFTTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
     """Next-token NLL on the completion, given the prompt. Its one speed path, `lean_layers` (conf/speed/),
     is decided by ablate.speed.plan as the other trainers' are."""
+
+    tokenize = staticmethod(prepare_sft)  # any TRL SFT format -> prompt/completion ids (loss on the latter)
+    row = "example"
+    tokenize_args = ("max_length", "completion_only_loss", "assistant_only_loss")
 
     def __init__(
         self,
@@ -91,17 +96,6 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
         self.metrics = MetricsBuffer()
         self.add_callback(PrintPlan(self.speed_plan))
-
-    def _prepare_dataset(
-        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: SFTConfig, name: str
-    ) -> Dataset:
-        """Any TRL SFT format (see ablate.data.formats) -> prompt_ids/completion_ids (loss on the latter),
-        from the cache when a run has tokenized these rows so before."""
-        options = {"max_length": args.max_length, "completion_only_loss": args.completion_only_loss,
-                   "assistant_only_loss": args.assistant_only_loss}
-        return self.cache.dataset(
-            "tokenized", f"tokenized {name} examples", lambda: reuse.tokenized_key(dataset, tokenizer, type(self), options),
-            lambda: prepare_sft(dataset, tokenizer, name=name, **options))
 
     def compute_loss(
         self,

@@ -149,6 +149,45 @@ class Schema:
         return self
 
 
+def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:
+    """Why `fn` cannot be called as `like` is (its required arguments: positionally, or by name where
+    `fn` takes that name keyword-only), or None when it can."""
+    import functools
+    import inspect
+
+    try:
+        theirs = inspect.signature(fn, follow_wrapped=False).parameters
+        ours = inspect.signature(like, follow_wrapped=False).parameters.values()
+    except (TypeError, ValueError):  # a partial whose keywords its function does not take, or a builtin
+        if isinstance(fn, functools.partial):
+            taken = inspect.signature(fn.func, follow_wrapped=False).parameters
+            if not any(p.kind == p.VAR_KEYWORD for p in taken.values()):
+                extra = [k for k in fn.keywords if k not in taken]
+                if extra:
+                    return f"it does not take the group's {', '.join(extra)}"
+        return None  # a builtin without a signature: cannot tell
+    required = [p for p in ours if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    by_name = {p.name for p in required if p.kind == p.KEYWORD_ONLY
+               or (p.name in theirs and theirs[p.name].kind == p.KEYWORD_ONLY)}
+    try:
+        inspect.signature(fn, follow_wrapped=False).bind(*[None] * sum(p.name not in by_name for p in required),
+                                                         **dict.fromkeys(by_name))
+    except TypeError as e:
+        return str(e)
+    return None
+
+
+def fits(fn: Any, like: Callable[..., Any], key: str) -> Any:
+    """`fn`, a function a node of config `key` builds for a trainer (a loss, an aggregation), when it
+    takes the call the trainer makes (`like`'s); else one line. The config's own check of it, with the
+    options that do fit, is ablate.config.code_checks.check_trainer_functions."""
+    problem = call_mismatch(fn, like)
+    if problem is not None:
+        name = getattr(getattr(fn, "func", fn), "__name__", repr(fn))
+        raise ConfigError(f"{key}: {name} does not fit: it is called like {like.__module__}.{like.__name__} ({problem})")
+    return fn
+
+
 def schema_for(path: str, target: Any = None) -> type[Schema] | None:
     """The schema of the node at `path` whose `_target_` is `target`: by target, else by path."""
     from ablate.schema import args, grpo, nodes  # noqa: F401 - each schema registers itself
