@@ -13,8 +13,8 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import ConfigError, user_error
 from ablate.config import checks, code_checks
+from ablate.errors import ConfigError, user_error
 from ablate.process import interrupts, setup
 from ablate.process.console import say
 from ablate.record import lifecycle, rundir, secrets

@@ -17,8 +17,8 @@ def compare_cmd(args: Any) -> None:
     if x_axes and not set(x_axes) <= set(X_AXES):
         print(f"ablate: error: --x takes {','.join(X_AXES)}, got {args.x}", file=sys.stderr)
         sys.exit(2)
-    from ablate.errors import missing_extra
     from ablate.config.checks import installed
+    from ablate.errors import missing_extra
 
     if args.out is not None and not installed("matplotlib"):
         print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)

@@ -116,9 +116,9 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from ablate.paths import conf_dir
     from ablate.config.compose import register_resolvers
     from ablate.config.moved import rename
+    from ablate.paths import conf_dir
 
     register_resolvers()
     overrides = rename(overrides)  # an old group name (perf=off) works, noted once

@@ -31,10 +31,10 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ablate.errors import ConfigError
-    from ablate.paths import conf_dir
     from ablate.config.compose import register_resolvers
     from ablate.config.moved import rename
+    from ablate.errors import ConfigError
+    from ablate.paths import conf_dir
 
     info = rundir.read_json(run_dir / rundir.RUN)
     if info is None:
@@ -54,10 +54,10 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from transformers import set_seed
 
     from ablate.cli.generate import load_run_model
+    from ablate.config.code_checks import check_precision
     from ablate.errors import ConfigError
     from ablate.models.adapters import is_adapted
     from ablate.process.setup import quiet_libraries
-    from ablate.config.code_checks import check_precision
 
     cfg, merged = compose_run_config(run_dir, overrides)
     if cfg.method.name == "grpo":

@@ -10,7 +10,6 @@ def fetch_cmd(args: Any) -> None:
     """`ablate fetch smollm2_135m [--force]`: build the cached model dir now (model=smollm2_135m does
     it on first use) and print its path, e.g. for `model=local model.path=$(ablate fetch smollm2_135m)`."""
     from ablate.errors import ConfigError
-
     from ablate.models.smollm2 import fetch
 
     try:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ablate.cli.train import echo, hydra_train
-from ablate.paths import sweeps_dir
 from ablate.config.compose import quote_override_value
 from ablate.config.moved import check_moved, rename
+from ablate.paths import sweeps_dir
 
 
 def find_sweep(arg: str) -> tuple[str, list[str]]:

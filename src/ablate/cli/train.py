@@ -6,9 +6,9 @@ import os
 import sys
 import traceback
 
-from ablate.paths import conf_dir
 from ablate.config.compose import register_resolvers
 from ablate.config.moved import check_moved, rename
+from ablate.paths import conf_dir
 from ablate.process.console import say
 from ablate.record.secrets import remember
 
@@ -65,9 +65,9 @@ def hydra_train(argv: list[str]) -> None:
     argv = rename(argv)  # an old group name (perf=off) works, noted once
     check_moved(argv)
 
+    from ablate.config.validate import one_line
     from ablate.launchers import sweep
     from ablate.process import interrupts
-    from ablate.config.validate import one_line
     from ablate.train import main as task
 
     register_resolvers()

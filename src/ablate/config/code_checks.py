@@ -12,8 +12,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import ConfigError
 from ablate.config.checks import hydra_node
+from ablate.errors import ConfigError
 from ablate.schema import BOOL, Schema, call_mismatch, is_int, is_num, refusal
 
 

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ablate.errors import ConfigError
 from ablate.config.moved import moved_target
+from ablate.errors import ConfigError
 
 
 def check_target(key: str, target: str) -> None:

@@ -25,10 +25,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ablate.config.checks import task_overrides, check, check_launcher, optimizer_field_hint
+from ablate.config.checks import (
+    check,
+    check_launcher,
+    optimizer_field_hint,
+    task_overrides,
+)
 from ablate.config.code_checks import check_code, job_processes
 from ablate.config.moved import note_aliases, rename_params
 from ablate.errors import ConfigError, chain, missing_extra
+
 
 def check_dir(path: Path, key: str, create: bool = True) -> None:
     """`path` (hydra.run.dir / hydra.sweep.dir) is, or can be created as, a writable directory; with
@@ -141,8 +147,8 @@ def claim_sweep_dir(config: DictConfig) -> None:
     SLURM job) and multirun.yaml name the same one."""
     from omegaconf import open_dict, read_write
 
-    from ablate.record import rundir
     from ablate.config.compose import quote_override_value
+    from ablate.record import rundir
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))

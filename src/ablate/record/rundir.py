@@ -7,7 +7,7 @@
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
       eval.json          `ablate eval`'s metrics (its latest eval)
       eval_examples.jsonl  `ablate eval`'s per-example scores: {"id", <metric>: score...} per example
-      checkpoints/       Trainer checkpoints (checkpoint-<step>/, each sealed by manifest.json: ablate.record.checkpoints), for resume;
+      checkpoints/       Trainer checkpoints (checkpoint-<step>/, each sealed by manifest.json), for resume;
                          skipped/: the ones a resume passed over (incomplete or damaged)
       model/             final model + tokenizer (safetensors), loadable with from_pretrained
       wandb/             offline W&B files when logger=wandb
