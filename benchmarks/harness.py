@@ -19,8 +19,9 @@ carries warm-up), whole-process seconds (median; start-up, data preparation and 
 precompute included), tokens/s at the median step, MFU (ablate.speed.throughput: 6N FLOPs per trained token, 2N
 per generated one, against the peak that ablate measures and caches per machine, or `peak_tflops`),
 HW MFU (the FLOPs the training forwards and backwards actually computed: 6N per position through the
-model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`;
-TRL's fused LM head bypasses the head module: its children add `StepRecorder.watch_trl_fused_head`),
+model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`,
+ablate's fused head included; TRL's fused LM head bypasses the head module: its children add
+`StepRecorder.watch_trl_fused_head`),
 peak RSS (max over repeats), and the largest per-step loss difference from the first implementation.
 The load average is printed with the table, and each run's CPU steal (the share of the CPUs' time the
 hypervisor gave to other guests while it ran, from /proc/stat): on a shared machine, numbers are only
@@ -70,6 +71,25 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
         model.get_input_embeddings().register_forward_pre_hook(count("tokens", 1))
         head = model.get_output_embeddings()
         head.register_forward_pre_hook(count("head_rows", head.weight.shape[1]))
+        self._watch_ablate_head()
+
+    def _watch_ablate_head(self) -> None:
+        """ablate's `completion_only_logits` projects through `ablate.speed.head.HeadLogps` (the head's
+        weight in a custom autograd function, never the module's call): count its rows (with grad)."""
+        import torch
+
+        from ablate.speed import head
+
+        fused, computed = head.HeadLogps, self.computed
+
+        class Counted:
+            @staticmethod
+            def apply(hidden: Any, *args: Any) -> Any:
+                if torch.is_grad_enabled():
+                    computed["head_rows"] += hidden.shape[0]
+                return fused.apply(hidden, *args)
+
+        head.HeadLogps = Counted
 
     def watch_trl_fused_head(self) -> None:
         """TRL 1.16's DPO and GRPO trainers score through a fused LM head (`add_fused_lm_head`): the
