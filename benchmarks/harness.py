@@ -189,6 +189,7 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                      "mfu": flops / step / peak if step and peak else None,
                      "hw_mfu": hw / step / peak if hw and step and peak else None,
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "max_loss_diff": diff,
+                     "gpu_peak_mb": max((r["gpu_peak_mb"] for r in runs if r.get("gpu_peak_mb") is not None), default=None),
                      "steps": len(losses), "repeats": len(runs)})
     return rows
 
@@ -231,16 +232,20 @@ def load_average() -> str:
 
 
 def format_table(title: str, rows: list[dict[str, Any]]) -> str:
+    """The table; a "GPU peak MB" column (torch.cuda.max_memory_allocated) where the runs report one."""
+    gpu = any(r.get("gpu_peak_mb") is not None for r in rows)
+    width = max([10, *(len(r["impl"]) for r in rows)])
     lines = [title,
-             f"{'impl':10} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
-             f"{'peak RSS MB':>12} {'max |dloss|':>12}"]
+             f"{'impl':{width}} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
+             f"{'peak RSS MB':>12}" + (f" {'GPU peak MB':>12}" if gpu else "") + f" {'max |dloss|':>12}"]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         hw = f"{r['hw_mfu']:.1%}" if r.get("hw_mfu") is not None else "-"
         diff = "-" if r["max_loss_diff"] is None else ("(base)" if r is rows[0] else f"{r['max_loss_diff']:.2e}")
         tps = f"{r['tokens_per_s']:.0f}" + ("" if r["tokens_counted"] else "*")
-        lines.append(f"{r['impl']:10} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
-                     f"{r['peak_rss_mb']:12.0f} {diff:>12}")
+        mem = (f" {r['gpu_peak_mb']:12.0f}" if r.get("gpu_peak_mb") is not None else f" {'-':>12}") if gpu else ""
+        lines.append(f"{r['impl']:{width}} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
+                     f"{r['peak_rss_mb']:12.0f}{mem} {diff:>12}")
     if not all(r["tokens_counted"] for r in rows):
         lines.append("* tokens per step counted by another implementation (same data and batches)")
     steps, repeats = (rows[0]["steps"], rows[0]["repeats"]) if rows else (0, 0)

@@ -38,6 +38,7 @@ from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import per_sequence, sequence_logps, shifted_logps
 from ablate.methods import initial_eval
+from ablate.methods.forward import unconverted
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer, completion_token_metrics
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
@@ -205,7 +206,9 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         after it. `need_logits` (a compute_metrics hook): every position's, returned too."""
         ids, mask = batch["input_ids"], batch["completion_mask"][:, 1:]
         keep = {} if need_logits else keep_from(self.accelerator.unwrap_model(model), mask)
-        logits = model(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False, **keep).logits
+        # no float32 copy of the logits (ablate.methods.forward), but a compute_metrics hook gets accelerate's
+        forward = model if need_logits else unconverted(self.accelerator, model)
+        logits = forward(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False, **keep).logits
         token, stats = shifted_logps(logits, ids)
         mask = mask[:, mask.shape[1] - token.shape[1]:]
         row, col = mask.nonzero(as_tuple=True)  # the scored tokens, as the speed paths list them

@@ -70,6 +70,7 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import logits_logps
+from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
 from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
@@ -412,8 +413,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         n = batch["completion_ids"].size(1)
         # project to the vocabulary only where a completion token is predicted (prompt logits are never used)
         keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False, **keep).logits
+        forward = unconverted(self.accelerator, model)  # no float32 copy of the logits (ablate.methods.forward)
+        logits = forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False, **keep).logits
         # the last n + 1 positions score the n completion tokens and, the last, nothing (a dummy target,
         # dropped): no float32 copy of the logits, the entropy from the same pass (ablate.losses.logps)
         targets = torch.cat([batch["completion_ids"], batch["completion_ids"][:, :1]], dim=1)

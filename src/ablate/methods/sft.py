@@ -15,6 +15,7 @@ from ablate.data import cache as reuse
 from ablate.data.tokenize import pad, prepare_sft
 from ablate.losses.logps import shifted_logps
 from ablate.losses.sft import nll
+from ablate.methods.forward import unconverted
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.speed import plan as speed_plan
@@ -125,7 +126,9 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         # an eval's compute_metrics hook receives them (with the labels, every position)
         whole = return_outputs and self.compute_metrics is not None
         keep = {} if whole else keep_from(self.accelerator.unwrap_model(model), inputs["labels"][:, 1:] != -100)
-        return super().compute_loss(model, {**model_inputs, **keep, "use_cache": False}, return_outputs,
+        # the model's forward without accelerate's float32 copy of the logits (ablate.methods.forward)
+        forward = model if whole else unconverted(self.accelerator, model)
+        return super().compute_loss(forward, {**model_inputs, **keep, "use_cache": False}, return_outputs,
                                     num_items_in_batch)
 
     def completion_nll(
