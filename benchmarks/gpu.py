@@ -215,7 +215,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=470.0, help="seconds: a section starting later is skipped")
     p.add_argument("--repeats", type=int, default=1, help="alternated rounds of TRL and ablate per section")
     p.add_argument("--parallel", type=int, default=4, help="smoke lines at a time")
-    p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke"))
+    p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
+                   help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)")
     p.add_argument("--compile", action="store_true", help="exact: check torch.compile on a CPU too (minutes)")
     p.add_argument("--out", type=Path, help="write every number here (JSON)")
     p.add_argument("--record", nargs="?", const=str(ROOT / "src/ablate/speed/measured.json"),
