@@ -28,6 +28,11 @@ class PeerLostError(Exception):
     """Another process of a distributed job died or stopped answering: one line, and how to resume."""
 
 
+class UserCodeError(Exception):
+    """A function of the user's (a reward function) raised or broke its contract, or a worker process
+    died or stalled: one line naming it; the traceback goes to the run's ablate.log."""
+
+
 class Pruned(Exception):
     """A study's pruner stopped this trial (ablate.run.trial): recorded as status `pruned` at `step`,
     not as a failure."""
@@ -49,7 +54,7 @@ def missing_extra(module: str, extra: str, what: str) -> ConfigError:
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, DiskFullError, PeerLostError,
-                                                FloatingPointError)
+                                                FloatingPointError, UserCodeError)
 
 
 def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseException]:
