@@ -357,6 +357,32 @@ CASES: list[Case] = [
       "(bad_rewards.needs_a_column) needs the column 'answer', which the data does not have (its columns: ", "run"),
     C("reward-all-null", "train method=grpo data.reward_funcs.repeat_fraction=null",
       "data.reward_funcs: GRPO needs a reward function, and every entry is null"),
+    # issue 32's own catalogue (docs/errors.md): commands' own mistakes, user code, resources
+    C("cache-kind-typo", "cache clear --kind tokenised", "ablate cache: argument --kind: invalid choice: 'tokenised'"),
+    C("cache-no-action", "cache", "ablate cache: the following arguments are required: action"),
+    C("ls-status-typo", "ls --status finished", "ablate ls: argument --status: invalid choice: 'finished'"),
+    C("fetch-unknown", "fetch llama70b", "ablate fetch: no model 'llama70b' to fetch"),
+    C("sweep-resume-nothing", "sweep --resume", "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR"),
+    C("sweep-dry-and-resume", "sweep dpo_loss --dry-run --resume", "--dry-run and --resume do not go together"),
+    C("status-a-run-dir", f"status {OLD}", f"{OLD} is a run dir, not a sweep dir: `ablate ls {OLD}` shows its state"),
+    C("grpo-data-without-rewards", "train method=grpo data=local data.train_path={F}/good.jsonl",
+      "data.reward_funcs: GRPO needs a reward function, and data=local has none"),
+    C("compare-out-a-file", "compare {F}/done_run --out notes.txt", "--out notes.txt is a file: give a directory",
+      files=(("notes.txt", "mine\n"),)),
+    C("compare-out-not-a-report", "compare {F}/done_run --out report", "--out report holds files that are not an ablate "
+      "report (report.html): give a new or empty dir; nothing was written", files=(("report/report.html", "<p>mine</p>\n"),)),
+    C("threads-too-many", "train threads=100000", "threads=100000: this machine gives the run", "run"),
+    C("lora-rank-too-big", "train +peft=lora peft.r=1000000000", "peft.r=1000000000: larger than any layer it adapts "
+      "(the widest is 64 wide): must be at most 64", "run"),
+    C("user-callback-raises", "train +callbacks.boom._target_=bad_code.Boom method.args.max_steps=2", "your code raised "
+      "KeyError: 'my callback broke' (", "run", trains=True),
+    C("user-loss-raises", "train method.loss._target_=bad_code.loss_raises method.args.max_steps=2", "your code raised "
+      "ZeroDivisionError: my loss broke (", "run", trains=True),
+    C("user-loss-not-a-tensor", "train method.loss._target_=bad_code.loss_not_a_tensor method.args.max_steps=2",
+      "method.loss (bad_code.loss_not_a_tensor) returned (float, dict): a DPO loss returns (losses, metrics)", "run",
+      trains=True),
+    C("user-loader-raises", "train data._target_=bad_code.loader_raises", "your code raised OSError: my loader broke (",
+      "run"),
     # an lr torch cannot represent in its update (a 72-line traceback from inside AdamW), a run that collapsed
     C("lr-overflows-adam", "train optimizer.optimizer.lr=1e38", "optimizer.optimizer.lr=1e+38: must be a number > 0 with "
       "lr / (1 - beta1) under float32's largest, 3.4e+38"),

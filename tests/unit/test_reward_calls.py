@@ -75,5 +75,14 @@ def test_signatures_before_the_run_and_columns_when_the_data_is_known():
     assert calls.column_problem(no_kwargs, ["letter"]) == "takes no 'letter', a column of the data it is given (add **kwargs)"
 
 
+def test_an_async_reward_function_is_awaited():
+    """TRL awaits `async def` reward functions; ablate refused them as "returned a coroutine"."""
+    async def rew(prompts, completions, **kw):
+        return [float(len(c)) for c in completions]
+
+    assert calls.call_problem(rew) is None
+    assert calls.score("a", rew, 4, KW, "log") == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_a_null_reward_function_is_dropped():
     assert calls.usable({"a": None, "b": bad_rewards.length}) == {"b": bad_rewards.length}

@@ -22,8 +22,10 @@ def resume_cmd(argv: list[str]) -> None:
         os.environ[config_change.NEW_CONFIG_ENV] = "1"
         argv = [a for a in argv if a != "--force"]
     if len(argv) < 1 or argv[0].startswith("-"):
-        print("usage: ablate resume RUN_DIR [--force] [hydra.key=value ...]", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse("ablate resume: which run? give its dir" if not argv else f"'{argv[0]}' is not an option of ablate resume",
+               "ablate resume RUN_DIR [--force] [hydra.key=value ...]")
     run_dir = Path(argv[0]).resolve()
     try:
         rundir.check_readable(run_dir)

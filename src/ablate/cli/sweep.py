@@ -56,9 +56,12 @@ def sweep_cmd(argv: list[str]) -> None:
     resume, force, detach, dry = "--resume" in argv, "--force" in argv, "--detach" in argv, "--dry-run" in argv
     argv = [a for a in argv if a not in ("--resume", "--force", "--detach", "--dry-run")]
     if not argv or argv[0].startswith("-") or (dry and resume):
-        print("usage: ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
-              "  (e.g. ablate sweep dpo_loss --dry-run)", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        why = ("--dry-run and --resume do not go together" if dry and resume else
+               f"'{argv[0]}' is not an option of ablate sweep" if argv else "which sweep? give its name (dpo_loss) "
+               "or file, or --resume SWEEP_DIR")
+        refuse(why, "ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR")
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
         check_overrides(argv[1:], resume)

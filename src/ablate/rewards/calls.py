@@ -1,7 +1,7 @@
 """How GRPO calls the data's reward functions, and what it holds them to (TRL 1.16's contract).
 
 A reward function is called as `f(prompts=..., completions=..., completion_ids=..., **dataset columns)`
-and returns one reward per completion: a number, or None/NaN for a completion it does not score (TRL's
+(an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion it does not score (TRL's
 convention: left out of its group's statistics; the rewards of several functions are summed over those
 that score, `nansum`). What a user's function gets wrong is one line naming it (UserCodeError), its
 traceback in the run's log:
@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ablate.errors import UserCodeError
+from ablate.errors import UserCodeError, log_file
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # what GRPO passes besides the data's columns
 CALL = "f(prompts=..., completions=..., completion_ids=..., **dataset columns)"
@@ -79,6 +79,10 @@ def score(name: str, fn: Callable[..., Any], n: int, kwargs: dict[str, Any], log
     who = f"reward function '{name}' ({name_of(fn)})"
     try:
         values = fn(**kwargs)
+        if inspect.isawaitable(values):  # an `async def` reward function (TRL awaits them too)
+            import asyncio
+
+            values = asyncio.run(_awaited(values))
     except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs, one line, the traceback logged
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UserCodeError(f"{who} raised {type(e).__name__}{': ' + first if first else ''} "
@@ -90,6 +94,10 @@ def score(name: str, fn: Callable[..., Any], n: int, kwargs: dict[str, Any], log
     if len(values) != n:
         raise UserCodeError(f"{who} returned {len(values)} rewards for {n} completions (one per completion, in order)")
     return [_reward(who, i, v) for i, v in enumerate(values)]
+
+
+async def _awaited(values: Any) -> Any:
+    return await values
 
 
 def _array(values: Any) -> bool:
@@ -138,14 +146,6 @@ def table(funcs: dict[str, Callable[..., Any]], kwargs: dict[str, Any], n: int, 
             "no reward function scored any of this round's %d completions (all None or NaN): the round trains on "
             "nothing (every advantage is 0); said once", n)
     return out
-
-
-def log_file() -> str:
-    """The run's log file (the root logger's file handler: Hydra's ablate.log), where tracebacks go."""
-    import logging
-
-    files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    return files[0] if files else "the run's log"
 
 
 def usable(funcs: dict[str, Any] | None) -> dict[str, Any]:

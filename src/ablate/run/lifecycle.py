@@ -39,6 +39,7 @@ from ablate.errors import (
     Pruned,
     RunDirError,
     chain,
+    user_code_error,
     user_error,
 )
 from ablate.run import config_change, interrupts, rundir, secrets, sweep_dirs
@@ -213,7 +214,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             run.write()
             return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _disk_full(run, e) or _peer_lost(run, e)  # said in one line
+            known = _disk_full(run, e) or _peer_lost(run, e) or user_code_error(e)  # said in one line
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e

@@ -225,10 +225,19 @@ def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
     from ablate.run.rules import is_grpo, reward_names
 
     funcs = at(cfg, "data.reward_funcs")
-    if is_grpo(cfg) and isinstance(funcs, DictConfig) and len(funcs) and not reward_names(cfg) \
-            and not any(k.startswith("data.reward_funcs") for k in swept):
+    trainer = at(cfg, "method.trainer")
+    given = trainer._get_node("reward_funcs")._value() if isinstance(trainer, DictConfig) and "reward_funcs" in trainer else None
+    if not is_grpo(cfg) or any(k.startswith(("data", "method.trainer")) for k in swept) \
+            or not str(given).startswith("${oc.select:data.reward_funcs"):
+        return  # not GRPO, swept, or the trainer given its rewards some other way
+    add = "+data.reward_funcs.NAME._target_=pkg.module.fn +data.reward_funcs.NAME._partial_=true"
+    if not isinstance(funcs, DictConfig) or not len(funcs):
+        data = at(cfg, "hydra.runtime.choices.data") or OmegaConf.select(hydra_node(), "runtime.choices.data", default="")
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and data={data or '...'} has none: add "
+                          f"yours ({add}), or use data that scores itself (data=tiny_repeat)")
+    if not reward_names(cfg):
         raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
-                          f"({', '.join(map(str, funcs))}); keep one, or add yours: +data.reward_funcs.NAME._target_=...")
+                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {add}")
 
 
 def _check_cache_dir(cfg: DictConfig) -> None:
