@@ -187,3 +187,42 @@ def test_trainer_without_configured_optimizer_is_refused():
         check_trainer_class(cls)  # accepted
     with pytest.raises(ConfigError, match="Plain does not subclass ablate.methods.optim.ConfiguredOptimizer"):
         check_trainer_class(type("Plain", (Trainer,), {}))
+
+
+def test_nan_guard_window_of_steps():
+    """A log event averages the loss over `logging_steps` but reports the last step's grad_norm: a hinge loss
+    whose last step is past its margin logs loss > 0 with grad_norm 0 and is alive (CI: test_hinge_learns was
+    stopped as collapsed). Such an event only starts a per-step check; windows with no gradient at all stop it."""
+    import torch
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(logging_steps=5)
+    live, dead = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    for m, g in ((live, 1.0), (dead, 0.0)):
+        for p in m.parameters():
+            p.grad = torch.full_like(p, g)
+
+    def window(g, model, step):
+        for _ in range(5):
+            g.on_pre_optimizer_step(args, TrainerState(global_step=step), TrainerControl(), model=model)
+        g.on_log(args, TrainerState(global_step=step), TrainerControl(),
+                 logs=dict(loss=0.11, grad_norm=0.0, learning_rate=1e-3))
+
+    hinge = NaNGuard()
+    for step in range(5, 60, 5):
+        window(hinge, live, step)  # never stopped: each window had a step with a gradient
+    collapsed = NaNGuard()
+    window(collapsed, dead, 5)  # unchecked window: only starts the check
+    window(collapsed, dead, 10)
+    with pytest.raises(FloatingPointError, match="grad_norm is exactly 0 at steps 10-15"):
+        window(collapsed, dead, 15)
+
+
+def test_sweep_overrides_take_hydra_flags_with_values():
+    """`ablate sweep dpo_losses ... --cfg job` (the README test's dry form) is Hydra's flag and its value, not a stray word."""
+    from ablate.cli.sweep import check_overrides
+
+    check_overrides(["method.args.max_steps=2", "--cfg", "job"], resume=False)
+    check_overrides(["-p", "method", "--cfg", "job"], resume=False)
+    with pytest.raises(ValueError, match="'job' is not an override"):
+        check_overrides(["method.args.max_steps=2", "job"], resume=False)

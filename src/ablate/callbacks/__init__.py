@@ -40,6 +40,16 @@ class NaNGuard(TrainerCallback):
         self.metrics = tuple(metrics)
         self.dead_after = dead_after  # log events with no gradient in a row (0: never stop for that)
         self.dead: list[int] = []  # the steps of the log events in a row that had no gradient
+        # A log event averages the loss over `logging_steps` steps but reports the last step's grad_norm: a
+        # hinge loss with one step past its margin logs loss > 0 and grad_norm 0 and is alive. So a suspect
+        # event only turns on a per-step check (free otherwise); a window is dead when no step had a gradient.
+        self.checking = False  # every optimizer step since the last log event was checked
+        self.live = False  # one of them had a gradient
+
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              model: Any = None, **kwargs: Any) -> None:
+        if self.checking and not self.live and model is not None:
+            self.live = any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
 
     def on_log(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -53,7 +63,13 @@ class NaNGuard(TrainerCallback):
         grad, lr, loss = (logs.get(k) for k in ("grad_norm", "learning_rate", "loss"))
         if not all(isinstance(v, (int, float)) for v in (grad, lr, loss)) or loss == 0:
             return
-        self.dead = self.dead + [state.global_step] if grad == 0 and lr > 0 else []
+        if not (grad == 0 and lr > 0):
+            self.dead, self.checking = [], False
+            return
+        one_step = getattr(args, "logging_steps", 1) == 1  # the logged loss is this step's own
+        dead = one_step or (self.checking and not self.live)
+        self.dead = self.dead + [state.global_step] if dead else []
+        self.checking, self.live = True, False
         if self.dead_after and len(self.dead) >= self.dead_after:
             steps = f"steps {self.dead[0]}-{self.dead[-1]}" if len(self.dead) > 1 else f"step {self.dead[0]}"
             raise FloatingPointError(

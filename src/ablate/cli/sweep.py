@@ -93,8 +93,11 @@ def check_overrides(args: list[str], resume: bool) -> None:
     """What follows the sweep's name are overrides (key=value, ~key): a sweep dir given after the name
     (`ablate sweep NAME ... --resume DIR`) or a stray word would reach Hydra's parser, which answers in
     its grammar's terms ("extraneous input '/' expecting {EQUAL, ...}")."""
-    for a in args:
-        if "=" in a or a.startswith(("-", "~")):
+    # Hydra's own flags whose value is the next word (`--cfg job`, `-p PACKAGE`)
+    valued = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name", "-cn",
+              "--config-dir", "-cd", "--experimental-rerun"}
+    for i, a in enumerate(args):
+        if "=" in a or a.startswith(("-", "~")) or (i and args[i - 1] in valued):
             continue
         if (Path(a) / "multirun.yaml").is_file():
             how = "--resume takes the sweep dir in place of the sweep's name" if resume else "a sweep dir is resumed"
