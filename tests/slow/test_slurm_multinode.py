@@ -42,7 +42,7 @@ from test_slurm import (
     _wait,
 )
 
-from ablate.record.rundir import MANIFEST
+from ablate.record.checkpoints import MANIFEST
 
 pytestmark = pytest.mark.slow
 MARK = "written by scripts/slurm/start.sh"  # the first line of the config start.sh writes

@@ -22,7 +22,8 @@ LAYERS = [
     {"methods", "callbacks"},                  # trainers and their args; callbacks a user selects
     {"speed"},                                 # speed paths, the speed plan
     {"rollouts"},                              # GRPO's generation engines
-    {"models", "data", "losses", "rewards"},
+    {"data"},                                  # datasets, tokenizing, the reuse cache (its key reads the device's TF32: models)
+    {"models", "losses", "rewards"},
     {"schema"},                                # what each config node may hold, checked once (no torch)
     {"errors", "paths"},
 ]

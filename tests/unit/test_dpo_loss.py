@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 
 from ablate.losses import dpo
 
-LOSS_DIR = Path(__file__).resolve().parents[2] / "conf" / "method" / "loss"
+LOSS_DIR = Path(__file__).resolve().parents[2] / "conf" / "method" / "dpo_loss"
 LOG2 = math.log(2)
 
 

@@ -13,7 +13,6 @@ from ablate.data.tokenize import (
     prepare_sft,
     truncate,
 )
-from ablate.errors import ConfigError
 from ablate.models.tokenizer import byte_tokenizer
 
 
@@ -97,8 +96,6 @@ def test_long_prompt_pairs_dropped_or_cut(tok, caplog):
     assert len(cut[0]["prompt_ids"]) == 32 and tok.decode(cut[0]["chosen_ids"]) == " abc</s>"
     with pytest.raises(DataError, match="every train pair was dropped"):
         prepare_preference(Dataset.from_list(rows[:1]), tok, max_length=64)
-    with pytest.raises(ConfigError, match="max_length=0"):
-        prepare_preference(Dataset.from_list(rows), tok, max_length=0)
 
 
 def test_implicit_prompt_conversational_extracts_shared_turns(tok):

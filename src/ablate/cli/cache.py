@@ -14,7 +14,10 @@ def cache_cmd(args: Any) -> None:
     from ablate.data.cache import KINDS, default_dir, entries, foreign, leftovers
 
     if args.kind not in (None, *KINDS):
-        _refuse(f"--kind takes {'|'.join(KINDS)}, got '{args.kind}'")
+        from ablate.cli import refuse
+
+        refuse(f"ablate cache: argument --kind: invalid choice: '{args.kind}' (choose from {', '.join(KINDS)})",
+               "ablate cache")
     root = (args.dir or default_dir()).expanduser()
     refuse_root(root, f"--dir {args.dir}" if args.dir else
                 f"ABLATE_CACHE={os.environ['ABLATE_CACHE']}" if os.environ.get("ABLATE_CACHE") else str(root))

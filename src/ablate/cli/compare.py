@@ -29,6 +29,10 @@ def compare_cmd(args: Any) -> None:
     try:
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
+        if args.out is not None:  # never over files of the user's (issue 32)
+            from ablate.analysis.report import check_out
+
+            check_out(args.out)
         compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
                 all_launches=args.all_launches)
     except (FileNotFoundError, ConfigError, RunDirError) as e:

@@ -12,8 +12,10 @@ from ablate.analysis.runs import STATUSES, format_rows, list_runs
 def ls_cmd(args: Any) -> None:
     """`ablate ls [DIR] [--status S] [--method M] [--tag T]... [--json]` (arguments: ablate.cli.parser)."""
     if args.status is not None and args.status not in STATUSES:
-        print(f"ablate: error: --status takes {'|'.join(STATUSES)}, got '{args.status}'", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse(f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from {', '.join(STATUSES)})",
+               "ablate ls")
     if not args.dir.is_dir():
         print(f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
               file=sys.stderr)

@@ -18,7 +18,11 @@ def status_cmd(args: Any) -> None:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
     if not (args.sweep_dir / "multirun.yaml").is_file():
-        print(f"ablate: error: {args.sweep_dir} is not a sweep dir (no multirun.yaml): give one, e.g. "
-              "outputs/sweeps/NAME/<date-time>", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+        from ablate.record import rundir
+
+        d = args.sweep_dir
+        refuse(f"{d} is a run dir, not a sweep dir: `ablate ls {d}` shows its state" if (d / rundir.RUN).is_file()
+               else f"{d} is not a sweep dir (no multirun.yaml): give one, e.g. outputs/sweeps/NAME/<date-time>",
+               "ablate status")
     status(args.sweep_dir.resolve())

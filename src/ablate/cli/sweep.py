@@ -57,12 +57,14 @@ def sweep_cmd(args: Any) -> None:
 
     resume, force, detach, dry = args.resume, args.force, args.detach, args.dry_run
     if not args.name or (dry and resume):
-        print("ablate: error: give a sweep NAME (or --resume SWEEP_DIR), and not --dry-run with --resume "
-              "(e.g. ablate sweep dpo_loss --dry-run; ablate sweep --help)", file=sys.stderr)
-        sys.exit(2)
-    argv = [args.name, *rename(args.overrides)]  # an old group name (perf=off) works, noted once
+        from ablate.cli import refuse
+
+        refuse("--dry-run and --resume do not go together" if dry and resume else
+               "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR", "ablate sweep")
+    argv = [args.name, *rename(args.overrides), *hydra_flags(args)]  # an old group name (perf=off) works, noted once
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
+        check_overrides(argv[1:], resume)
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
 
@@ -85,6 +87,33 @@ def sweep_cmd(args: Any) -> None:
         _dry_run(argv[0], hydra_argv)
         return
     hydra_train(hydra_argv)
+
+
+def hydra_flags(args: Any) -> list[str]:
+    """Hydra's own options given to `ablate sweep` (`--cfg job`), as train takes them."""
+    flags = [f"--{k.replace('_', '-')}" for k in ("resolve",) if getattr(args, k)]
+    for key in ("cfg", "package", "info", "config_dir"):
+        if getattr(args, key) is not None:
+            flags += [f"--{key.replace('_', '-')}", getattr(args, key)]
+    return flags
+
+
+def check_overrides(args: list[str], resume: bool) -> None:
+    """What follows the sweep's name are overrides (key=value, ~key): a sweep dir given after the name
+    (`ablate sweep NAME ... --resume DIR`) or a stray word would reach Hydra's parser, which answers in
+    its grammar's terms ("extraneous input '/' expecting {EQUAL, ...}")."""
+    # Hydra's own flags whose value is the next word (`--cfg job`, `-p PACKAGE`)
+    valued = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name", "-cn",
+              "--config-dir", "-cd", "--experimental-rerun"}
+    for i, a in enumerate(args):
+        if "=" in a or a.startswith(("-", "~")) or (i and args[i - 1] in valued):
+            continue
+        if (Path(a) / "multirun.yaml").is_file():
+            how = "--resume takes the sweep dir in place of the sweep's name" if resume else "a sweep dir is resumed"
+            raise ValueError(f"'{a}' is a sweep dir: {how}: ablate sweep --resume {a} [key=value ...] (its sweep "
+                             "and command line come from its multirun.yaml)")
+        raise ValueError(f"'{a}' is not an override: after the sweep's name come key=value overrides "
+                         "(ablate sweep NAME key=value ... [--resume])")
 
 
 def _dry_run(name: str, hydra_argv: list[str]) -> None:

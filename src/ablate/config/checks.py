@@ -58,6 +58,7 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_paths(cfg)
     _check_datasets_cache(cfg)
     _check_cache_dir(cfg)
+    _check_reward_funcs(cfg, swept)
     _check_eval_data(cfg, swept)
 
 
@@ -104,6 +105,26 @@ def _check_optimizer_args(cfg: DictConfig) -> None:
             hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
             if hint:
                 raise ConfigError(hint)
+
+
+def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """GRPO with no reward function (data=local has none; `data.reward_funcs.NAME=null` drops one) has
+    nothing to learn from. Each function's own contract: ablate.config.code_checks, ablate.rewards.calls."""
+    funcs = at(cfg, "data.reward_funcs")
+    trainer = at(cfg, "method.trainer")
+    given = trainer._get_node("reward_funcs")._value() if isinstance(trainer, DictConfig) and "reward_funcs" in trainer else None
+    grpo = str(at(cfg, "method.args._target_", "")).endswith("GRPOConfig")
+    if not grpo or any(k.startswith(("data", "method.trainer")) for k in swept) \
+            or not str(given).startswith("${oc.select:data.reward_funcs"):
+        return  # not GRPO, swept, or the trainer given its rewards some other way
+    add = "+data.reward_funcs.NAME._target_=pkg.module.fn +data.reward_funcs.NAME._partial_=true"
+    if not isinstance(funcs, DictConfig) or not len(funcs):
+        data = at(cfg, "hydra.runtime.choices.data") or OmegaConf.select(hydra_node(), "runtime.choices.data", default="")
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and data={data or '...'} has none: add "
+                          f"yours ({add}), or use data that scores itself (data=tiny_repeat)")
+    if not any(v is not None for v in funcs.values()):
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
+                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {add}")
 
 
 def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:

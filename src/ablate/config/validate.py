@@ -34,6 +34,7 @@ from ablate.config.checks import (
 from ablate.config.code_checks import check_code, job_processes
 from ablate.config.moved import note_aliases, rename_params
 from ablate.errors import ConfigError, chain, missing_extra
+from ablate.record import sweep_dirs
 
 
 def check_dir(path: Path, key: str, create: bool = True) -> None:
@@ -127,8 +128,8 @@ class Validate(Callback):
 
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
-            if _sweep_dir_given(config.hydra):
-                check_not_a_sweep(sweep_dir)  # in about a second: before the code checks import torch
+            if sweep_dirs.given(config.hydra):
+                sweep_dirs.check_sweep_dir_free(sweep_dir)  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -152,11 +153,11 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
-    raw = _hydra_overrides(hc)
+    raw = sweep_dirs.hydra_overrides(hc)
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
-        check_not_a_sweep(path)
+        sweep_dirs.check_sweep_dir_free(path)
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
@@ -166,30 +167,6 @@ def claim_sweep_dir(config: DictConfig) -> None:
         hc.sweep.dir = str(path)
         overrides = [o for o in raw if o not in given]
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
-
-
-def _hydra_overrides(hc: Any) -> list[str]:
-    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
-    return [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
-
-
-def _sweep_dir_given(hc: Any) -> bool:
-    """`hydra.sweep.dir` was given on the command line (else the launch makes a new dir of its own)."""
-    return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in _hydra_overrides(hc))
-
-
-SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
-
-
-def check_not_a_sweep(path: Path) -> None:
-    """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
-    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job)."""
-    from ablate.record.lifecycle import RESUME_ENV
-
-    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
-    if held and not os.environ.get(RESUME_ENV):
-        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
-                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
 
 
 def _dir_value(config: DictConfig, key: str) -> str:

@@ -52,6 +52,11 @@ def choose(setting: int | None, launcher: Any = None) -> tuple[int, str]:
     """The thread count and where it came from: the `threads` config key, else OMP_NUM_THREADS
     (the user's environment), else available cores // local jobs (at least 1)."""
     if setting is not None:  # checked by its schema (ablate.schema.nodes.Root)
+        if int(setting) > 4 * available_cores():  # the machine, not the value: known only where the run runs
+            from ablate.errors import ConfigError
+
+            raise ConfigError(f"threads={setting}: this machine gives the run {available_cores()} cores; more than "
+                              f"4 threads per core only slows torch down (null: one per core)")
         return int(setting), "config threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:

@@ -37,10 +37,11 @@ from ablate.errors import (
     Pruned,
     RunDirError,
     chain,
+    user_code_error,
     user_error,
 )
 from ablate.process import interrupts
-from ablate.record import checkpoints, rundir, secrets
+from ablate.record import checkpoints, rundir, secrets, sweep_dirs
 from ablate.record.identity import (
     NEW_DATA_ENV,
     check_same_config,
@@ -51,7 +52,7 @@ from ablate.record.identity import (
 )
 
 log = logging.getLogger("ablate")
-RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
+RESUME_ENV = sweep_dirs.RESUME_ENV  # set in a resumed sweep's job processes: completed jobs are skipped
 
 
 @dataclass
@@ -228,7 +229,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             run.write()
             return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _disk_full(run, e) or _peer_lost(run, e)  # said in one line
+            known = _disk_full(run, e) or _peer_lost(run, e) or user_code_error(e)  # said in one line
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e
@@ -276,10 +277,10 @@ def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
         if multirun:
             _stop_logging_into(run_dir)
             overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
-            rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
+            sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
         raise
     if multirun:
-        rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
+        sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:

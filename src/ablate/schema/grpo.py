@@ -68,6 +68,9 @@ class GRPOArgs(TrainArgs):
                                              "taking the idle async worker's threads)"),
                                "split = fixed halves (reproducible) | balanced = the trainer also takes the idle "
                                "worker's (last bits timing-dependent: ablate.rollouts.cores).")
+    worker_timeout_s: float = field(900.0, number(above=0, why=" (seconds)"),
+                                    "Async GRPO: seconds the trainer waits for a round from its worker before it "
+                                    "counts it as stalled (stopped, hung) and stops the run in one line (resumable).")
     max_prompt_length: int | None = field(512, nullable(integer(1)), "Keep the last N prompt tokens.")
     max_completion_length: int = field(256, integer(1), "New tokens generated per completion.")
     temperature: float = field(1.0, number(above=0), "Sampling temperature (also applied when scoring).")
@@ -103,8 +106,8 @@ class GRPOArgs(TrainArgs):
 
     def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
         funcs = (cfg.get("data") or {}).get("reward_funcs")
-        if isinstance(funcs, Mapping):
-            problem = reward_weights_problem(self.reward_weights, list(funcs))
+        if isinstance(funcs, Mapping):  # data.reward_funcs.NAME=null drops one, as a null callback is dropped
+            problem = reward_weights_problem(self.reward_weights, [str(k) for k, v in funcs.items() if v is not None])
             if problem is not None:
                 yield problem
 

@@ -45,10 +45,26 @@ def _betas(v: Any, n: Any) -> bool:
     return isinstance(v, list) and len(v) == 2 and all(is_num(b) and 0 <= b < 1 for b in v)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the parameters' dtype bounds every update the optimizer computes
+
+
+def _lr(v: Any, n: Any) -> bool:
+    """An lr torch can use: > 0, and Adam's first update lr / (1 - beta1) a float32 (1e38 overflowed inside AdamW)."""
+    beta1 = n.betas[0] if _betas(n.betas, n) else 0.0
+    return is_num(v) and 0 < v and v / (1 - beta1) < FLOAT32_MAX
+
+
+def _lr_words(n: Any, at: str) -> str:
+    if isinstance(n.betas, list):
+        return (f"a number > 0 with lr / (1 - beta1) under float32's largest, {FLOAT32_MAX:.3g} (Adam's first "
+                "update: torch cannot represent it)")
+    return f"a number > 0 under float32's largest, {FLOAT32_MAX:.3g}"
+
+
 @dataclass
 class Optimizer(Schema):
     node = "optimizer.optimizer"
-    lr: float = field(check=number(above=0))
+    lr: float = field(check=Rule(_lr, _lr_words))
     weight_decay: float = field(check=number(at_least=0))
     betas: list[float] = field(check=Rule(_betas, "two numbers in [0, 1): 'optimizer.optimizer.betas=[0.9,0.999]'"))
     momentum: float = field(check=number(at_least=0))
@@ -135,3 +151,19 @@ class DPOLoss(Schema):
     node = "method.dpo_loss"
     # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
     label_smoothing: float = field(check=fraction(high=0.5, closed=False))
+
+
+@dataclass
+class Speed(Schema):
+    node = "speed"
+    targets = ("ablate.speed.plan.Perf",)
+    dpo_pair_rows: bool = field(check=BOOL)
+    grpo_group_rows: bool = field(check=BOOL)
+    padding_free: bool = field(check=BOOL)
+    completion_only_logits: bool = field(check=BOOL)
+    length_groups: bool = field(check=BOOL)
+    shared_prefill: bool = field(check=BOOL)
+    lean_layers: bool = field(check=BOOL)
+    liger: bool = field(check=BOOL)  # opt-in; whether this machine can run it: ablate.speed.plan.Perf
+    compile: bool = field(check=BOOL)  # opt-in
+    unverified_devices: bool = field(check=BOOL)
