@@ -63,6 +63,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
 
     from ablate.methods.shapes import check_shape
     from ablate.models.adapters import with_adapters
+    from ablate.models.heads import with_head
     from ablate.run import progress
     from ablate.speed.throughput import Speed
 
@@ -74,7 +75,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     record.check_data(data)  # a resume on data edited since the run started is refused
     check_shape(trainer_cls, data.train, eval_data := data.eval if args.eval_strategy != "no" else None)
     tokenizer, model = instantiate(cfg.model)
-    model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
+    model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora|qlora
     validate.check_trainable(model)
     record.start_tracker(cfg)
     trainer = make_trainer(

@@ -97,7 +97,7 @@ def test_option_composes_and_documents_fields(group, option):
 
 
 # nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
-NESTED = [(sub, o) for sub in ("loss", "aggregation", "scale_rewards", "objective", "reward_aggregation")
+NESTED = [(sub, o) for sub in ("loss", "aggregation", "scale_rewards", "objective", "reward_aggregation", "kto_loss")
           for o in options(f"method/{sub}")]
 
 
@@ -108,10 +108,11 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
     import functools
 
     text = (CONF / "method" / sub / f"{option}.yaml").read_text()
-    method = "grpo" if "losses.grpo." in text else "dpo"
+    method = "grpo" if "losses.grpo." in text else "kto" if "losses.kto." in text else "dpo"
     cfg = make_cfg(f"method={method}", f"method/{sub}={option}")
     assert cfg.method[sub]._target_ in text and cfg.method[sub]._partial_ is True
-    fn = instantiate(cfg.method.trainer).keywords[sub]  # the trainer partial's own argument
+    keywords = instantiate(cfg.method.trainer).keywords  # the trainer partial's own arguments
+    fn = keywords[sub] if sub in keywords else keywords["loss"]  # kto_loss reaches the trainer as its `loss`
     assert isinstance(fn, functools.partial)
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -235,8 +236,11 @@ def test_plus_option_targets_resolve(group, option):
 
 def _build_trainer(cfg: DictConfig, tmp_path: Path) -> None:
     """The method's trainer, built with the tiny model and the method's own data, as ablate.train does."""
+    from ablate.models.heads import with_head
+
     args = instantiate(cfg.method.args, output_dir=str(tmp_path), max_steps=1)
     tok, model = instantiate(cfg.model)
+    model = with_head(model, cfg.method)  # method=reward's score head, as ablate.train puts it on
     data = instantiate(cfg.data)
     trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=data.train,
                                               processing_class=tok)  # reward_funcs, if any, come from the config
@@ -256,7 +260,7 @@ def test_experiment_files_compose(name):
 
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
-CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts"),
+CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts", "models.heads"),
         "method/loss": ("losses",), "method/aggregation": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
         "method/reward_aggregation": ("losses",), "method/generator": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),

@@ -35,9 +35,11 @@ def load_run_model(run_dir: Path) -> tuple[Any, Any]:
     from peft import PeftModel
 
     from ablate.models.adapters import quiet_peft
+    from ablate.models.heads import with_head
 
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     _, base = instantiate(cfg.model)  # the run's own base model (built from code or loaded)
+    base = with_head(base, cfg.get("method"))  # method=reward: the score head the adapter was trained with
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

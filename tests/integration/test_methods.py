@@ -1,0 +1,63 @@
+"""The methods beyond DPO/SFT/GRPO, end to end through the console entry point on the embedded default
+data: `ablate train method=NAME` learns, leaves a run dir of the contract, and `ablate eval` scores it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ablate, metrics, summary
+
+
+def _train(tmp_path_factory, name: str, *overrides: str) -> Path:
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    r = ablate("train", f"method={name}", *overrides, f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def _eval(run_dir: Path, *overrides: str) -> dict:
+    r = ablate("eval", str(run_dir), *overrides)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((run_dir / "eval.json").read_text())
+
+
+def _values(run_dir: Path, key: str) -> list[float]:
+    return [e[key] for e in metrics(run_dir) if key in e]
+
+
+@pytest.fixture(scope="module")
+def reward_run(tmp_path_factory) -> Path:
+    return _train(tmp_path_factory, "reward")
+
+
+def test_reward_model_learns_the_sort_preference(reward_run):
+    s = summary(reward_run)
+    assert s["status"] == "completed" and s["method"] == "reward"
+    assert s["metrics"]["accuracy"] >= 0.9 and s["metrics"]["margin"] > 0
+    for name in ("loss", "accuracy", "margin", "mean_reward", "min_reward", "max_reward", "num_tokens"):
+        assert name in s["metrics"], name  # TRL's RewardTrainer names
+    assert _values(reward_run, "margin")[-1] > _values(reward_run, "margin")[0]
+
+
+def test_reward_run_dir_is_a_sequence_classifier(reward_run):
+    """model/ loads as transformers' sequence classifier (one output): a reward model for other runs."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(reward_run / "model").eval()
+    tok = AutoTokenizer.from_pretrained(reward_run / "model")
+    assert model.config.num_labels == 1
+    ids = tok(["sort: cab = abc</s>", "sort: cab = bca</s>"], return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        good, bad = model(**ids).logits.squeeze(-1).tolist()
+    assert good > bad  # it prefers the sorted answer on a prompt it has not been told about
+
+
+def test_reward_eval_held_out_accuracy(reward_run):
+    result = _eval(reward_run)
+    assert result["method"] == "reward" and result["split"] == "eval"
+    assert result["metrics"]["eval_accuracy"] >= 0.9
+    rows = [json.loads(line) for line in (reward_run / "eval_examples.jsonl").read_text().splitlines()]
+    assert len(rows) == result["examples"] and {"accuracy", "margin"} <= set(rows[0])
