@@ -261,7 +261,7 @@ def test_experiment_files_compose(name):
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
 CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts", "models.heads"),
-        "method/loss": ("losses",), "method/aggregation": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
+        "method/loss": ("losses",), "method/kto_loss": ("losses",), "method/aggregation": ("losses",), "method/scale_rewards": ("losses",), "method/objective": ("losses",),
         "method/reward_aggregation": ("losses",), "method/generator": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),

@@ -61,3 +61,24 @@ def test_reward_eval_held_out_accuracy(reward_run):
     assert result["metrics"]["eval_accuracy"] >= 0.9
     rows = [json.loads(line) for line in (reward_run / "eval_examples.jsonl").read_text().splitlines()]
     assert len(rows) == result["examples"] and {"accuracy", "margin"} <= set(rows[0])
+
+
+@pytest.fixture(scope="module")
+def kto_run(tmp_path_factory) -> Path:
+    return _train(tmp_path_factory, "kto", "method.args.max_steps=30")
+
+
+def test_kto_learns_from_the_pairs_unpaired(kto_run):
+    """The default data (preference pairs) is unpaired as TRL does: both labels are seen, and the
+    implicit reward margin between desirable and undesirable completions grows."""
+    s = summary(kto_run)
+    assert s["status"] == "completed" and s["method"] == "kto"
+    margins = _values(kto_run, "rewards/margins")
+    assert margins[-1] > 0 and margins[-1] > margins[0]
+    for name in ("kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "entropy"):
+        assert name in s["metrics"], name
+
+
+def test_kto_eval(kto_run):
+    result = _eval(kto_run)
+    assert result["method"] == "kto" and result["metrics"]["eval_rewards/margins"] > 0
