@@ -82,3 +82,10 @@ def test_kto_learns_from_the_pairs_unpaired(kto_run):
 def test_kto_eval(kto_run):
     result = _eval(kto_run)
     assert result["method"] == "kto" and result["metrics"]["eval_rewards/margins"] > 0
+
+
+
+def test_sft_eval_loss_and_token_accuracy(tmp_path_factory):
+    run_dir = _train(tmp_path_factory, "sft", "debug=fast")
+    m = _eval(run_dir)["metrics"]
+    assert m["eval_loss"] > 0 and 0 <= m["eval_mean_token_accuracy"] <= 1
