@@ -108,7 +108,7 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
     import functools
 
     text = (CONF / "method" / sub / f"{option}.yaml").read_text()
-    method = "grpo" if "losses.grpo." in text else "kto" if "losses.kto." in text else "dpo"
+    method = "grpo" if "losses.grpo." in text or "losses.rloo." in text else "kto" if "losses.kto." in text else "dpo"
     cfg = make_cfg(f"method={method}", f"method/{sub}={option}")
     assert cfg.method[sub]._target_ in text and cfg.method[sub]._partial_ is True
     keywords = instantiate(cfg.method.trainer).keywords  # the trainer partial's own arguments

@@ -84,6 +84,41 @@ def test_kto_eval(kto_run):
     assert result["method"] == "kto" and result["metrics"]["eval_rewards/margins"] > 0
 
 
+# One thread for the runs that generate: the tiny model's decoding is many small ops (tests/integration/test_grpo.py)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def rloo_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("rloo") / "run"
+    r = ablate("train", "method=rloo", "method.args.max_steps=60", f"hydra.run.dir={run_dir}", env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def test_rloo_learns_the_letter_task(rloo_run):
+    """GRPO's rollouts and task, RLOO's estimator: the reward rises from the random init's ~1/256."""
+    s = summary(rloo_run)
+    assert s["status"] == "completed" and s["method"] == "rloo" and s["generation_rounds"] == 60
+    rewards = _values(rloo_run, "reward")
+    assert rewards[0] < 0.05 and rewards[-1] > 5 * rewards[0], rewards  # 60 steps: ~0.007 -> ~0.09
+    for name in ("reward_std", "frac_reward_zero_std", "rewards/repeat_fraction/std", "clip_ratio/region_mean",
+                 "entropy"):
+        assert name in s["metrics"], name
+
+
+def test_rloo_eval_is_the_reward_of_its_completions(rloo_run):
+    greedy = _eval(rloo_run)
+    assert greedy["method"] == "rloo" and greedy["completions"] == "greedy, one per prompt"
+    m = greedy["metrics"]
+    assert m["eval_reward"] == m["eval_rewards/repeat_fraction/mean"] and 0 < m["eval_reward"] <= 1
+    rows = [json.loads(line) for line in (rloo_run / "eval_examples.jsonl").read_text().splitlines()]
+    assert len(rows) == greedy["examples"] == 64
+    assert sum(r["reward"] for r in rows) / len(rows) == pytest.approx(m["eval_reward"], abs=1e-6)
+    assert _eval(rloo_run)["metrics"] == m  # greedy: the same numbers again
+    sampled = _eval(rloo_run, "--samples", "2")
+    assert sampled["completions"] == "2 sampled per prompt" and 0 <= sampled["metrics"]["eval_reward"] <= 1
+
 
 def test_sft_eval_loss_and_token_accuracy(tmp_path_factory):
     run_dir = _train(tmp_path_factory, "sft", "debug=fast")

@@ -69,6 +69,7 @@ from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
+from ablate.losses.grpo import _nanstd as nanstd
 from ablate.losses.logps import selective_log_softmax
 from ablate.methods.fsdp import full_params
 from ablate.methods.grpo_config import GRPOConfig
@@ -266,7 +267,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
         _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
-        keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
+        # the policy may change before (some) use; RLOO's KL penalty reads pi_old when the round is scored
+        keep_old = mode == "train" and self.schedule.keeps_old_logps or self._kl_penalty()
         completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
         return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
 
@@ -348,8 +350,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
+        penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": batch["completion_mask"]} \
+            if self._kl_penalty() else {}  # RLOO: the estimator subtracts beta * KL from the rewards
         advantages, metrics = self.reward_aggregation(
-            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
+            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards, **penalty
         )
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
@@ -357,7 +361,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
                           num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
-        metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
+        for i, name in enumerate(self.reward_funcs):
+            metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]), f"rewards/{name}/std": nanstd(rewards[:, i])})
         metrics.update({
             "completions/mean_length": lengths.mean(),
             "completions/min_length": lengths.min(),
@@ -370,6 +375,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
         return rollout
+
+    def _kl_penalty(self) -> bool:
+        """Whether the KL is a reward penalty the estimator needs at scoring time (RLOO with beta > 0)."""
+        return self.args.kl_in_reward and self.args.beta != 0.0
 
     def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
         pad_id = self.processing_class.pad_token_id

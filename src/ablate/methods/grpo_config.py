@@ -5,6 +5,7 @@ names and defaults for what ablate's GRPOTrainer (ablate.methods.grpo) implement
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from transformers import TrainingArguments
 
@@ -14,6 +15,7 @@ from ablate.losses import is_correction
 
 @dataclass
 class GRPOConfig(TrainingArguments):
+    kl_in_reward: ClassVar[bool] = False  # GRPO's KL (beta) is a loss term; RLOO's (RLOOConfig) a reward penalty
     num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
     steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
     num_iterations: int = field(default=1, metadata={"help": "Passes (mu) over each generation round's slices."})

@@ -24,7 +24,8 @@ def is_int(v: Any) -> bool:
 
 
 def is_grpo(cfg: DictConfig) -> bool:
-    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("GRPOConfig")
+    """GRPO's arguments, or RLOO's (GRPO's rollouts and batches)."""
+    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith(("GRPOConfig", "RLOOConfig"))
 
 
 def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
