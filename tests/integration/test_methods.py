@@ -120,6 +120,29 @@ def test_rloo_eval_is_the_reward_of_its_completions(rloo_run):
     assert sampled["completions"] == "2 sampled per prompt" and 0 <= sampled["metrics"]["eval_reward"] <= 1
 
 
+@pytest.fixture(scope="module")
+def distill_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("distill") / "run"
+    r = ablate("train", "method=distill", f"hydra.run.dir={run_dir}", env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def test_distill_student_learns_the_teachers_behaviour(distill_run):
+    """The default teacher (the task's scripted one) repeats the prompt's letter: the student's divergence
+    from it falls, and the task's reward (logged, not trained on) rises with it."""
+    s = summary(distill_run)
+    assert s["status"] == "completed" and s["method"] == "distill" and s["generation_rounds"] == 60
+    losses, rewards = _values(distill_run, "loss"), _values(distill_run, "reward")
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert rewards[0] < 0.1 and rewards[-1] >= 0.5, rewards
+    assert {"entropy", "completions/mean_length", "num_tokens"} <= set(s["metrics"])
+
+
+def test_distill_eval(distill_run):
+    assert _eval(distill_run)["metrics"]["eval_reward"] >= 0.5
+
+
 def test_sft_eval_loss_and_token_accuracy(tmp_path_factory):
     run_dir = _train(tmp_path_factory, "sft", "debug=fast")
     m = _eval(run_dir)["metrics"]
