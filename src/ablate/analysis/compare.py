@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.analysis import stats
+from ablate.analysis.arms import own_lines, shared_metrics
 from ablate.analysis.runs import Group, Run, find_runs, launches
 from ablate.errors import ConfigError
 from ablate.run import rundir
@@ -397,12 +398,13 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
     if metrics:
         check_metrics(metrics, runs, paths)
-    metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
+    plotted = expand_metrics(metrics or default_metrics(runs), runs)
+    metrics, own = shared_metrics(groups, plotted)  # methods that log different metrics: the shared ones compared
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
-    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
+    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else []) + own_lines(groups, own)
     print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:
@@ -432,7 +434,7 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
 
         out.mkdir(parents=True, exist_ok=True)
         write_tables(out, rows, header, cells)
-        plots = write_plots(out, groups, metrics, xs)
+        plots = write_plots(out, groups, plotted, xs)  # every metric's curves: an arm without it has no line
         profiles = report.write_profiles(out, [(g.label, {m: seed_scores(g, m) for m in many}) for g in groups], many)
         for p in plots + profiles + study_plots:
             print(f"wrote {p}")
