@@ -186,7 +186,8 @@ def eval_cmd(argv: list[str]) -> None:
         sys.exit(2)
     how = f", {result['completions']}" if "completions" in result else ""
     print(f"{result['method']} eval on the {result['split']} split ({result['examples']} examples{how}):")
+    width = max([28, *map(len, result["metrics"])])
     for k, v in sorted(result["metrics"].items()):
-        print(f"  {k:<28} {v:.4g}" if isinstance(v, float) else f"  {k:<28} {v}")
+        print(f"  {k:<{width}} {v:.4g}" if isinstance(v, float) else f"  {k:<{width}} {v}")
     print(f"wrote {run_dir / EVAL}")
     print(f"wrote {run_dir / rundir.EXAMPLES} (each example's scores, for ablate compare)")

@@ -28,6 +28,10 @@ def is_grpo(cfg: DictConfig) -> bool:
     return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith(("GRPOConfig", "RLOOConfig"))
 
 
+def _is_distill(cfg: DictConfig) -> bool:
+    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("DistillConfig")
+
+
 def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
     return OmegaConf.select(cfg, key, default=default)
 
@@ -139,9 +143,10 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.save_strategy": (lambda v, c: v in ("no", "steps", "epoch", "best"), "one of no, steps, epoch, best"),
     "method.args.dataloader_num_workers": (lambda v, c: is_int(v) and v >= 0, "an integer >= 0"),
     # DPO's beta scales the implicit reward (beta=0 makes the loss constant; hinge divides by it);
-    # GRPO's beta is a KL weight, where 0 turns the reference model off.
-    "method.args.beta": (lambda v, c: is_num(v) and (v >= 0 if is_grpo(c) else v > 0),
-                         "a number > 0 (GRPO: >= 0, where 0 means no KL term)"),
+    # GRPO's and RLOO's beta is a KL weight, where 0 turns the reference model off; distillation's picks the
+    # divergence (0 = forward KL; its range [0, 1] is DistillConfig's check)
+    "method.args.beta": (lambda v, c: is_num(v) and (v >= 0 if is_grpo(c) or _is_distill(c) else v > 0),
+                         "a number > 0 (GRPO, RLOO: >= 0, where 0 means no KL term; distill: in [0, 1])"),
     "method.args.max_length": (lambda v, c: v is None or (is_int(v) and v >= 1), "an integer >= 1"),
     "method.args.max_prompt_length": (lambda v, c: v is None or (is_int(v) and v >= 1), "an integer >= 1"),
     "method.args.max_completion_length": (lambda v, c: (v is None and not is_grpo(c)) or (is_int(v) and v >= 1),
