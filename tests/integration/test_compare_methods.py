@@ -50,6 +50,7 @@ def test_shared_metrics_are_compared_the_rest_listed(sweep_dir: Path, tmp_path: 
     assert [c for c in rows[0] if c.endswith(" mean")] == ["loss mean", "runtime_s mean"]
     assert rows[2]["loss mean"] == pytest.approx(0.125)
     assert "seed-paired differences" in out and "loss" in out.split("seed-paired differences")[1]
+    assert "loss is each method's own objective (dpo, kto, reward)" in out
     # the others are listed per arm with their values, not compared
     listed = out.split("not every arm logs these (listed, not compared):")[1]
     assert "method=dpo: rewards/accuracies 0.95 ± 0.071, rewards/margins 2.5 ± 0.71" in listed
@@ -64,4 +65,5 @@ def test_shared_metrics_are_compared_the_rest_listed(sweep_dir: Path, tmp_path: 
 def test_one_method_compares_every_metric(sweep_dir: Path, capsys) -> None:
     rows = compare.compare([p for p in sweep_dir.iterdir() if "method=dpo" in p.name])
     assert {"rewards/accuracies mean", "rewards/margins mean", "loss mean"} <= set(rows[0])
-    assert "not every arm logs these" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not every arm logs these" not in out and "own objective" not in out

@@ -55,12 +55,28 @@ def test_reward_run_dir_is_a_sequence_classifier(reward_run):
     assert good > bad  # it prefers the sorted answer on a prompt it has not been told about
 
 
+def test_generate_on_a_reward_model_is_one_line(reward_run):
+    r = ablate("generate", str(reward_run), "--prompt", "sort: cba =")
+    assert r.returncode == 2 and "is a reward model (method=reward)" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_reward_eval_held_out_accuracy(reward_run):
     result = _eval(reward_run)
     assert result["method"] == "reward" and result["split"] == "eval"
     assert result["metrics"]["eval_accuracy"] >= 0.9
     rows = [json.loads(line) for line in (reward_run / "eval_examples.jsonl").read_text().splitlines()]
     assert len(rows) == result["examples"] and {"accuracy", "margin"} <= set(rows[0])
+
+
+def test_lora_reward_model_saves_a_plain_classifier(tmp_path_factory):
+    """+peft=lora: the score head trains in full beside the adapters (peft's SEQ_CLS task); model/ is the
+    adapter (ablate eval rebuilds base + head + adapter), model/merged/ a plain sequence-classifier dir."""
+    from transformers import AutoModelForSequenceClassification
+
+    run_dir = _train(tmp_path_factory, "reward", "+peft=lora", "peft.save_merged=true", "method.args.max_steps=5")
+    assert (run_dir / "model" / "adapter_config.json").is_file()
+    assert AutoModelForSequenceClassification.from_pretrained(run_dir / "model" / "merged").config.num_labels == 1
+    assert 0 <= _eval(run_dir)["metrics"]["eval_accuracy"] <= 1
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +163,13 @@ def test_sft_eval_loss_and_token_accuracy(tmp_path_factory):
     run_dir = _train(tmp_path_factory, "sft", "debug=fast")
     m = _eval(run_dir)["metrics"]
     assert m["eval_loss"] > 0 and 0 <= m["eval_mean_token_accuracy"] <= 1
+
+
+def test_data_preview_shows_each_methods_examples(tmp_path):
+    """A reward model's pair is two whole sequences; KTO's pairs become a desirable and an undesirable example."""
+    r = ablate("data", "preview", "method=reward", "-n", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the score is read at the last token" in r.stdout and "--- rejected ---" in r.stdout
+    r = ablate("data", "preview", "method=kto", "-n", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.index("label: desirable") < r.stdout.index("label: undesirable")

@@ -404,7 +404,7 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
-    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else []) + own_lines(groups, own)
+    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else []) + own_lines(groups, own, metrics)
     print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:

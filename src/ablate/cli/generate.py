@@ -107,7 +107,13 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temper
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars: the completions are the output
+    from ablate.errors import ConfigError
+    from ablate.models.heads import is_classifier
+
     tokenizer, model = load_run_model(run_dir)
+    if is_classifier(model):
+        raise ConfigError(f"{run_dir} is a reward model (method=reward): it scores sequences and does not write; "
+                          "`ablate eval` on it gives its accuracy on held-out pairs")
     after = complete(tokenizer, model, prompts, max_new_tokens, temperature, seed)
     rows = [{"prompt": p, "completion": c} for p, c in zip(prompts, after)]
     if before:
