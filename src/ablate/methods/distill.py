@@ -61,7 +61,8 @@ class DistillConfig(TrainingArguments):
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
-            (self.max_completion_length >= 1, f"max_completion_length must be >= 1, got {self.max_completion_length}"),
+            (isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
+             f"max_completion_length must be an integer >= 1, got {self.max_completion_length}"),
             (self.max_prompt_length is None or self.max_prompt_length >= 1,
              f"max_prompt_length must be >= 1 (or null), got {self.max_prompt_length}"),
         ]
