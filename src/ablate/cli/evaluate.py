@@ -155,13 +155,18 @@ def example_ids(raw: Any, scored: Any) -> list[str]:
     return [hashlib.sha1(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:16] for r in rows]
 
 
+USAGE = ("ablate eval RUN_DIR [--samples N] [data=... key=value ...]: writes RUN_DIR/eval.json, eval_examples.jsonl; "
+         "--samples: N sampled completions per prompt for a GRPO/RLOO/distill run (default one greedy)")
+
+
 def eval_cmd(argv: list[str]) -> None:
     """`ablate eval RUN_DIR [--samples N] [key=value ...]`."""
     if not argv or argv[0].startswith("-"):
-        print("usage: ablate eval RUN_DIR [--samples N] [data=... key=value ...]   (writes RUN_DIR/eval.json, "
-              "eval_examples.jsonl; --samples: N sampled completions per prompt for a GRPO/RLOO/distill run, "
-              "default one greedy)", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse("ablate eval: which run? give its dir" if not argv else
+               f"ablate eval: '{argv[0]}' before the run dir; give the run dir first" if argv[0] == "--samples" else
+               f"'{argv[0]}' is not an option of ablate eval", USAGE)
     from hydra.errors import HydraException
 
     from ablate.errors import USER_ERRORS
@@ -172,8 +177,9 @@ def eval_cmd(argv: list[str]) -> None:
         at = rest.index("--samples")
         value = rest[at + 1] if at + 1 < len(rest) else ""
         if not value.isdigit():
-            print(f"ablate: error: --samples takes a number of completions per prompt, got '{value}'", file=sys.stderr)
-            sys.exit(2)
+            from ablate.cli import refuse
+
+            refuse(f"ablate eval: --samples takes a number of completions per prompt, got '{value}'", USAGE)
         samples, rest = int(value), rest[:at] + rest[at + 2:]
     try:
         rundir.check_readable(run_dir)  # before the heavy imports

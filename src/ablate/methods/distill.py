@@ -33,15 +33,16 @@ from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import distill as distill_losses
 from ablate.methods.fsdp import full_params
-from ablate.methods.grpo import takes_logits_to_keep
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
+from ablate.rewards import calls as rewards
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.evaluate import reward_table
 from ablate.rollouts.generation import as_completions, build_generator, left_pad, right_pad, stop_ids
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
+from ablate.speed.split import takes_logits_to_keep
 
 
 @dataclass
@@ -101,7 +102,8 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
         self.schedule = Schedule(batch_size=args.train_batch_size, num_generations=1, steps_per_generation=ga,
                                  accumulation=ga)
         self.rollouts = RolloutBuffer(self.schedule)
-        self.reward_funcs = dict(reward_funcs or {})
+        self.reward_funcs = rewards.checked(reward_funcs, train_dataset)  # logged only; held to the data's columns
+        self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
         self.metrics = MetricsBuffer()
 
     # ---- batching: one round of prompts per optimizer step (ablate.rollouts) ----
@@ -149,7 +151,7 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
                    "completions/max_length": lengths.max(), "num_tokens": float(self.rollouts.stats.num_tokens),
                    "completions/clipped_ratio": torch.tensor([not c or c[-1] not in stops for c in ids]).float().mean()}
         if self.reward_funcs:  # logged only: what the task's reward says of the student's samples
-            table = reward_table(self.reward_funcs, self.processing_class, rows, ids)
+            table = reward_table(self.reward_funcs, self.processing_class, rows, ids, self._warned)
             metrics |= {"reward": torch.nanmean(table.nansum(dim=1))}
             metrics |= {f"rewards/{f}/mean": torch.nanmean(table[:, i]) for i, f in enumerate(self.reward_funcs)}
         self.metrics.add(mode, metrics)

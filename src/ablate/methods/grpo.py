@@ -70,14 +70,17 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.grpo import _nanstd as nanstd
-from ablate.losses.logps import selective_log_softmax
+from ablate.losses.logps import logits_logps
+from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
 from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rewards import calls as rewards
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
+from ablate.rollouts.evaluate import reward_table
 from ablate.rollouts.generation import (
     GenerateFn,
     HFGenerator,
@@ -94,15 +97,9 @@ from ablate.rollouts.stats import RolloutStats
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.split import takes_logits_to_keep
 
 RewardFunc = Callable[..., list[float | None]]
-
-
-def takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the (unwrapped; PEFT: base) model's forward projects only its last N positions when asked
-    (`logits_to_keep`, transformers' causal LMs); otherwise the full logits are computed and sliced."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _check_finite(model: nn.Module, step: int) -> None:
@@ -139,6 +136,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
+        # data.reward_funcs.NAME=null drops one; the data's columns are known now, before the first round
+        reward_funcs = rewards.checked(reward_funcs, train_dataset)
         if not reward_funcs:
             raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
         weights = args.reward_weights or [1.0] * len(reward_funcs)
@@ -153,6 +152,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
+        self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
@@ -182,7 +182,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             check_async(args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
-                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced")
+                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced",
+                                     timeout_s=args.worker_timeout_s)
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -387,18 +388,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
 
     def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
-        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats)."""
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        prompts = [r["prompt"] for r in rows]
-        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
-        columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-        table = torch.empty(len(rows), len(self.reward_funcs))
-        for i, (name, fn) in enumerate(self.reward_funcs.items()):
-            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            if len(values) != len(rows):
-                raise ValueError(f"reward function '{name}' returned {len(values)} rewards for {len(rows)} completions")
-            table[:, i] = torch.tensor([torch.nan if v is None else float(v) for v in values])
-        return table
+        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats;
+        ablate.rewards.calls checks what the functions return)."""
+        return reward_table(self.reward_funcs, self.processing_class, rows, completion_ids, self._warned)
 
     # ---- loss ----
 
@@ -420,22 +412,22 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _rows_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`_token_logps` of one (sub-)batch in one forward pass."""
+        """`_token_logps` of one (sub-)batch in one forward pass (TRL's layout: one row per completion)."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() sets them under left padding
         n = batch["completion_ids"].size(1)
         # project to the vocabulary only where a completion token is predicted (prompt logits are never used)
         keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False, **keep).logits[:, -n - 1 : -1] / self.args.temperature
-        logps = selective_log_softmax(logits, batch["completion_ids"])
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                lp = torch.log_softmax(logits.float(), dim=-1)
-                entropy = -(lp.exp() * lp).sum(-1)
-        return logps, entropy
+        forward = unconverted(self.accelerator, model)  # no float32 copy of the logits (ablate.methods.forward)
+        logits = forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False, **keep).logits
+        # the last n + 1 positions score the n completion tokens and, the last, nothing (a dummy target,
+        # dropped): no float32 copy of the logits, the entropy from the same pass (ablate.losses.logps)
+        targets = torch.cat([batch["completion_ids"], batch["completion_ids"][:, :1]], dim=1)
+        logps, stats = logits_logps(logits if keep else logits[:, -n - 1:], targets, self.args.temperature,
+                                    with_stats=with_entropy)
+        return logps[:, :-1], (stats["entropy"][:, :-1] if with_entropy else None)
 
     def compute_loss(
         self,

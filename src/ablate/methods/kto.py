@@ -26,7 +26,7 @@ from ablate.data.tokenize import pad
 from ablate.data.unpaired import prepare_unpaired
 from ablate.errors import ConfigError
 from ablate.losses import kto as kto_losses
-from ablate.losses.logps import logit_stats, sequence_logps, token_logps
+from ablate.losses.logps import sequence_logps, shifted_logps
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
@@ -120,11 +120,11 @@ class KTOTrainer(LogsMetrics, ConfiguredOptimizer):
         vocabulary-mean logit over the completion positions (TRL's metrics)."""
         ids, mask = batch[f"{prefix}input_ids"], batch[f"{prefix}completion_mask"][:, 1:]
         logits = model(input_ids=ids, attention_mask=batch[f"{prefix}attention_mask"], use_cache=False).logits
-        logps = sequence_logps(token_logps(logits, ids), mask)
+        token, out = shifted_logps(logits, ids, with_stats=stats)  # no float32 copy of the logits
+        logps = sequence_logps(token, mask)
         if not stats:
             return logps, {}
-        entropy, mean_logit, _ = logit_stats(logits[:, :-1], ids[:, 1:])
-        return logps, {"entropy": entropy, "mean_logit": mean_logit, "mask": mask.bool()}
+        return logps, {"entropy": out["entropy"], "mean_logit": out["mean_logit"], "mask": mask.bool()}
 
     @torch.no_grad()
     def _reference(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -19,26 +19,24 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ablate.data.tokenize import prepare_prompts
+from ablate.rewards import calls as rewards
 from ablate.rollouts.generation import SamplingArgs, SharedPromptGenerator, as_completions, stop_ids
 
 RewardFunc = Callable[..., list[float | None]]
 
 
 def reward_table(reward_funcs: dict[str, RewardFunc], tokenizer: PreTrainedTokenizerBase,
-                 rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
+                 rows: list[dict[str, Any]], completion_ids: list[list[int]],
+                 warned: set[str] | None = None) -> torch.Tensor:
     """(N, F) rewards of N completions, one column per function, None -> NaN: TRL's call (prompts,
-    completions as text or as an assistant message, completion_ids, and every other dataset column)."""
+    completions as text or as an assistant message, completion_ids, and every other dataset column), what
+    the functions return held to its contract by ablate.rewards.calls (a user's mistake: one line)."""
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     prompts = [r["prompt"] for r in rows]
     completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
     columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-    table = torch.empty(len(rows), len(reward_funcs))
-    for i, (name, fn) in enumerate(reward_funcs.items()):
-        values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        if len(values) != len(rows):
-            raise ValueError(f"reward function '{name}' returned {len(values)} rewards for {len(rows)} completions")
-        table[:, i] = torch.tensor([torch.nan if v is None else float(v) for v in values])
-    return table
+    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    return rewards.table(reward_funcs, kwargs, len(rows), set() if warned is None else warned)
 
 
 @torch.no_grad()
@@ -48,6 +46,7 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
     """(metrics, one row per prompt) of `model`'s completions of `dataset`'s prompts. `args`: the run's
     method arguments (max_prompt_length, the sampling fields, reward_weights); `samples` 0: one greedy
     completion per prompt, else that many sampled ones."""
+    reward_funcs = rewards.checked(reward_funcs, dataset)  # data.reward_funcs.NAME=null drops one
     prompts = prepare_prompts(dataset, tokenizer, getattr(args, "max_prompt_length", None), "eval")
     sampling: SamplingArgs = args
     generate = SharedPromptGenerator(sampling, tokenizer, do_sample=samples > 0)
@@ -55,11 +54,11 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
     stops, n = set(stop_ids(tokenizer, model)), max(samples, 1)
     was_training = model.training
     model.eval()
-    tables, lengths, clipped = [], [], []
+    tables, lengths, clipped, warned = [], [], [], set()
     for start in range(0, len(prompts), batch_size):
         rows = [prompts[i] for i in range(start, min(start + batch_size, len(prompts))) for _ in range(n)]
         ids = as_completions(generate(model, [r["prompt_ids"] for r in rows])).ids
-        tables.append(reward_table(reward_funcs, tokenizer, rows, ids))
+        tables.append(reward_table(reward_funcs, tokenizer, rows, ids, warned))
         lengths += [len(c) for c in ids]
         clipped += [not c or c[-1] not in stops for c in ids]
     model.train(was_training)
