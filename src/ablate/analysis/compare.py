@@ -400,7 +400,8 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         check_metrics(metrics, runs, paths)
     groups = group_runs(runs, pool=pool)
     plotted = expand_metrics(metrics or default_metrics(runs), runs)
-    metrics, own = shared_metrics(groups, plotted)  # methods that log different metrics: the shared ones compared
+    # methods logging different metrics: of the defaults the shared ones compared; --metric's as asked (`-`: none)
+    metrics, own = shared_metrics(groups, plotted) if not metrics else (plotted, {})
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
