@@ -72,7 +72,8 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     validate.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
-    check_shape(trainer_cls, data.train, eval_data := data.eval if args.eval_strategy != "no" else None)
+    record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
+                                        eval_data := data.eval if args.eval_strategy != "no" else None))
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
     validate.check_trainable(model)

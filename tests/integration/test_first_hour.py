@@ -269,8 +269,9 @@ def test_generate_before_shows_the_starting_model_beside_the_trained_one(resumed
                cwd=resumed["cwd"])
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert lines[0] == ">>> sort: dcba =" and lines[1].startswith("before training: ")
-    assert lines[2].startswith("after training:  ")
+    assert lines[0].startswith("prompts: plain text") and lines[1] == ""  # how the prompt was formatted, first
+    assert lines[2] == ">>> sort: dcba =" and lines[3].startswith("before training: ")
+    assert lines[4].startswith("after training:  ")
 
 
 # ---- 9. a pretrained model's lr ---------------------------------------------------------------------------

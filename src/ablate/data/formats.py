@@ -70,6 +70,25 @@ def detect(dataset: Dataset, kind: str) -> str:
                     f"[{expected}] (rename with data.columns.<role>=<your column>)")
 
 
+def conversational(dataset: Dataset) -> bool:
+    """Whether the rows are chat messages (TRL's `is_conversational`, on the first row): their prompts
+    went through the chat template in training, so a prompt given to the trained model must too."""
+    if len(dataset) == 0:
+        return False
+    row = dataset[0]
+    return "conversations" in row or any(is_messages(row.get(c)) for c in KNOWN)
+
+
+def describe(dataset: Dataset, kind: str | None) -> dict[str, Any]:
+    """How the rows were formatted, for run.json (`data_format`) and `ablate generate`: the format's
+    name (None for a trainer of another kind, or rows already tokenised) and whether it is conversational."""
+    try:
+        name = detect(dataset, kind) if kind is not None else None
+    except DataError:  # already tokenised rows (the check let them through)
+        name = None
+    return {"format": name, "conversational": conversational(dataset)}
+
+
 def to_chatml(row: dict[str, Any]) -> dict[str, Any]:
     """ShareGPT `conversations` [{from, value}] -> `messages` [{role, content}], as TRL's
     `maybe_convert_to_chatml` (roles are kept as written: use user/assistant, not human/gpt)."""

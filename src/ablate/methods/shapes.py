@@ -23,12 +23,14 @@ def data_kind(trainer_cls: type) -> str | None:
     return None
 
 
-def check_shape(trainer_cls: type, *datasets: Any) -> None:
+def check_shape(trainer_cls: type, *datasets: Any) -> dict[str, Any]:
     """DataError (one line: the columns found, the formats expected) unless every dataset given (None:
-    skipped) is in a format `trainer_cls` takes, or already tokenised."""
-    from ablate.data.formats import detect
+    skipped) is in a format `trainer_cls` takes, or already tokenised. Returns how the first (the
+    train split) is formatted (`ablate.data.formats.describe`: run.json's `data_format`)."""
+    from ablate.data.formats import describe, detect
 
     kind = data_kind(trainer_cls)
     for ds in datasets:
         if kind is not None and ds is not None and not set(IDS[kind]) <= set(ds.column_names):
             detect(ds, kind)
+    return describe(datasets[0], kind)

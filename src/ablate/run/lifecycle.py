@@ -124,6 +124,12 @@ class Run:
             self.info["data"] = now
             rundir.write_json(self.dir / rundir.RUN, self.info)
 
+    def note(self, **facts: Any) -> None:
+        """Facts the run learned while it was built (e.g. `data_format`: how its rows were formatted,
+        which `ablate generate` formats prompts by) into run.json."""
+        self.info.update(facts)
+        rundir.write_json(self.dir / rundir.RUN, self.info)
+
     def study_callbacks(self) -> list[Any]:
         """When this run is a study's trial (hydra/sweeper=optuna): the callback reporting its metric to
         the study, which may prune it (ablate.run.trial); else none."""
