@@ -199,7 +199,7 @@ def test_overfit_verdict_on_a_line_of_its_own(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ablate", "train", "debug=overfit", "threads=1"], cwd=tmp_path,
                        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:]
-    assert any(re.match(r"debug=overfit: loss \S+ -> \S+ in 30 steps: OK$", line)
+    assert any(re.match(r"debug=overfit: watched loss \(method.progress; must fall\) \S+ -> \S+ in 30 steps.*: OK$", line)
                for line in _terminal_lines(r.stdout)), r.stdout[-3000:]
 
 
