@@ -189,6 +189,7 @@ def test_text_is_never_glued_to_the_bar_and_log_dicts_go_to_the_log_file(grpo_ru
     assert not any("it/s]GRPO" in line or "?it/s]GRPO" in line for line in lines)
     assert "{'loss'" not in out and "'grad_norm'" not in out  # HF's 20-key dicts: not on the console
     assert "Generating train split" not in out and "Tokenizing" not in out  # no dataset bars
+    assert "kernels-community" not in out  # bitsandbytes' import-time notice (CPUs with AVX512-BF16): not the user's
     # tqdm's rate reads it/s, or s/it when a step takes over a second (a busy machine)
     assert re.search(r"(it/s|s/it), loss \S+, reward \S+.*tok/s, MFU [\d.]+% of [\d.]+ [GTM]FLOP/s", out), out[-2000:]
     log = (_run_dir(out) / "ablate.log").read_text()
