@@ -468,8 +468,8 @@ def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-INTERVAL_NOTE = (f"mean [95% bootstrap interval over seeds]; with fewer than {stats.MIN_N} seeds: mean ± std, "
-                 "too few seeds for an interval")
+INTERVAL_NOTE = (f"metrics: mean [95% bootstrap interval over seeds] (with fewer than {stats.MIN_N} seeds: mean ± std, "
+                 "too few for an interval); runtime (s): mean ± std over seeds, always")
 
 
 IQM_NOTE = (f"IQM: interquartile mean over seeds [95% stratified bootstrap interval], for metrics every arm "
