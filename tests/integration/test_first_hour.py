@@ -162,12 +162,42 @@ def test_parquet_given_as_data_jsonl_trains_and_csv_as_data_local_previews(tmp_p
 
 # ---- 5. the data's shape before the model ------------------------------------------------------------
 
-def test_rows_matching_no_format_are_refused_before_the_model_loads(tmp_path: Path) -> None:
-    (tmp_path / "renamed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    r = ablate("train", "data=jsonl", "data.train_path=renamed.jsonl", *FAST, cwd=tmp_path)
+@pytest.mark.parametrize("suffix", ["jsonl", "csv", "parquet", "json"])
+def test_rows_matching_no_format_are_refused_before_the_model_loads(tmp_path: Path, suffix: str) -> None:
+    """Before the run dir exists, and before torch loads (issue 37: a CSV or parquet of the wrong
+    columns took 7-20 s and left a failed run dir before its one line)."""
+    import pandas as pd
+
+    frame, path = pd.DataFrame(ROWS), tmp_path / f"renamed.{suffix}"
+    {"jsonl": lambda: frame.to_json(path, orient="records", lines=True), "csv": lambda: frame.to_csv(path, index=False),
+     "parquet": lambda: frame.to_parquet(path), "json": lambda: frame.to_json(path, orient="records")}[suffix]()
+    r = ablate("train", "data=local", f"data.train_path={path.name}", *FAST, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
-    assert "found columns ['bad', 'good', 'question']" in r.stderr and "data.columns" in r.stderr
-    assert "lean layers" not in r.stdout + r.stderr  # the model was never built
+    assert f"data.train_path={path.name}: DPO found columns ['bad', 'good', 'question']" in r.stderr, r.stderr
+    assert "data.columns" in r.stderr and "lean layers" not in r.stdout + r.stderr  # the model was never built
+    assert not (tmp_path / "outputs").exists()  # refused before the run dir
+
+
+def test_the_header_check_reads_each_kind_as_the_loader_does(tmp_path: Path) -> None:
+    """peek.columns = the loader's columns for every file kind (a saved dir: not peeked, the loader checks
+    it); with data.columns the same files pass the check (test_parquet_given_as_data_jsonl_trains... trains one)."""
+    from ablate.data import local, peek
+    from ablate.data.formats import detect_columns, mapped_columns
+
+    mapping = {"prompt": "question", "chosen": "good", "rejected": "bad", "text": None}
+    for kind, path in _write_kinds(tmp_path).items():
+        found = peek.columns(path)
+        assert found == (None if kind == "saved" else local(str(path)).train.column_names), kind
+        if found is not None:
+            assert mapped_columns(found, mapping) == local(str(path), columns=mapping).train.column_names
+            assert detect_columns(mapped_columns(found, mapping), "preference") == "preference"
+
+
+def test_a_columns_mapping_to_a_missing_column_is_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "rows.csv").write_text("question,good,bad\nsort: ba =, ab, ba\n")
+    r = ablate("train", "data=local", "data.train_path=rows.csv", "data.columns.prompt=query", cwd=tmp_path)
+    assert r.returncode == 2 and "data.columns: no column ['query'] in the data" in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 # ---- 6 and 7. one clean bar; DPO scores only what it draws ------------------------------------------

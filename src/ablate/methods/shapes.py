@@ -11,6 +11,12 @@ IDS = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prom
        "prompt": ("prompt_ids",)}
 
 
+# the format family of ablate's own trainers by their `_target_`, for the check of a data file's columns
+# before the run (ablate.run.validate: no trainer import there); a trainer of the user's is checked when built
+TARGET_KINDS = {"ablate.methods.dpo.DPOTrainer": "preference", "ablate.methods.sft.SFTTrainer": "sft",
+                "ablate.methods.grpo.GRPOTrainer": "prompt"}
+
+
 def data_kind(trainer_cls: type) -> str | None:
     """"preference" (DPO and its subclasses), "sft", "prompt" (GRPO); None for a trainer of another kind."""
     from ablate.methods.dpo import DPOTrainer

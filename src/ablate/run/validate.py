@@ -90,6 +90,7 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
         if v is not KeyError and key not in swept and not ok(v, cfg):
             raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
     _check_paths(cfg)
+    _check_data_columns(cfg, swept)
     _check_datasets_cache(cfg)
     _check_eval_data(cfg, swept)
 
@@ -197,6 +198,33 @@ def _check_paths(cfg: DictConfig) -> None:
             raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
 
 
+def _check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """A local file's columns (its header: ablate.data.peek) match a format of the method's, after
+    `data.columns`: a CSV of the wrong columns is one line before the run dir exists and before torch
+    is imported, not a failed run 10 s later. ablate's trainers only; the build checks the rest."""
+    from ablate.data import peek
+    from ablate.data.formats import detect_columns, mapped_columns
+    from ablate.errors import DataError
+    from ablate.methods.shapes import TARGET_KINDS
+
+    data = at(cfg, "data")
+    kind = TARGET_KINDS.get(str(at(cfg, "method.trainer._target_", "")))
+    if kind is None or not isinstance(data, DictConfig) or str(data.get("_target_")) not in LOCAL_LOADERS:
+        return
+    keys = ["train_path"] + (["eval_path"] if at(cfg, "method.args.eval_strategy") not in (None, "no") else [])
+    for key in keys:
+        path = data.get(key)
+        found = peek.columns(Path(path).expanduser()) if isinstance(path, str) and f"data.{key}" not in swept else None
+        if found is None:
+            continue
+        try:
+            columns = data.get("columns")
+            detect_columns(mapped_columns(found, OmegaConf.to_container(columns) if columns else None), kind)
+        except DataError as e:
+            raise ConfigError(f"data.{key}={path}: {str(e).removeprefix('data: ')}") from None
+
+
+LOCAL_LOADERS = ("ablate.data.local", "ablate.data.jsonl")
 DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
 
 
