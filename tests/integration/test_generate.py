@@ -112,11 +112,30 @@ def test_eval_scores_the_saved_model_on_other_data(lora_run: Path, tmp_path: Pat
     m = result["metrics"]
     assert 0.0 <= m["eval_rewards/accuracies"] <= 1.0 and m["eval_rewards/margins"] != 0.0
     assert f"wrote {lora_run / 'eval.json'}" in r.stdout and "eval_loss" in r.stdout
+    # no training counters of a trainer that trained nothing (issue 37: `eval_num_tokens 0`, `num_input_tokens_seen 0`)
+    assert not {"epoch", "num_input_tokens_seen", "eval_num_tokens", "eval_model_preparation_time"} & set(m)
+    assert "num_input_tokens_seen" not in r.stdout and "eval_num_tokens" not in r.stdout
 
 
 def test_eval_of_a_non_run_is_one_line(tmp_path: Path) -> None:
     r = ablate("eval", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "is not an ablate run dir" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", [["eval"], ["generate", "--prompt", "x"]])
+def test_a_run_dir_that_does_not_exist_is_said_at_once(tmp_path: Path, command: list[str]) -> None:
+    """Before any heavy import (no torch), in those words (issue 37: eval said "(no run.json)" after 8 s)."""
+    import re
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom ablate.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+            "    assert 'torch' not in sys.modules, 'torch imported'\n    raise\n")
+    r = subprocess.run([sys.executable, "-c", code, command[0], "outputs/runs/nope", *command[1:]],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert re.fullmatch(r"ablate: error: \S*outputs/runs/nope does not exist \(`ablate ls` lists your runs, newest first\)",
+                        r.stderr.strip()), r.stderr
 
 
 def test_eval_writes_each_examples_scores(lora_run: Path, tmp_path: Path) -> None:

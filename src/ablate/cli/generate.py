@@ -196,7 +196,7 @@ def generate_cmd(argv: list[str]) -> None:
     from ablate.errors import USER_ERRORS
 
     try:
-        rundir.check_readable(args.run_dir)
+        rundir.check_given(args.run_dir, run=False)  # at once: before the heavy imports
         prompts = read_prompts(args.prompt, args.prompts)
         if not prompts:
             raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
