@@ -78,6 +78,31 @@ def test_status_and_ls_agree_on_a_job_killed_with_sigkill(tmp_path: Path) -> Non
     assert [row["status"] for row in json.loads(listed.stdout)] == ["interrupted"]
 
 
+def test_status_without_a_dir_shows_the_newest_sweep_in_one_table(tmp_path: Path) -> None:
+    """`ablate status` alone: the newest launch under outputs/sweeps, said as such; a sweep's folder:
+    its newest launch; one table (state and key metric), no SLURM columns for a local sweep (issue 37:
+    a usage line, and two tables for a finished sweep)."""
+    old, new = (tmp_path / "outputs" / "sweeps" / name / launch for name, launch in
+                (("dpo_loss", "2026-01-01_00-00-00"), ("grpo_spg", "2026-01-02_00-00-00")))
+    for sweep_dir, mtime in ((old, 1_000_000), (new, 2_000_000)):
+        for seed in (1, 2):
+            write_run(sweep_dir, seed - 1, [f"seed={seed}"], {"rewards/accuracies": 0.25 * seed, "loss": 1.0})
+        (sweep_dir / "multirun.yaml").write_text("{}\n")
+        os.utime(sweep_dir / "multirun.yaml", (mtime, mtime))
+    r = ablate("status", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"sweep {new} (the newest sweep under outputs/sweeps; ablate status SWEEP_DIR "
+                               "for another): 2/2 jobs completed\n"), r.stdout
+    assert r.stdout.count("┏") == 1 and "rewards/accuracies=0.5" in r.stdout and "SLURM" not in r.stdout, r.stdout
+    assert r.stdout.rstrip().endswith(f"compare: ablate compare {new}")
+    r = ablate("status", "outputs/sweeps/dpo_loss", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"sweep {old} (the newest sweep under outputs/sweeps/dpo_loss"), r.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = ablate("status", cwd=empty)
+    assert r.returncode == 2 and "outputs/sweeps does not exist" in r.stderr and "ablate sweep NAME" in r.stderr
+
+
 def test_a_free_lock_on_another_host_proves_nothing(tmp_path: Path) -> None:
     """A run dir whose run.json names another host and whose lock nobody holds here: still `running`
     (flock on some network filesystems is local to a node); on this host it is `interrupted`."""

@@ -22,8 +22,8 @@ commands:
   compare DIR... [--out D] [--metric M|speed] [--pool|--all-launches] [--x step,time,tokens] [--tag T]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
                            (a sweep's folder: its newest launch)
-  status SWEEP_DIR         each job's state (pending / running at step N of M / interrupted / completed / failed: error),
-                           as `ablate ls` gives it; SLURM's too
+  status [SWEEP_DIR]       each job's state (pending / running at step N of M / interrupted / completed / failed: error),
+                           as `ablate ls` gives it; SLURM's too (no SWEEP_DIR: the newest under outputs/sweeps)
   ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
   generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (chat template, LoRA
                            adapters); --before: the starting model's too
