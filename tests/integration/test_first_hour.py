@@ -251,6 +251,26 @@ def test_text_is_never_glued_to_the_bar_and_log_dicts_go_to_the_log_file(grpo_ru
     assert "{'loss'" in log and "'grad_norm'" in log  # ... but in ablate.log, every one of them
 
 
+def test_ctrl_c_says_where_it_stopped_and_a_rerun_names_the_run_to_resume(tmp_path: Path) -> None:
+    """Ctrl-C: one line of its own below the bar (the step, `ablate resume DIR`, the checkpoint it
+    continues from); the same command again starts a new run in a new default dir, and says which run
+    it could have continued, and how (issue 37: the hint was glued to the bar; the rerun was silent)."""
+    args = [sys.executable, "-m", "ablate", "train", "method.args.max_steps=6", "method.args.save_steps=2",
+            "method.args.logging_steps=1", "+callbacks.stop._target_=crashing.InterruptAt", "threads=1"]
+    r = subprocess.run(args, cwd=tmp_path, env=_env(ABLATE_TEST_INTERRUPT_AT="4"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert r.returncode == 130, r.stdout[-3000:]
+    (first,) = (tmp_path / "outputs" / "runs").glob("*/*")
+    said = f"ablate: interrupted (SIGINT (Ctrl-C)) at step 3; `ablate resume {first}` continues it from checkpoint-2"
+    assert said in _terminal_lines(r.stdout), r.stdout[-3000:]  # a line of its own, not glued to the bar
+    again = subprocess.run(args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert (f"the same command's run in {first} is interrupted with a checkpoint; this is a new run from step 0 "
+            f"(to continue that one instead: ablate resume {first})") in again.stdout, again.stdout[-3000:]
+    assert summary(first)["status"] == "interrupted"  # untouched: the rerun has a dir of its own
+
+
 def test_overfit_verdict_on_a_line_of_its_own(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ablate", "train", "debug=overfit", "threads=1"], cwd=tmp_path,
                        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)

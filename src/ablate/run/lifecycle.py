@@ -211,6 +211,11 @@ def record(cfg: DictConfig) -> Iterator[Run]:
                               "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
                               "run_dir": str(run_dir), "versions": info.get("versions"), "git_sha": info.get("git_sha")})
     rundir.write_json(run_dir / rundir.SUMMARY, run.summary)
+    if not multirun and rundir.is_main_process() and not _given_run_dir(hc) and not rundir.checkpoints(run_dir):
+        earlier = earlier_unfinished(run_dir, overrides)
+        if earlier is not None:  # the same command again, in a new default dir: it starts from step 0
+            log.warning("the same command's run in %s is %s with a checkpoint; this is a new run from step 0 "
+                        "(to continue that one instead: ablate resume %s)", earlier[0], earlier[1], earlier[0])
     with interrupts.as_exceptions():
         try:
             yield run
@@ -226,6 +231,32 @@ def record(cfg: DictConfig) -> Iterator[Run]:
                 raise known from e
             raise
         run.write()
+
+
+def interrupted_line(run_dir: Path, why: str) -> str:
+    """What a single run's Ctrl-C (or SIGTERM) leaves, in one line: the step reached and how to go on."""
+    events = rundir.read_metrics(run_dir) if (run_dir / rundir.METRICS).is_file() else []
+    ckpt = rundir.latest_checkpoint(run_dir)
+    where = f" at step {events[-1]['step']}" if events else ""
+    start = f"from {ckpt.name}" if ckpt is not None else "from step 0 (no checkpoint was saved yet)"
+    return f"ablate: interrupted ({why}){where}; `ablate resume {run_dir}` continues it {start}"
+
+
+def earlier_unfinished(run_dir: Path, overrides: list[str], newest: int = 200) -> tuple[Path, str] | None:
+    """A run of the same command (the same overrides) beside a new default-named run dir
+    (outputs/runs/<date>/<time>_...), interrupted or failed with a checkpoint to continue from: the
+    newest such dir and its state, else None. Rerunning a command names a new dir, so the rerun does
+    not continue it; the run says so, and how (`ablate resume`). The newest `newest` dirs are read."""
+    root = run_dir.parent.parent
+    siblings = sorted((p for p in root.glob("*/*") if p.is_dir() and p != run_dir), key=lambda p: (p.parent.name, p.name))
+    for other in reversed(siblings[-newest:]):
+        info = rundir.read_json(other / rundir.RUN)
+        if not info or sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):
+            continue
+        state = rundir.state(other)
+        if state in ("interrupted", "failed", "preempted") and rundir.latest_checkpoint(other) is not None:
+            return other, state
+    return None
 
 
 def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
@@ -274,6 +305,11 @@ def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
         rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
+def _given_run_dir(hc: Any) -> bool:
+    """Whether the command line chose the run dir (hydra.run.dir=...): then a rerun resumes it."""
+    return any(str(o).lstrip("+").startswith("hydra.run.dir=") for o in hc.overrides.hydra)
+
+
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
     """`.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml`, as Hydra would write them, secrets
     masked before any byte is written. conf/config.yaml turns Hydra's own writing off
@@ -300,7 +336,11 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
         e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
     if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
         run.summary.update(status="interrupted", error=interrupts.describe(e))
-        log.warning("run interrupted (%s): resume with `ablate resume %s`", run.summary["error"], run.dir)
+        line = f"run interrupted ({run.summary['error']}): resume with `ablate resume {run.dir}`"
+        if mode == RunMode.RUN:  # a single run says it once, below the bar (ablate.train.main: interrupted_line)
+            _log_to_file(line)
+        else:
+            log.warning("%s", line)
         run.write()
         return
     cause = user_error(e) or e
