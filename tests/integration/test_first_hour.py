@@ -395,4 +395,47 @@ def test_compare_on_a_sweeps_folder_takes_its_newest_launch(tmp_path: Path) -> N
     assert "the newest launch only (2026-01-02_10-00-00)" in r.stdout and "--all-launches" in r.stdout
     r = ablate("compare", "outputs/sweeps/dpo_loss", "--all-launches", cwd=tmp_path, env={"COLUMNS": "200"})
     assert "4 runs in" in r.stdout and "2 launches kept apart" in r.stdout
-    assert "max_steps=default" in r.stdout  # a key one launch did not set: the config's value, not '-'
+    # a key one launch did not set has the config's value: only the arms that set it name it
+    assert re.search(r"\] loss=sigmoid +│", r.stdout) and re.search(r"\] max_steps=5 +│", r.stdout), r.stdout
+
+
+def test_compare_of_every_run_is_a_table_per_method_with_short_labels(tmp_path: Path) -> None:
+    """`ablate compare outputs/runs` over DPO, SFT and GRPO runs: a table per method, each grouped by what
+    varies inside it, labelled by the keys each run set and, for a run outside a sweep, its start time
+    (issue 37: one 22-group table, every label listing every key, `key=default` and the whole dir name)."""
+    day = tmp_path / "outputs" / "runs" / "2026-01-01"
+    made = [("dpo", ["method.args.beta=0.2"]), ("dpo", []), ("sft", ["method=sft", "method.args.max_steps=400"]),
+            ("grpo", ["method=grpo"]), ("grpo", ["method=grpo", "method.args.num_generations=4"])]
+    for num, (method, overrides) in enumerate(made):
+        run = write_run(day, num, overrides, {"loss": 0.5, "reward": 0.25, "rewards/accuracies": 1.0})
+        run = run.rename(day / f"10-00-0{num}-000000_{','.join(overrides)}")
+        info = json.loads((run / "summary.json").read_text())
+        info.update(method=method, compare_metrics={"dpo": ["rewards/accuracies", "loss"], "sft": ["loss"],
+                                                    "grpo": ["reward"]}[method])
+        (run / "summary.json").write_text(json.dumps(info))
+    r = ablate("compare", "outputs/runs", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    titles = re.findall(r"^\s*(\w+): (\d) runs in (\d) groups", r.stdout, flags=re.M)
+    assert titles == [("dpo", "2", "2"), ("sft", "1", "1"), ("grpo", "2", "2")], r.stdout
+    assert "[2026-01-01/10-00-00-000000] beta=0.2 " in r.stdout and "[2026-01-01/10-00-01-000000] defaults " in r.stdout
+    assert "[2026-01-01/10-00-04-000000] num_generations=4 " in r.stdout and "=default" not in r.stdout
+    assert "method=" not in r.stdout.replace("--metric", "")  # the method is the table, not a label
+
+
+def test_compare_out_alone_writes_in_the_sweep_or_under_outputs_reports(tmp_path: Path) -> None:
+    """`--out` alone: a sweep launch's own report/ (no run dir written into), else outputs/reports/<time>/;
+    said first (issue 37: the README's `--out report/` wrote into the repo root)."""
+    pytest.importorskip("matplotlib")
+    sweep = tmp_path / "outputs" / "sweeps" / "dpo_loss" / "2026-01-01_10-00-00"
+    for seed in (1, 2):
+        write_run(sweep, seed, [f"seed={seed}"], {"loss": 0.5})
+    (sweep / "multirun.yaml").write_text("{}\n")
+    before = {p: p.stat().st_mtime for p in sweep.rglob("*") if p.is_file()}
+    r = ablate("compare", "outputs/sweeps/dpo_loss", "--out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"report dir: {sweep.resolve() / 'report'} (--out without a dir:"), r.stdout
+    assert (sweep / "report" / "report.html").is_file()
+    assert all(p.stat().st_mtime == t for p, t in before.items())  # the runs' own files untouched
+    r = ablate("compare", str(sweep / "1_seed=1"), "--out", cwd=tmp_path)  # one run: not written into
+    assert r.returncode == 0 and list((tmp_path / "outputs" / "reports").glob("*/report.html")), r.stdout
+    assert not (sweep / "1_seed=1" / "report").exists()

@@ -48,8 +48,9 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
     split = not pool and len(names) > 1
     groups: dict[tuple[str, str], Group] = {}
     for run in runs:
-        # a key a run did not set on its command line has the config's value: say so, not '-'
-        label = ",".join(f"{short[k]}={run.overrides.get(k, 'default')}" for k in varying) or "all"
+        # the varying keys this run set; one it did not set has the config's value (`defaults`: none set)
+        label = ",".join(f"{short[k]}={run.overrides[k]}" for k in varying if k in run.overrides) \
+            or ("defaults" if varying else "all")
         launch = names.get(run.launch, "") if split else ""  # type: ignore[arg-type]
         group = Group(f"[{launch}] {label}" if launch else label, [], launch, label)
         groups.setdefault((launch, label), group).runs.append(run)
@@ -397,13 +398,67 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
     if metrics:
         check_metrics(metrics, runs, paths)
+    if out == DEFAULT_OUT:
+        out = default_out(runs, paths)
+        print(f"report dir: {out} (--out without a dir: {DEFAULT_OUT_RULE})")
+    families = [runs] if metrics else by_method(runs)
+    rows = []
+    for i, family in enumerate(families):
+        where = out / _safe(method_names(family)) if out is not None and len(families) > 1 else out
+        title = f"{method_names(family)}: " if len(families) > 1 else ""
+        if i:
+            print()
+        rows += _compare_runs(family, metrics, where, pool, xs, left_out if i == 0 else [], title)
+    return rows
+
+
+DEFAULT_OUT = Path("<default>")  # `--out` given without a dir
+DEFAULT_OUT_RULE = "a sweep launch's own report/, else outputs/reports/<date_time>/"
+
+
+def default_out(runs: list[Run], paths: list[Path]) -> Path:
+    """Where `--out` alone writes: `<launch>/report/` when one sweep launch is compared, named by its dir
+    or its sweep's folder (the sweep dir is ablate's; no run dir is written into), else
+    `outputs/reports/<date_time>/` under the cwd."""
+    import time
+
+    launched = {r.launch for r in runs}
+    launch = next(iter(launched)) if len(launched) == 1 else None
+    given = {p.resolve() for p in paths}
+    if launch is not None and all(r.launch != r.path.resolve() for r in runs) and {launch, launch.parent} & given:
+        return launch / "report"
+    return Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def by_method(runs: list[Run]) -> list[list[Run]]:
+    """Runs split by what their methods report (each method's `compare_metrics`: DPO and DPO hinge
+    together, SFT apart, GRPO apart): one table per family, grouped by what varies inside it."""
+    families: dict[tuple[str, ...], list[Run]] = {}
+    unknown = []  # a job not started yet (no summary): its method has not said; with the largest family
+    for run in runs:
+        metrics = run.summary.get("compare_metrics")
+        (families.setdefault(tuple(metrics), []) if metrics else unknown).append(run)
+    if not families:
+        return [unknown]
+    largest = max(families.values(), key=len)
+    largest += unknown
+    return list(families.values())
+
+
+def method_names(runs: list[Run]) -> str:
+    return ", ".join(dict.fromkeys(str(r.summary.get("method", "?")) for r in runs))
+
+
+def _compare_runs(runs: list[Run], metrics: list[str] | None, out: Path | None, pool: bool, xs: list[str] | None,
+                  left_out: list[str], title: str) -> list[dict[str, Any]]:
+    """compare()'s table, notes, differences and files for one family of runs."""
     metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
     notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
-    print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
+    print_table(header, cells, title=f"{title}{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:
             print(note)
@@ -488,5 +543,6 @@ def launch_note(runs: list[Run], pool: bool) -> str:
         return ""
     if pool:
         return f"pooled {len(names)} launches (--pool): runs with the same overrides count as one arm"
-    return (f"{len(names)} launches kept apart ({', '.join(names.values())}); "
+    listed = f" ({', '.join(names.values())})" if len(names) <= 4 else " (each run outside a sweep is one)"
+    return (f"{len(names)} launches kept apart{listed}; "
             "--pool pools runs with the same overrides across launches")

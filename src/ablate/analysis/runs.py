@@ -130,11 +130,13 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 
 def launches(runs: list[Run]) -> dict[Path, str]:
-    """Each launch's short name (`dpo_loss/2026-01-01_10-00-00`), in first-seen order."""
+    """Each launch's short name, in first-seen order: a sweep's `dpo_loss/2026-01-01_10-00-00`, a
+    single run's `2026-01-01/10-00-00-123456` (its dir's name without the overrides, which its label shows)."""
     out: dict[Path, str] = {}
     for r in runs:
         if r.launch is not None and r.launch not in out:
-            out[r.launch] = f"{r.launch.parent.name}/{r.launch.name}"
+            name = r.launch.name.split("_")[0] if r.launch == r.path.resolve() else r.launch.name
+            out[r.launch] = f"{r.launch.parent.name}/{name}"
     return out
 
 

@@ -10,15 +10,16 @@ def compare_cmd(argv: list[str]) -> None:
     """`ablate compare DIR... [--metric M]... [--out DIR]`."""
     import argparse
 
-    from ablate.analysis.compare import compare
+    from ablate.analysis.compare import DEFAULT_OUT, DEFAULT_OUT_RULE, compare
 
     parser = argparse.ArgumentParser(prog="ablate compare", description="compare run and sweep directories")
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     parser.add_argument("--metric", action="append", default=None,
                         help="metric to show (repeat or comma-separate; default: per method; "
                              "speed: tokens_per_second, mfu and GRPO's time/*)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
+    parser.add_argument("--out", type=Path, nargs="?", default=None, const=DEFAULT_OUT, metavar="DIR",
+                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv to DIR "
+                             f"(--out alone: {DEFAULT_OUT_RULE})")
     parser.add_argument("--pool", action="store_true",
                         help="pool runs with the same overrides across launches (default: each launch apart)")
     parser.add_argument("--all-launches", action="store_true",
