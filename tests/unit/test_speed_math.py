@@ -75,11 +75,11 @@ def test_a_peak_probed_on_a_busy_machine_is_probed_again_and_the_best_kept(tmp_p
     probes = iter([(60e9, False), (95e9, False), (80e9, False), (200e9, True)])
     monkeypatch.setattr(speed, "probe_on", lambda device, dtype, seconds=1.0: next(probes))
     assert speed.peak_flops("cpu", torch.float32, path=path) == 60e9
-    assert "the best of 1 probe(s) so far, each while other processes used the CPU" in speed.peak_note(
+    assert "the best of 1 probe(s) on a busy CPU, so far: MFU may read high" in speed.peak_note(
         "cpu", torch.float32, path=path)
     assert speed.peak_flops("cpu", torch.float32, path=path) == 95e9  # probed again, higher: kept
     assert speed.peak_flops("cpu", torch.float32, path=path) == 95e9  # probed again, lower: the best stays
-    assert speed.peak_note("cpu", torch.float32, path=path).startswith("the best of 3 probes, each while other")
+    assert speed.peak_note("cpu", torch.float32, path=path).startswith("the best of 3 probes, all on a busy CPU")
     assert speed.peak_flops("cpu", torch.float32, path=path) == 95e9  # settled after 3: not probed again
     path.unlink()
     probes = iter([(60e9, False), (200e9, True)])

@@ -25,8 +25,8 @@ commands:
   status [SWEEP_DIR]       each job's state (pending / running at step N of M / interrupted / completed / failed: error),
                            as `ablate ls` gives it; SLURM's too (no SWEEP_DIR: the newest under outputs/sweeps)
   ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
-  generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (chat template, LoRA
-                           adapters); --before: the starting model's too
+  generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (prompts formatted
+                           as the run trained: plain or chat template; LoRA adapters); --before: the starting model's too
   eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
   resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
                            (--force: although its data or config changed since it started)

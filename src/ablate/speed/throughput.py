@@ -255,10 +255,9 @@ def peak_note(device: Any, dtype: Any, user_tflops: float | None = None, path: P
     if entry["idle"]:
         return f"measured on an idle machine, cached in {path}"
     if entry["probes"] >= BUSY_PROBES:
-        return (f"the best of {entry['probes']} probes, each while other processes used the CPU: MFU may read "
-                f"high; cached in {path}")
-    return (f"the best of {entry['probes']} probe(s) so far, each while other processes used the CPU: measured "
-            f"again by the next runs (the best kept), MFU may read high until one runs idle; cached in {path}")
+        return f"the best of {entry['probes']} probes, all on a busy CPU: MFU may read high; cached in {path}"
+    return (f"the best of {entry['probes']} probe(s) on a busy CPU, so far: MFU may read high; the next runs probe "
+            f"again; cached in {path}")
 
 
 def fmt_flops(flops: float) -> str:
