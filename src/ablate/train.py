@@ -27,11 +27,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         return run(cfg)
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        single = HydraConfig.get().mode == RunMode.RUN and rundir.is_main_process() and (run_dir / rundir.RUN).is_file()
-        # below the bar, on a line of its own (say closes it first): where it stopped and how to go on
-        say(lifecycle.interrupted_line(run_dir, interrupts.describe(e)) if single
-            else f"ablate: interrupted ({interrupts.describe(e)})")
+        say(lifecycle.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar (say closes it)
         if interrupts.in_sweep_worker():
             interrupts.leave_worker(interrupts.exit_code(e))
         sys.exit(interrupts.exit_code(e))

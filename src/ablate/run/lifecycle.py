@@ -233,8 +233,11 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         run.write()
 
 
-def interrupted_line(run_dir: Path, why: str) -> str:
-    """What a single run's Ctrl-C (or SIGTERM) leaves, in one line: the step reached and how to go on."""
+def interrupted_line(hc: Any, why: str) -> str:
+    """What Ctrl-C (or SIGTERM) leaves, in one line: for a single run, the step reached and how to go on."""
+    run_dir = Path(hc.runtime.output_dir)
+    if hc.mode != RunMode.RUN or not rundir.is_main_process() or not (run_dir / rundir.RUN).is_file():
+        return f"ablate: interrupted ({why})"
     events = rundir.read_metrics(run_dir) if (run_dir / rundir.METRICS).is_file() else []
     ckpt = rundir.latest_checkpoint(run_dir)
     where = f" at step {events[-1]['step']}" if events else ""
