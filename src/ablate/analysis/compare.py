@@ -400,8 +400,15 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         check_metrics(metrics, runs, paths)
     if out == DEFAULT_OUT:
         out = default_out(runs, paths)
+        from ablate.analysis.report import check_out
+
+        check_out(out)  # a launch's report/ of the user's own is not written over either
         print(f"report dir: {out} (--out without a dir: {DEFAULT_OUT_RULE})")
     families = [runs] if metrics else by_method(runs)
+    if out is not None and len(families) > 1:  # a folder per method: the top one is ablate's too (a later --out)
+        from ablate.analysis.report import claim_out
+
+        claim_out(out)
     rows = []
     for i, family in enumerate(families):
         where = out / _safe(method_names(family)) if out is not None and len(families) > 1 else out
@@ -481,6 +488,10 @@ def _compare_runs(runs: list[Run], metrics: list[str] | None, out: Path | None, 
             print(f"  {line}")
     from ablate.analysis.study import print_studies
 
+    if out is not None:
+        from ablate.analysis import report
+
+        report.claim_out(out)  # checked before any run was read (the default dir: in compare)
     study_plots = print_studies(runs, print_table, out)  # a study's launch (study.db): trials, best trial, plots
     if out is not None:
         from ablate.analysis import report

@@ -8,6 +8,7 @@ from pathlib import Path
 from ablate.launchers.slurm import status
 
 SWEEPS = Path("outputs") / "sweeps"  # the default hydra.sweep.dir's parent: outputs/sweeps/<name>/<launch>
+USAGE = "ablate status [SWEEP_DIR] (none: the newest sweep under outputs/sweeps)"
 
 
 def newest_launch(folder: Path) -> Path | None:
@@ -23,9 +24,9 @@ def status_cmd(argv: list[str]) -> None:
     from ablate.run.rundir import RunDirError, check_readable
 
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print("usage: ablate status [SWEEP_DIR]   (a sweep dir: it holds multirun.yaml; none: the newest under "
-              "outputs/sweeps)", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse("ablate status takes at most one sweep dir", USAGE)
     given = Path(argv[0]) if argv else SWEEPS
     try:
         check_readable(given)
@@ -34,10 +35,14 @@ def status_cmd(argv: list[str]) -> None:
         sys.exit(2)
     sweep_dir = given if (given / "multirun.yaml").is_file() else newest_launch(given) if given.is_dir() else None
     if sweep_dir is None:
+        from ablate.cli import refuse
+        from ablate.run import rundir
+
+        if (given / rundir.RUN).is_file():
+            refuse(f"{given} is a run dir, not a sweep dir: `ablate ls {given}` shows its state", USAGE)
         what = f"{given} does not exist" if not given.exists() else f"no sweep under {given} (no multirun.yaml)"
         fix = "give a sweep dir (`ablate ls` lists sweep jobs by dir)" if argv else \
             "run this where you launch sweeps, give a sweep dir, or start one: ablate sweep NAME"
-        print(f"ablate: error: {what}; {fix}", file=sys.stderr)
-        sys.exit(2)
+        refuse(f"{what}; {fix}")
     note = "" if sweep_dir == given else f" (the newest sweep under {given}; ablate status SWEEP_DIR for another)"
     status(sweep_dir.resolve(), note)

@@ -66,7 +66,7 @@ from transformers import (
 )
 
 from ablate.data.tokenize import prepare_prompts
-from ablate.errors import ConfigError
+from ablate.errors import ConfigError, UserCodeError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import logits_logps
@@ -76,6 +76,7 @@ from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rewards import calls as rewards
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
@@ -133,6 +134,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
+        reward_funcs = rewards.usable(reward_funcs)  # data.reward_funcs.NAME=null drops one
         if not reward_funcs:
             raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
         weights = args.reward_weights or [1.0] * len(reward_funcs)
@@ -147,6 +149,11 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
+        self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
+        columns = [c for c in getattr(train_dataset, "column_names", None) or [] if c not in ("prompt", "prompt_ids")]
+        for name, fn in self.reward_funcs.items():  # the data's columns: known now, before the first round
+            if (problem := rewards.column_problem(fn, columns)) is not None:
+                raise UserCodeError(f"reward function '{name}' ({rewards.name_of(fn)}) {problem}")
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
@@ -176,7 +183,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             check_async(args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
-                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced")
+                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced",
+                                     timeout_s=args.worker_timeout_s)
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -373,18 +381,14 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
 
     def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
-        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats)."""
+        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats;
+        ablate.rewards.calls checks what the functions return)."""
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [r["prompt"] for r in rows]
         completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
         columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-        table = torch.empty(len(rows), len(self.reward_funcs))
-        for i, (name, fn) in enumerate(self.reward_funcs.items()):
-            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            if len(values) != len(rows):
-                raise ValueError(f"reward function '{name}' returned {len(values)} rewards for {len(rows)} completions")
-            table[:, i] = torch.tensor([torch.nan if v is None else float(v) for v in values])
-        return table
+        kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        return rewards.table(self.reward_funcs, kwargs, len(rows), self._warned)  # a user's mistake: one line
 
     # ---- loss ----
 

@@ -81,6 +81,7 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     adapters = _build(peft)
     if adapters is None:
         return model
+    _check_rank(model, adapters.config)
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -110,6 +111,16 @@ def trainable_line(model: PeftModel, config: PeftConfig, targets: str | None) ->
 
 def _count(n: int) -> str:
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else str(n)
+
+
+def _check_rank(model: PreTrainedModel, config: Any) -> None:
+    """A rank above a layer's own width adds no capacity, only memory (peft.r=1e9 asked for 256 GB and
+    died in torch's allocator): refused naming the widest rank that means something."""
+    widths = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    r = getattr(config, "r", None)
+    if widths and isinstance(r, int) and r > max(widths):
+        raise ConfigError(f"peft.r={r}: larger than any layer it adapts (the widest is {max(widths)} wide): "
+                          f"must be at most {max(widths)}; LoRA's point is a small r (8-64)")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
     check_method_args(cfg, swept)
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
         check_trainer_functions(cfg)
+        check_reward_functions(cfg)
         from hydra.utils import get_class
 
         check_trainer_class(get_class(cfg.method.trainer._target_))
@@ -96,6 +97,40 @@ def check_trainer_functions(cfg: DictConfig) -> None:
         problem = call_mismatch(instantiate(value), param.default)
         if problem is not None:
             raise ConfigError(_misfit(cfg, node, name, value, param.default, problem))
+
+
+def check_reward_functions(cfg: DictConfig) -> None:
+    """The data's reward functions, when the trainer takes them (GRPO): each one a function handed over
+    (`_partial_: true`: else Hydra would call it now, with no arguments) that can take GRPO's call
+    (ablate.rewards.calls). A class (a reward model) is built by the run, and judged there."""
+    import inspect
+
+    from hydra.utils import get_class, get_method
+
+    from ablate.rewards import calls
+
+    funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
+    trainer = get_class(cfg.method.trainer._target_)
+    if not isinstance(funcs, DictConfig) or "reward_funcs" not in inspect.signature(trainer.__init__).parameters:
+        return
+    for name, node in funcs.items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        key, target = f"data.reward_funcs.{name}", str(node._target_)
+        try:
+            fn = get_method(target)
+        except Exception:  # noqa: BLE001 - not found (the target checks said so already)
+            continue
+        if inspect.isclass(fn):
+            continue
+        if not node.get("_partial_", False):
+            raise ConfigError(f"{key}: add _partial_: true ({key}._partial_=true): {target} is a reward function "
+                              "the trainer calls each round; without it Hydra would call it now, with no arguments")
+        problem = calls.call_problem(fn)
+        if problem is not None:
+            params = str(inspect.signature(fn)) if calls._parameters(fn) is not None else "(...)"
+            raise ConfigError(f"{key}: {target}{params} cannot be called as GRPO calls a reward function, "
+                              f"{calls.CALL} ({problem}); add those arguments, or **kwargs")
 
 
 def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:

@@ -48,6 +48,7 @@ from ablate.run.rules import (
     optimizer_field_hint,
     refusal,
 )
+from ablate.run import sweep_dirs
 from ablate.run.targets import check_target
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
@@ -95,6 +96,7 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_data_columns(cfg, swept)
     _check_datasets_cache(cfg)
     _check_cache_dir(cfg)
+    _check_reward_funcs(cfg, swept)
     _check_eval_data(cfg, swept)
 
 
@@ -250,6 +252,26 @@ def _check_datasets_cache(cfg: DictConfig) -> None:
                           f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
 
 
+def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """GRPO with every reward function set to null (`data.reward_funcs.NAME=null` drops one) has nothing to learn from."""
+    from ablate.run.rules import is_grpo, reward_names
+
+    funcs = at(cfg, "data.reward_funcs")
+    trainer = at(cfg, "method.trainer")
+    given = trainer._get_node("reward_funcs")._value() if isinstance(trainer, DictConfig) and "reward_funcs" in trainer else None
+    if not is_grpo(cfg) or any(k.startswith(("data", "method.trainer")) for k in swept) \
+            or not str(given).startswith("${oc.select:data.reward_funcs"):
+        return  # not GRPO, swept, or the trainer given its rewards some other way
+    add = "+data.reward_funcs.NAME._target_=pkg.module.fn +data.reward_funcs.NAME._partial_=true"
+    if not isinstance(funcs, DictConfig) or not len(funcs):
+        data = at(cfg, "hydra.runtime.choices.data") or OmegaConf.select(hydra_node(), "runtime.choices.data", default="")
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and data={data or '...'} has none: add "
+                          f"yours ({add}), or use data that scores itself (data=tiny_repeat)")
+    if not reward_names(cfg):
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
+                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {add}")
+
+
 def _check_cache_dir(cfg: DictConfig) -> None:
     """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
     go on without its cache, saying so at each lookup, and with no cached speed probe either."""
@@ -367,7 +389,8 @@ def _check_same_run(run_dir: Path, hc: Any, cfg: DictConfig | None = None) -> No
         raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
                           "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
     if info is not None and cfg is not None and rundir.completed_summary(run_dir) is None:
-        from ablate.run.lifecycle import check_same_config, identity
+        from ablate.run.config_change import check_same_config
+        from ablate.run.lifecycle import identity
 
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         check_same_config(run_dir.resolve(), info, identity(task), warn=False)
@@ -399,8 +422,8 @@ class Validate(Callback):
 
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
-            if _sweep_dir_given(config.hydra):
-                check_not_a_sweep(sweep_dir)  # in about a second: before the code checks import torch
+            if sweep_dirs.given(config.hydra):
+                sweep_dirs.check_sweep_dir_free(sweep_dir)  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -424,11 +447,11 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
-    raw = _hydra_overrides(hc)
+    raw = sweep_dirs.hydra_overrides(hc)
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
-        check_not_a_sweep(path)
+        sweep_dirs.check_sweep_dir_free(path)
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
@@ -438,30 +461,6 @@ def claim_sweep_dir(config: DictConfig) -> None:
         hc.sweep.dir = str(path)
         overrides = [o for o in raw if o not in given]
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
-
-
-def _hydra_overrides(hc: Any) -> list[str]:
-    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
-    return [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
-
-
-def _sweep_dir_given(hc: Any) -> bool:
-    """`hydra.sweep.dir` was given on the command line (else the launch makes a new dir of its own)."""
-    return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in _hydra_overrides(hc))
-
-
-SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
-
-
-def check_not_a_sweep(path: Path) -> None:
-    """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
-    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job)."""
-    from ablate.run.lifecycle import RESUME_ENV
-
-    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
-    if held and not os.environ.get(RESUME_ENV):
-        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
-                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
 
 
 def _dir_value(config: DictConfig, key: str) -> str:
