@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
-from ablate.run import interrupts, lifecycle, process, rundir, secrets, validate
+from ablate.run import interrupts, lifecycle, process, rundir, secrets, stopped, validate
 from ablate.run.console import say
 
 log = logging.getLogger("ablate")
@@ -29,7 +29,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
         if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
-        say(lifecycle.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar (say closes it)
+        say(stopped.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar (say closes it)
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:

@@ -12,6 +12,7 @@ implausible cached peak is measured again. (Item 13 is the README test's `test_d
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -420,6 +421,11 @@ def test_compare_of_every_run_is_a_table_per_method_with_short_labels(tmp_path: 
     assert "[2026-01-01/10-00-00-000000] beta=0.2 " in r.stdout and "[2026-01-01/10-00-01-000000] defaults " in r.stdout
     assert "[2026-01-01/10-00-04-000000] num_generations=4 " in r.stdout and "=default" not in r.stdout
     assert "method=" not in r.stdout.replace("--metric", "")  # the method is the table, not a label
+    if importlib.util.find_spec("matplotlib"):  # a folder per method; the same --out again rewrites it
+        for _ in range(2):
+            r = ablate("compare", "outputs/runs", "--out", "rep", cwd=tmp_path)
+            assert r.returncode == 0, r.stderr
+        assert {p.name for p in (tmp_path / "rep").iterdir()} == {".ablate-report", "dpo", "sft", "grpo"}
 
 
 def test_compare_out_alone_writes_in_the_sweep_or_under_outputs_reports(tmp_path: Path) -> None:

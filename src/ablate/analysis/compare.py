@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.analysis import stats
-from ablate.analysis.runs import Group, Run, find_runs, launches
+from ablate.analysis.report import DEFAULT_OUT, DEFAULT_OUT_RULE, default_out
+from ablate.analysis.runs import Group, Run, by_method, find_runs, launches, method_names, newest_launches
 from ablate.errors import ConfigError
 from ablate.run import rundir
 
@@ -344,41 +345,6 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
     return [path]
 
 
-def newest_launches(paths: list[Path]) -> tuple[list[Run], list[str]]:
-    """The runs under `paths`, where a path holds several launches of one sweep (`outputs/sweeps/NAME`)
-    only those of its newest launch (by start time); and a note on each sweep folder whose older
-    launches were left out. A launch dir named itself is always taken whole."""
-    runs: list[Run] = []
-    notes: list[str] = []
-    for path in paths:
-        found = find_runs([path])
-        by_folder: dict[Path, dict[Path, list[Run]]] = {}
-        for r in found:
-            if r.launch is not None and r.launch != r.path.resolve() and r.launch != path.resolve():
-                by_folder.setdefault(r.launch.parent, {}).setdefault(r.launch, []).append(r)
-        dropped: set[Path] = set()
-        for folder, launched in by_folder.items():
-            if len(launched) > 1:
-                order = sorted(launched, key=lambda launch: (_started(launched[launch]), launch.name))
-                dropped.update(order[:-1])
-                notes.append(f"{folder.name}: the newest launch only ({order[-1].name}); {len(order) - 1} older "
-                             f"launch(es) left out ({', '.join(o.name for o in order[:-1])}): --all-launches "
-                             "compares every launch, each apart; --pool pools them")
-        runs += [r for r in found if r.launch not in dropped]
-    return runs, notes
-
-
-def _started(runs: list[Run]) -> str:
-    """When a launch started: its earliest run.json `started`, else its dir's modification time."""
-    import time
-
-    stamps = [str(info["started"]) for r in runs
-              if (info := rundir.read_json(r.path / rundir.RUN)) and info.get("started")]
-    if stamps:
-        return min(stamps)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runs[0].path.parent.stat().st_mtime))
-
-
 def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None, pool: bool = False,
             xs: list[str] | None = None, tags: list[str] | None = None,
             all_launches: bool = False) -> list[dict[str, Any]]:
@@ -417,43 +383,6 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
             print()
         rows += _compare_runs(family, metrics, where, pool, xs, left_out if i == 0 else [], title)
     return rows
-
-
-DEFAULT_OUT = Path("<default>")  # `--out` given without a dir
-DEFAULT_OUT_RULE = "a sweep launch's own report/, else outputs/reports/<date_time>/"
-
-
-def default_out(runs: list[Run], paths: list[Path]) -> Path:
-    """Where `--out` alone writes: `<launch>/report/` when one sweep launch is compared, named by its dir
-    or its sweep's folder (the sweep dir is ablate's; no run dir is written into), else
-    `outputs/reports/<date_time>/` under the cwd."""
-    import time
-
-    launched = {r.launch for r in runs}
-    launch = next(iter(launched)) if len(launched) == 1 else None
-    given = {p.resolve() for p in paths}
-    if launch is not None and all(r.launch != r.path.resolve() for r in runs) and {launch, launch.parent} & given:
-        return launch / "report"
-    return Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
-
-
-def by_method(runs: list[Run]) -> list[list[Run]]:
-    """Runs split by what their methods report (each method's `compare_metrics`: DPO and DPO hinge
-    together, SFT apart, GRPO apart): one table per family, grouped by what varies inside it."""
-    families: dict[tuple[str, ...], list[Run]] = {}
-    unknown = []  # a job not started yet (no summary): its method has not said; with the largest family
-    for run in runs:
-        metrics = run.summary.get("compare_metrics")
-        (families.setdefault(tuple(metrics), []) if metrics else unknown).append(run)
-    if not families:
-        return [unknown]
-    largest = max(families.values(), key=len)
-    largest += unknown
-    return list(families.values())
-
-
-def method_names(runs: list[Run]) -> str:
-    return ", ".join(dict.fromkeys(str(r.summary.get("method", "?")) for r in runs))
 
 
 def _compare_runs(runs: list[Run], metrics: list[str] | None, out: Path | None, pool: bool, xs: list[str] | None,

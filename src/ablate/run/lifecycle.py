@@ -35,14 +35,12 @@ from ablate.errors import (
     ConfigError,
     DataError,
     DiskFullError,
-    PeerLostError,
     Pruned,
     RunDirError,
-    chain,
     user_code_error,
     user_error,
 )
-from ablate.run import config_change, interrupts, rundir, secrets, sweep_dirs
+from ablate.run import config_change, interrupts, rundir, secrets, stopped, sweep_dirs
 
 log = logging.getLogger("ablate")
 RESUME_ENV = sweep_dirs.RESUME_ENV  # set in a resumed sweep's job processes: completed jobs are skipped
@@ -211,11 +209,8 @@ def record(cfg: DictConfig) -> Iterator[Run]:
                               "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
                               "run_dir": str(run_dir), "versions": info.get("versions"), "git_sha": info.get("git_sha")})
     rundir.write_json(run_dir / rundir.SUMMARY, run.summary)
-    if not multirun and rundir.is_main_process() and not _given_run_dir(hc) and not rundir.checkpoints(run_dir):
-        earlier = earlier_unfinished(run_dir, overrides)
-        if earlier is not None:  # the same command again, in a new default dir: it starts from step 0
-            log.warning("the same command's run in %s is %s with a checkpoint; this is a new run from step 0 "
-                        "(to continue that one instead: ablate resume %s)", earlier[0], earlier[1], earlier[0])
+    if not multirun:
+        stopped.warn_if_rerun(run_dir, overrides, hc)  # the same command again, in a new default dir
     with interrupts.as_exceptions():
         try:
             yield run
@@ -225,41 +220,12 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             run.write()
             return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _disk_full(run, e) or _peer_lost(run, e) or user_code_error(e)  # said in one line
+            known = _disk_full(run, e) or stopped.peer_lost(run.dir, e) or user_code_error(e)  # said in one line
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e
             raise
         run.write()
-
-
-def interrupted_line(hc: Any, why: str) -> str:
-    """What Ctrl-C (or SIGTERM) leaves, in one line: for a single run, the step reached and how to go on."""
-    run_dir = Path(hc.runtime.output_dir)
-    if hc.mode != RunMode.RUN or not rundir.is_main_process() or not (run_dir / rundir.RUN).is_file():
-        return f"ablate: interrupted ({why})"
-    events = rundir.read_metrics(run_dir) if (run_dir / rundir.METRICS).is_file() else []
-    ckpt = rundir.latest_checkpoint(run_dir)
-    where = f" at step {events[-1]['step']}" if events else ""
-    start = f"from {ckpt.name}" if ckpt is not None else "from step 0 (no checkpoint was saved yet)"
-    return f"ablate: interrupted ({why}){where}; `ablate resume {run_dir}` continues it {start}"
-
-
-def earlier_unfinished(run_dir: Path, overrides: list[str], newest: int = 200) -> tuple[Path, str] | None:
-    """A run of the same command (the same overrides) beside a new default-named run dir
-    (outputs/runs/<date>/<time>_...), interrupted or failed with a checkpoint to continue from: the
-    newest such dir and its state, else None. Rerunning a command names a new dir, so the rerun does
-    not continue it; the run says so, and how (`ablate resume`). The newest `newest` dirs are read."""
-    root = run_dir.parent.parent
-    siblings = sorted((p for p in root.glob("*/*") if p.is_dir() and p != run_dir), key=lambda p: (p.parent.name, p.name))
-    for other in reversed(siblings[-newest:]):
-        info = rundir.read_json(other / rundir.RUN)
-        if not info or sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):
-            continue
-        state = rundir.state(other)
-        if state in ("interrupted", "failed", "preempted") and rundir.latest_checkpoint(other) is not None:
-            return other, state
-    return None
 
 
 def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
@@ -308,11 +274,6 @@ def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
         sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
-def _given_run_dir(hc: Any) -> bool:
-    """Whether the command line chose the run dir (hydra.run.dir=...): then a rerun resumes it."""
-    return any(str(o).lstrip("+").startswith("hydra.run.dir=") for o in hc.overrides.hydra)
-
-
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
     """`.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml`, as Hydra would write them, secrets
     masked before any byte is written. conf/config.yaml turns Hydra's own writing off
@@ -340,7 +301,7 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
     if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
         run.summary.update(status="interrupted", error=interrupts.describe(e))
         line = f"run interrupted ({run.summary['error']}): resume with `ablate resume {run.dir}`"
-        if mode == RunMode.RUN:  # a single run says it once, below the bar (ablate.train.main: interrupted_line)
+        if mode == RunMode.RUN:  # a single run says it once, below the bar (ablate.train.main: stopped.interrupted_line)
             _log_to_file(line)
         else:
             log.warning("%s", line)
@@ -356,26 +317,6 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
         if mode != RunMode.RUN:  # single runs print the one line themselves (ablate.train.main)
             log.error("run failed: %s", msg)
     run.write()
-
-
-# what gloo says when a peer process died (its TCP connections reset) or hung past distributed.ddp_timeout
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting")
-
-
-def _peer_lost(run: Run, e: BaseException) -> PeerLostError | None:
-    """`e` as one line when a collective failed because another rank of the job died or hung (a node
-    crashed, was killed or partitioned), with the checkpoint to resume from; else None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        return None
-    cause = next((c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None)
-    if cause is None:
-        return None
-    what = next(m for m in PEER_LOST if m in str(cause))
-    sealed = [p for _, p in rundir.checkpoints(run.dir) if (p / rundir.MANIFEST).exists()]  # newest first
-    where = f"from {sealed[0].name}" if sealed else "from the start (no checkpoint yet)"
-    return PeerLostError(f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
-                         f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
-                         "again on every node")
 
 
 def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
