@@ -26,6 +26,9 @@ from ablate.analysis.runs import override_key
 from ablate.run import rundir
 
 EVAL = "eval.json"
+# what evaluate() reports about a training that did not happen here (the trainer built for the eval
+# trained nothing: these read 0) and its own set-up time: not the model's scores
+TRAINING_ONLY = {"epoch", "num_input_tokens_seen", "eval_num_tokens", "eval_model_preparation_time"}
 
 
 def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
@@ -102,7 +105,8 @@ def _scored(cfg: Any, model: Any, tokenizer: Any, dataset: Any, args: Any) -> tu
     # no train split: the rows are tokenised once, as the eval split they are
     trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=None,
                                               eval_dataset=dataset, processing_class=tokenizer, **extra)
-    return trainer.evaluate(), per_example(trainer), trainer.eval_dataset
+    metrics = {k: v for k, v in trainer.evaluate().items() if k not in TRAINING_ONLY}
+    return metrics, per_example(trainer), trainer.eval_dataset
 
 
 def _generated(model: Any, tokenizer: Any, dataset: Any, reward_funcs: dict, args: Any,
@@ -182,7 +186,7 @@ def eval_cmd(argv: list[str]) -> None:
             refuse(f"ablate eval: --samples takes a number of completions per prompt, got '{value}'", USAGE)
         samples, rest = int(value), rest[:at] + rest[at + 2:]
     try:
-        rundir.check_readable(run_dir)  # before the heavy imports
+        rundir.check_given(run_dir)  # at once: before the heavy imports
         result = evaluate(run_dir, rest, samples)
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)

@@ -12,6 +12,12 @@ IDS = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prom
        "unpaired": ("prompt_ids", "completion_ids", "label")}
 
 
+# the format family of ablate's own trainers by their `_target_`, for the check of a data file's columns
+# before the run (ablate.run.validate: no trainer import there); a trainer of the user's is checked when built
+TARGET_KINDS = {"ablate.methods.dpo.DPOTrainer": "preference", "ablate.methods.sft.SFTTrainer": "sft",
+                "ablate.methods.grpo.GRPOTrainer": "prompt"}
+
+
 def data_kind(trainer_cls: type) -> str | None:
     """"preference" (DPO and its subclasses), "sft", "prompt" (GRPO), or what the trainer class says
     (`data_kind`: "reward", "unpaired"); None for a trainer of another kind."""
@@ -27,12 +33,14 @@ def data_kind(trainer_cls: type) -> str | None:
     return None
 
 
-def check_shape(trainer_cls: type, *datasets: Any) -> None:
+def check_shape(trainer_cls: type, *datasets: Any) -> dict[str, Any]:
     """DataError (one line: the columns found, the formats expected) unless every dataset given (None:
-    skipped) is in a format `trainer_cls` takes, or already tokenised."""
-    from ablate.data.formats import detect
+    skipped) is in a format `trainer_cls` takes, or already tokenised. Returns how the first (the
+    train split) is formatted (`ablate.data.formats.describe`: run.json's `data_format`)."""
+    from ablate.data.formats import describe, detect
 
     kind = data_kind(trainer_cls)
     for ds in datasets:
         if kind is not None and ds is not None and not set(IDS[kind]) <= set(ds.column_names):
             detect(ds, kind)
+    return describe(datasets[0], kind)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -42,11 +43,12 @@ from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, import
 from ablate.run.rules import (
     RULES,
     at,
+    elsewhere,
     hydra_node,
     optimizer_field_hint,
     refusal,
 )
-from ablate.run import sweep_dirs
+from ablate.run import data_checks, sweep_dirs
 from ablate.run.targets import check_target
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
@@ -90,11 +92,12 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
         v = values[key]
         if v is not KeyError and key not in swept and not ok(v, cfg):
             raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
-    _check_paths(cfg)
-    _check_datasets_cache(cfg)
-    _check_cache_dir(cfg)
+    data_checks.check_paths(cfg)
+    data_checks.check_data_columns(cfg, swept)
+    data_checks.check_datasets_cache(cfg)
+    data_checks.check_cache_dir(cfg)
     _check_reward_funcs(cfg, swept)
-    _check_eval_data(cfg, swept)
+    data_checks.check_eval_data(cfg, swept)
 
 
 def _check_targets(cfg: DictConfig) -> None:
@@ -110,29 +113,6 @@ def _check_optimizer_args(cfg: DictConfig) -> None:
             hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
             if hint:
                 raise ConfigError(hint)
-
-
-def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
-    strategy = at(cfg, "method.args.eval_strategy")
-    data = at(cfg, "data")
-    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
-        return
-    target = str(data.get("_target_", ""))
-    # data=local: a save_to_disk dir as train_path may bring its own eval split
-    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
-    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
-               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
-               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
-    if target in missing and missing[target][1]():
-        field_ = missing[target][0]
-        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
-        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
-
-
-def _packaged_eval(data: DictConfig) -> bool:
-    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
 
 
 def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
@@ -170,54 +150,15 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
     overrides = _overrides(hc)
     if overrides is None:
         return
-    added = {str(o).lstrip("+").split("=")[0].split(".")[0] for o in overrides if str(o).startswith("+")}
+    added = {str(o).lstrip("+").split("=")[0].split(".")[0]: str(o) for o in overrides if str(o).startswith("+")}
     known = _known_roots(hc)
-    for root in sorted(added - known):
+    for root in sorted(set(added) - known):
         if root in cfg:
+            given = added[root].lstrip("+")
+            there = elsewhere(cfg, given.split("=")[0], given.partition("=")[2]) if "." not in given.split("=")[0] else None
             hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
-            meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
+            meant = there or (f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}")
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
-
-
-def _check_paths(cfg: DictConfig) -> None:
-    """Data files and a local model dir exist (checked before the model is loaded)."""
-    data = cfg.get("data") or {}
-    for key in ("train_path", "eval_path"):
-        path = data.get(key) if isinstance(data, DictConfig) else None
-        local = Path(path).expanduser() if isinstance(path, str) else None
-        if local is not None and not local.is_file() and not _saved_dataset(local):
-            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
-                    if local.is_dir() else "not found")
-            raise ConfigError(f"data.{key}={path}: {what}")
-        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
-            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
-    model = cfg.get("model") or {}
-    path = model.get("path") if isinstance(model, DictConfig) else None
-    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
-        local = Path(path).expanduser()
-        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
-            why = "not found" if not local.exists() else "no config.json there"
-            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
-
-
-DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
-
-
-def _check_datasets_cache(cfg: DictConfig) -> None:
-    """`datasets` writes every file it loads into its cache: a read-only HOME would fail the run after
-    its dir exists, in words about the data files. Where the cache goes is datasets' own rule."""
-    if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
-        return
-    env = os.environ
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
-    existing = cache
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == cache else f" ({existing} is not writable)"
-        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
-                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
 
 
 def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
@@ -238,27 +179,6 @@ def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
     if not reward_names(cfg):
         raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
                           f"({', '.join(map(str, funcs))}); keep one, or add yours: {add}")
-
-
-def _check_cache_dir(cfg: DictConfig) -> None:
-    """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
-    go on without its cache, saying so at each lookup, and with no cached speed probe either."""
-    from ablate.paths import cache_root
-
-    given = at(cfg, "cache.dir")
-    for key, path in (("cache.dir", given), ("ABLATE_CACHE", os.environ.get("ABLATE_CACHE"))):
-        above = Path(str(path)).expanduser() if path else None
-        while above is not None and not above.exists() and above != above.parent:
-            above = above.parent
-        if above is not None and above.exists() and not above.is_dir():
-            where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
-            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
-                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
-
-
-def _saved_dataset(path: Path) -> bool:
-    """A `save_to_disk` dir (data=local reads it)."""
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -513,7 +433,8 @@ def one_line(e: BaseException) -> str | None:
         return _missing_option(e)
     if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \
             and "not in struct" in str(e.__cause__):
-        return _unknown_key(e.__cause__)
+        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))  # Hydra: "To append to your config use +key=value"
+        return _unknown_key(e.__cause__, given.group(2) if given else "...")
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
@@ -547,7 +468,7 @@ def _missing_option(e: Any) -> str:
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
-def _unknown_key(cause: Any) -> str:
+def _unknown_key(cause: Any, value: str = "...") -> str:
     key = str(getattr(cause, "full_key", "") or "")
     hint = optimizer_field_hint(key)  # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
     if hint is not None:
@@ -556,6 +477,9 @@ def _unknown_key(cause: Any) -> str:
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
     known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    there = elsewhere(parent._get_root(), key, value) if isinstance(parent, DictConfig) else None
+    if there is not None:  # `max_steps=5`: the key exists, under another node (before a close name here)
+        return f"unknown config key '{key}': {there}"
     hint = difflib.get_close_matches(leaf, known, n=1)
     if hint:
         return f"unknown config key '{key}' (did you mean '{prefix}{hint[0]}'?)"
