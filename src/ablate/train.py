@@ -62,8 +62,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     from transformers import set_seed
 
     from ablate.methods.shapes import check_shape
-    from ablate.models.adapters import with_adapters
-    from ablate.models.heads import with_head
+    from ablate.models.adapters import with_adapters, with_head  # with_head: ablate.models.heads'
     from ablate.run import progress
     from ablate.speed.throughput import Speed
 
