@@ -17,7 +17,7 @@ from ablate.config import checks, code_checks
 from ablate.errors import ConfigError, user_error
 from ablate.process import interrupts, setup
 from ablate.process.console import say
-from ablate.record import lifecycle, rundir, secrets
+from ablate.record import checkpoints, lifecycle, rundir, secrets
 
 log = logging.getLogger("ablate")
 
@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
         if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
-        say(f"ablate: interrupted ({interrupts.describe(e)})")
+        say(checkpoints.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar (say closes it)
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:
@@ -51,8 +51,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
         save(trainer, record.dir, cfg)
-        record.complete(trainer, getattr(trainer, "summary_fields", dict)(),  # e.g. GRPO's generation rounds
-                        speed.summary_fields())  # tokens/s and MFU over the whole run (`ablate compare`)
+        record.complete(trainer, getattr(trainer, "summary_fields", dict)(), speed.summary_fields())  # + GRPO's rounds
     if rundir.is_main_process():
         lifecycle.print_result(record)
     return record.summary
@@ -63,7 +62,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     from transformers import set_seed
 
     from ablate.methods.shapes import check_shape
-    from ablate.models.adapters import with_adapters
+    from ablate.models.adapters import with_adapters, with_head  # with_head: ablate.models.heads'
     from ablate.process import progress
     from ablate.speed.throughput import Speed
 
@@ -73,9 +72,10 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     code_checks.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
-    check_shape(trainer_cls, data.train, eval_data := data.eval if args.eval_strategy != "no" else None)
+    record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
+                                        eval_data := data.eval if args.eval_strategy != "no" else None))
     tokenizer, model = instantiate(cfg.model)
-    model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
+    model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora|qlora
     code_checks.check_trainable(model)
     record.start_tracker(cfg)
     trainer = make_trainer(

@@ -150,6 +150,15 @@ CASES: list[Case] = [
     C("seed-typo", "train sed=1", "did you mean 'seed'"),
     C("callback-typo", "train callbacks.nan_gard=null", "did you mean 'callbacks.nan_guard'"),
     T("args-unknown-added", "train +method.args.bta=1", "did you mean 'method.args.beta'"),
+    # a key that exists under another node is named by its full path, with or without '+' (issue 37:
+    # `max_steps=5` suggested `+max_steps=5`, which was then refused as an unknown root key)
+    C("key-elsewhere", "train max_steps=5",
+      "unknown config key 'max_steps': 'max_steps' is method.args.max_steps: write method.args.max_steps=5"),
+    C("key-elsewhere-added", "train +max_steps=5", "'max_steps' is method.args.max_steps: write method.args.max_steps=5"),
+    C("lr-under-method-args", "train method.args.lr=1e-3", "'lr' is optimizer.optimizer.lr: write optimizer.optimizer.lr=1e-3"),
+    T("lr-under-method-args-added", "train +method.args.lr=1e-3",
+      "method.args.lr: DPOConfig has no such field; 'lr' is optimizer.optimizer.lr: write optimizer.optimizer.lr=0.001"),
+    C("beta-at-the-root", "train beta=0.2", "'beta' is method.args.beta: write method.args.beta=0.2"),
     C("method-option-typo", "train method=dpoo", "did you mean method=dpo"),
     C("model-option-typo", "train model=tinyy", "did you mean model=tiny"),
     C("data-option-typo", "train data=tiny_pref", "did you mean data=tiny_prefs"),
@@ -329,6 +338,23 @@ CASES: list[Case] = [
     C("sweep-file-into-a-sweep", "sweep dpo_loss hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep", files=SWEEP_FILES),
     C("sweep-into-a-study", "train -m seed=1,2 hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep (study.db)",
       files=(("sw/study.db", "SQLite format 3"),)),
+    # ===== issue 35: the new methods' arguments, each checked once, in its schema (ablate.schema.methods): before torch =====
+    C("reward-center-negative", "train method=reward method.args.center_rewards_coefficient=-1",
+      "method.args.center_rewards_coefficient=-1: must be null (off) or a number >= 0"),
+    C("kto-weight-zero", "train method=kto method.args.undesirable_weight=0",
+      "method.args.undesirable_weight=0: must be a number > 0"),
+    C("kto-random-order", "train method=kto +method.args.train_sampling_strategy=random",
+      "method.args.train_sampling_strategy=random: must be sequential (the KL pairs are fixed in the data's order"),
+    C("kto-batch-of-one", "train method=kto method.args.per_device_train_batch_size=1",
+      "per_device_train_batch_size must be >= 2 for KTO's KL estimate", "run"),
+    C("rloo-clip-range-reversed", "train method=rloo method.args.reward_clip_range=[1,0]",
+      "method.args.reward_clip_range=[1,0]: must be null or [min, max] with min <= max"),
+    C("rloo-sequence-level", "train method=rloo method.args.importance_sampling_level=sequence",
+      "method.args.importance_sampling_level=sequence: must be token (GRPO's option: RLOO's ratio is always one per "
+      "completion)"),
+    C("distill-beta-above-one", "train method=distill method.args.beta=1.5",
+      "method.args.beta=1.5: must be a number in [0, 1] (0 = forward KL, 1 = reverse KL)"),
+    C("distill-teacher-without-path", "train method=distill +teacher=local", "teacher.path"),
     # a study (hydra/sweeper=optuna): a sweep dir after the name, a damaged study.db, a second driver: at once, nothing written
     C("study-resume-dir-after-name", "sweep tune_dpo_beta_lr hydra.sweeper.n_trials=2 --resume sw", "'sw' is a sweep dir: "
       "--resume takes the sweep dir in place of the sweep's name: ablate sweep --resume sw [key=value ...]", files=STUDY_FILES),

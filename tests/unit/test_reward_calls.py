@@ -86,3 +86,25 @@ def test_an_async_reward_function_is_awaited():
 
 def test_a_null_reward_function_is_dropped():
     assert calls.usable({"a": None, "b": bad_rewards.length}) == {"b": bad_rewards.length}
+
+
+def test_rloo_distillation_and_eval_score_through_the_same_checks(tmp_path):
+    """GRPO, RLOO (GRPO's trainer), distillation and `ablate eval` build TRL's call in one place
+    (ablate.rollouts.evaluate.reward_table), so a broken function is the same one line in each; and
+    distillation checks its functions against the data's columns when it is built, as GRPO does."""
+    from datasets import Dataset
+
+    from ablate.methods.distill import DistillConfig, DistillTrainer
+    from ablate.models import tiny
+    from ablate.models.teachers import letter_teacher
+    from ablate.rollouts.evaluate import reward_table
+
+    tok, student = tiny()
+    rows = [{"prompt": "gggg", "letter": "g"}] * 4
+    with pytest.raises(UserCodeError, match=r"reward function 'r' \(bad_rewards.one_short\) returned 3 rewards for 4"):
+        reward_table({"r": bad_rewards.one_short}, tok, rows, [[1]] * 4)
+    assert reward_table({"l": bad_rewards.length}, tok, rows, [[1]] * 4).shape == (4, 1)
+    with pytest.raises(UserCodeError, match=r"\(bad_rewards.needs_a_column\) needs the column 'answer'"):
+        DistillTrainer(model=student, teacher=letter_teacher, processing_class=tok,
+                       train_dataset=Dataset.from_list(rows), reward_funcs={"mine": bad_rewards.needs_a_column},
+                       args=DistillConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True))

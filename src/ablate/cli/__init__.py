@@ -24,13 +24,16 @@ EXAMPLES = """examples:
   ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped
   ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
   ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
-  ablate compare outputs/sweeps/dpo_loss --out report/   # report/report.html: intervals, paired differences
+  ablate compare outputs/sweeps/dpo_loss --out          # <sweep dir>/report/report.html: intervals, paired differences
   ablate train debug=fast 'tags=[baseline]' notes="first try"   # debug=fast|overfit|profile
   ablate ls --status failed                     # what have I run? (--method, --tag, --json)
   ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="
   ablate eval outputs/runs/DATE/TIME data=caps_prefs
   ablate data preview model=smollm2_135m data=local data.train_path=prefs.parquet -n 2
 each command's own options: ablate <command> --help"""
+
+
+OUT_ALONE = Path("-")  # `compare --out` given without a dir (ablate.cli.compare resolves it)
 
 
 class Parser(argparse.ArgumentParser):
@@ -96,8 +99,9 @@ def parser() -> Parser:
     p.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     p.add_argument("--metric", action="append", default=None, help="metric to show (repeat or comma-separate; "
                    "default: per method; speed: tokens_per_second, mfu and GRPO's time/*)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
+    p.add_argument("--out", type=Path, nargs="?", default=None, const=OUT_ALONE, metavar="DIR",
+                   help="write report.html (self-contained), PNG plots, summary.md and summary.csv to DIR (--out "
+                        "alone: a sweep launch's own report/, else outputs/reports/<date_time>/)")
     p.add_argument("--pool", action="store_true",
                    help="pool runs with the same overrides across launches (default: each launch apart)")
     p.add_argument("--all-launches", action="store_true",
@@ -106,7 +110,9 @@ def parser() -> Parser:
                    "(default: step; reward also time)")
     p.add_argument("--tag", action="append", default=[], help="only runs tagged so (tags=[...]; repeat: all of them)")
     p = command("status", "each job of a sweep: pending / running at step N of M / completed / failed, SLURM's too")
-    p.add_argument("sweep_dir", type=Path, help="a sweep dir (it holds multirun.yaml)")
+    p.add_argument("sweep_dir", nargs="?", type=Path, default=None,
+                   help="a sweep dir (it holds multirun.yaml), or a sweep's folder: its newest launch "
+                        "(default: the newest sweep under outputs/sweeps)")
     p = command("ls", "runs and sweep jobs under outputs/ (or DIR), newest first")
     p.add_argument("dir", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs/)")
     p.add_argument("--status", help="only runs with this status (running, completed, failed, interrupted, ...)")
@@ -123,9 +129,13 @@ def parser() -> Parser:
     p.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion")
     p.add_argument("--before", action="store_true",
                    help="also the completion of the model the run started from (what training changed)")
+    p.add_argument("--format", choices=("plain", "chat"),
+                   help="how to format prompts (default: as the run's training rows were, run.json)")
     p = command("eval", "score a run's model/ with its method's eval metrics: RUN_DIR/eval.json, eval_examples.jsonl")
     p.add_argument("run_dir", type=Path, help="a run dir")
     p.add_argument("overrides", nargs="*", help="key=value on top of the run's own (data=..., data.max_eval_samples=...)")
+    p.add_argument("--samples", type=int, default=0, metavar="N",
+                   help="GRPO/RLOO/distill: N sampled completions per prompt (default: one greedy)")
     p = command("resume", "continue a crashed or killed run from its newest complete checkpoint, in its own dir")
     p.add_argument("run_dir", type=Path, help="a run dir")
     p.add_argument("overrides", nargs="*", help="hydra.key=value, or a secret the run recorded masked, given again")

@@ -7,9 +7,12 @@ from typing import Any
 
 
 def compare_cmd(args: Any) -> None:
-    """`ablate compare DIR... [--metric M]... [--out DIR]` (arguments: ablate.cli.parser)."""
-    from ablate.analysis.compare import compare
+    """`ablate compare DIR... [--metric M]... [--out [DIR]]` (arguments: ablate.cli.parser)."""
+    from ablate.analysis.compare import DEFAULT_OUT, compare
+    from ablate.cli import OUT_ALONE
 
+    if args.out == OUT_ALONE:  # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
+        args.out = DEFAULT_OUT
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
     from ablate.analysis.compare import X_AXES
@@ -29,7 +32,7 @@ def compare_cmd(args: Any) -> None:
     try:
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
-        if args.out is not None:  # never over files of the user's (issue 32)
+        if args.out not in (None, DEFAULT_OUT):  # never over files of the user's (issue 32); the default: compare()
             from ablate.analysis.report import check_out
 
             check_out(args.out)

@@ -1,6 +1,6 @@
 """The composed config's checks that need no code of the method (no torch): every node against its
 schema (ablate.schema), `???` fields, unknown root keys, TrainingArguments fields the optimizer group
-replaces, `_target_`s and the optional packages they need, data and model paths, the datasets cache.
+replaces, `_target_`s and the optional packages they need; the data's files (ablate.config.data_checks).
 `check(cfg)` raises ConfigError for the first mistake, in one line."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ablate.config import data_checks
 from ablate.config.targets import check_target
 from ablate.errors import ConfigError, missing_extra
 from ablate.schema import refusal, schema_for, show
@@ -55,11 +56,12 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_root_keys(cfg, hc)
     _check_optimizer_args(cfg)
     _check_schemas(cfg, swept)
-    _check_paths(cfg)
-    _check_datasets_cache(cfg)
-    _check_cache_dir(cfg)
+    data_checks.check_paths(cfg)
+    data_checks.check_data_columns(cfg, swept)
+    data_checks.check_datasets_cache(cfg)
+    data_checks.check_cache_dir(cfg)
     _check_reward_funcs(cfg, swept)
-    _check_eval_data(cfg, swept)
+    data_checks.check_eval_data(cfg, swept)
 
 
 def _check_schemas(cfg: DictConfig, swept: frozenset[str]) -> None:
@@ -127,29 +129,6 @@ def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
                           f"({', '.join(map(str, funcs))}); keep one, or add yours: {add}")
 
 
-def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
-    strategy = at(cfg, "method.args.eval_strategy")
-    data = at(cfg, "data")
-    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
-        return
-    target = str(data.get("_target_", ""))
-    # data=local: a save_to_disk dir as train_path may bring its own eval split
-    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
-    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
-               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
-               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
-    if target in missing and missing[target][1]():
-        field_ = missing[target][0]
-        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
-        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
-
-
-def _packaged_eval(data: DictConfig) -> bool:
-    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
-
-
 def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     """`???` fields (data=jsonl's train_path, model=local's path): name the group and the fix."""
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
@@ -185,75 +164,15 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
     overrides = task_overrides(hc)
     if overrides is None:
         return
-    added = {str(o).lstrip("+").split("=")[0].split(".")[0] for o in overrides if str(o).startswith("+")}
+    added = {str(o).lstrip("+").split("=")[0].split(".")[0]: str(o) for o in overrides if str(o).startswith("+")}
     known = _known_roots(hc)
-    for root in sorted(added - known):
+    for root in sorted(set(added) - known):
         if root in cfg:
             hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
-            meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
+            given = added[root].lstrip("+")
+            there = elsewhere(cfg, given.split("=")[0], given.partition("=")[2]) if "." not in given.split("=")[0] else None
+            meant = there or (f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}")
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
-
-
-def _check_paths(cfg: DictConfig) -> None:
-    """Data files and a local model dir exist (checked before the model is loaded)."""
-    data = cfg.get("data") or {}
-    for key in ("train_path", "eval_path"):
-        path = data.get(key) if isinstance(data, DictConfig) else None
-        local = Path(path).expanduser() if isinstance(path, str) else None
-        if local is not None and not local.is_file() and not _saved_dataset(local):
-            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
-                    if local.is_dir() else "not found")
-            raise ConfigError(f"data.{key}={path}: {what}")
-        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
-            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
-    model = cfg.get("model") or {}
-    path = model.get("path") if isinstance(model, DictConfig) else None
-    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
-        local = Path(path).expanduser()
-        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
-            why = "not found" if not local.exists() else "no config.json there"
-            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
-
-
-DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
-
-
-def _check_datasets_cache(cfg: DictConfig) -> None:
-    """`datasets` writes every file it loads into its cache: a read-only HOME would fail the run after
-    its dir exists, in words about the data files. Where the cache goes is datasets' own rule."""
-    if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
-        return
-    env = os.environ
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
-    existing = cache
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == cache else f" ({existing} is not writable)"
-        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
-                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
-
-
-def _check_cache_dir(cfg: DictConfig) -> None:
-    """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
-    go on without its cache, saying so at each lookup, and with no cached speed probe either."""
-    from ablate.paths import cache_root
-
-    given = at(cfg, "cache.dir")
-    for key, path in (("cache.dir", given), ("ABLATE_CACHE", os.environ.get("ABLATE_CACHE"))):
-        above = Path(str(path)).expanduser() if path else None
-        while above is not None and not above.exists() and above != above.parent:
-            above = above.parent
-        if above is not None and above.exists() and not above.is_dir():
-            where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
-            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
-                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
-
-
-def _saved_dataset(path: Path) -> bool:
-    """A `save_to_disk` dir (data=local reads it)."""
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -328,3 +247,26 @@ def hydra_node() -> Any:
 
 def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
     return OmegaConf.select(cfg, key, default=default)
+
+
+def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
+    """For a key that is not where it was written (`max_steps=5`, `method.args.lr=1e-3`): the full
+    paths where a key of that name is in the composed config, as "'max_steps' is method.args.max_steps:
+    write method.args.max_steps=5"; None when there is none (a typo: the caller suggests a close name)."""
+    leaf = key.rsplit(".", 1)[-1]
+    found = [path for path in _paths(cfg) if path.rsplit(".", 1)[-1] == leaf and path != key]
+    if not found:
+        return None
+    return f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
+
+
+def _paths(node: Any, prefix: str = "") -> list[str]:
+    """Every key's full path in `node` (Hydra's own node and `_target_`s left out), values not resolved."""
+    out: list[str] = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            if (k == "hydra" and not prefix) or str(k).startswith("_"):
+                continue
+            out.append(f"{prefix}{k}")
+            out += _paths(node._get_node(k), f"{prefix}{k}.")
+    return out

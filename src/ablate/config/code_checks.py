@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.config.checks import hydra_node
+from ablate.config.checks import elsewhere, hydra_node
 from ablate.errors import ConfigError
 from ablate.schema import BOOL, Schema, call_mismatch, is_int, is_num, refusal
 
@@ -56,8 +56,9 @@ def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> N
     checked = {f.name for f in dataclasses.fields(cls) if f.metadata.get("check") is not None}
     for k in cfg.method.args:
         if k not in fields and k != "_target_":
+            there = elsewhere(cfg, f"method.args.{k}", cfg.method.args._get_node(k)._value())
             hint = difflib.get_close_matches(str(k), fields, n=1)
-            meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
+            meant = f"; {there}" if there else f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
             raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
         key = f"method.args.{k}"
         if k in fields and key not in swept and k not in checked:

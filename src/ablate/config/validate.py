@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ablate.config.checks import (
     check,
     check_launcher,
+    elsewhere,
     optimizer_field_hint,
     task_overrides,
 )
@@ -251,7 +252,10 @@ def one_line(e: BaseException) -> str | None:
         return _missing_option(e)
     if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \
             and "not in struct" in str(e.__cause__):
-        return _unknown_key(e.__cause__)
+        import re
+
+        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))  # Hydra: "To append to your config use +key=value"
+        return _unknown_key(e.__cause__, given.group(2) if given else "...")
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
@@ -285,7 +289,7 @@ def _missing_option(e: Any) -> str:
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
-def _unknown_key(cause: Any) -> str:
+def _unknown_key(cause: Any, value: str = "...") -> str:
     key = str(getattr(cause, "full_key", "") or "")
     hint = optimizer_field_hint(key)  # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
     if hint is not None:
@@ -294,6 +298,9 @@ def _unknown_key(cause: Any) -> str:
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
     known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    there = elsewhere(parent._get_root(), key, value) if isinstance(parent, DictConfig) else None
+    if there is not None:  # `max_steps=5`: the key exists, under another node (before a close name here)
+        return f"unknown config key '{key}': {there}"
     hint = difflib.get_close_matches(leaf, known, n=1)
     if hint:
         return f"unknown config key '{key}' (did you mean '{prefix}{hint[0]}'?)"

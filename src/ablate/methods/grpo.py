@@ -27,7 +27,7 @@ import inspect
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 from datasets import Dataset
@@ -41,9 +41,10 @@ from transformers import (
 )
 
 from ablate.data.tokenize import prepare_prompts
-from ablate.errors import ConfigError, UserCodeError
+from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
+from ablate.losses.grpo import _nanstd as nanstd
 from ablate.losses.logps import logits_logps
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
@@ -53,6 +54,7 @@ from ablate.models.adapters import is_adapted, reference_forward
 from ablate.rewards import calls as rewards
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
+from ablate.rollouts.evaluate import reward_table
 from ablate.rollouts.generation import (
     GenerateFn,
     HFGenerator,
@@ -92,7 +94,7 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @dataclass
 class GRPOConfig(GRPOArgs, TrainingArguments):
     """`method.args`: TrainingArguments with GRPO's fields, defaults and checks (ablate.schema.grpo.GRPOArgs)."""
-
+    kl_in_reward: ClassVar[bool] = False  # GRPO's KL (beta) is a loss term; RLOO's (RLOOConfig) a reward penalty
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
 
@@ -117,7 +119,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
-        reward_funcs = rewards.usable(reward_funcs)  # data.reward_funcs.NAME=null drops one
+        # data.reward_funcs.NAME=null drops one; the data's columns are known now, before the first round
+        reward_funcs = rewards.checked(reward_funcs, train_dataset)
         if not reward_funcs:
             raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
         problem = reward_weights_problem(args.reward_weights, list(reward_funcs))
@@ -132,10 +135,6 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
-        columns = [c for c in getattr(train_dataset, "column_names", None) or [] if c not in ("prompt", "prompt_ids")]
-        for name, fn in self.reward_funcs.items():  # the data's columns: known now, before the first round
-            if (problem := rewards.column_problem(fn, columns)) is not None:
-                raise UserCodeError(f"reward function '{name}' ({rewards.name_of(fn)}) {problem}")
         self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
         self.aggregate = fits(aggregation, grpo_losses.dapo, "method.grpo_aggregation")  # per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/grpo_scale_rewards=NAME: the advantages' denominator
@@ -250,7 +249,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
         _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
-        keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
+        # the policy may change before (some) use; RLOO's KL penalty reads pi_old when the round is scored
+        keep_old = mode == "train" and self.schedule.keeps_old_logps or self._kl_penalty()
         completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
         return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
 
@@ -328,8 +328,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, completion_ids)
+        penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": batch["completion_mask"]} \
+            if self._kl_penalty() else {}  # RLOO: the estimator subtracts beta * KL from the rewards
         advantages, metrics = self.reward_aggregation(
-            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
+            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards, **penalty
         )
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
@@ -337,7 +339,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
                           num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
         lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
-        metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
+        for i, name in enumerate(self.reward_funcs):
+            metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]), f"rewards/{name}/std": nanstd(rewards[:, i])})
         metrics.update({
             "completions/mean_length": lengths.mean(),
             "completions/min_length": lengths.min(),
@@ -351,6 +354,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
         return rollout
 
+    def _kl_penalty(self) -> bool:
+        """Whether the KL is a reward penalty the estimator needs at scoring time (RLOO with beta > 0)."""
+        return self.args.kl_in_reward and self.args.beta != 0.0
+
     def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
         pad_id = self.processing_class.pad_token_id
         p_ids, p_mask = left_pad(prompt_ids, pad_id)
@@ -360,12 +367,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
         """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats;
         ablate.rewards.calls checks what the functions return)."""
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        prompts = [r["prompt"] for r in rows]
-        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
-        columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-        kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        return rewards.table(self.reward_funcs, kwargs, len(rows), self._warned)  # a user's mistake: one line
+        return reward_table(self.reward_funcs, self.processing_class, rows, completion_ids, self._warned)
 
     # ---- loss ----
 

@@ -17,6 +17,8 @@ tokenizer; with `peft.save_merged=true` also `model/merged/`, a plain model with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,9 @@ from peft import (
 from transformers import PreTrainedModel
 
 from ablate.errors import ConfigError
+from ablate.models.heads import is_classifier, with_head
 
+log = logging.getLogger("ablate")
 MERGED = "merged"  # model/merged/: the merged model, when peft.save_merged=true
 
 
@@ -80,18 +84,37 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     if adapters is None:
         return model
     _check_rank(model, adapters.config)
+    if is_classifier(model):  # method=reward: peft's SEQ_CLS task trains the new score head in full
+        adapters = dataclasses.replace(adapters, config=dataclasses.replace(adapters.config, task_type="SEQ_CLS"))
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    targets = adapters.config.target_modules  # as configured: peft expands all-linear into the layers it found
+    targets = targets if isinstance(targets, str) or targets is None else ",".join(sorted(targets))
     try:
         with quiet_peft():
-            return get_peft_model(model, adapters.config)
+            model = get_peft_model(model, adapters.config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model" (a page of text)
         if "target_modules" not in str(e) and "Target modules" not in str(e):
             raise
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ConfigError(f"peft.target_modules={adapters.config.target_modules}: no such layer in this model; "
                           f"its linear layers: {', '.join(names)} (or peft.target_modules=all-linear)") from None
+    log.info("%s", trainable_line(model, adapters.config, targets))
+    return model
+
+
+def trainable_line(model: PeftModel, config: PeftConfig, targets: str | None) -> str:
+    """`LoRA (r=16, all-linear): 1.2M of 135M parameters train (0.9%)`: what the adapters leave to train
+    (peft's count, which counts a 4-bit base's packed weights at their real size)."""
+    trainable, total = model.get_nb_trainable_parameters()
+    kind = "DoRA" if getattr(config, "use_dora", False) else "LoRA"
+    return (f"{kind} (r={config.r}, {targets}): {_count(trainable)} of {_count(total)} parameters train "
+            f"({100 * trainable / max(total, 1):.2g}%); the base is frozen")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else str(n)
 
 
 def _check_rank(model: PreTrainedModel, config: Any) -> None:
@@ -143,6 +166,7 @@ def save_merged(trainer: Any, model_dir: Path, cfg: DictConfig) -> Path | None:
         return None
     model_cfg = OmegaConf.merge(cfg.model, {"quantization_config": None}) if "quantization_config" in cfg.model else cfg.model
     _, base = instantiate(model_cfg)
+    base = with_head(base, cfg.get("method"))  # method=reward: the adapter was trained on the score head's model
     with quiet_peft():
         merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
     out = model_dir / MERGED
