@@ -397,7 +397,7 @@ def test_compare_on_a_sweeps_folder_takes_its_newest_launch(tmp_path: Path) -> N
     r = ablate("compare", "outputs/sweeps/dpo_loss", "--all-launches", cwd=tmp_path, env={"COLUMNS": "200"})
     assert "4 runs in" in r.stdout and "2 launches kept apart" in r.stdout
     # a key one launch did not set has the config's value: only the arms that set it name it
-    assert re.search(r"\] loss=sigmoid +│", r.stdout) and re.search(r"\] max_steps=5 +│", r.stdout), r.stdout
+    assert re.search(r"\] dpo_loss=sigmoid +│", r.stdout) and re.search(r"\] max_steps=5 +│", r.stdout), r.stdout
 
 
 def test_compare_of_every_run_is_a_table_per_method_with_short_labels(tmp_path: Path) -> None:
