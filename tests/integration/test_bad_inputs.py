@@ -31,6 +31,7 @@ from conftest import TESTS, ablate
 
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
 ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
+REWARD = "def short(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
 SQUARED = "def squared(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta):\n    return (logp_c - logp_r) ** 2, {}\n"
 
 
@@ -289,6 +290,16 @@ CASES: list[Case] = [
     C("user-module-in-cwd", "train method.loss._target_=cwd_losses.squared", files=(("cwd_losses.py", SQUARED),),
       says="module 'cwd_losses' is in the current directory (cwd_losses.py), which the `ablate` command does not import from; "
       "run it as PYTHONPATH=. ablate"),
+    # ===== issue 36: a user's own reward functions (the short form, found in the current directory) =====
+    C("grpo-without-reward", "train method=grpo data=jsonl data.train_path={F}/good.jsonl",
+      "GRPO needs reward functions: data.reward_funcs=[MODULE.FUNCTION] (MODULE.py in the directory you run ablate from)"),
+    C("reward-short-form-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl data.reward_funcs=[cwd_rew.shrt]",
+      "data.reward_funcs[0]=cwd_rew.shrt: no 'shrt' in module cwd_rew (did you mean cwd_rew.short?)",
+      files=(("cwd_rew.py", REWARD),)),
+    C("reward-short-form-no-module", "train method=grpo data=jsonl data.train_path={F}/good.jsonl data.reward_funcs=[nomod.short]",
+      "data.reward_funcs[0]=nomod.short: no module 'nomod' on the import path or in the current directory"),
+    C("reward-target-in-cwd-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl "
+      "+data.reward_funcs.s._target_=cwd_rew.shrt", "no 'shrt' in module cwd_rew", files=(("cwd_rew.py", REWARD),)),
     C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
     C("moved-generator-module", "train method=grpo method/generator=hf method.generator._target_=ablate.trainers.generation.SharedPromptGenerator",

@@ -75,6 +75,7 @@ from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rewards import resolve
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
@@ -138,8 +139,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
+        reward_funcs = resolve.reward_funcs(reward_funcs)  # the short form too: [myrew.short]
         if not reward_funcs:
-            raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
+            raise ConfigError(f"GRPO needs reward functions: {resolve.SHORT_FORM}, or a task that has them "
+                              "(e.g. data=tiny_repeat); docs/methods.md")
         weights = args.reward_weights or [1.0] * len(reward_funcs)
         if len(weights) != len(reward_funcs):
             raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
@@ -152,6 +155,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
+        for fn in self.reward_funcs.values():  # a reward model scores on the trainer's device (ablate.rewards.RewardModel)
+            if callable(getattr(fn, "to", None)):
+                fn.to(self.args.device)
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator

@@ -53,7 +53,7 @@ def _delta(v: Any, c: DictConfig) -> bool:
 
 def _reward_weights(v: Any, c: DictConfig) -> bool:
     funcs = at(c, "data.reward_funcs")
-    n = len(funcs) if isinstance(funcs, DictConfig) else None
+    n = len(funcs) if isinstance(funcs, (DictConfig, ListConfig)) else None  # a mapping, or the short form's list
     return v is None or (isinstance(v, ListConfig) and all(is_num(w) for w in v) and (n is None or len(v) == n))
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate.errors import ConfigError, chain, missing_extra
@@ -39,10 +39,12 @@ from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, import
     has_accelerator,
     job_processes,
 )
+from ablate.rewards.resolve import SHORT_FORM
 from ablate.run.rules import (
     RULES,
     at,
     hydra_node,
+    is_grpo,
     optimizer_field_hint,
     refusal,
 )
@@ -92,12 +94,35 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_paths(cfg)
     _check_datasets_cache(cfg)
     _check_eval_data(cfg, swept)
+    _check_rewards(cfg, swept)
+
+
+def _check_rewards(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """GRPO without a reward: no reward function and no environment that scores its episodes."""
+    if not is_grpo(cfg) or "data.reward_funcs" in swept or at(cfg, "method.args.environment") is not None:
+        return
+    if not at(cfg, "method.trainer.reward_funcs"):  # the data's, through the method's interpolation
+        raise ConfigError(f"GRPO needs reward functions: {SHORT_FORM}, or a task that has them "
+                          f"(e.g. data=tiny_repeat); docs/methods.md")
 
 
 def _check_targets(cfg: DictConfig) -> None:
-    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.run.targets."""
-    for key, target in _targets(cfg):
+    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.run.targets; so can
+    every function named by its dotted path alone (the short form: data.reward_funcs=[myrew.short], tools)."""
+    for key, target in _targets(cfg) + _dotted_paths(cfg):
         check_target(key, target)
+
+
+def _dotted_paths(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The short-form entries (plain strings) of data.reward_funcs (a list, or a mapping name -> path) and
+    method.args.tools."""
+    out = []
+    for key in ("data.reward_funcs", "method.args.tools"):
+        node = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        items = node.items() if isinstance(node, DictConfig) else enumerate(node) if isinstance(node, ListConfig) else ()
+        out += [(f"{key}.{name}" if isinstance(node, DictConfig) else f"{key}[{name}]", v)
+                for name, v in items if isinstance(v, str)]
+    return out
 
 
 def _check_optimizer_args(cfg: DictConfig) -> None:
