@@ -16,7 +16,7 @@ LAYERS = [
     {"run", "launchers", "analysis", "logger"},
     {"methods", "callbacks"},
     {"rollouts", "speed"},
-    {"models", "data", "losses", "rewards"},
+    {"models", "data", "losses", "rewards", "tools"},
     {"errors", "paths"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}

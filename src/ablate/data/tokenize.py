@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -330,17 +330,25 @@ def prepare_sft(
 
 
 def prepare_prompts(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None, name: str = "train"
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None, name: str = "train",
+    encode: Callable[[Any, int], list[int]] | None = None,
 ) -> Dataset:
     """Prompt-only rows -> add `prompt_ids` (the last `max_prompt_length` tokens); other columns stay
-    (GRPO's reward functions receive them)."""
+    (GRPO's reward functions receive them). `encode(prompt, index)`: how a prompt becomes ids when the
+    caller renders it itself (GRPO with tools: the prompt offers them, ablate.rollouts.tools)."""
     detect(dataset, "prompt")
     check_rows(dataset)
     _check_lengths(max_prompt_length=max_prompt_length)
 
+    def cut(ids: list[int]) -> list[int]:
+        return ids[-max_prompt_length:] if max_prompt_length else ids
+
+    if encode is not None:  # a plain pass: `encode` holds functions `datasets` would try (and fail) to hash
+        ids = [cut(encode(prompt, i)) for i, prompt in enumerate(dataset["prompt"])]
+        return dataset.add_column("prompt_ids", ids, feature=List(Value("int64")))
+
     def fn(row: dict[str, Any], index: int) -> dict[str, list[int]]:
-        ids = tokenize_prompt(tokenizer, row, index)
-        return {"prompt_ids": ids[-max_prompt_length:] if max_prompt_length else ids}
+        return {"prompt_ids": cut(tokenize_prompt(tokenizer, row, index))}
 
     with bars_if_large(len(dataset)):
         return dataset.map(fn, with_indices=True, desc=f"Tokenizing {name} prompts")

@@ -79,6 +79,7 @@ from ablate.rewards import resolve
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
+    Completions,
     GenerateFn,
     HFGenerator,
     as_completions,
@@ -91,6 +92,7 @@ from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
+from ablate.rollouts.turns import ToolGenerator, build_toolbox, environment_reward, tool_metrics, turns_of
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
@@ -139,14 +141,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
-        reward_funcs = resolve.reward_funcs(reward_funcs)  # the short form too: [myrew.short]
-        if not reward_funcs:
-            raise ConfigError(f"GRPO needs reward functions: {resolve.SHORT_FORM}, or a task that has them "
-                              "(e.g. data=tiny_repeat); docs/methods.md")
-        weights = args.reward_weights or [1.0] * len(reward_funcs)
-        if len(weights) != len(reward_funcs):
-            raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
-                              f"reward functions ({', '.join(reward_funcs)})")
+        self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
+        reward_funcs, weights = self._reward_table(reward_funcs, args)
         self.perf = perf or Perf()
         self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
@@ -168,6 +164,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.generator = build_generator(default if generator is None else generator, args, processing_class)
         if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
             self.add_callback(self.generator)
+        if self.toolbox is not None:  # tool calls between turns, whichever engine samples them
+            self.generator = ToolGenerator(self.generator, self.toolbox, processing_class, args.max_completion_length)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         self.ref_speed_plan: SpeedPlan | None = None
@@ -189,6 +187,22 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
                                      args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced")
 
+    def _reward_table(self, reward_funcs: Any, args: GRPOConfig) -> tuple[dict[str, RewardFunc], list[float]]:
+        """The reward functions (any form data.reward_funcs takes: the short form too) and their weights; an
+        environment that scores its episodes adds its own column, weight 1 (TRL's)."""
+        reward_funcs = resolve.reward_funcs(reward_funcs)
+        env = self.toolbox.reward_name if self.toolbox is not None else None
+        if not reward_funcs and env is None:
+            raise ConfigError(f"GRPO needs reward functions: {resolve.SHORT_FORM}, or a task that has them "
+                              "(e.g. data=tiny_repeat); docs/methods.md")
+        weights = list(args.reward_weights or [1.0] * len(reward_funcs))
+        if len(weights) != len(reward_funcs):
+            raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
+                              f"reward functions ({', '.join(reward_funcs)})")
+        if env is not None:
+            reward_funcs[env], weights = environment_reward, weights + [1.0]
+        return reward_funcs, weights
+
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
         `method.trainer.generator` is used as it is."""
@@ -203,8 +217,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
     ) -> Dataset:
-        """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
-        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name)
+        """Add `prompt_ids` (the last `max_prompt_length` tokens; with tools, the prompt offers them); other
+        columns go to the rewards."""
+        encode = self.toolbox.prompt_ids if self.toolbox is not None else None
+        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name, encode=encode)
 
     # ---- batching: one generation batch, served by the buffer as `steps_per_generation` slices ----
 
@@ -273,11 +289,13 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         t0 = time.perf_counter()
         _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
         keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
-        completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
-        return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
+        # with tools: the environments reset for these rows (their text may extend the prompts)
+        prompt_ids = self.generator.start(rows) if self.toolbox is not None else [r["prompt_ids"] for r in rows]
+        out, batch, seconds = self._behaviour(self.model, prompt_ids, keep_old)
+        return self._score(rows, out, batch, mode, seconds, self.state.global_step, t0)
 
     def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool, old_from_sampling: bool = False
-                   ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
+                   ) -> tuple[Completions, dict[str, torch.Tensor], float]:
         """The sampling policy's part of a round (`model`'s weights): its completions, the padded batch and,
         with `keep_old`, its log-probs of them (pi_old); and the generation seconds. Synchronous GRPO calls
         it with the policy; asynchronous GRPO's worker with its own older copy (ablate.rollouts.ahead),
@@ -287,9 +305,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         sample = getattr(self.generator, "sample", None) if old_from_sampling else None
         with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
             out = sample(whole, prompt_ids, policy_logps=True) if sample else as_completions(self.generator(whole, prompt_ids))
-        completion_ids = out.ids
         seconds = time.perf_counter() - t0
-        batch = self._completion_batch(prompt_ids, completion_ids)
+        batch = self._completion_batch(prompt_ids, out.ids)
+        if out.tool_mask is not None:  # tool results: attended to, never trained on (TRL's tool_mask)
+            batch["tool_mask"] = right_pad(out.tool_mask, 1)[0].to(self.args.device)
         if out.logps is not None:  # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch
             batch["sampling_logps"] = right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
         if out.policy_logps is not None:
@@ -297,13 +316,15 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         elif keep_old:
             with torch.no_grad():
                 batch["old_logps"] = self._token_logps(model, batch)[0]
-        return completion_ids, batch, seconds
+        return out, batch, seconds
 
-    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
+    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]
+                      ) -> tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]:
         """The worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs under `model`
-        (from the sampling logits: the worker's round is most of an async step's critical path)."""
-        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
-        return completion_ids, batch["old_logps"], seconds
+        (from the sampling logits: the worker's round is most of an async step's critical path), and what a
+        round with tool calls adds (tool mask, messages, counts)."""
+        out, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
+        return out.ids, batch["old_logps"], seconds, turns_of(out)
 
     def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:
         """Asynchronous GRPO: this round as the worker sampled it (waiting for it if it is not done yet);
@@ -315,11 +336,13 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         prompt_ids = [r["prompt_ids"] for r in rows]
         sampled = self.ahead.take(schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step)
         waited = time.perf_counter() - t0  # what generation costs the training loop: its wait
-        batch = self._completion_batch(prompt_ids, sampled.completion_ids)
+        out = Completions(ids=sampled.completion_ids, **(sampled.turns or {}))
+        batch = self._completion_batch(prompt_ids, out.ids)
         batch["old_logps"] = sampled.old_logps.to(self.args.device)
+        if out.tool_mask is not None:
+            batch["tool_mask"] = right_pad(out.tool_mask, 1)[0].to(self.args.device)
         self.rollouts.stats.background_seconds += sampled.seconds
-        return self._score(rows, sampled.completion_ids, batch, "train", waited, sampled.policy_version, t0,
-                           round_seconds=sampled.seconds)
+        return self._score(rows, out, batch, "train", waited, sampled.policy_version, t0, round_seconds=sampled.seconds)
 
     def _completion_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
         """The padded prompt and completion tensors on the device; truncated completions masked out
@@ -335,17 +358,21 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
         return [not ids or ids[-1] not in stops for ids in completion_ids]
 
-    def _score(self, rows: list[dict[str, Any]], completion_ids: list[list[int]], batch: dict[str, torch.Tensor],
+    def _score(self, rows: list[dict[str, Any]], out: Completions, batch: dict[str, torch.Tensor],
                mode: str, seconds: float, version: int, t0: float, round_seconds: float | None = None) -> Rollout:
         """The rest of a round once it is sampled: reference log-probs, rewards, advantages, metrics and the
         counters. `seconds`: what generation cost the training loop (sampling, or waiting for the worker)."""
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
+        completion_ids = out.ids
+        # completion lengths count the model's own tokens (tool results are not the model's: TRL's tool_mask)
+        lengths = torch.tensor([sum(m) for m in out.tool_mask] if out.tool_mask is not None
+                               else [len(ids) for ids in completion_ids], dtype=torch.float32)
         if train:
             stats.rounds += 1
             stats.generation_seconds += seconds
             stats.generated_tokens += sum(len(ids) for ids in completion_ids)
             # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
-            stats.num_tokens += sum(len(r["prompt_ids"]) for r in rows) + sum(len(ids) for ids in completion_ids)
+            stats.num_tokens += int(batch["prompt_mask"].sum()) + int(lengths.sum())
         truncated = self._truncated(completion_ids)
         with torch.no_grad():
             if self.ref_model is not None:
@@ -353,16 +380,16 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
-        rewards = self._rewards(rows, completion_ids)
+        rewards = self._rewards(rows, out)
         advantages, metrics = self.reward_aggregation(
             rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
         )
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
-        rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
-                          num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
-        lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
+        rollout = Rollout(**batch, advantages=advantages.to(self.args.device), policy_version=version,
+                          num_items=torch.tensor(0.0))
+        rollout.num_items = rollout.loss_mask().sum().float() / slices
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
             "completions/mean_length": lengths.mean(),
@@ -372,6 +399,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             "timing/generation_seconds": seconds if round_seconds is None else round_seconds,
             "num_tokens": float(stats.num_tokens),
         })
+        if out.tool_calls is not None:  # TRL's: calls per completion, and the failed share of the calls made
+            metrics.update(tool_metrics(out.tool_calls, out.tool_failures))
         self.metrics.add(mode, metrics)
         if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
@@ -383,12 +412,17 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         c_ids, c_mask = right_pad(completion_ids, pad_id)
         return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
 
-    def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
-        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats)."""
+    def _rewards(self, rows: list[dict[str, Any]], out: Completions) -> torch.Tensor:
+        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats). With tools,
+        each completion is its messages (turns and tool results) and `environments` one instance per row (TRL's)."""
+        completion_ids = out.ids
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [r["prompt"] for r in rows]
-        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
+        completions = out.messages or [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+                                       for p, t in zip(prompts, texts)]
         columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
+        if getattr(self.generator, "environments", None) is not None:
+            columns["environments"] = self.generator.environments
         table = torch.empty(len(rows), len(self.reward_funcs))
         for i, (name, fn) in enumerate(self.reward_funcs.items()):
             values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
@@ -443,7 +477,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     ) -> torch.Tensor:
         mode = "train" if model.training else "eval"
         logps, entropy = self._token_logps(model, inputs.tokens(), with_entropy=True)
-        mask = inputs.completion_mask.float()
+        mask = inputs.loss_mask().float()  # tool results (tool_mask 0) are attended to, not trained on
         old = logps.detach() if inputs.old_logps is None else inputs.old_logps  # ratio exactly 1 when on-policy
         a = self.args
         weight, metrics = self._policy_weight(logps, old, inputs, mask)

@@ -4,12 +4,16 @@ names and defaults for what ablate's GRPOTrainer (ablate.methods.grpo) implement
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import TrainingArguments
 
 from ablate.errors import ConfigError
 from ablate.losses import is_correction
+from ablate.rewards import resolve
+from ablate.rollouts.tools import FORMATS, schema
 
 
 @dataclass
@@ -56,6 +60,19 @@ class GRPOConfig(TrainingArguments):
         "help": "Async GRPO's torch threads: split = fixed halves for the trainer and the worker (reproducible) | "
                 "balanced = the trainer also takes the worker's while it is idle (faster when the worker is; the "
                 "trainer's last bits then depend on timing: ablate.rollouts.cores)."})
+    tools: list[Any] | None = field(default=None, metadata={
+        "help": "Functions the model may call while it generates (each a dotted path, e.g. ablate.tools.calculator, "
+                "or {_target_: path}); their signature and docstring are the schema it is shown (TRL's tools)."})
+    environment: Any = field(default=None, metadata={
+        "help": "{_target_: pkg.Class, ...kwargs}: one instance per rollout, reset(**row) each round; its public "
+                "methods are tools, its get_reward() scores the episode (TRL's environment_factory contract)."})
+    max_tool_calling_iterations: int | None = field(default=None, metadata={
+        "help": "Turns of tool calls per rollout; None = until a turn calls no tool (TRL's default)."})
+    tool_timeout: float | None = field(default=10.0, metadata={
+        "help": "Seconds a tool call may run; past it, the model reads a timeout error (a failed call). None = no limit."})
+    tool_call_format: str = field(default="auto", metadata={
+        "help": "auto | chat_template (the model's own tool format) | hermes (<tool_call>{json}</tool_call> in the "
+                "text, tools listed in a system turn: for chat templates without tools); ablate.rollouts.tools."})
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
     def __post_init__(self) -> None:
@@ -87,6 +104,46 @@ class GRPOConfig(TrainingArguments):
              f"per_device_eval_batch_size ({self.per_device_eval_batch_size}) must be a multiple of "
              f"num_generations ({self.num_generations})"),
         ]
+        checks += self._tool_checks()
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"method.args: {msg}")
+        self.tools, self.environment = plain(self.tools), plain(self.environment)
+        for i, tool in enumerate(self.tool_functions()):  # importable, callable, a schema: one line each, before the model
+            schema(tool, f"method.args.tools[{i}]")
+        self.environment_factory()  # importable and callable (its methods' schemas: when the trainer makes one)
+
+    def _tool_checks(self) -> list[tuple[bool, str]]:
+        return [
+            (self.tools is None or isinstance(plain(self.tools), list),
+             "tools must be a list of functions ([ablate.tools.calculator] or [{_target_: mymodule.fn}])"),
+            (self.max_tool_calling_iterations is None or (isinstance(self.max_tool_calling_iterations, int)
+                                                          and self.max_tool_calling_iterations >= 0),
+             f"max_tool_calling_iterations must be null (no limit) or an integer >= 0, got "
+             f"{self.max_tool_calling_iterations}"),
+            (self.tool_timeout is None or self.tool_timeout > 0, f"tool_timeout must be null (no limit) or a number of "
+             f"seconds > 0, got {self.tool_timeout}"),
+            (self.tool_call_format in FORMATS, f"tool_call_format must be one of {', '.join(FORMATS)}, got "
+             f"'{self.tool_call_format}'"),
+            (self.environment is None or self.max_staleness == 0, "environment with max_staleness > 0: the async "
+             "worker would hold the environments in its own process, where their state and get_reward() are out of the "
+             "trainer's reach; use max_staleness=0"),
+        ]
+
+    def tool_functions(self) -> list[Callable[..., Any]]:
+        """method.args.tools as functions."""
+        return [resolve.function(t, f"method.args.tools[{i}]") for i, t in enumerate(self.tools or [])]
+
+    def environment_factory(self) -> Callable[[], Any] | None:
+        """method.args.environment as a factory of instances (its other keys bound as keyword arguments)."""
+        return None if self.environment is None else resolve.function(self.environment, "method.args.environment")
+
+
+def plain(value: Any) -> Any:
+    """A config node as plain Python (a DictConfig/ListConfig from Hydra: method.args is built non-recursively, so
+    `_target_` nodes of tools and environments arrive as config, and are built by the trainer)."""
+    if type(value).__name__ in ("DictConfig", "ListConfig"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value

@@ -43,7 +43,7 @@ def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> N
     cls = get_class(cfg.method.args._target_)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for k in cfg.method.args:
-        if k not in fields and k != "_target_":
+        if k not in fields and k not in ("_target_", "_recursive_"):
             hint = difflib.get_close_matches(str(k), fields, n=1)
             meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
             raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
