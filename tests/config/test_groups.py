@@ -262,7 +262,7 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
         "ref_model": ("models",), "peft": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
         # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
-        "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (),
+        "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (), "hydra/job_logging": (),
         "debug": ("callbacks",), "distributed": (), "perf": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
         "model/lr": ()}  # model/lr: an optimizer value a model option sets (no code)
 

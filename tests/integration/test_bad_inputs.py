@@ -32,6 +32,8 @@ from conftest import TESTS, ablate
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
 ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
 REWARD = "def short(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
+SWEEP_FILES = (("sw/multirun.yaml", "hydra: {}\n"), ("sw/.lock", "PID 1 on host h\n"),
+               ("sw/0_seed=1/run.json", '{"overrides": ["seed=1"]}\n'))  # an earlier launch's
 SQUARED = "def squared(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta):\n    return (logp_c - logp_r) ** 2, {}\n"
 
 
@@ -309,6 +311,15 @@ CASES: list[Case] = [
       "ablate.callbacks.MetricsJSONL is now ablate.run.callbacks.MetricsJSONL"),
     C("moved-in-config-dir", "train --config-dir {F}/conf method=old_dpo",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
+    # ===== issue 32: never touch what ablate did not write =====
+    C("cache-env-is-file", "train", "ABLATE_CACHE={F}/a_file is a file, not a directory", env={"ABLATE_CACHE": "{F}/a_file"}),
+    C("cache-dir-under-file", "train cache.dir={F}/a_file/c", "cache.dir={F}/a_file/c is a file, not a directory "
+      "({F}/a_file is a file)"),
+    C("sweep-into-a-sweep", "train -m seed=1,2 hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep (multirun.yaml): "
+      "continue it with `ablate sweep --resume sw`, or choose another hydra.sweep.dir", files=SWEEP_FILES),
+    C("sweep-file-into-a-sweep", "sweep dpo_loss hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep", files=SWEEP_FILES),
+    C("sweep-into-a-study", "train -m seed=1,2 hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep (study.db)",
+      files=(("sw/study.db", "SQLite format 3"),)),
 ]
 
 # a diverging run (lr=1e6): one line from the guard, not a traceback from inside sampling or the optimizer
@@ -408,6 +419,7 @@ def _run_all(cases: list[Case], tmp: Path, warm: bool = False) -> dict[str, Resu
         cwd.mkdir()
         _old_run(cwd)
         for name, text in c.files:
+            (cwd / name).parent.mkdir(parents=True, exist_ok=True)
             (cwd / name).write_text(text)
         before[c.id] = _snapshot(cwd)
         jobs.append({"argv": [fill(a) for a in c.argv], "cwd": str(cwd), "env": {k: fill(v) for k, v in c.env.items()},

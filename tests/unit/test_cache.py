@@ -240,3 +240,51 @@ def test_cache_ls_and_clear(tmp_path, tok) -> None:
     cleared = ablate("cache", "clear", env=env, cwd=tmp_path)
     assert cleared.returncode == 0 and cleared.stdout.startswith("removed 1 entry (")
     assert ablate("cache", "ls", env=env, cwd=tmp_path).stdout.startswith("0 entries, 0 B")
+
+
+def test_cache_clear_removes_only_ablates_entries(tmp_path, tok) -> None:
+    """Issue 32: `cache clear --dir D` on a folder that holds other things deleted every dir two
+    levels down (`photos/2024`, `projectA/src`). Only a dir proven to be one of ablate's entries (its
+    manifest, or the marker written before anything else) is removed; anything else is left and named."""
+    from conftest import ablate
+
+    root = tmp_path / "D"
+    _tokenized(reuse.Cache(dir=str(root)), ROWS, tok, [])
+    mine = {"photos/2024/a.jpg": "jpeg", "projectA/src/main.py": "print(1)\n", "tokenized/notes/todo.txt": "mine\n"}
+    for name, text in mine.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    listed = ablate("cache", "ls", "--dir", str(root), cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.startswith("tokenized ") and "photos" not in listed.stdout
+    assert "1 entry, " in listed.stdout, listed.stdout
+    cleared = ablate("cache", "clear", "--dir", str(root), cwd=tmp_path)
+    assert cleared.returncode == 0, cleared.stderr
+    assert cleared.stdout.startswith("removed 1 entry ("), cleared.stdout
+    assert {n: (root / n).read_text() for n in mine} == mine  # every file of the user's, as it was
+    assert len(cleared.stderr.strip().splitlines()) == 1 and "left 3 paths that are not ablate's cache entries" \
+        in cleared.stderr and "photos, projectA, tokenized/notes" in cleared.stderr, cleared.stderr
+    assert reuse.entries(root) == []
+
+
+def test_cache_clear_on_a_folder_that_holds_no_cache_is_refused(tmp_path) -> None:
+    from conftest import ablate
+
+    root = tmp_path / "D"
+    (root / "photos" / "2024").mkdir(parents=True)
+    (root / "photos" / "2024" / "a.jpg").write_text("jpeg")
+    for action in ("ls", "clear"):
+        r = ablate("cache", action, "--dir", str(root), cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+        assert r.stderr.startswith(f"ablate: error: --dir {root} is not an ablate cache"), r.stderr
+    assert (root / "photos" / "2024" / "a.jpg").read_text() == "jpeg"
+
+
+def test_ablate_cache_naming_a_file_is_refused(tmp_path) -> None:
+    from conftest import ablate
+
+    (tmp_path / "f").write_text("mine\n")
+    for action in ("ls", "clear"):
+        r = ablate("cache", action, env={"ABLATE_CACHE": str(tmp_path / "f")}, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+        assert f"ABLATE_CACHE={tmp_path / 'f'} is a file, not a directory" in r.stderr, r.stderr
+    assert (tmp_path / "f").read_text() == "mine\n"

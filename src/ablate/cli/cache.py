@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import sys
 from pathlib import Path
 
 
 def cache_cmd(argv: list[str]) -> None:
     """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]`."""
-    from ablate.data.cache import KINDS, default_dir, entries
+    from ablate.data.cache import KINDS, default_dir, entries, foreign, leftovers
 
     parser = argparse.ArgumentParser(prog="ablate cache", description="list or remove the entries that runs reuse "
                                      "(tokenized datasets, DPO's reference log-probs)")
@@ -19,6 +21,8 @@ def cache_cmd(argv: list[str]) -> None:
     parser.add_argument("--kind", choices=KINDS, default=None, help="only entries of this kind")
     args = parser.parse_args(argv)
     root = (args.dir or default_dir()).expanduser()
+    refuse_root(root, f"--dir {args.dir}" if args.dir else
+                f"ABLATE_CACHE={os.environ['ABLATE_CACHE']}" if os.environ.get("ABLATE_CACHE") else str(root))
     rows = [e for e in entries(root) if args.kind in (None, e["kind"])]
     if args.action == "ls":
         for e in rows:
@@ -29,10 +33,44 @@ def cache_cmd(argv: list[str]) -> None:
     for e in rows:  # a run holding an entry keeps reading it (loaded in memory); the next one recomputes
         shutil.rmtree(e["path"], ignore_errors=True)
     for kind in [k for k in KINDS if args.kind in (None, k)]:  # a killed writer's leftovers; lock files stay
-        for leftover in (root / kind).glob(".tmp-*"):  # (0 bytes: removing one a job holds would let two write)
+        for leftover in leftovers(root, kind):  # (0 bytes: removing one a job holds would let two write)
             shutil.rmtree(leftover, ignore_errors=True)
     print(f"removed {len(rows)} entr{'y' if len(rows) == 1 else 'ies'} ({human(sum(e['bytes'] for e in rows))}) "
           f"from {root}")
+    other = foreign(root)
+    if other:
+        shown = ", ".join(other[:4]) + (", ..." if len(other) > 4 else "")
+        print(f"ablate: left {len(other)} path{'s' if len(other) > 1 else ''} that are not ablate's cache entries "
+              f"in {root}: {shown}", file=sys.stderr)
+
+
+def refuse_root(root: Path, given: str) -> None:
+    """Exit 2 with one line when `root` cannot be a cache dir: under a file (`ABLATE_CACHE` naming one),
+    or a folder of other things that holds no entry of ablate's (`--dir ~/photos`): nothing is removed."""
+    from ablate.data.cache import entries, foreign
+
+    above = root
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        where = "" if above == root or str(above) in given else f" ({above} is a file)"
+        _refuse(f"{given} is a file, not a directory{where}: the cache needs a directory of its own")
+    other = foreign(root)
+    if other and not entries(root):
+        shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+        _refuse(f"{given} is not an ablate cache (it holds {shown} and no entry of ablate's): nothing listed or "
+                f"removed; the default is {_default()}")
+
+
+def _default() -> Path:
+    from ablate.data.cache import default_dir
+
+    return default_dir()
+
+
+def _refuse(line: str) -> None:
+    print(f"ablate: error: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 def human(n: int) -> str:

@@ -13,11 +13,13 @@ from ablate.run.compose import quote_override_value
 def resume_cmd(argv: list[str]) -> None:
     """`ablate resume RUN_DIR [--force] [hydra overrides]`: rerun a run's own overrides in its own dir,
     which continues it from its newest complete checkpoint (a crashed, killed or failed run).
-    `--force`: resume although the data changed since the run started (refused without it)."""
+    `--force`: resume although the data or the composed config changed since the run started
+    (refused without it)."""
     from ablate.run import lifecycle, rundir
 
-    if "--force" in argv:  # the data changed since the run started: resume on the new data all the same
+    if "--force" in argv:  # the data or the config changed since the run started: resume on them all the same
         os.environ[lifecycle.NEW_DATA_ENV] = "1"
+        os.environ[lifecycle.NEW_CONFIG_ENV] = "1"
         argv = [a for a in argv if a != "--force"]
     if len(argv) < 1 or argv[0].startswith("-"):
         print("usage: ablate resume RUN_DIR [--force] [hydra.key=value ...]", file=sys.stderr)

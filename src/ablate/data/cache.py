@@ -14,7 +14,9 @@ Entries live in `<dir>/<kind>/<key>/` (dir: `cache.dir`, else `$ABLATE_CACHE/ent
 with every file's sha256. An entry is built in a `.tmp-*` dir and renamed into place, so a writer
 killed mid-way (kill -9) leaves no entry; one whose manifest or checksum does not match is said in one
 line, removed and computed again. Jobs racing for one key take a file lock (flock): one computes,
-the others wait and load. `ablate cache ls|clear` lists and removes entries.
+the others wait and load. `ablate cache ls|clear` lists and removes entries: only dirs proven to be
+ablate's (a `<kind>/<sha256>` dir holding the marker file written before anything else, or a manifest),
+so a `--dir` pointed at a folder of other things never deletes them (`foreign` names what is left).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -41,6 +44,10 @@ log = logging.getLogger("ablate")
 MANIFEST = "manifest.json"
 DATA = "data"
 KINDS = ("tokenized", "ref_logps", "initial_eval")  # what ablate caches (the first level of the cache dir)
+MARKER = ".ablate-cache-entry"  # written first into every entry being built: proves a dir is ablate's
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}")  # an entry's dir: its key's sha256
+_TMP_NAME = re.compile(r"\.tmp-[0-9a-f]{64}-\d+")  # an entry being written (or left by a killed writer)
+_LOCK_NAME = re.compile(r"[0-9a-f]{64}\.lock")
 _SOURCE = Path(__file__).resolve().parents[1]  # the ablate package: its code is part of every key
 
 
@@ -217,6 +224,8 @@ def store(entry: Path, dataset: Dataset, meta: dict[str, Any]) -> None:
     shown = is_progress_bar_enabled()
     disable_progress_bar()
     try:
+        tmp.mkdir()
+        (tmp / MARKER).write_text("an entry of ablate's reuse cache (ablate.data.cache)\n")
         dataset.save_to_disk(str(tmp / DATA))
         files = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted((tmp / DATA).rglob("*")) if p.is_file()}
         size = sum((tmp / f).stat().st_size for f in files)
@@ -247,19 +256,56 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def ours(path: Path) -> bool:
+    """Whether `path` is proven to be an entry ablate wrote (or is writing): `<kind>/<sha256>` (or its
+    `.tmp-<sha256>-<pid>`) under one of KINDS, holding the marker or a manifest with its files."""
+    if path.parent.name not in KINDS or not path.is_dir() or path.is_symlink():
+        return False
+    if not (_ENTRY_NAME.fullmatch(path.name) or _TMP_NAME.fullmatch(path.name)):
+        return False
+    if (path / MARKER).is_file():
+        return True
+    try:  # an entry from before the marker: its manifest lists its files
+        return isinstance(json.loads((path / MANIFEST).read_text()).get("files"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def entries(root: Path) -> list[dict[str, Any]]:
-    """Every entry under `root`, with its manifest's facts (an entry without one: `incomplete`); a
-    `.tmp-*` dir (being written, or left by a killed writer) is none."""
+    """Every entry of ablate's under `root` (`ours`), with its manifest's facts (an entry without one:
+    `incomplete`); a `.tmp-*` dir (being written, or left by a killed writer) is none."""
     out = []
-    for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        for entry in sorted(p for p in kind_dir.iterdir() if p.is_dir() and not p.name.startswith(".tmp-")):
+    for kind in KINDS:
+        kind_dir = root / kind
+        for entry in sorted(p for p in kind_dir.iterdir() if ours(p)) if kind_dir.is_dir() else []:
+            if entry.name.startswith(".tmp-"):
+                continue
             try:
                 manifest = json.loads((entry / MANIFEST).read_text())
             except (OSError, ValueError):
                 manifest = {"what": "incomplete (no manifest)"}
             size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-            out.append({"kind": kind_dir.name, "entry": entry.name, "what": manifest.get("what", ""), "bytes": size,
+            out.append({"kind": kind, "entry": entry.name, "what": manifest.get("what", ""), "bytes": size,
                         "rows": manifest.get("rows"), "created": manifest.get("created", ""), "path": str(entry)})
+    return out
+
+
+def leftovers(root: Path, kind: str) -> list[Path]:
+    """Entries a killed writer left half-written under `root/kind` (ablate's own `.tmp-*` dirs)."""
+    kind_dir = root / kind
+    return [p for p in kind_dir.glob(".tmp-*") if ours(p)] if kind_dir.is_dir() else []
+
+
+def foreign(root: Path) -> list[str]:
+    """What under `root` is not ablate's (paths relative to it): anything beside the kind dirs, and in
+    a kind dir anything but entries, their lock files and their half-written `.tmp-*` dirs."""
+    if not root.is_dir():
+        return []
+    out = [p.name for p in sorted(root.iterdir()) if p.name not in KINDS or not p.is_dir()]
+    for kind in KINDS:
+        if (root / kind).is_dir() and not (root / kind).is_symlink():
+            out += [f"{kind}/{p.name}" for p in sorted((root / kind).iterdir())
+                    if not ours(p) and not (_LOCK_NAME.fullmatch(p.name) and p.is_file())]
     return out
 
 

@@ -187,7 +187,8 @@ def print_plan(name: str, hydra_argv: list[str]) -> None:
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir, error."""
     rows = []
-    runs = find_runs([sweep_dir])
+    refused = rundir.refusals(sweep_dir)  # jobs whose dir was not theirs: left as it was, counted as failed
+    runs = [r for r in find_runs([sweep_dir]) if str(r.path.resolve()) not in refused]
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
@@ -201,7 +202,10 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
                      "status": rundir.state(run.path, run.summary),  # as `ablate ls` and `ablate status` say
                      "metric": f"{key}={value:.4g}" if key and value is not None else "-",
                      "run_dir": str(run.path), "error": str(run.summary.get("error", ""))[:160]})
-    return rows
+    for path, record in refused.items():
+        rows.append({"job": Path(path).name.split("_")[0], "overrides": " ".join(map(str, record.get("overrides", []))),
+                     "status": "failed", "metric": "-", "run_dir": path, "error": str(record["error"])[:160]})
+    return sorted(rows, key=lambda r: (int(r["job"]) if r["job"].isdigit() else 1 << 30, r["run_dir"]))
 
 
 def study_metric(sweep_dir: Path) -> str | None:

@@ -37,6 +37,7 @@ from ablate.errors import (
     DiskFullError,
     PeerLostError,
     Pruned,
+    RunDirError,
     chain,
     user_error,
 )
@@ -45,6 +46,7 @@ from ablate.run import interrupts, rundir, secrets
 log = logging.getLogger("ablate")
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
+NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
 
 
 @dataclass
@@ -183,15 +185,20 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         yield _untouched(run_dir, previous)
         return
     multirun = hc.mode == RunMode.MULTIRUN
-    rundir.lock(run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir")
-    info = claim(run_dir, overrides)
+    with _refusal_recorded(run_dir, hc):  # a dir that is not this run's: nothing written into it
+        rundir.is_usable(run_dir)
+        _same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
+        rundir.lock(run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir")
+        info = claim(run_dir, overrides)
+        now = identity(cfg)
+        check_same_config(run_dir, info, now)
     previous = _completed(run_dir, overrides)
     if previous is not None:  # completed by the process that held the lock a moment ago
         yield _untouched(run_dir, previous)
         return
     write_config_files(run_dir, cfg, hc)
-    if "config_hash" not in info:  # the job's identity, checked when its sweep is resumed
-        info.update(identity(cfg))
+    if info.get("config_hash") != now["config_hash"]:  # the job's identity, checked when it is resumed
+        info.update(now)
         rundir.write_json(run_dir / rundir.RUN, info)
     run = Run(run_dir, info, {"status": "running", "method": cfg.method.name, "overrides": overrides,
                               # the method's own say in `ablate compare` (a user's method too)
@@ -229,12 +236,36 @@ def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
 def _untouched(run_dir: Path, summary: dict[str, Any]) -> Run:
     """A completed run, to be left as it is: log lines from here on (Hydra's launcher announcing the
     next job of a multirun) must not land in its ablate.log."""
+    _stop_logging_into(run_dir)
+    return Run(run_dir, rundir.read_json(run_dir / rundir.RUN) or {}, summary, done=True)
+
+
+def _stop_logging_into(run_dir: Path) -> None:
+    """Remove the log file handlers writing into `run_dir` (Hydra's ablate.log, opened at its first line)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
             root.removeHandler(handler)
             handler.close()
-    return Run(run_dir, rundir.read_json(run_dir / rundir.RUN) or {}, summary, done=True)
+
+
+@contextlib.contextmanager
+def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
+    """A sweep's job refused its dir (a folder of the user's, another run's, one in use): nothing is
+    written into that dir, not even the log line Hydra writes about the failed job; the refusal is
+    recorded in the sweep's dir instead, so the sweep's table counts the job as failed. A later
+    launch that claims the dir drops the record."""
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        yield
+    except (RunDirError, ConfigError) as e:
+        if multirun:
+            _stop_logging_into(run_dir)
+            overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
+            rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
+        raise
+    if multirun:
+        rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
@@ -385,6 +416,41 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     masked config: a rotated token does not change the job; a resumed sweep compares it)."""
     resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
     return {"config_hash": config_hash(resolved), "config": resolved}
+
+
+def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str, Any], warn: bool = True) -> None:
+    """A resume (a checkpoint to continue) whose composed config differs from the one the run started
+    with (a config file edited since, a changed default) would train its remaining steps on another
+    config and rewrite `.hydra/config.yaml` to it: refused naming the keys (ConfigError), unless
+    `ablate resume RUN_DIR --force` accepts the new config. No checkpoint: the run starts over on it."""
+    before = (info or {}).get("config_hash")
+    if not before or before == now["config_hash"] or not rundir.checkpoints(run_dir):
+        return
+    changed = config_changes((info or {}).get("config") or {}, now["config"])
+    shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+    if os.environ.get(NEW_CONFIG_ENV):
+        if warn:  # said once, by the run (the launching process checks it first, silently)
+            log.warning("the composed config changed since this run started (%s): resuming with it (--force)",
+                        shown)
+        return
+    raise ConfigError(f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
+                      f"config files, or resume with the new config: ablate resume {run_dir} --force")
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key (was X, now Y)` for every key, in config order, whose value differs."""
+    a, b = _flat(old), _flat(new)
+    return [f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
+            for k in [*b, *(k for k in a if k not in b)] if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
 
 
 def config_hash(resolved: Any) -> str:

@@ -93,6 +93,7 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
             raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
     _check_paths(cfg)
     _check_datasets_cache(cfg)
+    _check_cache_dir(cfg)
     _check_eval_data(cfg, swept)
     _check_rewards(cfg, swept)
 
@@ -242,6 +243,22 @@ def _check_datasets_cache(cfg: DictConfig) -> None:
                           f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
 
 
+def _check_cache_dir(cfg: DictConfig) -> None:
+    """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
+    go on without its cache, saying so at each lookup, and with no cached speed probe either."""
+    from ablate.paths import cache_root
+
+    given = at(cfg, "cache.dir")
+    for key, path in (("cache.dir", given), ("ABLATE_CACHE", os.environ.get("ABLATE_CACHE"))):
+        above = Path(str(path)).expanduser() if path else None
+        while above is not None and not above.exists() and above != above.parent:
+            above = above.parent
+        if above is not None and above.exists() and not above.is_dir():
+            where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
+            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
+                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
+
+
 def _saved_dataset(path: Path) -> bool:
     """A `save_to_disk` dir (data=local reads it)."""
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
@@ -312,7 +329,7 @@ def _check_dir(path: Path, key: str, create: bool) -> None:
             raise ConfigError(f"{key}={path}: cannot create it ({e.strerror})") from None
 
 
-def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
+def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True, cfg: DictConfig | None = None) -> None:
     """A single run's dir is absent, empty, or an ablate run dir (a readable run.json) of the same
     overrides, and no live process holds its lock; then this process takes the lock, before Hydra
     writes ablate.log into the dir and before ablate writes `.hydra/` (nothing of a process refused
@@ -324,7 +341,7 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
     if not rundir.is_main_process():  # rank 0 checks (and then holds) the dir its other ranks share
         return
     rundir.is_usable(run_dir)
-    _check_same_run(run_dir, hc)
+    _check_same_run(run_dir, hc, cfg)
     if not take_lock:
         return
     if rundir.completed_summary(run_dir) is not None:
@@ -333,7 +350,7 @@ def check_run_dir(run_dir: Path, hc: Any, take_lock: bool = True) -> None:
     _check_same_run(run_dir, hc)  # again under the lock: the holder before us may have written run.json
 
 
-def _check_same_run(run_dir: Path, hc: Any) -> None:
+def _check_same_run(run_dir: Path, hc: Any, cfg: DictConfig | None = None) -> None:
     from ablate.run import rundir
     from ablate.run.secrets import mask
 
@@ -342,6 +359,11 @@ def _check_same_run(run_dir: Path, hc: Any) -> None:
     if info is not None and overrides is not None and sorted(info.get("overrides", [])) != sorted(mask(overrides)):
         raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
                           "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
+    if info is not None and cfg is not None and rundir.completed_summary(run_dir) is None:
+        from ablate.run.lifecycle import check_same_config, identity
+
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+        check_same_config(run_dir.resolve(), info, identity(task), warn=False)
 
 
 class Validate(Callback):
@@ -353,7 +375,7 @@ class Validate(Callback):
             check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
-            check_run_dir(run_dir, config.hydra, take_lock=False)  # creates nothing yet
+            check_run_dir(run_dir, config.hydra, take_lock=False, cfg=config)  # creates nothing yet
             check_code(config, processes=job_processes())  # imports the method's code (torch), which the run needs next anyway
             check_dir(run_dir, "hydra.run.dir")  # creates it
             check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
@@ -370,6 +392,8 @@ class Validate(Callback):
 
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
+            if _sweep_dir_given(config.hydra):
+                check_not_a_sweep(sweep_dir)  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -393,10 +417,11 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
-    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
-    raw = [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
+    raw = _hydra_overrides(hc)
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
+        check_dir(path, "hydra.sweep.dir", create=False)
+        check_not_a_sweep(path)
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
@@ -406,6 +431,30 @@ def claim_sweep_dir(config: DictConfig) -> None:
         hc.sweep.dir = str(path)
         overrides = [o for o in raw if o not in given]
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
+
+
+def _hydra_overrides(hc: Any) -> list[str]:
+    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
+    return [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
+
+
+def _sweep_dir_given(hc: Any) -> bool:
+    """`hydra.sweep.dir` was given on the command line (else the launch makes a new dir of its own)."""
+    return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in _hydra_overrides(hc))
+
+
+SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
+
+
+def check_not_a_sweep(path: Path) -> None:
+    """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
+    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job)."""
+    from ablate.run.lifecycle import RESUME_ENV
+
+    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
+    if held and not os.environ.get(RESUME_ENV):
+        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
+                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
 
 
 def _dir_value(config: DictConfig, key: str) -> str:
