@@ -302,6 +302,15 @@ CASES: list[Case] = [
       "data.reward_funcs[0]=nomod.short: no module 'nomod' on the import path or in the current directory"),
     C("reward-target-in-cwd-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl "
       "+data.reward_funcs.s._target_=cwd_rew.shrt", "no 'shrt' in module cwd_rew", files=(("cwd_rew.py", REWARD),)),
+    C("tool-not-found", "train method=grpo data=calc_tools method.args.tools=[nomod.calc]",
+      "method.args.tools[0]=nomod.calc: no module 'nomod' on the import path or in the current directory"),
+    C("tool-call-format", "train method=grpo data=calc_tools method.args.tool_call_format=xml",
+      "method.args.tool_call_format=xml: must be auto, chat_template or hermes"),
+    C("environment-async", "train method=grpo data=calc_tools method.args.max_staleness=1 "
+      "method.args.environment={_target_:ablate.tools.calculator}", "the async worker would hold the environments"),
+    T("tool-undocumented", "train method=grpo data=calc_tools method.args.tools=[cwd_tool.f]",
+      "method.args.tools[0]: tool f needs type hints and a docstring", files=(("cwd_tool.py", "def f(x):\n    return x\n"),),
+      phase="run"),
     C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
     C("moved-generator-module", "train method=grpo method/generator=hf method.generator._target_=ablate.trainers.generation.SharedPromptGenerator",

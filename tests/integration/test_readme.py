@@ -110,6 +110,8 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train method=dpo_hinge ": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method/loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
+    "ablate train +experiment=calc_tools": "tests/slow/test_calc_tools.py trains the SFT warm start, then GRPO with the "
+                                          "calculator (tool calls, reward rising) and with the OneCall environment",
     "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
                                              "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
                                              "tests/unit/test_async_cores.py (async_threads) train them by default",
@@ -119,7 +121,9 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train method=grpo perf.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
 }
 UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
-USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl"}  # "your own data"
+USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl",  # "your own data"
+              "my_prompts.jsonl": ROOT / "src/ablate/data/tiny/repeat_letter_train.jsonl",  # your own prompts (GRPO)
+              "myrew.py": ROOT / "examples/grpo_own_code/myrew.py"}  # your own reward function (docs/methods.md shows it)
 RESUMABLE = "outputs/runs/<date>/<time>_<overrides>"
 CLAIMS = {  # what the README says a line leads to, beyond "exit 0, every printed run dir completed"
     "ablate train": lambda s: s["metrics"]["rewards/accuracies"] == 1.0,  # Quick start: "reaches 1.0"

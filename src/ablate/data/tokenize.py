@@ -88,8 +88,20 @@ def _ids(tokenizer: PreTrainedTokenizerBase, value: Text, **chat_kwargs: Any) ->
     if isinstance(value, list):
         if tokenizer.chat_template is None:
             raise DataError("data: conversational rows need a tokenizer with a chat template; this one has none")
+        value, chat_kwargs = _tool_turns(tokenizer, value, chat_kwargs)
         return list(tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **chat_kwargs)["input_ids"])
     return list(tokenizer(text=value)["input_ids"])
+
+
+def _tool_turns(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+                chat_kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Tools and tool calls for a template that cannot render them (SmolLM2's): as hermes text, the format
+    GRPO's rollouts then read back (ablate.data.chat_templates); any other conversation as it is."""
+    from ablate.data.chat_templates import hermes_conversation, tool_calls_rendered
+
+    if not (chat_kwargs.get("tools") or any(m.get("tool_calls") for m in messages)) or tool_calls_rendered(tokenizer):
+        return messages, chat_kwargs
+    return hermes_conversation(messages, chat_kwargs.get("tools")), {**chat_kwargs, "tools": None}
 
 
 def _with_eos(text: str, eos: str) -> str:
@@ -134,6 +146,7 @@ def _assistant_ids(
     as TRL's `assistant_only_loss`; a conversation without an assistant token is an error, as in TRL."""
     from ablate.data.chat_templates import assistant_template
 
+    messages, chat_kwargs = _tool_turns(tokenizer, messages, chat_kwargs)
     out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
                                         chat_template=assistant_template(tokenizer), **chat_kwargs)
     ids, mask = list(out["input_ids"]), list(out["assistant_masks"])

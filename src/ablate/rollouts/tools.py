@@ -12,7 +12,8 @@ Formats (`method.args.tool_call_format`):
   as `<tool_call>{json}</tool_call>` (Qwen2.5's) but whose tokenizer has no response_template is parsed as
   `hermes` below.
 - `hermes` (the fallback, for chat templates without tools, e.g. SmolLM2's): the tools are described as JSON
-  in a system turn, in the wording Qwen2.5 and NousResearch's Hermes models are trained on (`HERMES_SYSTEM`);
+  in a system turn, in the wording Qwen2.5 and NousResearch's Hermes models are trained on (rendered by
+  ablate.data.chat_templates.hermes_conversation, as SFT renders tool-use demonstrations for such a model);
   the model writes each call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in its text (a
   JSON list of calls inside the tags too, as SmolLM2-Instruct writes them); results are `tool` turns, which a
   template renders as it renders any role. A call whose JSON does not parse is a failed call whose error the
@@ -42,15 +43,10 @@ from typing import Any, Callable
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import get_json_schema
 
+from ablate.data.chat_templates import hermes_conversation, tool_calls_rendered
 from ablate.errors import ConfigError, DataError
 
 FORMATS = ("auto", "chat_template", "hermes")
-HERMES_SYSTEM = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
-    "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
-)
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _PROBE = {"name": "tool_name_probe", "key": "arg_key_probe", "value": "arg_value_probe", "content": "tool_content_probe"}
 
@@ -64,21 +60,6 @@ def schema(tool: Callable[..., Any], key: str) -> dict[str, Any]:
         name = getattr(tool, "__name__", repr(tool))
         raise ConfigError(f"{key}: tool {name} needs type hints and a docstring with an `Args:` line per "
                           f"argument (its schema for the model): {str(e).splitlines()[0]}") from None
-
-
-def tool_calls_rendered(tokenizer: PreTrainedTokenizerBase) -> str | None:
-    """What the chat template renders for a user -> assistant call -> tool exchange (TRL's
-    `supports_tool_calling` probe), or None when it drops any part of it or cannot render it."""
-    if tokenizer.chat_template is None:
-        return None
-    call = {"type": "function", "function": {"name": _PROBE["name"], "arguments": {_PROBE["key"]: _PROBE["value"]}}}
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "name": _PROBE["name"], "content": _PROBE["content"]}]
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception:  # noqa: BLE001 - jinja's TemplateError (a template that refuses the roles), TypeError
-        return None
-    return text if all(v in text for v in _PROBE.values()) else None
 
 
 @dataclass
@@ -116,13 +97,7 @@ class ToolFormat:
         (hermes) the conversation with the tools described in its system turn."""
         if self.native:
             return {"conversation": messages, "tools": schemas or None}  # `or None`: TRL's (Llama renders tools=[])
-        if not schemas:
-            return {"conversation": messages, "tools": None}
-        text = HERMES_SYSTEM.format(tools="\n".join(json.dumps(s) for s in schemas))
-        if messages and messages[0]["role"] == "system":
-            system = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
-            return {"conversation": [system, *messages[1:]], "tools": None}
-        return {"conversation": [{"role": "system", "content": text}, *messages], "tools": None}
+        return {"conversation": hermes_conversation(messages, schemas), "tools": None}
 
     def prompt_ids(self, messages: Any, schemas: list[dict[str, Any]], index: int = 0) -> list[int]:
         """A conversational prompt's ids with the tools offered and the assistant turn opened."""

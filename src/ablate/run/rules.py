@@ -154,6 +154,16 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.async_threads": (  # ablate.rollouts.cores: the async worker's idle cores; a synchronous run has all
         lambda v, c: v == "split" or (v == "balanced" and is_int(s := at(c, "method.args.max_staleness")) and s > 0),
         "split, or balanced with method.args.max_staleness > 0 (the trainer taking the idle async worker's threads)"),
+    # tools over several turns (ablate.rollouts.turns; GRPOConfig checks the same at run time)
+    "method.args.tool_call_format": (lambda v, c: v in ("auto", "chat_template", "hermes"),
+                                     "auto, chat_template or hermes (ablate.rollouts.tools)"),
+    "method.args.max_tool_calling_iterations": (lambda v, c: v is None or (is_int(v) and v >= 0),
+                                                "null (no limit) or an integer >= 0"),
+    "method.args.tool_timeout": (lambda v, c: v is None or (is_num(v) and v > 0), "null (no limit) or seconds > 0"),
+    "method.args.environment": (  # the async worker's process would hold the environments, out of the trainer's reach
+        lambda v, c: v is None or not is_int(s := at(c, "method.args.max_staleness")) or s == 0,
+        "null when method.args.max_staleness > 0 (the async worker would hold the environments, out of the trainer's "
+        "reach; use max_staleness=0)"),
     "method.args.vllm_importance_sampling_mode": (  # ablate.losses.is_correction.MODES (TRL's)
         lambda v, c: v in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
         "one of token_truncate, token_mask, sequence_truncate, sequence_mask"),
