@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +15,11 @@ import pytest
 from conftest import ROOT, metrics, summary
 
 SCRIPT = Path(sys.executable).parent / "ablate"
-MYREW = '''def short(completions, **kwargs):
-    """Shorter is better: minus the completion's length in characters, over 8."""
-    return [-len(c) / 8 for c in completions]
-'''
 
 
 @pytest.mark.skipif(not SCRIPT.is_file(), reason="the ablate console script is not installed in this environment")
 def test_own_reward_function_on_own_jsonl(tmp_path):
-    (tmp_path / "myrew.py").write_text(MYREW)
+    shutil.copy(ROOT / "examples/grpo_own_code/myrew.py", tmp_path / "myrew.py")  # docs/methods.md's
     rows = (ROOT / "src/ablate/data/tiny/repeat_letter_train.jsonl").read_text().splitlines()[:16]
     (tmp_path / "my_prompts.jsonl").write_text("\n".join(json.dumps({"prompt": json.loads(r)["prompt"]}) for r in rows))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -188,3 +188,22 @@ def test_environment_reward_and_refusals(tmp_path):
         GRPOConfig(output_dir=str(tmp_path), tools=["ablate.tools.calc"], use_cpu=True, per_device_train_batch_size=8)
     with pytest.raises(ConfigError, match="max_tool_calling_iterations must be null"):
         GRPOConfig(output_dir=str(tmp_path), max_tool_calling_iterations=-1, use_cpu=True, per_device_train_batch_size=8)
+
+
+def test_async_worker_runs_the_tools(tmp_path):
+    """max_staleness=1: the forked worker samples with the tools (Scripted.sample, as SharedPromptGenerator's) and
+    sends the tool mask, messages and counts back with its round; the trainer trains on them masked."""
+    trainer = _trainer(tmp_path, lambda tok: Scripted(tok, perfect), tools=["ablate.tools.calculator"], max_staleness=1,
+                       max_steps=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
+    served = []
+    compute_loss = trainer.compute_loss
+
+    def recording(model, inputs, *a, **k):
+        served.append(inputs)
+        return compute_loss(model, inputs, *a, **k)
+
+    trainer.compute_loss = recording
+    trainer.train()
+    assert len(served) == 2 and all(s.tool_mask is not None and (s.tool_mask == 0).any() for s in served)
+    logged = [e for e in trainer.state.log_history if "tools/call_frequency" in e]
+    assert [e["tools/call_frequency"] for e in logged] == [1.0, 1.0] and all(e["reward"] == 1.0 for e in logged)

@@ -387,9 +387,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
-        rollout = Rollout(**batch, advantages=advantages.to(self.args.device), policy_version=version,
-                          num_items=torch.tensor(0.0))
-        rollout.num_items = rollout.loss_mask().sum().float() / slices
+        loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+        rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
+                          num_items=loss_mask.sum().float() / slices, policy_version=version)
         metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
         metrics.update({
             "completions/mean_length": lengths.mean(),

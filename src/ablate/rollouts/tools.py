@@ -48,7 +48,6 @@ from ablate.errors import ConfigError, DataError
 
 FORMATS = ("auto", "chat_template", "hermes")
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_PROBE = {"name": "tool_name_probe", "key": "arg_key_probe", "value": "arg_value_probe", "content": "tool_content_probe"}
 
 
 def schema(tool: Callable[..., Any], key: str) -> dict[str, Any]:
@@ -77,6 +76,8 @@ class ToolFormat:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, kind: str = "auto") -> None:
         if kind not in FORMATS:
             raise ConfigError(f"method.args.tool_call_format must be one of {', '.join(FORMATS)}, got '{kind}'")
+        if tokenizer.chat_template is None:
+            raise ConfigError("method.args.tools: the tokenizer has no chat template (tools need conversations)")
         self.tokenizer = tokenizer
         rendered = tool_calls_rendered(tokenizer)
         if kind == "chat_template" and rendered is None:
@@ -89,8 +90,6 @@ class ToolFormat:
             raise ConfigError("method.args.tools: this model's chat template renders tool calls in a format ablate "
                               "cannot read back without a response parser: set the tokenizer's response_template "
                               "(transformers' response parsing), or method.args.tool_call_format=hermes")
-        if tokenizer.chat_template is None:
-            raise ConfigError("method.args.tools: the tokenizer has no chat template (tools need conversations)")
 
     def prompt(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
         """apply_chat_template's arguments for a prompt offering `schemas`: the template's own `tools=`, or

@@ -168,7 +168,8 @@ class ToolGenerator:
                             policy=None if first.policy_logps is None else list(first.policy_logps[i]))
                     for i, (p, c) in enumerate(zip(prompt_ids, first.ids))]
         box, stops = self.toolbox, stop_ids(self.tokenizer, model)
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or sys.maxsize
+        limit = min(getattr(getattr(model, "config", None), "max_position_embeddings", None) or sys.maxsize,
+                    getattr(self.inner, "engine_args", {}).get("max_model_len") or sys.maxsize)  # vLLM's, TRL's ceiling
         pending = [i for i, r in enumerate(rollouts) if r.read(box, r.ids, r.prompt)]
         turns = 0
         while pending and turns < (box.max_iterations if box.max_iterations is not None else sys.maxsize):
