@@ -207,3 +207,28 @@ def test_async_worker_runs_the_tools(tmp_path):
     assert len(served) == 2 and all(s.tool_mask is not None and (s.tool_mask == 0).any() for s in served)
     logged = [e for e in trainer.state.log_history if "tools/call_frequency" in e]
     assert [e["tools/call_frequency"] for e in logged] == [1.0, 1.0] and all(e["reward"] == 1.0 for e in logged)
+
+
+def test_hermes_turns_for_a_template_without_tools():
+    """SmolLM2's template (no tools): the call is read from the text, its result is a `tool` turn in the template's
+    generic rendering, and generation continues after it, as with a template of its own format."""
+    from ablate.data.chat_templates import SMOLLM2
+
+    tok, model = tiny(max_position_embeddings=2048)  # the tools' JSON schema in bytes: ~700 tokens of prompt
+    tok.chat_template, tok.response_template = SMOLLM2, None
+
+    def script(text: str) -> str:
+        if "<|im_start|>tool\n" in text:
+            return re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", text)[-1]
+        return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % (
+            re.findall(r"What is (.*?)\?", text)[-1])
+
+    box = Toolbox(ToolFormat(tok), [calculator])
+    assert box.format.kind == "hermes"
+    gen = ToolGenerator(Scripted(tok, script), box, tok, 400)
+    prompt = box.prompt_ids(question("12*34"))
+    assert tok.decode(prompt).startswith("<|im_start|>system\n# Tools")
+    out = gen(model, [prompt])
+    text = tok.decode(out.ids[0])
+    assert text.endswith("</tool_call></s><|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n408</s>"), text
+    assert [m["role"] for m in out.messages[0]] == ["assistant", "tool", "assistant"] and out.tool_calls == [1]

@@ -29,6 +29,7 @@ every reward function receives `environments=` (one instance per completion).
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -92,8 +93,14 @@ def build_toolbox(args: Any, tokenizer: PreTrainedTokenizerBase) -> Toolbox | No
     tools, environment = args.tool_functions(), args.environment_factory()
     if not tools and environment is None:
         return None
-    return Toolbox(ToolFormat(tokenizer, args.tool_call_format), tools, environment, args.max_tool_calling_iterations,
-                   args.tool_timeout)
+    box = Toolbox(ToolFormat(tokenizer, args.tool_call_format), tools, environment, args.max_tool_calling_iterations,
+                  args.tool_timeout)
+    why = "the chat template's own" if box.format.native else "the chat template renders no tool calls"
+    logging.getLogger("ablate").info(
+        "GRPO tools: %s%s; tool_call_format=%s (%s)", ", ".join(s["function"]["name"] for s in box.schemas),
+        f" (one {getattr(environment, '__name__', 'environment')} per rollout)" if environment is not None else "",
+        box.format.kind, why)
+    return box
 
 
 def turns_of(out: Completions) -> dict[str, Any]:
@@ -182,20 +189,19 @@ class ToolGenerator:
                 if len(whole) - len(r.prompt) > self.max_completion_length or len(whole) >= limit:
                     del r.messages[len(r.messages) - len(results):]  # TRL: the results are dropped, the rollout ends
                     continue
-                extended[i] = (whole, len(suffix))
+                extended[i] = whole
             pending = list(extended)
             if not pending:
                 break
-            more = generate([extended[i][0] for i in pending])
+            more = generate([extended[i] for i in pending])
             for j, i in enumerate(pending):
-                r, (whole, n_suffix) = rollouts[i], extended[i]
-                room = self.max_completion_length - (len(whole) - len(r.prompt))
-                new = list(more.ids[j])[:room]
-                r.extend(suffix=whole[len(r.prompt) + len(r.ids):], new=new,
+                r, whole = rollouts[i], extended[i]
+                room = self.max_completion_length - (len(whole) - len(r.prompt))  # TRL: cut to the budget
+                r.extend(suffix=whole[len(r.prompt) + len(r.ids):], new=list(more.ids[j])[:room],
                          engine=None if more.logps is None else list(more.logps[j])[:room],
                          policy=None if more.policy_logps is None else list(more.policy_logps[j])[:room])
             pending = [i for i in pending if rollouts[i].new_turn and rollouts[i].read(box, rollouts[i].new_turn,
-                                                                                        extended[i][0])]
+                                                                                        extended[i])]
             turns += 1
         return Completions(
             ids=[r.ids for r in rollouts],
