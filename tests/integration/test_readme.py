@@ -95,6 +95,8 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train logger=wandb": "tests/integration/test_wandb.py trains with W&B (offline) by default",
     "PYTHONPATH=examples/": "tests/integration/test_examples.py trains each example by default",
     # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target
+    "ablate train +experiment=smollm2_calc_tools": "tests/slow/test_smollm2_tools.py trains SmolLM2's SFT warm start, "
+                                                  "then GRPO calling the calculator in the hermes format",
     "ablate train +experiment=smollm2": "tests/slow/test_smollm2.py trains each SmolLM2 experiment to a held-out target",
     "ablate train model=smollm2_135m +peft=": "tests/slow/test_lora_smollm2.py trains LoRA on SmolLM2 through the CLI",
     # sweep files: each runs whole (every job, then compare) in the slow suite; `ablate sweep dpo_loss`

@@ -40,9 +40,9 @@ def test_grpo_with_the_calculator(sft):
     assert len(events) == 30
     assert all(e["tools/call_frequency"] > 0 for e in events), [e["tools/call_frequency"] for e in events]
     assert _mean(events, "tools/failure_frequency") < 0.2
-    first, last = events[:5], events[-5:]
-    assert _mean(last, "reward") > _mean(first, "reward") + 0.2, [round(e["reward"], 3) for e in events]
-    assert _mean(last, "tools/call_frequency") > _mean(first, "tools/call_frequency")
+    first, last = events[:5], events[-10:]  # measured (2026-12-04): reward 1.28 -> 1.63, calls 0.74 -> 0.92
+    assert _mean(last, "reward") > _mean(first, "reward") + 0.15, [round(e["reward"], 3) for e in events]
+    assert _mean(last, "tools/call_frequency") > _mean(first, "tools/call_frequency") + 0.08
     assert _mean(last, "rewards/correct/mean") > _mean(first, "rewards/correct/mean")
 
 
