@@ -20,13 +20,10 @@ from datasets import Dataset
 sys.path.insert(0, str(Path(__file__).parent))
 from dpo_vs_trl import long_sort  # noqa: E402
 
-from ablate.losses.logps import (  # noqa: E402
-    completion_logps,
-    sequence_logps,
-    token_logps,
-)
+from ablate.losses.logps import sequence_logps, token_logps  # noqa: E402
 from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from ablate.speed.head import completion_logps  # noqa: E402
 from ablate.speed.pairs import plain_targets  # noqa: E402
 
 

@@ -3,6 +3,7 @@
     python benchmarks/dpo_vs_trl.py                       # overhead-bound: the tiny model, 40 steps
     python benchmarks/dpo_vs_trl.py --preset compute      # compute-bound: 33.7M Llama, bf16, ~130 tokens/side
     python benchmarks/dpo_vs_trl.py --preset smollm2      # memory: SmolLM2-135M-Instruct, fp32, equal batch
+    ... --preset smollm2_bf16                             # the same in bf16 autocast
     ... --impls trl,ablate,ablate_plain --repeats 2       # which sides (alternated), how often
 
 Each run is its own subprocess (so peak memory and start-up are its own), the sides alternated;
@@ -40,6 +41,8 @@ PRESETS = {
     "compute": dict(hidden=512, layers=8, steps=12, bf16=True, data="long_sort", model="tiny"),
     # the real 135M model (49152-token BPE vocabulary), fp32: peak memory at equal batch
     "smollm2": dict(hidden=0, layers=0, steps=2, bf16=False, data="long_sort", model="smollm2"),
+    # the same in bf16 autocast: the logits bf16, and accelerate's float32 copy of a model's outputs in play
+    "smollm2_bf16": dict(hidden=0, layers=0, steps=2, bf16=True, data="long_sort", model="smollm2"),
 }
 # the speed switches per side (ablate.speed.plan.Perf; default: conf/perf/on.yaml's)
 SPEED = {"ablate": {}, "ablate_plain": dict(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),

@@ -19,8 +19,9 @@ carries warm-up), whole-process seconds (median; start-up, data preparation and 
 precompute included), tokens/s at the median step, MFU (ablate.speed.throughput: 6N FLOPs per trained token, 2N
 per generated one, against the peak that ablate measures and caches per machine, or `peak_tflops`),
 HW MFU (the FLOPs the training forwards and backwards actually computed: 6N per position through the
-model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`;
-TRL's fused LM head bypasses the head module: its children add `StepRecorder.watch_trl_fused_head`),
+model, padding included, the LM head's share only for the rows it projected, `StepRecorder.watch`,
+ablate's fused head included; TRL's fused LM head bypasses the head module: its children add
+`StepRecorder.watch_trl_fused_head`),
 peak RSS (max over repeats), and the largest per-step loss difference from the first implementation.
 The load average is printed with the table, and each run's CPU steal (the share of the CPUs' time the
 hypervisor gave to other guests while it ran, from /proc/stat): on a shared machine, numbers are only
@@ -70,6 +71,25 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
         model.get_input_embeddings().register_forward_pre_hook(count("tokens", 1))
         head = model.get_output_embeddings()
         head.register_forward_pre_hook(count("head_rows", head.weight.shape[1]))
+        self._watch_ablate_head()
+
+    def _watch_ablate_head(self) -> None:
+        """ablate's `completion_only_logits` projects through `ablate.speed.head.HeadLogps` (the head's
+        weight in a custom autograd function, never the module's call): count its rows (with grad)."""
+        import torch
+
+        from ablate.speed import head
+
+        fused, computed = head.HeadLogps, self.computed
+
+        class Counted:
+            @staticmethod
+            def apply(hidden: Any, *args: Any) -> Any:
+                if torch.is_grad_enabled():
+                    computed["head_rows"] += hidden.shape[0]
+                return fused.apply(hidden, *args)
+
+        head.HeadLogps = Counted
 
     def watch_trl_fused_head(self) -> None:
         """TRL 1.16's DPO and GRPO trainers score through a fused LM head (`add_fused_lm_head`): the
@@ -169,6 +189,7 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                      "mfu": flops / step / peak if step and peak else None,
                      "hw_mfu": hw / step / peak if hw and step and peak else None,
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "max_loss_diff": diff,
+                     "gpu_peak_mb": max((r["gpu_peak_mb"] for r in runs if r.get("gpu_peak_mb") is not None), default=None),
                      "steps": len(losses), "repeats": len(runs)})
     return rows
 
@@ -211,16 +232,20 @@ def load_average() -> str:
 
 
 def format_table(title: str, rows: list[dict[str, Any]]) -> str:
+    """The table; a "GPU peak MB" column (torch.cuda.max_memory_allocated) where the runs report one."""
+    gpu = any(r.get("gpu_peak_mb") is not None for r in rows)
+    width = max([10, *(len(r["impl"]) for r in rows)])
     lines = [title,
-             f"{'impl':10} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
-             f"{'peak RSS MB':>12} {'max |dloss|':>12}"]
+             f"{'impl':{width}} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
+             f"{'peak RSS MB':>12}" + (f" {'GPU peak MB':>12}" if gpu else "") + f" {'max |dloss|':>12}"]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         hw = f"{r['hw_mfu']:.1%}" if r.get("hw_mfu") is not None else "-"
         diff = "-" if r["max_loss_diff"] is None else ("(base)" if r is rows[0] else f"{r['max_loss_diff']:.2e}")
         tps = f"{r['tokens_per_s']:.0f}" + ("" if r["tokens_counted"] else "*")
-        lines.append(f"{r['impl']:10} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
-                     f"{r['peak_rss_mb']:12.0f} {diff:>12}")
+        mem = (f" {r['gpu_peak_mb']:12.0f}" if r.get("gpu_peak_mb") is not None else f" {'-':>12}") if gpu else ""
+        lines.append(f"{r['impl']:{width}} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
+                     f"{r['peak_rss_mb']:12.0f}{mem} {diff:>12}")
     if not all(r["tokens_counted"] for r in rows):
         lines.append("* tokens per step counted by another implementation (same data and batches)")
     steps, repeats = (rows[0]["steps"], rows[0]["repeats"]) if rows else (0, 0)

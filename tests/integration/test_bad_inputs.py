@@ -230,6 +230,8 @@ CASES: list[Case] = [
     # ===== issue 22: config mistakes refused only after the run dir existed =====
     T("fp16-on-cpu", "train precision=fp16", "precision=fp16 needs a CUDA GPU"),
     T("tf32-on-cpu", "train precision.tf32=true", "precision.tf32=true needs an Ampere or newer CUDA GPU"),
+    T("liger-on-cpu", "train perf.liger=true", "perf.liger=true: Liger's kernels are Triton kernels for CUDA GPUs"),
+    C("compile-not-bool", "train perf.compile=maybe", "perf.compile=maybe: must be true or false"),
     T("fsdp-one-process", "train distributed=fsdp", "distributed=fsdp shards the model over several processes"),
     C("grpo-batch-not-multiple", "train method=grpo method.args.per_device_train_batch_size=12",
       "method.args.per_device_train_batch_size=12: must be an integer >= 1 and a multiple of method.args.num_generations=8"),

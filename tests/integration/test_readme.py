@@ -72,6 +72,12 @@ SKIP = {
         "needs a Ray cluster of GPU machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
     "ray start --head --port=6379 --num-gpus=8": "starts a node of a real Ray cluster (8 GPUs, port 6379, all interfaces)",
     "ray start --address=10.0.0.1:6379 --num-gpus=8": "joins a Ray cluster on another machine",
+    "bash scripts/gpu_wheels.sh": "downloads wheels for another machine (a GPU one without a package index)",
+    "export PYTHONPATH=$PWD/src && cp src/ablate/speed/measured.json $OUT/ && python benchmarks/gpu.py --record "
+    "$OUT/measured.json --out $OUT/gpu.json --smoke-dir $OUT/smoke 2>&1 | tee $OUT/gpu.txt":
+        "needs a CUDA GPU (the H200 run); its CPU mode runs in tests/slow/test_gpu_bench_cpu.py",
+    "python benchmarks/gpu.py --device cpu --tiny --smoke-dir outputs/gpu_smoke_cpu":
+        "~3 min of nine processes: tests/slow/test_gpu_bench_cpu.py runs it",
 }
 # sections whose lines need an optional package (skipped without it, with the reason) and take minutes (slow)
 NEEDS = {"A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this machine, then a sweep on it"),
@@ -119,6 +125,7 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
                                              "tests/unit/test_async_cores.py (async_threads) train them by default",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
     "ablate train perf=off": "tests/integration/test_speed_plan.py trains perf=off against the default by default",
+    "ablate train perf.compile=": "tests/slow/test_compile_path.py trains perf.compile=true against the eager layers",
     "ablate train perf.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",
     "ablate train method=grpo perf.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
 }

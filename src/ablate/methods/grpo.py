@@ -69,7 +69,8 @@ from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
-from ablate.losses.logps import selective_log_softmax
+from ablate.losses.logps import logits_logps
+from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
 from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
@@ -96,15 +97,9 @@ from ablate.rollouts.turns import ToolGenerator, build_toolbox, environment_rewa
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.split import takes_logits_to_keep
 
 RewardFunc = Callable[..., list[float | None]]
-
-
-def takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the (unwrapped; PEFT: base) model's forward projects only its last N positions when asked
-    (`logits_to_keep`, transformers' causal LMs); otherwise the full logits are computed and sliced."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _check_finite(model: nn.Module, step: int) -> None:
@@ -451,22 +446,22 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _rows_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`_token_logps` of one (sub-)batch in one forward pass."""
+        """`_token_logps` of one (sub-)batch in one forward pass (TRL's layout: one row per completion)."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() sets them under left padding
         n = batch["completion_ids"].size(1)
         # project to the vocabulary only where a completion token is predicted (prompt logits are never used)
         keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False, **keep).logits[:, -n - 1 : -1] / self.args.temperature
-        logps = selective_log_softmax(logits, batch["completion_ids"])
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                lp = torch.log_softmax(logits.float(), dim=-1)
-                entropy = -(lp.exp() * lp).sum(-1)
-        return logps, entropy
+        forward = unconverted(self.accelerator, model)  # no float32 copy of the logits (ablate.methods.forward)
+        logits = forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False, **keep).logits
+        # the last n + 1 positions score the n completion tokens and, the last, nothing (a dummy target,
+        # dropped): no float32 copy of the logits, the entropy from the same pass (ablate.losses.logps)
+        targets = torch.cat([batch["completion_ids"], batch["completion_ids"][:, :1]], dim=1)
+        logps, stats = logits_logps(logits if keep else logits[:, -n - 1:], targets, self.args.temperature,
+                                    with_stats=with_entropy)
+        return logps[:, :-1], (stats["entropy"][:, :-1] if with_entropy else None)
 
     def compute_loss(
         self,

@@ -13,12 +13,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArgum
 
 from ablate.data import cache as reuse
 from ablate.data.tokenize import pad, prepare_sft
-from ablate.losses.logps import token_logps
+from ablate.losses.logps import shifted_logps
 from ablate.losses.sft import nll
+from ablate.methods.forward import unconverted
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.speed import plan as speed_plan
 from ablate.speed.plan import Perf, PrintPlan, Setting
+from ablate.speed.split import keep_from
 
 
 @dataclass
@@ -120,18 +122,26 @@ class SFTTrainer(LogsMetrics, ConfiguredOptimizer):
         """Trainer's own compute_loss, with `completion_nll` as its `compute_loss_func`: the forward,
         and the scaling of a token-count-normalised loss across processes, stay upstream's."""
         model_inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}  # labels carry the mask
-        return super().compute_loss(model, {**model_inputs, "use_cache": False}, return_outputs, num_items_in_batch)
+        # logits only from the first position that scores a label on (the prompt's are never used), unless
+        # an eval's compute_metrics hook receives them (with the labels, every position)
+        whole = return_outputs and self.compute_metrics is not None
+        keep = {} if whole else keep_from(self.accelerator.unwrap_model(model), inputs["labels"][:, 1:] != -100)
+        # the model's forward without accelerate's float32 copy of the logits (ablate.methods.forward)
+        forward = model if whole else unconverted(self.accelerator, model)
+        return super().compute_loss(forward, {**model_inputs, **keep, "use_cache": False}, return_outputs,
+                                    num_items_in_batch)
 
     def completion_nll(
         self, outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
-        """`nll` of the completion tokens (labels != -100), plus their next-token accuracy."""
+        """`nll` of the completion tokens (labels != -100), plus their next-token accuracy. The logits may be
+        the last K positions only (`logits_to_keep`); their log-probs come without a float32 copy of them
+        (ablate.losses.logps.shifted_logps), the accuracy from the same pass."""
         mode = "train" if self.model.training else "eval"
-        logits, mask = outputs.logits, (labels[:, 1:] != -100)
-        per_token = token_logps(logits, labels.clamp_min(0))  # prompt positions are masked out below
+        per_token, stats = shifted_logps(outputs.logits, labels.clamp_min(0))  # prompt positions masked out below
+        mask = (labels[:, 1:] != -100)[:, labels.shape[1] - 1 - per_token.shape[1]:]
         loss = nll(per_token, mask, num_items_in_batch if self.model.training else None)
-        with torch.no_grad():
-            correct = (logits[:, :-1].argmax(-1) == labels[:, 1:]) & mask
-            self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
+        correct = stats["correct"] & mask
+        self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
         return loss
 

@@ -31,6 +31,13 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
         check_trainer_class(get_class(cfg.method.trainer._target_))
     if isinstance(cfg.get("precision"), DictConfig):
         check_precision(cfg.precision)
+    if isinstance(cfg.get("perf"), DictConfig) and "_target_" in cfg.perf:
+        from hydra.utils import get_class
+
+        # the speed switches check themselves (ablate.speed.plan.Perf: perf.liger needs CUDA); built directly,
+        # so its ConfigError is the one line (Hydra's instantiate would wrap it)
+        switches = {k: v for k, v in OmegaConf.to_container(cfg.perf, resolve=True).items() if k != "_target_"}
+        get_class(cfg.perf._target_)(**switches)
     if isinstance(cfg.get("distributed"), DictConfig):
         check_distributed(cfg.distributed, processes)
 

@@ -105,6 +105,8 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "peft.use_rslora": (_bool, BOOL),
     "peft.use_dora": (_bool, BOOL),
     "peft.save_merged": (_bool, BOOL),
+    "perf.liger": (_bool, BOOL),
+    "perf.compile": (_bool, BOOL),
     "precision.bf16": (_bool, BOOL),
     "precision.fp16": (_bool, BOOL),
     "precision.tf32": (lambda v, c: v is None or isinstance(v, bool), "true, false or null"),

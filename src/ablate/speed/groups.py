@@ -45,7 +45,8 @@ def shared_prompt_groups(
 ) -> dict[str, torch.Tensor]:
     """The shared-prompt layout of left-padded prompts and right-padded completions (rows, ·): one row
     per prompt group, with `input_ids`, `position_ids` (G, L), a boolean `attention_mask` (G, 1, L, L)
-    (True: query may attend to key), each row's real `lengths` (G,) (the rest pads), and per scored
+    (True: query may attend to key), `segment` (G, L) (0: the prompt, k: the group's k-th completion;
+    the same mask for ablate.speed.packing.Documents), each row's real `lengths` (G,) (the rest pads), and per scored
     completion token: `src` (flat index into G*L of the position that predicts it), `tgt` (the token),
     `row`/`col` (its place in `completion_ids`). Every prompt needs at least one token (its last one
     predicts each completion's first).
@@ -67,6 +68,7 @@ def shared_prompt_groups(
     n = len(groups)
     ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     pos = torch.zeros((n, width), dtype=torch.long)
+    segment = torch.zeros((n, width), dtype=torch.long)  # 0: the prompt, k: the group's k-th completion
     # every query sees itself: padding rows never have an all-masked softmax (NaN would reach the gradients)
     mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1, 1) if with_mask else None
     src, tgt, row, col = [], [], [], []
@@ -85,9 +87,10 @@ def shared_prompt_groups(
             row_source += [offset + t] * len(g)
             row_out[offset + t] = g[0] * (pw + cw) + pw - p + t
         start = p
-        for r in g:
+        for k_th, r in enumerate(g, start=1):
             cols = c_cols[r]
             c, end = len(cols), start + len(cols)
+            segment[b, start:end] = k_th
             ids[b, start:end] = torch.tensor([c_ids[r][j] for j in cols], dtype=torch.long)
             pos[b, start:end] = torch.arange(p, p + c)  # continues the prompt, as in the completion's own row
             if mask is not None:
@@ -103,7 +106,7 @@ def shared_prompt_groups(
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     row_mask = torch.zeros(len(c_cols) * (pw + cw), dtype=torch.long)
     row_mask[as_long(row_index)] = 1
-    out = {"input_ids": ids, "position_ids": pos, "lengths": as_long(lengths),
+    out = {"input_ids": ids, "position_ids": pos, "segment": segment, "lengths": as_long(lengths),
            "src": as_long(src), "tgt": as_long(tgt), "row": as_long(row), "col": as_long(col),
            "row_mask": row_mask.view(len(c_cols), pw + cw), "row_index": as_long(row_index),
            "row_source": as_long(row_source), "row_out": as_long(row_out)}

@@ -174,3 +174,40 @@ def make_lean(model: nn.Module) -> int:
             mlps += 1
     log.info("lean layers (%s): %d RMSNorm and %d SiLU-MLP modules save less for backward", model_type, norms, mlps)
     return norms + mlps
+
+
+def use_liger(model: nn.Module) -> int:
+    """`perf.liger`: Liger Kernel's Triton RMSNorm and SwiGLU MLP forwards (Hsu et al. 2024) on every such
+    module of this model instance, as make_lean patches its own (Liger's own `apply_liger_kernel_to_*`
+    would also replace the classes module-wide, and RoPE for every model in the process). CUDA only;
+    ablate.speed.plan.Perf refuses it elsewhere. Returns how many modules changed."""
+    from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module, _patch_swiglu_module
+    from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+
+    lm = causal_lm(model)
+    silu = getattr(getattr(lm, "config", None), "hidden_act", None) == "silu"
+    changed = 0
+    for module in lm.modules():
+        name = type(module).__name__
+        if name in RMS_NORMS:
+            _patch_rms_norm_module(module, eps=module.variance_epsilon, in_place=False)
+            changed += 1
+        elif name in GATED_MLPS and silu:
+            _patch_swiglu_module(module, LigerSwiGLUMLP)
+            changed += 1
+    log.info("liger: %d RMSNorm and SwiGLU modules run Liger's kernels", changed)
+    return changed
+
+
+def compile_layers(model: nn.Module) -> int:
+    """`perf.compile`: each decoder layer compiled by torch.compile (regional compilation: the repeated
+    block is compiled once and reused, so the first step waits seconds rather than minutes; the loss, the
+    head and the layouts stay eager Python). Shapes that change from batch to batch (packed rows) are
+    recompiled once as dynamic. Returns how many layers were compiled."""
+    lm = causal_lm(model)
+    backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
+    layers = list(getattr(backbone, "layers", None) or [])
+    for layer in layers:
+        layer.compile()
+    log.info("compile: %d decoder layers compiled by torch.compile", len(layers))
+    return len(layers)

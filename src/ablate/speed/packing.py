@@ -14,10 +14,20 @@ attention rather than sdpa: sdpa's CPU flash kernel is slowest exactly there (me
 forward + backward, at a few hundred tokens per row), and both work in the same precision (bf16 inputs,
 float32 softmax). Float32 always takes sdpa.
 
+On a GPU (`PACKED_KERNEL`: every device but the CPU) the packed row goes through PyTorch's
+FlexAttention instead (`torch.nn.attention.flex_attention`, compiled once per process): a varlen
+kernel over the packed tokens with a document block mask (`Documents`: each token's row and segment;
+a token attends to earlier tokens of its own row, of the row's shared prompt or of its own segment),
+built blockwise, so there is neither padding nor a dense [T, T] mask anywhere, and DPO's and GRPO's
+shared-prompt layouts need no copies of the prompt. FlexAttention has no backward on a CPU: there the
+same mask evaluated densely (kernel "dense": sdpa on the packed row) is what tests train through, and
+the flex kernel is tested forward-only (tests/unit/test_flex_packing.py); benchmarks/gpu.py checks it,
+forward and backward, on CUDA.
+
 It is a transformers attention function registered under its own name (`AttentionInterface`, the
 documented way to add an attention kernel), with sdpa's mask function, so a model switched to it
-behaves exactly like sdpa wherever no `unpad` is passed (generation, eval logits, a 2-D mask).
-TRL packs only with flash-attention's varlen kernel (CUDA); this needs none, so it runs on CPU too.
+behaves exactly like sdpa wherever no `unpad` or block mask is passed (generation, eval logits, a 2-D
+mask). TRL packs only with flash-attention's varlen kernel (CUDA); this needs none.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -69,7 +80,10 @@ def packed_sdpa(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention; with `unpad`, on the padded layout of packed q/k/v (the 4-D
-    `attention_mask` is the padded batch's), returning the packed output [1, N, H, d]."""
+    `attention_mask` is the padded batch's), returning the packed output [1, N, H, d]; with a
+    FlexAttention `BlockMask` (a `Documents` mask), FlexAttention on the packed row itself."""
+    if isinstance(attention_mask, BlockMask):
+        return flex_packed(module, query, key, value, attention_mask, **kwargs)
     if unpad is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     query, key, value = _padded(query, unpad), _padded(key, unpad), _padded(value, unpad)
@@ -81,6 +95,66 @@ def packed_sdpa(
         out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     at = unpad.index if unpad.out is None else unpad.out
     return out.flatten(0, 1)[at].unsqueeze(0), weights  # out: [R, W, H, d]
+
+
+# the kernel packed rows attend with, per device type (any other: "flex"): "padded" (sdpa or eager per row
+# on the padded layout, measured fastest on CPU), "flex" (FlexAttention on the packed row, block mask),
+# "dense" (sdpa on the packed row with the same mask made dense: the reference flex is tested against
+# where FlexAttention has no backward, the CPU)
+PACKED_KERNEL: dict[str, str] = {"cpu": "padded"}
+# compile FlexAttention (its fused kernel; eager FlexAttention builds every score); tests turn it off
+FLEX_COMPILE = True
+_compiled: dict[str, Any] = {}
+
+
+def packed_kernel(device: torch.device | str) -> str:
+    return PACKED_KERNEL.get(torch.device(device).type, "flex")
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The packed row's structure for FlexAttention: each token's row `doc` (N,) and `seg` (N,): 0 for
+    a row's shared part (its prompt), k > 0 for its k-th continuation (DPO's chosen 1, rejected 2; GRPO's
+    completions). Token q attends to key k when both are in one row, k comes no later than q, and k is
+    the row's prompt or in q's own segment: a row's completions never see each other."""
+
+    doc: torch.Tensor
+    seg: torch.Tensor
+
+    def mask_mod(self) -> Any:
+        doc, seg = self.doc, self.seg
+
+        def mask(b: Any, h: Any, q: Any, kv: Any) -> Any:
+            return (doc[q] == doc[kv]) & (kv <= q) & ((seg[kv] == 0) | (seg[kv] == seg[q]))
+        return mask
+
+    def block_mask(self) -> BlockMask:
+        """The block mask, evaluated block by block (compiled) on a GPU: never an [N, N] tensor there."""
+        n = self.doc.numel()
+        return create_block_mask(self.mask_mod(), 1, None, n, n, device=self.doc.device,
+                                 _compile=FLEX_COMPILE and self.doc.device.type != "cpu")
+
+    def dense_mask(self) -> torch.Tensor:
+        """The same mask as a boolean [1, 1, N, N] tensor (the "dense" kernel: a CPU reference)."""
+        n = self.doc.numel()
+        return create_mask(self.mask_mod(), 1, 1, n, n, device=self.doc.device)
+
+
+def flex_packed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                block_mask: BlockMask, scaling: float | None = None, dropout: float = 0.0,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """FlexAttention over the packed row [1, H, N, d] (GQA kept grouped), returning [1, N, H, d] as
+    transformers' attention functions do. Under autocast q, k, v run in its dtype, as sdpa's do."""
+    if dropout:
+        raise ValueError("packed FlexAttention: attention dropout is not supported (set the model's attention_dropout=0)")
+    kind = query.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
+    q, k, v = (x.to(dtype) for x in (query, key, value))
+    fn = flex_attention
+    if FLEX_COMPILE and kind != "cpu" and not torch.compiler.is_compiling():  # (perf.compile traces flex itself)
+        fn = _compiled.setdefault(kind, torch.compile(flex_attention))  # once per process; shapes marked dynamic as they vary
+    out = fn(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+    return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(PACKED_SDPA, packed_sdpa)
@@ -136,11 +210,17 @@ def causal_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def packed_inputs(
-    inputs: dict[str, torch.Tensor], src: torch.Tensor, lengths: torch.Tensor
+    inputs: dict[str, torch.Tensor], src: torch.Tensor, lengths: torch.Tensor, segments: torch.Tensor | None = None,
+    kernel: str | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Model inputs of a right-padded batch (`input_ids` (R, W), optional `position_ids`, a 2-D or
     4-D boolean `attention_mask`), packed: row b's first `lengths[b]` tokens, rows one after another.
-    Also returns `src` (flat positions into R*W that score a token) as positions in the packed row."""
+    Also returns `src` (flat positions into R*W that score a token) as positions in the packed row.
+
+    The attention `kernel` (default: `packed_kernel` of the device) decides the mask: "padded", the
+    batch's own 4-D mask on its padded layout (`Unpad`); "flex" and "dense", a `Documents` mask of the
+    packed row (each token's row, and its `segments` (R, W) value: 0 everywhere when None), as a
+    FlexAttention block mask or a dense [1, 1, N, N] one; the batch's `attention_mask` is then unused."""
     ids = inputs["input_ids"]
     rows, width = ids.shape
     real = torch.arange(width, device=ids.device)[None, :] < lengths.to(ids.device)[:, None]
@@ -150,8 +230,13 @@ def packed_inputs(
     positions = inputs.get("position_ids")
     if positions is None:
         positions = torch.arange(width, device=ids.device).expand(rows, width)
-    mask = inputs["attention_mask"]
-    mask = causal_mask_4d(mask) if mask.dim() == 2 else mask
-    packed = {"input_ids": ids.flatten()[index][None], "position_ids": positions.flatten()[index][None],
-              "attention_mask": mask, "unpad": Unpad(index, rows, width)}
+    packed = {"input_ids": ids.flatten()[index][None], "position_ids": positions.flatten()[index][None]}
+    kernel = kernel or packed_kernel(ids.device)
+    if kernel == "padded":
+        mask = inputs["attention_mask"]
+        packed.update(attention_mask=causal_mask_4d(mask) if mask.dim() == 2 else mask, unpad=Unpad(index, rows, width))
+    else:
+        seg = segments.to(ids.device).flatten()[index] if segments is not None else torch.zeros_like(index)
+        docs = Documents(torch.div(index, width, rounding_mode="floor"), seg)
+        packed["attention_mask"] = docs.block_mask() if kernel == "flex" else docs.dense_mask()
     return packed, where[src.to(ids.device)]

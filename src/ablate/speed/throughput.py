@@ -99,9 +99,11 @@ def device_key(device: Any, dtype: Any) -> str:
     """What the probe's result depends on: machine, device (its name on CUDA), dtype, torch, threads."""
     import torch
 
+    from ablate.models.precision import tf32_matmul
+
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    tf32 = "+tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else ""
+    tf32 = "+tf32" if device.type == "cuda" and tf32_matmul(torch) else ""  # torch's new API (ablate.models.precision)
     return (f"{socket.gethostname()}|{name}|{str(dtype).replace('torch.', '')}{tf32}|torch {torch.__version__}"
             f"|threads {torch.get_num_threads()}")
 

@@ -1,0 +1,275 @@
+"""One GPU benchmark: ablate beside TRL 1.16 on one GPU, each speed path on and off, exactness on the device,
+and the GPU smoke lines; its record decides which speed paths run by default on CUDA (ablate.speed.measured).
+
+    python benchmarks/gpu.py                          # everything, <= 8 min on one H200 (--budget 470 s)
+    python benchmarks/gpu.py --record                 # ... and write its verdicts into src/ablate/speed/measured.json
+    python benchmarks/gpu.py --device cpu --tiny      # the same script on a CPU, tiny shapes (a test runs it)
+    python benchmarks/gpu.py --sections exact,dpo     # some sections (exact, dpo, smoke, dpo_large, grpo, sft)
+
+Sections, in this order (one that would start past --budget seconds is skipped, and says so):
+- exact: float32, TF32 off, on the device: each speed path alone against perf=off (benchmarks/gpu_exact.py),
+  and the measured bf16 matmul peak the MFU columns use.
+- dpo: DPO, bf16 autocast, a ~0.5B Llama shape (hidden 1536 x 16 layers, 12 heads / 4 KV, vocab 49152;
+  random init from config, built on the GPU), 8 pairs of ~800 tokens a side, precomputed reference. TRL in
+  its fastest configuration (no gradient checkpointing) and ablate (one process, a fresh model per variant:
+  perf=off, the CUDA default, every path forced, each path alone, forced + Liger, forced + compile),
+  alternated, each side its own process (benchmarks/gpu_sides.py).
+- smoke: the GPU smoke lines (`ablate train`, tiny model: fp16, bf16 + tf32, fp32 + tf32, SFT fp16, live
+  8-/4-bit references, AdamW8bit, DPO, GRPO, GRPO spg 4, LoRA, QLoRA DPO/SFT/GRPO), 4 at a time.
+- dpo_large: the same at ~1.5B (hidden 2048 x 24 layers, 16 heads / 4 KV): TRL, perf=off, default, forced.
+- grpo: GRPO, bf16, generation on the GPU (16 completions x 128 new tokens, 8 per prompt, temperature 1):
+  TRL (model.generate) and ablate (perf=off: model.generate; the default; forced; each GRPO path alone).
+- sft: SFT, ~0.5B, bf16, 8 rows of ~800 tokens: TRL and ablate (perf=off, lean layers, Liger, compile).
+
+Tables (benchmarks/harness.py): s/step (median after each run's first step), process s, tokens/s, MFU
+against the measured bf16 peak, GPU peak memory (torch.cuda.max_memory_allocated, per variant), the
+largest per-step loss difference from the table's first row (TRL). `--out FILE`: every number as JSON.
+`--record`: each path exact (the exact section) and not slower than perf=off (dpo for the DPO paths,
+grpo for GRPO's) is recorded on, else off with its numbers. The GPU machine reaches no package index:
+scripts/gpu_wheels.sh downloads the wheels here and prints the one install line (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import harness  # benchmarks/harness.py (the script's dir is on sys.path)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ALL = {"unverified_devices": True}  # every path, on a device no record has verified
+DPO_PATHS = ("dpo_pair_rows", "padding_free", "completion_only_logits", "lean_layers")
+GRPO_PATHS = ("grpo_group_rows", "length_groups", "shared_prefill")
+# ablate's variants: name -> perf ("off", one path's name alone, or Perf fields); "default": Perf() as the
+# device's record decides it; "forced": every path
+DPO_VARIANTS = {"off": "off", "default": {}, "forced": ALL, **{p: p for p in DPO_PATHS},
+                "forced+liger": {"liger": True, **ALL}, "forced+compile": {"compile": True, **ALL}}
+LARGE_VARIANTS = {k: DPO_VARIANTS[k] for k in ("off", "default", "forced")}
+GRPO_VARIANTS = {"off": "off", "default": {}, "forced": ALL, **{p: p for p in GRPO_PATHS}}
+SFT_VARIANTS = {"off": "off", "lean_layers": "lean_layers", "liger": {"liger": True, **ALL},
+                "compile": {"compile": True, **ALL}}
+QLORA = ["+peft=qlora", "model.quantization_config.bnb_4bit_compute_dtype=bfloat16", "precision=bf16"]
+SMOKE = [  # name, `ablate train` overrides, runs on a CPU too (--tiny)
+    ("fp16", ["precision=fp16"], False),
+    ("bf16_tf32", ["precision=bf16", "precision.tf32=true"], False),
+    ("fp32_tf32", ["precision=fp32", "precision.tf32=true"], False),
+    ("sft_fp16", ["method=sft", "precision=fp16"], False),
+    ("ref_8bit", ["+ref_model=live_8bit"], False),
+    ("ref_4bit", ["+ref_model=live_4bit"], False),
+    ("adamw_8bit", ["optimizer=adamw_8bit"], False),
+    ("dpo", [], True),
+    ("grpo", ["method=grpo"], True),
+    ("grpo_spg4", ["method=grpo", "method.args.steps_per_generation=4", "precision=bf16"], False),
+    ("lora_dpo", ["+peft=lora", "precision=bf16"], False),
+    ("qlora_dpo", [*QLORA, "peft.save_merged=true"], False),
+    ("qlora_live", [*QLORA, "method.args.precompute_ref_log_probs=false"], False),
+    ("qlora_sft", ["method=sft", *QLORA], False),
+    ("qlora_grpo", ["method=grpo", *QLORA, "method.args.beta=0.04"], False),
+]
+
+
+def configs(device: str, tiny: bool) -> dict[str, dict[str, Any]]:
+    """Each section's child config: full shapes on a GPU, tiny ones (seconds on a CPU) with --tiny."""
+    base = {"device": device, "bf16": device == "cuda", "exact_shape": "tiny" if tiny else "exact",
+            "exact_side": 12 if tiny else 96, "exact_new_tokens": 8 if tiny else 32}
+    if tiny:  # without Liger (CUDA only) and torch.compile (minutes on a CPU): the paths' code, in seconds
+        dpo = dict(shape="tiny", steps=3, batch=2, side_tokens=24)
+        quick = lambda variants: {k: v for k, v in variants.items() if "liger" not in k and "compile" not in k}  # noqa: E731
+        return {"exact": base, "dpo": {**base, **dpo, "kind": "dpo", "variants": quick(DPO_VARIANTS)},
+                "dpo_large": {**base, **dpo, "kind": "dpo", "variants": LARGE_VARIANTS},
+                "grpo": {**base, "kind": "grpo", "shape": "tiny", "steps": 2, "batch": 4, "generations": 2,
+                         "new_tokens": 8, "prompt_tokens": 8, "variants": GRPO_VARIANTS},
+                "sft": {**base, **dpo, "kind": "sft", "variants": quick(SFT_VARIANTS)}}
+    dpo = dict(shape="0.5b", steps=10, batch=8, side_tokens=800, seq_len=800)
+    return {"exact": base, "dpo": {**base, **dpo, "kind": "dpo", "variants": DPO_VARIANTS},
+            "dpo_large": {**base, **dpo, "shape": "1.5b", "kind": "dpo", "variants": LARGE_VARIANTS},
+            "grpo": {**base, "kind": "grpo", "shape": "0.5b", "steps": 4, "batch": 16, "generations": 8,
+                     "new_tokens": 128, "prompt_tokens": 64, "seq_len": 192, "variants": GRPO_VARIANTS},
+            "sft": {**base, **dpo, "kind": "sft", "steps": 8, "variants": SFT_VARIANTS}}
+
+
+def child(cfg: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, float, str]:
+    """Run benchmarks/gpu_sides.py with `cfg`: (its JSON line or None, wall seconds, stderr's tail)."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, str(HERE / "gpu_sides.py"), json.dumps(cfg)], capture_output=True,
+                              text=True, timeout=max(timeout, 30), cwd=str(ROOT))
+    except subprocess.TimeoutExpired:
+        return None, time.perf_counter() - t0, f"timed out after {timeout:.0f} s"
+    seconds = time.perf_counter() - t0
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return None, seconds, proc.stderr[-2000:]
+    return json.loads(lines[-1]), seconds, ""
+
+
+def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dict[str, Any]:
+    """TRL and ablate alternated (`repeats` rounds); one table; each side's variants as rows."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    errors: dict[str, str] = {}
+    for _ in range(repeats):
+        for side in ("trl", "ablate"):
+            out, seconds, err = child({**cfg, "side": side}, remaining)
+            remaining -= seconds
+            if out is None:
+                errors[side] = err.strip().splitlines()[-1] if err.strip() else "failed"
+                continue
+            for variant, r in out.items():
+                key = "trl" if side == "trl" else f"ablate:{variant}"
+                if "error" in r:
+                    errors[key] = r["error"]
+                else:
+                    results.setdefault(key, []).append({**r, "process_seconds": seconds})
+    rows = harness.summarize(results) if results else []
+    title = f"{name} {cfg['shape']} {'bf16' if cfg['bf16'] else 'fp32'}"
+    print(harness.format_table(f"{title} ({cfg['device']})", rows))
+    for key, err in errors.items():
+        print(f"  {key}: not run: {err}")
+    return {"title": title, "rows": rows, "errors": errors, "runs": results}
+
+
+def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float) -> dict[str, Any]:
+    """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds)."""
+    lines = [(n, o) for n, o, on_cpu in SMOKE if device != "cpu" or on_cpu]
+    steps = 2 if tiny else 10
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+
+    def run(name: str, overrides: list[str]) -> tuple[str, int, float]:
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "ablate", "train", *overrides, f"method.args.max_steps={steps}",
+               f"hydra.run.dir={out_dir / name}"]
+        with open(out_dir / f"{name}.log", "w") as log:
+            try:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(out_dir),
+                                    timeout=max(remaining, 60)).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        return name, rc, time.perf_counter() - t0
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        for name, rc, seconds in pool.map(lambda x: run(*x), lines):
+            results[name] = smoke_line(out_dir / name, name, rc, seconds)
+    return results
+
+
+def smoke_line(run_dir: Path, name: str, rc: int, seconds: float) -> dict[str, Any]:
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        s = {"status": f"no summary ({type(e).__name__})"}
+    metrics = s.get("metrics", {})
+    key = next((k for k in ("rewards/accuracies", "reward", "loss") if k in metrics), None)
+    print(f"{name:14} rc={rc} status={s.get('status')} {key}={metrics.get(key)} steps={s.get('global_step')} "
+          f"{seconds:.0f}s" + (f" error={s.get('error')}" if s.get("error") else ""), flush=True)
+    return {"rc": rc, "status": s.get("status"), "seconds": seconds, key or "metric": metrics.get(key)}
+
+
+def verdicts(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per path: exact (the exact section) and speedup over perf=off (dpo: DPO's paths, grpo: GRPO's)."""
+    exact = (out.get("exact") or {}).get("paths", {})
+    paths: dict[str, dict[str, Any]] = {}
+    for section, names in (("dpo", (*DPO_PATHS, "forced+liger", "forced+compile")), ("grpo", GRPO_PATHS)):
+        rows = {r["impl"]: r for r in (out.get(section) or {}).get("rows", [])}
+        off = rows.get("ablate:off")
+        for name in names:
+            row, path = rows.get(f"ablate:{name}"), name.split("+")[-1]
+            base = rows.get("ablate:forced") if "+" in name else off
+            if row is None or base is None or path not in exact:
+                continue
+            speedup = base["s_per_step"] / row["s_per_step"]
+            paths[path] = {"exact": bool(exact[path].get("exact")), "max_abs_diff": exact[path].get("max_abs_diff"),
+                           "speedup": round(speedup, 3),
+                           "basis": f"{out[section].get('title', section)}: {row['s_per_step']:.3f} s/step against "
+                                    f"{'forced' if '+' in name else 'perf=off'}'s {base['s_per_step']:.3f} ({speedup:.2f}x)"}
+    return paths
+
+
+def header(device: str) -> str:
+    import platform
+
+    import torch
+    import transformers
+    import trl
+
+    name = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else platform.processor()
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return (f"benchmarks/gpu.py on {name or device}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"trl {trl.__version__}, {time.strftime('%Y-%m-%d')}, commit {sha or '?'}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (seconds per section on a CPU)")
+    p.add_argument("--sections", help="default: exact,dpo,smoke,dpo_large,grpo,sft (--tiny: no dpo_large, the same code)")
+    p.add_argument("--budget", type=float, default=470.0, help="seconds: a section starting later is skipped")
+    p.add_argument("--repeats", type=int, default=1, help="alternated rounds of TRL and ablate per section")
+    p.add_argument("--parallel", type=int, default=4, help="smoke lines at a time")
+    p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
+                   help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)")
+    p.add_argument("--compile", action="store_true", help="exact: check torch.compile on a CPU too (minutes)")
+    p.add_argument("--out", type=Path, help="write every number here (JSON)")
+    p.add_argument("--record", nargs="?", const=str(ROOT / "src/ablate/speed/measured.json"),
+                   help="write the verdicts as the device's entry of this measured.json (default: ablate's)")
+    a = p.parse_args()
+    if a.tiny and a.record and Path(a.record).resolve() == (ROOT / "src/ablate/speed/measured.json").resolve():
+        p.error("--tiny decides nothing for ablate's defaults: give --record a path of its own")
+    t0, run = time.perf_counter(), header(a.device)
+    print(run, flush=True)
+    cfgs, out = configs(a.device, a.tiny), {"run": run}
+    sections = a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else "exact,dpo,smoke,dpo_large,grpo,sft")
+    for section in sections.split(","):
+        remaining = a.budget - (time.perf_counter() - t0)
+        if remaining <= 0:
+            print(f"\n{section}: skipped (past --budget {a.budget:.0f} s)")
+            continue
+        print(f"\n== {section} ==", flush=True)
+        s0 = time.perf_counter()
+        if section == "exact":
+            got, _, err = child({**cfgs["exact"], "kind": "exact", "compile": a.compile}, remaining)
+            out["exact"] = got or {"error": err}
+            print_exact(out["exact"])
+        elif section == "smoke":
+            out["smoke"] = smoke(a.device, a.tiny, a.smoke_dir.resolve(), a.parallel, remaining)
+        else:
+            out[section] = timed(section, cfgs[section], a.repeats, remaining)
+        print(f"({section}: {time.perf_counter() - s0:.0f} s)", flush=True)
+    out["verdicts"] = verdicts(out)
+    print("\nverdicts (exact and not slower than perf=off: on by default for this device with --record):")
+    for name, v in out["verdicts"].items():
+        from ablate.speed.measured import verdict
+
+        print(f"  {name:24} {'on ' if verdict(v['exact'], v['speedup']) else 'off'} exact={v['exact']} {v['basis']}")
+    if a.out:
+        a.out.write_text(json.dumps(out, indent=1, default=str))
+    if a.record:
+        from ablate.speed import measured
+
+        print(f"recorded: {measured.write(a.device, run, out['verdicts'], Path(a.record))}")
+    print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+def print_exact(res: dict[str, Any]) -> None:
+    if "paths" not in res:
+        print(f"exact: failed: {res.get('error', '')[-1500:]}")
+        return
+    print(f"measured peak: bf16 {res['peak_bf16'] / 1e12:.1f} TFLOP/s, fp32 {res['peak_fp32'] / 1e12:.1f} TFLOP/s")
+    print(f"{'path':24} {'exact':6} {'max |dlogp|':>12} {'grad rel':>10}")
+    for name, r in res["paths"].items():
+        d, g = r.get("max_abs_diff"), r.get("grad_rel_diff")
+        print(f"{name:24} {str(r['exact']):6} {('-' if d is None else f'{d:.2e}'):>12} "
+              f"{('-' if g is None else f'{g:.2e}'):>10} {r.get('identical_completions', '')}{r.get('error', '')}")
+
+
+if __name__ == "__main__":
+    main()

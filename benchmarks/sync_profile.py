@@ -1,0 +1,103 @@
+"""What a DPO training step asks of the device, counted on a CPU: ops dispatched (on a GPU, about one kernel
+launch each: a cost in Python and launch time the GPU waits through when kernels are small) and the ops
+that make the host wait for the device (on a GPU: `.item()`, `.tolist()`, `nonzero`, boolean indexing,
+`if tensor:`), per side, for one forward + backward (`Trainer.training_step`, after one warm-up step).
+
+    OMP_NUM_THREADS=1 python benchmarks/sync_profile.py [--impls trl,ablate_off,ablate_forced] [--vocab 49152]
+
+The GPU's own numbers are benchmarks/gpu.py's; this is why they could differ, measured where there is no GPU:
+torch.profiler's op events are the same dispatches a CUDA run makes (the same Python runs), only their
+durations are the CPU's. Each side runs in its own process; sides: `trl` (TRL 1.16's DPOTrainer, its
+fastest configuration), `ablate_off` (perf=off), `ablate_forced` (every speed path, as forced on a GPU by
+perf.unverified_devices=true), `ablate_<path>` (that path alone, e.g. ablate_lean_layers). Not part of the
+test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+# ops that wait for the device on a GPU: a scalar read (item, bool(tensor), int(tensor)), a data-dependent
+# output size (nonzero: boolean indexing, masked_select, repeat_interleave without output_size), a copy to the host
+SYNCS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::is_nonzero",
+         "aten::repeat_interleave", "aten::unique", "aten::_unique2")
+
+
+def profile_side(impl: str, vocab: int, hidden: int, layers: int) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from gpu_sides import pairs, perf_of, wide_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = wide_tokenizer(vocab)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                         num_attention_heads=8, num_key_value_heads=4, intermediate_size=4 * hidden,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                         tie_word_embeddings=True))
+    rows = Dataset.from_list(pairs(16, 128))
+    common = dict(output_dir="/tmp/ablate-sync-profile", per_device_train_batch_size=8, report_to="none", use_cpu=True,
+                  max_length=512, precompute_ref_log_probs=True, disable_tqdm=True, bf16=True)
+    if impl == "trl":
+        import trl
+
+        trainer = trl.DPOTrainer(model=model, ref_model=None, train_dataset=rows, processing_class=tok,
+                                 args=trl.DPOConfig(gradient_checkpointing=False, **common))
+    else:
+        from ablate.methods.dpo import DPOConfig, DPOTrainer
+
+        name = impl.removeprefix("ablate_")
+        spec = {"off": "off", "forced": {"unverified_devices": True}}.get(name, name)  # or one path alone
+        trainer = DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=rows, processing_class=tok,
+                             perf=perf_of(spec))
+    batches = iter(trainer.get_train_dataloader())
+    trainer.create_optimizer_and_scheduler(num_training_steps=2)
+    trainer.current_gradient_accumulation_steps = 1  # what Trainer.train sets before its steps
+    model.train()
+    trainer.training_step(model, next(batches))  # warm-up
+    batch = next(batches)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.training_step(model, batch)
+    counts = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+    top = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    return {"impl": impl, "ops": sum(counts.values()), "syncs": {k: counts[k] for k in SYNCS if counts[k]},
+            "top": [(e.key, e.count) for e in sorted(top, key=lambda e: -e.count)[:12]]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--impls", default="trl,ablate_off,ablate_forced")
+    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        print(json.dumps(profile_side(a.child, a.vocab, a.hidden, a.layers)), flush=True)
+        return
+    print(f"DPO, one training step (forward + backward), 8 pairs of ~128 tokens a side, Llama {a.hidden} x "
+          f"{a.layers} layers, vocab {a.vocab}, bf16 autocast on a CPU: ops dispatched and host-syncing ops")
+    for impl in a.impls.split(","):
+        proc = subprocess.run([sys.executable, __file__, "--child", impl, "--vocab", str(a.vocab), "--hidden",
+                               str(a.hidden), "--layers", str(a.layers)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{impl}: failed\n{proc.stderr[-2000:]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        syncs = sum(r["syncs"].values())
+        print(f"\n{impl:14} {r['ops']:6d} aten ops, {syncs:4d} syncing: "
+              + ", ".join(f"{k.removeprefix('aten::')} {v}" for k, v in r["syncs"].items()))
+        print("  most frequent: " + ", ".join(f"{k.removeprefix('aten::')} {v}" for k, v in r["top"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""benchmarks/gpu.py's own logic, without running a benchmark: the smoke lines compose (the issue's tf32 and
+QLoRA DPO/SFT/GRPO among them), the wide tokenizer decodes every id a model can sample, and the verdicts
+that `--record` writes follow the rule (exact on the device and not slower than perf=off). The script's
+CPU mode runs end to end in tests/slow/test_gpu_bench_cpu.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from ablate.paths import conf_dir
+from ablate.run.compose import register_resolvers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import gpu  # noqa: E402  (benchmarks/gpu.py: its parent side imports no torch)
+import gpu_sides  # noqa: E402
+
+
+def test_smoke_lines_include_tf32_and_qlora_and_compose():
+    names = {name for name, _, _ in gpu.SMOKE}
+    assert {"bf16_tf32", "fp32_tf32", "qlora_dpo", "qlora_sft", "qlora_grpo", "fp16", "ref_4bit"} <= names
+    assert {name for name, _, cpu in gpu.SMOKE if cpu} == {"dpo", "grpo"}  # --tiny on a CPU
+    register_resolvers()
+    for name, overrides, _ in gpu.SMOKE:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[*overrides, "method.args.max_steps=10"])
+        assert cfg.method.args.max_steps == 10, name
+        if "tf32" in name:
+            assert cfg.precision.tf32 is True
+
+
+def test_wide_tokenizer_encodes_bytes_and_decodes_every_id():
+    from ablate.models.tokenizer import byte_tokenizer
+
+    tok = gpu_sides.wide_tokenizer(2048)
+    assert len(tok) == 2048 and tok("abc z")["input_ids"] == byte_tokenizer()("abc z")["input_ids"]
+    assert isinstance(tok.decode(list(range(2048))), str)  # any sampled id decodes (GRPO's rewards read text)
+
+
+def _row(impl: str, s: float) -> dict:
+    return {"impl": impl, "s_per_step": s}
+
+
+def test_verdicts_follow_the_rule():
+    """A path is on when the exact section found it exact and its table ran it no slower than perf=off (an
+    opt-in switch: no slower than every path forced); a path missing from either is not recorded."""
+    out = {"exact": {"paths": {"padding_free": {"exact": True, "max_abs_diff": 1e-6},
+                               "dpo_pair_rows": {"exact": True, "max_abs_diff": 2e-6},
+                               "completion_only_logits": {"exact": False, "max_abs_diff": 0.3},
+                               "liger": {"exact": True, "max_abs_diff": 1e-5},
+                               "shared_prefill": {"exact": True, "max_abs_diff": None}}},
+           "dpo": {"title": "dpo 0.5b bf16", "rows": [_row("trl", 0.30), _row("ablate:off", 0.30), _row("ablate:forced", 0.20),
+                                                      _row("ablate:padding_free", 0.25), _row("ablate:dpo_pair_rows", 0.33),
+                                                      _row("ablate:completion_only_logits", 0.2),
+                                                      _row("ablate:forced+liger", 0.19)]},
+           "grpo": {"title": "grpo 0.5b bf16", "rows": [_row("ablate:off", 3.0), _row("ablate:shared_prefill", 2.0)]}}
+    v = gpu.verdicts(out)
+    assert set(v) == {"padding_free", "dpo_pair_rows", "completion_only_logits", "liger", "shared_prefill"}
+    assert v["padding_free"]["speedup"] == pytest.approx(1.2) and v["dpo_pair_rows"]["speedup"] < 1
+    assert v["padding_free"]["basis"] == "dpo 0.5b bf16: 0.250 s/step against perf=off's 0.300 (1.20x)"
+    assert v["liger"]["basis"].endswith("against forced's 0.200 (1.05x)")
+    from ablate.speed.measured import verdict
+
+    on = {name for name, r in v.items() if verdict(r["exact"], r["speedup"])}
+    assert on == {"padding_free", "liger", "shared_prefill"}  # dpo_pair_rows slower, completion_only_logits not exact
+
+
+def test_record_round_trip(tmp_path, monkeypatch):
+    """What --record writes is what the speed plan reads: a path on by the rule runs on CUDA by default."""
+    from ablate.speed import measured
+    from ablate.speed.plan import DPO, Perf, Setting, resolve
+
+    record = tmp_path / "measured.json"
+    monkeypatch.setattr(measured, "RECORD", record)
+    measured.write("cuda", "benchmarks/gpu.py on a test", {
+        "padding_free": {"exact": True, "max_abs_diff": 1e-6, "speedup": 1.2, "basis": "dpo: 1.20x"},
+        "lean_layers": {"exact": True, "max_abs_diff": 0.0, "speedup": 0.9, "basis": "dpo: 0.90x"}})
+    assert json.loads(record.read_text())["cuda"]["paths"]["padding_free"]["on"] is True
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), Perf(), DPO)
+    assert [d.name for d in plan.decisions if d.on] == ["padding_free"]
