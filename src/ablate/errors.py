@@ -28,6 +28,11 @@ class PeerLostError(Exception):
     """Another process of a distributed job died or stopped answering: one line, and how to resume."""
 
 
+class UserCodeError(Exception):
+    """A function of the user's (a reward function) raised or broke its contract, or a worker process
+    died or stalled: one line naming it; the traceback goes to the run's ablate.log."""
+
+
 class Pruned(Exception):
     """A study's pruner stopped this trial (ablate.run.trial): recorded as status `pruned` at `step`,
     not as a failure."""
@@ -49,7 +54,7 @@ def missing_extra(module: str, extra: str, what: str) -> ConfigError:
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, DiskFullError, PeerLostError,
-                                                FloatingPointError)
+                                                FloatingPointError, UserCodeError)
 
 
 def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseException]:
@@ -61,6 +66,38 @@ def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseExcepti
         seen.add(id(e))
         yield e
         e = e.__cause__ or (e.__context__ if context else None)
+
+
+_OURS = __file__.rsplit("/", 1)[0] + "/"  # src/ablate/: a frame here is ablate's own code
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")  # installed libraries and the standard library
+
+
+def log_file() -> str:
+    """The run's ablate.log (the root logger's file handler, Hydra's), where a one-line error's traceback goes."""
+    import logging
+
+    files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    return files[0] if files else "the run's log"
+
+
+def user_code_error(e: BaseException) -> UserCodeError | None:
+    """`e` as one line when it was raised in code of the user's (a callback, a loss, a data loader, a
+    trainer of theirs: the innermost frame that is not a library's is neither ablate's), else None (a
+    user error already, or ablate's own: a bug keeps its traceback). The line names the log holding it."""
+    import os
+    import traceback
+
+    if not isinstance(e, Exception) or user_error(e) is not None:
+        return None
+    root = list(chain(e))[-1]  # the error that started it (Hydra's instantiate wraps a loader's in its own)
+    frames = traceback.extract_tb(root.__traceback__)
+    frame = next((f for f in reversed(frames) if not any(m in f.filename for m in _LIBRARY)), None)
+    if frame is None or frame.filename.startswith(_OURS) or frame.filename.startswith("<"):
+        return None
+    where = os.path.relpath(frame.filename) if not os.path.relpath(frame.filename).startswith("..") else frame.filename
+    text = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    return UserCodeError(f"your code raised {type(root).__name__}{': ' + text if text else ''} ({where}:{frame.lineno}, "
+                         f"in {frame.name}; traceback: {log_file()})")
 
 
 def user_error(e: BaseException | None) -> BaseException | None:

@@ -27,9 +27,9 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         return run(cfg)
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
-        say(f"ablate: interrupted ({interrupts.describe(e)})")
-        if interrupts.in_sweep_worker():
+        if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
+        say(f"ablate: interrupted ({interrupts.describe(e)})")
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:

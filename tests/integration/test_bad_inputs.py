@@ -16,6 +16,7 @@ its summary.json says `failed` with that same one line, and the line is the last
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -31,9 +32,25 @@ from conftest import TESTS, ablate
 
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
 ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
-REWARD = "def short(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
+SHORT_REWARD = "def short(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
+def _study_db() -> bytes:
+    """An SQLite database with Optuna's `studies` table, several pages long (half of it: a truncated copy)."""
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE studies (study_id INTEGER PRIMARY KEY, study_name TEXT)")
+    db.executemany("INSERT INTO studies (study_name) VALUES (?)", [(f"s{i}" * 50,) for i in range(400)])
+    db.commit()
+    return db.serialize()
+
+
+STUDY = "hydra:\n  overrides:\n    task: [+sweep=tune_dpo_beta_lr, hydra.sweeper.n_trials=1]\n    hydra: []\n"
+STUDY_FILES = (("sw/multirun.yaml", STUDY), ("sw/study.db", _study_db()))
+STUDY_TRUNCATED = (("sw/multirun.yaml", STUDY), ("sw/study.db", _study_db()[:45056]))
 SWEEP_FILES = (("sw/multirun.yaml", "hydra: {}\n"), ("sw/.lock", "PID 1 on host h\n"),
                ("sw/0_seed=1/run.json", '{"overrides": ["seed=1"]}\n'))  # an earlier launch's
+REWARD = "train method=grpo +data.reward_funcs.mine._partial_=true +data.reward_funcs.mine._target_"  # tests/bad_rewards.py
+GRPO1 = "method.args.max_steps=1"
 SQUARED = "def squared(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta):\n    return (logp_c - logp_r) ** 2, {}\n"
 
 
@@ -48,6 +65,7 @@ class Case:
     unprivileged: bool = False   # file permissions must apply (under root: run without its overrides)
     files: tuple[tuple[str, str], ...] = ()  # (name, text) written into the case's cwd first
     trains: bool = False         # refused after training started: the progress bar's lines come first
+    locked: tuple[str, ...] = ()  # dirs of the case's cwd whose .lock a live process holds (flock) while it runs
 
 
 def C(id: str, args: str, says: str, phase: str = "config", **kw) -> Case:
@@ -295,15 +313,13 @@ CASES: list[Case] = [
       says="module 'cwd_losses' is in the current directory (cwd_losses.py), which the `ablate` command does not import from; "
       "run it as PYTHONPATH=. ablate"),
     # ===== issue 36: a user's own reward functions (the short form, found in the current directory) =====
-    C("grpo-without-reward", "train method=grpo data=jsonl data.train_path={F}/good.jsonl",
-      "GRPO needs reward functions: data.reward_funcs=[MODULE.FUNCTION] (MODULE.py in the directory you run ablate from)"),
     C("reward-short-form-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl data.reward_funcs=[cwd_rew.shrt]",
       "data.reward_funcs[0]=cwd_rew.shrt: no 'shrt' in module cwd_rew (did you mean cwd_rew.short?)",
-      files=(("cwd_rew.py", REWARD),)),
+      files=(("cwd_rew.py", SHORT_REWARD),)),
     C("reward-short-form-no-module", "train method=grpo data=jsonl data.train_path={F}/good.jsonl data.reward_funcs=[nomod.short]",
       "data.reward_funcs[0]=nomod.short: no module 'nomod' on the import path or in the current directory"),
     C("reward-target-in-cwd-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl "
-      "+data.reward_funcs.s._target_=cwd_rew.shrt", "no 'shrt' in module cwd_rew", files=(("cwd_rew.py", REWARD),)),
+      "+data.reward_funcs.s._target_=cwd_rew.shrt", "no 'shrt' in module cwd_rew", files=(("cwd_rew.py", SHORT_REWARD),)),
     C("tool-not-found", "train method=grpo data=calc_tools method.args.tools=[nomod.calc]",
       "method.args.tools[0]=nomod.calc: no module 'nomod' on the import path or in the current directory"),
     C("tool-call-format", "train method=grpo data=calc_tools method.args.tool_call_format=xml",
@@ -331,6 +347,82 @@ CASES: list[Case] = [
     C("sweep-file-into-a-sweep", "sweep dpo_loss hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep", files=SWEEP_FILES),
     C("sweep-into-a-study", "train -m seed=1,2 hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep (study.db)",
       files=(("sw/study.db", "SQLite format 3"),)),
+    # a study (hydra/sweeper=optuna): a sweep dir after the name, a damaged study.db, a second driver: at once, nothing written
+    C("study-resume-dir-after-name", "sweep tune_dpo_beta_lr hydra.sweeper.n_trials=2 --resume sw", "'sw' is a sweep dir: "
+      "--resume takes the sweep dir in place of the sweep's name: ablate sweep --resume sw [key=value ...]", files=STUDY_FILES),
+    C("sweep-stray-word", "sweep dpo_loss seed=1 foo", "'foo' is not an override: after the sweep's name come key=value overrides"),
+    C("study-db-truncated", "sweep --resume sw", "sw/study.db is not a readable Optuna study (database disk image is "
+      "malformed); nothing was changed", files=STUDY_TRUNCATED),
+    C("study-db-not-sqlite", "sweep --resume sw", "sw/study.db is not a readable Optuna study (file is not a database)",
+      files=(("sw/multirun.yaml", STUDY), ("sw/study.db", "my notes\n" * 200))),
+    C("study-second-driver", "sweep --resume sw", "/sw is in use by PID 4242 on host otherbox; wait for it to end",
+      files=STUDY_FILES, locked=("sw",)),
+    # a reward function of the user's (tests/bad_rewards.py) that breaks its contract: one line naming it
+    C("reward-raises", f"{REWARD}=bad_rewards.raises {GRPO1}", "reward function 'mine' (bad_rewards.raises) raised "
+      "ValueError: my reward broke on purpose (traceback: ", "run", trains=True),
+    C("reward-one-short", f"{REWARD}=bad_rewards.one_short {GRPO1}", "reward function 'mine' (bad_rewards.one_short) "
+      "returned 63 rewards for 64 completions", "run", trains=True),
+    C("reward-strings", f"{REWARD}=bad_rewards.strings {GRPO1}", "reward function 'mine' (bad_rewards.strings) returned "
+      "'good' (str) for completion 0: a reward is a number, or None for a completion it does not score", "run", trains=True),
+    C("reward-scalar", f"{REWARD}=bad_rewards.scalar {GRPO1}", "reward function 'mine' (bad_rewards.scalar) returned "
+      "a float (1.0), not a list of one reward per completion", "run", trains=True),
+    C("reward-inf", f"{REWARD}=bad_rewards.infinite {GRPO1}", "reward function 'mine' (bad_rewards.infinite) returned "
+      "inf for completion 0: rewards must be finite (None or NaN: not scored)", "run", trains=True),
+    T("reward-wrong-signature", f"{REWARD}=bad_rewards.wrong_signature {GRPO1}",
+      "data.reward_funcs.mine: bad_rewards.wrong_signature(text) cannot be called as GRPO calls a reward function, "
+      "f(prompts=..., completions=..., completion_ids=..., **dataset columns) (it takes no 'prompts'); add those "
+      "arguments, or **kwargs"),
+    T("reward-positional-only", f"{REWARD}=bad_rewards.positional_only {GRPO1}", "bad_rewards.positional_only"),
+    C("reward-needs-a-column", f"{REWARD}=bad_rewards.needs_a_column {GRPO1}", "reward function 'mine' "
+      "(bad_rewards.needs_a_column) needs the column 'answer', which the data does not have (its columns: ", "run"),
+    # issue 36: a reward model (a class) and an environment's get_reward() go through the same checks
+    T("reward-class-partial", f"{REWARD}=ablate.rewards.RewardModel +data.reward_funcs.mine.path=x {GRPO1}",
+      "data.reward_funcs.mine: ablate.rewards.RewardModel is a class: drop _partial_"),
+    T("reward-class-not-callable", "train method=grpo +data.reward_funcs.mine._target_=bad_rewards.NotCallable",
+      "data.reward_funcs.mine: bad_rewards.NotCallable is a class whose instances cannot be called"),
+    C("environment-reward-a-word", f"train method=grpo data=calc_tools method.args.environment={{_target_:bad_rewards.WordyEnv}} "
+      f"method.args.max_completion_length=8 {GRPO1}", "reward function 'WordyEnv' (bad_rewards.WordyEnv.get_reward) "
+      "returned 'good' (str) for completion 0: a reward is a number", "run", trains=True),
+    C("reward-all-null", "train method=grpo data.reward_funcs.repeat_fraction=null",
+      "data.reward_funcs: GRPO needs a reward function, and every entry is null"),
+    # issue 32's own catalogue (docs/errors.md): commands' own mistakes, user code, resources
+    C("cache-kind-typo", "cache clear --kind tokenised", "ablate cache: argument --kind: invalid choice: 'tokenised'"),
+    C("cache-no-action", "cache", "ablate cache: the following arguments are required: action"),
+    C("ls-status-typo", "ls --status finished", "ablate ls: argument --status: invalid choice: 'finished'"),
+    C("fetch-unknown", "fetch llama70b", "ablate fetch: no model 'llama70b' to fetch"),
+    C("sweep-resume-nothing", "sweep --resume", "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR"),
+    C("sweep-dry-and-resume", "sweep dpo_loss --dry-run --resume", "--dry-run and --resume do not go together"),
+    C("status-a-run-dir", f"status {OLD}", f"{OLD} is a run dir, not a sweep dir: `ablate ls {OLD}` shows its state"),
+    C("grpo-data-without-rewards", "train method=grpo data=local data.train_path={F}/good.jsonl",
+      "data.reward_funcs: GRPO needs a reward function, and data=local has none: add yours, data.reward_funcs="
+      "[MODULE.FUNCTION] (MODULE.py in the directory you run ablate from), or use data that scores itself"),
+    C("compare-out-a-file", "compare {F}/done_run --out notes.txt", "--out notes.txt is a file: give a directory",
+      files=(("notes.txt", "mine\n"),)),
+    C("compare-out-not-a-report", "compare {F}/done_run --out report", "--out report holds files that are not an ablate "
+      "report (report.html): give a new or empty dir; nothing was written", files=(("report/report.html", "<p>mine</p>\n"),)),
+    C("threads-too-many", "train threads=100000", "threads=100000: this machine gives the run", "run"),
+    C("lora-rank-too-big", "train +peft=lora peft.r=1000000000", "peft.r=1000000000: larger than any layer it adapts "
+      "(the widest is 64 wide): must be at most 64", "run"),
+    C("user-callback-raises", "train +callbacks.boom._target_=bad_code.Boom method.args.max_steps=2", "your code raised "
+      "KeyError: 'my callback broke' (", "run", trains=True),
+    C("user-loss-raises", "train method.loss._target_=bad_code.loss_raises method.args.max_steps=2", "your code raised "
+      "ZeroDivisionError: my loss broke (", "run", trains=True),
+    C("user-loss-not-a-tensor", "train method.loss._target_=bad_code.loss_not_a_tensor method.args.max_steps=2",
+      "method.loss (bad_code.loss_not_a_tensor) returned (float, dict): a DPO loss returns (losses, metrics)", "run",
+      trains=True),
+    C("user-loader-raises", "train data._target_=bad_code.loader_raises", "your code raised OSError: my loader broke (",
+      "run"),
+    # an lr torch cannot represent in its update (a 72-line traceback from inside AdamW), a run that collapsed
+    C("lr-overflows-adam", "train optimizer.optimizer.lr=1e38", "optimizer.optimizer.lr=1e+38: must be a number > 0 with "
+      "lr / (1 - beta1) under float32's largest, 3.4e+38"),
+    C("lr-overflows-sgd", "train optimizer=sgd optimizer.optimizer.lr=1e39", "optimizer.optimizer.lr=1e+39: must be a "
+      "number > 0 under float32's largest"),
+    C("dpo-collapses", "train optimizer.optimizer.lr=1e4 method.args.max_steps=30 method.args.logging_steps=1",
+      "grad_norm is exactly 0 at steps 2-3", "run", trains=True),
+    C("sgd-collapses", "train optimizer=sgd optimizer.optimizer.lr=1e6 method.args.max_steps=30 method.args.logging_steps=1",
+      "the model has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)", "run", trains=True),
+    T("reward-not-partial", "train method=grpo +data.reward_funcs.mine._target_=bad_rewards.length",
+      "data.reward_funcs.mine: add _partial_: true (data.reward_funcs.mine._partial_=true)"),
 ]
 
 # a diverging run (lr=1e6): one line from the guard, not a traceback from inside sampling or the optimizer
@@ -423,7 +515,7 @@ def _run_all(cases: list[Case], tmp: Path, warm: bool = False) -> dict[str, Resu
     whole table, then one fork per case (the same `ablate.cli.main` as `python -m ablate`). `warm`:
     the runner imports torch & co. once first (for cases that import them anyway)."""
     fixtures = _fixtures(tmp)
-    jobs, before = [], {}
+    jobs, before, held = [], {}, []
     fill = lambda text: text.replace("{F}", str(fixtures))  # noqa: E731
     for c in cases:
         cwd = tmp / c.id
@@ -431,7 +523,12 @@ def _run_all(cases: list[Case], tmp: Path, warm: bool = False) -> dict[str, Resu
         _old_run(cwd)
         for name, text in c.files:
             (cwd / name).parent.mkdir(parents=True, exist_ok=True)
-            (cwd / name).write_text(text)
+            (cwd / name).write_bytes(text) if isinstance(text, bytes) else (cwd / name).write_text(text)
+        for name in c.locked:  # as a running launch holds it
+            fd = os.open(cwd / name / ".lock", os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, b"PID 4242 on host otherbox\n")
+            held.append(fd)
         before[c.id] = _snapshot(cwd)
         jobs.append({"argv": [fill(a) for a in c.argv], "cwd": str(cwd), "env": {k: fill(v) for k, v in c.env.items()},
                      "unprivileged": c.unprivileged})
@@ -447,6 +544,8 @@ def _run_all(cases: list[Case], tmp: Path, warm: bool = False) -> dict[str, Resu
     finally:
         for name in UNREADABLE + READ_ONLY:
             (fixtures / name).chmod(0o755)
+        for fd in held:
+            os.close(fd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     return {c.id: Result(c, subprocess.CompletedProcess(c.argv, o["returncode"], o["stdout"], o["stderr"]), tmp / c.id,
@@ -505,6 +604,13 @@ def test_most_cases_fail_before_torch(results):
     fast = [c for c in CASES if c.phase == "config" and not c.torch]
     assert len(fast) >= 0.8 * len(CASES)
     assert not [c.id for c in fast if results[c.id].torch]
+
+
+def test_a_reward_functions_traceback_is_in_the_runs_log(results):
+    """The one line names the log that holds the user's traceback (issue 32)."""
+    line = re.findall(r"ablate: error: [^\r\n]*", results["reward-raises"].proc.stderr)[0]
+    log = Path(line.split("(traceback: ", 1)[1].rstrip(")")).read_text()
+    assert 'raise ValueError("my reward broke on purpose")' in log and "bad_rewards.py" in log, log[-3000:]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

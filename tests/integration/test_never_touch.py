@@ -34,7 +34,9 @@ def test_a_refused_job_dir_is_left_as_it_was_and_counted_as_failed(tmp_path):
     rows = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
     assert any("0_seed=1" in line and " failed " in line for line in rows), rows
     assert any("1_seed=2" in line and " failed " in line for line in rows), rows
-    assert "is not empty and holds no ablate run" in r.stdout and "holds another run" in r.stdout
+    errors = sorted(json.loads(p.read_text())["error"] for p in (sweep / ".refused").glob("*.json"))  # the table's column
+    assert len(errors) == 2 and any("is not empty and holds no ablate run" in e for e in errors) \
+        and any("holds another run" in e for e in errors), errors
     assert json.loads((sweep / "2_seed=3" / "summary.json").read_text())["status"] == "completed"
 
 

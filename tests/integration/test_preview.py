@@ -74,12 +74,13 @@ def test_smollm2_preview(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["preview", "-n", "0"], "-n needs a positive number"),
     (["preview", "--bogus"], "unknown option '--bogus'"),
-    (["show"], "usage: ablate data preview"),
+    (["show"], "ablate: error: ablate data: no subcommand 'show' (it has: preview) (usage: ablate data preview"),
     (["preview", "method=nope"], "ablate: error: "),
 ])
 def test_bad_preview_args_are_one_line(tmp_path, args, needle):
     r = ablate("data", *args, cwd=tmp_path, env=ENV)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line (issue 32: the usage was a second)
 
 
 def test_config_dir_and_pretokenized_data(tmp_path):

@@ -112,3 +112,17 @@ def test_credential_in_a_data_path_is_masked_in_the_error_line(tmp_path):
     assert r.stderr.strip().startswith("ablate: error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "/***/prefs.jsonl" in r.stderr
     assert _leaks(tmp_path / "run", r.stdout, r.stderr) == []
+
+
+@pytest.mark.parametrize("launch", [("train", "-m"), ("train", "-m", "hydra/launcher=local_parallel")],
+                         ids=["basic", "local_parallel"])
+def test_the_launchers_echo_of_each_job_is_masked(tmp_path, launch):
+    """Issue 32: Hydra's launchers echo each job's overrides (`[HYDRA] #0 : ... +method.args.hub_token=...`), and
+    Hydra logs a failed job's overrides: masked like every other line. The jobs fail at once (beta=0)."""
+    plain = "plainsecretvalue99"
+    r = ablate(*launch, "method=dpo,dpo_hinge", "method.args.beta=0", f"+method.args.hub_token={plain}",
+               f"notes=key {PASSWORD}", f"tags=[{LITERAL}]", cwd=tmp_path, env=ENV)
+    assert r.returncode == 1, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "#0 : method=dpo" in out and "hub_token=***" in out, out[-3000:]
+    assert plain not in out and _leaks(tmp_path, r.stdout, r.stderr) == []

@@ -7,6 +7,9 @@ flight."""
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from ablate.errors import ConfigError
+from ablate.errors import ConfigError, UserCodeError
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer, RepeatSampler
 from ablate.models import tiny
 from ablate.rollouts.ahead import AHEAD_ROUNDS, AheadRounds, round_seed
@@ -347,3 +350,52 @@ def test_prompts_read_ahead_are_checked_against_the_dataloader(tmp_path):
     trainer.ahead.prompts_of = lambda k: [[7]] * 4  # not what the sampler yields
     with pytest.raises(RuntimeError, match="round 0's prompts differ"):
         trainer.train()
+
+
+class SignalWorkerAt(TrainerCallback):
+    """Sends the generation worker `sig` at the end of optimizer step `step` (as kill -9, the OOM killer
+    or Ctrl-Z would), remembering its pid."""
+
+    def __init__(self, trainer: GRPOTrainer, step: int, sig: int) -> None:
+        self.trainer, self.step, self.sig, self.pid = trainer, step, sig, None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == self.step:
+            self.pid = self.trainer.ahead.worker.process.pid
+            os.kill(self.pid, self.sig)
+
+
+def test_a_killed_worker_is_one_line_and_the_run_resumes(tmp_path):
+    """Issue 32: kill -9 of the worker ended the trainer with a BrokenPipeError page. Now one line naming
+    the worker and its signal; the checkpoint before it is whole, and resuming from it gives the
+    uninterrupted run's losses."""
+    full = _trainer(tmp_path / "full", max_staleness=1, max_steps=4)
+    full.train()
+    run = _trainer(tmp_path / "run", max_staleness=1, max_steps=4, save_strategy="steps", save_steps=1)
+    kill = SignalWorkerAt(run, 2, signal.SIGKILL)
+    run.add_callback(kill)
+    with pytest.raises(UserCodeError) as e:
+        run.train()
+    assert str(e.value).startswith(f"generation worker (PID {kill.pid}) died: killed by SIGKILL (kill -9, or the "
+                                   "out-of-memory killer); the run stops here and keeps its newest checkpoint: resume")
+    assert run.ahead.worker is None  # closed with the failed train()
+    resumed = _trainer(tmp_path / "run", max_staleness=1, max_steps=4)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "out" / "checkpoint-1"))
+    assert {k: v for k, v in _losses(resumed).items() if k > 1} == {k: v for k, v in _losses(full).items() if k > 1}
+
+
+def test_a_stalled_worker_times_out_in_one_line(tmp_path):
+    """SIGSTOP of the worker hung the run with no output; now method.args.worker_timeout_s bounds the wait."""
+    import psutil
+
+    run = _trainer(tmp_path, max_staleness=1, max_steps=4, worker_timeout_s=2)
+    stop = SignalWorkerAt(run, 1, signal.SIGSTOP)
+    run.add_callback(stop)
+    t0 = time.monotonic()
+    with pytest.raises(UserCodeError, match=r"generation worker \(PID \d+\) sent no round for 2 s \(stopped: SIGSTOP "
+                                            r"or Ctrl-Z; method.args.worker_timeout_s=2\): killed it; the run stops here"):
+        run.train()
+    assert time.monotonic() - t0 < 60
+    assert not psutil.pid_exists(stop.pid) or psutil.Process(stop.pid).status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(ConfigError, match="worker_timeout_s must be a number of seconds > 0, got 0"):
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", worker_timeout_s=0)

@@ -132,6 +132,26 @@ def test_nan_guard_raises_with_step():
         _log(g, 8, loss=0.1, grad_norm=float("inf"))
 
 
+def test_nan_guard_stops_a_collapsed_run():
+    """Issue 32: lr=1e4 (AdamW) or 1e6 (SGD) "completed" with grad_norm 0.0 from step 2 on and a dead model
+    saved. No gradient with lr > 0 and a loss that is not 0, twice in a row: stopped in one line."""
+    g = NaNGuard()
+    _log(g, 1, loss=0.69, grad_norm=0.53, learning_rate=1e4)
+    _log(g, 2, loss=0.68, grad_norm=0.0, learning_rate=9e3)
+    with pytest.raises(FloatingPointError, match=r"grad_norm is exactly 0 at steps 2-3 with the loss at 0.6766 and "
+                                                 r"learning_rate 8.5e\+03: the model has collapsed"):
+        _log(g, 3, loss=0.6766, grad_norm=0.0, learning_rate=8.5e3)
+    fine = NaNGuard()  # a finished task (loss exactly 0), warm-up from lr 0, a gradient between: never stopped
+    for step, logs in enumerate([dict(loss=0.0, grad_norm=0.0, learning_rate=1e-3), dict(loss=0.5, grad_norm=0.0, learning_rate=0.0),
+                                 dict(loss=0.4, grad_norm=0.0, learning_rate=1e-3), dict(loss=0.0, grad_norm=0.0, learning_rate=1e-3),
+                                 dict(loss=0.3, grad_norm=0.2, learning_rate=1e-3), dict(loss=0.3, grad_norm=0.0, learning_rate=1e-3),
+                                 dict(eval_loss=0.3)] * 3):
+        _log(fine, step, **logs)
+    off = NaNGuard(dead_after=0)
+    for step in range(5):
+        _log(off, step, loss=0.5, grad_norm=0.0, learning_rate=1.0)
+
+
 def test_early_stop_patience_and_mode():
     es = EarlyStop(metric="eval_loss", mode="min", patience=2, min_delta=0.01)
     decisions = [_log(es, s, eval_loss=v).should_training_stop for s, v in enumerate([1.0, 0.9, 0.895, 0.95, 0.5])]
@@ -167,3 +187,42 @@ def test_trainer_without_configured_optimizer_is_refused():
         check_trainer_class(cls)  # accepted
     with pytest.raises(ConfigError, match="Plain does not subclass ablate.methods.optim.ConfiguredOptimizer"):
         check_trainer_class(type("Plain", (Trainer,), {}))
+
+
+def test_nan_guard_window_of_steps():
+    """A log event averages the loss over `logging_steps` but reports the last step's grad_norm: a hinge loss
+    whose last step is past its margin logs loss > 0 with grad_norm 0 and is alive (CI: test_hinge_learns was
+    stopped as collapsed). Such an event only starts a per-step check; windows with no gradient at all stop it."""
+    import torch
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(logging_steps=5)
+    live, dead = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    for m, g in ((live, 1.0), (dead, 0.0)):
+        for p in m.parameters():
+            p.grad = torch.full_like(p, g)
+
+    def window(g, model, step):
+        for _ in range(5):
+            g.on_pre_optimizer_step(args, TrainerState(global_step=step), TrainerControl(), model=model)
+        g.on_log(args, TrainerState(global_step=step), TrainerControl(),
+                 logs=dict(loss=0.11, grad_norm=0.0, learning_rate=1e-3))
+
+    hinge = NaNGuard()
+    for step in range(5, 60, 5):
+        window(hinge, live, step)  # never stopped: each window had a step with a gradient
+    collapsed = NaNGuard()
+    window(collapsed, dead, 5)  # unchecked window: only starts the check
+    window(collapsed, dead, 10)
+    with pytest.raises(FloatingPointError, match="grad_norm is exactly 0 at steps 10-15"):
+        window(collapsed, dead, 15)
+
+
+def test_sweep_overrides_take_hydra_flags_with_values():
+    """`ablate sweep dpo_losses ... --cfg job` (the README test's dry form) is Hydra's flag and its value, not a stray word."""
+    from ablate.cli.sweep import check_overrides
+
+    check_overrides(["method.args.max_steps=2", "--cfg", "job"], resume=False)
+    check_overrides(["-p", "method", "--cfg", "job"], resume=False)
+    with pytest.raises(ValueError, match="'job' is not an override"):
+        check_overrides(["method.args.max_steps=2", "job"], resume=False)

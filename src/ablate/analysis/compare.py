@@ -426,6 +426,10 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
             print(f"  {line}")
     from ablate.analysis.study import print_studies
 
+    if out is not None:
+        from ablate.analysis import report
+
+        report.claim_out(out)  # checked by the CLI before any run was read
     study_plots = print_studies(runs, print_table, out)  # a study's launch (study.db): trials, best trial, plots
     if out is not None:
         from ablate.analysis import report

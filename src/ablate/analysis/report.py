@@ -24,6 +24,30 @@ if TYPE_CHECKING:
     from ablate.analysis.stats import ExamplePaired, Improvement, Paired
 
 
+MARKER = ".ablate-report"  # written first into an --out dir: a later compare may rewrite what is there
+
+
+def check_out(out: Path) -> None:
+    """`--out` is a new dir, an empty one, or one an earlier `ablate compare --out` wrote (its marker):
+    a folder of other things (a report.html of the user's) is never written over (ConfigError)."""
+    from ablate.errors import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a directory (it gets report.html, summary.md, summary.csv "
+                          "and PNG plots)")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held and MARKER not in held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ConfigError(f"--out {out} holds files that are not an ablate report ({shown}): give a new or empty "
+                          "dir; nothing was written")
+
+
+def claim_out(out: Path) -> None:
+    """Create `out` (checked by `check_out`) and mark it as a report dir of ablate's."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by `ablate compare --out`: a later one may replace these files\n")
+
+
 @dataclass
 class ManySeeds:
     """What the report shows beyond the table and seed-paired differences (empty: nothing more)."""

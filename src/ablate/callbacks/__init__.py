@@ -27,22 +27,54 @@ class PrintLogs(TrainerCallback):
 
 
 class NaNGuard(TrainerCallback):
-    """Stop the run when a logged loss is NaN/inf, instead of training on garbage.
+    """Stop a run that diverged, instead of training on garbage: a logged loss or grad_norm NaN/inf, or
+    a model that collapsed without a NaN (too high an lr: its weights saturate, its logits go to 0 and
+    no gradient reaches them): `grad_norm` exactly 0 while the lr is > 0 and the loss is not 0, on
+    `dead_after` log events in a row. A loss of exactly 0 with no gradient is a finished task (a
+    hinge loss past its margin, GRPO groups of equal rewards), not a collapse: it neither counts nor resets.
 
     Raises, so the run ends with `status: failed` and the offending step in the error message.
     """
 
-    def __init__(self, metrics: tuple[str, ...] = ("loss", "grad_norm")) -> None:
+    def __init__(self, metrics: tuple[str, ...] = ("loss", "grad_norm"), dead_after: int = 2) -> None:
         self.metrics = tuple(metrics)
+        self.dead_after = dead_after  # log events with no gradient in a row (0: never stop for that)
+        self.dead: list[int] = []  # the steps of the log events in a row that had no gradient
+        # A log event averages the loss over `logging_steps` steps but reports the last step's grad_norm: a
+        # hinge loss with one step past its margin logs loss > 0 and grad_norm 0 and is alive. So a suspect
+        # event only turns on a per-step check (free otherwise); a window is dead when no step had a gradient.
+        self.checking = False  # every optimizer step since the last log event was checked
+        self.live = False  # one of them had a gradient
+
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              model: Any = None, **kwargs: Any) -> None:
+        if self.checking and not self.live and model is not None:
+            self.live = any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
 
     def on_log(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
         logs: dict[str, Any] | None = None, **kwargs: Any,
     ) -> None:
+        logs = logs or {}
         for name in self.metrics:
-            v = (logs or {}).get(name)
+            v = logs.get(name)
             if isinstance(v, float) and not math.isfinite(v):
                 raise FloatingPointError(f"{name} is {v} at step {state.global_step}: stopping (NaNGuard)")
+        grad, lr, loss = (logs.get(k) for k in ("grad_norm", "learning_rate", "loss"))
+        if not all(isinstance(v, (int, float)) for v in (grad, lr, loss)) or loss == 0:
+            return
+        if not (grad == 0 and lr > 0):
+            self.dead, self.checking = [], False
+            return
+        one_step = getattr(args, "logging_steps", 1) == 1  # the logged loss is this step's own
+        dead = one_step or (self.checking and not self.live)
+        self.dead = self.dead + [state.global_step] if dead else []
+        self.checking, self.live = True, False
+        if self.dead_after and len(self.dead) >= self.dead_after:
+            steps = f"steps {self.dead[0]}-{self.dead[-1]}" if len(self.dead) > 1 else f"step {self.dead[0]}"
+            raise FloatingPointError(
+                f"grad_norm is exactly 0 at {steps} with the loss at {loss:.4g} and learning_rate {lr:.3g}: the model "
+                f"has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)")
 
 
 class EarlyStop(TrainerCallback):

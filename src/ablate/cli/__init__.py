@@ -127,6 +127,24 @@ def survive_closed_pipes() -> None:
             setattr(sys, name, _PipeSafe(stream))
 
 
+def refuse(why: str, usage: str = "") -> None:
+    """Exit 2 with one line on stderr: what is wrong, then the command's usage on the same line."""
+    print(f"ablate: error: {why}" + (f" (usage: {usage.removeprefix('usage: ')})" if usage else ""), file=sys.stderr)
+    sys.exit(2)
+
+
+def parser(prog: str, **kwargs: Any) -> Any:
+    """An argparse parser whose mistakes (an unknown choice, a missing argument) are one line, as every
+    other mistake is, instead of argparse's usage block."""
+    import argparse
+
+    class OneLine(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            refuse(f"{self.prog}: {message}", f"{self.prog} --help")
+
+    return OneLine(prog=prog, **kwargs)
+
+
 # command -> (module, function); modules load only when their command runs (no torch for `compare`, `ls`)
 COMMANDS = {"train": ("ablate.cli.train", "hydra_train"), "status": ("ablate.cli.status", "status_cmd"),
             "resume": ("ablate.cli.resume", "resume_cmd"), "sweep": ("ablate.cli.sweep", "sweep_cmd"),

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
 from pathlib import Path
+
+from ablate.cli import parser as one_line_parser
 
 
 def cache_cmd(argv: list[str]) -> None:
     """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]`."""
     from ablate.data.cache import KINDS, default_dir, entries, foreign, leftovers
 
-    parser = argparse.ArgumentParser(prog="ablate cache", description="list or remove the entries that runs reuse "
+    parser = one_line_parser(prog="ablate cache", description="list or remove the entries that runs reuse "
                                      "(tokenized datasets, DPO's reference log-probs)")
     parser.add_argument("action", choices=("ls", "clear"), help="ls: each entry, its kind and size; clear: remove them")
     parser.add_argument("--dir", type=Path, default=None,

@@ -8,11 +8,10 @@ from pathlib import Path
 
 def compare_cmd(argv: list[str]) -> None:
     """`ablate compare DIR... [--metric M]... [--out DIR]`."""
-    import argparse
-
     from ablate.analysis.compare import compare
+    from ablate.cli import parser as one_line_parser
 
-    parser = argparse.ArgumentParser(prog="ablate compare", description="compare run and sweep directories")
+    parser = one_line_parser(prog="ablate compare", description="compare run and sweep directories")
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     parser.add_argument("--metric", action="append", default=None,
                         help="metric to show (repeat or comma-separate; default: per method; "
@@ -46,6 +45,10 @@ def compare_cmd(argv: list[str]) -> None:
     try:
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
+        if args.out is not None:  # never over files of the user's (issue 32)
+            from ablate.analysis.report import check_out
+
+            check_out(args.out)
         compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
                 all_launches=args.all_launches)
     except (FileNotFoundError, ConfigError, RunDirError) as e:

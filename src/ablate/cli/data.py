@@ -188,10 +188,12 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
 
 def data_cmd(argv: list[str]) -> None:
     """`ablate data preview [overrides] [-n N]`: see `preview`."""
-    usage = "usage: ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
+    from ablate.cli import refuse
+
+    usage = "ablate data preview [key=value ...] [-n N] [--config-dir DIR]"
     if not argv or argv[0] != "preview":
-        print(usage, file=sys.stderr)
-        sys.exit(2)
+        refuse(f"ablate data: no subcommand '{argv[0]}' (it has: preview)" if argv else "ablate data: which? (preview)",
+               usage)
     overrides, n, rest, config_dir = [], 3, argv[1:], None
     while rest:
         arg = rest.pop(0)
@@ -200,12 +202,10 @@ def data_cmd(argv: list[str]) -> None:
         elif arg in ("-n", "--n") or arg.startswith(("-n=", "--n=")):
             value = arg.split("=", 1)[1] if "=" in arg else (rest.pop(0) if rest else "")
             if not value.isdigit() or int(value) < 1:
-                print(f"ablate data preview: -n needs a positive number, got '{value}'\n{usage}", file=sys.stderr)
-                sys.exit(2)
+                refuse(f"ablate data preview: -n needs a positive number, got '{value}'", usage)
             n = int(value)
         elif arg.startswith("-"):
-            print(f"ablate data preview: unknown option '{arg}'\n{usage}", file=sys.stderr)
-            sys.exit(2)
+            refuse(f"ablate data preview: unknown option '{arg}'", usage)
         else:
             overrides.append(arg)
     from ablate.run.validate import one_line

@@ -128,9 +128,10 @@ def example_ids(raw: Any, scored: Any) -> list[str]:
 def eval_cmd(argv: list[str]) -> None:
     """`ablate eval RUN_DIR [key=value ...]`."""
     if not argv or argv[0].startswith("-"):
-        print("usage: ablate eval RUN_DIR [data=... key=value ...]   (writes RUN_DIR/eval.json, eval_examples.jsonl)",
-              file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse("ablate eval: which run? give its dir" if not argv else f"'{argv[0]}' is not an option of ablate eval",
+               "ablate eval RUN_DIR [data=... key=value ...]: writes RUN_DIR/eval.json, eval_examples.jsonl")
     from hydra.errors import HydraException
 
     from ablate.errors import USER_ERRORS

@@ -11,8 +11,10 @@ def fetch_cmd(argv: list[str]) -> None:
     from ablate.errors import ConfigError
 
     if not argv or argv[0] != "smollm2_135m":
-        print("usage: ablate fetch smollm2_135m [--force]", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse(f"ablate fetch: no model '{argv[0]}' to fetch (the one it fetches: smollm2_135m)" if argv else
+               "ablate fetch: which model?", "ablate fetch smollm2_135m [--force]")
     from ablate.models.smollm2 import fetch
 
     try:

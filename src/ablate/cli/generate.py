@@ -8,12 +8,12 @@ chat template when it has one (as training formatted them), else they are used a
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli import parser as one_line_parser
 from ablate.run import rundir
 
 
@@ -119,7 +119,7 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temper
 def generate_cmd(argv: list[str]) -> None:
     """`ablate generate RUN_DIR (--prompt P ... | --prompts FILE.jsonl) [--max-new-tokens N] [--temperature T] [--json]
     [--before]`."""
-    parser = argparse.ArgumentParser(prog="ablate generate", description="completions from a run's saved model")
+    parser = one_line_parser(prog="ablate generate", description="completions from a run's saved model")
     parser.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included)")
     parser.add_argument("--prompt", action="append", default=[], help="a user message (repeat for several)")
     parser.add_argument("--prompts", type=Path, help="JSONL file, one {\"prompt\": ...} per line (string or messages)")

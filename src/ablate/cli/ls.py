@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from ablate.analysis.runs import STATUSES, format_rows, list_runs
+from ablate.cli import parser as one_line_parser
 
 
 def ls_cmd(argv: list[str]) -> None:
     """`ablate ls [DIR] [--status S] [--method M] [--tag T]... [--json]`."""
-    parser = argparse.ArgumentParser(prog="ablate ls", description="list runs and sweep jobs, newest first")
+    parser = one_line_parser(prog="ablate ls", description="list runs and sweep jobs, newest first")
     parser.add_argument("dir", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs/)")
     parser.add_argument("--status", choices=STATUSES, help="only runs with this status")
     parser.add_argument("--method", help="only runs of this method (dpo, sft, grpo, ...)")

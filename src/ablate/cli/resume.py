@@ -15,15 +15,17 @@ def resume_cmd(argv: list[str]) -> None:
     which continues it from its newest complete checkpoint (a crashed, killed or failed run).
     `--force`: resume although the data or the composed config changed since the run started
     (refused without it)."""
-    from ablate.run import lifecycle, rundir
+    from ablate.run import config_change, lifecycle, rundir
 
     if "--force" in argv:  # the data or the config changed since the run started: resume on them all the same
         os.environ[lifecycle.NEW_DATA_ENV] = "1"
-        os.environ[lifecycle.NEW_CONFIG_ENV] = "1"
+        os.environ[config_change.NEW_CONFIG_ENV] = "1"
         argv = [a for a in argv if a != "--force"]
     if len(argv) < 1 or argv[0].startswith("-"):
-        print("usage: ablate resume RUN_DIR [--force] [hydra.key=value ...]", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        refuse("ablate resume: which run? give its dir" if not argv else f"'{argv[0]}' is not an option of ablate resume",
+               "ablate resume RUN_DIR [--force] [hydra.key=value ...]")
     run_dir = Path(argv[0]).resolve()
     try:
         rundir.check_readable(run_dir)

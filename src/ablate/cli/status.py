@@ -18,6 +18,11 @@ def status_cmd(argv: list[str]) -> None:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
     if len(argv) != 1 or not (Path(argv[0]) / "multirun.yaml").is_file():
-        print("usage: ablate status SWEEP_DIR   (a sweep dir: it holds multirun.yaml)", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+        from ablate.run import rundir
+
+        why = ("ablate status takes one sweep dir" if len(argv) != 1 else
+               f"{argv[0]} is a run dir, not a sweep dir: `ablate ls {argv[0]}` shows its state"
+               if (Path(argv[0]) / rundir.RUN).is_file() else f"{argv[0]} is not a sweep dir (no multirun.yaml)")
+        refuse(why, "ablate status SWEEP_DIR")
     status(Path(argv[0]).resolve())

@@ -56,11 +56,15 @@ def sweep_cmd(argv: list[str]) -> None:
     resume, force, detach, dry = "--resume" in argv, "--force" in argv, "--detach" in argv, "--dry-run" in argv
     argv = [a for a in argv if a not in ("--resume", "--force", "--detach", "--dry-run")]
     if not argv or argv[0].startswith("-") or (dry and resume):
-        print("usage: ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR\n"
-              "  (e.g. ablate sweep dpo_loss --dry-run)", file=sys.stderr)
-        sys.exit(2)
+        from ablate.cli import refuse
+
+        why = ("--dry-run and --resume do not go together" if dry and resume else
+               f"'{argv[0]}' is not an option of ablate sweep" if argv else "which sweep? give its name (dpo_loss) "
+               "or file, or --resume SWEEP_DIR")
+        refuse(why, "ablate sweep NAME [key=value ...] [--dry-run | --resume [--force]] | ablate sweep --resume SWEEP_DIR")
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
+        check_overrides(argv[1:], resume)
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
 
@@ -83,6 +87,24 @@ def sweep_cmd(argv: list[str]) -> None:
         _dry_run(argv[0], hydra_argv)
         return
     hydra_train(hydra_argv)
+
+
+def check_overrides(args: list[str], resume: bool) -> None:
+    """What follows the sweep's name are overrides (key=value, ~key): a sweep dir given after the name
+    (`ablate sweep NAME ... --resume DIR`) or a stray word would reach Hydra's parser, which answers in
+    its grammar's terms ("extraneous input '/' expecting {EQUAL, ...}")."""
+    # Hydra's own flags whose value is the next word (`--cfg job`, `-p PACKAGE`)
+    valued = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name", "-cn",
+              "--config-dir", "-cd", "--experimental-rerun"}
+    for i, a in enumerate(args):
+        if "=" in a or a.startswith(("-", "~")) or (i and args[i - 1] in valued):
+            continue
+        if (Path(a) / "multirun.yaml").is_file():
+            how = "--resume takes the sweep dir in place of the sweep's name" if resume else "a sweep dir is resumed"
+            raise ValueError(f"'{a}' is a sweep dir: {how}: ablate sweep --resume {a} [key=value ...] (its sweep "
+                             "and command line come from its multirun.yaml)")
+        raise ValueError(f"'{a}' is not an override: after the sweep's name come key=value overrides "
+                         "(ablate sweep NAME key=value ... [--resume])")
 
 
 def _dry_run(name: str, hydra_argv: list[str]) -> None:

@@ -9,7 +9,7 @@ import traceback
 from ablate.paths import conf_dir
 from ablate.run.compose import check_moved, register_resolvers
 from ablate.run.console import say
-from ablate.run.secrets import remember
+from ablate.run.secrets import mask_log_records, remember
 
 # Hydra's own command-line options (hydra/_internal/utils.py get_args_parser): option -> its values
 # (None: takes a free value, (): takes none)
@@ -70,10 +70,15 @@ def hydra_train(argv: list[str]) -> None:
 
     register_resolvers()
     remember(argv)  # a secret given as an override is masked in every record, however it is spelled
+    mask_log_records()  # and in every line logged here (Hydra's launchers echo each job's overrides)
     sys.argv = ["ablate", *argv]
     if "-m" in argv or "--multirun" in argv:  # SIGTERM/SIGINT of the parent stops its workers too
         os.environ[interrupts.SWEEP_PID] = str(os.getpid())
         interrupts.forward_to_workers()
+        from ablate.run.secrets import MaskedStream
+
+        sys.stderr = MaskedStream(sys.stderr)  # Hydra writes a failed job's overrides there itself
+        interrupts.quiet_pool_trackers()
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a page: errors reach us
     error: Exception | None = None

@@ -34,6 +34,29 @@ from ablate.run.studies import require_optuna
 DB = "study.db"
 
 
+def check_study(sweep_dir: Path) -> None:
+    """`<sweep dir>/study.db`, if there, is a whole Optuna database (SQLite's quick_check, read-only):
+    a truncated or corrupt one is refused in one line before anything is written (Optuna would fail
+    with two tracebacks after the launch had rewritten multirun.yaml)."""
+    import sqlite3
+
+    path = Path(sweep_dir) / DB
+    if not path.exists():
+        return
+    try:
+        with sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True) as db:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        db.close()
+    except sqlite3.Error as e:
+        check, tables = str(e), set()
+    why = None if check == "ok" else check.splitlines()[0]
+    why = why or (None if "studies" in tables else "no Optuna tables in it")
+    if why is not None:
+        raise ConfigError(f"{path} is not a readable Optuna study ({why}); nothing was changed: restore it from a "
+                          "copy, or start the study again in another hydra.sweep.dir")
+
+
 def storage_url(sweep_dir: Path) -> str:
     return f"sqlite:///{(Path(sweep_dir) / DB).resolve()}"
 

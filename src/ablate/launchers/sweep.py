@@ -38,7 +38,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablate.analysis.runs import find_runs
-from ablate.run import rundir
+from ablate.run import rundir, sweep_dirs
 
 DONE = ("completed", "pruned")  # a job that ended as it should: a study's pruner stopping a trial is no failure
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
@@ -187,7 +187,7 @@ def print_plan(name: str, hydra_argv: list[str]) -> None:
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir, error."""
     rows = []
-    refused = rundir.refusals(sweep_dir)  # jobs whose dir was not theirs: left as it was, counted as failed
+    refused = sweep_dirs.refusals(sweep_dir)  # jobs whose dir was not theirs: left as it was, counted as failed
     runs = [r for r in find_runs([sweep_dir]) if str(r.path.resolve()) not in refused]
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}

@@ -124,6 +124,13 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
                     raise ResumeRefused(f"no earlier launch under {pattern.parent}/ to resume "
                                         "(run it without --resume, or give the sweep dir: ablate sweep --resume DIR)")
             if (sweep_dir / "study.db").is_file():  # a study (hydra/sweeper=optuna) continues from its database
+                from ablate.errors import ConfigError
+                from ablate.launchers.study import check_study
+
+                try:
+                    check_study(sweep_dir)
+                except ConfigError as e:
+                    raise ResumeRefused(str(e)) from None
                 return sweep_dir.resolve(), {}
             search = [a for a in argv if a.startswith("hydra.searchpath=")]  # a sweep config of the user's own
             for num, overrides in enumerate(expand_jobs(argv)):

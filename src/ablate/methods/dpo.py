@@ -96,6 +96,19 @@ class DPOCollator:
         return batch
 
 
+
+def _loss_result(fn: Any, out: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """What a loss (`method.loss`, possibly the user's) returned, if it is (per-pair losses: a tensor,
+    metrics: a dict); else one line naming it (UserCodeError) instead of a traceback further on."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor) and isinstance(out[1], dict):
+        return out
+    from ablate.errors import UserCodeError
+
+    f = getattr(fn, "func", fn)
+    got = f"({', '.join(type(x).__name__ for x in out)})" if isinstance(out, tuple) else f"a {type(out).__name__}"
+    raise UserCodeError(f"method.loss ({f.__module__}.{f.__qualname__}) returned {got}: a DPO loss returns "
+                        "(losses, metrics): a tensor of per-pair losses and a dict of metrics (ablate.losses.dpo)")
+
 class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
     `losses.dpo` function or any with its signature; config: `method/loss=NAME`, `method.trainer.loss`)
@@ -339,7 +352,8 @@ class DPOTrainer(LogsMetrics, ConfiguredOptimizer):
             ref_c, ref_r = self._reference_logps(model, inputs).chunk(2)
         ref_c, ref_r = ref_c.to(logp_c), ref_r.to(logp_r)
         n_c, n_r = inputs["completion_mask"].sum(-1).to(logp_c).chunk(2)  # completion tokens per sequence
-        losses, metrics = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
+        result = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
+        losses, metrics = _loss_result(self.loss_fn, result)  # a loss of the user's returning another thing: one line
         metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})
         self.metrics.add(mode, completion_token_metrics(out["stats"], out["seq"], len(logp_c)))

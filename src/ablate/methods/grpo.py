@@ -53,7 +53,7 @@ import copy
 import inspect
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -70,13 +70,13 @@ from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import logits_logps
+from ablate.methods import grpo_rewards
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
 from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.rewards import resolve
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
@@ -93,13 +93,13 @@ from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import RolloutStats
-from ablate.rollouts.turns import ToolGenerator, build_toolbox, environment_reward, tool_metrics, turns_of
+from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, turns_of
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 from ablate.speed.split import takes_logits_to_keep
 
-RewardFunc = Callable[..., list[float | None]]
+RewardFunc = grpo_rewards.RewardFunc
 
 
 def _check_finite(model: nn.Module, step: int) -> None:
@@ -137,7 +137,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         **kwargs: Any,
     ) -> None:
         self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
-        reward_funcs, weights = self._reward_table(reward_funcs, args)
+        reward_funcs, weights = grpo_rewards.gather(reward_funcs, args.reward_weights, self.toolbox)
         self.perf = perf or Perf()
         self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
@@ -146,9 +146,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
-        for fn in self.reward_funcs.values():  # a reward model scores on the trainer's device (ablate.rewards.RewardModel)
-            if callable(getattr(fn, "to", None)):
-                fn.to(self.args.device)
+        self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
+        grpo_rewards.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)  # one line, before round 1
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
@@ -180,23 +179,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             check_async(args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), args.max_staleness,
-                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced")
-
-    def _reward_table(self, reward_funcs: Any, args: GRPOConfig) -> tuple[dict[str, RewardFunc], list[float]]:
-        """The reward functions (any form data.reward_funcs takes: the short form too) and their weights; an
-        environment that scores its episodes adds its own column, weight 1 (TRL's)."""
-        reward_funcs = resolve.reward_funcs(reward_funcs)
-        env = self.toolbox.reward_name if self.toolbox is not None else None
-        if not reward_funcs and env is None:
-            raise ConfigError(f"GRPO needs reward functions: {resolve.SHORT_FORM}, or a task that has them "
-                              "(e.g. data=tiny_repeat); docs/methods.md")
-        weights = list(args.reward_weights or [1.0] * len(reward_funcs))
-        if len(weights) != len(reward_funcs):
-            raise ConfigError(f"method.args.reward_weights has {len(weights)} values for {len(reward_funcs)} "
-                              f"reward functions ({', '.join(reward_funcs)})")
-        if env is not None:
-            reward_funcs[env], weights = environment_reward, weights + [1.0]
-        return reward_funcs, weights
+                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced",
+                                     timeout_s=args.worker_timeout_s)
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -408,23 +392,9 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
 
     def _rewards(self, rows: list[dict[str, Any]], out: Completions) -> torch.Tensor:
-        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats). With tools,
-        each completion is its messages (turns and tool results) and `environments` one instance per row (TRL's)."""
-        completion_ids = out.ids
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        prompts = [r["prompt"] for r in rows]
-        completions = out.messages or [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-                                       for p, t in zip(prompts, texts)]
-        columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-        if getattr(self.generator, "environments", None) is not None:
-            columns["environments"] = self.generator.environments
-        table = torch.empty(len(rows), len(self.reward_funcs))
-        for i, (name, fn) in enumerate(self.reward_funcs.items()):
-            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            if len(values) != len(rows):
-                raise ValueError(f"reward function '{name}' returned {len(values)} rewards for {len(rows)} completions")
-            table[:, i] = torch.tensor([torch.nan if v is None else float(v) for v in values])
-        return table
+        """(N, F) reward table (ablate.methods.grpo_rewards; ablate.rewards.calls checks what each function returns)."""
+        environments = getattr(self.generator, "environments", None)  # this round's, one per row (TRL's)
+        return grpo_rewards.table(self.reward_funcs, rows, out, self.processing_class, environments, self._warned)
 
     # ---- loss ----
 

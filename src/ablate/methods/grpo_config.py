@@ -60,6 +60,9 @@ class GRPOConfig(TrainingArguments):
         "help": "Async GRPO's torch threads: split = fixed halves for the trainer and the worker (reproducible) | "
                 "balanced = the trainer also takes the worker's while it is idle (faster when the worker is; the "
                 "trainer's last bits then depend on timing: ablate.rollouts.cores)."})
+    worker_timeout_s: float = field(default=900.0, metadata={
+        "help": "Async GRPO: seconds the trainer waits for a round from its generation worker before it counts the "
+                "worker as stalled (stopped, hung) and stops the run in one line (resumable)."})
     tools: list[Any] | None = field(default=None, metadata={
         "help": "Functions the model may call while it generates (each a dotted path, e.g. ablate.tools.calculator, "
                 "or {_target_: path}); their signature and docstring are the schema it is shown (TRL's tools)."})
@@ -87,6 +90,8 @@ class GRPOConfig(TrainingArguments):
              f"(null = the trainer's), got '{self.generation_dtype}'"),
             (self.generation_dtype is None or self.max_staleness > 0, "generation_dtype is the async worker's "
              "(max_staleness > 0); a synchronous run samples with the policy itself (an engine: method/generator=vllm)"),
+            (isinstance(self.worker_timeout_s, (int, float)) and self.worker_timeout_s > 0,
+             f"worker_timeout_s must be a number of seconds > 0, got {self.worker_timeout_s}"),
             (self.async_threads in ("split", "balanced"), f"async_threads must be split or balanced, got '{self.async_threads}'"),
             (self.async_threads == "split" or self.max_staleness > 0, "async_threads=balanced shares the cores with the "
              "async worker (max_staleness > 0); a synchronous run uses every thread throughout"),

@@ -79,6 +79,7 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     adapters = _build(peft)
     if adapters is None:
         return model
+    _check_rank(model, adapters.config)
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -91,6 +92,16 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ConfigError(f"peft.target_modules={adapters.config.target_modules}: no such layer in this model; "
                           f"its linear layers: {', '.join(names)} (or peft.target_modules=all-linear)") from None
+
+
+def _check_rank(model: PreTrainedModel, config: Any) -> None:
+    """A rank above a layer's own width adds no capacity, only memory (peft.r=1e9 asked for 256 GB and
+    died in torch's allocator): refused naming the widest rank that means something."""
+    widths = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    r = getattr(config, "r", None)
+    if widths and isinstance(r, int) and r > max(widths):
+        raise ConfigError(f"peft.r={r}: larger than any layer it adapts (the widest is {max(widths)} wide): "
+                          f"must be at most {max(widths)}; LoRA's point is a small r (8-64)")
 
 
 @contextlib.contextmanager

@@ -67,7 +67,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ablate.errors import ConfigError
+from ablate.errors import ConfigError, UserCodeError
 from ablate.rollouts.cores import CoreShare
 
 AHEAD_ROUNDS = "async_rounds.pt"  # in each checkpoint of an async run: the rounds sampled but not yet trained on
@@ -110,7 +110,8 @@ class Worker:
     in `dtype` when given (the trainer's copy converts on writing, the worker casts its frozen ones)."""
 
     def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int,
-                 dtype: torch.dtype | None = None, cores: CoreShare | None = None) -> None:
+                 dtype: torch.dtype | None = None, cores: CoreShare | None = None, timeout_s: float = 900.0) -> None:
+        self.timeout_s = timeout_s  # method.args.worker_timeout_s: the longest wait for a round before the worker counts as stalled
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.slots = [[p.detach().to(dtype or p.dtype).clone().share_memory_() for p in self.params] for _ in range(slots)]
         ctx = multiprocessing.get_context("fork")
@@ -130,19 +131,46 @@ class Worker:
                 dst.copy_(src.detach())
 
     def submit(self, job: Sampled, slot: int, seed: int) -> None:
-        self.conn.send((job.round, slot, seed, job.prompt_ids))
+        try:
+            self.conn.send((job.round, slot, seed, job.prompt_ids))
+        except (BrokenPipeError, ConnectionResetError, OSError) as e:  # it died since the last round
+            raise self.lost() from e
 
     def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float, dict[str, Any]]:
-        """The next finished round: (round, completion ids, behaviour log-probs, seconds, tool calls' additions)."""
+        """The next finished round: (round, completion ids, behaviour log-probs, seconds, tool calls'
+        additions). A worker that died, or sent nothing for `timeout_s` (stopped, hung), is one line
+        (UserCodeError)."""
+        waited, t0 = 0.0, time.monotonic()
+        while not self.conn.poll(min(1.0, max(self.timeout_s - waited, 0.0))):
+            waited = time.monotonic() - t0
+            if not self.process.is_alive():
+                raise self.lost()
+            if waited >= self.timeout_s:
+                raise self.lost(stalled=waited)
         try:
             kind, *payload = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"the generation worker (pid {self.process.pid}) died "
-                               f"(exit code {self.process.exitcode}); see its output above") from None
+        except (EOFError, ConnectionResetError, OSError) as e:
+            raise self.lost() from e
         if kind == "error":
             raise RuntimeError(f"the generation worker failed: {payload[0].strip().splitlines()[-1]}\n{payload[0]}")
         k, completion_ids, old_logps, seconds, turns = payload
         return k, completion_ids, torch.from_numpy(old_logps), seconds, turns
+
+    def lost(self, stalled: float | None = None) -> UserCodeError:
+        """The error for a worker that died (its signal or exit code) or stalled (killed here): one line,
+        and how to go on (the newest checkpoint holds every round the run needs)."""
+        pid = self.process.pid
+        if stalled is not None:
+            state = _state(pid)
+            self.process.kill()
+            what = (f"sent no round for {stalled:.0f} s ({state}; method.args.worker_timeout_s={self.timeout_s:g}): "
+                    "killed it")
+        else:
+            self.process.join(timeout=5)  # reaped: its exit code
+            code = self.process.exitcode
+            what = f"died: {_ended(code)}"
+        return UserCodeError(f"generation worker (PID {pid}) {what}; the run stops here and keeps its newest "
+                             "checkpoint: resume with the same command (or ablate resume RUN_DIR)")
 
     def close(self, busy: bool = False) -> None:
         """Stop the process: asked to exit when idle, killed when `busy` (its round is not wanted)."""
@@ -157,6 +185,28 @@ class Worker:
             self.process.kill()
             self.process.join()
         self.conn.close()
+
+
+def _ended(code: int | None) -> str:
+    """How a process ended, from multiprocessing's exit code (-N: signal N)."""
+    if code is None:
+        return "its pipe closed"
+    if code < 0:
+        name = signal.Signals(-code).name
+        why = " (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{why}"
+    return f"exit code {code}"
+
+
+def _state(pid: int) -> str:
+    """What the OS says of a process that sends nothing: stopped (SIGSTOP, Ctrl-Z), sleeping, running."""
+    try:
+        import psutil
+
+        status = psutil.Process(pid).status()
+    except Exception:  # noqa: BLE001 - psutil missing, or the process just ended
+        return "state unknown"
+    return {"stopped": "stopped: SIGSTOP or Ctrl-Z", "tracing-stop": "stopped by a debugger"}.get(status, status)
 
 
 def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[torch.Tensor],
@@ -204,7 +254,8 @@ class AheadRounds:
 
     def __init__(self, behaviour: BehaviourFn, model: nn.Module, max_staleness: int, seed: int,
                  prompts_of: Callable[[int], list[list[int]]], dtype: torch.dtype | None = None,
-                 balanced: bool = False) -> None:
+                 balanced: bool = False, timeout_s: float = 900.0) -> None:
+        self.timeout_s = timeout_s  # method.args.worker_timeout_s
         self.balanced = balanced  # async_threads=balanced: the trainer takes the worker's threads while it idles
         self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, max_staleness, seed, prompts_of
         self.dtype = dtype  # the worker's weights and compute (None: the trainer's)
@@ -275,7 +326,7 @@ class AheadRounds:
         mine = max(threads - threads // 2, 1)
         self.cores = CoreShare(threads, mine) if self.balanced and threads > 1 else None
         self.worker = Worker(self.behaviour, self.model, slots=len(self.slot_versions), threads=max(threads // 2, 1),
-                             dtype=self.dtype, cores=self.cores)
+                             dtype=self.dtype, cores=self.cores, timeout_s=self.timeout_s)
         torch.set_num_threads(mine)
         if self.cores is not None:
             self.cores.attach(self.model)  # after the fork: the worker's copy of the model has no hooks

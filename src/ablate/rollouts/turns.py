@@ -111,9 +111,15 @@ def turns_of(out: Completions) -> dict[str, Any]:
             "tool_failures": out.tool_failures}
 
 
-def environment_reward(environments: list[Any], **_: Any) -> list[float | None]:
-    """The reward an environment gives its finished episode (TRL: `get_reward()`, weight 1)."""
-    return [env.get_reward() for env in environments]
+def environment_reward(cls: type) -> Callable[..., list[Any]]:
+    """The reward function of environment class `cls`: each finished episode's `get_reward()` (TRL's, weight 1),
+    named `cls.get_reward` so that a mistake in it is one line naming the user's method (ablate.rewards.calls)."""
+
+    def get_reward(environments: list[Any], **_: Any) -> list[Any]:
+        return [env.get_reward() for env in environments]
+
+    get_reward.__module__, get_reward.__qualname__ = cls.__module__, f"{cls.__qualname__}.get_reward"
+    return get_reward
 
 
 class ToolGenerator:

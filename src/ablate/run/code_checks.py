@@ -10,9 +10,10 @@ import difflib
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ablate.errors import ConfigError
+from ablate.rewards import calls
 from ablate.run.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
 
 
@@ -26,6 +27,7 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
     check_method_args(cfg, swept)
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
         check_trainer_functions(cfg)
+        check_reward_functions(cfg)
         from hydra.utils import get_class
 
         check_trainer_class(get_class(cfg.method.trainer._target_))
@@ -95,6 +97,68 @@ def check_trainer_functions(cfg: DictConfig) -> None:
         problem = call_mismatch(instantiate(value), param.default)
         if problem is not None:
             raise ConfigError(_misfit(cfg, node, name, value, param.default, problem))
+
+
+def check_reward_functions(cfg: DictConfig) -> None:
+    """The data's reward functions, when the trainer takes them (GRPO), each against the call GRPO makes
+    (ablate.rewards.calls): a dotted path (the short form, `data.reward_funcs=[myrew.short]`) or a function
+    node handed over as it is (`_partial_: true`: else Hydra would call it now, with no arguments), or a class
+    (a reward model: `{_target_: ablate.rewards.RewardModel, path: DIR}`, built once) whose instances take it."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
+    trainer = get_class(cfg.method.trainer._target_)
+    if not isinstance(funcs, (DictConfig, ListConfig)) or "reward_funcs" not in inspect.signature(trainer.__init__).parameters:
+        return
+    items = funcs.items() if isinstance(funcs, DictConfig) else ((f"[{i}]", v) for i, v in enumerate(funcs))
+    for name, node in items:
+        key = f"data.reward_funcs{name}" if str(name).startswith("[") else f"data.reward_funcs.{name}"
+        node_given = isinstance(node, DictConfig) and "_target_" in node
+        if not node_given and not isinstance(node, str):
+            continue
+        target = str(node._target_) if node_given else str(node)
+        fn = _located(target, key)
+        if fn is None:
+            continue
+        partial = bool(node.get("_partial_", False)) if node_given else True
+        if inspect.isclass(fn):
+            problem = _class_problem(fn, key, target, partial)
+            if problem is not None:
+                raise ConfigError(problem)
+            fn = next(k.__dict__["__call__"] for k in fn.__mro__ if "__call__" in k.__dict__)
+        elif not partial:
+            raise ConfigError(f"{key}: add _partial_: true ({key}._partial_=true): {target} is a reward function "
+                              "the trainer calls each round; without it Hydra would call it now, with no arguments")
+        problem = calls.call_problem(fn)
+        if problem is not None:
+            params = str(inspect.signature(fn)).replace("(self, ", "(") if calls._parameters(fn) is not None else "(...)"
+            raise ConfigError(f"{key}: {target}{params} cannot be called as GRPO calls a reward function, "
+                              f"{calls.CALL} ({problem}); add those arguments, or **kwargs")
+
+
+def _located(target: str, key: str) -> Any:
+    """The object a reward entry names (a module in the current directory too), or None when it cannot be
+    found (the target checks said so already)."""
+    from ablate.rewards import resolve
+
+    try:
+        return resolve.locate(target, key)
+    except Exception:  # noqa: BLE001 - not found, or its module failed to import: said by the target checks
+        return None
+
+
+def _class_problem(cls: type, key: str, target: str, partial: bool) -> str | None:
+    """Why a class listed as a reward cannot be one: its instance is the reward (built once, then called each
+    round), so it needs a `__call__` and no `_partial_`."""
+    if partial:
+        return (f"{key}: {target} is a class: drop _partial_ ({key}._partial_=false): the run builds one "
+                "instance (a reward model), which it calls each round")
+    if not any("__call__" in k.__dict__ for k in cls.__mro__[:-1]):
+        return (f"{key}: {target} is a class whose instances cannot be called: a reward is a function, or a class "
+                f"with __call__{calls.CALL[1:]} (as ablate.rewards.RewardModel)")
+    return None
 
 
 def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:

@@ -25,13 +25,19 @@ def write(text: str, file: TextIO | None = None) -> None:
     print(text, file=out, flush=True)
 
 
-def say(text: str, file: TextIO | None = None) -> None:
-    """A last line: every live bar is closed first (its final state stays on a line of its own)."""
+def end_bars() -> None:
+    """Close every live bar: its final state stays on a line of its own (a sweep's worker leaving
+    ends its bar, so the sweep's one line below is not glued to it)."""
     for bar in _bars():
         try:
             bar.close()
         except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the line
             pass
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """A last line: every live bar is closed first (its final state stays on a line of its own)."""
+    end_bars()
     print(text, file=file or sys.stderr, flush=True)
 
 

@@ -104,6 +104,19 @@ def forward_to_workers(grace_s: float = 120.0) -> None:
             signal.signal(s, forward)
 
 
+TRACKER_WARNING = "ignore:resource_tracker:UserWarning"  # "resource_tracker: There appear to be N leaked semaphore ..."
+
+
+def quiet_pool_trackers() -> None:
+    """A local_parallel sweep stopped by a signal (or its parent killed -9) leaves its joblib pool's
+    semaphores to multiprocessing's resource tracker, which unlinks them and warns about each, on the
+    terminal, after the sweep's one line. The cleaning is right, the warning is noise: the tracker
+    process (started later, with this environment) is told to keep it to itself."""
+    filters = [f for f in os.environ.get("PYTHONWARNINGS", "").split(",") if f]
+    if TRACKER_WARNING not in filters:
+        os.environ["PYTHONWARNINGS"] = ",".join([*filters, TRACKER_WARNING])
+
+
 def _ignores_sigterm(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -150,6 +163,9 @@ def leave_worker(code: int) -> NoReturn:
     import logging
     import sys
 
+    from ablate.run.console import end_bars
+
+    end_bars()
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

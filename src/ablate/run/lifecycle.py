@@ -39,14 +39,14 @@ from ablate.errors import (
     Pruned,
     RunDirError,
     chain,
+    user_code_error,
     user_error,
 )
-from ablate.run import interrupts, rundir, secrets
+from ablate.run import config_change, interrupts, rundir, secrets, sweep_dirs
 
 log = logging.getLogger("ablate")
-RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set in a resumed sweep's job processes: completed jobs are skipped
+RESUME_ENV = sweep_dirs.RESUME_ENV  # set in a resumed sweep's job processes: completed jobs are skipped
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
-NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
 
 
 @dataclass
@@ -191,7 +191,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         rundir.lock(run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir")
         info = claim(run_dir, overrides)
         now = identity(cfg)
-        check_same_config(run_dir, info, now)
+        config_change.check_same_config(run_dir, info, now)
     previous = _completed(run_dir, overrides)
     if previous is not None:  # completed by the process that held the lock a moment ago
         yield _untouched(run_dir, previous)
@@ -214,7 +214,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             run.write()
             return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _disk_full(run, e) or _peer_lost(run, e)  # said in one line
+            known = _disk_full(run, e) or _peer_lost(run, e) or user_code_error(e)  # said in one line
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e
@@ -262,10 +262,10 @@ def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
         if multirun:
             _stop_logging_into(run_dir)
             overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
-            rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
+            sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
         raise
     if multirun:
-        rundir.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
+        sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
@@ -416,41 +416,6 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     masked config: a rotated token does not change the job; a resumed sweep compares it)."""
     resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
     return {"config_hash": config_hash(resolved), "config": resolved}
-
-
-def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str, Any], warn: bool = True) -> None:
-    """A resume (a checkpoint to continue) whose composed config differs from the one the run started
-    with (a config file edited since, a changed default) would train its remaining steps on another
-    config and rewrite `.hydra/config.yaml` to it: refused naming the keys (ConfigError), unless
-    `ablate resume RUN_DIR --force` accepts the new config. No checkpoint: the run starts over on it."""
-    before = (info or {}).get("config_hash")
-    if not before or before == now["config_hash"] or not rundir.checkpoints(run_dir):
-        return
-    changed = config_changes((info or {}).get("config") or {}, now["config"])
-    shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
-    if os.environ.get(NEW_CONFIG_ENV):
-        if warn:  # said once, by the run (the launching process checks it first, silently)
-            log.warning("the composed config changed since this run started (%s): resuming with it (--force)",
-                        shown)
-        return
-    raise ConfigError(f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
-                      f"config files, or resume with the new config: ablate resume {run_dir} --force")
-
-
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`key (was X, now Y)` for every key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
-    return [f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
-            for k in [*b, *(k for k in a if k not in b)] if a.get(k, "<absent>") != b.get(k, "<absent>")]
-
-
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: node}
 
 
 def config_hash(resolved: Any) -> str:

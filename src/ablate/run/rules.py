@@ -51,9 +51,28 @@ def _delta(v: Any, c: DictConfig) -> bool:
     return v is None or (is_num(v) and (not is_num(high) or v > 1 + high))
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the parameters' dtype bounds every update the optimizer computes
+
+
+def _lr(v: Any, c: DictConfig) -> bool:
+    """An lr torch can use: > 0, and Adam's first update lr / (1 - beta1) a float32 (1e38 overflowed inside AdamW)."""
+    betas = at(c, "optimizer.optimizer.betas")
+    beta1 = betas[0] if isinstance(betas, ListConfig) and len(betas) and is_num(betas[0]) and betas[0] < 1 else 0.0
+    return is_num(v) and 0 < v and v / (1 - beta1) < FLOAT32_MAX
+
+
+def reward_names(c: DictConfig) -> list[str]:
+    """The data's reward functions, without those set to null (dropped, as a null callback is): a mapping's
+    names, or the short form's dotted paths (`data.reward_funcs=[myrew.short]`)."""
+    funcs = at(c, "data.reward_funcs")
+    if isinstance(funcs, ListConfig):
+        return [str(v.get("_target_", v)) if isinstance(v, DictConfig) else str(v) for v in funcs if v is not None]
+    return [str(k) for k, v in funcs.items() if v is not None] if isinstance(funcs, DictConfig) else []
+
+
 def _reward_weights(v: Any, c: DictConfig) -> bool:
     funcs = at(c, "data.reward_funcs")
-    n = len(funcs) if isinstance(funcs, (DictConfig, ListConfig)) else None  # a mapping, or the short form's list
+    n = len(reward_names(c)) if isinstance(funcs, (DictConfig, ListConfig)) else None  # a mapping, or the short form's list
     return v is None or (isinstance(v, ListConfig) and all(is_num(w) for w in v) and (n is None or len(v) == n))
 
 
@@ -117,7 +136,10 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
     "method.loss.label_smoothing": (lambda v, c: is_num(v) and 0 <= v < 0.5, "a number in [0, 0.5)"),
     "peak_tflops": (lambda v, c: v is None or (is_num(v) and v > 0), "null (measured) or a number > 0 (TFLOP/s)"),
-    "optimizer.optimizer.lr": (lambda v, c: is_num(v) and v > 0, "a number > 0"),
+    "optimizer.optimizer.lr": (_lr, lambda c: "a number > 0" + (
+        f" with lr / (1 - beta1) under float32's largest, {FLOAT32_MAX:.3g} (Adam's first update: torch cannot "
+        f"represent it)" if isinstance(at(c, "optimizer.optimizer.betas"), ListConfig) else
+        f" under float32's largest, {FLOAT32_MAX:.3g}")),
     "optimizer.optimizer.weight_decay": (lambda v, c: is_num(v) and v >= 0, "a number >= 0"),
     "method.args.per_device_train_batch_size": (
         lambda v, c: is_int(v) and v >= 1 and _grpo_batch(v, c),
@@ -179,8 +201,8 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.importance_sampling_level": (lambda v, c: v in ("token", "sequence"), "token (GRPO) or sequence (GSPO)"),
     "method.args.delta": (_delta, "null or a number > 1 + epsilon_high (two-sided clipping caps the ratio above the clip range)"),
     "method.args.reward_weights": (
-        _reward_weights, lambda c: f"null or a list of {len(at(c, 'data.reward_funcs') or {})} numbers, one per "
-                                   f"data.reward_funcs entry ({', '.join(at(c, 'data.reward_funcs') or {})})"),
+        _reward_weights, lambda c: f"null or a list of {len(reward_names(c))} numbers, one per "
+                                   f"data.reward_funcs entry ({', '.join(reward_names(c))})"),
     "method.args.use_cpu": (_bool, BOOL),
     "method.args.disable_tqdm": (_bool, BOOL),
     "data.max_train_samples": (lambda v, c: v is None or (is_int(v) and v >= 1), "null or an integer >= 1"),

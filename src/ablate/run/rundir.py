@@ -215,36 +215,6 @@ def claim_new_dir(path: Path) -> Path:
     raise RunDirError(f"{path}: 10000 dirs of that name exist already; choose another hydra.sweep.dir")
 
 
-REFUSED = ".refused"  # in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
-
-
-def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides: list[str] | None = None) -> None:
-    """Record (or, with `error` None, forget) that a sweep's job refused its dir `run_dir`, in the
-    sweep's own dir: the end-of-sweep table (ablate.launchers.sweep) shows the job as failed."""
-    path = sweep_dir / REFUSED / f"{run_dir.name}.json"
-    if not is_main_process():
-        return
-    if error is None:
-        if path.is_file():
-            path.unlink(missing_ok=True)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from ablate.run.secrets import mask
-
-    write_text(path, json.dumps({"run_dir": str(run_dir.resolve()), "error": error,
-                                 "overrides": mask(list(overrides or []))}) + "\n")
-
-
-def refusals(sweep_dir: Path) -> dict[str, dict[str, Any]]:
-    """{job dir: {run_dir, error, overrides}} of the sweep's jobs that refused their dir (`record_refusal`)."""
-    out = {}
-    for p in sorted((sweep_dir / REFUSED).glob("*.json")) if (sweep_dir / REFUSED).is_dir() else []:
-        record = read_json(p) or {}
-        if record.get("run_dir") and record.get("error"):
-            out[str(record["run_dir"])] = record
-    return out
-
-
 def completed_summary(run_dir: Path) -> dict[str, Any] | None:
     """The summary of a run that completed (it never changes again), else None."""
     summary = read_json(run_dir / SUMMARY)

@@ -18,7 +18,8 @@ only null, booleans and `${...}` interpolations are kept.
 and it lets a resume read the variable again); only the resolved value would be.
 
 Where it applies: rundir.write_json (run.json, summary.json), the run dir name (ablate.cli), the
-echoed sweep/resume command, W&B's config and command line (ablate.logger.wandb), and, through the
+echoed sweep/resume command, W&B's config and command line (ablate.logger.wandb), every log record the
+launching process makes (`mask_log_records`: Hydra's launchers echo each job's overrides), and, through the
 Hydra callback `MaskRecords` (conf/config.yaml), the .hydra/*.yaml files and multirun.yaml that Hydra
 writes itself, plus every line logged to ablate.log and the console.
 """
@@ -154,6 +155,45 @@ def mask_file(path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(new)
     os.replace(tmp, path)
+
+
+def mask_log_records() -> None:
+    """Every log record this process makes from now on carries its message masked: Hydra's launchers
+    echo each job's overrides (`[HYDRA] #0 : ... +method.args.hub_token=...`) and log a failed job's,
+    through handlers Hydra configures itself (a filter on them would not survive its next
+    configuration; the record factory does). Once per process."""
+    made = logging.getLogRecordFactory()
+    if getattr(made, "masks_secrets", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = made(*args, **kwargs)
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's to report, as it would be unmasked
+            return record
+        masked = mask_text(msg)
+        if masked != msg:
+            record.msg, record.args = masked, None
+        return record
+
+    factory.masks_secrets = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
+
+
+class MaskedStream:
+    """A text stream whose writes are masked: Hydra writes a failed job's overrides to stderr itself
+    ("Error executing job with overrides: [...]"), not through logging."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(mask_text(text) if "=" in text or _remembered else text)
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 class _MaskFilter(logging.Filter):

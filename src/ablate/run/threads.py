@@ -56,6 +56,11 @@ def choose(setting: int | None, launcher: Any = None) -> tuple[int, str]:
             from ablate.errors import ConfigError
 
             raise ConfigError(f"threads must be a positive number of threads or null (automatic), got {setting}")
+        if int(setting) > 4 * available_cores():  # a typo (threads=100000): the process cannot start them
+            from ablate.errors import ConfigError
+
+            raise ConfigError(f"threads={setting}: this machine gives the run {available_cores()} cores; more than "
+                              f"4 threads per core only slows torch down (null: one per core)")
         return int(setting), "config threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:

@@ -39,15 +39,14 @@ from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, import
     has_accelerator,
     job_processes,
 )
-from ablate.rewards.resolve import SHORT_FORM
 from ablate.run.rules import (
     RULES,
     at,
     hydra_node,
-    is_grpo,
     optimizer_field_hint,
     refusal,
 )
+from ablate.run import data_checks, sweep_dirs
 from ablate.run.targets import check_target
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
@@ -91,20 +90,11 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
         v = values[key]
         if v is not KeyError and key not in swept and not ok(v, cfg):
             raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
-    _check_paths(cfg)
-    _check_datasets_cache(cfg)
+    data_checks.check_paths(cfg)
+    data_checks.check_datasets_cache(cfg)
     _check_cache_dir(cfg)
-    _check_eval_data(cfg, swept)
-    _check_rewards(cfg, swept)
-
-
-def _check_rewards(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """GRPO without a reward: no reward function and no environment that scores its episodes."""
-    if not is_grpo(cfg) or "data.reward_funcs" in swept or at(cfg, "method.args.environment") is not None:
-        return
-    if not at(cfg, "method.trainer.reward_funcs"):  # the data's, through the method's interpolation
-        raise ConfigError(f"GRPO needs reward functions: {SHORT_FORM}, or a task that has them "
-                          f"(e.g. data=tiny_repeat); docs/methods.md")
+    data_checks.check_reward_funcs(cfg, swept)
+    data_checks.check_eval_data(cfg, swept)
 
 
 def _check_targets(cfg: DictConfig) -> None:
@@ -133,29 +123,6 @@ def _check_optimizer_args(cfg: DictConfig) -> None:
             hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
             if hint:
                 raise ConfigError(hint)
-
-
-def _check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
-    strategy = at(cfg, "method.args.eval_strategy")
-    data = at(cfg, "data")
-    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
-        return
-    target = str(data.get("_target_", ""))
-    # data=local: a save_to_disk dir as train_path may bring its own eval split
-    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
-    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
-               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
-               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
-    if target in missing and missing[target][1]():
-        field_ = missing[target][0]
-        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
-        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
-
-
-def _packaged_eval(data: DictConfig) -> bool:
-    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
 
 
 def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
@@ -202,47 +169,6 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
 
 
-def _check_paths(cfg: DictConfig) -> None:
-    """Data files and a local model dir exist (checked before the model is loaded)."""
-    data = cfg.get("data") or {}
-    for key in ("train_path", "eval_path"):
-        path = data.get(key) if isinstance(data, DictConfig) else None
-        local = Path(path).expanduser() if isinstance(path, str) else None
-        if local is not None and not local.is_file() and not _saved_dataset(local):
-            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
-                    if local.is_dir() else "not found")
-            raise ConfigError(f"data.{key}={path}: {what}")
-        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
-            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
-    model = cfg.get("model") or {}
-    path = model.get("path") if isinstance(model, DictConfig) else None
-    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
-        local = Path(path).expanduser()
-        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
-            why = "not found" if not local.exists() else "no config.json there"
-            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
-
-
-DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
-
-
-def _check_datasets_cache(cfg: DictConfig) -> None:
-    """`datasets` writes every file it loads into its cache: a read-only HOME would fail the run after
-    its dir exists, in words about the data files. Where the cache goes is datasets' own rule."""
-    if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
-        return
-    env = os.environ
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
-    existing = cache
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == cache else f" ({existing} is not writable)"
-        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
-                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
-
-
 def _check_cache_dir(cfg: DictConfig) -> None:
     """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
     go on without its cache, saying so at each lookup, and with no cached speed probe either."""
@@ -257,11 +183,6 @@ def _check_cache_dir(cfg: DictConfig) -> None:
             where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
             raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
                               f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
-
-
-def _saved_dataset(path: Path) -> bool:
-    """A `save_to_disk` dir (data=local reads it)."""
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -360,7 +281,8 @@ def _check_same_run(run_dir: Path, hc: Any, cfg: DictConfig | None = None) -> No
         raise ConfigError(f"{run_dir.resolve()} holds another run (overrides {info.get('overrides')}); "
                           "pick a new hydra.run.dir, or repeat that run's exact overrides to resume it")
     if info is not None and cfg is not None and rundir.completed_summary(run_dir) is None:
-        from ablate.run.lifecycle import check_same_config, identity
+        from ablate.run.config_change import check_same_config
+        from ablate.run.lifecycle import identity
 
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         check_same_config(run_dir.resolve(), info, identity(task), warn=False)
@@ -392,8 +314,8 @@ class Validate(Callback):
 
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
-            if _sweep_dir_given(config.hydra):
-                check_not_a_sweep(sweep_dir)  # in about a second: before the code checks import torch
+            if sweep_dirs.given(config.hydra):
+                sweep_dirs.check_sweep_dir_free(sweep_dir)  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -417,11 +339,11 @@ def claim_sweep_dir(config: DictConfig) -> None:
 
     hc = config.hydra
     path = Path(str(hc.sweep.dir))
-    raw = _hydra_overrides(hc)
+    raw = sweep_dirs.hydra_overrides(hc)
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
-        check_not_a_sweep(path)
+        sweep_dirs.check_sweep_dir_free(path)
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
@@ -431,30 +353,6 @@ def claim_sweep_dir(config: DictConfig) -> None:
         hc.sweep.dir = str(path)
         overrides = [o for o in raw if o not in given]
         hc.overrides.hydra = [*overrides, f"hydra.sweep.dir={quote_override_value(str(path))}"]
-
-
-def _hydra_overrides(hc: Any) -> list[str]:
-    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
-    return [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
-
-
-def _sweep_dir_given(hc: Any) -> bool:
-    """`hydra.sweep.dir` was given on the command line (else the launch makes a new dir of its own)."""
-    return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in _hydra_overrides(hc))
-
-
-SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
-
-
-def check_not_a_sweep(path: Path) -> None:
-    """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
-    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job)."""
-    from ablate.run.lifecycle import RESUME_ENV
-
-    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
-    if held and not os.environ.get(RESUME_ENV):
-        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
-                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
 
 
 def _dir_value(config: DictConfig, key: str) -> str:

@@ -80,7 +80,7 @@ class OptunaSweeper(Sweeper):
         return study, url
 
     def sweep(self, arguments: List[str]) -> Any:
-        from ablate.launchers.study import search_space, trial_overrides
+        from ablate.launchers.study import check_study, search_space, trial_overrides
         from ablate.run.studies import require_optuna
 
         optuna = require_optuna()
@@ -88,8 +88,9 @@ class OptunaSweeper(Sweeper):
         space, fixed = search_space(self.params, list(arguments))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        check_study(sweep_dir)  # a damaged study.db: one line, before multirun.yaml is rewritten
         study, url = self._study(sweep_dir)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         self._requeue_stale(study, optuna, sweep_dir)
         if not study.get_trials(deepcopy=False):  # a new study: the trials the user asked for first
             for params in self.enqueue:

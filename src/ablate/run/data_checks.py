@@ -1,0 +1,104 @@
+"""The cheap checks of what a run reads (ablate.run.validate calls them, before any run dir exists): the data
+files and a local model dir exist and can be read, the datasets cache can be written, evaluation has an eval
+split, and GRPO has a reward function (the error names the short form, `data.reward_funcs=[myrew.short]`).
+No torch import here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from ablate.errors import ConfigError
+from ablate.rewards.resolve import SHORT_FORM
+from ablate.run.rules import at, hydra_node, is_grpo, reward_names
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """Data files and a local model dir exist (checked before the model is loaded)."""
+    data = cfg.get("data") or {}
+    for key in ("train_path", "eval_path"):
+        path = data.get(key) if isinstance(data, DictConfig) else None
+        local = Path(path).expanduser() if isinstance(path, str) else None
+        if local is not None and not local.is_file() and not _saved_dataset(local):
+            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
+                    if local.is_dir() else "not found")
+            raise ConfigError(f"data.{key}={path}: {what}")
+        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
+            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
+    model = cfg.get("model") or {}
+    path = model.get("path") if isinstance(model, DictConfig) else None
+    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
+        local = Path(path).expanduser()
+        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
+            why = "not found" if not local.exists() else "no config.json there"
+            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
+
+
+DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
+
+
+def check_datasets_cache(cfg: DictConfig) -> None:
+    """`datasets` writes every file it loads into its cache: a read-only HOME would fail the run after
+    its dir exists, in words about the data files. Where the cache goes is datasets' own rule."""
+    if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
+        return
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
+    existing = cache
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == cache else f" ({existing} is not writable)"
+        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
+                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
+
+
+def check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """GRPO needs a reward: a reward function of the data's, or an environment that scores its episodes; every
+    function set to null (`data.reward_funcs.NAME=null` drops one) leaves none."""
+    funcs = at(cfg, "data.reward_funcs")
+    trainer = at(cfg, "method.trainer")
+    given = trainer._get_node("reward_funcs")._value() if isinstance(trainer, DictConfig) and "reward_funcs" in trainer else None
+    if not is_grpo(cfg) or any(k.startswith(("data", "method.trainer")) for k in swept) \
+            or not str(given).startswith("${oc.select:data.reward_funcs"):
+        return  # not GRPO, swept, or the trainer given its rewards some other way
+    if at(cfg, "method.args.environment") is not None:
+        return  # its get_reward() may score the episodes (the trainer says so if it has none)
+    if not isinstance(funcs, (DictConfig, ListConfig)) or not len(funcs):
+        data = at(cfg, "hydra.runtime.choices.data") or OmegaConf.select(hydra_node(), "runtime.choices.data", default="")
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and data={data or '...'} has none: add "
+                          f"yours, {SHORT_FORM}, or use data that scores itself (data=tiny_repeat); docs/methods.md")
+    if not reward_names(cfg):
+        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
+                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}")
+
+
+def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
+    strategy = at(cfg, "method.args.eval_strategy")
+    data = at(cfg, "data")
+    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
+        return
+    target = str(data.get("_target_", ""))
+    # data=local: a save_to_disk dir as train_path may bring its own eval split
+    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
+    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
+               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
+               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
+    if target in missing and missing[target][1]():
+        field_ = missing[target][0]
+        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
+        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
+                          f"or leave evaluation off (method.args.eval_strategy=no)")
+
+
+def _packaged_eval(data: DictConfig) -> bool:
+    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
+
+
+def _saved_dataset(path: Path) -> bool:
+    """A `save_to_disk` dir (data=local reads it)."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()

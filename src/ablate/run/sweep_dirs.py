@@ -1,0 +1,77 @@
+"""A sweep dir belongs to one launch (issue 32): a new launch into a `hydra.sweep.dir` that holds a sweep
+is refused unless it is `--resume`, a launch still running there is refused at once, and a job whose
+dir was refused (a folder of the user's, another run's) is recorded here, in the sweep's own dir
+(`.refused/`), since nothing may be written into that dir: the end-of-sweep table counts it as failed.
+
+No torch import: the launching process checks these before any job starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ablate.errors import ConfigError, RunDirError
+from ablate.run import rundir
+
+
+def hydra_overrides(hc: Any) -> list[str]:
+    # as written: an override may hold an interpolation that only a job can resolve (${hydra.job.num})
+    return [str(o) for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)]
+
+
+def given(hc: Any) -> bool:
+    """`hydra.sweep.dir` was given on the command line (else the launch makes a new dir of its own)."""
+    return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in hydra_overrides(hc))
+
+
+RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set by `--resume` (and in its job processes): the launch continues the sweep there
+SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
+
+
+def check_sweep_dir_free(path: Path) -> None:
+    """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
+    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job). A
+    launch (a study's driver) still running there is refused at once, before the code checks' seconds."""
+    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
+    if held and not os.environ.get(RESUME_ENV):
+        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
+                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
+    if rundir.lock_held(path):
+        holder = (path / rundir.LOCK).read_text(errors="replace").strip() or "another process"
+        raise RunDirError(f"sweep dir {path.resolve()} is in use by {holder}; wait for it to end, or launch the "
+                          "sweep into another hydra.sweep.dir")
+
+
+REFUSED = ".refused"  # in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
+
+
+def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides: list[str] | None = None) -> None:
+    """Record (or, with `error` None, forget) that a sweep's job refused its dir `run_dir`, in the
+    sweep's own dir: the end-of-sweep table (ablate.launchers.sweep) shows the job as failed."""
+    path = sweep_dir / REFUSED / f"{run_dir.name}.json"
+    if not rundir.is_main_process():
+        return
+    if error is None:
+        if path.is_file():
+            path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from ablate.run.secrets import mask
+
+    rundir.write_text(path, json.dumps({"run_dir": str(run_dir.resolve()), "error": error,
+                                        "overrides": mask(list(overrides or []))}) + "\n")
+
+
+def refusals(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """{job dir: {run_dir, error, overrides}} of the sweep's jobs that refused their dir (`record_refusal`)."""
+    out = {}
+    for p in sorted((sweep_dir / REFUSED).glob("*.json")) if (sweep_dir / REFUSED).is_dir() else []:
+        record = rundir.read_json(p) or {}
+        if record.get("run_dir") and record.get("error"):
+            out[str(record["run_dir"])] = record
+    return out
