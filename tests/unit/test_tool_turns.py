@@ -191,10 +191,16 @@ def test_environment_reward_and_refusals(tmp_path):
 
 
 def test_async_worker_runs_the_tools(tmp_path):
-    """max_staleness=1: the forked worker samples with the tools (Scripted.sample, as SharedPromptGenerator's) and
-    sends the tool mask, messages and counts back with its round; the trainer trains on them masked."""
-    trainer = _trainer(tmp_path, lambda tok: Scripted(tok, perfect), tools=["ablate.tools.calculator"], max_staleness=1,
-                       max_steps=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
+    """max_staleness=1: the forked worker samples with the tools (Scripted.sample, as SharedPromptGenerator's), runs
+    the calls (one that fails too: its error is the result) and sends the tool mask, messages and counts back with
+    its round; the trainer trains on them masked, logs the worker's tool metrics and scores its messages."""
+
+    def fails_on_seven(text: str) -> str:  # 56*7 is asked as 56/0*7: the tool's ZeroDivisionError is copied
+        q = re.findall(r"What is (.*?)\?", text)
+        return perfect(text) if "<|tool|>" in text or not q else CALL % q[-1].replace("*7", "/0*7")
+
+    trainer = _trainer(tmp_path, lambda tok: Scripted(tok, fails_on_seven), tools=["ablate.tools.calculator"],
+                       max_staleness=1, max_steps=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
     served = []
     compute_loss = trainer.compute_loss
 
@@ -204,9 +210,13 @@ def test_async_worker_runs_the_tools(tmp_path):
 
     trainer.compute_loss = recording
     trainer.train()
+    assert trainer.generator.inner.batches == []  # the trainer's process sampled nothing: the worker did
     assert len(served) == 2 and all(s.tool_mask is not None and (s.tool_mask == 0).any() for s in served)
+    assert all(torch.equal(s.loss_mask(), s.completion_mask * s.tool_mask) for s in served)
     logged = [e for e in trainer.state.log_history if "tools/call_frequency" in e]
-    assert [e["tools/call_frequency"] for e in logged] == [1.0, 1.0] and all(e["reward"] == 1.0 for e in logged)
+    assert [e["tools/call_frequency"] for e in logged] == [1.0, 1.0]
+    assert [e["tools/failure_frequency"] for e in logged] == [0.5, 0.5]  # 56/0*7 failed, 12*34 did not
+    assert [e["reward"] for e in logged] == [0.5, 0.5]  # the right product copied from the result: 12*34 only
 
 
 def test_hermes_turns_for_a_template_without_tools():
