@@ -50,8 +50,6 @@ The objective takes a `LossInputs` and the clipping settings by keyword (ablate.
 from __future__ import annotations
 
 import copy
-import inspect
-import os
 import time
 from typing import Any
 
@@ -66,14 +64,14 @@ from transformers import (
 )
 
 from ablate.data.tokenize import prepare_prompts
-from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.logps import logits_logps
 from ablate.methods import grpo_rewards
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
-from ablate.methods.grpo_config import GRPOConfig
+from ablate.methods.grpo_config import GRPOConfig, check_aggregation, longest_row
+from ablate.methods.grpo_rounds import RoundsInCheckpoints
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
@@ -92,7 +90,6 @@ from ablate.rollouts.generation import (
 from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
-from ablate.rollouts.stats import RolloutStats
 from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, turns_of
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
@@ -115,7 +112,7 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
+class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
 
     loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
@@ -486,54 +483,3 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
-
-
-    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
-        """Save the rollout buffer with the checkpoint: its counters, so a resumed run's summary counts the
-        rounds and seconds before the resume too, and a round saved mid-way (ablate.rollouts.buffer).
-        Written before Trainer's files: trainer_state.json comes last and marks the checkpoint complete."""
-        if self.args.should_save:
-            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            self.rollouts.save(folder)
-            if self.ahead is not None:  # the rounds sampled ahead, awaited (ablate.rollouts.ahead)
-                self.ahead.save(folder)
-        super()._save_checkpoint(model, trial)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
-        if self.ahead is not None:
-            self.ahead.load(resume_from_checkpoint)  # the rounds sampled ahead: served, not sampled again
-
-    def rollout_stats(self) -> RolloutStats:
-        """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
-        return self.rollouts.stats
-
-    def summary_fields(self) -> dict[str, Any]:
-        """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
-        stats = self.rollouts.stats
-        fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
-        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; the worker's sampling time
-            fields["background_generation_seconds"] = round(stats.background_seconds, 3)
-        return fields
-
-
-def longest_row(args: GRPOConfig) -> int | None:
-    """The longest row of TRL's layout (prompt + completion): a sliding window at least this long never
-    cuts one (ablate.speed.plan); None when prompts are not capped."""
-    if args.max_prompt_length is None:
-        return None
-    return args.max_prompt_length + args.max_completion_length
-
-
-def check_aggregation(aggregation: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
-    """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
-    `method.trainer.aggregation._target_=ablate.losses.dpo.hinge`)."""
-    try:
-        inspect.signature(aggregation).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
-    except TypeError as e:
-        name = getattr(getattr(aggregation, "func", aggregation), "__name__", repr(aggregation))
-        raise ConfigError(f"method.aggregation: {name} is not a GRPO aggregation (one takes per_token_loss, mask, "
-                          f"num_items=..., max_completion_length=...): {e}") from None
-    return aggregation

@@ -4,13 +4,16 @@ names and defaults for what ablate's GRPOTrainer (ablate.methods.grpo) implement
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from transformers import TrainingArguments
 
 from ablate.errors import ConfigError
+from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.rewards import resolve
 from ablate.rollouts.tools import FORMATS, schema
@@ -152,3 +155,23 @@ def plain(value: Any) -> Any:
 
         return OmegaConf.to_container(value, resolve=True)
     return value
+
+
+def longest_row(args: GRPOConfig) -> int | None:
+    """The longest row of TRL's layout (prompt + completion): a sliding window at least this long never
+    cuts one (ablate.speed.plan); None when prompts are not capped."""
+    if args.max_prompt_length is None:
+        return None
+    return args.max_prompt_length + args.max_completion_length
+
+
+def check_aggregation(aggregation: grpo_losses.Aggregation) -> grpo_losses.Aggregation:
+    """A one-line error when `loss` is not a GRPO aggregation (e.g. a DPO loss picked with
+    `method.trainer.aggregation._target_=ablate.losses.dpo.hinge`)."""
+    try:
+        inspect.signature(aggregation).bind(torch.zeros(1, 1), torch.ones(1, 1), num_items=1.0, max_completion_length=1)
+    except TypeError as e:
+        name = getattr(getattr(aggregation, "func", aggregation), "__name__", repr(aggregation))
+        raise ConfigError(f"method.aggregation: {name} is not a GRPO aggregation (one takes per_token_loss, mask, "
+                          f"num_items=..., max_completion_length=...): {e}") from None
+    return aggregation
