@@ -69,3 +69,14 @@ class StallAt(TrainerCallback):
             run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
             (run_dir / f"stalled.{os.getpid()}").touch()
             time.sleep(600)
+
+
+class InterruptAt(TrainerCallback):
+    """Ctrl-C at step ABLATE_TEST_INTERRUPT_AT: SIGINT to this process, as a terminal sends it."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        at = int(os.environ.get("ABLATE_TEST_INTERRUPT_AT", "0"))
+        if at and state.global_step == at:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError, user_error
-from ablate.run import interrupts, lifecycle, process, rundir, secrets, validate
+from ablate.run import interrupts, lifecycle, process, rundir, secrets, stopped, validate
 from ablate.run.console import say
 
 log = logging.getLogger("ablate")
@@ -29,7 +29,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
         if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
-        say(f"ablate: interrupted ({interrupts.describe(e)})")
+        say(stopped.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar (say closes it)
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:
@@ -72,7 +72,8 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     validate.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
-    check_shape(trainer_cls, data.train, eval_data := data.eval if args.eval_strategy != "no" else None)
+    record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
+                                        eval_data := data.eval if args.eval_strategy != "no" else None))
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
     validate.check_trainable(model)

@@ -151,6 +151,15 @@ CASES: list[Case] = [
     C("seed-typo", "train sed=1", "did you mean 'seed'"),
     C("callback-typo", "train callbacks.nan_gard=null", "did you mean 'callbacks.nan_guard'"),
     T("args-unknown-added", "train +method.args.bta=1", "did you mean 'method.args.beta'"),
+    # a key that exists under another node is named by its full path, with or without '+' (issue 37:
+    # `max_steps=5` suggested `+max_steps=5`, which was then refused as an unknown root key)
+    C("key-elsewhere", "train max_steps=5",
+      "unknown config key 'max_steps': 'max_steps' is method.args.max_steps: write method.args.max_steps=5"),
+    C("key-elsewhere-added", "train +max_steps=5", "'max_steps' is method.args.max_steps: write method.args.max_steps=5"),
+    C("lr-under-method-args", "train method.args.lr=1e-3", "'lr' is optimizer.optimizer.lr: write optimizer.optimizer.lr=1e-3"),
+    T("lr-under-method-args-added", "train +method.args.lr=1e-3",
+      "method.args.lr: DPOConfig has no such field; 'lr' is optimizer.optimizer.lr: write optimizer.optimizer.lr=0.001"),
+    C("beta-at-the-root", "train beta=0.2", "'beta' is method.args.beta: write method.args.beta=0.2"),
     C("method-option-typo", "train method=dpoo", "did you mean method=dpo"),
     C("model-option-typo", "train model=tinyy", "did you mean model=tiny"),
     C("data-option-typo", "train data=tiny_pref", "did you mean data=tiny_prefs"),

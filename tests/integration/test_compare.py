@@ -88,6 +88,18 @@ def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_pa
     assert "| loss=hinge | 2 | 2 completed |" in md
 
 
+def test_caption_says_what_each_column_shows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """3 seeds: the metric gets an interval, the runtime mean ± std, and the caption says both (issue 37:
+    it said "with fewer than 3 seeds: mean ± std" above a 3-seed runtime of `33.08 ± 31`)."""
+    root = tmp_path / "s" / "2026-01-01_00-00-00"
+    for seed in (1, 2, 3):
+        write_run(root, seed, ["method=dpo", f"seed={seed}"], {"loss": 0.1 * seed}, runtime=10.0 * seed)
+    compare.compare([root], metrics=["loss"])
+    out = capsys.readouterr().out
+    assert "0.2 [0.1" in out and "20 ± 10" in out  # loss: an interval; runtime: mean ± std
+    assert "runtime (s): mean ± std over seeds, always" in out and "metrics: mean [95% bootstrap interval" in out
+
+
 def test_metric_flag_picks_the_columns(sweep_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r"
     compare.compare([sweep_dir], metrics=["loss"], out=out)

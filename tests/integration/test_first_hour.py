@@ -12,6 +12,7 @@ implausible cached peak is measured again. (Item 13 is the README test's `test_d
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -76,6 +77,31 @@ def test_status_and_ls_agree_on_a_job_killed_with_sigkill(tmp_path: Path) -> Non
     assert status.returncode == 0 and listed.returncode == 0, status.stderr + listed.stderr
     assert "interrupted at step" in status.stdout and "running" not in status.stdout, status.stdout
     assert [row["status"] for row in json.loads(listed.stdout)] == ["interrupted"]
+
+
+def test_status_without_a_dir_shows_the_newest_sweep_in_one_table(tmp_path: Path) -> None:
+    """`ablate status` alone: the newest launch under outputs/sweeps, said as such; a sweep's folder:
+    its newest launch; one table (state and key metric), no SLURM columns for a local sweep (issue 37:
+    a usage line, and two tables for a finished sweep)."""
+    old, new = (tmp_path / "outputs" / "sweeps" / name / launch for name, launch in
+                (("dpo_loss", "2026-01-01_00-00-00"), ("grpo_spg", "2026-01-02_00-00-00")))
+    for sweep_dir, mtime in ((old, 1_000_000), (new, 2_000_000)):
+        for seed in (1, 2):
+            write_run(sweep_dir, seed - 1, [f"seed={seed}"], {"rewards/accuracies": 0.25 * seed, "loss": 1.0})
+        (sweep_dir / "multirun.yaml").write_text("{}\n")
+        os.utime(sweep_dir / "multirun.yaml", (mtime, mtime))
+    r = ablate("status", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"sweep {new} (the newest sweep under outputs/sweeps; ablate status SWEEP_DIR "
+                               "for another): 2/2 jobs completed\n"), r.stdout
+    assert r.stdout.count("┏") == 1 and "rewards/accuracies=0.5" in r.stdout and "SLURM" not in r.stdout, r.stdout
+    assert r.stdout.rstrip().endswith(f"compare: ablate compare {new}")
+    r = ablate("status", "outputs/sweeps/dpo_loss", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"sweep {old} (the newest sweep under outputs/sweeps/dpo_loss"), r.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = ablate("status", cwd=empty)
+    assert r.returncode == 2 and "outputs/sweeps does not exist" in r.stderr and "ablate sweep NAME" in r.stderr
 
 
 def test_a_free_lock_on_another_host_proves_nothing(tmp_path: Path) -> None:
@@ -162,12 +188,42 @@ def test_parquet_given_as_data_jsonl_trains_and_csv_as_data_local_previews(tmp_p
 
 # ---- 5. the data's shape before the model ------------------------------------------------------------
 
-def test_rows_matching_no_format_are_refused_before_the_model_loads(tmp_path: Path) -> None:
-    (tmp_path / "renamed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    r = ablate("train", "data=jsonl", "data.train_path=renamed.jsonl", *FAST, cwd=tmp_path)
+@pytest.mark.parametrize("suffix", ["jsonl", "csv", "parquet", "json"])
+def test_rows_matching_no_format_are_refused_before_the_model_loads(tmp_path: Path, suffix: str) -> None:
+    """Before the run dir exists, and before torch loads (issue 37: a CSV or parquet of the wrong
+    columns took 7-20 s and left a failed run dir before its one line)."""
+    import pandas as pd
+
+    frame, path = pd.DataFrame(ROWS), tmp_path / f"renamed.{suffix}"
+    {"jsonl": lambda: frame.to_json(path, orient="records", lines=True), "csv": lambda: frame.to_csv(path, index=False),
+     "parquet": lambda: frame.to_parquet(path), "json": lambda: frame.to_json(path, orient="records")}[suffix]()
+    r = ablate("train", "data=local", f"data.train_path={path.name}", *FAST, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
-    assert "found columns ['bad', 'good', 'question']" in r.stderr and "data.columns" in r.stderr
-    assert "lean layers" not in r.stdout + r.stderr  # the model was never built
+    assert f"data.train_path={path.name}: DPO found columns ['bad', 'good', 'question']" in r.stderr, r.stderr
+    assert "data.columns" in r.stderr and "lean layers" not in r.stdout + r.stderr  # the model was never built
+    assert not (tmp_path / "outputs").exists()  # refused before the run dir
+
+
+def test_the_header_check_reads_each_kind_as_the_loader_does(tmp_path: Path) -> None:
+    """peek.columns = the loader's columns for every file kind (a saved dir: not peeked, the loader checks
+    it); with data.columns the same files pass the check (test_parquet_given_as_data_jsonl_trains... trains one)."""
+    from ablate.data import local, peek
+    from ablate.data.formats import detect_columns, mapped_columns
+
+    mapping = {"prompt": "question", "chosen": "good", "rejected": "bad", "text": None}
+    for kind, path in _write_kinds(tmp_path).items():
+        found = peek.columns(path)
+        assert found == (None if kind == "saved" else local(str(path)).train.column_names), kind
+        if found is not None:
+            assert mapped_columns(found, mapping) == local(str(path), columns=mapping).train.column_names
+            assert detect_columns(mapped_columns(found, mapping), "preference") == "preference"
+
+
+def test_a_columns_mapping_to_a_missing_column_is_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "rows.csv").write_text("question,good,bad\nsort: ba =, ab, ba\n")
+    r = ablate("train", "data=local", "data.train_path=rows.csv", "data.columns.prompt=query", cwd=tmp_path)
+    assert r.returncode == 2 and "data.columns: no column ['query'] in the data" in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 # ---- 6 and 7. one clean bar; DPO scores only what it draws ------------------------------------------
@@ -189,17 +245,38 @@ def test_text_is_never_glued_to_the_bar_and_log_dicts_go_to_the_log_file(grpo_ru
     assert not any("it/s]GRPO" in line or "?it/s]GRPO" in line for line in lines)
     assert "{'loss'" not in out and "'grad_norm'" not in out  # HF's 20-key dicts: not on the console
     assert "Generating train split" not in out and "Tokenizing" not in out  # no dataset bars
+    assert "kernels-community" not in out  # bitsandbytes' import-time notice (CPUs with AVX512-BF16): not the user's
     # tqdm's rate reads it/s, or s/it when a step takes over a second (a busy machine)
     assert re.search(r"(it/s|s/it), loss \S+, reward \S+.*tok/s, MFU [\d.]+% of [\d.]+ [GTM]FLOP/s", out), out[-2000:]
     log = (_run_dir(out) / "ablate.log").read_text()
     assert "{'loss'" in log and "'grad_norm'" in log  # ... but in ablate.log, every one of them
 
 
+def test_ctrl_c_says_where_it_stopped_and_a_rerun_names_the_run_to_resume(tmp_path: Path) -> None:
+    """Ctrl-C: one line of its own below the bar (the step, `ablate resume DIR`, the checkpoint it
+    continues from); the same command again starts a new run in a new default dir, and says which run
+    it could have continued, and how (issue 37: the hint was glued to the bar; the rerun was silent)."""
+    args = [sys.executable, "-m", "ablate", "train", "method.args.max_steps=6", "method.args.save_steps=2",
+            "method.args.logging_steps=1", "+callbacks.stop._target_=crashing.InterruptAt", "threads=1"]
+    r = subprocess.run(args, cwd=tmp_path, env=_env(ABLATE_TEST_INTERRUPT_AT="4"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert r.returncode == 130, r.stdout[-3000:]
+    (first,) = (tmp_path / "outputs" / "runs").glob("*/*")
+    said = f"ablate: interrupted (SIGINT (Ctrl-C)) at step 3; `ablate resume {first}` continues it from checkpoint-2"
+    assert said in _terminal_lines(r.stdout), r.stdout[-3000:]  # a line of its own, not glued to the bar
+    again = subprocess.run(args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert (f"the same command's run in {first} is interrupted with a checkpoint; this is a new run from step 0 "
+            f"(to continue that one instead: ablate resume {first})") in again.stdout, again.stdout[-3000:]
+    assert summary(first)["status"] == "interrupted"  # untouched: the rerun has a dir of its own
+
+
 def test_overfit_verdict_on_a_line_of_its_own(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ablate", "train", "debug=overfit", "threads=1"], cwd=tmp_path,
                        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:]
-    assert any(re.match(r"debug=overfit: loss \S+ -> \S+ in 30 steps: OK$", line)
+    assert any(re.match(r"debug=overfit: watched loss \(method.progress; must fall\) \S+ -> \S+ in 30 steps.*: OK$", line)
                for line in _terminal_lines(r.stdout)), r.stdout[-3000:]
 
 
@@ -243,7 +320,7 @@ def test_an_implausible_cached_peak_is_measured_again(resumed: dict) -> None:
     s = summary(resumed["run"])
     assert s["peak_tflops"] >= 1e-3 and 0 < s["mfu"] < 1  # at least a GFLOP/s: any CPU core
     cached = json.loads((resumed["cache"] / "peak_flops.json").read_text())
-    fixed = [v for k, v in cached.items() if cached[k] != resumed["bogus"].get(k)]
+    fixed = [v["flops"] for k, v in cached.items() if cached[k] != resumed["bogus"].get(k)]
     assert fixed and all(v >= 1e9 for v in fixed)  # the contradicted entry was replaced
     assert re.search(r"MFU [\d.]+% of [\d.]+ [GT]FLOP/s", resumed["resumed"].stderr)  # the peak next to MFU
 
@@ -269,8 +346,9 @@ def test_generate_before_shows_the_starting_model_beside_the_trained_one(resumed
                cwd=resumed["cwd"])
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert lines[0] == ">>> sort: dcba =" and lines[1].startswith("before training: ")
-    assert lines[2].startswith("after training:  ")
+    assert lines[0].startswith("prompts: plain text") and lines[1] == ""  # how the prompt was formatted, first
+    assert lines[2] == ">>> sort: dcba =" and lines[3].startswith("before training: ")
+    assert lines[4].startswith("after training:  ")
 
 
 # ---- 9. a pretrained model's lr ---------------------------------------------------------------------------
@@ -318,4 +396,52 @@ def test_compare_on_a_sweeps_folder_takes_its_newest_launch(tmp_path: Path) -> N
     assert "the newest launch only (2026-01-02_10-00-00)" in r.stdout and "--all-launches" in r.stdout
     r = ablate("compare", "outputs/sweeps/dpo_loss", "--all-launches", cwd=tmp_path, env={"COLUMNS": "200"})
     assert "4 runs in" in r.stdout and "2 launches kept apart" in r.stdout
-    assert "max_steps=default" in r.stdout  # a key one launch did not set: the config's value, not '-'
+    # a key one launch did not set has the config's value: only the arms that set it name it
+    assert re.search(r"\] loss=sigmoid +│", r.stdout) and re.search(r"\] max_steps=5 +│", r.stdout), r.stdout
+
+
+def test_compare_of_every_run_is_a_table_per_method_with_short_labels(tmp_path: Path) -> None:
+    """`ablate compare outputs/runs` over DPO, SFT and GRPO runs: a table per method, each grouped by what
+    varies inside it, labelled by the keys each run set and, for a run outside a sweep, its start time
+    (issue 37: one 22-group table, every label listing every key, `key=default` and the whole dir name)."""
+    day = tmp_path / "outputs" / "runs" / "2026-01-01"
+    made = [("dpo", ["method.args.beta=0.2"]), ("dpo", []), ("sft", ["method=sft", "method.args.max_steps=400"]),
+            ("grpo", ["method=grpo"]), ("grpo", ["method=grpo", "method.args.num_generations=4"])]
+    for num, (method, overrides) in enumerate(made):
+        run = write_run(day, num, overrides, {"loss": 0.5, "reward": 0.25, "rewards/accuracies": 1.0})
+        run = run.rename(day / f"10-00-0{num}-000000_{','.join(overrides)}")
+        info = json.loads((run / "summary.json").read_text())
+        info.update(method=method, compare_metrics={"dpo": ["rewards/accuracies", "loss"], "sft": ["loss"],
+                                                    "grpo": ["reward"]}[method])
+        (run / "summary.json").write_text(json.dumps(info))
+    r = ablate("compare", "outputs/runs", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    titles = re.findall(r"^\s*(\w+): (\d) runs in (\d) groups", r.stdout, flags=re.M)
+    assert titles == [("dpo", "2", "2"), ("sft", "1", "1"), ("grpo", "2", "2")], r.stdout
+    assert "[2026-01-01/10-00-00-000000] beta=0.2 " in r.stdout and "[2026-01-01/10-00-01-000000] defaults " in r.stdout
+    assert "[2026-01-01/10-00-04-000000] num_generations=4 " in r.stdout and "=default" not in r.stdout
+    assert "method=" not in r.stdout.replace("--metric", "")  # the method is the table, not a label
+    if importlib.util.find_spec("matplotlib"):  # a folder per method; the same --out again rewrites it
+        for _ in range(2):
+            r = ablate("compare", "outputs/runs", "--out", "rep", cwd=tmp_path)
+            assert r.returncode == 0, r.stderr
+        assert {p.name for p in (tmp_path / "rep").iterdir()} == {".ablate-report", "dpo", "sft", "grpo"}
+
+
+def test_compare_out_alone_writes_in_the_sweep_or_under_outputs_reports(tmp_path: Path) -> None:
+    """`--out` alone: a sweep launch's own report/ (no run dir written into), else outputs/reports/<time>/;
+    said first (issue 37: the README's `--out report/` wrote into the repo root)."""
+    pytest.importorskip("matplotlib")
+    sweep = tmp_path / "outputs" / "sweeps" / "dpo_loss" / "2026-01-01_10-00-00"
+    for seed in (1, 2):
+        write_run(sweep, seed, [f"seed={seed}"], {"loss": 0.5})
+    (sweep / "multirun.yaml").write_text("{}\n")
+    before = {p: p.stat().st_mtime for p in sweep.rglob("*") if p.is_file()}
+    r = ablate("compare", "outputs/sweeps/dpo_loss", "--out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"report dir: {sweep.resolve() / 'report'} (--out without a dir:"), r.stdout
+    assert (sweep / "report" / "report.html").is_file()
+    assert all(p.stat().st_mtime == t for p, t in before.items())  # the runs' own files untouched
+    r = ablate("compare", str(sweep / "1_seed=1"), "--out", cwd=tmp_path)  # one run: not written into
+    assert r.returncode == 0 and list((tmp_path / "outputs" / "reports").glob("*/report.html")), r.stdout
+    assert not (sweep / "1_seed=1" / "report").exists()

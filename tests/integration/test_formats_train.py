@@ -90,8 +90,10 @@ def test_unmapped_columns_are_one_line(tmp_path):
     r = ablate("train", "data=jsonl", f"data.train_path={path}", f"hydra.run.dir={tmp_path / 'run'}", env=ENV)
     assert r.returncode == 2
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("ablate: error: data: DPO found columns ['bad', 'good', 'question'], expected one of")
+    assert last.startswith(f"ablate: error: data.train_path={path}: DPO found columns ['bad', 'good', 'question'], "
+                           "expected one of"), last
     assert "implicit-prompt preference: chosen, rejected" in last and "data.columns" in last
+    assert not (tmp_path / "run").exists()  # refused from the file's first row, before the run dir
 
 
 def _reward_len(completions: list[Any], **_: Any) -> list[float]:

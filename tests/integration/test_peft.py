@@ -51,6 +51,10 @@ def test_lora_dpo_trains_the_adapter_and_saves_it_merged(tmp_path):
     assert s["metrics"]["rewards/margins"] > 0 and s["metrics"]["rewards/accuracies"] >= 0.75, s["metrics"]
     assert _losses(run)[-1] < _losses(run)[0]
     adapter = _check_adapter_dir(run / "model")
+    # the run says how much trains (issue 37): the adapter's own parameter count, of the whole
+    line = next(t for t in (run / "ablate.log").read_text().splitlines() if "LoRA (r=16, all-linear): " in t)
+    trained = sum(v.numel() for v in adapter.values())
+    assert f": {trained / 1e3:.3g}k of " in line and "parameters train (" in line, (line, trained)
 
     merged = AutoModelForCausalLM.from_pretrained(run / "model" / "merged")
     assert getattr(merged.config, "quantization_config", None) is None

@@ -37,6 +37,8 @@ def test_torchrun_two_ranks_share_one_run_dir(tmp_path):
     assert lrs == pytest.approx([0.05 * 0.5**k for k in range(6)])  # conf/optimizer/sgd.yaml's lr 0.05
     assert (out / "run" / "model" / "model.safetensors").is_file()
     assert r.stdout.count("run dir:") == 1  # only rank 0 prints the result
+    # distributed.ddp_find_unused_parameters=false: every parameter trains, so no DDP warning per rank (issue 37)
+    assert "find_unused_parameters" not in r.stdout + r.stderr, r.stderr[-3000:]
 
 
 def test_torchrun_default_run_dir_is_the_same_for_every_rank(tmp_path):

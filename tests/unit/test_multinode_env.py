@@ -71,11 +71,9 @@ def test_launch_time_shared_by_nodes_as_unix_seconds_or_iso(monkeypatch: pytest.
 
 def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """gloo's error when another rank's process died (its connection reset), wrapped as Trainer may wrap it."""
-    from types import SimpleNamespace
-
     from ablate.errors import PeerLostError, user_error
     from ablate.run import rundir
-    from ablate.run.lifecycle import _peer_lost
+    from ablate.run.stopped import peer_lost
 
     for step, sealed in ((2, True), (4, False)):  # checkpoint-4 was being written: not resumable
         (tmp_path / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
@@ -90,14 +88,13 @@ def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatc
             raise ValueError("during the step") from inner
     except ValueError as e:
         wrapped = e
-    run = SimpleNamespace(dir=tmp_path)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert _peer_lost(run, wrapped) is None  # one process: no peer to lose
+    assert peer_lost(tmp_path, wrapped) is None  # one process: no peer to lose
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    err = _peer_lost(run, wrapped)
+    err = peer_lost(tmp_path, wrapped)
     assert isinstance(err, PeerLostError) and user_error(err) is err
     assert str(err) == ("rank 0 lost another rank of this job (connection reset by peer: it died, or hung past "
                         "distributed.ddp_timeout); the run resumes from checkpoint-2: start the same command again "
                         "on every node")
-    assert _peer_lost(run, RuntimeError("CUDA out of memory")) is None
+    assert peer_lost(tmp_path, RuntimeError("CUDA out of memory")) is None

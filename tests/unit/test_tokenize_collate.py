@@ -69,6 +69,8 @@ def test_sft_collator_labels_only_completion():
 @pytest.mark.parametrize("content,needle", [
     ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{not json\n', "line 2 is not valid JSON"),
     ('["a", "b"]\n', "line 1 is a JSON list, not an object"),
+    ('{"prompt": "a\tb", "chosen": "b", "rejected": "c"}\n',  # a raw tab in a string: once "at at column 14"
+     r"line 1 is not valid JSON \(Invalid control character at column 14\)"),
     ("\n\n", "has no examples"),
 ])
 def test_bad_jsonl_names_file_and_line(tmp_path, content, needle):

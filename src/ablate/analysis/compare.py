@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.analysis import stats
-from ablate.analysis.runs import Group, Run, find_runs, launches
+from ablate.analysis.report import DEFAULT_OUT, DEFAULT_OUT_RULE, default_out
+from ablate.analysis.runs import Group, Run, by_method, find_runs, launches, method_names, newest_launches
 from ablate.errors import ConfigError
 from ablate.run import rundir
 
@@ -48,8 +49,9 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
     split = not pool and len(names) > 1
     groups: dict[tuple[str, str], Group] = {}
     for run in runs:
-        # a key a run did not set on its command line has the config's value: say so, not '-'
-        label = ",".join(f"{short[k]}={run.overrides.get(k, 'default')}" for k in varying) or "all"
+        # the varying keys this run set; one it did not set has the config's value (`defaults`: none set)
+        label = ",".join(f"{short[k]}={run.overrides[k]}" for k in varying if k in run.overrides) \
+            or ("defaults" if varying else "all")
         launch = names.get(run.launch, "") if split else ""  # type: ignore[arg-type]
         group = Group(f"[{launch}] {label}" if launch else label, [], launch, label)
         groups.setdefault((launch, label), group).runs.append(run)
@@ -343,41 +345,6 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
     return [path]
 
 
-def newest_launches(paths: list[Path]) -> tuple[list[Run], list[str]]:
-    """The runs under `paths`, where a path holds several launches of one sweep (`outputs/sweeps/NAME`)
-    only those of its newest launch (by start time); and a note on each sweep folder whose older
-    launches were left out. A launch dir named itself is always taken whole."""
-    runs: list[Run] = []
-    notes: list[str] = []
-    for path in paths:
-        found = find_runs([path])
-        by_folder: dict[Path, dict[Path, list[Run]]] = {}
-        for r in found:
-            if r.launch is not None and r.launch != r.path.resolve() and r.launch != path.resolve():
-                by_folder.setdefault(r.launch.parent, {}).setdefault(r.launch, []).append(r)
-        dropped: set[Path] = set()
-        for folder, launched in by_folder.items():
-            if len(launched) > 1:
-                order = sorted(launched, key=lambda launch: (_started(launched[launch]), launch.name))
-                dropped.update(order[:-1])
-                notes.append(f"{folder.name}: the newest launch only ({order[-1].name}); {len(order) - 1} older "
-                             f"launch(es) left out ({', '.join(o.name for o in order[:-1])}): --all-launches "
-                             "compares every launch, each apart; --pool pools them")
-        runs += [r for r in found if r.launch not in dropped]
-    return runs, notes
-
-
-def _started(runs: list[Run]) -> str:
-    """When a launch started: its earliest run.json `started`, else its dir's modification time."""
-    import time
-
-    stamps = [str(info["started"]) for r in runs
-              if (info := rundir.read_json(r.path / rundir.RUN)) and info.get("started")]
-    if stamps:
-        return min(stamps)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runs[0].path.parent.stat().st_mtime))
-
-
 def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None, pool: bool = False,
             xs: list[str] | None = None, tags: list[str] | None = None,
             all_launches: bool = False) -> list[dict[str, Any]]:
@@ -397,13 +364,37 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
     if metrics:
         check_metrics(metrics, runs, paths)
+    if out == DEFAULT_OUT:
+        out = default_out(runs, paths)
+        from ablate.analysis.report import check_out
+
+        check_out(out)  # a launch's report/ of the user's own is not written over either
+        print(f"report dir: {out} (--out without a dir: {DEFAULT_OUT_RULE})")
+    families = [runs] if metrics else by_method(runs)
+    if out is not None and len(families) > 1:  # a folder per method: the top one is ablate's too (a later --out)
+        from ablate.analysis.report import claim_out
+
+        claim_out(out)
+    rows = []
+    for i, family in enumerate(families):
+        where = out / _safe(method_names(family)) if out is not None and len(families) > 1 else out
+        title = f"{method_names(family)}: " if len(families) > 1 else ""
+        if i:
+            print()
+        rows += _compare_runs(family, metrics, where, pool, xs, left_out if i == 0 else [], title)
+    return rows
+
+
+def _compare_runs(runs: list[Run], metrics: list[str] | None, out: Path | None, pool: bool, xs: list[str] | None,
+                  left_out: list[str], title: str) -> list[dict[str, Any]]:
+    """compare()'s table, notes, differences and files for one family of runs."""
     metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
     notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
-    print_table(header, cells, title=f"{len(runs)} runs in {len(groups)} groups")
+    print_table(header, cells, title=f"{title}{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:
             print(note)
@@ -429,7 +420,7 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
     if out is not None:
         from ablate.analysis import report
 
-        report.claim_out(out)  # checked by the CLI before any run was read
+        report.claim_out(out)  # checked before any run was read (the default dir: in compare)
     study_plots = print_studies(runs, print_table, out)  # a study's launch (study.db): trials, best trial, plots
     if out is not None:
         from ablate.analysis import report
@@ -472,8 +463,8 @@ def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-INTERVAL_NOTE = (f"mean [95% bootstrap interval over seeds]; with fewer than {stats.MIN_N} seeds: mean ± std, "
-                 "too few seeds for an interval")
+INTERVAL_NOTE = (f"metrics: mean [95% bootstrap interval over seeds] (with fewer than {stats.MIN_N} seeds: mean ± std, "
+                 "too few for an interval); runtime (s): mean ± std over seeds, always")
 
 
 IQM_NOTE = (f"IQM: interquartile mean over seeds [95% stratified bootstrap interval], for metrics every arm "
@@ -492,5 +483,6 @@ def launch_note(runs: list[Run], pool: bool) -> str:
         return ""
     if pool:
         return f"pooled {len(names)} launches (--pool): runs with the same overrides count as one arm"
-    return (f"{len(names)} launches kept apart ({', '.join(names.values())}); "
+    listed = f" ({', '.join(names.values())})" if len(names) <= 4 else " (each run outside a sweep is one)"
+    return (f"{len(names)} launches kept apart{listed}; "
             "--pool pools runs with the same overrides across launches")

@@ -48,6 +48,24 @@ def claim_out(out: Path) -> None:
     (out / MARKER).write_text("written by `ablate compare --out`: a later one may replace these files\n")
 
 
+DEFAULT_OUT = Path("<default>")  # `--out` given without a dir
+DEFAULT_OUT_RULE = "a sweep launch's own report/, else outputs/reports/<date_time>/"
+
+
+def default_out(runs: list[Run], paths: list[Path]) -> Path:
+    """Where `--out` alone writes: `<launch>/report/` when one sweep launch is compared, named by its dir
+    or its sweep's folder (the sweep dir is ablate's; no run dir is written into), else
+    `outputs/reports/<date_time>/` under the cwd."""
+    import time
+
+    launched = {r.launch for r in runs}
+    launch = next(iter(launched)) if len(launched) == 1 else None
+    given = {p.resolve() for p in paths}
+    if launch is not None and all(r.launch != r.path.resolve() for r in runs) and {launch, launch.parent} & given:
+        return launch / "report"
+    return Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
 @dataclass
 class ManySeeds:
     """What the report shows beyond the table and seed-paired differences (empty: nothing more)."""

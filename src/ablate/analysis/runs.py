@@ -130,11 +130,13 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 
 def launches(runs: list[Run]) -> dict[Path, str]:
-    """Each launch's short name (`dpo_loss/2026-01-01_10-00-00`), in first-seen order."""
+    """Each launch's short name, in first-seen order: a sweep's `dpo_loss/2026-01-01_10-00-00`, a
+    single run's `2026-01-01/10-00-00-123456` (its dir's name without the overrides, which its label shows)."""
     out: dict[Path, str] = {}
     for r in runs:
         if r.launch is not None and r.launch not in out:
-            out[r.launch] = f"{r.launch.parent.name}/{r.launch.name}"
+            name = r.launch.name.split("_")[0] if r.launch == r.path.resolve() else r.launch.name
+            out[r.launch] = f"{r.launch.parent.name}/{name}"
     return out
 
 
@@ -195,3 +197,55 @@ def format_rows(rows: list[dict[str, Any]]) -> list[str]:
             for line in [header, *cells]]
 
 
+def newest_launches(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    """The runs under `paths`, where a path holds several launches of one sweep (`outputs/sweeps/NAME`)
+    only those of its newest launch (by start time); and a note on each sweep folder whose older
+    launches were left out. A launch dir named itself is always taken whole."""
+    runs: list[Run] = []
+    notes: list[str] = []
+    for path in paths:
+        found = find_runs([path])
+        by_folder: dict[Path, dict[Path, list[Run]]] = {}
+        for r in found:
+            if r.launch is not None and r.launch != r.path.resolve() and r.launch != path.resolve():
+                by_folder.setdefault(r.launch.parent, {}).setdefault(r.launch, []).append(r)
+        dropped: set[Path] = set()
+        for folder, launched in by_folder.items():
+            if len(launched) > 1:
+                order = sorted(launched, key=lambda launch: (_started(launched[launch]), launch.name))
+                dropped.update(order[:-1])
+                notes.append(f"{folder.name}: the newest launch only ({order[-1].name}); {len(order) - 1} older "
+                             f"launch(es) left out ({', '.join(o.name for o in order[:-1])}): --all-launches "
+                             "compares every launch, each apart; --pool pools them")
+        runs += [r for r in found if r.launch not in dropped]
+    return runs, notes
+
+
+def _started(runs: list[Run]) -> str:
+    """When a launch started: its earliest run.json `started`, else its dir's modification time."""
+    import time
+
+    stamps = [str(info["started"]) for r in runs
+              if (info := rundir.read_json(r.path / rundir.RUN)) and info.get("started")]
+    if stamps:
+        return min(stamps)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runs[0].path.parent.stat().st_mtime))
+
+
+def by_method(runs: list[Run]) -> list[list[Run]]:
+    """Runs split by what their methods report (each method's `compare_metrics`: DPO and DPO hinge
+    together, SFT apart, GRPO apart): one table per family, grouped by what varies inside it."""
+    families: dict[tuple[str, ...], list[Run]] = {}
+    unknown = []  # a job not started yet (no summary): its method has not said; with the largest family
+    for run in runs:
+        metrics = run.summary.get("compare_metrics")
+        (families.setdefault(tuple(metrics), []) if metrics else unknown).append(run)
+    if not families:
+        return [unknown]
+    largest = max(families.values(), key=len)
+    largest += unknown
+    return list(families.values())
+
+
+def method_names(runs: list[Run]) -> str:
+    return ", ".join(dict.fromkeys(str(r.summary.get("method", "?")) for r in runs))

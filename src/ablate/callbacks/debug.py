@@ -1,5 +1,6 @@
-"""Callbacks of the debug presets (`conf/debug/*.yaml`): `debug=overfit` checks that the loss falls
-on one repeated batch; `debug=profile` traces a few steps with torch's profiler."""
+"""Callbacks of the debug presets (`conf/debug/*.yaml`): `debug=overfit` checks that the method's
+progress metric (`method.progress`: the loss, GRPO's reward) moves on one repeated batch;
+`debug=profile` traces a few steps with torch's profiler."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ class OverfitFailed(ConfigError):
 
 
 class OverfitCheck(TrainerCallback):
-    """At the end of training, `metric`'s last logged value must have moved from its first by at
-    least `min_change` (relative): down for `mode=min` (a loss), up for `mode=max` (a reward)."""
+    """At the end of training, `metric` must have moved by at least `min_change` of its start: down
+    for `mode=min` (a loss), up for `mode=max` (a reward). Start and end are the means of the first and
+    the last third of its logged values, so one noisy step (a sampled reward) decides nothing."""
 
     def __init__(self, metric: str = "loss", mode: str = "min", min_change: float = 0.5) -> None:
         if mode not in ("min", "max"):
@@ -45,18 +47,21 @@ class OverfitCheck(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        values = [e[self.metric] for e in state.log_history if isinstance(e.get(self.metric), (int, float))]
+        values = [float(e[self.metric]) for e in state.log_history if isinstance(e.get(self.metric), (int, float))]
         if len(values) < 2:
             raise OverfitFailed(f"debug=overfit: fewer than 2 logged values of '{self.metric}' "
                                 f"(set method.args.logging_steps=1 and more max_steps)")
-        first, last = float(values[0]), float(values[-1])
+        third = max(len(values) // 3, 1)
+        first, last = sum(values[:third]) / third, sum(values[-third:]) / third
         change = (first - last) if self.mode == "min" else (last - first)
+        direction = "fall" if self.mode == "min" else "rise"
+        what = f"watched {self.metric} (method.progress; must {direction})"
+        span = f"in {state.global_step} steps" + (f" (means of the first and last {third} logged)" if third > 1 else "")
         if change < self.min_change * abs(first):
-            direction = "fall" if self.mode == "min" else "rise"
             raise OverfitFailed(
-                f"debug=overfit: {self.metric} went {first:.4g} -> {last:.4g} in {state.global_step} steps on one "
-                f"repeated batch; expected it to {direction} by {self.min_change:.0%} (check lr, the loss, the data)")
-        _print_above_bar(f"debug=overfit: {self.metric} {first:.4g} -> {last:.4g} in {state.global_step} steps: OK")
+                f"debug=overfit: {what} went {first:.4g} -> {last:.4g} {span} on one repeated batch; expected it to "
+                f"{direction} by {self.min_change:.0%} (check lr, the loss, the data)")
+        _print_above_bar(f"debug=overfit: {what} {first:.4g} -> {last:.4g} {span}: OK")
 
 
 class Profile(TrainerCallback):

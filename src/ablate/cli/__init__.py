@@ -19,14 +19,14 @@ commands:
         [--resume [--force]]  continue its newest launch (or: sweep --resume SWEEP_DIR); completed jobs skipped
         [--detach]            with hydra/launcher=slurm: submit and return; follow with `ablate status SWEEP_DIR`
         [--dry-run]           print each job's overrides and run dir, the count and the launcher; start nothing
-  compare DIR... [--out D] [--metric M|speed] [--pool|--all-launches] [--x step,time,tokens] [--tag T]
+  compare DIR... [--out [D]] [--metric M|speed] [--pool|--all-launches] [--x step,time,tokens] [--tag T]
                            compare runs: mean [95% CI] per arm, seed-paired differences; --out: report.html
                            (a sweep's folder: its newest launch)
-  status SWEEP_DIR         each job's state (pending / running at step N of M / interrupted / completed / failed: error),
-                           as `ablate ls` gives it; SLURM's too
+  status [SWEEP_DIR]       each job's state (pending / running at step N of M / interrupted / completed / failed: error),
+                           as `ablate ls` gives it; SLURM's too (no SWEEP_DIR: the newest under outputs/sweeps)
   ls [DIR] [--status S] [--method M] [--tag T] [--json]  runs and sweep jobs under outputs/ (or DIR), newest first
-  generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (chat template, LoRA
-                           adapters); --before: the starting model's too
+  generate RUN_DIR --prompt P [--prompts F.jsonl] [--before]  completions from a run's model/ (prompts formatted
+                           as the run trained: plain or chat template; LoRA adapters); --before: the starting model's too
   eval RUN_DIR [data=...]  score a run's model/ with its method's eval metrics; writes RUN_DIR/eval.json, eval_examples.jsonl
   resume RUN_DIR [--force] continue a crashed or killed run from its newest complete checkpoint, in its own dir
                            (--force: although its data or config changed since it started)
@@ -48,7 +48,7 @@ examples:
   ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped
   ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
   ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
-  ablate compare outputs/sweeps/dpo_loss --out report/   # report/report.html: intervals, paired differences
+  ablate compare outputs/sweeps/dpo_loss --out          # <sweep dir>/report/report.html: intervals, paired differences
   ablate train debug=fast 'tags=[baseline]' notes="first try"   # debug=fast|overfit|profile
   ablate ls --status failed                     # what have I run? (--method, --tag, --json)
   ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="

@@ -27,7 +27,7 @@ def cache_cmd(argv: list[str]) -> None:
     rows = [e for e in entries(root) if args.kind in (None, e["kind"])]
     if args.action == "ls":
         for e in rows:
-            print(f"{e['kind']:10} {e['entry'][:16]}  {human(e['bytes']):>9}  {e['created']:19}  {e['what']}"
+            print(f"{e['kind']:12} {e['entry'][:16]}  {human(e['bytes']):>9}  {e['created']:19}  {e['what']}"
                   + (f" ({e['rows']} rows)" if e["rows"] is not None else ""))
         print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {human(sum(e['bytes'] for e in rows))} in {root}")
         return

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def compare_cmd(argv: list[str]) -> None:
     """`ablate compare DIR... [--metric M]... [--out DIR]`."""
-    from ablate.analysis.compare import compare
+    from ablate.analysis.compare import DEFAULT_OUT, DEFAULT_OUT_RULE, compare
     from ablate.cli import parser as one_line_parser
 
     parser = one_line_parser(prog="ablate compare", description="compare run and sweep directories")
@@ -16,8 +16,9 @@ def compare_cmd(argv: list[str]) -> None:
     parser.add_argument("--metric", action="append", default=None,
                         help="metric to show (repeat or comma-separate; default: per method; "
                              "speed: tokens_per_second, mfu and GRPO's time/*)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv here")
+    parser.add_argument("--out", type=Path, nargs="?", default=None, const=DEFAULT_OUT, metavar="DIR",
+                        help="write report.html (self-contained), PNG plots, summary.md and summary.csv to DIR "
+                             f"(--out alone: {DEFAULT_OUT_RULE})")
     parser.add_argument("--pool", action="store_true",
                         help="pool runs with the same overrides across launches (default: each launch apart)")
     parser.add_argument("--all-launches", action="store_true",
@@ -45,7 +46,7 @@ def compare_cmd(argv: list[str]) -> None:
     try:
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
-        if args.out is not None:  # never over files of the user's (issue 32)
+        if args.out not in (None, DEFAULT_OUT):  # never over files of the user's (issue 32); the default: compare()
             from ablate.analysis.report import check_out
 
             check_out(args.out)

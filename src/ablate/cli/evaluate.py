@@ -24,6 +24,9 @@ from ablate.analysis.runs import override_key
 from ablate.run import rundir
 
 EVAL = "eval.json"
+# what evaluate() reports about a training that did not happen here (the trainer built for the eval
+# trained nothing: these read 0) and its own set-up time: not the model's scores
+TRAINING_ONLY = {"epoch", "num_input_tokens_seen", "eval_num_tokens", "eval_model_preparation_time"}
 
 
 def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
@@ -78,7 +81,7 @@ def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
         # no train split: the rows are tokenised once, as the eval split they are
         trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=None,
                                                   eval_dataset=dataset, processing_class=tokenizer, **extra)
-        metrics = trainer.evaluate()
+        metrics = {k: v for k, v in trainer.evaluate().items() if k not in TRAINING_ONLY}
         examples = per_example(trainer)
     result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": cfg.method.name, "overrides": merged,
               "split": split, "examples": len(dataset), "metrics": metrics}
@@ -138,7 +141,7 @@ def eval_cmd(argv: list[str]) -> None:
 
     run_dir = Path(argv[0]).resolve()
     try:
-        rundir.check_readable(run_dir)  # before the heavy imports
+        rundir.check_given(run_dir)  # at once: before the heavy imports
         result = evaluate(run_dir, argv[1:])
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)

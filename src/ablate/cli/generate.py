@@ -2,8 +2,15 @@
 
 `model/` holds either a full model (config.json) or, for a `+peft` run, a LoRA adapter
 (adapter_config.json) whose base is rebuilt from the run's own model config (`.hydra/config.yaml`),
-so adapters on a base built from code (model=tiny) load too. Prompts go through the tokenizer's
-chat template when it has one (as training formatted them), else they are used as plain text.
+so adapters on a base built from code (model=tiny) load too.
+
+A prompt is formatted as the run's training formatted its rows (run.json's `data_format`, recorded
+when the run was built; for an older run, its data loaded again from `.hydra/config.yaml`), by the
+same code (`ablate.data.tokenize.tokenize_prompt`): a run trained on plain-text prompts gets the
+text as it is (the tokenizer's own special tokens), one trained on chat messages gets a plain prompt
+as a user turn through the chat template with the generation prompt. Which one is printed first.
+`--format plain|chat` overrides it. When `--prompts FILE` rows carry a `completion`, the count of
+completions equal to it (whitespace at the ends aside) is printed last.
 """
 
 from __future__ import annotations
@@ -45,25 +52,70 @@ def load_run_model(run_dir: Path) -> tuple[Any, Any]:
         return tokenizer, PeftModel.from_pretrained(base, str(model_dir))
 
 
-def read_prompts(prompts: list[str], path: Path | None) -> list[Any]:
-    """`--prompt` strings, then the `prompt` field (a string or a messages list) of each JSONL row."""
-    out: list[Any] = list(prompts)
+def read_prompts(prompts: list[str], path: Path | None) -> list[dict[str, Any]]:
+    """`--prompt` strings, then each JSONL row (its `prompt`: a string or a messages list; `tools`,
+    `chat_template_kwargs` and `completion` kept), as rows {prompt, ...}."""
+    out: list[dict[str, Any]] = [{"prompt": p} for p in prompts]
     if path is not None:
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             if line.strip():
-                row = json.loads(line)
-                if "prompt" not in row:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path} line {number}: not JSON ({e})") from None
+                if not isinstance(row, dict) or "prompt" not in row:
                     raise ValueError(f"{path} line {number}: no 'prompt' field")
-                out.append(row["prompt"])
+                out.append(row)
     return out
 
 
-def render(tokenizer: Any, prompt: Any) -> str:
-    """The prompt as the model sees it: chat template with the generation prompt, when there is one."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
+def trained_format(run_dir: Path) -> dict[str, Any]:
+    """How the run's training rows were formatted (`ablate.data.formats.describe`): run.json's
+    `data_format`, or, for a run made before ablate recorded it, its data loaded again."""
+    info = rundir.read_json(run_dir / rundir.RUN) or {}
+    if isinstance(info.get("data_format"), dict):
+        return {**info["data_format"], "source": "run.json"}
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from ablate.data.formats import describe
+    from ablate.errors import ConfigError
+
+    config = run_dir / ".hydra" / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(f"{run_dir}: neither run.json nor .hydra/config.yaml says how its prompts were formatted; "
+                          "give --format plain or --format chat")
+    return {**describe(instantiate(OmegaConf.load(config).data).train, None), "source": ".hydra/config.yaml's data"}
+
+
+def describe_format(chat: bool, fmt: dict[str, Any] | None) -> str:
+    """The line saying how the prompts were formatted, and why."""
+    how = ("chat template, a plain prompt as the user turn, with the generation prompt" if chat
+           else "plain text, as written (the tokenizer's own special tokens)")
+    if fmt is None:
+        return f"prompts: {how} (--format)"
+    rows = " ".join(x for x in (fmt.get("format"), "(conversational)" if fmt["conversational"] else None) if x)
+    return f"prompts: {how}, as the run's training rows{f' ({rows})' if rows else ''} were ({fmt['source']})"
+
+
+def prompt_ids(tokenizer: Any, row: dict[str, Any], chat: bool) -> list[int]:
+    """The prompt's token ids as training made them (`tokenize_prompt`, GRPO's and TRL's prompt
+    encoding); with `chat`, a plain-string prompt becomes one user message first. A messages prompt
+    always goes through the chat template (there is no plain rendering of a conversation)."""
+    from ablate.data.tokenize import tokenize_prompt
+
+    prompt = row["prompt"]
+    if chat and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    return tokenize_prompt(tokenizer, {**row, "prompt": prompt})
+
+
+def expected(row: dict[str, Any]) -> str | None:
+    """The row's reference completion as text (a messages completion: its contents), if it has one."""
+    value = row.get("completion")
+    if isinstance(value, list):
+        value = "".join(str(m.get("content", "")) for m in value if isinstance(m, dict))
+    return value if isinstance(value, str) else None
 
 
 def starting_model(run_dir: Path) -> tuple[Any, Any]:
@@ -79,46 +131,55 @@ def starting_model(run_dir: Path) -> tuple[Any, Any]:
     return instantiate(OmegaConf.load(config).model)
 
 
-def complete(tokenizer: Any, model: Any, prompts: list[Any], max_new_tokens: int, temperature: float,
-             seed: int) -> list[str]:
-    """One completion per prompt from `model`: greedy at temperature 0, else sampled (seeded)."""
+def complete(tokenizer: Any, model: Any, rows: list[dict[str, Any]], chat: bool, max_new_tokens: int,
+             temperature: float, seed: int) -> list[str]:
+    """One completion per prompt row from `model`: greedy at temperature 0, else sampled (seeded)."""
     import torch
     from transformers import set_seed
 
     model.eval()
     set_seed(seed)
     out_texts = []
-    for prompt in prompts:
-        text = render(tokenizer, prompt)
-        enc = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    for row in rows:
+        ids = torch.tensor([prompt_ids(tokenizer, row, chat)])
         sample = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sample)
-        out_texts.append(tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id, **sample)
+        out_texts.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
     return out_texts
 
 
 def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temperature: float = 0.0,
-             seed: int = 0, before: bool = False) -> list[dict[str, Any]]:
-    """One completion per prompt from the run's model/; with `before`, also the starting model's
-    (`before`: what training changed, side by side)."""
-    from transformers.utils import logging as hf_logging
+             seed: int = 0, before: bool = False, chat: bool | None = None) -> tuple[list[dict[str, Any]], str]:
+    """One completion per prompt (a string, messages, or a row {prompt, ...}) from the run's model/;
+    with `before`, also the starting model's (what training changed, side by side). Prompts are
+    formatted as the run's training rows were (`chat`: None), or as `chat` says. Returns the rows and
+    the line saying how the prompts were formatted."""
+    from ablate.run.process import quiet_libraries
 
-    hf_logging.disable_progress_bar()  # "Loading weights" bars: the completions are the output
-    tokenizer, model = load_run_model(run_dir)
-    after = complete(tokenizer, model, prompts, max_new_tokens, temperature, seed)
-    rows = [{"prompt": p, "completion": c} for p, c in zip(prompts, after)]
+    rows_in = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
+    quiet_libraries()  # "Loading weights" bars, bitsandbytes' CPU notice: the completions are the output
+    tokenizer, model = load_run_model(run_dir)  # first: "no saved model" is the news for an unfinished run
+    fmt = trained_format(run_dir) if chat is None else None
+    chat = bool(fmt["conversational"]) if fmt is not None else bool(chat)
+    after = complete(tokenizer, model, rows_in, chat, max_new_tokens, temperature, seed)
+    rows = []
+    for row, c in zip(rows_in, after):
+        rows.append({"prompt": row["prompt"], "completion": c})
+        if (want := expected(row)) is not None:
+            rows[-1].update(expected=want, match=c.strip() == want.strip())
     if before:
         del model
         start_tok, start = starting_model(run_dir)
-        for row, c in zip(rows, complete(start_tok, start, prompts, max_new_tokens, temperature, seed)):
+        for row, c in zip(rows, complete(start_tok, start, rows_in, chat, max_new_tokens, temperature, seed)):
             row["before"] = c
-    return rows
+    return rows, describe_format(chat, fmt)
 
 
 def generate_cmd(argv: list[str]) -> None:
     """`ablate generate RUN_DIR (--prompt P ... | --prompts FILE.jsonl) [--max-new-tokens N] [--temperature T] [--json]
-    [--before]`."""
+    [--before] [--format plain|chat]`."""
     parser = one_line_parser(prog="ablate generate", description="completions from a run's saved model")
     parser.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included)")
     parser.add_argument("--prompt", action="append", default=[], help="a user message (repeat for several)")
@@ -126,27 +187,36 @@ def generate_cmd(argv: list[str]) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per completion (64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion (+ expected, match)")
     parser.add_argument("--before", action="store_true",
                         help="also the completion of the model the run started from (what training changed)")
+    parser.add_argument("--format", choices=("plain", "chat"),
+                        help="how to format prompts (default: as the run's training rows were, run.json)")
     args = parser.parse_args(argv)
     from ablate.errors import USER_ERRORS
 
     try:
-        rundir.check_readable(args.run_dir)
+        rundir.check_given(args.run_dir, run=False)  # at once: before the heavy imports
         prompts = read_prompts(args.prompt, args.prompts)
         if not prompts:
             raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-        rows = generate(args.run_dir, prompts, args.max_new_tokens, args.temperature, args.seed, args.before)
+        chat = None if args.format is None else args.format == "chat"
+        rows, how = generate(args.run_dir, prompts, args.max_new_tokens, args.temperature, args.seed, args.before, chat)
     except (*USER_ERRORS, ValueError, FileNotFoundError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
+    print(how, file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the rows only
+    if not args.json:
+        print()
     for row in rows:
+        prompt = row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"])
         if args.json:
             print(json.dumps(row))
         elif "before" in row:
-            print(f">>> {row['prompt'] if isinstance(row['prompt'], str) else json.dumps(row['prompt'])}\n"
-                  f"before training: {row['before']}\nafter training:  {row['completion']}\n")
+            print(f">>> {prompt}\nbefore training: {row['before']}\nafter training:  {row['completion']}\n")
         else:
-            print(f">>> {row['prompt'] if isinstance(row['prompt'], str) else json.dumps(row['prompt'])}\n"
-                  f"{row['completion']}\n")
+            print(f">>> {prompt}\n{row['completion']}\n")
+    scored = [row["match"] for row in rows if "match" in row]
+    if scored:
+        print(f"{sum(scored)}/{len(scored)} completions equal the file's `completion` (ends' whitespace aside)",
+              file=sys.stderr if args.json else sys.stdout)

@@ -1,4 +1,4 @@
-"""`ablate status SWEEP_DIR`: each job of a sweep, from its run dirs and the scheduler."""
+"""`ablate status [SWEEP_DIR]`: each job of a sweep, from its run dirs and the scheduler."""
 
 from __future__ import annotations
 
@@ -7,22 +7,42 @@ from pathlib import Path
 
 from ablate.launchers.slurm import status
 
+SWEEPS = Path("outputs") / "sweeps"  # the default hydra.sweep.dir's parent: outputs/sweeps/<name>/<launch>
+USAGE = "ablate status [SWEEP_DIR] (none: the newest sweep under outputs/sweeps)"
+
+
+def newest_launch(folder: Path) -> Path | None:
+    """The newest launch (a dir holding multirun.yaml) at most two levels under `folder` (a sweep's
+    folder, or outputs/sweeps), by the time its multirun.yaml was written."""
+    found = [p.parent for pattern in ("multirun.yaml", "*/multirun.yaml", "*/*/multirun.yaml") for p in folder.glob(pattern)]
+    return max(found, key=lambda p: ((p / "multirun.yaml").stat().st_mtime, p.name)) if found else None
+
 
 def status_cmd(argv: list[str]) -> None:
-    """`ablate status SWEEP_DIR`: each job's state (run dirs + SLURM); the end table once all are done."""
+    """`ablate status [SWEEP_DIR]`: each job's state (run dirs + SLURM); no argument: the newest sweep
+    under ./outputs/sweeps; a sweep's folder (outputs/sweeps/dpo_loss): its newest launch."""
     from ablate.run.rundir import RunDirError, check_readable
 
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        from ablate.cli import refuse
+
+        refuse("ablate status takes at most one sweep dir", USAGE)
+    given = Path(argv[0]) if argv else SWEEPS
     try:
-        check_readable(Path(argv[0])) if argv else None
+        check_readable(given)
     except RunDirError as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
-    if len(argv) != 1 or not (Path(argv[0]) / "multirun.yaml").is_file():
+    sweep_dir = given if (given / "multirun.yaml").is_file() else newest_launch(given) if given.is_dir() else None
+    if sweep_dir is None:
         from ablate.cli import refuse
         from ablate.run import rundir
 
-        why = ("ablate status takes one sweep dir" if len(argv) != 1 else
-               f"{argv[0]} is a run dir, not a sweep dir: `ablate ls {argv[0]}` shows its state"
-               if (Path(argv[0]) / rundir.RUN).is_file() else f"{argv[0]} is not a sweep dir (no multirun.yaml)")
-        refuse(why, "ablate status SWEEP_DIR")
-    status(Path(argv[0]).resolve())
+        if (given / rundir.RUN).is_file():
+            refuse(f"{given} is a run dir, not a sweep dir: `ablate ls {given}` shows its state", USAGE)
+        what = f"{given} does not exist" if not given.exists() else f"no sweep under {given} (no multirun.yaml)"
+        fix = "give a sweep dir (`ablate ls` lists sweep jobs by dir)" if argv else \
+            "run this where you launch sweeps, give a sweep dir, or start one: ablate sweep NAME"
+        refuse(f"{what}; {fix}")
+    note = "" if sweep_dir == given else f" (the newest sweep under {given}; ablate status SWEEP_DIR for another)"
+    status(sweep_dir.resolve(), note)

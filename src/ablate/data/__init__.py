@@ -148,6 +148,12 @@ def _first_char(path: Path) -> str:
     return chr(start[0]) if start and start[0] < 128 else ""
 
 
+def json_error(e: json.JSONDecodeError) -> str:
+    """The decoder's message without its own trailing "at" ("Invalid control character at"), which
+    reads "at at column 61" once the position is added."""
+    return e.msg.removesuffix(" at")
+
+
 def _check_json_list(path: Path) -> None:
     """A .json file holding one JSON list: every element an object, or one line saying where not."""
     try:
@@ -155,7 +161,7 @@ def _check_json_list(path: Path) -> None:
     except UnicodeDecodeError as e:
         raise DataError(f"data: {path} is not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
     except json.JSONDecodeError as e:
-        raise DataError(f"data: {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        raise DataError(f"data: {path} is not valid JSON ({json_error(e)} at line {e.lineno}, column {e.colno})") from None
     bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
     if bad is not None:
         raise DataError(f"data: {path} element {bad} is a JSON {type(rows[bad]).__name__}, not an object")
@@ -231,7 +237,7 @@ def _check_jsonl(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"data: {path} line {number} is not valid JSON ({e.msg} at column {e.colno})"
+                raise DataError(f"data: {path} line {number} is not valid JSON ({json_error(e)} at column {e.colno})"
                                 + _kinds_hint(number)) from None
             if not isinstance(row, dict):
                 raise DataError(f"data: {path} line {number} is a JSON {type(row).__name__}, not an object")

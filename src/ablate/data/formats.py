@@ -14,11 +14,12 @@ ShareGPT rows (`conversations`: [{from, value}]) become `messages` as in TRL. Ex
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from datasets import Dataset
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ablate.errors import DataError
+
+if TYPE_CHECKING:  # no datasets import at run time: ablate.run.validate checks a file's columns with `detect_columns`
+    from datasets import Dataset
 
 # method -> accepted formats, each the set of columns that identifies it (first match wins)
 FORMATS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
@@ -40,15 +41,27 @@ def map_columns(dataset: Dataset | None, columns: Mapping[str, str | None] | Non
     """
     if dataset is None or not columns:
         return dataset
+    wanted = _wanted(dataset.column_names, columns)
+    clash = [dst for src, dst in wanted.items() if dst in dataset.column_names and dst not in wanted]
+    return dataset.remove_columns(clash).rename_columns({s: d for s, d in wanted.items() if s != d})
+
+
+def _wanted(found: list[str], columns: Mapping[str, str | None]) -> dict[str, str]:
+    """{file's column: TRL's name} from `data.columns`, each checked (a known role, a column the file has)."""
     wanted = {src: dst for dst, src in columns.items() if src}
     for dst in wanted.values():
         if dst not in KNOWN:
             raise DataError(f"data.columns.{dst}: unknown role; known: {', '.join(KNOWN)}")
-    missing = [src for src in wanted if src not in dataset.column_names]
+    missing = [src for src in wanted if src not in found]
     if missing:
-        raise DataError(f"data.columns: no column {missing} in the data (found {dataset.column_names})")
-    clash = [dst for src, dst in wanted.items() if dst in dataset.column_names and dst not in wanted]
-    return dataset.remove_columns(clash).rename_columns({s: d for s, d in wanted.items() if s != d})
+        raise DataError(f"data.columns: no column {missing} in the data (found {list(found)})")
+    return wanted
+
+
+def mapped_columns(found: list[str], columns: Mapping[str, str | None] | None) -> list[str]:
+    """The column names `map_columns` would leave, from the names alone (a file's header)."""
+    wanted = _wanted(found, columns or {})
+    return [wanted.get(c, c) for c in found if c not in wanted.values() or c in wanted]
 
 
 def is_messages(value: Any) -> bool:
@@ -59,15 +72,39 @@ def is_messages(value: Any) -> bool:
 def detect(dataset: Dataset, kind: str) -> str:
     """The format name of `dataset` for a method of `kind` ("preference" | "sft" | "prompt"), or a
     one-line error naming the columns found and the formats expected."""
-    cols = set(dataset.column_names)
+    return detect_columns(list(dataset.column_names), kind)
+
+
+def detect_columns(found: list[str], kind: str) -> str:
+    """`detect` on column names alone."""
+    cols = set(found)
     if "conversations" in cols and "messages" not in cols and kind == "sft":
         cols.add("messages")  # ShareGPT, converted by `to_chatml`
     for name, needed in FORMATS[kind]:
         if set(needed) <= cols:
             return name
     expected = "; ".join(f"{name}: {', '.join(needed)}" for name, needed in FORMATS[kind])
-    raise DataError(f"data: {METHOD[kind]} found columns {sorted(dataset.column_names)}, expected one of "
+    raise DataError(f"data: {METHOD[kind]} found columns {sorted(found)}, expected one of "
                     f"[{expected}] (rename with data.columns.<role>=<your column>)")
+
+
+def conversational(dataset: Dataset) -> bool:
+    """Whether the rows are chat messages (TRL's `is_conversational`, on the first row): their prompts
+    went through the chat template in training, so a prompt given to the trained model must too."""
+    if len(dataset) == 0:
+        return False
+    row = dataset[0]
+    return "conversations" in row or any(is_messages(row.get(c)) for c in KNOWN)
+
+
+def describe(dataset: Dataset, kind: str | None) -> dict[str, Any]:
+    """How the rows were formatted, for run.json (`data_format`) and `ablate generate`: the format's
+    name (None for a trainer of another kind, or rows already tokenised) and whether it is conversational."""
+    try:
+        name = detect(dataset, kind) if kind is not None else None
+    except DataError:  # already tokenised rows (the check let them through)
+        name = None
+    return {"format": name, "conversational": conversational(dataset)}
 
 
 def to_chatml(row: dict[str, Any]) -> dict[str, Any]:

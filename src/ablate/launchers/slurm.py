@@ -85,8 +85,9 @@ def job_state(run_dir: Path | None, slurm: str | None) -> str:
     return "starting" if alive else f"{slurm.lower()} (before ablate started)"
 
 
-def status(sweep_dir: Path) -> bool:
-    """Print each job's state; once all are done, the end-of-sweep table. True when all are done."""
+def status(sweep_dir: Path, note: str = "") -> bool:
+    """One table of each job's state (with its key metric once it has one, and the scheduler's view
+    where a scheduler ran it); once all are done, how to compare them. True when all are done."""
     from rich.console import Console
     from rich.table import Table
 
@@ -98,32 +99,37 @@ def status(sweep_dir: Path) -> bool:
     nums = sorted(set(recorded) | set(ray_recorded) | set(dirs), key=int)
     slurm = scheduler_states([recorded[n]["job_id"] for n in nums if n in recorded])
     alive = ray_jobs.driver_alive(driver)
-    print(f"sweep {sweep_dir}: {len(nums)} jobs")
+    metrics = {r["job"]: r["metric"] for r in sweep.job_rows(sweep_dir)}
     table = Table()
-    columns = ("Ray task", "launching process") if ray_recorded else ("SLURM job", "SLURM state")
-    for col in ("job", "overrides", "state", *columns):
+    columns = ("Ray task", "launching process") if ray_recorded else ("SLURM job", "SLURM state") if recorded else ()
+    for col in ("job", "overrides", "state", "key metric", *columns):
         table.add_column(col, overflow="fold")
     known = {**ray_recorded, **recorded}
     overrides = {n: known[n]["overrides"] if n in known else
                  (rundir.read_json(dirs[n] / rundir.RUN) or {}).get("overrides", []) for n in nums}
     varying = {o for n in nums for o in overrides[n]
                if sum(o in overrides[m] for m in nums) < len(nums) or len(nums) == 1}
-    done = True
+    done, completed = True, 0
     for n in nums:
         if ray_recorded:
             recorded_status = (rundir.read_json(dirs[n] / rundir.SUMMARY) or {}).get("status") if n in dirs else None
             state = ray_jobs.job_state(job_state(dirs.get(n), None), alive, recorded_status)
             task = ray_recorded.get(n, {}).get("task_id", "-")
             scheduler = [task[:16], {True: "running", False: "ended", None: f"on {driver.get('host')}" if driver else "-"}[alive]]
-        else:
+        elif recorded:
             job_id = recorded.get(n, {}).get("job_id")
             state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
             scheduler = [job_id or "-", slurm.get(job_id or "", "-")]
+        else:  # a local launch: no scheduler to ask
+            state, scheduler = job_state(dirs.get(n), None), []
         done &= state == "completed" or state.startswith(("failed", "died", "preempted (", "interrupted", "pruned")) \
             or "before ablate" in state
+        completed += state == "completed" or state.startswith("pruned")
         shown = " ".join(o for o in overrides[n] if o in varying and not o.startswith("+sweep="))
-        table.add_row(n, shown, state, *scheduler)
+        table.add_row(n, shown, state, metrics.get(n, "-"), *scheduler)
+    counts = f"{completed}/{len(nums)} jobs completed" if done and nums else f"{len(nums)} jobs"
+    print(f"sweep {sweep_dir}{note}: {counts}")
     Console(width=200).print(table)
     if done and nums:
-        sweep.print_summary(sweep_dir)
+        sweep.print_next_steps(sweep_dir)
     return done

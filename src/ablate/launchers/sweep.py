@@ -244,10 +244,15 @@ def print_summary(sweep_dir: Path) -> int:
     console = Console()
     width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
     Console(width=max(200, width)).print(table)
+    print_next_steps(sweep_dir)
+    return failed if rows else 1
+
+
+def print_next_steps(sweep_dir: Path) -> None:
+    """Under a finished sweep's table: how to upload its offline W&B runs, how to compare its jobs."""
     if list(sweep_dir.glob("*/wandb/offline-run-*")):
         print(f"W&B (offline): upload every job with `wandb sync {sweep_dir}/*/wandb/offline-run-*`")
     print(f"compare: ablate compare {sweep_dir}")
-    return failed if rows else 1
 
 
 class SweepSummary(Callback):

@@ -11,6 +11,12 @@ IDS = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prom
        "prompt": ("prompt_ids",)}
 
 
+# the format family of ablate's own trainers by their `_target_`, for the check of a data file's columns
+# before the run (ablate.run.validate: no trainer import there); a trainer of the user's is checked when built
+TARGET_KINDS = {"ablate.methods.dpo.DPOTrainer": "preference", "ablate.methods.sft.SFTTrainer": "sft",
+                "ablate.methods.grpo.GRPOTrainer": "prompt"}
+
+
 def data_kind(trainer_cls: type) -> str | None:
     """"preference" (DPO and its subclasses), "sft", "prompt" (GRPO); None for a trainer of another kind."""
     from ablate.methods.dpo import DPOTrainer
@@ -23,12 +29,14 @@ def data_kind(trainer_cls: type) -> str | None:
     return None
 
 
-def check_shape(trainer_cls: type, *datasets: Any) -> None:
+def check_shape(trainer_cls: type, *datasets: Any) -> dict[str, Any]:
     """DataError (one line: the columns found, the formats expected) unless every dataset given (None:
-    skipped) is in a format `trainer_cls` takes, or already tokenised."""
-    from ablate.data.formats import detect
+    skipped) is in a format `trainer_cls` takes, or already tokenised. Returns how the first (the
+    train split) is formatted (`ablate.data.formats.describe`: run.json's `data_format`)."""
+    from ablate.data.formats import describe, detect
 
     kind = data_kind(trainer_cls)
     for ds in datasets:
         if kind is not None and ds is not None and not set(IDS[kind]) <= set(ds.column_names):
             detect(ds, kind)
+    return describe(datasets[0], kind)

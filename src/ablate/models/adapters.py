@@ -17,6 +17,7 @@ tokenizer; with `peft.save_merged=true` also `model/merged/`, a plain model with
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from transformers import PreTrainedModel
 
 from ablate.errors import ConfigError
 
+log = logging.getLogger("ablate")
 MERGED = "merged"  # model/merged/: the merged model, when peft.save_merged=true
 
 
@@ -83,15 +85,32 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    targets = adapters.config.target_modules  # as configured: peft expands all-linear into the layers it found
+    targets = targets if isinstance(targets, str) or targets is None else ",".join(sorted(targets))
     try:
         with quiet_peft():
-            return get_peft_model(model, adapters.config)
+            model = get_peft_model(model, adapters.config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model" (a page of text)
         if "target_modules" not in str(e) and "Target modules" not in str(e):
             raise
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ConfigError(f"peft.target_modules={adapters.config.target_modules}: no such layer in this model; "
                           f"its linear layers: {', '.join(names)} (or peft.target_modules=all-linear)") from None
+    log.info("%s", trainable_line(model, adapters.config, targets))
+    return model
+
+
+def trainable_line(model: PeftModel, config: PeftConfig, targets: str | None) -> str:
+    """`LoRA (r=16, all-linear): 1.2M of 135M parameters train (0.9%)`: what the adapters leave to train
+    (peft's count, which counts a 4-bit base's packed weights at their real size)."""
+    trainable, total = model.get_nb_trainable_parameters()
+    kind = "DoRA" if getattr(config, "use_dora", False) else "LoRA"
+    return (f"{kind} (r={config.r}, {targets}): {_count(trainable)} of {_count(total)} parameters train "
+            f"({100 * trainable / max(total, 1):.2g}%); the base is frozen")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else str(n)
 
 
 def _check_rank(model: PreTrainedModel, config: Any) -> None:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ablate.errors import ConfigError
 from ablate.rewards import calls
-from ablate.run.rules import BOOL, RULES, hydra_node, is_int, is_num, refusal
+from ablate.run.rules import BOOL, RULES, elsewhere, hydra_node, is_int, is_num, refusal
 
 
 def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None) -> None:
@@ -53,8 +53,9 @@ def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> N
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for k in cfg.method.args:
         if k not in fields and k not in ("_target_", "_recursive_"):
+            there = elsewhere(cfg, f"method.args.{k}", cfg.method.args._get_node(k)._value())
             hint = difflib.get_close_matches(str(k), fields, n=1)
-            meant = f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
+            meant = f"; {there}" if there else f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
             raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
         key = f"method.args.{k}"
         if k in fields and key not in swept and key not in RULES:

@@ -64,6 +64,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ablate_dirname", _dirname)
     if not OmegaConf.has_resolver("ablate_now"):  # like Hydra's ${now:fmt}, the same for every rank
         OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
+    if not OmegaConf.has_resolver("ablate_div"):  # GRPO's prompts per batch: completions / num_generations
+        OmegaConf.register_new_resolver("ablate_div", lambda a, b: max(int(a) // int(b), 1))
 
 
 # Fields that moved: the old spelling gets one line naming the new one. A value with a `/` is a config

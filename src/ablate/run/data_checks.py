@@ -1,7 +1,8 @@
-"""The cheap checks of what a run reads (ablate.run.validate calls them, before any run dir exists): the data
-files and a local model dir exist and can be read, the datasets cache can be written, evaluation has an eval
-split, and GRPO has a reward function (the error names the short form, `data.reward_funcs=[myrew.short]`).
-No torch import here."""
+"""The checks of a run's data and local files, on names and headers alone, before the run dir exists
+and before torch is imported (ablate.run.validate runs them): the files exist and can be read, a
+local file's columns fit the method, an eval split exists when evaluation is asked for, the datasets
+cache can be written, the reuse cache's dir is a dir, and GRPO has a reward (the error names the short
+form, `data.reward_funcs=[myrew.short]`)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,36 @@ from ablate.rewards.resolve import SHORT_FORM
 from ablate.run.rules import at, hydra_node, is_grpo, reward_names
 
 
+def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
+    strategy = at(cfg, "method.args.eval_strategy")
+    data = at(cfg, "data")
+    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
+        return
+    target = str(data.get("_target_", ""))
+    # data=local: a save_to_disk dir as train_path may bring its own eval split
+    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
+    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
+               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
+               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not packaged_eval(data))}
+    if target in missing and missing[target][1]():
+        field_ = missing[target][0]
+        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
+        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
+                          f"or leave evaluation off (method.args.eval_strategy=no)")
+
+
+def packaged_eval(data: DictConfig) -> bool:
+    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
+
+
 def check_paths(cfg: DictConfig) -> None:
     """Data files and a local model dir exist (checked before the model is loaded)."""
     data = cfg.get("data") or {}
     for key in ("train_path", "eval_path"):
         path = data.get(key) if isinstance(data, DictConfig) else None
         local = Path(path).expanduser() if isinstance(path, str) else None
-        if local is not None and not local.is_file() and not _saved_dataset(local):
+        if local is not None and not local.is_file() and not saved_dataset(local):
             what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
                     if local.is_dir() else "not found")
             raise ConfigError(f"data.{key}={path}: {what}")
@@ -36,6 +60,33 @@ def check_paths(cfg: DictConfig) -> None:
             raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
 
 
+def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """A local file's columns (its header: ablate.data.peek) match a format of the method's, after
+    `data.columns`: a CSV of the wrong columns is one line before the run dir exists and before torch
+    is imported, not a failed run 10 s later. ablate's trainers only; the build checks the rest."""
+    from ablate.data import peek
+    from ablate.data.formats import detect_columns, mapped_columns
+    from ablate.errors import DataError
+    from ablate.methods.shapes import TARGET_KINDS
+
+    data = at(cfg, "data")
+    kind = TARGET_KINDS.get(str(at(cfg, "method.trainer._target_", "")))
+    if kind is None or not isinstance(data, DictConfig) or str(data.get("_target_")) not in LOCAL_LOADERS:
+        return
+    keys = ["train_path"] + (["eval_path"] if at(cfg, "method.args.eval_strategy") not in (None, "no") else [])
+    for key in keys:
+        path = data.get(key)
+        found = peek.columns(Path(path).expanduser()) if isinstance(path, str) and f"data.{key}" not in swept else None
+        if found is None:
+            continue
+        try:
+            columns = data.get("columns")
+            detect_columns(mapped_columns(found, OmegaConf.to_container(columns) if columns else None), kind)
+        except DataError as e:
+            raise ConfigError(f"data.{key}={path}: {str(e).removeprefix('data: ')}") from None
+
+
+LOCAL_LOADERS = ("ablate.data.local", "ablate.data.jsonl")
 DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
 
 
@@ -56,6 +107,27 @@ def check_datasets_cache(cfg: DictConfig) -> None:
                           f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
 
 
+def saved_dataset(path: Path) -> bool:
+    """A `save_to_disk` dir (data=local reads it)."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def check_cache_dir(cfg: DictConfig) -> None:
+    """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
+    go on without its cache, saying so at each lookup, and with no cached speed probe either."""
+    from ablate.paths import cache_root
+
+    given = at(cfg, "cache.dir")
+    for key, path in (("cache.dir", given), ("ABLATE_CACHE", os.environ.get("ABLATE_CACHE"))):
+        above = Path(str(path)).expanduser() if path else None
+        while above is not None and not above.exists() and above != above.parent:
+            above = above.parent
+        if above is not None and above.exists() and not above.is_dir():
+            where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
+            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
+                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
+
+
 def check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
     """GRPO needs a reward: a reward function of the data's, or an environment that scores its episodes; every
     function set to null (`data.reward_funcs.NAME=null` drops one) leaves none."""
@@ -74,31 +146,3 @@ def check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
     if not reward_names(cfg):
         raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
                           f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}")
-
-
-def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
-    strategy = at(cfg, "method.args.eval_strategy")
-    data = at(cfg, "data")
-    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
-        return
-    target = str(data.get("_target_", ""))
-    # data=local: a save_to_disk dir as train_path may bring its own eval split
-    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
-    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
-               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
-               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not _packaged_eval(data))}
-    if target in missing and missing[target][1]():
-        field_ = missing[target][0]
-        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
-        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
-
-
-def _packaged_eval(data: DictConfig) -> bool:
-    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
-
-
-def _saved_dataset(path: Path) -> bool:
-    """A `save_to_disk` dir (data=local reads it)."""
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()

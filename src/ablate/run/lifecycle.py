@@ -35,14 +35,12 @@ from ablate.errors import (
     ConfigError,
     DataError,
     DiskFullError,
-    PeerLostError,
     Pruned,
     RunDirError,
-    chain,
     user_code_error,
     user_error,
 )
-from ablate.run import config_change, interrupts, rundir, secrets, sweep_dirs
+from ablate.run import config_change, interrupts, rundir, secrets, stopped, sweep_dirs
 
 log = logging.getLogger("ablate")
 RESUME_ENV = sweep_dirs.RESUME_ENV  # set in a resumed sweep's job processes: completed jobs are skipped
@@ -126,6 +124,12 @@ class Run:
             self.info["data"] = now
             rundir.write_json(self.dir / rundir.RUN, self.info)
 
+    def note(self, **facts: Any) -> None:
+        """Facts the run learned while it was built (e.g. `data_format`: how its rows were formatted,
+        which `ablate generate` formats prompts by) into run.json."""
+        self.info.update(facts)
+        rundir.write_json(self.dir / rundir.RUN, self.info)
+
     def study_callbacks(self) -> list[Any]:
         """When this run is a study's trial (hydra/sweeper=optuna): the callback reporting its metric to
         the study, which may prune it (ablate.run.trial); else none."""
@@ -205,6 +209,8 @@ def record(cfg: DictConfig) -> Iterator[Run]:
                               "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
                               "run_dir": str(run_dir), "versions": info.get("versions"), "git_sha": info.get("git_sha")})
     rundir.write_json(run_dir / rundir.SUMMARY, run.summary)
+    if not multirun:
+        stopped.warn_if_rerun(run_dir, overrides, hc)  # the same command again, in a new default dir
     with interrupts.as_exceptions():
         try:
             yield run
@@ -214,7 +220,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             run.write()
             return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _disk_full(run, e) or _peer_lost(run, e) or user_code_error(e)  # said in one line
+            known = _disk_full(run, e) or stopped.peer_lost(run.dir, e) or user_code_error(e)  # said in one line
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e
@@ -294,7 +300,11 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
         e.requeue()  # last: submitit requeues the job (SLURM then SIGTERMs its processes) and exits
     if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
         run.summary.update(status="interrupted", error=interrupts.describe(e))
-        log.warning("run interrupted (%s): resume with `ablate resume %s`", run.summary["error"], run.dir)
+        line = f"run interrupted ({run.summary['error']}): resume with `ablate resume {run.dir}`"
+        if mode == RunMode.RUN:  # a single run says it once, below the bar (ablate.train.main: stopped.interrupted_line)
+            _log_to_file(line)
+        else:
+            log.warning("%s", line)
         run.write()
         return
     cause = user_error(e) or e
@@ -307,26 +317,6 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
         if mode != RunMode.RUN:  # single runs print the one line themselves (ablate.train.main)
             log.error("run failed: %s", msg)
     run.write()
-
-
-# what gloo says when a peer process died (its TCP connections reset) or hung past distributed.ddp_timeout
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting")
-
-
-def _peer_lost(run: Run, e: BaseException) -> PeerLostError | None:
-    """`e` as one line when a collective failed because another rank of the job died or hung (a node
-    crashed, was killed or partitioned), with the checkpoint to resume from; else None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        return None
-    cause = next((c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None)
-    if cause is None:
-        return None
-    what = next(m for m in PEER_LOST if m in str(cause))
-    sealed = [p for _, p in rundir.checkpoints(run.dir) if (p / rundir.MANIFEST).exists()]  # newest first
-    where = f"from {sealed[0].name}" if sealed else "from the start (no checkpoint yet)"
-    return PeerLostError(f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
-                         f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
-                         "again on every node")
 
 
 def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:

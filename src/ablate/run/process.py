@@ -51,7 +51,6 @@ def ray_node() -> dict[str, Any] | None:
 
 def quiet_libraries() -> None:
     """Messages with nothing for the user to act on stay out of the console."""
-    import logging
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -65,9 +64,7 @@ def quiet_libraries() -> None:
     # TrainingArguments pins dataloader memory by default; on a CPU-only machine torch warns on every
     # dataloader that pinning is skipped
     warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
-    # peft (imported by Trainer when installed) imports bitsandbytes, whose CPU backend warns on every
-    # run that an optional speed-up package is missing, even when nothing uses bitsandbytes
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # (bitsandbytes' CPU notice at import is quieted in ablate/__init__.py, before anything imports it)
 
 
 def export_torch_distributed() -> None:

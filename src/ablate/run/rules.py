@@ -259,6 +259,29 @@ def optimizer_field_hint(key: str, value: Any = "...") -> str | None:
             f"(Trainer's own {field_} is ignored); use {OPTIMIZER_FIELDS[field_].format(v=show(value))}")
 
 
+def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
+    """For a key that is not where it was written (`max_steps=5`, `method.args.lr=1e-3`): the full
+    paths where a key of that name is in the composed config, as "'max_steps' is method.args.max_steps:
+    write method.args.max_steps=5"; None when there is none (a typo: the caller suggests a close name)."""
+    leaf = key.rsplit(".", 1)[-1]
+    found = [path for path in _paths(cfg) if path.rsplit(".", 1)[-1] == leaf and path != key]
+    if not found:
+        return None
+    return f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
+
+
+def _paths(node: Any, prefix: str = "") -> list[str]:
+    """Every key's full path in `node` (Hydra's own node and `_target_`s left out), values not resolved."""
+    out: list[str] = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            if (k == "hydra" and not prefix) or str(k).startswith("_"):
+                continue
+            out.append(f"{prefix}{k}")
+            out += _paths(node._get_node(k), f"{prefix}{k}.")
+    return out
+
+
 def hydra_node() -> Any:
     from hydra.core.hydra_config import HydraConfig
 

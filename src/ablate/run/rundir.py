@@ -133,6 +133,18 @@ def check_readable(path: Path) -> None:
         raise RunDirError(f"{path}: permission denied (cannot read it); check its permissions: ls -ld {path}")
 
 
+def check_given(path: Path, run: bool = True) -> None:
+    """A run dir named on the command line (`ablate eval`, `generate`): RunDirError at once, before any
+    heavy import, when it does not exist, is not a directory, or (`run`) holds no run.json."""
+    check_readable(path)
+    if not path.exists():
+        raise RunDirError(f"{path} does not exist (`ablate ls` lists your runs, newest first)")
+    if not path.is_dir():
+        raise RunDirError(f"{path} is a file, not a run dir (`ablate ls` lists your runs)")
+    if run and not (path / RUN).is_file():
+        raise RunDirError(f"{path} is not an ablate run dir (no {RUN}; `ablate ls` lists your runs)")
+
+
 def is_usable(run_dir: Path) -> None:
     """Raise RunDirError unless `run_dir` is empty (Hydra's own files aside) or an ablate run dir."""
     if not run_dir.exists():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -42,6 +43,7 @@ from ablate.run.code_checks import (  # noqa: F401 - the run-time checks, import
 from ablate.run.rules import (
     RULES,
     at,
+    elsewhere,
     hydra_node,
     optimizer_field_hint,
     refusal,
@@ -91,8 +93,9 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
         if v is not KeyError and key not in swept and not ok(v, cfg):
             raise ConfigError(refusal(key, v, what if isinstance(what, str) else what(cfg)))
     data_checks.check_paths(cfg)
+    data_checks.check_data_columns(cfg, swept)
     data_checks.check_datasets_cache(cfg)
-    _check_cache_dir(cfg)
+    data_checks.check_cache_dir(cfg)
     data_checks.check_reward_funcs(cfg, swept)
     data_checks.check_eval_data(cfg, swept)
 
@@ -160,29 +163,15 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
     overrides = _overrides(hc)
     if overrides is None:
         return
-    added = {str(o).lstrip("+").split("=")[0].split(".")[0] for o in overrides if str(o).startswith("+")}
+    added = {str(o).lstrip("+").split("=")[0].split(".")[0]: str(o) for o in overrides if str(o).startswith("+")}
     known = _known_roots(hc)
-    for root in sorted(added - known):
+    for root in sorted(set(added) - known):
         if root in cfg:
+            given = added[root].lstrip("+")
+            there = elsewhere(cfg, given.split("=")[0], given.partition("=")[2]) if "." not in given.split("=")[0] else None
             hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
-            meant = f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
+            meant = there or (f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}")
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
-
-
-def _check_cache_dir(cfg: DictConfig) -> None:
-    """The reuse cache's dir (`cache.dir`, else under $ABLATE_CACHE) is not under a file: the run would
-    go on without its cache, saying so at each lookup, and with no cached speed probe either."""
-    from ablate.paths import cache_root
-
-    given = at(cfg, "cache.dir")
-    for key, path in (("cache.dir", given), ("ABLATE_CACHE", os.environ.get("ABLATE_CACHE"))):
-        above = Path(str(path)).expanduser() if path else None
-        while above is not None and not above.exists() and above != above.parent:
-            above = above.parent
-        if above is not None and above.exists() and not above.is_dir():
-            where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
-            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
-                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
 
 
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -437,7 +426,8 @@ def one_line(e: BaseException) -> str | None:
         return _missing_option(e)
     if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \
             and "not in struct" in str(e.__cause__):
-        return _unknown_key(e.__cause__)
+        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))  # Hydra: "To append to your config use +key=value"
+        return _unknown_key(e.__cause__, given.group(2) if given else "...")
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
@@ -471,7 +461,7 @@ def _missing_option(e: Any) -> str:
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
-def _unknown_key(cause: Any) -> str:
+def _unknown_key(cause: Any, value: str = "...") -> str:
     key = str(getattr(cause, "full_key", "") or "")
     hint = optimizer_field_hint(key)  # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
     if hint is not None:
@@ -480,6 +470,9 @@ def _unknown_key(cause: Any) -> str:
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
     known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    there = elsewhere(parent._get_root(), key, value) if isinstance(parent, DictConfig) else None
+    if there is not None:  # `max_steps=5`: the key exists, under another node (before a close name here)
+        return f"unknown config key '{key}': {there}"
     hint = difflib.get_close_matches(leaf, known, n=1)
     if hint:
         return f"unknown config key '{key}' (did you mean '{prefix}{hint[0]}'?)"

@@ -162,9 +162,19 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return cached if isinstance(cached, dict) else {}
 
 
-def _write_cache(path: Path, key: str, value: float) -> None:
+def _entry(value: Any) -> dict[str, Any]:
+    """A cache entry: {flops, idle (a probe ran on an otherwise idle machine), probes}; an older ablate's
+    bare number is taken as it was, final."""
+    if isinstance(value, (int, float)):
+        return {"flops": float(value), "idle": True, "probes": 1}
+    if isinstance(value, dict) and isinstance(value.get("flops"), (int, float)):
+        return {"flops": float(value["flops"]), "idle": bool(value.get("idle")), "probes": int(value.get("probes", 1))}
+    return {"flops": 0.0, "idle": False, "probes": 0}
+
+
+def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     cached = _read_cache(path)
-    cached[key] = value
+    cached[key] = entry
     try:  # atomic: parallel runs may write at once (a lost entry is only probed again)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -174,31 +184,59 @@ def _write_cache(path: Path, key: str, value: float) -> None:
         pass
 
 
+BUSY_CORES = 0.5  # other processes' CPU use during a probe (cores, on average) from which it is not idle
+BUSY_PROBES = 3  # probes on a busy machine after which the best of them is kept for good
+
+
+def probe_on(device: Any, dtype: Any, seconds: float = 1.0) -> tuple[float, bool]:
+    """`probe`, and whether the machine was otherwise idle meanwhile: the CPU time every other process
+    (and the hypervisor: steal) took during it, from psutil, under `BUSY_CORES`. A GPU's probe is taken
+    as idle (its own clocks are not shared with the host's other processes)."""
+    import psutil
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return probe(device, dtype, seconds), True
+    me, t0 = psutil.Process(), time.perf_counter()
+    mine, every = me.cpu_times(), psutil.cpu_times()
+    flops = probe(device, dtype, seconds)
+    wall = max(time.perf_counter() - t0, 1e-9)
+    mine_now, every_now = me.cpu_times(), psutil.cpu_times()
+    busy = sum(getattr(every_now, f, 0.0) - getattr(every, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+    own = (mine_now.user - mine.user) + (mine_now.system - mine.system)
+    return flops, (busy - own) / wall < BUSY_CORES
+
+
 def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None,
                at_least: float = 0.0) -> float:
     """Peak FLOP/s of `device` in `dtype`: `user_tflops` (config `peak_tflops`) if given, else the
     cached probe for this machine, device, dtype, torch version and thread count, else a ~1 s probe
     whose result is cached (`$ABLATE_CACHE/peak_flops.json`, default ~/.cache/ablate/).
 
-    A peak is a maximum, and what contradicts it is measured again: a cached value that is
-    implausible for the device class (`FLOORS`: a probe taken on a busy machine) or below `at_least`
-    (FLOP/s a run actually reached: MFU above 100%) is probed again, and the higher figure kept. A
-    bf16/fp16 figure below the same device's fp32 one (bf16 emulated, as on CPUs without bf16 units)
-    is not the device's peak: the fp32 figure is used, so MFU shows what the slow dtype costs."""
+    A peak is a maximum, so the best probe is kept, and one taken while other processes used the CPU
+    (`probe_on`) reads low: such an entry is probed again by the next runs, the higher figure kept,
+    until a probe runs on an idle machine or `BUSY_PROBES` were taken (`peak_note` says which). Also
+    probed again: a value implausible for the device class (`FLOORS`) or below `at_least` (FLOP/s a run
+    actually reached: MFU above 100%). A bf16/fp16 figure below the same device's fp32 one (bf16
+    emulated, as on CPUs without bf16 units) is not the device's peak: the fp32 figure is used, so MFU
+    shows what the slow dtype costs."""
     import torch
 
     if user_tflops is not None:
         return float(user_tflops) * 1e12
     path = path or cache_path()
     key = device_key(device, dtype)
-    cached = _read_cache(path).get(key)
-    value = float(cached) if isinstance(cached, (int, float)) and cached > 0 else 0.0
-    if not _plausible(value, device, dtype) or value < at_least:
-        value = max(value, at_least, probe(device, dtype))
-        if not _plausible(value, device, dtype):  # a busy device: once more, longer
-            value = max(value, probe(device, dtype, seconds=3.0))
+    entry = _entry(_read_cache(path).get(key))
+    value = entry["flops"]
+    settled = entry["idle"] or entry["probes"] >= BUSY_PROBES
+    if not _plausible(value, device, dtype) or value < at_least or not settled:
+        measured, idle = probe_on(device, dtype)
+        if not _plausible(max(value, measured), device, dtype):  # a busy device: once more, longer
+            again, idle = probe_on(device, dtype, seconds=3.0)
+            measured = max(measured, again)
+        value = max(value, at_least, measured)
         if _plausible(value, device, dtype):
-            _write_cache(path, key, value)
+            _write_cache(path, key, {"flops": value, "idle": entry["idle"] or idle, "probes": entry["probes"] + 1})
         else:
             logging.getLogger("ablate").warning(
                 "the peak-FLOPs probe read %.3g TFLOP/s, implausibly low for a %s (another job on it?): not "
@@ -207,6 +245,21 @@ def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: 
     if dtype != torch.float32:
         value = max(value, peak_flops(device, torch.float32, path=path))
     return value
+
+
+def peak_note(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None) -> str:
+    """How the peak MFU is read against was had, for the run's line and summary.json: set by the user,
+    measured on an idle machine, or the best of the probes so far, each on a busy machine."""
+    if user_tflops is not None:
+        return "peak_tflops"
+    path = path or cache_path()
+    entry = _entry(_read_cache(path).get(device_key(device, dtype)))
+    if entry["idle"]:
+        return f"measured on an idle machine, cached in {path}"
+    if entry["probes"] >= BUSY_PROBES:
+        return f"the best of {entry['probes']} probes, all on a busy CPU: MFU may read high; cached in {path}"
+    return (f"the best of {entry['probes']} probe(s) on a busy CPU, so far: MFU may read high; the next runs probe "
+            f"again; cached in {path}")
 
 
 def fmt_flops(flops: float) -> str:
@@ -248,6 +301,7 @@ class Speed(TrainerCallback):
         self.total_seconds = self.total_flops = self.total_tokens = 0.0  # this process's, for summary.json
         self._marks: dict[str, float] = {}
         self._reprobed = False  # the peak was measured again after a log window beat it (once per run)
+        self.peak_source = ""  # how the peak was had (peak_note), for summary.json
 
     def _counters(self, state: TrainerState) -> dict[str, float]:
         rollouts = self.trainer.rollout_stats() if isinstance(self.trainer, ReportsRollouts) else RolloutStats()
@@ -258,10 +312,10 @@ class Speed(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.peak is None:
             self.peak = peak_flops(args.device, run_dtype(args), self.peak_tflops)
+            self.peak_source = peak_note(args.device, run_dtype(args), self.peak_tflops)
             if state.is_world_process_zero:
-                source = "peak_tflops" if self.peak_tflops is not None else f"measured, cached in {cache_path()}"
-                logging.getLogger("ablate").info(
-                    "MFU against a peak of %s (%s; set peak_tflops=... to override)", fmt_flops(self.peak), source)
+                logging.getLogger("ablate").info("MFU against a peak of %s (%s; set peak_tflops=... to override)",
+                                                 fmt_flops(self.peak), self.peak_source)
         self._marks = self._counters(state)
         self._last = time.perf_counter()
 
@@ -340,4 +394,6 @@ class Speed(TrainerCallback):
                 out["mfu"] = round(self.total_flops / self.total_seconds / self.peak, 6)
         if self.peak:
             out["peak_tflops"] = round(self.peak / 1e12, 6)
+            if self.peak_source:  # MFU compares across runs whose peaks were had alike (`ablate compare --metric speed`)
+                out["peak_source"] = self.peak_source.split("; cached in")[0]
         return out
