@@ -62,7 +62,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     from transformers import set_seed
 
     from ablate.methods.shapes import check_shape
-    from ablate.models.adapters import with_adapters
+    from ablate.models.adapters import with_adapters, with_head  # with_head: ablate.models.heads'
     from ablate.run import progress
     from ablate.speed.throughput import Speed
 
@@ -75,7 +75,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
                                         eval_data := data.eval if args.eval_strategy != "no" else None))
     tokenizer, model = instantiate(cfg.model)
-    model = with_adapters(model, cfg.get("peft"))  # +peft=lora|qlora: trainable adapters on a frozen base
+    model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora|qlora
     validate.check_trainable(model)
     record.start_tracker(cfg)
     trainer = make_trainer(

@@ -356,6 +356,22 @@ CASES: list[Case] = [
     C("sweep-file-into-a-sweep", "sweep dpo_loss hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep", files=SWEEP_FILES),
     C("sweep-into-a-study", "train -m seed=1,2 hydra.sweep.dir=sw", "hydra.sweep.dir=sw holds a sweep (study.db)",
       files=(("sw/study.db", "SQLite format 3"),)),
+    # ===== issue 35: the new methods' arguments, each checked once, in its config dataclass (before data or model) =====
+    C("reward-center-negative", "train method=reward method.args.center_rewards_coefficient=-1",
+      "method.args.center_rewards_coefficient=-1: must be null (off) or a number >= 0"),
+    C("kto-weight-zero", "train method=kto method.args.undesirable_weight=0",
+      "method.args.undesirable_weight=0: must be a number > 0"),
+    C("kto-random-order", "train method=kto +method.args.train_sampling_strategy=random",
+      "train_sampling_strategy must be sequential (the KL pairs are fixed in the data's order", "run"),
+    C("kto-batch-of-one", "train method=kto method.args.per_device_train_batch_size=1",
+      "per_device_train_batch_size must be >= 2 for KTO's KL estimate", "run"),
+    C("rloo-clip-range-reversed", "train method=rloo method.args.reward_clip_range=[1,0]",
+      "method.args.reward_clip_range=[1,0]: must be null or [min, max] with min <= max"),
+    C("rloo-sequence-level", "train method=rloo method.args.importance_sampling_level=sequence",
+      "importance_sampling_level is GRPO's: RLOO's ratio is always one per completion", "run"),
+    C("distill-beta-above-one", "train method=distill method.args.beta=1.5",
+      "method.args.beta=1.5: must be a number > 0 (GRPO, RLOO: >= 0, where 0 means no KL term; distill: in [0, 1])"),
+    C("distill-teacher-without-path", "train method=distill +teacher=local", "teacher.path"),
     # a study (hydra/sweeper=optuna): a sweep dir after the name, a damaged study.db, a second driver: at once, nothing written
     C("study-resume-dir-after-name", "sweep tune_dpo_beta_lr hydra.sweeper.n_trials=2 --resume sw", "'sw' is a sweep dir: "
       "--resume takes the sweep dir in place of the sweep's name: ablate sweep --resume sw [key=value ...]", files=STUDY_FILES),

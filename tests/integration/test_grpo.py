@@ -38,6 +38,10 @@ def test_default_grpo_run_learns(tmp_path):
         assert m in names, m
     assert "kl" not in names  # beta = 0: no reference model
     assert s["generation_rounds"] == 200 and s["generation_seconds"] > 0
+    # `ablate eval`: the reward of its greedy completions of the held-out prompts
+    r = ablate("eval", str(tmp_path / "run"), env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["metrics"]["eval_reward"] >= 0.9
 
 
 def test_spg8_does_8x_fewer_generation_rounds(tmp_path):

@@ -124,6 +124,12 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
                                              "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
                                              "tests/unit/test_async_cores.py (async_threads) train them by default",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
+    # the methods beyond DPO/SFT/GRPO: trained to a target and evaluated by default, and against TRL per step
+    "ablate train method=reward": "tests/integration/test_methods.py trains and evaluates method=reward by default",
+    "ablate train method=kto": "tests/integration/test_methods.py trains method=kto and tests/parity/test_trl_kto.py "
+                               "each KTO loss type by default",
+    "ablate train method=rloo": "tests/integration/test_methods.py trains method=rloo and tests/parity/test_trl_rloo.py "
+                                "its options (KL penalty, normalisation, clipping) by default",
     "ablate train perf=off": "tests/integration/test_speed_plan.py trains perf=off against the default by default",
     "ablate train perf.compile=": "tests/slow/test_compile_path.py trains perf.compile=true against the eager layers",
     "ablate train perf.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",

@@ -95,7 +95,7 @@ def test_a_reward_model_and_an_environment_are_held_to_the_same_contract(tmp_pat
 
     from conftest import TESTS
 
-    from ablate.methods import grpo_rewards
+    from ablate.rollouts import rewarding
     from ablate.models import tiny
     from ablate.rewards import RewardModel
     from ablate.rollouts.generation import Completions
@@ -107,24 +107,46 @@ def test_a_reward_model_and_an_environment_are_held_to_the_same_contract(tmp_pat
 
     tok, _ = tiny()
     box = Toolbox(ToolFormat(tok), [], environment=bad_rewards.WordyEnv)
-    funcs, weights = grpo_rewards.gather(["bad_rewards.length", None], None, box)  # the short form, a null dropped
+    funcs, weights = rewarding.gather(["bad_rewards.length", None], None, box)  # the short form, a null dropped
     assert list(funcs) == ["length", "WordyEnv"] and weights == [1.0, 1.0]
     rows, out = [{"prompt": "p"}], Completions(ids=[tok("hi", add_special_tokens=False)["input_ids"]])
     with pytest.raises(UserCodeError, match=r"reward function 'WordyEnv' \(bad_rewards\.WordyEnv\.get_reward\) "
                                             r"returned 'good' \(str\) for completion 0"):
-        grpo_rewards.table(funcs, rows, out, tok, [bad_rewards.WordyEnv()], set())
+        rewarding.table(funcs, rows, out, tok, [bad_rewards.WordyEnv()], set())
 
     def no_kwargs(prompts, completions, completion_ids):  # every function receives environments= (TRL's)
         return [1.0]
 
     with pytest.raises(UserCodeError, match=r"reward function 'strict' \(.*no_kwargs\) takes no 'environments'"):
-        grpo_rewards.ready({"strict": no_kwargs}, None, box, "cpu")
+        rewarding.ready({"strict": no_kwargs}, None, box, "cpu")
 
     rm = RewardModel(str(save_reward_model(tmp_path / "rm")))
     assert calls.call_problem(RewardModel.__call__) is None and calls.column_problem(rm, ["answer"]) is None
-    assert grpo_rewards.table({"rm": rm}, rows, out, tok, None, set()).isfinite().all()
+    assert rewarding.table({"rm": rm}, rows, out, tok, None, set()).isfinite().all()
     with torch.no_grad():  # a diverged reward model: an infinite logit
         rm.model.model.norm.weight[0], rm.model.score.weight[0, 0] = 1e30, 1e30
     with pytest.raises(UserCodeError, match=r"reward function 'rm' \(ablate\.rewards\.reward_model\.RewardModel\) "
                                             r"returned -?inf for completion 0: rewards must be finite"):
-        grpo_rewards.table({"rm": rm}, rows, out, tok, None, set())
+        rewarding.table({"rm": rm}, rows, out, tok, None, set())
+
+
+def test_rloo_distillation_and_eval_score_through_the_same_checks(tmp_path):
+    """GRPO, RLOO (GRPO's trainer), distillation and `ablate eval` build TRL's call in one place
+    (ablate.rollouts.evaluate.reward_table), so a broken function is the same one line in each; and
+    distillation checks its functions against the data's columns when it is built, as GRPO does."""
+    from datasets import Dataset
+
+    from ablate.methods.distill import DistillConfig, DistillTrainer
+    from ablate.models import tiny
+    from ablate.models.teachers import letter_teacher
+    from ablate.rollouts.rewarding import reward_table
+
+    tok, student = tiny()
+    rows = [{"prompt": "gggg", "letter": "g"}] * 4
+    with pytest.raises(UserCodeError, match=r"reward function 'r' \(bad_rewards.one_short\) returned 3 rewards for 4"):
+        reward_table({"r": bad_rewards.one_short}, tok, rows, [[1]] * 4)
+    assert reward_table({"l": bad_rewards.length}, tok, rows, [[1]] * 4).shape == (4, 1)
+    with pytest.raises(UserCodeError, match=r"\(bad_rewards.needs_a_column\) needs the column 'answer'"):
+        DistillTrainer(model=student, teacher=letter_teacher, processing_class=tok,
+                       train_dataset=Dataset.from_list(rows), reward_funcs={"mine": bad_rewards.needs_a_column},
+                       args=DistillConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True))

@@ -242,3 +242,19 @@ def test_hermes_turns_for_a_template_without_tools():
     text = tok.decode(out.ids[0])
     assert text.endswith("</tool_call></s><|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n408</s>"), text
     assert [m["role"] for m in out.messages[0]] == ["assistant", "tool", "assistant"] and out.tool_calls == [1]
+
+
+def test_ablate_eval_runs_the_tools(tmp_path, monkeypatch):
+    """`ablate eval` of a run with tools (ablate.rollouts.evaluate.reward_eval) generates as GRPO's rounds did: the
+    calls run between turns and the rewards read the messages (the scripted policy copies the tool's result: exact
+    answers only with the calls run), the tool metrics reported beside the reward."""
+    from ablate.rollouts import evaluate
+
+    tok, model = tiny()
+    monkeypatch.setattr(evaluate, "SharedPromptGenerator", lambda *a, **k: Scripted(tok, perfect))
+    ds = Dataset.from_list([{"prompt": question(e), "answer": str(eval(e))} for e in ("12*34", "56*7", "9*9")])
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=128, report_to="none", use_cpu=True, tools=["ablate.tools.calculator"])
+    metrics, examples = evaluate.reward_eval(model, tok, ds, {"correct": correct}, args, batch_size=2)
+    assert metrics["eval_reward"] == 1.0 and [e["reward"] for e in examples] == [1.0, 1.0, 1.0]
+    assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/failure_frequency"] == 0.0

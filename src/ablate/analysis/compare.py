@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.analysis import stats
+from ablate.analysis.arms import own_lines, shared_metrics
 from ablate.analysis.report import DEFAULT_OUT, DEFAULT_OUT_RULE, default_out
 from ablate.analysis.runs import Group, Run, by_method, find_runs, launches, method_names, newest_launches
 from ablate.errors import ConfigError
@@ -370,7 +371,9 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
 
         check_out(out)  # a launch's report/ of the user's own is not written over either
         print(f"report dir: {out} (--out without a dir: {DEFAULT_OUT_RULE})")
-    families = [runs] if metrics else by_method(runs)
+    # one sweep comparing methods on purpose (preference_methods, grpo_vs_rloo): one table, the shared
+    # metrics side by side; runs gathered from several launches: a table per method family
+    families = [runs] if metrics or len(launches(runs)) == 1 else by_method(runs)
     if out is not None and len(families) > 1:  # a folder per method: the top one is ablate's too (a later --out)
         from ablate.analysis.report import claim_out
 
@@ -388,12 +391,14 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
 def _compare_runs(runs: list[Run], metrics: list[str] | None, out: Path | None, pool: bool, xs: list[str] | None,
                   left_out: list[str], title: str) -> list[dict[str, Any]]:
     """compare()'s table, notes, differences and files for one family of runs."""
-    metrics = expand_metrics(metrics or default_metrics(runs), runs)
     groups = group_runs(runs, pool=pool)
+    plotted = expand_metrics(metrics or default_metrics(runs), runs)
+    # methods logging different metrics: of the defaults the shared ones compared; --metric's as asked (`-`: none)
+    metrics, own = shared_metrics(groups, plotted) if not metrics else (plotted, {})
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
     header, cells = display_table(rows, metrics, many)
-    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else [])
+    notes = [*left_out, launch_note(runs, pool), INTERVAL_NOTE] + ([IQM_NOTE] if many else []) + own_lines(groups, own, metrics)
     print_table(header, cells, title=f"{title}{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:
@@ -427,7 +432,7 @@ def _compare_runs(runs: list[Run], metrics: list[str] | None, out: Path | None, 
 
         out.mkdir(parents=True, exist_ok=True)
         write_tables(out, rows, header, cells)
-        plots = write_plots(out, groups, metrics, xs)
+        plots = write_plots(out, groups, plotted, xs)  # every metric's curves: an arm without it has no line
         profiles = report.write_profiles(out, [(g.label, {m: seed_scores(g, m) for m in many}) for g in groups], many)
         for p in plots + profiles + study_plots:
             print(f"wrote {p}")

@@ -137,10 +137,19 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     tok, built = load_tokenizer(cfg.model)
     data = instantiate(cfg.data)
     rows = data.train.select(range(min(n, len(data.train))))
+    if kind == "unpaired" and "label" not in data.train.column_names:  # KTO: pair i -> its desirable, undesirable
+        from datasets.utils.logging import disable_progress_bar
+
+        from ablate.data.unpaired import unpair
+
+        disable_progress_bar()
+        m = len(rows)
+        rows = unpair(rows).select([j for i in range(m) for j in (i, m + i)][:n])
     color = out.isatty() and "NO_COLOR" not in os.environ
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
-    legend = "prompts only: completions are sampled" if kind == "prompt" else f"loss tokens {legend}"
+    legend = {"prompt": "prompts only: completions are sampled",
+              "reward": "each side scored whole, at its last token"}.get(kind, f"loss tokens {legend}")
     ids_keys = IDS[kind]
     pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
     fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
@@ -159,6 +168,12 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
             for note in _notes(full, cut, None, mpl):
                 print(f"note: {note}", file=out)
             continue
+        if kind == "reward":
+            _show_reward(row, i, tok, max_length, out)
+            continue
+        if kind == "unpaired":
+            print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
+            row = {"prompt": row["prompt"], "completion": row["completion"]}
         if pretokenized:
             full = {k: row[k] for k in ids_keys}
             cut = tokenize.truncate(full, max_length, *((arg("max_prompt_length"), arg("max_completion_length"))
@@ -184,6 +199,19 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
                   else show.text(shown["prompt_ids"], shown[k]), file=out)
         for note in _notes(full, cut, max_length, arg("max_prompt_length")):
             print(f"note: {note}", file=out)
+
+
+def _show_reward(row: dict[str, Any], i: int, tok: Any, max_length: Any, out: Any) -> None:
+    """A reward model's pair: each side the whole prompt + completion, dropped when over max_length."""
+    from ablate.data.reward import tokenize_reward
+
+    ids = tokenize_reward(tok, row, i)
+    sizes = " / ".join(f"{k[:-4]} {len(v)}" for k, v in ids.items())
+    print(f"tokens: {sizes} (max_length={max_length}; the score is read at the last token)", file=out)
+    for k, v in ids.items():
+        print(f"--- {k[:-4]} ---\n{tok.decode(v, skip_special_tokens=False)}", file=out)
+    if max_length is not None and max(map(len, ids.values())) > max_length:
+        print(f"note: DROPPED: a side is longer than max_length={max_length} (TRL's filter)", file=out)
 
 
 def data_cmd(argv: list[str]) -> None:

@@ -6,8 +6,10 @@ The run's config is composed again from its own overrides (run.json) plus the on
 (its train split when it has none). DPO's reference is the run's starting model (its base with the
 adapters off, for a `+peft` run), so rewards/margins measure what training changed. The metrics go
 to `<run_dir>/eval.json` and are printed. Each example's own scores go to
-`<run_dir>/eval_examples.jsonl`, which `ablate compare` pairs across arms (Miller 2024). GRPO is not
-supported yet (its eval is a generation loop).
+`<run_dir>/eval_examples.jsonl`, which `ablate compare` pairs across arms (Miller 2024). A run of a
+method that generates its own data (GRPO, RLOO, distillation) is scored by what it generates: the mean
+reward of its completions of the held-out prompts, one greedy completion each or `--samples N` sampled
+ones (ablate.rollouts.evaluate), with the run's reward functions.
 """
 
 from __future__ import annotations
@@ -49,46 +51,75 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
         return compose(config_name="config", overrides=merged), merged
 
 
-def evaluate(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    from hydra.utils import instantiate
+def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str, Any]:
+    from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
     from transformers import set_seed
 
     from ablate.cli.generate import load_run_model
-    from ablate.errors import ConfigError
-    from ablate.models.adapters import is_adapted
+    from ablate.methods.shapes import data_kind
     from ablate.run.process import quiet_libraries
     from ablate.run.validate import check_precision
 
     cfg, merged = compose_run_config(run_dir, overrides)
-    if cfg.method.name == "grpo":
-        raise ConfigError("ablate eval: GRPO runs are not supported yet; try `ablate generate` on its prompts")
     quiet_libraries()  # no dataset bars, no pin_memory warning on a CPU, as in a training run
     set_seed(cfg.seed)
     tokenizer, model = load_run_model(run_dir)
     data = instantiate(cfg.data)
     split, dataset = ("eval", data.eval) if data.eval is not None else ("train", data.train)
-    extra: dict[str, Any] = {}
-    method_args: dict[str, Any] = {"report_to": "none", "eval_strategy": "no", "save_strategy": "no"}
-    if "precompute_ref_log_probs" in cfg.method.args:  # DPO: the reference is the run's starting model
-        method_args["precompute_ref_log_probs"] = False
-        if not is_adapted(model):
-            extra["ref_model"] = instantiate(cfg.model)[1]
+    generates = data_kind(get_class(cfg.method.trainer._target_)) == "prompt"  # GRPO, RLOO, distillation
     device_args = check_precision(cfg.precision)
     with tempfile.TemporaryDirectory(prefix="ablate-eval-") as tmp:
         args = instantiate(cfg.method.args, output_dir=tmp, **OmegaConf.to_container(cfg.precision),
-                           **device_args, **method_args)
-        # no train split: the rows are tokenised once, as the eval split they are
-        trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=None,
-                                                  eval_dataset=dataset, processing_class=tokenizer, **extra)
-        metrics = {k: v for k, v in trainer.evaluate().items() if k not in TRAINING_ONLY}
-        examples = per_example(trainer)
+                           **device_args, report_to="none", eval_strategy="no", save_strategy="no",
+                           **({} if generates else _reference_args(cfg.method.args)))
+        if generates:
+            metrics, examples = _generated(model.to(args.device), tokenizer, dataset, data.reward_funcs, args, samples)
+            scored = dataset
+        else:
+            metrics, examples, scored = _scored(cfg, model, tokenizer, dataset, args)
     result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": cfg.method.name, "overrides": merged,
               "split": split, "examples": len(dataset), "metrics": metrics}
+    if generates:
+        result["completions"] = f"{samples} sampled per prompt" if samples else "greedy, one per prompt"
     rundir.write_json(run_dir / EVAL, result)
-    ids = example_ids(dataset, trainer.eval_dataset)
+    ids = example_ids(dataset, scored)
     rundir.write_examples(run_dir, [{"id": i, "index": n, **row} for n, (i, row) in enumerate(zip(ids, examples))])
     return result
+
+
+def _reference_args(method_args: Any) -> dict[str, Any]:
+    """DPO and KTO: the reference scored live (the run's starting model), not precomputed."""
+    return {"precompute_ref_log_probs": False} if "precompute_ref_log_probs" in method_args else {}
+
+
+def _scored(cfg: Any, model: Any, tokenizer: Any, dataset: Any, args: Any) -> tuple[dict[str, float], list[dict], Any]:
+    """The method's own eval (its trainer's `evaluate()`: DPO and reward accuracy, SFT loss and token
+    accuracy, KTO margins), and each example scored alone; DPO's and KTO's reference is the run's starting
+    model (its base with the adapters off, for a `+peft` run), so rewards measure what training changed."""
+    from hydra.utils import instantiate
+
+    from ablate.models.adapters import is_adapted
+
+    extra = {"ref_model": instantiate(cfg.model)[1]} if _reference_args(cfg.method.args) and not is_adapted(model) else {}
+    # no train split: the rows are tokenised once, as the eval split they are
+    trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=None,
+                                              eval_dataset=dataset, processing_class=tokenizer, **extra)
+    metrics = {k: v for k, v in trainer.evaluate().items() if k not in TRAINING_ONLY}
+    return metrics, per_example(trainer), trainer.eval_dataset
+
+
+def _generated(model: Any, tokenizer: Any, dataset: Any, reward_funcs: dict, args: Any,
+               samples: int) -> tuple[dict[str, float], list[dict]]:
+    """A GRPO, RLOO or distillation run: the mean reward of its completions of the held-out prompts, by the
+    run's reward functions (ablate.rollouts.evaluate)."""
+    from ablate.errors import ConfigError
+    from ablate.rollouts.evaluate import reward_eval
+
+    if not reward_funcs:
+        raise ConfigError("ablate eval scores what this run generates with its data's reward functions, and its data "
+                          "has none (data.reward_funcs): give data=... with reward functions")
+    return reward_eval(model, tokenizer, dataset, reward_funcs, args, samples, args.per_device_eval_batch_size)
 
 
 def per_example(trainer: Any) -> list[dict[str, float]]:
@@ -128,29 +159,45 @@ def example_ids(raw: Any, scored: Any) -> list[str]:
     return [hashlib.sha1(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:16] for r in rows]
 
 
+USAGE = ("ablate eval RUN_DIR [--samples N] [data=... key=value ...]: writes RUN_DIR/eval.json, eval_examples.jsonl; "
+         "--samples: N sampled completions per prompt for a GRPO/RLOO/distill run (default one greedy)")
+
+
 def eval_cmd(argv: list[str]) -> None:
-    """`ablate eval RUN_DIR [key=value ...]`."""
+    """`ablate eval RUN_DIR [--samples N] [key=value ...]`."""
     if not argv or argv[0].startswith("-"):
         from ablate.cli import refuse
 
-        refuse("ablate eval: which run? give its dir" if not argv else f"'{argv[0]}' is not an option of ablate eval",
-               "ablate eval RUN_DIR [data=... key=value ...]: writes RUN_DIR/eval.json, eval_examples.jsonl")
+        refuse("ablate eval: which run? give its dir" if not argv else
+               f"ablate eval: '{argv[0]}' before the run dir; give the run dir first" if argv[0] == "--samples" else
+               f"'{argv[0]}' is not an option of ablate eval", USAGE)
     from hydra.errors import HydraException
 
     from ablate.errors import USER_ERRORS
 
     run_dir = Path(argv[0]).resolve()
+    rest, samples = list(argv[1:]), 0
+    if "--samples" in rest:
+        at = rest.index("--samples")
+        value = rest[at + 1] if at + 1 < len(rest) else ""
+        if not value.isdigit():
+            from ablate.cli import refuse
+
+            refuse(f"ablate eval: --samples takes a number of completions per prompt, got '{value}'", USAGE)
+        samples, rest = int(value), rest[:at] + rest[at + 2:]
     try:
         rundir.check_given(run_dir)  # at once: before the heavy imports
-        result = evaluate(run_dir, argv[1:])
+        result = evaluate(run_dir, rest, samples)
     except USER_ERRORS as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)
     except HydraException as e:
         print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
-    print(f"{result['method']} eval on the {result['split']} split ({result['examples']} examples):")
+    how = f", {result['completions']}" if "completions" in result else ""
+    print(f"{result['method']} eval on the {result['split']} split ({result['examples']} examples{how}):")
+    width = max([28, *map(len, result["metrics"])])
     for k, v in sorted(result["metrics"].items()):
-        print(f"  {k:<28} {v:.4g}" if isinstance(v, float) else f"  {k:<28} {v}")
+        print(f"  {k:<{width}} {v:.4g}" if isinstance(v, float) else f"  {k:<{width}} {v}")
     print(f"wrote {run_dir / EVAL}")
     print(f"wrote {run_dir / rundir.EXAMPLES} (each example's scores, for ablate compare)")

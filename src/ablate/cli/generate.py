@@ -42,9 +42,11 @@ def load_run_model(run_dir: Path) -> tuple[Any, Any]:
     from peft import PeftModel
 
     from ablate.models.adapters import quiet_peft
+    from ablate.models.heads import with_head
 
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     _, base = instantiate(cfg.model)  # the run's own base model (built from code or loaded)
+    base = with_head(base, cfg.get("method"))  # method=reward: the score head the adapter was trained with
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -156,11 +158,16 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temper
     with `before`, also the starting model's (what training changed, side by side). Prompts are
     formatted as the run's training rows were (`chat`: None), or as `chat` says. Returns the rows and
     the line saying how the prompts were formatted."""
+    from ablate.errors import ConfigError
+    from ablate.models.heads import is_classifier
     from ablate.run.process import quiet_libraries
 
     rows_in = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
     quiet_libraries()  # "Loading weights" bars, bitsandbytes' CPU notice: the completions are the output
     tokenizer, model = load_run_model(run_dir)  # first: "no saved model" is the news for an unfinished run
+    if is_classifier(model):
+        raise ConfigError(f"{run_dir} is a reward model (method=reward): it scores sequences and does not write; "
+                          "`ablate eval` on it gives its accuracy on held-out pairs")
     fmt = trained_format(run_dir) if chat is None else None
     chat = bool(fmt["conversational"]) if fmt is not None else bool(chat)
     after = complete(tokenizer, model, rows_in, chat, max_new_tokens, temperature, seed)

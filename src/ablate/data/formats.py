@@ -2,11 +2,12 @@
 
 Formats (TRL 1.16 names), each *standard* (strings) or *conversational* (lists of {role, content}):
 
-  preference               prompt, chosen, rejected           DPO
+  preference               prompt, chosen, rejected           DPO, reward modelling, KTO (unpaired)
   preference, implicit     chosen, rejected (prompt = their shared prefix, as TRL's `extract_prompt`)
   prompt-completion        prompt, completion                 SFT (loss on the completion)
   language modeling        messages (conversational) or text  SFT (loss on every token)
-  prompt-only              prompt                             GRPO
+  prompt-only              prompt                             GRPO, RLOO, distillation
+  unpaired preference      prompt, completion, label          KTO (label: true = desirable)
 
 ShareGPT rows (`conversations`: [{from, value}]) become `messages` as in TRL. Extra columns are kept
 (GRPO's reward functions receive them). Nothing here needs torch or a tokenizer.
@@ -29,9 +30,16 @@ FORMATS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
             ("language modeling (conversational)", ("messages",)),
             ("language modeling (standard)", ("text",))],
     "prompt": [("prompt-only", ("prompt",))],
+    # reward modelling: preference pairs, each side scored whole (prompt + completion)
+    "reward": [("preference", ("prompt", "chosen", "rejected")),
+               ("implicit-prompt preference", ("chosen", "rejected"))],
+    # KTO: TRL's unpaired format (a desirable/undesirable `label` per completion), or pairs it unpairs
+    "unpaired": [("unpaired preference", ("prompt", "completion", "label")),
+                 ("preference", ("prompt", "chosen", "rejected")),
+                 ("implicit-prompt preference", ("chosen", "rejected"))],
 }
 KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")
-METHOD = {"preference": "DPO", "sft": "SFT", "prompt": "GRPO"}
+METHOD = {"preference": "DPO", "sft": "SFT", "prompt": "GRPO", "reward": "reward modelling", "unpaired": "KTO"}
 
 
 def map_columns(dataset: Dataset | None, columns: Mapping[str, str | None] | None) -> Dataset | None:

@@ -66,8 +66,8 @@ from transformers import (
 from ablate.data.tokenize import prepare_prompts
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
+from ablate.losses.grpo import _nanstd as nanstd
 from ablate.losses.logps import logits_logps
-from ablate.methods import grpo_rewards
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
 from ablate.methods.grpo_config import GRPOConfig, check_aggregation, longest_row
@@ -75,6 +75,7 @@ from ablate.methods.grpo_rounds import RoundsInCheckpoints
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
+from ablate.rollouts import rewarding
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.generation import (
@@ -96,7 +97,7 @@ from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 from ablate.speed.split import takes_logits_to_keep
 
-RewardFunc = grpo_rewards.RewardFunc
+RewardFunc = rewarding.RewardFunc
 
 
 def _check_finite(model: nn.Module, step: int) -> None:
@@ -134,7 +135,7 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         **kwargs: Any,
     ) -> None:
         self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
-        reward_funcs, weights = grpo_rewards.gather(reward_funcs, args.reward_weights, self.toolbox)
+        reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
         self.perf = perf or Perf()
         self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
@@ -144,7 +145,7 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
-        grpo_rewards.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)  # one line, before round 1
+        rewarding.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)  # one line, before round 1
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = check_aggregation(aggregation)  # method/aggregation=NAME: per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/scale_rewards=NAME: the advantages' denominator
@@ -264,7 +265,8 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
         _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
-        keep_old = mode == "train" and self.schedule.keeps_old_logps  # the policy may change before (some) use
+        # the policy may change before (some) use; RLOO's KL penalty reads pi_old when the round is scored
+        keep_old = mode == "train" and self.schedule.keeps_old_logps or self._kl_penalty()
         # with tools: the environments reset for these rows (their text may extend the prompts)
         prompt_ids = self.generator.start(rows) if self.toolbox is not None else [r["prompt_ids"] for r in rows]
         out, batch, seconds = self._behaviour(self.model, prompt_ids, keep_old)
@@ -357,16 +359,19 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, out)
+        loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+        penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": loss_mask} \
+            if self._kl_penalty() else {}  # RLOO: the estimator subtracts beta * KL (the model's tokens) from the rewards
         advantages, metrics = self.reward_aggregation(
-            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards
+            rewards, self.reward_weights, self.args.num_generations, self.scale_rewards, **penalty
         )
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
-        loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
                           num_items=loss_mask.sum().float() / slices, policy_version=version)
-        metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]) for i, name in enumerate(self.reward_funcs)})
+        for i, name in enumerate(self.reward_funcs):
+            metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]), f"rewards/{name}/std": nanstd(rewards[:, i])})
         metrics.update({
             "completions/mean_length": lengths.mean(),
             "completions/min_length": lengths.min(),
@@ -382,6 +387,10 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
         return rollout
 
+    def _kl_penalty(self) -> bool:
+        """Whether the KL is a reward penalty the estimator needs at scoring time (RLOO with beta > 0)."""
+        return self.args.kl_in_reward and self.args.beta != 0.0
+
     def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
         pad_id = self.processing_class.pad_token_id
         p_ids, p_mask = left_pad(prompt_ids, pad_id)
@@ -389,9 +398,9 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
 
     def _rewards(self, rows: list[dict[str, Any]], out: Completions) -> torch.Tensor:
-        """(N, F) reward table (ablate.methods.grpo_rewards; ablate.rewards.calls checks what each function returns)."""
+        """(N, F) reward table (ablate.rollouts.rewarding; ablate.rewards.calls checks what each function returns)."""
         environments = getattr(self.generator, "environments", None)  # this round's, one per row (TRL's)
-        return grpo_rewards.table(self.reward_funcs, rows, out, self.processing_class, environments, self._warned)
+        return rewarding.table(self.reward_funcs, rows, out, self.processing_class, environments, self._warned)
 
     # ---- loss ----
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments
@@ -21,6 +21,7 @@ from ablate.rollouts.tools import FORMATS, schema
 
 @dataclass
 class GRPOConfig(TrainingArguments):
+    kl_in_reward: ClassVar[bool] = False  # GRPO's KL (beta) is a loss term; RLOO's (RLOOConfig) a reward penalty
     num_generations: int = field(default=8, metadata={"help": "Completions per prompt (the group), >= 2."})
     steps_per_generation: int = field(default=1, metadata={"help": "Micro-steps served by one generation round."})
     num_iterations: int = field(default=1, metadata={"help": "Passes (mu) over each generation round's slices."})

@@ -8,7 +8,8 @@ from typing import Any
 # the format family (ablate.data.formats.FORMATS) of each trainer, and the tokenised columns that
 # let a dataset skip it (already tokenised rows, e.g. examples/custom_batch)
 IDS = {"preference": ("prompt_ids", "chosen_ids", "rejected_ids"), "sft": ("prompt_ids", "completion_ids"),
-       "prompt": ("prompt_ids",)}
+       "prompt": ("prompt_ids",), "reward": ("chosen_ids", "rejected_ids"),
+       "unpaired": ("prompt_ids", "completion_ids", "label")}
 
 
 # the format family of ablate's own trainers by their `_target_`, for the check of a data file's columns
@@ -18,7 +19,10 @@ TARGET_KINDS = {"ablate.methods.dpo.DPOTrainer": "preference", "ablate.methods.s
 
 
 def data_kind(trainer_cls: type) -> str | None:
-    """"preference" (DPO and its subclasses), "sft", "prompt" (GRPO); None for a trainer of another kind."""
+    """"preference" (DPO and its subclasses), "sft", "prompt" (GRPO), or what the trainer class says
+    (`data_kind`: "reward", "unpaired"); None for a trainer of another kind."""
+    if isinstance(getattr(trainer_cls, "data_kind", None), str):
+        return trainer_cls.data_kind
     from ablate.methods.dpo import DPOTrainer
     from ablate.methods.grpo import GRPOTrainer
     from ablate.methods.sft import SFTTrainer

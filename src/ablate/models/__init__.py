@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
@@ -101,10 +102,20 @@ def pretrained(
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code, **offline}
     if quantization_config is not None:
         kwargs.update(_quantized_kwargs(quantization_config))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
-    if model.generation_config.pad_token_id is None:
+    model = _auto_class(local).from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
+    if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
+
+
+def _auto_class(local: Path) -> type:
+    """AutoModelForCausalLM, or for a saved sequence classifier (a method=reward run's model/: its
+    config.json's architectures) AutoModelForSequenceClassification."""
+    config = local / "config.json"
+    if config.is_file() and any(str(a).endswith("ForSequenceClassification")
+                                for a in json.loads(config.read_text()).get("architectures") or []):
+        return AutoModelForSequenceClassification
+    return AutoModelForCausalLM
 
 
 def _offline(path: str, revision: str | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ tokenizer; with `peft.save_merged=true` also `model/merged/`, a plain model with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from peft import (
 from transformers import PreTrainedModel
 
 from ablate.errors import ConfigError
+from ablate.models.heads import is_classifier, with_head
 
 log = logging.getLogger("ablate")
 MERGED = "merged"  # model/merged/: the merged model, when peft.save_merged=true
@@ -82,6 +84,8 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     if adapters is None:
         return model
     _check_rank(model, adapters.config)
+    if is_classifier(model):  # method=reward: peft's SEQ_CLS task trains the new score head in full
+        adapters = dataclasses.replace(adapters, config=dataclasses.replace(adapters.config, task_type="SEQ_CLS"))
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -162,6 +166,7 @@ def save_merged(trainer: Any, model_dir: Path, cfg: DictConfig) -> Path | None:
         return None
     model_cfg = OmegaConf.merge(cfg.model, {"quantization_config": None}) if "quantization_config" in cfg.model else cfg.model
     _, base = instantiate(model_cfg)
+    base = with_head(base, cfg.get("method"))  # method=reward: the adapter was trained on the score head's model
     with quiet_peft():
         merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
     out = model_dir / MERGED

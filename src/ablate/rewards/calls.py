@@ -1,4 +1,5 @@
-"""How GRPO calls the data's reward functions, and what it holds them to (TRL 1.16's contract).
+"""How GRPO calls the data's reward functions, and what it holds them to (TRL 1.16's contract). RLOO (GRPO's
+trainer), distillation (rewards logged) and `ablate eval` make the same call (ablate.rollouts.rewarding.reward_table).
 
 A reward function is called as `f(prompts=..., completions=..., completion_ids=..., **dataset columns)`
 (an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion it does not score (TRL's
@@ -7,7 +8,7 @@ that score, `nansum`). What a user's function gets wrong is one line naming it (
 traceback in the run's log:
 
 - before the run (ablate.run.code_checks): a signature that cannot take that call (`call_problem`);
-- when the trainer is built: a required argument that is no column of the data (`column_problem`);
+- when the trainer is built: a required argument that is no column of the data (`column_problem`, `checked`);
 - at each round (`score`): an exception; a scalar, a string or another type instead of a list; the wrong
   count; a value that is not a number; inf (it would make every advantage of its group NaN or 0: the
   run would learn nothing, silently).
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ablate.errors import UserCodeError, log_file
+from ablate.rewards import resolve
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # what GRPO passes besides the data's columns
 CALL = "f(prompts=..., completions=..., completion_ids=..., **dataset columns)"
@@ -148,7 +150,23 @@ def table(funcs: dict[str, Callable[..., Any]], kwargs: dict[str, Any], n: int, 
     return out
 
 
-def usable(funcs: dict[str, Any] | None) -> dict[str, Any]:
-    """The reward functions a config lists, without the ones set to null (`data.reward_funcs.NAME=null`
-    removes one, as `callbacks.NAME=null` does)."""
-    return {k: f for k, f in (funcs or {}).items() if f is not None}
+def checked(funcs: dict[str, Any] | None, dataset: Any) -> dict[str, Any]:
+    """The usable functions of `funcs`, each held to `dataset`'s columns (`column_problem`): known when a
+    trainer or an eval is built, before the first round."""
+    funcs = usable(funcs)
+    columns = [c for c in getattr(dataset, "column_names", None) or [] if c not in ("prompt", "prompt_ids")]
+    for name, fn in funcs.items():
+        if (problem := column_problem(fn, columns)) is not None:
+            raise UserCodeError(f"reward function '{name}' ({name_of(fn)}) {problem}")
+    return funcs
+
+
+def usable(funcs: Any) -> dict[str, Any]:
+    """The reward functions a config lists, by name, in any form `data.reward_funcs` takes (the short form's
+    dotted paths too, `[myrew.short]`: ablate.rewards.resolve), without the ones set to null
+    (`data.reward_funcs.NAME=null` removes one, as `callbacks.NAME=null` does)."""
+    if funcs is None or isinstance(funcs, str):
+        return resolve.reward_funcs(funcs)
+    if isinstance(funcs, (list, tuple)) or type(funcs).__name__ == "ListConfig":
+        return resolve.reward_funcs([f for f in funcs if f is not None])
+    return resolve.reward_funcs({k: f for k, f in funcs.items() if f is not None})

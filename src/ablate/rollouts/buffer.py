@@ -36,8 +36,8 @@ class Rollout:
     prompt_mask: torch.Tensor  # (rows, prompt width), 0 on padding
     completion_ids: torch.Tensor  # (rows, completion width)
     completion_mask: torch.Tensor  # (rows, completion width): the tokens that get a loss
-    advantages: torch.Tensor  # (rows,)
     num_items: torch.Tensor  # () dapo's normaliser: the round's completion tokens per micro-batch
+    advantages: torch.Tensor | None = None  # (rows,); None for a method without rewards (distillation)
     old_logps: torch.Tensor | None = None  # (rows, completion width) pi_old, when the schedule keeps it
     ref_logps: torch.Tensor | None = None  # (rows, completion width) the reference policy's, when beta > 0
     # the sampling engine's own log-probs, for an importance-sampling correction of an engine whose

@@ -24,7 +24,12 @@ def is_int(v: Any) -> bool:
 
 
 def is_grpo(cfg: DictConfig) -> bool:
-    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("GRPOConfig")
+    """GRPO's arguments, or RLOO's (GRPO's rollouts and batches)."""
+    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith(("GRPOConfig", "RLOOConfig"))
+
+
+def _is_distill(cfg: DictConfig) -> bool:
+    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("DistillConfig")
 
 
 def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
@@ -162,9 +167,10 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.save_strategy": (lambda v, c: v in ("no", "steps", "epoch", "best"), "one of no, steps, epoch, best"),
     "method.args.dataloader_num_workers": (lambda v, c: is_int(v) and v >= 0, "an integer >= 0"),
     # DPO's beta scales the implicit reward (beta=0 makes the loss constant; hinge divides by it);
-    # GRPO's beta is a KL weight, where 0 turns the reference model off.
-    "method.args.beta": (lambda v, c: is_num(v) and (v >= 0 if is_grpo(c) else v > 0),
-                         "a number > 0 (GRPO: >= 0, where 0 means no KL term)"),
+    # GRPO's and RLOO's beta is a KL weight, where 0 turns the reference model off; distillation's picks the
+    # divergence (0 = forward KL, 1 = reverse KL)
+    "method.args.beta": (lambda v, c: is_num(v) and (v >= 0 if is_grpo(c) else 0 <= v <= 1 if _is_distill(c) else v > 0),
+                         "a number > 0 (GRPO, RLOO: >= 0, where 0 means no KL term; distill: in [0, 1])"),
     "method.args.max_length": (lambda v, c: v is None or (is_int(v) and v >= 1), "an integer >= 1"),
     "method.args.max_prompt_length": (lambda v, c: v is None or (is_int(v) and v >= 1), "an integer >= 1"),
     "method.args.max_completion_length": (lambda v, c: (v is None and not is_grpo(c)) or (is_int(v) and v >= 1),
@@ -203,6 +209,14 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.reward_weights": (
         _reward_weights, lambda c: f"null or a list of {len(reward_names(c))} numbers, one per "
                                    f"data.reward_funcs entry ({', '.join(reward_names(c))})"),
+    # the new methods' own values (issue 35), checked here before torch as well as in their dataclasses
+    "method.args.center_rewards_coefficient": (lambda v, c: v is None or (is_num(v) and v >= 0),
+                                               "null (off) or a number >= 0 (reward: the centring term's weight)"),
+    "method.args.desirable_weight": (lambda v, c: is_num(v) and v > 0, "a number > 0 (KTO: a weight of its examples' losses)"),
+    "method.args.undesirable_weight": (lambda v, c: is_num(v) and v > 0, "a number > 0 (KTO: a weight of its examples' losses)"),
+    "method.args.reward_clip_range": (
+        lambda v, c: v is None or (isinstance(v, ListConfig) and len(v) == 2 and all(map(is_num, v)) and v[0] <= v[1]),
+        "null or [min, max] with min <= max (RLOO: rewards clipped to it)"),
     "method.args.use_cpu": (_bool, BOOL),
     "method.args.disable_tqdm": (_bool, BOOL),
     "data.max_train_samples": (lambda v, c: v is None or (is_int(v) and v >= 1), "null or an integer >= 1"),

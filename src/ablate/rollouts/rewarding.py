@@ -1,4 +1,5 @@
-"""GRPO's rewards: which functions score a run, and each round's table of their values (TRL 1.16's).
+"""The rewards of generated completions (GRPO and RLOO's rounds, distillation's logged rewards, `ablate eval`): which
+functions score a run, and a round's table of their values (TRL 1.16's call).
 
 - `gather`: the data's reward functions in any form `data.reward_funcs` takes (the short form's dotted paths,
   `[myrew.short]`; named `_target_` nodes; what Hydra built of them: functions, a reward model), entries set to
@@ -6,7 +7,7 @@
   its `get_reward()` as one more column, weight 1 (TRL's).
 - `ready`: once the trainer is built: each function against the data's columns (and `environments`, which
   every reward function receives when there is an environment), reward models moved to the trainer's device.
-- `table`: one round's (N, F) rewards. Each completion is its text, or its messages (prompt-style data, and
+- `reward_table` / `table`: one round's (N, F) rewards. Each completion is its text, or its messages (prompt-style data, and
   every completion with tool calls: turns and tool results).
 
 Python functions, reward models and environments all go through ablate.rewards.calls: one line naming the one
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ablate.errors import ConfigError, UserCodeError
 from ablate.rewards import calls, resolve
@@ -28,14 +30,30 @@ from ablate.rollouts.turns import Toolbox, environment_reward
 RewardFunc = Callable[..., list[float | None]]
 
 
+def reward_table(reward_funcs: dict[str, RewardFunc], tokenizer: PreTrainedTokenizerBase,
+                 rows: list[dict[str, Any]], completion_ids: list[list[int]],
+                 warned: set[str] | None = None, messages: list[list[dict[str, Any]]] | None = None,
+                 environments: list[Any] | None = None) -> torch.Tensor:
+    """(N, F) rewards of N completions, one column per function, None -> NaN: TRL's call (prompts,
+    completions as text or as an assistant message, completion_ids, and every other dataset column), what
+    the functions return held to its contract by ablate.rewards.calls (a user's mistake: one line). With
+    tools (GRPO), each completion is its `messages` (turns and tool results) and `environments` are passed
+    too, one instance per row (TRL's)."""
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    prompts = [r["prompt"] for r in rows]
+    completions = messages or [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+                               for p, t in zip(prompts, texts)]
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
+    if environments is not None:
+        columns["environments"] = environments
+    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    return calls.table(reward_funcs, kwargs, len(rows), set() if warned is None else warned)
+
+
 def gather(reward_funcs: Any, weights: list[float] | None,
            toolbox: Toolbox | None) -> tuple[dict[str, RewardFunc], list[float]]:
     """The run's reward functions by name and their weights (see the module docstring)."""
-    if isinstance(reward_funcs, (list, tuple)) or type(reward_funcs).__name__ == "ListConfig":
-        reward_funcs = [f for f in reward_funcs if f is not None]
-    elif reward_funcs is not None and not isinstance(reward_funcs, str):
-        reward_funcs = calls.usable(dict(reward_funcs))  # data.reward_funcs.NAME=null drops one
-    funcs = resolve.reward_funcs(reward_funcs)
+    funcs = calls.usable(reward_funcs)  # any form; data.reward_funcs.NAME=null drops one
     env = toolbox.reward_name if toolbox is not None else None
     if not funcs and env is None:
         raise ConfigError(f"GRPO needs reward functions: {resolve.SHORT_FORM}, or a task that has them "
@@ -65,13 +83,6 @@ def ready(funcs: dict[str, RewardFunc], dataset: Any, toolbox: Toolbox | None, d
 def table(funcs: dict[str, RewardFunc], rows: list[dict[str, Any]], out: Completions, tokenizer: Any,
           environments: list[Any] | None, warned: set[str]) -> torch.Tensor:
     """(N, F) rewards of one round, NaN where a function does not score a completion (left out of its group's
-    statistics); `environments`: this round's, one per row, or None."""
-    texts = tokenizer.batch_decode(out.ids, skip_special_tokens=True)
-    prompts = [r["prompt"] for r in rows]
-    completions = out.messages or [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-                                   for p, t in zip(prompts, texts)]
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-    if environments is not None:
-        columns["environments"] = environments
-    kwargs = dict(prompts=prompts, completions=completions, completion_ids=out.ids, **columns)
-    return calls.table(funcs, kwargs, len(rows), warned)  # a user's mistake: one line naming the function
+    statistics): `reward_table`'s call, with each
+    completion's messages when it has tool turns; `environments`: this round's, one per row, or None."""
+    return reward_table(funcs, tokenizer, rows, out.ids, warned, messages=out.messages, environments=environments)

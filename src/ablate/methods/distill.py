@@ -1,0 +1,237 @@
+"""On-policy distillation on `transformers.Trainer` (GKD, Agarwal et al. 2024; TRL 1.16's DistillationTrainer):
+the student samples a completion of each prompt, and learns the teacher's next-token distribution at every
+token it sampled (the generalised JSD of ablate.losses.distill, `beta` from forward to reverse KL).
+
+The rollouts are GRPO's machinery (ablate.rollouts): prompts drawn by `RepeatSampler` (one completion per
+prompt, TRL's n = 1), a generation round per optimizer step (the accumulation window's prompts sampled at
+once, TRL's schedule: `Schedule` with steps_per_generation = gradient_accumulation_steps), served slice by
+slice and saved mid-round with the checkpoints by `RolloutBuffer`, and GRPO's generators (the default
+`SharedPromptGenerator`, or `method/generator=hf|vllm`). The teacher is `+teacher=NAME` (conf/teacher/: a
+model dir, a config model, SmolLM2), else the method's default (the tiny task's scripted teacher); it must
+share the student's vocabulary. The data's reward functions, when it has some, are logged (`reward`), not
+trained on; `ablate eval` scores a run by them.
+
+Departures from TRL: full logits at the completion positions (TRL projects the hidden states in tiles, which
+saves memory at large vocabularies, same numbers); the loss of an accumulation window is the token mean
+over the window (TRL divides it by the accumulation steps once more); the async worker of GRPO is not used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from datasets import Dataset
+from torch import nn
+from torch.utils.data import Sampler
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
+
+from ablate.data.tokenize import prepare_prompts
+from ablate.errors import ConfigError
+from ablate.losses import distill as distill_losses
+from ablate.methods.fsdp import full_params
+from ablate.methods.metrics import LogsMetrics, MetricsBuffer
+from ablate.methods.optim import ConfiguredOptimizer
+from ablate.rewards import calls as rewards
+from ablate.rollouts.buffer import Rollout, RolloutBuffer
+from ablate.rollouts.rewarding import reward_table
+from ablate.rollouts.generation import as_completions, build_generator, left_pad, right_pad, stop_ids
+from ablate.rollouts.sampler import RepeatSampler
+from ablate.rollouts.schedule import Schedule
+from ablate.rollouts.stats import RolloutStats
+from ablate.speed.split import takes_logits_to_keep
+
+
+@dataclass
+class DistillConfig(TrainingArguments):
+    beta: float = field(default=1.0, metadata={"help": "Generalised JSD: 0 = forward KL, 1 = reverse KL (TRL's default)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature, also the loss's softmax temperature."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens; 0 = off."})
+    max_prompt_length: int | None = field(default=512, metadata={"help": "Keep the last N prompt tokens."})
+    max_completion_length: int = field(default=256, metadata={"help": "New tokens sampled per completion."})
+    remove_unused_columns: bool = False  # reward functions receive every dataset column
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = [
+            (0.0 <= self.beta <= 1.0, f"beta must be in [0, 1] (0 = forward KL, 1 = reverse KL), got {self.beta}"),
+            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
+            (isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
+             f"max_completion_length must be an integer >= 1, got {self.max_completion_length}"),
+            (self.max_prompt_length is None or self.max_prompt_length >= 1,
+             f"max_prompt_length must be >= 1 (or null), got {self.max_prompt_length}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(f"method.args: {msg}")
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Collator: keep the rows as they are; `_prepare_inputs` turns prompts into completions."""
+    return rows
+
+
+class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
+    """On-policy distillation from `teacher` (a model, or a builder returning (tokenizer, model))."""
+
+    data_kind = "prompt"  # prompt-only rows, as GRPO's (ablate.methods.shapes)
+    loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
+
+    def __init__(self, model: PreTrainedModel, args: DistillConfig, train_dataset: Dataset | None,
+                 processing_class: PreTrainedTokenizerBase, teacher: Any = None, eval_dataset: Dataset | None = None,
+                 reward_funcs: dict[str, Callable[..., list[float | None]]] | None = None, generator: Any = None,
+                 **kwargs: Any) -> None:
+        self.teacher = _built(teacher, model)
+        if train_dataset is not None:  # None: evaluation only
+            train_dataset = prepare_prompts(train_dataset, processing_class, args.max_prompt_length, "train")
+        if eval_dataset is not None:
+            eval_dataset = prepare_prompts(eval_dataset, processing_class, args.max_prompt_length, "eval")
+        super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.teacher.to(self.args.device).eval().requires_grad_(False)
+        self.generator = build_generator(generator, args, processing_class)  # None: SharedPromptGenerator
+        if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
+            self.add_callback(self.generator)
+        ga = args.gradient_accumulation_steps  # one round per optimizer step, its micro-batches slices (TRL's)
+        self.schedule = Schedule(batch_size=args.train_batch_size, num_generations=1, steps_per_generation=ga,
+                                 accumulation=ga)
+        self.rollouts = RolloutBuffer(self.schedule)
+        self.reward_funcs = rewards.checked(reward_funcs, train_dataset)  # logged only; held to the data's columns
+        self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
+        self.metrics = MetricsBuffer()
+
+    # ---- batching: one round of prompts per optimizer step (ablate.rollouts) ----
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        return self._get_dataloader(dataset=self.train_dataset, description="Training", batch_size=self.schedule.round_size,
+                                    sampler_fn=self._get_train_sampler, is_training=True)
+
+    def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return RepeatSampler(self.train_dataset if dataset is None else dataset, 1, self.schedule.round_size,
+                             self.schedule.micro_steps_per_round, seed)
+
+    def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        self.rollouts.start(self.state.global_step)  # the first step of this process: after a resume, continue
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.rollouts.advance()
+        return loss
+
+    def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> Rollout:
+        if not self.model.training:  # eval: one batch, sampled on the spot
+            return self._round(inputs, "eval")
+        if self.rollouts.needs_round():
+            self.rollouts.put(self._round(inputs, "train"))
+        return self.rollouts.serve()
+
+    def _round(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
+        """The student's completions of `rows`' prompts, padded, with the round's counters and metrics."""
+        t0 = time.perf_counter()
+        prompt_ids = [r["prompt_ids"] for r in rows]
+        with torch.no_grad(), full_params(self.accelerator.unwrap_model(self.model)) as whole:
+            ids = as_completions(self.generator(whole, prompt_ids)).ids
+        seconds = time.perf_counter() - t0
+        pad_id = self.processing_class.pad_token_id
+        (p_ids, p_mask), (c_ids, c_mask) = left_pad(prompt_ids, pad_id), right_pad(ids, pad_id)
+        slices = self.schedule.steps_per_generation if mode == "train" else 1
+        lengths = torch.tensor([len(c) for c in ids], dtype=torch.float32)
+        stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
+        if mode == "train":
+            stats = self.rollouts.stats
+            stats.rounds, stats.generation_seconds = stats.rounds + 1, stats.generation_seconds + seconds
+            stats.generated_tokens += int(lengths.sum())
+            stats.num_tokens += sum(map(len, prompt_ids)) + int(lengths.sum())
+        metrics = {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
+                   "completions/max_length": lengths.max(), "num_tokens": float(self.rollouts.stats.num_tokens),
+                   "completions/clipped_ratio": torch.tensor([not c or c[-1] not in stops for c in ids]).float().mean()}
+        if self.reward_funcs:  # logged only: what the task's reward says of the student's samples
+            table = reward_table(self.reward_funcs, self.processing_class, rows, ids, self._warned)
+            metrics |= {"reward": torch.nanmean(table.nansum(dim=1))}
+            metrics |= {f"rewards/{f}/mean": torch.nanmean(table[:, i]) for i, f in enumerate(self.reward_funcs)}
+        self.metrics.add(mode, metrics)
+        device = self.args.device
+        return Rollout(prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device), completion_ids=c_ids.to(device),
+                       completion_mask=c_mask.to(device), num_items=c_mask.sum().float() / slices,
+                       policy_version=self.state.global_step)
+
+    # ---- loss ----
+
+    def _completion_logits(self, model: nn.Module, batch: Rollout) -> torch.Tensor:
+        """`model`'s next-token logits (B, T, V) at the completion's tokens (position ids as generate sets them)."""
+        input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+        attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+        n = batch.completion_ids.size(1)
+        keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                    position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), **keep)
+        return out.logits[:, -n - 1:-1]
+
+    def compute_loss(self, model: nn.Module, inputs: Rollout, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        mode = "train" if model.training else "eval"
+        student = self._completion_logits(model, inputs)
+        with torch.no_grad():
+            teacher = self._completion_logits(self.teacher, inputs)
+        loss, metrics = distill_losses.distillation(student, teacher, inputs.completion_mask, beta=self.args.beta,
+                                                    temperature=self.args.temperature, num_items=float(inputs.num_items))
+        self.metrics.add(mode, metrics)
+        return loss
+
+    def prediction_step(self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor, None, None]:
+        """Eval rows have no `labels`: sample, and report the distillation loss and the round's metrics."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            return self.compute_loss(model, inputs).detach(), None, None
+
+    # ---- the run: the generator's engine closed, the round in flight checkpointed ----
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            close = getattr(self.generator, "close", None)
+            if close is not None:
+                close()
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """The round being served and the generation counters, before Trainer's files (ablate.rollouts.buffer)."""
+        if self.args.should_save:
+            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            self.rollouts.save(folder)
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self.rollouts.load(resume_from_checkpoint, self.args.device)
+
+    def rollout_stats(self) -> RolloutStats:
+        """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
+        return self.rollouts.stats
+
+    def summary_fields(self) -> dict[str, Any]:
+        stats = self.rollouts.stats
+        return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
+
+
+def _built(teacher: Any, student: nn.Module) -> nn.Module:
+    """The teacher model from what the config gives (a builder's partial or its (tokenizer, model)), checked
+    to share the student's vocabulary (the divergence compares whole next-token distributions)."""
+    if teacher is None:
+        raise ConfigError("method=distill needs a teacher: +teacher=local teacher.path=DIR (a model dir, e.g. a "
+                          "finished run's model/), +teacher=tiny, or +teacher=smollm2_135m (conf/teacher/)")
+    built = teacher() if callable(teacher) and not isinstance(teacher, nn.Module) else teacher
+    model = built[1] if isinstance(built, tuple) else built
+    theirs, ours = model.config.vocab_size, student.config.vocab_size
+    if theirs != ours:
+        raise ConfigError(f"teacher: its vocabulary has {theirs} tokens, the student's {ours}; distillation compares "
+                          "next-token distributions, so they must share a tokenizer (e.g. model=smollm2_135m "
+                          "with +teacher=smollm2_135m or a run of it)")
+    return model
