@@ -126,6 +126,8 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
     # the methods beyond DPO/SFT/GRPO: trained to a target and evaluated by default, and against TRL per step
     "ablate train method=reward": "tests/integration/test_methods.py trains and evaluates method=reward by default",
+    "ablate train method=grpo data=tiny_prefs '+data.reward_funcs.rm=":
+        "tests/integration/test_reward_model.py trains a reward model, then GRPO against its run dir, by default",
     "ablate train method=kto": "tests/integration/test_methods.py trains method=kto and tests/parity/test_trl_kto.py "
                                "each KTO loss type by default",
     "ablate train method=rloo": "tests/integration/test_methods.py trains method=rloo and tests/parity/test_trl_rloo.py "
