@@ -115,12 +115,22 @@ def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dic
     """TRL and ablate alternated (`repeats` rounds); one table; each side's variants as rows."""
     results: dict[str, list[dict[str, Any]]] = {}
     errors: dict[str, str] = {}
+    # each ablate variant its own process: on the H200 (2026-12-04) ten variants in one process ran past the
+    # section's time and every ablate number was lost; one that hangs now costs at most 3x TRL's process time
+    children = [("trl", {})] + [(f"ablate:{v}", {"variants": {v: spec}}) for v, spec in cfg["variants"].items()]
     for _ in range(repeats):
-        for side in ("trl", "ablate"):
-            out, seconds, err = child({**cfg, "side": side}, remaining)
+        trl_seconds = None
+        for key, extra in children:
+            side = "trl" if key == "trl" else "ablate"
+            if remaining <= 0:
+                errors.setdefault(key, "not started: past the section's time")
+                continue
+            cap = remaining if trl_seconds is None else min(remaining, max(60.0, 3 * trl_seconds))
+            out, seconds, err = child({**cfg, **extra, "side": side}, cap)
             remaining -= seconds
+            trl_seconds = seconds if key == "trl" and out is not None else trl_seconds
             if out is None:
-                errors[side] = err.strip().splitlines()[-1] if err.strip() else "failed"
+                errors[key] = err.strip().splitlines()[-1] if err.strip() else "failed"
                 continue
             for variant, r in out.items():
                 key = "trl" if side == "trl" else f"ablate:{variant}"

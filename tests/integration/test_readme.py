@@ -86,7 +86,7 @@ NEEDS = {"A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this m
 NEEDS_LINE = {"ablate sweep tune_dpo_beta_lr": ("optuna", "a study: several trials of the tiny task")}
 # lines that start something outliving the line: what stops it when the doc's test ends, even after a failure
 CLEANUP = {"python scripts/ray/local_cluster.py start": "python scripts/ray/local_cluster.py stop"}
-SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip (un)?install .*)$")  # chained set-up steps
+SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|(python3? -m )?pip (un)?install .*)$")  # chained set-up steps
 SLOW = {  # a line whose command starts with one of these runs only in the `-m slow` suite
     "ablate sweep ": "a sweep: 2 to 12 jobs",
     "ablate train -m ": "a multirun: 6 jobs",
