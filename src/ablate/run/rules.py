@@ -32,6 +32,10 @@ def _is_distill(cfg: DictConfig) -> bool:
     return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith("DistillConfig")
 
 
+def _is(cfg: DictConfig, config_class: str) -> bool:
+    return str(OmegaConf.select(cfg, "method.args._target_", default="")).endswith(config_class)
+
+
 def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
     return OmegaConf.select(cfg, key, default=default)
 
@@ -147,9 +151,10 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
         f" under float32's largest, {FLOAT32_MAX:.3g}")),
     "optimizer.optimizer.weight_decay": (lambda v, c: is_num(v) and v >= 0, "a number >= 0"),
     "method.args.per_device_train_batch_size": (
-        lambda v, c: is_int(v) and v >= 1 and _grpo_batch(v, c),
+        lambda v, c: is_int(v) and v >= (2 if _is(c, "KTOConfig") else 1) and _grpo_batch(v, c),
         lambda c: "an integer >= 1" + (f" and a multiple of method.args.num_generations={at(c, 'method.args.num_generations')} "
-                                       "(GRPO's batch counts completions, whole groups)" if is_grpo(c) else "")),
+                                       "(GRPO's batch counts completions, whole groups)" if is_grpo(c) else "")
+        if not _is(c, "KTOConfig") else "an integer >= 2 (KTO's KL estimate pairs each example with another's output)"),
     "method.args.per_device_eval_batch_size": (
         lambda v, c: is_int(v) and v >= 1 and _eval_batch(v, c),
         lambda c: "an integer >= 1" + (f" and a multiple of method.args.num_generations={at(c, 'method.args.num_generations')}"
@@ -204,7 +209,13 @@ RULES: dict[str, tuple[Check, str | Callable[[DictConfig], str]]] = {
     "method.args.epsilon_high": (lambda v, c: v is None or (is_num(v) and v >= 0), "null or a number >= 0"),
     "method.args.top_k": (lambda v, c: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
     "method.args.num_iterations": (lambda v, c: is_int(v) and v >= 1, "an integer >= 1 (passes over each generation round)"),
-    "method.args.importance_sampling_level": (lambda v, c: v in ("token", "sequence"), "token (GRPO) or sequence (GSPO)"),
+    "method.args.importance_sampling_level": (
+        lambda v, c: v == "token" if _is(c, "RLOOConfig") else v in ("token", "sequence"),
+        lambda c: "token: RLOO's ratio is always one per completion (sequence is GRPO's GSPO)" if _is(c, "RLOOConfig")
+        else "token (GRPO) or sequence (GSPO)"),
+    "method.args.train_sampling_strategy": (
+        lambda v, c: v == "sequential" or not _is(c, "KTOConfig"),
+        "sequential for KTO (the KL pairs are fixed in the data's order; TRL's KTO samples sequentially too)"),
     "method.args.delta": (_delta, "null or a number > 1 + epsilon_high (two-sided clipping caps the ratio above the clip range)"),
     "method.args.reward_weights": (
         _reward_weights, lambda c: f"null or a list of {len(reward_names(c))} numbers, one per "
