@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.run import rundir
+from ablate.run.config_change import flat
 from ablate.run.lifecycle import identity
 
 
@@ -74,18 +75,9 @@ def expand_jobs(argv: list[str]) -> list[list[str]]:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: node}
-
-
 def first_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     """`key (was X, now Y)` for the first key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
+    a, b = flat(old), flat(new)
     for key in [*b, *(k for k in a if k not in b)]:
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             return f"{key} (was {a.get(key, '<absent>')}, now {b.get(key, '<absent>')})"

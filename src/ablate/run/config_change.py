@@ -39,15 +39,16 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key (was X, now Y)` for every key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
+    a, b = flat(old), flat(new)
     return [f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
             for k in [*b, *(k for k in a if k not in b)] if a.get(k, "<absent>") != b.get(k, "<absent>")]
 
 
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+def flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted.key: leaf} (an empty node is a leaf)."""
     if isinstance(node, dict) and node:
         out: dict[str, Any] = {}
         for k, v in node.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: node}

@@ -56,8 +56,8 @@ def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides:
     path = sweep_dir / REFUSED / f"{run_dir.name}.json"
     if not rundir.is_main_process():
         return
-    if error is None:
-        if path.is_file():
+    if error is None:  # forgotten only when the file is ablate's record of this very job
+        if (rundir.read_json(path) or {}).get("run_dir") == str(run_dir.resolve()):
             path.unlink(missing_ok=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
