@@ -146,9 +146,10 @@ def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dic
     return {"title": title, "rows": rows, "errors": errors, "runs": results}
 
 
-def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float) -> dict[str, Any]:
+def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float,
+          only: set[str] | None = None) -> dict[str, Any]:
     """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds)."""
-    lines = [(n, o) for n, o, on_cpu in SMOKE if device != "cpu" or on_cpu]
+    lines = [(n, o) for n, o, on_cpu in SMOKE if (device != "cpu" or on_cpu) and (not only or n in only)]
     steps = 2 if tiny else 10
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
@@ -228,6 +229,8 @@ def main() -> None:
     p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
                    help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)")
     p.add_argument("--compile", action="store_true", help="exact: check torch.compile on a CPU too (minutes)")
+    p.add_argument("--only", help="comma-separated ablate variants and smoke lines to run (default: all); "
+                   "a short GPU lease runs the decisive rows: --only off,forced,bf16_tf32")
     p.add_argument("--out", type=Path, help="write every number here (JSON)")
     p.add_argument("--record", nargs="?", const=str(ROOT / "src/ablate/speed/measured.json"),
                    help="write the verdicts as the device's entry of this measured.json (default: ablate's)")
@@ -237,6 +240,10 @@ def main() -> None:
     t0, run = time.perf_counter(), header(a.device)
     print(run, flush=True)
     cfgs, out = configs(a.device, a.tiny), {"run": run}
+    only = set(a.only.split(",")) if a.only else None
+    for cfg in cfgs.values():
+        if only and "variants" in cfg:
+            cfg["variants"] = {k: v for k, v in cfg["variants"].items() if k in only}
     sections = a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else "exact,dpo,smoke,dpo_large,grpo,sft")
     for section in sections.split(","):
         remaining = a.budget - (time.perf_counter() - t0)
@@ -250,7 +257,7 @@ def main() -> None:
             out["exact"] = got or {"error": err}
             print_exact(out["exact"])
         elif section == "smoke":
-            out["smoke"] = smoke(a.device, a.tiny, a.smoke_dir.resolve(), a.parallel, remaining)
+            out["smoke"] = smoke(a.device, a.tiny, a.smoke_dir.resolve(), a.parallel, remaining, only)
         else:
             out[section] = timed(section, cfgs[section], a.repeats, remaining)
         print(f"({section}: {time.perf_counter() - s0:.0f} s)", flush=True)
