@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -50,6 +51,8 @@ from ablate.run.rules import (
 )
 from ablate.run import data_checks, sweep_dirs
 from ablate.run.targets import check_target
+
+log = logging.getLogger(__name__)
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -304,7 +307,7 @@ class Validate(Callback):
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
             if sweep_dirs.given(config.hydra):
-                sweep_dirs.check_sweep_dir_free(sweep_dir)  # in about a second: before the code checks import torch
+                sweep_dirs.check_sweep_dir_free(sweep_dir, sweep_dirs.task_overrides(config.hydra))  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -332,7 +335,10 @@ def claim_sweep_dir(config: DictConfig) -> None:
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
-        sweep_dirs.check_sweep_dir_free(path)
+        task = sweep_dirs.task_overrides(hc)
+        sweep_dirs.check_sweep_dir_free(path, task)
+        if sweep_dirs.same_launch(path, task) and not os.environ.get(sweep_dirs.RESUME_ENV):
+            log.info(f"{path}: the same launch again (multirun.yaml's overrides): each job continues its run dir")
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
