@@ -115,12 +115,22 @@ def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dic
     """TRL and ablate alternated (`repeats` rounds); one table; each side's variants as rows."""
     results: dict[str, list[dict[str, Any]]] = {}
     errors: dict[str, str] = {}
+    # each ablate variant its own process: on the H200 (2026-12-04) ten variants in one process ran past the
+    # section's time and every ablate number was lost; one that hangs now costs at most 3x TRL's process time
+    children = [("trl", {})] + [(f"ablate:{v}", {"variants": {v: spec}}) for v, spec in cfg["variants"].items()]
     for _ in range(repeats):
-        for side in ("trl", "ablate"):
-            out, seconds, err = child({**cfg, "side": side}, remaining)
+        trl_seconds = None
+        for key, extra in children:
+            side = "trl" if key == "trl" else "ablate"
+            if remaining <= 0:
+                errors.setdefault(key, "not started: past the section's time")
+                continue
+            cap = remaining if trl_seconds is None else min(remaining, max(60.0, 3 * trl_seconds))
+            out, seconds, err = child({**cfg, **extra, "side": side}, cap)
             remaining -= seconds
+            trl_seconds = seconds if key == "trl" and out is not None else trl_seconds
             if out is None:
-                errors[side] = err.strip().splitlines()[-1] if err.strip() else "failed"
+                errors[key] = err.strip().splitlines()[-1] if err.strip() else "failed"
                 continue
             for variant, r in out.items():
                 key = "trl" if side == "trl" else f"ablate:{variant}"
@@ -136,9 +146,10 @@ def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dic
     return {"title": title, "rows": rows, "errors": errors, "runs": results}
 
 
-def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float) -> dict[str, Any]:
+def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float,
+          only: set[str] | None = None) -> dict[str, Any]:
     """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds)."""
-    lines = [(n, o) for n, o, on_cpu in SMOKE if device != "cpu" or on_cpu]
+    lines = [(n, o) for n, o, on_cpu in SMOKE if (device != "cpu" or on_cpu) and (not only or n in only)]
     steps = 2 if tiny else 10
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
@@ -218,6 +229,8 @@ def main() -> None:
     p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
                    help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)")
     p.add_argument("--compile", action="store_true", help="exact: check torch.compile on a CPU too (minutes)")
+    p.add_argument("--only", help="comma-separated ablate variants and smoke lines to run (default: all); "
+                   "a short GPU lease runs the decisive rows: --only off,forced,bf16_tf32")
     p.add_argument("--out", type=Path, help="write every number here (JSON)")
     p.add_argument("--record", nargs="?", const=str(ROOT / "src/ablate/speed/measured.json"),
                    help="write the verdicts as the device's entry of this measured.json (default: ablate's)")
@@ -227,6 +240,10 @@ def main() -> None:
     t0, run = time.perf_counter(), header(a.device)
     print(run, flush=True)
     cfgs, out = configs(a.device, a.tiny), {"run": run}
+    only = set(a.only.split(",")) if a.only else None
+    for cfg in cfgs.values():
+        if only and "variants" in cfg:
+            cfg["variants"] = {k: v for k, v in cfg["variants"].items() if k in only}
     sections = a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else "exact,dpo,smoke,dpo_large,grpo,sft")
     for section in sections.split(","):
         remaining = a.budget - (time.perf_counter() - t0)
@@ -240,7 +257,7 @@ def main() -> None:
             out["exact"] = got or {"error": err}
             print_exact(out["exact"])
         elif section == "smoke":
-            out["smoke"] = smoke(a.device, a.tiny, a.smoke_dir.resolve(), a.parallel, remaining)
+            out["smoke"] = smoke(a.device, a.tiny, a.smoke_dir.resolve(), a.parallel, remaining, only)
         else:
             out[section] = timed(section, cfgs[section], a.repeats, remaining)
         print(f"({section}: {time.perf_counter() - s0:.0f} s)", flush=True)

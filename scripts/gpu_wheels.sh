@@ -9,7 +9,7 @@
 #   bash scripts/gpu_wheels.sh              # -> .gpu_wheels/*.whl, their total size, the install line
 #
 # On the GPU machine, from the repo root (ablate itself runs from src/: no build backend needed there):
-#   pip install --no-index --no-deps .gpu_wheels/*.whl && export PYTHONPATH=$PWD/src
+#   python -m pip install --no-index --no-deps .gpu_wheels/*.whl && export PYTHONPATH=$PWD/src
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=.gpu_wheels
@@ -51,4 +51,4 @@ PY
 ls -la "$OUT"
 total=$(du -cb "$OUT"/*.whl | tail -1 | cut -f1)
 echo "total $((total / 1024 / 1024)) MiB in $OUT (the device run carries at most 64 MiB)"
-echo "install on the GPU machine: pip install --no-index --no-deps $OUT/*.whl && export PYTHONPATH=\$PWD/src"
+echo "install on the GPU machine: python -m pip install --no-index --no-deps $OUT/*.whl && export PYTHONPATH=\$PWD/src"

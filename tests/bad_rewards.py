@@ -41,3 +41,28 @@ def needs_a_column(prompts, completions, completion_ids, answer):
 
 def length(prompts, completions, **kwargs):
     return [float(len(c)) for c in completions]
+
+
+class NotCallable:
+    """A class listed as a reward whose instances cannot be called (issue 36: a reward model is a class with __call__)."""
+
+    def __init__(self, **kwargs):
+        pass
+
+
+class WordyEnv:
+    """An environment (TRL's contract) whose get_reward() returns a word, not a number."""
+
+    def reset(self, **row):
+        return None
+
+    def lookup(self, key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        return key
+
+    def get_reward(self):
+        return "good"

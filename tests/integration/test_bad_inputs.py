@@ -32,6 +32,7 @@ from conftest import TESTS, ablate
 
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
 ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
+SHORT_REWARD = "def short(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
 def _study_db() -> bytes:
     """An SQLite database with Optuna's `studies` table, several pages long (half of it: a truncated copy)."""
     import sqlite3
@@ -320,6 +321,23 @@ CASES: list[Case] = [
     C("user-module-in-cwd", "train method.dpo_loss._target_=cwd_losses.squared", files=(("cwd_losses.py", SQUARED),),
       says="module 'cwd_losses' is in the current directory (cwd_losses.py), which the `ablate` command does not import from; "
       "run it as PYTHONPATH=. ablate"),
+    # ===== issue 36: a user's own reward functions (the short form, found in the current directory) =====
+    C("reward-short-form-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl data.reward_funcs=[cwd_rew.shrt]",
+      "data.reward_funcs[0]=cwd_rew.shrt: no 'shrt' in module cwd_rew (did you mean cwd_rew.short?)",
+      files=(("cwd_rew.py", SHORT_REWARD),)),
+    C("reward-short-form-no-module", "train method=grpo data=jsonl data.train_path={F}/good.jsonl data.reward_funcs=[nomod.short]",
+      "data.reward_funcs[0]=nomod.short: no module 'nomod' on the import path or in the current directory"),
+    C("reward-target-in-cwd-typo", "train method=grpo data=jsonl data.train_path={F}/good.jsonl "
+      "+data.reward_funcs.s._target_=cwd_rew.shrt", "no 'shrt' in module cwd_rew", files=(("cwd_rew.py", SHORT_REWARD),)),
+    C("tool-not-found", "train method=grpo data=calc_tools method.args.tools=[nomod.calc]",
+      "method.args.tools[0]=nomod.calc: no module 'nomod' on the import path or in the current directory"),
+    C("tool-call-format", "train method=grpo data=calc_tools method.args.tool_call_format=xml",
+      "method.args.tool_call_format=xml: must be auto, chat_template or hermes"),
+    C("environment-async", "train method=grpo data=calc_tools method.args.max_staleness=1 "
+      "method.args.environment={_target_:ablate.tools.calculator}", "the async worker would hold the environments"),
+    T("tool-undocumented", "train method=grpo data=calc_tools method.args.tools=[cwd_tool.f]",
+      "method.args.tools[0]: tool f needs type hints and a docstring", files=(("cwd_tool.py", "def f(x):\n    return x\n"),),
+      phase="run"),
     C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
       "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
     C("moved-generator-module", "train method=grpo method/rollouts=hf method.rollouts._target_=ablate.trainers.generation.SharedPromptGenerator",
@@ -346,7 +364,7 @@ CASES: list[Case] = [
     C("kto-random-order", "train method=kto +method.args.train_sampling_strategy=random",
       "method.args.train_sampling_strategy=random: must be sequential (the KL pairs are fixed in the data's order"),
     C("kto-batch-of-one", "train method=kto method.args.per_device_train_batch_size=1",
-      "per_device_train_batch_size must be >= 2 for KTO's KL estimate", "run"),
+      "method.args.per_device_train_batch_size=1: must be an integer >= 2 (KTO's KL estimate"),
     C("rloo-clip-range-reversed", "train method=rloo method.args.reward_clip_range=[1,0]",
       "method.args.reward_clip_range=[1,0]: must be null or [min, max] with min <= max"),
     C("rloo-sequence-level", "train method=rloo method.args.importance_sampling_level=sequence",
@@ -383,6 +401,14 @@ CASES: list[Case] = [
     T("reward-positional-only", f"{REWARD}=bad_rewards.positional_only {GRPO1}", "bad_rewards.positional_only"),
     C("reward-needs-a-column", f"{REWARD}=bad_rewards.needs_a_column {GRPO1}", "reward function 'mine' "
       "(bad_rewards.needs_a_column) needs the column 'answer', which the data does not have (its columns: ", "run"),
+    # issue 36: a reward model (a class) and an environment's get_reward() go through the same checks
+    T("reward-class-partial", f"{REWARD}=ablate.rewards.RewardModel +data.reward_funcs.mine.path=x {GRPO1}",
+      "data.reward_funcs.mine: ablate.rewards.RewardModel is a class: drop _partial_"),
+    T("reward-class-not-callable", "train method=grpo +data.reward_funcs.mine._target_=bad_rewards.NotCallable",
+      "data.reward_funcs.mine: bad_rewards.NotCallable is a class whose instances cannot be called"),
+    C("environment-reward-a-word", f"train method=grpo data=calc_tools method.args.environment={{_target_:bad_rewards.WordyEnv}} "
+      f"method.args.max_completion_length=8 {GRPO1}", "reward function 'WordyEnv' (bad_rewards.WordyEnv.get_reward) "
+      "returned 'good' (str) for completion 0: a reward is a number", "run", trains=True),
     C("reward-all-null", "train method=grpo data.reward_funcs.repeat_fraction=null",
       "data.reward_funcs: GRPO needs a reward function, and every entry is null"),
     # issue 32's own catalogue (docs/errors.md): commands' own mistakes, user code, resources
@@ -394,7 +420,8 @@ CASES: list[Case] = [
     C("sweep-dry-and-resume", "sweep dpo_loss --dry-run --resume", "--dry-run and --resume do not go together"),
     C("status-a-run-dir", f"status {OLD}", f"{OLD} is a run dir, not a sweep dir: `ablate ls {OLD}` shows its state"),
     C("grpo-data-without-rewards", "train method=grpo data=local data.train_path={F}/good.jsonl",
-      "data.reward_funcs: GRPO needs a reward function, and data=local has none"),
+      "data.reward_funcs: GRPO needs a reward function, and data=local has none: add yours, data.reward_funcs="
+      "[MODULE.FUNCTION] (MODULE.py in the directory you run ablate from), or use data that scores itself"),
     C("compare-out-a-file", "compare {F}/done_run --out notes.txt", "--out notes.txt is a file: give a directory",
       files=(("notes.txt", "mine\n"),)),
     C("compare-out-not-a-report", "compare {F}/done_run --out report", "--out report holds files that are not an ablate "

@@ -66,3 +66,20 @@ def test_a_resume_on_a_config_changed_on_disk_is_refused_naming_the_keys(tmp_pat
     assert "optimizer.optimizer.lr (was 0.003, now 0.009)): resuming with it (--force)" in forced.stdout, forced.stdout[-3000:]
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     assert "lr: 0.009" in (run / ".hydra" / "config.yaml").read_text()
+
+
+def test_the_same_sweep_command_again_continues_its_dir_and_another_launch_is_refused(tmp_path):
+    """docs/runs.md: after a crash, the same command again continues the sweep (each job resumes its
+    run dir; SLURM's DDP jobs rely on it). A launch with other overrides into that dir is refused,
+    its multirun.yaml left as it was."""
+    sweep = tmp_path / "sw"
+    args = ("train", "-m", "seed=1", f"hydra.sweep.dir={sweep}", "method.args.max_steps=2")
+    assert ablate(*args, cwd=tmp_path).returncode == 0
+    record = (sweep / "multirun.yaml").read_bytes()
+    r = ablate(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the same launch again" in r.stderr + r.stdout, r.stderr[-3000:]
+    assert "1/1 jobs completed" in r.stdout, r.stdout[-3000:]
+    r = ablate("train", "-m", "seed=2", f"hydra.sweep.dir={sweep}", "method.args.max_steps=2", cwd=tmp_path)
+    assert r.returncode != 0 and f"hydra.sweep.dir={sweep} holds a sweep (multirun.yaml)" in r.stderr, r.stderr[-3000:]
+    assert (sweep / "multirun.yaml").read_bytes() == record and not (sweep / "0_seed=2").exists()

@@ -86,7 +86,7 @@ NEEDS = {"A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this m
 NEEDS_LINE = {"ablate sweep tune_dpo_beta_lr": ("optuna", "a study: several trials of the tiny task")}
 # lines that start something outliving the line: what stops it when the doc's test ends, even after a failure
 CLEANUP = {"python scripts/ray/local_cluster.py start": "python scripts/ray/local_cluster.py stop"}
-SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|pip (un)?install .*)$")  # chained set-up steps
+SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|(python3? -m )?pip (un)?install .*)$")  # chained set-up steps
 SLOW = {  # a line whose command starts with one of these runs only in the `-m slow` suite
     "ablate sweep ": "a sweep: 2 to 12 jobs",
     "ablate train -m ": "a multirun: 6 jobs",
@@ -101,6 +101,8 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train logger=wandb": "tests/integration/test_wandb.py trains with W&B (offline) by default",
     "PYTHONPATH=examples/": "tests/integration/test_examples.py trains each example by default",
     # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target
+    "ablate train +experiment=smollm2_calc_tools": "tests/slow/test_smollm2_tools.py trains SmolLM2's SFT warm start, "
+                                                  "then GRPO calling the calculator in the hermes format",
     "ablate train +experiment=smollm2": "tests/slow/test_smollm2.py trains each SmolLM2 experiment to a held-out target",
     "ablate train model=smollm2_135m +peft=": "tests/slow/test_lora_smollm2.py trains LoRA on SmolLM2 through the CLI",
     # sweep files: each runs whole (every job, then compare) in the slow suite; `ablate sweep dpo_loss`
@@ -116,12 +118,16 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train method=dpo_hinge ": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method/dpo_loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
+    "ablate train +experiment=calc_tools": "tests/slow/test_calc_tools.py trains the SFT warm start, then GRPO with the "
+                                          "calculator (tool calls, reward rising) and with the OneCall environment",
     "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
                                              "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
                                              "tests/unit/test_async_cores.py (async_threads) train them by default",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
     # the methods beyond DPO/SFT/GRPO: trained to a target and evaluated by default, and against TRL per step
     "ablate train method=reward": "tests/integration/test_methods.py trains and evaluates method=reward by default",
+    "ablate train method=grpo data=tiny_prefs '+data.reward_funcs.rm=":
+        "tests/integration/test_reward_model.py trains a reward model, then GRPO against its run dir, by default",
     "ablate train method=kto": "tests/integration/test_methods.py trains method=kto and tests/parity/test_trl_kto.py "
                                "each KTO loss type by default",
     "ablate train method=rloo": "tests/integration/test_methods.py trains method=rloo and tests/parity/test_trl_rloo.py "
@@ -132,7 +138,9 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train method=grpo speed.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
 }
 UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
-USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl"}  # "your own data"
+USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl",  # "your own data"
+              "my_prompts.jsonl": ROOT / "src/ablate/data/tiny/repeat_letter_train.jsonl",  # your own prompts (GRPO)
+              "myrew.py": ROOT / "examples/grpo_own_code/myrew.py"}  # your own reward function (docs/methods.md shows it)
 RESUMABLE = "outputs/runs/<date>/<time>_<overrides>"
 CLAIMS = {  # what the README says a line leads to, beyond "exit 0, every printed run dir completed"
     "ablate train": lambda s: s["metrics"]["rewards/accuracies"] == 1.0,  # Quick start: "reaches 1.0"

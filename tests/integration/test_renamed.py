@@ -4,7 +4,6 @@ old spelling still works, with one notice naming the new one; a run recorded und
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import ablate

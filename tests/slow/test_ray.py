@@ -126,13 +126,18 @@ def rows(stdout: str, table: int = 0) -> dict[str, str]:
     """The rows, by job number, of a table the command printed (`ablate status`: 0 = its own, 1 =
     the end-of-sweep table; a sweep: -1 = the end-of-sweep table; the jobs' own output, streamed by
     Ray with a prefix, is no table here)."""
-    tables: list[dict[str, str]] = []
+    tables: list[dict[str, list[str]]] = []
+    last = None
     for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]] if line.startswith("│") else []
         if line.startswith("┏"):
             tables.append({})
-        elif line.startswith("│") and tables and line.split("│")[1].strip().isdigit():
-            tables[-1][line.split("│")[1].strip()] = line
-    return tables[table] if tables else {}
+        elif cells and tables and cells[0].isdigit():
+            last = tables[-1][cells[0]] = cells
+        elif cells and tables and not cells[0] and last is not None and len(cells) == len(last):
+            # a cell too long for the terminal wraps onto lines of its own: joined back, word by word
+            last[:] = [f"{a} {b}".strip() for a, b in zip(last, cells)]
+    return {k: "│ " + " │ ".join(v) + " │" for k, v in tables[table].items()} if tables else {}
 
 
 def test_dpo_loss_sweep_on_both_nodes_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path) -> None:

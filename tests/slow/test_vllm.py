@@ -156,3 +156,53 @@ def test_kill_9_mid_round_resumes_exactly(reference, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert summary(run_dir)["status"] == "completed" and summary(run_dir)["generation_rounds"] == 2
     assert _steps(run_dir) == _steps(reference)
+
+
+def test_tool_turns_around_the_engine(smollm2, tmp_path):
+    """Tools with method/rollouts=vllm (ablate.rollouts.turns wraps the engine as any generator): each row's first
+    turn is read as a call to `echo` (whatever SmolLM2 wrote: it does not call tools unprompted), the result's tokens
+    are appended and the engine samples again from the whole. The completion is turn 1, the result, turn 2; the
+    engine's log-probs are 0 on the result (the mask's 0s) and the trainer's, at the sampling temperature, on the
+    model's own tokens of both turns."""
+    from ablate.methods.grpo import GRPOConfig
+    from ablate.rollouts.tools import ToolFormat, Turn
+    from ablate.rollouts.turns import Toolbox, ToolGenerator
+    from ablate.rollouts.vllm import VLLMGenerator
+
+    def echo(text: str) -> str:
+        """Say ok.
+
+        Args:
+            text: anything
+        """
+        return "ok"
+
+    tok, model = smollm2
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=48, max_prompt_length=512, temperature=0.8, report_to="none", use_cpu=True)
+    box = Toolbox(ToolFormat(tok), [echo])  # SmolLM2's template has no tool format: hermes
+    prompt = box.prompt_ids([{"role": "user", "content": "Say hi in three words."}])
+    read = box.format.read
+
+    def first_turn_calls(ids, prefix, schemas):
+        turn = read(ids, prefix, schemas)
+        return Turn(turn.message, [("echo", {"text": "x"}, None)]) if len(prefix) == len(prompt) else turn
+
+    box.format.read = first_turn_calls
+    gen = ToolGenerator(VLLMGenerator(args, tok, kv_cache_gib=0.125), box, tok, args.max_completion_length)
+    try:
+        torch.manual_seed(0)
+        out = gen(model, [prompt] * 4)
+    finally:
+        gen.close()
+    assert out.tool_calls == [1] * 4
+    with_results = [i for i, mask in enumerate(out.tool_mask) if 0 in mask]
+    assert with_results, "no row had room for the result (turn 1 ran to max_completion_length everywhere)"
+    for i in with_results:
+        ids, mask, lps = out.ids[i], torch.tensor(out.tool_mask[i]), torch.tensor(out.logps[i])
+        start = out.tool_mask[i].index(0)
+        end = start + out.tool_mask[i][start:].index(1) if 1 in out.tool_mask[i][start:] else len(ids)
+        assert tok.decode(ids[start:end]).startswith("\n<|im_start|>tool\nok<|im_end|>")
+        assert (mask[start:end] == 0).all() and (lps[start:end] == 0).all() and (mask[end:] == 1).all()
+        trainer = _trainer_logps(model, prompt, ids, 0.8)
+        assert (lps[mask == 1] - trainer[mask == 1]).abs().max() <= 2e-4

@@ -23,7 +23,7 @@ LAYERS = [
     {"speed"},                                 # speed paths, the speed plan
     {"rollouts"},                              # GRPO's generation engines
     {"data"},                                  # datasets, tokenizing, the reuse cache (its key reads the device's TF32: models)
-    {"models", "losses", "rewards"},
+    {"models", "losses", "rewards", "tools"},  # tools: functions a GRPO policy may call (ablate.tools.calculator)
     {"schema"},                                # what each config node may hold, checked once (no torch)
     {"errors", "paths"},
 ]

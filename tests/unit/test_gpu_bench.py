@@ -84,3 +84,31 @@ def test_record_round_trip(tmp_path, monkeypatch):
     assert json.loads(record.read_text())["cuda"]["paths"]["padding_free"]["on"] is True
     plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), Perf(), DPO)
     assert [d.name for d in plan.decisions if d.on] == ["padding_free"]
+
+
+def test_each_ablate_variant_is_its_own_process_and_a_hang_loses_only_itself(monkeypatch):
+    """On the H200 (2026-12-04) the dpo section ran ablate's ten variants in one process, which ran past the
+    section's time: every ablate number was lost. Each variant is a child of its own now; one that hangs is
+    cut at 3x TRL's process time and the others are still measured."""
+    calls = []
+
+    def fake_child(cfg, timeout):
+        calls.append((cfg["side"], tuple(cfg["variants"]) if cfg["side"] == "ablate" else None, timeout))
+        run = {"step_seconds": [1.0, 0.5], "losses": [0.7, 0.6], "tokens": 100, "flops_per_token": 6.0, "peak_rss_mb": 1.0,
+               "peak_flops": 1e12}
+        if cfg["side"] == "trl":
+            return {"trl": run}, 40.0, ""
+        (variant,) = cfg["variants"]
+        if variant == "hangs":
+            return None, timeout, f"timed out after {timeout:.0f} s"
+        return {variant: run}, 20.0, ""
+
+    monkeypatch.setattr(gpu, "child", fake_child)
+    cfg = {"shape": "0.5b", "bf16": True, "device": "cuda", "variants": {"off": "off", "hangs": {}, "forced": {}}}
+    out = gpu.timed("dpo", cfg, repeats=1, remaining=600.0)
+    assert [c[:2] for c in calls] == [("trl", None), ("ablate", ("off",)), ("ablate", ("hangs",)), ("ablate", ("forced",))]
+    assert calls[2][2] == 120.0  # 3x TRL's 40 s
+    assert [r["impl"] for r in out["rows"]] == ["trl", "ablate:off", "ablate:forced"]
+    assert out["errors"] == {"ablate:hangs": "timed out after 120 s"}
+    short = gpu.timed("dpo", cfg, repeats=1, remaining=50.0)  # TRL's 40 s + off's 20 s: forced never starts
+    assert short["errors"]["ablate:forced"] == "not started: past the section's time"

@@ -158,10 +158,10 @@ class FakeWorker:
         self.calls.append(("submit", job.round, job.policy_version, slot))
         self.queue.append((job.round, slot))
 
-    def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float]:
+    def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float, dict]:
         k, _ = self.queue.pop(0)
         self.calls.append(("receive", k))
-        return k, [[1]], torch.zeros(1, 1), 0.0
+        return k, [[1]], torch.zeros(1, 1), 0.0, {}
 
 
 @pytest.mark.parametrize("s", [1, 2])

@@ -88,6 +88,48 @@ def test_a_null_reward_function_is_dropped():
     assert calls.usable({"a": None, "b": bad_rewards.length}) == {"b": bad_rewards.length}
 
 
+def test_a_reward_model_and_an_environment_are_held_to_the_same_contract(tmp_path):
+    """Issue 36: what GRPO scores with beside Python functions, a reward model (a class: its instance is called)
+    and an environment's get_reward() (named after the user's class), goes through the same checks."""
+    import sys
+
+    from conftest import TESTS
+
+    from ablate.rollouts import rewarding
+    from ablate.models import tiny
+    from ablate.rewards import RewardModel
+    from ablate.rollouts.generation import Completions
+    from ablate.rollouts.tools import ToolFormat
+    from ablate.rollouts.turns import Toolbox
+
+    sys.path.insert(0, str(TESTS / "parity"))
+    from test_trl_reward_model import save_reward_model
+
+    tok, _ = tiny()
+    box = Toolbox(ToolFormat(tok), [], environment=bad_rewards.WordyEnv)
+    funcs, weights = rewarding.gather(["bad_rewards.length", None], None, box)  # the short form, a null dropped
+    assert list(funcs) == ["length", "WordyEnv"] and weights == [1.0, 1.0]
+    rows, out = [{"prompt": "p"}], Completions(ids=[tok("hi", add_special_tokens=False)["input_ids"]])
+    with pytest.raises(UserCodeError, match=r"reward function 'WordyEnv' \(bad_rewards\.WordyEnv\.get_reward\) "
+                                            r"returned 'good' \(str\) for completion 0"):
+        rewarding.table(funcs, rows, out, tok, [bad_rewards.WordyEnv()], set())
+
+    def no_kwargs(prompts, completions, completion_ids):  # every function receives environments= (TRL's)
+        return [1.0]
+
+    with pytest.raises(UserCodeError, match=r"reward function 'strict' \(.*no_kwargs\) takes no 'environments'"):
+        rewarding.ready({"strict": no_kwargs}, None, box, "cpu")
+
+    rm = RewardModel(str(save_reward_model(tmp_path / "rm")))
+    assert calls.call_problem(RewardModel.__call__) is None and calls.column_problem(rm, ["answer"]) is None
+    assert rewarding.table({"rm": rm}, rows, out, tok, None, set()).isfinite().all()
+    with torch.no_grad():  # a diverged reward model: an infinite logit
+        rm.model.model.norm.weight[0], rm.model.score.weight[0, 0] = 1e30, 1e30
+    with pytest.raises(UserCodeError, match=r"reward function 'rm' \(ablate\.rewards\.reward_model\.RewardModel\) "
+                                            r"returned -?inf for completion 0: rewards must be finite"):
+        rewarding.table({"rm": rm}, rows, out, tok, None, set())
+
+
 def test_rloo_distillation_and_eval_score_through_the_same_checks(tmp_path):
     """GRPO, RLOO (GRPO's trainer), distillation and `ablate eval` build TRL's call in one place
     (ablate.rollouts.evaluate.reward_table), so a broken function is the same one line in each; and
@@ -97,7 +139,7 @@ def test_rloo_distillation_and_eval_score_through_the_same_checks(tmp_path):
     from ablate.methods.distill import DistillConfig, DistillTrainer
     from ablate.models import tiny
     from ablate.models.teachers import letter_teacher
-    from ablate.rollouts.evaluate import reward_table
+    from ablate.rollouts.rewarding import reward_table
 
     tok, student = tiny()
     rows = [{"prompt": "gggg", "letter": "g"}] * 4

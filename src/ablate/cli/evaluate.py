@@ -61,8 +61,6 @@ def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str,
     from ablate.cli.generate import load_run_model
     from ablate.config.code_checks import check_precision
     from ablate.methods.shapes import data_kind
-    from ablate.errors import ConfigError
-    from ablate.models.adapters import is_adapted
     from ablate.process.setup import quiet_libraries
 
     cfg, merged = compose_run_config(run_dir, overrides)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from ablate.config import data_checks
 from ablate.config.targets import check_target
 from ablate.errors import ConfigError, missing_extra
 from ablate.schema import refusal, schema_for, show
+from ablate.schema.grpo import reward_names
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -95,9 +95,22 @@ def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
 
 
 def _check_targets(cfg: DictConfig) -> None:
-    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets."""
-    for key, target in _targets(cfg):
+    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets; so can
+    every function named by its dotted path alone (the short form: data.reward_funcs=[myrew.short], tools)."""
+    for key, target in _targets(cfg) + _dotted_paths(cfg):
         check_target(key, target)
+
+
+def _dotted_paths(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The short-form entries (plain strings) of data.reward_funcs (a list, or a mapping name -> path) and
+    method.args.tools."""
+    out = []
+    for key in ("data.reward_funcs", "method.args.tools"):
+        node = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        items = node.items() if isinstance(node, DictConfig) else enumerate(node) if isinstance(node, ListConfig) else ()
+        out += [(f"{key}.{name}" if isinstance(node, DictConfig) else f"{key}[{name}]", v)
+                for name, v in items if isinstance(v, str)]
+    return out
 
 
 def _check_optimizer_args(cfg: DictConfig) -> None:
@@ -110,8 +123,11 @@ def _check_optimizer_args(cfg: DictConfig) -> None:
 
 
 def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """GRPO with no reward function (data=local has none; `data.reward_funcs.NAME=null` drops one) has
-    nothing to learn from. Each function's own contract: ablate.config.code_checks, ablate.rewards.calls."""
+    """GRPO needs a reward: a reward function of the data's, or an environment that scores its episodes;
+    every function set to null (`data.reward_funcs.NAME=null` drops one) leaves none. Each function's own
+    contract: ablate.config.code_checks, ablate.rewards.calls."""
+    from ablate.rewards.resolve import SHORT_FORM
+
     funcs = at(cfg, "data.reward_funcs")
     trainer = at(cfg, "method.trainer")
     given = trainer._get_node("reward_funcs")._value() if isinstance(trainer, DictConfig) and "reward_funcs" in trainer else None
@@ -119,14 +135,15 @@ def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
     if not grpo or any(k.startswith(("data", "method.trainer")) for k in swept) \
             or not str(given).startswith("${oc.select:data.reward_funcs"):
         return  # not GRPO, swept, or the trainer given its rewards some other way
-    add = "+data.reward_funcs.NAME._target_=pkg.module.fn +data.reward_funcs.NAME._partial_=true"
-    if not isinstance(funcs, DictConfig) or not len(funcs):
+    if at(cfg, "method.args.environment") is not None:
+        return  # its get_reward() may score the episodes (the trainer says so if it has none)
+    if not isinstance(funcs, (DictConfig, ListConfig)) or not len(funcs):
         data = at(cfg, "hydra.runtime.choices.data") or OmegaConf.select(hydra_node(), "runtime.choices.data", default="")
         raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and data={data or '...'} has none: add "
-                          f"yours ({add}), or use data that scores itself (data=tiny_repeat)")
-    if not any(v is not None for v in funcs.values()):
+                          f"yours, {SHORT_FORM}, or use data that scores itself (data=tiny_repeat); docs/methods.md")
+    if not reward_names(funcs):
         raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
-                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {add}")
+                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}")
 
 
 def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:

@@ -10,10 +10,11 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ablate.config.checks import elsewhere, hydra_node
 from ablate.errors import ConfigError
+from ablate.rewards import calls
 from ablate.schema import BOOL, Schema, call_mismatch, is_int, is_num, refusal
 
 
@@ -55,7 +56,7 @@ def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> N
     fields = {f.name: f for f in dataclasses.fields(cls)}
     checked = {f.name for f in dataclasses.fields(cls) if f.metadata.get("check") is not None}
     for k in cfg.method.args:
-        if k not in fields and k != "_target_":
+        if k not in fields and k not in ("_target_", "_recursive_"):
             there = elsewhere(cfg, f"method.args.{k}", cfg.method.args._get_node(k)._value())
             hint = difflib.get_close_matches(str(k), fields, n=1)
             meant = f"; {there}" if there else f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
@@ -109,37 +110,65 @@ def check_trainer_functions(cfg: DictConfig) -> None:
 
 
 def check_reward_functions(cfg: DictConfig) -> None:
-    """The data's reward functions, when the trainer takes them (GRPO): each one a function handed over
-    (`_partial_: true`: else Hydra would call it now, with no arguments) that can take GRPO's call
-    (ablate.rewards.calls). A class (a reward model) is built by the run, and judged there."""
+    """The data's reward functions, when the trainer takes them (GRPO), each against the call GRPO makes
+    (ablate.rewards.calls): a dotted path (the short form, `data.reward_funcs=[myrew.short]`) or a function
+    node handed over as it is (`_partial_: true`: else Hydra would call it now, with no arguments), or a class
+    (a reward model: `{_target_: ablate.rewards.RewardModel, path: DIR}`, built once) whose instances take it."""
     import inspect
 
-    from hydra.utils import get_class, get_method
-
-    from ablate.rewards import calls
+    from hydra.utils import get_class
 
     funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
     trainer = get_class(cfg.method.trainer._target_)
-    if not isinstance(funcs, DictConfig) or "reward_funcs" not in inspect.signature(trainer.__init__).parameters:
+    if not isinstance(funcs, (DictConfig, ListConfig)) or "reward_funcs" not in inspect.signature(trainer.__init__).parameters:
         return
-    for name, node in funcs.items():
-        if not isinstance(node, DictConfig) or "_target_" not in node:
+    items = funcs.items() if isinstance(funcs, DictConfig) else ((f"[{i}]", v) for i, v in enumerate(funcs))
+    for name, node in items:
+        key = f"data.reward_funcs{name}" if str(name).startswith("[") else f"data.reward_funcs.{name}"
+        node_given = isinstance(node, DictConfig) and "_target_" in node
+        if not node_given and not isinstance(node, str):
             continue
-        key, target = f"data.reward_funcs.{name}", str(node._target_)
-        try:
-            fn = get_method(target)
-        except Exception:  # noqa: BLE001 - not found (the target checks said so already)
+        target = str(node._target_) if node_given else str(node)
+        fn = _located(target, key)
+        if fn is None:
             continue
+        partial = bool(node.get("_partial_", False)) if node_given else True
         if inspect.isclass(fn):
-            continue
-        if not node.get("_partial_", False):
+            problem = _class_problem(fn, key, target, partial)
+            if problem is not None:
+                raise ConfigError(problem)
+            fn = next(k.__dict__["__call__"] for k in fn.__mro__ if "__call__" in k.__dict__)
+        elif not partial:
             raise ConfigError(f"{key}: add _partial_: true ({key}._partial_=true): {target} is a reward function "
                               "the trainer calls each round; without it Hydra would call it now, with no arguments")
         problem = calls.call_problem(fn)
         if problem is not None:
-            params = str(inspect.signature(fn)) if calls._parameters(fn) is not None else "(...)"
+            params = str(inspect.signature(fn)).replace("(self, ", "(") if calls._parameters(fn) is not None else "(...)"
             raise ConfigError(f"{key}: {target}{params} cannot be called as GRPO calls a reward function, "
                               f"{calls.CALL} ({problem}); add those arguments, or **kwargs")
+
+
+def _located(target: str, key: str) -> Any:
+    """The object a reward entry names (a module in the current directory too), or None when it cannot be
+    found (the target checks said so already)."""
+    from ablate.rewards import resolve
+
+    try:
+        return resolve.locate(target, key)
+    except Exception:  # noqa: BLE001 - not found, or its module failed to import: said by the target checks
+        return None
+
+
+def _class_problem(cls: type, key: str, target: str, partial: bool) -> str | None:
+    """Why a class listed as a reward cannot be one: its instance is the reward (built once, then called each
+    round), so it needs a `__call__` and no `_partial_`."""
+    if partial:
+        return (f"{key}: {target} is a class: drop _partial_ ({key}._partial_=false): the run builds one "
+                "instance (a reward model), which it calls each round")
+    if not any("__call__" in k.__dict__ for k in cls.__mro__[:-1]):
+        return (f"{key}: {target} is a class whose instances cannot be called: a reward is a function, or a class "
+                f"with __call__{calls.CALL[1:]} (as ablate.rewards.RewardModel)")
+    return None
 
 
 def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, default: Any, problem: str) -> str:

@@ -25,13 +25,18 @@ from ablate.config.moved import moved_target
 from ablate.errors import ConfigError
 
 
+# keys whose functions and classes ablate imports itself (ablate.rewards.resolve), from the current
+# directory too: a reward function, tool or environment in the user's own file needs no PYTHONPATH
+FROM_CWD = ("data.reward_funcs", "method.args.tools", "method.args.environment")
+
+
 def check_target(key: str, target: str) -> None:
     """Raise ConfigError when `target` (the value of config key `key`) cannot be located."""
     new = moved_target(target)
     if new is not None:
         raise ConfigError(f"{key}: {target} is now {new} (ablate's modules moved); write {key}={new}")
     parts = target.split(".")
-    module, spec = _longest_module(parts)
+    module, spec = _longest_module(parts, cwd=key.startswith(FROM_CWD))
     if spec is None:
         raise ConfigError(_not_importable(key, target, parts[0]))
     names = module.count(".") + 1
@@ -46,12 +51,17 @@ def check_target(key: str, target: str) -> None:
     raise ConfigError(f"{key}={target}: no '{name}' in module {module} ({meant})")
 
 
-def _longest_module(parts: list[str]) -> tuple[str, Any]:
+def _longest_module(parts: list[str], cwd: bool = False) -> tuple[str, Any]:
     """The longest importable module prefix of `parts` and its spec, found without importing it
     (only the top-level package's spec is asked of the import system: editable installs hook in
-    there); (parts[0], None) when not even the top-level name is importable."""
+    there; with `cwd`, then the current directory); (parts[0], None) when not even the top-level
+    name is importable."""
     top = parts[0]
     spec = _spec(top)
+    if spec is None and cwd:
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+        if spec is not None and os.getcwd() not in sys.path:  # so Hydra's instantiate finds it too
+            sys.path.append(os.getcwd())  # last: installed packages keep their names (ablate.rewards.resolve)
     if spec is None:
         return top, None
     name = top
@@ -128,6 +138,9 @@ def _not_importable(key: str, target: str, top: str) -> str:
     """Hydra says only `Error locating target`: say that the module is not on the import path, and how."""
     here = Path.cwd()
     local = [p for p in (here / f"{top}.py", here / top) if p.exists()]
+    if key.startswith(FROM_CWD):
+        return (f"{key}={target}: no module '{top}' on the import path or in the current directory ({here}); "
+                f"put {top}.py there (the short form: data.reward_funcs=[{top}.FUNCTION])")
     if local:
         return (f"{key}={target}: module '{top}' is in the current directory ({local[0].name}), which the "
                 f"`ablate` command does not import from; run it as PYTHONPATH=. ablate ... "

@@ -16,6 +16,7 @@ No torch import at module level: this runs in the launching process.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ from ablate.config.code_checks import check_code, job_processes
 from ablate.config.moved import note_aliases, rename_params
 from ablate.errors import ConfigError, chain, missing_extra
 from ablate.record import sweep_dirs
+
+log = logging.getLogger(__name__)
 
 
 def check_dir(path: Path, key: str, create: bool = True) -> None:
@@ -130,7 +133,7 @@ class Validate(Callback):
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
             if sweep_dirs.given(config.hydra):
-                sweep_dirs.check_sweep_dir_free(sweep_dir)  # in about a second: before the code checks import torch
+                sweep_dirs.check_sweep_dir_free(sweep_dir, sweep_dirs.task_overrides(config.hydra))  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -158,7 +161,10 @@ def claim_sweep_dir(config: DictConfig) -> None:
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
-        sweep_dirs.check_sweep_dir_free(path)
+        task = sweep_dirs.task_overrides(hc)
+        sweep_dirs.check_sweep_dir_free(path, task)
+        if sweep_dirs.same_launch(path, task) and not os.environ.get(sweep_dirs.RESUME_ENV):
+            log.info(f"{path}: the same launch again (multirun.yaml's overrides): each job continues its run dir")
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")

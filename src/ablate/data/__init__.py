@@ -21,6 +21,7 @@ from datasets.utils.logging import (
 )
 
 from ablate.errors import DataError, chain
+from ablate.rewards import resolve
 
 PACKAGED = Path(__file__).parent / "tiny"
 
@@ -30,6 +31,8 @@ class DataSplits:
     train: Dataset
     eval: Dataset | None = None
     reward_funcs: dict[str, Callable[..., list[float | None]]] = field(default_factory=dict)
+    tools: list[Any] = field(default_factory=list)  # the tools the prompts are written for (GRPO's method.args.tools default)
+    max_completion_length: int | None = None  # the tokens a rollout of this task needs (GRPO's default for it)
 
 
 def _limit(ds: Dataset | None, n: int | None) -> Dataset | None:
@@ -37,11 +40,27 @@ def _limit(ds: Dataset | None, n: int | None) -> Dataset | None:
 
 
 def _splits(train: Dataset, ev: Dataset | None, max_train: int | None, max_eval: int | None,
-            columns: Mapping[str, str | None] | None, reward_funcs: dict[str, Callable[..., Any]] | None) -> DataSplits:
+            columns: Mapping[str, str | None] | None, reward_funcs: Any, tools: Any = None,
+            max_completion_length: int | None = None) -> DataSplits:
     from ablate.data.formats import map_columns
 
-    return DataSplits(train=map_columns(_limit(train, max_train), columns),
-                      eval=map_columns(_limit(ev, max_eval), columns), reward_funcs=dict(reward_funcs or {}))
+    tools = list(tools or [])
+    return DataSplits(train=_offer(map_columns(_limit(train, max_train), columns), tools),
+                      eval=_offer(map_columns(_limit(ev, max_eval), columns), tools),
+                      reward_funcs=resolve.reward_funcs(reward_funcs), tools=tools,
+                      max_completion_length=max_completion_length)
+
+
+def _offer(ds: Dataset | None, tools: list[Any]) -> Dataset | None:
+    """Rows offering `tools` (data.tools): a `tools` column of their JSON schemas, TRL's per-row column that chat
+    templates render (SFT on tool-use demonstrations shows the model what GRPO's prompts will show it). Rows with a
+    `tools` column of their own keep it."""
+    if ds is None or not tools or "tools" in ds.column_names:
+        return ds
+    from transformers.utils import get_json_schema
+
+    schemas = json.dumps([get_json_schema(resolve.function(t, f"data.tools[{i}]")) for i, t in enumerate(tools)])
+    return ds.add_column("tools", [schemas] * len(ds))
 
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB, ~250k tokens: far past any max_length; a longer line is refused
@@ -56,16 +75,20 @@ def local(
     eval_path: str | None = None,
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
-    reward_funcs: dict[str, Callable[..., Any]] | None = None,
+    reward_funcs: Any = None,
     columns: Mapping[str, str | None] | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    tools: list[Any] | None = None,
+    max_completion_length: int | None = None,
 ) -> DataSplits:
     """Your own data: each path read by what it is, through the `datasets` loaders (see `read_local`).
     A `save_to_disk` DatasetDict given as train_path brings its eval split (eval, validation or test)
-    unless eval_path is given."""
+    unless eval_path is given. `reward_funcs` (GRPO): any form `ablate.rewards.resolve.reward_funcs`
+    takes, e.g. `[myrew.short]`; `tools`: the tools the prompts are written for; `max_completion_length`: the
+    tokens a rollout needs (both GRPO's defaults for the method's own fields)."""
     train, saved_eval = read_local(Path(train_path).expanduser(), "train", max_line_bytes)
     ev = read_local(Path(eval_path).expanduser(), "eval", max_line_bytes)[0] if eval_path else saved_eval
-    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs)
+    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs, tools, max_completion_length)
 
 
 jsonl = local  # `data=jsonl`, the older name: one loader reads every kind
@@ -239,9 +262,11 @@ def packaged(
     with_eval: bool = True,
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
-    reward_funcs: dict[str, Callable[..., Any]] | None = None,
+    reward_funcs: Any = None,
     columns: Mapping[str, str | None] | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    tools: list[Any] | None = None,
+    max_completion_length: int | None = None,
 ) -> DataSplits:
     """Load one of the small datasets shipped inside the package (`ablate/data/tiny/<name>_*.jsonl`)."""
     train = PACKAGED / f"{name}_train.jsonl"
@@ -250,7 +275,7 @@ def packaged(
         raise DataError(f"data: no packaged dataset '{name}'; available: {', '.join(known)}")
     ev = PACKAGED / f"{name}_eval.jsonl"
     return local(str(train), str(ev) if with_eval and ev.is_file() else None,
-                 max_train_samples, max_eval_samples, reward_funcs, columns, max_line_bytes)
+                 max_train_samples, max_eval_samples, reward_funcs, columns, max_line_bytes, tools, max_completion_length)
 
 
 def hub(
@@ -261,8 +286,10 @@ def hub(
     revision: str | None = None,
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
-    reward_funcs: dict[str, Callable[..., Any]] | None = None,
+    reward_funcs: Any = None,
     columns: Mapping[str, str | None] | None = None,
+    tools: list[Any] | None = None,
+    max_completion_length: int | None = None,
 ) -> DataSplits:
     """Load a dataset with `datasets.load_dataset(path, name)`: a hub id, a local dir of data files
     (train.jsonl, test.jsonl, ...), a `save_to_disk` dir (a `DatasetDict` or one `Dataset`), or one
@@ -278,11 +305,13 @@ def hub(
     try:
         if local.is_file() and local.suffix in builders:  # one file: the train split, no eval split
             train = load_dataset(builders[local.suffix], data_files=str(local), split="train")
-            return _splits(train, None, max_train_samples, max_eval_samples, columns, reward_funcs)
+            return _splits(train, None, max_train_samples, max_eval_samples, columns, reward_funcs, tools,
+                           max_completion_length)
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
             saved = load_from_disk(str(local))
             if isinstance(saved, Dataset):  # one split saved: it is the train split
-                return _splits(saved, None, max_train_samples, max_eval_samples, columns, reward_funcs)
+                return _splits(saved, None, max_train_samples, max_eval_samples, columns, reward_funcs, tools,
+                               max_completion_length)
             for split in (train_split, eval_split):
                 if split is not None and split not in saved:
                     raise ValueError(f"no split '{split}' (has {list(saved)})")
@@ -292,4 +321,4 @@ def hub(
             ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
     except (ConnectionError, FileNotFoundError, ValueError) as e:  # offline, unknown id or split
         raise DataError(f"data: cannot load '{path}': {str(e).splitlines()[0]}") from e
-    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs)
+    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs, tools, max_completion_length)

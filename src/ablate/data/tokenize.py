@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -88,8 +88,20 @@ def _ids(tokenizer: PreTrainedTokenizerBase, value: Text, **chat_kwargs: Any) ->
     if isinstance(value, list):
         if tokenizer.chat_template is None:
             raise DataError("data: conversational rows need a tokenizer with a chat template; this one has none")
+        value, chat_kwargs = _tool_turns(tokenizer, value, chat_kwargs)
         return list(tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **chat_kwargs)["input_ids"])
     return list(tokenizer(text=value)["input_ids"])
+
+
+def _tool_turns(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+                chat_kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Tools and tool calls for a template that cannot render them (SmolLM2's): as hermes text, the format
+    GRPO's rollouts then read back (ablate.data.chat_templates); any other conversation as it is."""
+    from ablate.data.chat_templates import hermes_conversation, tool_calls_rendered
+
+    if not (chat_kwargs.get("tools") or any(m.get("tool_calls") for m in messages)) or tool_calls_rendered(tokenizer):
+        return messages, chat_kwargs
+    return hermes_conversation(messages, chat_kwargs.get("tools")), {**chat_kwargs, "tools": None}
 
 
 def _with_eos(text: str, eos: str) -> str:
@@ -134,6 +146,7 @@ def _assistant_ids(
     as TRL's `assistant_only_loss`; a conversation without an assistant token is an error, as in TRL."""
     from ablate.data.chat_templates import assistant_template
 
+    messages, chat_kwargs = _tool_turns(tokenizer, messages, chat_kwargs)
     out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
                                         chat_template=assistant_template(tokenizer), **chat_kwargs)
     ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
@@ -319,16 +332,24 @@ def prepare_sft(
 
 
 def prepare_prompts(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None, name: str = "train"
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None, name: str = "train",
+    encode: Callable[[Any, int], list[int]] | None = None,
 ) -> Dataset:
     """Prompt-only rows -> add `prompt_ids` (the last `max_prompt_length` tokens); other columns stay
-    (GRPO's reward functions receive them)."""
+    (GRPO's reward functions receive them). `encode(prompt, index)`: how a prompt becomes ids when the
+    caller renders it itself (GRPO with tools: the prompt offers them, ablate.rollouts.tools)."""
     detect(dataset, "prompt")
     check_rows(dataset)
 
+    def cut(ids: list[int]) -> list[int]:
+        return ids[-max_prompt_length:] if max_prompt_length else ids
+
+    if encode is not None:  # a plain pass: `encode` holds functions `datasets` would try (and fail) to hash
+        ids = [cut(encode(prompt, i)) for i, prompt in enumerate(dataset["prompt"])]
+        return dataset.add_column("prompt_ids", ids, feature=List(Value("int64")))
+
     def fn(row: dict[str, Any], index: int) -> dict[str, list[int]]:
-        ids = tokenize_prompt(tokenizer, row, index)
-        return {"prompt_ids": ids[-max_prompt_length:] if max_prompt_length else ids}
+        return {"prompt_ids": cut(tokenize_prompt(tokenizer, row, index))}
 
     with bars_if_large(len(dataset)):
         return dataset.map(fn, with_indices=True, desc=f"Tokenizing {name} prompts")

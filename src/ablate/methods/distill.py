@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -37,7 +37,7 @@ from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.rewards import calls as rewards
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
-from ablate.rollouts.evaluate import reward_table
+from ablate.rollouts.rewarding import reward_table
 from ablate.rollouts.generation import as_completions, build_generator, left_pad, right_pad, stop_ids
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule

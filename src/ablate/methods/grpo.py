@@ -23,8 +23,6 @@ ablate.speed.scoring); the loss is the `objective` of a `LossInputs`, then the `
 from __future__ import annotations
 
 import copy
-import inspect
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -41,21 +39,22 @@ from transformers import (
 )
 
 from ablate.data.tokenize import prepare_prompts
-from ablate.errors import ConfigError
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.grpo import _nanstd as nanstd
 from ablate.losses.logps import logits_logps
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
+from ablate.methods.grpo_rounds import RoundsInCheckpoints
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.rewards import calls as rewards
+from ablate.rewards import resolve
+from ablate.rollouts import rewarding
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
-from ablate.rollouts.evaluate import reward_table
 from ablate.rollouts.generation import (
+    Completions,
     GenerateFn,
     HFGenerator,
     as_completions,
@@ -67,15 +66,16 @@ from ablate.rollouts.generation import (
 from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
-from ablate.rollouts.stats import RolloutStats
-from ablate.schema import fits, refusal
-from ablate.schema.grpo import GRPOArgs, reward_weights_problem
+from ablate.rollouts.tools import schema
+from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, turns_of
+from ablate.schema import fits
+from ablate.schema.grpo import GRPOArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
 from ablate.speed.split import takes_logits_to_keep
 
-RewardFunc = Callable[..., list[float | None]]
+RewardFunc = rewarding.RewardFunc
 
 
 def _check_finite(model: nn.Module, step: int) -> None:
@@ -97,8 +97,22 @@ class GRPOConfig(GRPOArgs, TrainingArguments):
     kl_in_reward: ClassVar[bool] = False  # GRPO's KL (beta) is a loss term; RLOO's (RLOOConfig) a reward penalty
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for i, tool in enumerate(self.tool_functions()):  # importable, callable, a schema: one line each, before the model
+            schema(tool, f"method.args.tools[{i}]")
+        self.environment_factory()  # importable and callable (its methods' schemas: when the trainer makes one)
 
-class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
+    def tool_functions(self) -> list[Callable[..., Any]]:
+        """method.args.tools as functions."""
+        return [resolve.function(t, f"method.args.tools[{i}]") for i, t in enumerate(self.tools or [])]
+
+    def environment_factory(self) -> Callable[[], Any] | None:
+        """method.args.environment as a factory of instances (its other keys bound as keyword arguments)."""
+        return None if self.environment is None else resolve.function(self.environment, "method.args.environment")
+
+
+class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
 
     loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
@@ -119,13 +133,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
-        # data.reward_funcs.NAME=null drops one; the data's columns are known now, before the first round
-        reward_funcs = rewards.checked(reward_funcs, train_dataset)
-        if not reward_funcs:
-            raise ConfigError("GRPO needs reward functions: set data.reward_funcs (e.g. data=tiny_repeat)")
-        problem = reward_weights_problem(args.reward_weights, list(reward_funcs))
-        if problem is not None:
-            raise ConfigError(refusal(*problem))
+        self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
+        reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
         self.perf = perf or Perf()
         self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
@@ -135,7 +144,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
-        self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
+        rewarding.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)  # one line, before round 1
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.aggregate = fits(aggregation, grpo_losses.dapo, "method.grpo_aggregation")  # per-token losses -> one number
         self.scale_rewards = scale_rewards  # method/grpo_scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/grpo_objective=NAME: the per-token loss (clip, cispo, sapo)
@@ -145,6 +155,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         self.generator = build_generator(default if generator is None else generator, args, processing_class)
         if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
             self.add_callback(self.generator)
+        if self.toolbox is not None:  # tool calls between turns, whichever engine samples them
+            self.generator = ToolGenerator(self.generator, self.toolbox, processing_class, args.max_completion_length)
         self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         self.ref_speed_plan: SpeedPlan | None = None
@@ -181,8 +193,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
     ) -> Dataset:
-        """Add `prompt_ids` (the last `max_prompt_length` tokens); other columns go to the rewards."""
-        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name)
+        """Add `prompt_ids` (the last `max_prompt_length` tokens; with tools, the prompt offers them); other
+        columns go to the rewards."""
+        encode = self.toolbox.prompt_ids if self.toolbox is not None else None
+        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name, encode=encode)
 
     # ---- batching: one generation batch, served by the buffer as `steps_per_generation` slices ----
 
@@ -251,20 +265,23 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
         # the policy may change before (some) use; RLOO's KL penalty reads pi_old when the round is scored
         keep_old = mode == "train" and self.schedule.keeps_old_logps or self._kl_penalty()
-        completion_ids, batch, seconds = self._behaviour(self.model, [r["prompt_ids"] for r in rows], keep_old)
-        return self._score(rows, completion_ids, batch, mode, seconds, self.state.global_step, t0)
+        # with tools: the environments reset for these rows (their text may extend the prompts)
+        prompt_ids = self.generator.start(rows) if self.toolbox is not None else [r["prompt_ids"] for r in rows]
+        out, batch, seconds = self._behaviour(self.model, prompt_ids, keep_old)
+        return self._score(rows, out, batch, mode, seconds, self.state.global_step, t0)
 
     def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool, old_from_sampling: bool = False
-                   ) -> tuple[list[list[int]], dict[str, torch.Tensor], float]:
+                   ) -> tuple[Completions, dict[str, torch.Tensor], float]:
         """The sampling policy's part of a round: completions, padded batch, pi_old's log-probs (with
         `keep_old`; the async worker's from its sampling logits, `old_from_sampling`, not a second forward)."""
         t0 = time.perf_counter()
         sample = getattr(self.generator, "sample", None) if old_from_sampling else None
         with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
             out = sample(whole, prompt_ids, policy_logps=True) if sample else as_completions(self.generator(whole, prompt_ids))
-        completion_ids = out.ids
         seconds = time.perf_counter() - t0
-        batch = self._completion_batch(prompt_ids, completion_ids)
+        batch = self._completion_batch(prompt_ids, out.ids)
+        if out.tool_mask is not None:  # tool results: attended to, never trained on (TRL's tool_mask)
+            batch["tool_mask"] = right_pad(out.tool_mask, 1)[0].to(self.args.device)
         if out.logps is not None:  # an engine's own log-probs (vLLM): compute_loss corrects for its mismatch
             batch["sampling_logps"] = right_pad(out.logps, 0.0, torch.float32)[0].to(self.args.device)
         if out.policy_logps is not None:
@@ -272,12 +289,14 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         elif keep_old:
             with torch.no_grad():
                 batch["old_logps"] = self._token_logps(model, batch)[0]
-        return completion_ids, batch, seconds
+        return out, batch, seconds
 
-    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor, float]:
-        """The async worker's `BehaviourFn` (ablate.rollouts.ahead): completions and their log-probs."""
-        completion_ids, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
-        return completion_ids, batch["old_logps"], seconds
+    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]
+                      ) -> tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]:
+        """The async worker's `BehaviourFn` (ablate.rollouts.ahead): completions, their log-probs, and what
+        a round with tool calls adds (tool mask, messages, counts)."""
+        out, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
+        return out.ids, batch["old_logps"], seconds, turns_of(out)
 
     def _take_ahead(self, rows: list[dict[str, Any]]) -> Rollout:
         """Asynchronous GRPO: this round as the worker sampled it (waiting for it if it is not done yet);
@@ -289,11 +308,13 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         prompt_ids = [r["prompt_ids"] for r in rows]
         sampled = self.ahead.take(schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step)
         waited = time.perf_counter() - t0  # what generation costs the training loop: its wait
-        batch = self._completion_batch(prompt_ids, sampled.completion_ids)
+        out = Completions(ids=sampled.completion_ids, **(sampled.turns or {}))
+        batch = self._completion_batch(prompt_ids, out.ids)
         batch["old_logps"] = sampled.old_logps.to(self.args.device)
+        if out.tool_mask is not None:
+            batch["tool_mask"] = right_pad(out.tool_mask, 1)[0].to(self.args.device)
         self.rollouts.stats.background_seconds += sampled.seconds
-        return self._score(rows, sampled.completion_ids, batch, "train", waited, sampled.policy_version, t0,
-                           round_seconds=sampled.seconds)
+        return self._score(rows, out, batch, "train", waited, sampled.policy_version, t0, round_seconds=sampled.seconds)
 
     def _completion_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
         """The padded prompt and completion tensors on the device; truncated completions masked out
@@ -309,17 +330,21 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
         return [not ids or ids[-1] not in stops for ids in completion_ids]
 
-    def _score(self, rows: list[dict[str, Any]], completion_ids: list[list[int]], batch: dict[str, torch.Tensor],
+    def _score(self, rows: list[dict[str, Any]], out: Completions, batch: dict[str, torch.Tensor],
                mode: str, seconds: float, version: int, t0: float, round_seconds: float | None = None) -> Rollout:
         """The rest of a round once it is sampled: reference log-probs, rewards, advantages, metrics and the
         counters. `seconds`: what generation cost the training loop (sampling, or waiting for the worker)."""
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
+        completion_ids = out.ids
+        # completion lengths count the model's own tokens (tool results are not the model's: TRL's tool_mask)
+        lengths = torch.tensor([sum(m) for m in out.tool_mask] if out.tool_mask is not None
+                               else [len(ids) for ids in completion_ids], dtype=torch.float32)
         if train:
             stats.rounds += 1
             stats.generation_seconds += seconds
             stats.generated_tokens += sum(len(ids) for ids in completion_ids)
             # TRL's num_tokens: prompt + completion tokens seen so far (before any masking)
-            stats.num_tokens += sum(len(r["prompt_ids"]) for r in rows) + sum(len(ids) for ids in completion_ids)
+            stats.num_tokens += int(batch["prompt_mask"].sum()) + int(lengths.sum())
         truncated = self._truncated(completion_ids)
         with torch.no_grad():
             if self.ref_model is not None:
@@ -327,9 +352,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             elif self.args.beta != 0.0:  # LoRA: the reference is the base model (adapters off)
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
-        rewards = self._rewards(rows, completion_ids)
-        penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": batch["completion_mask"]} \
-            if self._kl_penalty() else {}  # RLOO: the estimator subtracts beta * KL from the rewards
+        rewards = self._rewards(rows, out)
+        loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+        penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": loss_mask} \
+            if self._kl_penalty() else {}  # RLOO: the estimator subtracts beta * KL (the model's tokens) from the rewards
         advantages, metrics = self.reward_aggregation(
             rewards, self.reward_weights, self.args.num_generations, self.scale_rewards, **penalty
         )
@@ -337,8 +363,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
-                          num_items=batch["completion_mask"].sum().float() / slices, policy_version=version)
-        lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.float32)
+                          num_items=loss_mask.sum().float() / slices, policy_version=version)
         for i, name in enumerate(self.reward_funcs):
             metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]), f"rewards/{name}/std": nanstd(rewards[:, i])})
         metrics.update({
@@ -349,6 +374,8 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
             "timing/generation_seconds": seconds if round_seconds is None else round_seconds,
             "num_tokens": float(stats.num_tokens),
         })
+        if out.tool_calls is not None:  # TRL's: calls per completion, and the failed share of the calls made
+            metrics.update(tool_metrics(out.tool_calls, out.tool_failures))
         self.metrics.add(mode, metrics)
         if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
@@ -364,10 +391,10 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         c_ids, c_mask = right_pad(completion_ids, pad_id)
         return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
 
-    def _rewards(self, rows: list[dict[str, Any]], completion_ids: list[list[int]]) -> torch.Tensor:
-        """(N, F) reward table; a reward function's None becomes NaN (left out of the group stats;
-        ablate.rewards.calls checks what the functions return)."""
-        return reward_table(self.reward_funcs, self.processing_class, rows, completion_ids, self._warned)
+    def _rewards(self, rows: list[dict[str, Any]], out: Completions) -> torch.Tensor:
+        """(N, F) reward table (ablate.rollouts.rewarding; ablate.rewards.calls checks what each function returns)."""
+        environments = getattr(self.generator, "environments", None)  # this round's, one per row (TRL's)
+        return rewarding.table(self.reward_funcs, rows, out, self.processing_class, environments, self._warned)
 
     # ---- loss ----
 
@@ -415,7 +442,7 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
     ) -> torch.Tensor:
         mode = "train" if model.training else "eval"
         logps, entropy = self._token_logps(model, inputs.tokens(), with_entropy=True)
-        mask = inputs.completion_mask.float()
+        mask = inputs.loss_mask().float()  # tool results (tool_mask 0) are attended to, not trained on
         old = logps.detach() if inputs.old_logps is None else inputs.old_logps  # ratio exactly 1 when on-policy
         a = self.args
         weight, metrics = self._policy_weight(logps, old, inputs, mask)
@@ -459,37 +486,6 @@ class GRPOTrainer(LogsMetrics, ConfiguredOptimizer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
-
-
-    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
-        """Save the rollout buffer with the checkpoint: its counters, so a resumed run's summary counts the
-        rounds and seconds before the resume too, and a round saved mid-way (ablate.rollouts.buffer).
-        Written before Trainer's files: trainer_state.json comes last and marks the checkpoint complete."""
-        if self.args.should_save:
-            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            self.rollouts.save(folder)
-            if self.ahead is not None:  # the rounds sampled ahead, awaited (ablate.rollouts.ahead)
-                self.ahead.save(folder)
-        super()._save_checkpoint(model, trial)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
-        if self.ahead is not None:
-            self.ahead.load(resume_from_checkpoint)  # the rounds sampled ahead: served, not sampled again
-
-    def rollout_stats(self) -> RolloutStats:
-        """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
-        return self.rollouts.stats
-
-    def summary_fields(self) -> dict[str, Any]:
-        """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
-        stats = self.rollouts.stats
-        fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
-        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; the worker's sampling time
-            fields["background_generation_seconds"] = round(stats.background_seconds, 3)
-        return fields
 
 
 def longest_row(args: GRPOConfig) -> int | None:

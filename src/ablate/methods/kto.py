@@ -14,7 +14,7 @@ memory; with `+peft=lora` the reference is the policy with its adapters disabled
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -30,7 +30,8 @@ from ablate.losses.logps import sequence_logps, shifted_logps
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer
 from ablate.methods.optim import ConfiguredOptimizer
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.schema.methods import KTOArgs
+from ablate.schema import refusal
+from ablate.schema.methods import KTOArgs, kl_batch_problem
 
 
 @dataclass
@@ -73,9 +74,9 @@ class KTOTrainer(LogsMetrics, ConfiguredOptimizer):
                  ref_model: PreTrainedModel | None = None, data_collator: Callable | None = None,
                  loss: kto_losses.KTOLoss = kto_losses.kto, **kwargs: Any) -> None:
         self.loss_fn, self.uses_kl = loss, kto_losses.uses_kl(loss)
-        if self.uses_kl and args.per_device_train_batch_size < 2:
-            raise ConfigError("method.args.per_device_train_batch_size must be >= 2 for KTO's KL estimate (a batch's "
-                              "completions paired with its other prompts); method/kto_loss=apo_zero_unpaired needs none")
+        problem = kl_batch_problem(args.per_device_train_batch_size, self.uses_kl)  # the config's check, on this loss
+        if problem is not None:
+            raise ConfigError(refusal(*problem))
         kl_batch = args.per_device_train_batch_size if self.uses_kl else None
         seed = args.data_seed if args.data_seed is not None else args.seed
         if train_dataset is not None:  # None: evaluation only (`ablate eval`)

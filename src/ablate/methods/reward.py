@@ -12,7 +12,7 @@ sequence (ablate.data.reward), one forward over `[chosen; rejected]`, the option
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

@@ -33,12 +33,31 @@ RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set by `--resume` (and in its job processe
 SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
 
 
-def check_sweep_dir_free(path: Path) -> None:
+def task_overrides(hc: Any) -> list[str]:
+    return [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+
+
+def same_launch(path: Path, task: list[str] | None) -> bool:
+    """The sweep in `path` was launched with these very overrides (its multirun.yaml says so): the same
+    command again, which docs/runs.md promises continues it (each job resumes its run dir, checked as
+    any resume is). A study is never continued so: `--resume` says how many trials it has left."""
+    record = path / "multirun.yaml"
+    if task is None or not record.is_file() or (path / "study.db").exists():
+        return False
+    try:
+        recorded = OmegaConf.to_container(OmegaConf.load(record).hydra.overrides.task, resolve=False)
+    except Exception:  # not Hydra's record (hand-written, truncated): not the same launch
+        return False
+    return isinstance(recorded, list) and sorted(map(str, recorded)) == sorted(task)
+
+
+def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> None:
     """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
-    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job). A
-    launch (a study's driver) still running there is refused at once, before the code checks' seconds."""
+    and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job) or
+    the same command again (`task`: this launch's overrides, `same_launch`). A launch (a study's
+    driver) still running there is refused at once, before the code checks' seconds."""
     held = [name for name in SWEEP_RECORDS if (path / name).exists()]
-    if held and not os.environ.get(RESUME_ENV):
+    if held and not os.environ.get(RESUME_ENV) and not same_launch(path, task):
         raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
                           f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
     if rundir.lock_held(path):
@@ -56,8 +75,8 @@ def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides:
     path = sweep_dir / REFUSED / f"{run_dir.name}.json"
     if not rundir.is_main_process():
         return
-    if error is None:
-        if path.is_file():
+    if error is None:  # forgotten only when the file is ablate's record of this very job
+        if (rundir.read_json(path) or {}).get("run_dir") == str(run_dir.resolve()):
             path.unlink(missing_ok=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """How GRPO calls the data's reward functions, and what it holds them to (TRL 1.16's contract). RLOO (GRPO's
-trainer), distillation (rewards logged) and `ablate eval` make the same call (ablate.rollouts.evaluate.reward_table).
+trainer), distillation (rewards logged) and `ablate eval` make the same call (ablate.rollouts.rewarding.reward_table).
 
 A reward function is called as `f(prompts=..., completions=..., completion_ids=..., **dataset columns)`
 (an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion it does not score (TRL's
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ablate.errors import UserCodeError, log_file
+from ablate.rewards import resolve
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # what GRPO passes besides the data's columns
 CALL = "f(prompts=..., completions=..., completion_ids=..., **dataset columns)"
@@ -160,7 +161,12 @@ def checked(funcs: dict[str, Any] | None, dataset: Any) -> dict[str, Any]:
     return funcs
 
 
-def usable(funcs: dict[str, Any] | None) -> dict[str, Any]:
-    """The reward functions a config lists, without the ones set to null (`data.reward_funcs.NAME=null`
-    removes one, as `callbacks.NAME=null` does)."""
-    return {k: f for k, f in (funcs or {}).items() if f is not None}
+def usable(funcs: Any) -> dict[str, Any]:
+    """The reward functions a config lists, by name, in any form `data.reward_funcs` takes (the short form's
+    dotted paths too, `[myrew.short]`: ablate.rewards.resolve), without the ones set to null
+    (`data.reward_funcs.NAME=null` removes one, as `callbacks.NAME=null` does)."""
+    if funcs is None or isinstance(funcs, str):
+        return resolve.reward_funcs(funcs)
+    if isinstance(funcs, (list, tuple)) or type(funcs).__name__ == "ListConfig":
+        return resolve.reward_funcs([f for f in funcs if f is not None])
+    return resolve.reward_funcs({k: f for k, f in funcs.items() if f is not None})

@@ -73,8 +73,9 @@ from ablate.rollouts.cores import CoreShare
 AHEAD_ROUNDS = "async_rounds.pt"  # in each checkpoint of an async run: the rounds sampled but not yet trained on
 
 # The behaviour policy's part of a round: (model, prompt ids) -> (completion ids, their log-probs under
-# that model (rows, completion width), generation seconds). GRPOTrainer._behaviour.
-BehaviourFn = Callable[[nn.Module, list[list[int]]], tuple[list[list[int]], torch.Tensor, float]]
+# that model (rows, completion width), generation seconds, and what tool calls add: tool mask, messages and
+# counts, {} without tools). GRPOTrainer._sample_ahead.
+BehaviourFn = Callable[[nn.Module, list[list[int]]], tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]]
 
 
 def round_seed(seed: int, round_index: int) -> int:
@@ -93,6 +94,7 @@ class Sampled:
     completion_ids: list[list[int]] | None = None  # None until the worker returns it
     old_logps: torch.Tensor | None = None  # (rows, width): log-probs under the sampling weights (pi_old)
     seconds: float = 0.0  # the worker's generation seconds
+    turns: dict[str, Any] | None = None  # with tool calls: tool_mask, messages, tool_calls, tool_failures (per row)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -134,9 +136,10 @@ class Worker:
         except (BrokenPipeError, ConnectionResetError, OSError) as e:  # it died since the last round
             raise self.lost() from e
 
-    def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float]:
-        """The next finished round: (round, completion ids, behaviour log-probs, seconds). A worker that
-        died, or sent nothing for `timeout_s` (stopped, hung), is one line (UserCodeError)."""
+    def receive(self) -> tuple[int, list[list[int]], torch.Tensor, float, dict[str, Any]]:
+        """The next finished round: (round, completion ids, behaviour log-probs, seconds, tool calls'
+        additions). A worker that died, or sent nothing for `timeout_s` (stopped, hung), is one line
+        (UserCodeError)."""
         waited, t0 = 0.0, time.monotonic()
         while not self.conn.poll(min(1.0, max(self.timeout_s - waited, 0.0))):
             waited = time.monotonic() - t0
@@ -150,8 +153,8 @@ class Worker:
             raise self.lost() from e
         if kind == "error":
             raise RuntimeError(f"the generation worker failed: {payload[0].strip().splitlines()[-1]}\n{payload[0]}")
-        k, completion_ids, old_logps, seconds = payload
-        return k, completion_ids, torch.from_numpy(old_logps), seconds
+        k, completion_ids, old_logps, seconds, turns = payload
+        return k, completion_ids, torch.from_numpy(old_logps), seconds, turns
 
     def lost(self, stalled: float | None = None) -> UserCodeError:
         """The error for a worker that died (its signal or exit code) or stalled (killed here): one line,
@@ -232,10 +235,10 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
             for p, weights in zip(params, slots[slot]):  # the model computes with the slot itself: no copy
                 p.data = weights  # (the trainer writes a slot only while no round in flight uses it)
             torch.manual_seed(seed)
-            completion_ids, old_logps, seconds = behaviour(model, prompt_ids)
+            completion_ids, old_logps, seconds, turns = behaviour(model, prompt_ids)
             if cores is not None and not conn.poll():  # idle until the trainer's next round (none queued)
                 cores.worker_busy(False)
-            conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds))
+            conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds, turns))
     except EOFError:  # the trainer has gone
         pass
     except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
@@ -312,7 +315,8 @@ class AheadRounds:
 
     def _receive(self) -> None:
         job, _ = self.pending.popleft()
-        k, job.completion_ids, job.old_logps, job.seconds = self.worker.receive()
+        k, job.completion_ids, job.old_logps, job.seconds, job.turns = self.worker.receive()
+        job.turns = job.turns or None
         assert k == job.round, f"the worker returned round {k} for round {job.round}"
         self.done[k] = job
 

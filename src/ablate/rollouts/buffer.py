@@ -44,6 +44,13 @@ class Rollout:
     # numbers differ from the trainer's (vLLM); None for the generators here, which sample the policy
     sampling_logps: torch.Tensor | None = None
     policy_version: int = 0  # optimizer steps the generating policy had taken (global_step)
+    # (rows, completion width) with tool calls: 1 on the model's tokens, 0 on tool results (attended to, not
+    # trained on: TRL's tool_mask); None without tools
+    tool_mask: torch.Tensor | None = None
+
+    def loss_mask(self) -> torch.Tensor:
+        """The completion tokens that get a loss: the completion mask, less the tool results."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     def tokens(self) -> dict[str, torch.Tensor]:
         """The prompt and completion tensors, as the scoring functions take them."""

@@ -3,10 +3,11 @@ reward of its completions of held-out prompts, scored by the run's own reward fu
 
 Each prompt gets one greedy completion (the default: deterministic, the policy's mode) or `samples`
 sampled ones (the run's temperature, top-k and top-p: what training sampled), generated in batches of
-prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once). The rewards are
-TRL's reward-function call, as GRPO's trainer makes it (`reward_table`), weighted by the run's
-`reward_weights`. Metrics (the trainers' names, `eval_`-prefixed): `reward`, `reward_std`,
-`rewards/<func>/mean`, `completions/mean_length`, `completions/clipped_ratio`; and per prompt, the mean of
+prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once; with GRPO's tools, over
+several turns whose calls run, ablate.rollouts.turns). The rewards are TRL's reward-function call, as GRPO's
+trainer makes it (ablate.rollouts.rewarding), weighted by the run's `reward_weights`. Metrics (the trainers' names, `eval_`-prefixed): `reward`, `reward_std`,
+`rewards/<func>/mean`, `completions/mean_length`, `completions/clipped_ratio` (with tools,
+`tools/call_frequency` and `tools/failure_frequency`); and per prompt, the mean of
 its completions' rewards (`ablate compare` pairs them across runs).
 """
 
@@ -19,24 +20,11 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ablate.data.tokenize import prepare_prompts
-from ablate.rewards import calls as rewards
 from ablate.rollouts.generation import SamplingArgs, SharedPromptGenerator, as_completions, stop_ids
+from ablate.rollouts import rewarding
+from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics
 
 RewardFunc = Callable[..., list[float | None]]
-
-
-def reward_table(reward_funcs: dict[str, RewardFunc], tokenizer: PreTrainedTokenizerBase,
-                 rows: list[dict[str, Any]], completion_ids: list[list[int]],
-                 warned: set[str] | None = None) -> torch.Tensor:
-    """(N, F) rewards of N completions, one column per function, None -> NaN: TRL's call (prompts,
-    completions as text or as an assistant message, completion_ids, and every other dataset column), what
-    the functions return held to its contract by ablate.rewards.calls (a user's mistake: one line)."""
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    prompts = [r["prompt"] for r in rows]
-    completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "prompt_ids")}
-    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-    return rewards.table(reward_funcs, kwargs, len(rows), set() if warned is None else warned)
 
 
 @torch.no_grad()
@@ -44,30 +32,39 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
                 reward_funcs: dict[str, RewardFunc], args: Any, samples: int = 0,
                 batch_size: int = 16) -> tuple[dict[str, float], list[dict[str, float]]]:
     """(metrics, one row per prompt) of `model`'s completions of `dataset`'s prompts. `args`: the run's
-    method arguments (max_prompt_length, the sampling fields, reward_weights); `samples` 0: one greedy
-    completion per prompt, else that many sampled ones."""
-    reward_funcs = rewards.checked(reward_funcs, dataset)  # data.reward_funcs.NAME=null drops one
-    prompts = prepare_prompts(dataset, tokenizer, getattr(args, "max_prompt_length", None), "eval")
+    method arguments (max_prompt_length, the sampling fields, reward_weights; GRPO's tools and environment:
+    its completions are then generated as in training, the calls run, and scored by their messages);
+    `samples` 0: one greedy completion per prompt, else that many sampled ones."""
+    box = build_toolbox(args, tokenizer) if callable(getattr(args, "tool_functions", None)) else None
+    reward_funcs, weights = rewarding.gather(reward_funcs, getattr(args, "reward_weights", None), box)  # null ones dropped
+    rewarding.ready(reward_funcs, dataset, box, model.device)  # each held to the data's columns
+    prompts = prepare_prompts(dataset, tokenizer, getattr(args, "max_prompt_length", None), "eval",
+                              encode=box.prompt_ids if box is not None else None)
     sampling: SamplingArgs = args
-    generate = SharedPromptGenerator(sampling, tokenizer, do_sample=samples > 0)
-    weights = torch.tensor(getattr(args, "reward_weights", None) or [1.0] * len(reward_funcs))
+    generate: Any = SharedPromptGenerator(sampling, tokenizer, do_sample=samples > 0)
+    if box is not None:  # tool calls between turns, as GRPO's rollouts
+        generate = ToolGenerator(generate, box, tokenizer, args.max_completion_length)
+    weights = torch.tensor(weights)
     stops, n = set(stop_ids(tokenizer, model)), max(samples, 1)
     was_training = model.training
     model.eval()
-    tables, lengths, clipped, warned = [], [], [], set()
+    tables, lengths, clipped, warned, tool_calls, failures = [], [], [], set(), [], []
     for start in range(0, len(prompts), batch_size):
         rows = [prompts[i] for i in range(start, min(start + batch_size, len(prompts))) for _ in range(n)]
-        ids = as_completions(generate(model, [r["prompt_ids"] for r in rows])).ids
-        tables.append(reward_table(reward_funcs, tokenizer, rows, ids, warned))
-        lengths += [len(c) for c in ids]
-        clipped += [not c or c[-1] not in stops for c in ids]
+        out = as_completions(generate(model, generate.start(rows) if box is not None else [r["prompt_ids"] for r in rows]))
+        tables.append(rewarding.table(reward_funcs, rows, out, tokenizer, getattr(generate, "environments", None), warned))
+        lengths += [sum(m) for m in out.tool_mask] if out.tool_mask is not None else [len(c) for c in out.ids]
+        clipped += [not c or c[-1] not in stops for c in out.ids]
+        tool_calls += out.tool_calls or []
+        failures += out.tool_failures or []
     model.train(was_training)
     table = torch.cat(tables)
     total = (table * weights).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), torch.nan)
     metrics = {"reward": torch.nanmean(total).item(), "reward_std": _std(total),
                **{f"rewards/{f}/mean": torch.nanmean(table[:, i]).item() for i, f in enumerate(reward_funcs)},
                "completions/mean_length": sum(lengths) / len(lengths),
-               "completions/clipped_ratio": sum(clipped) / len(clipped)}
+               "completions/clipped_ratio": sum(clipped) / len(clipped),
+               **({k: v.item() for k, v in tool_metrics(tool_calls, failures).items()} if box is not None else {})}
     per_prompt = total.view(-1, n)
     examples = [{"reward": torch.nanmean(r).item(),
                  **{f"rewards/{f}/mean": torch.nanmean(table[i * n:(i + 1) * n, j]).item() for j, f in enumerate(reward_funcs)}}

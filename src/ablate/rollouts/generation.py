@@ -158,6 +158,11 @@ class Completions:
     # the sampling model's log-prob of each token of `ids` as the loss defines it (temperature only, no top-k/top-p),
     # from the logits it was sampled from: pi_old for asynchronous GRPO's worker (SharedPromptGenerator.sample)
     policy_logps: list[list[float]] | None = None
+    # rollouts with tool calls (ablate.rollouts.turns): per id, 1 if the model wrote it, 0 for a tool result
+    tool_mask: list[list[int]] | None = None
+    messages: list[list[dict]] | None = None  # each completion as messages (turns and tool results), for the rewards
+    tool_calls: list[int] | None = None  # calls each rollout made
+    tool_failures: list[int] | None = None  # of which failed (an error, a timeout, an unknown tool)
 
 
 # The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS, or `Completions`

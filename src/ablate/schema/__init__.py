@@ -111,6 +111,10 @@ class Schema:
 
     def __post_init__(self) -> None:
         """Checks first, then the next class's own set-up (TrainingArguments')."""
+        for f in dataclasses.fields(self):  # built by Hydra without recursion (`_recursive_: false`): its lists too
+            value = getattr(self, f.name, None)
+            if plain(value) is not value:
+                setattr(self, f.name, plain(value))
         self.check()
         after = getattr(super(), "__post_init__", None)
         if after is not None:
@@ -147,6 +151,16 @@ class Schema:
                 value = f.default
             object.__setattr__(self, f.name, value)
         return self
+
+
+def plain(value: Any) -> Any:
+    """A config node as plain Python: a node built without recursion (GRPO's method.args, `_recursive_: false`,
+    so that the `_target_` nodes of tools and environments reach the trainer as config) holds Hydra's containers."""
+    if type(value).__name__ in ("DictConfig", "ListConfig"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
 
 
 def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:

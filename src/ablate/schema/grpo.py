@@ -3,7 +3,7 @@ ablate's GRPOTrainer implements, each with its check. Batches count completions:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,23 @@ def _delta(v: Any, n: Any) -> bool:
 
 
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # ablate.losses.is_correction.MODES
+TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tools.ToolFormat reads each
+
+
+def _code(v: Any) -> bool:
+    """A function or class named as config: a dotted path, a {_target_: ...} node, or (from Python) the object."""
+    return isinstance(v, str) or (isinstance(v, Mapping) and "_target_" in v) or callable(v)
+
+
+def _environment(v: Any, n: Any) -> bool:
+    return v is None or (_code(v) and not _is_async(n))
+
+
+def _environment_words(n: Any, at: str) -> str:
+    if _code(n.environment):  # the worker's process would hold the instances: their state, get_reward() out of reach
+        return (f"null with {at}.max_staleness > 0 (environment with max_staleness > 0: the async worker would hold "
+                "the environments, out of the trainer's reach; use max_staleness=0)")
+    return "null or {_target_: pkg.Class, ...} (one instance per rollout: TRL's environment_factory)"
 
 
 @dataclass
@@ -99,6 +116,22 @@ class GRPOArgs(TrainArgs):
     off_policy_mask_threshold: float | None = field(None, nullable(number(at_least=0)),
                                                     "Drop A<0 completions whose mean KL(sampler -> policy) exceeds "
                                                     "this (DeepSeek-V3.2 eq. 9); null = off.")
+    # tools over several turns (TRL 1.16's names; ablate.rollouts.turns)
+    tools: list[Any] | None = field(None, Rule(lambda v, n: v is None or (isinstance(v, list) and all(map(_code, v))),
+                                               "null or a list of functions ([ablate.tools.calculator] or "
+                                               "[{_target_: mymodule.fn}])"),
+                                    "Functions the model may call while it generates; signature + docstring = "
+                                    "the schema it is shown (TRL's tools).")
+    environment: Any = field(None, Rule(_environment, _environment_words),
+                             "{_target_: pkg.Class}: one instance per rollout, reset(**row); its public methods are "
+                             "tools, get_reward() a reward (TRL's environment_factory).")
+    max_tool_calling_iterations: int | None = field(None, nullable(integer(0), "no limit"),
+                                                    "Turns of tool calls per rollout; null = until a turn calls none.")
+    tool_timeout: float | None = field(10.0, nullable(number(above=0, why=" (seconds)"), "no limit"),
+                                       "Seconds a call may run; past it the model reads a timeout error.")
+    tool_call_format: str = field("auto", choice(*TOOL_CALL_FORMATS, words="auto, chat_template or hermes "
+                                                                          "(ablate.rollouts.tools)"),
+                                  "auto | chat_template (the template's own) | hermes (<tool_call>{json}</tool_call>).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,10 +139,20 @@ class GRPOArgs(TrainArgs):
 
     def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
         funcs = (cfg.get("data") or {}).get("reward_funcs")
-        if isinstance(funcs, Mapping):  # data.reward_funcs.NAME=null drops one, as a null callback is dropped
-            problem = reward_weights_problem(self.reward_weights, [str(k) for k, v in funcs.items() if v is not None])
+        if isinstance(funcs, (Mapping, Sequence)) and not isinstance(funcs, str):  # named, or the short form's list
+            problem = reward_weights_problem(self.reward_weights, reward_names(funcs))
             if problem is not None:
                 yield problem
+
+
+def reward_names(funcs: Any) -> list[str]:
+    """data.reward_funcs' functions, without those set to null (dropped, as a null callback is): a mapping's
+    names, or the short form's dotted paths (`data.reward_funcs=[myrew.short]`)."""
+    if isinstance(funcs, Mapping):
+        return [str(k) for k, v in funcs.items() if v is not None]
+    if isinstance(funcs, Sequence) and not isinstance(funcs, str):
+        return [str(v.get("_target_", v)) if isinstance(v, Mapping) else str(v) for v in funcs if v is not None]
+    return []
 
 
 def reward_weights_problem(weights: Any, names: list[str]) -> Problem | None:

@@ -3,10 +3,11 @@ distillation and RLOO. TRL 1.16's names and defaults, each field with its check,
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.schema import BOOL, Rule, choice, field, integer, is_num, nullable, number
+from ablate.schema import BOOL, Problem, Rule, choice, field, integer, is_int, is_num, nullable, number
 from ablate.schema.args import LENGTH, TrainArgs
 from ablate.schema.grpo import GRPOArgs
 
@@ -35,6 +36,21 @@ class KTOArgs(TrainArgs):
     train_sampling_strategy: str = field("sequential", choice("sequential", words="sequential (the KL pairs are fixed "
                                                                                   "in the data's order, as in TRL)"),
                                          "The data's order (KTO's KL pairs depend on it).")
+
+    def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
+        loss = str(((cfg.get("method") or {}).get("kto_loss") or {}).get("_target_", ""))
+        problem = kl_batch_problem(self.per_device_train_batch_size, not loss.endswith("apo_zero_unpaired"))
+        if problem is not None:
+            yield problem
+
+
+def kl_batch_problem(batch: Any, uses_kl: bool) -> Problem | None:
+    """KTO's KL estimate pairs each example with another's completion within a batch: a batch of two at least.
+    Checked against the config's loss (method/kto_loss) when the config is, and by the trainer against its own."""
+    if not uses_kl or not is_int(batch) or batch >= 2:
+        return None
+    return ("method.args.per_device_train_batch_size", batch, "an integer >= 2 (KTO's KL estimate pairs each "
+            "example with another's output; method/kto_loss=apo_zero_unpaired needs none)")
 
 
 @dataclass
