@@ -146,10 +146,21 @@ def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dic
     return {"title": title, "rows": rows, "errors": errors, "runs": results}
 
 
+def smoke_lines(device: str, only: set[str] | None = None) -> list[tuple[str, list[str]]]:
+    """The smoke lines this run takes: those a CPU runs (on a CPU), those named by --only (if given)."""
+    return [(n, o) for n, o, on_cpu in SMOKE if (device != "cpu" or on_cpu) and (not only or n in only)]
+
+
+def keep_only(cfgs: dict[str, dict[str, Any]], only: set[str] | None) -> dict[str, dict[str, Any]]:
+    """Each timed section with the ablate variants --only names (all without --only); TRL always runs."""
+    return {k: {**c, "variants": {v: x for v, x in c["variants"].items() if v in only}} if only and "variants" in c
+            else c for k, c in cfgs.items()}
+
+
 def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float,
           only: set[str] | None = None) -> dict[str, Any]:
     """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds)."""
-    lines = [(n, o) for n, o, on_cpu in SMOKE if (device != "cpu" or on_cpu) and (not only or n in only)]
+    lines = smoke_lines(device, only)
     steps = 2 if tiny else 10
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
@@ -239,11 +250,8 @@ def main() -> None:
         p.error("--tiny decides nothing for ablate's defaults: give --record a path of its own")
     t0, run = time.perf_counter(), header(a.device)
     print(run, flush=True)
-    cfgs, out = configs(a.device, a.tiny), {"run": run}
     only = set(a.only.split(",")) if a.only else None
-    for cfg in cfgs.values():
-        if only and "variants" in cfg:
-            cfg["variants"] = {k: v for k, v in cfg["variants"].items() if k in only}
+    cfgs, out = keep_only(configs(a.device, a.tiny), only), {"run": run}
     sections = a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else "exact,dpo,smoke,dpo_large,grpo,sft")
     for section in sections.split(","):
         remaining = a.budget - (time.perf_counter() - t0)

@@ -112,3 +112,16 @@ def test_each_ablate_variant_is_its_own_process_and_a_hang_loses_only_itself(mon
     assert out["errors"] == {"ablate:hangs": "timed out after 120 s"}
     short = gpu.timed("dpo", cfg, repeats=1, remaining=50.0)  # TRL's 40 s + off's 20 s: forced never starts
     assert short["errors"]["ablate:forced"] == "not started: past the section's time"
+
+
+def test_only_keeps_the_named_variants_and_smoke_lines():
+    """--only, for a lease of minutes: the named ablate variants in each timed section (TRL always runs: the
+    side the variants are measured against) and the named smoke lines."""
+    only = {"off", "completion_only_logits", "bf16_tf32"}
+    cfgs = gpu.keep_only(gpu.configs("cuda", False), only)
+    assert list(cfgs["dpo"]["variants"]) == ["off", "completion_only_logits"]
+    assert list(cfgs["dpo_large"]["variants"]) == ["off"] and list(cfgs["grpo"]["variants"]) == ["off"]
+    assert cfgs["exact"] == gpu.configs("cuda", False)["exact"]  # exactness checks every path
+    assert [n for n, _ in gpu.smoke_lines("cuda", only)] == ["bf16_tf32"]
+    assert gpu.keep_only(gpu.configs("cuda", False), None) == gpu.configs("cuda", False)
+    assert [n for n, _ in gpu.smoke_lines("cpu")] == ["dpo", "grpo"]
