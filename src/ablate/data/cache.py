@@ -13,7 +13,8 @@ Entries live in `<dir>/<kind>/<key>/` (dir: `cache.dir`, else `$ABLATE_CACHE/ent
 ~/.cache/ablate/entries), each a `save_to_disk` dataset in `data/` and `manifest.json`, written last,
 with every file's sha256. An entry is built in a `.tmp-*` dir and renamed into place, so a writer
 killed mid-way (kill -9) leaves no entry; one whose manifest or checksum does not match is said in one
-line, removed and computed again. Jobs racing for one key take a file lock (flock): one computes,
+line, removed and computed again. Jobs racing for one key take a file lock (filelock's FileLock: flock, which the kernel drops
+when its holder dies, kill -9 included): one computes,
 the others wait and load. `ablate cache ls|clear` lists and removes entries: only dirs proven to be
 ablate's (a `<kind>/<sha256>` dir holding the marker file written before anything else, or a manifest),
 so a `--dir` pointed at a folder of other things never deletes them (`foreign` names what is left).
@@ -22,7 +23,6 @@ so a `--dir` pointed at a folder of other things never deletes them (`foreign` n
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import inspect
 import json
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from datasets import Dataset
+from filelock import FileLock
 
 from ablate.paths import cache_root
 
@@ -103,7 +104,7 @@ class Cache:
         held = contextlib.ExitStack()
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
-            held.enter_context(_locked(entry.parent / f"{digest}.lock"))  # racing jobs: one computes
+            held.enter_context(FileLock(entry.parent / f"{digest}.lock"))  # racing jobs: one computes, the rest wait
         except OSError as e:  # a read-only or full disk: the cache only saves time
             log.warning("cache: cannot use %s (%s); computing %s without it", self.dir, e.strerror or e, what)
             yield slot
@@ -142,17 +143,6 @@ class Slot:
                                     "parts": self.parts})
         self.cache._event(self.kind, self.what, self.digest, False, self.t0)
         self.entry = None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (released by the kernel if the holder dies, kill -9 included)."""
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
