@@ -133,7 +133,7 @@ class Validate(Callback):
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
             if sweep_dirs.given(config.hydra):
-                sweep_dirs.check_sweep_dir_free(sweep_dir, sweep_dirs.task_overrides(config.hydra))  # in about a second: before the code checks import torch
+                sweep_dirs.check_sweep_dir_free(sweep_dir, task_overrides(config.hydra))  # in about a second: before the code checks import torch
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -161,9 +161,7 @@ def claim_sweep_dir(config: DictConfig) -> None:
     given = [o for o in raw if o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir"]
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
-        task = sweep_dirs.task_overrides(hc)
-        sweep_dirs.check_sweep_dir_free(path, task)
-        if sweep_dirs.same_launch(path, task) and not os.environ.get(sweep_dirs.RESUME_ENV):
+        if sweep_dirs.check_sweep_dir_free(path, task_overrides(hc)):
             log.info(f"{path}: the same launch again (multirun.yaml's overrides): each job continues its run dir")
         check_dir(path, "hydra.sweep.dir")
     else:

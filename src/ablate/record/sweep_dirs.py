@@ -33,10 +33,6 @@ RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set by `--resume` (and in its job processe
 SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
 
 
-def task_overrides(hc: Any) -> list[str]:
-    return [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
-
-
 def same_launch(path: Path, task: list[str] | None) -> bool:
     """The sweep in `path` was launched with these very overrides (its multirun.yaml says so): the same
     command again, which docs/runs.md promises continues it (each job resumes its run dir, checked as
@@ -51,19 +47,22 @@ def same_launch(path: Path, task: list[str] | None) -> bool:
     return isinstance(recorded, list) and sorted(map(str, recorded)) == sorted(task)
 
 
-def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> None:
+def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> bool:
     """A new launch into a `hydra.sweep.dir` that holds an earlier launch would rewrite its multirun.yaml
     and run its jobs again unchecked: refused, unless this is `--resume` (which checked every job) or
     the same command again (`task`: this launch's overrides, `same_launch`). A launch (a study's
-    driver) still running there is refused at once, before the code checks' seconds."""
+    driver) still running there is refused at once, before the code checks' seconds. True: the same
+    command again, continuing the sweep there."""
     held = [name for name in SWEEP_RECORDS if (path / name).exists()]
-    if held and not os.environ.get(RESUME_ENV) and not same_launch(path, task):
+    again = bool(held) and not os.environ.get(RESUME_ENV) and same_launch(path, task)
+    if held and not os.environ.get(RESUME_ENV) and not again:
         raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
                           f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
     if rundir.lock_held(path):
         holder = (path / rundir.LOCK).read_text(errors="replace").strip() or "another process"
         raise RunDirError(f"sweep dir {path.resolve()} is in use by {holder}; wait for it to end, or launch the "
                           "sweep into another hydra.sweep.dir")
+    return again
 
 
 REFUSED = ".refused"  # in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
