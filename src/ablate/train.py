@@ -25,8 +25,10 @@ log = logging.getLogger("ablate")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """The Hydra task. A user error in a single run is one line on stderr and exit code 2; in a
     multirun it is raised, so Hydra records the job as failed and the sweep goes on."""
+    finished = False
     try:
-        return run(cfg)
+        summary, finished = run(cfg), True
+        return summary
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
         if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
@@ -37,6 +39,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
             say(f"ablate: error: {secrets.mask_text(str(user_error(e)))}")  # below the progress bar, not glued to it
             sys.exit(2)
         raise
+    finally:
+        setup.leave_process_group(finished)  # torchrun/SLURM ranks: no gloo thread left to the interpreter's exit
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
