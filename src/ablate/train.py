@@ -25,10 +25,8 @@ log = logging.getLogger("ablate")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """The Hydra task. A user error in a single run is one line on stderr and exit code 2; in a
     multirun it is raised, so Hydra records the job as failed and the sweep goes on."""
-    finished = False
     try:
-        summary, finished = run(cfg), True
-        return summary
+        return run(cfg)
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
         if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
@@ -39,14 +37,12 @@ def main(cfg: DictConfig) -> dict[str, Any]:
             say(f"ablate: error: {secrets.mask_text(str(user_error(e)))}")  # below the progress bar, not glued to it
             sys.exit(2)
         raise
-    finally:
-        setup.leave_process_group(finished)  # torchrun/SLURM ranks: no gloo thread left to the interpreter's exit
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
     setup.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
-    with lifecycle.record(cfg) as record:
+    with setup.process_group_left(), lifecycle.record(cfg) as record:  # the group outlives the record's writes
         if record.done:
             return record.summary
         checks.check(cfg)  # a single run was checked before its dir existed (config.validate); a sweep job here

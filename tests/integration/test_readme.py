@@ -309,9 +309,20 @@ class DocRun:
 
 
 def _scratch_clone(root: Path) -> Path:
+    """What `git clone` of this checkout would hold: its files that git does not ignore (never the
+    user's venvs, `.venv-vllm` alone is GBs, nor outputs or wheels); without git, the same by name."""
     clone = root / "my clone"
-    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "outputs", "multirun", "report", "wandb", "__pycache__", "*.egg-info", ".pytest_cache"))
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
+            ".git", ".venv*", ".gpu_wheels", "outputs", "multirun", "report", "wandb", "__pycache__", "*.egg-info",
+            ".pytest_cache"))
+        return clone
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is not in the clone
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
     return clone
 
 

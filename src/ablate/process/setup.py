@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -109,3 +111,14 @@ def leave_process_group(finished: bool) -> None:
             dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def process_group_left() -> Iterator[None]:
+    """Around a run: leave its process group at the end, as a finished run when the body returned."""
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        leave_process_group(finished)
