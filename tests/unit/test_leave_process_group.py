@@ -1,4 +1,4 @@
-"""A run's process group is destroyed before its process exits (ablate.process.setup.leave_process_group):
+"""A run's process group is destroyed before its process exits (ablate.process.setup.process_group_left):
 left to the interpreter's exit, gloo's threads can abort a rank that completed its run (SIGABRT,
 "terminate called without an active exception"; seen once in the FSDP slow test)."""
 
@@ -12,12 +12,16 @@ import pytest
 RANK = textwrap.dedent("""
     import os, sys
     import torch, torch.distributed as dist
-    from ablate.process.setup import leave_process_group
+    from ablate.process.setup import process_group_left
     dist.init_process_group("gloo")
     t = torch.ones(1) * (dist.get_rank() + 1)
-    dist.all_reduce(t)  # 1 + 2
-    finished = sys.argv[1] == "finished"
-    leave_process_group(finished)
+    try:
+        with process_group_left():
+            dist.all_reduce(t)  # 1 + 2
+            if sys.argv[1] == "failed":
+                raise RuntimeError("the run failed")
+    except RuntimeError:
+        pass
     print("rank", os.environ["RANK"], "sum", int(t.item()), "initialized", dist.is_initialized(), flush=True)
 """)
 
@@ -38,5 +42,6 @@ def test_without_torch_distributed_imported_it_is_a_no_op(monkeypatch):
     from ablate.process import setup
 
     monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
-    setup.leave_process_group(True)  # nothing to leave: returns without importing torch.distributed
+    with setup.process_group_left():  # nothing to leave: no import of torch.distributed
+        pass
     assert "torch.distributed" not in sys.modules

@@ -13,9 +13,9 @@ Entries live in `<dir>/<kind>/<key>/` (dir: `cache.dir`, else `$ABLATE_CACHE/ent
 ~/.cache/ablate/entries), each a `save_to_disk` dataset in `data/` and `manifest.json`, written last,
 with every file's sha256. An entry is built in a `.tmp-*` dir and renamed into place, so a writer
 killed mid-way (kill -9) leaves no entry; one whose manifest or checksum does not match is said in one
-line, removed and computed again. Jobs racing for one key take a file lock (filelock's FileLock: flock, which the kernel drops
-when its holder dies, kill -9 included): one computes,
-the others wait and load. `ablate cache ls|clear` lists and removes entries: only dirs proven to be
+line, removed and computed again. Jobs racing for one key take a file lock (filelock's FileLock: a
+flock, which the kernel drops when its holder dies, kill -9 included): one computes, the others wait
+and load. `ablate cache ls|clear` lists and removes entries: only dirs proven to be
 ablate's (a `<kind>/<sha256>` dir holding the marker file written before anything else, or a manifest),
 so a `--dir` pointed at a folder of other things never deletes them (`foreign` names what is left).
 """

@@ -97,28 +97,24 @@ def init_process_group(cfg: Any) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
 
 
-def leave_process_group(finished: bool) -> None:
-    """Destroy the job's process group (torchrun, SLURM tasks) before the interpreter exits. Left to
-    exit, gloo's worker threads outlive the interpreter's teardown and a rank can abort with SIGABRT
-    ("terminate called without an active exception", pytorch/pytorch#190489) after a run that
-    completed. A finished run first waits for its peers (a barrier), so no rank closes its connections
-    while another still reads from them; a failed one leaves at once (its peers see the reset)."""
-    dist = sys.modules.get("torch.distributed")  # not imported: no group (and an early error stays fast)
-    if dist is None or not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        if finished:
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
 
 @contextmanager
 def process_group_left() -> Iterator[None]:
-    """Around a run: leave its process group at the end, as a finished run when the body returned."""
+    """Around a run: destroy its process group (torchrun, SLURM tasks) before the interpreter exits.
+    Left to exit, gloo's worker threads outlive the interpreter's teardown and a rank can abort with
+    SIGABRT ("terminate called without an active exception", pytorch/pytorch#190489) after a run that
+    completed. A finished run (the body returned) first waits for its peers (a barrier), so no rank
+    closes its connections while another still reads from them; a failed one leaves at once (its
+    peers see the reset)."""
     finished = False
     try:
         yield
         finished = True
     finally:
-        leave_process_group(finished)
+        dist = sys.modules.get("torch.distributed")  # not imported: no group (and an early error stays fast)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            try:
+                if finished:
+                    dist.barrier()
+            finally:
+                dist.destroy_process_group()

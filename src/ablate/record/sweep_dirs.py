@@ -53,9 +53,10 @@ def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> bool:
     the same command again (`task`: this launch's overrides, `same_launch`). A launch (a study's
     driver) still running there is refused at once, before the code checks' seconds. True: the same
     command again, continuing the sweep there."""
-    held = [name for name in SWEEP_RECORDS if (path / name).exists()]
-    again = bool(held) and not os.environ.get(RESUME_ENV) and same_launch(path, task)
-    if held and not os.environ.get(RESUME_ENV) and not again:
+    resuming = bool(os.environ.get(RESUME_ENV))  # `--resume` checked every job already
+    held = [] if resuming else [name for name in SWEEP_RECORDS if (path / name).exists()]
+    again = bool(held) and same_launch(path, task)
+    if held and not again:
         raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
                           f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
     if rundir.lock_held(path):
