@@ -197,6 +197,9 @@ def test_a_device_no_run_has_verified(tmp_path, monkeypatch):
            "speed.unverified_devices=true runs it)")
     assert _off(resolve("policy", cuda, Perf(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
     assert _off(resolve("policy", cuda, Perf(unverified_devices=True), DPO)) == {}
+    # docs/limits.md's line for TRL's head layout on a GPU before a record: that path alone
+    trl_head = dataclasses.replace(Perf.off(), completion_only_logits=True, unverified_devices=True)
+    assert [d.name for d in resolve("policy", cuda, trl_head, DPO).decisions if d.on] == ["completion_only_logits"]
     assert resolve("policy", cuda, Perf(compile=True), DPO).on("compile")
 
 
