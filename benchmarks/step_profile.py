@@ -8,7 +8,7 @@ the caching allocator's rounding), parameters and gradients included, optimizer 
 
     OMP_NUM_THREADS=1 python benchmarks/step_profile.py [--impls trl,ablate_off,ablate_forced] [--vocab 49152]
     python benchmarks/step_profile.py --measure memory --impls trl,ablate_off,ablate_completion_only_logits \
-        --hidden 1536 --layers 16 --side 192
+        --shape 0.5b --side 192
 
 The GPU's own numbers are benchmarks/gpu.py's; this is why they could differ, measured where there is no GPU:
 torch.profiler's op events are the same dispatches a CUDA run makes (the same Python runs), only their
@@ -35,22 +35,24 @@ SYNCS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "a
 
 
 def profile_side(impl: str, vocab: int, hidden: int, layers: int, side: int = 128,
-                 measure: str = "ops") -> dict[str, Any]:
+                 measure: str = "ops", shape: str | None = None) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from gpu_sides import pairs, perf_of, wide_tokenizer
+    from gpu_sides import build, pairs, perf_of, wide_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = wide_tokenizer(vocab)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                         num_attention_heads=max(8, hidden // 128), num_key_value_heads=4,
-                                         intermediate_size=4 * hidden,
-                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                                         tie_word_embeddings=True))
+    if shape:  # benchmarks/gpu.py's model of that name (gpu_sides.SHAPES)
+        tok, model = build(shape, "cpu")
+    else:
+        tok = wide_tokenizer(vocab)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                             num_attention_heads=8, num_key_value_heads=4, intermediate_size=4 * hidden,
+                                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                             tie_word_embeddings=True))
     rows = Dataset.from_list(pairs(16, side))
     common = dict(output_dir="/tmp/ablate-sync-profile", per_device_train_batch_size=8, report_to="none", use_cpu=True,
                   max_length=512, precompute_ref_log_probs=True, disable_tqdm=True, bf16=True)
@@ -84,8 +86,8 @@ def profile_side(impl: str, vocab: int, hidden: int, layers: int, side: int = 12
 
 
 def peak_bytes(trainer: Any, model: Any, batch: Any) -> dict[str, int]:
-    """The peak of live tensor bytes over one `training_step` (MemTracker: every storage made and freed, by
-    kind), and what was live before it (the parameters, their gradients from the warm-up step)."""
+    """The peak of live tensor bytes over one `training_step` (MemTracker: every storage made and freed),
+    and what was live before it (the parameters, their gradients from the warm-up step)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -95,8 +97,7 @@ def peak_bytes(trainer: Any, model: Any, batch: Any) -> dict[str, int]:
         before = tracker.get_tracker_snapshot("current")
         trainer.training_step(model, batch)
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return {"peak": peak["Total"], "before": before.get(torch.device("cpu"), {}).get("Total", 0),
-            "by_kind": {str(k.value if hasattr(k, "value") else k): v for k, v in peak.items() if k != "Total"}}
+    return {"peak": peak["Total"], "before": before.get(torch.device("cpu"), {}).get("Total", 0)}
 
 
 def main() -> None:
@@ -105,21 +106,24 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--shape", help="a model of benchmarks/gpu.py by name (gpu_sides.SHAPES: 0.5b, 1.5b, ...), "
+                   "instead of --hidden/--layers/--vocab")
     p.add_argument("--side", type=int, default=128, help="~tokens a side (prompt + completion) of each pair")
     p.add_argument("--measure", choices=("ops", "memory"), default="ops")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        print(json.dumps(profile_side(a.child, a.vocab, a.hidden, a.layers, a.side, a.measure)), flush=True)
+        print(json.dumps(profile_side(a.child, a.vocab, a.hidden, a.layers, a.side, a.measure, a.shape)), flush=True)
         return
     what = "peak live tensor bytes" if a.measure == "memory" else "ops dispatched and host-syncing ops"
-    print(f"DPO, one training step (forward + backward), 8 pairs of ~{a.side} tokens a side, Llama {a.hidden} x "
-          f"{a.layers} layers, vocab {a.vocab}, bf16 autocast on a CPU: {what}")
+    model = f"the {a.shape} Llama" if a.shape else f"Llama {a.hidden} x {a.layers} layers, vocab {a.vocab}"
+    print(f"DPO, one training step (forward + backward), 8 pairs of ~{a.side} tokens a side, {model}, bf16 "
+          f"autocast on a CPU: {what}")
     first = None
     for impl in a.impls.split(","):
         proc = subprocess.run([sys.executable, __file__, "--child", impl, "--vocab", str(a.vocab), "--hidden",
                                str(a.hidden), "--layers", str(a.layers), "--side", str(a.side), "--measure",
-                               a.measure], capture_output=True, text=True)
+                               a.measure, *(["--shape", a.shape] if a.shape else [])], capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{impl}: failed\n{proc.stderr[-2000:]}")
             continue
