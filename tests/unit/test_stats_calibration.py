@@ -133,6 +133,18 @@ def test_the_harness_catches_the_old_percentile_bootstrap() -> None:
     assert 0.03 < share(paired_clear, diffs) <= BOUND  # not 0 either: at 3 seeds it can still say clear
 
 
+def test_power_line_matches_tables_and_simulation() -> None:
+    """seeds_for_power against one-sample t test tables (G*Power: effect 1.0 -> 10 pairs, power 0.803; 0.5
+    -> 34; 0.8 -> 15) and against simulation: with a true difference of 1 sd, the t verdict is clear in
+    about 80% of 10-pair draws and fewer at 9."""
+    assert [stats.seeds_for_power(m, 1.0) for m in (1.0, 0.5, 0.8, -1.0)] == [10, 34, 15, 10]
+    assert stats.power(np.array([10]), 1.0)[0] == pytest.approx(0.8031, abs=1e-4)
+    assert stats.seeds_for_power(0.0, 1.0) is None and stats.seeds_for_power(1e-4, 1.0) is None  # beyond MAX_SEEDS
+    se = math.sqrt(0.8 * 0.2 / TRIALS)
+    assert share(paired_clear, draw("normal", TRIALS, 10) + 1.0) == pytest.approx(0.803, abs=2.5 * se)
+    assert share(paired_clear, draw("normal", TRIALS, 9) + 1.0) < 0.8
+
+
 @pytest.mark.parametrize("dist", ["normal", "t3"])
 @pytest.mark.parametrize("n", range(3, 11))
 def test_arm_interval_misses_the_mean_at_most_5_percent(n: int, dist: str) -> None:

@@ -168,7 +168,7 @@ def example_differences(groups: list[Group], metrics: list[str]) -> tuple[list[E
         shared = [m for m in a if m in b]
         for m in [m for m in wanted if m in shared] or sorted(shared):
             if why := comparable.differing(m, base, other):
-                skipped.setdefault(f"eval {m} (per example)", []).append(why)
+                skipped.setdefault(f"{comparable.HELD_OUT}{m}", []).append(why)  # as the seed-paired one
                 continue
             d = paired_examples(base.arm, a[m], other.arm, b[m], m)
             d.launch = launch
