@@ -96,8 +96,9 @@ def test_caption_says_what_each_column_shows(tmp_path: Path, capsys: pytest.Capt
         write_run(root, seed, ["method=dpo", f"seed={seed}"], {"loss": 0.1 * seed}, runtime=10.0 * seed)
     compare.compare([root], metrics=["loss"])
     out = capsys.readouterr().out
-    assert "0.2 [0.1" in out and "20 ± 10" in out  # loss: an interval; runtime: mean ± std
-    assert "runtime (s): mean ± std over seeds, always" in out and "metrics: mean [95% bootstrap interval" in out
+    # loss: a t interval, 0.2 ± t_{0.975, 2} · 0.1 / √3 = 0.2 ± 0.2484; runtime: mean ± std
+    assert "0.2 [-0.04841, 0.4484]" in out and "20 ± 10" in out
+    assert "runtime (s): mean ± std over seeds, always" in out and "metrics: mean [95% t interval over the seeds" in out
 
 
 def test_metric_flag_picks_the_columns(sweep_dir: Path, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """`ablate compare`'s statistics on hand-written run dirs (every number known): launches kept apart
-unless --pool, 95% bootstrap intervals per arm, seed-paired differences with a verdict, the
-too-few-seeds message, the self-contained report.html and curves against tokens seen."""
+unless --pool, 95% t intervals per arm, seed-paired differences with a verdict and a power line, the
+not-enough-seeds message (one line for many), the self-contained report.html and curves against tokens
+seen."""
 
 from __future__ import annotations
 
@@ -38,27 +39,33 @@ def write_launch(root: Path, stamp: str, margins: dict = MARGINS, shift: float =
     return sweep
 
 
-def test_bootstrap_interval_brackets_the_mean_and_is_reproducible() -> None:
-    values = [0.1, 0.2, 0.3, 0.4]
-    lo, hi = stats.bootstrap_ci(values)
-    assert 0.1 <= lo < 0.25 < hi <= 0.4  # inside the values' range, around the mean
-    assert stats.bootstrap_ci(values) == (lo, hi)  # fixed RNG seed
-    assert stats.bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
-    assert stats.bootstrap_ci([0.1, 0.2]) is None  # too few for an interval
+def test_t_interval_hand_values() -> None:
+    """stats.t_interval's docstring: [0.3, 0.5, 0.4]: mean 0.4, sd 0.1, t_{0.975, 2} = 4.302653,
+    half-width 4.302653 · 0.1 / √3 = 0.248414."""
+    assert stats.t_interval([0.3, 0.5, 0.4]) == pytest.approx((0.151586, 0.648414), abs=1e-6)
+    assert stats.t_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    assert stats.t_interval([0.1, 0.2]) is None  # too few for an interval
 
 
 def test_paired_difference_and_verdicts() -> None:
     d = stats.paired("sigmoid", {"1": [0.2], "2": [0.4], "3": [0.3]}, "hinge", {"1": [0.5], "2": [0.9], "3": [0.7]}, "m")
     assert d.diffs == pytest.approx([0.3, 0.5, 0.4]) and d.mean == pytest.approx(0.4)
-    lo, hi = d.ci
-    assert 0.3 <= lo <= 0.4 <= hi <= 0.5
-    assert d.verdict() == f"hinge − sigmoid m = +0.4 [{lo:+.4g}, {hi:+.4g}], n=3 pairs: hinge higher (95% interval excludes 0)"
+    assert d.ci == pytest.approx((0.151586, 0.648414), abs=1e-6)  # the t interval of [0.3, 0.5, 0.4]
+    assert d.verdict() == "hinge − sigmoid m = +0.4 [+0.1516, +0.6484], n=3 pairs: hinge higher (95% t interval excludes 0)"
+    assert d.clear and d.power_line() == ""  # clear already: no plan needed
     mixed = stats.paired("a", {"1": [0.0], "2": [0.0], "3": [0.0]}, "b", {"1": [1.0], "2": [-1.0], "3": [0.5]}, "m")
-    assert mixed.verdict().endswith("no clear difference (95% interval includes 0)")
+    assert mixed.verdict().endswith("no clear difference (95% t interval includes 0)")
+    # mean 1/6, sd 1.0408: effect 0.160, which the t test finds at 80% power from 309 pairs on
+    assert mixed.power_line() == "about 309 seeds per arm would make a difference of this size clear at 80% power"
     same = stats.paired("a", {"1": [1.0], "2": [1.0], "3": [1.0]}, "b", {"1": [1.0], "2": [1.0], "3": [1.0]}, "m")
-    assert same.verdict().endswith("n=3 pairs: identical in every pair")
+    assert same.verdict().endswith("n=3 pairs: identical in every pair") and same.power_line() == ""
     two = stats.paired("a", {"1": [0.0], "2": [0.0]}, "b", {"1": [1.0], "2": [2.0], "3": [9.0]}, "m")
-    assert two.n == 2 and "n=2 pairs: too few seeds to say anything" in two.verdict()
+    assert two.n == 2 and not two.clear and two.verdict().endswith(
+        "n=2 pairs: not enough seeds to tell (a t interval needs 3 pairs); about 5 seeds per arm would make a "
+        "difference of this size clear at 80% power")  # mean 1.5, sd 0.707: effect 2.12
+    one = stats.paired("a", {"1": [0.0]}, "b", {"1": [1.0]}, "m")
+    assert one.verdict().endswith("n=1 pair: not enough seeds to tell (a t interval needs 3 pairs); run at least 3 "
+                                  "seeds per arm")
     assert "no seed ran in both arms" in stats.paired("a", {"1": [0.0]}, "b", {"2": [1.0]}, "m").verdict()
 
 
@@ -87,10 +94,10 @@ def test_cli_prints_intervals_and_verdict_and_writes_a_self_contained_report(tmp
     proc = subprocess.run([sys.executable, "-m", "ablate", "compare", str(sweep), "--out", str(out), "--x", "step,tokens"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    lo, hi = stats.bootstrap_ci([0.2, 0.4, 0.3])
-    assert f"0.3 [{lo:.4g}, {hi:.4g}]" in proc.stdout  # sigmoid rewards/margins, mean [95% CI]
-    assert re.search(r"loss_type=hinge − loss_type=sigmoid rewards/margins = \+0\.4 \[\+0\.3\d*, \+0\.[45]\d*\], "
-                     r"n=3 pairs: loss_type=hinge higher", proc.stdout), proc.stdout
+    assert "0.3 [0.05159, 0.5484]" in proc.stdout  # sigmoid rewards/margins, mean [95% t interval]
+    assert ("loss_type=hinge − loss_type=sigmoid rewards/margins = +0.4 [+0.1516, +0.6484], n=3 pairs: "
+            "loss_type=hinge higher (95% t interval excludes 0)") in proc.stdout, proc.stdout
+    assert "95% t interval over the per-seed differences (assumes they are roughly normal" in proc.stdout
     assert (out / "rewards_margins_vs_tokens.png").is_file() and (out / "rewards_margins_vs_step.png").is_file()
 
     page = (out / "report.html").read_text()
@@ -109,4 +116,4 @@ def test_too_few_seeds_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     rows = compare.compare([write_launch(tmp_path, "2026-01-01_10-00-00", two)], metrics=["rewards/margins"])
     out = capsys.readouterr().out
     assert rows[0]["rewards/margins ci_low"] is None and "0.3 ± 0.14" in out
-    assert "n=2 pairs: too few seeds to say anything" in out
+    assert "n=2 pairs: not enough seeds to tell (a t interval needs 3 pairs); about" in out

@@ -1,7 +1,7 @@
-"""ablate.analysis.stats, many-seed and per-example statistics, against the hand arithmetic in their
-docstrings (and docs/compare.md): IQM, its stratified bootstrap interval, probability of improvement,
-performance profiles, paired per-example differences (Miller 2024); edge cases: ties, identical arms,
-n=5 exactly, the lower-is-better direction. The vectorised code is checked against plain loops."""
+"""ablate.analysis.many_seeds and per_example against the hand arithmetic in their docstrings (and
+docs/compare.md): IQM, probability of improvement and its Mann-Whitney p-value, performance profiles,
+paired per-example differences (Miller 2024); edge cases: ties, identical arms, n=5 exactly, the
+lower-is-better direction. The vectorised code and scipy's test are checked against plain loops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import statistics
 import numpy as np
 import pytest
 
-from ablate.analysis import stats
+from ablate.analysis import many_seeds as stats
+from ablate.analysis import per_example
 
 
 def test_iqm_is_the_25_percent_trimmed_mean() -> None:
@@ -34,45 +35,6 @@ def _trim_mean_reference(values: list[float]) -> float:
 def test_iqm_matches_a_plain_trimmed_mean_for_every_n(n: int) -> None:
     values = np.random.default_rng(n).normal(size=n).round(1).tolist()  # rounded: ties happen
     assert stats.iqm(values) == pytest.approx(_trim_mean_reference(values))
-
-
-def test_stratified_interval_of_constant_strata_is_a_point() -> None:
-    """The iqm_ci docstring: task 0 all 1, task 1 all 3 (5 runs): every stratified resample has five
-    of each, IQM = mean(1, 1, 1, 3, 3, 3) = 2; unstratified resampling of the 10 scores would vary."""
-    scores = [[1.0, 3.0]] * 5
-    assert stats.iqm_ci(scores) == (2.0, 2.0)
-    flat = np.array(scores).ravel()
-    rng = np.random.default_rng(0)
-    unstratified = [stats.iqm(flat[rng.integers(0, 10, 10)]) for _ in range(200)]
-    assert min(unstratified) < 2.0 < max(unstratified)  # the strata are what makes it a point
-
-
-def test_stratified_resamples_draw_each_task_from_its_own_runs() -> None:
-    """Plain-loop reference with the same index draws: resample r, run i, task t = scores[idx[r, i, t], t]."""
-    scores = np.arange(12, dtype=float).reshape(6, 2) * np.array([1, 100])  # task 1 = 100x task 0
-    got = stats.stratified_resamples(scores, 50, np.random.default_rng(3))
-    idx = np.random.default_rng(3).integers(0, 6, size=(50, 6, 2))
-    for r, i, t in itertools.product(range(50), range(6), range(2)):
-        assert got[r, i, t] == scores[idx[r, i, t], t]
-
-
-def test_iqm_interval_is_reproducible_brackets_the_estimate_and_needs_min_n() -> None:
-    values = [0.1, 0.5, 0.2, 0.9, 0.4, 0.3]
-    lo, hi = stats.iqm_ci(values)
-    assert min(values) <= lo <= stats.iqm(values) <= hi <= max(values)
-    assert stats.iqm_ci(values) == (lo, hi)  # fixed seed
-    assert stats.iqm_ci([0.4] * 5) == pytest.approx((0.4, 0.4))  # identical runs: a point
-    assert stats.iqm_ci([0.1, 0.2]) is None
-
-
-def test_iqm_interval_matches_the_exact_bootstrap_distribution_at_n5() -> None:
-    """n=5: all 5^5 = 3125 equally likely resamples enumerated; the Monte Carlo percentiles (10,000
-    resamples, fixed seed) sit within 0.2 of the exact ones (the distribution has steps of 1/3)."""
-    values = [1.0, 2.0, 3.0, 4.0, 5.0]
-    exact = sorted(stats.iqm([values[i] for i in idx]) for idx in itertools.product(range(5), repeat=5))
-    lo, hi = np.quantile(exact, [0.025, 0.975])
-    got = stats.iqm_ci(values)
-    assert got[0] == pytest.approx(lo, abs=0.2) and got[1] == pytest.approx(hi, abs=0.2)
 
 
 def test_probability_of_improvement_hand_values() -> None:
@@ -98,28 +60,49 @@ def test_probability_of_improvement_matches_a_double_loop(seed: int) -> None:
     assert stats.probability_of_improvement(x, y) == pytest.approx(expected)
 
 
-def test_probability_of_improvement_interval_and_verdict() -> None:
-    assert stats.poi_ci([2] * 5, [1] * 5) == (1.0, 1.0)  # every resample: every pair x > y
-    assert stats.poi_ci([1] * 5, [1] * 5) == (0.5, 0.5)  # identical constant arms
-    assert stats.poi_ci([1, 2], [1, 2, 3]) is None
-    lo, hi = stats.poi_ci([3, 4, 5, 6, 7], [1, 2, 3, 4, 5])
-    assert 0.0 <= lo <= 0.82 <= hi <= 1.0 and stats.poi_ci([3, 4, 5, 6, 7], [1, 2, 3, 4, 5]) == (lo, hi)
+def _mann_whitney_reference(x: list[float], y: list[float]) -> float:
+    """Two-sided permutation p-value of U, every split of the pooled values enumerated: the share of
+    splits whose U is at least as far from n·m/2 as the observed one."""
+    pooled, n = x + y, len(x)
+    observed = abs(_poi_reference(x, y) - 0.5)
+    far = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), n):
+        xs = [pooled[i] for i in chosen]
+        ys = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        far += abs(_poi_reference(xs, ys) - 0.5) >= observed - 1e-12
+        total += 1
+    return far / total
 
-    better = stats.improvement("a", [1] * 5, "b", [2] * 5, "rewards/margins")
-    assert (better.p, better.ci, better.clear) == (1.0, (1.0, 1.0), True)
-    assert better.verdict() == ("P(b better than a on rewards/margins) = 1.00 [1.00, 1.00], 5 vs 5 seeds: "
-                                "clear, b better (95% interval above 0.5)")
+
+@pytest.mark.parametrize("x,y", [([0.5, 0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),  # ties
+                                 ([1.0, 2.0, 2.0, 3.0, 3.0], [2.0, 3.0, 3.0, 4.0, 1.0]),  # many ties
+                                 ([0.31, 0.72, 0.15, 0.94, 0.56], [0.12, 0.08, 0.44, 0.27, 0.63])])  # none: scipy's table
+def test_mann_whitney_p_is_the_exact_permutation_p_value(x: list[float], y: list[float]) -> None:
+    assert stats.mann_whitney_p(x, y) == pytest.approx(_mann_whitney_reference(x, y), abs=1e-9)
+
+
+def test_probability_of_improvement_verdict() -> None:
+    """5 vs 5 seeds, all of b above all of a: U = 25, p = 2 / C(10, 5) = 2 / 252 = 0.0079 (the smallest
+    two-sided p-value at 5 vs 5: 5 seeds per arm can be clear)."""
+    better = stats.improvement("a", [1, 2, 3, 4, 5], "b", [6, 7, 8, 9, 10], "rewards/margins")
+    assert (better.p, better.clear) == (1.0, True) and better.pvalue == pytest.approx(2 / 252)
+    assert better.verdict() == ("P(b better than a on rewards/margins) = 1.00, 5 vs 5 seeds, Mann-Whitney p = 0.0079: "
+                                "clear, b better (p < 0.05)")
     same = stats.improvement("a", [1, 2, 3, 4, 5], "b", [1, 2, 3, 4, 5], "m")
-    assert same.p == 0.5 and not same.clear and same.verdict().endswith("not clear (95% interval includes 0.5)")
+    assert same.p == 0.5 and same.pvalue == 1.0 and not same.clear
+    assert same.verdict().endswith("Mann-Whitney p = 1: not clear (p ≥ 0.05)")
+    constant = stats.improvement("a", [1] * 5, "b", [1] * 5, "m")  # every value tied: no evidence either way
+    assert constant.p == 0.5 and constant.pvalue == 1.0
 
 
 def test_lower_is_better_metrics_flip_the_direction() -> None:
     assert not stats.higher_is_better("loss") and not stats.higher_is_better("eval_loss")
     assert not stats.higher_is_better("generation_seconds") and not stats.higher_is_better("time/generation")
     assert stats.higher_is_better("rewards/margins") and stats.higher_is_better("reward")
-    worse = stats.improvement("a", [1] * 5, "b", [2] * 6, "loss")  # b's loss is higher: b is worse
-    assert worse.p == 0.0 and worse.ci == (0.0, 0.0) and worse.clear
-    assert worse.verdict().endswith("6 vs 5 seeds: clear, b worse (95% interval below 0.5)")
+    worse = stats.improvement("a", [1, 2, 3, 4, 5], "b", [6, 7, 8, 9, 10, 11], "loss")  # b's loss is higher: b is worse
+    assert worse.p == 0.0 and worse.clear  # p = 2 / C(11, 5) = 2 / 462
+    assert worse.verdict() == ("P(b better than a on loss) = 0.00, 6 vs 5 seeds, Mann-Whitney p = 0.0043: clear, b worse "
+                               "(p < 0.05)")
 
 
 def test_performance_profile_hand_values() -> None:
@@ -137,24 +120,28 @@ def _examples(values: list[float]) -> dict[str, list[float]]:
 
 def test_paired_per_example_difference_hand_values() -> None:
     """The paired_examples docstring's arithmetic (Miller 2024's paired standard error)."""
-    d = stats.paired_examples("a", _examples([0.2, 0.4, 0.6, 0.8]), "b", _examples([0.3, 0.6, 0.6, 1.0]), "m")
+    d = per_example.paired_examples("a", _examples([0.2, 0.4, 0.6, 0.8]), "b", _examples([0.3, 0.6, 0.6, 1.0]), "m")
     assert d.diffs == pytest.approx([0.1, 0.2, 0.0, 0.2]) and d.mean == pytest.approx(0.125)
     assert d.se == pytest.approx((0.0275 / 3) ** 0.5 / 2) == pytest.approx(0.047871, abs=1e-6)
-    assert d.ci == pytest.approx((0.125 - 1.96 * 0.0478714, 0.125 + 1.96 * 0.0478714), abs=1e-6)
+    assert d.ci == pytest.approx((0.125 - 3.182446 * 0.0478714, 0.125 + 3.182446 * 0.0478714), abs=1e-6)
     assert d.se_unpaired == pytest.approx(((0.2 / 3 + 0.2475 / 3) / 4) ** 0.5) == pytest.approx(0.193111, abs=1e-6)
-    assert d.clear and d.verdict() == ("b − a eval m = +0.125 [+0.03117, +0.2188] (SE 0.048 paired, 0.19 unpaired), "
-                                       "n=4 examples: clear, b higher (95% interval excludes 0)")
+    assert not d.clear and d.verdict() == ("b − a eval m = +0.125 [-0.02735, +0.2773] (SE 0.048 paired, 0.19 unpaired), "
+                                           "n=4 examples: not clear (95% interval includes 0)")
+    # the same differences over 16 examples (each four times): t_{0.975, 15} = 2.13145, SE 0.0236 -> clear
+    many = per_example.paired_examples("a", _examples([0.2, 0.4, 0.6, 0.8] * 4), "b", _examples([0.3, 0.6, 0.6, 1.0] * 4), "m")
+    se = (0.0275 * 4 / 15) ** 0.5 / 4
+    assert many.ci == pytest.approx((0.125 - 2.131450 * se, 0.125 + 2.131450 * se), abs=1e-6) and many.clear
 
 
 def test_paired_per_example_edge_cases() -> None:
     # seeds: an example's score in an arm is the mean of its runs (0.0 and 1.0 -> 0.5)
-    two_seeds = stats.paired_examples("a", {"q": [0.0, 1.0], "r": [1.0]}, "b", {"q": [1.0], "r": [1.0], "s": [0.0]}, "m")
+    two_seeds = per_example.paired_examples("a", {"q": [0.0, 1.0], "r": [1.0]}, "b", {"q": [1.0], "r": [1.0], "s": [0.0]}, "m")
     assert two_seeds.ids == ["q", "r"] and two_seeds.diffs == [0.5, 0.0]  # only shared examples pair
-    same = stats.paired_examples("a", _examples([0.0, 1.0, 1.0]), "b", _examples([0.0, 1.0, 1.0]), "m")
+    same = per_example.paired_examples("a", _examples([0.0, 1.0, 1.0]), "b", _examples([0.0, 1.0, 1.0]), "m")
     assert same.verdict().endswith("identical on every example") and not same.clear
-    shift = stats.paired_examples("a", _examples([0.1, 0.5, 0.9]), "b", _examples([0.0, 0.4, 0.8]), "m")
+    shift = per_example.paired_examples("a", _examples([0.1, 0.5, 0.9]), "b", _examples([0.0, 0.4, 0.8]), "m")
     assert shift.se == pytest.approx(0.0, abs=1e-12) and shift.clear and "clear, b lower" in shift.verdict()
-    mixed = stats.paired_examples("a", _examples([0, 1, 0, 1]), "b", _examples([1, 0, 0, 1]), "m")
+    mixed = per_example.paired_examples("a", _examples([0, 1, 0, 1]), "b", _examples([1, 0, 0, 1]), "m")
     assert mixed.mean == 0.0 and mixed.verdict().endswith("not clear (95% interval includes 0)")
-    assert "no example scored in both arms" in stats.paired_examples("a", {"q": [1.0]}, "b", {"r": [1.0]}, "m").verdict()
-    assert "n=1 example: too few" in stats.paired_examples("a", {"q": [1.0]}, "b", {"q": [0.0]}, "m").verdict()
+    assert "no example scored in both arms" in per_example.paired_examples("a", {"q": [1.0]}, "b", {"r": [1.0]}, "m").verdict()
+    assert "n=1 example: too few" in per_example.paired_examples("a", {"q": [1.0]}, "b", {"q": [0.0]}, "m").verdict()

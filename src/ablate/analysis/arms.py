@@ -1,7 +1,8 @@
 """Arms of different methods in one comparison (`ablate compare` on sweeps/preference_methods.yaml: DPO,
 KTO and a reward model): each logs its method's metrics (TRL's names), so a metric may exist in some arms
 only. The ones every arm has are compared as usual (table, paired differences, verdicts); the others are
-listed per arm with their values, apart, since there is nothing to compare them with."""
+listed per arm with their values, apart, since there is nothing to compare them with. A metric every arm
+logs but each method defines its own way (`loss`) is in the table and not ranked (ablate.analysis.comparable)."""
 
 from __future__ import annotations
 
@@ -28,17 +29,11 @@ def shared_metrics(groups: list[Group], metrics: list[str]) -> tuple[list[str], 
     return shared, {m: arms for m, arms in own.items() if arms}
 
 
-def own_lines(groups: list[Group], own: dict[str, list[str]], shared: list[str] | None = None) -> list[str]:
-    """The metrics only some arms log, per arm with their values (not compared: the others have none); and,
-    when the arms are of different methods and `loss` is compared, that each method's loss is its own."""
-    methods = sorted({str(r.summary["method"]) for g in groups for r in g.runs if r.summary.get("method")})
-    lines = []
-    if "loss" in (shared or []) and len(methods) > 1:
-        lines.append(f"loss is each method's own objective ({', '.join(methods)}): a difference between methods "
-                     "compares their scales, not what they learned")
+def own_lines(groups: list[Group], own: dict[str, list[str]]) -> list[str]:
+    """The metrics only some arms log, per arm with their values (not compared: the others have none)."""
     if not own:
-        return lines
-    lines.append("not every arm logs these (listed, not compared):")
+        return []
+    lines = ["not every arm logs these (listed, not compared):"]
     for g in groups:
         values = [f"{m} {_mean_std([v for r in g.runs if (v := r.final(m)) is not None])}"
                   for m, arms in own.items() if g.label in arms]

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from ablate.analysis import stats
+from ablate.analysis import many_seeds, stats
 
 if TYPE_CHECKING:
+    from ablate.analysis.many_seeds import Improvement
+    from ablate.analysis.per_example import ExamplePaired
     from ablate.analysis.runs import Group, Run
-    from ablate.analysis.stats import ExamplePaired, Improvement, Paired
+    from ablate.analysis.stats import Paired
 
 
 MARKER = ".ablate-report"  # written first into an --out dir: a later compare may rewrite what is there
@@ -73,7 +73,7 @@ class ManySeeds:
     improvements: list[Improvement] = field(default_factory=list)
     examples: list[ExamplePaired] = field(default_factory=list)
     profiles: list[Path] = field(default_factory=list)  # PNGs from write_profiles
-    words: list[str] = field(default_factory=list)  # stats.in_words
+    words: list[str] = field(default_factory=list)  # words.in_words
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
@@ -88,22 +88,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def flat_config(run: Run) -> dict[str, Any]:
     """The run's composed config (.hydra/config.yaml) as `{dotted.key: value}`; {} when absent."""
-    path = run.path / ".hydra" / "config.yaml"
-    try:
-        cfg = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
-    out: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict) and node:
-            for k, v in node.items():
-                walk(v, f"{prefix}.{k}" if prefix else str(k))
-        else:
-            out[prefix] = node
-
-    walk(cfg, "")
-    return out
+    return run.config
 
 
 def differing_keys(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
@@ -140,7 +125,7 @@ def run_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
 def write_profiles(out: Path, arms: list[tuple[str, dict[str, list[float]]]], metrics: list[str]) -> list[Path]:
     """`<metric>_profile.png` for each metric: one step line per arm (label, {metric: one score per
     seed}), the fraction of its seeds scoring above each threshold tau (below it when lower is
-    better; stats.performance_profile), tau spanning every arm's scores. A curve lying above
+    better; many_seeds.performance_profile), tau spanning every arm's scores. A curve lying above
     another everywhere is stochastically better (Agarwal et al. 2021, sec. 4.2)."""
     if not metrics:
         return []
@@ -151,11 +136,11 @@ def write_profiles(out: Path, arms: list[tuple[str, dict[str, list[float]]]], me
 
     written = []
     for m in metrics:
-        taus = stats.tau_grid([scores[m] for _, scores in arms])
-        higher = stats.higher_is_better(m)
+        taus = many_seeds.tau_grid([scores[m] for _, scores in arms])
+        higher = many_seeds.higher_is_better(m)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, scores in arms:
-            ax.step(taus, stats.performance_profile(scores[m], taus, higher), where="post",
+            ax.step(taus, many_seeds.performance_profile(scores[m], taus, higher), where="post",
                     label=f"{label} (n={len(scores[m])})")
         ax.set(xlabel=f"threshold τ on {m}", ylabel=f"fraction of seeds with {m} {'>' if higher else '<'} τ",
                title=f"{m}: performance profile ({'higher' if higher else 'lower'} is better)", ylim=(-0.03, 1.03))
@@ -184,10 +169,11 @@ def _many_seeds(many: ManySeeds) -> list[str]:
     the summary in words (docs/compare.md has every formula)."""
     parts = []
     if many.improvements:
-        parts.append(f"<h2>Probability of improvement</h2><p>With ≥ {stats.MANY_SEEDS} seeds in every arm "
+        parts.append(f"<h2>Probability of improvement</h2><p>With ≥ {many_seeds.MANY_SEEDS} seeds in every arm "
                      "(Agarwal et al. 2021): P(arm better than its launch's first arm) is the chance that a "
-                     "random seed of the arm beats a random seed of the first arm (ties count half); 95% "
-                     "stratified bootstrap interval. Clear when the interval excludes 0.5.</p>")
+                     "random seed of the arm beats a random seed of the first arm (ties count half). Clear when "
+                     "the exact Mann-Whitney test of P = 0.5 gives p &lt; 0.05 (it assumes only independent "
+                     "seeds).</p>")
         parts += _verdicts(many.improvements)
     if many.profiles:
         parts.append("<h2>Performance profiles</h2><p>For each threshold τ, the fraction of an arm's seeds "
@@ -197,12 +183,13 @@ def _many_seeds(many: ManySeeds) -> list[str]:
     if many.examples:
         parts.append("<h2>Per-example paired differences (eval)</h2><p>On the eval examples both arms scored "
                      "(eval_examples.jsonl from <code>ablate eval</code>; an example's score in an arm is its mean "
-                     "over the arm's runs): mean difference ± 1.96 paired standard errors, sd(d)/√n (Miller 2024); "
+                     "over the arm's runs): mean difference ± t<sub>0.975, n−1</sub> paired standard errors, sd(d)/√n (Miller 2024); "
                      "the unpaired SE shows what pairing saves. Clear when the interval excludes 0.</p>")
         parts += _verdicts(many.examples)
     if many.words:
-        parts.append("<h2>In words</h2><p>Clear: the 95% interval excludes no difference (0, or a probability "
-                     "of 0.5); not clear: it includes it, and more seeds or examples may tell.</p><ul>")
+        parts.append("<h2>In words</h2><p>Clear: the 95% t interval excludes 0, or the Mann-Whitney test rejects "
+                     "a probability of improvement of 0.5; not clear: it does not, and more seeds or examples may "
+                     "tell.</p><ul>")
         parts += [f"<li>{html.escape(w)}</li>" for w in many.words] + ["</ul>"]
     return parts
 
@@ -214,9 +201,11 @@ def write_html(out: Path, groups: list[Group], header: list[str], cells: list[li
              "</head><body><h1>ablate compare</h1>", _table(header, cells)]
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
     if diffs:
-        parts.append("<h2>Seed-paired differences</h2><p>Each arm minus its launch's first arm, one difference "
-                     "per seed both ran; 95% bootstrap interval over those differences.</p><ul>")
-        parts += [f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}</li>" for d in diffs]
+        parts.append(f"<h2>Seed-paired differences</h2><p>Each arm minus its launch's first arm, one difference "
+                     f"per seed both ran; {html.escape(stats.PAIRED_METHOD)}.</p><ul>")
+        parts += [f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}"
+                  + (f"<br>{html.escape(d.power_line())}" if d.tellable and d.power_line() else "") + "</li>"
+                  for d in diffs]
         parts.append("</ul>")
     parts += _many_seeds(many or ManySeeds())
     if plots:

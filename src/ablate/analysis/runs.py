@@ -55,9 +55,39 @@ class Run:
         """Per-example eval scores (`eval_examples.jsonl`, written by `ablate eval`): {id: {metric: score}}."""
         return rundir.read_examples(self.path)
 
+    @cached_property
+    def evaluation(self) -> dict[str, Any]:
+        """`ablate eval`'s record (eval.json: `metrics`, `split`, `examples`, ...); {} when not evaluated."""
+        return rundir.read_json(self.path / rundir.EVAL) or {}
+
+    @cached_property
+    def held_out(self) -> dict[str, float]:
+        """The held-out metrics (`eval_`-prefixed, as the Trainer names them): eval.json's (the latest `ablate
+        eval`), else the last eval during training (summary.json, with eval_strategy set)."""
+        trained = {k: float(v) for k, v in self.summary.get("metrics", {}).items()
+                   if k.startswith("eval_") and isinstance(v, (int, float))}
+        metrics = self.evaluation.get("metrics")
+        if isinstance(metrics, dict):
+            trained.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+        return trained
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The composed config (.hydra/config.yaml) as `{dotted.key: value}`; {} when absent or unreadable."""
+        import yaml
+
+        try:
+            cfg = yaml.safe_load((self.path / rundir.HYDRA / "config.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return {}
+        return flatten(cfg) if isinstance(cfg, dict) else {}
+
     def final(self, metric: str) -> float | None:
-        """The run's final value of `metric`: summary.json's metrics, else a run-level summary field
-        (`generation_seconds`, `train_runtime`, ...), else the last logged value (still running)."""
+        """The run's final value of `metric`: eval.json's (the latest `ablate eval`), else summary.json's
+        metrics, else a run-level summary field (`generation_seconds`, `train_runtime`, ...), else the last
+        logged value (still running)."""
+        if metric in self.held_out:
+            return self.held_out[metric]
         value = self.summary.get("metrics", {}).get(metric, self.summary.get(metric))
         if value is None:
             for event in reversed(self.events):
@@ -74,6 +104,29 @@ class Group:
     runs: list[Run]
     launch: str = ""  # the launch's short name when launches are kept apart, else ""
     arm: str = ""  # the label without the launch
+
+    def per_seed(self, metric: str) -> dict[str, list[float]]:
+        """{seed: the final `metric` of each run of the arm with that seed} (pooled launches: several)."""
+        values: dict[str, list[float]] = {}
+        for r in self.runs:
+            if (v := r.final(metric)) is not None:
+                values.setdefault(r.seed, []).append(v)
+        return values
+
+    def seed_scores(self, metric: str) -> list[float]:
+        """One value per seed (a seed two pooled launches both ran counts once, with its mean): what the
+        many-seed statistics use, so a pooled arm never counts a seed twice."""
+        return [sum(v) / len(v) for v in self.per_seed(metric).values()]
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as `{dotted.key: value}` (lists are values)."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
 
 
 def override_key(override: str) -> str:

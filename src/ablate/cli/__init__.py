@@ -94,11 +94,12 @@ def parser() -> Parser:
     hydra.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
     hydra.add_argument("--info", "-i", nargs="?", const="all", help="Hydra's information (config, defaults, plugins)")
     hydra.add_argument("--config-dir", "-cd", help="a config dir of yours, searched before ablate's conf/")
-    p = command("compare", "compare runs: mean [95%% CI] per arm, seed-paired differences; --out: report.html",
+    p = command("compare", "compare runs: mean [95%% t interval] per arm, seed-paired differences; --out: report.html",
                 description="compare run and sweep directories (a sweep's folder: its newest launch)")
     p.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
     p.add_argument("--metric", action="append", default=None, help="metric to show (repeat or comma-separate; "
-                   "default: per method; speed: tokens_per_second, mfu and GRPO's time/*)")
+                   "default: per method, held-out eval_* ones when every run has eval.json; eval_*: eval.json's; "
+                   "speed: tokens_per_second, mfu and GRPO's time/*)")
     p.add_argument("--out", type=Path, nargs="?", default=None, const=OUT_ALONE, metavar="DIR",
                    help="write report.html (self-contained), PNG plots, summary.md and summary.csv to DIR (--out "
                         "alone: a sweep launch's own report/, else outputs/reports/<date_time>/)")
@@ -109,6 +110,8 @@ def parser() -> Parser:
     p.add_argument("--x", default=None, help="x axes of the curves, comma-separated: step,time,tokens "
                    "(default: step; reward also time)")
     p.add_argument("--tag", action="append", default=[], help="only runs tagged so (tags=[...]; repeat: all of them)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="every difference too few seeds can tell on its own line (default: one line counts them)")
     p = command("status", "each job of a sweep: pending / running at step N of M / completed / failed, SLURM's too")
     p.add_argument("sweep_dir", nargs="?", type=Path, default=None,
                    help="a sweep dir (it holds multirun.yaml), or a sweep's folder: its newest launch "

@@ -15,7 +15,7 @@ def compare_cmd(args: Any) -> None:
         args.out = DEFAULT_OUT
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
-    from ablate.analysis.compare import X_AXES
+    from ablate.analysis.plots import X_AXES
 
     if x_axes and not set(x_axes) <= set(X_AXES):
         print(f"ablate: error: --x takes {','.join(X_AXES)}, got {args.x}", file=sys.stderr)
@@ -37,7 +37,7 @@ def compare_cmd(args: Any) -> None:
 
             check_out(args.out)
         compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
-                all_launches=args.all_launches)
+                all_launches=args.all_launches, verbose=args.verbose)
     except (FileNotFoundError, ConfigError, RunDirError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -25,7 +25,7 @@ from typing import Any
 from ablate.analysis.runs import override_key
 from ablate.record import rundir
 
-EVAL = "eval.json"
+EVAL = rundir.EVAL
 # what evaluate() reports about a training that did not happen here (the trainer built for the eval
 # trained nothing: these read 0) and its own set-up time: not the model's scores
 TRAINING_ONLY = {"epoch", "num_input_tokens_seen", "eval_num_tokens", "eval_model_preparation_time"}

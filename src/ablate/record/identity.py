@@ -23,6 +23,9 @@ from ablate.schema.renamed import current_config, current_overrides
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
 NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
+# method keys that only tell `ablate compare` how to read a run (what defines each metric), left out of its
+# identity: a run started before a method declared them resumes as the same run
+COMPARE_ONLY = {"defined_by"}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -70,6 +73,8 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     record is (ablate.record.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
     masked config: a rotated token does not change the job; a resumed sweep compares it)."""
     resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(resolved.get("method"), dict):  # how `ablate compare` reads the metrics: trains nothing differently
+        resolved["method"] = {k: v for k, v in resolved["method"].items() if k not in COMPARE_ONLY}
     return {"config_hash": config_hash(resolved), "config": resolved}
 
 

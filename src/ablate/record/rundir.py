@@ -36,6 +36,7 @@ from ablate.errors import RunDirError, chain
 SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
 LOCK, HYDRA = ".lock", ".hydra"
 EXAMPLES = "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
+EVAL = "eval.json"  # `ablate eval`'s held-out metrics, which `ablate compare` prefers to the training ones
 # what Hydra and the lock write into the run dir before ablate's code runs: a dir holding only these is "empty"
 HYDRA_FILES = {HYDRA, "ablate.log", LOCK}
 
