@@ -115,3 +115,34 @@ def test_fast_generation_and_scoring_switch_off_to_the_same_run(tmp_path):
     assert pick(fast, "reward") == pick(plain, "reward")
     assert pick(fast, "completions/mean_length") == pick(plain, "completions/mean_length")
     assert pick(fast, "loss") == pytest.approx(pick(plain, "loss"), rel=1e-5, abs=1e-7)
+
+
+def _prompt_file(path: Path, long: int, short: int) -> None:
+    """`long` prompts of 41 characters (41 tokens of the byte tokenizer) and `short` of 4, with the columns
+    the shipped task's reward reads."""
+    rows = [{"prompt": "b" * 41 if i < long else "bbbb", "letter": "b", "length": 8} for i in range(long + short)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("limit", [None, 30], ids=["whole-prompts", "max_prompt_length"])
+def test_long_prompts_are_kept_whole_or_cut_and_counted(tmp_path, limit):
+    """Your prompts, from a scratch dir: whole by default, as TRL 1.16 (no line about it, run.json's `prompts_cut`
+    counts 0); with method.args.max_prompt_length=30 the 3 of 16 longer ones are cut to their last 30 tokens, one
+    warning line says so and run.json counts them."""
+    _prompt_file(tmp_path / "my_prompts.jsonl", long=3, short=13)
+    overrides = ["data=local", "data.train_path=my_prompts.jsonl",
+                 "data.reward_funcs=[ablate.rewards.letters.repeat_fraction]", "method.args.max_steps=2",
+                 "method.args.per_device_train_batch_size=16", "hydra.run.dir=run",
+                 *([f"method.args.max_prompt_length={limit}"] if limit else [])]
+    r = ablate("train", "method=grpo", *overrides, cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert summary(tmp_path / "run")["status"] == "completed"
+    cut = json.loads((tmp_path / "run" / "run.json").read_text())["prompts_cut"]
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if "max_prompt_length" in x]
+    assert cut == {"max_prompt_length": limit, "train": {"rows": 16, "cut": 3 if limit else 0, "longest": 41}}
+    if limit is None:
+        assert lines == [], lines
+    else:
+        assert len(lines) == 1 and lines[0].endswith(
+            "3 of 16 train prompts are longer than method.args.max_prompt_length=30: cut to their last 30 tokens "
+            "(null keeps whole prompts, as TRL 1.16)"), lines

@@ -107,13 +107,15 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def rloo_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("rloo") / "run"
-    r = ablate("train", "method=rloo", "method.args.max_steps=60", f"hydra.run.dir={run_dir}", env=ONE_THREAD)
+    # no KL penalty: TRL's default (0.05) holds the tiny task's random-init policy near its start (docs/methods.md)
+    r = ablate("train", "method=rloo", "method.args.beta=0", "method.args.max_steps=60", f"hydra.run.dir={run_dir}",
+               env=ONE_THREAD)
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
 
 def test_rloo_learns_the_letter_task(rloo_run):
-    """GRPO's rollouts and task, RLOO's estimator: the reward rises from the random init's ~1/256."""
+    """GRPO's rollouts and task, RLOO's estimator (no KL penalty): the reward rises from the random init's ~1/256."""
     s = summary(rloo_run)
     assert s["status"] == "completed" and s["method"] == "rloo" and s["generation_rounds"] == 60
     rewards = _values(rloo_run, "reward")

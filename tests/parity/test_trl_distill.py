@@ -1,7 +1,8 @@
 """Parity with TRL 1.16's DistillationTrainer, through the whole training loop: both students "sample" the
 same fixed completions (a generator seam on each side) and learn the same teacher's distribution on them,
 over three optimizer steps, for forward KL (beta 0), the JSD (0.5) and reverse KL (1) at a temperature
-other than 1: the per-step loss and the student's entropy (|delta| <= 1e-5, fp32).
+other than 1: the per-step loss, the student's entropy and TRL's `completions/*` (the lengths of those ending
+with EOS included) (|delta| <= 1e-5, fp32); with gradient accumulation (two micro-batches a step), the loss.
 
 The prompts are one prompt repeated (any sampler order draws the same rows) of one length: TRL scores
 without position ids, ablate with the left-padding-aware ones generation used, equal without padding.
@@ -23,23 +24,29 @@ from ablate.models import tiny  # noqa: E402
 TEXTS = ["aab", "bcaaa", "ccc", "abab a"]
 
 
-def _pair(tmp_path, beta):
+def _pair(tmp_path, beta, accumulation=1):
     tok, student = tiny()
     _, teacher = tiny(hidden_size=32, intermediate_size=64, init_seed=1)  # another model, the same vocabulary
     fixed = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     fixed[0] = fixed[0] + [tok.eos_token_id]  # one ends with EOS, as sampling stops
     ds = Dataset.from_list([{"prompt": "sort: cba ="}] * 8)
-    common = dict(per_device_train_batch_size=4, max_completion_length=8, temperature=0.7, beta=beta,
+    common = dict(per_device_train_batch_size=4, gradient_accumulation_steps=accumulation, max_completion_length=8,
+                  temperature=0.7, beta=beta,
                   optim="sgd", learning_rate=1.0, max_steps=3, logging_steps=1, save_strategy="no",
                   disable_tqdm=True, report_to="none", use_cpu=True, bf16=False)
     theirs = trl.DistillationTrainer(model=copy.deepcopy(student), teacher_model=copy.deepcopy(teacher),
                                      train_dataset=ds, processing_class=tok,
                                      args=trl.DistillationConfig(output_dir=str(tmp_path / "trl"), **common))
-    theirs._generate_single_turn = lambda prompt_ids, images, mm, **kw: [list(c) for c in fixed]
+    theirs._generate_single_turn = lambda prompt_ids, images, mm, **kw: _fixed(fixed, prompt_ids)
     ours = DistillTrainer(model=copy.deepcopy(student), teacher=copy.deepcopy(teacher), train_dataset=ds,
-                          processing_class=tok, generator=lambda model, prompt_ids: [list(c) for c in fixed],
+                          processing_class=tok, generator=lambda model, prompt_ids: _fixed(fixed, prompt_ids),
                           args=DistillConfig(output_dir=str(tmp_path / "ours"), **common))
     return theirs, ours
+
+
+def _fixed(fixed, prompt_ids):
+    """The fixed completions, in turn, one per prompt of the round."""
+    return [list(fixed[i % len(fixed)]) for i in range(len(prompt_ids))]
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0], ids=["forward-kl", "jsd", "reverse-kl"])
@@ -51,6 +58,26 @@ def test_per_step_loss_matches_trl(tmp_path, beta):
     steps_ours = [e for e in ours.state.log_history if "loss" in e]
     assert len(steps_theirs) == len(steps_ours) == 3
     for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", "entropy", "completions/mean_length", "completions/clipped_ratio"):
+        for name in ("loss", "entropy", "completions/mean_length", "completions/clipped_ratio",
+                     "completions/mean_terminated_length", "completions/min_terminated_length",
+                     "completions/max_terminated_length"):
             assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
     assert steps_ours[0]["loss"] > steps_ours[-1]["loss"]  # the student moved towards the teacher
+
+
+def test_accumulated_loss_matches_trl(tmp_path):
+    """Two micro-batches per optimizer step, the round's completions of different lengths: TRL divides each
+    micro-batch's summed divergence by the window's tokens (`loss_is_scaled_for_ga = True`), ablate by the
+    window's tokens / 2 and Trainer by 2: the same loss per step, and the same updates (steps 2 and 3 start
+    from them). TRL shuffles the round before slicing it, so a per-micro-batch mean (entropy) is not compared."""
+    theirs, ours = _pair(tmp_path, 0.5, accumulation=2)
+    theirs.train()
+    ours.train()
+    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
+    steps_ours = [e for e in ours.state.log_history if "loss" in e]
+    assert len(steps_theirs) == len(steps_ours) == 3
+    for a, b in zip(steps_ours, steps_theirs):
+        for name in ("loss", "completions/mean_length", "completions/clipped_ratio",
+                     "completions/mean_terminated_length", "completions/max_terminated_length"):
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+    assert steps_ours[0]["loss"] > steps_ours[-1]["loss"]

@@ -29,7 +29,8 @@ from ablate.models import tiny  # noqa: E402
 G = 4
 METRICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
            "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "rewards/letter_a/mean",
-           "rewards/letter_a/std", "completions/mean_length", "completions/max_length", "num_tokens")
+           "rewards/letter_a/std", "completions/mean_length", "completions/max_length", "num_tokens",
+           "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length")
 
 
 def letter_a(completions: list, **kwargs: object) -> list[float]:

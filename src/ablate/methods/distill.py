@@ -11,9 +11,16 @@ model dir, a config model, SmolLM2), else the method's default (the tiny task's 
 share the student's vocabulary. The data's reward functions, when it has some, are logged (`reward`), not
 trained on; `ablate eval` scores a run by them.
 
+The loss of an accumulation window is the token mean over the window, as TRL's: TRL divides each micro-batch's
+summed divergence by the window's completion tokens and tells Trainer not to divide again
+(`loss_is_scaled_for_ga = True`); ablate divides by the window's tokens / accumulation steps and lets Trainer
+divide by the steps (`loss_is_scaled_for_ga = False`): the same loss and gradients
+(tests/parity/test_trl_distill.py, with accumulation).
+
 Departures from TRL: full logits at the completion positions (TRL projects the hidden states in tiles, which
-saves memory at large vocabularies, same numbers); the loss of an accumulation window is the token mean
-over the window (TRL divides it by the accumulation steps once more); the async worker of GRPO is not used.
+saves memory at large vocabularies, same numbers); the async worker of GRPO is not used; TRL shuffles a
+round's completions before slicing it into micro-batches (the window's loss is the same; a per-micro-batch
+mean such as `entropy` averages other slices).
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ from torch import nn
 from torch.utils.data import Sampler
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 
-from ablate.data.tokenize import prepare_prompts
 from ablate.errors import ConfigError
 from ablate.losses import distill as distill_losses
 from ablate.methods.fsdp import full_params
@@ -39,9 +45,10 @@ from ablate.rewards import calls as rewards
 from ablate.rollouts.buffer import Rollout, RolloutBuffer
 from ablate.rollouts.rewarding import reward_table
 from ablate.rollouts.generation import as_completions, build_generator, left_pad, right_pad, stop_ids
+from ablate.rollouts.prompts import Cut, cuts_record, longest_row, prompt_rows
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
-from ablate.rollouts.stats import RolloutStats
+from ablate.rollouts.stats import RolloutStats, completion_metrics
 from ablate.speed.split import takes_logits_to_keep
 from ablate.schema.methods import DistillArgs
 
@@ -69,14 +76,18 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
                  reward_funcs: dict[str, Callable[..., list[float | None]]] | None = None, generator: Any = None,
                  **kwargs: Any) -> None:
         self.teacher = _built(teacher, model)
+        self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
         if train_dataset is not None:  # None: evaluation only
-            train_dataset = prepare_prompts(train_dataset, processing_class, args.max_prompt_length, "train")
+            train_dataset, self.prompt_cuts["train"] = prompt_rows(train_dataset, processing_class,
+                                                                   args.max_prompt_length, "train")
         if eval_dataset is not None:
-            eval_dataset = prepare_prompts(eval_dataset, processing_class, args.max_prompt_length, "eval")
+            eval_dataset, self.prompt_cuts["eval"] = prompt_rows(eval_dataset, processing_class,
+                                                                 args.max_prompt_length, "eval")
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.teacher.to(self.args.device).eval().requires_grad_(False)
-        self.generator = build_generator(generator, args, processing_class)  # None: SharedPromptGenerator
+        self.generator = build_generator(generator, args, processing_class,  # None: SharedPromptGenerator
+                                         longest_row(self.prompt_cuts, args.max_prompt_length, args.max_completion_length))
         if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
             self.add_callback(self.generator)
         ga = args.gradient_accumulation_steps  # one round per optimizer step, its micro-batches slices (TRL's)
@@ -128,9 +139,8 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
             stats.rounds, stats.generation_seconds = stats.rounds + 1, stats.generation_seconds + seconds
             stats.generated_tokens += int(lengths.sum())
             stats.num_tokens += sum(map(len, prompt_ids)) + int(lengths.sum())
-        metrics = {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
-                   "completions/max_length": lengths.max(), "num_tokens": float(self.rollouts.stats.num_tokens),
-                   "completions/clipped_ratio": torch.tensor([not c or c[-1] not in stops for c in ids]).float().mean()}
+        metrics = completion_metrics(lengths.tolist(), [not c or c[-1] not in stops for c in ids])  # TRL's completions/*
+        metrics["num_tokens"] = float(self.rollouts.stats.num_tokens)
         if self.reward_funcs:  # logged only: what the task's reward says of the student's samples
             table = reward_table(self.reward_funcs, self.processing_class, rows, ids, self._warned)
             metrics |= {"reward": torch.nanmean(table.nansum(dim=1))}
@@ -196,6 +206,10 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
     def rollout_stats(self) -> RolloutStats:
         """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
         return self.rollouts.stats
+
+    def run_facts(self) -> dict[str, Any]:
+        """For run.json: how many prompts max_prompt_length cut, per split."""
+        return {"prompts_cut": cuts_record(self.args.max_prompt_length, self.prompt_cuts)}
 
     def summary_fields(self) -> dict[str, Any]:
         stats = self.rollouts.stats

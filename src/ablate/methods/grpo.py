@@ -38,7 +38,6 @@ from transformers import (
     TrainingArguments,
 )
 
-from ablate.data.tokenize import prepare_prompts
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
 from ablate.losses.grpo import _nanstd as nanstd
@@ -64,8 +63,10 @@ from ablate.rollouts.generation import (
     stop_ids,
 )
 from ablate.rollouts.geometry import PrintGeometry
+from ablate.rollouts.prompts import Cut, cuts_record, longest_row, prompt_rows
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
+from ablate.rollouts.stats import completion_metrics
 from ablate.rollouts.tools import schema
 from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, turns_of
 from ablate.schema import fits
@@ -136,10 +137,11 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
         reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
         self.perf = perf or Perf()
-        self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
+        self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
         super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
@@ -152,7 +154,8 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         self.reward_aggregation = reward_aggregation  # method/grpo_reward_aggregation=NAME: rewards -> advantages
         # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
         default = None if self.speed_plan.on("shared_prefill") else HFGenerator
-        self.generator = build_generator(default if generator is None else generator, args, processing_class)
+        self.generator = build_generator(default if generator is None else generator, args, processing_class,
+                                         self._longest_row(args))
         if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
             self.add_callback(self.generator)
         if self.toolbox is not None:  # tool calls between turns, whichever engine samples them
@@ -163,7 +166,7 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
             self.ref_speed_plan = speed_plan.resolve(  # never wrapped: its plan may differ (DDP)
-                "reference", Setting.of(self.ref_model, args, longest_row(args), reference=True), self.perf,
+                "reference", Setting.of(self.ref_model, args, self._longest_row(args), reference=True), self.perf,
                 speed_plan.GRPO_REFERENCE)
             speed_plan.apply(self.ref_model, self.ref_speed_plan)
         # the batch geometry and the speed plan, printed together once the step count is known
@@ -185,7 +188,7 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         given = getattr(generator, "func", generator)  # a class, a partial of one, or a GenerateFn
         blocked = {} if generator is None else {
             "shared_prefill": f"method.trainer.generator is set: {getattr(given, '__name__', type(given).__name__)}"}
-        plan = speed_plan.resolve("policy", Setting.of(model, args, longest_row(args)), self.perf,
+        plan = speed_plan.resolve("policy", Setting.of(model, args, self._longest_row(args)), self.perf,
                                   speed_plan.GRPO, blocked)
         speed_plan.apply(model, plan)
         return plan
@@ -193,10 +196,18 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
     def _prepare_dataset(
         self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
     ) -> Dataset:
-        """Add `prompt_ids` (the last `max_prompt_length` tokens; with tools, the prompt offers them); other
-        columns go to the rewards."""
+        """Add `prompt_ids` (whole prompts, as TRL; the last `max_prompt_length` tokens when it is set; with
+        tools, the prompt offers them); other columns go to the rewards."""
         encode = self.toolbox.prompt_ids if self.toolbox is not None else None
-        return prepare_prompts(dataset, tokenizer, args.max_prompt_length, name, encode=encode)
+        dataset, self.prompt_cuts[name] = prompt_rows(dataset, tokenizer, args.max_prompt_length, name, encode=encode)
+        return dataset
+
+    def _longest_row(self, a: GRPOConfig) -> int | None:
+        return longest_row(self.prompt_cuts, a.max_prompt_length, a.max_completion_length)
+
+    def run_facts(self) -> dict[str, Any]:
+        """For run.json: how many prompts max_prompt_length cut, per split."""
+        return {"prompts_cut": cuts_record(self.args.max_prompt_length, self.prompt_cuts)}
 
     # ---- batching: one generation batch, served by the buffer as `steps_per_generation` slices ----
 
@@ -366,14 +377,9 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
                           num_items=loss_mask.sum().float() / slices, policy_version=version)
         for i, name in enumerate(self.reward_funcs):
             metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]), f"rewards/{name}/std": nanstd(rewards[:, i])})
-        metrics.update({
-            "completions/mean_length": lengths.mean(),
-            "completions/min_length": lengths.min(),
-            "completions/max_length": lengths.max(),
-            "completions/clipped_ratio": torch.tensor(truncated, dtype=torch.float32).mean(),
-            "timing/generation_seconds": seconds if round_seconds is None else round_seconds,
-            "num_tokens": float(stats.num_tokens),
-        })
+        metrics.update(completion_metrics(lengths.tolist(), truncated))  # TRL's completions/*
+        metrics["num_tokens"] = float(stats.num_tokens)  # TRL's
+        metrics["timing/generation_seconds"] = seconds if round_seconds is None else round_seconds  # ablate's own
         if out.tool_calls is not None:  # TRL's: calls per completion, and the failed share of the calls made
             metrics.update(tool_metrics(out.tool_calls, out.tool_failures))
         self.metrics.add(mode, metrics)
@@ -486,11 +492,3 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
-
-
-def longest_row(args: GRPOConfig) -> int | None:
-    """The longest row of TRL's layout (prompt + completion): a sliding window at least this long never
-    cuts one (ablate.speed.plan); None when prompts are not capped."""
-    if args.max_prompt_length is None:
-        return None
-    return args.max_prompt_length + args.max_completion_length

@@ -77,9 +77,13 @@ class Run:
         rundir.write_json(self.dir / rundir.RUN, self.info)  # the tracker may have added its run id
 
     def add_trainer_facts(self, trainer: Any) -> None:
-        """What the trainer decided while it was built: its speed plans and its cache lookups."""
+        """What the trainer decided while it was built: its speed plans, its cache lookups and what it did to
+        the data (`run_facts()`, e.g. the rollout trainers' `prompts_cut`)."""
         self.add_speed_plan(trainer)
         self.add_cache(trainer)
+        facts = getattr(trainer, "run_facts", None)
+        if callable(facts):
+            self.note(**facts())
 
     def add_cache(self, trainer: Any) -> None:
         """The trainer's cache lookups (ablate.data.cache: each entry's kind, key, hit or miss, seconds)

@@ -6,9 +6,9 @@ sampled ones (the run's temperature, top-k and top-p: what training sampled), ge
 prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once; with GRPO's tools, over
 several turns whose calls run, ablate.rollouts.turns). The rewards are TRL's reward-function call, as GRPO's
 trainer makes it (ablate.rollouts.rewarding), weighted by the run's `reward_weights`. Metrics (the trainers' names, `eval_`-prefixed): `reward`, `reward_std`,
-`rewards/<func>/mean`, `completions/mean_length`, `completions/clipped_ratio` (with tools,
-`tools/call_frequency` and `tools/failure_frequency`); and per prompt, the mean of
-its completions' rewards (`ablate compare` pairs them across runs).
+`rewards/<func>/mean`, TRL's `completions/*` (lengths, `clipped_ratio`, the lengths of those ending with EOS;
+with tools, `tools/call_frequency` and `tools/failure_frequency`); and per prompt, the mean of its completions'
+rewards (`ablate compare` pairs them across runs).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ablate.data.tokenize import prepare_prompts
 from ablate.rollouts.generation import SamplingArgs, SharedPromptGenerator, as_completions, stop_ids
 from ablate.rollouts import rewarding
+from ablate.rollouts.prompts import prompt_rows
+from ablate.rollouts.stats import completion_metrics
 from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics
 
 RewardFunc = Callable[..., list[float | None]]
@@ -38,8 +39,8 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
     box = build_toolbox(args, tokenizer) if callable(getattr(args, "tool_functions", None)) else None
     reward_funcs, weights = rewarding.gather(reward_funcs, getattr(args, "reward_weights", None), box)  # null ones dropped
     rewarding.ready(reward_funcs, dataset, box, model.device)  # each held to the data's columns
-    prompts = prepare_prompts(dataset, tokenizer, getattr(args, "max_prompt_length", None), "eval",
-                              encode=box.prompt_ids if box is not None else None)
+    prompts, _ = prompt_rows(dataset, tokenizer, getattr(args, "max_prompt_length", None), "eval",
+                             encode=box.prompt_ids if box is not None else None)
     sampling: SamplingArgs = args
     generate: Any = SharedPromptGenerator(sampling, tokenizer, do_sample=samples > 0)
     if box is not None:  # tool calls between turns, as GRPO's rollouts
@@ -62,8 +63,7 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
     total = (table * weights).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), torch.nan)
     metrics = {"reward": torch.nanmean(total).item(), "reward_std": _std(total),
                **{f"rewards/{f}/mean": torch.nanmean(table[:, i]).item() for i, f in enumerate(reward_funcs)},
-               "completions/mean_length": sum(lengths) / len(lengths),
-               "completions/clipped_ratio": sum(clipped) / len(clipped),
+               **completion_metrics(lengths, clipped),
                **({k: v.item() for k, v in tool_metrics(tool_calls, failures).items()} if box is not None else {})}
     per_prompt = total.view(-1, n)
     examples = [{"reward": torch.nanmean(r).item(),

@@ -210,14 +210,18 @@ class HFGenerator:
 
 
 def build_generator(generator: GenerateFn | Callable[..., GenerateFn] | None, args: SamplingArgs,
-                    tokenizer: PreTrainedTokenizerBase) -> GenerateFn:
+                    tokenizer: PreTrainedTokenizerBase, longest_row: int | None = None) -> GenerateFn:
     """The trainer's `generator=`: None -> `SharedPromptGenerator` (the default); a class, or a partial of
     one (a `method/rollouts=NAME` config: `{_target_: ..., _partial_: true}`) -> built with
-    (args, tokenizer); anything else is already a `GenerateFn`."""
+    (args, tokenizer); anything else is already a `GenerateFn`. An engine that sizes itself by the longest
+    row (prompt + completion) the data holds (vLLM's max_model_len) is told it: `fit_rows(longest_row)`."""
     if generator is None:
         return SharedPromptGenerator(args, tokenizer)
     if isinstance(generator, type) or (isinstance(generator, functools.partial) and isinstance(generator.func, type)):
-        return generator(args, tokenizer)
+        generator = generator(args, tokenizer)
+    fit = getattr(generator, "fit_rows", None)
+    if callable(fit) and longest_row is not None:
+        fit(longest_row)
     return generator
 
 

@@ -38,3 +38,18 @@ class ReportsRollouts(Protocol):
     def rollout_stats(self) -> RolloutStats:
         """The running totals so far."""
         ...
+
+
+def completion_metrics(lengths: list[float], truncated: list[bool]) -> dict[str, float]:
+    """TRL 1.16's `completions/*` of one round: the lengths (the model's own tokens), the share cut at
+    max_completion_length (no EOS), and the lengths of those that ended with EOS (all 0 when none did, as TRL)."""
+    ended = [n for n, cut in zip(lengths, truncated) if not cut] or [0.0]
+    return {
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/clipped_ratio": sum(truncated) / len(truncated),
+        "completions/mean_terminated_length": sum(ended) / len(ended),
+        "completions/min_terminated_length": float(min(ended)),
+        "completions/max_terminated_length": float(max(ended)),
+    }

@@ -5,7 +5,8 @@ Colocated, as TRL's `vllm_mode="colocate"`: the engine lives in the training pro
 on disk and freed when training ends, however it ends (`GRPOTrainer.train` calls `close()` in a
 `finally`). Its memory is bounded by config: `kv_cache_gib` (vLLM's kv_cache_memory_bytes; on a CPU
 the only bound, which VLLM_CPU_KVCACHE_SPACE would otherwise set), else `gpu_memory_utilization`, and
-`max_model_len` (default: max_prompt_length + max_completion_length, the longest row a round holds).
+`max_model_len` (default: the longest row a round holds, the data's longest prompt, or max_prompt_length,
++ max_completion_length: the trainer says it, `fit_rows`).
 
 Weights: the trainer's policy is pushed into the engine before every generation round that follows
 an optimizer step (and before the first: the engine loaded the checkpoint on disk, which a resume
@@ -77,10 +78,17 @@ class VLLMGenerator(TrainerCallback):
             "max_model_len": max_model_len or (prompt + self.max_tokens if prompt else None),
         }
         self.llm: Any = None
+        self.max_model_len = max_model_len  # method.rollouts.max_model_len: the user's, kept over fit_rows
         self.version = 0  # the trainer's policy version (optimizer steps), from the callback events
         self.pushed: int | None = None  # the version the engine holds; None: not the trainer's weights
         self.pushes, self.push_seconds = 0, 0.0
         self._tmp: str | None = None
+
+    def fit_rows(self, longest_row: int) -> None:
+        """The longest prompt + completion the trainer's data holds: the engine's max_model_len, unless
+        method.rollouts.max_model_len is set (vLLM's default, the model's context, may not fit the KV cache)."""
+        if self.max_model_len is None:
+            self.engine_args["max_model_len"] = longest_row
 
     # ---- the generator seam ----
 

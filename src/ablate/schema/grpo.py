@@ -88,7 +88,9 @@ class GRPOArgs(TrainArgs):
     worker_timeout_s: float = field(900.0, number(above=0, why=" (seconds)"),
                                     "Async GRPO: seconds the trainer waits for a round from its worker before it "
                                     "counts it as stalled (stopped, hung) and stops the run in one line (resumable).")
-    max_prompt_length: int | None = field(512, nullable(integer(1)), "Keep the last N prompt tokens.")
+    max_prompt_length: int | None = field(None, nullable(integer(1), "whole prompts"),
+                                          "Keep each prompt's last N tokens (a warning counts them); null = whole "
+                                          "prompts, as TRL 1.16.")
     max_completion_length: int = field(256, integer(1), "New tokens generated per completion.")
     temperature: float = field(1.0, number(above=0), "Sampling temperature (also applied when scoring).")
     top_p: float = field(1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass.")

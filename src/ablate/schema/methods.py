@@ -62,7 +62,8 @@ class DistillArgs(TrainArgs):
     temperature: float = field(1.0, number(above=0), "Sampling temperature, also the loss's softmax temperature.")
     top_p: float = field(1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass.")
     top_k: int = field(0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off.")
-    max_prompt_length: int | None = field(512, LENGTH, "Keep the last N prompt tokens.")
+    max_prompt_length: int | None = field(None, LENGTH, "Keep each prompt's last N tokens (a warning counts them); "
+                                                        "null = whole prompts, as TRL 1.16.")
     max_completion_length: int = field(256, integer(1), "New tokens sampled per completion.")
 
 
