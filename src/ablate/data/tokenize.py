@@ -172,7 +172,8 @@ def tokenize_sft(
     `assistant_only_loss` (conversational rows) adds `completion_mask`: 1 on the completion_ids that are
     assistant tokens, the only ones in the loss."""
     mask: list[int] | None = None
-    if "prompt" in row and "completion" in row:
+    other = any(row.get(c) is not None for c in ("messages", "conversations", "text"))  # a mix's rows of those kinds
+    if "prompt" in row and "completion" in row and (row["completion"] is not None or not other):
         conv = is_messages(row["prompt"])
         check_text(row["completion"], "completion", conv, index)
         if conv:
@@ -190,7 +191,7 @@ def tokenize_sft(
         out = {"prompt_ids": pc[:n], "completion_ids": pc[n:]}
     else:
         row = to_chatml(row)
-        if "messages" in row:
+        if row.get("messages") is not None:
             check_text(row["messages"], "messages", True, index)
             if assistant_only_loss:
                 ids, mask = _assistant_ids(tokenizer, row["messages"], index, **_chat_kwargs(row))
@@ -200,7 +201,7 @@ def tokenize_sft(
             n = 0
         else:
             _conversational_only(assistant_only_loss, index)
-            check_text(row["text"], "text", False, index)
+            check_text(row.get("text"), "text", False, index)
             return {"prompt_ids": [], "completion_ids": _ids(tokenizer, _with_eos(row["text"], tokenizer.eos_token))}
     if mask is not None:
         out["completion_mask"] = mask[n:]
