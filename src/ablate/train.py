@@ -72,6 +72,8 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     code_checks.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
+    if getattr(data, "mix", None):  # data=mix: each source's data, weight and rows (ablate.data.mixture)
+        record.note(data_mix=data.mix)
     record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
                                         eval_data := data.eval if args.eval_strategy != "no" else None))
     tokenizer, model = instantiate(cfg.model)

@@ -91,3 +91,52 @@ def test_text_rows_are_refused_in_one_line(tmp_path):
     r = ablate("train", "method=sft", "data=jsonl", f"data.train_path={data}", "method.args.assistant_only_loss=true",
                "method.args.max_steps=1", cwd=tmp_path, env=ENV)
     assert r.returncode != 0 and "assistant_only_loss=true needs conversational rows" in r.stderr, r.stderr[-2000:]
+
+
+# Llama 3's chat template as its tokenizers ship it (no {% generation %} markers: ablate finds the assistant turns by
+# rendering prefixes, ablate.data.chat_templates; tests/unit/test_assistant_mask.py checks it by hand)
+LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+          "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+          "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+# a template that writes the last assistant turn differently from earlier ones (as reasoning templates do)
+REWRITES = ("{% for m in messages %}<{{ m['role'] }}>{% if m['role'] == 'assistant' and loop.last %}[final] {% endif %}"
+            "{{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def _model_with_template(tmp_path: Path, template: str) -> Path:
+    """The tiny model saved with another chat template (what model=local reads)."""
+    from ablate.models import tiny
+
+    tok, model = tiny()
+    tok.chat_template = template
+    out = tmp_path / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_cli_trains_with_a_template_without_generation_markers(tmp_path):
+    """model=local with Llama 3's template: the preview marks exactly the two assistant turns (content and
+    <|eot_id|>), and SFT with assistant_only_loss trains."""
+    common = ["method=sft", "model=local", f"model.path={_model_with_template(tmp_path, LLAMA3)}", "data=jsonl",
+              f"data.train_path={_data(tmp_path)}", "method.args.assistant_only_loss=true"]
+    r = ablate("data", "preview", *common, "-n", "1", cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _marked(r.stdout) == ["abc<|eot_id|>", "cba<|eot_id|>"], r.stdout
+    assert f"({2 * len('abc<|eot_id|>')} assistant tokens in the loss)" in r.stdout, r.stdout
+    r = ablate("train", *common, "method.args.max_steps=2", cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "outputs" / "runs").glob("*/*/summary.json")]
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["global_step"] == 2 and s["metrics"]["train_loss"] > 0, s
+
+
+def test_template_whose_turns_cannot_be_found_is_refused_in_one_line(tmp_path):
+    r = ablate("train", "method=sft", "model=local", f"model.path={_model_with_template(tmp_path, REWRITES)}",
+               "data=jsonl", f"data.train_path={_data(tmp_path)}", "method.args.assistant_only_loss=true",
+               "method.args.max_steps=1", cwd=tmp_path, env=ENV)
+    lines = [line for line in r.stderr.splitlines() if line.startswith("ablate: error:")]
+    assert r.returncode != 0 and len(lines) == 1, r.stderr[-3000:]
+    assert "renders message 1 (assistant) differently once later messages follow" in lines[0], lines
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]

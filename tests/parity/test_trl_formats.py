@@ -18,7 +18,7 @@ from datasets import Dataset
 trl = pytest.importorskip("trl")
 from trl.trainer.dpo_trainer import DataCollatorForPreference  # noqa: E402
 
-from ablate.data.chat_templates import assistant_template  # noqa: E402
+from ablate.data.chat_templates import GENERATION, SMOLLM2  # noqa: E402
 from ablate.data.tokenize import prepare_preference, prepare_prompts, prepare_sft  # noqa: E402
 from ablate.methods.dpo import DPOCollator  # noqa: E402
 from ablate.models.smollm2 import model_dir  # noqa: E402
@@ -135,12 +135,35 @@ def test_short_max_length_cuts_and_drops(tok, fmt):
     assert max(len(r["prompt_ids"]) + len(r["chosen_ids"]) for r in cut) <= _short(rows, tok)
 
 
+# SmolLM2's template marked by hand: an assistant turn's content and its end-of-turn token <|im_end|>; the role
+# header and the newline after <|im_end|> are template text (the same text as SMOLLM2, tested below)
+SMOLLM2_MARKED = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_smollm2_marked_renders_as_smollm2(tok):
+    messages = SFT["messages"][0]["messages"]
+    for gen in (False, True):
+        ours = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, chat_template=SMOLLM2)
+        assert ours == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
+                                               chat_template=SMOLLM2_MARKED)
+
+
 def _trl_sft(rows: list[dict[str, Any]], tok, max_length: int | None,
              assistant_only_loss: bool = False) -> list[dict[str, list[int]]]:
     sample = rows[0]
     # assistant_only_loss: TRL swaps in a template with {% generation %} markers; it has none for SmolLM2's,
-    # so it is given ablate's (the same text, marked), as a TRL user would pass one
-    template = assistant_template(tok) if assistant_only_loss else None
+    # so it is given one marked by hand, as a TRL user would pass one (ablate finds the turns by rendering prefixes)
+    template = None
+    if assistant_only_loss and not GENERATION.search(tok.chat_template):
+        assert tok.chat_template == SMOLLM2
+        template = SMOLLM2_MARKED
     fake = SimpleNamespace(_tokenizer=tok, chat_template=template,
                            completion_only_loss="prompt" in sample and "completion" in sample)  # TRL's None default
     args = SimpleNamespace(dataset_num_proc=None, dataset_text_field="text", assistant_only_loss=assistant_only_loss,

@@ -18,41 +18,66 @@ def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
     return OmegaConf.select(cfg, key, default=default)
 
 
-def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split."""
-    strategy = at(cfg, "method.args.eval_strategy")
+MIX = "ablate.data.mixture.mix"  # data=mix: its sources are the data configs the run loads
+
+
+def data_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """The data configs a run loads, each with its key: `data`, or each source of a mix (`data.sources.NAME`)."""
     data = at(cfg, "data")
-    if strategy in (None, "no") or "method.args.eval_strategy" in swept or not isinstance(data, DictConfig):
+    if not isinstance(data, DictConfig):
+        return []
+    sources = data.get("sources") if str(data.get("_target_", "")) == MIX else None
+    if isinstance(sources, DictConfig):
+        return [(f"data.sources.{name}", node) for name, node in sources.items() if isinstance(node, DictConfig)]
+    return [("data", data)]
+
+
+def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """Evaluation asked for, with data whose loader (a known one) has no eval split (a mix: no source has one)."""
+    strategy = at(cfg, "method.args.eval_strategy")
+    if strategy in (None, "no") or "method.args.eval_strategy" in swept:
         return
+    lacking = [(key, _no_eval(node)) for key, node in data_nodes(cfg)]
+    if lacking and all(field_ is not None for _, field_ in lacking):
+        key, field_ = lacking[0]
+        fix = f"{key}.with_eval=true" if field_ == "with_eval" else f"{key}.{field_}=..."
+        whose = "the data has no eval split" if key == "data" else "no source of the mix has an eval split"
+        raise ConfigError(f"method.args.eval_strategy={strategy} but {whose}: add {fix}, "
+                          f"or leave evaluation off (method.args.eval_strategy=no)")
+
+
+def _no_eval(data: DictConfig) -> str | None:
+    """The field that would give `data` an eval split when its loader (a known one) has none; else None."""
     target = str(data.get("_target_", ""))
     # data=local: a save_to_disk dir as train_path may bring its own eval split
     local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
     missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
                "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
                "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not packaged_eval(data))}
-    if target in missing and missing[target][1]():
-        field_ = missing[target][0]
-        fix = "data.with_eval=true" if field_ == "with_eval" else f"data.{field_}=..."
-        raise ConfigError(f"method.args.eval_strategy={strategy} but the data has no eval split: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
+    return missing[target][0] if target in missing and missing[target][1]() else None
 
 
 def packaged_eval(data: DictConfig) -> bool:
-    return (Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_eval.jsonl").is_file()
+    return packaged_file(data, "eval").is_file()
+
+
+def packaged_file(data: DictConfig, split: str) -> Path:
+    """A shipped dataset's file (`ablate.data.packaged`)."""
+    return Path(__file__).resolve().parents[1] / "data" / "tiny" / f"{data.get('name')}_{split}.jsonl"
 
 
 def check_paths(cfg: DictConfig) -> None:
     """Data files and a local model dir exist (checked before the model is loaded)."""
-    data = cfg.get("data") or {}
-    for key in ("train_path", "eval_path"):
-        path = data.get(key) if isinstance(data, DictConfig) else None
-        local = Path(path).expanduser() if isinstance(path, str) else None
-        if local is not None and not local.is_file() and not saved_dataset(local):
-            what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
-                    if local.is_dir() else "not found")
-            raise ConfigError(f"data.{key}={path}: {what}")
-        if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
-            raise ConfigError(f"data.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
+    for at_, data in data_nodes(cfg):
+        for key in ("train_path", "eval_path"):
+            path = data.get(key)
+            local = Path(path).expanduser() if isinstance(path, str) else None
+            if local is not None and not local.is_file() and not saved_dataset(local):
+                what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
+                        if local.is_dir() else "not found")
+                raise ConfigError(f"{at_}.{key}={path}: {what}")
+            if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
+                raise ConfigError(f"{at_}.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
     model = cfg.get("model") or {}
     path = model.get("path") if isinstance(model, DictConfig) else None
     if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
@@ -63,33 +88,53 @@ def check_paths(cfg: DictConfig) -> None:
 
 
 def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """A local file's columns (its header: ablate.data.peek) match a format of the method's, after
+    """A local or shipped file's columns (its header: ablate.data.peek) match a format of the method's, after
     `data.columns`: a CSV of the wrong columns is one line before the run dir exists and before torch
-    is imported, not a failed run 10 s later. ablate's trainers only; the build checks the rest."""
+    is imported, not a failed run 10 s later (ablate's trainers only; the build checks the rest). The sources
+    of a mix hold rows of one kind, whatever the method."""
     from ablate.data import peek
-    from ablate.data.formats import detect_columns, mapped_columns
+    from ablate.data.formats import detect_columns, mapped_columns, mixed_kinds, row_kind
     from ablate.errors import DataError
     from ablate.methods.shapes import TARGET_KINDS
 
-    data = at(cfg, "data")
     kind = TARGET_KINDS.get(str(at(cfg, "method.trainer._target_", "")))
-    if kind is None or not isinstance(data, DictConfig) or str(data.get("_target_")) not in LOCAL_LOADERS:
-        return
-    keys = ["train_path"] + (["eval_path"] if at(cfg, "method.args.eval_strategy") not in (None, "no") else [])
-    for key in keys:
-        path = data.get(key)
-        found = peek.columns(Path(path).expanduser()) if isinstance(path, str) and f"data.{key}" not in swept else None
-        if found is None:
-            continue
-        try:
-            columns = data.get("columns")
-            detect_columns(mapped_columns(found, OmegaConf.to_container(columns) if columns else None), kind)
-        except DataError as e:
-            raise ConfigError(f"data.{key}={path}: {str(e).removeprefix('data: ')}") from None
+    splits = ("train", "eval") if at(cfg, "method.args.eval_strategy") not in (None, "no") else ("train",)
+    kinds: list[tuple[str, str]] = []
+    for node_key, data in data_nodes(cfg):
+        for split in splits:
+            key, value, path = _file(data, split)
+            found = peek.columns(path) if path is not None and f"{node_key}.{key}" not in swept else None
+            if found is None:
+                continue
+            try:
+                columns = data.get("columns")
+                found = mapped_columns(found, OmegaConf.to_container(columns) if columns else None)
+                if kind is not None:
+                    detect_columns(found, kind)
+            except DataError as e:  # a mix's source: its own columns node
+                why = str(e).removeprefix("data: ").replace("data.columns", f"{node_key}.columns")
+                raise ConfigError(f"{node_key}.{key}={value}: {why}") from None
+            if split == "train" and row_kind(found) is not None:
+                kinds.append((node_key.rsplit(".", 1)[-1], row_kind(found)))
+    other = next((k for k in kinds if k[1] != kinds[0][1]), None)
+    if other is not None:
+        raise ConfigError(mixed_kinds(*kinds[0], *other))
+
+
+def _file(data: DictConfig, split: str) -> tuple[str, Any, Path | None]:
+    """The key naming a data config's `split` file, its value, and the file when ablate reads it (a local
+    loader's path, a shipped dataset's file), else None."""
+    target = str(data.get("_target_"))
+    if target in LOCAL_LOADERS:
+        value = data.get(f"{split}_path")
+        return f"{split}_path", value, Path(value).expanduser() if isinstance(value, str) else None
+    if target == "ablate.data.packaged" and (split == "train" or data.get("with_eval", True)):
+        return "name", data.get("name"), packaged_file(data, split)
+    return "", None, None
 
 
 LOCAL_LOADERS = ("ablate.data.local", "ablate.data.jsonl")
-DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub")  # through datasets' cache
+DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub", MIX)  # through datasets' cache
 
 
 def check_datasets_cache(cfg: DictConfig) -> None:

@@ -33,6 +33,7 @@ class DataSplits:
     reward_funcs: dict[str, Callable[..., list[float | None]]] = field(default_factory=dict)
     tools: list[Any] = field(default_factory=list)  # the tools the prompts are written for (GRPO's method.args.tools default)
     max_completion_length: int | None = None  # the tokens a rollout of this task needs (GRPO's default for it)
+    mix: dict[str, Any] | None = None  # several sources mixed (ablate.data.mixture): each one's data, weight and rows
 
 
 def _limit(ds: Dataset | None, n: int | None) -> Dataset | None:

@@ -1,13 +1,21 @@
-"""Chat templates with `{% generation %}` markers, for SFT's `assistant_only_loss` (loss on the
-assistant turns of `messages` rows only, as TRL's `SFTConfig.assistant_only_loss`).
+"""Chat templates: which tokens are the assistant's, for SFT's `assistant_only_loss` (loss on the assistant
+turns of conversational rows only, as TRL's `SFTConfig.assistant_only_loss`), and tool calls for templates
+that cannot render them.
 
-transformers marks the tokens a template renders between `{% generation %}` and `{% endgeneration %}`
-(`apply_chat_template(..., return_assistant_tokens_mask=True)`); the markers change nothing in the
-rendered text. Most shipped templates have none: TRL swaps in a marked copy of the templates it knows
-(`trl.chat_template_utils.get_training_chat_template`, not SmolLM2's); ablate does the same for the
-models it ships (`model=smollm2_135m`; the tiny model's template is marked at the source). For any
-other model the tokenizer's own template must carry the markers (TRL's `trl/chat_templates/*_training.jinja`
-are examples); ablate says so in one line rather than training on the wrong tokens.
+The assistant tokens (`assistant_mask`), for any chat template:
+- a template with `{% generation %}` markers: the tokens it renders between `{% generation %}` and
+  `{% endgeneration %}` (transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)`);
+- any other template (most shipped ones: Qwen2.5's, Llama 3's, SmolLM2's): by rendering prefixes. Assistant
+  turn i is the text that `messages[:i + 1]` adds to `messages[:i]` rendered with the generation prompt,
+  without its trailing whitespace: the turn's content and its end-of-turn token (which the model must learn
+  to emit, to stop), not the role header the generation prompt already wrote nor the newline the template
+  puts after it, nor what the template writes after a conversation's last message only (Phi-3's EOS). Its
+  tokens are those whose characters overlap it (the tokenizer's offsets).
+TRL 1.16 instead swaps in a marked copy of the templates it knows (`get_training_chat_template`) and refuses
+the rest; its copies mark the same text for Llama 3, and for Qwen2.5 also the newlines around the turn.
+Rendering prefixes needs a template that renders earlier turns the same whatever follows them (one that
+drops the reasoning of earlier turns does not): where it does not, ablate says so in one line rather than
+guess (`tests/unit/test_assistant_mask.py` checks Qwen2.5's, Llama 3's and SmolLM2's templates by hand).
 
 Tools (ablate.rollouts.tools): a template that cannot render tool calls (SmolLM2's) is given them in the
 `hermes` format, the text Qwen2.5's template writes and NousResearch's Hermes and SmolLM2-Instruct models
@@ -29,40 +37,91 @@ from ablate.errors import DataError
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
-# SmolLM2-135M-Instruct's template, exactly as its tokenizer ships it (the default system turn included) ...
+# SmolLM2-135M-Instruct's template, exactly as its tokenizer ships it (the default system turn included)
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# ... and marked: an assistant turn's content and its end-of-turn token <|im_end|> (what the model must
-# learn to emit, to stop) count; the role header and the newline after <|im_end|> are template text
-SMOLLM2_MARKED = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
-    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
-    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}"
-    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
-    "{% else %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-MARKED = {SMOLLM2: SMOLLM2_MARKED}
 
 
-def assistant_template(tokenizer: Any) -> str:
-    """The tokenizer's chat template if it has generation markers, else ablate's marked copy of it."""
+def _template_text(tokenizer: Any) -> str:
     template = tokenizer.chat_template
     if isinstance(template, dict):  # named variants: `default` is the one apply_chat_template uses
         template = template.get("default")
     if template is None:
         raise DataError("data: conversational rows need a tokenizer with a chat template; this one has none")
-    if GENERATION.search(template):
-        return template
-    if template in MARKED:
-        return MARKED[template]
-    raise DataError("method.args.assistant_only_loss=true needs a chat template that marks the assistant turns "
-                    "with {% generation %} ... {% endgeneration %} (as TRL requires); this model's has none: add "
-                    "them to its tokenizer's chat_template, or set method.args.assistant_only_loss=false")
+    return template
+
+
+def assistant_mask(tokenizer: Any, messages: list[dict[str, Any]], index: int,
+                   **chat_kwargs: Any) -> tuple[list[int], list[int]]:
+    """A conversation's token ids (as `apply_chat_template` tokenizes it) and its assistant mask (1: a token of an
+    assistant turn): the template's generation markers where it has them, else by rendering prefixes."""
+    if GENERATION.search(_template_text(tokenizer)):
+        out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                            **chat_kwargs)
+        return list(out["input_ids"]), list(out["assistant_masks"])
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError("method.args.assistant_only_loss=true with a chat template without {% generation %} markers "
+                        "needs a fast tokenizer (character offsets) to find the assistant tokens; this one is not")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **chat_kwargs)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    trailer = text[_trailer_start(tokenizer, messages, text, enc, chat_kwargs):]
+    spans = assistant_spans(tokenizer, messages, text, trailer, index, **chat_kwargs)
+    mask = [int(any(start < b and end > a for a, b in spans)) for start, end in enc["offset_mapping"]]
+    return list(enc["input_ids"]), mask
+
+
+def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], text: str, trailer: str, index: int,
+                    **chat_kwargs: Any) -> list[tuple[int, int]]:
+    """The character spans of the assistant turns in `text` (the whole conversation rendered, ending with
+    `trailer`), by rendering prefixes (the module's docstring); one line where the template renders a turn
+    differently once later turns follow it, or cannot render the conversation before an assistant turn."""
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], True, index, chat_kwargs)
+        through = _render(tokenizer, messages[:i + 1], False, index, chat_kwargs)
+        through = through[:len(through) - len(trailer)] if trailer and through.endswith(trailer) else through
+        if not through.startswith(before) or not text.startswith(through):
+            raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the chat template renders "
+                            f"message {i} (assistant) differently once later messages follow, so its tokens cannot be "
+                            "found by rendering prefixes: mark the assistant turns in the template with {% generation %} "
+                            "... {% endgeneration %}, or set method.args.assistant_only_loss=false")
+        spans.append((len(before), len(before) + len(through[len(before):].rstrip())))
+    return spans
+
+
+def _trailer_start(tokenizer: Any, messages: list[dict[str, Any]], text: str, enc: Any,
+                   chat_kwargs: dict[str, Any]) -> int:
+    """Where the special tokens start that the template writes after a conversation's last message only (Phi-3's
+    EOS): those of `text` the same conversation with one more message does not have there, found by tokens (a
+    character may coincide: </s> and <|user|> share their "<"); len(text) when there are none."""
+    try:
+        longer = tokenizer.apply_chat_template([*messages, {"role": "user", "content": "?"}], tokenize=False,
+                                               **chat_kwargs)
+    except Exception:  # noqa: BLE001 - a template that refuses the probe: no trailer assumed
+        return len(text)
+    ids, more = enc["input_ids"], tokenizer(longer, add_special_tokens=False)["input_ids"]
+    first = next((j for j, (a, b) in enumerate(zip(ids, more)) if a != b), len(ids))
+    special = set(tokenizer.all_special_ids)
+    if first == len(ids) or not all(t in special for t in ids[first:]):
+        return len(text)
+    return enc["offset_mapping"][first][0]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], prompt: bool, index: int, chat_kwargs: dict[str, Any]) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt, **chat_kwargs)
+    except Exception as e:  # noqa: BLE001 - jinja's errors, transformers' refusal of an empty conversation
+        raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the chat template cannot render "
+                        f"the conversation's first {len(messages)} messages ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}), which finding the assistant tokens by rendering "
+                        "prefixes needs: mark the assistant turns in the template with {% generation %} ... "
+                        "{% endgeneration %}, or set method.args.assistant_only_loss=false") from e
 
 
 HERMES_SYSTEM = (

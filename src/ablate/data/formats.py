@@ -40,6 +40,27 @@ FORMATS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
 }
 KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")
 METHOD = {"preference": "DPO", "sft": "SFT", "prompt": "GRPO", "reward": "reward modelling", "unpaired": "KTO"}
+# the kind of rows a dataset's columns hold, whatever the method (first match wins): the sources of one mix
+# (ablate.data.mixture) must agree on it, since one method trains on all of them
+ROW_KINDS: list[tuple[str, tuple[tuple[str, ...], ...]]] = [
+    ("unpaired preference", (("prompt", "completion", "label"),)),
+    ("preference", (("chosen", "rejected"),)),
+    ("SFT", (("prompt", "completion"), ("messages",), ("conversations",), ("text",))),
+    ("prompt-only", (("prompt",),)),
+]
+
+
+def row_kind(columns: list[str]) -> str | None:
+    """The kind (`ROW_KINDS`) of rows with these columns; None: none known (a loader of the user's, tokenized rows)."""
+    found = set(columns)
+    return next((kind for kind, sets in ROW_KINDS if any(set(s) <= found for s in sets)), None)
+
+
+def mixed_kinds(a: str, kind_a: str, b: str, kind_b: str) -> str:
+    """The line for two sources of a mix whose rows are of different kinds (before the run, from the files'
+    columns: ablate.config.data_checks; else when the mix is loaded: ablate.data.mixture)."""
+    return (f"data.sources: '{a}' holds {kind_a} rows, '{b}' {kind_b} rows; a mix is of one kind, as one method "
+            f"trains on all of it (kinds: {', '.join(k for k, _ in ROW_KINDS)}): drop one (~data.sources.{b})")
 
 
 def map_columns(dataset: Dataset | None, columns: Mapping[str, str | None] | None) -> Dataset | None:
@@ -119,7 +140,7 @@ def to_chatml(row: dict[str, Any]) -> dict[str, Any]:
     """ShareGPT `conversations` [{from, value}] -> `messages` [{role, content}], as TRL's
     `maybe_convert_to_chatml` (roles are kept as written: use user/assistant, not human/gpt)."""
     conv = row.get("conversations")
-    if "messages" in row or not isinstance(conv, list):
+    if row.get("messages") is not None or not isinstance(conv, list):  # a mix's messages rows: conversations null
         return row
     return {**row, "messages": [{"role": m.get("from", m.get("role")), "content": m.get("value", m.get("content"))}
                                 if isinstance(m, dict) else m for m in conv]}

@@ -7,8 +7,9 @@ messages that follow the prompt. As in TRL's trainers (`tests/parity/test_trl_fo
 - messages: prompt (with the generation prompt) and prompt+completion are rendered and tokenised by
   the chat template; the template's end-of-turn ends the completion (no EOS is added);
 - the completion starts where the two token lists diverge (BPE merges across the boundary move it);
-- SFT's `assistant_only_loss` (TRL's): the loss counts only tokens the chat template renders inside
-  `{% generation %}` markers, i.e. the assistant turns (`completion_mask`; ablate.data.chat_templates);
+- SFT's `assistant_only_loss` (TRL's): the loss counts only the assistant turns' tokens (`completion_mask`),
+  by the template's `{% generation %}` markers or, for any other template, by rendering prefixes
+  (ablate.data.chat_templates);
 - `max_length` keeps the start of prompt+completion and drops rows whose prompt alone fills it;
   ablate's `max_prompt_length` (not in TRL 1.16) first keeps the prompt's *end*, the part the
   completion answers, so long prompts are shortened instead of dropped.
@@ -142,14 +143,13 @@ def tokenize_preference(
 def _assistant_ids(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], index: int, **chat_kwargs: Any
 ) -> tuple[list[int], list[int]]:
-    """Token ids of a conversation and its assistant mask (1: inside the template's generation markers),
-    as TRL's `assistant_only_loss`; a conversation without an assistant token is an error, as in TRL."""
-    from ablate.data.chat_templates import assistant_template
+    """Token ids of a conversation and its assistant mask (1: an assistant turn's tokens, by the template's
+    generation markers or by rendering prefixes: ablate.data.chat_templates), as TRL's `assistant_only_loss`;
+    a conversation without an assistant token is an error, as in TRL."""
+    from ablate.data.chat_templates import assistant_mask
 
     messages, chat_kwargs = _tool_turns(tokenizer, messages, chat_kwargs)
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
-                                        chat_template=assistant_template(tokenizer), **chat_kwargs)
-    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    ids, mask = assistant_mask(tokenizer, messages, index, **chat_kwargs)
     if 1 not in mask:
         raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the conversation has no "
                         "assistant turn (nothing to learn from)")
@@ -172,7 +172,8 @@ def tokenize_sft(
     `assistant_only_loss` (conversational rows) adds `completion_mask`: 1 on the completion_ids that are
     assistant tokens, the only ones in the loss."""
     mask: list[int] | None = None
-    if "prompt" in row and "completion" in row:
+    other = any(row.get(c) is not None for c in ("messages", "conversations", "text"))  # a mix's rows of those kinds
+    if "prompt" in row and "completion" in row and (row["completion"] is not None or not other):
         conv = is_messages(row["prompt"])
         check_text(row["completion"], "completion", conv, index)
         if conv:
@@ -190,7 +191,7 @@ def tokenize_sft(
         out = {"prompt_ids": pc[:n], "completion_ids": pc[n:]}
     else:
         row = to_chatml(row)
-        if "messages" in row:
+        if row.get("messages") is not None:
             check_text(row["messages"], "messages", True, index)
             if assistant_only_loss:
                 ids, mask = _assistant_ids(tokenizer, row["messages"], index, **_chat_kwargs(row))
@@ -200,7 +201,7 @@ def tokenize_sft(
             n = 0
         else:
             _conversational_only(assistant_only_loss, index)
-            check_text(row["text"], "text", False, index)
+            check_text(row.get("text"), "text", False, index)
             return {"prompt_ids": [], "completion_ids": _ids(tokenizer, _with_eos(row["text"], tokenizer.eos_token))}
     if mask is not None:
         out["completion_mask"] = mask[n:]

@@ -19,9 +19,10 @@ estimate.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from datasets import Dataset, Features, List, Value
+from datasets import Dataset, Features, Json, List, Value
 from transformers import PreTrainedTokenizerBase
 
 from ablate.data.formats import check_rows, detect, preference_row
@@ -36,16 +37,31 @@ def unpair(dataset: Dataset) -> Dataset:
     if {"prompt", "completion", "label"} <= set(dataset.column_names):
         return dataset
     extra = [c for c in dataset.column_names if c not in ("prompt", "chosen", "rejected")]
+    features = _json_features(dataset, extra)
 
     def block(rows: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         pairs = [preference_row({k: rows[k][i] for k in rows}, index) for i, index in enumerate(indices)]
         out = {"prompt": [p["prompt"] for p in pairs] * 2,
                "completion": [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs],
                "label": [True] * len(pairs) + [False] * len(pairs)}
-        return out | {k: rows[k] * 2 for k in extra}
+        out |= {k: rows[k] * 2 for k in extra}
+        if features is not None:  # JSON text, which datasets' Json keeps as it is: a string "42" stays one
+            out |= {k: [json.dumps(v) for v in out[k]] for k, f in features.items() if isinstance(f, Json)}
+        return out
 
-    return dataset.map(block, batched=True, batch_size=UNPAIR_BLOCK, with_indices=True,
+    return dataset.map(block, batched=True, batch_size=UNPAIR_BLOCK, with_indices=True, features=features,
                        remove_columns=dataset.column_names, desc="Unpairing preference pairs")
+
+
+def _json_features(dataset: Dataset, extra: list[str]) -> Features | None:
+    """The unpaired rows' features when the pairs hold a column as JSON (a mix of text and chat sources,
+    ablate.data.mixture): a batched map would write each cell back through datasets' Json, which reads a
+    string that parses as JSON ("42", "true") as that value. None otherwise: the types are inferred, as before."""
+    found = dataset.features
+    if not any(isinstance(f, Json) for f in found.values()):
+        return None
+    return Features({"prompt": found["chosen"], "completion": found["chosen"], "label": Value("bool"),
+                     **{k: found[k] for k in extra}})
 
 
 def prepare_unpaired(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int | None, seed: int,

@@ -68,4 +68,4 @@ class SFTArgs(TrainArgs):
     completion_only_loss: bool | None = field(None, nullable(BOOL, "by the rows' format"),
                                               "Loss on the completion only; null: yes for prompt-completion rows (TRL).")
     assistant_only_loss: bool = field(False, BOOL, "Conversational rows: loss on the assistant turns only (the chat "
-                                                   "template's {% generation %} markers).")
+                                                   "template's {% generation %} markers, else by rendering prefixes).")

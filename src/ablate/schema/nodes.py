@@ -5,11 +5,13 @@ a key the node does not hold is not checked."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ablate.schema import (
     BOOL,
+    Problem,
     Rule,
     Schema,
     choice,
@@ -128,6 +130,45 @@ class Data(Schema):
     node = "data"
     max_train_samples: int | None = field(check=nullable(integer(1)))
     max_eval_samples: int | None = field(check=nullable(integer(1)))
+
+
+MIX_TARGET = "ablate.data.mixture.mix"
+WEIGHT = number(at_least=0, why=" (the source's share of the mix is its weight over the sum of the weights)")
+
+
+def _mapping(v: Any, n: Any) -> bool:
+    return isinstance(v, dict) and len(v) > 0
+
+
+@dataclass
+class Mix(Schema):
+    """`data=mix`: named sources, each a data config (its own `_target_`) with a `weight`."""
+
+    node = "data"
+    targets = (MIX_TARGET,)
+    sources: dict[str, Any] = field(check=Rule(_mapping, "named data configs: +data@data.sources.NAME=OPTION "
+                                               "(an option of conf/data)"))
+    seed: int = field(check=integer(0, at_most=2**32 - 1, why=" (numpy's seed range)"))
+    size: int | None = field(check=nullable(integer(1), "as many rows as the sources give without repeating one"))
+
+    def problems(self, at: str | None = None) -> Iterator[Problem]:
+        """The node's fields, then each source: a data config, its weight a number >= 0 (one of them > 0),
+        its row limits."""
+        at = self.node if at is None else at
+        yield from super().problems(at)
+        if not _mapping(self.sources, self):
+            return
+        for name, source in self.sources.items():
+            if not isinstance(source, dict) or "_target_" not in source:
+                yield (f"{at}.sources.{name}", source, f"a data config (an option of conf/data: +data@{at}.sources.{name}"
+                       f"=OPTION adds one); to drop the source: ~{at}.sources.{name}")
+                return
+            if not WEIGHT.test(weight := source.get("weight", 1), self):
+                yield f"{at}.sources.{name}.weight", weight, WEIGHT.words(self, at)
+            yield from Data.of(source).problems(f"{at}.sources.{name}")
+        if all(source.get("weight", 1) == 0 for source in self.sources.values()):
+            yield (f"{at}.sources.{next(iter(self.sources))}.weight", 0, "a number > 0 for at least one source "
+                   "(every weight is 0: the mix would have no rows)")
 
 
 @dataclass
