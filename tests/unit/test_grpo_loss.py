@@ -270,3 +270,17 @@ def test_normalize_then_sum():
     torch.testing.assert_close(adv, x / (0.447169 + 1e-4), atol=1e-5, rtol=0)
     assert m["reward"].item() == pytest.approx(3.5) and m["reward_std"].item() == pytest.approx(math.sqrt(3.1), rel=1e-6)
     assert m["frac_reward_zero_std"].item() == 0.0
+
+
+def test_nan_or_inf_advantages_stop_the_round_in_one_line():
+    """An aggregation of the user's that makes NaN (0/0) is named, with the step, before any loss is computed."""
+    from ablate.rollouts.rewarding import check_advantages
+
+    def ratio(rewards_per_func, weights, num_generations, scale=None):
+        return rewards_per_func.sum(1) / 0.0, {}
+
+    check_advantages(torch.tensor([0.5, -0.5]), ratio, 3)  # finite: nothing said
+    with pytest.raises(FloatingPointError) as e:
+        check_advantages(ratio(torch.zeros(2, 1), None, 2)[0], ratio, 3)
+    assert str(e.value).startswith("the advantages are NaN/inf at step 3, made by method.grpo_reward_aggregation "
+                                   "(test_grpo_loss.test_nan_or_inf_advantages_stop_the_round_in_one_line.<locals>.ratio)")
