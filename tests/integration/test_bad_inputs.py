@@ -463,6 +463,8 @@ CASES: list[Case] = [
       "data=tiny_repeat's letter task"),
     C("distill-teacher-path-missing", "train method=distill +teacher=local teacher.path={F}/nope",
       "teacher.path={F}/nope is not a save_pretrained directory (not found)"),
+    C("distill-teacher-path-relative", "train method=distill +teacher=local teacher.path=runs/x/model",
+      "teacher.path=runs/x/model is not a save_pretrained directory (not found)"),
     C("distill-teacher-a-classifier", "train method=distill +teacher=local teacher.path={F}/classifier",
       "teacher.path={F}/classifier holds a LlamaForSequenceClassification (a reward model), not a causal LM"),
     T("distill-teacher-other-ids", "train method=distill +teacher=local teacher.path={F}/other_ids",

@@ -8,6 +8,7 @@ is a dir."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,10 @@ def check_paths(cfg: DictConfig) -> None:
     for key in ("model", "teacher"):
         node = cfg.get(key) or {}
         path = node.get("path") if isinstance(node, DictConfig) else None
-        if isinstance(path, str) and (path.startswith(("/", ".", "~")) or Path(path).exists()):
+        # a teacher's path is a dir unless it reads as a hub id (org/name); a model's when it reads as a path
+        hub_id = key == "teacher" and isinstance(path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
+        local = path.startswith(("/", ".", "~")) or key == "teacher" and not hub_id if isinstance(path, str) else False
+        if isinstance(path, str) and (local or Path(path).exists()):
             _check_model_dir(Path(path).expanduser(), f"{key}.path={path}", teacher=key == "teacher")
 
 

@@ -209,7 +209,11 @@ def _built(teacher: Any, student: nn.Module, tokenizer: PreTrainedTokenizerBase)
     if teacher is None:
         raise ConfigError("method=distill needs a teacher: +teacher=local teacher.path=DIR (a model dir, e.g. a "
                           "finished run's model/), +teacher=tiny, or +teacher=smollm2_135m (conf/teacher/)")
-    built = teacher() if callable(teacher) and not isinstance(teacher, nn.Module) else teacher
+    try:
+        built = teacher() if callable(teacher) and not isinstance(teacher, nn.Module) else teacher
+    except ConfigError as e:  # ablate.models' loaders name the policy's key; this is the teacher's
+        raise ConfigError(str(e).replace("model=local model.path=", "+teacher=local teacher.path=")
+                          .replace("model.path", "teacher.path", 1)) from e
     model = built[1] if isinstance(built, tuple) else built
     if type(model).__name__.endswith("ForSequenceClassification"):
         raise ConfigError(f"teacher: a {type(model).__name__} (a reward model), not a causal LM: distillation learns "
