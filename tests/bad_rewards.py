@@ -1,4 +1,4 @@
-"""Test helpers: reward functions a user gets wrong (tests/integration/test_bad_inputs.py, issue 32)."""
+"""Test helpers: reward functions, tools and environments a user gets wrong (tests/integration/test_bad_inputs.py)."""
 
 import math
 
@@ -66,3 +66,49 @@ class WordyEnv:
 
     def get_reward(self):
         return "good"
+
+
+def exits(prompts, completions, **kwargs):
+    """Calls sys.exit(0), as a script's reward function might when it thinks it is done."""
+    import sys
+
+    sys.exit(0)
+
+
+def huge(prompts, completions, **kwargs):
+    """Finite rewards whose group std overflows float32 (+-3e38)."""
+    return [3e38 if i % 2 else -3e38 for i in range(len(completions))]
+
+
+def exit_tool(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: The expression.
+    """
+    import sys
+
+    sys.exit(0)
+
+
+class EnvWithArgs:
+    """An environment whose __init__ needs an argument (TRL builds one per rollout with no arguments)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def reset(self, **row):
+        return None
+
+    def lookup(self, key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        return key
+
+
+def beyond_float32(prompts, completions, **kwargs):
+    """A finite Python float that float32 (the reward table's dtype) cannot hold."""
+    return [1e39] * len(completions)

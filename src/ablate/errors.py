@@ -83,11 +83,12 @@ def log_file() -> str:
 def user_code_error(e: BaseException) -> UserCodeError | None:
     """`e` as one line when it was raised in code of the user's (a callback, a loss, a data loader, a
     trainer of theirs: the innermost frame that is not a library's is neither ablate's), else None (a
-    user error already, or ablate's own: a bug keeps its traceback). The line names the log holding it."""
+    user error already, or ablate's own: a bug keeps its traceback). The line names the log holding it.
+    A `sys.exit()` of theirs is one too: a run it ends has failed, whatever its code."""
     import os
     import traceback
 
-    if not isinstance(e, Exception) or user_error(e) is not None:
+    if not isinstance(e, (Exception, SystemExit)) or user_error(e) is not None:
         return None
     root = list(chain(e))[-1]  # the error that started it (Hydra's instantiate wraps a loader's in its own)
     frames = traceback.extract_tb(root.__traceback__)
@@ -96,8 +97,9 @@ def user_code_error(e: BaseException) -> UserCodeError | None:
         return None
     where = os.path.relpath(frame.filename) if not os.path.relpath(frame.filename).startswith("..") else frame.filename
     text = str(root).strip().splitlines()[0] if str(root).strip() else ""
-    return UserCodeError(f"your code raised {type(root).__name__}{': ' + text if text else ''} ({where}:{frame.lineno}, "
-                         f"in {frame.name}; traceback: {log_file()})")
+    what = f"called sys.exit({root.code!r})" if type(root) is SystemExit else \
+        f"raised {type(root).__name__}{': ' + text if text else ''}"  # sys.exit(0) mid-run is no success
+    return UserCodeError(f"your code {what} ({where}:{frame.lineno}, in {frame.name}; traceback: {log_file()})")
 
 
 def user_error(e: BaseException | None) -> BaseException | None:

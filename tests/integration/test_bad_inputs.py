@@ -197,11 +197,11 @@ CASES: list[Case] = [
     C("sweep-bad-value", "sweep dpo_loss method.args.beta=0", "method.args.beta=0"),
     C("sweep-bad-fixed-typo", "sweep dpo_loss +precison=bf16", "did you mean 'precision'"),
     C("resume-not-a-run", "resume {F}/empty_dir", "not an ablate run dir"),
-    # --- data content (visible only when the file is read: refused by the run, before the model) ---
-    C("jsonl-not-utf8", "train data=jsonl data.train_path={F}/latin1.jsonl", "not UTF-8", "run"),
-    C("jsonl-bad-json", "train data=jsonl data.train_path={F}/bad_json.jsonl", "line 2 is not valid JSON", "run"),
-    C("jsonl-array-row", "train data=jsonl data.train_path={F}/array.jsonl", "is a JSON list, not an object", "run"),
-    C("jsonl-empty", "train data=jsonl data.train_path={F}/empty.jsonl", "has no examples", "run"),
+    # --- a JSON-lines file's rows (read before the run dir exists: nothing created) ---
+    C("jsonl-not-utf8", "train data=jsonl data.train_path={F}/latin1.jsonl", "not UTF-8", "config"),
+    C("jsonl-bad-json", "train data=jsonl data.train_path={F}/bad_json.jsonl", "line 2 is not valid JSON", "config"),
+    C("jsonl-array-row", "train data=jsonl data.train_path={F}/array.jsonl", "is a JSON list, not an object", "config"),
+    C("jsonl-empty", "train data=jsonl data.train_path={F}/empty.jsonl", "has no examples", "config"),
     # ===== issue 22: tracebacks before =====
     C("betas-out-of-range", "train optimizer.optimizer.betas=[0.9,1.5]", "optimizer.optimizer.betas=[0.9,1.5]: must be two numbers in [0, 1)"),
     C("betas-one-value", "train optimizer.optimizer.betas=[0.9]", "optimizer.optimizer.betas=[0.9]: must be two numbers"),
@@ -253,7 +253,7 @@ CASES: list[Case] = [
     C("dpo-empty-strings", "train data=jsonl data.train_path={F}/empty_strings.jsonl", "'chosen' is empty", "run"),
     C("compare-metric-typo", "compare {F}/done_run --metric rewards/accuracy",
       "--metric rewards/accuracy: no run under {F}/done_run has it (did you mean --metric rewards/accuracies?"),
-    C("jsonl-huge-line", "train data=jsonl data.train_path={F}/huge_line.jsonl", "line 1 is 1.5 MiB, over data.max_line_bytes=1048576", "run"),
+    C("jsonl-huge-line", "train data=jsonl data.train_path={F}/huge_line.jsonl", "line 1 is 1.5 MiB, over data.max_line_bytes=1048576", "config"),
     # ===== issue 22: config mistakes refused only after the run dir existed =====
     T("fp16-on-cpu", "train precision=fp16", "precision=fp16 needs a CUDA GPU"),
     T("tf32-on-cpu", "train precision.tf32=true", "precision.tf32=true needs an Ampere or newer CUDA GPU"),
@@ -308,7 +308,7 @@ CASES: list[Case] = [
       "data.train_path={F}/unreadable.jsonl: not readable (permission denied)"),
     U("eval-file-unreadable", "train data=jsonl data.train_path={F}/good.jsonl data.eval_path={F}/unreadable.jsonl",
       "data.eval_path={F}/unreadable.jsonl: not readable"),
-    C("jsonl-mixed-formats", "train data=jsonl data.train_path={F}/mixed.jsonl", "one format per file", "run"),
+    C("jsonl-mixed-formats", "train data=jsonl data.train_path={F}/mixed.jsonl", "one format per file", "config"),
     T("lora-target-modules-unknown", "train +peft=lora peft.target_modules=[nosuch_proj]",
       "no such layer in this model; its linear layers: down_proj, gate_proj, k_proj", phase="run"),
     # ===== issue 23 (4, 12) and the reorganisation's moved _target_s =====
@@ -447,6 +447,46 @@ CASES: list[Case] = [
       "grad_norm is exactly 0 at steps 2-3", "run", trains=True),
     C("sgd-collapses", "train optimizer=sgd optimizer.optimizer.lr=1e6 method.args.max_steps=30 method.args.logging_steps=1",
       "the model has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)", "run", trains=True),
+    # ===== the fourth pass's catalogue: old checks answered loosely, new surfaces answered wrongly =====
+    C("renamed-group-then-bad-value", "train method/loss=robust method.loss.label_smoothing=2",
+      "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5) (method/loss is now method/dpo_loss"),
+    C("run-dir-of-another-app", "train hydra.run.dir=theirs", "run dir theirs is not empty and holds no ablate run "
+      "(run.json missing; found .hydra)", files=(("theirs/.hydra/config.yaml", "theirs: 1\n"),)),
+    C("run-dir-another-apps-lock", "train hydra.run.dir=theirs", "holds no ablate run (run.json missing; found .lock)",
+      files=(("theirs/.lock", "locked by my editor\n"),)),
+    C("reward-exits", f"{REWARD}=bad_rewards.exits {GRPO1}", "reward function 'mine' (bad_rewards.exits) called "
+      "sys.exit(0): a reward function returns its rewards", "run", trains=True),
+    C("reward-beyond-float32", f"{REWARD}=bad_rewards.beyond_float32 {GRPO1}", "reward function 'mine' "
+      "(bad_rewards.beyond_float32) returned 1e+39 for completion 0: beyond float32's range (3.4e+38)", "run", trains=True),
+    C("distill-own-data-scripted-teacher", "train method=distill data=local data.train_path={F}/prompts.jsonl",
+      "method=distill with data=local needs a teacher: without +teacher the teacher is the scripted one of "
+      "data=tiny_repeat's letter task"),
+    C("distill-teacher-path-missing", "train method=distill +teacher=local teacher.path={F}/nope",
+      "teacher.path={F}/nope is not a save_pretrained directory (not found)"),
+    C("distill-teacher-path-relative", "train method=distill +teacher=local teacher.path=runs/x/model",
+      "teacher.path=runs/x/model is not a save_pretrained directory (not found)"),
+    C("distill-teacher-a-classifier", "train method=distill +teacher=local teacher.path={F}/classifier",
+      "teacher.path={F}/classifier holds a LlamaForSequenceClassification (a reward model), not a causal LM"),
+    T("distill-teacher-other-ids", "train method=distill +teacher=local teacher.path={F}/other_ids",
+      "teacher: its tokenizer has the student's 259 tokens under other ids (", phase="run"),
+    T("environment-needs-arguments", "train method=grpo data=calc_tools "
+      "method.args.environment={_target_:bad_rewards.EnvWithArgs}", "method.args.environment: bad_rewards.EnvWithArgs "
+      "needs 'size', which TRL's environment_factory never passes (one instance per rollout, made with no "
+      "arguments): set it in the config, method.args.environment.size=..., or give it a default"),
+    C("reward-margin-text", "train method=reward data=jsonl data.train_path={F}/margin_text.jsonl",
+      "data: train row 1: margin='big' is not a number (TRL's margin: how much the chosen must win by, a "
+      "finite float)", "run"),
+    C("reward-pairs-identical", "train method=reward data=jsonl data.train_path={F}/identical.jsonl",
+      "every train pair's chosen is identical to its rejected", "run"),
+    T("reward-model-config-junk", "train method=grpo +data.reward_funcs.rm._target_=ablate.rewards.RewardModel "
+      "+data.reward_funcs.rm.path={F}/junk_model", "RewardModel: {F}/junk_model/config.json is not JSON (not UTF-8 "
+      "text): a damaged or unfinished save"),
+    C("distill-teacher-config-junk", "train method=distill +teacher=local teacher.path={F}/junk_model",
+      "teacher.path={F}/junk_model: {F}/junk_model/config.json is not JSON (not UTF-8 text): a damaged or unfinished save"),
+    C("reward-list-onto-named", "train method=grpo data.reward_funcs=[bad_rewards.length]",
+      "data.reward_funcs=[bad_rewards.length]: data.reward_funcs is a mapping here (name -> function), which a list "
+      "cannot be merged into: add yours, +data.reward_funcs.length=bad_rewards.length, or replace them all, "
+      "'~data.reward_funcs' '+data.reward_funcs=[bad_rewards.length]'"),
     T("reward-not-partial", "train method=grpo +data.reward_funcs.mine._target_=bad_rewards.length",
       "data.reward_funcs.mine: add _partial_: true (data.reward_funcs.mine._partial_=true)"),
 ]
@@ -493,6 +533,15 @@ def _fixtures(root: Path) -> Path:
     (f / "conf" / "method").mkdir()
     (f / "conf" / "method" / "old_dpo.yaml").write_text("defaults:\n  - dpo\n  - _self_\n\n"
                                                         "trainer:\n  _target_: ablate.trainers.dpo.DPOTrainer\n")
+    (f / "prompts.jsonl").write_text(lines([{"prompt": f"write {i}"} for i in range(8)]))
+    (f / "margin_text.jsonl").write_text(lines([{**ROWS[0], "margin": 1.0}, {**ROWS[1], "margin": "big"}]))
+    (f / "identical.jsonl").write_text(lines([{"prompt": r["prompt"], "chosen": "abc", "rejected": "abc"} for r in ROWS]))
+    (f / "classifier").mkdir()
+    (f / "classifier" / "config.json").write_text(json.dumps({"architectures": ["LlamaForSequenceClassification"],
+                                                              "num_labels": 1}))
+    (f / "junk_model").mkdir()
+    (f / "junk_model" / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe not a config")
+    _other_ids_teacher(f / "other_ids")
     (f / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (f / "latin1.jsonl").write_bytes(json.dumps(ROWS[0]).encode() + b"\n" + '{"prompt": "caf\xe9"}\n'.encode("latin-1"))
     (f / "bad_json.jsonl").write_text(json.dumps(ROWS[0]) + "\n{'prompt': 1}\n")
@@ -504,6 +553,26 @@ def _fixtures(root: Path) -> Path:
     (f / "sweep" / "malformed.yaml").write_text("# @package _global_\nhydra:\n  sweeper:\n    params: [1, 2\n")
     (f / "sweep" / "latin1.yaml").write_bytes("# @package _global_\nsweep_name: caf\xe9\n".encode("latin-1"))
     return f
+
+
+def _other_ids_teacher(path: Path) -> None:
+    """The tiny model saved with a tokenizer of the same 259 tokens, the bytes' ids reversed: sizes that match,
+    ids that do not (a teacher from another tokenizer of the same size)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ablate.models import tiny
+    from ablate.models.tokenizer import BOS, EOS, PAD
+
+    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    for ch in reversed(sorted(pre_tokenizers.ByteLevel.alphabet())):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS)
+    tiny()[1].save_pretrained(path)
+    fast.save_pretrained(path)
 
 
 def _old_run(cwd: Path) -> None:
@@ -692,6 +761,66 @@ def test_read_only_run_dir(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("ablate: error: ") and "not writable" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     shutil.rmtree(ro)
+
+
+def _one_line(r: subprocess.CompletedProcess) -> str:
+    """The run's one error line: exit 2, no traceback, the last thing on stderr."""
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = re.findall(r"ablate: error: [^\r\n]*", r.stderr)
+    assert len(errors) == 1 and r.stderr.rstrip().splitlines()[-1] == errors[0], r.stderr[-3000:]
+    return errors[0]
+
+
+def test_a_file_size_limit_while_saving_is_one_line_and_the_last_checkpoint_stays(tmp_path):
+    """`ulimit -f` (RLIMIT_FSIZE) passed while checkpoint-4 is written (the limit is lowered after checkpoint-2,
+    as a model outgrowing it would): one line naming the limit and the resume; checkpoint-2 stays sealed and
+    whole, the unfinished checkpoint-4 is removed, the run is recorded as failed with that line."""
+    from ablate.record.checkpoints import checkpoint_problem
+
+    r = ablate("train", "+callbacks.fs._target_=bad_code.FileSizeLimitAfterFirstSave", "method.args.max_steps=4",
+               "method.args.save_steps=2", "hydra.run.dir=run", cwd=tmp_path)
+    line = _one_line(r)
+    assert "file-size limit: a file passed this process's limit of 65536 bytes per file (ulimit -f)" in line
+    assert f"raise it (ulimit -f unlimited), then resume: ablate resume {tmp_path / 'run'}" in line
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["checkpoint-2"] and checkpoint_problem(ckpts / "checkpoint-2") is None
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and line[len("ablate: error: "):] in summary["error"]
+
+
+def test_a_run_dir_deleted_while_training_is_one_line_and_not_made_again(tmp_path):
+    """The run dir removed at step 2 (before checkpoint-2 is saved): one line saying so, exit 2, and the dir is
+    not created again (by the summary, the log or the next save)."""
+    r = ablate("train", "+callbacks.rm._target_=bad_code.DeleteRunDirAt", "method.args.max_steps=4",
+               "method.args.save_steps=2", "hydra.run.dir=run", cwd=tmp_path, env={"ABLATE_TEST_DELETE_AT": "2"})
+    line = _one_line(r)
+    assert f"the run dir {tmp_path / 'run'} was deleted (or moved) while training: nothing more can be saved" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_kto_data_of_one_label_is_said(tmp_path):
+    """Every example desirable: it trains (as in TRL), and says once that there is nothing to contrast them with."""
+    rows = [{"prompt": f"sort {i}", "completion": "abc", "label": True} for i in range(8)]
+    (tmp_path / "kto.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    r = ablate("train", "method=kto", "data=jsonl", "data.train_path=kto.jsonl", "method.args.max_steps=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [ln for ln in (r.stdout + r.stderr).splitlines() if "every train example (8) is desirable" in ln]
+    assert len(said) == 1 and "KTO has no undesirable (label false) example to contrast them with" in said[0]
+
+
+def test_rewards_near_float32s_largest_train_with_finite_numbers(tmp_path):
+    """A reward function returning +-3e38 (finite; their float32 mean, spread and std overflow): the run trains on
+    real advantages (a gradient reaches the model) and every logged number is finite, where it logged NaN and
+    every advantage was 0."""
+    import math
+
+    r = ablate(*f"{REWARD}=bad_rewards.huge {GRPO1}".split(), "method.args.logging_steps=1", "hydra.run.dir=run",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    numbers = {k: v for e in events for k, v in e.items() if isinstance(v, float)}
+    assert numbers and all(math.isfinite(v) for v in numbers.values()), numbers
+    assert events[0]["grad_norm"] > 0 and events[0]["rewards/mine/std"] > 1e38
 
 
 HIDE = '''import os, sys

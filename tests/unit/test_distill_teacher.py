@@ -26,6 +26,27 @@ def test_teacher_of_another_vocabulary_is_one_line(tmp_path):
         _trainer(tmp_path, other)
 
 
+def test_a_teacher_of_the_same_size_but_other_ids_is_one_line(tmp_path):
+    """Same 259 tokens, the two first bytes' ids swapped: the sizes match, the distributions would not."""
+    tok, teacher = tiny()
+    vocab = tok.get_vocab()
+    first, second = sorted(vocab, key=vocab.get)[3:5]
+    swapped = dict(vocab) | {first: vocab[second], second: vocab[first]}
+    other = type("Other", (), {"get_vocab": lambda self: swapped})()
+    with pytest.raises(ConfigError, match=rf"the student's 259 tokens under other ids \({first!r} is 4 there, 3 here\)"):
+        _trainer(tmp_path, (other, teacher))
+
+
+def test_a_reward_model_as_teacher_is_one_line(tmp_path):
+    from transformers import LlamaForSequenceClassification
+
+    classifier = LlamaForSequenceClassification(LlamaConfig(vocab_size=259, hidden_size=8, intermediate_size=16,
+                                                            num_hidden_layers=1, num_attention_heads=2,
+                                                            num_key_value_heads=2, num_labels=1))
+    with pytest.raises(ConfigError, match="a LlamaForSequenceClassification \\(a reward model\\), not a causal LM"):
+        _trainer(tmp_path, classifier)
+
+
 def test_no_teacher_names_the_options(tmp_path):
     with pytest.raises(ConfigError, match=r"\+teacher=local teacher.path=DIR"):
         _trainer(tmp_path, None)

@@ -73,6 +73,47 @@ def test_advantages_unscorable_completion_is_left_out():
     torch.testing.assert_close(adv[3:], torch.zeros(3))
 
 
+def _huge() -> torch.Tensor:
+    """One function, groups of 4 whose rewards are +-3e38 (finite float32): their float32 mean, spread and
+    variance all overflow. In float64 each group is [-3e38, 3e38, -3e38, 3e38]: mean 0, unbiased std
+    sqrt(4 * 9e76 / 3) = 3.4641e38, so A = r / std = +-0.8660 (the 1e-4 is lost at this scale)."""
+    return torch.tensor([[-3e38], [3e38], [-3e38], [3e38]] * 2)
+
+
+U = math.sqrt(3) / 2  # a huge group's advantages, +-U (see _huge)
+
+
+@pytest.mark.parametrize("aggregate,size", [(grpo.sum_then_normalize, U),
+                                            # then over the batch: +-U, unbiased std U * sqrt(8/7), + 1e-4
+                                            (grpo.normalize_then_sum, U / (U * math.sqrt(8 / 7) + 1e-4))],
+                         ids=["sum_then_normalize", "normalize_then_sum"])
+def test_rewards_near_float32s_largest_give_finite_advantages(aggregate, size):
+    adv, m = aggregate(_huge(), torch.ones(1), num_generations=4)
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, -1.0, 1.0] * 2) * size)
+    assert math.isfinite(m["reward_std"].item()) and m["reward"].item() == 0.0
+
+
+def test_rloo_rewards_near_float32s_largest_give_finite_advantages():
+    """Leave-one-out: 3e38 against its siblings' mean (3e38 - 2 * 3e38) / 3 = -1e38 -> A = 4e38 (float32 holds it)."""
+    from ablate.losses import rloo
+
+    adv, m = rloo.leave_one_out(_huge(), torch.ones(1), num_generations=4)
+    torch.testing.assert_close(adv, torch.tensor([-4e38, 4e38, -4e38, 4e38] * 2))
+    assert math.isfinite(m["reward_std"].item())
+
+
+def test_ordinary_rewards_keep_float32_arithmetic_to_the_bit():
+    """headroom leaves an ordinary table as it is (TRL's float32 numbers, bit for bit)."""
+    table = torch.randn(64, 3, generator=torch.Generator().manual_seed(0)) * 1e6
+    assert grpo.headroom(table, torch.ones(3)) is table
+    assert grpo.headroom(_huge()).dtype == torch.float64
+    grouped = (table * W.new_tensor([1.0, 0.5, 2.0])).nansum(dim=1).view(-1, 8)
+    expected = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (grpo._nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    adv, _ = grpo.sum_then_normalize(table, torch.tensor([1.0, 0.5, 2.0]), num_generations=8)
+    assert torch.equal(adv, expected.reshape(-1))
+
+
 def _ratios() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """ratios [[1.5, 0.9], [0.5, 1.1]], A = [1, -2], mask [[1, 1], [1, 0]], old logps 0."""
     r = torch.tensor([[1.5, 0.9], [0.5, 1.1]])
@@ -229,3 +270,17 @@ def test_normalize_then_sum():
     torch.testing.assert_close(adv, x / (0.447169 + 1e-4), atol=1e-5, rtol=0)
     assert m["reward"].item() == pytest.approx(3.5) and m["reward_std"].item() == pytest.approx(math.sqrt(3.1), rel=1e-6)
     assert m["frac_reward_zero_std"].item() == 0.0
+
+
+def test_nan_or_inf_advantages_stop_the_round_in_one_line():
+    """An aggregation of the user's that makes NaN (0/0) is named, with the step, before any loss is computed."""
+    from ablate.rollouts.rewarding import check_advantages
+
+    def ratio(rewards_per_func, weights, num_generations, scale=None):
+        return rewards_per_func.sum(1) / 0.0, {}
+
+    check_advantages(torch.tensor([0.5, -0.5]), ratio, 3)  # finite: nothing said
+    with pytest.raises(FloatingPointError) as e:
+        check_advantages(ratio(torch.zeros(2, 1), None, 2)[0], ratio, 3)
+    assert str(e.value).startswith("the advantages are NaN/inf at step 3, made by method.grpo_reward_aggregation "
+                                   "(test_grpo_loss.test_nan_or_inf_advantages_stop_the_round_in_one_line.<locals>.ratio)")

@@ -39,7 +39,11 @@ def test_numbers_none_and_nan_pass_through_as_floats():
     (lambda **kw: [[1.0]] * 4, "returned [1.0] (list) for completion 0"),
     (bad_rewards.infinite, "returned inf for completion 0: rewards must be finite (None or NaN: not scored)"),
     (lambda **kw: [1.0, -math.inf, 1.0, 1.0], "returned -inf for completion 1"),
-], ids=["raises", "one-short", "strings", "scalar", "none", "dict", "nested", "inf", "minus-inf"])
+    (bad_rewards.exits, "reward function 'r' (bad_rewards.exits) called sys.exit(0): a reward function returns its "
+                        "rewards, one per completion (traceback: the log)"),
+    (bad_rewards.beyond_float32, "returned 1e+39 for completion 0: beyond float32's range (3.4e+38)"),
+], ids=["raises", "one-short", "strings", "scalar", "none", "dict", "nested", "inf", "minus-inf", "sys-exit",
+        "beyond-float32"])
 def test_a_broken_contract_is_one_line_naming_the_function(fn, says):
     with pytest.raises(UserCodeError) as e:
         calls.score("r", fn, 4, KW, "the log")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ablate.errors import ConfigError, DataError
+from ablate.errors import ConfigError, DataError, UserCodeError
 from ablate.methods.grpo import GRPOConfig
 from ablate.models.tokenizer import byte_tokenizer
 from ablate.rollouts.tools import ToolFormat, call, parse_hermes, schema, tool_calls_rendered
@@ -113,6 +113,17 @@ def test_a_call_and_its_failures():
     t0 = time.perf_counter()
     assert call(tools, "sleepy", {"seconds": 30}, None, 0.2) == ({"error": "timed out after 0.2 s"}, True)
     assert time.perf_counter() - t0 < 5
+
+
+def test_a_tool_that_calls_sys_exit_stops_the_run_in_one_line():
+    """sys.exit(0) in a tool is no error for the model to read: it would end the run with exit status 0. One
+    line naming the tool; the run fails (ablate.record.lifecycle)."""
+    import bad_rewards
+
+    with pytest.raises(UserCodeError) as e:
+        call({"exit_tool": bad_rewards.exit_tool}, "exit_tool", {"expression": "1"}, None, 5.0)
+    assert str(e.value).startswith("tool 'exit_tool' (bad_rewards.exit_tool) called sys.exit(0): a tool returns "
+                                   "its result, or raises for the model to read (traceback: ")
 
 
 def test_timeout_off_the_main_thread():

@@ -117,11 +117,12 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     from hydra.utils import instantiate
 
     from ablate.config.compose import register_resolvers
-    from ablate.config.moved import rename
+    from ablate.config.moved import rename, say_notes
     from ablate.paths import conf_dir
 
     register_resolvers()
     overrides = rename(overrides)  # an old group name (perf=off) works, noted once
+    say_notes()
     if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

@@ -37,7 +37,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
     from hydra.core.global_hydra import GlobalHydra
 
     from ablate.config.compose import register_resolvers
-    from ablate.config.moved import rename
+    from ablate.config.moved import rename, say_notes
     from ablate.errors import ConfigError
     from ablate.paths import conf_dir
 
@@ -47,6 +47,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
     overrides = rename(overrides)  # old group names (perf=off), given or recorded: today's, noted once
     given = {override_key(o) for o in overrides}
     merged = [o for o in rename(info.get("overrides", [])) if override_key(o) not in given] + overrides
+    say_notes()
     register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from ablate.config.compose import register_resolvers
-from ablate.config.moved import check_moved, rename
+from ablate.config.moved import check_moved, folded, rename
 from ablate.paths import conf_dir
 from ablate.process.console import say
 from ablate.record.secrets import mask_log_records, remember
@@ -53,7 +53,7 @@ def check_argv(argv: list[str]) -> None:
 
 
 def _refuse(line: str) -> None:
-    print(f"ablate: error: {line}", file=sys.stderr)
+    print(f"ablate: error: {folded(line)}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -112,7 +112,7 @@ def hydra_train(argv: list[str]) -> None:
             raise error
         from ablate.record.secrets import mask_text
 
-        say(f"ablate: error: {mask_text(line)}")
+        say(f"ablate: error: {mask_text(folded(line))}")
         sys.exit(2)
 
 

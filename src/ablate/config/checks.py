@@ -58,6 +58,8 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_schemas(cfg, swept)
     data_checks.check_paths(cfg)
     data_checks.check_data_columns(cfg, swept)
+    data_checks.check_data_rows(cfg, swept)
+    data_checks.check_teacher(cfg, hc, swept)
     data_checks.check_datasets_cache(cfg)
     data_checks.check_cache_dir(cfg)
     _check_reward_funcs(cfg, swept)

@@ -29,6 +29,11 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
         check_trainer_functions(cfg)
         check_reward_functions(cfg)
+        environment = OmegaConf.select(cfg, "method.args.environment", default=None)
+        if environment is not None and "method.args.environment" not in swept:  # made with no arguments (TRL's)
+            from ablate.rewards import resolve
+
+            resolve.environment(environment, "method.args.environment")
         from hydra.utils import get_class
 
         check_trainer_class(get_class(cfg.method.trainer._target_))
@@ -118,6 +123,8 @@ def check_reward_functions(cfg: DictConfig) -> None:
 
     from hydra.utils import get_class
 
+    from ablate.rewards.reward_model import RewardModel, checked_dir
+
     funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
     trainer = get_class(cfg.method.trainer._target_)
     if not isinstance(funcs, (DictConfig, ListConfig)) or "reward_funcs" not in inspect.signature(trainer.__init__).parameters:
@@ -137,6 +144,8 @@ def check_reward_functions(cfg: DictConfig) -> None:
             problem = _class_problem(fn, key, target, partial)
             if problem is not None:
                 raise ConfigError(problem)
+            if issubclass(fn, RewardModel) and node_given and node.get("path") is not None:
+                checked_dir(str(node.path))  # its dir and config.json now, before the run dir (the weights: in the run)
             fn = next(k.__dict__["__call__"] for k in fn.__mro__ if "__call__" in k.__dict__)
         elif not partial:
             raise ConfigError(f"{key}: add _partial_: true ({key}._partial_=true): {target} is a reward function "

@@ -1,11 +1,14 @@
-"""The checks of a run's data and local files, on names and headers alone, before the run dir exists
-and before torch is imported (ablate.config.validate runs them): the files exist and can be read, a
-local file's columns fit the method, an eval split exists when evaluation is asked for, the datasets
-cache can be written, and the reuse cache's dir is a dir."""
+"""The checks of a run's data and local files, before the run dir exists and before torch is imported
+(ablate.config.validate runs them): the files exist and can be read, a local file's columns fit the method
+and a JSON-lines file's rows are sound (each row read once), a model or teacher dir holds a readable config
+(a teacher's a causal LM's), method=distill without a teacher is on the data its scripted teacher knows, an
+eval split exists when evaluation is asked for, the datasets cache can be written, and the reuse cache's dir
+is a dir."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +81,35 @@ def check_paths(cfg: DictConfig) -> None:
                 raise ConfigError(f"{at_}.{key}={path}: {what}")
             if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
                 raise ConfigError(f"{at_}.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
-    model = cfg.get("model") or {}
-    path = model.get("path") if isinstance(model, DictConfig) else None
-    if isinstance(path, str) and path.startswith(("/", ".", "~")) or (isinstance(path, str) and Path(path).exists()):
-        local = Path(path).expanduser()
-        if not (local / "config.json").is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
-            why = "not found" if not local.exists() else "no config.json there"
-            raise ConfigError(f"model.path={path} is not a save_pretrained directory ({why})")
+    for key in ("model", "teacher"):
+        node = cfg.get(key) or {}
+        path = node.get("path") if isinstance(node, DictConfig) else None
+        # a teacher's path is a dir unless it reads as a hub id (org/name); a model's when it reads as a path
+        hub_id = key == "teacher" and isinstance(path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
+        local = path.startswith(("/", ".", "~")) or key == "teacher" and not hub_id if isinstance(path, str) else False
+        if isinstance(path, str) and (local or Path(path).exists()):
+            _check_model_dir(Path(path).expanduser(), f"{key}.path={path}", teacher=key == "teacher")
+
+
+def _check_model_dir(local: Path, given: str, teacher: bool) -> None:
+    """A local model dir (model.path, teacher.path) holds a save_pretrained model whose config.json can be read;
+    a teacher's is a causal LM (a reward model's sequence classifier has no next-token distribution)."""
+    from ablate.rewards.reward_model import read_config
+
+    config = local / "config.json"
+    if not config.is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
+        why = "not found" if not local.exists() else "no config.json there"
+        raise ConfigError(f"{given} is not a save_pretrained directory ({why})")
+    if not config.is_file():
+        return
+    try:
+        archs = read_config(config, f"{given}: ").get("architectures") or []
+    except OSError:
+        return  # unreadable: the loader says so
+    classifier = next((str(a) for a in archs if str(a).endswith("ForSequenceClassification")), None)
+    if teacher and classifier is not None:
+        raise ConfigError(f"{given} holds a {classifier} (a reward model), not a causal LM: distillation learns the "
+                          f"teacher's next-token distribution; give a causal LM's dir (e.g. a method=sft run's model/)")
 
 
 def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
@@ -131,6 +156,45 @@ def _file(data: DictConfig, split: str) -> tuple[str, Any, Path | None]:
     if target == "ablate.data.packaged" and (split == "train" or data.get("with_eval", True)):
         return "name", data.get("name"), packaged_file(data, split)
     return "", None, None
+
+
+def check_data_rows(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """A local JSON-lines file's rows, each read once (`ablate.data.check_jsonl`: UTF-8, JSON objects, one
+    format per file, no line over data.max_line_bytes, not empty): a mistake in any row is refused before the
+    run dir exists, in the loader's words; the loader does not read a file this process checked again."""
+    from ablate.data import MAX_LINE_BYTES, check_jsonl, file_kind
+    from ablate.errors import DataError
+
+    data = at(cfg, "data")
+    if not isinstance(data, DictConfig) or str(data.get("_target_")) not in LOCAL_LOADERS:
+        return
+    for key, split in (("train_path", "train"), ("eval_path", "eval")):
+        path = data.get(key)
+        local = Path(path).expanduser() if isinstance(path, str) and f"data.{key}" not in swept else None
+        if local is None or not local.is_file():
+            continue
+        try:
+            if file_kind(local)[0] == "jsonl":
+                check_jsonl(local, split, data.get("max_line_bytes", MAX_LINE_BYTES))
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+
+
+SCRIPTED_TEACHER = "ablate.models.teachers.letter_teacher"  # knows data=tiny_repeat's task alone (its docstring)
+
+
+def check_teacher(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
+    """method=distill with no +teacher distils from the scripted teacher of the packaged letter task: on any other
+    data it would teach that task's letters, silently. Other data needs a real teacher."""
+    if str(at(cfg, "method.trainer.teacher._target_", "")) != SCRIPTED_TEACHER or any(k.startswith("data") for k in swept):
+        return
+    if str(at(cfg, "data._target_", "")) == "ablate.data.packaged" and at(cfg, "data.name") == "repeat_letter":
+        return
+    data = OmegaConf.select(hc, "runtime.choices.data", default="") if hc is not None else ""
+    raise ConfigError(f"method=distill with data={data or '...'} needs a teacher: without +teacher the teacher is the "
+                      "scripted one of data=tiny_repeat's letter task, which knows nothing of other prompts; give "
+                      "yours: +teacher=local teacher.path=DIR (a causal LM's save_pretrained dir, e.g. a finished "
+                      "run's model/), +teacher=smollm2_135m or +teacher=tiny (conf/teacher/)")
 
 
 LOCAL_LOADERS = ("ablate.data.local", "ablate.data.jsonl")

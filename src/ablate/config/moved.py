@@ -10,6 +10,7 @@ No torch import here."""
 
 from __future__ import annotations
 
+import atexit
 import sys
 from typing import Any
 
@@ -18,13 +19,32 @@ from omegaconf import OmegaConf
 from ablate.schema.renamed import current
 
 _said: set[str] = set()  # old names already noted by this process
+_held: list[str] = []  # notes not said yet: said once the config is accepted, else folded into the refusal's line
 
 
 def note(old: str, new: str) -> None:
-    """One line, once per old name and process: the old spelling works, and what to write instead."""
+    """One line, once per old name and process: the old spelling works, and what to write instead. Held
+    until the config is accepted (`say_notes`): a refusal is one line, the renames folded into it (`folded`)."""
     if old not in _said:
         _said.add(old)
-        print(f"ablate: note: {old} is now {new} (the old name works until the next release)", file=sys.stderr)
+        _held.append(f"{old} is now {new}")
+
+
+def say_notes() -> None:
+    """Print the notes held so far, one line each."""
+    for line in _held:
+        print(f"ablate: note: {line} (the old name works until the next release)", file=sys.stderr)
+    _held.clear()
+
+
+def folded(line: str) -> str:
+    """A refusal's `line` with the renames held so far (it names today's keys, not the ones typed)."""
+    out = f"{line} ({'; '.join(_held)})" if _held else line
+    _held.clear()
+    return out
+
+
+atexit.register(say_notes)  # a command that neither refused nor said them (ablate train --cfg job): at its end
 
 
 def rename(overrides: list[str]) -> list[str]:
@@ -111,7 +131,7 @@ def check_moved(argv: list[str]) -> None:
 
 
 def _refuse(line: str) -> None:
-    print(f"ablate: error: {line}", file=sys.stderr)
+    print(f"ablate: error: {folded(line)}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -34,7 +34,7 @@ from ablate.config.checks import (
     task_overrides,
 )
 from ablate.config.code_checks import check_code, job_processes
-from ablate.config.moved import note_aliases, rename_params
+from ablate.config.moved import folded, note_aliases, rename_params, say_notes
 from ablate.errors import ConfigError, chain, missing_extra
 from ablate.record import sweep_dirs
 
@@ -119,6 +119,7 @@ class Validate(Callback):
             check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
 
         _exit_on_error(checks)
+        say_notes()  # accepted: the renames it used, one line each (a refusal folds them into its line)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A mistake in a sweep's fixed values would fail every job: refuse the sweep instead. The
@@ -141,6 +142,7 @@ class Validate(Callback):
             claim_sweep_dir(config)
 
         _exit_on_error(checks)
+        say_notes()
 
 
 def claim_sweep_dir(config: DictConfig) -> None:
@@ -206,10 +208,10 @@ def _exit_on_error(fn: Callable[[], Any]) -> None:
     try:
         fn()
     except (ConfigError, RunDirError) as e:
-        print(f"ablate: error: {mask_text(str(e))}", file=sys.stderr)
+        print(f"ablate: error: {mask_text(folded(str(e)))}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
-        print(f"ablate: error: {mask_text(os_error_line(e))}", file=sys.stderr)
+        print(f"ablate: error: {mask_text(folded(os_error_line(e)))}", file=sys.stderr)
         sys.exit(2)
     except Exception:  # noqa: BLE001 - a bug in a check: loud, and the run does not start
         import traceback
@@ -254,6 +256,9 @@ def one_line(e: BaseException) -> str | None:
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
+    line = _merge_mismatch(e)
+    if line is not None:
+        return line
     if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \
             and "not in struct" in str(e.__cause__):
         import re
@@ -264,6 +269,27 @@ def one_line(e: BaseException) -> str | None:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
     return None
+
+
+def _merge_mismatch(e: BaseException) -> str | None:
+    """`key=[a,b]` over a mapping (or `key={...}` over a list): Hydra's "Error merging override" names no fix. The
+    remedy is to replace the node whole (`~key` then `+key=`); a mapping of reward functions also takes one more."""
+    text = str(e).strip()
+    if not text.startswith("Error merging override ") or not any(
+            "Cannot merge" in str(c) and "ListConfig" in str(c) for c in chain(e)):
+        return None
+    override = text.removeprefix("Error merging override ").splitlines()[0]
+    key, _, value = override.lstrip("+").partition("=")
+    if not value.startswith("["):
+        return (f"{override}: {key} is a list here, which a mapping cannot be merged into: replace it whole, "
+                f"'~{key}' '+{key}={value}'")
+    add = ""
+    if key == "data.reward_funcs":  # name -> function: one more beside the data's own
+        first = value.strip("[]").split(",")[0].strip()
+        add = f"add yours, +{key}.{first.rsplit('.', 1)[-1]}={first}, or " if first else ""
+        return (f"{override}: {key} is a mapping here (name -> function), which a list cannot be merged into: "
+                f"{add}replace them all, '~{key}' '+{key}={value}'")
+    return f"{override}: {key} is a mapping here, which a list cannot be merged into: replace it whole, '~{key}' '+{key}={value}'"
 
 
 def bad_config_file(e: BaseException) -> str | None:

@@ -99,14 +99,14 @@ def read_local(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> 
     """One local path as a Dataset (plus a saved DatasetDict's eval split): a `save_to_disk` dir; a
     parquet file (by its magic bytes, whatever its name); else by extension: .jsonl JSON lines, .json
     a list of objects or JSON lines, .csv/.tsv; a file of another name is sniffed (`{`: JSON lines, `[`:
-    a JSON list). Bad rows of JSON lines are named by line (`_check_jsonl`)."""
+    a JSON list). Bad rows of JSON lines are named by line (`check_jsonl`)."""
     if not path.exists():
         raise DataError(f"data: {split} file not found: {path}")
     if path.is_dir():
         return _saved(path, split)
-    kind, options = _kind(path)
+    kind, options = file_kind(path)
     if kind == "jsonl":
-        _check_jsonl(path, split, max_line_bytes)
+        check_jsonl(path, split, max_line_bytes)
     elif kind == "json":
         _check_json_list(path)
     shown = is_progress_bar_enabled()
@@ -123,7 +123,7 @@ def read_local(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> 
     return ds, None
 
 
-def _kind(path: Path) -> tuple[str, dict[str, Any]]:
+def file_kind(path: Path) -> tuple[str, dict[str, Any]]:
     """The `datasets` builder (and its options) for one file."""
     with path.open("rb") as f:
         head = f.read(4)
@@ -213,10 +213,24 @@ def _row_format(row: dict[str, Any]) -> str | None:
     return None
 
 
-def _check_jsonl(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-    """Name the file and line of the first bad row: `datasets` only says the generation failed."""
+_rows_checked: set[tuple[str, int, int, int]] = set()  # files whose rows this process has read and passed
+
+
+def check_jsonl(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    """Name the file and line of the first bad row: `datasets` only says the generation failed. Each file
+    (by path, size and mtime) is read once per process: the launch's checks read it before the run dir
+    exists (ablate.config.data_checks), the loader then trusts that."""
     if not path.is_file():
         raise DataError(f"data: {split} file not found: {path}")
+    stat = path.stat()
+    seen = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, max_line_bytes)
+    if seen in _rows_checked:
+        return
+    _check_rows(path, split, max_line_bytes)
+    _rows_checked.add(seen)
+
+
+def _check_rows(path: Path, split: str, max_line_bytes: int) -> None:
     rows, first = 0, None
     try:
         f = path.open("rb")

@@ -5,7 +5,9 @@ sequence, prompt + completion, scored by the model's last token.
 - strings: EOS appended to each completion's text (unless it ends with it), prompt + completion tokenised
   as one text with the tokenizer's own special tokens; messages: prompt + completion through the chat
   template (whose end-of-turn ends the sequence);
-- a `margin` column (TRL's: how much the chosen must win by) is kept, as a float per pair;
+- a `margin` column (TRL's: how much the chosen must win by) is kept, as a float per pair (one that is no finite
+  number is refused, naming its row);
+- pairs whose chosen is their rejected teach nothing: all of them is refused, some are said once;
 - pairs with either side longer than `max_length` are dropped (TRL filters them; the score is read at
   the last token, so a cut sequence would be scored on text it does not end with).
 """
@@ -13,6 +15,7 @@ sequence, prompt + completion, scored by the model's last token.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from datasets import Dataset, Features, List, Value
@@ -45,7 +48,7 @@ def prepare_reward(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_len
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
         out = tokenize_reward(tokenizer, row, index)
         if has_margin:
-            out["margin"] = float(row["margin"])
+            out["margin"] = _margin(row["margin"], name, index)
         return out
 
     features = {"chosen_ids": List(Value("int64")), "rejected_ids": List(Value("int64"))}
@@ -53,6 +56,7 @@ def prepare_reward(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_len
     with bars_if_large(len(dataset)):
         tokenized = dataset.map(fn, with_indices=True, remove_columns=dataset.column_names,
                                 features=Features(features), desc=f"Tokenizing {name} pairs")
+    _check_pairs_differ(tokenized, name)
     if max_length is None:
         return tokenized
     kept = tokenized.filter(lambda r: len(r["chosen_ids"]) <= max_length and len(r["rejected_ids"]) <= max_length,
@@ -63,3 +67,28 @@ def prepare_reward(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_len
         log.warning("dropped %d of %d %s pairs longer than max_length=%d (raise method.args.max_length)",
                     len(tokenized) - len(kept), len(tokenized), name, max_length)
     return kept
+
+
+def _margin(value: Any, name: str, index: int) -> float:
+    """A row's `margin` as a finite float, or one line naming the row."""
+    try:
+        margin = float(value)
+    except (TypeError, ValueError):
+        margin = math.nan
+    if isinstance(value, bool) or not math.isfinite(margin):
+        raise DataError(f"data: {name} row {index}: margin={value!r} is not a number (TRL's margin: how much the chosen "
+                        "must win by, a finite float); fix the row, or remove the column")
+    return margin
+
+
+def _check_pairs_differ(pairs: Dataset, name: str) -> None:
+    """A pair whose chosen is its rejected, token for token, teaches nothing (r_c - r_r is 0 whatever the model):
+    all of them is refused, some said once."""
+    same = [i for i, (c, r) in enumerate(zip(pairs["chosen_ids"], pairs["rejected_ids"])) if c == r]
+    if same and len(same) == len(pairs):
+        raise DataError(f"data: every {name} pair's chosen is identical to its rejected ({len(same)} pairs): a reward "
+                        "model learns nothing from them (r_c - r_r is 0 whatever its weights); check the data's columns")
+    if same:
+        log.warning("%d of %d %s pairs have a chosen identical to their rejected (row %d first): they teach nothing",
+                    len(same), len(pairs), name, same[0])
+

@@ -12,7 +12,8 @@ estimate.
   seed, the shuffled order is as fixed as TRL's;
 - prompt and prompt + completion are tokenised as TRL does (ablate.data.tokenize.tokenize_sft: strings get
   EOS after the completion, messages the chat template; the completion starts where the two diverge);
-  examples whose prompt alone fills `max_length` are dropped (nothing left to learn from);
+  examples whose prompt alone fills `max_length` are dropped (nothing left to learn from); data of one label
+  only (every example desirable, or every one undesirable) trains, as in TRL, and is said once;
 - `KL_completion_ids`: the completions rotated by one within each chunk of `batch_size` examples, so
   example i of a batch is paired with completion i - 1 of the same batch (TRL's `add_kl_completion_ids`).
 """
@@ -20,6 +21,7 @@ estimate.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from datasets import Dataset, Features, Json, List, Value
@@ -29,6 +31,7 @@ from ablate.data.formats import check_rows, detect, preference_row
 from ablate.data.tokenize import _finish, bars_if_large, tokenize_sft, truncate
 from ablate.errors import DataError
 
+log = logging.getLogger("ablate")
 UNPAIR_BLOCK = 1000  # rows per block of TRL's unpairing (datasets' default map batch size)
 
 
@@ -72,6 +75,7 @@ def prepare_unpaired(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_l
     rows = unpair(dataset).shuffle(seed=seed).flatten_indices()
     if not all(isinstance(v, bool) for v in rows["label"]):
         raise DataError(f"data: the {name} data's 'label' column must hold true (desirable) or false (undesirable)")
+    _say_if_one_label(rows["label"], name)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
         ids = tokenize_sft(tokenizer, {"prompt": row["prompt"], "completion": row["completion"]}, index)
@@ -92,3 +96,15 @@ def prepare_unpaired(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_l
         return {**batch, "KL_completion_ids": batch["completion_ids"][-1:] + batch["completion_ids"][:-1]}
 
     return kept.map(rotate, batched=True, batch_size=kl_batch_size, desc=f"Pairing {name} KL completions")
+
+
+def _say_if_one_label(labels: list[bool], name: str) -> None:
+    """Data of one label trains, as in TRL, but KTO's loss then only raises (or only lowers) its examples'
+    reward against the KL baseline: nothing to contrast them with, which is rarely what was meant. Said once."""
+    if labels and len(set(labels)) == 1:
+        kind, other = ("desirable (label true)", "undesirable (label false)") if labels[0] else \
+            ("undesirable (label false)", "desirable (label true)")
+        log.warning("every %s example (%d) is %s: KTO has no %s example to contrast them with, and only moves "
+                    "these against its KL baseline; add some, or check the data's 'label' column", name, len(labels),
+                    kind, other)
+

@@ -23,6 +23,8 @@ Departures from the paper, all as in TRL: the std is the unbiased one (torch.std
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
 reward functions are summed with weights before normalising (`method/grpo_reward_aggregation=sum_then_normalize`;
 `normalize_then_sum` normalises each function per group first, as TRL's `multi_objective_aggregation`).
+Departure from TRL: rewards so large that float32 statistics of them overflow (+-3e38) are aggregated in
+float64 (`headroom`), where TRL's advantages would all be 0.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ class LossInputs:
     # (B, T) or (B, 1) times the policy term, not the KL term: the engine's importance-sampling correction
     # and/or the off-policy mask (ablate.losses.is_correction); None = 1
     policy_weight: torch.Tensor | None = None
+
+
+def headroom(rewards_per_func: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The reward table in float64 when its weighted rewards are so large that a sum, a spread or a variance
+    of them could overflow float32 (|r| past ~sqrt(3.4e38 / 4N), ~1e18 for 64 completions: a reward function
+    returning +-3e38 made every statistic inf/NaN, so every advantage 0); any other table as it is, so TRL's
+    float32 arithmetic holds to the bit. The advantages go back to the table's dtype."""
+    if rewards_per_func.dtype == torch.float64 or rewards_per_func.numel() == 0:
+        return rewards_per_func
+    largest = torch.nan_to_num(rewards_per_func.abs(), nan=0.0).max().double() * rewards_per_func.shape[-1]
+    if weights is not None and weights.numel():
+        largest = largest * weights.abs().max().double()
+    limit = (torch.finfo(rewards_per_func.dtype).max / (4 * rewards_per_func.numel())) ** 0.5
+    return rewards_per_func.double() if largest > limit else rewards_per_func
 
 
 def _nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -90,8 +106,8 @@ def frac_zero_std(grouped: torch.Tensor, scale: Scale) -> torch.Tensor:
     std being the batch's with `scale_rewards: batch` (so 0 or 1), else each group's (`none` too,
     which divides by nothing but logs it). grouped: (groups, G) rewards, NaN = unscorable."""
     if getattr(scale, "func", scale) is batch_std:  # a config's scale is functools.partial(batch_std)
-        return torch.isclose(_nanstd(grouped), torch.zeros(())).float()
-    return torch.isclose(_nanstd(grouped, dim=1), torch.zeros(())).float().mean()
+        return torch.isclose(_nanstd(grouped), torch.zeros((), dtype=grouped.dtype)).float()
+    return torch.isclose(_nanstd(grouped, dim=1), torch.zeros((), dtype=grouped.dtype)).float().mean()
 
 
 def sum_then_normalize(
@@ -103,6 +119,7 @@ def sum_then_normalize(
     rows are consecutive groups of `num_generations` completions of one prompt. Returns (A (N,),
     metrics) with TRL's metric names: `reward`, `reward_std`, `frac_reward_zero_std`.
     """
+    dtype, rewards_per_func = rewards_per_func.dtype, headroom(rewards_per_func, weights)
     all_nan = torch.isnan(rewards_per_func).all(dim=1)
     rewards = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
     rewards[all_nan] = torch.nan  # unscorable: out of the baseline, advantage 0 below
@@ -114,7 +131,7 @@ def sum_then_normalize(
         "reward_std": _nanstd(rewards),
         "frac_reward_zero_std": frac_zero_std(grouped, scale),
     }
-    return torch.nan_to_num(scaled.reshape(-1), nan=0.0), metrics
+    return torch.nan_to_num(scaled.reshape(-1), nan=0.0).to(dtype), metrics
 
 
 def normalize_then_sum(
@@ -124,6 +141,7 @@ def normalize_then_sum(
     within its group first, so a reward with a large range cannot drown the others; the weighted sum
     is then centred and divided by its std over the whole batch (`scale` is not used, as in TRL).
     Same inputs and metrics as `advantages` (`reward`, `reward_std` are of the raw weighted sum)."""
+    dtype, rewards_per_func = rewards_per_func.dtype, headroom(rewards_per_func, weights)
     all_nan = torch.isnan(rewards_per_func).all(dim=1)
     grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
     per_func = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (_nanstd(grouped, dim=1, keepdim=True) + 1e-4)
@@ -134,8 +152,8 @@ def normalize_then_sum(
     raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
     raw[all_nan] = torch.nan
     metrics = {"reward": torch.nanmean(raw), "reward_std": _nanstd(raw),
-               "frac_reward_zero_std": torch.isclose(std, torch.zeros(())).float()}
-    return torch.nan_to_num(adv, nan=0.0), metrics
+               "frac_reward_zero_std": torch.isclose(std, torch.zeros((), dtype=std.dtype)).float()}
+    return torch.nan_to_num(adv, nan=0.0).to(dtype), metrics
 
 
 def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> Objective:

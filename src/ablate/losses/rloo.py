@@ -39,6 +39,7 @@ def leave_one_out(
     `num_generations`. `token_kl` (N, T): log pi_old - log pi_ref per completion token, `mask` (N, T) its
     tokens: given (the trainer does with beta > 0), `beta` times its per-completion sum is subtracted from
     the reward. `scale` is GRPO's std option and is not used: RLOO's baseline needs none."""
+    dtype, rewards_per_func = rewards_per_func.dtype, grpo.headroom(rewards_per_func, weights)  # +-3e38: float64
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
     raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
     raw[unscorable] = torch.nan  # out of the baselines; advantage 0 below
@@ -57,7 +58,7 @@ def leave_one_out(
     group_std = nanstd(grouped, dim=1).masked_fill(scorable.squeeze(1) < 2, torch.nan)  # one value: no std (TRL's)
     metrics |= {"reward": torch.nanmean(raw), "reward_std": nanstd(raw).reshape(()),
                 "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).to(raw.dtype).mean()}
-    return torch.nan_to_num(advantages, nan=0.0), metrics
+    return torch.nan_to_num(advantages, nan=0.0).to(dtype), metrics
 
 
 def sequence_clip(

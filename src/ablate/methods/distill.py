@@ -75,7 +75,7 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
                  processing_class: PreTrainedTokenizerBase, teacher: Any = None, eval_dataset: Dataset | None = None,
                  reward_funcs: dict[str, Callable[..., list[float | None]]] | None = None, generator: Any = None,
                  **kwargs: Any) -> None:
-        self.teacher = _built(teacher, model)
+        self.teacher = _built(teacher, model, processing_class)
         self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
         if train_dataset is not None:  # None: evaluation only
             train_dataset, self.prompt_cuts["train"] = prompt_rows(train_dataset, processing_class,
@@ -216,17 +216,46 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
         return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
 
 
-def _built(teacher: Any, student: nn.Module) -> nn.Module:
+def _built(teacher: Any, student: nn.Module, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
     """The teacher model from what the config gives (a builder's partial or its (tokenizer, model)), checked
-    to share the student's vocabulary (the divergence compares whole next-token distributions)."""
+    to be a causal LM sharing the student's vocabulary: the divergence compares whole next-token distributions,
+    id by id, so the same size is not enough (the token behind each id must be the same)."""
     if teacher is None:
         raise ConfigError("method=distill needs a teacher: +teacher=local teacher.path=DIR (a model dir, e.g. a "
                           "finished run's model/), +teacher=tiny, or +teacher=smollm2_135m (conf/teacher/)")
-    built = teacher() if callable(teacher) and not isinstance(teacher, nn.Module) else teacher
+    try:
+        built = teacher() if callable(teacher) and not isinstance(teacher, nn.Module) else teacher
+    except ConfigError as e:  # ablate.models' loaders name the policy's key; this is the teacher's
+        raise ConfigError(str(e).replace("model=local model.path=", "+teacher=local teacher.path=")
+                          .replace("model.path", "teacher.path", 1)) from e
     model = built[1] if isinstance(built, tuple) else built
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        raise ConfigError(f"teacher: a {type(model).__name__} (a reward model), not a causal LM: distillation learns "
+                          "the teacher's next-token distribution; give a causal LM's dir")
     theirs, ours = model.config.vocab_size, student.config.vocab_size
     if theirs != ours:
         raise ConfigError(f"teacher: its vocabulary has {theirs} tokens, the student's {ours}; distillation compares "
                           "next-token distributions, so they must share a tokenizer (e.g. model=smollm2_135m "
                           "with +teacher=smollm2_135m or a run of it)")
+    if isinstance(built, tuple):
+        _same_vocabulary(built[0], tokenizer)
     return model
+
+
+def _same_vocabulary(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase) -> None:
+    """ConfigError unless both tokenizers map the same tokens to the same ids (get_vocab(), added tokens included)."""
+    theirs, ours = teacher.get_vocab(), student.get_vocab()
+    if theirs == ours:
+        return
+    moved = next((t for t in sorted(ours, key=ours.get) if t in theirs and theirs[t] != ours[t]), None)
+    if moved is not None and set(theirs) == set(ours):
+        raise ConfigError(f"teacher: its tokenizer has the student's {len(ours)} tokens under other ids ({moved!r} is "
+                          f"{theirs[moved]} there, {ours[moved]} here); distillation compares next-token "
+                          "distributions id by id, so they must share a tokenizer (the student's model and its teacher "
+                          "from one family, e.g. model=smollm2_135m with +teacher=smollm2_135m or a run of it)")
+    missing = next((t for t in sorted(ours, key=ours.get) if t not in theirs or theirs[t] != ours[t]), None)
+    if missing is None:  # the student's tokens all under the same ids, the teacher's vocabulary a superset
+        return
+    raise ConfigError(f"teacher: its tokenizer is not the student's ({missing!r}, id {ours[missing]} here, is "
+                      f"{'not in it' if missing not in theirs else f'id {theirs[missing]} there'}); distillation "
+                      "compares next-token distributions id by id, so they must share a tokenizer")

@@ -110,7 +110,7 @@ class GRPOConfig(GRPOArgs, TrainingArguments):
 
     def environment_factory(self) -> Callable[[], Any] | None:
         """method.args.environment as a factory of instances (its other keys bound as keyword arguments)."""
-        return None if self.environment is None else resolve.function(self.environment, "method.args.environment")
+        return None if self.environment is None else resolve.environment(self.environment, "method.args.environment")
 
 
 class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
@@ -370,13 +370,15 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         advantages, metrics = self.reward_aggregation(
             rewards, self.reward_weights, self.args.num_generations, self.scale_rewards, **penalty
         )
+        rewarding.check_advantages(advantages, self.reward_aggregation, self.state.global_step)
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
         rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
                           num_items=loss_mask.sum().float() / slices, policy_version=version)
         for i, name in enumerate(self.reward_funcs):
-            metrics.update({f"rewards/{name}/mean": torch.nanmean(rewards[:, i]), f"rewards/{name}/std": nanstd(rewards[:, i])})
+            column = grpo_losses.headroom(rewards[:, i])  # +-3e38: its mean and std in float64
+            metrics.update({f"rewards/{name}/mean": torch.nanmean(column), f"rewards/{name}/std": nanstd(column)})
         metrics.update(completion_metrics(lengths.tolist(), truncated))  # TRL's completions/*
         metrics["num_tokens"] = float(stats.num_tokens)  # TRL's
         metrics["timing/generation_seconds"] = seconds if round_seconds is None else round_seconds  # ablate's own

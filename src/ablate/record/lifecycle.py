@@ -35,6 +35,7 @@ from ablate.errors import (
     DiskFullError,
     Pruned,
     RunDirError,
+    chain,
     user_code_error,
     user_error,
 )
@@ -185,7 +186,8 @@ class Run:
         """summary.json, with the run's wall-clock so far; the tracker is told how the run ended."""
         self.summary["train_runtime"] = self.summary.get("metrics", {}).get("train_runtime", round(time.time() - self.t0, 3))
         self.summary["wall_seconds"] = round(time.time() - self.t0, 3)
-        rundir.write_json(self.dir / rundir.SUMMARY, self.summary)
+        if self.dir.is_dir():  # a run dir deleted while training is not made again (`_dir_gone` says so)
+            rundir.write_json(self.dir / rundir.SUMMARY, self.summary)
         if self.tracker is not None:
             self.tracker.finish(self.summary["status"])
 
@@ -239,7 +241,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             run.write()
             return
         except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _disk_full(run, e) or checkpoints.peer_lost(run.dir, e) or user_code_error(e)  # said in one line
+            known = _dir_gone(run, e) or _disk_full(run, e) or checkpoints.peer_lost(run.dir, e) or user_code_error(e)
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e
@@ -347,8 +349,9 @@ def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
 
     if not isinstance(e, Exception):  # Ctrl-C, SIGTERM, a SLURM preemption
         return None
+    too_large = _file_too_large(e)
     try:
-        full = rundir.disk_full(e) or shutil.disk_usage(run.dir).free < 1 << 20
+        full = too_large or rundir.disk_full(e) or shutil.disk_usage(run.dir).free < 1 << 20
     except OSError:
         return None
     if not full:
@@ -359,8 +362,32 @@ def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
     for p in partial if rundir.is_main_process() else []:
         shutil.rmtree(p, ignore_errors=True)
     writing = f"{partial[0]} (removed: incomplete)" if partial else str(run.dir)
+    if too_large:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        shown = f"{limit} bytes" if limit != resource.RLIM_INFINITY else "its size"
+        return DiskFullError(f"file-size limit: a file passed this process's limit of {shown} per file (ulimit -f) "
+                             f"while writing {writing}; raise it (ulimit -f unlimited), then resume: ablate resume {run.dir}")
     return DiskFullError(f"disk full: no space left on {rundir.mount_of(run.dir)} while writing {writing}; "
                          f"free some space, then resume: ablate resume {run.dir}")
+
+
+def _file_too_large(e: BaseException) -> bool:
+    """A write past the file-size limit (RLIMIT_FSIZE, `ulimit -f`: Python ignores SIGXFSZ, so the write fails
+    with EFBIG); safetensors and torch say it in their own words."""
+    import errno
+
+    return any(isinstance(c, OSError) and c.errno == errno.EFBIG or "File too large" in str(c) for c in chain(e))
+
+
+def _dir_gone(run: Run, e: BaseException) -> RunDirError | None:
+    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made again."""
+    if not isinstance(e, Exception) or run.dir.is_dir():
+        return None
+    logging.raiseExceptions = False  # the log file went with the dir
+    return RunDirError(f"the run dir {run.dir} was deleted (or moved) while training: nothing more can be saved there, "
+                       "and nothing was made again; run again in a new dir")
 
 
 def all_ranks_stopped() -> None:

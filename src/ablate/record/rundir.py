@@ -13,8 +13,10 @@
       wandb/             offline W&B files when logger=wandb
       .lock              held (flock) by the process training in the dir: one run per dir at a time
 
-A dir is used only when it is empty (Hydra's own .hydra/ and ablate.log aside) or holds an ablate
-run (a readable run.json); a completed run is never trained further.
+A dir is used only when it is empty (an ablate.log and ablate's .lock aside: a launch refused or killed
+before it wrote run.json) or holds an ablate run (a readable run.json, ablate's marker); a completed run
+is never trained further. A `.hydra/` is never taken for ablate's: Hydra writes none here (ablate writes
+it after run.json), so one without run.json is another application's.
 
 This module imports neither torch nor transformers: `ablate compare` uses it on a laptop.
 """
@@ -25,6 +27,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 from importlib import metadata
@@ -37,8 +40,8 @@ SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics
 LOCK, HYDRA = ".lock", ".hydra"
 EXAMPLES = "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
 EVAL = "eval.json"  # `ablate eval`'s held-out metrics, which `ablate compare` prefers to the training ones
-# what Hydra and the lock write into the run dir before ablate's code runs: a dir holding only these is "empty"
-HYDRA_FILES = {HYDRA, "ablate.log", LOCK}
+# what Hydra's log and the lock write into the run dir before run.json: a dir holding only these is "empty"
+HYDRA_FILES = {"ablate.log", LOCK}
 
 
 def is_main_process() -> bool:
@@ -152,11 +155,22 @@ def is_usable(run_dir: Path) -> None:
         raise RunDirError(f"run dir {run_dir} is a file, not a directory")
     if read_json_checked(run_dir / RUN) is not None:
         return
-    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in HYDRA_FILES)
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in HYDRA_FILES or not _ours(p))
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise RunDirError(f"run dir {run_dir} is not empty and holds no ablate run ({RUN} missing; found {shown}); "
                           "use an empty or new hydra.run.dir")
+
+
+def _ours(path: Path) -> bool:
+    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock file is not ours to take)."""
+    if path.name != LOCK:
+        return path.is_file()
+    try:
+        text = path.read_text(errors="replace")[:200]
+    except OSError:
+        return False
+    return not text.strip() or bool(re.fullmatch(r"PID \d+ on host \S*\n?", text))
 
 
 _held: dict[Path, int] = {}  # lock fds, kept open (and so held) until the process exits

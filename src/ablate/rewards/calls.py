@@ -10,8 +10,8 @@ traceback in the run's log:
 - before the run (ablate.config.code_checks): a signature that cannot take that call (`call_problem`);
 - when the trainer is built: a required argument that is no column of the data (`column_problem`, `checked`);
 - at each round (`score`): an exception; a scalar, a string or another type instead of a list; the wrong
-  count; a value that is not a number; inf (it would make every advantage of its group NaN or 0: the
-  run would learn nothing, silently).
+  count; a value that is not a number; inf, or a number float32 cannot hold (it would make every advantage of
+  its group NaN or 0: the run would learn nothing, silently); `sys.exit()` (it would end the run as a success).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ablate.rewards import resolve
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # what GRPO passes besides the data's columns
 CALL = "f(prompts=..., completions=..., completion_ids=..., **dataset columns)"
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: rewards are held as float32
 
 
 def name_of(fn: Any) -> str:
@@ -85,6 +86,9 @@ def score(name: str, fn: Callable[..., Any], n: int, kwargs: dict[str, Any], log
             import asyncio
 
             values = asyncio.run(_awaited(values))
+    except SystemExit as e:  # sys.exit(0) would end the run as a success, mid-round
+        raise UserCodeError(f"{who} called sys.exit({e.code!r}): a reward function returns its rewards, one per "
+                            f"completion (traceback: {log})") from e
     except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs, one line, the traceback logged
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UserCodeError(f"{who} raised {type(e).__name__}{': ' + first if first else ''} "
@@ -120,6 +124,9 @@ def _reward(who: str, i: int, v: Any) -> float:
     x = float(v)
     if math.isinf(x):
         raise UserCodeError(f"{who} returned {x} for completion {i}: rewards must be finite (None or NaN: not scored)")
+    if abs(x) > FLOAT32_MAX:  # the round's reward table is float32 (TRL's): it would hold inf
+        raise UserCodeError(f"{who} returned {x:.3g} for completion {i}: beyond float32's range ({FLOAT32_MAX:.2g}), "
+                            "which holds the rewards; scale them down")
     return x
 
 

@@ -96,6 +96,26 @@ def function(value: Any, key: str) -> Callable[..., Any]:
     return obj
 
 
+def environment(value: Any, key: str) -> Callable[[], Any]:
+    """An environment class (or factory) from config, checked to be callable with no arguments: TRL's
+    environment_factory makes one instance per rollout that way, the config's other keys bound first."""
+    import inspect
+
+    factory = function(value, key)
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: cannot tell
+        return factory
+    needs = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needs:
+        target = value.get("_target_") if _is_mapping(value) else value
+        named = target if isinstance(target, str) else name_of(factory)
+        raise ConfigError(f"{key}: {named} needs {', '.join(repr(n) for n in needs)}, which TRL's environment_factory "
+                          f"never passes (one instance per rollout, made with no arguments): set it in the config, "
+                          f"{key}.{needs[0]}=..., or give it a default")
+    return factory
+
+
 def reward_funcs(value: Any, key: str = "data.reward_funcs") -> dict[str, RewardFunc]:
     """A data config's reward functions as `{name: function}`, from any of the forms ablate accepts:
     a list of dotted paths (`[myrew.short]`: named after the function), a mapping name -> dotted path

@@ -38,6 +38,35 @@ def model_dir(path: str | Path) -> Path:
     raise ConfigError(f"RewardModel: {p} holds no model (no config.json in it or in {p / MODEL_DIR})")
 
 
+def read_config(path: Path, who: str) -> dict[str, Any]:
+    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) when it is not JSON."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"{str(e).splitlines()[0]}"
+        raise ConfigError(f"{who}{path} is not JSON ({why}): a damaged or unfinished save; save the model again "
+                          "(save_pretrained), or point at another dir") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{who}{path} is not JSON (a {type(config).__name__}, not an object): a damaged save")
+    return config
+
+
+def checked_dir(path: str | Path) -> Path:
+    """The model dir behind `path`, its config.json that of a one-label sequence classifier (read, not loaded:
+    the config checks call this before the run dir exists)."""
+    found = model_dir(path)
+    config = read_config(found / "config.json", "RewardModel: ")
+    archs = config.get("architectures") or []
+    if archs and not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        raise ConfigError(f"RewardModel: {found} holds a {archs[0]}, not a sequence-classification model "
+                          f"(train one with `ablate train method=reward`)")
+    labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)
+    if labels != 1:
+        raise ConfigError(f"RewardModel: {found} has {labels} output labels; a reward model has one "
+                          f"(its logit is the reward)")
+    return found
+
+
 class RewardModel:
     """A reward function scoring each (prompt, completion) with a sequence-classification model (see the
     module docstring). Named `reward_model` in the metrics unless the config names it (`rewards/<name>/mean`)."""
@@ -45,16 +74,7 @@ class RewardModel:
     __name__ = "reward_model"
 
     def __init__(self, path: str, batch_size: int = 32, dtype: str = "float32", max_length: int | None = None) -> None:
-        self.path = model_dir(path)
-        config = json.loads((self.path / "config.json").read_text())
-        archs = config.get("architectures") or []
-        if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
-            raise ConfigError(f"RewardModel: {self.path} holds a {archs[0]}, not a sequence-classification model "
-                              f"(train one with `ablate train method=reward`)")
-        labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)
-        if labels != 1:
-            raise ConfigError(f"RewardModel: {self.path} has {labels} output labels; a reward model has one "
-                              f"(its logit is the reward)")
+        self.path = checked_dir(path)
         if batch_size < 1:
             raise ConfigError(f"RewardModel: batch_size must be >= 1, got {batch_size}")
         if dtype not in ("float32", "bfloat16", "float16"):

@@ -7,6 +7,7 @@ functions score a run, and a round's table of their values (TRL 1.16's call).
   its `get_reward()` as one more column, weight 1 (TRL's).
 - `ready`: once the trainer is built: each function against the data's columns (and `environments`, which
   every reward function receives when there is an environment), reward models moved to the trainer's device.
+- `check_advantages`: NaN/inf advantages stop the round in one line.
 - `reward_table` / `table`: one round's (N, F) rewards. Each completion is its text, or its messages (prompt-style data, and
   every completion with tool calls: turns and tool results).
 
@@ -88,3 +89,13 @@ def table(funcs: dict[str, RewardFunc], rows: list[dict[str, Any]], out: Complet
     statistics): `reward_table`'s call, with each
     completion's messages when it has tool turns; `environments`: this round's, one per row, or None."""
     return reward_table(funcs, tokenizer, rows, out.ids, warned, messages=out.messages, environments=environments)
+
+
+def check_advantages(advantages: torch.Tensor, aggregation: Any, step: int) -> None:
+    """NaN/inf advantages (an aggregation of the user's, or rewards beyond what any dtype's arithmetic holds) as one
+    line naming the step and the function that made them, before a loss is computed from them."""
+    if not torch.isfinite(advantages).all():
+        raise FloatingPointError(f"the advantages are NaN/inf at step {step}, made by method.grpo_reward_aggregation "
+                                 f"({calls.name_of(aggregation)}) from this round's rewards: check its arithmetic "
+                                 "and the rewards' scale")
+

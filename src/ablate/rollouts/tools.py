@@ -44,7 +44,8 @@ from transformers import PreTrainedTokenizerBase
 from transformers.utils import get_json_schema
 
 from ablate.data.chat_templates import hermes_conversation, tool_calls_rendered
-from ablate.errors import ConfigError, DataError
+from ablate.errors import ConfigError, DataError, UserCodeError, log_file
+from ablate.rewards.calls import name_of
 
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -216,6 +217,9 @@ def call(tools: dict[str, Callable[..., Any]], name: str, arguments: Any, error:
         if not isinstance(arguments, dict):
             raise TypeError(f"the arguments of {name} must be an object of named values, got {arguments!r}")
         return run_with_timeout(tools[name], arguments, timeout), False
+    except SystemExit as e:  # not an error for the model to read: it would end the run as a success
+        raise UserCodeError(f"tool '{name}' ({name_of(tools[name])}) called sys.exit({e.code!r}): a tool returns "
+                            f"its result, or raises for the model to read (traceback: {log_file()})") from e
     except Exception as e:  # noqa: BLE001 - any tool error is the model's to read, and a failure to count
         return {"error": str(e)}, True
 
