@@ -215,7 +215,10 @@ def row(run: Run, root: Path) -> dict[str, Any]:
     step = run.summary.get("global_step")
     if step is None and run.events:
         step = run.events[-1].get("step")
-    metric, value = key_metric(run)
+    try:
+        metric, value = key_metric(run)
+    except PermissionError:  # its eval.json (the held-out value) cannot be read: the status says why
+        metric, value = run.default_metrics[0], None
     try:
         rel = str(run.path.relative_to(root))
     except ValueError:
