@@ -74,7 +74,7 @@ def test_smollm2_preview(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["preview", "-n", "0"], "-n needs a positive number"),
     (["preview", "--bogus"], "ablate: error: '--bogus' is not an option of ablate data"),
-    (["show"], "ablate: error: ablate data: argument action: invalid choice: 'show' (choose from 'preview')"),
+    (["show"], "ablate: error: ablate data: argument action: invalid choice: 'show' (choose from 'preview', 'check')"),
     (["preview", "method=nope"], "ablate: error: "),
 ])
 def test_bad_preview_args_are_one_line(tmp_path, args, needle):

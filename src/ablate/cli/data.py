@@ -1,10 +1,12 @@
 """`ablate data preview [overrides] [-n N]`: the first N training examples as the model will see them.
+`ablate data check [overrides]`: the splits' sizes and format, and how many eval prompts also occur in
+the training data (`ablate.data.overlap`).
 
-Composes the same config as `ablate train` (model, data, method), loads only the tokenizer (no
-weights, for the models ablate knows), and runs each row through the method's own tokenisation and
+Both compose the same config as `ablate train` (model, data, method). Preview loads only the tokenizer
+(no weights, for the models ablate knows), and runs each row through the method's own tokenisation and
 truncation (`ablate.data.tokenize`): the text after the chat template, the tokens that count towards
-the loss marked, prompt/completion/total lengths, and what truncation cut or dropped. Trains nothing
-and writes nothing.
+the loss marked, prompt/completion/total lengths, and what truncation cut or dropped. Neither trains
+nor writes anything.
 """
 
 from __future__ import annotations
@@ -111,10 +113,9 @@ def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_len
     return notes
 
 
-def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
-    """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
+def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
+    """The config `ablate train` would run, checked as it checks it (`config_dir`: like train's --config-dir)."""
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
 
     from ablate.config.compose import register_resolvers
     from ablate.config.moved import rename, say_notes
@@ -132,6 +133,55 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
 
     check(cfg)  # what `ablate train` would refuse, in the same words
     check_method_args(cfg)
+    return cfg
+
+
+def _train_name(data_cfg: DictConfig) -> str:
+    """The training data as the user named it (a path, a hub id, a packaged task's file)."""
+    if data_cfg.get("train_path"):
+        return str(data_cfg.train_path)
+    if data_cfg.get("_target_") == "ablate.data.packaged":
+        return f"{data_cfg.name}_train.jsonl"
+    return str(data_cfg.get("path") or data_cfg.get("name") or data_cfg.get("_target_"))
+
+
+def warn_shared(data: Any, data_cfg: DictConfig) -> int | None:
+    """One warning line (stderr) when eval prompts also occur in the training data; the eval rows checked
+    (None: no eval split)."""
+    from ablate.data.overlap import asked, shared_prompts, warning
+
+    if data.eval is None:
+        return None
+    shared, total = shared_prompts(asked(data.train), asked(data.eval))
+    if line := warning(shared, total, _train_name(data_cfg)):
+        print(f"ablate: {line}", file=sys.stderr)
+    return None if shared else total
+
+
+def check_data(overrides: list[str], config_dir: str | None = None, out: Any = sys.stdout) -> None:
+    """`ablate data check`: the splits' sizes and format, and the eval prompts the training data holds."""
+    from hydra.utils import instantiate
+
+    from ablate.data.formats import detect
+    from ablate.methods.shapes import IDS
+
+    cfg = _compose(overrides, config_dir)
+    kind = _kind(cfg.method.trainer._target_)
+    data = instantiate(cfg.data)
+    fmt = "already tokenized" if set(IDS[kind]) <= set(data.train.column_names) else detect(data.train, kind)
+    print(f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
+          f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}", file=out)
+    if data.eval is None:
+        print("held out: no eval split, nothing to check (data.eval_path; a hub dataset's data.eval_split)", file=out)
+    elif (clean := warn_shared(data, cfg.data)) is not None:
+        print(f"held out: none of the {clean} eval prompts occurs in the training data", file=out)
+
+
+def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
+    """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
+    from hydra.utils import instantiate
+
+    cfg = _compose(overrides, config_dir)
     from ablate.data import tokenize  # torch: only once the config is known to be good
     from ablate.data.formats import detect
     from ablate.methods.shapes import IDS
@@ -140,6 +190,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)
     data = instantiate(cfg.data)
+    warn_shared(data, cfg.data)
     rows = data.train.select(range(min(n, len(data.train))))
     if kind == "unpaired" and "label" not in data.train.column_names:  # KTO: pair i -> its desirable, undesirable
         from datasets.utils.logging import disable_progress_bar
@@ -219,12 +270,16 @@ def _show_reward(row: dict[str, Any], i: int, tok: Any, max_length: Any, out: An
 
 
 def data_cmd(args: Any) -> None:
-    """`ablate data preview [overrides] [-n N] [--config-dir DIR]`: see `preview` (arguments: ablate.cli.parser)."""
+    """`ablate data preview|check [overrides] [-n N] [--config-dir DIR]`: see `preview` and `check_data`
+    (arguments: ablate.cli.parser)."""
     overrides, n, config_dir = args.overrides, args.n, args.config_dir
     from ablate.config.validate import one_line
 
     try:
-        preview(overrides, n, config_dir)
+        if args.action == "check":
+            check_data(overrides, config_dir)
+        else:
+            preview(overrides, n, config_dir)
     except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
         line = one_line(e)
         if line is None:

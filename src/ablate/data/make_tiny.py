@@ -6,6 +6,8 @@ The task is sorting a few letters: `sort: dbca =` -> ` abcd`. A model of ~150k p
 in minutes on a CPU, so the default runs show real learning, not noise:
 - `sort_prefs`: DPO pairs; chosen is the sorted string, rejected a wrong order of the same letters.
 - `sort_sft`: prompt/completion pairs with the sorted string.
+Both files of a split hold the same examples. The eval prompts are held out: drawn after the train ones,
+skipping any word the train split (or an earlier eval row) has, so no eval prompt occurs in training.
 """
 
 from __future__ import annotations
@@ -34,8 +36,13 @@ def _write(path: Path, rows: list[dict]) -> None:
 def main(seed: int = 0, n_train: int = 512, n_eval: int = 64) -> None:
     rng = random.Random(seed)
     OUT.mkdir(exist_ok=True)
-    for split, n in (("train", n_train), ("eval", n_eval)):
-        ex = [_example(rng) for _ in range(n)]
+    train = [_example(rng) for _ in range(n_train)]  # repeats allowed, as a sampled corpus has them
+    seen, held_out = {p for p, _, _ in train}, []
+    while len(held_out) < n_eval:
+        if (ex := _example(rng))[0] not in seen:
+            seen.add(ex[0])
+            held_out.append(ex)
+    for split, ex in (("train", train), ("eval", held_out)):
         _write(OUT / f"sort_prefs_{split}.jsonl", [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in ex])
         _write(OUT / f"sort_sft_{split}.jsonl", [{"prompt": p, "completion": c} for p, c, _ in ex])
 
