@@ -1,5 +1,4 @@
-"""One run, top to bottom: compose -> build -> train -> save. Wiring only (the record: ablate.record, the
-checks: ablate.config); torch is imported inside `run`, so `ablate train --cfg job` stays fast."""
+"""One run: compose -> build -> train -> save; wiring only (torch imported in `run`: `--cfg job` stays fast)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     code_checks.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
-    if getattr(data, "mix", None):  # data=mix: each source's data, weight and rows (ablate.data.mixture)
-        record.note(data_mix=data.mix)
+    record.note(**({"data_mix": data.mix} if getattr(data, "mix", None) else {}))  # data=mix: sources, weights, rows
     record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
                                         eval_data := data.eval if args.eval_strategy != "no" else None))
     tokenizer, model = instantiate(cfg.model)
