@@ -5,6 +5,7 @@
     python benchmarks/dpo_vs_trl.py --preset smollm2      # memory: SmolLM2-135M-Instruct, fp32, equal batch
     ... --preset smollm2_bf16                             # the same in bf16 autocast
     ... --impls trl,ablate,ablate_plain --repeats 2       # which sides (alternated), how often
+    ... --preset compute --record                         # + each path's CPU verdict for this CPU family
 
 Each run is its own subprocess (so peak memory and start-up are its own), the sides alternated;
 benchmarks/harness.py prints the table (s/step, whole-process s, tokens/s, MFU, peak RSS, per-step loss
@@ -135,12 +136,21 @@ def run_one(impl: str, preset: dict) -> dict:
                           process_cpu_s=time.process_time())
 
 
+# --record: each path's two sides (without it, with it): one switch apart
+RECORDED = {"dpo_pair_rows": ("ablate_plain", "ablate_shared"), "completion_only_logits": ("ablate_plain", "ablate_logits"),
+            "padding_free": ("ablate_padded", "ablate"), "lean_layers": ("ablate_heavy", "ablate")}
+
+
+def cpu_step(runs: list[dict]) -> float:
+    """Median CPU seconds per step, each run's first step left out (warm-up)."""
+    return statistics.median(s for r in runs for s in (r["cpu_step_seconds"][1:] or r["cpu_step_seconds"]))
+
+
 def cpu_table(results: dict[str, list[dict]]) -> str:
     lines = [f"{'impl':14} {'CPU s/step':>10} {'process CPU s':>13} {'tokens/CPU-s':>12}"]
     for impl, runs in results.items():
-        steady = [s for r in runs for s in (r["cpu_step_seconds"][1:] or r["cpu_step_seconds"])]
         tokens = statistics.median(r["tokens"] / len(r["cpu_step_seconds"]) for r in runs)
-        step = statistics.median(steady)
+        step = cpu_step(runs)
         lines.append(f"{impl:14} {step:10.3f} {statistics.median(r['process_cpu_s'] for r in runs):13.1f} "
                      f"{tokens / step:12.0f}")
     return "\n".join(lines)
@@ -154,8 +164,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, help="override the preset's layer count (tiny model)")
     p.add_argument("--impls", default="trl,ablate", help="comma-separated, alternated: trl, " + ", ".join(SPEED))
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--record", nargs="?", const="", metavar="MEASURED_JSON",
+                   help="write each DPO path's CPU speedup and exactness (the sides in RECORDED) into this CPU "
+                        "family's record of ablate's measured.json (or of the file given)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.record is not None and a.child is None:
+        missing = {side for pair in RECORDED.values() for side in pair} - set(a.impls.split(","))
+        a.impls += "".join(f",{side}" for side in sorted(missing))  # --record runs the sides it compares
     preset = dict(PRESETS[a.preset])
     preset.update({k: v for k, v in (("steps", a.steps), ("hidden", a.hidden), ("layers", a.layers)) if v})
     if a.child:
@@ -168,6 +184,8 @@ def main() -> None:
     harness.print_table(f"DPO {a.preset}: {what}, {preset['steps']} steps, batch 8 pairs, CPU, "
                         f"{'bf16 autocast' if preset['bf16'] else 'fp32'}", results, load)
     print(cpu_table(results))
+    if a.record is not None:
+        print(harness.record_cpu(results, RECORDED, cpu_step, f"DPO {a.preset} ({what})", a.record or None))
 
 
 if __name__ == "__main__":

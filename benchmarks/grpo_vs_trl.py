@@ -34,7 +34,8 @@ reward, old-policy log-probs when needed) and training (forward + backward + opt
 each trainer's methods from outside, with "vs trl" ratios (trl CPU s / impl CPU s; wall s likewise).
 Then the mean reward per step of every run (reward curves over seeds with `--vary-seed`).
 `--impls ablate:hf` runs ablate with its plain `HFGenerator` (model.generate), `ablate:noshare` with
-`speed.grpo_group_rows` off, `ablate:asyncN` asynchronous GRPO with `max_staleness=N` (a forked generation
+`speed.grpo_group_rows` off, `ablate:nolengths` with `speed.length_groups` off (`--record` adds these three and
+writes each path's CPU verdict, ablate against the side without it, into this CPU family's measured.json record), `ablate:asyncN` asynchronous GRPO with `max_staleness=N` (a forked generation
 worker samples round k+N while round k trains: torch's threads split between the two, so run it with
 OMP_NUM_THREADS=2 on 2 cores, where the synchronous sides use both threads for each phase);
 `ablate:asyncN:bf16` the same with the worker in bf16 (`generation_dtype=bfloat16`), and a `:balanced` suffix
@@ -150,7 +151,8 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                               reward_funcs={"one_word": one_word}, callbacks=[Record(), rec],
-                              perf=Perf(grpo_group_rows=impl != "ablate:noshare"), **kw)
+                              perf=Perf(grpo_group_rows=impl != "ablate:noshare",
+                                        length_groups=impl != "ablate:nolengths"), **kw)
         if staleness(impl):  # generation runs in the worker process: the trainer's side is taking the round
             _timed(trainer, "_take_ahead", box, "round")
         else:
@@ -176,6 +178,11 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
                           raw_step_seconds=raw_step_seconds, generation=box["generation_cpu"] / steps,
                           scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
                           training=(cpu - box["round_cpu"]) / steps, rewards=rewards, **extra)
+
+
+# --record: each path's two sides (without it, with it): one switch apart, the same samples
+RECORDED = {"grpo_group_rows": ("ablate:noshare", "ablate"), "shared_prefill": ("ablate:hf", "ablate"),
+            "length_groups": ("ablate:nolengths", "ablate")}
 
 
 def staleness(impl: str) -> int:
@@ -226,14 +233,20 @@ def main() -> None:
     p.add_argument("--full-length", action="store_true",
                    help="ablate sides: no stop id, every completion --new-tokens long (a step's generation work fixed, "
                         "so a side that learns the short answers later is not charged for its longer ones)")
+    p.add_argument("--record", nargs="?", const="", metavar="MEASURED_JSON",
+                   help="write each GRPO path's CPU speedup and exactness (the sides in RECORDED, at the first "
+                        "--spg) into this CPU family's record of ablate's measured.json (or of the file given)")
     p.add_argument("--child", help="internal: run one impl and print its JSON")
     a = p.parse_args()
+    if a.record is not None and not a.child:
+        a.impls += [side for side in dict.fromkeys(s for pair in RECORDED.values() for s in pair) if side not in a.impls]
     if a.child:
         run_one(a.child, a.steps, a.batch, a.num_generations, a.spg[0], a.new_tokens, a.seed, a.full_length)
         return
     print(f"GRPO, SmolLM2-135M-Instruct fp32, {a.batch} completions/step ({a.num_generations} per prompt), "
           f"{a.new_tokens} new tokens{' (all of them: --full-length)' if a.full_length else ''}, {a.steps} steps, "
           f"{a.repeats} repeats (median)")
+    recorded = None
     for spg in a.spg:
         load = harness.load_average()
         results: dict[str, list[dict]] = {impl: [] for impl in a.impls}
@@ -263,6 +276,11 @@ def main() -> None:
         for impl, runs in results.items():
             for r in runs:
                 print(f"  {impl:14} seed {r['seed']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
+        recorded = recorded or results
+    if a.record is not None and recorded:
+        print(harness.record_cpu(recorded, RECORDED, lambda runs: statistics.median(r["cpu_per_step"] for r in runs),
+                                 f"GRPO SmolLM2 fp32 {a.batch} x {a.new_tokens} tokens, spg {a.spg[0]}",
+                                 a.record or None))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import resource
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 try:  # the child side needs transformers; the parent side is plain arithmetic on the children's JSON
@@ -194,6 +195,15 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def machine() -> str:
     """The machine line printed under each table."""
     cpu = platform.processor() or platform.machine()
@@ -262,3 +272,33 @@ def print_table(title: str, results: dict[str, list[dict[str, Any]]], load_befor
     steal = [r["steal"] for runs in results.values() for r in runs if r.get("steal") is not None]
     if steal:
         print(f"CPU steal per run (the hypervisor's, /proc/stat): {min(steal):.0%} to {max(steal):.0%}")
+
+
+def record_cpu(results: dict[str, list[dict[str, Any]]], pairs: dict[str, tuple[str, str]], cpu_step: Any,
+               what: str, path: str | None = None) -> str:
+    """`--record`: write each path of `pairs` (name -> (the side without it, the side with it)) into this CPU
+    family's record of ablate's measured.json (ablate.speed.measured, keeping the family's other paths and the
+    other families): speedup = CPU s/step without / with (`cpu_step(runs)`: one thread's CPU seconds, what a
+    shared machine barely moves), exact = the two sides' per-step losses within EXACT_ATOL. Returns what it wrote."""
+    from datetime import date
+
+    from ablate.speed import measured
+
+    family = measured.cpu_family()
+    old = next((r for r in (measured.records().get("cpu") or {}).get("families", [])
+                if r.get("family") == family), {})
+    paths = {name: {k: v for k, v in rec.items() if k != "on"} for name, rec in (old.get("paths") or {}).items()}
+    lines = []
+    for name, (without, with_) in pairs.items():
+        a, b = results[without], results[with_]
+        diff = max((abs(x - y) for x, y in zip(a[0]["losses"], b[0]["losses"])), default=float("inf"))
+        speedup = cpu_step(a) / cpu_step(b)
+        paths[name] = {"exact": diff <= measured.EXACT_ATOL, "max_abs_diff": diff, "speedup": round(speedup, 3),
+                       "basis": f"{what}: {cpu_step(b):.2f} vs {cpu_step(a):.2f} CPU s/step ({without})"}
+        lines.append(f"  {name:24} {speedup:.2f}x  max |dloss| {diff:.2g}")
+    import torch
+
+    run = (f"benchmarks/dpo_vs_trl.py, grpo_vs_trl.py --record: {cpu_name()}, torch {torch.__version__}, "
+           f"{date.today()} (docs/benchmarks.md)")
+    measured.write("cpu", run, paths, path=Path(path) if path else None, family=family)
+    return f"recorded for {measured.describe(family)} in {path or measured.RECORD}:\n" + "\n".join(lines)

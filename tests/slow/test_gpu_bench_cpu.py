@@ -47,4 +47,5 @@ def test_gpu_benchmark_cpu_mode(tmp_path, monkeypatch):
     monkeypatch.setattr(measured, "RECORD", record)
     got = measured.measured("cpu")
     assert set(got) == set(res["verdicts"]) >= {"padding_free", "shared_prefill"}
-    assert json.loads(record.read_text())["cpu"]["run"].startswith("benchmarks/gpu.py on ")
+    written = json.loads(record.read_text())["cpu"]["families"]  # the CPU's record: this CPU family's
+    assert written[-1]["run"].startswith("benchmarks/gpu.py on ") and written[-1]["family"] == measured.cpu_family()

@@ -201,3 +201,30 @@ def test_grpo_step_seconds_are_round_means() -> None:
     # spg 2: steps 1 and 3 generate (slow), 2 and 4 only train; a partial last round is its own mean
     assert grpo_vs_trl.round_means([5.0, 1.0, 3.0, 1.0, 4.0], spg=2) == [3.0, 3.0, 2.0, 2.0, 4.0]
     assert grpo_vs_trl.round_means([5.0, 1.0], spg=1) == [5.0, 1.0]
+
+
+def test_record_writes_this_cpu_familys_verdicts(tmp_path, monkeypatch) -> None:
+    """--record: each path's CPU speedup (the side without it over the side with it) and exactness go into this
+    CPU family's record, the family's other paths and the other families kept."""
+    from ablate.speed import measured
+
+    record = tmp_path / "measured.json"
+    other = {"family": {"arch": "x86_64", "vendor": "AuthenticAMD"}, "run": "amd", "paths": {}}
+    mine = {"family": measured.cpu_family(), "run": "old", "paths": {"lean_layers": {"on": True, "exact": True,
+                                                                                   "speedup": 1.1, "basis": "b"}}}
+    record.write_text(json.dumps({"cpu": {"families": [other, mine]}}))
+    monkeypatch.setattr(measured, "RECORD", record)
+    results = {"ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
+               "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
+               "ablate:hf": [_grpo_child("ablate:hf", [0.1, 0.2, 0.4], cpu=1.0, wall=1.0)]}
+    out = harness.record_cpu(
+        results, {"grpo_group_rows": ("ablate:noshare", "ablate"), "shared_prefill": ("ablate:hf", "ablate")},
+        lambda runs: runs[0]["cpu_per_step"], "GRPO test", str(record))
+    assert "grpo_group_rows          1.50x" in out
+    rows = json.loads(record.read_text())["cpu"]["families"]
+    assert rows[0] == other and rows[1]["family"] == measured.cpu_family()
+    paths = rows[1]["paths"]
+    assert paths["grpo_group_rows"]["on"] and paths["grpo_group_rows"]["speedup"] == 1.5
+    assert not paths["shared_prefill"]["on"] and not paths["shared_prefill"]["exact"]  # 0.1 apart, and slower
+    assert paths["lean_layers"]["on"]  # kept
+    assert rows[1]["run"].startswith("benchmarks/dpo_vs_trl.py, grpo_vs_trl.py --record: ")

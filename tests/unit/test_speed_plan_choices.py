@@ -59,8 +59,8 @@ def test_every_path_on_for_the_tiny_model_on_a_cpu():
         plan = _plan(tiny()[1], paths)
         assert [d.name for d in plan.decisions] == [n for n in paths if n not in OPT_IN]  # opt-ins: when asked for
         assert all(d.on and d.requested and d.why == PATHS[d.name] for d in plan.decisions)
-        assert all(d.measured.endswith("2026-11-30 (docs/benchmarks.md))")
-                   for d in plan.decisions if d.name not in OPT_IN)  # the CPU's record decided each
+        assert all(d.measured.endswith(f"({measured.entry('cpu')['run']})")
+                   for d in plan.decisions if d.name not in OPT_IN)  # this CPU family's record decided each
     s = Setting.of(tiny()[1], ARGS, 512)
     assert (s.model_type, s.attention, s.device, s.precision, s.wrapper, s.head) == ("llama", "sdpa", "cpu", "fp32",
                                                                                       None, None)
@@ -314,7 +314,7 @@ def test_table_and_record():
     plan = _plan(tiny()[1], GRPO, Perf(length_groups=False))
     lines = plan.table().splitlines()
     assert lines[0] == "Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: speed.*)"
-    assert len(lines) == 3 + len(set(GRPO) - OPT_IN) and lines[-1].startswith("  decided on cpu by: benchmarks/dpo_vs_trl.py")
+    assert len(lines) == 3 + len(set(GRPO) - OPT_IN) and lines[-1] == f"  decided on cpu by: {measured.entry('cpu')['run']}"
     assert lines[2 + list(GRPO).index("length_groups")].split() == ["length_groups", "off", "no",
                                                                     "speed.length_groups=false"]
     record = json.loads(json.dumps(plan.record()))

@@ -8,15 +8,22 @@ float rounding) and not slower. The records are `measured.json` next to this fil
                                          "basis": "DPO bf16 ~0.5B: 0.281 vs 0.315 s/step (speed=off)"}, ...}}}
 
 `benchmarks/gpu.py --record` writes a device's entry from its own run (`verdict` is the rule); a device
-with no entry runs no path by default (`speed.unverified_devices=true` asks for them anyway). The CPU's
-entry records the measurements of benchmarks/dpo_vs_trl.py and grpo_vs_trl.py (docs/benchmarks.md) and
-the exactness tests. The file is package data: the speed plan reads it, names it in its table and
-records each path's basis in run.json.
+with no entry runs no path by default (`speed.unverified_devices=true` asks for them anyway).
+
+CPUs differ more than one record can say (a path measured faster on a 2-core AMD EPYC need not be on an
+Intel Xeon with AVX-512 and AMX, whose oneDNN kernels TRL's layout profits from), so the CPU's entry
+holds one record per CPU family (`"cpu": {"families": [{"family": {...}, "run": ..., "paths": ...}]}`;
+`cpu_family()`: architecture, vendor, torch's kernel level, AMX), written by benchmarks/dpo_vs_trl.py
+and grpo_vs_trl.py `--record`. A CPU uses the most specific record whose recorded fields all match it;
+on an unmeasured family a path runs only where every recorded family measured it exact and not slower
+(the plain path is the safe choice wherever one CPU found it faster). The file is package data: the
+speed plan reads it, names the record in its table and records each path's basis in run.json.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -55,11 +62,70 @@ def records(path: Path | None = None) -> dict[str, Any]:
     return _load(str(path or RECORD))
 
 
+@lru_cache(maxsize=None)
+def cpu_family() -> dict[str, Any]:
+    """This CPU's family as the records key it: architecture, vendor (or ARM implementer), the kernel level
+    torch dispatches to (get_cpu_capability: DEFAULT under ATEN_CPU_CAPABILITY=default) and AMX tiles."""
+    import torch
+
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() not in info:
+                info[key.strip()] = value.strip()
+    except OSError:  # not Linux: the architecture and the kernel level still tell families apart
+        pass
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    vendor = info.get("vendor_id") or (info.get("CPU implementer") and f"implementer {info['CPU implementer']}")
+    return {"arch": platform.machine(), "vendor": vendor or "unknown", "amx": "amx_tile" in flags,
+            "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def describe(family: dict[str, Any]) -> str:
+    """'x86_64 GenuineIntel AVX512 AMX'; fields a record leaves out are not shown."""
+    return " ".join(str(family[k]) for k in ("arch", "vendor", "capability") if family.get(k) is not None) + (
+        " AMX" if family.get("amx") else "")
+
+
+def entry(device: str, path: Path | None = None, family: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record that decides on `device` ({} when none): for the CPU, this CPU family's (module docstring)."""
+    got = records(path).get(device)
+    if not isinstance(got, dict) or "families" not in got:
+        return got if isinstance(got, dict) else {}
+    here = family or cpu_family()
+    rows = [r for r in got["families"] if isinstance(r, dict) and isinstance(r.get("family"), dict)]
+    fits = [r for r in rows if all(here.get(k) == v for k, v in r["family"].items())]
+    if fits:
+        return max(fits, key=lambda r: len(r["family"]))
+    return _on_every_family(rows, here)
+
+
+def _on_every_family(rows: list[dict[str, Any]], here: dict[str, Any]) -> dict[str, Any]:
+    """An unmeasured family's record: a path on only where every recorded family had it on."""
+    names = set.intersection(*(set(r.get("paths") or {}) for r in rows)) if rows else set()
+    runs = "; ".join(str(r.get("run")) for r in rows)
+    paths = {}
+    for name in sorted(names):
+        recs = [r["paths"][name] for r in rows]
+        on = all(bool(rec.get("on")) for rec in recs)
+        paths[name] = {"on": on, "exact": all(rec.get("exact") for rec in recs),
+                       "speedup": min((rec.get("speedup") for rec in recs if rec.get("speedup") is not None),
+                                      default=None),
+                       "basis": "on every recorded CPU family" if on else "slower or inexact on a recorded CPU family"}
+    return {"run": f"no record for this CPU ({describe(here)}): paths every recorded family ran ({runs})",
+            "paths": paths}
+
+
 def measured(device: str, path: Path | None = None) -> dict[str, Measured]:
     """Each recorded path on `device` (a device type: cpu, cuda, ...): {} when no run there is recorded."""
-    entry = records(path).get(device)
-    if not isinstance(entry, dict):
+    entry_ = entry(device, path)
+    if not entry_:
         return {}
+    return _decisions(device, entry_)
+
+
+def _decisions(device: str, entry: dict[str, Any]) -> dict[str, Measured]:
     run = str(entry.get("run", "an unnamed run"))
     out = {}
     for name, rec in (entry.get("paths") or {}).items():
@@ -78,13 +144,20 @@ def measured(device: str, path: Path | None = None) -> dict[str, Measured]:
     return out
 
 
-def write(device: str, run: str, paths: dict[str, dict[str, Any]], path: Path | None = None) -> Path:
+def write(device: str, run: str, paths: dict[str, dict[str, Any]], path: Path | None = None,
+          family: dict[str, Any] | None = None) -> Path:
     """Record `device`'s run (`paths`: name -> exact, max_abs_diff, speedup, basis; `on` set by `verdict`),
-    keeping the other devices' entries."""
+    keeping the other devices' entries; on the CPU, this CPU family's record (`family`: cpu_family()),
+    keeping the other families'."""
     path = path or RECORD
     data = dict(records(path))
-    data[device] = {"run": run, "paths": {name: {**rec, "on": verdict(rec.get("exact", False), rec.get("speedup"))}
-                                          for name, rec in sorted(paths.items())}}
+    new = {"run": run, "paths": {name: {**rec, "on": verdict(rec.get("exact", False), rec.get("speedup"))}
+                                 for name, rec in sorted(paths.items())}}
+    if device == "cpu":
+        family = family or cpu_family()
+        rows = [r for r in (data.get("cpu") or {}).get("families", []) if r.get("family") != family]
+        new = {"families": [*rows, {"family": family, **new}]}
+    data[device] = new
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     _load.cache_clear()
     return path

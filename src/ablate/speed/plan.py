@@ -301,7 +301,7 @@ class SpeedPlan:
                  f"  {'path':24}{'on':5}{'requested':11}what it does / why it is off"]
         lines += [f"  {d.name:24}{'on' if d.on else 'off':5}{'yes' if d.requested else 'no':11}{d.why}"
                   for d in self.decisions]
-        run = measured_lib.records().get(s.device, {}).get("run")
+        run = measured_lib.entry(s.device).get("run")
         lines.append(f"  decided on {s.device} by: {run or 'no recorded run (ablate/speed/measured.json)'}")
         return "\n".join(lines)
 
