@@ -123,6 +123,9 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         **kwargs: Any,
     ) -> None:
         self.loss_fn = fits(loss, dpo_losses.sigmoid, "method.dpo_loss")  # before any data is tokenised
+        # what the loss declares (ablate.losses.reference_free): no reference at all; the prompt tokens scored too
+        self.reference_free = dpo_losses.declares(loss, "reference_free")
+        self.scores_prompt = dpo_losses.declares(loss, "scores_prompt")
         self.perf = perf or Perf()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized pairs, reference log-probs (ablate.data.cache)
         self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
@@ -148,7 +151,9 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA
         # adapters, with its adapters disabled (the base model, scored live: no copy, as in TRL)
         self.ref_model = None
-        if args.precompute_ref_log_probs and ref_model is None:
+        if self.reference_free:
+            pass  # no reference forward, no reference column, no reference cache entry
+        elif args.precompute_ref_log_probs and ref_model is None:
             if self.train_dataset is not None:
                 self.train_dataset = self._with_ref_logps(self.train_dataset)
             if self.eval_dataset is not None:
@@ -167,6 +172,9 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         builds TRL's rows only."""
         given = data_collator is not None
         blocked = {"dpo_pair_rows": "method.trainer.data_collator is set (it builds TRL's rows)"} if given else {}
+        if self.scores_prompt:  # these paths score completion tokens only
+            blocked = {k: "the loss scores the prompt tokens" for k in ("dpo_pair_rows", "padding_free",
+                                                                       "completion_only_logits")}
         plan = speed_plan.resolve("policy", Setting.of(model, args, longest_row(args)), self.perf, speed_plan.DPO, blocked)
         speed_plan.apply(model, plan)
         return plan
@@ -201,7 +209,7 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         pass without a float32 copy (ablate.losses.logps.logits_logps), so nothing holds the logits
         after it. `need_logits` (a compute_metrics hook): every position's, returned too."""
         ids, mask = batch["input_ids"], batch["completion_mask"][:, 1:]
-        keep = {} if need_logits else keep_from(self.accelerator.unwrap_model(model), mask)
+        keep = {} if need_logits or self.scores_prompt else keep_from(self.accelerator.unwrap_model(model), mask)
         # no float32 copy of the logits (ablate.methods.forward), but a compute_metrics hook gets accelerate's
         forward = model if need_logits else unconverted(self.accelerator, model)
         logits = forward(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False, **keep).logits
@@ -209,6 +217,9 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         mask = mask[:, mask.shape[1] - token.shape[1]:]
         row, col = mask.nonzero(as_tuple=True)  # the scored tokens, as the speed paths list them
         out = {"stats": {name: x[row, col] for name, x in stats.items()}, "seq": row}
+        if self.scores_prompt:  # the prompt tokens but the first (nothing predicts it), for a loss that wants them
+            prompt = batch["attention_mask"][:, 1:] * (1 - batch["completion_mask"][:, 1:])
+            out["prompt_logps"], out["prompt_n"] = sequence_logps(token, prompt), prompt.sum(-1)
         return sequence_logps(token, mask), ({**out, "logits": logits} if need_logits else out)
 
     def _reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -328,13 +339,18 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         else:
             logps, out = self._sequence_logps(model, inputs, need_logits=return_outputs)
         logp_c, logp_r = logps.chunk(2)  # the batch is [chosen; rejected]
-        if "ref_chosen_logps" in inputs:  # precomputed
+        if self.reference_free:  # the loss reads none
+            ref_c, ref_r = torch.zeros_like(logp_c), torch.zeros_like(logp_r)
+        elif "ref_chosen_logps" in inputs:  # precomputed
             ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
         else:
             ref_c, ref_r = self._reference_logps(model, inputs).chunk(2)
         ref_c, ref_r = ref_c.to(logp_c), ref_r.to(logp_r)
         n_c, n_r = inputs["completion_mask"].sum(-1).to(logp_c).chunk(2)  # completion tokens per sequence
-        result = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta)
+        extra = {}
+        if self.scores_prompt:  # the chosen rows' prompt tokens
+            extra = {"prompt_c": out["prompt_logps"].chunk(2)[0], "prompt_n_c": out["prompt_n"].to(logp_c).chunk(2)[0]}
+        result = self.loss_fn(logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=self.args.beta, **extra)
         losses, metrics = _loss_result(self.loss_fn, result)  # a loss of the user's returning another thing: one line
         metrics = {**dpo_losses.reward_metrics(logp_c, logp_r, ref_c, ref_r, self.args.beta), **metrics}
         self.metrics.add(mode, {k: self.accelerator.gather_for_metrics(v) for k, v in metrics.items()})

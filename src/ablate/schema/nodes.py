@@ -192,6 +192,8 @@ class DPOLoss(Schema):
     node = "method.dpo_loss"
     # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
     label_smoothing: float = field(check=fraction(high=0.5, closed=False))
+    cpo_alpha: float = field(check=number(at_least=0, why=" (the NLL term's weight; 0 = off)"))  # cpo, simpo
+    gamma: float = field(check=number(at_least=0, why=" (SimPO's target margin)"))  # simpo
 
 
 @dataclass

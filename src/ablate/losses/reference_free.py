@@ -1,0 +1,96 @@
+"""Reference-free preference losses: ORPO, CPO and SimPO, as pure functions with the DPO losses' signature.
+
+They take what every `ablate.losses.dpo` loss takes (the summed completion log-probs `logp_c`, `logp_r`,
+the token counts `n_c`, `n_r`, `beta`), and run in the same trainer (ablate.methods.dpo), but they are
+marked `reference_free`: the trainer then scores no reference (no forward, no precomputed column, no
+cache entry) and passes zeros as `ref_c`, `ref_r`, which these losses never read. A loss marked
+`scores_prompt` also gets `prompt_c`, `prompt_n_c`: the summed log-probs and the count of the chosen
+rows' prompt tokens (all but the first, which nothing predicts).
+
+Formulas, names and metrics as TRL 1.16's `trl.experimental` trainers, with `nll` the token mean of the
+chosen rows' NLL over the whole batch, `a_c = logp_c / n_c`, `a_r = logp_r / n_r` (per-token means):
+- orpo    nll_seq - b * logsig(log_odds),  log_odds = (a_c - a_r) - (log(1 - e^a_c) - log(1 - e^a_r))
+          ORPO, Hong et al. 2024 eq. 6-7 (b is the paper's lambda). As TRL's ORPOTrainer, the NLL term
+          `nll_seq` counts the prompt tokens too (the paper's eq. 2 counts the response only).
+- cpo     -(1-ls) logsig(b (logp_c - logp_r)) - ls logsig(-b (...)) + cpo_alpha * nll
+          CPO, Xu et al. 2024 eq. 3-4 (TRL's CPOTrainer, loss_type=sigmoid): DPO without the reference,
+          plus NLL on the chosen completions (the behaviour-cloning term).
+- simpo   -(1-ls) logsig(b (a_c - a_r) - gamma) - ls logsig(-(...)) + cpo_alpha * nll
+          SimPO, Meng et al. 2024 eq. 6 (TRL's CPOTrainer, loss_type=simpo): length-normalised rewards
+          and a target margin gamma; cpo_alpha = 0 is the paper's (TRL's default 1.0 adds CPO's NLL).
+Each returns TRL's metrics for its trainer: `rewards/*` are b times the log-probs the loss compares
+(sums for cpo, means for orpo and simpo), `logps/*` those log-probs, and `nll_loss`; orpo also
+`log_odds_ratio` (logsig(log_odds)) and `log_odds_chosen` (log_odds).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+F_ = TypeVar("F_", bound=Callable[..., object])
+
+
+def reference_free(fn: F_) -> F_:
+    """Mark a loss that reads no reference log-probs: its trainer scores no reference model."""
+    fn.reference_free = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _nll(logp: Tensor, n: Tensor) -> Tensor:
+    """-sum(logp) / sum(n): the token mean over the batch (TRL's CrossEntropyLoss, mean reduction)."""
+    return -logp.sum() / n.sum().clamp(min=1)
+
+
+def _metrics(beta: float, c: Tensor, r: Tensor, nll: Tensor) -> dict[str, Tensor]:
+    """TRL's: rewards b * (the compared log-probs c, r), per pair; logps c, r; the NLL term."""
+    chosen, rejected = beta * c.detach(), beta * r.detach()
+    return {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/accuracies": (chosen > rejected).float(),
+            "rewards/margins": chosen - rejected, "logps/chosen": c.detach(), "logps/rejected": r.detach(),
+            "nll_loss": nll.detach()}
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """log(1 - e^x) for x < 0, stable on both sides of -ln 2 (Maechler 2012; TRL's)."""
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+def _smoothed(z: Tensor, ls: float) -> Tensor:
+    return -(1 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z)
+
+
+@reference_free
+def orpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float,
+         prompt_c: Tensor | None = None, prompt_n_c: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """ORPO: NLL of the chosen rows (prompt tokens included when given) minus beta * log sigmoid(log odds ratio)."""
+    a_c, a_r = logp_c.float() / n_c.clamp(min=1), logp_r.float() / n_r.clamp(min=1)
+    log_odds = (a_c - a_r) - (_log1mexp(a_c) - _log1mexp(a_r))
+    ratio = F.logsigmoid(log_odds)
+    seq_logp = logp_c if prompt_c is None else logp_c + prompt_c
+    seq_n = n_c if prompt_n_c is None else n_c + prompt_n_c
+    nll = _nll(seq_logp, seq_n)
+    metrics = {**_metrics(beta, a_c, a_r, nll), "log_odds_ratio": ratio.detach(), "log_odds_chosen": log_odds.detach()}
+    return nll - beta * ratio, metrics
+orpo.scores_prompt = True  # type: ignore[attr-defined]  # TRL's NLL term counts the prompt tokens
+
+
+@reference_free
+def cpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float,
+        label_smoothing: float = 0.0, cpo_alpha: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """CPO: DPO's sigmoid loss on the summed log-probs without a reference, plus cpo_alpha * NLL(chosen)."""
+    nll = _nll(logp_c, n_c)
+    losses = _smoothed(beta * (logp_c - logp_r), label_smoothing) + cpo_alpha * nll
+    return losses, _metrics(beta, logp_c, logp_r, nll)
+
+
+@reference_free
+def simpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float,
+          gamma: float = 0.5, label_smoothing: float = 0.0, cpo_alpha: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """SimPO: -log sigmoid(beta * (a_c - a_r) - gamma) on per-token means, plus cpo_alpha * NLL(chosen)."""
+    a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
+    nll = _nll(logp_c, n_c)
+    losses = _smoothed(beta * (a_c - a_r) - gamma, label_smoothing) + cpo_alpha * nll
+    return losses, _metrics(beta, a_c, a_r, nll)
