@@ -44,7 +44,11 @@ CASES = [
 
 
 def _policy():
+    """The tiny model, its tokenizer without a BOS token: TRL's ORPO and CPO trainers put one before each
+    prompt where the tokenizer has one; TRL's DPOTrainer and ablate do not (docs/methods.md)."""
     tok, model = tiny()
+    tok.bos_token = None
+    assert tok.bos_token_id is None
     return tok, model
 
 
@@ -54,7 +58,7 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, case):
     _, trainer_cls, config_cls, extra, loss, metrics = case
     tok, policy = _policy()
     ds = Dataset.from_list(ROWS)
-    # bf16=False: TRL defaults to bf16 autocast; gradient_checkpointing: TRL's default is on
+    # bf16=False: TRL defaults to bf16 autocast; gradient_checkpointing: TRL's default is on (same numbers, slower)
     common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False,
                   learning_rate=1e-3, max_steps=3, logging_steps=1, save_strategy="no", disable_tqdm=True,
                   gradient_checkpointing=False, max_length=512)

@@ -30,7 +30,7 @@ def pairs(ref: float = -2.0) -> tuple[torch.Tensor, ...]:
 
 
 def close(x: torch.Tensor, *expected: float) -> None:
-    torch.testing.assert_close(x, t(*expected), rtol=0, atol=1e-6)
+    torch.testing.assert_close(x.double(), t(*expected), rtol=0, atol=1e-6)
 
 
 def test_cpo():
