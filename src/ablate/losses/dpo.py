@@ -196,11 +196,3 @@ def name(fn: Callable[..., object]) -> str:
     while hasattr(fn, "func"):
         fn = fn.func  # functools.partial
     return getattr(fn, "__name__", type(fn).__name__)
-
-
-def declares(fn: Callable[..., object], what: str) -> bool:
-    """Whether a (possibly partial) loss is marked `what` (ablate.losses.reference_free: `reference_free`,
-    `scores_prompt`): what its trainer computes for it."""
-    while hasattr(fn, "func") and not hasattr(fn, what):
-        fn = fn.func  # functools.partial
-    return bool(getattr(fn, what, False))

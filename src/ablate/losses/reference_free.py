@@ -40,6 +40,14 @@ def reference_free(fn: F_) -> F_:
     return fn
 
 
+def declares(fn: Callable[..., object], what: str) -> bool:
+    """Whether a (possibly partial) loss is marked `what` (`reference_free`, `scores_prompt`): what its
+    trainer computes for it. A loss of ablate.losses.dpo, or the user's, declares nothing: it needs it all."""
+    while hasattr(fn, "func") and not hasattr(fn, what):
+        fn = fn.func  # functools.partial
+    return bool(getattr(fn, what, False))
+
+
 def _nll(logp: Tensor, n: Tensor) -> Tensor:
     """-sum(logp) / sum(n): the token mean over the batch (TRL's CrossEntropyLoss, mean reduction)."""
     return -logp.sum() / n.sum().clamp(min=1)

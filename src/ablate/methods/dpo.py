@@ -35,6 +35,7 @@ from ablate.data import cache as reuse
 from ablate.data.tokenize import prepare_preference
 from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import per_sequence, sequence_logps, shifted_logps
+from ablate.losses.reference_free import declares
 from ablate.methods import initial_eval
 from ablate.methods.forward import unconverted
 from ablate.methods.metrics import LogsMetrics, MetricsBuffer, completion_token_metrics
@@ -102,7 +103,8 @@ def _loss_result(fn: Any, out: Any) -> tuple[torch.Tensor, dict[str, Any]]:
 class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
     `losses.dpo` function or any with its signature; config: `method/dpo_loss=NAME`, `method.trainer.loss`)
-    and the speed switches as `perf` (config: the `speed` group; None: all requested)."""
+    and the speed switches as `perf` (config: the `speed` group; None: all requested). A loss marked
+    `reference_free` (ORPO, CPO, SimPO: ablate.losses.reference_free) gets no reference: none is scored."""
 
     tokenize = staticmethod(prepare_preference)  # any TRL preference format -> prompt/chosen/rejected ids
     row = "pair"
@@ -124,8 +126,8 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
     ) -> None:
         self.loss_fn = fits(loss, dpo_losses.sigmoid, "method.dpo_loss")  # before any data is tokenised
         # what the loss declares (ablate.losses.reference_free): no reference at all; the prompt tokens scored too
-        self.reference_free = dpo_losses.declares(loss, "reference_free")
-        self.scores_prompt = dpo_losses.declares(loss, "scores_prompt")
+        self.reference_free = declares(loss, "reference_free")
+        self.scores_prompt = declares(loss, "scores_prompt")
         self.perf = perf or Perf()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized pairs, reference log-probs (ablate.data.cache)
         self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
