@@ -1,11 +1,11 @@
-"""ablate.record.learned: a run whose progress metric never moved gets one note, with the hints that fit;
+"""ablate.callbacks.learned: a run whose progress metric never moved gets one note, with the hints that fit;
 noise is not called learning, and a run that learns gets none."""
 
 from __future__ import annotations
 
 import random
 
-from ablate.record.learned import moved, note
+from ablate.callbacks.learned import moved, note
 
 GRPO = {"metric": "reward", "mode": "max", "min_change_run": 0.05, "too_few_steps": "the default task needs ~80 steps"}
 

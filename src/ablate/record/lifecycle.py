@@ -40,7 +40,7 @@ from ablate.errors import (
     user_error,
 )
 from ablate.process import interrupts
-from ablate.record import checkpoints, learned, rundir, secrets, sweep_dirs
+from ablate.record import checkpoints, rundir, secrets, sweep_dirs
 from ablate.record.identity import (
     NEW_DATA_ENV,
     check_same_config,
@@ -185,6 +185,7 @@ class Run:
         metrics = final_metrics(history)
         metrics["train_loss"] = train_loss(history, global_step)
         self.summary.update(status="completed", global_step=global_step, metrics=metrics)
+        from ablate.callbacks import learned  # (its package loads transformers: not at import)
         if said := learned.note(history, self.progress, global_step, self.summary["overrides"],
                                 self.progress.get("scheduler")):
             self.summary["note"] = said  # the progress metric never moved: printed under the final table
