@@ -7,7 +7,8 @@ import random
 
 from ablate.callbacks.learned import moved, note
 
-GRPO = {"metric": "reward", "mode": "max", "min_change_run": 0.05, "too_few_steps": "the default task needs ~80 steps"}
+GRPO = {"metric": "reward", "mode": "max", "min_change_run": 0.05, "steps_needed": 80,
+        "too_few_steps": "the default task needs ~80 steps"}
 
 
 def _history(values: list[float]) -> list[dict]:
@@ -35,6 +36,9 @@ def test_a_rise_is_not_noted_and_the_hints_fit():
     # a method that sets no min_change_run (DPO, SFT: a real run's loss need not halve) is never noted
     assert note(_history(flat), {"metric": "reward", "mode": "max"}, 40, [], "cosine") is None
     assert note(_history(flat[:3]), GRPO, 3, [], "cosine") is None  # too few logged values to tell
+    # 200 steps (RLOO with a KL penalty that holds the reward down): the steps were enough, the task hint is not said
+    assert note(_history(flat), GRPO, 200, [], "cosine") == ("reward never rose above its first steps' level (0.01 -> "
+                                                             "0.01, means of the first and last 10 logged, over 200 steps)")
 
 
 def test_noise_is_not_learning_and_learning_through_noise_is():

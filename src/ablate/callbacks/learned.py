@@ -1,7 +1,8 @@
 """Whether a finished run learned: its progress metric (`method.progress`: GRPO's reward rises) compared
 between the first and the last quarter of its logged values. A run that did not move it gets one line
 in its summary (summary.json's `note`, printed under the final table) with the hints that fit: the
-method's own (`method.progress.too_few_steps`: how many steps its default task needs) and, when
+method's own (`method.progress.too_few_steps`: how many steps its default task needs, said when the run
+had fewer than `steps_needed`) and, when
 `method.args.max_steps` was given with a decaying schedule, that max_steps shortened the schedule too.
 `debug=overfit` fails a run on one repeated batch; this only says so, for a real run, and only for a
 method that sets `method.progress.min_change_run` (GRPO and RLOO; a real DPO or SFT loss need not halve).
@@ -46,7 +47,8 @@ def note(history: Sequence[Mapping[str, Any]], progress: Mapping[str, Any] | Non
         return None
     m0, m1, q = still
     verb = "rose above" if mode == "max" else "fell below"
-    hints = [progress["too_few_steps"]] if progress.get("too_few_steps") else []
+    short = progress.get("steps_needed") is None or steps < int(progress["steps_needed"])  # else steps were not it
+    hints = [progress["too_few_steps"]] if progress.get("too_few_steps") and short else []
     if any(o.split("=")[0].lstrip("+") == "method.args.max_steps" for o in overrides) and scheduler != CONSTANT:
         hints.append(f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at step "
                      f"{steps})")
