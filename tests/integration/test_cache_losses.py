@@ -38,3 +38,7 @@ def test_losses_are_bitwise_equal_with_and_without_the_cache(tmp_path) -> None:
     assert whats[4].startswith("the initial policy's forwards of ")  # only step 0's eval: the weights are the initial ones
     assert "cache: reference log-probs of 24 train pairs loaded" in r.stdout
     assert "cache: the initial policy's forwards of " in r.stdout
+    # each job of a sweep says its speed plan in one line (the table, 7 lines a job before, is in its run dir)
+    assert r.stdout.count("speed plan: policy 4/4 paths on; table: speed_plan.txt in the run dir") == 3
+    assert "Speed plan, policy" not in r.stdout
+    assert all((d / "speed_plan.txt").read_text().startswith("Speed plan, policy (llama") for d in runs)

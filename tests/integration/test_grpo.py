@@ -37,11 +37,27 @@ def test_default_grpo_run_learns(tmp_path):
               "completions/clipped_ratio", "clip_ratio/region_mean", "entropy", "timing/generation_seconds"):
         assert m in names, m
     assert "kl" not in names  # beta = 0: no reference model
+    assert "never rose" not in (tmp_path / "run" / "stdout.txt").read_text() and "note" not in s  # it learned
     assert s["generation_rounds"] == 200 and s["generation_seconds"] > 0
     # `ablate eval`: the reward of its greedy completions of the held-out prompts
     r = ablate("eval", str(tmp_path / "run"), env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "eval.json").read_text())["metrics"]["eval_reward"] >= 0.9
+
+
+def test_a_short_run_that_learns_nothing_says_why(tmp_path):
+    """`max_steps` below what the default task needs (its reward starts rising near step 45 of the default 200):
+    the summary says the reward never rose, that the task needs ~80 steps and that max_steps shortened the
+    schedule too, on one line under the final table (and in summary.json)."""
+    s = _train(tmp_path / "run", "method.args.max_steps=8", "method.args.logging_steps=2", "method.args.save_strategy=no")
+    out = (tmp_path / "run" / "stdout.txt").read_text().splitlines()
+    said = [line for line in out if "never rose" in line]
+    assert len(said) == 1 and said[0] == s["note"], out[-5:]
+    assert said[0].startswith("reward never rose above its first steps' level (")
+    assert said[0].endswith("first and last logged values, over 8 steps): the default task (data=tiny_repeat) "
+                            "needs ~80 steps of the default 200-step schedule (its reward starts rising near step "
+                            "45); max_steps also shortens the LR schedule (cosine: it ends at step 8)")
+    assert out.index(said[0]) == len(out) - 2 and out[-1].startswith("run dir: ")  # under the table, above the dir
 
 
 def test_spg8_does_8x_fewer_generation_rounds(tmp_path):

@@ -27,7 +27,7 @@ def _torchrun(run_dir: Path, *overrides: str) -> Path:
                         "method.args.use_cpu=true", *STEPS, *overrides, f"hydra.run.dir={run_dir}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("Speed plan, policy") == 1  # rank 0 prints it
+    assert r.stdout.count("speed plan: policy") == 1  # rank 0 prints it (one line; the table: speed_plan.txt)
     return run_dir
 
 

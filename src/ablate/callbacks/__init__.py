@@ -1,5 +1,6 @@
 """Callbacks a user selects: *when* things happen (printing, stopping). `conf/callbacks/*.yaml`;
-the debug presets' callbacks are in `debug`. The callbacks every run gets are `ablate.record.callbacks`."""
+the debug presets' callbacks are in `debug`; `learned` says when a finished run's progress metric
+never moved. The callbacks every run gets are `ablate.record.callbacks`."""
 
 from __future__ import annotations
 

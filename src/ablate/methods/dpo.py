@@ -167,7 +167,7 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
             self.ref_speed_plan = self._reference_plan(self.ref_model, args)
             if ref_model is None or getattr(ref_model, "hf_device_map", None) is None:
                 self.ref_model.to(self.args.device)
-        self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))  # the plan's table, when training starts
+        self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan, show=self.perf.show))  # the plan's table, when training starts
 
     def _policy_plan(self, model: nn.Module, args: DPOConfig, data_collator: Callable | None) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A user's collator

@@ -171,7 +171,7 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
             speed_plan.apply(self.ref_model, self.ref_speed_plan)
         # the batch geometry and the speed plan, printed together once the step count is known
         self.add_callback(PrintGeometry())
-        self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan))
+        self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan, show=self.perf.show))
         self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
         self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
         self.ahead: AheadRounds | None = None  # rounds sampled ahead by a worker process (async GRPO)

@@ -97,7 +97,7 @@ class SFTTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         )
         self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
         self.metrics = MetricsBuffer()
-        self.add_callback(PrintPlan(self.speed_plan))
+        self.add_callback(PrintPlan(self.speed_plan, show=self.perf.show))
 
     def compute_loss(
         self,

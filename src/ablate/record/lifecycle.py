@@ -66,6 +66,7 @@ class Run:
     resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
     cache_recorded: bool = False  # this launch's cache lookups are in run.json (later calls update them)
+    progress: dict[str, Any] = field(default_factory=dict)  # method.progress and the schedule's name (learned.note)
 
     def start_tracker(self, cfg: DictConfig) -> None:
         """The logger group's tracker (logger=none composes to nothing): one W&B run per job, on rank 0."""
@@ -113,6 +114,10 @@ class Run:
             return
         self.info["speed_plan"] = record
         rundir.write_json(self.dir / rundir.RUN, self.info)
+        if rundir.is_main_process():  # the tables a run prints as one line (ablate.speed.plan.PrintPlan)
+            from ablate.speed.plan import TABLE_FILE  # torch is loaded by now (a trainer exists)
+
+            (self.dir / TABLE_FILE).write_text("\n\n".join(p.table() for p in plans if p is not None) + "\n")
         if getattr(self.tracker, "add_config", None) is not None:  # a tracker of your own may not have it
             self.tracker.add_config({"speed_plan": record})
 
@@ -142,6 +147,8 @@ class Run:
 
         setup.prepare(cfg, self.info)
         rundir.write_json(self.dir / rundir.RUN, self.info)
+        self.progress = {**OmegaConf.to_container(cfg.method.get("progress") or {}, resolve=False),
+                         "scheduler": HydraConfig.get().runtime.choices.get("optimizer/scheduler")}
         check_shared_run_dir(self.dir)
 
     def note(self, **facts: Any) -> None:
@@ -178,6 +185,10 @@ class Run:
         metrics = final_metrics(history)
         metrics["train_loss"] = train_loss(history, global_step)
         self.summary.update(status="completed", global_step=global_step, metrics=metrics)
+        from ablate.callbacks import learned  # (its package loads transformers: not at import)
+        if said := learned.note(history, self.progress, global_step, self.summary["overrides"],
+                                self.progress.get("scheduler")):
+            self.summary["note"] = said  # the progress metric never moved: printed under the final table
         self.add_cache(trainer)
         for fields in extra:
             self.summary.update(fields)
@@ -480,6 +491,8 @@ def print_result(run: Run) -> None:
     for k, v in sorted(summary.get("metrics", {}).items()):
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
+    if summary.get("note"):
+        print(summary["note"])
     # plain print: rich would fold a long path at the terminal width (80 columns when piped) and
     # read `[...]` in it as markup; this line is meant to be pasted (ablate resume / compare)
     print(f"run dir: {run.dir}", flush=True)

@@ -210,3 +210,4 @@ class Speed(Schema):
     liger: bool = field(check=BOOL)  # opt-in; whether this machine can run it: ablate.speed.plan.Perf
     compile: bool = field(check=BOOL)  # opt-in
     unverified_devices: bool = field(check=BOOL)
+    show: bool = field(check=BOOL)  # not a path: the plan's whole table at start (else one line)

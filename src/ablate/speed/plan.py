@@ -4,9 +4,10 @@ Every path in ablate.speed gives the plain path's numbers with less time or memo
 models (the families whose forward it reproduces), attention kernels, wrappers and devices. A trainer
 calls `resolve` once, in its `__init__`, with the switches of `conf/speed/` (`Perf`: what is requested)
 and what the run is (`Setting`: model, attention, device, precision, wrapper), then branches on the
-plan (`plan.on("padding_free")`), never on the model or the batch. The plan is printed as one table
-when training starts (`PrintPlan`) and recorded in run.json (`speed_plan`) and W&B's config. A
-requested path that cannot apply is off, and the table says why.
+plan (`plan.on("padding_free")`), never on the model or the batch. When training starts the plan is
+one line (`PrintPlan`: how many paths run; a sweep's every job prints it), its table is written to the
+run dir (speed_plan.txt; printed too with `speed.show=true`), and it is recorded in run.json
+(`speed_plan`) and W&B's config. A requested path that cannot apply is off, and the table says why.
 
 The wrapper is known before it exists: Trainer.train wraps the model (DDP, FSDP) as the arguments say
 (`wrapper_of`). Under DDP the paths that only change the model's inputs (the shared and packed
@@ -63,6 +64,7 @@ class Perf:
     liger: bool = False
     compile: bool = False
     unverified_devices: bool = False
+    show: bool = False  # not a path: print the plan's whole table when training starts (else one line)
 
     def __post_init__(self) -> None:
         if self.liger:  # checked once, here: before any model is built (ablate.config.code_checks builds this)
@@ -372,11 +374,28 @@ def apply(model: nn.Module, plan: SpeedPlan) -> None:
 
 
 class PrintPlan(TrainerCallback):
-    """Prints the speed plans as tables once, when training starts (main process)."""
+    """When training starts (main process): each plan in one line (`summary`), or its whole table with
+    `show` (`speed.show=true`). The tables are in the run dir either way (speed_plan.txt, written by
+    ablate.record.lifecycle), so a sweep's jobs print one line each, not a table each."""
 
-    def __init__(self, *plans: SpeedPlan | None) -> None:
+    def __init__(self, *plans: SpeedPlan | None, show: bool = False) -> None:
         self.plans = [p for p in plans if p is not None]
+        self.show = show
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero and self.plans:
-            print("\n".join(p.table() for p in self.plans), flush=True)
+            print("\n".join(p.table() for p in self.plans) if self.show else summary(self.plans), flush=True)
+
+
+def summary(plans: list[SpeedPlan]) -> str:
+    """`speed plan: policy 4/4 paths on, reference 3/4 (off: padding_free); table: speed_plan.txt in the run
+    dir, or speed.show=true`: one line for every plan of a run."""
+    parts = []
+    for p in plans:
+        off = [d.name for d in p.decisions if not d.on]
+        parts.append(f"{p.title} {len(p.decisions) - len(off)}/{len(p.decisions)} paths on"
+                     + (f" (off: {', '.join(off)})" if off and len(off) < len(p.decisions) else ""))
+    return f"speed plan: {', '.join(parts)}; table: {TABLE_FILE} in the run dir, or speed.show=true"
+
+
+TABLE_FILE = "speed_plan.txt"  # the plans' tables, in the run dir (ablate.record.lifecycle writes it)
