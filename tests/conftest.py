@@ -21,6 +21,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+# The speed paths' own tests run each path on any CPU: the suite's record turns every path on (the package's
+# per-CPU-family decisions are tested against explicit records in tests/unit/test_measured_families.py)
+os.environ.setdefault("ABLATE_SPEED_RECORD", str(TESTS / "speed_record.json"))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker already has a core of its own: one thread per ablate process it starts

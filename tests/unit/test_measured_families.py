@@ -67,3 +67,22 @@ def test_write_keeps_the_other_families(record):
 def test_this_machine_has_a_family():
     family = measured.cpu_family()
     assert family["arch"] and family["vendor"] and family["capability"] and isinstance(family["amx"], bool)
+
+
+def test_the_packages_record_has_the_measured_families():
+    """The shipped record: the AMD EPYC's (every path on) and the Intel Xeon AVX-512/AMX one's, whose DPO
+    measurement found the pair rows, padding-free rows and lean layers slower than the plain path there."""
+    rows = json.loads(measured.PACKAGED.read_text())["cpu"]["families"]
+    assert [r["family"].get("vendor") for r in rows] == ["AuthenticAMD", "GenuineIntel"]
+    intel = measured.entry("cpu", measured.PACKAGED, family=INTEL)
+    assert "Intel" in intel["run"] and {n for n, r in intel["paths"].items() if not r["on"]} == {
+        "dpo_pair_rows", "padding_free", "lean_layers"}
+    assert all(r["exact"] for r in intel["paths"].values())
+    # an unmeasured family (ARM, or ATEN_CPU_CAPABILITY=default here): what both families ran
+    other = measured.entry("cpu", measured.PACKAGED, family={**INTEL, "capability": "DEFAULT"})
+    assert {n for n, r in other["paths"].items() if r["on"]} == {"completion_only_logits", "grpo_group_rows",
+                                                                   "length_groups", "shared_prefill"}
+
+
+def test_the_suite_runs_on_its_own_record():
+    assert measured.RECORD.name == "speed_record.json" and measured.RECORD != measured.PACKAGED
