@@ -39,7 +39,7 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
     assert sorted(done) == ["method.dpo_loss.target=1.0", "method.dpo_loss.target=2.0"]
     ipo = ablate("train", "method/dpo_loss=ipo", *FAST, cwd=tmp_path)
     assert ipo.returncode == 0, ipo.stderr[-2000:]
-    ipo_dir = next((tmp_path / "outputs" / "runs").glob("*/*method_dpo_loss=ipo*"))
+    ipo_dir = next((tmp_path / "outputs" / "runs").glob("*/*dpo_loss-ipo*"))
     losses = {k: [e["loss"] for e in metrics(p) if "loss" in e] for k, p in done.items()}
     ipo_losses = [e["loss"] for e in metrics(ipo_dir) if "loss" in e]
     assert len(ipo_losses) == 3

@@ -189,6 +189,7 @@ def generate_cmd(args: Any) -> None:
     from ablate.errors import USER_ERRORS
 
     try:
+        args.run_dir = rundir.given_run(args.run_dir)  # `last`: the newest run
         rundir.check_given(args.run_dir, run=False)  # at once: before the heavy imports
         prompts = read_prompts(args.prompt, args.prompts)
         if not prompts:
