@@ -127,7 +127,8 @@ def parser() -> Parser:
     p.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included; last: the newest run)")
     p.add_argument("--prompt", action="append", default=[], help="a user message (repeat for several)")
     p.add_argument("--prompts", type=Path, help="JSONL file, one {\"prompt\": ...} per line (string or messages)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per completion (64)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per completion (64; a run with tools: its own budget over all turns)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion")
