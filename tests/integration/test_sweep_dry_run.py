@@ -34,8 +34,9 @@ def test_dry_run_lists_every_job_and_starts_nothing(tmp_path):
     # the sweep config's hydra.sweeper.params: 2 losses x 3 seeds, in Hydra's order
     assert [o - {"+sweep=dpo_loss"} for o, _ in jobs] == [
         {f"method/dpo_loss={loss}", f"seed={seed}"} for loss in ("sigmoid", "hinge") for seed in (1, 2, 3)]
-    assert [d.name for _, d in jobs] == [f"{n}_method_dpo_loss={loss},seed={seed}" for n, (loss, seed) in
-                                         enumerate((lo, s) for lo in ("sigmoid", "hinge") for s in (1, 2, 3))]
+    assert [d.name[:-9] for _, d in jobs] == [f"{n}_dpo_loss-{loss}_seed-{seed}" for n, (loss, seed) in
+                                              enumerate((lo, s) for lo in ("sigmoid", "hinge") for s in (1, 2, 3))]
+    assert all(re.fullmatch(r"-[0-9a-f]{8}", d.name[-9:]) for _, d in jobs)  # the overrides' hash
     assert all(d.parent.parent == Path("outputs/sweeps/dpo_loss") for _, d in jobs)
     assert list(tmp_path.iterdir()) == []  # no outputs/, no run dir, no .hydra/
 
