@@ -21,8 +21,9 @@ def dirname_suffix(overrides: str, limit: int = SLUG_LIMIT) -> str:
     """A run dir's name after its time (a sweep job's: after its number), from Hydra's override_dirname
     (`k=v,k2=v2`, sorted): short, readable and shell-safe. Each override as `<its key's last part>-<value>`
     (`method.args.max_steps=400` -> `max_steps-400`, `method/dpo_loss=ipo` -> `dpo_loss-ipo`), joined by `_`,
-    brackets and quotes dropped, any other character as `_`, cut to `limit` characters, then `-` and 8 hex digits of the overrides' sha1:
-    names shortened alike (`a.beta=1`, `b.beta=1`) stay apart. The overrides themselves are in run.json."""
+    brackets and quotes dropped, any other character as `_`, cut to `limit` characters, then `-` and 8 hex
+    digits of the overrides' sha1: names shortened alike (`a.beta=1`, `b.beta=1`) stay apart. The overrides
+    themselves are in run.json."""
     if not overrides:
         return ""
     from ablate.record.secrets import mask_text
