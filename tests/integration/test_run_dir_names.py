@@ -21,7 +21,8 @@ LONG = ["+experiment=calc_tools", "method.args.max_steps=400", "model.path=outpu
 def test_a_long_override_list_gives_a_short_shell_safe_readable_name() -> None:
     name = dirname_suffix(",".join(LONG))
     assert SAFE.match(name) and len(name) <= 1 + SLUG_LIMIT + 9, name  # `_` + slug + `-` + 8 hex digits
-    assert name.startswith("_experiment-calc_tools_max_steps-400_path-outputs_calc_sft"), name  # keys' last parts
+    # keys' last parts, choices first (Hydra sorts them after dotted keys)
+    assert name.startswith("_experiment-calc_tools_dpo_loss-ipo_seed-3_"), name
 
 
 def test_different_override_lists_never_share_a_name() -> None:

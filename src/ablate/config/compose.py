@@ -20,7 +20,8 @@ SLUG_LIMIT = 60  # characters of overrides in a run dir's name (its hash suffix 
 def dirname_suffix(overrides: str, limit: int = SLUG_LIMIT) -> str:
     """A run dir's name after its time (a sweep job's: after its number), from Hydra's override_dirname
     (`k=v,k2=v2`, sorted): short, readable and shell-safe. Each override as `<its key's last part>-<value>`
-    (`method.args.max_steps=400` -> `max_steps-400`, `method/dpo_loss=ipo` -> `dpo_loss-ipo`), joined by `_`,
+    (`method.args.max_steps=400` -> `max_steps-400`, `method/dpo_loss=ipo` -> `dpo_loss-ipo`), those whose
+    key has no `.` (group choices, seed) first, joined by `_`,
     brackets and quotes dropped, any other character as `_`, cut to `limit` characters, then `-` and 8 hex
     digits of the overrides' sha1: names shortened alike (`a.beta=1`, `b.beta=1`) stay apart. The overrides
     themselves are in run.json."""
@@ -28,12 +29,13 @@ def dirname_suffix(overrides: str, limit: int = SLUG_LIMIT) -> str:
         return ""
     from ablate.record.secrets import mask_text
 
-    parts = []
+    parts: list[tuple[bool, str]] = []
     for item in _items(mask_text(overrides)):  # `+model.token=hf_...` must not name a directory
         key, sep, value = item.partition("=")
-        key = re.split(r"[./]", key.lstrip("+~"))[-1]
-        parts.append(f"{key}-{value}" if sep else key)
-    slug = UNSAFE.sub("_", re.sub(r"[][{}'\"]", "", "_".join(parts)))[:limit].strip("_.-")  # brackets, quotes dropped
+        short = re.split(r"[./]", key.lstrip("+~"))[-1]
+        parts.append(("." in key, f"{short}-{value}" if sep else short))
+    joined = "_".join(p for _, p in sorted(parts, key=lambda p: p[0]))  # choices (seed=1, method/dpo_loss=ipo) first
+    slug = UNSAFE.sub("_", re.sub(r"[][{}'\"]", "", joined))[:limit].strip("_.-")  # brackets, quotes dropped
     digest = hashlib.sha1(overrides.encode()).hexdigest()[:8]
     return f"_{slug}-{digest}" if slug else f"_{digest}"
 
