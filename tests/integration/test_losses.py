@@ -4,6 +4,7 @@ line naming the new one. Runs the CLI from a scratch cwd with the default output
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -39,7 +40,8 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
     assert sorted(done) == ["method.dpo_loss.target=1.0", "method.dpo_loss.target=2.0"]
     ipo = ablate("train", "method/dpo_loss=ipo", *FAST, cwd=tmp_path)
     assert ipo.returncode == 0, ipo.stderr[-2000:]
-    ipo_dir = next((tmp_path / "outputs" / "runs").glob("*/*method_dpo_loss=ipo*"))
+    (ipo_dir,) = [p.parent for p in (tmp_path / "outputs" / "runs").glob("*/*/run.json")
+                  if "method/dpo_loss=ipo" in json.loads(p.read_text())["overrides"]]
     losses = {k: [e["loss"] for e in metrics(p) if "loss" in e] for k, p in done.items()}
     ipo_losses = [e["loss"] for e in metrics(ipo_dir) if "loss" in e]
     assert len(ipo_losses) == 3

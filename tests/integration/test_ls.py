@@ -52,7 +52,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_real_run_records_tags_notes_and_threads(scratch: Path) -> None:
-    (info_path,) = (scratch / "outputs" / "runs").glob("*/*max_steps=2*/run.json")
+    (info_path,) = (scratch / "outputs" / "runs").glob("*/*max_steps-2*/run.json")
     info = json.loads(info_path.read_text())
     assert info["tags"] == ["baseline", "v2"] and info["notes"] == "first try"
     assert info["threads"] == 1 and info["threads_source"] == "config threads"

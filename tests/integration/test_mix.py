@@ -42,7 +42,7 @@ def test_two_dataset_mix_trains_and_is_recorded(tmp_path):
 
     more = ablate("train", "data=mix", "data.sources.caps.weight=3", "method.args.max_steps=2", cwd=tmp_path, env=env)
     assert more.returncode == 0, more.stderr[-3000:]
-    (weighted,) = [p for p in _runs(tmp_path) if "weight=3" in p.name]
+    (weighted,) = [p for p in _runs(tmp_path) if "weight-3" in p.name]
     mixed = json.loads((weighted / "run.json").read_text())["data_mix"]["sources"]
     # 202 rows: the most that repeat none of caps' 152 at 75% (151.5 each way, the tie to sort)
     assert (mixed["sort"]["rows"], mixed["caps"]["rows"], mixed["caps"]["share"]) == (51, 151, 0.75)

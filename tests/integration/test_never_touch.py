@@ -20,11 +20,11 @@ def _snapshot(d: Path) -> dict[str, tuple[bytes | None, int]]:
 
 def test_a_refused_job_dir_is_left_as_it_was_and_counted_as_failed(tmp_path):
     sweep = tmp_path / "sw"
-    (sweep / "0_seed=1").mkdir(parents=True)
-    (sweep / "0_seed=1" / "notes.txt").write_text("the user's\n")
-    (sweep / "1_seed=2").mkdir()
-    (sweep / "1_seed=2" / "run.json").write_text(json.dumps({"overrides": ["seed=7"]}))  # another run's
-    before = {d: _snapshot(sweep / d) for d in ("0_seed=1", "1_seed=2")}
+    (sweep / "0_seed-1-389c96e3").mkdir(parents=True)
+    (sweep / "0_seed-1-389c96e3" / "notes.txt").write_text("the user's\n")
+    (sweep / "1_seed-2-bb1b9ecd").mkdir()
+    (sweep / "1_seed-2-bb1b9ecd" / "run.json").write_text(json.dumps({"overrides": ["seed=7"]}))  # another run's
+    before = {d: _snapshot(sweep / d) for d in ("0_seed-1-389c96e3", "1_seed-2-bb1b9ecd")}
     r = ablate("train", "-m", "seed=1,2,3", f"hydra.sweep.dir={sweep}", "method.args.max_steps=1", cwd=tmp_path)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1] == \
@@ -32,12 +32,12 @@ def test_a_refused_job_dir_is_left_as_it_was_and_counted_as_failed(tmp_path):
     assert {d: _snapshot(sweep / d) for d in before} == before  # no ablate.log, no .lock: nothing
     assert "1/3 jobs completed" in r.stdout, r.stdout[-3000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
-    assert any("0_seed=1" in line and " failed " in line for line in rows), rows
-    assert any("1_seed=2" in line and " failed " in line for line in rows), rows
+    assert any("0_seed-1-389c96e3" in line and " failed " in line for line in rows), rows
+    assert any("1_seed-2-bb1b9ecd" in line and " failed " in line for line in rows), rows
     errors = sorted(json.loads(p.read_text())["error"] for p in (sweep / ".refused").glob("*.json"))  # the table's column
     assert len(errors) == 2 and any("is not empty and holds no ablate run" in e for e in errors) \
         and any("holds another run" in e for e in errors), errors
-    assert json.loads((sweep / "2_seed=3" / "summary.json").read_text())["status"] == "completed"
+    assert json.loads((sweep / "2_seed-3-bd4da476" / "summary.json").read_text())["status"] == "completed"
 
 
 def test_a_resume_on_a_config_changed_on_disk_is_refused_naming_the_keys(tmp_path):
@@ -82,4 +82,4 @@ def test_the_same_sweep_command_again_continues_its_dir_and_another_launch_is_re
     assert "1/1 jobs completed" in r.stdout, r.stdout[-3000:]
     r = ablate("train", "-m", "seed=2", f"hydra.sweep.dir={sweep}", "method.args.max_steps=2", cwd=tmp_path)
     assert r.returncode != 0 and f"hydra.sweep.dir={sweep} holds a sweep (multirun.yaml)" in r.stderr, r.stderr[-3000:]
-    assert (sweep / "multirun.yaml").read_bytes() == record and not (sweep / "0_seed=2").exists()
+    assert (sweep / "multirun.yaml").read_bytes() == record and not (sweep / "0_seed-2-bb1b9ecd").exists()

@@ -168,11 +168,11 @@ def _matches(out: str) -> tuple[int, int]:
 
 
 OUTPUT_CLAIMS = {  # what the Quick start says a look at the run shows (stdout of the line, as printed)
-    'ablate eval "$(ls -d outputs/runs/*/* | tail -1)"': lambda out: _eval_accuracy(out) == 1.0,
-    'ablate generate "$(ls -d outputs/runs/*/* | tail -1)" --prompt "sort: dcba =" --before':
+    'ablate eval last': lambda out: _eval_accuracy(out) == 1.0,
+    'ablate generate last --prompt "sort: dcba =" --before':
         lambda out: _before_after(out)[1] == "abcd" and _before_after(out)[0] != "abcd",
     # the 400-step SFT run sorts the held-out prompts (issue 37: 13/64 while prompts got the chat template)
-    'ablate generate "$(ls -d outputs/runs/*/* | tail -1)" --prompts src/ablate/data/tiny/sort_sft_eval.jsonl':
+    'ablate generate last --prompts src/ablate/data/tiny/sort_sft_eval.jsonl':
         lambda out: _matches(out)[1] == 64 and _matches(out)[0] >= 58,
 }
 

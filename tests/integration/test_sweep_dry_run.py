@@ -34,8 +34,9 @@ def test_dry_run_lists_every_job_and_starts_nothing(tmp_path):
     # the sweep config's hydra.sweeper.params: 2 losses x 3 seeds, in Hydra's order
     assert [o - {"+sweep=dpo_loss"} for o, _ in jobs] == [
         {f"method/dpo_loss={loss}", f"seed={seed}"} for loss in ("sigmoid", "hinge") for seed in (1, 2, 3)]
-    assert [d.name for _, d in jobs] == [f"{n}_method_dpo_loss={loss},seed={seed}" for n, (loss, seed) in
-                                         enumerate((lo, s) for lo in ("sigmoid", "hinge") for s in (1, 2, 3))]
+    assert [d.name[:-9] for _, d in jobs] == [f"{n}_dpo_loss-{loss}_seed-{seed}" for n, (loss, seed) in
+                                              enumerate((lo, s) for lo in ("sigmoid", "hinge") for s in (1, 2, 3))]
+    assert all(re.fullmatch(r"-[0-9a-f]{8}", d.name[-9:]) for _, d in jobs)  # the overrides' hash
     assert all(d.parent.parent == Path("outputs/sweeps/dpo_loss") for _, d in jobs)
     assert list(tmp_path.iterdir()) == []  # no outputs/, no run dir, no .hydra/
 
@@ -61,7 +62,7 @@ def test_dry_run_names_the_dirs_a_real_launch_creates(tmp_path):
     launches = list((tmp_path / "outputs" / "sweeps" / "dpo_loss").iterdir())
     assert len(launches) == 1
     created = sorted(p.name for p in launches[0].iterdir() if p.is_dir() and p.name[0].isdigit())
-    assert created == ["0_method_dpo_loss=sigmoid", "1_method_dpo_loss=hinge"]
+    assert created == ["0_dpo_loss-sigmoid-9ed88e63", "1_dpo_loss-hinge-d73de010"]
     assert created == [d.name for _, d in jobs]  # the same names (the date-time part is when each ran)
     assert all(d.parent.parent == launches[0].relative_to(tmp_path).parent for _, d in jobs)
 
@@ -84,7 +85,7 @@ def test_both_entry_points_name_jobs_alike_and_resume_finds_them(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     (launch,) = list((tmp_path / "outputs" / "sweeps" / "dpo_loss").iterdir())
     names = sorted(p.name for p in launch.iterdir() if p.is_dir() and p.name[0].isdigit())
-    assert names == ["0_method_dpo_loss=sigmoid", "1_method_dpo_loss=hinge"]
+    assert names == ["0_dpo_loss-sigmoid-9ed88e63", "1_dpo_loss-hinge-d73de010"]
 
     dry = ablate("sweep", "dpo_loss", *fixed, "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr[-3000:]

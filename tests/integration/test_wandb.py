@@ -48,7 +48,7 @@ def wandb_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
 def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     sweep_dir, proc = wandb_sweep
     jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
-    assert [j.name for j in jobs] == ["0_method_dpo_loss=sigmoid", "1_method_dpo_loss=hinge"]
+    assert [j.name for j in jobs] == ["0_dpo_loss-sigmoid-9ed88e63", "1_dpo_loss-hinge-d73de010"]
     ids = []
     for job, loss in zip(jobs, ("sigmoid", "hinge")):
         offline = list((job / "wandb").glob("offline-run-*"))

@@ -113,7 +113,7 @@ def test_poisoned_job_fixed_and_resumed_runs_only_that_job_and_changed_configs_a
     poisoned = run(args, cwd, env={"ABLATE_TEST_CRASH_AT": "3", "ABLATE_TEST_CRASH_SEED": "2"})
     assert poisoned.returncode != 0 and "1/2 jobs completed" in poisoned.stdout
     sweep = the_sweep_dir(cwd)
-    ok, bad = jobs(sweep)["0_method_dpo_loss=sigmoid,seed=1"], jobs(sweep)["1_method_dpo_loss=sigmoid,seed=2"]
+    ok, bad = jobs(sweep)["0_dpo_loss-sigmoid_seed-1-9b615bfa"], jobs(sweep)["1_dpo_loss-sigmoid_seed-2-f7f5db2c"]
     kept = ("summary.json", "metrics.jsonl", "run.json", "model", "checkpoints")  # Hydra's log and .hydra/ do change
     before = {p.name: p.stat().st_mtime_ns for p in ok.iterdir() if p.name in kept}
 
@@ -130,7 +130,7 @@ def test_poisoned_job_fixed_and_resumed_runs_only_that_job_and_changed_configs_a
     refused = run([*args, "--resume"], cwd)
     assert refused.returncode == 2 and refused.stdout.count("│") == 0  # no job ran
     assert refused.stderr.strip().count("\n") == 0, refused.stderr  # one line
-    assert "job 0 (0_method_dpo_loss=sigmoid,seed=1) changed since it ran: method.args.beta (was 0.1, now 0.2)" in refused.stderr
+    assert "job 0 (0_dpo_loss-sigmoid_seed-1-9b615bfa) changed since it ran: method.args.beta (was 0.1, now 0.2)" in refused.stderr
     forced = run([*args, "--resume", "--force"], cwd)
     assert forced.returncode == 0 and forced.stdout.count("new (--force: changed)") == 2
     assert len(list((sweep / ".replaced").iterdir())) == 2

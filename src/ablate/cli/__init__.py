@@ -97,7 +97,7 @@ def parser() -> Parser:
     hydra.add_argument("--config-dir", "-cd", help="a config dir of yours, searched before ablate's conf/")
     p = command("compare", "compare runs: mean [95%% t interval] per arm, seed-paired differences; --out: report.html",
                 description="compare run and sweep directories (a sweep's folder: its newest launch)")
-    p.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them")
+    p.add_argument("dirs", nargs="+", type=Path, help="run dirs, sweep dirs, or folders holding them (last: the newest sweep)")
     p.add_argument("--metric", action="append", default=None, help="metric to show (repeat or comma-separate; "
                    "default: per method, held-out eval_* ones when every run has eval.json; eval_*: eval.json's; "
                    "speed: tokens_per_second, mfu and GRPO's time/*)")
@@ -118,16 +118,17 @@ def parser() -> Parser:
                    help="a sweep dir (it holds multirun.yaml), or a sweep's folder: its newest launch "
                         "(default: the newest sweep under outputs/sweeps)")
     p = command("ls", "runs and sweep jobs under outputs/ (or DIR), newest first")
-    p.add_argument("dir", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs/)")
+    p.add_argument("dir", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs/; last: the newest run)")
     p.add_argument("--status", help="only runs with this status (running, completed, failed, interrupted, ...)")
     p.add_argument("--method", help="only runs of this method (dpo, sft, grpo, ...)")
     p.add_argument("--tag", action="append", default=[], help="only runs tagged so (repeat: all of them)")
     p.add_argument("--json", action="store_true", help="one JSON list of runs, for scripts")
     p = command("generate", "completions from a run's model/ (chat template, LoRA adapters)")
-    p.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included)")
+    p.add_argument("run_dir", type=Path, help="a run dir (its model/ is loaded, LoRA adapters included; last: the newest run)")
     p.add_argument("--prompt", action="append", default=[], help="a user message (repeat for several)")
     p.add_argument("--prompts", type=Path, help="JSONL file, one {\"prompt\": ...} per line (string or messages)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per completion (64)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per completion (64; a run with tools: its own budget over all turns)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--json", action="store_true", help="one JSON object per line: prompt, completion")
@@ -136,12 +137,12 @@ def parser() -> Parser:
     p.add_argument("--format", choices=("plain", "chat"),
                    help="how to format prompts (default: as the run's training rows were, run.json)")
     p = command("eval", "score a run's model/ with its method's eval metrics: RUN_DIR/eval.json, eval_examples.jsonl")
-    p.add_argument("run_dir", type=Path, help="a run dir")
+    p.add_argument("run_dir", type=Path, help="a run dir (last: the newest run under outputs/)")
     p.add_argument("overrides", nargs="*", help="key=value on top of the run's own (data=..., data.max_eval_samples=...)")
     p.add_argument("--samples", type=int, default=0, metavar="N",
                    help="GRPO/RLOO/distill: N sampled completions per prompt (default: one greedy)")
     p = command("resume", "continue a crashed or killed run from its newest complete checkpoint, in its own dir")
-    p.add_argument("run_dir", type=Path, help="a run dir")
+    p.add_argument("run_dir", type=Path, help="a run dir (last: the newest run under outputs/)")
     p.add_argument("overrides", nargs="*", help="hydra.key=value, or a secret the run recorded masked, given again")
     p.add_argument("--force", action="store_true", help="resume although its data or composed config changed")
     p = command("cache", "what runs reuse (tokenized data, DPO's reference log-probs): list or remove it",

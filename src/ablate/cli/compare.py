@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
+
+
+def newest_sweep() -> Path:
+    """`ablate compare last`: the newest sweep launch under outputs/sweeps (by its multirun.yaml), said on
+    stderr; RunDirError in one line when there is none."""
+    from ablate.cli.status import SWEEPS, newest_launch
+    from ablate.record.rundir import RunDirError
+
+    found = newest_launch(SWEEPS) if SWEEPS.is_dir() else None
+    if found is None:
+        raise RunDirError(f"`last` is the newest sweep under {SWEEPS}/ and there is none here (no multirun.yaml "
+                          f"under {SWEEPS.resolve()}); run `ablate sweep NAME` first, or give run or sweep dirs")
+    print(f"last: {found}", file=sys.stderr)
+    return found
 
 
 def compare_cmd(args: Any) -> None:
@@ -27,9 +42,10 @@ def compare_cmd(args: Any) -> None:
         print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)
         sys.exit(2)
     from ablate.errors import ConfigError
-    from ablate.record.rundir import RunDirError, check_readable
+    from ablate.record.rundir import LAST, RunDirError, check_readable
 
     try:
+        args.dirs = [newest_sweep() if str(d) == LAST and not d.exists() else d for d in args.dirs]
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
         if args.out not in (None, DEFAULT_OUT):  # never over files of the user's (issue 32); the default: compare()

@@ -168,8 +168,8 @@ def eval_cmd(args: Any) -> None:
 
     from ablate.errors import USER_ERRORS
 
-    run_dir = args.run_dir.resolve()
     try:
+        run_dir = rundir.given_run(args.run_dir).resolve()  # `last`: the newest run
         rundir.check_given(run_dir)  # at once: before the heavy imports
         result = evaluate(run_dir, args.overrides, args.samples)
     except USER_ERRORS as e:

@@ -11,12 +11,21 @@ text as it is (the tokenizer's own special tokens), one trained on chat messages
 as a user turn through the chat template with the generation prompt. Which one is printed first.
 `--format plain|chat` overrides it. When `--prompts FILE` rows carry a `completion`, the count of
 completions equal to it (whitespace at the ends aside) is printed last.
+
+A run whose training prompts offered tools (GRPO's `method.args.tools`, by default the data's, and its
+environment; SFT on data with `tools`) gets them here too: each prompt is a conversation offering the run's
+tools, rendered by the rollouts' own code (`ablate.rollouts.tools.ToolFormat`, in the run's
+`tool_call_format`), and generated as the rollouts and `ablate eval` generate it (`ToolGenerator` around the
+shared-prompt generator): each call runs, its result is appended, and generation goes on until a turn calls
+nothing. Each call and its result are printed, then the answer. `--max-new-tokens` defaults to the run's own
+budget for all turns (`method.args.max_completion_length`, or the data's), room for a call and an answer.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +141,105 @@ def starting_model(run_dir: Path) -> tuple[Any, Any]:
     return instantiate(OmegaConf.load(config).model)
 
 
+DEFAULT_TOKENS = 64  # --max-new-tokens of a run without tools
+TOOL_TOKENS = 256  # ... of a tool run that records no budget: room for calls, their results and an answer
+
+
+@dataclass
+class Sampling:
+    """What the shared-prompt generator reads (ablate.rollouts.generation.SamplingArgs): --temperature, no top-k
+    or top-p (as `model.generate` samples the prompts of a run without tools here)."""
+
+    temperature: float
+    max_completion_length: int
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
+    """(the tools the run's training prompts offered, as `ablate.rollouts.turns.Toolbox` in the format they were
+    shown, the run's budget of new tokens over all turns), from `.hydra/config.yaml`; (None, None) without
+    tools. GRPO and its kin: method.args.tools (the data's by default), environment, tool_call_format,
+    max_tool_calling_iterations, tool_timeout, max_completion_length; SFT: data.tools (its rows' `tools` column,
+    which ablate.data.tokenize renders as `tool_call_format: auto` does)."""
+    config = run_dir / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return None, None
+    from omegaconf import OmegaConf
+
+    from ablate.config.compose import register_resolvers
+    from ablate.rewards import resolve
+    from ablate.rollouts.tools import ToolFormat
+    from ablate.rollouts.turns import Toolbox
+
+    register_resolvers()  # the run's ${ablate_*} interpolations
+    cfg = OmegaConf.load(config)
+    args, data = cfg.method.get("args") or {}, cfg.get("data") or {}
+    key = "method.args.tools" if "tools" in args else "data.tools"
+    node = args.get("tools") if "tools" in args else data.get("tools")
+    specs = OmegaConf.to_container(node, resolve=True) if node is not None else []
+    env = args.get("environment")
+    if not specs and env is None:
+        return None, None
+    tools = [resolve.function(t, f"{key}[{i}]") for i, t in enumerate(specs)]
+    environment = None if env is None else resolve.environment(
+        OmegaConf.to_container(env, resolve=True) if OmegaConf.is_config(env) else env, "method.args.environment")
+    box = Toolbox(ToolFormat(tokenizer, args.get("tool_call_format", "auto")), tools, environment,
+                  args.get("max_tool_calling_iterations"), args.get("tool_timeout"))
+    return box, args.get("max_completion_length") or data.get("max_completion_length")
+
+
+def tool_prompt_ids(box: Any, row: dict[str, Any], index: int = 0) -> list[int]:
+    """A prompt offering the run's tools, as the run's training rendered it (a plain prompt: one user turn)."""
+    prompt = row["prompt"]
+    return box.prompt_ids([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt, index)
+
+
+def complete_with_tools(tokenizer: Any, model: Any, rows: list[dict[str, Any]], box: Any, max_new_tokens: int,
+                        temperature: float, seed: int) -> list[dict[str, Any]]:
+    """One rollout per prompt row, as GRPO's and `ablate eval`'s (ToolGenerator around the shared-prompt
+    generator; greedy at temperature 0, else sampled, seeded): {completion: the last assistant turn's text,
+    turns: the assistant turns (their `tool_calls`) and the tool results, in order, calls: how many ran}."""
+    from transformers import set_seed
+
+    from ablate.rollouts.generation import SharedPromptGenerator, as_completions
+    from ablate.rollouts.turns import ToolGenerator
+
+    model.eval()
+    set_seed(seed)
+    inner = SharedPromptGenerator(Sampling(temperature if temperature > 0 else 1.0, max_new_tokens), tokenizer,
+                                  do_sample=temperature > 0)
+    generate = ToolGenerator(inner, box, tokenizer, max_new_tokens)
+    out = []
+    for i, row in enumerate(rows):
+        prompt = row["prompt"] if not isinstance(row["prompt"], str) else [{"role": "user", "content": row["prompt"]}]
+        ids = generate.start([{**row, "prompt": prompt, "prompt_ids": tool_prompt_ids(box, row, i)}])
+        done = as_completions(generate(model, ids))
+        turns = done.messages[0]
+        last = next((m for m in reversed(turns) if m.get("role") == "assistant"), {})
+        out.append({"completion": str(last.get("content") or ""), "turns": turns, "calls": done.tool_calls[0]})
+    return out
+
+
+def show_turns(turns: list[dict[str, Any]]) -> list[str]:
+    """A rollout's lines: each call (`call: name({arguments})`), each result (`result: ...`), then the answer
+    (the turn that calls nothing), or a line saying none came within the budget."""
+    lines = []
+    for m in turns:
+        if m.get("role") == "tool":
+            lines.append(f"result: {m.get('content')}")
+        elif not m.get("tool_calls"):
+            lines.append(f"answer: {m.get('content') or ''}")
+        else:
+            lines += [f"says:   {m['content']}"] if m.get("content") else []
+            for c in m["tool_calls"]:
+                body = c.get("function", c)
+                lines.append(f"call:   {body.get('name')}({json.dumps(body.get('arguments'))})")
+    if not turns or turns[-1].get("role") != "assistant" or turns[-1].get("tool_calls"):
+        lines.append("answer: (none: the turns ran out of --max-new-tokens, or of the run's max_tool_calling_iterations)")
+    return lines
+
+
 def complete(tokenizer: Any, model: Any, rows: list[dict[str, Any]], chat: bool, max_new_tokens: int,
              temperature: float, seed: int) -> list[str]:
     """One completion per prompt row from `model`: greedy at temperature 0, else sampled (seeded)."""
@@ -151,12 +259,14 @@ def complete(tokenizer: Any, model: Any, rows: list[dict[str, Any]], chat: bool,
     return out_texts
 
 
-def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temperature: float = 0.0,
+def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int | None = None, temperature: float = 0.0,
              seed: int = 0, before: bool = False, chat: bool | None = None) -> tuple[list[dict[str, Any]], str]:
     """One completion per prompt (a string, messages, or a row {prompt, ...}) from the run's model/;
     with `before`, also the starting model's (what training changed, side by side). Prompts are
-    formatted as the run's training rows were (`chat`: None), or as `chat` says. Returns the rows and
-    the line saying how the prompts were formatted."""
+    formatted as the run's training rows were (`chat`: None), or as `chat` says; a conversational
+    prompt offers the run's tools, whose calls run (`turns` and `calls` in each row). `max_new_tokens`
+    None: the run's own budget with tools, else 64. Returns the rows and the line saying how the prompts
+    were formatted."""
     from ablate.errors import ConfigError
     from ablate.models.heads import is_classifier
     from ablate.process.setup import quiet_libraries
@@ -169,18 +279,37 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int = 64, temper
                           "`ablate eval` on it gives its accuracy on held-out pairs")
     fmt = trained_format(run_dir) if chat is None else None
     chat = bool(fmt["conversational"]) if fmt is not None else bool(chat)
-    after = complete(tokenizer, model, rows_in, chat, max_new_tokens, temperature, seed)
-    rows = []
-    for row, c in zip(rows_in, after):
-        rows.append({"prompt": row["prompt"], "completion": c})
-        if (want := expected(row)) is not None:
-            rows[-1].update(expected=want, match=c.strip() == want.strip())
+    box, budget = run_toolbox(run_dir, tokenizer) if chat else (None, None)
+    if max_new_tokens is None:
+        max_new_tokens = (budget or TOOL_TOKENS) if box is not None else DEFAULT_TOKENS
+    rows = [{"prompt": row["prompt"], **c} for row, c in zip(rows_in, _completions(
+        tokenizer, model, box, rows_in, chat, max_new_tokens, temperature, seed))]
+    for row, given in zip(rows, rows_in):
+        if (want := expected(given)) is not None:
+            row.update(expected=want, match=row["completion"].strip() == want.strip())
     if before:
         del model
         start_tok, start = starting_model(run_dir)
-        for row, c in zip(rows, complete(start_tok, start, rows_in, chat, max_new_tokens, temperature, seed)):
-            row["before"] = c
-    return rows, describe_format(chat, fmt)
+        start_box = run_toolbox(run_dir, start_tok)[0] if box is not None else None
+        for row, c in zip(rows, _completions(start_tok, start, start_box, rows_in, chat, max_new_tokens, temperature,
+                                             seed)):
+            row["before"] = c["completion"]
+            if "turns" in c:
+                row["before_turns"] = c["turns"]
+    how = describe_format(chat, fmt)
+    if box is not None:
+        names = ", ".join(x["function"]["name"] for x in box.schemas)
+        how += (f"; offering the run's tools ({names}; tool_call_format={box.format.kind}), each call run and its "
+                f"result appended as in its rollouts; up to {max_new_tokens} new tokens over all turns")
+    return rows, how
+
+
+def _completions(tokenizer: Any, model: Any, box: Any, rows: list[dict[str, Any]], chat: bool, max_new_tokens: int,
+                 temperature: float, seed: int) -> list[dict[str, Any]]:
+    """Each row's {completion} (no tools), or {completion, turns, calls} (tools: `complete_with_tools`)."""
+    if box is not None:
+        return complete_with_tools(tokenizer, model, rows, box, max_new_tokens, temperature, seed)
+    return [{"completion": c} for c in complete(tokenizer, model, rows, chat, max_new_tokens, temperature, seed)]
 
 
 def generate_cmd(args: Any) -> None:
@@ -189,6 +318,7 @@ def generate_cmd(args: Any) -> None:
     from ablate.errors import USER_ERRORS
 
     try:
+        args.run_dir = rundir.given_run(args.run_dir)  # `last`: the newest run
         rundir.check_given(args.run_dir, run=False)  # at once: before the heavy imports
         prompts = read_prompts(args.prompt, args.prompts)
         if not prompts:
@@ -205,6 +335,11 @@ def generate_cmd(args: Any) -> None:
         prompt = row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"])
         if args.json:
             print(json.dumps(row))
+        elif "turns" in row:  # a tool run: each call, its result, the answer
+            before = ["before training:", *("  " + x for x in show_turns(row["before_turns"])), "after training:"] \
+                if "before_turns" in row else []
+            print("\n".join([f">>> {prompt}", *before, *(("  " if before else "") + x for x in show_turns(row["turns"]))]))
+            print()
         elif "before" in row:
             print(f">>> {prompt}\nbefore training: {row['before']}\nafter training:  {row['completion']}\n")
         else:

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ablate.analysis.runs import STATUSES, format_rows, list_runs
+from ablate.record.rundir import LAST, RunDirError, given_run
 
 
 def ls_cmd(args: Any) -> None:
@@ -16,6 +17,12 @@ def ls_cmd(args: Any) -> None:
 
         refuse(f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from {', '.join(STATUSES)})",
                "ablate ls")
+    if str(args.dir) == LAST and not args.dir.exists():  # `ablate ls last`: the newest run's line
+        try:
+            args.dir = given_run(args.dir)
+        except RunDirError as e:
+            print(f"ablate: error: {e}", file=sys.stderr)
+            sys.exit(2)
     if not args.dir.is_dir():
         print(f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
               file=sys.stderr)

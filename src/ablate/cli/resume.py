@@ -21,8 +21,8 @@ def resume_cmd(args: Any) -> None:
     if args.force:  # the data or the config changed since the run started: resume on them all the same
         os.environ[identity.NEW_DATA_ENV] = "1"
         os.environ[identity.NEW_CONFIG_ENV] = "1"
-    run_dir = args.run_dir.resolve()
     try:
+        run_dir = rundir.given_run(args.run_dir).resolve()  # `last`: the newest run
         rundir.check_readable(run_dir)
         info = rundir.read_json_checked(run_dir / rundir.RUN)
     except rundir.RunDirError as e:

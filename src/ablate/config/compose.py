@@ -13,17 +13,50 @@ import re
 from datetime import datetime
 
 
-def _dirname(overrides: str, limit: int = 100) -> str:
-    """Run-dir suffix from the overrides: filesystem-safe, bounded in length (hash keeps it unique)."""
+UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")  # a run dir's name holds letters, digits and . _ - only: shell-safe
+SLUG_LIMIT = 60  # characters of overrides in a run dir's name (its hash suffix aside)
+
+
+def dirname_suffix(overrides: str, limit: int = SLUG_LIMIT) -> str:
+    """A run dir's name after its time (a sweep job's: after its number), from Hydra's override_dirname
+    (`k=v,k2=v2`, sorted): short, readable and shell-safe. Each override as `<its key's last part>-<value>`
+    (`method.args.max_steps=400` -> `max_steps-400`, `method/dpo_loss=ipo` -> `dpo_loss-ipo`), those whose
+    key has no `.` (group choices, seed) first, joined by `_`,
+    brackets and quotes dropped, any other character as `_`, cut to `limit` characters, then `-` and 8 hex
+    digits of the overrides' sha1: names shortened alike (`a.beta=1`, `b.beta=1`) stay apart. The overrides
+    themselves are in run.json."""
     if not overrides:
         return ""
     from ablate.record.secrets import mask_text
 
-    overrides = mask_text(overrides)  # `+model.token=hf_...` must not name a directory
-    safe = re.sub(r"[^A-Za-z0-9=,._+-]", "_", overrides)
-    if len(safe) > limit:
-        safe = safe[:limit] + "-" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
-    return "_" + safe
+    parts: list[tuple[bool, str]] = []
+    for item in _items(mask_text(overrides)):  # `+model.token=hf_...` must not name a directory
+        key, sep, value = item.partition("=")
+        short = re.split(r"[./]", key.lstrip("+~"))[-1]
+        parts.append(("." in key, f"{short}-{value}" if sep else short))
+    joined = "_".join(p for _, p in sorted(parts, key=lambda p: p[0]))  # choices (seed=1, method/dpo_loss=ipo) first
+    slug = UNSAFE.sub("_", re.sub(r"[][{}'\"]", "", joined))[:limit].strip("_.-")  # brackets, quotes dropped
+    digest = hashlib.sha1(overrides.encode()).hexdigest()[:8]
+    return f"_{slug}-{digest}" if slug else f"_{digest}"
+
+
+def _items(overrides: str) -> list[str]:
+    """Hydra's override_dirname split into its overrides: at commas outside brackets, braces and quotes
+    (`data.reward_funcs=[a.f,b.g],seed=1` is two)."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(overrides):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            items.append(overrides[start:i])
+            start = i + 1
+    return [*items, overrides[start:]]
 
 
 LAUNCH_TIME_ENV = "ABLATE_LAUNCH_TIME"
@@ -60,7 +93,7 @@ def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("ablate_dirname"):
-        OmegaConf.register_new_resolver("ablate_dirname", _dirname)
+        OmegaConf.register_new_resolver("ablate_dirname", dirname_suffix)
     if not OmegaConf.has_resolver("ablate_now"):  # like Hydra's ${now:fmt}, the same for every rank
         OmegaConf.register_new_resolver("ablate_now", lambda fmt: _launched().strftime(fmt))
     if not OmegaConf.has_resolver("ablate_div"):  # GRPO's prompts per batch: completions / num_generations

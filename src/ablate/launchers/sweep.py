@@ -67,8 +67,9 @@ DIRNAME_KEY = "hydra.job.config.override_dirname.exclude_keys"
 
 def exclude_keys_override(task_overrides: list[str], base: list[str]) -> str:
     """The hydra override that names a multirun's job dirs (and W&B runs) by what varies
-    (`3_method_dpo_loss=hinge,seed=2`): `base` (the config's exclude_keys: the sweep's name, tags,
-    notes) plus every command-line override that sweeps nothing, the same for every job.
+    (`3_dpo_loss-hinge_seed-2-<hash>`, ablate.config.compose.dirname_suffix): `base` (the config's
+    exclude_keys: the sweep's name, tags, notes) plus every command-line override that sweeps nothing,
+    the same for every job.
     `task_overrides`: the multirun's command line as Hydra records it (sweep syntax unexpanded)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -30,6 +30,7 @@ import platform
 import re
 import socket
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,39 @@ def check_given(path: Path, run: bool = True) -> None:
         raise RunDirError(f"{path} is a file, not a run dir (`ablate ls` lists your runs)")
     if run and not (path / RUN).is_file():
         raise RunDirError(f"{path} is not an ablate run dir (no {RUN}; `ablate ls` lists your runs)")
+
+
+OUTPUTS = Path("outputs")  # where `last` looks: the default hydra.run.dir and hydra.sweep.dir's root
+LAST = "last"  # a run dir argument naming the newest run under OUTPUTS (`ablate eval last`)
+
+
+def newest_run(root: Path = OUTPUTS) -> Path | None:
+    """The newest ablate run under `root` (a dir holding run.json, ablate's marker; runs and sweep jobs alike):
+    by run.json's `started`, then by path (a day's runs are named by their time, a launch's jobs by number).
+    Dirs below a run and hidden ones (.replaced/, .submitit/) are not searched."""
+    best: tuple[str, str] | None = None
+    for here, dirs, files in os.walk(root):
+        if RUN in files:
+            dirs[:] = []  # a run holds no run below it (checkpoints/, model/)
+            info = read_json(Path(here) / RUN)
+            if info is not None:
+                best = max(best or ("", ""), (str(info.get("started", "")), here))
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return None if best is None else Path(best[1])
+
+
+def given_run(path: Path) -> Path:
+    """A run dir named on the command line: `last` (unless a file or dir of that name is here) is the newest
+    run under outputs/ (`newest_run`), said on stderr; RunDirError in one line when there is none."""
+    if str(path) != LAST or path.exists():
+        return path
+    found = newest_run()
+    if found is None:
+        raise RunDirError(f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
+                          f"under {OUTPUTS.resolve()}); run `ablate train` first, or give a run dir")
+    print(f"last: {found}", file=sys.stderr)
+    return found
 
 
 def is_usable(run_dir: Path) -> None:
