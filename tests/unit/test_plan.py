@@ -27,7 +27,12 @@ ACTIVATIONS = 6 * (2 * 640 + 160)
 def test_full_fine_tuning_fp32_one_gpu():
     p = plan(M, FULL)
     assert p == {"parameters": 4000, "gradients": 4000, "optimizer": 8000, "reference": 0,
-                 "activations": ACTIVATIONS, "total": 16000 + ACTIVATIONS}
+                 "activations": ACTIVATIONS, "total": 4000 + 8000 + ACTIVATIONS}  # activations > gradients
+
+
+def test_total_counts_the_larger_of_activations_and_gradients():
+    p = plan(M, dataclasses.replace(FULL, seq_len=1, sequences=1))  # activations 1440 < gradients 4000
+    assert p["activations"] == 2 * 640 + 160 and p["total"] == 4000 + 4000 + 8000
 
 
 def test_fsdp_shards_weights_grads_and_state_and_gathers_two_layers():

@@ -20,6 +20,8 @@ What each part counts, per GPU:
   one layer recomputed; the LM head's logits in fp32 (logits, log-softmax and their gradients: 3 vocab-wide
   fp32 rows a token, plus the compute-dtype logits); bf16/fp16 autocast over fp32 weights also keeps a
   half-precision copy of each weight it multiplies.
+- total: parameters + optimizer + reference + the larger of activations and gradients (the backward
+  frees a layer's activations as it makes its gradients; the gradients were freed before the forward).
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def plan(m: Shape, s: Setup) -> dict[str, float]:
         "reference": weights / shards if s.reference else 0.0,
         "activations": activations(m, s),
     }
-    return {**parts, "total": sum(parts.values())}
+    # the backward frees each layer's activations as it makes that layer's gradients (set to None before
+    # each forward): the step holds at most the larger of the two on top of the rest
+    total = parts["parameters"] + parts["optimizer"] + parts["reference"] + max(parts["activations"], grads)
+    return {**parts, "total": total}
 
 
 def _weights(m: Shape, s: Setup) -> float:
