@@ -1,7 +1,7 @@
 """The memory plan's arithmetic (`ablate plan`): bytes per GPU of a training run, from what the model is
 (`Shape`: counted from the model built on the meta device) and how it trains (`Setup`: the composed
 config's method, precision, PEFT, optimizer, batch, gradient checkpointing and sharding). No torch here:
-every number is a product of counts and bytes, checked by hand in tests/unit/test_plan.py.
+every number is a product of counts and bytes, checked by hand in tests/unit/test_memory_plan.py.
 
 What each part counts, per GPU:
 - parameters: every weight at its dtype's bytes (QLoRA: the decoder's Linear weights at 4.13 bits, NF4
