@@ -23,7 +23,7 @@ CONF = Path(conf_dir())
 GROUPS = ["model", "method", "optimizer", "precision", "distributed", "speed", "cache", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
                      if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment", "debug"})
-HUB = {("model", "qwen2_5_0_5b"), ("data", "ultrafeedback_binarized")}
+HUB = {("model", "qwen2_5_0_5b"), ("model", "qwen2_5_7b"), ("model", "llama3_1_8b"), ("data", "ultrafeedback_binarized")}
 
 
 def options(group: str) -> list[str]:
@@ -272,6 +272,7 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
         "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (), "hydra/job_logging": (),
         "debug": ("callbacks",), "distributed": (), "speed": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
+        "shrink": (),  # model.config_overrides values, no _target_ (read by ablate.models.architecture)
         "optimizer/lr": (),  # the optimizer's lr a model is fine-tuned at (no code)
         "model/lr": ()}  # trainers/, model/lr/: the old files, kept for one release (ablate.schema.renamed)
 

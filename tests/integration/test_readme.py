@@ -103,6 +103,7 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target
     "ablate train +experiment=smollm2_calc_tools": "tests/slow/test_smollm2_tools.py trains SmolLM2's SFT warm start, "
                                                   "then GRPO calling the calculator in the hermes format",
+    "ablate train +experiment=qwen7b": "tests/integration/test_plan.py trains each 7B experiment scaled down (+shrink=tiny)",
     "ablate train +experiment=smollm2": "tests/slow/test_smollm2.py trains each SmolLM2 experiment to a held-out target",
     "ablate train model=smollm2_135m +peft=": "tests/slow/test_lora_smollm2.py trains LoRA on SmolLM2 through the CLI",
     # sweep files: each runs whole (every job, then compare) in the slow suite; `ablate sweep dpo_loss`

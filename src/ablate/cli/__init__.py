@@ -31,6 +31,7 @@ EXAMPLES = """examples:
   ablate eval outputs/runs/DATE/TIME data=caps_prefs
   ablate data preview model=smollm2_135m data=local data.train_path=prefs.parquet -n 2
   ablate data check data=local data.train_path=train.jsonl data.eval_path=eval.jsonl
+  ablate plan +experiment=qwen7b_dpo_lora --gpus 8 --gpu-memory 80   # memory per GPU; no download
 each command's own options: ablate <command> --help"""
 
 
@@ -163,6 +164,14 @@ def parser() -> Parser:
     p.add_argument("overrides", nargs="*", help="key=value, as for train")
     p.add_argument("-n", type=_positive, default=3, help="how many examples (3)")
     p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
+    p = command("plan", "memory per GPU of a run (parameters, gradients, optimizer, reference, activations): "
+                "fits or not, no weights downloaded", usage="ablate plan [key=value ...] [--gpus N] [--gpu-memory GB]")
+    p.add_argument("overrides", nargs="*", help="key=value, as for train (model=qwen2_5_7b +peft=lora ...)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the run spans: DDP replicates, distributed=fsdp shards (1)")
+    p.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB", help="memory of one GPU in GB (80)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="N",
+                   help="tokens per sequence (default: the method's max_length, GRPO's prompt + completion)")
+    p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
     return top
 
 
@@ -172,7 +181,7 @@ COMMANDS = {"train": ("ablate.cli.train", "hydra_train"), "sweep": ("ablate.cli.
             "ls": ("ablate.cli.ls", "ls_cmd"), "generate": ("ablate.cli.generate", "generate_cmd"),
             "eval": ("ablate.cli.evaluate", "eval_cmd"), "resume": ("ablate.cli.resume", "resume_cmd"),
             "cache": ("ablate.cli.cache", "cache_cmd"), "fetch": ("ablate.cli.fetch", "fetch_cmd"),
-            "data": ("ablate.cli.data", "data_cmd")}
+            "data": ("ablate.cli.data", "data_cmd"), "plan": ("ablate.cli.plan", "plan_cmd")}
 
 
 def main(argv: list[str] | None = None) -> None:

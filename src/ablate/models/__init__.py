@@ -58,14 +58,20 @@ def tiny(
         torch.manual_seed(init_seed)
         model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if quantization_config is not None:
-        with tempfile.TemporaryDirectory(prefix="ablate-tiny-") as tmp:
-            model.save_pretrained(tmp)
-            model = AutoModelForCausalLM.from_pretrained(tmp, **_quantized_kwargs(quantization_config))
-        # built from config, as without quantization: no path (peft would look for the deleted temp dir's
-        # config.json at every save and warn about it)
-        model.config._name_or_path = model.name_or_path = ""
-    return tokenizer, model
+    return tokenizer, _quantized(model, quantization_config)
+
+
+def _quantized(model: PreTrainedModel, quantization_config: Any) -> PreTrainedModel:
+    """A model built from config, saved and reloaded quantized (transformers quantizes only while loading)."""
+    if quantization_config is None:
+        return model
+    with tempfile.TemporaryDirectory(prefix="ablate-tiny-") as tmp:
+        model.save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(tmp, **_quantized_kwargs(quantization_config))
+    # built from config, as without quantization: no path (peft would look for the deleted temp dir's
+    # config.json at every save and warn about it)
+    model.config._name_or_path = model.name_or_path = ""
+    return model
 
 
 def _quantized_kwargs(quantization_config: Any) -> dict[str, Any]:
@@ -83,8 +89,17 @@ def pretrained(
     revision: str | None = None,
     trust_remote_code: bool = False,
     quantization_config: Any = None,
+    config_overrides: Any = None,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id."""
+    """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id. With
+    `config_overrides` (e.g. {num_hidden_layers: 2, hidden_size: 64}): no weights loaded, a scaled-down
+    random-init copy of that architecture with the byte tokenizer (ablate.models.architecture), for
+    a CPU smoke test of a large model's experiment."""
+    if config_overrides is not None:
+        from ablate.models.architecture import scaled_down
+
+        tokenizer, model = scaled_down(path, revision, dict(config_overrides))
+        return tokenizer, _quantized(model.to(DTYPES[dtype]), quantization_config)
     local = Path(path).expanduser()
     if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
         return _merged_adapter(local, dtype, quantization_config)

@@ -97,6 +97,9 @@ class Model(Schema):
     intermediate_size: int = field(check=integer(1))
     max_position_embeddings: int = field(check=integer(1))
     dtype: str = field(check=choice("float32", "bfloat16", "float16"))
+    config_overrides: Any = field(check=nullable(Rule(
+        lambda v, n: type(v).__name__ in ("dict", "DictConfig") and all(isinstance(k, str) for k in v),
+        "a mapping of config.json keys: '+model.config_overrides={num_hidden_layers:2,hidden_size:64}'")))
 
 
 def _modules(v: Any, n: Any) -> bool:

@@ -1,0 +1,157 @@
+"""`ablate plan [overrides] [--gpus N] [--gpu-memory GB] [--seq-len N]`: the memory a run of the
+composed config needs per GPU, before any weight is downloaded. The model is built on the meta device
+from its config (ablate.models.architecture: a local dir's config.json, the HF cache's, or the one
+ablate ships for its hub presets), its parameters counted, and ablate.models.memory does the arithmetic
+for the config's method, precision, PEFT, optimizer, batch, gradient checkpointing and `distributed`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from omegaconf import DictConfig
+
+from ablate.errors import ConfigError
+from ablate.models.memory import GB, Setup, Shape, plan
+
+WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GRPO_PROMPT = 512  # prompt tokens counted when max_prompt_length is null (whole prompts)
+
+
+def meta_model(model_cfg: DictConfig) -> Any:
+    """The config's model on the meta device (no memory, no download), or a one-line ConfigError."""
+    import torch
+
+    target = str(model_cfg.get("_target_", ""))
+    with torch.device("meta"):
+        if target == "ablate.models.tiny":
+            from ablate.models import tiny
+
+            kw = {k: v for k, v in model_cfg.items() if k not in ("_target_", "quantization_config")}
+            return tiny(**kw)[1]
+        if target in ("ablate.models.pretrained", "ablate.models.smollm2_135m"):
+            return _pretrained(model_cfg, target)
+    raise ConfigError(f"model._target_={target}: ablate plan builds ablate's model presets (tiny, local, "
+                      f"smollm2_135m, qwen2_5_0_5b, qwen2_5_7b, llama3_1_8b), not a builder of yours")
+
+
+def _pretrained(model_cfg: DictConfig, target: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from ablate.models.architecture import build_config, config_values, scaled_down
+
+    path = SMOLLM2 if target == "ablate.models.smollm2_135m" else str(model_cfg.path)
+    revision = model_cfg.get("revision")
+    if model_cfg.get("config_overrides") is not None:
+        return scaled_down(path, revision, dict(model_cfg.config_overrides))[1]
+    return AutoModelForCausalLM.from_config(build_config(config_values(path, revision)))
+
+
+def shape(model: Any, peft_cfg: DictConfig | None) -> Shape:
+    """What the arithmetic needs, counted from the (meta) model and the LoRA config."""
+    import torch
+
+    config = model.config
+    layers = model.model.layers
+    head = model.get_output_embeddings().weight
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
+    adapters = 0
+    if peft_cfg is not None:
+        targets = peft_cfg.target_modules
+        for name, m in linears:
+            if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets:
+                adapters += peft_cfg.r * (m.in_features + m.out_features) + (m.out_features if peft_cfg.use_dora else 0)
+    heads = config.num_key_value_heads or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return Shape(params=sum(p.numel() for p in model.parameters()),
+                 linear_params=sum(m.weight.numel() for _, m in linears),
+                 layer_params=sum(p.numel() for p in layers[0].parameters()), adapter_params=adapters,
+                 layers=len(layers), hidden=config.hidden_size, intermediate=config.intermediate_size,
+                 kv_dim=heads * head_dim, vocab=head.shape[0], head_params=head.numel())
+
+
+def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[str]]:
+    """How the composed config trains, and notes on what was assumed."""
+    args, name, notes = cfg.method.args, str(cfg.method.name), []
+    peft = None if cfg.get("peft") is None else ("qlora" if cfg.model.get("quantization_config") else "lora")
+    opt = str(cfg.optimizer.optimizer._target_)
+    states, fixed = 2.0, None
+    if opt.endswith("SGD"):
+        states = 1.0 if cfg.optimizer.optimizer.get("momentum", 0) else 0.0
+    elif "8bit" in opt:
+        fixed = 2.0
+    batch = int(args.per_device_train_batch_size)
+    if name in ("grpo", "rloo"):
+        prompt = args.get("max_prompt_length")
+        if prompt is None:
+            notes.append(f"max_prompt_length is null: prompts counted as {GRPO_PROMPT} tokens (--seq-len to say)")
+        length, sequences = int(prompt or GRPO_PROMPT) + int(args.max_completion_length), batch
+        reference = float(args.get("beta") or 0) > 0 and peft is None
+    else:
+        length = int(args.get("max_length") or 512)
+        sequences = 2 * batch if name in ("dpo", "reward") else batch
+        live = not args.get("precompute_ref_log_probs", True) or cfg.method.trainer.get("ref_model") is not None
+        reference = name in ("dpo", "kto") and live and (peft is None or cfg.method.trainer.get("ref_model") is not None)
+        reference = reference or name == "distill"
+    if name == "distill":
+        notes.append("distill's teacher counted as a copy of the student (reference)")
+    return Setup(weight_bytes=WEIGHT_BYTES[str(cfg.model.get("dtype", "float32"))],
+                 autocast=bool(cfg.precision.get("bf16") or cfg.precision.get("fp16")), peft=peft,
+                 optimizer_states=states, optimizer_fixed_bytes=fixed, reference=reference, sequences=sequences,
+                 seq_len=seq_len or length, checkpointing=bool(args.get("gradient_checkpointing")),
+                 gpus=gpus, sharded=bool(cfg.distributed.get("fsdp"))), notes
+
+
+def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
+    """Print the plan; True if it fits `memory` GB per GPU."""
+    m = shape(meta_model(cfg.model), cfg.get("peft"))
+    s, notes = setup(cfg, gpus, seq_len)
+    parts = plan(m, s)
+    model = cfg.model.get("path") or str(cfg.model._target_).rsplit(".", 1)[-1]
+    wrap = f"FSDP full shard over {gpus}" if s.sharded else (f"DDP over {gpus}" if gpus > 1 else "1")
+    print(f"{model}: {m.params / 1e9:.3f}B parameters ({m.params:,}), {cfg.method.name}, "
+          f"{'PEFT ' + s.peft + f' ({m.adapter_params:,} trainable)' if s.peft else 'full fine-tuning'}, "
+          f"{cfg.model.get('dtype', 'float32')} weights{', ' + ('bf16' if cfg.precision.get('bf16') else 'fp16') + ' autocast' if s.autocast else ''}, "
+          f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}", file=out)
+    print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens", file=out)
+    for note in notes:
+        print(f"note: {note}", file=out)
+    print("per GPU:", file=out)
+    for part, value in parts.items():
+        print(f"  {part:12} {size(value):>10}", file=out)
+    fits = parts["total"] <= memory * GB
+    print(f"{'fits' if fits else 'does not fit'} in {memory:g} GB per GPU "
+          f"({size(parts['total'])}, {100 * parts['total'] / (memory * GB):.0f}%)", file=out)
+    return fits
+
+
+def size(n: float) -> str:
+    return f"{n / GB:.2f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
+
+
+def plan_cmd(args: Any) -> None:
+    """`ablate plan`: arguments from ablate.cli.parser. Exit 0 if it fits, 1 if it does not, 2 on a mistake."""
+    from ablate.cli.data import _compose
+    from ablate.config.validate import one_line
+
+    if args.gpus < 1:
+        print(f"ablate: error: --gpus {args.gpus}: must be 1 or more", file=sys.stderr)
+        sys.exit(2)
+    if not args.gpu_memory > 0:
+        print(f"ablate: error: --gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)",
+              file=sys.stderr)
+        sys.exit(2)
+    if args.seq_len is not None and args.seq_len < 1:
+        print(f"ablate: error: --seq-len {args.seq_len}: must be 1 or more tokens", file=sys.stderr)
+        sys.exit(2)
+    try:
+        fits = report(_compose(args.overrides, args.config_dir), args.gpus, args.gpu_memory, args.seq_len)
+    except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
+        line = one_line(e)
+        if line is None:
+            raise
+        print(f"ablate: error: {line}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0 if fits else 1)

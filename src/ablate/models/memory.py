@@ -1,0 +1,112 @@
+"""The memory plan's arithmetic (`ablate plan`): bytes per GPU of a training run, from what the model is
+(`Shape`: counted from the model built on the meta device) and how it trains (`Setup`: the composed
+config's method, precision, PEFT, optimizer, batch, gradient checkpointing and sharding). No torch here:
+every number is a product of counts and bytes, checked by hand in tests/unit/test_memory_plan.py.
+
+What each part counts, per GPU:
+- parameters: every weight at its dtype's bytes (QLoRA: the decoder's Linear weights at 4.13 bits, NF4
+  with double-quantized constants); under FSDP 1/N of them, plus two gathered decoder layers (the one
+  running and the one prefetched).
+- gradients: one per trainable parameter (LoRA: the adapters only, kept in fp32 by peft); DDP adds its
+  bucket copy on 2+ GPUs; FSDP 1/N of them plus one layer's unsharded gradient before its reduce-scatter.
+- optimizer: AdamW's two moments at the parameter's dtype (8-bit AdamW: 2 bytes; SGD with momentum: one
+  copy), 1/N under FSDP.
+- reference: a frozen copy of the weights when the method scores a reference model every step (DPO/KTO
+  without precomputed log-probs, GRPO/RLOO with beta > 0) and it is not the policy itself with its
+  adapters off (LoRA); distill's teacher.
+- activations: what one micro-batch's forward keeps for the backward, per token and decoder layer
+  10h + 4i + 4kv values (the saved inputs of the norms, projections, attention and SwiGLU MLP) at the
+  compute dtype, plus LoRA's dropout copies; with gradient checkpointing only each layer's input plus
+  one layer recomputed; the LM head's logits in fp32 (logits, log-softmax and their gradients: 3 vocab-wide
+  fp32 rows a token, plus the compute-dtype logits); bf16/fp16 autocast over fp32 weights also keeps a
+  half-precision copy of each weight it multiplies.
+- total: parameters + optimizer + reference + the larger of activations and gradients (the backward
+  frees a layer's activations as it makes its gradients; the gradients were freed before the forward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GB = 1e9
+QLORA_BYTES = 4.127 / 8  # NF4 weight + its double-quantized absmax per 64-element block
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the arithmetic needs of a model (ablate.cli.plan counts it from the meta-device model)."""
+
+    params: int                 # every parameter
+    linear_params: int          # the decoder layers' Linear weights (quantized by QLoRA; what autocast casts)
+    layer_params: int           # one decoder layer's parameters (FSDP gathers one layer at a time)
+    adapter_params: int         # LoRA's A and B (0 without PEFT)
+    layers: int                 # decoder layers
+    hidden: int                 # hidden size h
+    intermediate: int           # MLP width i
+    kv_dim: int                 # key/value heads x head dim
+    vocab: int                  # LM head rows
+    head_params: int            # the LM head's weight (tied or not): vocab x hidden
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """How the model trains (ablate.cli.plan reads it from the composed config)."""
+
+    weight_bytes: int           # bytes per weight of model.dtype: 4 float32, 2 bfloat16/float16
+    autocast: bool              # precision=bf16|fp16 (half-precision compute over the weights)
+    peft: str | None            # None | "lora" | "qlora"
+    optimizer_states: float     # optimizer state per trainable parameter, in parameter-dtype copies (AdamW: 2)
+    optimizer_fixed_bytes: float | None  # bytes per trainable parameter when they do not follow its dtype (8-bit: 2)
+    reference: bool             # a frozen copy of the weights in memory
+    sequences: int              # sequences in one micro-batch (DPO: 2 x pairs)
+    seq_len: int                # tokens per sequence
+    checkpointing: bool         # gradient checkpointing
+    gpus: int                   # GPUs the run spans
+    sharded: bool               # FSDP full shard (else each GPU holds everything, DDP)
+
+
+def plan(m: Shape, s: Setup) -> dict[str, float]:
+    """Bytes per GPU of each part (parameters, gradients, optimizer, reference, activations) and total."""
+    shards = s.gpus if s.sharded else 1
+    weights = _weights(m, s)
+    gathered = 2 * m.layer_params * s.weight_bytes if s.sharded and s.gpus > 1 else 0
+    trainable, grad_bytes = (m.adapter_params, 4) if s.peft else (m.params, s.weight_bytes)
+    grads = trainable * grad_bytes / shards
+    if s.sharded and s.gpus > 1 and not s.peft:
+        grads += m.layer_params * grad_bytes  # one layer's full gradient before its reduce-scatter
+    if not s.sharded and s.gpus > 1:
+        grads *= 2  # DDP's buckets: a second copy of every gradient
+    per_state = s.optimizer_fixed_bytes if s.optimizer_fixed_bytes is not None else s.optimizer_states * grad_bytes
+    parts = {
+        "parameters": weights / shards + gathered,
+        "gradients": grads,
+        "optimizer": trainable * per_state / shards,
+        "reference": weights / shards if s.reference else 0.0,
+        "activations": activations(m, s),
+    }
+    # the backward frees each layer's activations as it makes that layer's gradients (set to None before
+    # each forward): the step holds at most the larger of the two on top of the rest
+    total = parts["parameters"] + parts["optimizer"] + parts["reference"] + max(parts["activations"], grads)
+    return {**parts, "total": total}
+
+
+def _weights(m: Shape, s: Setup) -> float:
+    if s.peft == "qlora":
+        return m.linear_params * QLORA_BYTES + (m.params - m.linear_params) * s.weight_bytes
+    return m.params * s.weight_bytes
+
+
+def activations(m: Shape, s: Setup) -> float:
+    """Bytes one micro-batch's forward keeps for its backward (see the module's docstring)."""
+    a = 2 if (s.autocast or s.weight_bytes == 2) else 4  # compute dtype
+    per_layer = a * (10 * m.hidden + 4 * m.intermediate + 4 * m.kv_dim)
+    if s.peft:
+        per_layer += (a + 1) * (6 * m.hidden + m.intermediate)  # dropout's copy and mask of each adapted input
+    residual = max(a, s.weight_bytes) * m.hidden
+    per_token = (m.layers * residual + per_layer) if s.checkpointing else m.layers * per_layer
+    per_token += m.vocab * (3 * 4 + a)  # logits: compute dtype, fp32 upcast, log-softmax, its gradient
+    casts = 0.0
+    if s.autocast and s.weight_bytes == 4:  # half-precision copies of the weights autocast multiplies
+        linear = 0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)  # 4-bit: dequantized a layer at a time
+        casts = 2 * (linear + m.head_params)
+    return s.sequences * s.seq_len * per_token + casts

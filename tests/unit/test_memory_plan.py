@@ -1,0 +1,91 @@
+"""`ablate plan`'s arithmetic (ablate.models.memory) against numbers computed by hand, and its total against
+a measured peak on the tiny model (benchmarks/plan_check.py: two training steps, torch's MemTracker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ablate.config.compose import register_resolvers
+from ablate.models.memory import QLORA_BYTES, Setup, Shape, plan
+from ablate.paths import conf_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+M = Shape(params=1000, linear_params=600, layer_params=200, adapter_params=50, layers=2, hidden=8,
+          intermediate=16, kv_dim=4, vocab=10, head_params=80)
+FULL = Setup(weight_bytes=4, autocast=False, peft=None, optimizer_states=2, optimizer_fixed_bytes=None,
+             reference=False, sequences=2, seq_len=3, checkpointing=False, gpus=1, sharded=False)
+# per token and layer 4 bytes x (10*8 + 4*16 + 4*4) = 640; 2 layers; logits 10 x (3*4 + 4) = 160; 6 tokens
+ACTIVATIONS = 6 * (2 * 640 + 160)
+
+
+def test_full_fine_tuning_fp32_one_gpu():
+    p = plan(M, FULL)
+    assert p == {"parameters": 4000, "gradients": 4000, "optimizer": 8000, "reference": 0,
+                 "activations": ACTIVATIONS, "total": 4000 + 8000 + ACTIVATIONS}  # activations > gradients
+
+
+def test_total_counts_the_larger_of_activations_and_gradients():
+    p = plan(M, dataclasses.replace(FULL, seq_len=1, sequences=1))  # activations 1440 < gradients 4000
+    assert p["activations"] == 2 * 640 + 160 and p["total"] == 4000 + 4000 + 8000
+
+
+def test_fsdp_shards_weights_grads_and_state_and_gathers_two_layers():
+    p = plan(M, dataclasses.replace(FULL, gpus=4, sharded=True))
+    assert p["parameters"] == 4000 / 4 + 2 * 200 * 4  # a quarter, plus the running and the prefetched layer
+    assert p["gradients"] == 4000 / 4 + 200 * 4       # plus one layer's gradient before its reduce-scatter
+    assert p["optimizer"] == 8000 / 4
+    assert p["activations"] == ACTIVATIONS           # each GPU runs its own micro-batch
+
+
+def test_ddp_replicates_and_adds_gradient_buckets():
+    p = plan(M, dataclasses.replace(FULL, gpus=8))
+    assert (p["parameters"], p["gradients"], p["optimizer"]) == (4000, 8000, 8000)
+
+
+def test_lora_trains_fp32_adapters_only_and_keeps_dropout_copies():
+    p = plan(M, dataclasses.replace(FULL, peft="lora", weight_bytes=2))
+    assert (p["parameters"], p["gradients"], p["optimizer"]) == (2000, 50 * 4, 50 * 2 * 4)
+    per_layer = 2 * (80 + 64 + 16) + 3 * (6 * 8 + 16)  # bf16 compute; dropout's copy (2 B) and mask (1 B)
+    assert p["activations"] == 6 * (2 * per_layer + 10 * (12 + 2))
+
+
+def test_qlora_base_in_four_bits():
+    p = plan(M, dataclasses.replace(FULL, peft="qlora", weight_bytes=2))
+    assert p["parameters"] == pytest.approx(600 * QLORA_BYTES + 400 * 2)
+
+
+def test_reference_copy_and_eight_bit_adam():
+    p = plan(M, dataclasses.replace(FULL, reference=True, optimizer_fixed_bytes=2))
+    assert (p["reference"], p["optimizer"]) == (4000, 1000 * 2)
+
+
+def test_checkpointing_keeps_layer_inputs_and_one_layer():
+    p = plan(M, dataclasses.replace(FULL, checkpointing=True))
+    assert p["activations"] == 6 * (2 * 4 * 8 + 640 + 160)
+
+
+def test_autocast_over_fp32_weights_keeps_half_precision_copies():
+    p = plan(M, dataclasses.replace(FULL, autocast=True))
+    per_layer = 2 * (80 + 64 + 16)
+    assert p["activations"] == 6 * (2 * per_layer + 10 * (12 + 2)) + 2 * (600 + 80)
+
+
+def _cfg(*overrides: str):
+    register_resolvers()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("overrides", [(), ("method=sft", "precision=bf16"),
+                                       ("+method.args.gradient_checkpointing=true", "method.args.max_length=256")])
+def test_plan_within_20_percent_of_the_measured_peak_on_the_tiny_model(overrides):
+    from plan_check import measured_peak
+
+    peak, planned = measured_peak(_cfg(*overrides))
+    assert 0.8 <= planned / peak <= 1.2, f"planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f} MB"
