@@ -147,7 +147,8 @@ class Run:
 
         setup.prepare(cfg, self.info)
         rundir.write_json(self.dir / rundir.RUN, self.info)
-        self.progress = {**OmegaConf.to_container(cfg.method.get("progress") or {}, resolve=False),
+        progress = cfg.method.get("progress")  # GRPO's learning checks; reward, KTO, ... have none
+        self.progress = {**(OmegaConf.to_container(progress, resolve=False) if progress else {}),
                          "scheduler": HydraConfig.get().runtime.choices.get("optimizer/scheduler")}
         check_shared_run_dir(self.dir)
 
