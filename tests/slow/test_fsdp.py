@@ -146,8 +146,8 @@ def test_fsdp_resume_after_kill_equals_the_uninterrupted_run(runs: Path, fsdp_dp
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 
 
-# per_device 2, the same global batch of 8 on 2 ranks (2 micro-batches) and on 4 (one): the micro-batch count
-# comes from the environment, so the resume on 4 ranks is the same command (its changed config accepted as
+# per_device 2, the same global batch of 8 on 2 ranks (2 micro-batches), on 1 (4) and on 4 (one): the micro-batch
+# count comes from the environment, so the resume on 1 or 4 ranks is the same command (its changed config accepted as
 # `ablate resume --force` accepts it)
 RESHARD = ["distributed=fsdp", "method.args.per_device_train_batch_size=2",
            'method.args.gradient_accumulation_steps="${oc.decode:${oc.env:ABLATE_TEST_GA}}"',
@@ -155,24 +155,35 @@ RESHARD = ["distributed=fsdp", "method.args.per_device_train_batch_size=2",
 SIX = ["method.args.max_steps=6", "method.args.logging_steps=1", "method.args.save_steps=2"]
 
 
-def test_sharded_checkpoint_resumes_on_4_ranks_past_a_truncated_shard(runs: Path) -> None:
-    """Saved on 2 ranks (checkpoints 2 and 4, killed in step 5); one of checkpoint-4's .distcp files is
-    cut in half. On 4 ranks the same command passes checkpoint-4 over (its manifest no longer matches),
-    resumes from checkpoint-2's shards (DCP reshards them: half as much per rank) and ends with the
-    uninterrupted 2-rank run's losses."""
-    ref, run_dir = runs / "reshard_ref", runs / "reshard"
-    _torchrun(ref, *RESHARD, env=_env(ABLATE_TEST_GA="2"), steps=SIX)
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_sharded_checkpoint_resumes_on_another_world_size(runs: Path, ranks: int) -> None:
+    """Saved on 2 ranks (checkpoints 2 and 4, killed in step 5). On 1 rank the same command resumes
+    from checkpoint-4's shards (DCP gathers both into the one rank); on 4, one of checkpoint-4's .distcp
+    files is first cut in half: checkpoint-4 is passed over (its manifest no longer matches) and the
+    run resumes from checkpoint-2's shards (DCP splits each in two). Both end with the uninterrupted
+    2-rank run's losses and a loadable model/."""
+    from transformers import AutoModelForCausalLM
+
+    ref, run_dir = runs / "reshard_ref", runs / f"reshard_{ranks}"
+    if not ref.is_dir():
+        _torchrun(ref, *RESHARD, env=_env(ABLATE_TEST_GA="2"), steps=SIX)
     r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False)
     assert r.returncode != 0 and list(run_dir.glob("killed.*"))
-    shard = run_dir / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0" / "__1_0.distcp"
-    os.truncate(shard, shard.stat().st_size // 2)
-    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="1", ABLATE_ACCEPT_NEW_CONFIG="1"), steps=SIX, ranks=4)
-    assert "skipping checkpoint-4: pytorch_model_fsdp_0/__1_0.distcp is truncated" in r.stdout + r.stderr
-    assert "resuming from" in r.stdout + r.stderr and json.loads((run_dir / "run.json").read_text())["world_size"] == 4
+    if ranks == 4:
+        shard = run_dir / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0" / "__1_0.distcp"
+        os.truncate(shard, shard.stat().st_size // 2)
+    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA=str(8 // (2 * ranks)), ABLATE_ACCEPT_NEW_CONFIG="1"),
+                  steps=SIX, ranks=ranks)
+    out = r.stdout + r.stderr
+    start = run_dir / "checkpoints" / ("checkpoint-2" if ranks == 4 else "checkpoint-4")
+    assert f"resuming from {start}" in out, out[-3000:]
+    assert ("skipping checkpoint-4: pytorch_model_fsdp_0/__1_0.distcp is truncated" in out) == (ranks == 4)
+    assert json.loads((run_dir / "run.json").read_text())["world_size"] == ranks
     assert summary(run_dir)["status"] == "completed" and len(set(_losses(ref))) == 6
     assert _losses(run_dir) == pytest.approx(_losses(ref), rel=1e-5, abs=1e-6)
     assert {p.name for p in (run_dir / "checkpoints" / "checkpoint-6" / "pytorch_model_fsdp_0").glob("*.distcp")} == \
-        {f"__{k}_0.distcp" for k in range(4)}
+        {f"__{k}_0.distcp" for k in range(ranks)}
+    AutoModelForCausalLM.from_pretrained(run_dir / "model")
 
 
 # ---- two nodes: two torchrun agents meeting at a c10d rendezvous on loopback ----

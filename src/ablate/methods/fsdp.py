@@ -38,7 +38,8 @@ class ShardOnCPU(Trainer):
         SHARDED_STATE_DICT too: the whole model gathered once (a collective: every rank calls it), rank 0
         writes it. Trainer writes nothing there when sharded; checkpoints (`_internal_call`) stay sharded,
         each rank writing its own DCP shards (accelerate's save_fsdp_model / save_fsdp_optimizer)."""
-        if _internal_call or not self.is_fsdp_enabled or "SHARDED" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+        sharded = self.is_fsdp_enabled and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)
+        if _internal_call or not sharded:
             return super().save_model(output_dir, _internal_call)
         self._save(output_dir or self.args.output_dir, state_dict=self.accelerator.get_state_dict(self.model))
 
