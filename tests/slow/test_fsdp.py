@@ -105,7 +105,7 @@ def test_dpo_under_fsdp_equals_ddp(ddp_dpo: Path, fsdp_dpo: Path) -> None:
 
 
 @pytest.mark.parametrize("name,overrides,ddp_only", [
-    ("sft", ["method=sft", "distributed.fsdp_config.state_dict_type=FULL_STATE_DICT"], []),  # the gathered form
+    ("sft", ["method=sft"], []),  # its FSDP run in the gathered form (FULL_STATE_DICT)
     ("grpo", ["method=grpo", "method.args.per_device_train_batch_size=16"], []),  # generation in full_params
     # reference: the adapters off. LoRA dropout draws per element of the layout: the DDP run takes FSDP's
     # (the speed paths off), else its packed rows draw other masks (grad norm 0.103 vs 0.109 at step 1)
@@ -114,7 +114,9 @@ def test_dpo_under_fsdp_equals_ddp(ddp_dpo: Path, fsdp_dpo: Path) -> None:
 def test_method_under_fsdp_equals_ddp(runs: Path, name: str, overrides: list[str], ddp_only: list[str]) -> None:
     ddp, fsdp = runs / f"ddp_{name}", runs / f"fsdp_{name}"
     _torchrun(ddp, *overrides, *ddp_only)
-    _torchrun(fsdp, *overrides, "distributed=fsdp")
+    gathered = name == "sft"  # rank 0 writes the whole model and optimizer state
+    full = ["distributed.fsdp_config.state_dict_type=FULL_STATE_DICT"] if gathered else []
+    _torchrun(fsdp, *overrides, "distributed=fsdp", *full)
     assert summary(fsdp)["status"] == "completed" and _plan(fsdp)["setting"]["wrapper"] == "fsdp"
     if name == "grpo":  # the same samples: the logged loss is ~0 early on, so compare what comes from the log-probs too
         pick = lambda run, k: [e[k] for e in metrics(run) if k in e]  # noqa: E731
@@ -124,7 +126,6 @@ def test_method_under_fsdp_equals_ddp(runs: Path, name: str, overrides: list[str
         assert len(set(_losses(ddp))) == 4
     assert _losses(fsdp) == pytest.approx(_losses(ddp), rel=1e-5, abs=1e-6)
     assert (fsdp / "model" / ("adapter_model.safetensors" if "lora" in name else "model.safetensors")).is_file()
-    gathered = "FULL_STATE_DICT" in str(overrides)  # rank 0 wrote the whole model and optimizer state
     assert (fsdp / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp.bin").is_file() == gathered
     assert (fsdp / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0").is_dir() != gathered
 
