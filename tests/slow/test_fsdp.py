@@ -1,6 +1,7 @@
 """FSDP2 on CPU (distributed=fsdp, torchrun, 2 gloo ranks) and a 2-node torchrun job on loopback.
 
-Every run is a tiny model, 4 steps, fp32, checkpoints at steps 2 and 4 (FULL_STATE_DICT). Sharded runs
+Every run is a tiny model, 4 steps, fp32, checkpoints at steps 2 and 4 (sharded: DCP files, each rank
+its own; one run FULL_STATE_DICT). Sharded runs
 must give the 2-rank DDP run's per-step losses (1e-5): the same global batch, gradients reduced
 instead of all-reduced. The DDP and FSDP DPO runs are shared by the tests of this module (fixtures).
 """
@@ -31,10 +32,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _torchrun(run_dir: Path, *overrides: str, env: dict[str, str] | None = None,
-              check: bool = True) -> subprocess.CompletedProcess:
+              check: bool = True, ranks: int = 2, steps: list[str] = STEPS) -> subprocess.CompletedProcess:
     """One node, 2 ranks (torchrun picks a free port for the group: --standalone)."""
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        "-m", "ablate", "train", "method.args.use_cpu=true", *STEPS, *overrides,
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                        "-m", "ablate", "train", "method.args.use_cpu=true", *steps, *overrides,
                         f"hydra.run.dir={run_dir}"],
                        cwd=ROOT, env=env or _env(), capture_output=True, text=True, timeout=TIMEOUT)
     if check:
@@ -51,21 +52,27 @@ def _plan(run_dir: Path) -> dict:
 
 
 def _check_sharded(run_dir: Path) -> None:
-    """The run was sharded (FSDP2's checkpoint files, the plan's wrapper), and model/ is a plain
-    from_pretrained dir with the gathered weights (the last checkpoint's)."""
+    """The run was sharded (FSDP2's sharded checkpoint: a DCP dir for the model and one for the
+    optimizer, a .distcp file per rank in each, nothing gathered; the plan's wrapper), and model/ is a
+    plain from_pretrained dir with the gathered weights (the last checkpoint's, read from its shards)."""
+    import torch
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
 
     assert summary(run_dir)["status"] == "completed" and summary(run_dir)["global_step"] == 4
     ckpt = run_dir / "checkpoints" / "checkpoint-4"
-    assert (ckpt / "pytorch_model_fsdp.bin").is_file() and (ckpt / "optimizer.bin").is_file()  # accelerate's FSDP layout
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):  # accelerate's sharded FSDP layout
+        assert {p.name for p in (ckpt / part).iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert not list(ckpt.glob("*.bin")) and not list(ckpt.glob("*.safetensors"))  # nothing whole
     assert {p.name for p in ckpt.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
     plan = _plan(run_dir)
     assert plan["setting"]["wrapper"] == "fsdp"
     assert all(not p["on"] and p["why"].startswith("fsdp:") for p in plan["paths"].values())
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     saved = load_file(str(run_dir / "model" / "model.safetensors"))
-    final = load_file(str(ckpt / "model.safetensors"))
+    dcp_to_torch_save(ckpt / "pytorch_model_fsdp_0", run_dir / "consolidated.pt")  # the shards, in one process
+    final = torch.load(run_dir / "consolidated.pt")["model"]
     assert saved.keys() <= final.keys() and saved
     for k, v in saved.items():
         assert (v == final[k]).all(), k
@@ -98,7 +105,7 @@ def test_dpo_under_fsdp_equals_ddp(ddp_dpo: Path, fsdp_dpo: Path) -> None:
 
 
 @pytest.mark.parametrize("name,overrides,ddp_only", [
-    ("sft", ["method=sft"], []),
+    ("sft", ["method=sft"], []),  # its FSDP run in the gathered form (FULL_STATE_DICT)
     ("grpo", ["method=grpo", "method.args.per_device_train_batch_size=16"], []),  # generation in full_params
     # reference: the adapters off. LoRA dropout draws per element of the layout: the DDP run takes FSDP's
     # (the speed paths off), else its packed rows draw other masks (grad norm 0.103 vs 0.109 at step 1)
@@ -107,7 +114,9 @@ def test_dpo_under_fsdp_equals_ddp(ddp_dpo: Path, fsdp_dpo: Path) -> None:
 def test_method_under_fsdp_equals_ddp(runs: Path, name: str, overrides: list[str], ddp_only: list[str]) -> None:
     ddp, fsdp = runs / f"ddp_{name}", runs / f"fsdp_{name}"
     _torchrun(ddp, *overrides, *ddp_only)
-    _torchrun(fsdp, *overrides, "distributed=fsdp")
+    gathered = name == "sft"  # rank 0 writes the whole model and optimizer state
+    full = ["distributed.fsdp_config.state_dict_type=FULL_STATE_DICT"] if gathered else []
+    _torchrun(fsdp, *overrides, "distributed=fsdp", *full)
     assert summary(fsdp)["status"] == "completed" and _plan(fsdp)["setting"]["wrapper"] == "fsdp"
     if name == "grpo":  # the same samples: the logged loss is ~0 early on, so compare what comes from the log-probs too
         pick = lambda run, k: [e[k] for e in metrics(run) if k in e]  # noqa: E731
@@ -117,6 +126,8 @@ def test_method_under_fsdp_equals_ddp(runs: Path, name: str, overrides: list[str
         assert len(set(_losses(ddp))) == 4
     assert _losses(fsdp) == pytest.approx(_losses(ddp), rel=1e-5, abs=1e-6)
     assert (fsdp / "model" / ("adapter_model.safetensors" if "lora" in name else "model.safetensors")).is_file()
+    assert (fsdp / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp.bin").is_file() == gathered
+    assert (fsdp / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0").is_dir() != gathered
 
 
 def test_fsdp_resume_after_kill_equals_the_uninterrupted_run(runs: Path, fsdp_dpo: Path) -> None:
@@ -134,6 +145,46 @@ def test_fsdp_resume_after_kill_equals_the_uninterrupted_run(runs: Path, fsdp_dp
 
     a, b = load_file(str(run_dir / "model" / "model.safetensors")), load_file(str(fsdp_dpo / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+# per_device 2, the same global batch of 8 on 2 ranks (2 micro-batches), on 1 (4) and on 4 (one): the micro-batch
+# count comes from the environment, so the resume on 1 or 4 ranks is the same command (its changed config accepted as
+# `ablate resume --force` accepts it)
+RESHARD = ["distributed=fsdp", "method.args.per_device_train_batch_size=2",
+           'method.args.gradient_accumulation_steps="${oc.decode:${oc.env:ABLATE_TEST_GA}}"',
+           "+callbacks.kill._target_=crashing.KillAt"]
+SIX = ["method.args.max_steps=6", "method.args.logging_steps=1", "method.args.save_steps=2"]
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_sharded_checkpoint_resumes_on_another_world_size(runs: Path, ranks: int) -> None:
+    """Saved on 2 ranks (checkpoints 2 and 4, killed in step 5). On 1 rank the same command resumes
+    from checkpoint-4's shards (DCP gathers both into the one rank); on 4, one of checkpoint-4's .distcp
+    files is first cut in half: checkpoint-4 is passed over (its manifest no longer matches) and the
+    run resumes from checkpoint-2's shards (DCP splits each in two). Both end with the uninterrupted
+    2-rank run's losses and a loadable model/."""
+    from transformers import AutoModelForCausalLM
+
+    ref, run_dir = runs / "reshard_ref", runs / f"reshard_{ranks}"
+    if not ref.is_dir():
+        _torchrun(ref, *RESHARD, env=_env(ABLATE_TEST_GA="2"), steps=SIX)
+    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False)
+    assert r.returncode != 0 and list(run_dir.glob("killed.*"))
+    if ranks == 4:
+        shard = run_dir / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0" / "__1_0.distcp"
+        os.truncate(shard, shard.stat().st_size // 2)
+    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA=str(8 // (2 * ranks)), ABLATE_ACCEPT_NEW_CONFIG="1"),
+                  steps=SIX, ranks=ranks)
+    out = r.stdout + r.stderr
+    start = run_dir / "checkpoints" / ("checkpoint-2" if ranks == 4 else "checkpoint-4")
+    assert f"resuming from {start}" in out, out[-3000:]
+    assert ("skipping checkpoint-4: pytorch_model_fsdp_0/__1_0.distcp is truncated" in out) == (ranks == 4)
+    assert json.loads((run_dir / "run.json").read_text())["world_size"] == ranks
+    assert summary(run_dir)["status"] == "completed" and len(set(_losses(ref))) == 6
+    assert _losses(run_dir) == pytest.approx(_losses(ref), rel=1e-5, abs=1e-6)
+    assert {p.name for p in (run_dir / "checkpoints" / "checkpoint-6" / "pytorch_model_fsdp_0").glob("*.distcp")} == \
+        {f"__{k}_0.distcp" for k in range(ranks)}
+    AutoModelForCausalLM.from_pretrained(run_dir / "model")
 
 
 # ---- two nodes: two torchrun agents meeting at a c10d rendezvous on loopback ----

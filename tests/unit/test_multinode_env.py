@@ -42,14 +42,20 @@ def test_each_node_of_a_two_node_slurm_job_is_one_rank_of_one_run(monkeypatch: p
     assert job_processes() == 2
 
 
-def test_fsdp_in_one_process_is_refused_and_two_are_not() -> None:
+def test_fsdp_in_one_process_is_refused_and_two_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process is refused unless torchrun started it (`--nproc_per_node=1`, LOCAL_RANK set): a sharded
+    checkpoint resumed on one rank (tests/slow/test_fsdp.py)."""
     from omegaconf import OmegaConf
 
     from ablate.errors import ConfigError
 
     node = OmegaConf.create({"fsdp": True})
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     with pytest.raises(ConfigError, match="several processes"):
         check_distributed(node, processes=1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    check_distributed(node, processes=1)
+    monkeypatch.delenv("LOCAL_RANK")
     check_distributed(node, processes=2)
     check_distributed(node, processes=None)  # a sweep's driver: each job decides
     assert check_distributed(OmegaConf.create({"fsdp": False}), processes=1) == {}

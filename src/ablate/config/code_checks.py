@@ -261,12 +261,15 @@ def has_accelerator() -> bool:
 def check_distributed(args: Any, processes: int | None = None) -> dict[str, Any]:
     """`args`: the distributed node; `processes`: the job's ranks when known here (None: a sweep on a
     launcher, decided per job). Returns extra TrainingArguments: FSDP2 on a machine without any
-    accelerator shards CPU ranks over gloo (`use_cpu`; ablate.methods.fsdp.ShardOnCPU)."""
+    accelerator shards CPU ranks over gloo (`use_cpu`; ablate.methods.fsdp.ShardOnCPU). One process is
+    refused unless torchrun started it (`--nproc_per_node=1`: a sharded checkpoint resumed on one rank)."""
+    import os
+
     import torch
 
     if not getattr(args, "fsdp", False):
         return {}
-    if processes is not None and processes < 2:
+    if processes is not None and processes < 2 and "LOCAL_RANK" not in os.environ:  # torchrun's one rank: meant
         raise ConfigError("distributed=fsdp shards the model over several processes: start it with "
                           "torchrun --nproc_per_node=2 (or hydra.launcher.tasks_per_node=2 under SLURM), "
                           "or use distributed=ddp for one process")

@@ -33,6 +33,16 @@ class ShardOnCPU(Trainer):
             PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # read by accelerate's helpers
             self.is_fsdp_enabled = True  # Trainer's own flag, read from here on (optimizer before prepare, save)
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """`model/` (Trainer's save_model outside a checkpoint) is a plain from_pretrained dir under
+        SHARDED_STATE_DICT too: the whole model gathered once (a collective: every rank calls it), rank 0
+        writes it. Trainer writes nothing there when sharded; checkpoints (`_internal_call`) stay sharded,
+        each rank writing its own DCP shards (accelerate's save_fsdp_model / save_fsdp_optimizer)."""
+        sharded = self.is_fsdp_enabled and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)
+        if _internal_call or not sharded:
+            return super().save_model(output_dir, _internal_call)
+        self._save(output_dir or self.args.output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+
 
 @contextlib.contextmanager
 def full_params(model: nn.Module) -> Iterator[nn.Module]:
