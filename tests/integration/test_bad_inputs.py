@@ -243,6 +243,8 @@ CASES: list[Case] = [
     C("label-smoothing-two", "train method/dpo_loss=robust method.dpo_loss.label_smoothing=2",
       "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5)"),
     C("orpo-beta-negative", "train method=orpo method.args.beta=-1", "method.args.beta=-1: must be a number > 0"),
+    C("shrink-on-tiny", "train model=tiny +shrink=tiny",
+      "model.config_overrides=+shrink or a mapping: must be unset with ablate.models.tiny"),
     C("cpo-alpha-negative", "train method=cpo method.dpo_loss.cpo_alpha=-1",
       "method.dpo_loss.cpo_alpha=-1: must be a number >= 0 (the NLL term's weight; 0 = off)"),
     C("simpo-gamma-text", "train method=simpo method.dpo_loss.gamma=big", "method.dpo_loss.gamma=big: must be a number >= 0"),

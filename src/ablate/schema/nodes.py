@@ -5,7 +5,7 @@ a key the node does not hold is not checked."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,13 @@ class Model(Schema):
     config_overrides: Any = field(check=nullable(Rule(
         lambda v, n: type(v).__name__ in ("dict", "DictConfig") and all(isinstance(k, str) for k in v),
         "a mapping of config.json keys: '+model.config_overrides={num_hidden_layers:2,hidden_size:64}'")))
+
+    def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
+        """config_overrides scales a preset's architecture down; tiny() is sized by its own fields."""
+        model = cfg.get("model") or {}
+        if model.get("config_overrides") is not None and model.get("_target_") != "ablate.models.pretrained":
+            yield ("model.config_overrides", "+shrink or a mapping", f"unset with {model.get('_target_')}, which is sized by "
+                   "model.hidden_size, model.num_layers, ... (it scales a preset: 'model=qwen2_5_7b +shrink=tiny')")
 
 
 def _modules(v: Any, n: Any) -> bool:
