@@ -20,7 +20,7 @@ def test_losses_are_bitwise_equal_with_and_without_the_cache(tmp_path) -> None:
                "method.args.eval_strategy=steps", "method.args.eval_steps=2", "+method.args.eval_on_start=true",
                "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    runs = [tmp_path / "sweep" / d for d in ("0_cache=off", "1_cache=on", "2_cache=on")]
+    runs = [next((tmp_path / "sweep").glob(f"{i}_cache-{c}-*")) for i, c in enumerate(("off", "on", "on"))]
     steps = [[{k: v for k, v in e.items() if k not in TIMING and not k.endswith(("_runtime", "_per_second"))} for e in metrics(d)
               if "loss" in e or "eval_loss" in e] for d in runs]
     assert [("eval_loss" in e, e["step"]) for e in steps[0]] == [(True, 0), (False, 1), (False, 2), (True, 2)]

@@ -24,6 +24,7 @@ PINNED: dict[str, tuple[str, ...] | str] = {
     "_get_train_sampler": ("self", "train_dataset"),
     "_get_eval_sampler": ("self", "eval_dataset"),
     "_save_checkpoint": ("self", "model", "trial"),
+    "_save": ("self", "output_dir", "state_dict"),  # ablate.methods.fsdp: model/ from the gathered state dict
     "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),
     "_issue_warnings_after_load": ("self", "load_result"),  # ablate.methods.optim.TiedHeadResume
     "_train_batch_size": "attribute",
