@@ -48,7 +48,7 @@ def compare_cmd(args: Any) -> None:
         args.dirs = [newest_sweep() if str(d) == LAST and not d.exists() else d for d in args.dirs]
         for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
-        if args.out not in (None, DEFAULT_OUT):  # never over files of the user's (issue 32); the default: compare()
+        if args.out not in (None, DEFAULT_OUT):  # never over files of the user's; the default: compare()
             from ablate.analysis.report import check_out
 
             check_out(args.out)

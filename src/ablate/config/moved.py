@@ -169,7 +169,7 @@ MOVED_TARGETS = {
     "ablate.sweep_resume": "ablate.launchers.sweep_resume",
     "ablate.slurm": "ablate.launchers.slurm",
     "ablate.methods.grpo_config": "ablate.methods.grpo",  # GRPOConfig: its fields and checks are ablate.schema.grpo
-    # run/ split by concept (issue 34): the config, the run record, the process
+    # run/ split by concept: the config, the run record, the process
     "ablate.run.compose": "ablate.config.compose",
     "ablate.run.validate": "ablate.config.validate",
     "ablate.run.code_checks": "ablate.config.code_checks",

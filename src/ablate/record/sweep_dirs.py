@@ -1,4 +1,4 @@
-"""A sweep dir belongs to one launch (issue 32): a new launch into a `hydra.sweep.dir` that holds a sweep
+"""A sweep dir belongs to one launch: a new launch into a `hydra.sweep.dir` that holds a sweep
 is refused unless it is `--resume`, a launch still running there is refused at once, and a job whose
 dir was refused (a folder of the user's, another run's) is recorded here, in the sweep's own dir
 (`.refused/`), since nothing may be written into that dir: the end-of-sweep table counts it as failed.

@@ -1,4 +1,4 @@
-"""`method.args` of the methods added after DPO, SFT and GRPO (issue 35): a reward model, KTO, on-policy
+"""`method.args` of the methods added after DPO, SFT and GRPO: a reward model, KTO, on-policy
 distillation and RLOO. TRL 1.16's names and defaults, each field with its check, as in ablate.schema.args."""
 
 from __future__ import annotations
