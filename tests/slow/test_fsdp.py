@@ -94,7 +94,9 @@ def ddp_dpo(runs: Path) -> Path:
 @pytest.fixture(scope="module")
 def fsdp_dpo(runs: Path) -> Path:
     r = _torchrun(runs / "fsdp_dpo", "distributed=fsdp")
-    assert "fsdp: the speed paths are not verified" in r.stdout  # the plan's table says why each path is off
+    # the plan's table (the run dir's speed_plan.txt; stdout has its one line) says why each path is off
+    assert "fsdp: the speed paths are not verified" in (runs / "fsdp_dpo" / "speed_plan.txt").read_text()
+    assert "0/" in next(line for line in r.stdout.splitlines() if line.startswith("speed plan:"))
     return runs / "fsdp_dpo"
 
 

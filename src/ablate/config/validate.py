@@ -195,7 +195,8 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
     except Exception:  # noqa: BLE001 - Hydra parsed them already; never refuse a sweep on our own parse
         return None
     keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
-    return None if any(k in choices or "/" in k for k in keys) else frozenset(keys)
+    keys |= {str(k).lstrip("+~") for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}}
+    return None if any(k in choices or "/" in k for k in keys) else frozenset(keys)  # a sweep file's params too
 
 
 def _exit_on_error(fn: Callable[[], Any]) -> None:
