@@ -195,8 +195,12 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
     except Exception:  # noqa: BLE001 - Hydra parsed them already; never refuse a sweep on our own parse
         return None
     keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
-    keys |= {str(k).lstrip("+~") for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}}
-    return None if any(k in choices or "/" in k for k in keys) else frozenset(keys)  # a sweep file's params too
+    if any(k in choices or "/" in k for k in keys):
+        return None
+    # a sweep file's params: its plain keys are swept; a swept `method` makes method.args another schema's (a
+    # value fixed for GRPO and RLOO is not judged as DPO's); its other groups keep the fixed values' schema
+    params = {str(k).lstrip("+~") for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}}
+    return None if "method" in params else frozenset(keys | {k for k in params if k not in choices and "/" not in k})
 
 
 def _exit_on_error(fn: Callable[[], Any]) -> None:
