@@ -14,7 +14,8 @@ two standard errors of their difference and by more than `min_change_run` (absol
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 MIN_LOGGED = 4  # fewer logged values cannot tell a first quarter from a last: nothing said
 CONSTANT = "constant"  # the schedule max_steps does not shorten
@@ -35,8 +36,13 @@ def moved(values: Sequence[float], mode: str, min_change: float) -> tuple[float,
     return None if gain > max(2 * se, min_change) else (m0, m1, q)
 
 
-def note(history: Sequence[Mapping[str, Any]], progress: Mapping[str, Any] | None, steps: int,
-         overrides: Sequence[str], scheduler: str | None) -> str | None:
+def note(
+    history: Sequence[Mapping[str, Any]],
+    progress: Mapping[str, Any] | None,
+    steps: int,
+    overrides: Sequence[str],
+    scheduler: str | None,
+) -> str | None:
     """The summary's line when the run's progress metric did not move (None when it did, or cannot be told)."""
     if not progress or progress.get("metric") is None or progress.get("min_change_run") is None:
         return None
@@ -47,11 +53,20 @@ def note(history: Sequence[Mapping[str, Any]], progress: Mapping[str, Any] | Non
         return None
     m0, m1, q = still
     verb = "rose above" if mode == "max" else "fell below"
-    short = progress.get("steps_needed") is None or steps < int(progress["steps_needed"])  # else steps were not it
+    short = progress.get("steps_needed") is None or steps < int(
+        progress["steps_needed"]
+    )  # else steps were not it
     hints = [progress["too_few_steps"]] if progress.get("too_few_steps") and short else []
-    if any(o.split("=")[0].lstrip("+") == "method.args.max_steps" for o in overrides) and scheduler != CONSTANT:
-        hints.append(f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at step "
-                     f"{steps})")
+    if (
+        any(o.split("=")[0].lstrip("+") == "method.args.max_steps" for o in overrides)
+        and scheduler != CONSTANT
+    ):
+        hints.append(
+            f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at step "
+            f"{steps})"
+        )
     span = "first and last logged values" if q == 1 else f"means of the first and last {q} logged"
-    return (f"{metric} never {verb} its first steps' level ({m0:.2g} -> {m1:.2g}, {span}, over {steps} steps)"
-            + (f": {'; '.join(hints)}" if hints else ""))
+    return (
+        f"{metric} never {verb} its first steps' level ({m0:.2g} -> {m1:.2g}, {span}, over {steps} steps)"
+        + (f": {'; '.join(hints)}" if hints else "")
+    )

@@ -15,8 +15,10 @@ def newest_sweep() -> Path:
 
     found = newest_launch(SWEEPS) if SWEEPS.is_dir() else None
     if found is None:
-        raise RunDirError(f"`last` is the newest sweep under {SWEEPS}/ and there is none here (no multirun.yaml "
-                          f"under {SWEEPS.resolve()}); run `ablate sweep NAME` first, or give run or sweep dirs")
+        raise RunDirError(
+            f"`last` is the newest sweep under {SWEEPS}/ and there is none here (no multirun.yaml "
+            f"under {SWEEPS.resolve()}); run `ablate sweep NAME` first, or give run or sweep dirs"
+        )
     print(f"last: {found}", file=sys.stderr)
     return found
 
@@ -26,7 +28,9 @@ def compare_cmd(args: Any) -> None:
     from ablate.analysis.compare import DEFAULT_OUT, compare
     from ablate.cli import OUT_ALONE
 
-    if args.out == OUT_ALONE:  # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
+    if (
+        args.out == OUT_ALONE
+    ):  # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
         args.out = DEFAULT_OUT
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
@@ -39,21 +43,34 @@ def compare_cmd(args: Any) -> None:
     from ablate.errors import missing_extra
 
     if args.out is not None and not installed("matplotlib"):
-        print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)
+        print(
+            f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     from ablate.errors import ConfigError
     from ablate.record.rundir import LAST, RunDirError, check_readable
 
     try:
         args.dirs = [newest_sweep() if str(d) == LAST and not d.exists() else d for d in args.dirs]
-        for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
+        for d in (
+            args.dirs
+        ):  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
             check_readable(d)
         if args.out not in (None, DEFAULT_OUT):  # never over files of the user's; the default: compare()
             from ablate.analysis.report import check_out
 
             check_out(args.out)
-        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
-                all_launches=args.all_launches, verbose=args.verbose)
+        compare(
+            args.dirs,
+            metrics=metrics,
+            out=args.out,
+            pool=args.pool,
+            xs=x_axes,
+            tags=args.tag,
+            all_launches=args.all_launches,
+            verbose=args.verbose,
+        )
     except (FileNotFoundError, ConfigError, RunDirError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         sys.exit(2)

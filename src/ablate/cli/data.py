@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -42,12 +43,16 @@ def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
             path, kwargs = str(fetch()), {}
         else:
             path = str(model_cfg.path)
-            kwargs = {"revision": model_cfg.get("revision"),
-                      "trust_remote_code": model_cfg.get("trust_remote_code", False)}
+            kwargs = {
+                "revision": model_cfg.get("revision"),
+                "trust_remote_code": model_cfg.get("trust_remote_code", False),
+            }
         try:
             tok = AutoTokenizer.from_pretrained(path, **kwargs)
         except OSError as e:
-            raise ConfigError(f"model.path: cannot load a tokenizer from '{path}': {str(e).splitlines()[0]}") from e
+            raise ConfigError(
+                f"model.path: cannot load a tokenizer from '{path}': {str(e).splitlines()[0]}"
+            ) from e
         if tok.pad_token is None:  # as ablate.models.pretrained does
             tok.pad_token = tok.eos_token
         return tok, False
@@ -98,18 +103,26 @@ class Printer:
         return f"{GREEN}{text}{RESET}" if self.color else f"{OPEN}{text}{CLOSE}"
 
 
-def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_length: Any, max_prompt: Any) -> list[str]:
+def _notes(
+    full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_length: Any, max_prompt: Any
+) -> list[str]:
     if cut is None:
-        return [f"DROPPED: the prompt ({len(full['prompt_ids'])} tokens) alone fills max_length={max_length}; "
-                "no completion token would be left (set method.args.max_prompt_length to keep its end)"]
+        return [
+            f"DROPPED: the prompt ({len(full['prompt_ids'])} tokens) alone fills max_length={max_length}; "
+            "no completion token would be left (set method.args.max_prompt_length to keep its end)"
+        ]
     notes = []
     if len(cut["prompt_ids"]) < len(full["prompt_ids"]):
-        notes.append(f"prompt cut from {len(full['prompt_ids'])} to its last {len(cut['prompt_ids'])} tokens "
-                     f"(max_prompt_length={max_prompt})")
+        notes.append(
+            f"prompt cut from {len(full['prompt_ids'])} to its last {len(cut['prompt_ids'])} tokens "
+            f"(max_prompt_length={max_prompt})"
+        )
     for key in cut:
         if key not in ("prompt_ids", "completion_mask") and len(cut[key]) < len(full[key]):
-            notes.append(f"{key[:-4]} cut from {len(full[key])} to its first {len(cut[key])} tokens "
-                         f"(max_length={max_length})")
+            notes.append(
+                f"{key[:-4]} cut from {len(full[key])} to its first {len(cut[key])} tokens "
+                f"(max_length={max_length})"
+            )
     return notes
 
 
@@ -169,10 +182,16 @@ def check_data(overrides: list[str], config_dir: str | None = None, out: Any = s
     kind = _kind(cfg.method.trainer._target_)
     data = instantiate(cfg.data)
     fmt = "already tokenized" if set(IDS[kind]) <= set(data.train.column_names) else detect(data.train, kind)
-    print(f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
-          f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}", file=out)
+    print(
+        f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
+        f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}",
+        file=out,
+    )
     if data.eval is None:
-        print("held out: no eval split, nothing to check (data.eval_path; a hub dataset's data.eval_split)", file=out)
+        print(
+            "held out: no eval split, nothing to check (data.eval_path; a hub dataset's data.eval_split)",
+            file=out,
+        )
     elif (clean := warn_shared(data, cfg.data)) is not None:
         print(f"held out: none of the {clean} eval prompts occurs in the training data", file=out)
 
@@ -192,7 +211,9 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     data = instantiate(cfg.data)
     warn_shared(data, cfg.data)
     rows = data.train.select(range(min(n, len(data.train))))
-    if kind == "unpaired" and "label" not in data.train.column_names:  # KTO: pair i -> its desirable, undesirable
+    if (
+        kind == "unpaired" and "label" not in data.train.column_names
+    ):  # KTO: pair i -> its desirable, undesirable
         from datasets.utils.logging import disable_progress_bar
 
         from ablate.data.unpaired import unpair
@@ -203,22 +224,32 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     color = out.isatty() and "NO_COLOR" not in os.environ
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
-    legend = {"prompt": "prompts only: completions are sampled",
-              "reward": "each side scored whole, at its last token"}.get(kind, f"loss tokens {legend}")
+    legend = {
+        "prompt": "prompts only: completions are sampled",
+        "reward": "each side scored whole, at its last token",
+    }.get(kind, f"loss tokens {legend}")
     ids_keys = IDS[kind]
     pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
     fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
-    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
-          + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""), file=out)
+    print(
+        f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
+        + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""),
+        file=out,
+    )
     max_length = arg("max_length")
     for i, row in enumerate(rows):
         print(f"\n===== example {i} =====", file=out)
         if kind == "prompt":
-            full = {"prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)}
+            full = {
+                "prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)
+            }
             mpl = arg("max_prompt_length")
             cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
-            print(f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
-                  f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)", file=out)
+            print(
+                f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
+                f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)",
+                file=out,
+            )
             print(tok.decode(cut["prompt_ids"], skip_special_tokens=False), file=out)
             for note in _notes(full, cut, None, mpl):
                 print(f"note: {note}", file=out)
@@ -231,13 +262,18 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
             row = {"prompt": row["prompt"], "completion": row["completion"]}
         if pretokenized:
             full = {k: row[k] for k in ids_keys}
-            cut = tokenize.truncate(full, max_length, *((arg("max_prompt_length"), arg("max_completion_length"))
-                                                   if kind == "preference" else ()))
+            cut = tokenize.truncate(
+                full,
+                max_length,
+                *((arg("max_prompt_length"), arg("max_completion_length")) if kind == "preference" else ()),
+            )
         elif kind == "preference":
             full = tokenize.tokenize_preference(tok, row, i)
             cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
         else:
-            full = tokenize.tokenize_sft(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
+            full = tokenize.tokenize_sft(
+                tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss"))
+            )
             cut = tokenize.truncate(full, max_length)
         shown = cut or full
         p = len(shown["prompt_ids"])
@@ -246,12 +282,19 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
         lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
         loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
         totals = " / ".join(str(p + len(shown[k])) for k in parts)
-        print(f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})", file=out)
+        print(
+            f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})",
+            file=out,
+        )
         for k in parts:
             if len(parts) > 1:
                 print(f"--- {k[:-4]} ---", file=out)
-            print(show.masked(shown["prompt_ids"], shown[k], mask) if mask is not None
-                  else show.text(shown["prompt_ids"], shown[k]), file=out)
+            print(
+                show.masked(shown["prompt_ids"], shown[k], mask)
+                if mask is not None
+                else show.text(shown["prompt_ids"], shown[k]),
+                file=out,
+            )
         for note in _notes(full, cut, max_length, arg("max_prompt_length")):
             print(f"note: {note}", file=out)
 

@@ -11,10 +11,15 @@ def fetch_cmd(args: Any) -> None:
     it on first use) and print its path, e.g. for `model=local model.path=$(ablate fetch smollm2_135m)`."""
     from ablate.errors import ConfigError
 
-    if args.model != "smollm2_135m":  # what it can fetch: said with the name given, not argparse's choice list
+    if (
+        args.model != "smollm2_135m"
+    ):  # what it can fetch: said with the name given, not argparse's choice list
         from ablate.cli import refuse
 
-        refuse(f"ablate fetch: no model '{args.model}' to fetch (the one it fetches: smollm2_135m)", "ablate fetch")
+        refuse(
+            f"ablate fetch: no model '{args.model}' to fetch (the one it fetches: smollm2_135m)",
+            "ablate fetch",
+        )
     from ablate.models.smollm2 import fetch
 
     try:

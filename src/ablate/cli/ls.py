@@ -15,8 +15,10 @@ def ls_cmd(args: Any) -> None:
     if args.status is not None and args.status not in STATUSES:
         from ablate.cli import refuse
 
-        refuse(f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from {', '.join(STATUSES)})",
-               "ablate ls")
+        refuse(
+            f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from {', '.join(STATUSES)})",
+            "ablate ls",
+        )
     if str(args.dir) == LAST and not args.dir.exists():  # `ablate ls last`: the newest run's line
         try:
             args.dir = given_run(args.dir)
@@ -24,8 +26,10 @@ def ls_cmd(args: Any) -> None:
             print(f"ablate: error: {e}", file=sys.stderr)
             sys.exit(2)
     if not args.dir.is_dir():
-        print(f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
-              file=sys.stderr)
+        print(
+            f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     root = args.dir.resolve()
     rows = list_runs(root, args.status, args.method, args.tag)
@@ -33,7 +37,10 @@ def ls_cmd(args: Any) -> None:
         print(json.dumps([{**r, "path": str(root / r["path"])} for r in rows], indent=2))
         return
     if not rows:
-        print(f"no runs under {args.dir}" + (" matching the filters" if args.status or args.method or args.tag else ""))
+        print(
+            f"no runs under {args.dir}"
+            + (" matching the filters" if args.status or args.method or args.tag else "")
+        )
         return
     print("\n".join(format_rows(rows)))
     print(f"{len(rows)} run(s) under {root}")

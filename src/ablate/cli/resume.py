@@ -33,17 +33,25 @@ def resume_cmd(args: Any) -> None:
         print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
         sys.exit(2)
     if not isinstance(info.get("overrides"), list):  # e.g. `{}`: not written by ablate, or cut short
-        print(f"ablate: error: {run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
-              f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ...", file=sys.stderr)
+        print(
+            f"ablate: error: {run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
+            f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ...",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if summary.get("status") in ("completed", "pruned"):  # pruned: its study stopped it on purpose
-        print(f"{run_dir} already {summary['status']} at step {summary.get('global_step')}: nothing to resume")
+        print(
+            f"{run_dir} already {summary['status']} at step {summary.get('global_step')}: nothing to resume"
+        )
         return
     ranks, here = int(info.get("world_size") or 1), int(os.environ.get("WORLD_SIZE", "1"))
     if ranks > 1 and ranks != here:
-        print(f"ablate: error: {run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
-              f"its own launch command and the same hydra.run.dir (as {here} process(es) its batches, "
-              f"and so its losses, would change)", file=sys.stderr)
+        print(
+            f"ablate: error: {run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
+            f"its own launch command and the same hydra.run.dir (as {here} process(es) its batches, "
+            f"and so its losses, would change)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
     config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
@@ -52,8 +60,11 @@ def resume_cmd(args: Any) -> None:
             sys.path.insert(0, path)
     if info.get("pythonpath"):  # for the processes a launcher starts (local_parallel, torchrun)
         os.environ["PYTHONPATH"] = os.pathsep.join([*info["pythonpath"], os.environ.get("PYTHONPATH", "")])
-    hydra_argv = [*config_dir, *_unmasked(info["overrides"], args.overrides, run_dir),
-                  f"hydra.run.dir={quote_override_value(str(run_dir))}"]
+    hydra_argv = [
+        *config_dir,
+        *_unmasked(info["overrides"], args.overrides, run_dir),
+        f"hydra.run.dir={quote_override_value(str(run_dir))}",
+    ]
     echo(hydra_argv)
     hydra_train(hydra_argv)
 
@@ -70,7 +81,10 @@ def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]
     masked = [o for o in kept if MASK in o]
     if masked:
         key = masked[0].split("=", 1)[0]
-        print(f"ablate: error: {run_dir}/run.json records '{masked[0]}' masked; give it again: "
-              f"ablate resume {run_dir} {key}=...", file=sys.stderr)
+        print(
+            f"ablate: error: {run_dir}/run.json records '{masked[0]}' masked; give it again: "
+            f"ablate resume {run_dir} {key}=...",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return [*kept, *given]

@@ -21,7 +21,7 @@ Both only multiply the policy term; the KL-to-reference term is added after them
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -50,8 +50,13 @@ MODES: dict[str, tuple[bool, Constraint]] = {
 
 
 def importance_sampling_correction(
-    logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, *, mode: str = "sequence_mask",
-    clip_min: float | None = None, clip_max: float | None = 3.0,
+    logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The weight on each token's policy loss that corrects for sampling by the engine, and TRL's metrics.
 
@@ -95,7 +100,11 @@ def importance_sampling_correction(
 
 
 def off_policy_mask(
-    advantages: torch.Tensor, logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, threshold: float
+    advantages: torch.Tensor,
+    logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
 ) -> torch.Tensor:
     """DeepSeek-V3.2's off-policy sequence mask (TRL's `get_off_policy_mask`): (B, 1), 1 = keep, 0 = drop.
 

@@ -21,7 +21,9 @@ import ctypes
 import ctypes.util
 from typing import Any
 
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h; the value's range is checked by its schema (ablate.schema.nodes.Root)
+M_MMAP_THRESHOLD = (
+    -3
+)  # glibc's malloc.h; the value's range is checked by its schema (ablate.schema.nodes.Root)
 
 
 def glibc() -> Any:

@@ -43,8 +43,12 @@ def ray_node() -> dict[str, Any] | None:
     if ray is None or not ray.is_initialized():  # get_runtime_context() would start a local Ray
         return None
     context = ray.get_runtime_context()
-    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-            "task_id": context.get_task_id(), "job_id": context.get_job_id()}
+    return {
+        "node_id": context.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "task_id": context.get_task_id(),
+        "job_id": context.get_job_id(),
+    }
 
 
 def quiet_libraries() -> None:
@@ -95,7 +99,6 @@ def init_process_group(cfg: Any) -> None:
 
     timeout = (cfg.get("distributed") or {}).get("ddp_timeout") or 1800  # TrainingArguments' default
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
-
 
 
 @contextmanager

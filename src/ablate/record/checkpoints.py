@@ -25,8 +25,11 @@ def write_manifest(ckpt: Path) -> None:
     """Seal `ckpt`: `manifest.json` lists every file in it (Trainer's, the method's own, such as GRPO's
     generation buffer, whatever a trainer adds) with its size and sha256. Written last and atomically,
     once every file is in: a checkpoint is complete exactly when its manifest is there and matches."""
-    files = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(ckpt.rglob("*")) if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
+    files = {
+        str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
+    }
     write_text(ckpt / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
 
 
@@ -108,8 +111,11 @@ def latest_checkpoint(run_dir: Path, skipped: list[str] | None = None) -> Path |
     usable += [p for p, problem in seen if problem == f"no {MANIFEST} (save interrupted)"]
     chosen = usable[0] if usable else None
     if skipped is not None:
-        skipped += [f"{p.name}: {problem}" for p, problem in seen if p != chosen
-                    and (chosen is None or checkpoint_step(p) > checkpoint_step(chosen))]
+        skipped += [
+            f"{p.name}: {problem}"
+            for p, problem in seen
+            if p != chosen and (chosen is None or checkpoint_step(p) > checkpoint_step(chosen))
+        ]
     return chosen
 
 
@@ -154,7 +160,9 @@ def earlier_unfinished(run_dir: Path, overrides: list[str], newest: int = 200) -
     newest such dir and its state, else None. Rerunning a command names a new dir, so the rerun does
     not continue it; the run says so, and how (`ablate resume`). The newest `newest` dirs are read."""
     root = run_dir.parent.parent
-    siblings = sorted((p for p in root.glob("*/*") if p.is_dir() and p != run_dir), key=lambda p: (p.parent.name, p.name))
+    siblings = sorted(
+        (p for p in root.glob("*/*") if p.is_dir() and p != run_dir), key=lambda p: (p.parent.name, p.name)
+    )
     for other in reversed(siblings[-newest:]):
         info = rundir.read_json(other / rundir.RUN)
         if not info or sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):
@@ -172,8 +180,13 @@ def warn_if_rerun(run_dir: Path, overrides: list[str], hc: Any) -> None:
         return
     earlier = earlier_unfinished(run_dir, overrides)
     if earlier is not None:
-        log.warning("the same command's run in %s is %s with a checkpoint; this is a new run from step 0 "
-                    "(to continue that one instead: ablate resume %s)", earlier[0], earlier[1], earlier[0])
+        log.warning(
+            "the same command's run in %s is %s with a checkpoint; this is a new run from step 0 "
+            "(to continue that one instead: ablate resume %s)",
+            earlier[0],
+            earlier[1],
+            earlier[0],
+        )
 
 
 def _given_run_dir(hc: Any) -> bool:
@@ -190,12 +203,16 @@ def peer_lost(run_dir: Path, e: BaseException) -> PeerLostError | None:
     crashed, was killed or partitioned), with the checkpoint to resume from; else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
-    cause = next((c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None)
+    cause = next(
+        (c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None
+    )
     if cause is None:
         return None
     what = next(m for m in PEER_LOST if m in str(cause))
     sealed = [p for _, p in checkpoints(run_dir) if (p / MANIFEST).exists()]  # newest first
     where = f"from {sealed[0].name}" if sealed else "from the start (no checkpoint yet)"
-    return PeerLostError(f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
-                         f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
-                         "again on every node")
+    return PeerLostError(
+        f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
+        f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
+        "again on every node"
+    )

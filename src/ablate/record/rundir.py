@@ -37,9 +37,17 @@ from typing import Any
 
 from ablate.errors import RunDirError, chain
 
-SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
+SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = (
+    "summary.json",
+    "run.json",
+    "metrics.jsonl",
+    "checkpoints",
+    "model",
+)
 LOCK, HYDRA = ".lock", ".hydra"
-EXAMPLES = "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
+EXAMPLES = (
+    "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
+)
 EVAL = "eval.json"  # `ablate eval`'s held-out metrics, which `ablate compare` prefers to the training ones
 # what Hydra's log and the lock write into the run dir before run.json: a dir holding only these is "empty"
 HYDRA_FILES = {"ablate.log", LOCK}
@@ -175,8 +183,10 @@ def given_run(path: Path) -> Path:
         return path
     found = newest_run()
     if found is None:
-        raise RunDirError(f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
-                          f"under {OUTPUTS.resolve()}); run `ablate train` first, or give a run dir")
+        raise RunDirError(
+            f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
+            f"under {OUTPUTS.resolve()}); run `ablate train` first, or give a run dir"
+        )
     print(f"last: {found}", file=sys.stderr)
     return found
 
@@ -192,8 +202,10 @@ def is_usable(run_dir: Path) -> None:
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in HYDRA_FILES or not _ours(p))
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise RunDirError(f"run dir {run_dir} is not empty and holds no ablate run ({RUN} missing; found {shown}); "
-                          "use an empty or new hydra.run.dir")
+        raise RunDirError(
+            f"run dir {run_dir} is not empty and holds no ablate run ({RUN} missing; found {shown}); "
+            "use an empty or new hydra.run.dir"
+        )
 
 
 def _ours(path: Path) -> bool:
@@ -241,7 +253,9 @@ def lock(run_dir: Path, what: str = "run dir", advice: str = "use another hydra.
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise RunDirError(f"{what} {run_dir} is in use by {holder}; wait for it to end, or {advice}") from None
+        raise RunDirError(
+            f"{what} {run_dir} is in use by {holder}; wait for it to end, or {advice}"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode())
     _held[run_dir] = fd
@@ -364,8 +378,11 @@ def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict) and "id" in row:
-            out[str(row["id"])] = {k: float(v) for k, v in row.items()
-                                   if isinstance(v, (int, float)) and k not in ("id", "index")}
+            out[str(row["id"])] = {
+                k: float(v)
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and k not in ("id", "index")
+            }
     return out
 
 
@@ -383,10 +400,14 @@ def git_sha() -> str | None:
     """The sha of the ablate checkout, when it is one (with `-dirty` if it has local changes)."""
     here = Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None

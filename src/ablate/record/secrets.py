@@ -38,15 +38,23 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 MASK = "***"
-_SECRET_WORDS = r"token|secret|password|passwd|passphrase|key|apikey|api_key|access_key|private_key|credentials?"
+_SECRET_WORDS = (
+    r"token|secret|password|passwd|passphrase|key|apikey|api_key|access_key|private_key|credentials?"
+)
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_\-])(?:{_SECRET_WORDS})$|(?i:secret|password|api_?key|access_?key)")
-_NOT_SECRET = re.compile(r"(?i)(?:^|_)(?:pad|eos|bos|unk|sep|cls|mask|special|chat|additional_special)_token$")
+_NOT_SECRET = re.compile(
+    r"(?i)(?:^|_)(?:pad|eos|bos|unk|sep|cls|mask|special|chat|additional_special)_token$"
+)
 _CREDENTIAL = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,})")
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)")  # scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(
+    r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)"
+)  # scheme://user:PASSWORD@host
 # key=value in overrides, override_dirname and command lines: `+method.args.hub_token=hf_...`; a value
 # is a run of quoted strings (Hydra's grammar: "a b", 'a,b'), interpolations and plain characters
-_ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.@/\-]*)="
-                         r"(?P<value>(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\$\{[^}]*\}|[^,\s\]'\"])+)")
+_ASSIGNMENT = re.compile(
+    r"(?P<key>[A-Za-z_][\w.@/\-]*)="
+    r"(?P<value>(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\$\{[^}]*\}|[^,\s\]'\"])+)"
+)
 _MIN_VALUE = 8  # shorter values are masked under their key only: masking every "1" in a log would say nothing
 _remembered: set[str] = set()  # secret values given on the command line (`remember`)
 
@@ -74,7 +82,11 @@ def remember(overrides: list[str]) -> None:
     for override in overrides:
         key, sep, raw = str(override).partition("=")
         # an interpolation is not a secret: quoted, or escaped as Hydra's sweeper passes it to a job ($\{...\})
-        if not sep or not secret_name(key.lstrip("+~")) or raw.strip("'\"").replace("\\", "").startswith("${"):
+        if (
+            not sep
+            or not secret_name(key.lstrip("+~"))
+            or raw.strip("'\"").replace("\\", "").startswith("${")
+        ):
             continue
         values = {raw, raw.strip("'\"")}
         with contextlib.suppress(Exception):  # not Hydra's syntax: the raw text is masked all the same
@@ -94,8 +106,11 @@ def mask_text(s: str, env: list[str] | None = None) -> str:
 
     def assignment(m: re.Match[str]) -> str:
         value = m.group("value")
-        if secret_name(m.group("key").lstrip("+~")) and value.strip("'\"") not in (MASK, "null", "") \
-                and not value.strip("'\"").replace("\\", "").startswith("${"):
+        if (
+            secret_name(m.group("key").lstrip("+~"))
+            and value.strip("'\"") not in (MASK, "null", "")
+            and not value.strip("'\"").replace("\\", "").startswith("${")
+        ):
             return f"{m.group('key')}={MASK}"
         return m.group(0)
 

@@ -30,7 +30,10 @@ def given(hc: Any) -> bool:
 
 
 RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set by `--resume` (and in its job processes): the launch continues the sweep there
-SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
+SWEEP_RECORDS = (
+    "multirun.yaml",
+    "study.db",
+)  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
 
 
 def same_launch(path: Path, task: list[str] | None) -> bool:
@@ -57,19 +60,25 @@ def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> bool:
     held = [] if resuming else [name for name in SWEEP_RECORDS if (path / name).exists()]
     again = bool(held) and same_launch(path, task)
     if held and not again:
-        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
-                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
+        raise ConfigError(
+            f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
+            f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir"
+        )
     if rundir.lock_held(path):
         holder = (path / rundir.LOCK).read_text(errors="replace").strip() or "another process"
-        raise RunDirError(f"sweep dir {path.resolve()} is in use by {holder}; wait for it to end, or launch the "
-                          "sweep into another hydra.sweep.dir")
+        raise RunDirError(
+            f"sweep dir {path.resolve()} is in use by {holder}; wait for it to end, or launch the "
+            "sweep into another hydra.sweep.dir"
+        )
     return again
 
 
 REFUSED = ".refused"  # in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
 
 
-def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides: list[str] | None = None) -> None:
+def record_refusal(
+    sweep_dir: Path, run_dir: Path, error: str | None, overrides: list[str] | None = None
+) -> None:
     """Record (or, with `error` None, forget) that a sweep's job refused its dir `run_dir`, in the
     sweep's own dir: the end-of-sweep table (ablate.launchers.sweep) shows the job as failed."""
     path = sweep_dir / REFUSED / f"{run_dir.name}.json"
@@ -82,8 +91,13 @@ def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides:
     path.parent.mkdir(parents=True, exist_ok=True)
     from ablate.record.secrets import mask
 
-    rundir.write_text(path, json.dumps({"run_dir": str(run_dir.resolve()), "error": error,
-                                        "overrides": mask(list(overrides or []))}) + "\n")
+    rundir.write_text(
+        path,
+        json.dumps(
+            {"run_dir": str(run_dir.resolve()), "error": error, "overrides": mask(list(overrides or []))}
+        )
+        + "\n",
+    )
 
 
 def refusals(sweep_dir: Path) -> dict[str, dict[str, Any]]:

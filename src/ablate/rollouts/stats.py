@@ -12,7 +12,9 @@ class RolloutStats:
     """Running totals over the training rounds (evaluation's rounds are not counted)."""
 
     rounds: int = 0  # generation rounds
-    generation_seconds: float = 0.0  # sampling (the generator's calls); async GRPO: the trainer's wait for a round
+    generation_seconds: float = (
+        0.0  # sampling (the generator's calls); async GRPO: the trainer's wait for a round
+    )
     background_seconds: float = 0.0  # async GRPO: the generation worker's sampling, concurrent with training
     scoring_seconds: float = 0.0  # the rest of a round: padding, pi_old / reference log-probs, rewards
     generated_tokens: int = 0  # completion tokens sampled (one forward each: 2N FLOPs in the MFU)
