@@ -1,10 +1,10 @@
 """The TRL docs' "change the batch format" example, done the ablate way.
 
 The dataset arrives already in model format (token ids, built by `pretokenized` below, a data
-builder the method YAML selects as `data=tiny_prefs_ids`), so the trainer's `_prepare_dataset` keeps it as it is,
-and a user collator, passed through config as `method.trainer.data_collator`, batches it. Here the
-collator pads every batch to a multiple of `multiple` tokens (fixed shapes help GPU kernels and
-compiled models); a collator producing extra keys for a custom loss is wired the same way.
+builder the method YAML selects as `data=tiny_prefs_ids`), so the trainer's `_prepare_dataset` keeps it as it
+is, and a user collator, passed through config as `method.trainer.data_collator`, batches it. Here the
+collator pads every batch to a multiple of `multiple` tokens (fixed shapes help GPU kernels and compiled
+models); a collator producing extra keys for a custom loss is wired the same way.
 
     PYTHONPATH=examples/custom_batch ablate train --config-dir examples/custom_batch method=dpo_custom_batch
 """
@@ -39,7 +39,8 @@ def pretokenized(name: str = "sort_prefs", max_train_samples: int | None = None)
 
 
 class PadToMultipleCollator:
-    """Rows with prompt_ids/chosen_ids/rejected_ids -> a DPO batch `[chosen; rejected]` padded to a multiple."""
+    """Rows with prompt_ids/chosen_ids/rejected_ids -> a DPO batch `[chosen; rejected]` padded to a
+    multiple."""
 
     def __init__(self, pad_token_id: int, multiple: int = 8) -> None:
         self.pad_token_id, self.multiple = pad_token_id, multiple

@@ -109,9 +109,8 @@ def start(
         for i in range(nodes):
             for attempt in range(1, attempts + 1):
                 t0 = time.time()
-                shutil.rmtree(
-                    base / f"node{i}", ignore_errors=True
-                )  # no session_latest of an earlier attempt
+                # no session_latest of an earlier attempt
+                shutil.rmtree(base / f"node{i}", ignore_errors=True)
                 error = _start_node(
                     node_args(i, port, cpus, base, dashboard),
                     env,
@@ -123,7 +122,8 @@ def start(
                     print(f"node {i} up on {node_ip(i)} in {time.time() - t0:.1f}s", flush=True)
                     break
                 print(
-                    f"node {i} ({node_ip(i)}) did not start (attempt {attempt}/{attempts}): {error.splitlines()[0]}",
+                    f"node {i} ({node_ip(i)}) did not start (attempt {attempt}/{attempts}): "
+                    f"{error.splitlines()[0]}",
                     flush=True,
                 )
                 stop(base / f"node{i}")

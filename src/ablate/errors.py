@@ -34,8 +34,8 @@ class UserCodeError(Exception):
 
 
 class Pruned(Exception):
-    """A study's pruner stopped this trial (ablate.record.callbacks.ReportToStudy): recorded as status `pruned` at `step`,
-    not as a failure."""
+    """A study's pruner stopped this trial (ablate.record.callbacks.ReportToStudy): recorded as status
+    `pruned` at `step`, not as a failure."""
 
     def __init__(self, step: int, metric: str, value: float) -> None:
         super().__init__(f"pruned at step {step} ({metric}={value:.4g})")
@@ -78,15 +78,17 @@ def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseExcepti
 
 
 _OURS = __file__.rsplit("/", 1)[0] + "/"  # src/ablate/: a frame here is ablate's own code
+# installed libraries and the standard library
 _LIBRARY = (
     "/site-packages/",
     "/dist-packages/",
     "/lib/python3",
-)  # installed libraries and the standard library
+)
 
 
 def log_file() -> str:
-    """The run's ablate.log (the root logger's file handler, Hydra's), where a one-line error's traceback goes."""
+    """The run's ablate.log (the root logger's file handler, Hydra's), where a one-line error's traceback
+    goes."""
     import logging
 
     files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
@@ -114,11 +116,12 @@ def user_code_error(e: BaseException) -> UserCodeError | None:
         else frame.filename
     )
     text = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    # sys.exit(0) mid-run is no success
     what = (
         f"called sys.exit({root.code!r})"
         if type(root) is SystemExit
         else f"raised {type(root).__name__}{': ' + text if text else ''}"
-    )  # sys.exit(0) mid-run is no success
+    )
     return UserCodeError(
         f"your code {what} ({where}:{frame.lineno}, in {frame.name}; traceback: {log_file()})"
     )

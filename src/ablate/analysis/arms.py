@@ -2,7 +2,8 @@
 KTO and a reward model): each logs its method's metrics (TRL's names), so a metric may exist in some arms
 only. The ones every arm has are compared as usual (table, paired differences, verdicts); the others are
 listed per arm with their values, apart, since there is nothing to compare them with. A metric every arm
-logs but each method defines its own way (`loss`) is in the table and not ranked (ablate.analysis.comparable)."""
+logs but each method defines its own way (`loss`) is in the table and not ranked
+(ablate.analysis.comparable)."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ from ablate.analysis.words import in_words
 from ablate.errors import ConfigError
 from ablate.record import rundir
 
-# `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when logged.
+# `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when
+# logged.
 SPEED_METRICS = ["tokens_per_second", "mfu"]
 GRPO_TIME_METRICS = ["time/generation", "time/scoring", "time/training"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
@@ -129,12 +130,10 @@ def _pairs(groups: list[Group]) -> list[tuple[str, Group, Group]]:
     return [(launch, arms[0], other) for launch, arms in by_launch.items() for other in arms[1:]]
 
 
-Ranked = list[
-    tuple[str, Group, Group, str]
-]  # (launch, its first arm, another arm, a metric both define alike)
-Skipped = dict[
-    str, list[dict[str, tuple[str, str]]]
-]  # metric -> comparable.differing(...) of each pair left out
+# (launch, its first arm, another arm, a metric both define alike)
+Ranked = list[tuple[str, Group, Group, str]]
+# metric -> comparable.differing(...) of each pair left out
+Skipped = dict[str, list[dict[str, tuple[str, str]]]]
 
 
 def ranked_pairs(groups: list[Group], metrics: list[str]) -> tuple[Ranked, Skipped]:
@@ -251,9 +250,8 @@ def compare(
     # one sweep comparing methods on purpose (preference_methods, grpo_vs_rloo): one table, the shared
     # metrics side by side; runs gathered from several launches: a table per method family
     families = [runs] if metrics or len(launches(runs)) == 1 else by_method(runs)
-    if (
-        out is not None and len(families) > 1
-    ):  # a folder per method: the top one is ablate's too (a later --out)
+    # a folder per method: the top one is ablate's too (a later --out)
+    if out is not None and len(families) > 1:
         from ablate.analysis.report import claim_out
 
         claim_out(out)
@@ -285,7 +283,8 @@ def _compare_runs(
     groups = group_runs(runs, pool=opts.pool)
     chosen, held_note = (asked, "") if asked else prefer_held_out(default_metrics(runs), runs)
     plotted = expand_metrics(chosen, runs)
-    # methods logging different metrics: of the defaults the shared ones compared; --metric's as asked (`-`: none)
+    # methods logging different metrics: of the defaults the shared ones compared; --metric's as asked (`-`:
+    # none)
     metrics, own = shared_metrics(groups, plotted) if not asked else (plotted, {})
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
@@ -314,17 +313,15 @@ def _compare_runs(
         from ablate.analysis import report
 
         report.claim_out(out)  # checked before any run was read (the default dir: in compare)
-    study_plots = print_studies(
-        runs, print_table, out
-    )  # a study's launch (study.db): trials, best trial, plots
+    # a study's launch (study.db): trials, best trial, plots
+    study_plots = print_studies(runs, print_table, out)
     if out is not None:
         from ablate.analysis import report
 
         out.mkdir(parents=True, exist_ok=True)
         write_tables(out, rows, header, cells)
-        plots = write_plots(
-            out, groups, plotted, opts.xs
-        )  # every metric's curves: an arm without it has no line
+        # every metric's curves: an arm without it has no line
+        plots = write_plots(out, groups, plotted, opts.xs)
         profiles = report.write_profiles(
             out, [(g.label, {m: g.seed_scores(m) for m in many}) for g in groups], many
         )
@@ -396,8 +393,8 @@ def few_seeds_line(untold: list[stats.Paired], report: bool) -> str:
     )
     listed = "--verbose lists each" + ("; so does report.html" if report else "")
     return (
-        f"not enough seeds to tell for {len(untold)} differences ({each} pair{'s' if each != '1' else ''} each; "
-        f"a verdict needs {stats.MIN_N}): {plan}; {listed}"
+        f"not enough seeds to tell for {len(untold)} differences ({each} pair{'s' if each != '1' else ''} "
+        f"each; a verdict needs {stats.MIN_N}): {plan}; {listed}"
     )
 
 

@@ -134,8 +134,8 @@ class Improvement:
     def verdict(self) -> str:
         """`P(b better than a on m) = 0.94, 6 vs 6 seeds, Mann-Whitney p = 0.0087: clear, b better`."""
         text = (
-            f"P({self.b} better than {self.a} on {self.metric}) = {self.p:.2f}, {self.n_b} vs {self.n_a} seeds, "
-            f"Mann-Whitney p = {self.pvalue:.2g}: "
+            f"P({self.b} better than {self.a} on {self.metric}) = {self.p:.2f}, {self.n_b} vs {self.n_a} "
+            f"seeds, Mann-Whitney p = {self.pvalue:.2g}: "
         )
         if not self.clear:
             return text + f"not clear (p ≥ {1 - LEVEL:.2g})"

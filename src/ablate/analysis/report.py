@@ -85,7 +85,8 @@ class ManySeeds:
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
-table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f3f3f3}code{font-size:0.9em}img{max-width:100%;margin:0.5em 0}"""
 
 
@@ -218,8 +219,9 @@ def _many_seeds(many: ManySeeds) -> list[str]:
         parts.append(
             "<h2>Per-example paired differences (eval)</h2><p>On the eval examples both arms scored "
             "(eval_examples.jsonl from <code>ablate eval</code>; an example's score in an arm is its mean "
-            "over the arm's runs): mean difference ± t<sub>0.975, n−1</sub> paired standard errors, sd(d)/√n (Miller 2024); "
-            "the unpaired SE shows what pairing saves. Clear when the interval excludes 0.</p>"
+            "over the arm's runs): mean difference ± t<sub>0.975, n−1</sub> paired standard errors, "
+            "sd(d)/√n (Miller 2024); the unpaired SE shows what pairing saves. Clear when the interval "
+            "excludes 0.</p>"
         )
         parts += _verdicts(many.examples)
     if many.words:

@@ -15,6 +15,7 @@ from typing import Any
 from ablate.record import rundir
 from ablate.schema.renamed import current_overrides
 
+# pruned: a study's trial stopped early
 STATUSES = (
     "running",
     "completed",
@@ -22,7 +23,7 @@ STATUSES = (
     "interrupted",
     "preempted",
     "pruned",
-)  # pruned: a study's trial stopped early
+)
 NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns
 # Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
 # from the method's YAML).
@@ -59,7 +60,8 @@ class Run:
 
     @cached_property
     def examples(self) -> dict[str, dict[str, float]]:
-        """Per-example eval scores (`eval_examples.jsonl`, written by `ablate eval`): {id: {metric: score}}."""
+        """Per-example eval scores (`eval_examples.jsonl`, written by `ablate eval`): {id: {metric:
+        score}}."""
         return rundir.read_examples(self.path)
 
     @cached_property
@@ -188,6 +190,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
     for path in paths:
         try:
             run = load_run(path)
+            # .submitit/, .replaced/
             subdirs = (
                 []
                 if run is not None or not path.is_dir()
@@ -199,7 +202,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
                     ),
                     key=_job_order,
                 )
-            )  # .submitit/, .replaced/
+            )
         except PermissionError as e:  # one unreadable dir is listed as such; the others are still read
             runs.append(
                 Run(
@@ -221,7 +224,8 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 def launches(runs: list[Run]) -> dict[Path, str]:
     """Each launch's short name, in first-seen order: a sweep's `dpo_loss/2026-01-01_10-00-00`, a
-    single run's `2026-01-01/10-00-00-123456` (its dir's name without the overrides, which its label shows)."""
+    single run's `2026-01-01/10-00-00-123456` (its dir's name without the overrides, which its label
+    shows)."""
     out: dict[Path, str] = {}
     for r in runs:
         if r.launch is not None and r.launch not in out:
@@ -237,7 +241,8 @@ def status_of(run: Run, info: dict[str, Any]) -> str:
 
 
 def key_metric(run: Run) -> tuple[str, float | None]:
-    """The method's first compare metric (its YAML's `compare_metrics`, recorded in summary.json) and its final value."""
+    """The method's first compare metric (its YAML's `compare_metrics`, recorded in summary.json) and its
+    final value."""
     name = run.default_metrics[0]
     return name, run.final(name)
 

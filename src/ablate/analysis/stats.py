@@ -142,7 +142,8 @@ class Paired:
             return (
                 "the mean difference is 0: no number of seeds would make it clear"
                 if not self.mean
-                else f"more than {MAX_SEEDS:,} seeds per arm would be needed to make a difference this small clear"
+                else f"more than {MAX_SEEDS:,} seeds per arm would be needed to make a difference this small "
+                "clear"
             )
         return f"about {needed} seeds per arm would make a difference of this size clear at {POWER:.0%} power"
 
@@ -162,8 +163,8 @@ class Paired:
                 else f"run at least {MIN_N} seeds per arm"
             )
             return (
-                f"{value}, n={self.n} pair{'s' if self.n > 1 else ''}: not enough seeds to tell (a t interval "
-                f"needs {MIN_N} pairs); {more}"
+                f"{value}, n={self.n} pair{'s' if self.n > 1 else ''}: not enough seeds to tell (a t "
+                f"interval needs {MIN_N} pairs); {more}"
             )
         text = f"{value} [{ci[0]:+.4g}, {ci[1]:+.4g}], n={self.n} pairs: "
         if all(d == 0 for d in self.diffs):

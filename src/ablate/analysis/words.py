@@ -32,7 +32,8 @@ def in_words(paired: list[Paired], better: list[Improvement], examples: list[Exa
                 unclear.append(f"not clear: {where}{d.b} vs {d.a} on {metric} ({what})")
             elif isinstance(d, Improvement):
                 clear.append(
-                    f"clear: {where}{d.b} {'better' if d.p > 0.5 else 'worse'} than {d.a} on {metric} ({what})"
+                    f"clear: {where}{d.b} {'better' if d.p > 0.5 else 'worse'} than {d.a} on {metric} "
+                    f"({what})"
                 )
             else:
                 clear.append(

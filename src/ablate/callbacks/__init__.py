@@ -88,8 +88,8 @@ class NaNGuard(TrainerCallback):
         if self.dead_after and len(self.dead) >= self.dead_after:
             steps = f"steps {self.dead[0]}-{self.dead[-1]}" if len(self.dead) > 1 else f"step {self.dead[0]}"
             raise FloatingPointError(
-                f"grad_norm is exactly 0 at {steps} with the loss at {loss:.4g} and learning_rate {lr:.3g}: the model "
-                f"has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)"
+                f"grad_norm is exactly 0 at {steps} with the loss at {loss:.4g} and learning_rate {lr:.3g}: "
+                "the model has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)"
             )
 
 

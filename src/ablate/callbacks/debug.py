@@ -22,7 +22,8 @@ log = logging.getLogger("ablate")
 
 
 def _print_above_bar(text: str) -> None:
-    """On lines of its own above the progress bar (as ablate.process.console.print_above_bar), never glued to it."""
+    """On lines of its own above the progress bar (as ablate.process.console.print_above_bar), never glued to
+    it."""
     from tqdm.auto import tqdm
 
     with tqdm.external_write_mode(file=sys.stdout):  # bar cleared, text flushed, bar drawn again
@@ -66,8 +67,8 @@ class OverfitCheck(TrainerCallback):
         )
         if change < self.min_change * abs(first):
             raise OverfitFailed(
-                f"debug=overfit: {what} went {first:.4g} -> {last:.4g} {span} on one repeated batch; expected it to "
-                f"{direction} by {self.min_change:.0%} (check lr, the loss, the data)"
+                f"debug=overfit: {what} went {first:.4g} -> {last:.4g} {span} on one repeated batch; "
+                f"expected it to {direction} by {self.min_change:.0%} (check lr, the loss, the data)"
             )
         _print_above_bar(f"debug=overfit: {what} {first:.4g} -> {last:.4g} {span}: OK")
 

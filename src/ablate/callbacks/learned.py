@@ -30,7 +30,10 @@ def moved(values: Sequence[float], mode: str, min_change: float) -> tuple[float,
         return None
     first, last = values[:q], values[-q:]
     m0, m1 = sum(first) / q, sum(last) / q
-    var = lambda xs, m: sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1)  # noqa: E731  (one value: 0)
+
+    def var(xs: Sequence[float], m: float) -> float:  # one value: 0
+        return sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1)
+
     se = math.sqrt(var(first, m0) / q + var(last, m1) / q)
     gain = m1 - m0 if mode == "max" else m0 - m1
     return None if gain > max(2 * se, min_change) else (m0, m1, q)
@@ -43,7 +46,8 @@ def note(
     overrides: Sequence[str],
     scheduler: str | None,
 ) -> str | None:
-    """The summary's line when the run's progress metric did not move (None when it did, or cannot be told)."""
+    """The summary's line when the run's progress metric did not move (None when it did, or cannot be
+    told)."""
     if not progress or progress.get("metric") is None or progress.get("min_change_run") is None:
         return None
     metric, mode = progress["metric"], progress.get("mode", "min")
@@ -53,17 +57,16 @@ def note(
         return None
     m0, m1, q = still
     verb = "rose above" if mode == "max" else "fell below"
-    short = progress.get("steps_needed") is None or steps < int(
-        progress["steps_needed"]
-    )  # else steps were not it
+    # else steps were not it
+    short = progress.get("steps_needed") is None or steps < int(progress["steps_needed"])
     hints = [progress["too_few_steps"]] if progress.get("too_few_steps") and short else []
     if (
         any(o.split("=")[0].lstrip("+") == "method.args.max_steps" for o in overrides)
         and scheduler != CONSTANT
     ):
         hints.append(
-            f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at step "
-            f"{steps})"
+            f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at "
+            f"step {steps})"
         )
     span = "first and last logged values" if q == 1 else f"means of the first and last {q} logged"
     return (

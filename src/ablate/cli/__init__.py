@@ -24,7 +24,7 @@ EXAMPLES = """examples:
   ablate sweep dpo_loss --resume                         # continue its newest launch: completed jobs skipped
   ablate sweep dpo_loss hydra/launcher=slurm --detach    # submit and return
   ablate status outputs/sweeps/dpo_loss/<date-time>      # each job's state
-  ablate compare outputs/sweeps/dpo_loss --out          # <sweep dir>/report/report.html: intervals, paired differences
+  ablate compare outputs/sweeps/dpo_loss --out          # <sweep dir>/report/report.html, plots included
   ablate train debug=fast 'tags=[baseline]' notes="first try"   # debug=fast|overfit|profile
   ablate ls --status failed                     # what have I run? (--method, --tag, --json)
   ablate generate outputs/runs/DATE/TIME --prompt "sort: dcba ="
@@ -46,10 +46,10 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             message = f"'{message.split(': ', 1)[1]}' is not an option of {self.prog}"
-        else:  # argparse's own words, said of the command: "ablate cache: argument --kind: invalid choice: ..."
-            message = f"{self.prog}: " + message.replace(
-                ", overrides", ""
-            )  # intermixed parsing names the optional overrides too
+        else:
+            # argparse's own words, said of the command: "ablate cache: argument --kind: invalid choice: ...";
+            # intermixed parsing names the optional overrides too
+            message = f"{self.prog}: " + message.replace(", overrides", "")
         refuse(message, self.prog)
 
 
@@ -81,7 +81,7 @@ def parser() -> Parser:
 
     top.commands = {}
 
-    def command(name: str, help: str, description: str = "", **kw: Any) -> Parser:  # noqa: A002 - argparse's name
+    def command(name: str, help: str, description: str = "", **kw: Any) -> Parser:  # `help`: argparse's name
         top.commands[name] = sub.add_parser(name, help=help, description=description or help, **kw)
         return top.commands[name]
 
@@ -115,9 +115,8 @@ def parser() -> Parser:
     p.add_argument(
         "--dry-run", action="store_true", help="print each job's overrides and run dir; start nothing"
     )
-    hydra = p.add_argument_group(
-        "Hydra's options, passed on as train takes them"
-    )  # `--cfg job`: the README test's dry form
+    # `--cfg job`: the README test's dry form
+    hydra = p.add_argument_group("Hydra's options, passed on as train takes them")
     hydra.add_argument(
         "--cfg", "-c", choices=("job", "hydra", "all"), help="print the composed config; train nothing"
     )

@@ -10,7 +10,8 @@ from typing import Any
 
 
 def cache_cmd(args: Any) -> None:
-    """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]` (arguments: ablate.cli.parser)."""
+    """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]` (arguments:
+    ablate.cli.parser)."""
     from ablate.data.cache import KINDS, default_dir, entries, foreign, leftovers
 
     if args.kind not in (None, *KINDS):
@@ -37,7 +38,8 @@ def cache_cmd(args: Any) -> None:
                 + (f" ({e['rows']} rows)" if e["rows"] is not None else "")
             )
         print(
-            f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {human(sum(e['bytes'] for e in rows))} in {root}"
+            f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {human(sum(e['bytes'] for e in rows))} in "
+            f"{root}"
         )
         return
     for e in rows:  # a run holding an entry keeps reading it (loaded in memory); the next one recomputes
@@ -46,15 +48,16 @@ def cache_cmd(args: Any) -> None:
         for leftover in leftovers(root, kind):  # (0 bytes: removing one a job holds would let two write)
             shutil.rmtree(leftover, ignore_errors=True)
     print(
-        f"removed {len(rows)} entr{'y' if len(rows) == 1 else 'ies'} ({human(sum(e['bytes'] for e in rows))}) "
+        f"removed {len(rows)} entr{'y' if len(rows) == 1 else 'ies'} "
+        f"({human(sum(e['bytes'] for e in rows))}) "
         f"from {root}"
     )
     other = foreign(root)
     if other:
         shown = ", ".join(other[:4]) + (", ..." if len(other) > 4 else "")
         print(
-            f"ablate: left {len(other)} path{'s' if len(other) > 1 else ''} that are not ablate's cache entries "
-            f"in {root}: {shown}",
+            f"ablate: left {len(other)} path{'s' if len(other) > 1 else ''} that are not ablate's cache "
+            f"entries in {root}: {shown}",
             file=sys.stderr,
         )
 

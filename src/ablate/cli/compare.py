@@ -28,9 +28,8 @@ def compare_cmd(args: Any) -> None:
     from ablate.analysis.compare import DEFAULT_OUT, compare
     from ablate.cli import OUT_ALONE
 
-    if (
-        args.out == OUT_ALONE
-    ):  # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
+    # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
+    if args.out == OUT_ALONE:
         args.out = DEFAULT_OUT
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
@@ -53,9 +52,8 @@ def compare_cmd(args: Any) -> None:
 
     try:
         args.dirs = [newest_sweep() if str(d) == LAST and not d.exists() else d for d in args.dirs]
-        for d in (
-            args.dirs
-        ):  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
+        # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
+        for d in args.dirs:
             check_readable(d)
         if args.out not in (None, DEFAULT_OUT):  # never over files of the user's; the default: compare()
             from ablate.analysis.report import check_out

@@ -127,7 +127,8 @@ def _notes(
 
 
 def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
-    """The config `ablate train` would run, checked as it checks it (`config_dir`: like train's --config-dir)."""
+    """The config `ablate train` would run, checked as it checks it (`config_dir`: like train's
+    --config-dir)."""
     from hydra import compose, initialize_config_dir
 
     from ablate.config.compose import register_resolvers
@@ -211,9 +212,8 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     data = instantiate(cfg.data)
     warn_shared(data, cfg.data)
     rows = data.train.select(range(min(n, len(data.train))))
-    if (
-        kind == "unpaired" and "label" not in data.train.column_names
-    ):  # KTO: pair i -> its desirable, undesirable
+    # KTO: pair i -> its desirable, undesirable
+    if kind == "unpaired" and "label" not in data.train.column_names:
         from datasets.utils.logging import disable_progress_bar
 
         from ablate.data.unpaired import unpair
@@ -323,7 +323,7 @@ def data_cmd(args: Any) -> None:
             check_data(overrides, config_dir)
         else:
             preview(overrides, n, config_dir)
-    except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
+    except Exception as e:  # a user's mistake (in Hydra's or instantiate's wrapping) is one line
         line = one_line(e)
         if line is None:
             raise

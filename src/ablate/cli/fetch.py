@@ -11,9 +11,8 @@ def fetch_cmd(args: Any) -> None:
     it on first use) and print its path, e.g. for `model=local model.path=$(ablate fetch smollm2_135m)`."""
     from ablate.errors import ConfigError
 
-    if (
-        args.model != "smollm2_135m"
-    ):  # what it can fetch: said with the name given, not argparse's choice list
+    # what it can fetch: said with the name given, not argparse's choice list
+    if args.model != "smollm2_135m":
         from ablate.cli import refuse
 
         refuse(

@@ -159,8 +159,8 @@ TOOL_TOKENS = 256  # ... of a tool run that records no budget: room for calls, t
 
 @dataclass
 class Sampling:
-    """What the shared-prompt generator reads (ablate.rollouts.generation.SamplingArgs): --temperature, no top-k
-    or top-p (as `model.generate` samples the prompts of a run without tools here)."""
+    """What the shared-prompt generator reads (ablate.rollouts.generation.SamplingArgs): --temperature, no
+    top-k or top-p (as `model.generate` samples the prompts of a run without tools here)."""
 
     temperature: float
     max_completion_length: int
@@ -169,11 +169,11 @@ class Sampling:
 
 
 def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
-    """(the tools the run's training prompts offered, as `ablate.rollouts.turns.Toolbox` in the format they were
-    shown, the run's budget of new tokens over all turns), from `.hydra/config.yaml`; (None, None) without
-    tools. GRPO and its kin: method.args.tools (the data's by default), environment, tool_call_format,
-    max_tool_calling_iterations, tool_timeout, max_completion_length; SFT: data.tools (its rows' `tools` column,
-    which ablate.data.tokenize renders as `tool_call_format: auto` does)."""
+    """(the tools the run's training prompts offered, as `ablate.rollouts.turns.Toolbox` in the format they
+    were shown, the run's budget of new tokens over all turns), from `.hydra/config.yaml`; (None, None)
+    without tools. GRPO and its kin: method.args.tools (the data's by default), environment, tool_call_format,
+    max_tool_calling_iterations, tool_timeout, max_completion_length; SFT: data.tools (its rows' `tools`
+    column, which ablate.data.tokenize renders as `tool_call_format: auto` does)."""
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None, None
@@ -213,7 +213,8 @@ def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
 
 
 def tool_prompt_ids(box: Any, row: dict[str, Any], index: int = 0) -> list[int]:
-    """A prompt offering the run's tools, as the run's training rendered it (a plain prompt: one user turn)."""
+    """A prompt offering the run's tools, as the run's training rendered it (a plain prompt: one user
+    turn)."""
     prompt = row["prompt"]
     return box.prompt_ids([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt, index)
 
@@ -276,7 +277,8 @@ def show_turns(turns: list[dict[str, Any]]) -> list[str]:
                 lines.append(f"call:   {body.get('name')}({json.dumps(body.get('arguments'))})")
     if not turns or turns[-1].get("role") != "assistant" or turns[-1].get("tool_calls"):
         lines.append(
-            "answer: (none: the turns ran out of --max-new-tokens, or of the run's max_tool_calling_iterations)"
+            "answer: (none: the turns ran out of --max-new-tokens, or of the run's "
+            "max_tool_calling_iterations)"
         )
     return lines
 
@@ -367,8 +369,8 @@ def generate(
     if box is not None:
         names = ", ".join(x["function"]["name"] for x in box.schemas)
         how += (
-            f"; offering the run's tools ({names}; tool_call_format={box.format.kind}), each call run and its "
-            f"result appended as in its rollouts; up to {max_new_tokens} new tokens over all turns"
+            f"; offering the run's tools ({names}; tool_call_format={box.format.kind}), each call run and "
+            f"its result appended as in its rollouts; up to {max_new_tokens} new tokens over all turns"
         )
     return rows, how
 

@@ -16,7 +16,8 @@ def ls_cmd(args: Any) -> None:
         from ablate.cli import refuse
 
         refuse(
-            f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from {', '.join(STATUSES)})",
+            f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from "
+            f"{', '.join(STATUSES)})",
             "ablate ls",
         )
     if str(args.dir) == LAST and not args.dir.exists():  # `ablate ls last`: the newest run's line

@@ -138,10 +138,11 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     parts = plan(m, s)
     model = cfg.model.get("path") or str(cfg.model._target_).rsplit(".", 1)[-1]
     wrap = f"FSDP full shard over {gpus}" if s.sharded else (f"DDP over {gpus}" if gpus > 1 else "1")
+    autocast = f", {'bf16' if cfg.precision.get('bf16') else 'fp16'} autocast" if s.autocast else ""
     print(
         f"{model}: {m.params / 1e9:.3f}B parameters ({m.params:,}), {cfg.method.name}, "
         f"{'PEFT ' + s.peft + f' ({m.adapter_params:,} trainable)' if s.peft else 'full fine-tuning'}, "
-        f"{cfg.model.get('dtype', 'float32')} weights{', ' + ('bf16' if cfg.precision.get('bf16') else 'fp16') + ' autocast' if s.autocast else ''}, "
+        f"{cfg.model.get('dtype', 'float32')} weights{autocast}, "
         f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}",
         file=out,
     )
@@ -165,7 +166,8 @@ def size(n: float) -> str:
 
 
 def plan_cmd(args: Any) -> None:
-    """`ablate plan`: arguments from ablate.cli.parser. Exit 0 if it fits, 1 if it does not, 2 on a mistake."""
+    """`ablate plan`: arguments from ablate.cli.parser. Exit 0 if it fits, 1 if it does not, 2 on a
+    mistake."""
     from ablate.cli.data import _compose
     from ablate.config.validate import one_line
 
@@ -174,7 +176,8 @@ def plan_cmd(args: Any) -> None:
         sys.exit(2)
     if not args.gpu_memory > 0:
         print(
-            f"ablate: error: --gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)",
+            f"ablate: error: --gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an "
+            "A100/H100 80GB)",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -183,7 +186,7 @@ def plan_cmd(args: Any) -> None:
         sys.exit(2)
     try:
         fits = report(_compose(args.overrides, args.config_dir), args.gpus, args.gpu_memory, args.seq_len)
-    except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
+    except Exception as e:  # a user's mistake (in Hydra's or instantiate's wrapping) is one line
         line = one_line(e)
         if line is None:
             raise

@@ -71,11 +71,12 @@ def sweep_cmd(args: Any) -> None:
             else "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR",
             "ablate sweep",
         )
+    # an old group name (perf=off) works, noted once
     argv = [
         args.name,
         *rename(args.overrides),
         *hydra_flags(args),
-    ]  # an old group name (perf=off) works, noted once
+    ]
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     try:
         check_overrides(argv[1:], resume)

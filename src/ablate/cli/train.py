@@ -112,7 +112,7 @@ def hydra_train(argv: list[str]) -> None:
         sweep.finish()
         say(f"ablate: interrupted ({interrupts.describe(e)}); continue a run with `ablate resume RUN_DIR`")
         sys.exit(interrupts.exit_code(e))
-    except Exception as e:  # noqa: BLE001 - a user's mistake becomes one line below, a bug is re-raised
+    except Exception as e:  # a user's mistake becomes one line below, a bug is re-raised
         error = e
     finally:
         if not full_error:
@@ -123,9 +123,8 @@ def hydra_train(argv: list[str]) -> None:
     if failed:
         if error is not None and line is None:
             traceback.print_exception(error)
-        elif (
-            line is not None and sweep.job_count() == 0
-        ):  # the launcher refused (hydra/launcher=ray: no cluster)
+        # the launcher refused (hydra/launcher=ray: no cluster)
+        elif line is not None and sweep.job_count() == 0:
             from ablate.record.secrets import mask_text
 
             print(f"ablate: error: {mask_text(line)}", file=sys.stderr)

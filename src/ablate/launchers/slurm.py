@@ -27,7 +27,8 @@ def read_jobs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def scheduler_states(job_ids: list[str]) -> dict[str, str]:
-    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without SLURM."""
+    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without
+    SLURM."""
     if not job_ids:
         return {}
     states: dict[str, str] = {}
@@ -114,9 +115,8 @@ def status(sweep_dir: Path, note: str = "") -> bool:
     from ablate.launchers import ray_jobs, sweep
 
     recorded = read_jobs(sweep_dir)
-    driver, ray_recorded = ray_jobs.read(
-        sweep_dir
-    )  # hydra/launcher=ray: no scheduler to ask, its driver instead
+    # hydra/launcher=ray: no scheduler to ask, its driver instead
+    driver, ray_recorded = ray_jobs.read(sweep_dir)
     dirs = {p.name.split("_")[0]: p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()}
     nums = sorted(set(recorded) | set(ray_recorded) | set(dirs), key=int)
     slurm = scheduler_states([recorded[n]["job_id"] for n in nums if n in recorded])

@@ -78,9 +78,8 @@ def distribution(override: Any) -> Any:
     if isinstance(value, RangeSweep) and all(
         isinstance(x, int) for x in (value.start, value.stop, value.step or 1)
     ):
-        step = (
-            value.step or 1
-        )  # Hydra's range excludes its end: the last value is the highest the trial may get
+        # Hydra's range excludes its end: the last value is the highest the trial may get
+        step = value.step or 1
         return d.IntDistribution(
             value.start, value.start + (value.stop - 1 - value.start) // step * step, step=step
         )

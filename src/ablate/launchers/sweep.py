@@ -40,10 +40,11 @@ from omegaconf import DictConfig
 from ablate.analysis.runs import find_runs
 from ablate.record import rundir, sweep_dirs
 
+# a job that ended as it should: a study's pruner stopping a trial is no failure
 DONE = (
     "completed",
     "pruned",
-)  # a job that ended as it should: a study's pruner stopping a trial is no failure
+)
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 
@@ -145,9 +146,8 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
                 with open_dict(cfg):  # as Hydra's launchers number their jobs
                     cfg.hydra.job.id = num
                     cfg.hydra.job.num = num
-                HydraConfig.instance().set_config(
-                    cfg
-                )  # ${hydra:...} in a dir pattern resolves as in a launch
+                # ${hydra:...} in a dir pattern resolves as in a launch
+                HydraConfig.instance().set_config(cfg)
                 jobs.append((overrides, str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))))
             choice, target = (
                 (
@@ -192,8 +192,8 @@ def study_plan(hydra_argv: list[str]) -> str | None:
             )
             return "\n".join(
                 [
-                    f"dry run of study {cfg.sweep_name}: {sw.n_trials} trials, {sw.n_jobs} at a time, {sampler}, "
-                    f"{pruner}, {sw.direction} {sw.metric}; nothing started; search space:",
+                    f"dry run of study {cfg.sweep_name}: {sw.n_trials} trials, {sw.n_jobs} at a time, "
+                    f"{sampler}, {pruner}, {sw.direction} {sw.metric}; nothing started; search space:",
                     *(f"  {k}: {v}" for k, v in space.items()),
                 ]
             )
@@ -202,7 +202,8 @@ def study_plan(hydra_argv: list[str]) -> str | None:
 
 
 def print_plan(name: str, hydra_argv: list[str]) -> None:
-    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run dir."""
+    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run
+    dir."""
     from ablate.record.secrets import mask_text
 
     study = study_plan(hydra_argv)
@@ -216,11 +217,11 @@ def print_plan(name: str, hydra_argv: list[str]) -> None:
 
 
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir, error."""
+    """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir,
+    error."""
     rows = []
-    refused = sweep_dirs.refusals(
-        sweep_dir
-    )  # jobs whose dir was not theirs: left as it was, counted as failed
+    # jobs whose dir was not theirs: left as it was, counted as failed
+    refused = sweep_dirs.refusals(sweep_dir)
     runs = [r for r in find_runs([sweep_dir]) if str(r.path.resolve()) not in refused]
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
@@ -346,8 +347,8 @@ def finish() -> int:
     if not _state["printed"] and _state.get("detached"):
         ids = _state["detached"]
         print(
-            f"submitted {len(ids)} SLURM jobs ({ids[0].split('_')[0]}_[...]) for sweep {_state['sweep_dir']}\n"
-            f"follow it: ablate status {_state['sweep_dir']}"
+            f"submitted {len(ids)} SLURM jobs ({ids[0].split('_')[0]}_[...]) for sweep "
+            f"{_state['sweep_dir']}\nfollow it: ablate status {_state['sweep_dir']}"
         )
         _state.update(printed=True, failed=0)
     if not _state["printed"]:

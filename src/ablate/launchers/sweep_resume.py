@@ -122,9 +122,8 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
                 except ConfigError as e:
                     raise ResumeRefused(str(e)) from None
                 return sweep_dir.resolve(), {}
-            search = [
-                a for a in argv if a.startswith("hydra.searchpath=")
-            ]  # a sweep config of the user's own
+            # a sweep config of the user's own
+            search = [a for a in argv if a.startswith("hydra.searchpath=")]
             for num, overrides in enumerate(expand_jobs(argv)):
                 actions[str(num)] = _job_action(sweep_dir, num, overrides, search, force)
     except HydraException as e:  # a bad override: Hydra's own message, first line

@@ -101,10 +101,11 @@ class WandbTracker:
         kwargs = mask(dict(self.kwargs))  # logger.tags / logger.name are free text
         kwargs["group"] = kwargs["group"] or ident["group"]
         kwargs["name"] = mask_text(kwargs["name"] or ident["name"])  # the overrides may hold a secret
+        # root `tags=[...]`
         kwargs["tags"] = [
             *kwargs["tags"],
             *map(str, mask(list(config.get("tags") or []))),
-        ]  # root `tags=[...]`
+        ]
         kwargs["notes"] = mask(config.get("notes"))  # root `notes="..."`
         if ident["group"]:  # sweep runs are tagged with the sweep's name, to filter across launches
             kwargs["tags"] = [*kwargs["tags"], str(config.get("sweep_name"))]

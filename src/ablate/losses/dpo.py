@@ -27,7 +27,8 @@ formulas and names as in TRL 1.16's DPOTrainer (`loss_type=...`):
 - aot_unpaired  sigmoid form on sorted(c) - sorted(r)          AOT (unpaired)
 - apo_zero      (1 - sig(b c)) + sig(b r)                       APO, D'Oosterlinck et al. 2024 eq. 7
 - apo_down      sig(b c) + (1 - sig(b delta))                   APO eq. 8
-- discopop      (1-m) (-logsig(b delta)) + m exp(-b delta), m = sig(b delta / tau)   DiscoPOP, Chris Lu et al. 2024 eq. 5
+- discopop      (1-m) (-logsig(b delta)) + m exp(-b delta), m = sig(b delta / tau)
+                                                                DiscoPOP, Chris Lu et al. 2024 eq. 5
 - sigmoid_norm  -logsig(b (c/n_c - r/n_r))                      length-normalised DPO (as SimPO's length term)
 - sft           -sum(logp_c) / sum(n_c) over the batch          NLL of the chosen tokens (RPO's term)
 `weighted` sums several of them with weights (TRL's `loss_type=[...]`, `loss_weights=[...]`);
@@ -124,7 +125,8 @@ def exo_pair(
     beta: float,
     label_smoothing: float = 1e-3,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls] (ls > 0)."""
+    """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls] (ls >
+    0)."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
     eps = torch.tensor(label_smoothing, dtype=z.dtype, device=z.device)
     loss = torch.sigmoid(z) * (F.logsigmoid(z) - torch.log1p(-eps)) + torch.sigmoid(-z) * (

@@ -12,19 +12,18 @@ Three pieces, composed by the trainer:
 - per-token objective (`method/grpo_objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
   clipped-weight REINFORCE term or SAPO's soft gate; TRL's `loss_type=cispo` is objective cispo with
   the dapo aggregation, `loss_type=sapo` objective sapo with the grpo aggregation.
-- aggregation over tokens (TRL's `loss_type`; here `method/grpo_aggregation=NAME`, conf/method/grpo_aggregation/), named and
-  defined as in TRL 1.16:
-  `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
-  completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
-  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025); `bnpo` sum
-  over a micro-batch's tokens / its token count.
+- aggregation over tokens (TRL's `loss_type`; here `method/grpo_aggregation=NAME`,
+  conf/method/grpo_aggregation/), named and defined as in TRL 1.16: `grpo` mean over each sequence's tokens,
+  then over sequences (the paper; biased towards short completions); `dapo` sum over all tokens / a token
+  count fixed per round (Yu et al. 2025); `dr_grpo` sum over all tokens / (sequences * max_completion_length)
+  (Liu et al. 2025); `bnpo` sum over a micro-batch's tokens / its token count.
 
 Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
-reward functions are summed with weights before normalising (`method/grpo_reward_aggregation=sum_then_normalize`;
-`normalize_then_sum` normalises each function per group first, as TRL's `multi_objective_aggregation`).
-Departure from TRL: rewards so large that float32 statistics of them overflow (+-3e38) are aggregated in
-float64 (`headroom`), where TRL's advantages would all be 0.
+reward functions are summed with weights before normalising
+(`method/grpo_reward_aggregation=sum_then_normalize`; `normalize_then_sum` normalises each function per group
+first, as TRL's `multi_objective_aggregation`). Departure from TRL: rewards so large that float32 statistics
+of them overflow (+-3e38) are aggregated in float64 (`headroom`), where TRL's advantages would all be 0.
 """
 
 from __future__ import annotations
@@ -167,15 +166,15 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
     """The signature every `method/grpo_objective` shares, around `core`, which holds only what differs.
 
     The objective made: `(inputs: LossInputs, *, epsilon, epsilon_high, beta=0.0,
-    importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T), metrics).
-    `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
-    al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
-    `beta` > 0 adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped)
-    ratio, so its gradient is unbiased for samples from the old policy (TRL 1.16's default,
-    `use_bias_correction_kl`); the logged `kl` is the corrected one, as in TRL.
-    `inputs.policy_weight`, when set, multiplies the core's loss before the KL term is added (TRL's order).
-    `core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)` -> (loss, metrics):
-    ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra fields."""
+    importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T),
+    metrics). `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng
+    et al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens). `beta` > 0
+    adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped) ratio, so its gradient
+    is unbiased for samples from the old policy (TRL 1.16's default, `use_bias_correction_kl`); the logged
+    `kl` is the corrected one, as in TRL. `inputs.policy_weight`, when set, multiplies the core's loss before
+    the KL term is added (TRL's order). `core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)`
+    -> (loss, metrics): ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra
+    fields."""
 
     def run(
         inputs: LossInputs,
@@ -197,7 +196,8 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
         return _with_kl(loss.expand_as(logps), metrics, logps, inputs.ref_logps, beta, is_weight, mask)
 
     run.__name__, run.__qualname__, run.__doc__ = core.__name__, core.__qualname__, core.__doc__
-    run.core = core  # type: ignore[attr-defined]  # the part that differs, for objectives built on it (rloo.sequence_clip)
+    # the part that differs, for objectives built on it (rloo.sequence_clip)
+    run.core = core  # type: ignore[attr-defined]
     return run
 
 
@@ -282,7 +282,8 @@ def _per_sequence(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean token log-ratio."""
+    """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean token
+    log-ratio."""
     log_ratio = logps - old_logps
     if level == "sequence":
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)

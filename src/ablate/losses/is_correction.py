@@ -36,7 +36,8 @@ def truncate(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None
 
 
 def mask_outside(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
-    """`*_mask`: a ratio outside [clip_min, clip_max] becomes 0 (its token or completion gets no policy loss)."""
+    """`*_mask`: a ratio outside [clip_min, clip_max] becomes 0 (its token or completion gets no policy
+    loss)."""
     return ratio.masked_fill(_outside(ratio, clip_min, clip_max), 0.0)
 
 
@@ -86,7 +87,7 @@ def importance_sampling_correction(
     token = mask.bool()
     delta = (logps - sampling_logps).abs()
     delta = delta[token & ~torch.isnan(delta)]
-    pick = (lambda x: x.flatten()) if per_sequence else (lambda x: x[token])  # noqa: E731
+    pick = (lambda x: x.flatten()) if per_sequence else (lambda x: x[token])
     flat, outside = pick(weight), pick(_outside(raw, clip_min, clip_max)).float()
     metrics = {
         "sampling/sampling_logp_difference/mean": _or_zero(delta, torch.mean),

@@ -27,7 +27,8 @@ from collections.abc import Callable
 import torch
 
 Tensor = torch.Tensor
-# (logps, ref_logps, desirable, kl, *, beta, desirable_weight, undesirable_weight) -> (per-example loss, metrics)
+# (logps, ref_logps, desirable, kl, *, beta, desirable_weight, undesirable_weight) -> (per-example loss,
+# metrics)
 KTOLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 

@@ -4,7 +4,7 @@ Three pieces, each a config option of the GRPO trainer's seams (conf/method/rloo
 
 - advantages (`leave_one_out`, `method/grpo_reward_aggregation`): per completion i of a group of G,
       r_i' = clip(sum_f w_f r_if, reward_clip_range) - beta * sum_t (log pi_old(y_t) - log pi_ref(y_t))
-      A_i  = r_i' - mean_{j != i} r_j'                       (the leave-one-out baseline, eq. 6 of Ahmadian et al.)
+      A_i  = r_i' - mean_{j != i} r_j'         (the leave-one-out baseline, eq. 6 of Ahmadian et al.)
   then, with `normalize_advantages`, A <- (A - mean A) / (std A + 1e-4) over the generation batch. The KL is
   the first-order estimate (k1, can be negative per token) summed over the completion: a reward penalty,
   as in the RLOO paper and TRL, not GRPO's k3 loss term. A completion no reward function scored (all NaN)
@@ -46,10 +46,11 @@ def leave_one_out(
     `num_generations`. `token_kl` (N, T): log pi_old - log pi_ref per completion token, `mask` (N, T) its
     tokens: given (the trainer does with beta > 0), `beta` times its per-completion sum is subtracted from
     the reward. `scale` is GRPO's std option and is not used: RLOO's baseline needs none."""
+    # +-3e38: float64
     dtype, rewards_per_func = (
         rewards_per_func.dtype,
         grpo.headroom(rewards_per_func, weights),
-    )  # +-3e38: float64
+    )
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
     raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
     raw[unscorable] = torch.nan  # out of the baselines; advantage 0 below
@@ -63,15 +64,13 @@ def leave_one_out(
         metrics["kl"] = (token_kl * mask).sum() / mask.sum().clamp(min=1.0)
     grouped = rewards.view(-1, num_generations)
     scorable = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
-    baseline = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (
-        scorable - 1
-    )  # NaN: no sibling to compare
+    # NaN: no sibling to compare
+    baseline = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (scorable - 1)
     advantages = rewards - baseline.view(-1)
     if normalize_advantages:  # over the generation batch's scorable completions
         advantages = (advantages - torch.nanmean(advantages)) / (nanstd(advantages) + 1e-4)
-    group_std = nanstd(grouped, dim=1).masked_fill(
-        scorable.squeeze(1) < 2, torch.nan
-    )  # one value: no std (TRL's)
+    # one value: no std (TRL's)
+    group_std = nanstd(grouped, dim=1).masked_fill(scorable.squeeze(1) < 2, torch.nan)
     metrics |= {
         "reward": torch.nanmean(raw),
         "reward_std": nanstd(raw).reshape(()),

@@ -102,9 +102,8 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    targets = (
-        adapters.config.target_modules
-    )  # as configured: peft expands all-linear into the layers it found
+    # as configured: peft expands all-linear into the layers it found
+    targets = adapters.config.target_modules
     targets = targets if isinstance(targets, str) or targets is None else ",".join(sorted(targets))
     try:
         with quiet_peft():
@@ -201,9 +200,8 @@ def save_merged(trainer: Any, model_dir: Path, cfg: DictConfig) -> Path | None:
         else cfg.model
     )
     _, base = instantiate(model_cfg)
-    base = with_head(
-        base, cfg.get("method")
-    )  # method=reward: the adapter was trained on the score head's model
+    # method=reward: the adapter was trained on the score head's model
+    base = with_head(base, cfg.get("method"))
     with quiet_peft():
         merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
     out = model_dir / MERGED

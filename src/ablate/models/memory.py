@@ -56,9 +56,8 @@ class Setup:
     autocast: bool  # precision=bf16|fp16 (half-precision compute over the weights)
     peft: str | None  # None | "lora" | "qlora"
     optimizer_states: float  # optimizer state per trainable parameter, in parameter-dtype copies (AdamW: 2)
-    optimizer_fixed_bytes: (
-        float | None
-    )  # bytes per trainable parameter when they do not follow its dtype (8-bit: 2)
+    # bytes per trainable parameter when they do not follow its dtype (8-bit: 2)
+    optimizer_fixed_bytes: float | None
     reference: bool  # a frozen copy of the weights in memory
     sequences: int  # sequences in one micro-batch (DPO: 2 x pairs)
     seq_len: int  # tokens per sequence
@@ -105,16 +104,14 @@ def activations(m: Shape, s: Setup) -> float:
     a = 2 if (s.autocast or s.weight_bytes == 2) else 4  # compute dtype
     per_layer = a * (10 * m.hidden + 4 * m.intermediate + 4 * m.kv_dim)
     if s.peft:
-        per_layer += (a + 1) * (
-            6 * m.hidden + m.intermediate
-        )  # dropout's copy and mask of each adapted input
+        # dropout's copy and mask of each adapted input
+        per_layer += (a + 1) * (6 * m.hidden + m.intermediate)
     residual = max(a, s.weight_bytes) * m.hidden
     per_token = (m.layers * residual + per_layer) if s.checkpointing else m.layers * per_layer
     per_token += m.vocab * (3 * 4 + a)  # logits: compute dtype, fp32 upcast, log-softmax, its gradient
     casts = 0.0
     if s.autocast and s.weight_bytes == 4:  # half-precision copies of the weights autocast multiplies
-        linear = (
-            0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)
-        )  # 4-bit: dequantized a layer at a time
+        # 4-bit: dequantized a layer at a time
+        linear = 0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)
         casts = 2 * (linear + m.head_params)
     return s.sequences * s.seq_len * per_token + casts

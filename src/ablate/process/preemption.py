@@ -46,7 +46,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from ablate.process.interrupts import Preempted  # noqa: F401 - raised here; defined torch-free for ablate.train
+from ablate.process.interrupts import Preempted  # defined torch-free, for ablate.train
 
 log = logging.getLogger("ablate")
 

@@ -44,7 +44,7 @@ def local_jobs(launcher: Any = None) -> tuple[int, str]:
 def _get(node: Any, key: str) -> Any:
     try:
         return node.get(key) if node is not None else None
-    except Exception:  # noqa: BLE001 - a launcher node of any shape: no n_jobs
+    except Exception:  # a launcher node of any shape: no n_jobs
         return None
 
 
@@ -62,7 +62,8 @@ def choose(setting: int | None, launcher: Any = None) -> tuple[int, str]:
         return int(setting), "config threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
-        # joblib's loky workers (hydra/launcher=local_parallel) get cores // n_jobs here unless the user set it
+        # joblib's loky workers (hydra/launcher=local_parallel) get cores // n_jobs here unless the user set
+        # it
         return int(omp), f"OMP_NUM_THREADS={omp}"
     cores = available_cores()
     jobs, why = local_jobs(launcher)

@@ -123,7 +123,8 @@ class LogAtSaveAndEnd(TrainerCallback):
 
 
 def trial_callbacks() -> list[Any]:
-    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment, ablate.record.studies), else []."""
+    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment,
+    ablate.record.studies), else []."""
     import os
 
     from ablate.record.studies import (

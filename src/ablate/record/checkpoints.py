@@ -57,7 +57,8 @@ def checkpoint_problem(ckpt: Path) -> str | None:
                 return f"{name} is missing"
             size = path.stat().st_size
             if size != want.get("size"):
-                return f"{name} is {'truncated' if size < want.get('size', 0) else 'changed'} ({size} of {want.get('size')} bytes)"
+                how = "truncated" if size < want.get("size", 0) else "changed"
+                return f"{name} is {how} ({size} of {want.get('size')} bytes)"
             if _sha256(path) != want.get("sha256"):
                 return f"{name} is damaged (its sha256 differs from {MANIFEST}'s)"
         return None

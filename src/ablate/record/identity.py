@@ -50,7 +50,8 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def same_overrides(recorded: list[str], given: list[str]) -> bool:
-    """The same command: `given` as it is recorded (masked), a renamed group's old spelling read as today's."""
+    """The same command: `given` as it is recorded (masked), a renamed group's old spelling read as
+    today's."""
     return sorted(current_overrides(recorded)) == sorted(current_overrides(secrets.mask(given)))
 
 
@@ -80,9 +81,8 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     record is (ablate.record.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
     masked config: a rotated token does not change the job; a resumed sweep compares it)."""
     resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
-    if isinstance(
-        resolved.get("method"), dict
-    ):  # how `ablate compare` reads the metrics: trains nothing differently
+    # how `ablate compare` reads the metrics: trains nothing differently
+    if isinstance(resolved.get("method"), dict):
         resolved["method"] = {k: v for k, v in resolved["method"].items() if k not in COMPARE_ONLY}
     return {"config_hash": config_hash(resolved), "config": resolved}
 

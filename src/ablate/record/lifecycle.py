@@ -66,9 +66,8 @@ class Run:
     resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
     cache_recorded: bool = False  # this launch's cache lookups are in run.json (later calls update them)
-    progress: dict[str, Any] = field(
-        default_factory=dict
-    )  # method.progress and the schedule's name (learned.note)
+    # method.progress and the schedule's name (learned.note)
+    progress: dict[str, Any] = field(default_factory=dict)
 
     def start_tracker(self, cfg: DictConfig) -> None:
         """The logger group's tracker (logger=none composes to nothing): one W&B run per job, on rank 0."""
@@ -241,9 +240,8 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     interrupts.watch_parent()  # a local_parallel worker ends with its sweep's parent, kill -9 included
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    overrides = OmegaConf.to_container(
-        hc.overrides.task, resolve=False
-    )  # ${oc.env:X} as written, not its value
+    # ${oc.env:X} as written, not its value
+    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
     secrets.remember(overrides)  # this process may be a sweep's worker: it has not seen the command line
     previous = skip_completed(run_dir) if os.environ.get(RESUME_ENV) else _completed(run_dir, overrides)
     if previous is not None:
@@ -298,7 +296,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             )
             run.write()
             return
-        except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
+        except BaseException as e:  # every failure must still leave a summary
             known = (
                 _dir_gone(run, e)
                 or _disk_full(run, e)
@@ -390,9 +388,8 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
     if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
         run.summary.update(status="interrupted", error=interrupts.describe(e))
         line = f"run interrupted ({run.summary['error']}): resume with `ablate resume {run.dir}`"
-        if (
-            mode == RunMode.RUN
-        ):  # a single run says it once, below the bar (ablate.train.main: checkpoints.interrupted_line)
+        # a single run says it once, below the bar (ablate.train.main: checkpoints.interrupted_line)
+        if mode == RunMode.RUN:
             _log_to_file(line)
         else:
             log.warning("%s", line)
@@ -461,7 +458,8 @@ def _file_too_large(e: BaseException) -> bool:
 
 
 def _dir_gone(run: Run, e: BaseException) -> RunDirError | None:
-    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made again."""
+    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made
+    again."""
     if not isinstance(e, Exception) or run.dir.is_dir():
         return None
     logging.raiseExceptions = False  # the log file went with the dir

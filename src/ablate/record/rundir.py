@@ -1,8 +1,8 @@
 """The run directory contract, shared by training, resume, `ablate compare` and W&B.
 
     <run_dir>/
-      .hydra/            Hydra's composed config, hydra config and overrides (written by ablate.record.lifecycle)
-      run.json           identity of the run: overrides, start time, versions, git sha, W&B run id, data fingerprint
+      .hydra/            Hydra's composed config, hydra config, overrides (written by ablate.record.lifecycle)
+      run.json           identity: overrides, start time, versions, git sha, W&B run id, data fingerprint
       metrics.jsonl      one JSON object per log event: {"step", "time", <metric names>...}
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
       eval.json          `ablate eval`'s metrics (its latest eval)
@@ -161,9 +161,9 @@ LAST = "last"  # a run dir argument naming the newest run under OUTPUTS (`ablate
 
 
 def newest_run(root: Path = OUTPUTS) -> Path | None:
-    """The newest ablate run under `root` (a dir holding run.json, ablate's marker; runs and sweep jobs alike):
-    by run.json's `started`, then by path (a day's runs are named by their time, a launch's jobs by number).
-    Dirs below a run and hidden ones (.replaced/, .submitit/) are not searched."""
+    """The newest ablate run under `root` (a dir holding run.json, ablate's marker; runs and sweep jobs
+    alike): by run.json's `started`, then by path (a day's runs are named by their time, a launch's jobs by
+    number). Dirs below a run and hidden ones (.replaced/, .submitit/) are not searched."""
     best: tuple[str, str] | None = None
     for here, dirs, files in os.walk(root):
         if RUN in files:
@@ -209,7 +209,8 @@ def is_usable(run_dir: Path) -> None:
 
 
 def _ours(path: Path) -> bool:
-    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock file is not ours to take)."""
+    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock file is not ours to
+    take)."""
     if path.name != LOCK:
         return path.is_file()
     try:

@@ -46,9 +46,8 @@ _NOT_SECRET = re.compile(
     r"(?i)(?:^|_)(?:pad|eos|bos|unk|sep|cls|mask|special|chat|additional_special)_token$"
 )
 _CREDENTIAL = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,})")
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)"
-)  # scheme://user:PASSWORD@host
+# scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)")
 # key=value in overrides, override_dirname and command lines: `+method.args.hub_token=hf_...`; a value
 # is a run of quoted strings (Hydra's grammar: "a b", 'a,b'), interpolations and plain characters
 _ASSIGNMENT = re.compile(
@@ -81,7 +80,8 @@ def remember(overrides: list[str]) -> None:
     parser = OverridesParser.create()
     for override in overrides:
         key, sep, raw = str(override).partition("=")
-        # an interpolation is not a secret: quoted, or escaped as Hydra's sweeper passes it to a job ($\{...\})
+        # an interpolation is not a secret: quoted, or escaped as Hydra's sweeper passes it to a job
+        # ($\{...\})
         if (
             not sep
             or not secret_name(key.lstrip("+~"))
@@ -185,7 +185,7 @@ def mask_log_records() -> None:
         record = made(*args, **kwargs)
         try:
             msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record is logging's to report, as it would be unmasked
+        except Exception:  # a malformed record is logging's to report, as it would be unmasked
             return record
         masked = mask_text(msg)
         if masked != msg:
@@ -227,7 +227,8 @@ class MaskRecords(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         hc = config.hydra
-        # in a sweep's worker too (it never saw the command line); as written: `${oc.env:...}` stays unresolved
+        # in a sweep's worker too (it never saw the command line); as written: `${oc.env:...}` stays
+        # unresolved
         remember([str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)])
         out = Path(str(hc.runtime.output_dir))
         if hc.output_subdir is not None:

@@ -1,6 +1,6 @@
 """The link between a study's driver (hydra/sweeper=optuna, ablate.launchers.study) and its trials
-(ablate.record.callbacks.ReportToStudy): the job environment naming the study, and the study's storage. No torch, no
-transformers: the launching process imports it."""
+(ablate.record.callbacks.ReportToStudy): the job environment naming the study, and the study's storage. No
+torch, no transformers: the launching process imports it."""
 
 from __future__ import annotations
 

@@ -29,11 +29,13 @@ def given(hc: Any) -> bool:
     return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in hydra_overrides(hc))
 
 
-RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set by `--resume` (and in its job processes): the launch continues the sweep there
+# set by `--resume` (and in its job processes): the launch continues the sweep there
+RESUME_ENV = "ABLATE_RESUME_SWEEP"
+# what a launch leaves in its sweep dir (Hydra's record; a study's database)
 SWEEP_RECORDS = (
     "multirun.yaml",
     "study.db",
-)  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
+)
 
 
 def same_launch(path: Path, task: list[str] | None) -> bool:
@@ -73,7 +75,8 @@ def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> bool:
     return again
 
 
-REFUSED = ".refused"  # in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
+# in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
+REFUSED = ".refused"
 
 
 def record_refusal(
@@ -101,7 +104,8 @@ def record_refusal(
 
 
 def refusals(sweep_dir: Path) -> dict[str, dict[str, Any]]:
-    """{job dir: {run_dir, error, overrides}} of the sweep's jobs that refused their dir (`record_refusal`)."""
+    """{job dir: {run_dir, error, overrides}} of the sweep's jobs that refused their dir
+    (`record_refusal`)."""
     out = {}
     for p in sorted((sweep_dir / REFUSED).glob("*.json")) if (sweep_dir / REFUSED).is_dir() else []:
         record = rundir.read_json(p) or {}

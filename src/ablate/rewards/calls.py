@@ -1,17 +1,19 @@
 """How GRPO calls the data's reward functions, and what it holds them to (TRL 1.16's contract). RLOO (GRPO's
-trainer), distillation (rewards logged) and `ablate eval` make the same call (ablate.rollouts.rewarding.reward_table).
+trainer), distillation (rewards logged) and `ablate eval` make the same call
+(ablate.rollouts.rewarding.reward_table).
 
 A reward function is called as `f(prompts=..., completions=..., completion_ids=..., **dataset columns)`
-(an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion it does not score (TRL's
-convention: left out of its group's statistics; the rewards of several functions are summed over those
-that score, `nansum`). What a user's function gets wrong is one line naming it (UserCodeError), its
-traceback in the run's log:
+(an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion
+it does not score (TRL's convention: left out of its group's statistics; the rewards of several functions are
+summed over those that score, `nansum`). What a user's function gets wrong is one line naming it
+(UserCodeError), its traceback in the run's log:
 
 - before the run (ablate.config.code_checks): a signature that cannot take that call (`call_problem`);
 - when the trainer is built: a required argument that is no column of the data (`column_problem`, `checked`);
 - at each round (`score`): an exception; a scalar, a string or another type instead of a list; the wrong
   count; a value that is not a number; inf, or a number float32 cannot hold (it would make every advantage of
-  its group NaN or 0: the run would learn nothing, silently); `sys.exit()` (it would end the run as a success).
+  its group NaN or 0: the run would learn nothing, silently); `sys.exit()` (it would end the run as a
+  success).
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def column_problem(fn: Any, columns: Iterable[str]) -> str | None:
             and p.name not in ARGUMENTS
             and p.name not in columns
         ):
-            return f"needs the column '{p.name}', which the data does not have (its columns: {', '.join(columns)})"
+            have = ", ".join(columns)
+            return f"needs the column '{p.name}', which the data does not have (its columns: {have})"
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         extra = [c for c in columns if c not in params]
         if extra:
@@ -95,7 +98,7 @@ def score(name: str, fn: Callable[..., Any], n: int, kwargs: dict[str, Any], log
             f"{who} called sys.exit({e.code!r}): a reward function returns its rewards, one per "
             f"completion (traceback: {log})"
         ) from e
-    except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs, one line, the traceback logged
+    except Exception as e:  # the user's code: any error is theirs, one line, the traceback logged
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UserCodeError(
             f"{who} raised {type(e).__name__}{': ' + first if first else ''} (traceback: {log})"
@@ -169,8 +172,8 @@ def table(funcs: dict[str, Callable[..., Any]], kwargs: dict[str, Any], n: int, 
         import logging
 
         logging.getLogger("ablate").warning(
-            "no reward function scored any of this round's %d completions (all None or NaN): the round trains on "
-            "nothing (every advantage is 0); said once",
+            "no reward function scored any of this round's %d completions (all None or NaN): the round "
+            "trains on nothing (every advantage is 0); said once",
             n,
         )
     return out

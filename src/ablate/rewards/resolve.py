@@ -65,7 +65,7 @@ def locate(path: str, key: str) -> Any:
             error = e
             if e.name != name and not name.startswith(f"{e.name}."):  # the module imports something missing
                 raise ConfigError(f"{key}={path}: importing {name} failed: {e}") from e
-        except Exception as e:  # noqa: BLE001 - the user's module raised on import (a typo in it): one line
+        except Exception as e:  # the user's module raised on import (a typo in it): one line
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise ConfigError(f"{key}={path}: importing {name} failed: {type(e).__name__}: {first}") from e
     if module is None:
@@ -154,7 +154,8 @@ def reward_funcs(value: Any, key: str = "data.reward_funcs") -> dict[str, Reward
 
 
 def name_of(fn: Any) -> str:
-    """A function's name for metrics (`rewards/<name>/mean`): its __name__, a partial's function's, or its class's."""
+    """A function's name for metrics (`rewards/<name>/mean`): its __name__, a partial's function's, or its
+    class's."""
     inner = getattr(fn, "func", fn)
     return getattr(inner, "__name__", None) or type(inner).__name__
 

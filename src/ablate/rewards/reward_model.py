@@ -41,7 +41,8 @@ def model_dir(path: str | Path) -> Path:
 
 
 def read_config(path: Path, who: str) -> dict[str, Any]:
-    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) when it is not JSON."""
+    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) when it is not
+    JSON."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -79,7 +80,8 @@ def checked_dir(path: str | Path) -> Path:
 
 class RewardModel:
     """A reward function scoring each (prompt, completion) with a sequence-classification model (see the
-    module docstring). Named `reward_model` in the metrics unless the config names it (`rewards/<name>/mean`)."""
+    module docstring). Named `reward_model` in the metrics unless the config names it
+    (`rewards/<name>/mean`)."""
 
     __name__ = "reward_model"
 

@@ -126,7 +126,8 @@ class Worker:
         cores: CoreShare | None = None,
         timeout_s: float = 900.0,
     ) -> None:
-        self.timeout_s = timeout_s  # method.args.worker_timeout_s: the longest wait for a round before the worker counts as stalled
+        # method.args.worker_timeout_s: the longest wait for a round before the worker counts as stalled
+        self.timeout_s = timeout_s
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.slots = [
             [p.detach().to(dtype or p.dtype).clone().share_memory_() for p in self.params]
@@ -188,7 +189,8 @@ class Worker:
             state = _state(pid)
             self.process.kill()
             what = (
-                f"sent no round for {stalled:.0f} s ({state}; method.args.worker_timeout_s={self.timeout_s:g}): "
+                f"sent no round for {stalled:.0f} s ({state}; "
+                f"method.args.worker_timeout_s={self.timeout_s:g}): "
                 "killed it"
             )
         else:
@@ -232,7 +234,7 @@ def _state(pid: int) -> str:
         import psutil
 
         status = psutil.Process(pid).status()
-    except Exception:  # noqa: BLE001 - psutil missing, or the process just ended
+    except Exception:  # psutil missing, or the process just ended
         return "state unknown"
     return {"stopped": "stopped: SIGSTOP or Ctrl-Z", "tracing-stop": "stopped by a debugger"}.get(
         status, status
@@ -258,13 +260,11 @@ def _serve(
     if os.getppid() != trainer_pid:  # the trainer died before prctl took effect: no signal will come
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
-    signal.signal(
-        signal.SIGTERM, signal.SIG_DFL
-    )  # not the run's interrupt handlers (ablate.process.interrupts)
+    # not the run's interrupt handlers (ablate.process.interrupts)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(threads)
-    if (
-        dtype is not None
-    ):  # the frozen parameters (LoRA's base) once; buffers (rotary frequencies) stay as they are
+    # the frozen parameters (LoRA's base) once; buffers (rotary frequencies) stay as they are
+    if dtype is not None:
         with torch.no_grad():
             for p in model.parameters():
                 if not p.requires_grad:  # the trainable ones are the slots' (already in dtype)
@@ -283,7 +283,7 @@ def _serve(
             conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds, turns))
     except EOFError:  # the trainer has gone
         pass
-    except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
+    except BaseException:  # reported to the trainer, which raises it
         conn.send(("error", traceback.format_exc()))
 
 
@@ -332,14 +332,13 @@ class AheadRounds:
             self._start()
         if self.next_round is None:  # first take of this process: after a resume, past the loaded rounds
             self.next_round = max(self.done) + 1 if self.done else k
-        while self.next_round < min(
-            k + self.s, self._end()
-        ):  # a fresh start: rounds k..k+s-1 by these weights
+        # a fresh start: rounds k..k+s-1 by these weights
+        while self.next_round < min(k + self.s, self._end()):
             self._submit(self.next_round, version)
         if k not in self.done and not any(job.round == k for job, _ in self.pending):
             self._submit(k, version)  # not sampled ahead (a resume without its rounds): sampled now
-        # round k's weights -> round k + s, queued before round k is awaited: the worker goes on to it the moment
-        # it has finished round k, so the weights' copy and the hand-over are not on its critical path
+        # round k's weights -> round k + s, queued before round k is awaited: the worker goes on to it the
+        # moment it has finished round k, so the weights' copy and the hand-over are not on its critical path
         if self.next_round == k + self.s and self.next_round < self._end():
             self._submit(self.next_round, version)
         while k not in self.done:
@@ -367,9 +366,8 @@ class AheadRounds:
             self.worker.write(slot, self.worker.params)
             self.slot_versions[slot] = version
         job = Sampled(round=k, policy_version=version, prompt_ids=self.prompts_of(k))
-        if (
-            self.cores is not None
-        ):  # busy from now: the trainer gives its extra threads back at its next layer
+        # busy from now: the trainer gives its extra threads back at its next layer
+        if self.cores is not None:
             self.cores.worker_busy(True)
         self.worker.submit(job, slot, round_seed(self.seed, k))
         self.pending.append((job, slot))
@@ -405,7 +403,8 @@ class AheadRounds:
             self.cores.attach(self.model)  # after the fork: the worker's copy of the model has no hooks
         dtype = str(self.dtype or "the trainer's dtype").removeprefix("torch.")
         logging.getLogger("ablate").info(
-            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); training on %d thread(s)%s",
+            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); "
+            "training on %d thread(s)%s",
             self.s,
             self.worker.process.pid,
             max(threads // 2, 1),
@@ -462,9 +461,8 @@ def check_async(staleness: int, args: Any, generator: Any) -> None:
         raise ConfigError(f"{s}: asynchronous generation is single-process (this run has {args.world_size})")
     if "fork" not in multiprocessing.get_all_start_methods():
         raise ConfigError(f"{s}: asynchronous generation forks its worker, which this platform cannot")
-    if hasattr(
-        generator, "close"
-    ):  # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
+    # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
+    if hasattr(generator, "close"):
         raise ConfigError(
             f"{s}: asynchronous generation samples in a forked copy of the policy, which a generator "
             f"with an engine of its own ({type(generator).__name__}) cannot; use method.args.max_staleness=0 "

@@ -3,12 +3,13 @@ reward of its completions of held-out prompts, scored by the run's own reward fu
 
 Each prompt gets one greedy completion (the default: deterministic, the policy's mode) or `samples`
 sampled ones (the run's temperature, top-k and top-p: what training sampled), generated in batches of
-prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once; with GRPO's tools, over
-several turns whose calls run, ablate.rollouts.turns). The rewards are TRL's reward-function call, as GRPO's
-trainer makes it (ablate.rollouts.rewarding), weighted by the run's `reward_weights`. Metrics (the trainers' names, `eval_`-prefixed): `reward`, `reward_std`,
-`rewards/<func>/mean`, TRL's `completions/*` (lengths, `clipped_ratio`, the lengths of those ending with EOS;
-with tools, `tools/call_frequency` and `tools/failure_frequency`); and per prompt, the mean of its completions'
-rewards (`ablate compare` pairs them across runs).
+prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once; with GRPO's tools,
+over several turns whose calls run, ablate.rollouts.turns). The rewards are TRL's reward-function call, as
+GRPO's trainer makes it (ablate.rollouts.rewarding), weighted by the run's `reward_weights`. Metrics (the
+trainers' names, `eval_`-prefixed): `reward`, `reward_std`, `rewards/<func>/mean`, TRL's `completions/*`
+(lengths, `clipped_ratio`, the lengths of those ending with EOS; with tools, `tools/call_frequency` and
+`tools/failure_frequency`); and per prompt, the mean of its completions' rewards (`ablate compare` pairs them
+across runs).
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ def reward_eval(
     its completions are then generated as in training, the calls run, and scored by their messages);
     `samples` 0: one greedy completion per prompt, else that many sampled ones."""
     box = build_toolbox(args, tokenizer) if callable(getattr(args, "tool_functions", None)) else None
-    reward_funcs, weights = rewarding.gather(
-        reward_funcs, getattr(args, "reward_weights", None), box
-    )  # null ones dropped
+    # null ones dropped
+    reward_funcs, weights = rewarding.gather(reward_funcs, getattr(args, "reward_weights", None), box)
     rewarding.ready(reward_funcs, dataset, box, model.device)  # each held to the data's columns
     prompts, _ = prompt_rows(
         dataset,

@@ -143,8 +143,9 @@ class SharedPromptGenerator:
             scores = self.warpers(no_ids, logits.to(dtype=torch.float32))
             if self.do_sample:
                 probs = torch.softmax(scores, dim=-1)
-                # torch.multinomial(probs, 1) is argmax(probs / q), q ~ Exp(1) over the whole tensor: draw q for
-                # every row generate would still carry, so the RNG stream (and later draws) match generate's
+                # torch.multinomial(probs, 1) is argmax(probs / q), q ~ Exp(1) over the whole tensor: draw q
+                # for every row generate would still carry, so the RNG stream (and later draws) match
+                # generate's
                 q = torch.empty((rows, probs.size(-1)), dtype=probs.dtype, device=probs.device).exponential_(
                     1
                 )
@@ -152,12 +153,10 @@ class SharedPromptGenerator:
             else:
                 tokens = scores.argmax(dim=-1)
             out[active, step] = tokens
-            if (
-                logps is not None
-            ):  # as the trainer scores a completion: logits / temperature, log-softmax in fp32
-                logps[active, step] = selective_log_softmax(
-                    logits.float() / self.temperature, tokens
-                )  # (bf16 logits too)
+            # as the trainer scores a completion: logits / temperature, log-softmax in fp32
+            if logps is not None:
+                # (bf16 logits too)
+                logps[active, step] = selective_log_softmax(logits.float() / self.temperature, tokens)
             going = ~torch.isin(tokens, stops)
             if step == self.max_new_tokens - 1 or not going.any():
                 break
@@ -184,8 +183,9 @@ class Completions:
 
     ids: list[list[int]]  # one completion per prompt row, each cut after its EOS
     logps: list[list[float]] | None = None  # the engine's log-prob of each token of `ids`; None: none given
-    # the sampling model's log-prob of each token of `ids` as the loss defines it (temperature only, no top-k/top-p),
-    # from the logits it was sampled from: pi_old for asynchronous GRPO's worker (SharedPromptGenerator.sample)
+    # the sampling model's log-prob of each token of `ids` as the loss defines it (temperature only, no
+    # top-k/top-p), from the logits it was sampled from: pi_old for asynchronous GRPO's worker
+    # (SharedPromptGenerator.sample)
     policy_logps: list[list[float]] | None = None
     # rollouts with tool calls (ablate.rollouts.turns): per id, 1 if the model wrote it, 0 for a tool result
     tool_mask: list[list[int]] | None = None
@@ -297,7 +297,8 @@ def cut_at_eos(ids: list[int], eos_id: int | list[int]) -> list[int]:
 def right_pad(
     seqs: list[list[int]] | list[list[float]], pad_id: int | float, dtype: torch.dtype = torch.long
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)). Returns (values, mask)."""
+    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)). Returns (values,
+    mask)."""
     width = max(max(len(s) for s in seqs), 1)
     ids = torch.tensor([list(s) + [pad_id] * (width - len(s)) for s in seqs], dtype=dtype)
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)

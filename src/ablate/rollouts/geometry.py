@@ -41,7 +41,8 @@ def batch_geometry(args: Any, world_size: int, max_steps: int) -> str:
     lines = [
         f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
         f"num_iterations={mu})",
-        f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for all)",
+        f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for "
+        "all)",
     ]
     lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
     lines += [
@@ -58,7 +59,8 @@ def _stale(steps: list[int], max_steps: int) -> str:
         return "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
     if steps == list(range(steps[0], max_steps + 1)):
         return f"every step from step {steps[0]} on (ratio vs the sampling policy != 1: clipping can act)"
-    return f"{', '.join(map(str, steps[:12]))}{', ...' if len(steps) > 12 else ''} (ratio != 1: clipping can act)"
+    listed = ", ".join(map(str, steps[:12])) + (", ..." if len(steps) > 12 else "")
+    return f"{listed} (ratio != 1: clipping can act)"
 
 
 def _versions(schedule: Schedule, max_steps: int, shown: int = 8) -> list[str]:

@@ -1,15 +1,15 @@
-"""The rewards of generated completions (GRPO and RLOO's rounds, distillation's logged rewards, `ablate eval`): which
-functions score a run, and a round's table of their values (TRL 1.16's call).
+"""The rewards of generated completions (GRPO and RLOO's rounds, distillation's logged rewards, `ablate
+eval`): which functions score a run, and a round's table of their values (TRL 1.16's call).
 
 - `gather`: the data's reward functions in any form `data.reward_funcs` takes (the short form's dotted paths,
-  `[myrew.short]`; named `_target_` nodes; what Hydra built of them: functions, a reward model), entries set to
-  null dropped, with their weights (`method.args.reward_weights`); an environment that scores its episodes adds
-  its `get_reward()` as one more column, weight 1 (TRL's).
+  `[myrew.short]`; named `_target_` nodes; what Hydra built of them: functions, a reward model), entries set
+  to null dropped, with their weights (`method.args.reward_weights`); an environment that scores its episodes
+  adds its `get_reward()` as one more column, weight 1 (TRL's).
 - `ready`: once the trainer is built: each function against the data's columns (and `environments`, which
   every reward function receives when there is an environment), reward models moved to the trainer's device.
 - `check_advantages`: NaN/inf advantages stop the round in one line.
-- `reward_table` / `table`: one round's (N, F) rewards. Each completion is its text, or its messages (prompt-style data, and
-  every completion with tool calls: turns and tool results).
+- `reward_table` / `table`: one round's (N, F) rewards. Each completion is its text, or its messages
+  (prompt-style data, and every completion with tool calls: turns and tool results).
 
 Python functions, reward models and environments all go through ablate.rewards.calls: one line naming the one
 that raised or returned the wrong thing, None/NaN for a completion it does not score.
@@ -109,8 +109,8 @@ def table(
 
 
 def check_advantages(advantages: torch.Tensor, aggregation: Any, step: int) -> None:
-    """NaN/inf advantages (an aggregation of the user's, or rewards beyond what any dtype's arithmetic holds) as one
-    line naming the step and the function that made them, before a loss is computed from them."""
+    """NaN/inf advantages (an aggregation of the user's, or rewards beyond what any dtype's arithmetic holds)
+    as one line naming the step and the function that made them, before a loss is computed from them."""
     if not torch.isfinite(advantages).all():
         raise FloatingPointError(
             f"the advantages are NaN/inf at step {step}, made by method.grpo_reward_aggregation "

@@ -44,7 +44,8 @@ class ReportsRollouts(Protocol):
 
 def completion_metrics(lengths: list[float], truncated: list[bool]) -> dict[str, float]:
     """TRL 1.16's `completions/*` of one round: the lengths (the model's own tokens), the share cut at
-    max_completion_length (no EOS), and the lengths of those that ended with EOS (all 0 when none did, as TRL)."""
+    max_completion_length (no EOS), and the lengths of those that ended with EOS (all 0 when none did, as
+    TRL)."""
     ended = [n for n, cut in zip(lengths, truncated) if not cut] or [0.0]
     return {
         "completions/mean_length": sum(lengths) / len(lengths),

@@ -56,7 +56,7 @@ def schema(tool: Callable[..., Any], key: str) -> dict[str, Any]:
     when the docstring does not describe every argument, as transformers requires."""
     try:
         return get_json_schema(tool)
-    except Exception as e:  # noqa: BLE001 - transformers' DocstringParsingException / TypeError: one line
+    except Exception as e:  # transformers' DocstringParsingException / TypeError: one line
         name = getattr(tool, "__name__", repr(tool))
         raise ConfigError(
             f"{key}: tool {name} needs type hints and a docstring with an `Args:` line per "
@@ -103,10 +103,11 @@ class ToolFormat:
         """apply_chat_template's arguments for a prompt offering `schemas`: the template's own `tools=`, or
         (hermes) the conversation with the tools described in its system turn."""
         if self.native:
+            # `or None`: TRL's (Llama renders tools=[])
             return {
                 "conversation": messages,
                 "tools": schemas or None,
-            }  # `or None`: TRL's (Llama renders tools=[])
+            }
         return {"conversation": hermes_conversation(messages, schemas), "tools": None}
 
     def prompt_ids(self, messages: Any, schemas: list[dict[str, Any]], index: int = 0) -> list[int]:
@@ -152,9 +153,8 @@ class ToolFormat:
         full = self.tokenizer.apply_chat_template(
             dummy + tool_messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        ends = [
-            i for i, t in enumerate(prefix) if t in stops
-        ]  # TRL: the tokenizer's EOS; here any end-of-turn id
+        # TRL: the tokenizer's EOS; here any end-of-turn id
+        ends = [i for i, t in enumerate(prefix) if t in stops]
         if ends:
             prefix = prefix[: ends[-1] + 1]
         if full[: len(prefix)] != prefix:
@@ -169,8 +169,9 @@ class ToolFormat:
 def parse_response(
     tokenizer: PreTrainedTokenizerBase, ids: list[int], prefix: list[int], schemas: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """TRL 1.16's `parse_response`: the tokenizer's parser, or the decoded text when it fails (a malformed call
-    is plain content); the EOS the parser may leave in the content removed; calls' missing arguments = {}."""
+    """TRL 1.16's `parse_response`: the tokenizer's parser, or the decoded text when it fails (a malformed
+    call is plain content); the EOS the parser may leave in the content removed; calls' missing arguments =
+    {}."""
     try:
         parsed = tokenizer.parse_response(ids, prefix=prefix, tools=schemas or None)
         if parsed is None:
@@ -206,9 +207,9 @@ def _call_of(call: dict[str, Any]) -> tuple[str, Any, str | None]:
 
 
 def parse_hermes(text: str) -> tuple[str, list[tuple[str, Any, str | None]]]:
-    """The content (the text around the calls, stripped) and the calls written as <tool_call>{json}</tool_call>
-    (a JSON object with `name` and `arguments`, or a list of them); a call that does not parse is
-    ("unknown", {}, the reason), which the model reads back as the tool's error."""
+    """The content (the text around the calls, stripped) and the calls written as
+    <tool_call>{json}</tool_call> (a JSON object with `name` and `arguments`, or a list of them); a call that
+    does not parse is ("unknown", {}, the reason), which the model reads back as the tool's error."""
     calls: list[tuple[str, Any, str | None]] = []
     for body in CALL.findall(text):
         try:
@@ -254,7 +255,7 @@ def call(
             f"tool '{name}' ({name_of(tools[name])}) called sys.exit({e.code!r}): a tool returns "
             f"its result, or raises for the model to read (traceback: {log_file()})"
         ) from e
-    except Exception as e:  # noqa: BLE001 - any tool error is the model's to read, and a failure to count
+    except Exception as e:  # any tool error is the model's to read, and a failure to count
         return {"error": str(e)}, True
 
 

@@ -47,7 +47,8 @@ ENV_CONTROL = ("reset", "get_reward")  # an environment's methods that are not t
 
 def environment_tools(env: Any) -> list[Callable[..., Any]]:
     """An environment instance's tools: its class's public functions but reset/get_reward, bound to it, by
-    name (TRL's `inspect.getmembers(type(env), inspect.isfunction)`; on the class: properties not evaluated)."""
+    name (TRL's `inspect.getmembers(type(env), inspect.isfunction)`; on the class: properties not
+    evaluated)."""
     return [
         getattr(env, name)
         for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
@@ -64,9 +65,8 @@ class Toolbox:
     environment: Callable[[], Any] | None = None  # a class or factory: one instance per rollout
     max_iterations: int | None = None  # turns of calls per rollout; None: until no call (TRL's default)
     timeout: float | None = None  # seconds per call; None: no limit
-    pool: list[Any] = field(
-        default_factory=list
-    )  # environment instances, reused across rounds (reset each time)
+    # environment instances, reused across rounds (reset each time)
+    pool: list[Any] = field(default_factory=list)
     schemas: list[dict[str, Any]] = field(default_factory=list)  # what the prompts offer
 
     def __post_init__(self) -> None:
@@ -140,8 +140,9 @@ def turns_of(out: Completions) -> dict[str, Any]:
 
 
 def environment_reward(cls: type) -> Callable[..., list[Any]]:
-    """The reward function of environment class `cls`: each finished episode's `get_reward()` (TRL's, weight 1),
-    named `cls.get_reward` so that a mistake in it is one line naming the user's method (ablate.rewards.calls)."""
+    """The reward function of environment class `cls`: each finished episode's `get_reward()` (TRL's, weight
+    1), named `cls.get_reward` so that a mistake in it is one line naming the user's method
+    (ablate.rewards.calls)."""
 
     def get_reward(environments: list[Any], **_: Any) -> list[Any]:
         return [env.get_reward() for env in environments]
@@ -176,7 +177,8 @@ class ToolGenerator:
 
     def start(self, rows: list[dict[str, Any]]) -> list[list[int]]:
         """Ready a round: one environment per row (reset with the row's columns, its text appended to the
-        prompt's last message), and the rows' prompt ids (tokenized again where the environment added text)."""
+        prompt's last message), and the rows' prompt ids (tokenized again where the environment added
+        text)."""
         box = self.toolbox
         if box.environment is None:
             self.environments = None
@@ -228,10 +230,11 @@ class ToolGenerator:
             for i, (p, c) in enumerate(zip(prompt_ids, first.ids))
         ]
         box, stops = self.toolbox, stop_ids(self.tokenizer, model)
+        # vLLM's, TRL's ceiling
         limit = min(
             getattr(getattr(model, "config", None), "max_position_embeddings", None) or sys.maxsize,
             getattr(self.inner, "engine_args", {}).get("max_model_len") or sys.maxsize,
-        )  # vLLM's, TRL's ceiling
+        )
         pending = [i for i, r in enumerate(rollouts) if r.read(box, r.ids, r.prompt)]
         turns = 0
         while pending and turns < (box.max_iterations if box.max_iterations is not None else sys.maxsize):
@@ -242,9 +245,8 @@ class ToolGenerator:
                 suffix = box.format.suffix_ids(results, stops)
                 whole = r.prompt + r.ids + suffix
                 if len(whole) - len(r.prompt) > self.max_completion_length or len(whole) >= limit:
-                    del r.messages[
-                        len(r.messages) - len(results) :
-                    ]  # TRL: the results are dropped, the rollout ends
+                    # TRL: the results are dropped, the rollout ends
+                    del r.messages[len(r.messages) - len(results) :]
                     continue
                 extended[i] = whole
             pending = list(extended)

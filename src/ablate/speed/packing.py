@@ -168,12 +168,10 @@ def flex_packed(
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
     q, k, v = (x.to(dtype) for x in (query, key, value))
     fn = flex_attention
-    if (
-        FLEX_COMPILE and kind != "cpu" and not torch.compiler.is_compiling()
-    ):  # (speed.compile traces flex itself)
-        fn = _compiled.setdefault(
-            kind, torch.compile(flex_attention)
-        )  # once per process; shapes marked dynamic as they vary
+    # (speed.compile traces flex itself)
+    if FLEX_COMPILE and kind != "cpu" and not torch.compiler.is_compiling():
+        # once per process; shapes marked dynamic as they vary
+        fn = _compiled.setdefault(kind, torch.compile(flex_attention))
     out = fn(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
     return out.transpose(1, 2).contiguous(), None
 

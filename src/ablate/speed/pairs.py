@@ -17,6 +17,7 @@ is not scored.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -57,9 +58,8 @@ def shared_prompt_pairs(
         torch.full((n, width), pad_token_id, dtype=torch.long),
         torch.zeros((n, width), dtype=torch.long),
     )
-    segments = torch.zeros(
-        (n, width), dtype=torch.long
-    )  # 0 prompt, 1 chosen, 2 rejected (ablate.speed.packing.Documents)
+    # 0 prompt, 1 chosen, 2 rejected (ablate.speed.packing.Documents)
+    segments = torch.zeros((n, width), dtype=torch.long)
     # every query sees itself: padding rows never have an all-masked softmax (NaN would reach the gradients)
     mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1, 1) if with_mask else None
     src, tgt, seq, lengths = [], [], [], []
@@ -70,9 +70,8 @@ def shared_prompt_pairs(
             r["prompt_ids"] + r["chosen_ids"] + r["rejected_ids"], dtype=torch.long
         )
         pos[b, : p + c] = torch.arange(p + c)
-        pos[b, p + c : p + c + rj] = torch.arange(
-            p, p + rj
-        )  # rejected continues the prompt, as in its own row
+        # rejected continues the prompt, as in its own row
+        pos[b, p + c : p + c + rj] = torch.arange(p, p + rj)
         segments[b, p : p + c], segments[b, p + c : p + c + rj] = 1, 2
         if mask is not None:
             causal = torch.ones(p + c + rj, p + c + rj, dtype=torch.bool).tril()
@@ -85,7 +84,7 @@ def shared_prompt_pairs(
             if p + k >= 1:
                 at = p - 1 if k == 0 else p + c + k - 1
                 src.append(b * width + at), tgt.append(r["rejected_ids"][k]), seq.append(n + b)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    as_long = functools.partial(torch.tensor, dtype=torch.long)
     out = {
         "input_ids": ids,
         "position_ids": pos,

@@ -115,10 +115,9 @@ def shared_prompt_logps(
     )
     inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"]}
     src = where["src"]
-    if (
-        kernel == "padded"
-    ):  # the real tokens (each prompt once) through the projections; attention one row per
-        # completion: packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
+    if kernel == "padded":
+        # the real tokens (each prompt once) through the projections; attention one row per completion:
+        # packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
         inputs, src = packed_inputs(
             {**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"], kernel=kernel
         )
@@ -157,8 +156,12 @@ def group_logps(
     if plan.on("grpo_group_rows"):
         if bool(batch["prompt_mask"].sum(1).min() >= 1):
             return shared_prompt_logps(model, batch, plan, temperature, pad_token_id, with_entropy, autocast)
-        # an empty prompt has no token to predict its completions' first: such a batch goes one row per completion
-        warnings.warn("a batch with an empty prompt is scored one row per completion (not grpo_group_rows)")
+        # an empty prompt has no token to predict its completions' first: such a batch goes one row per
+        # completion
+        warnings.warn(
+            "a batch with an empty prompt is scored one row per completion (not grpo_group_rows)",
+            stacklevel=2,
+        )
     if not plan.on("length_groups"):
         return rows(model, batch, with_entropy)
     groups = length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())

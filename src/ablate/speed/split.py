@@ -26,7 +26,8 @@ from ablate.speed.head import completion_logps
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # ablate.speed.packing's padding-free attention: sdpa on the padded layout of a packed batch
 PACKED_SDPA = "ablate_packed_sdpa"
-# attention kernels that read a custom 4-D mask: sdpa and PACKED_SDPA (boolean, True = attend), eager (additive)
+# attention kernels that read a custom 4-D mask: sdpa and PACKED_SDPA (boolean, True = attend), eager
+# (additive)
 MASKED_ATTENTION = frozenset({"sdpa", PACKED_SDPA, "eager"})
 
 

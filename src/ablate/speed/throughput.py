@@ -104,9 +104,8 @@ def device_key(device: Any, dtype: Any) -> str:
 
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    tf32 = (
-        "+tf32" if device.type == "cuda" and tf32_matmul(torch) else ""
-    )  # torch's new API (ablate.models.precision)
+    # torch's new API (ablate.models.precision)
+    tf32 = "+tf32" if device.type == "cuda" and tf32_matmul(torch) else ""
     return (
         f"{socket.gethostname()}|{name}|{str(dtype).replace('torch.', '')}{tf32}|torch {torch.__version__}"
         f"|threads {torch.get_num_threads()}"
@@ -120,9 +119,8 @@ def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
 
     device = torch.device(device)
     n = 4096 if device.type == "cuda" else 1024  # big enough to keep the device busy, small enough for ~1 s
-    g = torch.Generator().manual_seed(
-        0
-    )  # not torch's global RNG: a run's draws must not depend on a cache miss
+    # not torch's global RNG: a run's draws must not depend on a cache miss
+    g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
 
     def sync() -> None:
@@ -278,8 +276,8 @@ def peak_note(device: Any, dtype: Any, user_tflops: float | None = None, path: P
     if entry["probes"] >= BUSY_PROBES:
         return f"the best of {entry['probes']} probes, all on a busy CPU: MFU may read high; cached in {path}"
     return (
-        f"the best of {entry['probes']} probe(s) on a busy CPU, so far: MFU may read high; the next runs probe "
-        f"again; cached in {path}"
+        f"the best of {entry['probes']} probe(s) on a busy CPU, so far: MFU may read high; the next runs "
+        f"probe again; cached in {path}"
     )
 
 
@@ -387,9 +385,8 @@ class Speed(TrainerCallback):
                 self._raise_peak(args, flops / seconds, state.is_world_process_zero)
             if self.peak:
                 logs["mfu"] = flops / seconds / self.peak
-            if (
-                "num_input_tokens_seen" not in logs
-            ):  # GRPO: Trainer cannot count its batches, the trainer does
+            # GRPO: Trainer cannot count its batches, the trainer does
+            if "num_input_tokens_seen" not in logs:
                 logs["num_input_tokens_seen"] = int(now["tokens"])
         if isinstance(self.trainer, ReportsRollouts):  # GRPO: where a step's time goes
             logs["time/generation"] = d["generation"] / steps
@@ -440,8 +437,7 @@ class Speed(TrainerCallback):
                 out["mfu"] = round(self.total_flops / self.total_seconds / self.peak, 6)
         if self.peak:
             out["peak_tflops"] = round(self.peak / 1e12, 6)
-            if (
-                self.peak_source
-            ):  # MFU compares across runs whose peaks were had alike (`ablate compare --metric speed`)
+            # MFU compares across runs whose peaks were had alike (`ablate compare --metric speed`)
+            if self.peak_source:
                 out["peak_source"] = self.peak_source.split("; cached in")[0]
         return out

@@ -14,10 +14,10 @@ from hydra.core.utils import JobReturn, JobStatus
 
 try:
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-except (
-    ImportError
-):  # no slurm extra: Hydra imports every plugin module at start-up and would warn on every run;
-    SlurmLauncher = object  # type: ignore[assignment,misc]  # hydra/launcher=slurm says `pip install 'ablate[slurm]'`
+except ImportError:
+    # no slurm extra: Hydra imports every plugin module at start-up and would warn on every run;
+    # hydra/launcher=slurm says `pip install 'ablate[slurm]'`
+    SlurmLauncher = object  # type: ignore[assignment,misc]
 
 
 class _Submitted:

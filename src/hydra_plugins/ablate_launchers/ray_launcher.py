@@ -80,7 +80,8 @@ class RayLauncherConf:
     remote: dict[str, Any] = field(default_factory=dict)
 
 
-# `ablate_ray`, not `ray`: `hydra/launcher=ray` is conf/hydra/launcher/ray.yaml, with this schema as its default.
+# `ablate_ray`, not `ray`: `hydra/launcher=ray` is conf/hydra/launcher/ray.yaml, with this schema as its
+# default.
 ConfigStore.instance().store(
     group="hydra/launcher", name="ablate_ray", node=RayLauncherConf, provider="ablate"
 )
@@ -154,7 +155,8 @@ class RayLauncher(Launcher):
 
         if ray.is_initialized():
             return
-        kwargs: dict[str, Any] = dict(OmegaConf.to_container(self.params.init, resolve=True))  # type: ignore[arg-type]
+        init = OmegaConf.to_container(self.params.init, resolve=True)
+        kwargs: dict[str, Any] = dict(init)  # type: ignore[arg-type]
         kwargs.setdefault("address", self.params.address)
         kwargs.setdefault("logging_level", logging.WARNING)
         t0 = time.time()
@@ -170,7 +172,8 @@ class RayLauncher(Launcher):
             ) from None
         nodes = [n for n in ray.nodes() if n["Alive"]]
         log.info(
-            f"Ray: connected in {time.time() - t0:.1f}s to {len(nodes)} node(s), resources {ray.cluster_resources()}"
+            f"Ray: connected in {time.time() - t0:.1f}s to {len(nodes)} node(s), resources "
+            f"{ray.cluster_resources()}"
         )
 
     def job_env(self) -> dict[str, str]:
@@ -193,7 +196,8 @@ class RayLauncher(Launcher):
             opts["resources"] = dict(p.resources)
         if p.scheduling_strategy is not None:
             opts["scheduling_strategy"] = p.scheduling_strategy
-        runtime_env: dict[str, Any] = dict(OmegaConf.to_container(p.runtime_env, resolve=True))  # type: ignore[arg-type]
+        env = OmegaConf.to_container(p.runtime_env, resolve=True)
+        runtime_env: dict[str, Any] = dict(env)  # type: ignore[arg-type]
         env_vars = {**self.job_env(), **runtime_env.get("env_vars", {})}
         if env_vars:
             runtime_env["env_vars"] = env_vars

@@ -12,7 +12,8 @@ Optuna's public ask-and-tell API (`study.ask(distributions)`, `study.tell(trial,
 - each batch of `n_jobs` trials goes to the configured launcher (basic, local_parallel, slurm, ray) as
   one ordinary ablate job each; job number = trial number (the job dir `<number>_<overrides>`);
 - a trial's environment (hydra.job.env_set, ablate.record.studies) names the study and the trial, so
-  the run reports its metric as it trains (ablate.record.callbacks.ReportToStudy) and the pruner can stop it (`pruned`);
+  the run reports its metric as it trains (ablate.record.callbacks.ReportToStudy) and the pruner can stop it
+  (`pruned`);
 - its objective is read from its run dir when the job returns (summary.json, or metrics.jsonl at
   `step`), whichever launcher ran it.
 
@@ -84,7 +85,8 @@ class OptunaSweeper(Sweeper):
         )
         seed = OmegaConf.select(self.sampler_cfg, "seed", default=None) if self.sampler_cfg else None
         if seed is not None and (done := len(study.get_trials(deepcopy=False))):
-            # a continued study: a sampler seeded as at its start would draw its first trials' parameters again
+            # a continued study: a sampler seeded as at its start would draw its first trials' parameters
+            # again
             study.sampler = instantiate(self.sampler_cfg, seed=int(seed) + done)
         if study.direction.name.lower() != self.direction.lower():
             from ablate.errors import ConfigError
@@ -128,7 +130,8 @@ class OptunaSweeper(Sweeper):
         return returns
 
     def _env(self, url: str, study_name: str, trial: Any) -> list[str]:
-        """The job's hydra overrides naming its study and trial (not task overrides: no run dir name change)."""
+        """The job's hydra overrides naming its study and trial (not task overrides: no run dir name
+        change)."""
         from ablate.config.compose import quote_override_value
         from ablate.record.studies import (
             METRIC_ENV,
@@ -219,6 +222,7 @@ def _print_best(study: Any, url: str) -> None:
         print(f"study {study.study_name} ({url}): no trial completed")
         return
     print(
-        f"study {study.study_name}: best trial {best.number}, value {best.value:.6g}: {best.user_attrs.get('overrides')}"
+        f"study {study.study_name}: best trial {best.number}, value {best.value:.6g}: "
+        f"{best.user_attrs.get('overrides')}"
         f"\n  run dir: {best.user_attrs.get('run_dir')}\n  study: {url} (optuna-dashboard {url})"
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import builtins
 import os
-from typing import List, Optional
 
 from hydra.core.object_type import ObjectType
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
