@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ablate.cli.exits import fail
+
 EXAMPLES = """examples:
   ablate train                                  # DPO (sigmoid) on the tiny model, seconds on a CPU
   ablate train method=dpo_hinge method.args.beta=0.2
@@ -370,12 +372,7 @@ def _dispatch(top: Parser, cmd: str, rest: list[str]) -> None:
         hint = difflib.get_close_matches(cmd, COMMANDS, n=1)
         meant = f"did you mean 'ablate {hint[0]}'? " if hint else ""
         what = "an option" if cmd.startswith("-") else "a command"
-        print(
-            f"ablate: error: '{cmd}' is not {what} ({meant}commands: {', '.join(COMMANDS)}; "
-            f"ablate --help for usage)",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        fail(f"'{cmd}' is not {what} ({meant}commands: {', '.join(COMMANDS)}; ablate --help for usage)")
     import importlib
 
     module, func = COMMANDS[cmd]

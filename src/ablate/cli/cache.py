@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail
+
 
 def cache_cmd(args: Any) -> None:
     """`ablate cache ls [--dir D]` | `ablate cache clear [--kind K] [--dir D]` (arguments:
@@ -72,11 +74,11 @@ def refuse_root(root: Path, given: str) -> None:
         above = above.parent
     if above.exists() and not above.is_dir():
         where = "" if above == root or str(above) in given else f" ({above} is a file)"
-        _refuse(f"{given} is a file, not a directory{where}: the cache needs a directory of its own")
+        fail(f"{given} is a file, not a directory{where}: the cache needs a directory of its own")
     other = foreign(root)
     if other and not entries(root):
         shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
-        _refuse(
+        fail(
             f"{given} is not an ablate cache (it holds {shown} and no entry of ablate's): nothing listed or "
             f"removed; the default is {_default()}"
         )
@@ -86,11 +88,6 @@ def _default() -> Path:
     from ablate.data.cache import default_dir
 
     return default_dir()
-
-
-def _refuse(line: str) -> None:
-    print(f"ablate: error: {line}", file=sys.stderr)
-    sys.exit(2)
 
 
 def human(n: int) -> str:

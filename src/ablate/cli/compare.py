@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail, user_errors
+
 
 def newest_sweep() -> Path:
     """`ablate compare last`: the newest sweep launch under outputs/sweeps (by its multirun.yaml), said on
@@ -36,21 +38,16 @@ def compare_cmd(args: Any) -> None:
     from ablate.analysis.plots import X_AXES
 
     if x_axes and not set(x_axes) <= set(X_AXES):
-        print(f"ablate: error: --x takes {','.join(X_AXES)}, got {args.x}", file=sys.stderr)
-        sys.exit(2)
+        fail(f"--x takes {','.join(X_AXES)}, got {args.x}")
     from ablate.config.checks import installed
     from ablate.errors import missing_extra
 
     if args.out is not None and not installed("matplotlib"):
-        print(
-            f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        fail(missing_extra("matplotlib", "plot", "ablate compare --out (PNG plots)"))
     from ablate.errors import ConfigError
     from ablate.record.rundir import LAST, RunDirError, check_readable
 
-    try:
+    with user_errors(FileNotFoundError, ConfigError, RunDirError):
         args.dirs = [newest_sweep() if str(d) == LAST and not d.exists() else d for d in args.dirs]
         # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
         for d in args.dirs:
@@ -69,6 +66,3 @@ def compare_cmd(args: Any) -> None:
             all_launches=args.all_launches,
             verbose=args.verbose,
         )
-    except (FileNotFoundError, ConfigError, RunDirError) as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)

@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ablate.cli.exits import one_line_errors
+
 OPEN, CLOSE = "⟦", "⟧"  # around loss tokens when the output is not a colour terminal
 GREEN, RESET = "\033[1;32m", "\033[0m"
 
@@ -316,16 +318,8 @@ def data_cmd(args: Any) -> None:
     """`ablate data preview|check [overrides] [-n N] [--config-dir DIR]`: see `preview` and `check_data`
     (arguments: ablate.cli.parser)."""
     overrides, n, config_dir = args.overrides, args.n, args.config_dir
-    from ablate.config.validate import one_line
-
-    try:
+    with one_line_errors():
         if args.action == "check":
             check_data(overrides, config_dir)
         else:
             preview(overrides, n, config_dir)
-    except Exception as e:  # a user's mistake (in Hydra's or instantiate's wrapping) is one line
-        line = one_line(e)
-        if line is None:
-            raise
-        print(f"ablate: error: {line}", file=sys.stderr)
-        sys.exit(2)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ablate.analysis.runs import override_key
+from ablate.cli.exits import fail
 from ablate.record import rundir
 
 EVAL = rundir.EVAL
@@ -208,11 +208,9 @@ def eval_cmd(args: Any) -> None:
         rundir.check_given(run_dir)  # at once: before the heavy imports
         result = evaluate(run_dir, args.overrides, args.samples)
     except USER_ERRORS as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e))
     except HydraException as e:
-        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e).strip().splitlines()[0])
     how = f", {result['completions']}" if "completions" in result else ""
     print(f"{result['method']} eval on the {result['split']} split ({result['examples']} examples{how}):")
     width = max([28, *map(len, result["metrics"])])

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
+
+from ablate.cli.exits import user_errors
 
 
 def fetch_cmd(args: Any) -> None:
@@ -21,8 +22,5 @@ def fetch_cmd(args: Any) -> None:
         )
     from ablate.models.smollm2 import fetch
 
-    try:
+    with user_errors(ConfigError):
         print(fetch(force=args.force))
-    except ConfigError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import user_errors
 from ablate.record import rundir
 
 
@@ -398,7 +399,7 @@ def generate_cmd(args: Any) -> None:
     [--json] [--before] [--format plain|chat]` (arguments: ablate.cli.parser)."""
     from ablate.errors import USER_ERRORS
 
-    try:
+    with user_errors(*USER_ERRORS, ValueError, FileNotFoundError):
         args.run_dir = rundir.given_run(args.run_dir)  # `last`: the newest run
         rundir.check_given(args.run_dir, run=False)  # at once: before the heavy imports
         prompts = read_prompts(args.prompt, args.prompts)
@@ -408,9 +409,6 @@ def generate_cmd(args: Any) -> None:
         rows, how = generate(
             args.run_dir, prompts, args.max_new_tokens, args.temperature, args.seed, args.before, chat
         )
-    except (*USER_ERRORS, ValueError, FileNotFoundError) as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
     print(how, file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the rows only
     if not args.json:
         print()

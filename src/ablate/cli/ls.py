@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from ablate.analysis.runs import STATUSES, format_rows, list_runs
+from ablate.cli.exits import fail, user_errors
 from ablate.record.rundir import LAST, RunDirError, given_run
 
 
@@ -21,17 +21,10 @@ def ls_cmd(args: Any) -> None:
             "ablate ls",
         )
     if str(args.dir) == LAST and not args.dir.exists():  # `ablate ls last`: the newest run's line
-        try:
+        with user_errors(RunDirError):
             args.dir = given_run(args.dir)
-        except RunDirError as e:
-            print(f"ablate: error: {e}", file=sys.stderr)
-            sys.exit(2)
     if not args.dir.is_dir():
-        print(
-            f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        fail(f"no directory {args.dir} (run `ablate train` first, or give the outputs dir)")
     root = args.dir.resolve()
     rows = list_runs(root, args.status, args.method, args.tag)
     if args.json:

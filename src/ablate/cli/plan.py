@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ablate.cli.exits import fail, one_line_errors
 from ablate.errors import ConfigError
 from ablate.models.memory import GB, Setup, Shape, plan
 
@@ -169,27 +170,13 @@ def plan_cmd(args: Any) -> None:
     """`ablate plan`: arguments from ablate.cli.parser. Exit 0 if it fits, 1 if it does not, 2 on a
     mistake."""
     from ablate.cli.data import _compose
-    from ablate.config.validate import one_line
 
     if args.gpus < 1:
-        print(f"ablate: error: --gpus {args.gpus}: must be 1 or more", file=sys.stderr)
-        sys.exit(2)
+        fail(f"--gpus {args.gpus}: must be 1 or more")
     if not args.gpu_memory > 0:
-        print(
-            f"ablate: error: --gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an "
-            "A100/H100 80GB)",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        fail(f"--gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)")
     if args.seq_len is not None and args.seq_len < 1:
-        print(f"ablate: error: --seq-len {args.seq_len}: must be 1 or more tokens", file=sys.stderr)
-        sys.exit(2)
-    try:
+        fail(f"--seq-len {args.seq_len}: must be 1 or more tokens")
+    with one_line_errors():
         fits = report(_compose(args.overrides, args.config_dir), args.gpus, args.gpu_memory, args.seq_len)
-    except Exception as e:  # a user's mistake (in Hydra's or instantiate's wrapping) is one line
-        line = one_line(e)
-        if line is None:
-            raise
-        print(f"ablate: error: {line}", file=sys.stderr)
-        sys.exit(2)
     sys.exit(0 if fits else 1)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail, user_errors
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
 
@@ -21,24 +22,18 @@ def resume_cmd(args: Any) -> None:
     if args.force:  # the data or the config changed since the run started: resume on them all the same
         os.environ[identity.NEW_DATA_ENV] = "1"
         os.environ[identity.NEW_CONFIG_ENV] = "1"
-    try:
+    with user_errors(rundir.RunDirError):
         run_dir = rundir.given_run(args.run_dir).resolve()  # `last`: the newest run
         rundir.check_readable(run_dir)
         info = rundir.read_json_checked(run_dir / rundir.RUN)
-    except rundir.RunDirError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
     summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
     if info is None:
-        print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
-        sys.exit(2)
+        fail(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
     if not isinstance(info.get("overrides"), list):  # e.g. `{}`: not written by ablate, or cut short
-        print(
-            f"ablate: error: {run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
-            f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ...",
-            file=sys.stderr,
+        fail(
+            f"{run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
+            f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ..."
         )
-        sys.exit(2)
     if summary.get("status") in ("completed", "pruned"):  # pruned: its study stopped it on purpose
         print(
             f"{run_dir} already {summary['status']} at step {summary.get('global_step')}: nothing to resume"
@@ -46,13 +41,11 @@ def resume_cmd(args: Any) -> None:
         return
     ranks, here = int(info.get("world_size") or 1), int(os.environ.get("WORLD_SIZE", "1"))
     if ranks > 1 and ranks != here:
-        print(
-            f"ablate: error: {run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
+        fail(
+            f"{run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
             f"its own launch command and the same hydra.run.dir (as {here} process(es) its batches, "
-            f"and so its losses, would change)",
-            file=sys.stderr,
+            f"and so its losses, would change)"
         )
-        sys.exit(2)
     # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
     config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
     for path in reversed(info.get("pythonpath", [])):
@@ -81,10 +74,8 @@ def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]
     masked = [o for o in kept if MASK in o]
     if masked:
         key = masked[0].split("=", 1)[0]
-        print(
-            f"ablate: error: {run_dir}/run.json records '{masked[0]}' masked; give it again: "
-            f"ablate resume {run_dir} {key}=...",
-            file=sys.stderr,
+        fail(
+            f"{run_dir}/run.json records '{masked[0]}' masked; give it again: "
+            f"ablate resume {run_dir} {key}=..."
         )
-        sys.exit(2)
     return [*kept, *given]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import user_errors
 from ablate.launchers.slurm import status
 
 SWEEPS = Path("outputs") / "sweeps"  # the default hydra.sweep.dir's parent: outputs/sweeps/<name>/<launch>
@@ -31,11 +31,8 @@ def status_cmd(args: Any) -> None:
     from ablate.record.rundir import RunDirError, check_readable
 
     given = args.sweep_dir or SWEEPS
-    try:
+    with user_errors(RunDirError):
         check_readable(given)
-    except RunDirError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
     sweep_dir = (
         given if (given / "multirun.yaml").is_file() else newest_launch(given) if given.is_dir() else None
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail, user_errors
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
 from ablate.config.moved import check_moved, rename
@@ -78,7 +78,7 @@ def sweep_cmd(args: Any) -> None:
         *hydra_flags(args),
     ]
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
-    try:
+    with user_errors(FileNotFoundError, ValueError):
         check_overrides(argv[1:], resume)
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
@@ -94,9 +94,6 @@ def sweep_cmd(args: Any) -> None:
                 raise ValueError("--detach submits to SLURM: add hydra/launcher=slurm")
             target = "hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher"
             hydra_argv.append(f"hydra.launcher._target_={target}")
-    except (FileNotFoundError, ValueError) as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
     echo(hydra_argv)
     if dry:
         _dry_run(argv[0], hydra_argv)
@@ -162,8 +159,7 @@ def _dry_run(name: str, hydra_argv: list[str]) -> None:
     try:
         print_plan(name, hydra_argv)
     except HydraException as e:  # a bad override: Hydra's first line says which
-        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e).strip().splitlines()[0])
 
 
 def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> list[str]:

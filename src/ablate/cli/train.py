@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 
+from ablate.cli.exits import fail
 from ablate.config.compose import register_resolvers
 from ablate.config.moved import check_moved, folded, rename
 from ablate.paths import conf_dir
@@ -75,8 +76,7 @@ def check_argv(argv: list[str]) -> None:
 
 
 def _refuse(line: str) -> None:
-    print(f"ablate: error: {folded(line)}", file=sys.stderr)
-    sys.exit(2)
+    fail(folded(line))
 
 
 def hydra_train(argv: list[str]) -> None:
