@@ -28,7 +28,7 @@ def newest_sweep() -> Path:
 def compare_cmd(args: Any) -> None:
     """`ablate compare DIR... [--metric M]... [--out [DIR]]` (arguments: ablate.cli.parser)."""
     from ablate.analysis.compare import DEFAULT_OUT, compare
-    from ablate.cli import OUT_ALONE
+    from ablate.cli.arguments import OUT_ALONE
 
     # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
     if args.out == OUT_ALONE:

@@ -204,8 +204,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     from hydra.utils import instantiate
 
     cfg = _compose(overrides, config_dir)
-    from ablate.data import tokenize  # torch: only once the config is known to be good
-    from ablate.data.formats import detect
+    from ablate.data.formats import detect  # torch: only once the config is known to be good
     from ablate.methods.shapes import IDS
 
     kind = _kind(cfg.method.trainer._target_)
@@ -230,8 +229,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
         "prompt": "prompts only: completions are sampled",
         "reward": "each side scored whole, at its last token",
     }.get(kind, f"loss tokens {legend}")
-    ids_keys = IDS[kind]
-    pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
+    pretokenized = set(IDS[kind]) <= set(data.train.column_names)  # e.g. examples/custom_batch
     fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
     print(
         f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
@@ -242,63 +240,78 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     for i, row in enumerate(rows):
         print(f"\n===== example {i} =====", file=out)
         if kind == "prompt":
-            full = {
-                "prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)
-            }
-            mpl = arg("max_prompt_length")
-            cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
-            print(
-                f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
-                f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)",
-                file=out,
-            )
-            print(tok.decode(cut["prompt_ids"], skip_special_tokens=False), file=out)
-            for note in _notes(full, cut, None, mpl):
-                print(f"note: {note}", file=out)
-            continue
-        if kind == "reward":
+            _show_prompt(row, i, tok, arg, pretokenized, out)
+        elif kind == "reward":
             _show_reward(row, i, tok, max_length, out)
-            continue
-        if kind == "unpaired":
-            print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
-            row = {"prompt": row["prompt"], "completion": row["completion"]}
-        if pretokenized:
-            full = {k: row[k] for k in ids_keys}
-            cut = tokenize.truncate(
-                full,
-                max_length,
-                *((arg("max_prompt_length"), arg("max_completion_length")) if kind == "preference" else ()),
-            )
-        elif kind == "preference":
-            full = tokenize.tokenize_preference(tok, row, i)
-            cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
         else:
-            full = tokenize.tokenize_sft(
-                tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss"))
-            )
-            cut = tokenize.truncate(full, max_length)
-        shown = cut or full
-        p = len(shown["prompt_ids"])
-        parts = [k for k in shown if k not in ("prompt_ids", "completion_mask")]
-        mask = shown.get("completion_mask")
-        lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
-        loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
-        totals = " / ".join(str(p + len(shown[k])) for k in parts)
+            _show_tokens(row, i, kind, tok, arg, pretokenized, show, out)
+
+
+def _show_prompt(row: dict[str, Any], i: int, tok: Any, arg: Any, pretokenized: bool, out: Any) -> None:
+    """A prompt-only example (GRPO and its kin): the prompt as the model sees it, after max_prompt_length."""
+    from ablate.data import tokenize
+
+    full = {"prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)}
+    mpl = arg("max_prompt_length")
+    cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
+    print(
+        f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
+        f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)",
+        file=out,
+    )
+    print(tok.decode(cut["prompt_ids"], skip_special_tokens=False), file=out)
+    for note in _notes(full, cut, None, mpl):
+        print(f"note: {note}", file=out)
+
+
+def _show_tokens(
+    row: dict[str, Any], i: int, kind: str, tok: Any, arg: Any, pretokenized: bool, show: Printer, out: Any
+) -> None:
+    """A preference, SFT or unpaired example: its sides' tokens after truncation, the loss tokens marked."""
+    from ablate.data import tokenize
+    from ablate.methods.shapes import IDS
+
+    max_length = arg("max_length")
+    if kind == "unpaired":
+        print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
+        row = {"prompt": row["prompt"], "completion": row["completion"]}
+    if pretokenized:
+        full = {k: row[k] for k in IDS[kind]}
+        cut = tokenize.truncate(
+            full,
+            max_length,
+            *((arg("max_prompt_length"), arg("max_completion_length")) if kind == "preference" else ()),
+        )
+    elif kind == "preference":
+        full = tokenize.tokenize_preference(tok, row, i)
+        cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
+    else:
+        full = tokenize.tokenize_sft(
+            tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss"))
+        )
+        cut = tokenize.truncate(full, max_length)
+    shown = cut or full
+    p = len(shown["prompt_ids"])
+    parts = [k for k in shown if k not in ("prompt_ids", "completion_mask")]
+    mask = shown.get("completion_mask")
+    lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
+    loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
+    totals = " / ".join(str(p + len(shown[k])) for k in parts)
+    print(
+        f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})",
+        file=out,
+    )
+    for k in parts:
+        if len(parts) > 1:
+            print(f"--- {k[:-4]} ---", file=out)
         print(
-            f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})",
+            show.masked(shown["prompt_ids"], shown[k], mask)
+            if mask is not None
+            else show.text(shown["prompt_ids"], shown[k]),
             file=out,
         )
-        for k in parts:
-            if len(parts) > 1:
-                print(f"--- {k[:-4]} ---", file=out)
-            print(
-                show.masked(shown["prompt_ids"], shown[k], mask)
-                if mask is not None
-                else show.text(shown["prompt_ids"], shown[k]),
-                file=out,
-            )
-        for note in _notes(full, cut, max_length, arg("max_prompt_length")):
-            print(f"note: {note}", file=out)
+    for note in _notes(full, cut, max_length, arg("max_prompt_length")):
+        print(f"note: {note}", file=out)
 
 
 def _show_reward(row: dict[str, Any], i: int, tok: Any, max_length: Any, out: Any) -> None:

@@ -2,7 +2,8 @@
 its size and sha256; a checkpoint is complete exactly when its manifest is there and matches. And what
 a stopped run tells the user about them: the one line Ctrl-C (or SIGTERM) prints below the bar, which
 earlier run of the same command has a checkpoint to continue, a rank that lost its peers with where
-the run resumes. No torch import."""
+the run resumes, a write that failed (disk full, the file-size limit, the run dir deleted) as one line.
+No torch import."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ablate.errors import PeerLostError, chain
+from ablate.errors import DiskFullError, PeerLostError, RunDirError, chain
 from ablate.record import rundir, secrets
 from ablate.record.rundir import CHECKPOINTS, is_main_process, read_json, write_text
 
@@ -216,4 +217,62 @@ def peer_lost(run_dir: Path, e: BaseException) -> PeerLostError | None:
         f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
         f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
         "again on every node"
+    )
+
+
+def disk_full(run_dir: Path, resumed_from: int, e: BaseException) -> DiskFullError | None:
+    """`e` as one line naming the disk and the dir when it is a write that found the run dir's disk
+    full (or over quota: torch and safetensors report it in words of their own, so a disk left with
+    under 1 MiB free counts too), else None. The checkpoint being written (unsealed, newer than the
+    resume point) is removed: it could never be resumed from, and its space lets the record be written."""
+    import shutil
+
+    if not isinstance(e, Exception):  # Ctrl-C, SIGTERM, a SLURM preemption
+        return None
+    too_large = _file_too_large(e)
+    try:
+        full = too_large or rundir.disk_full(e) or shutil.disk_usage(run_dir).free < 1 << 20
+    except OSError:
+        return None
+    if not full:
+        return None
+    logging.raiseExceptions = False  # a log line finding no room is dropped, not a traceback on stderr
+    partial = [p for step, p in checkpoints(run_dir) if step > resumed_from and not (p / MANIFEST).exists()]
+    for p in partial if is_main_process() else []:
+        shutil.rmtree(p, ignore_errors=True)
+    writing = f"{partial[0]} (removed: incomplete)" if partial else str(run_dir)
+    if too_large:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        shown = f"{limit} bytes" if limit != resource.RLIM_INFINITY else "its size"
+        return DiskFullError(
+            f"file-size limit: a file passed this process's limit of {shown} per file (ulimit -f) "
+            f"while writing {writing}; raise it (ulimit -f unlimited), then resume: ablate resume {run_dir}"
+        )
+    return DiskFullError(
+        f"disk full: no space left on {rundir.mount_of(run_dir)} while writing {writing}; "
+        f"free some space, then resume: ablate resume {run_dir}"
+    )
+
+
+def _file_too_large(e: BaseException) -> bool:
+    """A write past the file-size limit (RLIMIT_FSIZE, `ulimit -f`: Python ignores SIGXFSZ, so the write fails
+    with EFBIG); safetensors and torch say it in their own words."""
+    import errno
+
+    return any(
+        isinstance(c, OSError) and c.errno == errno.EFBIG or "File too large" in str(c) for c in chain(e)
+    )
+
+
+def dir_gone(run_dir: Path, e: BaseException) -> RunDirError | None:
+    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made
+    again."""
+    if not isinstance(e, Exception) or run_dir.is_dir():
+        return None
+    logging.raiseExceptions = False  # the log file went with the dir
+    return RunDirError(
+        f"the run dir {run_dir} was deleted (or moved) while training: nothing more can be saved there, "
+        "and nothing was made again; run again in a new dir"
     )

@@ -30,12 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import (
     USER_ERRORS,
-    ConfigError,
     DataError,
-    DiskFullError,
     Pruned,
-    RunDirError,
-    chain,
     user_code_error,
     user_error,
 )
@@ -167,7 +163,7 @@ class Run:
             **(OmegaConf.to_container(progress, resolve=False) if progress else {}),
             "scheduler": HydraConfig.get().runtime.choices.get("optimizer/scheduler"),
         }
-        check_shared_run_dir(self.dir)
+        rundir.check_shared_run_dir(self.dir)
 
     def note(self, **facts: Any) -> None:
         """Facts the run learned while it was built (e.g. `data_format`: how its rows were formatted,
@@ -223,7 +219,8 @@ class Run:
             "train_runtime", round(time.time() - self.t0, 3)
         )
         self.summary["wall_seconds"] = round(time.time() - self.t0, 3)
-        if self.dir.is_dir():  # a run dir deleted while training is not made again (`_dir_gone` says so)
+        # a run dir deleted while training is not made again (`checkpoints.dir_gone` says so)
+        if self.dir.is_dir():
             rundir.write_json(self.dir / rundir.SUMMARY, self.summary)
         if self.tracker is not None:
             self.tracker.finish(self.summary["status"])
@@ -248,7 +245,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         yield _untouched(run_dir, previous)
         return
     multirun = hc.mode == RunMode.MULTIRUN
-    with _refusal_recorded(run_dir, hc):  # a dir that is not this run's: nothing written into it
+    with sweep_dirs.refusal_recorded(run_dir, hc):  # a dir that is not this run's: nothing written into it
         rundir.is_usable(run_dir)
         same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
         rundir.lock(
@@ -298,8 +295,8 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             return
         except BaseException as e:  # every failure must still leave a summary
             known = (
-                _dir_gone(run, e)
-                or _disk_full(run, e)
+                checkpoints.dir_gone(run.dir, e)
+                or checkpoints.disk_full(run.dir, run.resumed_from, e)
                 or checkpoints.peer_lost(run.dir, e)
                 or user_code_error(e)
             )
@@ -324,39 +321,8 @@ def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
 def _untouched(run_dir: Path, summary: dict[str, Any]) -> Run:
     """A completed run, to be left as it is: log lines from here on (Hydra's launcher announcing the
     next job of a multirun) must not land in its ablate.log."""
-    _stop_logging_into(run_dir)
+    rundir.stop_logging_into(run_dir)
     return Run(run_dir, rundir.read_json(run_dir / rundir.RUN) or {}, summary, done=True)
-
-
-def _stop_logging_into(run_dir: Path) -> None:
-    """Remove the log file handlers writing into `run_dir` (Hydra's ablate.log, opened at its first line)."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if (
-            isinstance(handler, logging.FileHandler)
-            and Path(handler.baseFilename).parent == run_dir.resolve()
-        ):
-            root.removeHandler(handler)
-            handler.close()
-
-
-@contextlib.contextmanager
-def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
-    """A sweep's job refused its dir (a folder of the user's, another run's, one in use): nothing is
-    written into that dir, not even the log line Hydra writes about the failed job; the refusal is
-    recorded in the sweep's dir instead, so the sweep's table counts the job as failed. A later
-    launch that claims the dir drops the record."""
-    multirun = hc.mode == RunMode.MULTIRUN
-    try:
-        yield
-    except (RunDirError, ConfigError) as e:
-        if multirun:
-            _stop_logging_into(run_dir)
-            overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
-            sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
-        raise
-    if multirun:
-        sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
@@ -407,68 +373,6 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
     run.write()
 
 
-def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
-    """`e` as one line naming the disk and the dir when it is a write that found the run dir's disk
-    full (or over quota: torch and safetensors report it in words of their own, so a disk left with
-    under 1 MiB free counts too), else None. The checkpoint being written (unsealed, newer than the
-    resume point) is removed: it could never be resumed from, and its space lets the record be written."""
-    import shutil
-
-    if not isinstance(e, Exception):  # Ctrl-C, SIGTERM, a SLURM preemption
-        return None
-    too_large = _file_too_large(e)
-    try:
-        full = too_large or rundir.disk_full(e) or shutil.disk_usage(run.dir).free < 1 << 20
-    except OSError:
-        return None
-    if not full:
-        return None
-    logging.raiseExceptions = False  # a log line finding no room is dropped, not a traceback on stderr
-    partial = [
-        p
-        for step, p in checkpoints.checkpoints(run.dir)
-        if step > run.resumed_from and not (p / checkpoints.MANIFEST).exists()
-    ]
-    for p in partial if rundir.is_main_process() else []:
-        shutil.rmtree(p, ignore_errors=True)
-    writing = f"{partial[0]} (removed: incomplete)" if partial else str(run.dir)
-    if too_large:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        shown = f"{limit} bytes" if limit != resource.RLIM_INFINITY else "its size"
-        return DiskFullError(
-            f"file-size limit: a file passed this process's limit of {shown} per file (ulimit -f) "
-            f"while writing {writing}; raise it (ulimit -f unlimited), then resume: ablate resume {run.dir}"
-        )
-    return DiskFullError(
-        f"disk full: no space left on {rundir.mount_of(run.dir)} while writing {writing}; "
-        f"free some space, then resume: ablate resume {run.dir}"
-    )
-
-
-def _file_too_large(e: BaseException) -> bool:
-    """A write past the file-size limit (RLIMIT_FSIZE, `ulimit -f`: Python ignores SIGXFSZ, so the write fails
-    with EFBIG); safetensors and torch say it in their own words."""
-    import errno
-
-    return any(
-        isinstance(c, OSError) and c.errno == errno.EFBIG or "File too large" in str(c) for c in chain(e)
-    )
-
-
-def _dir_gone(run: Run, e: BaseException) -> RunDirError | None:
-    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made
-    again."""
-    if not isinstance(e, Exception) or run.dir.is_dir():
-        return None
-    logging.raiseExceptions = False  # the log file went with the dir
-    return RunDirError(
-        f"the run dir {run.dir} was deleted (or moved) while training: nothing more can be saved there, "
-        "and nothing was made again; run again in a new dir"
-    )
-
-
 def all_ranks_stopped() -> None:
     """A barrier over the job's ranks (several SLURM tasks, torchrun), if torch.distributed is up:
     ranks > 0 leave at once after a preemption (submitit requeues from rank 0 only), and with
@@ -477,31 +381,6 @@ def all_ranks_stopped() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def check_shared_run_dir(run_dir: Path) -> None:
-    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
-    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
-    own default dir (relative to their working dir, named by their own launch time), or a dir on a
-    filesystem only one node sees, would train on but leave a run that cannot resume."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    dirs: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
-    if len(set(dirs)) > 1 or not (run_dir / rundir.RUN).is_file():
-        from ablate.errors import ConfigError
-
-        what = (
-            f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})"
-            if len(set(dirs)) > 1
-            else f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
-        )
-        raise ConfigError(
-            f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
-            "(docs/distributed.md: several nodes)"
-        )
 
 
 def _log_to_file(message: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import platform
 import re
@@ -429,3 +430,40 @@ def truncate_metrics(run_dir: Path, after_step: int) -> None:
     if path.is_file() and is_main_process():
         keep = [json.dumps(e) for e in read_metrics(run_dir) if e.get("step", 0) <= after_step]
         write_text(path, "".join(k + "\n" for k in keep))
+
+
+def check_shared_run_dir(run_dir: Path) -> None:
+    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
+    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
+    own default dir (relative to their working dir, named by their own launch time), or a dir on a
+    filesystem only one node sees, would train on but leave a run that cannot resume."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dirs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
+    if len(set(dirs)) > 1 or not (run_dir / RUN).is_file():
+        from ablate.errors import ConfigError
+
+        what = (
+            f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})"
+            if len(set(dirs)) > 1
+            else f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
+        )
+        raise ConfigError(
+            f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
+            "(docs/distributed.md: several nodes)"
+        )
+
+
+def stop_logging_into(run_dir: Path) -> None:
+    """Remove the log file handlers writing into `run_dir` (Hydra's ablate.log, opened at its first line)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if (
+            isinstance(handler, logging.FileHandler)
+            and Path(handler.baseFilename).parent == run_dir.resolve()
+        ):
+            root.removeHandler(handler)
+            handler.close()

@@ -8,11 +8,14 @@ No torch import: the launching process checks these before any job starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from ablate.errors import ConfigError, RunDirError
@@ -112,3 +115,24 @@ def refusals(sweep_dir: Path) -> dict[str, dict[str, Any]]:
         if record.get("run_dir") and record.get("error"):
             out[str(record["run_dir"])] = record
     return out
+
+
+@contextlib.contextmanager
+def refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
+    """A sweep's job refused its dir (a folder of the user's, another run's, one in use): nothing is
+    written into that dir, not even the log line Hydra writes about the failed job; the refusal is
+    recorded in the sweep's dir instead, so the sweep's table counts the job as failed. A later
+    launch that claims the dir drops the record."""
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        yield
+    except (RunDirError, ConfigError) as e:
+        if multirun:
+            from ablate.record.secrets import mask_text
+
+            rundir.stop_logging_into(run_dir)
+            overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
+            record_refusal(Path(str(hc.sweep.dir)), run_dir, mask_text(str(e)), overrides)
+        raise
+    if multirun:
+        record_refusal(Path(str(hc.sweep.dir)), run_dir, None)

@@ -23,8 +23,6 @@ prompt's keys and values copied into each of its rows (`row_index`/`row_source`/
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -103,9 +101,8 @@ def shared_prompt_groups(
             pos[b, start:end] = torch.arange(p, p + c)  # continues the prompt, as in the completion's own row
             if mask is not None:
                 mask[b, 0, start:end, :p] = True  # the prompt
-                mask[b, 0, start:end, start:end] = torch.ones(
-                    c, c, dtype=torch.bool
-                ).tril()  # itself, causally
+                # itself, causally
+                mask[b, 0, start:end, start:end] = torch.ones(c, c, dtype=torch.bool).tril()
             # token k sits at start + k; the first is predicted by the prompt's end
             for k, j in enumerate(cols):
                 src.append(b * width + (p - 1 if k == 0 else start + k - 1))
@@ -114,23 +111,12 @@ def shared_prompt_groups(
                 row_out[offset + start + k] = row_index[-1]
             start = end
         offset += lengths[b]
-    as_long = functools.partial(torch.tensor, dtype=torch.long)
     row_mask = torch.zeros(len(c_cols) * (pw + cw), dtype=torch.long)
-    row_mask[as_long(row_index)] = 1
-    out = {
-        "input_ids": ids,
-        "position_ids": pos,
-        "segment": segment,
-        "lengths": as_long(lengths),
-        "src": as_long(src),
-        "tgt": as_long(tgt),
-        "row": as_long(row),
-        "col": as_long(col),
-        "row_mask": row_mask.view(len(c_cols), pw + cw),
-        "row_index": as_long(row_index),
-        "row_source": as_long(row_source),
-        "row_out": as_long(row_out),
-    }
+    row_mask[torch.tensor(row_index, dtype=torch.long)] = 1
+    out = {"input_ids": ids, "position_ids": pos, "segment": segment, "row_mask": row_mask.view(-1, pw + cw)}
+    flat = dict(lengths=lengths, src=src, tgt=tgt, row=row, col=col, row_index=row_index)
+    flat.update(row_source=row_source, row_out=row_out)
+    out.update({k: torch.tensor(v, dtype=torch.long) for k, v in flat.items()})
     if mask is not None:
         out["attention_mask"] = mask
     return {k: v.to(prompt_ids.device) for k, v in out.items()}

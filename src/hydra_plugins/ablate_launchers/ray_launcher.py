@@ -234,7 +234,6 @@ class RayLauncher(Launcher):
             from ablate.errors import missing_extra
 
             raise missing_extra("ray", "ray", "hydra/launcher=ray") from None
-        from ablate.launchers import ray_jobs
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
@@ -252,13 +251,11 @@ class RayLauncher(Launcher):
         remote = (
             ray.remote(max_calls=p.max_calls)(_execute) if p.max_calls is not None else ray.remote(_execute)
         )
-        cwd = os.getcwd() if p.run_in_launch_dir else None
         shown = {k: v for k, v in opts.items() if k != "runtime_env"}
         log.info(
             f"Ray launcher: {len(job_overrides)} jobs, sweep dir {sweep_dir}, task options {shown}, "
             f"max_calls={p.max_calls}, env {sorted(opts.get('runtime_env', {}).get('env_vars', {}))}"
         )
-        state = Singleton.get_state()
         refs: list[Any] = []
         overrides_of: dict[Any, list[str]] = {}
         results: dict[Any, JobReturn] = {}
@@ -271,29 +268,7 @@ class RayLauncher(Launcher):
         for s in STOP_SIGNALS:
             signal.signal(s, lambda signum, frame: caught.append(signum))
         try:
-            for i, overrides in enumerate(job_overrides):
-                if caught:
-                    break
-                idx = initial_job_idx + i
-                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-                sweep_config = self.hydra_context.config_loader.load_sweep_config(
-                    self.config, list(overrides)
-                )
-                with open_dict(sweep_config):
-                    sweep_config.hydra.job.num = idx
-                    sweep_config.hydra.sweep.dir = str(sweep_dir)
-                ref = remote.options(name=f"hydra_job_{idx}", **opts).remote(
-                    self.hydra_context, sweep_config, self.task_function, state, cwd
-                )
-                refs.append(ref)
-                overrides_of[ref] = list(overrides)
-            ray_jobs.record(
-                sweep_dir,
-                {  # for `ablate status`
-                    str(initial_job_idx + i): {"task_id": ref.task_id().hex(), "overrides": overrides_of[ref]}
-                    for i, ref in enumerate(refs)
-                },
-            )
+            self._submit(remote, opts, job_overrides, initial_job_idx, sweep_dir, caught, refs, overrides_of)
             pending = list(refs)
             while pending and not caught:
                 done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
@@ -321,6 +296,45 @@ class RayLauncher(Launcher):
             for s, handler in previous.items():
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         return [results[ref] for ref in refs]
+
+    def _submit(
+        self,
+        remote: Any,
+        opts: dict[str, Any],
+        job_overrides: Sequence[Sequence[str]],
+        first: int,
+        sweep_dir: Path,
+        caught: list[int],
+        refs: list[Any],
+        overrides_of: dict[Any, list[str]],
+    ) -> None:
+        """Submit each job as a Ray task until a stop signal is caught, its ref appended to `refs` at once
+        (the caller cancels what was submitted if this raises); then record the task ids for `ablate
+        status`."""
+        from ablate.launchers import ray_jobs
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        state = Singleton.get_state()
+        cwd = os.getcwd() if self.params.run_in_launch_dir else None
+        for i, overrides in enumerate(job_overrides):
+            if caught:
+                break
+            idx = first + i
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.num = idx
+                sweep_config.hydra.sweep.dir = str(sweep_dir)
+            ref = remote.options(name=f"hydra_job_{idx}", **opts).remote(
+                self.hydra_context, sweep_config, self.task_function, state, cwd
+            )
+            refs.append(ref)
+            overrides_of[ref] = list(overrides)
+        jobs = {
+            str(first + i): {"task_id": ref.task_id().hex(), "overrides": overrides_of[ref]}
+            for i, ref in enumerate(refs)
+        }
+        ray_jobs.record(sweep_dir, jobs)
 
     def _result(self, ref: Any, overrides: list[str], sweep_dir: Path, num: int) -> JobReturn:
         """A finished task's JobReturn; a task that ended without one (its process killed: OOM, a
