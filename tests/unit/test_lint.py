@@ -41,3 +41,20 @@ def test_the_checks_can_fail(tmp_path: Path):
     assert "bad.py:1:8: F401" in check.stdout and "bad.py:4:111: E501" in check.stdout, check.stdout
     fmt = ruff("format", "--check", ".", cwd=tmp_path)
     assert fmt.returncode == 1 and "bad.py" in fmt.stdout, fmt.stdout + fmt.stderr
+
+
+def test_no_line_over_the_limit_in_the_formatted_scope():
+    """ruff's E501 lets a line run long when only its pragma (`# type: ignore[...]`) passes the limit; the
+    formatted scope holds no line longer than `line-length` at all."""
+    import tomllib
+
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
+    limit, left_out = settings["line-length"], [ROOT / p for p in settings.get("extend-exclude", [])]
+    long = [
+        f"{path.relative_to(ROOT)}:{n}: {len(line)} columns"
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        if not any(path == p or p in path.parents for p in left_out)
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > limit
+    ]
+    assert not long, "\n".join(long)
