@@ -79,11 +79,7 @@ def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseExcepti
 
 _OURS = __file__.rsplit("/", 1)[0] + "/"  # src/ablate/: a frame here is ablate's own code
 # installed libraries and the standard library
-_LIBRARY = (
-    "/site-packages/",
-    "/dist-packages/",
-    "/lib/python3",
-)
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
 
 
 def log_file() -> str:

@@ -16,14 +16,7 @@ from ablate.record import rundir
 from ablate.schema.renamed import current_overrides
 
 # pruned: a study's trial stopped early
-STATUSES = (
-    "running",
-    "completed",
-    "failed",
-    "interrupted",
-    "preempted",
-    "pruned",
-)
+STATUSES = ("running", "completed", "failed", "interrupted", "preempted", "pruned")
 NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns
 # Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
 # from the method's YAML).

@@ -8,12 +8,7 @@ import logging
 import math
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 
 class PrintLogs(TrainerCallback):

@@ -9,12 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.errors import ConfigError
 

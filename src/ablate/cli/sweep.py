@@ -72,11 +72,7 @@ def sweep_cmd(args: Any) -> None:
             "ablate sweep",
         )
     # an old group name (perf=off) works, noted once
-    argv = [
-        args.name,
-        *rename(args.overrides),
-        *hydra_flags(args),
-    ]
+    argv = [args.name, *rename(args.overrides), *hydra_flags(args)]
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     with user_errors(FileNotFoundError, ValueError):
         check_overrides(argv[1:], resume)

@@ -41,10 +41,7 @@ from ablate.analysis.runs import find_runs
 from ablate.record import rundir, sweep_dirs
 
 # a job that ended as it should: a study's pruner stopping a trial is no failure
-DONE = (
-    "completed",
-    "pruned",
-)
+DONE = ("completed", "pruned")
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 

@@ -22,12 +22,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.record.secrets import mask, mask_text
 
@@ -102,10 +97,7 @@ class WandbTracker:
         kwargs["group"] = kwargs["group"] or ident["group"]
         kwargs["name"] = mask_text(kwargs["name"] or ident["name"])  # the overrides may hold a secret
         # root `tags=[...]`
-        kwargs["tags"] = [
-            *kwargs["tags"],
-            *map(str, mask(list(config.get("tags") or []))),
-        ]
+        kwargs["tags"] = [*kwargs["tags"], *map(str, mask(list(config.get("tags") or [])))]
         kwargs["notes"] = mask(config.get("notes"))  # root `notes="..."`
         if ident["group"]:  # sweep runs are tagged with the sweep's name, to filter across launches
             kwargs["tags"] = [*kwargs["tags"], str(config.get("sweep_name"))]

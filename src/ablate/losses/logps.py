@@ -153,10 +153,7 @@ def logits_logps(
 
 
 def shifted_logps(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    temperature: float = 1.0,
-    with_stats: bool = True,
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_stats: bool = True
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`token_logps` (and stats) through `logits_logps`: position t scores `input_ids[:, t+1]`, shape
     (B, T-1). The logits' last `K` positions may be all there is (a model called with `logits_to_keep=K`:

@@ -47,10 +47,7 @@ def leave_one_out(
     tokens: given (the trainer does with beta > 0), `beta` times its per-completion sum is subtracted from
     the reward. `scale` is GRPO's std option and is not used: RLOO's baseline needs none."""
     # +-3e38: float64
-    dtype, rewards_per_func = (
-        rewards_per_func.dtype,
-        grpo.headroom(rewards_per_func, weights),
-    )
+    dtype, rewards_per_func = (rewards_per_func.dtype, grpo.headroom(rewards_per_func, weights))
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
     raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
     raw[unscorable] = torch.nan  # out of the baselines; advantage 0 below

@@ -28,13 +28,7 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from peft import (
-    LoraConfig,
-    PeftConfig,
-    PeftModel,
-    get_peft_model,
-    prepare_model_for_kbit_training,
-)
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import PreTrainedModel
 
 from ablate.errors import ConfigError

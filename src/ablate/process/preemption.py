@@ -39,12 +39,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.process.interrupts import Preempted  # defined torch-free, for ablate.train
 

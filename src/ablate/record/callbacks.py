@@ -10,12 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.errors import Pruned
 
@@ -127,13 +122,7 @@ def trial_callbacks() -> list[Any]:
     ablate.record.studies), else []."""
     import os
 
-    from ablate.record.studies import (
-        METRIC_ENV,
-        PRUNER_ENV,
-        STORAGE_ENV,
-        STUDY_ENV,
-        TRIAL_ENV,
-    )
+    from ablate.record.studies import METRIC_ENV, PRUNER_ENV, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
 
     if not os.environ.get(TRIAL_ENV):
         return []

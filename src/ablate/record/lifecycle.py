@@ -28,13 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import (
-    USER_ERRORS,
-    DataError,
-    Pruned,
-    user_code_error,
-    user_error,
-)
+from ablate.errors import USER_ERRORS, DataError, Pruned, user_code_error, user_error
 from ablate.process import interrupts
 from ablate.record import checkpoints, rundir, secrets, sweep_dirs
 from ablate.record.identity import (

@@ -35,10 +35,7 @@ def given(hc: Any) -> bool:
 # set by `--resume` (and in its job processes): the launch continues the sweep there
 RESUME_ENV = "ABLATE_RESUME_SWEEP"
 # what a launch leaves in its sweep dir (Hydra's record; a study's database)
-SWEEP_RECORDS = (
-    "multirun.yaml",
-    "study.db",
-)
+SWEEP_RECORDS = ("multirun.yaml", "study.db")
 
 
 def same_launch(path: Path, task: list[str] | None) -> bool:

@@ -29,12 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import (
-    DynamicCache,
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     TemperatureLogitsWarper,

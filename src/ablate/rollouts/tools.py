@@ -104,10 +104,7 @@ class ToolFormat:
         (hermes) the conversation with the tools described in its system turn."""
         if self.native:
             # `or None`: TRL's (Llama renders tools=[])
-            return {
-                "conversation": messages,
-                "tools": schemas or None,
-            }
+            return {"conversation": messages, "tools": schemas or None}
         return {"conversation": hermes_conversation(messages, schemas), "tools": None}
 
     def prompt_ids(self, messages: Any, schemas: list[dict[str, Any]], index: int = 0) -> list[int]:

@@ -32,12 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.rollouts.stats import ReportsRollouts, RolloutStats
 

@@ -133,13 +133,7 @@ class OptunaSweeper(Sweeper):
         """The job's hydra overrides naming its study and trial (not task overrides: no run dir name
         change)."""
         from ablate.config.compose import quote_override_value
-        from ablate.record.studies import (
-            METRIC_ENV,
-            PRUNER_ENV,
-            STORAGE_ENV,
-            STUDY_ENV,
-            TRIAL_ENV,
-        )
+        from ablate.record.studies import METRIC_ENV, PRUNER_ENV, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
 
         env = {
             STORAGE_ENV: url,
