@@ -39,8 +39,7 @@ def pretokenized(name: str = "sort_prefs", max_train_samples: int | None = None)
 
 
 class PadToMultipleCollator:
-    """Rows with prompt_ids/chosen_ids/rejected_ids -> a DPO batch `[chosen; rejected]` padded to a
-    multiple."""
+    """Rows with prompt/chosen/rejected ids -> a DPO batch `[chosen; rejected]` padded to a multiple."""
 
     def __init__(self, pad_token_id: int, multiple: int = 8) -> None:
         self.pad_token_id, self.multiple = pad_token_id, multiple

@@ -83,8 +83,7 @@ _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
 
 
 def log_file() -> str:
-    """The run's ablate.log (the root logger's file handler, Hydra's), where a one-line error's traceback
-    goes."""
+    """The run's ablate.log (Hydra's handler on the root logger), where one-line errors leave tracebacks."""
     import logging
 
     files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]

@@ -53,8 +53,7 @@ class Run:
 
     @cached_property
     def examples(self) -> dict[str, dict[str, float]]:
-        """Per-example eval scores (`eval_examples.jsonl`, written by `ablate eval`): {id: {metric:
-        score}}."""
+        """Per-example eval scores (`eval_examples.jsonl`, by `ablate eval`): {id: {metric: score}}."""
         return rundir.read_examples(self.path)
 
     @cached_property
@@ -234,8 +233,7 @@ def status_of(run: Run, info: dict[str, Any]) -> str:
 
 
 def key_metric(run: Run) -> tuple[str, float | None]:
-    """The method's first compare metric (its YAML's `compare_metrics`, recorded in summary.json) and its
-    final value."""
+    """The method's first compare metric (its YAML's `compare_metrics`, in summary.json), its final value."""
     name = run.default_metrics[0]
     return name, run.final(name)
 

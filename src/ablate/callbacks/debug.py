@@ -17,8 +17,7 @@ log = logging.getLogger("ablate")
 
 
 def _print_above_bar(text: str) -> None:
-    """On lines of its own above the progress bar (as ablate.process.console.print_above_bar), never glued to
-    it."""
+    """On lines of its own above the progress bar (as ablate.process.console.print_above_bar does)."""
     from tqdm.auto import tqdm
 
     with tqdm.external_write_mode(file=sys.stdout):  # bar cleared, text flushed, bar drawn again

@@ -46,8 +46,7 @@ def note(
     overrides: Sequence[str],
     scheduler: str | None,
 ) -> str | None:
-    """The summary's line when the run's progress metric did not move (None when it did, or cannot be
-    told)."""
+    """The summary's line when the run's progress metric did not move (None if it did, or if unknown)."""
     if not progress or progress.get("metric") is None or progress.get("min_change_run") is None:
         return None
     metric, mode = progress["metric"], progress.get("mode", "min")

@@ -129,8 +129,7 @@ def _notes(
 
 
 def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
-    """The config `ablate train` would run, checked as it checks it (`config_dir`: like train's
-    --config-dir)."""
+    """The config `ablate train` would run, checked as it checks it (`config_dir`: train's --config-dir)."""
     from hydra import compose, initialize_config_dir
 
     from ablate.config.compose import register_resolvers

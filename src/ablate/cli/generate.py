@@ -214,8 +214,7 @@ def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
 
 
 def tool_prompt_ids(box: Any, row: dict[str, Any], index: int = 0) -> list[int]:
-    """A prompt offering the run's tools, as the run's training rendered it (a plain prompt: one user
-    turn)."""
+    """A prompt offering the run's tools, rendered as the run's training did (a plain prompt: a user turn)."""
     prompt = row["prompt"]
     return box.prompt_ids([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt, index)
 

@@ -167,8 +167,7 @@ def size(n: float) -> str:
 
 
 def plan_cmd(args: Any) -> None:
-    """`ablate plan`: arguments from ablate.cli.parser. Exit 0 if it fits, 1 if it does not, 2 on a
-    mistake."""
+    """`ablate plan` (arguments: ablate.cli.parser). Exit 0 if it fits, 1 if it does not, 2 on a mistake."""
     from ablate.cli.data import _compose
 
     if args.gpus < 1:

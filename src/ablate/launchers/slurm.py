@@ -27,8 +27,7 @@ def read_jobs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def scheduler_states(job_ids: list[str]) -> dict[str, str]:
-    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without
-    SLURM."""
+    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without it."""
     if not job_ids:
         return {}
     states: dict[str, str] = {}

@@ -199,8 +199,7 @@ def study_plan(hydra_argv: list[str]) -> str | None:
 
 
 def print_plan(name: str, hydra_argv: list[str]) -> None:
-    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run
-    dir."""
+    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides, dir."""
     from ablate.record.secrets import mask_text
 
     study = study_plan(hydra_argv)
@@ -214,8 +213,7 @@ def print_plan(name: str, hydra_argv: list[str]) -> None:
 
 
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir,
-    error."""
+    """One row per job dir of a sweep: job, the overrides that vary, status, key metric, run dir, error."""
     rows = []
     # jobs whose dir was not theirs: left as it was, counted as failed
     refused = sweep_dirs.refusals(sweep_dir)

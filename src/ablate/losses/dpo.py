@@ -17,7 +17,7 @@ formulas and names as in TRL 1.16's DPOTrainer (`loss_type=...`):
                 label smoothing `ls` as in cDPO (Mitchell 2023). TRL 1.16 has no `ls` here (ls = 0).
 - hinge         relu(1 - b delta)                               SLiC, Zhao et al. 2023
 - ipo           (c/n_c - r/n_r - 1/(2b))^2                      IPO, Azar et al. 2023 eq. 17, per-token
-                means (the IPO authors' form; a sum makes the square grow with length, TRL issue 1677)
+                means (the IPO authors' form; a sum makes the square grow with length, trl#1677)
 - robust        (-(1-ls) logsig(b delta) + ls logsig(-b delta)) / (1 - 2 ls)   rDPO, Chowdhury et al. 2024
 - exo_pair      KL(softmax(b [c, r]) || [1-ls, ls])             EXO, Ji et al. 2024 eq. 16
 - nca_pair      -logsig(b c) - logsig(-b c)/2 - logsig(-b r)/2  NCA, Chen et al. 2024
@@ -125,8 +125,7 @@ def exo_pair(
     beta: float,
     label_smoothing: float = 1e-3,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls] (ls >
-    0)."""
+    """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls], ls>0."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
     eps = torch.tensor(label_smoothing, dtype=z.dtype, device=z.device)
     loss = torch.sigmoid(z) * (F.logsigmoid(z) - torch.log1p(-eps)) + torch.sigmoid(-z) * (

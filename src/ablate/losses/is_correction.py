@@ -36,8 +36,7 @@ def truncate(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None
 
 
 def mask_outside(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
-    """`*_mask`: a ratio outside [clip_min, clip_max] becomes 0 (its token or completion gets no policy
-    loss)."""
+    """`*_mask`: a ratio outside [clip_min, clip_max] becomes 0 (its token or completion: no policy loss)."""
     return ratio.masked_fill(_outside(ratio, clip_min, clip_max), 0.0)
 
 

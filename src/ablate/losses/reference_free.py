@@ -89,8 +89,7 @@ def orpo(
     prompt_c: Tensor | None = None,
     prompt_n_c: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """ORPO: NLL of the chosen rows (prompt tokens included when given) minus beta * log sigmoid(log odds
-    ratio)."""
+    """ORPO: NLL of the chosen rows (prompt tokens too when given) - beta * log sigmoid(log odds ratio)."""
     a_c, a_r = logp_c.float() / n_c.clamp(min=1), logp_r.float() / n_r.clamp(min=1)
     log_odds = (a_c - a_r) - (_log1mexp(a_c) - _log1mexp(a_r))
     ratio = F.logsigmoid(log_odds)

@@ -267,8 +267,7 @@ def _file_too_large(e: BaseException) -> bool:
 
 
 def dir_gone(run_dir: Path, e: BaseException) -> RunDirError | None:
-    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made
-    again."""
+    """The run dir deleted (or moved) while training: every later write fails. One line; nothing remade."""
     if not isinstance(e, Exception) or run_dir.is_dir():
         return None
     logging.raiseExceptions = False  # the log file went with the dir

@@ -50,8 +50,7 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def same_overrides(recorded: list[str], given: list[str]) -> bool:
-    """The same command: `given` as it is recorded (masked), a renamed group's old spelling read as
-    today's."""
+    """The same command: `given` as recorded (masked), a renamed group's old spelling read as today's."""
     return sorted(current_overrides(recorded)) == sorted(current_overrides(secrets.mask(given)))
 
 

@@ -210,8 +210,7 @@ def is_usable(run_dir: Path) -> None:
 
 
 def _ours(path: Path) -> bool:
-    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock file is not ours to
-    take)."""
+    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock is not ours)."""
     if path.name != LOCK:
         return path.is_file()
     try:

@@ -154,8 +154,7 @@ def reward_funcs(value: Any, key: str = "data.reward_funcs") -> dict[str, Reward
 
 
 def name_of(fn: Any) -> str:
-    """A function's name for metrics (`rewards/<name>/mean`): its __name__, a partial's function's, or its
-    class's."""
+    """A function's name in metrics (`rewards/<name>/mean`): its __name__, its partial's or its class's."""
     inner = getattr(fn, "func", fn)
     return getattr(inner, "__name__", None) or type(inner).__name__
 

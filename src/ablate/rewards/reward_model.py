@@ -41,8 +41,7 @@ def model_dir(path: str | Path) -> Path:
 
 
 def read_config(path: Path, who: str) -> dict[str, Any]:
-    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) when it is not
-    JSON."""
+    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) if not JSON."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as e:

@@ -292,8 +292,7 @@ def cut_at_eos(ids: list[int], eos_id: int | list[int]) -> list[int]:
 def right_pad(
     seqs: list[list[int]] | list[list[float]], pad_id: int | float, dtype: torch.dtype = torch.long
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)). Returns (values,
-    mask)."""
+    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)): (values, mask)."""
     width = max(max(len(s) for s in seqs), 1)
     ids = torch.tensor([list(s) + [pad_id] * (width - len(s)) for s in seqs], dtype=dtype)
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)

@@ -62,8 +62,7 @@ log = logging.getLogger("ablate")
 
 
 class VLLMGenerator(TrainerCallback):
-    """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (see the module
-    docstring)."""
+    """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (module docstring)."""
 
     def __init__(
         self,

@@ -100,8 +100,7 @@ def describe(family: dict[str, Any]) -> str:
 
 
 def entry(device: str, path: Path | None = None, family: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The record that decides on `device` ({} when none): for the CPU, this CPU family's (module
-    docstring)."""
+    """The record that decides on `device` ({} when none): for the CPU, its family's (module docstring)."""
     got = records(path).get(device)
     if not isinstance(got, dict) or "families" not in got:
         return got if isinstance(got, dict) else {}

@@ -130,8 +130,7 @@ class OptunaSweeper(Sweeper):
         return returns
 
     def _env(self, url: str, study_name: str, trial: Any) -> list[str]:
-        """The job's hydra overrides naming its study and trial (not task overrides: no run dir name
-        change)."""
+        """The job's hydra overrides naming its study and trial (not task ones: the run dir's name stays)."""
         from ablate.config.compose import quote_override_value
         from ablate.record.studies import METRIC_ENV, PRUNER_ENV, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
 

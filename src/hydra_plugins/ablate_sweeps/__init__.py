@@ -24,8 +24,7 @@ GROUP = "sweep"
 
 
 class SweepsSource(ConfigSource):
-    """The group `sweep` backed by a folder of sweep files (`shipped`: ablate's own `sweeps/`) or by
-    a single file."""
+    """The group `sweep` from a folder of sweep files (`shipped`: ablate's own `sweeps/`) or a single file."""
 
     def __init__(self, provider: str, path: str) -> None:
         super().__init__(provider=provider, path=path)
