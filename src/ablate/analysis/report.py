@@ -34,8 +34,8 @@ def check_out(out: Path) -> None:
 
     if out.exists() and not out.is_dir():
         raise ConfigError(
-            f"--out {out} is a file: give a directory (it gets report.html, summary.md, summary.csv "
-            "and PNG plots)"
+            f"--out {out} is a file: give a directory (it gets "
+            "report.html, summary.md, summary.csv and PNG plots)"
         )
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held and MARKER not in held:

@@ -90,8 +90,8 @@ def print_studies(runs: list[Run], print_table: Callable[..., None], out: Path |
         command = best_command(study, sweep_dir)
         if command:
             print(
-                f"best trial {study.best_trial.number} ({study.best_trial.value:.6g}); reproduce it: "
-                f"{command}"
+                f"best trial {study.best_trial.number} "
+                f"({study.best_trial.value:.6g}); reproduce it: {command}"
             )
         if out is not None:
             written += write_plots(out, study)

@@ -32,8 +32,8 @@ def in_words(paired: list[Paired], better: list[Improvement], examples: list[Exa
                 unclear.append(f"not clear: {where}{d.b} vs {d.a} on {metric} ({what})")
             elif isinstance(d, Improvement):
                 clear.append(
-                    f"clear: {where}{d.b} {'better' if d.p > 0.5 else 'worse'} than {d.a} on {metric} "
-                    f"({what})"
+                    f"clear: {where}{d.b} {'better' if d.p > 0.5 else 'worse'} "
+                    f"than {d.a} on {metric} ({what})"
                 )
             else:
                 clear.append(

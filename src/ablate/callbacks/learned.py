@@ -64,8 +64,8 @@ def note(
         and scheduler != CONSTANT
     ):
         hints.append(
-            f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at "
-            f"step {steps})"
+            "max_steps also shortens the LR schedule "
+            f"({scheduler + ': ' if scheduler else ''}it ends at step {steps})"
         )
     span = "first and last logged values" if q == 1 else f"means of the first and last {q} logged"
     return (

@@ -40,8 +40,8 @@ def cache_cmd(args: Any) -> None:
                 + (f" ({e['rows']} rows)" if e["rows"] is not None else "")
             )
         print(
-            f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {human(sum(e['bytes'] for e in rows))} in "
-            f"{root}"
+            f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, "
+            f"{human(sum(e['bytes'] for e in rows))} in {root}"
         )
         return
     for e in rows:  # a run holding an entry keeps reading it (loaded in memory); the next one recomputes

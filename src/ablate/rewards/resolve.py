@@ -52,8 +52,8 @@ def locate(path: str, key: str) -> Any:
     parts = str(path).strip().split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise ConfigError(
-            f"{key}={path}: not a dotted path MODULE.NAME (e.g. myrew.short for the function short in "
-            f"myrew.py)"
+            f"{key}={path}: not a dotted path MODULE.NAME (e.g. "
+            "myrew.short for the function short in myrew.py)"
         )
     module, error, n = None, None, 0
     for n in range(len(parts) - 1, 0, -1):

@@ -41,8 +41,8 @@ def batch_geometry(args: Any, world_size: int, max_steps: int) -> str:
     lines = [
         f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
         f"num_iterations={mu})",
-        f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for "
-        "all)",
+        f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13} "
+        f"  (per device; x{world_size} for all)",
     ]
     lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
     lines += [
