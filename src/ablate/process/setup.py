@@ -43,8 +43,12 @@ def ray_node() -> dict[str, Any] | None:
     if ray is None or not ray.is_initialized():  # get_runtime_context() would start a local Ray
         return None
     context = ray.get_runtime_context()
-    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-            "task_id": context.get_task_id(), "job_id": context.get_job_id()}
+    return {
+        "node_id": context.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "task_id": context.get_task_id(),
+        "job_id": context.get_job_id(),
+    }
 
 
 def quiet_libraries() -> None:
@@ -97,7 +101,6 @@ def init_process_group(cfg: Any) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
 
 
-
 _GROUP_LEFT = False  # this process destroyed a process group it trained in (process_group_left)
 
 
@@ -119,7 +122,9 @@ def exit_without_teardown() -> Iterator[None]:
         import atexit
         import logging
 
-        if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, exit 1, as Python does
+        if code is not None and not isinstance(
+            code, int
+        ):  # sys.exit("message"): printed, exit 1, as Python does
             print(code, file=sys.stderr)
             code = 1
         atexit._run_exitfuncs()
