@@ -54,15 +54,14 @@ def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
     return instantiate(model_cfg)[0], True  # a user's model builder: only it knows its tokenizer
 
 
-def _kind(trainer_target: str) -> str:
-    from hydra.utils import get_class
-
+def _kind(cfg: DictConfig) -> str:
+    """The method's kind of data (`method.data_kind`, ablate.data.kinds)."""
     from ablate.errors import ConfigError
-    from ablate.methods.shapes import data_kind
 
-    kind = data_kind(get_class(trainer_target))
+    kind = cfg.method.get("data_kind")
     if kind is None:
-        raise ConfigError(f"ablate data preview: {trainer_target} is not a DPO, SFT or GRPO trainer subclass")
+        raise ConfigError(f"ablate data: method={cfg.method.get('name')} names no kind of data (method.data_kind: "
+                          f"one of ablate.data.kinds'), so ablate does not know how its rows are read")
     return kind
 
 
@@ -163,12 +162,12 @@ def check_data(overrides: list[str], config_dir: str | None = None, out: Any = s
     from hydra.utils import instantiate
 
     from ablate.data.formats import detect
-    from ablate.methods.shapes import IDS
+    from ablate.data.kinds import tokenized
 
     cfg = _compose(overrides, config_dir)
-    kind = _kind(cfg.method.trainer._target_)
+    kind = _kind(cfg)
     data = instantiate(cfg.data)
-    fmt = "already tokenized" if set(IDS[kind]) <= set(data.train.column_names) else detect(data.train, kind)
+    fmt = "already tokenized" if tokenized(kind, data.train.column_names) else detect(data.train, kind, cfg.method.name)
     print(f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
           f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}", file=out)
     if data.eval is None:
@@ -184,9 +183,9 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     cfg = _compose(overrides, config_dir)
     from ablate.data import tokenize  # torch: only once the config is known to be good
     from ablate.data.formats import detect
-    from ablate.methods.shapes import IDS
+    from ablate.data.kinds import KINDS
 
-    kind = _kind(cfg.method.trainer._target_)
+    kind = _kind(cfg)
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)
     data = instantiate(cfg.data)
@@ -203,11 +202,10 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     color = out.isatty() and "NO_COLOR" not in os.environ
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
-    legend = {"prompt": "prompts only: completions are sampled",
-              "reward": "each side scored whole, at its last token"}.get(kind, f"loss tokens {legend}")
-    ids_keys = IDS[kind]
+    legend = KINDS[kind].preview + (f" {legend}" if KINDS[kind].preview == "loss tokens" else "")
+    ids_keys = KINDS[kind].ids
     pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
-    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
+    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind, cfg.method.name)
     print(f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
           + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""), file=out)
     max_length = arg("max_length")

@@ -1,0 +1,97 @@
+"""The kinds of data ablate's methods train on, in one registry read before torch is imported.
+
+A method names its kind once: `data_kind` in its YAML (conf/method/*.yaml; a method that starts from another
+through its defaults list, as ORPO from DPO or a user's trainer subclass, inherits it; null: the data is not
+checked). For each kind the registry holds:
+
+- `formats`: TRL's dataset formats it accepts, each the columns that identify it (first match wins);
+- `optional`: the columns it also reads when a row has them (reward modelling's `margin`, a chat's `tools`);
+- `ids`: the columns of rows already tokenised, which skip the format check (examples/custom_batch);
+- `tokenize`: the function that tokenises a dataset of its rows (the trainer's), `row`: the one that
+  tokenises one row (`ablate data preview` shows its output);
+- `preview`: what `ablate data preview` says it marks in each row.
+
+ablate.config.data_checks checks a data file's header against the method's kind before the run dir exists;
+ablate.train checks the loaded datasets again (a loader of the user's, a hub dataset). Nothing here imports
+torch, datasets or a tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ablate.errors import ConfigError, DataError
+
+CHAT = ("tools", "chat_template_kwargs")  # per-row chat template arguments, as TRL passes them
+
+
+@dataclass(frozen=True)
+class Kind:
+    method: str                                  # the methods it is for, in the words of a refusal
+    formats: tuple[tuple[str, tuple[str, ...]], ...]  # (TRL's format name, the columns that identify it)
+    optional: tuple[str, ...]                    # columns read when present
+    ids: tuple[str, ...]                         # already tokenised rows: the format check is skipped
+    tokenize: str                                # the function that tokenises a dataset of these rows
+    row: str                                     # the function that tokenises one row
+    preview: str                                 # what `ablate data preview` marks in a row
+
+
+PAIRS = (("preference", ("prompt", "chosen", "rejected")),
+         ("implicit-prompt preference", ("chosen", "rejected")))  # prompt = chosen's and rejected's shared prefix
+
+KINDS: dict[str, Kind] = {
+    "preference": Kind("DPO", PAIRS, CHAT, ("prompt_ids", "chosen_ids", "rejected_ids"),
+                       "ablate.data.tokenize.prepare_preference", "ablate.data.tokenize.tokenize_preference",
+                       "loss tokens"),
+    "sft": Kind("SFT", (("prompt-completion", ("prompt", "completion")),
+                        ("language modeling (conversational)", ("messages",)),  # ShareGPT `conversations` too
+                        ("language modeling (standard)", ("text",))),
+                CHAT, ("prompt_ids", "completion_ids"),
+                "ablate.data.tokenize.prepare_sft", "ablate.data.tokenize.tokenize_sft", "loss tokens"),
+    # GRPO, RLOO, distillation: completions are sampled; every other column reaches the reward functions
+    "prompt": Kind("GRPO", (("prompt-only", ("prompt",)),), CHAT, ("prompt_ids",),
+                   "ablate.data.tokenize.prepare_prompts", "ablate.data.tokenize.tokenize_prompt",
+                   "prompts only: completions are sampled"),
+    # reward modelling: preference pairs, each side scored whole (prompt + completion)
+    "reward": Kind("reward modelling", PAIRS, ("margin", *CHAT), ("chosen_ids", "rejected_ids"),
+                   "ablate.data.reward.prepare_reward", "ablate.data.reward.tokenize_reward",
+                   "each side scored whole, at its last token"),
+    # KTO: TRL's unpaired format (a desirable/undesirable `label` per completion), or pairs it unpairs
+    "unpaired": Kind("KTO", (("unpaired preference", ("prompt", "completion", "label")), *PAIRS), CHAT,
+                     ("prompt_ids", "completion_ids", "label"),
+                     "ablate.data.unpaired.prepare_unpaired", "ablate.data.tokenize.tokenize_sft", "loss tokens"),
+}
+
+
+def kind(name: str | None, key: str = "method.data_kind") -> Kind | None:
+    """The registry's entry for a method's `data_kind` (None: not checked), or one line naming the kinds."""
+    if name is None:
+        return None
+    if name not in KINDS:
+        raise ConfigError(f"{key}={name}: no such kind of data; one of {', '.join(KINDS)} (ablate.data.kinds), "
+                        f"or null for data ablate does not check")
+    return KINDS[name]
+
+
+def tokenized(name: str, found: list[str]) -> bool:
+    """Rows already tokenised for a method of kind `name`."""
+    return set(KINDS[name].ids) <= set(found)
+
+
+def detect_columns(found: list[str], name: str, method: str | None = None) -> str:
+    """The format (its TRL name) of rows with columns `found` for a method of kind `name`, or one line
+    naming the columns found, the formats expected and the columns the closest one misses. `method`: the
+    method's name (`method.name`), said where the kind's words do not name it (method=distill)."""
+    cols = set(found)
+    if "conversations" in cols and "messages" not in cols and name == "sft":
+        cols.add("messages")  # ShareGPT, converted by ablate.data.formats.to_chatml
+    words, formats = KINDS[name].method, KINDS[name].formats
+    for fmt, needed in formats:
+        if set(needed) <= cols:
+            return fmt
+    expected = "; ".join(f"{fmt}: {', '.join(needed)}" for fmt, needed in formats)
+    fmt, needed = min(formats, key=lambda f: len(set(f[1]) - cols))  # the closest: fewest missing (first on ties)
+    missing = ", ".join(repr(c) for c in needed if c not in cols)
+    who = words if method is None or method.lower() in words.lower() else f"method={method}"
+    raise DataError(f"data: {who} found columns {sorted(found)}, expected one of [{expected}]: missing {missing} "
+                    f"({fmt}; rename with data.columns.<role>=<your column>)")
