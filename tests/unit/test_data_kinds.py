@@ -102,3 +102,13 @@ def test_every_methods_file_is_checked_before_the_run(tmp_path, method, row, mis
 def test_an_unknown_kind_is_one_line():
     with pytest.raises(ConfigError, match=r"^method.data_kind=pairs: no such kind of data; one of preference, sft, "):
         data_checks.check_data_columns(_cfg("method.data_kind=pairs"), frozenset())
+
+
+def test_the_kind_is_not_part_of_a_runs_identity():
+    """A run started before its method named a kind resumes as the same run (the kind changes no training)."""
+    from ablate.record.identity import identity
+
+    cfg = _cfg("method=kto")
+    before = _cfg("method=kto", "~method.data_kind")
+    assert "data_kind" not in before.method
+    assert identity(cfg)["config_hash"] == identity(before)["config_hash"]

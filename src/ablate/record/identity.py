@@ -23,9 +23,9 @@ from ablate.schema.renamed import current_config, current_overrides
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
 NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
-# method keys that only tell `ablate compare` how to read a run (what defines each metric), left out of its
-# identity: a run started before a method declared them resumes as the same run
-COMPARE_ONLY = {"defined_by"}
+# method keys that only tell ablate how to read a run (what defines each metric) or check its data (the kind
+# of rows, ablate.data.kinds), left out of its identity: a run started before a method declared them resumes
+COMPARE_ONLY = {"defined_by", "data_kind"}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
