@@ -112,3 +112,12 @@ def test_the_kind_is_not_part_of_a_runs_identity():
     before = _cfg("method=kto", "~method.data_kind")
     assert "data_kind" not in before.method
     assert identity(cfg)["config_hash"] == identity(before)["config_hash"]
+
+
+def test_a_kinds_own_columns_can_be_mapped(tmp_path):
+    """KTO's `label` and reward modelling's `margin` are roles `data.columns` maps onto, as prompt or chosen are."""
+    path = _write(tmp_path / "kto.jsonl", [{"prompt": "p", "completion": "c", "is_good": True}])
+    cfg = _cfg("method=kto", "data=jsonl", f"data.train_path={path}", "+data.columns.label=is_good")
+    data_checks.check_data_columns(cfg, frozenset())
+    with pytest.raises(ConfigError, match="missing 'label'"):
+        data_checks.check_data_columns(_cfg("method=kto", "data=jsonl", f"data.train_path={path}"), frozenset())

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ablate.data.kinds import detect_columns, tokenized
+from ablate.data.kinds import COLUMNS, detect_columns, tokenized
 from ablate.errors import DataError
 
 if TYPE_CHECKING:  # no datasets import at run time: ablate.config.data_checks checks a file's columns with `detect_columns`
     from datasets import Dataset
 
-KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")
+KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")  # the text columns: strings or messages
 # the kind of rows a dataset's columns hold, whatever the method (first match wins): the sources of one mix
 # (ablate.data.mixture) must agree on it, since one method trains on all of them
 ROW_KINDS: list[tuple[str, tuple[tuple[str, ...], ...]]] = [
@@ -64,8 +64,8 @@ def _wanted(found: list[str], columns: Mapping[str, str | None]) -> dict[str, st
     """{file's column: TRL's name} from `data.columns`, each checked (a known role, a column the file has)."""
     wanted = {src: dst for dst, src in columns.items() if src}
     for dst in wanted.values():
-        if dst not in KNOWN:
-            raise DataError(f"data.columns.{dst}: unknown role; known: {', '.join(KNOWN)}")
+        if dst not in COLUMNS:
+            raise DataError(f"data.columns.{dst}: unknown role; known: {', '.join(COLUMNS)}")
     missing = [src for src in wanted if src not in found]
     if missing:
         raise DataError(f"data.columns: no column {missing} in the data (found {list(found)})")

@@ -62,6 +62,9 @@ KINDS: dict[str, Kind] = {
                      "ablate.data.unpaired.prepare_unpaired", "ablate.data.tokenize.tokenize_sft", "loss tokens"),
 }
 
+# every column a kind reads: the roles `data.columns.<role>=<your column>` may map a file's columns onto
+COLUMNS = tuple(dict.fromkeys(c for k in KINDS.values() for _, cols in k.formats for c in (*cols, *k.optional)))
+
 
 def kind(name: str | None, key: str = "method.data_kind") -> Kind | None:
     """The registry's entry for a method's `data_kind` (None: not checked), or one line naming the kinds."""
