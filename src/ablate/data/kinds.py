@@ -37,33 +37,45 @@ class Kind:
 
 
 PAIRS = (("preference", ("prompt", "chosen", "rejected")),
-         ("implicit-prompt preference", ("chosen", "rejected")))  # prompt = chosen's and rejected's shared prefix
+         ("implicit-prompt preference", ("chosen", "rejected")))  # prompt: the two's shared start
+TOKENIZE = "ablate.data.tokenize."
 
 KINDS: dict[str, Kind] = {
-    "preference": Kind("DPO", PAIRS, CHAT, ("prompt_ids", "chosen_ids", "rejected_ids"),
-                       "ablate.data.tokenize.prepare_preference", "ablate.data.tokenize.tokenize_preference",
-                       "loss tokens"),
-    "sft": Kind("SFT", (("prompt-completion", ("prompt", "completion")),
-                        ("language modeling (conversational)", ("messages",)),  # ShareGPT `conversations` too
-                        ("language modeling (standard)", ("text",))),
-                CHAT, ("prompt_ids", "completion_ids"),
-                "ablate.data.tokenize.prepare_sft", "ablate.data.tokenize.tokenize_sft", "loss tokens"),
+    "preference": Kind(
+        method="DPO", formats=PAIRS, optional=CHAT,
+        ids=("prompt_ids", "chosen_ids", "rejected_ids"),
+        tokenize=TOKENIZE + "prepare_preference", row=TOKENIZE + "tokenize_preference",
+        preview="loss tokens"),
+    "sft": Kind(
+        method="SFT",
+        formats=(("prompt-completion", ("prompt", "completion")),
+                 ("language modeling (conversational)", ("messages",)),  # or ShareGPT's `conversations`
+                 ("language modeling (standard)", ("text",))),
+        optional=CHAT, ids=("prompt_ids", "completion_ids"),
+        tokenize=TOKENIZE + "prepare_sft", row=TOKENIZE + "tokenize_sft", preview="loss tokens"),
     # GRPO, RLOO, distillation: completions are sampled; every other column reaches the reward functions
-    "prompt": Kind("GRPO", (("prompt-only", ("prompt",)),), CHAT, ("prompt_ids",),
-                   "ablate.data.tokenize.prepare_prompts", "ablate.data.tokenize.tokenize_prompt",
-                   "prompts only: completions are sampled"),
-    # reward modelling: preference pairs, each side scored whole (prompt + completion)
-    "reward": Kind("reward modelling", PAIRS, ("margin", *CHAT), ("chosen_ids", "rejected_ids"),
-                   "ablate.data.reward.prepare_reward", "ablate.data.reward.tokenize_reward",
-                   "each side scored whole, at its last token"),
+    "prompt": Kind(
+        method="GRPO", formats=(("prompt-only", ("prompt",)),), optional=CHAT, ids=("prompt_ids",),
+        tokenize=TOKENIZE + "prepare_prompts", row=TOKENIZE + "tokenize_prompt",
+        preview="prompts only: completions are sampled"),
+    # reward modelling: preference pairs, each side scored whole (prompt + completion); `margin`: by how
+    # much the chosen must win (TRL's)
+    "reward": Kind(
+        method="reward modelling", formats=PAIRS, optional=("margin", *CHAT),
+        ids=("chosen_ids", "rejected_ids"),
+        tokenize="ablate.data.reward.prepare_reward", row="ablate.data.reward.tokenize_reward",
+        preview="each side scored whole, at its last token"),
     # KTO: TRL's unpaired format (a desirable/undesirable `label` per completion), or pairs it unpairs
-    "unpaired": Kind("KTO", (("unpaired preference", ("prompt", "completion", "label")), *PAIRS), CHAT,
-                     ("prompt_ids", "completion_ids", "label"),
-                     "ablate.data.unpaired.prepare_unpaired", "ablate.data.tokenize.tokenize_sft", "loss tokens"),
+    "unpaired": Kind(
+        method="KTO", formats=(("unpaired preference", ("prompt", "completion", "label")), *PAIRS),
+        optional=(),
+        ids=("prompt_ids", "completion_ids", "label"),
+        tokenize="ablate.data.unpaired.prepare_unpaired", row=TOKENIZE + "tokenize_sft",
+        preview="loss tokens"),
 }
 
 # every column a kind reads: the roles `data.columns.<role>=<your column>` may map a file's columns onto
-COLUMNS = tuple(dict.fromkeys(c for k in KINDS.values() for _, cols in k.formats for c in (*cols, *k.optional)))
+COLUMNS = tuple(dict.fromkeys(c for k in KINDS.values() for _, cols in k.formats for c in cols + k.optional))
 
 
 def kind(name: str | None, key: str = "method.data_kind") -> Kind | None:
@@ -71,8 +83,8 @@ def kind(name: str | None, key: str = "method.data_kind") -> Kind | None:
     if name is None:
         return None
     if name not in KINDS:
-        raise ConfigError(f"{key}={name}: no such kind of data; one of {', '.join(KINDS)} (ablate.data.kinds), "
-                        f"or null for data ablate does not check")
+        raise ConfigError(f"{key}={name}: no such kind of data; one of {', '.join(KINDS)} "
+                          f"(ablate.data.kinds), or null for data ablate does not check")
     return KINDS[name]
 
 
@@ -93,8 +105,8 @@ def detect_columns(found: list[str], name: str, method: str | None = None) -> st
         if set(needed) <= cols:
             return fmt
     expected = "; ".join(f"{fmt}: {', '.join(needed)}" for fmt, needed in formats)
-    fmt, needed = min(formats, key=lambda f: len(set(f[1]) - cols))  # the closest: fewest missing (first on ties)
+    fmt, needed = min(formats, key=lambda f: len(set(f[1]) - cols))  # the closest: fewest missing (first)
     missing = ", ".join(repr(c) for c in needed if c not in cols)
     who = words if method is None or method.lower() in words.lower() else f"method={method}"
-    raise DataError(f"data: {who} found columns {sorted(found)}, expected one of [{expected}]: missing {missing} "
-                    f"({fmt}; rename with data.columns.<role>=<your column>)")
+    raise DataError(f"data: {who} found columns {sorted(found)}, expected one of [{expected}]: missing "
+                    f"{missing} ({fmt}; rename with data.columns.<role>=<your column>)")
