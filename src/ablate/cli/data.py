@@ -56,12 +56,13 @@ def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
 
 def _kind(cfg: DictConfig) -> str:
     """The method's kind of data (`method.data_kind`, ablate.data.kinds)."""
+    from ablate.data.kinds import KINDS
     from ablate.errors import ConfigError
 
     kind = cfg.method.get("data_kind")
     if kind is None:
-        raise ConfigError(f"ablate data: method={cfg.method.get('name')} names no kind of data (method.data_kind: "
-                          f"one of ablate.data.kinds'), so ablate does not know how its rows are read")
+        raise ConfigError(f"ablate data: method={cfg.method.get('name')} names no kind of data, so its rows cannot be "
+                          f"shown: set method.data_kind to one of {', '.join(KINDS)} (ablate.data.kinds)")
     return kind
 
 
