@@ -196,8 +196,11 @@ def main(argv: list[str] | None = None) -> None:
 
         print(f"ablate {__version__}")
         return
+    from ablate.process.setup import exit_without_teardown
+
     try:
-        _dispatch(top, argv[0], argv[1:])
+        with exit_without_teardown():  # a torchrun/SLURM rank: no interpreter teardown after its group
+            _dispatch(top, argv[0], argv[1:])
     except KeyboardInterrupt:  # Ctrl-C: the run records itself (summary.json); no traceback page here
         from ablate.process.console import say
 

@@ -98,6 +98,37 @@ def init_process_group(cfg: Any) -> None:
 
 
 
+_GROUP_LEFT = False  # this process destroyed a process group it trained in (process_group_left)
+
+
+@contextmanager
+def exit_without_teardown() -> Iterator[None]:
+    """Around the process's command: a rank that trained in a process group ends with `os._exit`
+    once its output is flushed and its atexit handlers ran. destroy_process_group only drops
+    torch.distributed's own references: FSDP2's device mesh and the trainer keep the gloo group alive,
+    and its worker threads, torn down with the interpreter, can abort a rank whose run completed
+    (SIGABRT, "terminate called without an active exception": a 2-rank FSDP run in CI, under load)."""
+    code: Any = 0
+    try:
+        yield
+    except SystemExit as e:
+        if not _GROUP_LEFT:
+            raise
+        code = e.code
+    if _GROUP_LEFT:
+        import atexit
+        import logging
+
+        if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, exit 1, as Python does
+            print(code, file=sys.stderr)
+            code = 1
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+
+
 @contextmanager
 def process_group_left() -> Iterator[None]:
     """Around a run: destroy its process group (torchrun, SLURM tasks) before the interpreter exits.
@@ -118,3 +149,5 @@ def process_group_left() -> Iterator[None]:
                     dist.barrier()
             finally:
                 dist.destroy_process_group()
+                global _GROUP_LEFT
+                _GROUP_LEFT = True

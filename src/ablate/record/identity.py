@@ -23,6 +23,8 @@ from ablate.schema.renamed import current_config, current_overrides
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
 NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
+# set by `ablate resume` on another rank count: the keys it changed to keep the global batch (accepted)
+RESIZED_ENV = "ABLATE_RESUME_RESIZED"
 # method keys that only tell ablate how to read a run (what defines each metric) or check its data (the kind
 # of rows, ablate.data.kinds), left out of its identity: a run started before a method declared them resumes
 COMPARE_ONLY = {"defined_by", "data_kind"}
@@ -44,7 +46,14 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 def same_overrides(recorded: list[str], given: list[str]) -> bool:
     """The same command: `given` as it is recorded (masked), a renamed group's old spelling read as today's."""
-    return sorted(current_overrides(recorded)) == sorted(current_overrides(secrets.mask(given)))
+    resized = _resized_keys()  # `ablate resume` on another rank count changed these keys itself
+    kept = [[o for o in current_overrides(x) if o.split("=", 1)[0].lstrip("+~") not in resized]
+            for x in (recorded, secrets.mask(given))]
+    return sorted(kept[0]) == sorted(kept[1])
+
+
+def _resized_keys() -> set[str]:
+    return set(filter(None, os.environ.get(RESIZED_ENV, "").split(",")))
 
 
 def same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
@@ -86,7 +95,10 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
     before = (info or {}).get("config_hash")
     if not before or same_config(info or {}, now) or not checkpoints.checkpoints(run_dir):
         return
-    changed = config_changes(current_config((info or {}).get("config") or {}), now["config"])
+    changed = [c for c in config_changes(current_config((info or {}).get("config") or {}), now["config"])
+               if c.split(" (was ", 1)[0] not in _resized_keys()]
+    if not changed:  # only what `ablate resume` changed for another rank count
+        return
     shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
     if os.environ.get(NEW_CONFIG_ENV):
         if warn:  # said once, by the run (the launching process checks it first, silently)

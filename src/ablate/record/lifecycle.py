@@ -43,6 +43,7 @@ from ablate.process import interrupts
 from ablate.record import checkpoints, rundir, secrets, sweep_dirs
 from ablate.record.identity import (
     NEW_DATA_ENV,
+    RESIZED_ENV,
     check_same_config,
     claim,
     data_fingerprint,
@@ -235,7 +236,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         return
     write_config_files(run_dir, cfg, hc)
     if info.get("config_hash") != now["config_hash"]:  # the job's identity, checked when it is resumed
-        info.update(now)
+        info.update(now, **({"overrides": overrides} if os.environ.get(RESIZED_ENV) else {}))  # resized: its command
         rundir.write_json(run_dir / rundir.RUN, info)
     run = Run(run_dir, info, {"status": "running", "method": cfg.method.name, "overrides": overrides,
                               # the method's own say in `ablate compare` (a user's method too)
