@@ -77,12 +77,17 @@ def _write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_tokenized_rows_pass_the_check_before_the_run(tmp_path):
-    """Rows already tokenised for the method (as the build accepts them) are not refused by the header check."""
+def test_tokenized_rows_pass_the_check_before_a_users_trainer(tmp_path):
+    """Rows already tokenised for the method pass the header check when the trainer is the user's (it may keep
+    them, as examples/custom_batch's does); ablate's own trainers tokenise their rows, so they are refused."""
     ids = _write(tmp_path / "ids.jsonl", [{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3]}])
-    data_checks.check_data_columns(_cfg("data=jsonl", f"data.train_path={ids}"), frozenset())
+    mine = "method.trainer._target_=my_batch.KeepDatasetDPOTrainer"
+    data_checks.check_data_columns(_cfg("data=jsonl", f"data.train_path={ids}", mine), frozenset())
+    with pytest.raises(ConfigError, match="DPO found columns"):
+        data_checks.check_data_columns(_cfg("data=jsonl", f"data.train_path={ids}"), frozenset())
     with pytest.raises(ConfigError, match="SFT found columns"):  # not tokenised for SFT
-        data_checks.check_data_columns(_cfg("method=sft", "data=jsonl", f"data.train_path={ids}"), frozenset())
+        data_checks.check_data_columns(_cfg("method=sft", "data=jsonl", f"data.train_path={ids}", mine.replace(
+            "DPO", "SFT")), frozenset())
 
 
 @pytest.mark.parametrize("method,row,missing", [

@@ -124,6 +124,8 @@ def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
     name = None if "method.data_kind" in swept else at(cfg, "method.data_kind")
     kinds.kind(name)  # a kind the registry has
     method = str(at(cfg, "method.name", ""))
+    # rows already tokenised: ablate's trainers tokenise their rows themselves; a user's may keep them as they are
+    ids_ok = not str(at(cfg, "method.trainer._target_", "")).startswith("ablate.")
     splits = ("train", "eval") if at(cfg, "method.args.eval_strategy") not in (None, "no") else ("train",)
     found_kinds: list[tuple[str, str]] = []
     for node_key, data in data_nodes(cfg):
@@ -135,7 +137,7 @@ def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
             try:
                 columns = data.get("columns")
                 found = mapped_columns(found, OmegaConf.to_container(columns) if columns else None)
-                if name is not None and not kinds.tokenized(name, found):
+                if name is not None and not (ids_ok and kinds.tokenized(name, found)):
                     kinds.detect_columns(found, name, method)
             except DataError as e:  # a mix's source: its own columns node
                 why = str(e).removeprefix("data: ").replace("data.columns", f"{node_key}.columns")

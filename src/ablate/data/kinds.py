@@ -6,7 +6,8 @@ checked). For each kind the registry holds:
 
 - `formats`: TRL's dataset formats it accepts, each the columns that identify it (first match wins);
 - `optional`: the columns it also reads when a row has them (reward modelling's `margin`, a chat's `tools`);
-- `ids`: the columns of rows already tokenised, which skip the format check (examples/custom_batch);
+- `ids`: the columns of rows already tokenised, which a trainer of the user's may take as they are
+  (examples/custom_batch): they skip the format check;
 - `tokenize`: the function that tokenises a dataset of its rows (the trainer's), `row`: the one that
   tokenises one row (`ablate data preview` shows its output);
 - `preview`: what `ablate data preview` says it marks in each row.
