@@ -179,7 +179,7 @@ def check_data(overrides: list[str], config_dir: str | None = None, out: Any = s
 
 def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
     """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
-    from hydra.utils import instantiate
+    from hydra.utils import get_method, instantiate
 
     cfg = _compose(overrides, config_dir)
     from ablate.data import tokenize  # torch: only once the config is known to be good
@@ -187,6 +187,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     from ablate.data.kinds import KINDS
 
     kind = _kind(cfg)
+    row_ids = get_method(KINDS[kind].row)  # how the method tokenises one row
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)
     data = instantiate(cfg.data)
@@ -213,7 +214,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     for i, row in enumerate(rows):
         print(f"\n===== example {i} =====", file=out)
         if kind == "prompt":
-            full = {"prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)}
+            full = {"prompt_ids": row["prompt_ids"] if pretokenized else row_ids(tok, row, i)}
             mpl = arg("max_prompt_length")
             cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
             print(f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
@@ -223,7 +224,7 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
                 print(f"note: {note}", file=out)
             continue
         if kind == "reward":
-            _show_reward(row, i, tok, max_length, out)
+            _show_reward(row_ids(tok, row, i), tok, max_length, out)
             continue
         if kind == "unpaired":
             print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
@@ -233,10 +234,10 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
             cut = tokenize.truncate(full, max_length, *((arg("max_prompt_length"), arg("max_completion_length"))
                                                    if kind == "preference" else ()))
         elif kind == "preference":
-            full = tokenize.tokenize_preference(tok, row, i)
+            full = row_ids(tok, row, i)
             cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
         else:
-            full = tokenize.tokenize_sft(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
+            full = row_ids(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
             cut = tokenize.truncate(full, max_length)
         shown = cut or full
         p = len(shown["prompt_ids"])
@@ -255,11 +256,8 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
             print(f"note: {note}", file=out)
 
 
-def _show_reward(row: dict[str, Any], i: int, tok: Any, max_length: Any, out: Any) -> None:
-    """A reward model's pair: each side the whole prompt + completion, dropped when over max_length."""
-    from ablate.data.reward import tokenize_reward
-
-    ids = tokenize_reward(tok, row, i)
+def _show_reward(ids: dict[str, list[int]], tok: Any, max_length: Any, out: Any) -> None:
+    """A reward model's pair (its ids): each side the whole prompt + completion, dropped when over max_length."""
     sizes = " / ".join(f"{k[:-4]} {len(v)}" for k, v in ids.items())
     print(f"tokens: {sizes} (max_length={max_length}; the score is read at the last token)", file=out)
     for k, v in ids.items():
