@@ -61,15 +61,17 @@ def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
     return instantiate(model_cfg)[0], True  # a user's model builder: only it knows its tokenizer
 
 
-def _kind(trainer_target: str) -> str:
-    from hydra.utils import get_class
-
+def _kind(cfg: DictConfig) -> str:
+    """The method's kind of data (`method.data_kind`, ablate.data.kinds)."""
+    from ablate.data.kinds import KINDS
     from ablate.errors import ConfigError
-    from ablate.methods.shapes import data_kind
 
-    kind = data_kind(get_class(trainer_target))
+    kind = cfg.method.get("data_kind")
     if kind is None:
-        raise ConfigError(f"ablate data preview: {trainer_target} is not a DPO, SFT or GRPO trainer subclass")
+        raise ConfigError(
+            f"ablate data: method={cfg.method.get('name')} names no kind of data, so its rows cannot be "
+            f"shown: set method.data_kind to one of {', '.join(KINDS)} (ablate.data.kinds)"
+        )
     return kind
 
 
@@ -178,12 +180,13 @@ def check_data(overrides: list[str], config_dir: str | None = None, out: Any = s
     from hydra.utils import instantiate
 
     from ablate.data.formats import detect
-    from ablate.methods.shapes import IDS
+    from ablate.data.kinds import tokenized
 
     cfg = _compose(overrides, config_dir)
-    kind = _kind(cfg.method.trainer._target_)
+    kind = _kind(cfg)
     data = instantiate(cfg.data)
-    fmt = "already tokenized" if set(IDS[kind]) <= set(data.train.column_names) else detect(data.train, kind)
+    tokens = tokenized(kind, data.train.column_names)
+    fmt = "already tokenized" if tokens else detect(data.train, kind, cfg.method.name)
     print(
         f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
         f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}",
@@ -200,13 +203,14 @@ def check_data(overrides: list[str], config_dir: str | None = None, out: Any = s
 
 def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
     """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
-    from hydra.utils import instantiate
+    from hydra.utils import get_method, instantiate
 
     cfg = _compose(overrides, config_dir)
     from ablate.data.formats import detect  # torch: only once the config is known to be good
-    from ablate.methods.shapes import IDS
+    from ablate.data.kinds import KINDS
 
-    kind = _kind(cfg.method.trainer._target_)
+    kind = _kind(cfg)
+    row_ids = get_method(KINDS[kind].row)  # how the method tokenises one row
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)
     data = instantiate(cfg.data)
@@ -224,12 +228,9 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     color = out.isatty() and "NO_COLOR" not in os.environ
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
-    legend = {
-        "prompt": "prompts only: completions are sampled",
-        "reward": "each side scored whole, at its last token",
-    }.get(kind, f"loss tokens {legend}")
-    pretokenized = set(IDS[kind]) <= set(data.train.column_names)  # e.g. examples/custom_batch
-    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
+    legend = KINDS[kind].preview + (f" {legend}" if KINDS[kind].preview == "loss tokens" else "")
+    pretokenized = set(KINDS[kind].ids) <= set(data.train.column_names)  # e.g. examples/custom_batch
+    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind, cfg.method.name)
     print(
         f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
         + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""),
@@ -239,18 +240,16 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     for i, row in enumerate(rows):
         print(f"\n===== example {i} =====", file=out)
         if kind == "prompt":
-            _show_prompt(row, i, tok, arg, pretokenized, out)
+            _show_prompt(row["prompt_ids"] if pretokenized else row_ids(tok, row, i), tok, arg, out)
         elif kind == "reward":
-            _show_reward(row, i, tok, max_length, out)
+            _show_reward(row_ids(tok, row, i), tok, max_length, out)
         else:
-            _show_tokens(row, i, kind, tok, arg, pretokenized, show, out)
+            _show_tokens(row, i, kind, row_ids, tok, arg, pretokenized, show, out)
 
 
-def _show_prompt(row: dict[str, Any], i: int, tok: Any, arg: Any, pretokenized: bool, out: Any) -> None:
+def _show_prompt(prompt_ids: list[int], tok: Any, arg: Any, out: Any) -> None:
     """A prompt-only example (GRPO and its kin): the prompt as the model sees it, after max_prompt_length."""
-    from ablate.data import tokenize
-
-    full = {"prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)}
+    full = {"prompt_ids": prompt_ids}
     mpl = arg("max_prompt_length")
     cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
     print(
@@ -264,30 +263,37 @@ def _show_prompt(row: dict[str, Any], i: int, tok: Any, arg: Any, pretokenized: 
 
 
 def _show_tokens(
-    row: dict[str, Any], i: int, kind: str, tok: Any, arg: Any, pretokenized: bool, show: Printer, out: Any
+    row: dict[str, Any],
+    i: int,
+    kind: str,
+    row_ids: Callable[..., dict[str, list[int]]],
+    tok: Any,
+    arg: Any,
+    pretokenized: bool,
+    show: Printer,
+    out: Any,
 ) -> None:
-    """A preference, SFT or unpaired example: its sides' tokens after truncation, the loss tokens marked."""
+    """A preference, SFT or unpaired example: its sides' tokens after truncation, the loss tokens marked
+    (`row_ids`: how the method tokenises one row, ablate.data.kinds)."""
     from ablate.data import tokenize
-    from ablate.methods.shapes import IDS
+    from ablate.data.kinds import KINDS
 
     max_length = arg("max_length")
     if kind == "unpaired":
         print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
         row = {"prompt": row["prompt"], "completion": row["completion"]}
     if pretokenized:
-        full = {k: row[k] for k in IDS[kind]}
+        full = {k: row[k] for k in KINDS[kind].ids}
         cut = tokenize.truncate(
             full,
             max_length,
             *((arg("max_prompt_length"), arg("max_completion_length")) if kind == "preference" else ()),
         )
     elif kind == "preference":
-        full = tokenize.tokenize_preference(tok, row, i)
+        full = row_ids(tok, row, i)
         cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
     else:
-        full = tokenize.tokenize_sft(
-            tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss"))
-        )
+        full = row_ids(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
         cut = tokenize.truncate(full, max_length)
     shown = cut or full
     p = len(shown["prompt_ids"])
@@ -313,11 +319,8 @@ def _show_tokens(
         print(f"note: {note}", file=out)
 
 
-def _show_reward(row: dict[str, Any], i: int, tok: Any, max_length: Any, out: Any) -> None:
-    """A reward model's pair: each side the whole prompt + completion, dropped when over max_length."""
-    from ablate.data.reward import tokenize_reward
-
-    ids = tokenize_reward(tok, row, i)
+def _show_reward(ids: dict[str, list[int]], tok: Any, max_length: Any, out: Any) -> None:
+    """A reward model's pair (its ids): each side the whole prompt + completion, dropped over max_length."""
     sizes = " / ".join(f"{k[:-4]} {len(v)}" for k, v in ids.items())
     print(f"tokens: {sizes} (max_length={max_length}; the score is read at the last token)", file=out)
     for k, v in ids.items():

@@ -55,13 +55,12 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
 
 
 def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str, Any]:
-    from hydra.utils import get_class, instantiate
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from transformers import set_seed
 
     from ablate.cli.generate import load_run_model
     from ablate.config.code_checks import check_precision
-    from ablate.methods.shapes import data_kind
     from ablate.process.setup import quiet_libraries
 
     cfg, merged = compose_run_config(run_dir, overrides)
@@ -70,7 +69,7 @@ def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str,
     tokenizer, model = load_run_model(run_dir)
     data = instantiate(cfg.data)
     split, dataset = ("eval", data.eval) if data.eval is not None else ("train", data.train)
-    generates = data_kind(get_class(cfg.method.trainer._target_)) == "prompt"  # GRPO, RLOO, distillation
+    generates = cfg.method.get("data_kind") == "prompt"  # GRPO, RLOO, distillation (ablate.data.kinds)
     device_args = check_precision(cfg.precision)
     with tempfile.TemporaryDirectory(prefix="ablate-eval-") as tmp:
         args = instantiate(
