@@ -2,7 +2,8 @@
 the student samples a completion of each prompt, and learns the teacher's next-token distribution at every
 token it sampled (the generalised JSD of ablate.losses.distill, `beta` from forward to reverse KL).
 
-The rollouts are GRPO's machinery (ablate.rollouts): prompts drawn by `RepeatSampler` (one completion per
+The rollouts are GRPO's machinery (ablate.rollouts, looped by the base both trainers share,
+ablate.methods.rollout.RolloutTrainer): prompts drawn by `RepeatSampler` (one completion per
 prompt, TRL's n = 1), a generation round per optimizer step (the accumulation window's prompts sampled at
 once, TRL's schedule: `Schedule` with steps_per_generation = gradient_accumulation_steps), served slice by
 slice and saved mid-round with the checkpoints by `RolloutBuffer`, and GRPO's generators (the default
