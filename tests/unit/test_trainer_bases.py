@@ -1,6 +1,7 @@
 """ablate's trainers share one base on transformers.Trainer (ablate.methods.base.AblateTrainer: optimizer,
 metrics, FSDP on CPU, tied-head resume) and the sampling methods one rollout base
-(ablate.methods.rollout.RolloutTrainer: the round loop, round checkpoints, counters): shallow, no copied loop."""
+(ablate.methods.rollout.RolloutTrainer: the round loop, round checkpoints, counters): shallow, no copied
+loop."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ MAX_BETWEEN = 3  # classes between an ablate trainer and transformers.Trainer in
 # what the rollout base does for every sampling method; a method defines how one round is made
 ROUND_METHODS = ("get_train_dataloader", "_get_train_sampler", "training_step", "prediction_step", "train",
                  "_save_checkpoint", "_load_from_checkpoint", "rollout_stats", "summary_fields", "run_facts",
-                 "_prompt_splits", "_start_generator", "_serve_rounds", "_train_round")
+                 "_prompt_splits", "_prepare_dataset", "_start_generator", "_serve_rounds", "_train_round")
 
 
 def ablate_trainers() -> set[type]:
@@ -95,14 +96,17 @@ class FixedCompletions:
 
     def __call__(self, model: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
         self.rounds += 1
-        return [self.tok("ab", add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id] for _ in prompt_ids]
+        ids = self.tok("ab", add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        return [list(ids) for _ in prompt_ids]
 
 
 def _distill(out: Path, **kw: Any) -> DistillTrainer:
     tok, student = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    args = DistillConfig(**{**dict(output_dir=str(out), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                                   max_completion_length=4, max_steps=4, learning_rate=1e-2, lr_scheduler_type="constant",
-                                   report_to="none", logging_steps=1, disable_tqdm=True, seed=0, use_cpu=True), **kw})
+    base = {"output_dir": str(out), "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
+            "max_completion_length": 4, "max_steps": 4, "learning_rate": 1e-2,
+            "lr_scheduler_type": "constant",
+            "report_to": "none", "logging_steps": 1, "disable_tqdm": True, "seed": 0, "use_cpu": True}
+    args = DistillConfig(**{**base, **kw})
     data = Dataset.from_list([{"prompt": c * 4} for c in "abcdefgh"])
     return DistillTrainer(model=student, args=args, train_dataset=data, processing_class=tok,
                           teacher=lambda: letter_teacher(confidence=8.0), generator=FixedCompletions(tok))

@@ -63,7 +63,8 @@ class AblateTrainer(Trainer):
     ) -> torch.optim.lr_scheduler.LRScheduler:
         """`num_training_steps`: the optimizer steps Trainer will run (max_steps or from the epochs)."""
         if self.lr_scheduler is None and self.scheduler_factory is not None:
-            self.lr_scheduler = self.scheduler_factory(optimizer or self.optimizer, num_training_steps=num_training_steps)
+            self.lr_scheduler = self.scheduler_factory(optimizer or self.optimizer,
+                                                       num_training_steps=num_training_steps)
             self._created_lr_scheduler = True  # as Trainer's own: a second train() builds it again
         return super().create_scheduler(num_training_steps, optimizer)
 
@@ -78,14 +79,16 @@ class AblateTrainer(Trainer):
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()  # runs in Trainer.__init__, before anything is prepared
         if fsdp.shard_on_cpu(self.accelerator.state, self.args.fsdp_plugin_args):
-            self.is_fsdp_enabled = True  # Trainer's own flag, read from here on (optimizer before prepare, save)
+            # Trainer's own flag, read from here on (the optimizer before prepare, save)
+            self.is_fsdp_enabled = True
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """`model/` (Trainer's save_model outside a checkpoint) is a plain from_pretrained dir under
         SHARDED_STATE_DICT too: the whole model gathered once (a collective: every rank calls it), rank 0
         writes it. Trainer writes nothing there when sharded; checkpoints (`_internal_call`) stay sharded,
         each rank writing its own DCP shards (accelerate's save_fsdp_model / save_fsdp_optimizer)."""
-        sharded = self.is_fsdp_enabled and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)
+        state = self.accelerator.state
+        sharded = self.is_fsdp_enabled and "SHARDED" in str(state.fsdp_plugin.state_dict_type)
         if _internal_call or not sharded:
             return super().save_model(output_dir, _internal_call)
         self._save(output_dir or self.args.output_dir, state_dict=self.accelerator.get_state_dict(self.model))

@@ -59,7 +59,6 @@ from ablate.rollouts.generation import (
     stop_ids,
 )
 from ablate.rollouts.geometry import PrintGeometry
-from ablate.rollouts.prompts import prompt_rows
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import completion_metrics
@@ -174,14 +173,9 @@ class GRPOTrainer(RolloutTrainer):
         speed_plan.apply(model, plan)
         return plan
 
-    def _prepare_dataset(
-        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
-    ) -> Dataset:
-        """Add `prompt_ids` (whole prompts, as TRL; the last `max_prompt_length` tokens when it is set; with
-        tools, the prompt offers them); other columns go to the rewards."""
-        encode = self.toolbox.prompt_ids if self.toolbox is not None else None
-        dataset, self.prompt_cuts[name] = prompt_rows(dataset, tokenizer, args.max_prompt_length, name, encode=encode)
-        return dataset
+    def _prompt_encoder(self) -> Callable[..., list[int]] | None:
+        """With tools, the prompt offers them (ablate.rollouts.turns)."""
+        return self.toolbox.prompt_ids if self.toolbox is not None else None
 
     # ---- batching: one generation batch, served by the buffer as `steps_per_generation` slices ----
 

@@ -14,7 +14,7 @@ callback (`rollout_stats`).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from datasets import Dataset
@@ -41,7 +41,8 @@ class RolloutTrainer(AblateTrainer):
     """Trains on rounds it samples itself, served slice by slice (`schedule`, `rollouts`).
 
     A subclass calls `_prompt_splits` before this `__init__` and `_serve_rounds` after it, and defines
-    `_generate_and_score(rows, mode)`: the padded round of `rows`' prompts, its counters and metrics recorded."""
+    `_generate_and_score(rows, mode)`: the padded round of `rows`' prompts, its counters and metrics
+    recorded."""
 
     loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
     ahead: AheadRounds | None = None  # rounds sampled ahead by a worker process (async GRPO)
@@ -53,8 +54,10 @@ class RolloutTrainer(AblateTrainer):
 
     # ---- prompts, the generator, the schedule ----
 
-    def _prompt_splits(self, train_dataset: Dataset | None, eval_dataset: Dataset | None,
-                       tokenizer: PreTrainedTokenizerBase, args: Any) -> tuple[Dataset | None, Dataset | None]:
+    def _prompt_splits(
+        self, train_dataset: Dataset | None, eval_dataset: Dataset | None, tokenizer: PreTrainedTokenizerBase,
+        args: Any,
+    ) -> tuple[Dataset | None, Dataset | None]:
         """Both splits with `prompt_ids` (None stays None: evaluation only, or no eval split)."""
         self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
         if train_dataset is not None:
@@ -63,11 +66,18 @@ class RolloutTrainer(AblateTrainer):
             eval_dataset = self._prepare_dataset(eval_dataset, tokenizer, args, "eval")
         return train_dataset, eval_dataset
 
-    def _prepare_dataset(self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: Any, name: str) -> Dataset:
-        """Add `prompt_ids` (whole prompts, as TRL; the last `max_prompt_length` tokens when it is set);
-        other columns go to the rewards."""
-        dataset, self.prompt_cuts[name] = prompt_rows(dataset, tokenizer, args.max_prompt_length, name)
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: Any, name: str
+    ) -> Dataset:
+        """Add `prompt_ids` (whole prompts, as TRL; the last `max_prompt_length` tokens when it is set; with
+        GRPO's tools, the prompt offers them); other columns go to the rewards."""
+        dataset, self.prompt_cuts[name] = prompt_rows(dataset, tokenizer, args.max_prompt_length, name,
+                                                      encode=self._prompt_encoder())
         return dataset
+
+    def _prompt_encoder(self) -> Callable[..., list[int]] | None:
+        """How a row becomes its prompt's ids (prompt_rows' `encode`); None: ablate.data.tokenize's own."""
+        return None
 
     def _longest_row(self, a: Any) -> int | None:
         return longest_row(self.prompt_cuts, a.max_prompt_length, a.max_completion_length)
@@ -100,12 +110,12 @@ class RolloutTrainer(AblateTrainer):
         s = self.schedule
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         # each round's prompts again for every micro-step it serves (Trainer skips what a resume has done)
-        return RepeatSampler(dataset, s.num_generations, s.round_size // s.num_generations, s.micro_steps_per_round,
-                             seed)
+        prompts = s.round_size // s.num_generations
+        return RepeatSampler(dataset, s.num_generations, prompts, s.micro_steps_per_round, seed)
 
     def training_step(self, model: nn.Module, inputs: list[dict[str, Any]],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-        self.rollouts.start(self.state.global_step)  # the first step of this process: after a resume, continue
+        self.rollouts.start(self.state.global_step)  # this process's first step: after a resume, continue
         loss = super().training_step(model, inputs, num_items_in_batch)
         self.rollouts.advance()
         return loss
@@ -161,18 +171,19 @@ class RolloutTrainer(AblateTrainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.rollouts.load(resume_from_checkpoint, self.args.device)  # mid-round: serve the rest, do not regenerate
+        # mid-round: serve the rest, do not regenerate
+        self.rollouts.load(resume_from_checkpoint, self.args.device)
         if self.ahead is not None:
             self.ahead.load(resume_from_checkpoint)  # the rounds sampled ahead: served, not sampled again
 
     def rollout_stats(self) -> RolloutStats:
-        """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
+        """The generation counters (ablate.rollouts.stats.ReportsRollouts), read by speed.throughput."""
         return self.rollouts.stats
 
     def summary_fields(self) -> dict[str, Any]:
         """For summary.json: what `steps_per_generation` buys (rounds and seconds, resumes included)."""
         stats = self.rollouts.stats
         fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
-        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; the worker's sampling time
+        if self.ahead is not None:  # async: generation_seconds is the trainer's wait; this, the worker's time
             fields["background_generation_seconds"] = round(stats.background_seconds, 3)
         return fields
