@@ -81,7 +81,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     trainer = make_trainer(
         model=model, args=args, train_dataset=data.train, processing_class=tokenizer, eval_dataset=eval_data,
         callbacks=callbacks(cfg, record),
-        optimizer_factory=instantiate(cfg.optimizer.optimizer),  # partials Trainer calls (ConfiguredOptimizer)
+        optimizer_factory=instantiate(cfg.optimizer.optimizer),  # partials Trainer calls (AblateTrainer)
         scheduler_factory=instantiate(cfg.optimizer.scheduler),
     )
     record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B) and cache hits: run.json

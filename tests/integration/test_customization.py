@@ -44,7 +44,7 @@ def test_optimizers_and_step_schedule(tmp_path):
 
 def test_sgd_and_cosine_reach_the_trainer(tmp_path):
     """optimizer=sgd, optimizer/scheduler=cosine, epoch-based: 32 rows / batch 8 = 4 optimizer steps,
-    a number only Trainer knows when it builds the schedule (ConfiguredOptimizer.create_scheduler).
+    a number only Trainer knows when it builds the schedule (AblateTrainer.create_scheduler).
     The logged lr is cosine over exactly those 4 steps, and the checkpoint's optimizer is SGD."""
     lr0 = 0.05
     r = ablate("train", "optimizer=sgd", f"optimizer.optimizer.lr={lr0}", "optimizer/scheduler=cosine",

@@ -20,7 +20,7 @@ def test_torchrun_two_ranks_share_one_run_dir(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "ablate", "train",
          "method.args.use_cpu=true",  # CPU processes join a gloo process group only with use_cpu
          "method.args.max_steps=6", "method.args.logging_steps=1", f"hydra.run.dir={out}/run",
-         # the optimizer group reaches the trainer under DDP too (ConfiguredOptimizer): SGD, halved every step
+         # the optimizer group reaches the trainer under DDP too (AblateTrainer): SGD, halved every step
          "optimizer=sgd", "optimizer/scheduler=step", "optimizer.scheduler.step_size=1", "optimizer.scheduler.gamma=0.5"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )

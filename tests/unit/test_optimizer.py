@@ -177,7 +177,7 @@ def test_completion_accuracy_by_hand():
 
 
 def test_trainer_without_configured_optimizer_is_refused():
-    """A method's trainer must take the optimizer group (ConfiguredOptimizer); a plain Trainer
+    """A method's trainer must take the optimizer group (AblateTrainer); a plain Trainer
     subclass would silently train with Trainer's default AdamW instead."""
     from transformers import Trainer
 
@@ -186,7 +186,7 @@ def test_trainer_without_configured_optimizer_is_refused():
 
     for cls in (dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer, type("Mine", (dpo.DPOTrainer,), {})):
         check_trainer_class(cls)  # accepted
-    with pytest.raises(ConfigError, match="Plain does not subclass ablate.methods.optim.ConfiguredOptimizer"):
+    with pytest.raises(ConfigError, match="Plain does not subclass ablate.methods.base.AblateTrainer"):
         check_trainer_class(type("Plain", (Trainer,), {}))
 
 

@@ -2,7 +2,8 @@
 Private members change without deprecation, so their signatures are pinned here: a transformers
 upgrade that changes one fails this test, not a training run. The list is found by reading ablate's
 source, so a newly used private member fails the test until it is recorded below. The public hooks
-ablate overrides (ConfiguredOptimizer's create_optimizer / create_scheduler) are pinned the same way."""
+ablate overrides (AblateTrainer's create_optimizer / create_scheduler / create_accelerator_and_postprocess)
+are pinned the same way."""
 
 from __future__ import annotations
 
@@ -24,15 +25,16 @@ PINNED: dict[str, tuple[str, ...] | str] = {
     "_get_train_sampler": ("self", "train_dataset"),
     "_get_eval_sampler": ("self", "eval_dataset"),
     "_save_checkpoint": ("self", "model", "trial"),
-    "_save": ("self", "output_dir", "state_dict"),  # ablate.methods.fsdp: model/ from the gathered state dict
+    "_save": ("self", "output_dir", "state_dict"),  # ablate.methods.base: model/ from the gathered state dict
     "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),
-    "_issue_warnings_after_load": ("self", "load_result"),  # ablate.methods.optim.TiedHeadResume
+    "_issue_warnings_after_load": ("self", "load_result"),  # ablate.methods.base: a tied head resumed quietly
     "_train_batch_size": "attribute",
     "loss_is_scaled_for_ga": "attribute",
     "_created_lr_scheduler": "attribute",  # set with the schedule, as Trainer.create_scheduler does
-    # public hooks Trainer calls while preparing training (ablate.methods.optim.ConfiguredOptimizer)
+    # public hooks Trainer calls while preparing training (ablate.methods.base.AblateTrainer)
     "create_optimizer": ("self", "model"),
     "create_scheduler": ("self", "num_training_steps", "optimizer"),
+    "create_accelerator_and_postprocess": ("self",),  # distributed=fsdp on CPU ranks (ablate.methods.fsdp)
 }
 _TRAINER_SOURCE = inspect.getsource(Trainer)
 
@@ -66,20 +68,23 @@ def test_private_member_signature(name):
 
 
 def test_optimizer_hooks_are_overridden_where_pinned():
-    """ConfiguredOptimizer overrides exactly the pinned hooks (so the signature checks above cover them)."""
-    from ablate.methods.optim import ConfiguredOptimizer
+    """AblateTrainer overrides exactly the pinned hooks (so the signature checks above cover them)."""
+    from ablate.methods.base import AblateTrainer
 
-    hooks = {n for n in vars(ConfiguredOptimizer) if n.startswith("create_")}
-    assert hooks == {"create_optimizer", "create_scheduler"} and hooks <= set(PINNED)
+    hooks = {n for n in vars(AblateTrainer) if n.startswith("create_")}
+    assert hooks == {"create_optimizer", "create_scheduler", "create_accelerator_and_postprocess"}
+    assert hooks <= set(PINNED)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in PINNED.items() if e != "attribute"))
 def test_overrides_accept_trainers_arguments(name):
     """An override takes the same positional arguments as the member it replaces (Trainer calls it)."""
-    from ablate.methods import dpo, grpo, optim, sft
+    from ablate.methods import base as ablate_base
+    from ablate.methods import distill, dpo, grpo, kto, reward, rollout, sft
 
     base = list(inspect.signature(getattr(Trainer, name)).parameters.values())
-    for cls in (optim.ConfiguredOptimizer, dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer):
+    for cls in (ablate_base.AblateTrainer, rollout.RolloutTrainer, dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer,
+                distill.DistillTrainer, kto.KTOTrainer, reward.RewardTrainer):
         if name in vars(cls):
             params = list(inspect.signature(vars(cls)[name]).parameters.values())
             assert len(params) == len(base), f"{cls.__name__}.{name}{inspect.signature(vars(cls)[name])}"

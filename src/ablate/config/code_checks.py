@@ -261,7 +261,7 @@ def has_accelerator() -> bool:
 def check_distributed(args: Any, processes: int | None = None) -> dict[str, Any]:
     """`args`: the distributed node; `processes`: the job's ranks when known here (None: a sweep on a
     launcher, decided per job). Returns extra TrainingArguments: FSDP2 on a machine without any
-    accelerator shards CPU ranks over gloo (`use_cpu`; ablate.methods.fsdp.ShardOnCPU). One process is
+    accelerator shards CPU ranks over gloo (`use_cpu`; ablate.methods.fsdp.shard_on_cpu). One process is
     refused unless torchrun started it (`--nproc_per_node=1`: a sharded checkpoint resumed on one rank)."""
     import os
 
@@ -297,12 +297,12 @@ def check_trainable(model: Any) -> None:
 
 
 def check_trainer_class(cls: Any) -> None:
-    """The optimizer group reaches a trainer only through ConfiguredOptimizer's hooks: a trainer
+    """The optimizer group reaches a trainer only through AblateTrainer's hooks: a trainer
     without them would silently train with Trainer's default optimizer instead."""
-    from ablate.methods.optim import ConfiguredOptimizer
+    from ablate.methods.base import AblateTrainer
 
-    if not (isinstance(cls, type) and issubclass(cls, ConfiguredOptimizer)):
+    if not (isinstance(cls, type) and issubclass(cls, AblateTrainer)):
         name = getattr(cls, "__qualname__", repr(cls))
-        raise ConfigError(f"method.trainer._target_: {name} does not subclass ablate.methods.optim.ConfiguredOptimizer, "
-                          "so the optimizer group cannot reach it; subclass one of ablate's trainers or add "
-                          "ConfiguredOptimizer as its first base")
+        raise ConfigError(f"method.trainer._target_: {name} does not subclass ablate.methods.base.AblateTrainer, "
+                          "so the optimizer group cannot reach it; subclass one of ablate's trainers or "
+                          "AblateTrainer instead of transformers.Trainer")

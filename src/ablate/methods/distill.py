@@ -2,7 +2,8 @@
 the student samples a completion of each prompt, and learns the teacher's next-token distribution at every
 token it sampled (the generalised JSD of ablate.losses.distill, `beta` from forward to reverse KL).
 
-The rollouts are GRPO's machinery (ablate.rollouts): prompts drawn by `RepeatSampler` (one completion per
+The rollouts are GRPO's machinery (ablate.rollouts, looped by the base both trainers share,
+ablate.methods.rollout.RolloutTrainer): prompts drawn by `RepeatSampler` (one completion per
 prompt, TRL's n = 1), a generation round per optimizer step (the accumulation window's prompts sampled at
 once, TRL's schedule: `Schedule` with steps_per_generation = gradient_accumulation_steps), served slice by
 slice and saved mid-round with the checkpoints by `RolloutBuffer`, and GRPO's generators (the default
@@ -25,7 +26,6 @@ mean such as `entropy` averages other slices).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,24 +33,20 @@ from typing import Any, Callable
 import torch
 from datasets import Dataset
 from torch import nn
-from torch.utils.data import Sampler
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from ablate.errors import ConfigError
 from ablate.losses import distill as distill_losses
 from ablate.methods.fsdp import full_params
-from ablate.methods.metrics import LogsMetrics, MetricsBuffer
-from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.rollout import RolloutTrainer
 from ablate.rewards import calls as rewards
-from ablate.rollouts.buffer import Rollout, RolloutBuffer
+from ablate.rollouts.buffer import Rollout
+from ablate.rollouts.generation import as_completions, left_pad, right_pad, stop_ids
 from ablate.rollouts.rewarding import reward_table
-from ablate.rollouts.generation import as_completions, build_generator, left_pad, right_pad, stop_ids
-from ablate.rollouts.prompts import Cut, cuts_record, longest_row, prompt_rows
-from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
-from ablate.rollouts.stats import RolloutStats, completion_metrics
-from ablate.speed.split import takes_logits_to_keep
+from ablate.rollouts.stats import completion_metrics
 from ablate.schema.methods import DistillArgs
+from ablate.speed.split import takes_logits_to_keep
 
 
 @dataclass
@@ -60,68 +56,28 @@ class DistillConfig(DistillArgs, TrainingArguments):
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 
 
-def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Collator: keep the rows as they are; `_prepare_inputs` turns prompts into completions."""
-    return rows
-
-
-class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
+class DistillTrainer(RolloutTrainer):
     """On-policy distillation from `teacher` (a model, or a builder returning (tokenizer, model))."""
-
-    loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
 
     def __init__(self, model: PreTrainedModel, args: DistillConfig, train_dataset: Dataset | None,
                  processing_class: PreTrainedTokenizerBase, teacher: Any = None, eval_dataset: Dataset | None = None,
                  reward_funcs: dict[str, Callable[..., list[float | None]]] | None = None, generator: Any = None,
                  **kwargs: Any) -> None:
         self.teacher = _built(teacher, model, processing_class)
-        self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
-        if train_dataset is not None:  # None: evaluation only
-            train_dataset, self.prompt_cuts["train"] = prompt_rows(train_dataset, processing_class,
-                                                                   args.max_prompt_length, "train")
-        if eval_dataset is not None:
-            eval_dataset, self.prompt_cuts["eval"] = prompt_rows(eval_dataset, processing_class,
-                                                                 args.max_prompt_length, "eval")
-        super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        train_dataset, eval_dataset = self._prompt_splits(train_dataset, eval_dataset, processing_class, args)
+        super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         processing_class=processing_class, **kwargs)
         self.teacher.to(self.args.device).eval().requires_grad_(False)
-        self.generator = build_generator(generator, args, processing_class,  # None: SharedPromptGenerator
-                                         longest_row(self.prompt_cuts, args.max_prompt_length, args.max_completion_length))
-        if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
-            self.add_callback(self.generator)
+        self.generator = self._start_generator(generator, args)  # None: SharedPromptGenerator
         ga = args.gradient_accumulation_steps  # one round per optimizer step, its micro-batches slices (TRL's)
-        self.schedule = Schedule(batch_size=args.train_batch_size, num_generations=1, steps_per_generation=ga,
-                                 accumulation=ga)
-        self.rollouts = RolloutBuffer(self.schedule)
+        self._serve_rounds(Schedule(batch_size=args.train_batch_size, num_generations=1, steps_per_generation=ga,
+                                    accumulation=ga))
         self.reward_funcs = rewards.checked(reward_funcs, train_dataset)  # logged only; held to the data's columns
         self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
-        self.metrics = MetricsBuffer()
 
-    # ---- batching: one round of prompts per optimizer step (ablate.rollouts) ----
+    # ---- one round of prompts per optimizer step (ablate.methods.rollout) ----
 
-    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._get_dataloader(dataset=self.train_dataset, description="Training", batch_size=self.schedule.round_size,
-                                    sampler_fn=self._get_train_sampler, is_training=True)
-
-    def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return RepeatSampler(self.train_dataset if dataset is None else dataset, 1, self.schedule.round_size,
-                             self.schedule.micro_steps_per_round, seed)
-
-    def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-        self.rollouts.start(self.state.global_step)  # the first step of this process: after a resume, continue
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        self.rollouts.advance()
-        return loss
-
-    def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> Rollout:
-        if not self.model.training:  # eval: one batch, sampled on the spot
-            return self._round(inputs, "eval")
-        if self.rollouts.needs_round():
-            self.rollouts.put(self._round(inputs, "train"))
-        return self.rollouts.serve()
-
-    def _round(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
+    def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         """The student's completions of `rows`' prompts, padded, with the round's counters and metrics."""
         t0 = time.perf_counter()
         prompt_ids = [r["prompt_ids"] for r in rows]
@@ -172,47 +128,6 @@ class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
                                                     temperature=self.args.temperature, num_items=float(inputs.num_items))
         self.metrics.add(mode, metrics)
         return loss
-
-    def prediction_step(self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor, None, None]:
-        """Eval rows have no `labels`: sample, and report the distillation loss and the round's metrics."""
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            return self.compute_loss(model, inputs).detach(), None, None
-
-    # ---- the run: the generator's engine closed, the round in flight checkpointed ----
-
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().train(*args, **kwargs)
-        finally:
-            close = getattr(self.generator, "close", None)
-            if close is not None:
-                close()
-
-    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
-        """The round being served and the generation counters, before Trainer's files (ablate.rollouts.buffer)."""
-        if self.args.should_save:
-            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            self.rollouts.save(folder)
-        super()._save_checkpoint(model, trial)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.rollouts.load(resume_from_checkpoint, self.args.device)
-
-    def rollout_stats(self) -> RolloutStats:
-        """The generation counters (ablate.rollouts.stats.ReportsRollouts; ablate.speed.throughput reads them)."""
-        return self.rollouts.stats
-
-    def run_facts(self) -> dict[str, Any]:
-        """For run.json: how many prompts max_prompt_length cut, per split."""
-        return {"prompts_cut": cuts_record(self.args.max_prompt_length, self.prompt_cuts)}
-
-    def summary_fields(self) -> dict[str, Any]:
-        stats = self.rollouts.stats
-        return {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
 
 
 def _built(teacher: Any, student: nn.Module, tokenizer: PreTrainedTokenizerBase) -> nn.Module:

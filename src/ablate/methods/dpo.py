@@ -37,9 +37,9 @@ from ablate.losses import dpo as dpo_losses
 from ablate.losses.logps import per_sequence, sequence_logps, shifted_logps
 from ablate.losses.reference_free import declares
 from ablate.methods import initial_eval
+from ablate.methods.base import AblateTrainer
 from ablate.methods.forward import unconverted
-from ablate.methods.metrics import LogsMetrics, MetricsBuffer, completion_token_metrics
-from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.metrics import completion_token_metrics
 from ablate.methods.tokenized import TokenizedRows
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.schema import fits
@@ -100,7 +100,7 @@ def _loss_result(fn: Any, out: Any) -> tuple[torch.Tensor, dict[str, Any]]:
                         "(losses, metrics): a tensor of per-pair losses and a dict of metrics (ablate.losses.dpo)")
 
 
-class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
+class DPOTrainer(TokenizedRows, AblateTrainer):
     """Direct Preference Optimization (Rafailov et al. 2023) with the loss given as `loss` (a
     `losses.dpo` function or any with its signature; config: `method/dpo_loss=NAME`, `method.trainer.loss`)
     and the speed switches as `perf` (config: the `speed` group; None: all requested). A loss marked
@@ -147,7 +147,6 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
             processing_class=processing_class,
             **kwargs,
         )
-        self.metrics = MetricsBuffer()
         self.num_tokens = 0
         self.initial_forwards: initial_eval.Forwards | None = None  # an eval at step 0 replaying or recording
         # ref_model None: the reference is the policy itself, as it starts (precomputed) or, with LoRA

@@ -2,46 +2,35 @@
 
 accelerate (1.15) turns a GPU process group into `DistributedType.FSDP` when Trainer hands it an FSDP
 plugin, but leaves CPU (gloo) ranks `MULTI_CPU`, so Trainer silently wraps the model in DDP
-(notes: `AcceleratorState.__init__` only checks the GPU-like types). `ShardOnCPU` switches the
+(notes: `AcceleratorState.__init__` only checks the GPU-like types). `shard_on_cpu` switches the
 already-built state to FSDP with the plugin Trainer itself built from `fsdp_config`; everything after
 (fsdp2_prepare_model, the optimizer's DTensor parameters, clipping, no_sync, checkpoints, resume,
-save_model) is accelerate's and Trainer's own FSDP2 code. It is the base of `ConfiguredOptimizer`,
-so every ablate trainer has it. tests/slow/test_fsdp.py: losses equal DDP's on 2 gloo ranks.
+save_model) is accelerate's and Trainer's own FSDP2 code. Every ablate trainer calls it from its base
+(ablate.methods.base.AblateTrainer, which also writes a whole `model/` under sharding).
+tests/slow/test_fsdp.py: losses equal DDP's on 2 gloo ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from torch import nn
-from transformers import Trainer
 
 
-class ShardOnCPU(Trainer):
-    """Trainer with `fsdp` set shards on CPU ranks as on GPUs (a no-op on GPUs and without fsdp)."""
+def shard_on_cpu(state: Any, fsdp_plugin_args: dict[str, Any] | None) -> bool:
+    """Switch an accelerator's `state` (built by Trainer.__init__, before anything is prepared) from
+    MULTI_CPU to FSDP with the plugin Trainer built from `fsdp_config`; whether it did (a no-op on GPUs
+    and without fsdp). AblateTrainer.create_accelerator_and_postprocess then sets Trainer's own flag."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    def create_accelerator_and_postprocess(self) -> None:
-        super().create_accelerator_and_postprocess()  # runs in Trainer.__init__, before anything is prepared
-        from accelerate.state import PartialState
-        from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
-        state = self.accelerator.state
-        if self.args.fsdp_plugin_args is not None and state.distributed_type == DistributedType.MULTI_CPU:
-            state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
-            state.distributed_type = DistributedType.FSDP
-            PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # read by accelerate's helpers
-            self.is_fsdp_enabled = True  # Trainer's own flag, read from here on (optimizer before prepare, save)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """`model/` (Trainer's save_model outside a checkpoint) is a plain from_pretrained dir under
-        SHARDED_STATE_DICT too: the whole model gathered once (a collective: every rank calls it), rank 0
-        writes it. Trainer writes nothing there when sharded; checkpoints (`_internal_call`) stay sharded,
-        each rank writing its own DCP shards (accelerate's save_fsdp_model / save_fsdp_optimizer)."""
-        sharded = self.is_fsdp_enabled and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)
-        if _internal_call or not sharded:
-            return super().save_model(output_dir, _internal_call)
-        self._save(output_dir or self.args.output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+    if fsdp_plugin_args is None or state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_args)
+    state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # read by accelerate's helpers
+    return True
 
 
 @contextlib.contextmanager

@@ -34,7 +34,6 @@ from torch.utils.data import Sampler
 from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    TrainerCallback,
     TrainingArguments,
 )
 
@@ -44,26 +43,22 @@ from ablate.losses.grpo import _nanstd as nanstd
 from ablate.losses.logps import logits_logps
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
-from ablate.methods.grpo_rounds import RoundsInCheckpoints
-from ablate.methods.metrics import LogsMetrics, MetricsBuffer
-from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.rollout import RolloutTrainer
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.rewards import resolve
 from ablate.rollouts import rewarding
 from ablate.rollouts.ahead import AheadRounds, check_async
-from ablate.rollouts.buffer import Rollout, RolloutBuffer
+from ablate.rollouts.buffer import Rollout
 from ablate.rollouts.generation import (
     Completions,
     GenerateFn,
     HFGenerator,
     as_completions,
-    build_generator,
     left_pad,
     right_pad,
     stop_ids,
 )
 from ablate.rollouts.geometry import PrintGeometry
-from ablate.rollouts.prompts import Cut, cuts_record, longest_row, prompt_rows
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import completion_metrics
@@ -87,11 +82,6 @@ def _check_finite(model: nn.Module, step: int) -> None:
                                  "(training diverged): lower optimizer.optimizer.lr")
 
 
-def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Collator: keep the rows as they are; `_prepare_inputs` turns prompts into completions."""
-    return rows
-
-
 @dataclass
 class GRPOConfig(GRPOArgs, TrainingArguments):
     """`method.args`: TrainingArguments with GRPO's fields, defaults and checks (ablate.schema.grpo.GRPOArgs)."""
@@ -113,10 +103,9 @@ class GRPOConfig(GRPOArgs, TrainingArguments):
         return None if self.environment is None else resolve.environment(self.environment, "method.args.environment")
 
 
-class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
-    """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds."""
-
-    loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
+class GRPOTrainer(RolloutTrainer):
+    """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds (its round
+    loop, checkpoints and counters: ablate.methods.rollout.RolloutTrainer)."""
 
     def __init__(
         self,
@@ -137,13 +126,10 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
         reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
         self.perf = perf or Perf()
-        self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
-        train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
-        if eval_dataset is not None:
-            eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        train_dataset, eval_dataset = self._prompt_splits(train_dataset, eval_dataset, processing_class, args)
         self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
-        super().__init__(model=model, args=args, data_collator=_rows, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         processing_class=processing_class, **kwargs)
         self.reward_funcs = dict(reward_funcs)
         self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
         rewarding.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)  # one line, before round 1
@@ -154,13 +140,9 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         self.reward_aggregation = reward_aggregation  # method/grpo_reward_aggregation=NAME: rewards -> advantages
         # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
         default = None if self.speed_plan.on("shared_prefill") else HFGenerator
-        self.generator = build_generator(default if generator is None else generator, args, processing_class,
-                                         self._longest_row(args))
-        if isinstance(self.generator, TrainerCallback):  # an engine that needs the policy's steps (vLLM: weight pushes)
-            self.add_callback(self.generator)
+        self.generator = self._start_generator(default if generator is None else generator, args)
         if self.toolbox is not None:  # tool calls between turns, whichever engine samples them
             self.generator = ToolGenerator(self.generator, self.toolbox, processing_class, args.max_completion_length)
-        self.metrics = MetricsBuffer()
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         self.ref_speed_plan: SpeedPlan | None = None
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
@@ -172,10 +154,8 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         # the batch geometry and the speed plan, printed together once the step count is known
         self.add_callback(PrintGeometry())
         self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan, show=self.perf.show))
-        self.schedule = Schedule.from_args(args)  # the one reader of steps_per_generation / num_iterations
-        self.rollouts = RolloutBuffer(self.schedule)  # the round being served, its schedule position, the counters
-        self.ahead: AheadRounds | None = None  # rounds sampled ahead by a worker process (async GRPO)
-        if self.schedule.staleness:
+        self._serve_rounds(Schedule.from_args(args))
+        if self.schedule.staleness:  # rounds sampled ahead by a worker process (async GRPO)
             check_async(self.schedule.staleness, args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
             self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), self.schedule.staleness,
@@ -193,39 +173,11 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         speed_plan.apply(model, plan)
         return plan
 
-    def _prepare_dataset(
-        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig, name: str
-    ) -> Dataset:
-        """Add `prompt_ids` (whole prompts, as TRL; the last `max_prompt_length` tokens when it is set; with
-        tools, the prompt offers them); other columns go to the rewards."""
-        encode = self.toolbox.prompt_ids if self.toolbox is not None else None
-        dataset, self.prompt_cuts[name] = prompt_rows(dataset, tokenizer, args.max_prompt_length, name, encode=encode)
-        return dataset
-
-    def _longest_row(self, a: GRPOConfig) -> int | None:
-        return longest_row(self.prompt_cuts, a.max_prompt_length, a.max_completion_length)
-
-    def run_facts(self) -> dict[str, Any]:
-        """For run.json: how many prompts max_prompt_length cut, per split."""
-        return {"prompts_cut": cuts_record(self.args.max_prompt_length, self.prompt_cuts)}
+    def _prompt_encoder(self) -> Callable[..., list[int]] | None:
+        """With tools, the prompt offers them (ablate.rollouts.turns)."""
+        return self.toolbox.prompt_ids if self.toolbox is not None else None
 
     # ---- batching: one generation batch, served by the buffer as `steps_per_generation` slices ----
-
-    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._get_dataloader(
-            dataset=self.train_dataset,
-            description="Training",
-            batch_size=self.schedule.round_size,  # a whole generation batch
-            sampler_fn=self._get_train_sampler,
-            is_training=True,
-        )
-
-    def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
-        dataset = self.train_dataset if dataset is None else dataset
-        prompts = self.schedule.round_size // self.args.num_generations
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        # each round's prompts again for every micro-step it serves (Trainer skips what a resume has done)
-        return RepeatSampler(dataset, self.args.num_generations, prompts, self.schedule.micro_steps_per_round, seed)
 
     def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler[int]:
         prompts = self.args.per_device_eval_batch_size // self.args.num_generations
@@ -235,38 +187,19 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         """Round k's prompt ids, read ahead of the dataloader from the sampler (asynchronous GRPO)."""
         return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer.train; however it ends, the async worker stops and an engine (vLLM) closes."""
-        try:
-            return super().train(*args, **kwargs)
-        finally:
-            try:
-                if self.ahead is not None:
-                    self.ahead.close()
-            finally:
-                close = getattr(self.generator, "close", None)
-                if close is not None:
-                    close()
-
-    def training_step(
-        self, model: nn.Module, inputs: list[dict[str, Any]], num_items_in_batch: torch.Tensor | int | None = None
-    ) -> torch.Tensor:
-        self.rollouts.start(self.state.global_step)  # the first step of this process: after a resume, continue
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        self.rollouts.advance()
-        return loss
-
     def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> Rollout:
+        served = super()._prepare_inputs(inputs)
         if not self.model.training:  # eval: one batch, generated and scored on the spot
-            return self._generate_and_score(inputs, "eval")
-        if self.rollouts.needs_round():  # the rows are this round's prompts (RepeatSampler)
-            self.rollouts.put(self._generate_and_score(inputs, "train") if self.ahead is None else self._take_ahead(inputs))
-        served = self.rollouts.serve()  # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
+            return served
         if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
             self.metrics.add("train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)})
+        # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
         return served
+
+    def _train_round(self, rows: list[dict[str, Any]]) -> Rollout:
+        return self._generate_and_score(rows, "train") if self.ahead is None else self._take_ahead(rows)
 
     # ---- one generation round ----
 
@@ -484,13 +417,3 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
             metrics["off_policy/masked_fraction"] = 1 - keep.mean()
             weight = keep if weight is None else weight * keep
         return weight, metrics
-
-    def prediction_step(
-        self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
-        ignore_keys: list[str] | None = None,
-    ) -> tuple[torch.Tensor, None, None]:
-        """Eval rows have no `labels`: generate, score and report the GRPO loss and reward metrics."""
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs)
-        return loss.detach(), None, None

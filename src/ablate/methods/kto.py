@@ -27,8 +27,7 @@ from ablate.data.unpaired import prepare_unpaired
 from ablate.errors import ConfigError
 from ablate.losses import kto as kto_losses
 from ablate.losses.logps import sequence_logps, shifted_logps
-from ablate.methods.metrics import LogsMetrics, MetricsBuffer
-from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.base import AblateTrainer
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.schema import refusal
 from ablate.schema.methods import KTOArgs, kl_batch_problem
@@ -64,7 +63,7 @@ class KTOCollator:
         return batch
 
 
-class KTOTrainer(LogsMetrics, ConfiguredOptimizer):
+class KTOTrainer(AblateTrainer):
     """KTO with the loss given as `loss` (a `losses.kto` function; config `method/kto_loss=NAME`)."""
 
     def __init__(self, model: PreTrainedModel, args: KTOConfig, train_dataset: Dataset | None,
@@ -84,7 +83,6 @@ class KTOTrainer(LogsMetrics, ConfiguredOptimizer):
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          data_collator=data_collator or KTOCollator(processing_class.pad_token_id, args.max_length),
                          processing_class=processing_class, **kwargs)
-        self.metrics = MetricsBuffer()
         self.num_tokens = 0
         self.ref_model = None  # None: precomputed, or the policy with its adapters disabled
         if args.precompute_ref_log_probs and ref_model is None:

@@ -1,5 +1,5 @@
-"""Per-step metric accumulation shared by the trainers: a `MetricsBuffer` each, and `LogsMetrics`,
-the one `log` override they share.
+"""Per-step metric accumulation shared by the trainers: a `MetricsBuffer` each, read by the one `log`
+override they share (ablate.methods.base.AblateTrainer).
 
 `compute_loss` runs once per micro-batch; Trainer logs once every `logging_steps` optimizer steps.
 Values are appended per micro-batch and averaged when Trainer calls `log` (TRL's scheme, so the
@@ -48,17 +48,6 @@ class MetricsBuffer:
         out = {k: sum(v) / len(v) for k, v in values.items() if v}
         self._values[mode].clear()
         return {f"eval_{k}": v for k, v in out.items()} if mode == "eval" else out
-
-
-class LogsMetrics:
-    """Mixin for a Trainer whose `compute_loss` fills `self.metrics` (a MetricsBuffer): every log event
-    gets the averages since the previous one (train or eval, by the model's mode)."""
-
-    metrics: MetricsBuffer
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.update(self.metrics.pop("train" if self.model.training else "eval"))  # type: ignore[attr-defined]
-        super().log(logs, start_time)  # type: ignore[misc]
 
 
 @torch.no_grad()

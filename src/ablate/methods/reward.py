@@ -25,8 +25,7 @@ from ablate.data.reward import prepare_reward
 from ablate.data.tokenize import pad
 from ablate.errors import ConfigError
 from ablate.losses import reward as reward_losses
-from ablate.methods.metrics import LogsMetrics, MetricsBuffer
-from ablate.methods.optim import ConfiguredOptimizer
+from ablate.methods.base import AblateTrainer
 from ablate.models.heads import is_classifier
 from ablate.schema.methods import RewardArgs
 
@@ -53,7 +52,7 @@ class RewardCollator:
         return batch
 
 
-class RewardTrainer(LogsMetrics, ConfiguredOptimizer):
+class RewardTrainer(AblateTrainer):
     """Bradley-Terry reward modelling with the loss given as `loss` (ablate.losses.reward's signature)."""
 
     def __init__(
@@ -81,7 +80,6 @@ class RewardTrainer(LogsMetrics, ConfiguredOptimizer):
                          data_collator=data_collator or RewardCollator(processing_class.pad_token_id),
                          processing_class=processing_class, **kwargs)
         self.loss_fn = loss
-        self.metrics = MetricsBuffer()
         self.num_tokens = 0
 
     def _prepare_dataset(self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: RewardConfig,

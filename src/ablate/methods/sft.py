@@ -15,9 +15,8 @@ from ablate.data import cache as reuse
 from ablate.data.tokenize import pad, prepare_sft
 from ablate.losses.logps import shifted_logps
 from ablate.losses.sft import nll
+from ablate.methods.base import AblateTrainer
 from ablate.methods.forward import unconverted
-from ablate.methods.metrics import LogsMetrics, MetricsBuffer
-from ablate.methods.optim import ConfiguredOptimizer
 from ablate.methods.tokenized import TokenizedRows
 from ablate.schema.args import SFTArgs
 from ablate.speed import plan as speed_plan
@@ -56,7 +55,7 @@ class SFTCollator:
         }
 
 
-class SFTTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
+class SFTTrainer(TokenizedRows, AblateTrainer):
     """Next-token NLL on the completion, given the prompt. Its one speed path, `lean_layers` (conf/speed/),
     is decided by ablate.speed.plan as the other trainers' are."""
 
@@ -96,7 +95,6 @@ class SFTTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
             **kwargs,
         )
         self.loss_is_scaled_for_ga = True  # nll() divides by the accumulated batch's token count
-        self.metrics = MetricsBuffer()
         self.add_callback(PrintPlan(self.speed_plan, show=self.perf.show))
 
     def compute_loss(
