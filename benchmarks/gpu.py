@@ -4,21 +4,20 @@ and the GPU smoke lines; its record decides which speed paths run by default on 
     python benchmarks/gpu.py                          # everything, <= 8 min on one H200 (--budget 470 s)
     python benchmarks/gpu.py --record                 # ... and write its verdicts into src/ablate/speed/measured.json
     python benchmarks/gpu.py --device cpu --tiny      # the same script on a CPU, tiny shapes (a test runs it)
-    python benchmarks/gpu.py --sections exact,dpo     # some sections (exact, dpo, smoke, dpo_large, grpo, sft)
+    python benchmarks/gpu.py --sections exact,dpo     # some sections (exact, dpo, smoke, grpo, sft, dpo_large)
 
-Sections, in this order, each within its share of --budget (SECONDS: a section cut short keeps its most
-decisive rows, TRL, speed=off, forced, and names the rest "not started"; one that would start past --budget is
-skipped, and says so). Without a CUDA GPU the script says so in one line and exits 2 (--device cpu: the dry run).
+Sections, in this order, each within its share of --budget (SECONDS: a section runs its most decisive rows
+first and names those past its time "not started"; one that would start past --budget is skipped, and says
+so). Without a CUDA GPU the script says so in one line and exits 2 (--device cpu: the dry run).
 - exact: float32, TF32 off, on the device: each speed path alone against speed=off (benchmarks/gpu_exact.py),
   and the measured bf16 matmul peak the MFU columns use.
 - dpo: DPO, bf16 autocast, a ~0.5B Llama shape (hidden 1536 x 16 layers, 12 heads / 4 KV, vocab 49152;
   random init from config, built on the GPU), 8 pairs of ~800 tokens a side, precomputed reference, 10 steps.
-  TRL in its fastest configuration (no gradient checkpointing), then ablate: speed=off, every path forced,
+  TRL in its fastest configuration (no gradient checkpointing), then ablate: every path forced, speed=off,
   the CUDA default, each path alone, forced + Liger, forced + compile; each its own process
   (benchmarks/gpu_sides.py), a fresh model from the same seed.
 - smoke: the GPU smoke lines (`ablate train`, tiny model: fp16, bf16 + tf32, fp32 + tf32, SFT fp16, live
   8-/4-bit references, AdamW8bit, DPO, GRPO, GRPO spg 4, LoRA, QLoRA DPO/SFT/GRPO), 8 at a time.
-- dpo_large: the same at ~1.5B (hidden 2048 x 24 layers, 16 heads / 4 KV): TRL, forced, speed=off, default.
 - grpo: GRPO, bf16, the 0.5B shape, generation on the GPU (16 completions x 64 new tokens, 8 per prompt,
   temperature 1, beta 0, DAPO aggregation, 4 steps of one generation round each): TRL (model.generate) and
   ablate (speed=off: model.generate; forced; the default; each GRPO path alone). Each generation round
@@ -26,6 +25,8 @@ skipped, and says so). Without a CUDA GPU the script says so in one line and exi
   same completions: their per-step reward and gradient norm agree, not only their (on-policy, ~0) loss.
 - sft: SFT, the 0.5B shape, bf16, 8 prompt/completion rows of ~800 tokens, 8 steps, completion-only loss:
   TRL and ablate (speed=off, forced, the default, lean layers, Liger, compile).
+- dpo_large: the dpo section at ~1.5B (hidden 2048 x 24 layers, 16 heads / 4 KV): TRL, forced, speed=off,
+  default. Last: it runs on the time the others leave.
 
 Tables (benchmarks/harness.py), one per timed section, TRL's row first: s/step (median after each run's
 first step; GRPO's steps include their generation round), process s, tokens/s, MFU against the measured bf16
@@ -57,24 +58,27 @@ ALL = {"unverified_devices": True}  # every path, on a device no record has veri
 DPO_PATHS = ("completion_only_logits", "padding_free", "dpo_pair_rows", "lean_layers")
 GRPO_PATHS = ("shared_prefill", "grpo_group_rows", "length_groups")
 # ablate's variants: name -> perf ("off", one path's name alone, or Perf fields); "default": Perf() as the
-# device's record decides it; "forced": every path
-# In each section's order of what decides most: a section cut short by its time (SECONDS) keeps TRL,
-# speed=off (TRL's layout: the same losses) and forced (every path: the speed claim), then the rest.
-DPO_VARIANTS = {"off": "off", "forced": ALL, "default": {}, **{p: p for p in DPO_PATHS},
+# device's record decides it; "forced": every path. In each section's order of what decides most: a section cut
+# short by its time (SECONDS) keeps the first rows.
+# DPO: TRL, then every path forced (the speed claim, never measured on a GPU yet: the H200's one try was cut at
+# 76 s), then speed=off (TRL's layout; measured there: TRL's speed at 1.06x its memory). GRPO and SFT: TRL, then
+# speed=off (TRL's layout: the same per-step losses, the table's agreement check), then forced.
+DPO_VARIANTS = {"forced": ALL, "off": "off", "default": {}, **{p: p for p in DPO_PATHS},
                 "forced+liger": {"liger": True, **ALL}, "forced+compile": {"compile": True, **ALL}}
 LARGE_VARIANTS = {k: DPO_VARIANTS[k] for k in ("forced", "off", "default")}
 GRPO_VARIANTS = {"off": "off", "forced": ALL, "default": {}, **{p: p for p in GRPO_PATHS}}
 SFT_VARIANTS = {"off": "off", "forced": ALL, "default": {}, "lean_layers": "lean_layers",
                 "liger": {"liger": True, **ALL}, "compile": {"compile": True, **ALL}}
-# Each section's expected seconds on one H200, summing to the default --budget (470 s: one ~8-minute device call
-# with the wheels' install). A section gets the time left times its share of the sections still to run, so one
-# that runs long leaves every later section its turn, and time a section leaves unused goes to the later ones.
-# Sized from the two H200 runs (2026-12-04): a process of TRL's 0.5B DPO 38-49 s, of ablate's 24 s (imports, CUDA,
-# model, data; 10 steps are ~3 s of it), the exact section <= 108 s. So: exact; dpo TRL + off + forced (+ default
-# when its time allows); smoke 15 tiny lines, 8 at a time; dpo_large (1.5B) TRL + forced; grpo TRL + off + forced;
-# sft TRL + off (+ forced). The per-path rows that --record's verdicts need come from a run of fewer sections
-# (`--sections exact,dpo,grpo`: each gets more of the budget).
-SECONDS = {"exact": 110, "dpo": 100, "smoke": 40, "dpo_large": 80, "grpo": 80, "sft": 60}
+# Each section's expected seconds on one H200, in the default run's order, summing to the default --budget (470 s:
+# one ~8-minute device call with the wheels' install). A section gets the time left times its share of the sections
+# still to run, so one that runs long leaves every later section its turn, and time a section leaves unused goes to
+# the later ones. Sized by reasoning (no GPU in the session that wrote it) from the two H200 runs (2026-12-04): a
+# process of TRL's 0.5B DPO 38-49 s, of ablate's speed=off 24 s (imports, CUDA, model, data; its 10 steps are
+# ~3 s), the forced one > 76 s (FlexAttention compiles in each process), header + exact 108 s. So the default run
+# expects: exact; dpo TRL + forced; smoke 15 tiny lines, 8 at a time; grpo TRL + off; sft TRL + off; dpo_large
+# (1.5B) last, on what the others leave. The other rows (and the per-path rows --record's verdicts need) come
+# from runs of fewer sections, each then getting more of the budget (docs/benchmarks.md).
+SECONDS = {"exact": 130, "dpo": 160, "smoke": 35, "grpo": 70, "sft": 55, "dpo_large": 20}
 QLORA = ["+peft=qlora", "model.quantization_config.bnb_4bit_compute_dtype=bfloat16", "precision=bf16"]
 SMOKE = [  # name, `ablate train` overrides, runs on a CPU too (--tiny)
     ("fp16", ["precision=fp16"], False),
@@ -276,7 +280,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="tiny shapes (seconds per section on a CPU)")
-    p.add_argument("--sections", help="default: exact,dpo,smoke,dpo_large,grpo,sft (--tiny: no dpo_large, the same code)")
+    p.add_argument("--sections", help="default: exact,dpo,smoke,grpo,sft,dpo_large (--tiny: no dpo_large, the same code)")
     p.add_argument("--budget", type=float, default=470.0, help="seconds: a section starting later is skipped")
     p.add_argument("--repeats", type=int, default=1, help="alternated rounds of TRL and ablate per section")
     p.add_argument("--parallel", type=int, default=8, help="smoke lines at a time")
@@ -291,9 +295,9 @@ def main() -> None:
     a = p.parse_args()
     if a.tiny and a.record and Path(a.record).resolve() == (ROOT / "src/ablate/speed/measured.json").resolve():
         p.error("--tiny decides nothing for ablate's defaults: give --record a path of its own")
-    sections = (a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else "exact,dpo,smoke,dpo_large,grpo,sft")).split(",")
-    if set(sections) - set(SECONDS):
-        p.error(f"--sections: unknown {', '.join(sorted(set(sections) - set(SECONDS)))}; choose from {', '.join(SECONDS)}")
+    sections = (a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else ",".join(SECONDS))).split(",")
+    if unknown := sorted(set(sections) - set(SECONDS)):
+        p.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECONDS)}")
     if reason := no_device(a.device):
         print(reason, file=sys.stderr)
         sys.exit(2)

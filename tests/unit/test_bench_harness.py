@@ -95,7 +95,8 @@ import grpo_vs_trl  # noqa: E402  (benchmarks/grpo_vs_trl.py: its parent side ne
 def _grpo_child(impl: str, losses: list[float], cpu: float, wall: float, trl: bool = False,
                 rewards: tuple[float, ...] = (0.1, 0.2, 0.3), grad_norms: tuple[float, ...] = (2.0, 1.0, 0.5)) -> dict:
     """A GRPO child's JSON as grpo_vs_trl.run_one reports it: harness.report's fields + its extras."""
-    return {"step_seconds": [5.0, wall, wall], "losses": losses, "rewards": list(rewards), "grad_norms": list(grad_norms),
+    return {"step_seconds": [5.0, wall, wall], "losses": losses, "rewards": list(rewards),
+            "grad_norms": list(grad_norms),
             "tokens": 0 if trl else 600, "generated_tokens": 90,
             "flops_per_token": 6.0, "peak_flops": 1000.0, "peak_rss_mb": 100.0,
             "computed": {"tokens": 300, "head_rows": 90}, "head_params": 0.5, "device": "cpu|float32",
