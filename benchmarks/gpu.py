@@ -121,8 +121,10 @@ def configs(device: str, tiny: bool) -> dict[str, dict[str, Any]]:
 
 def section_seconds(section: str, later: list[str], remaining: float) -> float:
     """The seconds `section` may take: what is left of the budget times its share (SECONDS) of the sections
-    still to run (it and `later`)."""
-    return remaining * SECONDS[section] / sum(SECONDS[s] for s in [section, *later])
+    still to run (it and `later`). The exact section is one child, all or nothing (cut, it reports no path):
+    under a smaller --budget it still gets its expected seconds while the budget has them."""
+    share = remaining * SECONDS[section] / sum(SECONDS[s] for s in [section, *later])
+    return max(share, min(remaining, SECONDS[section])) if section == "exact" else share
 
 
 def no_device(device: str) -> str | None:

@@ -139,6 +139,10 @@ def test_every_section_gets_its_share_of_the_budget():
     assert gpu.section_seconds("dpo", order[2:], 270.0) == pytest.approx(270.0 * 160 / 340)
     # a run of fewer sections: each gets more (the per-path rows that --record's verdicts need)
     assert gpu.section_seconds("grpo", ["sft"], 360.0) == pytest.approx(360.0 * 70 / 125)
+    # the short-lease run (docs/benchmarks.md: exact,dpo,smoke at --budget 280): exact, all or nothing, keeps its
+    # 130 s (its share would be 112 s, barely above the 108 s the header and exact took on the H200)
+    assert gpu.section_seconds("exact", ["dpo", "smoke"], 280.0) == 130.0
+    assert gpu.section_seconds("exact", ["dpo"], 100.0) == 100.0  # never more than is left
 
 
 def test_sections_keep_their_decisive_rows_first():
