@@ -3,7 +3,7 @@ shapes: every speed path exact against speed=off on this device, a table per sec
 and each ablate variant, the CPU smoke lines completed, and a record the speed plan can read. Timings
 here are noise (seconds on a shared machine); the run is about the script working, and about every ablate
 variant of the dpo, grpo and sft tables taking TRL's steps (per-step loss, gradient norm, GRPO's reward).
-~7 min on 2 loaded cores (twenty processes, each importing transformers and TRL): slow suite."""
+7-9 min on 2 loaded cores (twenty processes, each importing transformers and TRL): slow suite."""
 
 from __future__ import annotations
 
