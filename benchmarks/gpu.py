@@ -4,26 +4,35 @@ and the GPU smoke lines; its record decides which speed paths run by default on 
     python benchmarks/gpu.py                          # everything, <= 8 min on one H200 (--budget 470 s)
     python benchmarks/gpu.py --record                 # ... and write its verdicts into src/ablate/speed/measured.json
     python benchmarks/gpu.py --device cpu --tiny      # the same script on a CPU, tiny shapes (a test runs it)
-    python benchmarks/gpu.py --sections exact,dpo     # some sections (exact, dpo, smoke, dpo_large, grpo, sft)
+    python benchmarks/gpu.py --sections exact,dpo     # some sections (exact, dpo, smoke, grpo, sft, dpo_large)
 
-Sections, in this order (one that would start past --budget seconds is skipped, and says so):
+Sections, in this order, each within its share of --budget (SECONDS: a section runs its most decisive rows
+first and names those past its time "not started"; one that would start past --budget is skipped, and says
+so). Without a CUDA GPU the script says so in one line and exits 2 (--device cpu: the dry run).
 - exact: float32, TF32 off, on the device: each speed path alone against speed=off (benchmarks/gpu_exact.py),
   and the measured bf16 matmul peak the MFU columns use.
 - dpo: DPO, bf16 autocast, a ~0.5B Llama shape (hidden 1536 x 16 layers, 12 heads / 4 KV, vocab 49152;
-  random init from config, built on the GPU), 8 pairs of ~800 tokens a side, precomputed reference. TRL in
-  its fastest configuration (no gradient checkpointing) and ablate (one process, a fresh model per variant:
-  speed=off, the CUDA default, every path forced, each path alone, forced + Liger, forced + compile),
-  alternated, each side its own process (benchmarks/gpu_sides.py).
+  random init from config, built on the GPU), 8 pairs of ~800 tokens a side, precomputed reference, 10 steps.
+  TRL in its fastest configuration (no gradient checkpointing), then ablate: every path forced, speed=off,
+  the CUDA default, each path alone, forced + Liger, forced + compile; each its own process
+  (benchmarks/gpu_sides.py), a fresh model from the same seed.
 - smoke: the GPU smoke lines (`ablate train`, tiny model: fp16, bf16 + tf32, fp32 + tf32, SFT fp16, live
-  8-/4-bit references, AdamW8bit, DPO, GRPO, GRPO spg 4, LoRA, QLoRA DPO/SFT/GRPO), 4 at a time.
-- dpo_large: the same at ~1.5B (hidden 2048 x 24 layers, 16 heads / 4 KV): TRL, speed=off, default, forced.
-- grpo: GRPO, bf16, generation on the GPU (16 completions x 128 new tokens, 8 per prompt, temperature 1):
-  TRL (model.generate) and ablate (speed=off: model.generate; the default; forced; each GRPO path alone).
-- sft: SFT, ~0.5B, bf16, 8 rows of ~800 tokens: TRL and ablate (speed=off, lean layers, Liger, compile).
+  8-/4-bit references, AdamW8bit, DPO, GRPO, GRPO spg 4, LoRA, QLoRA DPO/SFT/GRPO), 8 at a time.
+- grpo: GRPO, bf16, the 0.5B shape, generation on the GPU (16 completions x 64 new tokens, 8 per prompt,
+  temperature 1, beta 0, DAPO aggregation, 4 steps of one generation round each): TRL (model.generate) and
+  ablate (speed=off: model.generate; forced; the default; each GRPO path alone). Each generation round
+  samples from torch's RNG seeded alike on every side (grpo_vs_trl._seeded), so TRL and speed=off draw the
+  same completions: their per-step reward and gradient norm agree, not only their (on-policy, ~0) loss.
+- sft: SFT, the 0.5B shape, bf16, 8 prompt/completion rows of ~800 tokens, 8 steps, completion-only loss:
+  TRL and ablate (speed=off, forced, the default, lean layers, Liger, compile).
+- dpo_large: the dpo section at ~1.5B (hidden 2048 x 24 layers, 16 heads / 4 KV): TRL, forced, speed=off,
+  default. Last: it runs on the time the others leave.
 
-Tables (benchmarks/harness.py): s/step (median after each run's first step), process s, tokens/s, MFU
-against the measured bf16 peak, GPU peak memory (torch.cuda.max_memory_allocated, per variant), the
-largest per-step loss difference from the table's first row (TRL). `--out FILE`: every number as JSON.
+Tables (benchmarks/harness.py), one per timed section, TRL's row first: s/step (median after each run's
+first step; GRPO's steps include their generation round), process s, tokens/s, MFU against the measured bf16
+peak, GPU peak memory (torch.cuda.max_memory_allocated, per variant), and the per-step agreement with TRL's
+row: the largest loss difference, for GRPO the largest reward difference, and the largest relative
+difference of the gradient norm. `--out FILE`: every number as JSON.
 `--record`: each path exact (the exact section) and not slower than speed=off (dpo for the DPO paths,
 grpo for GRPO's) is recorded on, else off with its numbers. The GPU machine reaches no package index:
 scripts/gpu_wheels.sh downloads the wheels here and prints the one install line (docs/benchmarks.md).
@@ -46,16 +55,30 @@ import harness  # benchmarks/harness.py (the script's dir is on sys.path)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ALL = {"unverified_devices": True}  # every path, on a device no record has verified
-DPO_PATHS = ("dpo_pair_rows", "padding_free", "completion_only_logits", "lean_layers")
-GRPO_PATHS = ("grpo_group_rows", "length_groups", "shared_prefill")
+DPO_PATHS = ("completion_only_logits", "padding_free", "dpo_pair_rows", "lean_layers")
+GRPO_PATHS = ("shared_prefill", "grpo_group_rows", "length_groups")
 # ablate's variants: name -> perf ("off", one path's name alone, or Perf fields); "default": Perf() as the
-# device's record decides it; "forced": every path
-DPO_VARIANTS = {"off": "off", "default": {}, "forced": ALL, **{p: p for p in DPO_PATHS},
+# device's record decides it; "forced": every path. In each section's order of what decides most: a section cut
+# short by its time (SECONDS) keeps the first rows.
+# DPO: TRL, then every path forced (the speed claim, never measured on a GPU yet: the H200's one try was cut at
+# 76 s), then speed=off (TRL's layout; measured there: TRL's speed at 1.06x its memory). GRPO and SFT: TRL, then
+# speed=off (TRL's layout: the same per-step losses, the table's agreement check), then forced.
+DPO_VARIANTS = {"forced": ALL, "off": "off", "default": {}, **{p: p for p in DPO_PATHS},
                 "forced+liger": {"liger": True, **ALL}, "forced+compile": {"compile": True, **ALL}}
-LARGE_VARIANTS = {k: DPO_VARIANTS[k] for k in ("off", "default", "forced")}
-GRPO_VARIANTS = {"off": "off", "default": {}, "forced": ALL, **{p: p for p in GRPO_PATHS}}
-SFT_VARIANTS = {"off": "off", "lean_layers": "lean_layers", "liger": {"liger": True, **ALL},
-                "compile": {"compile": True, **ALL}}
+LARGE_VARIANTS = {k: DPO_VARIANTS[k] for k in ("forced", "off", "default")}
+GRPO_VARIANTS = {"off": "off", "forced": ALL, "default": {}, **{p: p for p in GRPO_PATHS}}
+SFT_VARIANTS = {"off": "off", "forced": ALL, "default": {}, "lean_layers": "lean_layers",
+                "liger": {"liger": True, **ALL}, "compile": {"compile": True, **ALL}}
+# Each section's expected seconds on one H200, in the default run's order, summing to the default --budget (470 s:
+# one ~8-minute device call with the wheels' install). A section gets the time left times its share of the sections
+# still to run, so one that runs long leaves every later section its turn, and time a section leaves unused goes to
+# the later ones. Sized by reasoning (no GPU in the session that wrote it) from the two H200 runs (2026-12-04): a
+# process of TRL's 0.5B DPO 38-49 s, of ablate's speed=off 24 s (imports, CUDA, model, data; its 10 steps are
+# ~3 s), the forced one > 76 s (FlexAttention compiles in each process), header + exact 108 s. So the default run
+# expects: exact; dpo TRL + forced; smoke 15 tiny lines, 8 at a time; grpo TRL + off; sft TRL + off; dpo_large
+# (1.5B) last, on what the others leave. The other rows (and the per-path rows --record's verdicts need) come
+# from runs of fewer sections, each then getting more of the budget (docs/benchmarks.md).
+SECONDS = {"exact": 130, "dpo": 160, "smoke": 35, "grpo": 70, "sft": 55, "dpo_large": 20}
 QLORA = ["+peft=qlora", "model.quantization_config.bnb_4bit_compute_dtype=bfloat16", "precision=bf16"]
 SMOKE = [  # name, `ablate train` overrides, runs on a CPU too (--tiny)
     ("fp16", ["precision=fp16"], False),
@@ -92,8 +115,26 @@ def configs(device: str, tiny: bool) -> dict[str, dict[str, Any]]:
     return {"exact": base, "dpo": {**base, **dpo, "kind": "dpo", "variants": DPO_VARIANTS},
             "dpo_large": {**base, **dpo, "shape": "1.5b", "kind": "dpo", "variants": LARGE_VARIANTS},
             "grpo": {**base, "kind": "grpo", "shape": "0.5b", "steps": 4, "batch": 16, "generations": 8,
-                     "new_tokens": 128, "prompt_tokens": 64, "seq_len": 192, "variants": GRPO_VARIANTS},
+                     "new_tokens": 64, "prompt_tokens": 64, "seq_len": 128, "variants": GRPO_VARIANTS},
             "sft": {**base, **dpo, "kind": "sft", "steps": 8, "variants": SFT_VARIANTS}}
+
+
+def section_seconds(section: str, later: list[str], remaining: float) -> float:
+    """The seconds `section` may take: what is left of the budget times its share (SECONDS) of the sections
+    still to run (it and `later`). The exact section is one child, all or nothing (cut, it reports no path):
+    under a smaller --budget it still gets its expected seconds while the budget has them."""
+    share = remaining * SECONDS[section] / sum(SECONDS[s] for s in [section, *later])
+    return max(share, min(remaining, SECONDS[section])) if section == "exact" else share
+
+
+def no_device(device: str) -> str | None:
+    """Why this run cannot measure (one line), or None: the GPU run on a machine without CUDA."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return ("benchmarks/gpu.py: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU "
+                "machine, or pass --device cpu --tiny for the CPU dry run")
+    return None
 
 
 def child(cfg: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, float, str]:
@@ -159,13 +200,18 @@ def keep_only(cfgs: dict[str, dict[str, Any]], only: set[str] | None) -> dict[st
 
 def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float,
           only: set[str] | None = None) -> dict[str, Any]:
-    """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds)."""
+    """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds); a line that would
+    start after `remaining` seconds is not started (and says so)."""
     lines = smoke_lines(device, only)
     steps = 2 if tiny else 10
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    deadline = time.perf_counter() + remaining
 
-    def run(name: str, overrides: list[str]) -> tuple[str, int, float]:
+    def run(name: str, overrides: list[str]) -> tuple[str, int | None, float]:
         t0 = time.perf_counter()
+        remaining = deadline - t0
+        if remaining <= 0:
+            return name, None, 0.0
         cmd = [sys.executable, "-m", "ablate", "train", *overrides, f"method.args.max_steps={steps}",
                f"hydra.run.dir={out_dir / name}"]
         with open(out_dir / f"{name}.log", "w") as log:
@@ -184,7 +230,10 @@ def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: floa
     return results
 
 
-def smoke_line(run_dir: Path, name: str, rc: int, seconds: float) -> dict[str, Any]:
+def smoke_line(run_dir: Path, name: str, rc: int | None, seconds: float) -> dict[str, Any]:
+    if rc is None:
+        print(f"{name:14} not started: past the section's time", flush=True)
+        return {"rc": None, "status": "not started", "seconds": 0.0}
     try:
         s = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError) as e:
@@ -233,10 +282,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="tiny shapes (seconds per section on a CPU)")
-    p.add_argument("--sections", help="default: exact,dpo,smoke,dpo_large,grpo,sft (--tiny: no dpo_large, the same code)")
+    p.add_argument("--sections", help="default: exact,dpo,smoke,grpo,sft,dpo_large (--tiny: no dpo_large, the same code)")
     p.add_argument("--budget", type=float, default=470.0, help="seconds: a section starting later is skipped")
     p.add_argument("--repeats", type=int, default=1, help="alternated rounds of TRL and ablate per section")
-    p.add_argument("--parallel", type=int, default=4, help="smoke lines at a time")
+    p.add_argument("--parallel", type=int, default=8, help="smoke lines at a time")
     p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
                    help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)")
     p.add_argument("--compile", action="store_true", help="exact: check torch.compile on a CPU too (minutes)")
@@ -248,17 +297,23 @@ def main() -> None:
     a = p.parse_args()
     if a.tiny and a.record and Path(a.record).resolve() == (ROOT / "src/ablate/speed/measured.json").resolve():
         p.error("--tiny decides nothing for ablate's defaults: give --record a path of its own")
+    sections = (a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else ",".join(SECONDS))).split(",")
+    if unknown := sorted(set(sections) - set(SECONDS)):
+        p.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECONDS)}")
+    if reason := no_device(a.device):
+        print(reason, file=sys.stderr)
+        sys.exit(2)
     t0, run = time.perf_counter(), header(a.device)
     print(run, flush=True)
     only = set(a.only.split(",")) if a.only else None
     cfgs, out = keep_only(configs(a.device, a.tiny), only), {"run": run}
-    sections = a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else "exact,dpo,smoke,dpo_large,grpo,sft")
-    for section in sections.split(","):
+    for i, section in enumerate(sections):
         remaining = a.budget - (time.perf_counter() - t0)
         if remaining <= 0:
             print(f"\n{section}: skipped (past --budget {a.budget:.0f} s)")
             continue
-        print(f"\n== {section} ==", flush=True)
+        remaining = section_seconds(section, sections[i + 1:], remaining)
+        print(f"\n== {section} ({remaining:.0f} s of the budget) ==", flush=True)
         s0 = time.perf_counter()
         if section == "exact":
             got, _, err = child({**cfgs["exact"], "kind": "exact", "compile": a.compile}, remaining)

@@ -196,16 +196,18 @@ def sft_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     return _finish(cfg, rec, model, trainer, plan=_plan_of(trainer))
 
 
-def reward_a(completions: list, **_: Any) -> list[float]:
-    """GRPO's reward: the share of the letter a (any text scores; random weights make long completions)."""
+def reward_even(completions: list, **_: Any) -> list[float]:
+    """GRPO's reward: the share of characters with an even code point. Every sampled id decodes to text
+    (wide_tokenizer), so every completion scores somewhere around 0.5 and the completions of a group differ:
+    advantages and gradients are never zero, and the per-step reward and gradient norm compare the sides."""
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [t.count("a") / max(len(t), 1) for t in texts]
+    return [sum(ord(ch) % 2 == 0 for ch in t) / max(len(t), 1) for t in texts]
 
 
 def grpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     from datasets import Dataset
 
-    from grpo_vs_trl import _timed, completion_tokens, round_means
+    from grpo_vs_trl import _seeded, _timed, completion_tokens, round_means
 
     tok, model = build(cfg["shape"], cfg["device"])
     rng = random.Random(0)
@@ -220,17 +222,19 @@ def grpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
         import trl
 
         rec.watch_trl_fused_head()
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward_a], train_dataset=prompts, processing_class=tok,
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward_even], train_dataset=prompts, processing_class=tok,
                                   args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[rec])
+        _seeded(trainer, "_generate_single_turn", 1000)
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
     else:
         from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 
         common.pop("gradient_checkpointing")
         trainer = GRPOTrainer(model=model, args=GRPOConfig(**common), train_dataset=prompts, processing_class=tok,
-                              reward_funcs={"a": reward_a}, callbacks=[rec], perf=perf_of(spec))
+                              reward_funcs={"reward_even": reward_even}, callbacks=[rec], perf=perf_of(spec))
         gen = trainer.generator
         trainer.generator = lambda m, p: gen(m, p)
+        _seeded(trainer, "generator", 1000)
         _timed(trainer, "generator", box, "generation", completion_tokens)
     trainer.train()
     steps = max(len(rec.step_seconds), 1)

@@ -83,6 +83,22 @@ def _timed(obj: Any, name: str, box: dict[str, float], key: str,
     setattr(obj, name, wrapper)
 
 
+def _seeded(obj: Any, name: str, seed: int) -> None:
+    """Wrap obj.name (a generation call) so round k samples from torch's RNG seeded with seed + k: what each
+    trainer draws from the global RNG between rounds (TRL shuffles its generation batch with torch.randperm)
+    no longer moves the samples, and two trainers that generate alike draw the same completions every round."""
+    fn, rounds = getattr(obj, name), [0]
+
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        import torch
+
+        torch.manual_seed(seed + rounds[0])
+        rounds[0] += 1
+        return fn(*a, **kw)
+
+    setattr(obj, name, wrapper)
+
+
 def completion_tokens(completion_ids: list[list[int]]) -> int:
     """Tokens sampled (each EOS included, no padding): what MFU counts 2N FLOPs for."""
     return sum(len(ids) for ids in completion_ids)
@@ -98,7 +114,6 @@ def round_means(step_seconds: list[float], spg: int) -> list[float]:
 def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int,
             full_length: bool = False) -> dict:
     import torch
-    from transformers import TrainerCallback
 
     if full_length:  # no id ends a completion: every one is new_tokens long, whatever the policy has learned
         if impl == "trl":
@@ -121,22 +136,15 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
                   lr_scheduler_type="constant", logging_steps=1, report_to="none", save_strategy="no",
                   use_cpu=True, bf16=False, seed=seed, disable_tqdm=True)
     box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0, "generated_tokens": 0}
-    rewards: list[float] = []
-
-    class Record(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
-            for k, v in (logs or {}).items():
-                if k.startswith("rewards/") and k.endswith("/mean"):
-                    rewards.append(float(v))
-
-    rec = harness.StepRecorder()  # per-step seconds, losses, tokens (num_input_tokens_seen: both count it)
+    # per-step seconds, losses, rewards, gradient norms, tokens (num_input_tokens_seen: both count it)
+    rec = harness.StepRecorder()
     rec.watch(model)  # HW MFU: only forwards with grad (training), not generation or no-grad scoring
     if impl == "trl":
         import trl
 
         rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[one_word], train_dataset=train, processing_class=tok,
-                                  args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[Record(), rec])
+                                  args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[rec])
         # returns (completion_ids, logprobs), the ids without padding after the first EOS
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
         _timed(trainer, "_generate_and_score_completions", box, "round")
@@ -150,7 +158,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
                           async_threads="balanced" if impl.endswith(":balanced") else "split")
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                              reward_funcs={"one_word": one_word}, callbacks=[Record(), rec],
+                              reward_funcs={"one_word": one_word}, callbacks=[rec],
                               perf=Perf(grpo_group_rows=impl != "ablate:noshare",
                                         length_groups=impl != "ablate:nolengths"), **kw)
         if staleness(impl):  # generation runs in the worker process: the trainer's side is taking the round
@@ -177,7 +185,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
                           impl=impl, spg=spg, seed=seed, wall_per_step=total / steps, cpu_per_step=cpu / steps,
                           raw_step_seconds=raw_step_seconds, generation=box["generation_cpu"] / steps,
                           scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
-                          training=(cpu - box["round_cpu"]) / steps, rewards=rewards, **extra)
+                          training=(cpu - box["round_cpu"]) / steps, **extra)
 
 
 # --record: each path's two sides (without it, with it): one switch apart, the same samples

@@ -49,11 +49,14 @@ except ImportError:  # pragma: no cover - a parent without transformers still pr
 
 class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
     """Per optimizer step: seconds since the previous step ended (the first since training began),
-    the logged loss (set `logging_steps=1`), and `num_input_tokens_seen` after the step."""
+    the logged loss, gradient norm and (GRPO) reward (set `logging_steps=1`: the reward is the sum of the
+    logged `rewards/NAME/mean`, TRL's and ablate's key), and `num_input_tokens_seen` after the step."""
 
     def __init__(self) -> None:
         self.step_seconds: list[float] = []
         self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.rewards: list[float] = []
         self.tokens: list[int] = []
         self._last = 0.0
         self.computed = {"tokens": 0, "head_rows": 0}  # what training forwards computed (`watch`)
@@ -121,8 +124,14 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
         self.tokens.append(int(state.num_input_tokens_seen or 0))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-        if logs and "loss" in logs:
-            self.losses.append(float(logs["loss"]))
+        if not logs or "loss" not in logs:  # the end-of-training summary logs train_loss, not loss
+            return
+        self.losses.append(float(logs["loss"]))
+        if logs.get("grad_norm") is not None:
+            self.grad_norms.append(float(logs["grad_norm"]))
+        means = [float(v) for k, v in logs.items() if k.startswith("rewards/") and k.endswith("/mean")]
+        if means:
+            self.rewards.append(sum(means))
 
 
 def report(rec: StepRecorder, model: Any, args: Any, tokens: int | None = None, generated_tokens: int = 0,
@@ -131,7 +140,7 @@ def report(rec: StepRecorder, model: Any, args: Any, tokens: int | None = None, 
     the trainer does not count them in `num_input_tokens_seen`; `generated_tokens`: GRPO's samples."""
     from ablate.speed import throughput as speed
 
-    out = {"step_seconds": rec.step_seconds, "losses": rec.losses,
+    out = {"step_seconds": rec.step_seconds, "losses": rec.losses, "grad_norms": rec.grad_norms, "rewards": rec.rewards,
            "tokens": tokens if tokens is not None else (rec.tokens[-1] if rec.tokens else 0),
            "generated_tokens": generated_tokens,
            "flops_per_token": speed.flops_per_token(model),
@@ -166,7 +175,7 @@ def run_alternately(commands: dict[str, list[str]], repeats: int, env: dict[str,
 def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per implementation (raw numbers; `print_table` formats them)."""
     rows = []
-    base = next(iter(results.values()))[0]["losses"] if results else []
+    first = next(iter(results.values()))[0] if results else {}
     # the workload's tokens per step: an implementation whose trainer does not count them uses another's
     counted = [r["tokens"] / len(r["step_seconds"]) for runs in results.values() for r in runs
                if r.get("tokens") and r.get("step_seconds")]
@@ -184,15 +193,26 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         hw = (6 * ((fpt / 6 - head) * computed.get("tokens", 0) + head * computed.get("head_rows", 0))
               / len(runs[0]["step_seconds"]) if computed.get("tokens") else None)
         losses = runs[0]["losses"]
-        diff = max((abs(a - b) for a, b in zip(base, losses)), default=None)
+        diff = max_diff(first.get("losses"), losses)
         rows.append({"impl": name, "s_per_step": step, "process_s": statistics.median(r["process_seconds"] for r in runs),
                      "tokens_per_s": tokens / step if step else 0.0, "tokens_counted": bool(own),
                      "mfu": flops / step / peak if step and peak else None,
                      "hw_mfu": hw / step / peak if hw and step and peak else None,
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "max_loss_diff": diff,
+                     "max_reward_diff": max_diff(first.get("rewards"), runs[0].get("rewards")),
+                     "max_grad_norm_rel": max_diff(first.get("grad_norms"), runs[0].get("grad_norms"), relative=True),
                      "gpu_peak_mb": max((r["gpu_peak_mb"] for r in runs if r.get("gpu_peak_mb") is not None), default=None),
                      "steps": len(losses), "repeats": len(runs)})
     return rows
+
+
+def max_diff(base: list[float] | None, other: list[float] | None, relative: bool = False) -> float | None:
+    """The largest per-step |base - other| (relative: over |base|) over the steps both logged; None when
+    either logged none (a trainer that logs no reward, a run from before the recorder logged gradient norms)."""
+    pairs = list(zip(base or [], other or []))
+    if not pairs:
+        return None
+    return max(abs(a - b) / (max(abs(a), 1e-12) if relative else 1.0) for a, b in pairs)
 
 
 def cpu_name() -> str:
@@ -242,20 +262,26 @@ def load_average() -> str:
 
 
 def format_table(title: str, rows: list[dict[str, Any]]) -> str:
-    """The table; a "GPU peak MB" column (torch.cuda.max_memory_allocated) where the runs report one."""
+    """The table; a "GPU peak MB" column (torch.cuda.max_memory_allocated) where the runs report one, and
+    the per-step agreement with the first row: loss, then reward (GRPO) and gradient norm (relative) where
+    the runs logged them."""
     gpu = any(r.get("gpu_peak_mb") is not None for r in rows)
+    agree = [(k, head) for k, head in (("max_loss_diff", "max |dloss|"), ("max_reward_diff", "max |dreward|"),
+                                       ("max_grad_norm_rel", "grad-norm rel"))
+             if any(r.get(k) is not None for r in rows)]
     width = max([10, *(len(r["impl"]) for r in rows)])
     lines = [title,
              f"{'impl':{width}} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
-             f"{'peak RSS MB':>12}" + (f" {'GPU peak MB':>12}" if gpu else "") + f" {'max |dloss|':>12}"]
+             f"{'peak RSS MB':>12}" + (f" {'GPU peak MB':>12}" if gpu else "")
+             + "".join(f" {head:>13}" for _, head in agree)]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         hw = f"{r['hw_mfu']:.1%}" if r.get("hw_mfu") is not None else "-"
-        diff = "-" if r["max_loss_diff"] is None else ("(base)" if r is rows[0] else f"{r['max_loss_diff']:.2e}")
+        diffs = ["-" if r.get(k) is None else ("(base)" if r is rows[0] else f"{r[k]:.2e}") for k, _ in agree]
         tps = f"{r['tokens_per_s']:.0f}" + ("" if r["tokens_counted"] else "*")
         mem = (f" {r['gpu_peak_mb']:12.0f}" if r.get("gpu_peak_mb") is not None else f" {'-':>12}") if gpu else ""
         lines.append(f"{r['impl']:{width}} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
-                     f"{r['peak_rss_mb']:12.0f}{mem} {diff:>12}")
+                     f"{r['peak_rss_mb']:12.0f}{mem}" + "".join(f" {d:>13}" for d in diffs))
     if not all(r["tokens_counted"] for r in rows):
         lines.append("* tokens per step counted by another implementation (same data and batches)")
     steps, repeats = (rows[0]["steps"], rows[0]["repeats"]) if rows else (0, 0)

@@ -80,7 +80,8 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
                processing_class=tok, callbacks=[rec]).train()
     out = harness.report(rec, model, args)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
-    assert len(out["step_seconds"]) == len(out["losses"]) == 2 and out["tokens"] > 0
+    assert len(out["step_seconds"]) == len(out["losses"]) == len(out["grad_norms"]) == 2 and out["tokens"] > 0
+    assert out["rewards"] == [] and all(g > 0 for g in out["grad_norms"])  # SFT logs no reward
     assert out["flops_per_token"] > 0 and out["peak_flops"] > 0 and "float32" in out["device"]
     # training forwards only: 2 steps of 4 padded rows, through the head from the first position that
     # scores a completion token (SFT's logits_to_keep), at least every scored one
@@ -91,28 +92,42 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
 import grpo_vs_trl  # noqa: E402  (benchmarks/grpo_vs_trl.py: its parent side needs no torch)
 
 
-def _grpo_child(impl: str, losses: list[float], cpu: float, wall: float, trl: bool = False) -> dict:
+def _grpo_child(impl: str, losses: list[float], cpu: float, wall: float, trl: bool = False,
+                rewards: tuple[float, ...] = (0.1, 0.2, 0.3), grad_norms: tuple[float, ...] = (2.0, 1.0, 0.5)) -> dict:
     """A GRPO child's JSON as grpo_vs_trl.run_one reports it: harness.report's fields + its extras."""
-    return {"step_seconds": [5.0, wall, wall], "losses": losses, "tokens": 0 if trl else 600, "generated_tokens": 90,
+    return {"step_seconds": [5.0, wall, wall], "losses": losses, "rewards": list(rewards),
+            "grad_norms": list(grad_norms),
+            "tokens": 0 if trl else 600, "generated_tokens": 90,
             "flops_per_token": 6.0, "peak_flops": 1000.0, "peak_rss_mb": 100.0,
             "computed": {"tokens": 300, "head_rows": 90}, "head_params": 0.5, "device": "cpu|float32",
             "process_seconds": 20.0, "impl": impl, "spg": 1, "seed": 0, "wall_per_step": wall, "cpu_per_step": cpu,
-            "generation": cpu / 4, "scoring": cpu / 4, "training": cpu / 2, "rewards": [0.1, 0.2, 0.3]}
+            "generation": cpu / 4, "scoring": cpu / 4, "training": cpu / 2}
 
 
 def test_grpo_children_tabulate(capsys) -> None:
     results = {"ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
                "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
-               "trl": [_grpo_child("trl", [0.1, 0.5, 0.3], cpu=6.0, wall=8.0, trl=True)]}
+               "trl": [_grpo_child("trl", [0.1, 0.5, 0.3], cpu=6.0, wall=8.0, trl=True, rewards=(0.1, 0.25, 0.3),
+                                   grad_norms=(2.0, 1.5, 0.5))]}
     base, noshare, trl = harness.summarize(results)
     # 600 tokens / 3 steps = 200 per step trained (6N), 30 generated (2N): (1200 + 60) / 2 s / 1000
     assert base["mfu"] == pytest.approx(1260 / 2.0 / 1000) and trl["mfu"] == pytest.approx(1260 / 8.0 / 1000)
     assert not trl["tokens_counted"] and trl["tokens_per_s"] == 25.0  # ablate's count, at trl's 8 s/step
     assert base["hw_mfu"] == pytest.approx(6 * (0.5 * 100 + 0.5 * 30) / 2.0 / 1000)
     assert noshare["max_loss_diff"] == 0.0 and trl["max_loss_diff"] == pytest.approx(0.3)  # against the first
+    # per step, against the first: the reward's largest difference, the gradient norm's largest relative one
+    assert noshare["max_reward_diff"] == 0.0 and trl["max_reward_diff"] == pytest.approx(0.05)
+    assert noshare["max_grad_norm_rel"] == 0.0 and trl["max_grad_norm_rel"] == pytest.approx(0.5)  # |1.5 - 1| / 1
     harness.print_table("GRPO spg 1", results)
     out = capsys.readouterr().out
     assert "(base)" in out and "3.00e-01" in out and "HW MFU" in out and "device: cpu|float32" in out
+    header, trl_line = out.splitlines()[1], next(line for line in out.splitlines() if line.startswith("trl "))
+    assert "max |dreward|" in header and "grad-norm rel" in header
+    assert trl_line.split()[-3:] == ["3.00e-01", "5.00e-02", "5.00e-01"]
+    without = [{k: v for k, v in r.items() if k not in ("rewards", "grad_norms")} for r in (results["ablate"][0],
+                                                                                          results["trl"][0])]
+    rows = harness.summarize({"a": [without[0]], "trl": [without[1]]})  # DPO/SFT logs no reward: no such column
+    assert rows[1]["max_reward_diff"] is None and "dreward" not in harness.format_table("t", rows)
     table = grpo_vs_trl.cpu_table(results, spg=1).splitlines()
     assert "vs trl" in table[0] and len(table) == 4
     assert table[1].split()[:6] == ["ablate", "1", "2.00", "0.50", "0.50", "1.00"]
@@ -169,6 +184,27 @@ def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path, monkeypatch) ->
     assert rec.computed["head_rows"] == box["generated_tokens"]  # one round of 8 completions, trained over 2 steps
     assert 0 < rec.computed["tokens"] < every["tokens"]  # generation and pi_old's scoring left out
     assert len(rec.losses) == 2
+    # the reward: rewards/len/mean, logged by the step that generated (one round of two steps), as TRL logs it
+    assert len(rec.rewards) == 1 and rec.rewards[0] > 0
+
+
+def test_seeded_generation_draws_the_same_samples_whatever_ran_between() -> None:
+    """`_seeded`: round k samples from torch's RNG seeded with seed + k, so what a trainer draws from the global RNG
+    between rounds (TRL's shuffle of its generation batch) does not move the next round's samples."""
+    import torch
+
+    class G:
+        def sample(self) -> list[float]:
+            return torch.rand(3).tolist()
+
+    a, b = G(), G()
+    grpo_vs_trl._seeded(a, "sample", 7)
+    grpo_vs_trl._seeded(b, "sample", 7)
+    first = a.sample()
+    assert b.sample() == first
+    torch.rand(5)  # one side draws something between its rounds, the other does not
+    second = a.sample()
+    assert b.sample() == second != first  # round 2: seed 8, the same on both sides
 
 
 def test_trl_fused_head_rows_counted_with_grad_only(monkeypatch) -> None:

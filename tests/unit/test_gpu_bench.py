@@ -125,3 +125,62 @@ def test_only_keeps_the_named_variants_and_smoke_lines():
     assert [n for n, _ in gpu.smoke_lines("cuda", only)] == ["bf16_tf32"]
     assert gpu.keep_only(gpu.configs("cuda", False), None) == gpu.configs("cuda", False)
     assert [n for n, _ in gpu.smoke_lines("cpu")] == ["dpo", "grpo"]
+
+
+def test_every_section_gets_its_share_of_the_budget():
+    """The default run's sections fit the budget: each gets the time left times its share of the sections still
+    to run, so a long early section cannot starve the later ones, and time one leaves unused goes to them."""
+    order = list(gpu.SECONDS)  # the default run's sections, in its order
+    assert order == ["exact", "dpo", "smoke", "grpo", "sft", "dpo_large"]  # the 1.5B one last: on what is left
+    assert sum(gpu.SECONDS.values()) == 470  # the default --budget: one ~8-minute device call
+    assert gpu.section_seconds("exact", order[1:], 470.0) == pytest.approx(130.0)
+    assert gpu.section_seconds("dpo_large", [], 30.0) == 30.0  # the last section: whatever is left
+    # exact took 200 s instead of 130: dpo's share of the 270 s left is 160/340 of it, not all of it
+    assert gpu.section_seconds("dpo", order[2:], 270.0) == pytest.approx(270.0 * 160 / 340)
+    # a run of fewer sections: each gets more (the per-path rows that --record's verdicts need)
+    assert gpu.section_seconds("grpo", ["sft"], 360.0) == pytest.approx(360.0 * 70 / 125)
+    # the short-lease run (docs/benchmarks.md: exact,dpo,smoke at --budget 280): exact, all or nothing, keeps its
+    # 130 s (its share would be 112 s, barely above the 108 s the header and exact took on the H200)
+    assert gpu.section_seconds("exact", ["dpo", "smoke"], 280.0) == 130.0
+    assert gpu.section_seconds("exact", ["dpo"], 100.0) == 100.0  # never more than is left
+
+
+def test_sections_keep_their_decisive_rows_first():
+    """A section cut short by its share keeps its first rows: after TRL (always first), DPO's forced (every path,
+    never measured on a GPU yet) and speed=off; GRPO's and SFT's speed=off (TRL's layout: the agreement check)
+    and forced. GRPO's and SFT's tables are TRL's against the same ablate variants as DPO's."""
+    for name, cfg in gpu.configs("cuda", False).items():
+        if "variants" in cfg:
+            first = list(cfg["variants"])[:2]
+            assert first == (["forced", "off"] if name.startswith("dpo") else ["off", "forced"]), name
+    grpo, sft = gpu.configs("cuda", False)["grpo"], gpu.configs("cuda", False)["sft"]
+    assert {"off", "forced", "default", "shared_prefill"} <= set(grpo["variants"])
+    assert {"off", "forced", "default", "lean_layers"} <= set(sft["variants"])
+    assert grpo["shape"] == sft["shape"] == "0.5b" and grpo["bf16"] and sft["bf16"]
+
+
+def test_without_a_gpu_the_script_says_so_in_one_line_and_exits_2(monkeypatch):
+    """`python benchmarks/gpu.py` on a machine without CUDA: one line naming the CPU dry run, exit 2, nothing run."""
+    import subprocess
+
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = gpu.no_device("cuda")
+    assert reason and "no CUDA GPU" in reason and "--device cpu --tiny" in reason and "\n" not in reason
+    assert gpu.no_device("cpu") is None
+    if not has_gpu:  # the real script, on this machine
+        root = Path(gpu.__file__).resolve().parents[1]
+        proc = subprocess.run([sys.executable, str(root / "benchmarks/gpu.py"), "--sections", "sft"],
+                              capture_output=True, text=True, cwd=root, timeout=600, check=False)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.strip().splitlines()[-1] == reason
+
+
+def test_smoke_lines_past_the_sections_time_are_not_started(tmp_path, capsys):
+    out = gpu.smoke("cpu", True, tmp_path, parallel=2, remaining=0.0)
+    assert out == {"dpo": {"rc": None, "status": "not started", "seconds": 0.0},
+                   "grpo": {"rc": None, "status": "not started", "seconds": 0.0}}
+    assert "not started: past the section's time" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())  # nothing run, no run dir
