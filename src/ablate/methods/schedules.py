@@ -1,6 +1,6 @@
 """Learning-rate schedules selected by `conf/optimizer/*.yaml` (`_partial_`).
 
-Each is called by the trainer's `create_scheduler` (ablate.methods.optim) as
+Each is called by the trainer's `create_scheduler` (ablate.methods.base) as
 `schedule(optimizer, num_training_steps=N)` with the number of optimizer steps Trainer will run, which
 only exists once it knows its dataloader; the optimizer itself is a `_partial_` of any `torch.optim`
 class, called by `create_optimizer` with the model's trainable parameters.
