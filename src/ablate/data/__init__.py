@@ -9,16 +9,13 @@ file's columns to TRL's names (`data.columns.prompt=question`); which format the
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from datasets import Dataset, load_dataset, load_from_disk
-from datasets.utils.logging import (
-    disable_progress_bar,
-    enable_progress_bar,
-    is_progress_bar_enabled,
-)
+from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 
 from ablate.errors import DataError, chain
 from ablate.rewards import resolve
@@ -31,43 +28,62 @@ class DataSplits:
     train: Dataset
     eval: Dataset | None = None
     reward_funcs: dict[str, Callable[..., list[float | None]]] = field(default_factory=dict)
-    tools: list[Any] = field(default_factory=list)  # the tools the prompts are written for (GRPO's method.args.tools default)
-    max_completion_length: int | None = None  # the tokens a rollout of this task needs (GRPO's default for it)
-    mix: dict[str, Any] | None = None  # several sources mixed (ablate.data.mixture): each one's data, weight and rows
+    # the tools the prompts are written for (GRPO's method.args.tools default)
+    tools: list[Any] = field(default_factory=list)
+    max_completion_length: int | None = (
+        None  # the tokens a rollout of this task needs (GRPO's default for it)
+    )
+    mix: dict[str, Any] | None = (
+        None  # several sources mixed (ablate.data.mixture): each one's data, weight and rows
+    )
 
 
 def _limit(ds: Dataset | None, n: int | None) -> Dataset | None:
     return ds if ds is None or n is None else ds.select(range(min(n, len(ds))))
 
 
-def _splits(train: Dataset, ev: Dataset | None, max_train: int | None, max_eval: int | None,
-            columns: Mapping[str, str | None] | None, reward_funcs: Any, tools: Any = None,
-            max_completion_length: int | None = None) -> DataSplits:
+def _splits(
+    train: Dataset,
+    ev: Dataset | None,
+    max_train: int | None,
+    max_eval: int | None,
+    columns: Mapping[str, str | None] | None,
+    reward_funcs: Any,
+    tools: Any = None,
+    max_completion_length: int | None = None,
+) -> DataSplits:
     from ablate.data.formats import map_columns
 
     tools = list(tools or [])
-    return DataSplits(train=_offer(map_columns(_limit(train, max_train), columns), tools),
-                      eval=_offer(map_columns(_limit(ev, max_eval), columns), tools),
-                      reward_funcs=resolve.reward_funcs(reward_funcs), tools=tools,
-                      max_completion_length=max_completion_length)
+    return DataSplits(
+        train=_offer(map_columns(_limit(train, max_train), columns), tools),
+        eval=_offer(map_columns(_limit(ev, max_eval), columns), tools),
+        reward_funcs=resolve.reward_funcs(reward_funcs),
+        tools=tools,
+        max_completion_length=max_completion_length,
+    )
 
 
 def _offer(ds: Dataset | None, tools: list[Any]) -> Dataset | None:
-    """Rows offering `tools` (data.tools): a `tools` column of their JSON schemas, TRL's per-row column that chat
-    templates render (SFT on tool-use demonstrations shows the model what GRPO's prompts will show it). Rows with a
-    `tools` column of their own keep it."""
+    """Rows offering `tools` (data.tools): a `tools` column of their JSON schemas, TRL's per-row column that
+    chat templates render (SFT on tool-use demonstrations shows the model what GRPO's prompts will show it).
+    Rows with a `tools` column of their own keep it."""
     if ds is None or not tools or "tools" in ds.column_names:
         return ds
     from transformers.utils import get_json_schema
 
-    schemas = json.dumps([get_json_schema(resolve.function(t, f"data.tools[{i}]")) for i, t in enumerate(tools)])
+    schemas = json.dumps(
+        [get_json_schema(resolve.function(t, f"data.tools[{i}]")) for i, t in enumerate(tools)]
+    )
     return ds.add_column("tools", [schemas] * len(ds))
 
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB, ~250k tokens: far past any max_length; a longer line is refused
 # what `data=local` reads, named in every error about a file it cannot read
-KINDS = ("JSON lines (.jsonl), JSON (.json: a list of objects), CSV (.csv, .tsv), parquet (.parquet) "
-         "and `save_to_disk` directories")
+KINDS = (
+    "JSON lines (.jsonl), JSON (.json: a list of objects), CSV (.csv, .tsv), parquet (.parquet) "
+    "and `save_to_disk` directories"
+)
 EVAL_SPLITS = ("eval", "validation", "test")  # a saved DatasetDict's eval split, first found
 
 
@@ -89,13 +105,17 @@ def local(
     tokens a rollout needs (both GRPO's defaults for the method's own fields)."""
     train, saved_eval = read_local(Path(train_path).expanduser(), "train", max_line_bytes)
     ev = read_local(Path(eval_path).expanduser(), "eval", max_line_bytes)[0] if eval_path else saved_eval
-    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs, tools, max_completion_length)
+    return _splits(
+        train, ev, max_train_samples, max_eval_samples, columns, reward_funcs, tools, max_completion_length
+    )
 
 
 jsonl = local  # `data=jsonl`, the older name: one loader reads every kind
 
 
-def read_local(path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[Dataset, Dataset | None]:
+def read_local(
+    path: Path, split: str, max_line_bytes: int = MAX_LINE_BYTES
+) -> tuple[Dataset, Dataset | None]:
     """One local path as a Dataset (plus a saved DatasetDict's eval split): a `save_to_disk` dir; a
     parquet file (by its magic bytes, whatever its name); else by extension: .jsonl JSON lines, .json
     a list of objects or JSON lines, .csv/.tsv; a file of another name is sniffed (`{`: JSON lines, `[`:
@@ -162,7 +182,9 @@ def _check_json_list(path: Path) -> None:
     except UnicodeDecodeError as e:
         raise DataError(f"data: {path} is not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
     except json.JSONDecodeError as e:
-        raise DataError(f"data: {path} is not valid JSON ({json_error(e)} at line {e.lineno}, column {e.colno})") from None
+        raise DataError(
+            f"data: {path} is not valid JSON ({json_error(e)} at line {e.lineno}, column {e.colno})"
+        ) from None
     bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
     if bad is not None:
         raise DataError(f"data: {path} element {bad} is a JSON {type(rows[bad]).__name__}, not an object")
@@ -174,18 +196,22 @@ def _saved(path: Path, split: str) -> tuple[Dataset, Dataset | None]:
     """A `save_to_disk` dir: one Dataset (the split itself), or a DatasetDict (its train split, or
     its only one; and its eval split)."""
     if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
-        raise DataError(f"data: {path} is a directory but no `save_to_disk` dataset (no dataset_dict.json or "
-                        f"state.json); ablate reads {KINDS}")
+        raise DataError(
+            f"data: {path} is a directory but no `save_to_disk` dataset (no dataset_dict.json or "
+            f"state.json); ablate reads {KINDS}"
+        )
     try:
         saved = load_from_disk(str(path))
-    except Exception as e:  # noqa: BLE001 - a damaged dir: one line
+    except Exception as e:  # a damaged dir: one line
         raise DataError(f"data: could not load the saved dataset in {path}: {str(e).splitlines()[0]}") from e
     if isinstance(saved, Dataset):
         return saved, None
     names = list(saved)
     if "train" not in saved and len(names) != 1:
-        raise DataError(f"data: {path} holds the splits {names}, none named train; save the one to train on alone, "
-                        "or name it train")
+        raise DataError(
+            f"data: {path} holds the splits {names}, none named train; save the one to train on alone, "
+            "or name it train"
+        )
     train = saved["train"] if "train" in saved else saved[names[0]]
     ev = next((saved[s] for s in EVAL_SPLITS if s in saved), None) if split == "train" else None
     return train, ev
@@ -196,8 +222,10 @@ def _load_error(e: BaseException, files: list[str], kind: str = "JSON lines") ->
     the datasets cache (a read-only HOME), not the data."""
     for cause in chain(e):
         if isinstance(cause, OSError) and cause.filename and str(cause.filename) not in files:
-            return (f"data: cannot write the datasets cache ({cause.strerror or cause}: {cause.filename}); "
-                    f"set HF_DATASETS_CACHE (or HF_HOME) to a writable folder")
+            return (
+                f"data: cannot write the datasets cache ({cause.strerror or cause}: {cause.filename}); "
+                f"set HF_DATASETS_CACHE (or HF_HOME) to a writable folder"
+            )
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return f"data: could not read {', '.join(files)} as {kind}: {first}"
 
@@ -205,9 +233,14 @@ def _load_error(e: BaseException, files: list[str], kind: str = "JSON lines") ->
 def _row_format(row: dict[str, Any]) -> str | None:
     """Which of TRL's formats a row's columns make (None: no known columns, e.g. before data.columns)."""
     keys = set(row)
-    for name, needed in (("preference (chosen, rejected)", {"chosen", "rejected"}),
-                         ("prompt-completion", {"prompt", "completion"}), ("messages", {"messages"}),
-                         ("ShareGPT conversations", {"conversations"}), ("text", {"text"}), ("prompt-only", {"prompt"})):
+    for name, needed in (
+        ("preference (chosen, rejected)", {"chosen", "rejected"}),
+        ("prompt-completion", {"prompt", "completion"}),
+        ("messages", {"messages"}),
+        ("ShareGPT conversations", {"conversations"}),
+        ("text", {"text"}),
+        ("prompt-only", {"prompt"}),
+    ):
         if needed <= keys:
             return name
     return None
@@ -235,33 +268,43 @@ def _check_rows(path: Path, split: str, max_line_bytes: int) -> None:
     try:
         f = path.open("rb")
     except OSError as e:
-        raise DataError(f"data: {split} file {path}: cannot read it ({e.strerror}); check its permissions") from None
+        raise DataError(
+            f"data: {split} file {path}: cannot read it ({e.strerror}); check its permissions"
+        ) from None
     with f:
         for number, raw in enumerate(f, start=1):
             if len(raw) > max_line_bytes:
-                raise DataError(f"data: {path} line {number} is {len(raw) / 2**20:.1f} MiB, over data.max_line_bytes="
-                                f"{max_line_bytes}: one example that long is usually a whole dataset on one line (JSON "
-                                f"lines: one example per line); if it is one example, raise data.max_line_bytes")
+                raise DataError(
+                    f"data: {path} line {number} is {len(raw) / 2**20:.1f} MiB, over data.max_line_bytes="
+                    f"{max_line_bytes}: one example that long is usually a whole dataset on one line (JSON "
+                    f"lines: one example per line); if it is one example, raise data.max_line_bytes"
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"data: {path} line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
-                                f"{e.start + 1}); save the file as UTF-8" + _kinds_hint(number)) from None
+                raise DataError(
+                    f"data: {path} line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                    f"{e.start + 1}); save the file as UTF-8" + _kinds_hint(number)
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"data: {path} line {number} is not valid JSON ({json_error(e)} at column {e.colno})"
-                                + _kinds_hint(number)) from None
+                raise DataError(
+                    f"data: {path} line {number} is not valid JSON ({json_error(e)} at column {e.colno})"
+                    + _kinds_hint(number)
+                ) from None
             if not isinstance(row, dict):
                 raise DataError(f"data: {path} line {number} is a JSON {type(row).__name__}, not an object")
             fmt = _row_format(row)
             if first is None and fmt is not None:
                 first = (number, fmt)
             elif fmt is not None and fmt != first[1]:
-                raise DataError(f"data: {path} line {number} is a {fmt} row, line {first[0]} a {first[1]} row: "
-                                f"one format per file (put each kind of row in a file of its own)")
+                raise DataError(
+                    f"data: {path} line {number} is a {fmt} row, line {first[0]} a {first[1]} row: "
+                    f"one format per file (put each kind of row in a file of its own)"
+                )
             rows += 1
     if rows == 0:
         raise DataError(f"data: {split} file {path} has no examples")
@@ -289,8 +332,17 @@ def packaged(
         known = sorted({p.name.rsplit("_", 1)[0] for p in PACKAGED.glob("*_train.jsonl")})
         raise DataError(f"data: no packaged dataset '{name}'; available: {', '.join(known)}")
     ev = PACKAGED / f"{name}_eval.jsonl"
-    return local(str(train), str(ev) if with_eval and ev.is_file() else None,
-                 max_train_samples, max_eval_samples, reward_funcs, columns, max_line_bytes, tools, max_completion_length)
+    return local(
+        str(train),
+        str(ev) if with_eval and ev.is_file() else None,
+        max_train_samples,
+        max_eval_samples,
+        reward_funcs,
+        columns,
+        max_line_bytes,
+        tools,
+        max_completion_length,
+    )
 
 
 def hub(
@@ -315,18 +367,36 @@ def hub(
 
     why = hub_unreachable() if not local.exists() else None
     if why is not None:  # datasets would retry each file 5 times, a warning each, then fail
-        raise DataError(f"data: cannot load '{path}': {why}; connect to the internet, or save the dataset "
-                        f"locally (save_to_disk or .jsonl) and give its path (HF_HUB_OFFLINE=1 uses the cache)")
+        raise DataError(
+            f"data: cannot load '{path}': {why}; connect to the internet, or save the dataset "
+            f"locally (save_to_disk or .jsonl) and give its path (HF_HUB_OFFLINE=1 uses the cache)"
+        )
     try:
         if local.is_file() and local.suffix in builders:  # one file: the train split, no eval split
             train = load_dataset(builders[local.suffix], data_files=str(local), split="train")
-            return _splits(train, None, max_train_samples, max_eval_samples, columns, reward_funcs, tools,
-                           max_completion_length)
+            return _splits(
+                train,
+                None,
+                max_train_samples,
+                max_eval_samples,
+                columns,
+                reward_funcs,
+                tools,
+                max_completion_length,
+            )
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
             saved = load_from_disk(str(local))
             if isinstance(saved, Dataset):  # one split saved: it is the train split
-                return _splits(saved, None, max_train_samples, max_eval_samples, columns, reward_funcs, tools,
-                               max_completion_length)
+                return _splits(
+                    saved,
+                    None,
+                    max_train_samples,
+                    max_eval_samples,
+                    columns,
+                    reward_funcs,
+                    tools,
+                    max_completion_length,
+                )
             for split in (train_split, eval_split):
                 if split is not None and split not in saved:
                     raise ValueError(f"no split '{split}' (has {list(saved)})")
@@ -336,4 +406,6 @@ def hub(
             ev = load_dataset(path, name, split=eval_split, revision=revision) if eval_split else None
     except (ConnectionError, FileNotFoundError, ValueError) as e:  # offline, unknown id or split
         raise DataError(f"data: cannot load '{path}': {str(e).splitlines()[0]}") from e
-    return _splits(train, ev, max_train_samples, max_eval_samples, columns, reward_funcs, tools, max_completion_length)
+    return _splits(
+        train, ev, max_train_samples, max_eval_samples, columns, reward_funcs, tools, max_completion_length
+    )

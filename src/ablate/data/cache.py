@@ -33,8 +33,9 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from datasets import Dataset
 from filelock import FileLock
@@ -61,7 +62,7 @@ class Cache:
     """The cache a trainer uses (`conf/cache/`): `enabled` false computes everything, as before.
     `events` lists this run's hits and misses (run.json's `cache`)."""
 
-    def __init__(self, enabled: bool = True, dir: str | None = None) -> None:  # noqa: A002 - the config key
+    def __init__(self, enabled: bool = True, dir: str | None = None) -> None:  # the config key
         self.enabled = enabled
         self.dir = Path(dir).expanduser() if dir else default_dir()
         self.events: list[dict[str, Any]] = []
@@ -70,8 +71,9 @@ class Cache:
         """What run.json says: where the entries are and each lookup's outcome."""
         return {"enabled": self.enabled, "dir": str(self.dir), "entries": self.events}
 
-    def dataset(self, kind: str, what: str, key: Callable[[], Mapping[str, Any]],
-                compute: Callable[[], Dataset]) -> Dataset:
+    def dataset(
+        self, kind: str, what: str, key: Callable[[], Mapping[str, Any]], compute: Callable[[], Dataset]
+    ) -> Dataset:
         """The entry of `key()` (a dict of strings and numbers; not computed when the cache is off)
         loaded, or `compute()`d and stored. Warnings the computation logged are stored with it and
         said again on a hit."""
@@ -95,8 +97,10 @@ class Cache:
         slot.t0 = time.perf_counter()
         try:
             parts = key()
-        except Exception as e:  # noqa: BLE001 - e.g. weights it cannot read: no key, no reuse, same result
-            log.warning("cache: cannot key %s (%s: %s); computing it without the cache", what, type(e).__name__, e)
+        except Exception as e:  # e.g. weights it cannot read: no key, no reuse, same result
+            log.warning(
+                "cache: cannot key %s (%s: %s); computing it without the cache", what, type(e).__name__, e
+            )
             yield slot
             return
         digest = key_digest(kind, parts)
@@ -104,7 +108,8 @@ class Cache:
         held = contextlib.ExitStack()
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
-            held.enter_context(FileLock(entry.parent / f"{digest}.lock"))  # racing jobs: one computes, the rest wait
+            # racing jobs: one computes, the rest wait
+            held.enter_context(FileLock(entry.parent / f"{digest}.lock"))
         except OSError as e:  # a read-only or full disk: the cache only saves time
             log.warning("cache: cannot use %s (%s); computing %s without it", self.dir, e.strerror or e, what)
             yield slot
@@ -115,15 +120,23 @@ class Cache:
                 for line in found[1].get("said", []):
                     log.warning("%s", line)
                 self._event(kind, what, digest, True, slot.t0)
-                log.info("cache: %s loaded (%s/%s, %.1f s)", what, kind, digest[:12], time.perf_counter() - slot.t0)
+                log.info(
+                    "cache: %s loaded (%s/%s, %.1f s)", what, kind, digest[:12], time.perf_counter() - slot.t0
+                )
                 slot.found = found[0]
             else:
                 slot.entry, slot.digest, slot.parts = entry, digest, dict(parts)
             yield slot
 
     def _event(self, kind: str, what: str, digest: str, hit: bool, t0: float) -> None:
-        self.events.append({"what": what, "entry": f"{kind}/{digest[:16]}", "hit": hit,
-                            "seconds": round(time.perf_counter() - t0, 3)})
+        self.events.append(
+            {
+                "what": what,
+                "entry": f"{kind}/{digest[:16]}",
+                "hit": hit,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
 
 
 class Slot:
@@ -139,8 +152,17 @@ class Slot:
         """Write the computed `dataset` as the entry (nothing when the cache is off or this was a hit)."""
         if self.entry is None:
             return
-        store(self.entry, dataset, {"kind": self.kind, "what": self.what, "rows": len(dataset), "said": said or [],
-                                    "parts": self.parts})
+        store(
+            self.entry,
+            dataset,
+            {
+                "kind": self.kind,
+                "what": self.what,
+                "rows": len(dataset),
+                "said": said or [],
+                "parts": self.parts,
+            },
+        )
         self.cache._event(self.kind, self.what, self.digest, False, self.t0)
         self.entry = None
 
@@ -164,6 +186,7 @@ def _said() -> Iterator[list[str]]:
 
 # ---- entries on disk ----
 
+
 def load(entry: Path) -> tuple[Dataset, dict[str, Any]] | None:
     """The entry's dataset and manifest, or None: absent, or damaged (said in one line, removed)."""
     if not entry.exists():
@@ -173,8 +196,10 @@ def load(entry: Path) -> tuple[Dataset, dict[str, Any]] | None:
         from datasets import load_from_disk
 
         try:  # in memory: datasets would write its select/map cache files into a mapped entry's dir
-            return load_from_disk(str(entry / DATA), keep_in_memory=True), json.loads((entry / MANIFEST).read_text())
-        except Exception as e:  # noqa: BLE001 - any unreadable entry is recomputed
+            return load_from_disk(str(entry / DATA), keep_in_memory=True), json.loads(
+                (entry / MANIFEST).read_text()
+            )
+        except Exception as e:  # any unreadable entry is recomputed
             why = f"unreadable ({type(e).__name__})"
     log.warning("cache: entry %s/%s is %s; recomputing it", entry.parent.name, entry.name[:12], why)
     shutil.rmtree(entry, ignore_errors=True)
@@ -202,11 +227,7 @@ def check(entry: Path) -> str | None:
 def store(entry: Path, dataset: Dataset, meta: dict[str, Any]) -> None:
     """Write `dataset` as `entry` atomically: a tmp dir, the manifest last, one rename. The caller
     holds the entry's lock; a failed write (disk full) is said in one line and leaves no entry."""
-    from datasets.utils.logging import (
-        disable_progress_bar,
-        enable_progress_bar,
-        is_progress_bar_enabled,
-    )
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 
     for stale in entry.parent.glob(f".tmp-{entry.name}-*"):  # a writer killed mid-way (we hold the lock)
         shutil.rmtree(stale, ignore_errors=True)
@@ -217,7 +238,9 @@ def store(entry: Path, dataset: Dataset, meta: dict[str, Any]) -> None:
         tmp.mkdir()
         (tmp / MARKER).write_text("an entry of ablate's reuse cache (ablate.data.cache)\n")
         dataset.save_to_disk(str(tmp / DATA))
-        files = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted((tmp / DATA).rglob("*")) if p.is_file()}
+        files = {
+            str(p.relative_to(tmp)): file_sha256(p) for p in sorted((tmp / DATA).rglob("*")) if p.is_file()
+        }
         size = sum((tmp / f).stat().st_size for f in files)
         manifest = {**meta, "files": files, "bytes": size, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, default=str))
@@ -225,8 +248,12 @@ def store(entry: Path, dataset: Dataset, meta: dict[str, Any]) -> None:
             shutil.rmtree(entry)
         os.replace(tmp, entry)
     except OSError as e:
-        log.warning("cache: could not store %s/%s (%s); the run goes on without it", entry.parent.name,
-                    entry.name[:12], e.strerror or e)
+        log.warning(
+            "cache: could not store %s/%s (%s); the run goes on without it",
+            entry.parent.name,
+            entry.name[:12],
+            e.strerror or e,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if shown:
@@ -275,8 +302,17 @@ def entries(root: Path) -> list[dict[str, Any]]:
             except (OSError, ValueError):
                 manifest = {"what": "incomplete (no manifest)"}
             size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-            out.append({"kind": kind, "entry": entry.name, "what": manifest.get("what", ""), "bytes": size,
-                        "rows": manifest.get("rows"), "created": manifest.get("created", ""), "path": str(entry)})
+            out.append(
+                {
+                    "kind": kind,
+                    "entry": entry.name,
+                    "what": manifest.get("what", ""),
+                    "bytes": size,
+                    "rows": manifest.get("rows"),
+                    "created": manifest.get("created", ""),
+                    "path": str(entry),
+                }
+            )
     return out
 
 
@@ -294,18 +330,27 @@ def foreign(root: Path) -> list[str]:
     out = [p.name for p in sorted(root.iterdir()) if p.name not in KINDS or not p.is_dir()]
     for kind in KINDS:
         if (root / kind).is_dir() and not (root / kind).is_symlink():
-            out += [f"{kind}/{p.name}" for p in sorted((root / kind).iterdir())
-                    if not ours(p) and not (_LOCK_NAME.fullmatch(p.name) and p.is_file())]
+            out += [
+                f"{kind}/{p.name}"
+                for p in sorted((root / kind).iterdir())
+                if not ours(p) and not (_LOCK_NAME.fullmatch(p.name) and p.is_file())
+            ]
     return out
 
 
 # ---- digests: the parts of a key ----
 
+
 def tokenized_key(dataset: Dataset, tokenizer: Any, trainer: type, args: Mapping[str, Any]) -> dict[str, Any]:
     """A tokenized dataset's key: its rows, the tokenizer (files, chat template), every tokenization
     argument (`args`: lengths, loss masks), the code (ablate's, the trainer's) and library versions."""
-    return {"rows": rows_digest(dataset), "tokenizer": tokenizer_digest(tokenizer), "args": dict(args),
-            "code": code_digest(trainer), "libraries": environment()}
+    return {
+        "rows": rows_digest(dataset),
+        "tokenizer": tokenizer_digest(tokenizer),
+        "args": dict(args),
+        "code": code_digest(trainer),
+        "libraries": environment(),
+    }
 
 
 def key_digest(kind: str, key: Mapping[str, Any]) -> str:
@@ -337,7 +382,13 @@ def _hash_values(h: Any, values: Any) -> None:
     t = values.type
     h.update(str(t).encode())
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        h.update(pc.list_value_length(values).fill_null(-1).to_numpy(zero_copy_only=False).astype("int64").tobytes())
+        h.update(
+            pc.list_value_length(values)
+            .fill_null(-1)
+            .to_numpy(zero_copy_only=False)
+            .astype("int64")
+            .tobytes()
+        )
         _hash_values(h, pc.list_flatten(values))
     elif (pa.types.is_integer(t) or pa.types.is_floating(t)) and values.null_count == 0:
         h.update(values.to_numpy(zero_copy_only=False).tobytes())
@@ -406,8 +457,13 @@ def environment() -> dict[str, Any]:
     import torch
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "datasets": datasets.__version__, "tokenizers": tokenizers.__version__, "python": platform.python_version()}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+        "tokenizers": tokenizers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def device_facts(device: Any) -> dict[str, Any]:
@@ -417,13 +473,19 @@ def device_facts(device: Any) -> dict[str, Any]:
 
     from ablate.models.precision import fp32_precision
 
-    facts: dict[str, Any] = {"type": str(getattr(device, "type", device)), "machine": platform.machine(),
-                             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                             "threads": torch.get_num_threads(),
-                             # TF32 and the like, per op, through torch's new API (ablate.models.precision)
-                             "fp32_precision": fp32_precision(torch),
-                             "deterministic": torch.are_deterministic_algorithms_enabled()}
+    facts: dict[str, Any] = {
+        "type": str(getattr(device, "type", device)),
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        # TF32 and the like, per op, through torch's new API (ablate.models.precision)
+        "fp32_precision": fp32_precision(torch),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
     if facts["type"] == "cuda":
-        facts.update(name=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
-                     cudnn=torch.backends.cudnn.version())
+        facts.update(
+            name=torch.cuda.get_device_name(device),
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+        )
     return facts

@@ -39,7 +39,8 @@ GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 # SmolLM2-135M-Instruct's template, exactly as its tokenizer ships it (the default system turn included)
 SMOLLM2 = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\n"
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -55,27 +56,32 @@ def _template_text(tokenizer: Any) -> str:
     return template
 
 
-def assistant_mask(tokenizer: Any, messages: list[dict[str, Any]], index: int,
-                   **chat_kwargs: Any) -> tuple[list[int], list[int]]:
-    """A conversation's token ids (as `apply_chat_template` tokenizes it) and its assistant mask (1: a token of an
-    assistant turn): the template's generation markers where it has them, else by rendering prefixes."""
+def assistant_mask(
+    tokenizer: Any, messages: list[dict[str, Any]], index: int, **chat_kwargs: Any
+) -> tuple[list[int], list[int]]:
+    """A conversation's token ids (as `apply_chat_template` tokenizes it) and its assistant mask (1: a token
+    of an assistant turn): the template's generation markers where it has them, else by rendering prefixes."""
     if GENERATION.search(_template_text(tokenizer)):
-        out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
-                                            **chat_kwargs)
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **chat_kwargs
+        )
         return list(out["input_ids"]), list(out["assistant_masks"])
     if not getattr(tokenizer, "is_fast", False):
-        raise DataError("method.args.assistant_only_loss=true with a chat template without {% generation %} markers "
-                        "needs a fast tokenizer (character offsets) to find the assistant tokens; this one is not")
+        raise DataError(
+            "method.args.assistant_only_loss=true with a chat template without {% generation %} markers "
+            "needs a fast tokenizer (character offsets) to find the assistant tokens; this one is not"
+        )
     text = tokenizer.apply_chat_template(messages, tokenize=False, **chat_kwargs)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    trailer = text[_trailer_start(tokenizer, messages, text, enc, chat_kwargs):]
+    trailer = text[_trailer_start(tokenizer, messages, text, enc, chat_kwargs) :]
     spans = assistant_spans(tokenizer, messages, text, trailer, index, **chat_kwargs)
     mask = [int(any(start < b and end > a for a, b in spans)) for start, end in enc["offset_mapping"]]
     return list(enc["input_ids"]), mask
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], text: str, trailer: str, index: int,
-                    **chat_kwargs: Any) -> list[tuple[int, int]]:
+def assistant_spans(
+    tokenizer: Any, messages: list[dict[str, Any]], text: str, trailer: str, index: int, **chat_kwargs: Any
+) -> list[tuple[int, int]]:
     """The character spans of the assistant turns in `text` (the whole conversation rendered, ending with
     `trailer`), by rendering prefixes (the module's docstring); one line where the template renders a turn
     differently once later turns follow it, or cannot render the conversation before an assistant turn."""
@@ -84,26 +90,30 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], text: str, t
         if message.get("role") != "assistant":
             continue
         before = _render(tokenizer, messages[:i], True, index, chat_kwargs)
-        through = _render(tokenizer, messages[:i + 1], False, index, chat_kwargs)
-        through = through[:len(through) - len(trailer)] if trailer and through.endswith(trailer) else through
+        through = _render(tokenizer, messages[: i + 1], False, index, chat_kwargs)
+        through = through[: len(through) - len(trailer)] if trailer and through.endswith(trailer) else through
         if not through.startswith(before) or not text.startswith(through):
-            raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the chat template renders "
-                            f"message {i} (assistant) differently once later messages follow, so its tokens cannot be "
-                            "found by rendering prefixes: mark the assistant turns in the template with {% generation %} "
-                            "... {% endgeneration %}, or set method.args.assistant_only_loss=false")
-        spans.append((len(before), len(before) + len(through[len(before):].rstrip())))
+            raise DataError(
+                f"data: row {index}: method.args.assistant_only_loss=true, but the chat template renders "
+                f"message {i} (assistant) differently once later messages follow, so its tokens cannot be "
+                "found by rendering prefixes: mark the assistant turns in the template with {% generation %} "
+                "... {% endgeneration %}, or set method.args.assistant_only_loss=false"
+            )
+        spans.append((len(before), len(before) + len(through[len(before) :].rstrip())))
     return spans
 
 
-def _trailer_start(tokenizer: Any, messages: list[dict[str, Any]], text: str, enc: Any,
-                   chat_kwargs: dict[str, Any]) -> int:
-    """Where the special tokens start that the template writes after a conversation's last message only (Phi-3's
-    EOS): those of `text` the same conversation with one more message does not have there, found by tokens (a
-    character may coincide: </s> and <|user|> share their "<"); len(text) when there are none."""
+def _trailer_start(
+    tokenizer: Any, messages: list[dict[str, Any]], text: str, enc: Any, chat_kwargs: dict[str, Any]
+) -> int:
+    """Where the special tokens start that the template writes after a conversation's last message only
+    (Phi-3's EOS): those of `text` the same conversation with one more message does not have there, found by
+    tokens (a character may coincide: </s> and <|user|> share their "<"); len(text) when there are none."""
     try:
-        longer = tokenizer.apply_chat_template([*messages, {"role": "user", "content": "?"}], tokenize=False,
-                                               **chat_kwargs)
-    except Exception:  # noqa: BLE001 - a template that refuses the probe: no trailer assumed
+        longer = tokenizer.apply_chat_template(
+            [*messages, {"role": "user", "content": "?"}], tokenize=False, **chat_kwargs
+        )
+    except Exception:  # a template that refuses the probe: no trailer assumed
         return len(text)
     ids, more = enc["input_ids"], tokenizer(longer, add_special_tokens=False)["input_ids"]
     first = next((j for j, (a, b) in enumerate(zip(ids, more)) if a != b), len(ids))
@@ -113,41 +123,64 @@ def _trailer_start(tokenizer: Any, messages: list[dict[str, Any]], text: str, en
     return enc["offset_mapping"][first][0]
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], prompt: bool, index: int, chat_kwargs: dict[str, Any]) -> str:
+def _render(
+    tokenizer: Any, messages: list[dict[str, Any]], prompt: bool, index: int, chat_kwargs: dict[str, Any]
+) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt, **chat_kwargs)
-    except Exception as e:  # noqa: BLE001 - jinja's errors, transformers' refusal of an empty conversation
-        raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the chat template cannot render "
-                        f"the conversation's first {len(messages)} messages ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}), which finding the assistant tokens by rendering "
-                        "prefixes needs: mark the assistant turns in the template with {% generation %} ... "
-                        "{% endgeneration %}, or set method.args.assistant_only_loss=false") from e
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=prompt, **chat_kwargs
+        )
+    except Exception as e:  # jinja's errors, transformers' refusal of an empty conversation
+        raise DataError(
+            f"data: row {index}: method.args.assistant_only_loss=true, but the chat template cannot render "
+            f"the conversation's first {len(messages)} messages ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}), which finding the assistant tokens by rendering "
+            "prefixes needs: mark the assistant turns in the template with {% generation %} ... "
+            "{% endgeneration %}, or set method.args.assistant_only_loss=false"
+        ) from e
 
 
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
-    "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
+    "You are provided with function signatures within <tools></tools> XML "
+    "tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> "
+    'XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
-_PROBE = {"name": "tool_name_probe", "key": "arg_key_probe", "value": "arg_value_probe", "content": "tool_content_probe"}
+_PROBE = {
+    "name": "tool_name_probe",
+    "key": "arg_key_probe",
+    "value": "arg_value_probe",
+    "content": "tool_content_probe",
+}
 
 
 def tool_calls_rendered(tokenizer: Any) -> str | None:
-    """What the chat template renders for a user -> assistant call -> tool exchange (TRL's `supports_tool_calling`
-    probe), or None when it drops any part of it or cannot render it."""
+    """What the chat template renders for a user -> assistant call -> tool exchange (TRL's
+    `supports_tool_calling` probe), or None when it drops any part of it or cannot render it."""
     template = tokenizer.chat_template
-    return None if template is None else _rendered(tokenizer, template if isinstance(template, str) else str(template))
+    return (
+        None
+        if template is None
+        else _rendered(tokenizer, template if isinstance(template, str) else str(template))
+    )
 
 
 @functools.lru_cache(maxsize=16)
 def _rendered(tokenizer: Any, template: str) -> str | None:
-    call = {"type": "function", "function": {"name": _PROBE["name"], "arguments": {_PROBE["key"]: _PROBE["value"]}}}
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "name": _PROBE["name"], "content": _PROBE["content"]}]
+    call = {
+        "type": "function",
+        "function": {"name": _PROBE["name"], "arguments": {_PROBE["key"]: _PROBE["value"]}},
+    }
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": _PROBE["name"], "content": _PROBE["content"]},
+    ]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception:  # noqa: BLE001 - jinja's TemplateError (a template that refuses the roles), TypeError
+    except Exception:  # jinja's TemplateError (a template that refuses the roles), TypeError
         return None
     return text if all(v in text for v in _PROBE.values()) else None
 
@@ -159,7 +192,9 @@ def hermes_call(name: str, arguments: Any) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-def hermes_conversation(messages: list[dict[str, Any]], schemas: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def hermes_conversation(
+    messages: list[dict[str, Any]], schemas: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
     """`messages` (TRL's: assistant `tool_calls`, `tool` turns) as plain-text turns any template renders: the
     tools described in the system turn (appended to the conversation's own, or a new first turn), each
     assistant call written into its text."""
@@ -168,7 +203,10 @@ def hermes_conversation(messages: list[dict[str, Any]], schemas: list[dict[str, 
         calls = [c.get("function", c) for c in m.get("tool_calls") or []]
         if calls:
             text = "\n".join(hermes_call(c["name"], c.get("arguments") or {}) for c in calls)
-            m = {"role": m["role"], "content": (m.get("content") or "") + ("\n" if m.get("content") else "") + text}
+            m = {
+                "role": m["role"],
+                "content": (m.get("content") or "") + ("\n" if m.get("content") else "") + text,
+            }
         elif m.get("role") != "tool":
             m = {k: v for k, v in m.items() if k != "tool_calls"}
         out.append(m)

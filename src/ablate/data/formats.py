@@ -16,15 +16,18 @@ needs torch or a tokenizer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ablate.data.kinds import COLUMNS, detect_columns, tokenized
 from ablate.errors import DataError
 
-if TYPE_CHECKING:  # no datasets import at run time: ablate.config.data_checks checks a file's columns with `detect_columns`
+# no datasets import at run time: ablate.config.data_checks checks a file's columns with `detect_columns`
+if TYPE_CHECKING:
     from datasets import Dataset
 
-KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")  # the text columns: strings or messages
+# the text columns: strings or messages
+KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")
 # the kind of rows a dataset's columns hold, whatever the method (first match wins): the sources of one mix
 # (ablate.data.mixture) must agree on it, since one method trains on all of them
 ROW_KINDS: list[tuple[str, tuple[tuple[str, ...], ...]]] = [
@@ -36,7 +39,8 @@ ROW_KINDS: list[tuple[str, tuple[tuple[str, ...], ...]]] = [
 
 
 def row_kind(columns: list[str]) -> str | None:
-    """The kind (`ROW_KINDS`) of rows with these columns; None: none known (a loader of the user's, tokenized rows)."""
+    """The kind (`ROW_KINDS`) of rows with these columns; None: none known (a loader of the user's, tokenized
+    rows)."""
     found = set(columns)
     return next((kind for kind, sets in ROW_KINDS if any(set(s) <= found for s in sets)), None)
 
@@ -44,8 +48,10 @@ def row_kind(columns: list[str]) -> str | None:
 def mixed_kinds(a: str, kind_a: str, b: str, kind_b: str) -> str:
     """The line for two sources of a mix whose rows are of different kinds (before the run, from the files'
     columns: ablate.config.data_checks; else when the mix is loaded: ablate.data.mixture)."""
-    return (f"data.sources: '{a}' holds {kind_a} rows, '{b}' {kind_b} rows; a mix is of one kind, as one method "
-            f"trains on all of it (kinds: {', '.join(k for k, _ in ROW_KINDS)}): drop one (~data.sources.{b})")
+    return (
+        f"data.sources: '{a}' holds {kind_a} rows, '{b}' {kind_b} rows; a mix is of one kind, as one method "
+        f"trains on all of it (kinds: {', '.join(k for k, _ in ROW_KINDS)}): drop one (~data.sources.{b})"
+    )
 
 
 def map_columns(dataset: Dataset | None, columns: Mapping[str, str | None] | None) -> Dataset | None:
@@ -122,10 +128,18 @@ def to_chatml(row: dict[str, Any]) -> dict[str, Any]:
     """ShareGPT `conversations` [{from, value}] -> `messages` [{role, content}], as TRL's
     `maybe_convert_to_chatml` (roles are kept as written: use user/assistant, not human/gpt)."""
     conv = row.get("conversations")
-    if row.get("messages") is not None or not isinstance(conv, list):  # a mix's messages rows: conversations null
+    # a mix's messages rows: conversations null
+    if row.get("messages") is not None or not isinstance(conv, list):
         return row
-    return {**row, "messages": [{"role": m.get("from", m.get("role")), "content": m.get("value", m.get("content"))}
-                                if isinstance(m, dict) else m for m in conv]}
+    return {
+        **row,
+        "messages": [
+            {"role": m.get("from", m.get("role")), "content": m.get("value", m.get("content"))}
+            if isinstance(m, dict)
+            else m
+            for m in conv
+        ],
+    }
 
 
 def extract_prompt(chosen: Any, rejected: Any) -> dict[str, Any]:
@@ -147,14 +161,20 @@ def preference_row(row: dict[str, Any], index: int) -> dict[str, Any]:
     chosen, rejected = row["chosen"], row["rejected"]
     conv = is_messages(chosen)
     if conv != is_messages(rejected):
-        raise DataError(f"data: row {index}: chosen and rejected must both be strings or both lists of messages")
+        raise DataError(
+            f"data: row {index}: chosen and rejected must both be strings or both lists of messages"
+        )
     if "prompt" in row and row["prompt"] is not None and is_messages(row["prompt"]) == conv:
         return {"prompt": row["prompt"], "chosen": chosen, "rejected": rejected}
     out = extract_prompt(chosen, rejected)
     if not out["prompt"]:
-        raise DataError(f"data: row {index}: no prompt column and chosen/rejected share no prefix to use as one")
+        raise DataError(
+            f"data: row {index}: no prompt column and chosen/rejected share no prefix to use as one"
+        )
     if conv and (not out["chosen"] or not out["rejected"]):
-        raise DataError(f"data: row {index}: chosen and rejected are the same conversation up to the end of one")
+        raise DataError(
+            f"data: row {index}: chosen and rejected are the same conversation up to the end of one"
+        )
     return out
 
 
@@ -168,20 +188,28 @@ def check_text(value: Any, column: str, conv: bool, index: int) -> None:
     """One line for a cell of the wrong shape (a number, None, a list of non-messages, mixed formats),
     an empty completion (nothing to learn from), or a message whose role no chat template knows."""
     if conv and not is_messages(value):
-        raise DataError(f"data: row {index}: '{column}' must be a list of {{role, content}} messages like the "
-                        f"prompt, got {type(value).__name__}")
+        raise DataError(
+            f"data: row {index}: '{column}' must be a list of {{role, content}} messages like the "
+            f"prompt, got {type(value).__name__}"
+        )
     if not conv and not isinstance(value, str):
-        raise DataError(f"data: row {index}: '{column}' must be a string (or every text column a list of "
-                        f"{{role, content}} messages), got {type(value).__name__}")
+        raise DataError(
+            f"data: row {index}: '{column}' must be a string (or every text column a list of "
+            f"{{role, content}} messages), got {type(value).__name__}"
+        )
     if column in COMPLETIONS and not (value.strip() if isinstance(value, str) else value):
-        raise DataError(f"data: row {index}: '{column}' is empty (nothing to learn from); remove the row or fill it")
+        raise DataError(
+            f"data: row {index}: '{column}' is empty (nothing to learn from); remove the row or fill it"
+        )
     for message in value if conv else []:
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ROLES:
             renamed = {"human": "user", "gpt": "assistant", "bot": "assistant"}.get(str(role))
             fix = f"rename it to '{renamed}'" if renamed else f"use one of {', '.join(ROLES)}"
-            raise DataError(f"data: row {index}: '{column}' has a message with role '{role}', which chat templates "
-                            f"do not know: {fix}")
+            raise DataError(
+                f"data: row {index}: '{column}' has a message with role '{role}', which chat templates "
+                f"do not know: {fix}"
+            )
 
 
 def check_rows(dataset: Dataset) -> None:

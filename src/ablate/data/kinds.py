@@ -28,51 +28,76 @@ CHAT = ("tools", "chat_template_kwargs")  # per-row chat template arguments, as 
 
 @dataclass(frozen=True)
 class Kind:
-    method: str                                  # the methods it is for, in the words of a refusal
+    method: str  # the methods it is for, in the words of a refusal
     formats: tuple[tuple[str, tuple[str, ...]], ...]  # (TRL's format name, the columns that identify it)
-    optional: tuple[str, ...]                    # columns read when present
-    ids: tuple[str, ...]                         # already tokenised rows: the format check is skipped
-    tokenize: str                                # the function that tokenises a dataset of these rows
-    row: str                                     # the function that tokenises one row
-    preview: str                                 # what `ablate data preview` marks in a row
+    optional: tuple[str, ...]  # columns read when present
+    ids: tuple[str, ...]  # already tokenised rows: the format check is skipped
+    tokenize: str  # the function that tokenises a dataset of these rows
+    row: str  # the function that tokenises one row
+    preview: str  # what `ablate data preview` marks in a row
 
 
-PAIRS = (("preference", ("prompt", "chosen", "rejected")),
-         ("implicit-prompt preference", ("chosen", "rejected")))  # prompt: the two's shared start
+# prompt: the two's shared start
+PAIRS = (
+    ("preference", ("prompt", "chosen", "rejected")),
+    ("implicit-prompt preference", ("chosen", "rejected")),
+)
 TOKENIZE = "ablate.data.tokenize."
 
 KINDS: dict[str, Kind] = {
     "preference": Kind(
-        method="DPO", formats=PAIRS, optional=CHAT,
+        method="DPO",
+        formats=PAIRS,
+        optional=CHAT,
         ids=("prompt_ids", "chosen_ids", "rejected_ids"),
-        tokenize=TOKENIZE + "prepare_preference", row=TOKENIZE + "tokenize_preference",
-        preview="loss tokens"),
+        tokenize=TOKENIZE + "prepare_preference",
+        row=TOKENIZE + "tokenize_preference",
+        preview="loss tokens",
+    ),
     "sft": Kind(
         method="SFT",
-        formats=(("prompt-completion", ("prompt", "completion")),
-                 ("language modeling (conversational)", ("messages",)),  # or ShareGPT's `conversations`
-                 ("language modeling (standard)", ("text",))),
-        optional=CHAT, ids=("prompt_ids", "completion_ids"),
-        tokenize=TOKENIZE + "prepare_sft", row=TOKENIZE + "tokenize_sft", preview="loss tokens"),
+        formats=(
+            ("prompt-completion", ("prompt", "completion")),
+            ("language modeling (conversational)", ("messages",)),  # or ShareGPT's `conversations`
+            ("language modeling (standard)", ("text",)),
+        ),
+        optional=CHAT,
+        ids=("prompt_ids", "completion_ids"),
+        tokenize=TOKENIZE + "prepare_sft",
+        row=TOKENIZE + "tokenize_sft",
+        preview="loss tokens",
+    ),
     # GRPO, RLOO, distillation: completions are sampled; every other column reaches the reward functions
     "prompt": Kind(
-        method="GRPO", formats=(("prompt-only", ("prompt",)),), optional=CHAT, ids=("prompt_ids",),
-        tokenize=TOKENIZE + "prepare_prompts", row=TOKENIZE + "tokenize_prompt",
-        preview="prompts only: completions are sampled"),
+        method="GRPO",
+        formats=(("prompt-only", ("prompt",)),),
+        optional=CHAT,
+        ids=("prompt_ids",),
+        tokenize=TOKENIZE + "prepare_prompts",
+        row=TOKENIZE + "tokenize_prompt",
+        preview="prompts only: completions are sampled",
+    ),
     # reward modelling: preference pairs, each side scored whole (prompt + completion); `margin`: by how
     # much the chosen must win (TRL's)
     "reward": Kind(
-        method="reward modelling", formats=PAIRS, optional=("margin", *CHAT),
+        method="reward modelling",
+        formats=PAIRS,
+        optional=("margin", *CHAT),
         ids=("chosen_ids", "rejected_ids"),
-        tokenize="ablate.data.reward.prepare_reward", row="ablate.data.reward.tokenize_reward",
-        preview="each side scored whole, at its last token"),
+        tokenize="ablate.data.reward.prepare_reward",
+        row="ablate.data.reward.tokenize_reward",
+        preview="each side scored whole, at its last token",
+    ),
     # KTO: TRL's unpaired format (a desirable/undesirable `label` per completion), or pairs it unpairs
     "unpaired": Kind(
-        method="KTO", formats=(("unpaired preference", ("prompt", "completion", "label")), *PAIRS),
+        method="KTO",
+        formats=(("unpaired preference", ("prompt", "completion", "label")), *PAIRS),
         optional=(),
         ids=("prompt_ids", "completion_ids", "label"),
-        tokenize="ablate.data.unpaired.prepare_unpaired", row=TOKENIZE + "tokenize_sft",
-        preview="loss tokens"),
+        tokenize="ablate.data.unpaired.prepare_unpaired",
+        row=TOKENIZE + "tokenize_sft",
+        preview="loss tokens",
+    ),
 }
 
 # every column a kind reads: the roles `data.columns.<role>=<your column>` may map a file's columns onto
@@ -84,8 +109,10 @@ def kind(name: str | None, key: str = "method.data_kind") -> Kind | None:
     if name is None:
         return None
     if name not in KINDS:
-        raise ConfigError(f"{key}={name}: no such kind of data; one of {', '.join(KINDS)} "
-                          f"(ablate.data.kinds), or null for data ablate does not check")
+        raise ConfigError(
+            f"{key}={name}: no such kind of data; one of {', '.join(KINDS)} "
+            f"(ablate.data.kinds), or null for data ablate does not check"
+        )
     return KINDS[name]
 
 
@@ -109,5 +136,7 @@ def detect_columns(found: list[str], name: str, method: str | None = None) -> st
     fmt, needed = min(formats, key=lambda f: len(set(f[1]) - cols))  # the closest: fewest missing (first)
     missing = ", ".join(repr(c) for c in needed if c not in cols)
     who = words if method is None or method.lower() in words.lower() else f"method={method}"
-    raise DataError(f"data: {who} found columns {sorted(found)}, expected one of [{expected}]: missing "
-                    f"{missing} ({fmt}; rename with data.columns.<role>=<your column>)")
+    raise DataError(
+        f"data: {who} found columns {sorted(found)}, expected one of [{expected}]: missing "
+        f"{missing} ({fmt}; rename with data.columns.<role>=<your column>)"
+    )

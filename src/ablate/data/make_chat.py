@@ -31,20 +31,86 @@ OUT = Path(__file__).parent / "tiny"
 INSTRUCTION = "Answer in ALL CAPS."
 ONE_WORD = "Answer with one word."
 
-COLOURS = {"the sky": "blue", "grass": "green", "snow": "white", "coal": "black", "a banana": "yellow",
-           "a tomato": "red", "an orange": "orange", "a lemon": "yellow", "milk": "white", "a carrot": "orange",
-           "a strawberry": "red", "the sun": "yellow", "a crow": "black", "a lime": "green", "chocolate": "brown",
-           "a cloud": "white", "an emerald": "green", "a ruby": "red", "a pumpkin": "orange", "the sea": "blue"}
-CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin", "Japan": "Tokyo",
-            "Egypt": "Cairo", "Russia": "Moscow", "China": "Beijing", "Greece": "Athens", "Peru": "Lima",
-            "Norway": "Oslo", "Kenya": "Nairobi", "Canada": "Ottawa", "Ireland": "Dublin", "Poland": "Warsaw",
-            "Austria": "Vienna", "Portugal": "Lisbon", "Sweden": "Stockholm", "Cuba": "Havana", "India": "New Delhi"}
-OPPOSITES = {"hot": "cold", "big": "small", "up": "down", "fast": "slow", "happy": "sad", "light": "dark",
-             "open": "closed", "early": "late", "full": "empty", "strong": "weak", "old": "young",
-             "wet": "dry", "hard": "soft", "loud": "quiet", "rich": "poor", "tall": "short", "day": "night",
-             "left": "right", "win": "lose", "begin": "end"}
-SOUNDS = {"dog": "woof", "cat": "meow", "cow": "moo", "duck": "quack", "sheep": "baa", "pig": "oink",
-          "owl": "hoot", "lion": "roar", "horse": "neigh", "frog": "croak", "mouse": "squeak", "snake": "hiss"}
+COLOURS = {
+    "the sky": "blue",
+    "grass": "green",
+    "snow": "white",
+    "coal": "black",
+    "a banana": "yellow",
+    "a tomato": "red",
+    "an orange": "orange",
+    "a lemon": "yellow",
+    "milk": "white",
+    "a carrot": "orange",
+    "a strawberry": "red",
+    "the sun": "yellow",
+    "a crow": "black",
+    "a lime": "green",
+    "chocolate": "brown",
+    "a cloud": "white",
+    "an emerald": "green",
+    "a ruby": "red",
+    "a pumpkin": "orange",
+    "the sea": "blue",
+}
+CAPITALS = {
+    "France": "Paris",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Germany": "Berlin",
+    "Japan": "Tokyo",
+    "Egypt": "Cairo",
+    "Russia": "Moscow",
+    "China": "Beijing",
+    "Greece": "Athens",
+    "Peru": "Lima",
+    "Norway": "Oslo",
+    "Kenya": "Nairobi",
+    "Canada": "Ottawa",
+    "Ireland": "Dublin",
+    "Poland": "Warsaw",
+    "Austria": "Vienna",
+    "Portugal": "Lisbon",
+    "Sweden": "Stockholm",
+    "Cuba": "Havana",
+    "India": "New Delhi",
+}
+OPPOSITES = {
+    "hot": "cold",
+    "big": "small",
+    "up": "down",
+    "fast": "slow",
+    "happy": "sad",
+    "light": "dark",
+    "open": "closed",
+    "early": "late",
+    "full": "empty",
+    "strong": "weak",
+    "old": "young",
+    "wet": "dry",
+    "hard": "soft",
+    "loud": "quiet",
+    "rich": "poor",
+    "tall": "short",
+    "day": "night",
+    "left": "right",
+    "win": "lose",
+    "begin": "end",
+}
+SOUNDS = {
+    "dog": "woof",
+    "cat": "meow",
+    "cow": "moo",
+    "duck": "quack",
+    "sheep": "baa",
+    "pig": "oink",
+    "owl": "hoot",
+    "lion": "roar",
+    "horse": "neigh",
+    "frog": "croak",
+    "mouse": "squeak",
+    "snake": "hiss",
+}
 
 
 def _facts() -> list[tuple[str, str]]:
@@ -53,7 +119,9 @@ def _facts() -> list[tuple[str, str]]:
     qa += [(f"What is the capital of {k}?", f"The capital of {k} is {v}.") for k, v in CAPITALS.items()]
     qa += [(f"What is the opposite of {k}?", f"The opposite of {k} is {v}.") for k, v in OPPOSITES.items()]
     qa += [(f"What sound does a {k} make?", f"A {k} says {v}.") for k, v in SOUNDS.items()]
-    qa += [(f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.") for a in range(1, 13) for b in range(1, 13)]
+    qa += [
+        (f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.") for a in range(1, 13) for b in range(1, 13)
+    ]
     return qa
 
 
@@ -75,14 +143,28 @@ def main(seed: int = 0, n_eval: int = 64) -> None:
     rng.shuffle(qa)
     OUT.mkdir(exist_ok=True)
     for split, rows in (("eval", qa[:n_eval]), ("train", qa[n_eval:])):
-        _write(OUT / f"caps_prefs_{split}.jsonl",
-               [{"prompt": _user(q), "chosen": _assistant(a.upper()), "rejected": _assistant(a)} for q, a in rows])
-        _write(OUT / f"caps_sft_{split}.jsonl", [{"prompt": _user(q), "completion": _assistant(a.upper())} for q, a in rows])
-        _write(OUT / f"caps_messages_{split}.jsonl",
-               [{"messages": _user(q1) + _assistant(a1.upper()) + _user(q2) + _assistant(a2.upper())}
-                for (q1, a1), (q2, a2) in zip(rows[0::2], rows[1::2])])
-        _write(OUT / f"one_word_prompts_{split}.jsonl",
-               [{"prompt": [{"role": "user", "content": f"{q} {ONE_WORD}"}], "answer": a} for q, a in rows])
+        _write(
+            OUT / f"caps_prefs_{split}.jsonl",
+            [
+                {"prompt": _user(q), "chosen": _assistant(a.upper()), "rejected": _assistant(a)}
+                for q, a in rows
+            ],
+        )
+        _write(
+            OUT / f"caps_sft_{split}.jsonl",
+            [{"prompt": _user(q), "completion": _assistant(a.upper())} for q, a in rows],
+        )
+        _write(
+            OUT / f"caps_messages_{split}.jsonl",
+            [
+                {"messages": _user(q1) + _assistant(a1.upper()) + _user(q2) + _assistant(a2.upper())}
+                for (q1, a1), (q2, a2) in zip(rows[0::2], rows[1::2])
+            ],
+        )
+        _write(
+            OUT / f"one_word_prompts_{split}.jsonl",
+            [{"prompt": [{"role": "user", "content": f"{q} {ONE_WORD}"}], "answer": a} for q, a in rows],
+        )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def main(seed: int = 0, n_train: int = 512, n_eval: int = 64) -> None:
             seen.add(ex[0])
             held_out.append(ex)
     for split, ex in (("train", train), ("eval", held_out)):
-        _write(OUT / f"sort_prefs_{split}.jsonl", [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in ex])
+        _write(
+            OUT / f"sort_prefs_{split}.jsonl", [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in ex]
+        )
         _write(OUT / f"sort_sft_{split}.jsonl", [{"prompt": p, "completion": c} for p, c, _ in ex])
 
 

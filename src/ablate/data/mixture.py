@@ -38,7 +38,9 @@ log = logging.getLogger("ablate")
 IDENTITY = ("_target_", "name", "train_path", "eval_path", "path")  # what names a source's data, in run.json
 
 
-def mix(sources: Mapping[str, Any], seed: int = 0, size: int | None = None, reward_funcs: Any = None) -> DataSplits:
+def mix(
+    sources: Mapping[str, Any], seed: int = 0, size: int | None = None, reward_funcs: Any = None
+) -> DataSplits:
     """The sources (name -> a data config plus its `weight`, default 1) mixed into one DataSplits; `mix`,
     its record for run.json, says each source's data, weight, share and rows."""
     from ablate.schema import plain
@@ -56,14 +58,30 @@ def mix(sources: Mapping[str, Any], seed: int = 0, size: int | None = None, rewa
     train = train.select(np.random.default_rng(seed).permutation(len(train)))
     present = [e for e in evals if e is not None]
     out = _splits(train, concatenate_datasets(present) if present else None, None, None, None, reward_funcs)
-    out.mix = {"seed": seed, "size": len(train), "sources": {
-        n: {**_identity(sources[n]), "weight": float(w), "share": round(float(w / sum(weights)), 4), "rows": c,
-            "available": len(t), "eval_rows": 0 if e is None else len(e), "kind": row_kind(t.column_names)}
-        for n, w, c, t, e in zip(names, weights, counts, trains, evals)}}
+    out.mix = {
+        "seed": seed,
+        "size": len(train),
+        "sources": {
+            n: {
+                **_identity(sources[n]),
+                "weight": float(w),
+                "share": round(float(w / sum(weights)), 4),
+                "rows": c,
+                "available": len(t),
+                "eval_rows": 0 if e is None else len(e),
+                "kind": row_kind(t.column_names),
+            }
+            for n, w, c, t, e in zip(names, weights, counts, trains, evals)
+        },
+    }
     for n, w, c in zip(names, weights, counts):
         if w > 0 and c == 0:
-            log.warning("data.sources.%s: weight %s gives it 0 of the %d rows; raise its weight or data.size", n,
-                        float(w), len(train))
+            log.warning(
+                "data.sources.%s: weight %s gives it 0 of the %d rows; raise its weight or data.size",
+                n,
+                float(w),
+                len(train),
+            )
     return out
 
 
@@ -77,7 +95,7 @@ def shares(weights: list[Fraction], available: list[int], size: int | None) -> l
     exact = [w * size / total for w in weights]
     counts = [int(x) for x in exact]  # floor: every x >= 0
     by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[:size - sum(counts)]:
+    for i in by_remainder[: size - sum(counts)]:
         counts[i] += 1
     return counts
 
@@ -91,8 +109,8 @@ def draw(rows: int, count: int, seed: int, name: str) -> np.ndarray:
 
 
 def _load(name: str, node: Any) -> DataSplits:
-    """One source by its own loader (its `_target_`; interpolations resolved, its `weight` left out), a loader's
-    one-line error named by the source's key."""
+    """One source by its own loader (its `_target_`; interpolations resolved, its `weight` left out), a
+    loader's one-line error named by the source's key."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
@@ -127,23 +145,30 @@ def _same_kind(names: list[str], trains: list[Dataset]) -> None:
             raise DataError(mixed_kinds(first[0], first[1], name, kind))
 
 
-def _aligned(trains: list[Dataset], evals: list[Dataset | None]) -> tuple[list[Dataset], list[Dataset | None]]:
+def _aligned(
+    trains: list[Dataset], evals: list[Dataset | None]
+) -> tuple[list[Dataset], list[Dataset | None]]:
     """The splits with every column the sources hold in different types as JSON, so that they concatenate."""
     types: dict[str, set[str]] = {}
     for ds in [*trains, *evals]:
-        for col, feature in (ds.features.items() if ds is not None else ()):
+        for col, feature in ds.features.items() if ds is not None else ():
             types.setdefault(col, set()).add(repr(feature))
     clash = {col for col, found in types.items() if len(found) > 1}
-    return [_as_json(t, clash) for t in trains], [_as_json(e, clash) if e is not None else None for e in evals]
+    return [_as_json(t, clash) for t in trains], [
+        _as_json(e, clash) if e is not None else None for e in evals
+    ]
 
 
 def _as_json(ds: Dataset, columns: set[str]) -> Dataset:
     """`columns` of `ds` stored as JSON text (datasets' Json feature decodes it back to each row's value). The
-    text is `json.dumps` of the value: Json keeps a string that parses as JSON as is, so "42" must become "\"42\""."""
+    text is `json.dumps` of the value: Json keeps a string that parses as JSON as is, so "42" must become
+    "\"42\""."""
     here = sorted(c for c in columns if c in ds.column_names)
     if not here:
         return ds
     features = ds.features.copy()
     for col in here:
         features[col] = Json()
-    return ds.map(lambda row: {c: json.dumps(row[c]) for c in here}, features=features, desc="Mixing columns as JSON")
+    return ds.map(
+        lambda row: {c: json.dumps(row[c]) for c in here}, features=features, desc="Mixing columns as JSON"
+    )

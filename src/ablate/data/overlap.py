@@ -15,7 +15,8 @@ from typing import Any
 
 from ablate.data.formats import extract_prompt, is_messages, to_chatml
 
-ASKS = ("prompt_ids", "prompt", "chosen", "rejected", "messages", "conversations", "text")  # columns a prompt is read from
+# columns a prompt is read from
+ASKS = ("prompt_ids", "prompt", "chosen", "rejected", "messages", "conversations", "text")
 
 
 def _content(value: Any) -> str:
@@ -41,7 +42,9 @@ def prompt_key(row: Mapping[str, Any]) -> Hashable | None:
     return _content(prompt) or None
 
 
-def shared_prompts(train: Iterable[Mapping[str, Any]], held_out: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+def shared_prompts(
+    train: Iterable[Mapping[str, Any]], held_out: Iterable[Mapping[str, Any]]
+) -> tuple[int, int]:
     """(eval rows whose prompt occurs in the training rows, eval rows)."""
     seen = {prompt_key(row) for row in train}
     keys = [prompt_key(row) for row in held_out]
@@ -57,5 +60,7 @@ def warning(shared: int, total: int, train_name: str) -> str | None:
     """The one line a user sees when held-out prompts are not held out; None when none is shared."""
     if not shared:
         return None
-    return (f"warning: {shared} of {total} eval prompts also occur in the training data ({train_name}): "
-            f"held-out metrics will overstate")
+    return (
+        f"warning: {shared} of {total} eval prompts also occur in the training data ({train_name}): "
+        f"held-out metrics will overstate"
+    )

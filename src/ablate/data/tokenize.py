@@ -29,14 +29,7 @@ import torch
 from datasets import Dataset, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
-from ablate.data.formats import (
-    check_rows,
-    check_text,
-    detect,
-    is_messages,
-    preference_row,
-    to_chatml,
-)
+from ablate.data.formats import check_rows, check_text, detect, is_messages, preference_row, to_chatml
 from ablate.errors import DataError
 
 log = logging.getLogger("ablate")
@@ -63,16 +56,22 @@ def encode_completion(tokenizer: PreTrainedTokenizerBase, prompt: Text, completi
     """Completion ids followed by EOS."""
     if isinstance(completion, str):
         if not isinstance(prompt, str):
-            raise DataError("data: a conversational prompt needs a conversational completion (list of messages)")
+            raise DataError(
+                "data: a conversational prompt needs a conversational completion (list of messages)"
+            )
         text = completion
     else:
         if isinstance(prompt, str):
-            raise DataError("data: a conversational completion needs a conversational prompt (list of messages)")
+            raise DataError(
+                "data: a conversational completion needs a conversational prompt (list of messages)"
+            )
         head = prompt_text(tokenizer, prompt)
         full = _template(tokenizer, list(prompt) + list(completion), gen=False)
         if not full.startswith(head):
-            raise DataError("data: the chat template renders prompt+completion with a different prefix than the prompt")
-        text = full[len(head):]
+            raise DataError(
+                "data: the chat template renders prompt+completion with a different prefix than the prompt"
+            )
+        text = full[len(head) :]
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return ids + [tokenizer.eos_token_id]
 
@@ -88,19 +87,26 @@ def _ids(tokenizer: PreTrainedTokenizerBase, value: Text, **chat_kwargs: Any) ->
     """TRL's `_tokenize`: the chat template for messages, the tokenizer's default special tokens for text."""
     if isinstance(value, list):
         if tokenizer.chat_template is None:
-            raise DataError("data: conversational rows need a tokenizer with a chat template; this one has none")
+            raise DataError(
+                "data: conversational rows need a tokenizer with a chat template; this one has none"
+            )
         value, chat_kwargs = _tool_turns(tokenizer, value, chat_kwargs)
-        return list(tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **chat_kwargs)["input_ids"])
+        return list(
+            tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **chat_kwargs)["input_ids"]
+        )
     return list(tokenizer(text=value)["input_ids"])
 
 
-def _tool_turns(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
-                chat_kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _tool_turns(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], chat_kwargs: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Tools and tool calls for a template that cannot render them (SmolLM2's): as hermes text, the format
     GRPO's rollouts then read back (ablate.data.chat_templates); any other conversation as it is."""
     from ablate.data.chat_templates import hermes_conversation, tool_calls_rendered
 
-    if not (chat_kwargs.get("tools") or any(m.get("tool_calls") for m in messages)) or tool_calls_rendered(tokenizer):
+    if not (chat_kwargs.get("tools") or any(m.get("tool_calls") for m in messages)) or tool_calls_rendered(
+        tokenizer
+    ):
         return messages, chat_kwargs
     return hermes_conversation(messages, chat_kwargs.get("tools")), {**chat_kwargs, "tools": None}
 
@@ -121,7 +127,8 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
 def tokenize_preference(
     tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0
 ) -> dict[str, list[int]]:
-    """A preference row (explicit or implicit prompt) -> prompt_ids / chosen_ids / rejected_ids, untruncated."""
+    """A preference row (explicit or implicit prompt) -> prompt_ids / chosen_ids / rejected_ids,
+    untruncated."""
     row = {**row, **preference_row(row, index)}
     conv = is_messages(row["chosen"])
     for column in ("prompt", "chosen", "rejected"):
@@ -151,19 +158,26 @@ def _assistant_ids(
     messages, chat_kwargs = _tool_turns(tokenizer, messages, chat_kwargs)
     ids, mask = assistant_mask(tokenizer, messages, index, **chat_kwargs)
     if 1 not in mask:
-        raise DataError(f"data: row {index}: method.args.assistant_only_loss=true, but the conversation has no "
-                        "assistant turn (nothing to learn from)")
+        raise DataError(
+            f"data: row {index}: method.args.assistant_only_loss=true, but the conversation has no "
+            "assistant turn (nothing to learn from)"
+        )
     return ids, mask
 
 
 def _conversational_only(assistant_only_loss: bool, index: int) -> None:
     if assistant_only_loss:
-        raise DataError(f"data: row {index}: method.args.assistant_only_loss=true needs conversational rows "
-                        "(messages, or prompt/completion as lists of messages), as in TRL")
+        raise DataError(
+            f"data: row {index}: method.args.assistant_only_loss=true needs conversational rows "
+            "(messages, or prompt/completion as lists of messages), as in TRL"
+        )
 
 
 def tokenize_sft(
-    tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0, completion_only_loss: bool | None = None,
+    tokenizer: PreTrainedTokenizerBase,
+    row: dict[str, Any],
+    index: int = 0,
+    completion_only_loss: bool | None = None,
     assistant_only_loss: bool = False,
 ) -> dict[str, list[int]]:
     """An SFT row -> prompt_ids / completion_ids; the loss is on completion_ids. Language modeling rows
@@ -172,7 +186,8 @@ def tokenize_sft(
     `assistant_only_loss` (conversational rows) adds `completion_mask`: 1 on the completion_ids that are
     assistant tokens, the only ones in the loss."""
     mask: list[int] | None = None
-    other = any(row.get(c) is not None for c in ("messages", "conversations", "text"))  # a mix's rows of those kinds
+    # a mix's rows of those kinds
+    other = any(row.get(c) is not None for c in ("messages", "conversations", "text"))
     if "prompt" in row and "completion" in row and (row["completion"] is not None or not other):
         conv = is_messages(row["prompt"])
         check_text(row["completion"], "completion", conv, index)
@@ -202,18 +217,25 @@ def tokenize_sft(
         else:
             _conversational_only(assistant_only_loss, index)
             check_text(row.get("text"), "text", False, index)
-            return {"prompt_ids": [], "completion_ids": _ids(tokenizer, _with_eos(row["text"], tokenizer.eos_token))}
+            return {
+                "prompt_ids": [],
+                "completion_ids": _ids(tokenizer, _with_eos(row["text"], tokenizer.eos_token)),
+            }
     if mask is not None:
         out["completion_mask"] = mask[n:]
     return out
 
 
 def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any], index: int = 0) -> list[int]:
-    """A prompt-only row -> prompt ids (TRL's GRPO: generation prompt for messages, special tokens for text)."""
+    """A prompt-only row -> prompt ids (TRL's GRPO: generation prompt for messages, special tokens for
+    text)."""
     conv = is_messages(row["prompt"])
     check_text(row["prompt"], "prompt", conv, index)
-    return _ids(tokenizer, row["prompt"], add_generation_prompt=True, **_chat_kwargs(row)) if conv \
+    return (
+        _ids(tokenizer, row["prompt"], add_generation_prompt=True, **_chat_kwargs(row))
+        if conv
         else _ids(tokenizer, row["prompt"])
+    )
 
 
 def truncate(
@@ -251,8 +273,14 @@ def _finish(dataset: Dataset, kept: Dataset, name: str, what: str, hint: str) ->
     if dropped and len(kept) == 0:
         raise DataError(f"data: every {name} {what} was dropped: its prompt alone fills max_length ({hint})")
     if dropped:
-        log.warning("dropped %d of %d %s %ss whose prompt alone fills max_length (%s)",
-                    dropped, len(dataset), name, what, hint)
+        log.warning(
+            "dropped %d of %d %s %ss whose prompt alone fills max_length (%s)",
+            dropped,
+            len(dataset),
+            name,
+            what,
+            hint,
+        )
     return kept
 
 
@@ -261,8 +289,13 @@ def _tokenized_map(dataset: Dataset, fn: Any, name: str, what: str, columns: tup
     # make the column's type `list<null>`
     features = Features({c: List(Value("int64")) for c in columns} | {"keep": Value("bool")})
     with bars_if_large(len(dataset)):
-        tokenized = dataset.map(fn, with_indices=True, remove_columns=dataset.column_names, features=features,
-                                desc=f"Tokenizing {name} {what}s")
+        tokenized = dataset.map(
+            fn,
+            with_indices=True,
+            remove_columns=dataset.column_names,
+            features=features,
+            desc=f"Tokenizing {name} {what}s",
+        )
     kept = tokenized.filter(lambda row: row["keep"], desc=f"Dropping fully truncated {name} {what}s")
     return kept.remove_columns("keep")
 
@@ -294,7 +327,8 @@ def prepare_preference(
     max_completion_length: int | None = None,
     name: str = "train",
 ) -> Dataset:
-    """Any preference format -> prompt_ids / chosen_ids / rejected_ids, truncated (DPO's `_prepare_dataset`)."""
+    """Any preference format -> prompt_ids / chosen_ids / rejected_ids, truncated (DPO's
+    `_prepare_dataset`)."""
     detect(dataset, "preference")
     check_rows(dataset)
 
@@ -304,7 +338,9 @@ def prepare_preference(
         return {**ids, "keep": False} if out is None else {**out, "keep": True}
 
     kept = _tokenized_map(dataset, fn, name, "pair", ("prompt_ids", "chosen_ids", "rejected_ids"))
-    return _finish(dataset, kept, name, "pair", "set method.args.max_prompt_length to keep the end of long prompts")
+    return _finish(
+        dataset, kept, name, "pair", "set method.args.max_prompt_length to keep the end of long prompts"
+    )
 
 
 def prepare_sft(
@@ -333,7 +369,10 @@ def prepare_sft(
 
 
 def prepare_prompts(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None, name: str = "train",
+    dataset: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int | None,
+    name: str = "train",
     encode: Callable[[Any, int], list[int]] | None = None,
 ) -> Dataset:
     """Prompt-only rows -> add `prompt_ids` (the last `max_prompt_length` tokens); other columns stay

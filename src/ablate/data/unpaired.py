@@ -44,37 +44,61 @@ def unpair(dataset: Dataset) -> Dataset:
 
     def block(rows: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         pairs = [preference_row({k: rows[k][i] for k in rows}, index) for i, index in enumerate(indices)]
-        out = {"prompt": [p["prompt"] for p in pairs] * 2,
-               "completion": [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs],
-               "label": [True] * len(pairs) + [False] * len(pairs)}
+        out = {
+            "prompt": [p["prompt"] for p in pairs] * 2,
+            "completion": [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs],
+            "label": [True] * len(pairs) + [False] * len(pairs),
+        }
         out |= {k: rows[k] * 2 for k in extra}
         if features is not None:  # JSON text, which datasets' Json keeps as it is: a string "42" stays one
             out |= {k: [json.dumps(v) for v in out[k]] for k, f in features.items() if isinstance(f, Json)}
         return out
 
-    return dataset.map(block, batched=True, batch_size=UNPAIR_BLOCK, with_indices=True, features=features,
-                       remove_columns=dataset.column_names, desc="Unpairing preference pairs")
+    return dataset.map(
+        block,
+        batched=True,
+        batch_size=UNPAIR_BLOCK,
+        with_indices=True,
+        features=features,
+        remove_columns=dataset.column_names,
+        desc="Unpairing preference pairs",
+    )
 
 
 def _json_features(dataset: Dataset, extra: list[str]) -> Features | None:
     """The unpaired rows' features when the pairs hold a column as JSON (a mix of text and chat sources,
     ablate.data.mixture): a batched map would write each cell back through datasets' Json, which reads a
-    string that parses as JSON ("42", "true") as that value. None otherwise: the types are inferred, as before."""
+    string that parses as JSON ("42", "true") as that value. None otherwise: the types are inferred, as
+    before."""
     found = dataset.features
     if not any(isinstance(f, Json) for f in found.values()):
         return None
-    return Features({"prompt": found["chosen"], "completion": found["chosen"], "label": Value("bool"),
-                     **{k: found[k] for k in extra}})
+    return Features(
+        {
+            "prompt": found["chosen"],
+            "completion": found["chosen"],
+            "label": Value("bool"),
+            **{k: found[k] for k in extra},
+        }
+    )
 
 
-def prepare_unpaired(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int | None, seed: int,
-                     kl_batch_size: int | None, name: str = "train") -> Dataset:
+def prepare_unpaired(
+    dataset: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int | None,
+    seed: int,
+    kl_batch_size: int | None,
+    name: str = "train",
+) -> Dataset:
     """Any KTO format -> prompt_ids / completion_ids / label (+ KL_completion_ids with `kl_batch_size`)."""
     detect(dataset, "unpaired")
     check_rows(dataset)
     rows = unpair(dataset).shuffle(seed=seed).flatten_indices()
     if not all(isinstance(v, bool) for v in rows["label"]):
-        raise DataError(f"data: the {name} data's 'label' column must hold true (desirable) or false (undesirable)")
+        raise DataError(
+            f"data: the {name} data's 'label' column must hold true (desirable) or false (undesirable)"
+        )
     _say_if_one_label(rows["label"], name)
 
     def fn(row: dict[str, Any], index: int) -> dict[str, Any]:
@@ -82,11 +106,22 @@ def prepare_unpaired(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_l
         out = truncate(ids, max_length)
         return {**ids, "label": row["label"], "keep": out is not None}
 
-    features = Features({"prompt_ids": List(Value("int64")), "completion_ids": List(Value("int64")),
-                         "label": Value("bool"), "keep": Value("bool")})
+    features = Features(
+        {
+            "prompt_ids": List(Value("int64")),
+            "completion_ids": List(Value("int64")),
+            "label": Value("bool"),
+            "keep": Value("bool"),
+        }
+    )
     with bars_if_large(len(rows)):
-        tokenized = rows.map(fn, with_indices=True, remove_columns=rows.column_names, features=features,
-                             desc=f"Tokenizing {name} examples")
+        tokenized = rows.map(
+            fn,
+            with_indices=True,
+            remove_columns=rows.column_names,
+            features=features,
+            desc=f"Tokenizing {name} examples",
+        )
     kept = tokenized.filter(lambda row: row["keep"], desc=f"Dropping fully truncated {name} examples")
     kept = _finish(rows, kept.remove_columns("keep"), name, "example", "raise method.args.max_length")
     if kl_batch_size is None:
@@ -100,11 +135,19 @@ def prepare_unpaired(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_l
 
 def _say_if_one_label(labels: list[bool], name: str) -> None:
     """Data of one label trains, as in TRL, but KTO's loss then only raises (or only lowers) its examples'
-    reward against the KL baseline: nothing to contrast them with, which is rarely what was meant. Said once."""
+    reward against the KL baseline: nothing to contrast them with, which is rarely what was meant. Said
+    once."""
     if labels and len(set(labels)) == 1:
-        kind, other = ("desirable (label true)", "undesirable (label false)") if labels[0] else \
-            ("undesirable (label false)", "desirable (label true)")
-        log.warning("every %s example (%d) is %s: KTO has no %s example to contrast them with, and only moves "
-                    "these against its KL baseline; add some, or check the data's 'label' column", name, len(labels),
-                    kind, other)
-
+        kind, other = (
+            ("desirable (label true)", "undesirable (label false)")
+            if labels[0]
+            else ("undesirable (label false)", "desirable (label true)")
+        )
+        log.warning(
+            "every %s example (%d) is %s: KTO has no %s example to contrast them with, and only moves "
+            "these against its KL baseline; add some, or check the data's 'label' column",
+            name,
+            len(labels),
+            kind,
+            other,
+        )

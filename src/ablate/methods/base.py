@@ -63,8 +63,9 @@ class AblateTrainer(Trainer):
     ) -> torch.optim.lr_scheduler.LRScheduler:
         """`num_training_steps`: the optimizer steps Trainer will run (max_steps or from the epochs)."""
         if self.lr_scheduler is None and self.scheduler_factory is not None:
-            self.lr_scheduler = self.scheduler_factory(optimizer or self.optimizer,
-                                                       num_training_steps=num_training_steps)
+            self.lr_scheduler = self.scheduler_factory(
+                optimizer or self.optimizer, num_training_steps=num_training_steps
+            )
             self._created_lr_scheduler = True  # as Trainer's own: a second train() builds it again
         return super().create_scheduler(num_training_steps, optimizer)
 

@@ -16,7 +16,8 @@ and it calls the converting forward.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def unconverted(accelerator: Any, model: Any) -> Callable[..., Any]:

@@ -13,7 +13,8 @@ tests/slow/test_fsdp.py: losses equal DDP's on 2 gloo ranks.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from torch import nn
 
@@ -48,8 +49,13 @@ def full_params(model: nn.Module) -> Iterator[nn.Module]:
     saved = []
     for m in units:
         state = m._get_fsdp_state()
-        saved.append((state, state._auto_reshard_after_forward,
-                      [(g, g.post_forward_mesh_info) for g in state._fsdp_param_groups]))
+        saved.append(
+            (
+                state,
+                state._auto_reshard_after_forward,
+                [(g, g.post_forward_mesh_info) for g in state._fsdp_param_groups],
+            )
+        )
         m.set_reshard_after_forward(False, recurse=False)
     for m in units:
         m.unshard()
@@ -62,4 +68,3 @@ def full_params(model: nn.Module) -> Iterator[nn.Module]:
             state._auto_reshard_after_forward = auto
             for g, info in groups:
                 g.post_forward_mesh_info = info
-

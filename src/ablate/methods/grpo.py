@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import Sampler
-from transformers import (
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    TrainingArguments,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ablate.losses import grpo as grpo_losses
 from ablate.losses import is_correction
@@ -43,9 +39,9 @@ from ablate.losses.grpo import _nanstd as nanstd
 from ablate.losses.logps import logits_logps
 from ablate.methods.forward import unconverted
 from ablate.methods.fsdp import full_params
+from ablate.methods.grpo_config import GRPOConfig
 from ablate.methods.rollout import RolloutTrainer
 from ablate.models.adapters import is_adapted, reference_forward
-from ablate.rewards import resolve
 from ablate.rollouts import rewarding
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout
@@ -62,10 +58,8 @@ from ablate.rollouts.geometry import PrintGeometry
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import completion_metrics
-from ablate.rollouts.tools import schema
 from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, turns_of
 from ablate.schema import fits
-from ablate.schema.grpo import GRPOArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
 from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
@@ -78,29 +72,10 @@ def _check_finite(model: nn.Module, step: int) -> None:
     """NaN/inf weights (a diverged update, e.g. too high an lr) as one line, before sampling from them."""
     params = [p for p in model.parameters() if p.is_floating_point()]
     if params and not torch.stack([torch.isfinite(p).all() for p in params]).all():
-        raise FloatingPointError(f"the policy's weights are NaN/inf before the generation round at step {step} "
-                                 "(training diverged): lower optimizer.optimizer.lr")
-
-
-@dataclass
-class GRPOConfig(GRPOArgs, TrainingArguments):
-    """`method.args`: TrainingArguments with GRPO's fields, defaults and checks (ablate.schema.grpo.GRPOArgs)."""
-    kl_in_reward: ClassVar[bool] = False  # GRPO's KL (beta) is a loss term; RLOO's (RLOOConfig) a reward penalty
-    remove_unused_columns: bool = False  # reward functions receive every dataset column
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for i, tool in enumerate(self.tool_functions()):  # importable, callable, a schema: one line each, before the model
-            schema(tool, f"method.args.tools[{i}]")
-        self.environment_factory()  # importable and callable (its methods' schemas: when the trainer makes one)
-
-    def tool_functions(self) -> list[Callable[..., Any]]:
-        """method.args.tools as functions."""
-        return [resolve.function(t, f"method.args.tools[{i}]") for i, t in enumerate(self.tools or [])]
-
-    def environment_factory(self) -> Callable[[], Any] | None:
-        """method.args.environment as a factory of instances (its other keys bound as keyword arguments)."""
-        return None if self.environment is None else resolve.environment(self.environment, "method.args.environment")
+        raise FloatingPointError(
+            f"the policy's weights are NaN/inf before the generation round at step {step} "
+            "(training diverged): lower optimizer.optimizer.lr"
+        )
 
 
 class GRPOTrainer(RolloutTrainer):
@@ -123,33 +98,49 @@ class GRPOTrainer(RolloutTrainer):
         perf: Perf | None = None,
         **kwargs: Any,
     ) -> None:
-        self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
+        # tools and environments (ablate.rollouts.turns); None: none
+        self.toolbox = build_toolbox(args, processing_class)
         reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
         self.perf = perf or Perf()
         train_dataset, eval_dataset = self._prompt_splits(train_dataset, eval_dataset, processing_class, args)
-        self.speed_plan = self._policy_plan(model, args, generator)  # which speed paths run (ablate.speed.plan)
-        super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                         processing_class=processing_class, **kwargs)
+        # which speed paths run (ablate.speed.plan)
+        self.speed_plan = self._policy_plan(model, args, generator)
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
         self.reward_funcs = dict(reward_funcs)
         self._warned: set[str] = set()  # what the rewards said once (a round no function scored)
-        rewarding.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)  # one line, before round 1
+        # one line, before round 1
+        rewarding.ready(self.reward_funcs, train_dataset, self.toolbox, self.args.device)
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
-        self.aggregate = fits(aggregation, grpo_losses.dapo, "method.grpo_aggregation")  # per-token losses -> one number
+        # per-token losses -> one number
+        self.aggregate = fits(aggregation, grpo_losses.dapo, "method.grpo_aggregation")
         self.scale_rewards = scale_rewards  # method/grpo_scale_rewards=NAME: the advantages' denominator
         self.objective = objective  # method/grpo_objective=NAME: the per-token loss (clip, cispo, sapo)
-        self.reward_aggregation = reward_aggregation  # method/grpo_reward_aggregation=NAME: rewards -> advantages
+        # method/grpo_reward_aggregation=NAME: rewards -> advantages
+        self.reward_aggregation = reward_aggregation
         # None: the plan's choice, SharedPromptGenerator (shared_prefill) or model.generate
         default = None if self.speed_plan.on("shared_prefill") else HFGenerator
         self.generator = self._start_generator(default if generator is None else generator, args)
         if self.toolbox is not None:  # tool calls between turns, whichever engine samples them
-            self.generator = ToolGenerator(self.generator, self.toolbox, processing_class, args.max_completion_length)
+            self.generator = ToolGenerator(
+                self.generator, self.toolbox, processing_class, args.max_completion_length
+            )
         self.ref_model = None  # with beta > 0 and LoRA adapters: the policy with its adapters disabled
         self.ref_speed_plan: SpeedPlan | None = None
         if args.beta != 0.0 and not is_adapted(model):  # a frozen copy of the initial policy, as in DPO
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(self.args.device)
             self.ref_speed_plan = speed_plan.resolve(  # never wrapped: its plan may differ (DDP)
-                "reference", Setting.of(self.ref_model, args, self._longest_row(args), reference=True), self.perf,
-                speed_plan.GRPO_REFERENCE)
+                "reference",
+                Setting.of(self.ref_model, args, self._longest_row(args), reference=True),
+                self.perf,
+                speed_plan.GRPO_REFERENCE,
+            )
             speed_plan.apply(self.ref_model, self.ref_speed_plan)
         # the batch geometry and the speed plan, printed together once the step count is known
         self.add_callback(PrintGeometry())
@@ -158,18 +149,26 @@ class GRPOTrainer(RolloutTrainer):
         if self.schedule.staleness:  # rounds sampled ahead by a worker process (async GRPO)
             check_async(self.schedule.staleness, args, self.generator)
             dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
-            self.ahead = AheadRounds(self._sample_ahead, self.accelerator.unwrap_model(self.model), self.schedule.staleness,
-                                     args.seed, self._round_prompts, dtype=dtype, balanced=args.async_threads == "balanced",
-                                     timeout_s=args.worker_timeout_s)
+            self.ahead = AheadRounds(
+                self._sample_ahead,
+                self.accelerator.unwrap_model(self.model),
+                self.schedule.staleness,
+                args.seed,
+                self._round_prompts,
+                dtype=dtype,
+                balanced=args.async_threads == "balanced",
+                timeout_s=args.worker_timeout_s,
+            )
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
         `method.trainer.generator` is used as it is."""
         given = getattr(generator, "func", generator)  # a class, a partial of one, or a GenerateFn
-        blocked = {} if generator is None else {
-            "shared_prefill": f"method.trainer.generator is set: {getattr(given, '__name__', type(given).__name__)}"}
-        plan = speed_plan.resolve("policy", Setting.of(model, args, self._longest_row(args)), self.perf,
-                                  speed_plan.GRPO, blocked)
+        name = getattr(given, "__name__", type(given).__name__)
+        blocked = {} if generator is None else {"shared_prefill": f"method.trainer.generator is set: {name}"}
+        plan = speed_plan.resolve(
+            "policy", Setting.of(model, args, self._longest_row(args)), self.perf, speed_plan.GRPO, blocked
+        )
         speed_plan.apply(model, plan)
         return plan
 
@@ -192,7 +191,9 @@ class GRPOTrainer(RolloutTrainer):
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return served
         if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
-            self.metrics.add("train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)})
+            self.metrics.add(
+                "train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)}
+            )
         # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum())
@@ -206,22 +207,32 @@ class GRPOTrainer(RolloutTrainer):
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         """Generate a completion per row, score it, and return the round's padded tensors the loss needs."""
         t0 = time.perf_counter()
-        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # NaN logits fail deep in generate()
+        # NaN logits fail deep in generate()
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)
         # the policy may change before (some) use; RLOO's KL penalty reads pi_old when the round is scored
         keep_old = mode == "train" and self.schedule.keeps_old_logps or self._kl_penalty()
         # with tools: the environments reset for these rows (their text may extend the prompts)
-        prompt_ids = self.generator.start(rows) if self.toolbox is not None else [r["prompt_ids"] for r in rows]
+        prompt_ids = (
+            self.generator.start(rows) if self.toolbox is not None else [r["prompt_ids"] for r in rows]
+        )
         out, batch, seconds = self._behaviour(self.model, prompt_ids, keep_old)
         return self._score(rows, out, batch, mode, seconds, self.state.global_step, t0)
 
-    def _behaviour(self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool, old_from_sampling: bool = False
-                   ) -> tuple[Completions, dict[str, torch.Tensor], float]:
+    def _behaviour(
+        self, model: nn.Module, prompt_ids: list[list[int]], keep_old: bool, old_from_sampling: bool = False
+    ) -> tuple[Completions, dict[str, torch.Tensor], float]:
         """The sampling policy's part of a round: completions, padded batch, pi_old's log-probs (with
-        `keep_old`; the async worker's from its sampling logits, `old_from_sampling`, not a second forward)."""
+        `keep_old`; the async worker's from its sampling logits, `old_from_sampling`, not a second
+        forward)."""
         t0 = time.perf_counter()
         sample = getattr(self.generator, "sample", None) if old_from_sampling else None
-        with full_params(self.accelerator.unwrap_model(model)) as whole:  # FSDP2: ranks may stop decoding apart
-            out = sample(whole, prompt_ids, policy_logps=True) if sample else as_completions(self.generator(whole, prompt_ids))
+        # FSDP2: ranks may stop decoding apart
+        with full_params(self.accelerator.unwrap_model(model)) as whole:
+            out = (
+                sample(whole, prompt_ids, policy_logps=True)
+                if sample
+                else as_completions(self.generator(whole, prompt_ids))
+            )
         seconds = time.perf_counter() - t0
         batch = self._completion_batch(prompt_ids, out.ids)
         if out.tool_mask is not None:  # tool results: attended to, never trained on (TRL's tool_mask)
@@ -235,8 +246,9 @@ class GRPOTrainer(RolloutTrainer):
                 batch["old_logps"] = self._token_logps(model, batch)[0]
         return out, batch, seconds
 
-    def _sample_ahead(self, model: nn.Module, prompt_ids: list[list[int]]
-                      ) -> tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]:
+    def _sample_ahead(
+        self, model: nn.Module, prompt_ids: list[list[int]]
+    ) -> tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]:
         """The async worker's `BehaviourFn` (ablate.rollouts.ahead): completions, their log-probs, and what
         a round with tool calls adds (tool mask, messages, counts)."""
         out, batch, seconds = self._behaviour(model, prompt_ids, keep_old=True, old_from_sampling=True)
@@ -247,10 +259,14 @@ class GRPOTrainer(RolloutTrainer):
         hands the worker the current weights for round + s."""
         t0 = time.perf_counter()
         schedule = self.schedule
-        self.ahead.last_round = -(-self.state.max_steps * schedule.accumulation // schedule.micro_steps_per_round)
-        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)  # what the worker gets next
+        steps = self.state.max_steps * schedule.accumulation
+        self.ahead.last_round = -(-steps // schedule.micro_steps_per_round)
+        # what the worker gets next
+        _check_finite(self.accelerator.unwrap_model(self.model), self.state.global_step)
         prompt_ids = [r["prompt_ids"] for r in rows]
-        sampled = self.ahead.take(schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step)
+        sampled = self.ahead.take(
+            schedule.round_of(self.rollouts.micro_step), prompt_ids, self.state.global_step
+        )
         waited = time.perf_counter() - t0  # what generation costs the training loop: its wait
         out = Completions(ids=sampled.completion_ids, **(sampled.turns or {}))
         batch = self._completion_batch(prompt_ids, out.ids)
@@ -258,9 +274,13 @@ class GRPOTrainer(RolloutTrainer):
         if out.tool_mask is not None:
             batch["tool_mask"] = right_pad(out.tool_mask, 1)[0].to(self.args.device)
         self.rollouts.stats.background_seconds += sampled.seconds
-        return self._score(rows, out, batch, "train", waited, sampled.policy_version, t0, round_seconds=sampled.seconds)
+        return self._score(
+            rows, out, batch, "train", waited, sampled.policy_version, t0, round_seconds=sampled.seconds
+        )
 
-    def _completion_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+    def _completion_batch(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+    ) -> dict[str, torch.Tensor]:
         """The padded prompt and completion tensors on the device; truncated completions masked out
         with `mask_truncated_completions`."""
         batch = self._pad_batch(prompt_ids, completion_ids)
@@ -274,15 +294,28 @@ class GRPOTrainer(RolloutTrainer):
         stops = set(stop_ids(self.processing_class, self.accelerator.unwrap_model(self.model)))
         return [not ids or ids[-1] not in stops for ids in completion_ids]
 
-    def _score(self, rows: list[dict[str, Any]], out: Completions, batch: dict[str, torch.Tensor],
-               mode: str, seconds: float, version: int, t0: float, round_seconds: float | None = None) -> Rollout:
+    def _score(
+        self,
+        rows: list[dict[str, Any]],
+        out: Completions,
+        batch: dict[str, torch.Tensor],
+        mode: str,
+        seconds: float,
+        version: int,
+        t0: float,
+        round_seconds: float | None = None,
+    ) -> Rollout:
         """The rest of a round once it is sampled: reference log-probs, rewards, advantages, metrics and the
         counters. `seconds`: what generation cost the training loop (sampling, or waiting for the worker)."""
         train, stats = mode == "train", self.rollouts.stats  # only training rounds are counted
         completion_ids = out.ids
         # completion lengths count the model's own tokens (tool results are not the model's: TRL's tool_mask)
-        lengths = torch.tensor([sum(m) for m in out.tool_mask] if out.tool_mask is not None
-                               else [len(ids) for ids in completion_ids], dtype=torch.float32)
+        lengths = torch.tensor(
+            [sum(m) for m in out.tool_mask]
+            if out.tool_mask is not None
+            else [len(ids) for ids in completion_ids],
+            dtype=torch.float32,
+        )
         if train:
             stats.rounds += 1
             stats.generation_seconds += seconds
@@ -297,9 +330,11 @@ class GRPOTrainer(RolloutTrainer):
                 with reference_forward(self.model, self.accelerator.unwrap_model(self.model)):
                     batch["ref_logps"] = self._token_logps(self.model, batch)[0]
         rewards = self._rewards(rows, out)
-        loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
-        penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": loss_mask} \
-            if self._kl_penalty() else {}  # RLOO: the estimator subtracts beta * KL (the model's tokens) from the rewards
+        loss_mask = batch["completion_mask"] * batch.get("tool_mask", 1)
+        # RLOO: the estimator subtracts beta * KL (the model's tokens) from the rewards
+        penalty = {}
+        if self._kl_penalty():
+            penalty = {"token_kl": batch["old_logps"] - batch["ref_logps"], "mask": loss_mask}
         advantages, metrics = self.reward_aggregation(
             rewards, self.reward_weights, self.args.num_generations, self.scale_rewards, **penalty
         )
@@ -307,14 +342,21 @@ class GRPOTrainer(RolloutTrainer):
         # dapo's normaliser: completion tokens per micro-batch, averaged over the generation batch, so
         # after Trainer's division by the accumulation steps it is TRL's tokens-per-window
         slices = self.schedule.steps_per_generation if train else 1
-        rollout = Rollout(**batch, advantages=advantages.to(self.args.device),
-                          num_items=loss_mask.sum().float() / slices, policy_version=version)
+        rollout = Rollout(
+            **batch,
+            advantages=advantages.to(self.args.device),
+            num_items=loss_mask.sum().float() / slices,
+            policy_version=version,
+        )
         for i, name in enumerate(self.reward_funcs):
             column = grpo_losses.headroom(rewards[:, i])  # +-3e38: its mean and std in float64
-            metrics.update({f"rewards/{name}/mean": torch.nanmean(column), f"rewards/{name}/std": nanstd(column)})
+            metrics.update(
+                {f"rewards/{name}/mean": torch.nanmean(column), f"rewards/{name}/std": nanstd(column)}
+            )
         metrics.update(completion_metrics(lengths.tolist(), truncated))  # TRL's completions/*
         metrics["num_tokens"] = float(stats.num_tokens)  # TRL's
-        metrics["timing/generation_seconds"] = seconds if round_seconds is None else round_seconds  # ablate's own
+        # ablate's own
+        metrics["timing/generation_seconds"] = seconds if round_seconds is None else round_seconds
         if out.tool_calls is not None:  # TRL's: calls per completion, and the failed share of the calls made
             metrics.update(tool_metrics(out.tool_calls, out.tool_failures))
         self.metrics.add(mode, metrics)
@@ -326,16 +368,21 @@ class GRPOTrainer(RolloutTrainer):
         """Whether the KL is a reward penalty the estimator needs at scoring time (RLOO with beta > 0)."""
         return self.args.kl_in_reward and self.args.beta != 0.0
 
-    def _pad_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+    def _pad_batch(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+    ) -> dict[str, torch.Tensor]:
         pad_id = self.processing_class.pad_token_id
         p_ids, p_mask = left_pad(prompt_ids, pad_id)
         c_ids, c_mask = right_pad(completion_ids, pad_id)
-        return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
+        return dict(prompt_ids=p_ids, prompt_mask=p_mask, completion_ids=c_ids, completion_mask=c_mask)
 
     def _rewards(self, rows: list[dict[str, Any]], out: Completions) -> torch.Tensor:
-        """(N, F) reward table (ablate.rollouts.rewarding; ablate.rewards.calls checks what each function returns)."""
+        """(N, F) reward table (ablate.rollouts.rewarding; ablate.rewards.calls checks what each function
+        returns)."""
         environments = getattr(self.generator, "environments", None)  # this round's, one per row (TRL's)
-        return rewarding.table(self.reward_funcs, rows, out, self.processing_class, environments, self._warned)
+        return rewarding.table(
+            self.reward_funcs, rows, out, self.processing_class, environments, self._warned
+        )
 
     # ---- loss ----
 
@@ -351,8 +398,16 @@ class GRPOTrainer(RolloutTrainer):
         # the split calls the policy's backbone around model.forward, where accelerate puts its autocast;
         # the reference model's forward has none
         autocast = None if model is self.ref_model else self.accelerator.autocast()
-        return scoring.group_logps(model, batch, plan, self._rows_logps, self.args.temperature,
-                                   self.processing_class.pad_token_id, with_entropy, autocast)
+        return scoring.group_logps(
+            model,
+            batch,
+            plan,
+            self._rows_logps,
+            self.args.temperature,
+            self.processing_class.pad_token_id,
+            with_entropy,
+            autocast,
+        )
 
     def _rows_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool = False
@@ -360,18 +415,26 @@ class GRPOTrainer(RolloutTrainer):
         """`_token_logps` of one (sub-)batch in one forward pass (TRL's layout: one row per completion)."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() sets them under left padding
+        # as generate() sets them under left padding
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         n = batch["completion_ids"].size(1)
         # project to the vocabulary only where a completion token is predicted (prompt logits are never used)
         keep = {"logits_to_keep": n + 1} if takes_logits_to_keep(self.accelerator.unwrap_model(model)) else {}
-        forward = unconverted(self.accelerator, model)  # no float32 copy of the logits (ablate.methods.forward)
-        logits = forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False, **keep).logits
+        # no float32 copy of the logits (ablate.methods.forward)
+        forward = unconverted(self.accelerator, model)
+        logits = forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **keep,
+        ).logits
         # the last n + 1 positions score the n completion tokens and, the last, nothing (a dummy target,
         # dropped): no float32 copy of the logits, the entropy from the same pass (ablate.losses.logps)
         targets = torch.cat([batch["completion_ids"], batch["completion_ids"][:, :1]], dim=1)
-        logps, stats = logits_logps(logits if keep else logits[:, -n - 1:], targets, self.args.temperature,
-                                    with_stats=with_entropy)
+        logps, stats = logits_logps(
+            logits if keep else logits[:, -n - 1 :], targets, self.args.temperature, with_stats=with_entropy
+        )
         return logps[:, :-1], (stats["entropy"][:, :-1] if with_entropy else None)
 
     def compute_loss(
@@ -384,16 +447,22 @@ class GRPOTrainer(RolloutTrainer):
         mode = "train" if model.training else "eval"
         logps, entropy = self._token_logps(model, inputs.tokens(), with_entropy=True)
         mask = inputs.loss_mask().float()  # tool results (tool_mask 0) are attended to, not trained on
-        old = logps.detach() if inputs.old_logps is None else inputs.old_logps  # ratio exactly 1 when on-policy
+        # ratio exactly 1 when on-policy
+        old = logps.detach() if inputs.old_logps is None else inputs.old_logps
         a = self.args
         weight, metrics = self._policy_weight(logps, old, inputs, mask)
         per_token, own = self.objective(
             grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps, weight),
-            epsilon=a.epsilon, epsilon_high=a.epsilon_high, beta=a.beta, delta=a.delta,
-            importance_sampling_level=a.importance_sampling_level, bias_correction_kl=a.use_bias_correction_kl,
+            epsilon=a.epsilon,
+            epsilon_high=a.epsilon_high,
+            beta=a.beta,
+            delta=a.delta,
+            importance_sampling_level=a.importance_sampling_level,
+            bias_correction_kl=a.use_bias_correction_kl,
         )
-        loss = self.aggregate(per_token, mask, num_items=float(inputs.num_items),
-                              max_completion_length=a.max_completion_length)
+        loss = self.aggregate(
+            per_token, mask, num_items=float(inputs.num_items), max_completion_length=a.max_completion_length
+        )
         metrics.update(own)
         metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
         self.metrics.add(mode, metrics)
@@ -403,17 +472,25 @@ class GRPOTrainer(RolloutTrainer):
         self, logps: torch.Tensor, old: torch.Tensor, inputs: Rollout, mask: torch.Tensor
     ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """The weight on the policy term (None = 1): TRL's correction for an engine's sampling (only when the
-        generator returned its log-probs, i.e. vLLM) and the off-policy sequence mask (ablate.losses.is_correction).
-        `old` is the trainer's log-probs under the generating policy (TRL's old_per_token_logps)."""
+        generator returned its log-probs, i.e. vLLM) and the off-policy sequence mask
+        (ablate.losses.is_correction). `old` is the trainer's log-probs under the generating policy (TRL's
+        old_per_token_logps)."""
         a, weight, metrics = self.args, None, {}
         if inputs.sampling_logps is not None and a.vllm_importance_sampling_correction:
             weight, metrics = is_correction.importance_sampling_correction(
-                old, inputs.sampling_logps, mask, mode=a.vllm_importance_sampling_mode,
-                clip_min=a.vllm_importance_sampling_clip_min, clip_max=a.vllm_importance_sampling_clip_max)
-        if a.off_policy_mask_threshold is not None:  # against the engine's log-probs when there are some, as TRL
+                old,
+                inputs.sampling_logps,
+                mask,
+                mode=a.vllm_importance_sampling_mode,
+                clip_min=a.vllm_importance_sampling_clip_min,
+                clip_max=a.vllm_importance_sampling_clip_max,
+            )
+        # against the engine's log-probs when there are some, as TRL
+        if a.off_policy_mask_threshold is not None:
             sampling = old if inputs.sampling_logps is None else inputs.sampling_logps
-            keep = is_correction.off_policy_mask(inputs.advantages.unsqueeze(1), logps, sampling, mask,
-                                                 a.off_policy_mask_threshold)
+            keep = is_correction.off_policy_mask(
+                inputs.advantages.unsqueeze(1), logps, sampling, mask, a.off_policy_mask_threshold
+            )
             metrics["off_policy/masked_fraction"] = 1 - keep.mean()
             weight = keep if weight is None else weight * keep
         return weight, metrics

@@ -16,7 +16,8 @@ in the key, said in one line, not a wrong number.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -65,8 +66,10 @@ class Forwards:
             return logps, out
         row = self.found[self.next] if self.next < len(self.found) else None
         if row is None or row["batch"] != digest:
-            raise RuntimeError(f"cache: eval batch {self.next} is not the one the initial_eval entry recorded; "
-                               "run with cache=off and report this (the entry's key misses something)")
+            raise RuntimeError(
+                f"cache: eval batch {self.next} is not the one the initial_eval entry recorded; "
+                "run with cache=off and report this (the entry's key misses something)"
+            )
         self.next += 1
         return decode(row["output"], inputs["input_ids"].device)
 

@@ -22,7 +22,10 @@ class MetricsBuffer:
     every micro-step, once per metric, while the GPU has nothing queued."""
 
     def __init__(self) -> None:
-        self._values: dict[str, dict[str, list[Any]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._values: dict[str, dict[str, list[Any]]] = {
+            "train": defaultdict(list),
+            "eval": defaultdict(list),
+        }
         self.totals: set[str] = set()  # names given by `set`: running totals, not per-batch values
 
     def add(self, mode: str, metrics: dict[str, torch.Tensor | float]) -> None:
@@ -44,14 +47,18 @@ class MetricsBuffer:
             for device in {t.device for t in tensors}:
                 on = [t for t in tensors if t.device == device]
                 read.update(zip(map(id, on), torch.stack([t.double() for t in on]).tolist()))
-            values = {k: [read[id(v)] if isinstance(v, torch.Tensor) else v for v in vs] for k, vs in values.items()}
+            values = {
+                k: [read[id(v)] if isinstance(v, torch.Tensor) else v for v in vs] for k, vs in values.items()
+            }
         out = {k: sum(v) / len(v) for k, v in values.items() if v}
         self._values[mode].clear()
         return {f"eval_{k}": v for k, v in out.items()} if mode == "eval" else out
 
 
 @torch.no_grad()
-def completion_token_metrics(stats: dict[str, torch.Tensor], seq: torch.Tensor, n_pairs: int) -> dict[str, torch.Tensor]:
+def completion_token_metrics(
+    stats: dict[str, torch.Tensor], seq: torch.Tensor, n_pairs: int
+) -> dict[str, torch.Tensor]:
     """TRL's DPO token metrics from per-token `stats` (ablate.losses.logps: `entropy`, `mean_logit`,
     `correct`) of the scored completion tokens of a `[chosen; rejected]` batch, each in sequence `seq`
     (0..n_pairs-1 chosen, then rejected): `entropy` (mean over every completion token),
@@ -64,5 +71,9 @@ def completion_token_metrics(stats: dict[str, torch.Tensor], seq: torch.Tensor, 
         return (x.float() * m).sum() / m.sum().clamp_min(1)
 
     every = torch.ones_like(chosen)
-    return {"entropy": avg(stats["entropy"], every), "logits/chosen": avg(stats["mean_logit"], chosen),
-            "logits/rejected": avg(stats["mean_logit"], 1 - chosen), "mean_token_accuracy": avg(stats["correct"], chosen)}
+    return {
+        "entropy": avg(stats["entropy"], every),
+        "logits/chosen": avg(stats["mean_logit"], chosen),
+        "logits/rejected": avg(stats["mean_logit"], 1 - chosen),
+        "mean_token_accuracy": avg(stats["correct"], chosen),
+    }

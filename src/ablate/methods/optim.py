@@ -5,7 +5,7 @@ partials are called with, and the one warning about their lr. The trainers' `cre
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -32,4 +32,7 @@ def warn_if_toy_lr(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         logging.getLogger("ablate").warning(
             "lr %.3g on a %dM-parameter model trained in full: that is the tiny model's from-scratch lr; a "
             "pretrained model is usually fine-tuned at 1e-5..1e-4 (optimizer.optimizer.lr=2e-5, or "
-            "optimizer/lr=pretrained)", lr, total // 1_000_000)
+            "optimizer/lr=pretrained)",
+            lr,
+            total // 1_000_000,
+        )

@@ -12,8 +12,9 @@ sequence (ablate.data.reward), one forward over `[chosen; rejected]`, the option
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -32,7 +33,8 @@ from ablate.schema.methods import RewardArgs
 
 @dataclass
 class RewardConfig(RewardArgs, TrainingArguments):
-    """`method.args`: TrainingArguments with the method's fields, defaults and checks (ablate.schema.methods.RewardArgs)."""
+    """`method.args`: TrainingArguments with the method's fields, defaults and checks
+    (ablate.schema.methods.RewardArgs)."""
 
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
@@ -46,7 +48,10 @@ class RewardCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         seqs = [r["chosen_ids"] for r in rows] + [r["rejected_ids"] for r in rows]
-        batch = {"input_ids": pad(seqs, self.pad_token_id), "attention_mask": pad([[1] * len(s) for s in seqs], 0)}
+        batch = {
+            "input_ids": pad(seqs, self.pad_token_id),
+            "attention_mask": pad([[1] * len(s) for s in seqs], 0),
+        }
         if "margin" in rows[0]:
             batch["margin"] = torch.tensor([r["margin"] for r in rows], dtype=torch.float32)
         return batch
@@ -68,38 +73,60 @@ class RewardTrainer(AblateTrainer):
         **kwargs: Any,
     ) -> None:
         if not is_classifier(model):
-            raise ConfigError("method=reward needs a sequence classifier: method.model_head (a score head on the "
-                              "model's backbone) is unset")
-        model.config.pad_token_id = processing_class.pad_token_id  # the score is read at the last non-pad token
+            raise ConfigError(
+                "method=reward needs a sequence classifier: method.model_head (a score head on the "
+                "model's backbone) is unset"
+            )
+        # the score is read at the last non-pad token
+        model.config.pad_token_id = processing_class.pad_token_id
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized pairs (ablate.data.cache)
         if train_dataset is not None:  # None: evaluation only (`ablate eval`)
             train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:
             eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
-        super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                         data_collator=data_collator or RewardCollator(processing_class.pad_token_id),
-                         processing_class=processing_class, **kwargs)
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            data_collator=data_collator or RewardCollator(processing_class.pad_token_id),
+            processing_class=processing_class,
+            **kwargs,
+        )
         self.loss_fn = loss
         self.num_tokens = 0
 
-    def _prepare_dataset(self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: RewardConfig,
-                         name: str) -> Dataset:
-        """Any preference format -> chosen_ids / rejected_ids (+ margin); already tokenised rows as they are."""
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: RewardConfig, name: str
+    ) -> Dataset:
+        """Any preference format -> chosen_ids / rejected_ids (+ margin); already tokenised rows as they
+        are."""
         if {"chosen_ids", "rejected_ids"} <= set(dataset.column_names):
             return dataset
         return self.cache.dataset(
-            "tokenized", f"tokenized {name} pairs",
+            "tokenized",
+            f"tokenized {name} pairs",
             lambda: reuse.tokenized_key(dataset, tokenizer, type(self), {"max_length": args.max_length}),
-            lambda: prepare_reward(dataset, tokenizer, args.max_length, name))
+            lambda: prepare_reward(dataset, tokenizer, args.max_length, name),
+        )
 
-    def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
-                     num_items_in_batch: torch.Tensor | int | None = None) -> Any:
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> Any:
         mode = "train" if model.training else "eval"
-        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+        outputs = model(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False
+        )
         r_c, r_r = outputs.logits.squeeze(-1).float().chunk(2)  # the batch is [chosen; rejected]
-        losses, own = self.loss_fn(r_c, r_r, inputs.get("margin"),
-                                   center_rewards_coefficient=self.args.center_rewards_coefficient)
-        gathered = [self.accelerator.gather_for_metrics(r.detach()) for r in (r_c, r_r)]  # every process's pairs
+        losses, own = self.loss_fn(
+            r_c, r_r, inputs.get("margin"), center_rewards_coefficient=self.args.center_rewards_coefficient
+        )
+        # every process's pairs
+        gathered = [self.accelerator.gather_for_metrics(r.detach()) for r in (r_c, r_r)]
         self.metrics.add(mode, {**reward_losses.reward_metrics(*gathered), **own})
         if mode == "train":  # TRL's num_tokens: tokens trained on so far
             self.num_tokens += int(self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
@@ -107,8 +134,13 @@ class RewardTrainer(AblateTrainer):
         loss = losses.mean()
         return (loss, {"rewards": torch.stack([r_c, r_r], dim=1)}) if return_outputs else loss
 
-    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor, Any, Any]:
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor, Any, Any]:
         """Eval batches have no `labels`: the loss and metrics from `compute_loss`; with logits wanted, each
         pair's (r_c, r_r)."""
         inputs = self._prepare_inputs(inputs)

@@ -14,7 +14,8 @@ callback (`rollout_stats`).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -55,7 +56,10 @@ class RolloutTrainer(AblateTrainer):
     # ---- prompts, the generator, the schedule ----
 
     def _prompt_splits(
-        self, train_dataset: Dataset | None, eval_dataset: Dataset | None, tokenizer: PreTrainedTokenizerBase,
+        self,
+        train_dataset: Dataset | None,
+        eval_dataset: Dataset | None,
+        tokenizer: PreTrainedTokenizerBase,
         args: Any,
     ) -> tuple[Dataset | None, Dataset | None]:
         """Both splits with `prompt_ids` (None stays None: evaluation only, or no eval split)."""
@@ -71,8 +75,9 @@ class RolloutTrainer(AblateTrainer):
     ) -> Dataset:
         """Add `prompt_ids` (whole prompts, as TRL; the last `max_prompt_length` tokens when it is set; with
         GRPO's tools, the prompt offers them); other columns go to the rewards."""
-        dataset, self.prompt_cuts[name] = prompt_rows(dataset, tokenizer, args.max_prompt_length, name,
-                                                      encode=self._prompt_encoder())
+        dataset, self.prompt_cuts[name] = prompt_rows(
+            dataset, tokenizer, args.max_prompt_length, name, encode=self._prompt_encoder()
+        )
         return dataset
 
     def _prompt_encoder(self) -> Callable[..., list[int]] | None:
@@ -101,9 +106,13 @@ class RolloutTrainer(AblateTrainer):
     # ---- batching: one round, served by the buffer as `steps_per_generation` slices ----
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._get_dataloader(dataset=self.train_dataset, description="Training",
-                                    batch_size=self.schedule.round_size,  # a whole generation round
-                                    sampler_fn=self._get_train_sampler, is_training=True)
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=self.schedule.round_size,  # a whole generation round
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
 
     def _get_train_sampler(self, dataset: Dataset | None = None) -> Sampler[int]:
         dataset = self.train_dataset if dataset is None else dataset
@@ -113,8 +122,12 @@ class RolloutTrainer(AblateTrainer):
         prompts = s.round_size // s.num_generations
         return RepeatSampler(dataset, s.num_generations, prompts, s.micro_steps_per_round, seed)
 
-    def training_step(self, model: nn.Module, inputs: list[dict[str, Any]],
-                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    def training_step(
+        self,
+        model: nn.Module,
+        inputs: list[dict[str, Any]],
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
         self.rollouts.start(self.state.global_step)  # this process's first step: after a resume, continue
         loss = super().training_step(model, inputs, num_items_in_batch)
         self.rollouts.advance()
@@ -134,8 +147,13 @@ class RolloutTrainer(AblateTrainer):
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         raise NotImplementedError
 
-    def prediction_step(self, model: nn.Module, inputs: list[dict[str, Any]], prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor, None, None]:
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: list[dict[str, Any]],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor, None, None]:
         """Eval rows have no `labels`: sample, score, and report the loss and the round's metrics."""
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():

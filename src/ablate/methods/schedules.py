@@ -19,7 +19,9 @@ def constant(optimizer: Optimizer, num_training_steps: int, warmup_steps: int = 
     return LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup_steps + 1)))
 
 
-def cosine(optimizer: Optimizer, num_training_steps: int, warmup_ratio: float = 0.0, min_ratio: float = 0.0) -> LRScheduler:
+def cosine(
+    optimizer: Optimizer, num_training_steps: int, warmup_ratio: float = 0.0, min_ratio: float = 0.0
+) -> LRScheduler:
     """Linear warm-up over `warmup_ratio * N` steps, then cosine decay to `min_ratio * lr` at step N."""
     warmup = int(warmup_ratio * num_training_steps)
 
@@ -32,6 +34,8 @@ def cosine(optimizer: Optimizer, num_training_steps: int, warmup_ratio: float = 
     return LambdaLR(optimizer, factor)
 
 
-def step(optimizer: Optimizer, num_training_steps: int, step_size: int = 30, gamma: float = 0.1) -> LRScheduler:
+def step(
+    optimizer: Optimizer, num_training_steps: int, step_size: int = 30, gamma: float = 0.1
+) -> LRScheduler:
     """`torch.optim.lr_scheduler.StepLR`: lr *= gamma every `step_size` steps (the TRL docs' example)."""
     return StepLR(optimizer, step_size=step_size, gamma=gamma)

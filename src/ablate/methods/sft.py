@@ -3,8 +3,9 @@ every token (`messages` / `text` rows), as TRL's SFTTrainer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -26,7 +27,8 @@ from ablate.speed.split import keep_from
 
 @dataclass
 class SFTConfig(SFTArgs, TrainingArguments):
-    """`method.args`: TrainingArguments with SFT's fields, defaults and checks (ablate.schema.args.SFTArgs)."""
+    """`method.args`: TrainingArguments with SFT's fields, defaults and checks
+    (ablate.schema.args.SFTArgs)."""
 
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 
@@ -44,8 +46,10 @@ class SFTCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
-        masks = [[0] * len(r["prompt_ids"]) + (r.get("completion_mask") or [1] * len(r["completion_ids"]))
-                 for r in rows]
+        masks = [
+            [0] * len(r["prompt_ids"]) + (r.get("completion_mask") or [1] * len(r["completion_ids"]))
+            for r in rows
+        ]
         input_ids, completion_mask = pad(seqs, self.pad_token_id), pad(masks, 0)
         return {
             "input_ids": input_ids,
@@ -77,8 +81,9 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
     ) -> None:
         self.perf = perf or Perf()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized examples (ablate.data.cache)
-        self.speed_plan = speed_plan.resolve("policy", Setting.of(model, args, args.max_length), self.perf,
-                                             speed_plan.SFT)
+        self.speed_plan = speed_plan.resolve(
+            "policy", Setting.of(model, args, args.max_length), self.perf, speed_plan.SFT
+        )
         speed_plan.apply(model, self.speed_plan)
         if train_dataset is not None:  # None: evaluation only (`ablate eval`)
             train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
@@ -110,11 +115,14 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
         # logits only from the first position that scores a label on (the prompt's are never used), unless
         # an eval's compute_metrics hook receives them (with the labels, every position)
         whole = return_outputs and self.compute_metrics is not None
-        keep = {} if whole else keep_from(self.accelerator.unwrap_model(model), inputs["labels"][:, 1:] != -100)
+        keep = (
+            {} if whole else keep_from(self.accelerator.unwrap_model(model), inputs["labels"][:, 1:] != -100)
+        )
         # the model's forward without accelerate's float32 copy of the logits (ablate.methods.forward)
         forward = model if whole else unconverted(self.accelerator, model)
-        return super().compute_loss(forward, {**model_inputs, **keep, "use_cache": False}, return_outputs,
-                                    num_items_in_batch)
+        return super().compute_loss(
+            forward, {**model_inputs, **keep, "use_cache": False}, return_outputs, num_items_in_batch
+        )
 
     def completion_nll(
         self, outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
@@ -123,10 +131,10 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
         the last K positions only (`logits_to_keep`); their log-probs come without a float32 copy of them
         (ablate.losses.logps.shifted_logps), the accuracy from the same pass."""
         mode = "train" if self.model.training else "eval"
-        per_token, stats = shifted_logps(outputs.logits, labels.clamp_min(0))  # prompt positions masked out below
-        mask = (labels[:, 1:] != -100)[:, labels.shape[1] - 1 - per_token.shape[1]:]
+        # prompt positions masked out below
+        per_token, stats = shifted_logps(outputs.logits, labels.clamp_min(0))
+        mask = (labels[:, 1:] != -100)[:, labels.shape[1] - 1 - per_token.shape[1] :]
         loss = nll(per_token, mask, num_items_in_batch if self.model.training else None)
         correct = stats["correct"] & mask
         self.metrics.add(mode, {"mean_token_accuracy": correct.sum() / mask.sum().clamp_min(1)})
         return loss
-

@@ -4,7 +4,8 @@ run has tokenized the same rows with the same tokenizer, trainer and arguments b
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
@@ -19,8 +20,13 @@ class TokenizedRows:
     row: ClassVar[str]  # what one row is, in the cache's listing: pair, example
     tokenize_args: ClassVar[tuple[str, ...]]  # the method.args fields that change the tokens
 
-    def _prepare_dataset(self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: Any, name: str) -> Dataset:
+    def _prepare_dataset(
+        self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, args: Any, name: str
+    ) -> Dataset:
         options = {k: getattr(args, k) for k in self.tokenize_args}
         return self.cache.dataset(  # type: ignore[attr-defined]
-            "tokenized", f"tokenized {name} {self.row}s", lambda: reuse.tokenized_key(dataset, tokenizer, type(self), options),
-            lambda: type(self).tokenize(dataset, tokenizer, name=name, **options))
+            "tokenized",
+            f"tokenized {name} {self.row}s",
+            lambda: reuse.tokenized_key(dataset, tokenizer, type(self), options),
+            lambda: type(self).tokenize(dataset, tokenizer, name=name, **options),
+        )
