@@ -271,3 +271,22 @@ def smollm2():
         return smollm2_135m()
     except Exception as e:  # offline and not cached
         pytest.skip(f"SmolLM2-135M not available: {e}")
+
+
+_BF16_SDPA: list[str | None] = []
+
+
+def torch_bf16_sdpa_error() -> str | None:
+    """torch's own bf16 attention fails on some CPU set-ups, whatever runs it: ATEN_CPU_CAPABILITY forced
+    below AVX-512 on a CPU with AMX (its flash kernel packs for AMX, then finds its code built without
+    AVX-512: "pack_vnni2 is only supported when avx512 is supported"). The error, or None where it runs."""
+    if not _BF16_SDPA:
+        import torch
+
+        q = torch.zeros(1, 2, 256, 16, dtype=torch.bfloat16)
+        try:
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            _BF16_SDPA.append(None)
+        except RuntimeError as e:
+            _BF16_SDPA.append(f"torch's bf16 SDPA itself fails on this CPU set-up ({e})")
+    return _BF16_SDPA[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ablate
+from conftest import ablate, torch_bf16_sdpa_error
 
 
 def _total(out: str) -> float:
@@ -62,6 +62,8 @@ def test_bad_input_is_one_line(tmp_path, args, line):
 ])
 def test_the_7b_experiments_train_scaled_down(tmp_path, args, saved, holds):
     """The same architecture (Qwen2, grouped-query attention), LoRA targets, precision and method, scaled down."""
+    if "qwen7b_grpo_fsdp" in args[0] and torch_bf16_sdpa_error():  # its precision=bf16
+        pytest.skip(torch_bf16_sdpa_error())
     r = ablate("train", *args, "+shrink=tiny", "method.args.max_steps=2", "method.args.save_strategy=no",
                "data.max_train_samples=16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -88,7 +88,10 @@ def _cfg(*overrides: str):
                                        ("method.args.precompute_ref_log_probs=false", "model.hidden_size=256",
                                         "model.intermediate_size=1024", "method.args.max_length=64")])
 def test_plan_within_20_percent_of_the_measured_peak_on_the_tiny_model(overrides):
+    from conftest import torch_bf16_sdpa_error
     from plan_check import measured_peak
 
+    if "precision=bf16" in overrides and torch_bf16_sdpa_error():
+        pytest.skip(torch_bf16_sdpa_error())
     peak, planned = measured_peak(_cfg(*overrides))
     assert 0.8 <= planned / peak <= 1.2, f"planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f} MB"
