@@ -7,7 +7,6 @@ import sys
 import traceback
 
 from ablate.config.compose import register_resolvers
-from ablate.config.moved import check_moved, folded, rename
 from ablate.paths import conf_dir
 from ablate.process.console import say
 from ablate.record.secrets import mask_log_records, remember
@@ -53,7 +52,7 @@ def check_argv(argv: list[str]) -> None:
 
 
 def _refuse(line: str) -> None:
-    print(f"ablate: error: {folded(line)}", file=sys.stderr)
+    print(f"ablate: error: {line}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -62,8 +61,6 @@ def hydra_train(argv: list[str]) -> None:
     import hydra
 
     check_argv(argv)
-    argv = rename(argv)  # an old group name (perf=off) works, noted once
-    check_moved(argv)
 
     from ablate.config.validate import one_line
     from ablate.launchers import sweep
@@ -112,7 +109,7 @@ def hydra_train(argv: list[str]) -> None:
             raise error
         from ablate.record.secrets import mask_text
 
-        say(f"ablate: error: {mask_text(folded(line))}")
+        say(f"ablate: error: {mask_text(line)}")
         sys.exit(2)
 
 

@@ -276,7 +276,31 @@ def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
     found = [path for path in _paths(cfg) if path.rsplit(".", 1)[-1] == leaf and path != key]
     if not found:
         return None
+    group = _group_behind(cfg, found[0])
+    if group is not None:  # method.trainer.scale_rewards: ${..grpo_scale_rewards}, a node a config group picks
+        name = value if str(value).isidentifier() else "NAME"
+        return f"'{leaf}' is picked by the config group {group}: write {group}={name} (options: conf/{group}/)"
     return f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
+
+
+def _group_behind(cfg: DictConfig, path: str) -> str | None:
+    """The config group (`method/grpo_scale_rewards`) whose node the key at `path` interpolates
+    (`${..grpo_scale_rewards}`, `${speed}`), or None."""
+    import re
+
+    from ablate.paths import conf_dir
+
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    raw = node._get_node(leaf)._value() if isinstance(node, DictConfig) and leaf in node else None
+    ref = re.fullmatch(r"\$\{(\.*)([\w.]+)\}", str(raw)) if isinstance(raw, str) else None
+    if ref is None:
+        return None
+    dots, target = ref.groups()
+    base = parent.split(".") if parent else []
+    base = base[: len(base) - len(dots) + 1] if dots else []
+    group = "/".join([*base, *target.split(".")])
+    return group if (Path(conf_dir()) / group).is_dir() else None
 
 
 def _paths(node: Any, prefix: str = "") -> list[str]:

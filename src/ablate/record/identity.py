@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError
 from ablate.record import checkpoints, rundir, secrets
-from ablate.schema.renamed import current_config, current_overrides
 
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
@@ -43,8 +42,8 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def same_overrides(recorded: list[str], given: list[str]) -> bool:
-    """The same command: `given` as it is recorded (masked), a renamed group's old spelling read as today's."""
-    return sorted(current_overrides(recorded)) == sorted(current_overrides(secrets.mask(given)))
+    """The same command: `given` as it is recorded (masked)."""
+    return sorted(map(str, recorded)) == sorted(map(str, secrets.mask(given)))
 
 
 def same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
@@ -86,7 +85,7 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
     before = (info or {}).get("config_hash")
     if not before or same_config(info or {}, now) or not checkpoints.checkpoints(run_dir):
         return
-    changed = config_changes(current_config((info or {}).get("config") or {}), now["config"])
+    changed = config_changes((info or {}).get("config") or {}, now["config"])
     shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
     if os.environ.get(NEW_CONFIG_ENV):
         if warn:  # said once, by the run (the launching process checks it first, silently)
@@ -98,9 +97,8 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
 
 
 def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
-    """run.json's config is `now`'s (`identity`): the same hash, once renamed groups take today's names."""
-    return info.get("config_hash") == now["config_hash"] or \
-        config_hash(current_config(info.get("config") or {})) == now["config_hash"]
+    """run.json's config is `now`'s (`identity`): the same hash."""
+    return info.get("config_hash") == now["config_hash"]
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
