@@ -48,7 +48,7 @@ ROOT = HERE.parent
 ALL = {"unverified_devices": True}  # every path, on a device no record has verified
 DPO_PATHS = ("dpo_pair_rows", "padding_free", "completion_only_logits", "lean_layers")
 GRPO_PATHS = ("grpo_group_rows", "length_groups", "shared_prefill")
-# ablate's variants: name -> perf ("off", one path's name alone, or Perf fields); "default": Perf() as the
+# ablate's variants: name -> perf ("off", one path's name alone, or SpeedSwitches fields); "default": SpeedSwitches() as the
 # device's record decides it; "forced": every path
 DPO_VARIANTS = {"off": "off", "default": {}, "forced": ALL, **{p: p for p in DPO_PATHS},
                 "forced+liger": {"liger": True, **ALL}, "forced+compile": {"compile": True, **ALL}}

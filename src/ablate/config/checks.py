@@ -277,9 +277,10 @@ def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
     if not found:
         return None
     group = _group_behind(cfg, found[0])
-    if group is not None:  # method.trainer.scale_rewards: ${..grpo_scale_rewards}, a node a config group picks
+    if group is not None:  # method.trainer.scale_rewards: ${..grpo_scale_rewards}, a group's node
         name = value if str(value).isidentifier() else "NAME"
-        return f"'{leaf}' is picked by the config group {group}: write {group}={name} (options: conf/{group}/)"
+        return f"'{leaf}' is picked by the config group {group}: write {group}={name} " \
+               f"(options: conf/{group}/)"
     return f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
 
 

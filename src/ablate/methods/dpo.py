@@ -47,7 +47,7 @@ from ablate.schema.args import DPOArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed.packing import packed_kernel
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
-from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.plan import PrintPlan, Setting, SpeedPlan, SpeedSwitches
 from ablate.speed.scoring import pair_logps
 from ablate.speed.split import keep_from
 
@@ -120,7 +120,7 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         ref_model: PreTrainedModel | None = None,
         data_collator: Callable | None = None,
         loss: dpo_losses.DPOLoss = dpo_losses.sigmoid,
-        perf: Perf | None = None,
+        perf: SpeedSwitches | None = None,
         cache: reuse.Cache | None = None,
         **kwargs: Any,
     ) -> None:
@@ -128,7 +128,7 @@ class DPOTrainer(TokenizedRows, LogsMetrics, ConfiguredOptimizer):
         # what the loss declares (ablate.losses.reference_free): no reference at all; the prompt tokens scored too
         self.reference_free = declares(loss, "reference_free")
         self.scores_prompt = declares(loss, "scores_prompt")
-        self.perf = perf or Perf()
+        self.perf = perf or SpeedSwitches()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized pairs, reference log-probs (ablate.data.cache)
         self.speed_plan = self._policy_plan(model, args, data_collator)  # which speed paths run (ablate.speed.plan)
         self.ref_speed_plan: SpeedPlan | None = None  # a live reference model's own

@@ -67,13 +67,13 @@ from ablate.rollouts.prompts import Cut, cuts_record, longest_row, prompt_rows
 from ablate.rollouts.sampler import RepeatSampler
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import completion_metrics
-from ablate.rollouts.tools import schema
+from ablate.rollouts.tool_calls import schema
 from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, turns_of
 from ablate.schema import fits
 from ablate.schema.grpo import GRPOArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
-from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.plan import PrintPlan, Setting, SpeedPlan, SpeedSwitches
 from ablate.speed.split import takes_logits_to_keep
 
 RewardFunc = rewarding.RewardFunc
@@ -131,12 +131,12 @@ class GRPOTrainer(RoundsInCheckpoints, LogsMetrics, ConfiguredOptimizer):
         objective: grpo_losses.Objective = grpo_losses.clip,
         reward_aggregation: grpo_losses.Advantages = grpo_losses.sum_then_normalize,
         scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
-        perf: Perf | None = None,
+        perf: SpeedSwitches | None = None,
         **kwargs: Any,
     ) -> None:
         self.toolbox = build_toolbox(args, processing_class)  # tools and environments (ablate.rollouts.turns); None: none
         reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
-        self.perf = perf or Perf()
+        self.perf = perf or SpeedSwitches()
         self.prompt_cuts: dict[str, Cut] = {}  # what max_prompt_length cut, per split (run.json: run_facts)
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
         if eval_dataset is not None:

@@ -44,7 +44,7 @@ def _delta(v: Any, n: Any) -> bool:
 
 
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # ablate.losses.is_correction.MODES
-TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tools.ToolFormat reads each
+TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tool_calls.ToolFormat reads each
 
 
 def _code(v: Any) -> bool:
@@ -132,7 +132,7 @@ class GRPOArgs(TrainArgs):
     tool_timeout: float | None = field(10.0, nullable(number(above=0, why=" (seconds)"), "no limit"),
                                        "Seconds a call may run; past it the model reads a timeout error.")
     tool_call_format: str = field("auto", choice(*TOOL_CALL_FORMATS, words="auto, chat_template or hermes "
-                                                                          "(ablate.rollouts.tools)"),
+                                                                          "(ablate.rollouts.tool_calls)"),
                                   "auto | chat_template (the template's own) | hermes (<tool_call>{json}</tool_call>).")
 
     def __post_init__(self) -> None:

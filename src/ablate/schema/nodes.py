@@ -204,20 +204,3 @@ class DPOLoss(Schema):
     label_smoothing: float = field(check=fraction(high=0.5, closed=False))
     cpo_alpha: float = field(check=number(at_least=0, why=" (the NLL term's weight; 0 = off)"))  # cpo, simpo
     gamma: float = field(check=number(at_least=0, why=" (SimPO's target margin)"))  # simpo
-
-
-@dataclass
-class Speed(Schema):
-    node = "speed"
-    targets = ("ablate.speed.plan.Perf",)
-    dpo_pair_rows: bool = field(check=BOOL)
-    grpo_group_rows: bool = field(check=BOOL)
-    padding_free: bool = field(check=BOOL)
-    completion_only_logits: bool = field(check=BOOL)
-    length_groups: bool = field(check=BOOL)
-    shared_prefill: bool = field(check=BOOL)
-    lean_layers: bool = field(check=BOOL)
-    liger: bool = field(check=BOOL)  # opt-in; whether this machine can run it: ablate.speed.plan.Perf
-    compile: bool = field(check=BOOL)  # opt-in
-    unverified_devices: bool = field(check=BOOL)
-    show: bool = field(check=BOOL)  # not a path: the plan's whole table at start (else one line)
