@@ -15,6 +15,8 @@ from transformers import (
     TrainingArguments,
 )
 
+from ablate.schema import nodes
+
 
 class PrintLogs(TrainerCallback):
     """The TRL docs' custom logging callback: print every log event (an example of `on_log`)."""
@@ -88,8 +90,7 @@ class EarlyStop(TrainerCallback):
     """
 
     def __init__(self, metric: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStop: mode must be 'min' or 'max', got {mode!r}")
+        nodes.EarlyStop.of({"mode": mode, "patience": patience, "min_delta": min_delta}).check()  # its schema's checks
         self.metric, self.sign, self.patience, self.min_delta = metric, 1.0 if mode == "min" else -1.0, patience, min_delta
         self.best: float | None = None
         self.bad = 0  # log events since the last improvement

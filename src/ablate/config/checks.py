@@ -86,13 +86,20 @@ def _value(node: DictConfig, key: str) -> Any:
 
 
 def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
-    """Every mapping node of the config with its dotted path (the root: ""), Hydra's own left out."""
+    """Every mapping node of the config with its dotted path (the root: ""), Hydra's own left out; a
+    mapping in a list too (`data.reward_funcs[0]`: a reward model's node, found by its `_target_`)."""
     out = [(path, node)]
     for k in node.keys():
         child = node._get_node(k)
-        if isinstance(child, DictConfig) and not (k == "hydra" and not path) and not child._is_missing() \
-                and not child._is_none():
-            out += _nodes(child, f"{path}.{k}" if path else str(k))
+        if (k == "hydra" and not path) or child._is_missing() or child._is_none():
+            continue
+        at = f"{path}.{k}" if path else str(k)
+        if isinstance(child, DictConfig):
+            out += _nodes(child, at)
+        elif isinstance(child, ListConfig):
+            items = [(f"{at}[{i}]", child._get_node(i)) for i in range(len(child))]
+            out += [n for a, item in items if isinstance(item, DictConfig) and not item._is_missing()
+                    and not item._is_none() for n in _nodes(item, a)]
     return out
 
 

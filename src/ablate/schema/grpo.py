@@ -43,7 +43,8 @@ def _delta(v: Any, n: Any) -> bool:
     return v is None or (is_num(v) and (not is_num(high) or v > 1 + high))
 
 
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # ablate.losses.is_correction.MODES
+# vllm_importance_sampling_mode's options, `<token|sequence>_<truncate|mask>` (ablate.losses.is_correction.MODES)
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tool_calls.ToolFormat reads each
 
 

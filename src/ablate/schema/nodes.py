@@ -198,6 +198,22 @@ class EarlyStop(Schema):
 
 
 @dataclass
+class OverfitCheck(Schema):
+    node = "callbacks.overfit_check"  # conf/debug/overfit.yaml
+    targets = ("ablate.callbacks.debug.OverfitCheck",)
+    mode: str = field(check=choice("min", "max", words="min (the metric must fall) or max (must rise)"))
+    min_change: float = field(check=number(at_least=0, why=" (a fraction of the metric's start)"))
+
+
+@dataclass
+class RewardModel(Schema):
+    node = "RewardModel"  # wherever it is: data.reward_funcs.NAME (the config names the key there)
+    targets = ("ablate.rewards.RewardModel", "ablate.rewards.reward_model.RewardModel")
+    batch_size: int = field(check=integer(1))
+    dtype: str = field(check=choice("float32", "bfloat16", "float16"))
+
+
+@dataclass
 class DPOLoss(Schema):
     node = "method.dpo_loss"
     # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
