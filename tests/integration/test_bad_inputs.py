@@ -274,13 +274,13 @@ CASES: list[Case] = [
     T("dpo-loss-under-grpo", "train method=grpo method.grpo_aggregation._target_=ablate.losses.dpo.hinge",
       "method.grpo_aggregation._target_=ablate.losses.dpo.hinge does not fit method=grpo: GRPOTrainer calls its aggregation like "
       "ablate.losses.grpo.dapo("),
-    C("dpo-loss-group-under-grpo", "train method=grpo method/dpo_loss=hinge", "method/dpo_loss=hinge is a DPO loss; GRPO's "
-      "token aggregation is the group method/grpo_aggregation"),
+    C("dpo-loss-group-under-grpo", "train method=grpo method/dpo_loss=hinge", "method/dpo_loss=hinge: this config has no "
+      "config group method/dpo_loss (options of method that have it: cpo, dpo,"),
     T("grpo-loss-target-under-dpo", "train method.dpo_loss._target_=ablate.losses.grpo.dapo",
       "method.dpo_loss._target_=ablate.losses.grpo.dapo does not fit method=dpo: DPOTrainer calls its loss like "
       "ablate.losses.dpo.sigmoid(logp_c"),
-    C("grpo-loss-under-dpo", "train method/dpo_loss=dapo", "method/dpo_loss=dapo: GRPO's aggregations are now the group "
-      "method/grpo_aggregation: use method/grpo_aggregation=dapo"),
+    C("grpo-loss-under-dpo", "train method/dpo_loss=dapo", "no option 'dapo' in config group 'method/dpo_loss' (dapo is an "
+      "option of method/grpo_aggregation: method/grpo_aggregation=dapo;"),
     C("threads-zero", "train threads=0", "threads=0: must be null"),
     C("threads-negative", "train threads=-2", "threads=-2: must be null"),
     C("malloc-negative", "train malloc_mmap_threshold=-1", "malloc_mmap_threshold=-1: must be null (malloc's default) or bytes in 0..33554432"),

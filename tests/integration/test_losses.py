@@ -58,8 +58,8 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
      "ablate: error: unknown config key 'method.trainer.generator._target_'"),
     # an old-style sweep file (name/params/overrides) is refused in one line: sweeps are Hydra configs now
     (["sweep", "old.yaml"], "ablate: error: ablate sweep: old.yaml is an old-style sweep file (top-level params:)"),
-    (["train", "method=grpo", "method/dpo_loss=hinge"], "ablate: error: Could not override 'method/dpo_loss'. "
-     "No match in the defaults list"),
+    (["train", "method=grpo", "method/dpo_loss=hinge"], "ablate: error: method/dpo_loss=hinge: this config has no config "
+     "group method/dpo_loss (options of method that have it: cpo, dpo,"),
 ])
 def test_old_spelling_and_wrong_method_are_one_line(tmp_path, args, needle):
     (tmp_path / "old.yaml").write_text("# an old sweep file\nname: old\nparams:\n  method.args.loss_type: sigmoid,hinge\n")

@@ -255,6 +255,9 @@ def one_line(e: BaseException) -> str | None:
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
+    line = _group_not_in_config(e)
+    if line is not None:
+        return line
     line = _merge_mismatch(e)
     if line is not None:
         return line
@@ -305,6 +308,33 @@ def bad_config_file(e: BaseException) -> str | None:
     return None
 
 
+def _group_not_in_config(e: BaseException) -> str | None:
+    """`method=grpo method/dpo_loss=hinge`: Hydra's "Could not override 'method/dpo_loss'. No match in the
+    defaults list" (and an advice to append it): name the options of the group's parent that pick it."""
+    import re
+
+    from ablate.paths import conf_dir
+
+    found = re.search(r"Could not override '([\w/]+)'\. No match in the defaults list.*?use \+(\S+)", str(e), re.S)
+    if found is None:
+        return None
+    group, override = found.groups()
+    parent, _, leaf = group.rpartition("/")
+    users = sorted(p.stem for p in (Path(conf_dir()) / parent).glob("*.yaml")
+                   if re.search(rf"^\s*-\s*(override\s+)?{leaf}\s*:", p.read_text(errors="replace"), re.M)) if parent else []
+    using = f" (options of {parent} that have it: {', '.join(users)})" if users else ""
+    return f"{override}: this config has no config group {group}{using}; to add it anyway: +{override}"
+
+
+def _other_group(group: str, option: str) -> str | None:
+    """A sibling group of `group` (conf/method/grpo_aggregation beside conf/method/dpo_loss) with `option`."""
+    from ablate.paths import conf_dir
+
+    parent = (Path(conf_dir()) / group).parent
+    found = sorted(p.parent.name for p in parent.glob(f"*/{option}.yaml") if p.parent.name != Path(group).name)
+    return f"{Path(group).parent.as_posix()}/{found[0]}" if found else None
+
+
 def _missing_option(e: Any) -> str:
     missing = str(getattr(e, "missing_cfg_file", "") or "")
     group, _, option = missing.rpartition("/")
@@ -315,6 +345,9 @@ def _missing_option(e: Any) -> str:
         return str(e).splitlines()[0]
     hint = difflib.get_close_matches(option, options, n=1)
     meant = f"did you mean {group}={hint[0]}? " if hint else ""
+    other = _other_group(group, option) if "/" in group else None
+    if other is not None:  # method/dpo_loss=dapo: an option of method/grpo_aggregation
+        meant = f"{option} is an option of {other}: {other}={option}; "
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
