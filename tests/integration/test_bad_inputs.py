@@ -479,6 +479,13 @@ CASES: list[Case] = [
     T("reward-model-config-junk", "train method=grpo +data.reward_funcs.rm._target_=ablate.rewards.RewardModel "
       "+data.reward_funcs.rm.path={F}/junk_model", "RewardModel: {F}/junk_model/config.json is not JSON (not UTF-8 "
       "text): a damaged or unfinished save"),
+    # a reward model's settings: its schema (ablate.schema.nodes.RewardModel), named or in a list
+    C("reward-model-batch-size", "train method=grpo +data.reward_funcs.rm._target_=ablate.rewards.RewardModel "
+      "+data.reward_funcs.rm.path={F}/classifier +data.reward_funcs.rm.batch_size=0",
+      "data.reward_funcs.rm.batch_size=0: must be an integer >= 1"),
+    C("reward-model-dtype-in-list", "train method=grpo ~data.reward_funcs "
+      "+data.reward_funcs=[{_target_:ablate.rewards.RewardModel,path:{F}/classifier,dtype:fp8}]",
+      "data.reward_funcs[0].dtype=fp8: must be one of float32, bfloat16, float16"),
     C("distill-teacher-config-junk", "train method=distill +teacher=local teacher.path={F}/junk_model",
       "teacher.path={F}/junk_model: {F}/junk_model/config.json is not JSON (not UTF-8 text): a damaged or unfinished save"),
     C("reward-list-onto-named", "train method=grpo data.reward_funcs=[bad_rewards.length]",
