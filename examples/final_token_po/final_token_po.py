@@ -44,19 +44,27 @@ def final_token_logps(per_token: torch.Tensor, index: torch.Tensor) -> torch.Ten
 
 class FinalTokenPOTrainer(DPOTrainer):
     def compute_loss(
-        self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ids = inputs["input_ids"]
         chosen, rejected = ids.chunk(2)
         j, valid = divergence_index(chosen, rejected)
         logits = model(input_ids=ids, attention_mask=inputs["attention_mask"], use_cache=False).logits
         with torch.no_grad():
-            ref_logits = self.ref_model(input_ids=ids, attention_mask=inputs["attention_mask"], use_cache=False).logits
+            ref_logits = self.ref_model(
+                input_ids=ids, attention_mask=inputs["attention_mask"], use_cache=False
+            ).logits
         lc, lr = final_token_logps(token_logps(logits, ids), j.repeat(2)).chunk(2)
         rc, rr = final_token_logps(token_logps(ref_logits, ids), j.repeat(2)).chunk(2)
         one = torch.ones_like(lc)  # one token per sequence: the position where the pair diverges
         losses, _ = dpo_losses.sigmoid(lc, lr, rc, rr, one, one, beta=self.args.beta)
         metrics = dpo_losses.reward_metrics(lc, lr, rc, rr, self.args.beta)
         loss = (losses * valid).sum() / valid.sum().clamp_min(1)
-        self.metrics.add("train" if model.training else "eval", {f"final_token/{k}": v[valid] for k, v in metrics.items()})
+        self.metrics.add(
+            "train" if model.training else "eval", {f"final_token/{k}": v[valid] for k, v in metrics.items()}
+        )
         return (loss, {"logits": logits}) if return_outputs else loss

@@ -23,12 +23,18 @@ from ablate.methods.dpo import DPOConfig, DPOTrainer
 
 @dataclass
 class MyDPOConfig(DPOConfig):
-    my_coef: float = field(default=0.1, metadata={"help": "Weight of an extra NLL term on the chosen completion."})
+    my_coef: float = field(
+        default=0.1, metadata={"help": "Weight of an extra NLL term on the chosen completion."}
+    )
 
 
 class MyDPOTrainer(DPOTrainer):
     def compute_loss(
-        self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
     ) -> torch.Tensor:
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         shift_labels, shift_completion_mask = input_ids[:, 1:], inputs["completion_mask"][:, 1:]
@@ -41,7 +47,9 @@ class MyDPOTrainer(DPOTrainer):
         else:  # a live reference (+ref_model=live, live_8bit, ...), as in the TRL docs
             with torch.no_grad():
                 ref_logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask).logits
-            ref_logps = (selective_log_softmax(ref_logits[:, :-1], shift_labels) * shift_completion_mask).sum(dim=1)
+            ref_logps = (selective_log_softmax(ref_logits[:, :-1], shift_labels) * shift_completion_mask).sum(
+                dim=1
+            )
             ref_chosen_logps, ref_rejected_logps = ref_logps.chunk(2, dim=0)
 
         delta = (chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps)

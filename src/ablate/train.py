@@ -60,7 +60,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     """The trainer from the config's groups, the throughput callback first (its numbers reach every log)."""
     from transformers import set_seed
 
-    from ablate.methods.shapes import check_shape
+    from ablate.data.formats import check_shape
     from ablate.models.adapters import with_adapters, with_head  # with_head: ablate.models.heads'
     from ablate.process import progress
     from ablate.speed.throughput import ThroughputCallback
@@ -68,12 +68,12 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     set_seed(cfg.seed)
     args = training_args(cfg, record.dir)
     make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
-    code_checks.check_trainer_class(trainer_cls := getattr(make_trainer, "func", make_trainer))
+    code_checks.check_trainer_class(getattr(make_trainer, "func", make_trainer))
     data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
     record.note(**({"data_mix": data.mix} if getattr(data, "mix", None) else {}))  # data=mix: sources, weights, rows
-    record.note(data_format=check_shape(trainer_cls, data.train,  # run.json: how `ablate generate` formats prompts
-                                        eval_data := data.eval if args.eval_strategy != "no" else None))
+    eval_data = data.eval if args.eval_strategy != "no" else None  # data_format: how `ablate generate` formats prompts
+    record.note(data_format=check_shape(cfg.method.get("data_kind"), data.train, eval_data, method=cfg.method.name))
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora|qlora
     code_checks.check_trainable(model)

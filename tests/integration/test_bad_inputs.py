@@ -456,6 +456,20 @@ CASES: list[Case] = [
       "sys.exit(0): a reward function returns its rewards", "run", trains=True),
     C("reward-beyond-float32", f"{REWARD}=bad_rewards.beyond_float32 {GRPO1}", "reward function 'mine' "
       "(bad_rewards.beyond_float32) returned 1e+39 for completion 0: beyond float32's range (3.4e+38)", "run", trains=True),
+    # every method's data file is checked against its kind (ablate.data.kinds) before torch, not only DPO/SFT/GRPO's
+    C("kto-no-label", "train method=kto data=jsonl data.train_path={F}/no_label.jsonl",
+      "data.train_path={F}/no_label.jsonl: KTO found columns ['completion', 'prompt'], expected one of [unpaired "
+      "preference: prompt, completion, label; preference: prompt, chosen, rejected; implicit-prompt preference: "
+      "chosen, rejected]: missing 'label' (unpaired preference; rename with data.columns.<role>=<your column>)"),
+    C("reward-no-pairs", "train method=reward data=jsonl data.train_path={F}/good_bad_margin.jsonl",
+      "data.train_path={F}/good_bad_margin.jsonl: reward modelling found columns ['bad', 'good', 'margin', 'prompt'], "
+      "expected one of [preference: prompt, chosen, rejected; implicit-prompt preference: chosen, rejected]: "
+      "missing 'chosen', 'rejected' (preference;"),
+    C("distill-no-prompt", "train method=distill +teacher=tiny data=jsonl data.train_path={F}/questions.jsonl",
+      "data.train_path={F}/questions.jsonl: method=distill found columns ['question'], expected one of "
+      "[prompt-only: prompt]: missing 'prompt' (prompt-only;"),
+    C("data-kind-unknown", "train method.data_kind=pairs", "method.data_kind=pairs: no such kind of data; one of "
+      "preference, sft, prompt, reward, unpaired (ablate.data.kinds), or null for data ablate does not check"),
     C("distill-own-data-scripted-teacher", "train method=distill data=local data.train_path={F}/prompts.jsonl",
       "method=distill with data=local needs a teacher: without +teacher the teacher is the scripted one of "
       "data=tiny_repeat's letter task"),
@@ -538,6 +552,10 @@ def _fixtures(root: Path) -> Path:
     (f / "conf" / "method").mkdir()
     (f / "conf" / "method" / "old_dpo.yaml").write_text("defaults:\n  - dpo\n  - _self_\n\n"
                                                         "trainer:\n  _target_: ablate.trainers.dpo.DPOTrainer\n")
+    (f / "no_label.jsonl").write_text(lines([{"prompt": f"write {i}", "completion": "abc"} for i in range(8)]))
+    (f / "good_bad_margin.jsonl").write_text(lines([{"prompt": r["prompt"], "good": "abc", "bad": "cba", "margin": 1.0}
+                                                    for r in ROWS]))
+    (f / "questions.jsonl").write_text(lines([{"question": f"write {i}"} for i in range(8)]))
     (f / "prompts.jsonl").write_text(lines([{"prompt": f"write {i}"} for i in range(8)]))
     (f / "margin_text.jsonl").write_text(lines([{**ROWS[0], "margin": 1.0}, {**ROWS[1], "margin": "big"}]))
     (f / "identical.jsonl").write_text(lines([{"prompt": r["prompt"], "chosen": "abc", "rejected": "abc"} for r in ROWS]))

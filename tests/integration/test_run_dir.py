@@ -317,23 +317,30 @@ def test_one_line_error_keeps_its_cause_in_ablate_log(tmp_path):
     assert "Traceback" in log and "The above exception was the direct cause" in log  # the OSError behind it
 
 
-def test_resume_refuses_a_several_process_run_as_one_process(tmp_path):
-    """A run of 2 ranks (torchrun, SLURM tasks_per_node=2) resumed by `ablate resume` in one process
-    would train on half the batch per step: refused in one line naming the way that works; the same
-    run dir recorded as 1 process is resumed (it gets past the check and fails on the fake overrides)."""
+def test_resume_on_another_rank_count_keeps_the_global_batch_or_says_why_not(tmp_path):
+    """A run of 2 ranks (torchrun, SLURM tasks) x gradient_accumulation_steps 1 resumed by `ablate resume`
+    in one process: accumulation 2 keeps its global batch (said in one line, the override added; here it
+    then fails on the fake overrides, past the check). Ran with accumulation 1 on 2 ranks, 4 ranks cannot
+    keep it: refused in one line naming what works. The same dir recorded as 1 process: nothing added."""
     run_dir = tmp_path / "14-00-00_seed=1"
     run_dir.mkdir()
-    info = {"overrides": ["seed=1", "+no_such_key=1"], "world_size": 2}
+    info = {"overrides": ["seed=1", "+no_such_key=1"], "world_size": 2,
+            "config": {"method": {"args": {"gradient_accumulation_steps": 1}}}}
     (run_dir / "run.json").write_text(json.dumps(info))
     (run_dir / "summary.json").write_text(json.dumps({"status": "failed"}))
     r = ablate("resume", str(run_dir), cwd=tmp_path)
+    assert "resuming on 1 rank(s), it ran on 2: method.args.gradient_accumulation_steps 1 -> 2" in r.stdout, r.stderr
+    assert "method.args.gradient_accumulation_steps=2" in r.stdout + r.stderr  # the command it runs
+    assert "no_such_key" in r.stdout + r.stderr
+    r = ablate("resume", str(run_dir), cwd=tmp_path, env={"WORLD_SIZE": "4"})
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line
-    assert "ran as 2 processes" in r.stderr and "its own launch command" in r.stderr
+    assert "4 ranks cannot keep that global batch" in r.stderr and "resume on a divisor of 2 ranks" in r.stderr
     assert "Traceback" not in r.stderr
     (run_dir / "run.json").write_text(json.dumps({**info, "world_size": 1}))
     r = ablate("resume", str(run_dir), cwd=tmp_path)
-    assert "ran as" not in r.stderr and "no_such_key" in r.stdout + r.stderr
+    assert "resuming on" not in r.stdout and "gradient_accumulation_steps=" not in r.stdout + r.stderr
+    assert "no_such_key" in r.stdout + r.stderr
 
 
 def test_resume_on_edited_data_is_refused_in_one_line(tmp_path):

@@ -19,7 +19,7 @@ trl = pytest.importorskip("trl")
 from ablate.losses import dpo as dpo_losses  # noqa: E402
 from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
-from ablate.speed.plan import SpeedSwitches
+from ablate.speed.plan import SpeedSwitches  # noqa: E402
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},

@@ -189,6 +189,26 @@ def test_sharded_checkpoint_resumes_on_another_world_size(runs: Path, ranks: int
     AutoModelForCausalLM.from_pretrained(run_dir / "model")
 
 
+def test_ablate_resume_on_one_rank_keeps_the_global_batch(runs: Path) -> None:
+    """The user's command: a run killed in step 5 on 2 ranks (accumulation 2), resumed by
+    `torchrun --nproc_per_node=1 -m ablate resume RUN_DIR`: ablate sets accumulation 4 (one line says
+    so), the config check accepts that change alone, and the run ends with the uninterrupted run's losses."""
+    ref, run_dir = runs / "reshard_ref", runs / "resume_one_rank"
+    if not ref.is_dir():
+        _torchrun(ref, *RESHARD, env=_env(ABLATE_TEST_GA="2"), steps=SIX)
+    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False)
+    assert r.returncode != 0 and list(run_dir.glob("killed.*"))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                        "-m", "ablate", "resume", str(run_dir)],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming on 1 rank(s), it ran on 2: method.args.gradient_accumulation_steps 2 -> 4" in r.stdout
+    assert f"resuming from {run_dir / 'checkpoints' / 'checkpoint-4'}" in r.stdout + r.stderr
+    assert json.loads((run_dir / "run.json").read_text())["world_size"] == 1
+    assert summary(run_dir)["status"] == "completed"
+    assert _losses(run_dir) == pytest.approx(_losses(ref), rel=1e-5, abs=1e-6)
+
+
 # ---- two nodes: two torchrun agents meeting at a c10d rendezvous on loopback ----
 
 def _free_port() -> int:

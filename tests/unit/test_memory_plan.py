@@ -83,7 +83,10 @@ def _cfg(*overrides: str):
 
 
 @pytest.mark.parametrize("overrides", [(), ("method=sft", "precision=bf16"),
-                                       ("+method.args.gradient_checkpointing=true", "method.args.max_length=256")])
+                                       ("+method.args.gradient_checkpointing=true", "method.args.max_length=256"),
+                                       ("+peft=lora",), ("+peft=lora", "method.args.precompute_ref_log_probs=false"),
+                                       ("method.args.precompute_ref_log_probs=false", "model.hidden_size=256",
+                                        "model.intermediate_size=1024", "method.args.max_length=64")])
 def test_plan_within_20_percent_of_the_measured_peak_on_the_tiny_model(overrides):
     from plan_check import measured_peak
 

@@ -16,7 +16,8 @@ from transformers import TrainerControl, TrainerState
 from ablate.callbacks import EarlyStop, NaNGuard
 from ablate.errors import ConfigError
 from ablate.methods.compute_metrics import completion_accuracy
-from ablate.methods.schedules import constant, cosine, step
+from ablate.methods.schedules import constant, cosine
+from ablate.methods.schedules import step as step_schedule
 from ablate.paths import conf_dir
 from ablate.config.compose import register_resolvers
 from ablate.config.code_checks import check_precision
@@ -60,7 +61,7 @@ def test_cosine_min_ratio_floor():
 def test_step_and_constant_by_hand():
     """StepLR(step_size=2, gamma=0.1): 1, 1, 0.1, 0.1, 0.01. constant, 3 warm-up steps: 1/4, 2/4, 3/4, 1, 1."""
     opt = _opt()
-    assert _lrs(step(opt, num_training_steps=5, step_size=2, gamma=0.1), opt, 5) == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    assert _lrs(step_schedule(opt, num_training_steps=5, step_size=2, gamma=0.1), opt, 5) == pytest.approx([1, 1, 0.1, 0.1, 0.01])
     opt = _opt()
     assert _lrs(constant(opt, num_training_steps=5, warmup_steps=3), opt, 5) == pytest.approx([0.25, 0.5, 0.75, 1, 1])
 

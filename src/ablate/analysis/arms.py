@@ -2,7 +2,8 @@
 KTO and a reward model): each logs its method's metrics (TRL's names), so a metric may exist in some arms
 only. The ones every arm has are compared as usual (table, paired differences, verdicts); the others are
 listed per arm with their values, apart, since there is nothing to compare them with. A metric every arm
-logs but each method defines its own way (`loss`) is in the table and not ranked (ablate.analysis.comparable)."""
+logs but each method defines its own way (`loss`) is in the table and not ranked
+(ablate.analysis.comparable)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ def shared_metrics(groups: list[Group], metrics: list[str]) -> tuple[list[str], 
                 logged.setdefault(method, set()).update(m for m in metrics if r.final(m) is not None)
     methods = [have for have in logged.values() if have]
     shared = [m for m in metrics if len(methods) < 2 or all(m in have for have in methods)]
-    own = {m: [g.label for g in groups if any(r.final(m) is not None for r in g.runs)] for m in metrics if m not in shared}
+    own = {
+        m: [g.label for g in groups if any(r.final(m) is not None for r in g.runs)]
+        for m in metrics
+        if m not in shared
+    }
     return shared, {m: arms for m, arms in own.items() if arms}
 
 
@@ -35,8 +40,11 @@ def own_lines(groups: list[Group], own: dict[str, list[str]]) -> list[str]:
         return []
     lines = ["not every arm logs these (listed, not compared):"]
     for g in groups:
-        values = [f"{m} {_mean_std([v for r in g.runs if (v := r.final(m)) is not None])}"
-                  for m, arms in own.items() if g.label in arms]
+        values = [
+            f"{m} {_mean_std([v for r in g.runs if (v := r.final(m)) is not None])}"
+            for m, arms in own.items()
+            if g.label in arms
+        ]
         if values:
             lines.append(f"  {g.label}: {', '.join(values)}")
     return lines

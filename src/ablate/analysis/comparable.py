@@ -19,7 +19,7 @@ HELD_OUT = "eval_"  # the Trainer's prefix of held-out metrics (eval.json)
 
 def bare(metric: str) -> str:
     """`eval_loss` -> `loss`: a held-out metric is defined as its training namesake."""
-    return metric[len(HELD_OUT):] if metric.startswith(HELD_OUT) else metric
+    return metric[len(HELD_OUT) :] if metric.startswith(HELD_OUT) else metric
 
 
 def _config(run: Run) -> dict[str, Any]:
@@ -30,7 +30,11 @@ def _config(run: Run) -> dict[str, Any]:
 def _declared(config: dict[str, Any]) -> dict[str, list[str]]:
     """{metric: config keys} from `method.defined_by` (flattened: `method.defined_by.<metric>`)."""
     prefix = "method.defined_by."
-    found = {k[len(prefix):]: [str(x) for x in v] for k, v in config.items() if k.startswith(prefix) and isinstance(v, list)}
+    found = {
+        k[len(prefix) :]: [str(x) for x in v]
+        for k, v in config.items()
+        if k.startswith(prefix) and isinstance(v, list)
+    }
     return found or FALLBACK
 
 
@@ -64,7 +68,7 @@ def _show(key: str, mine: dict[str, Any], other: dict[str, Any]) -> str:
     if target is not None and target != other.get(f"{key}._target_"):
         return str(target).rsplit(".", 1)[-1]
     leaves = [(k, v) for k, v in mine.items() if other.get(k) != v]
-    return ", ".join(str(v) if k == key else f"{k[len(key) + 1:]}={v}" for k, v in leaves)
+    return ", ".join(str(v) if k == key else f"{k[len(key) + 1 :]}={v}" for k, v in leaves)
 
 
 def _name(key: str) -> str:
@@ -72,8 +76,9 @@ def _name(key: str) -> str:
     return "method" if key == "method.name" else key.rsplit(".", 1)[-1]
 
 
-def not_compared_line(skipped: dict[str, list[dict[str, tuple[str, str]]]], ranked: list[str],
-                      asked: bool) -> str:
+def not_compared_line(
+    skipped: dict[str, list[dict[str, tuple[str, str]]]], ranked: list[str], asked: bool
+) -> str:
     """One line naming the metrics left unranked and why, then what is ranked instead. `skipped`:
     {metric: [differing(...) of each pair of arms where it differs]}; `ranked`: the metrics still
     ranked; `asked`: the metrics came from --metric."""
@@ -87,13 +92,20 @@ def not_compared_line(skipped: dict[str, list[dict[str, tuple[str, str]]]], rank
             values = list(dict.fromkeys(v for p in pairs if key in p for v in p[key]))
             parts.append(f"{_name(key)} ({' vs '.join(values) if len(values) == 2 else ', '.join(values)})")
         reasons.setdefault(" and ".join(parts), []).append(metric)
-    said = "; ".join(f"{', '.join(ms)} {'is' if len(ms) == 1 else 'are'} defined by each arm's {why}"
-                     for why, ms in reasons.items())
+    said = "; ".join(
+        f"{', '.join(ms)} {'is' if len(ms) == 1 else 'are'} defined by each arm's {why}"
+        for why, ms in reasons.items()
+    )
     if ranked and all(m.startswith(HELD_OUT) for m in ranked):
         tail = "ranking the held-out metrics instead"
     elif ranked:
-        tail = "ranking the others instead" + ("" if asked else " (`ablate eval RUN_DIR` on each run adds held-out ones)")
+        tail = "ranking the others instead" + (
+            "" if asked else " (`ablate eval RUN_DIR` on each run adds held-out ones)"
+        )
     else:
-        tail = "nothing left to rank" + (": pick another --metric" if asked else
-                                         " (`ablate eval RUN_DIR` on each run adds held-out metrics)")
+        tail = "nothing left to rank" + (
+            ": pick another --metric"
+            if asked
+            else " (`ablate eval RUN_DIR` on each run adds held-out metrics)"
+        )
     return f"not compared: {said}; {tail}"

@@ -36,13 +36,21 @@ from ablate.analysis.per_example import ExamplePaired, paired_examples
 from ablate.analysis.plots import safe, write_plots
 from ablate.analysis.report import DEFAULT_OUT, DEFAULT_OUT_RULE, default_out
 from ablate.analysis.runs import Group, Run, by_method, find_runs, launches, method_names, newest_launches
-from ablate.analysis.table import INTERVAL_NOTE, IQM_NOTE, display_table, print_table, table_rows, write_tables
+from ablate.analysis.table import (
+    INTERVAL_NOTE,
+    IQM_NOTE,
+    display_table,
+    print_table,
+    table_rows,
+    write_tables,
+)
 from ablate.analysis.words import TITLE as WORDS_TITLE
 from ablate.analysis.words import in_words
 from ablate.errors import ConfigError
 from ablate.record import rundir
 
-# `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when logged.
+# `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when
+# logged.
 SPEED_METRICS = ["tokens_per_second", "mfu"]
 GRPO_TIME_METRICS = ["time/generation", "time/scoring", "time/training"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
@@ -60,8 +68,9 @@ def group_runs(runs: list[Run], pool: bool = False) -> list[Group]:
     groups: dict[tuple[str, str], Group] = {}
     for run in runs:
         # the varying keys this run set; one it did not set has the config's value (`defaults`: none set)
-        label = ",".join(f"{short[k]}={run.overrides[k]}" for k in varying if k in run.overrides) \
-            or ("defaults" if varying else "all")
+        label = ",".join(f"{short[k]}={run.overrides[k]}" for k in varying if k in run.overrides) or (
+            "defaults" if varying else "all"
+        )
         launch = names.get(run.launch, "") if split else ""  # type: ignore[arg-type]
         group = Group(f"[{launch}] {label}" if launch else label, [], launch, label)
         groups.setdefault((launch, label), group).runs.append(run)
@@ -92,12 +101,23 @@ def prefer_held_out(metrics: list[str], runs: list[Run]) -> tuple[list[str], str
     if not evaluated:
         return metrics, ""
     if len(evaluated) < len(runs):
-        return metrics, (f"held-out metrics (eval.json) in {len(evaluated)} of {len(runs)} runs, so the training "
-                         "ones are ranked: `ablate eval RUN_DIR` on the others ranks held-out ones")
-    scored = sorted({f"{e.get('split')} split, {e.get('examples')} examples" if (e := r.evaluation) else
-                     "the eval during training" for r in runs})
+        return metrics, (
+            f"held-out metrics (eval.json) in {len(evaluated)} of {len(runs)} runs, so the training "
+            "ones are ranked: `ablate eval RUN_DIR` on the others ranks held-out ones"
+        )
+    scored = sorted(
+        {
+            f"{e.get('split')} split, {e.get('examples')} examples"
+            if (e := r.evaluation)
+            else "the eval during training"
+            for r in runs
+        }
+    )
     if len(scored) > 1:
-        return metrics, f"held-out metrics not ranked: the runs' eval.json scored different data ({' vs '.join(scored)})"
+        return (
+            metrics,
+            f"held-out metrics not ranked: the runs' eval.json scored different data ({' vs '.join(scored)})",
+        )
     held = [f"{comparable.HELD_OUT}{m}" for m in metrics]
     return [h if all(h in r.held_out for r in runs) else m for m, h in zip(metrics, held)], ""
 
@@ -110,8 +130,10 @@ def _pairs(groups: list[Group]) -> list[tuple[str, Group, Group]]:
     return [(launch, arms[0], other) for launch, arms in by_launch.items() for other in arms[1:]]
 
 
-Ranked = list[tuple[str, Group, Group, str]]  # (launch, its first arm, another arm, a metric both define alike)
-Skipped = dict[str, list[dict[str, tuple[str, str]]]]  # metric -> comparable.differing(...) of each pair left out
+# (launch, its first arm, another arm, a metric both define alike)
+Ranked = list[tuple[str, Group, Group, str]]
+# metric -> comparable.differing(...) of each pair left out
+Skipped = dict[str, list[dict[str, tuple[str, str]]]]
 
 
 def ranked_pairs(groups: list[Group], metrics: list[str]) -> tuple[Ranked, Skipped]:
@@ -186,9 +208,16 @@ def _per_example(group: Group) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | None = None, pool: bool = False,
-            xs: list[str] | None = None, tags: list[str] | None = None,
-            all_launches: bool = False, verbose: bool = False) -> list[dict[str, Any]]:
+def compare(
+    paths: list[Path],
+    metrics: list[str] | None = None,
+    out: Path | None = None,
+    pool: bool = False,
+    xs: list[str] | None = None,
+    tags: list[str] | None = None,
+    all_launches: bool = False,
+    verbose: bool = False,
+) -> list[dict[str, Any]]:
     """Print the comparison table and seed-paired differences of the runs under `paths` (only those
     carrying every tag in `tags`, from run.json); with `out`, also write plots, tables and a
     self-contained report.html. Returns the table rows (raw numbers). `verbose`: every difference too
@@ -201,9 +230,15 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
     else:
         runs, left_out = newest_launches(paths)
     if tags:
-        runs = [r for r in runs if set(tags) <= set(map(str, (rundir.read_json(r.path / rundir.RUN) or {}).get("tags") or []))]
+        runs = [
+            r
+            for r in runs
+            if set(tags) <= set(map(str, (rundir.read_json(r.path / rundir.RUN) or {}).get("tags") or []))
+        ]
     if not runs:
-        raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else ""))
+        raise FileNotFoundError(
+            f"no run directories under {', '.join(map(str, paths))}" + (f" tagged {tags}" if tags else "")
+        )
     if metrics:
         check_metrics(metrics, runs, paths)
     if out == DEFAULT_OUT:
@@ -215,7 +250,8 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
     # one sweep comparing methods on purpose (preference_methods, grpo_vs_rloo): one table, the shared
     # metrics side by side; runs gathered from several launches: a table per method family
     families = [runs] if metrics or len(launches(runs)) == 1 else by_method(runs)
-    if out is not None and len(families) > 1:  # a folder per method: the top one is ablate's too (a later --out)
+    # a folder per method: the top one is ablate's too (a later --out)
+    if out is not None and len(families) > 1:
         from ablate.analysis.report import claim_out
 
         claim_out(out)
@@ -225,7 +261,9 @@ def compare(paths: list[Path], metrics: list[str] | None = None, out: Path | Non
         title = f"{method_names(family)}: " if len(families) > 1 else ""
         if i:
             print()
-        rows += _compare_runs(family, metrics, where, Options(pool, xs, verbose), left_out if i == 0 else [], title)
+        rows += _compare_runs(
+            family, metrics, where, Options(pool, xs, verbose), left_out if i == 0 else [], title
+        )
     return rows
 
 
@@ -238,13 +276,15 @@ class Options:
     verbose: bool = False
 
 
-def _compare_runs(runs: list[Run], asked: list[str] | None, out: Path | None, opts: Options,
-                  left_out: list[str], title: str) -> list[dict[str, Any]]:
+def _compare_runs(
+    runs: list[Run], asked: list[str] | None, out: Path | None, opts: Options, left_out: list[str], title: str
+) -> list[dict[str, Any]]:
     """compare()'s table, notes, differences and files for one family of runs."""
     groups = group_runs(runs, pool=opts.pool)
     chosen, held_note = (asked, "") if asked else prefer_held_out(default_metrics(runs), runs)
     plotted = expand_metrics(chosen, runs)
-    # methods logging different metrics: of the defaults the shared ones compared; --metric's as asked (`-`: none)
+    # methods logging different metrics: of the defaults the shared ones compared; --metric's as asked (`-`:
+    # none)
     metrics, own = shared_metrics(groups, plotted) if not asked else (plotted, {})
     many = many_seed_metrics(groups, metrics)
     rows = table_rows(groups, metrics, many)
@@ -254,10 +294,14 @@ def _compare_runs(runs: list[Run], asked: list[str] | None, out: Path | None, op
     better = improvements(ranked, many)
     examples, skipped_examples = example_differences(groups, metrics)
     words = in_words(diffs, better, examples) if better or examples else []
-    not_ranked = comparable.not_compared_line({**skipped, **skipped_examples}, list(dict.fromkeys(r[3] for r in ranked)),
-                                              bool(asked))
-    notes = [*left_out, launch_note(runs, opts.pool), INTERVAL_NOTE, held_note, not_ranked] + \
-        ([IQM_NOTE] if many else []) + own_lines(groups, own)
+    not_ranked = comparable.not_compared_line(
+        {**skipped, **skipped_examples}, list(dict.fromkeys(r[3] for r in ranked)), bool(asked)
+    )
+    notes = (
+        [*left_out, launch_note(runs, opts.pool), INTERVAL_NOTE, held_note, not_ranked]
+        + ([IQM_NOTE] if many else [])
+        + own_lines(groups, own)
+    )
     print_table(header, cells, title=f"{title}{len(runs)} runs in {len(groups)} groups")
     for note in notes:
         if note:
@@ -269,26 +313,45 @@ def _compare_runs(runs: list[Run], asked: list[str] | None, out: Path | None, op
         from ablate.analysis import report
 
         report.claim_out(out)  # checked before any run was read (the default dir: in compare)
-    study_plots = print_studies(runs, print_table, out)  # a study's launch (study.db): trials, best trial, plots
+    # a study's launch (study.db): trials, best trial, plots
+    study_plots = print_studies(runs, print_table, out)
     if out is not None:
         from ablate.analysis import report
 
         out.mkdir(parents=True, exist_ok=True)
         write_tables(out, rows, header, cells)
-        plots = write_plots(out, groups, plotted, opts.xs)  # every metric's curves: an arm without it has no line
-        profiles = report.write_profiles(out, [(g.label, {m: g.seed_scores(m) for m in many}) for g in groups], many)
+        # every metric's curves: an arm without it has no line
+        plots = write_plots(out, groups, plotted, opts.xs)
+        profiles = report.write_profiles(
+            out, [(g.label, {m: g.seed_scores(m) for m in many}) for g in groups], many
+        )
         for p in plots + profiles + study_plots:
             print(f"wrote {p}")
-        html = report.write_html(out, groups, header, cells, [n for n in notes if n], diffs, plots,
-                                 many=report.ManySeeds(better, examples, profiles, words))
+        html = report.write_html(
+            out,
+            groups,
+            header,
+            cells,
+            [n for n in notes if n],
+            diffs,
+            plots,
+            many=report.ManySeeds(better, examples, profiles, words),
+        )
         print(f"wrote {out / 'summary.md'}, {out / 'summary.csv'} and {html}")
     return rows
 
 
-def print_differences(diffs: list[stats.Paired], better: list[many_seeds.Improvement], examples: list[ExamplePaired],
-                      words: list[str], verbose: bool, report: bool) -> None:
+def print_differences(
+    diffs: list[stats.Paired],
+    better: list[many_seeds.Improvement],
+    examples: list[ExamplePaired],
+    words: list[str],
+    verbose: bool,
+    report: bool,
+) -> None:
     """The seed-paired differences (those too few seeds can tell: one line, unless `verbose`), the
     probabilities of improvement, the per-example differences and the summary in words."""
+
     def where(d: Any) -> str:
         return f"[{d.launch}] " if d.launch else ""
 
@@ -320,12 +383,19 @@ def few_seeds_line(untold: list[stats.Paired], report: bool) -> str:
     pairs = sorted({d.n for d in untold})
     each = f"{pairs[0]}" if len(pairs) == 1 else f"{pairs[0]}-{pairs[-1]}"
     needed = sorted(max(n, stats.MIN_N) for d in untold if (n := d.seeds_needed()) is not None)
-    plan = (f"about {needed[0]}" + (f"-{needed[-1]}" if needed[-1] != needed[0] else "") + " seeds per arm would make "
-            f"differences of these sizes clear at {stats.POWER:.0%} power" if needed else
-            f"run at least {stats.MIN_N} seeds per arm")
+    plan = (
+        f"about {needed[0]}"
+        + (f"-{needed[-1]}" if needed[-1] != needed[0] else "")
+        + " seeds per arm would make "
+        f"differences of these sizes clear at {stats.POWER:.0%} power"
+        if needed
+        else f"run at least {stats.MIN_N} seeds per arm"
+    )
     listed = "--verbose lists each" + ("; so does report.html" if report else "")
-    return (f"not enough seeds to tell for {len(untold)} differences ({each} pair{'s' if each != '1' else ''} each; "
-            f"a verdict needs {stats.MIN_N}): {plan}; {listed}")
+    return (
+        f"not enough seeds to tell for {len(untold)} differences ({each} pair{'s' if each != '1' else ''} "
+        f"each; a verdict needs {stats.MIN_N}): {plan}; {listed}"
+    )
 
 
 def check_metrics(metrics: list[str], runs: list[Run], paths: list[Path]) -> None:
@@ -333,12 +403,20 @@ def check_metrics(metrics: list[str], runs: list[Run], paths: list[Path]) -> Non
     would read as "not logged yet"."""
     for m in metrics:
         if m != "speed" and all(r.final(m) is None for r in runs):
-            known = sorted({k for r in runs for k in [*r.summary.get("metrics", {}), *r.held_out,
-                                                      *(k for e in r.events for k in e)]} - {"step", "time"})
+            known = sorted(
+                {
+                    k
+                    for r in runs
+                    for k in [*r.summary.get("metrics", {}), *r.held_out, *(k for e in r.events for k in e)]
+                }
+                - {"step", "time"}
+            )
             hint = difflib.get_close_matches(m, known, n=1)
             meant = f"did you mean --metric {hint[0]}? " if hint else ""
-            raise ConfigError(f"--metric {m}: no run under {', '.join(map(str, paths))} has it ({meant}metrics: "
-                              f"{', '.join(known) or 'none logged yet'})")
+            raise ConfigError(
+                f"--metric {m}: no run under {', '.join(map(str, paths))} has it ({meant}metrics: "
+                f"{', '.join(known) or 'none logged yet'})"
+            )
 
 
 def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
@@ -354,10 +432,14 @@ def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-IMPROVEMENT_TITLE = (f"probability of improvement (Agarwal et al. 2021; ≥ {many_seeds.MANY_SEEDS} seeds per arm), "
-                     "each arm vs its launch's first arm; exact Mann-Whitney test (assumes independent seeds)")
-EXAMPLES_TITLE = ("per-example paired differences on the eval set (Miller 2024; eval_examples.jsonl), "
-                  "each arm minus its launch's first arm, mean [95% t interval over the examples]")
+IMPROVEMENT_TITLE = (
+    f"probability of improvement (Agarwal et al. 2021; ≥ {many_seeds.MANY_SEEDS} seeds per arm), "
+    "each arm vs its launch's first arm; exact Mann-Whitney test (assumes independent seeds)"
+)
+EXAMPLES_TITLE = (
+    "per-example paired differences on the eval set (Miller 2024; eval_examples.jsonl), "
+    "each arm minus its launch's first arm, mean [95% t interval over the examples]"
+)
 
 
 def launch_note(runs: list[Run], pool: bool) -> str:
@@ -368,5 +450,6 @@ def launch_note(runs: list[Run], pool: bool) -> str:
     if pool:
         return f"pooled {len(names)} launches (--pool): runs with the same overrides count as one arm"
     listed = f" ({', '.join(names.values())})" if len(names) <= 4 else " (each run outside a sweep is one)"
-    return (f"{len(names)} launches kept apart{listed}; "
-            "--pool pools runs with the same overrides across launches")
+    return (
+        f"{len(names)} launches kept apart{listed}; --pool pools runs with the same overrides across launches"
+    )

@@ -15,8 +15,8 @@ the IQM is given without one; the arm's mean has a calibrated interval beside it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -61,7 +61,7 @@ def iqm(scores: Scores) -> float:
     """
     flat = np.sort(_matrix(scores).ravel())
     k = int(0.25 * flat.size)
-    return float(flat[k:flat.size - k].mean())
+    return float(flat[k : flat.size - k].mean())
 
 
 def probability_of_improvement(x: Scores, y: Scores) -> float:
@@ -89,14 +89,22 @@ def mann_whitney_p(x: Scores, y: Scores) -> float | np.ndarray:
     up to PERMUTATIONS splits, else that many drawn with a fixed seed. Assumes only that, with no
     difference, every split of the n + m seeds into the two arms is equally likely (independent seeds)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    p = np.asarray(sps.mannwhitneyu(x, y, alternative="two-sided", method="exact", axis=-1).pvalue, dtype=float)
+    p = np.asarray(
+        sps.mannwhitneyu(x, y, alternative="two-sided", method="exact", axis=-1).pvalue, dtype=float
+    )
     pooled = np.sort(np.concatenate([x, y], axis=-1), axis=-1)
     tied = (np.diff(pooled, axis=-1) == 0).any(axis=-1)
     for row in zip(*np.nonzero(tied)) if p.ndim else ([()] if tied else []):
         ranks = sps.rankdata(np.concatenate([x[row], y[row]]))
-        result = sps.permutation_test((ranks[:x.shape[-1]], ranks[x.shape[-1]:]), _rank_sum, vectorized=True,
-                                      permutation_type="independent", alternative="two-sided",
-                                      n_resamples=PERMUTATIONS, rng=np.random.default_rng(0))
+        result = sps.permutation_test(
+            (ranks[: x.shape[-1]], ranks[x.shape[-1] :]),
+            _rank_sum,
+            vectorized=True,
+            permutation_type="independent",
+            alternative="two-sided",
+            n_resamples=PERMUTATIONS,
+            rng=np.random.default_rng(0),
+        )
         p[row] = min(1.0, float(result.pvalue))
     return float(p) if p.ndim == 0 else p
 
@@ -125,20 +133,31 @@ class Improvement:
 
     def verdict(self) -> str:
         """`P(b better than a on m) = 0.94, 6 vs 6 seeds, Mann-Whitney p = 0.0087: clear, b better`."""
-        text = (f"P({self.b} better than {self.a} on {self.metric}) = {self.p:.2f}, {self.n_b} vs {self.n_a} seeds, "
-                f"Mann-Whitney p = {self.pvalue:.2g}: ")
+        text = (
+            f"P({self.b} better than {self.a} on {self.metric}) = {self.p:.2f}, {self.n_b} vs {self.n_a} "
+            f"seeds, Mann-Whitney p = {self.pvalue:.2g}: "
+        )
         if not self.clear:
             return text + f"not clear (p ≥ {1 - LEVEL:.2g})"
         return text + f"clear, {self.b} {'better' if self.p > 0.5 else 'worse'} (p < {1 - LEVEL:.2g})"
 
 
-def improvement(a_label: str, a: Sequence[float], b_label: str, b: Sequence[float], metric: str) -> Improvement:
+def improvement(
+    a_label: str, a: Sequence[float], b_label: str, b: Sequence[float], metric: str
+) -> Improvement:
     """P(b better than a): P(B > A), or P(B < A) for a lower-is-better metric (scores negated); one
     score per seed in each arm."""
     sign = 1.0 if higher_is_better(metric) else -1.0
     xa, xb = sign * np.asarray(a, dtype=float), sign * np.asarray(b, dtype=float)
-    return Improvement(a_label, b_label, metric, xa.size, xb.size, probability_of_improvement(xb, xa),
-                       float(mann_whitney_p(xb, xa)))
+    return Improvement(
+        a_label,
+        b_label,
+        metric,
+        xa.size,
+        xb.size,
+        probability_of_improvement(xb, xa),
+        float(mann_whitney_p(xb, xa)),
+    )
 
 
 def tau_grid(arms: list[Scores], points: int = 101) -> list[float]:

@@ -76,8 +76,10 @@ class ExamplePaired:
         ci, se, se_u = self.ci, self.se, self.se_unpaired
         if ci is None or se is None or se_u is None:
             return f"{head} = {self.mean:+.4g}, n=1 example: too few for a standard error"
-        text = (f"{head} = {self.mean:+.4g} [{ci[0]:+.4g}, {ci[1]:+.4g}] (SE {se:.2g} paired, {se_u:.2g} "
-                f"unpaired), n={self.n} examples: ")
+        text = (
+            f"{head} = {self.mean:+.4g} [{ci[0]:+.4g}, {ci[1]:+.4g}] (SE {se:.2g} paired, {se_u:.2g} "
+            f"unpaired), n={self.n} examples: "
+        )
         if all(d == 0 for d in self.diffs):
             return text + "identical on every example"
         if ci[0] > 0:
@@ -87,8 +89,9 @@ class ExamplePaired:
         return text + "not clear (95% interval includes 0)"
 
 
-def paired_examples(a_label: str, a: dict[str, list[float]], b_label: str, b: dict[str, list[float]],
-                    metric: str) -> ExamplePaired:
+def paired_examples(
+    a_label: str, a: dict[str, list[float]], b_label: str, b: dict[str, list[float]], metric: str
+) -> ExamplePaired:
     """Per-example difference b - a. `a`, `b`: scores per example id, one per run of the arm (each
     example's score is their mean); examples are paired by id, in `a`'s order.
 
@@ -99,5 +102,11 @@ def paired_examples(a_label: str, a: dict[str, list[float]], b_label: str, b: di
     Var(b) = 0.2475 / 3, SE = sqrt(0.1491667 / 4) = 0.193111, four times the paired one.
     """
     ids = [i for i in a if i in b and a[i] and b[i]]
-    return ExamplePaired(a_label, b_label, metric, ids, [statistics.fmean(a[i]) for i in ids],
-                         [statistics.fmean(b[i]) for i in ids])
+    return ExamplePaired(
+        a_label,
+        b_label,
+        metric,
+        ids,
+        [statistics.fmean(a[i]) for i in ids],
+        [statistics.fmean(b[i]) for i in ids],
+    )

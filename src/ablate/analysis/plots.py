@@ -12,8 +12,11 @@ from ablate.analysis.runs import Group, Run
 from ablate.analysis.table import mean_std
 
 # x axes of the curves: `--x step,time,tokens`; the event field each one reads, and its label.
-X_AXES = {"step": ("step", "step"), "time": ("time", "wall-clock (s)"),
-          "tokens": ("num_input_tokens_seen", "tokens seen")}
+X_AXES = {
+    "step": ("step", "step"),
+    "time": ("time", "wall-clock (s)"),
+    "tokens": ("num_input_tokens_seen", "tokens seen"),
+}
 
 
 def _curve(runs: list[Run], metric: str, x: str) -> tuple[list[float], list[float], list[float]]:
@@ -39,7 +42,9 @@ def safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-def write_plots(out: Path, groups: list[Group], metrics: list[str], x_axes: list[str] | None = None) -> list[Path]:
+def write_plots(
+    out: Path, groups: list[Group], metrics: list[str], x_axes: list[str] | None = None
+) -> list[Path]:
     """PNG plots: each metric vs each of `x_axes` (default: step, and for `reward` also wall-clock;
     mean +- std band over seeds, one line per group); each `timing/*` metric as mean seconds per
     group (bars); each `time/*` (GRPO's seconds per step) as curves and bars. An axis no run
@@ -62,9 +67,14 @@ def write_plots(out: Path, groups: list[Group], metrics: list[str], x_axes: list
                 if not xs:
                     continue
                 drawn = True
-                line, = ax.plot(xs, means, marker="o", markersize=3, label=f"{g.label} (n={len(g.runs)})")
-                ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                                color=line.get_color(), alpha=0.2)
+                (line,) = ax.plot(xs, means, marker="o", markersize=3, label=f"{g.label} (n={len(g.runs)})")
+                ax.fill_between(
+                    xs,
+                    [m - s for m, s in zip(means, stds)],
+                    [m + s for m, s in zip(means, stds)],
+                    color=line.get_color(),
+                    alpha=0.2,
+                )
             if drawn:
                 ax.set(xlabel=xlabel, ylabel=metric, title=f"{metric} vs {xlabel} (mean ± std over seeds)")
                 if x == "step":
@@ -76,7 +86,9 @@ def write_plots(out: Path, groups: list[Group], metrics: list[str], x_axes: list
                 fig.savefig(path, dpi=120)
                 written.append(path)
             plt.close(fig)
-        logged = any(isinstance(e.get(metric), (int, float)) for g in groups for r in g.runs for e in r.events)
+        logged = any(
+            isinstance(e.get(metric), (int, float)) for g in groups for r in g.runs for e in r.events
+        )
         if metric.startswith(("timing/", "time/")) or not logged:  # timings, and run-level totals: bars
             written += _bar_plot(plt, out, groups, metric, per_event=logged)
     return written
@@ -88,8 +100,11 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
     labels, means, stds = [], [], []
     for g in groups:
         if per_event:
-            per_run = [statistics.fmean(v) for r in g.runs
-                       if (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])]
+            per_run = [
+                statistics.fmean(v)
+                for r in g.runs
+                if (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])
+            ]
         else:
             per_run = [v for r in g.runs if (v := r.final(metric)) is not None]
         if per_run:

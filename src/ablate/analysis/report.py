@@ -33,13 +33,17 @@ def check_out(out: Path) -> None:
     from ablate.errors import ConfigError
 
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: give a directory (it gets report.html, summary.md, summary.csv "
-                          "and PNG plots)")
+        raise ConfigError(
+            f"--out {out} is a file: give a directory (it gets "
+            "report.html, summary.md, summary.csv and PNG plots)"
+        )
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held and MARKER not in held:
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise ConfigError(f"--out {out} holds files that are not an ablate report ({shown}): give a new or empty "
-                          "dir; nothing was written")
+        raise ConfigError(
+            f"--out {out} holds files that are not an ablate report ({shown}): give a new or empty "
+            "dir; nothing was written"
+        )
 
 
 def claim_out(out: Path) -> None:
@@ -61,7 +65,11 @@ def default_out(runs: list[Run], paths: list[Path]) -> Path:
     launched = {r.launch for r in runs}
     launch = next(iter(launched)) if len(launched) == 1 else None
     given = {p.resolve() for p in paths}
-    if launch is not None and all(r.launch != r.path.resolve() for r in runs) and {launch, launch.parent} & given:
+    if (
+        launch is not None
+        and all(r.launch != r.path.resolve() for r in runs)
+        and {launch, launch.parent} & given
+    ):
         return launch / "report"
     return Path("outputs") / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
 
@@ -75,8 +83,10 @@ class ManySeeds:
     profiles: list[Path] = field(default_factory=list)  # PNGs from write_profiles
     words: list[str] = field(default_factory=list)  # words.in_words
 
+
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
-table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f3f3f3}code{font-size:0.9em}img{max-width:100%;margin:0.5em 0}"""
 
 
@@ -117,12 +127,22 @@ def run_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
     for g in groups:
         for r in g.runs:
             versions = r.summary.get("versions") or {}
-            rows.append([g.label, str(r.path), r.status, " ".join(f"{k}={v}" for k, v in r.overrides.items()),
-                         str(r.summary.get("git_sha") or "-"), ", ".join(f"{k} {v}" for k, v in versions.items())])
+            rows.append(
+                [
+                    g.label,
+                    str(r.path),
+                    r.status,
+                    " ".join(f"{k}={v}" for k, v in r.overrides.items()),
+                    str(r.summary.get("git_sha") or "-"),
+                    ", ".join(f"{k} {v}" for k, v in versions.items()),
+                ]
+            )
     return header, rows
 
 
-def write_profiles(out: Path, arms: list[tuple[str, dict[str, list[float]]]], metrics: list[str]) -> list[Path]:
+def write_profiles(
+    out: Path, arms: list[tuple[str, dict[str, list[float]]]], metrics: list[str]
+) -> list[Path]:
     """`<metric>_profile.png` for each metric: one step line per arm (label, {metric: one score per
     seed}), the fraction of its seeds scoring above each threshold tau (below it when lower is
     better; many_seeds.performance_profile), tau spanning every arm's scores. A curve lying above
@@ -140,10 +160,18 @@ def write_profiles(out: Path, arms: list[tuple[str, dict[str, list[float]]]], me
         higher = many_seeds.higher_is_better(m)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, scores in arms:
-            ax.step(taus, many_seeds.performance_profile(scores[m], taus, higher), where="post",
-                    label=f"{label} (n={len(scores[m])})")
-        ax.set(xlabel=f"threshold τ on {m}", ylabel=f"fraction of seeds with {m} {'>' if higher else '<'} τ",
-               title=f"{m}: performance profile ({'higher' if higher else 'lower'} is better)", ylim=(-0.03, 1.03))
+            ax.step(
+                taus,
+                many_seeds.performance_profile(scores[m], taus, higher),
+                where="post",
+                label=f"{label} (n={len(scores[m])})",
+            )
+        ax.set(
+            xlabel=f"threshold τ on {m}",
+            ylabel=f"fraction of seeds with {m} {'>' if higher else '<'} τ",
+            title=f"{m}: performance profile ({'higher' if higher else 'lower'} is better)",
+            ylim=(-0.03, 1.03),
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -160,8 +188,11 @@ def _image(path: Path) -> str:
 
 
 def _verdicts(items: list[Any]) -> list[str]:
-    return ["<ul>", *(f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}</li>"
-                      for d in items), "</ul>"]
+    return [
+        "<ul>",
+        *(f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}</li>" for d in items),
+        "</ul>",
+    ]
 
 
 def _many_seeds(many: ManySeeds) -> list[str]:
@@ -169,43 +200,68 @@ def _many_seeds(many: ManySeeds) -> list[str]:
     the summary in words (docs/compare.md has every formula)."""
     parts = []
     if many.improvements:
-        parts.append(f"<h2>Probability of improvement</h2><p>With ≥ {many_seeds.MANY_SEEDS} seeds in every arm "
-                     "(Agarwal et al. 2021): P(arm better than its launch's first arm) is the chance that a "
-                     "random seed of the arm beats a random seed of the first arm (ties count half). Clear when "
-                     "the exact Mann-Whitney test of P = 0.5 gives p &lt; 0.05 (it assumes only independent "
-                     "seeds).</p>")
+        parts.append(
+            f"<h2>Probability of improvement</h2><p>With ≥ {many_seeds.MANY_SEEDS} seeds in every arm "
+            "(Agarwal et al. 2021): P(arm better than its launch's first arm) is the chance that a "
+            "random seed of the arm beats a random seed of the first arm (ties count half). Clear when "
+            "the exact Mann-Whitney test of P = 0.5 gives p &lt; 0.05 (it assumes only independent "
+            "seeds).</p>"
+        )
         parts += _verdicts(many.improvements)
     if many.profiles:
-        parts.append("<h2>Performance profiles</h2><p>For each threshold τ, the fraction of an arm's seeds "
-                     "scoring better than τ: a curve above another everywhere is better at every threshold, not "
-                     "just on average.</p>")
+        parts.append(
+            "<h2>Performance profiles</h2><p>For each threshold τ, the fraction of an arm's seeds "
+            "scoring better than τ: a curve above another everywhere is better at every threshold, not "
+            "just on average.</p>"
+        )
         parts += [_image(p) for p in many.profiles]
     if many.examples:
-        parts.append("<h2>Per-example paired differences (eval)</h2><p>On the eval examples both arms scored "
-                     "(eval_examples.jsonl from <code>ablate eval</code>; an example's score in an arm is its mean "
-                     "over the arm's runs): mean difference ± t<sub>0.975, n−1</sub> paired standard errors, sd(d)/√n (Miller 2024); "
-                     "the unpaired SE shows what pairing saves. Clear when the interval excludes 0.</p>")
+        parts.append(
+            "<h2>Per-example paired differences (eval)</h2><p>On the eval examples both arms scored "
+            "(eval_examples.jsonl from <code>ablate eval</code>; an example's score in an arm is its mean "
+            "over the arm's runs): mean difference ± t<sub>0.975, n−1</sub> paired standard errors, "
+            "sd(d)/√n (Miller 2024); the unpaired SE shows what pairing saves. Clear when the interval "
+            "excludes 0.</p>"
+        )
         parts += _verdicts(many.examples)
     if many.words:
-        parts.append("<h2>In words</h2><p>Clear: the 95% t interval excludes 0, or the Mann-Whitney test rejects "
-                     "a probability of improvement of 0.5; not clear: it does not, and more seeds or examples may "
-                     "tell.</p><ul>")
+        parts.append(
+            "<h2>In words</h2><p>Clear: the 95% t interval excludes 0, or the Mann-Whitney test rejects "
+            "a probability of improvement of 0.5; not clear: it does not, and more seeds or examples may "
+            "tell.</p><ul>"
+        )
         parts += [f"<li>{html.escape(w)}</li>" for w in many.words] + ["</ul>"]
     return parts
 
 
-def write_html(out: Path, groups: list[Group], header: list[str], cells: list[list[str]], notes: list[str],
-               diffs: list[Paired], plots: list[Path], many: ManySeeds | None = None) -> Path:
+def write_html(
+    out: Path,
+    groups: list[Group],
+    header: list[str],
+    cells: list[list[str]],
+    notes: list[str],
+    diffs: list[Paired],
+    plots: list[Path],
+    many: ManySeeds | None = None,
+) -> Path:
     """Write `out/report.html` and return its path."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ablate compare</title><style>{_CSS}</style>"
-             "</head><body><h1>ablate compare</h1>", _table(header, cells)]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>ablate compare</title><style>{_CSS}</style>"
+        "</head><body><h1>ablate compare</h1>",
+        _table(header, cells),
+    ]
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
     if diffs:
-        parts.append(f"<h2>Seed-paired differences</h2><p>Each arm minus its launch's first arm, one difference "
-                     f"per seed both ran; {html.escape(stats.PAIRED_METHOD)}.</p><ul>")
-        parts += [f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}"
-                  + (f"<br>{html.escape(d.power_line())}" if d.tellable and d.power_line() else "") + "</li>"
-                  for d in diffs]
+        parts.append(
+            f"<h2>Seed-paired differences</h2><p>Each arm minus its launch's first arm, one difference "
+            f"per seed both ran; {html.escape(stats.PAIRED_METHOD)}.</p><ul>"
+        )
+        parts += [
+            f"<li>{html.escape((f'[{d.launch}] ' if d.launch else '') + d.verdict())}"
+            + (f"<br>{html.escape(d.power_line())}" if d.tellable and d.power_line() else "")
+            + "</li>"
+            for d in diffs
+        ]
         parts.append("</ul>")
     parts += _many_seeds(many or ManySeeds())
     if plots:

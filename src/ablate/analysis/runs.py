@@ -14,7 +14,8 @@ from typing import Any
 
 from ablate.record import rundir
 
-STATUSES = ("running", "completed", "failed", "interrupted", "preempted", "pruned")  # pruned: a study's trial stopped early
+# pruned: a study's trial stopped early
+STATUSES = ("running", "completed", "failed", "interrupted", "preempted", "pruned")
 NOT_NAMING = {"sweep_name", "tags", "notes"}  # labels, shown in their own columns
 # Metrics shown when `--metric` is not given and a run's summary.json names none (`compare_metrics`,
 # from the method's YAML).
@@ -51,7 +52,7 @@ class Run:
 
     @cached_property
     def examples(self) -> dict[str, dict[str, float]]:
-        """Per-example eval scores (`eval_examples.jsonl`, written by `ablate eval`): {id: {metric: score}}."""
+        """Per-example eval scores (`eval_examples.jsonl`, by `ablate eval`): {id: {metric: score}}."""
         return rundir.read_examples(self.path)
 
     @cached_property
@@ -63,8 +64,11 @@ class Run:
     def held_out(self) -> dict[str, float]:
         """The held-out metrics (`eval_`-prefixed, as the Trainer names them): eval.json's (the latest `ablate
         eval`), else the last eval during training (summary.json, with eval_strategy set)."""
-        trained = {k: float(v) for k, v in self.summary.get("metrics", {}).items()
-                   if k.startswith("eval_") and isinstance(v, (int, float))}
+        trained = {
+            k: float(v)
+            for k, v in self.summary.get("metrics", {}).items()
+            if k.startswith("eval_") and isinstance(v, (int, float))
+        }
         metrics = self.evaluation.get("metrics")
         if isinstance(metrics, dict):
             trained.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
@@ -150,12 +154,19 @@ def load_run(path: Path) -> Run | None:
     summary = summary or {"status": "running"}
     overrides = summary.get("overrides") or (info or {}).get("overrides")
     if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides
-        overrides = [line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")]
+        overrides = [
+            line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")
+        ]
     # a sweep job (Hydra's `<num>_<overrides>` subdir, or under a multirun.yaml) belongs to its sweep dir
     in_sweep = (path.parent / "multirun.yaml").is_file() or re.match(r"\d+(_|$)", path.name) is not None
     launch = path.parent if in_sweep else path
-    return Run(path=path, summary=summary, overrides=parse_overrides(overrides), events=rundir.read_metrics(path),
-               launch=launch.resolve())
+    return Run(
+        path=path,
+        summary=summary,
+        overrides=parse_overrides(overrides),
+        events=rundir.read_metrics(path),
+        launch=launch.resolve(),
+    )
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -169,12 +180,31 @@ def find_runs(paths: list[Path]) -> list[Run]:
     for path in paths:
         try:
             run = load_run(path)
-            subdirs = [] if run is not None or not path.is_dir() else \
-                sorted((p for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS
-                        and not p.name.startswith(".")), key=_job_order)  # .submitit/, .replaced/
+            # .submitit/, .replaced/
+            subdirs = (
+                []
+                if run is not None or not path.is_dir()
+                else sorted(
+                    (
+                        p
+                        for p in path.iterdir()
+                        if p.is_dir() and p.name not in _SKIP_DIRS and not p.name.startswith(".")
+                    ),
+                    key=_job_order,
+                )
+            )
         except PermissionError as e:  # one unreadable dir is listed as such; the others are still read
-            runs.append(Run(path=path, summary={"status": "unreadable", "error": f"cannot read "
-                                                f"{e.filename or path}: permission denied"}, overrides={}, launch=path))
+            runs.append(
+                Run(
+                    path=path,
+                    summary={
+                        "status": "unreadable",
+                        "error": f"cannot read {e.filename or path}: permission denied",
+                    },
+                    overrides={},
+                    launch=path,
+                )
+            )
             continue
         if run is not None:
             runs.append(run)
@@ -184,7 +214,8 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 def launches(runs: list[Run]) -> dict[Path, str]:
     """Each launch's short name, in first-seen order: a sweep's `dpo_loss/2026-01-01_10-00-00`, a
-    single run's `2026-01-01/10-00-00-123456` (its dir's name without the overrides, which its label shows)."""
+    single run's `2026-01-01/10-00-00-123456` (its dir's name without the overrides, which its label
+    shows)."""
     out: dict[Path, str] = {}
     for r in runs:
         if r.launch is not None and r.launch not in out:
@@ -200,7 +231,7 @@ def status_of(run: Run, info: dict[str, Any]) -> str:
 
 
 def key_metric(run: Run) -> tuple[str, float | None]:
-    """The method's first compare metric (its YAML's `compare_metrics`, recorded in summary.json) and its final value."""
+    """The method's first compare metric (its YAML's `compare_metrics`, in summary.json), its final value."""
     name = run.default_metrics[0]
     return name, run.final(name)
 
@@ -226,31 +257,57 @@ def row(run: Run, root: Path) -> dict[str, Any]:
         import time
 
         started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(run.path.stat().st_mtime))
-    return {"started": started, "method": run.method if run.method != "?" else info.get("method", "?"),
-            "name": " ".join(f"{k}={v}" for k, v in run.overrides.items() if k not in NOT_NAMING) or "(defaults)",
-            "status": status_of(run, info), "step": step, "metric": metric, "value": value,
-            "tags": [str(t) for t in info.get("tags") or []], "notes": info.get("notes"),
-            "error": run.summary.get("error"), "path": rel}
+    return {
+        "started": started,
+        "method": run.method if run.method != "?" else info.get("method", "?"),
+        "name": " ".join(f"{k}={v}" for k, v in run.overrides.items() if k not in NOT_NAMING) or "(defaults)",
+        "status": status_of(run, info),
+        "step": step,
+        "metric": metric,
+        "value": value,
+        "tags": [str(t) for t in info.get("tags") or []],
+        "notes": info.get("notes"),
+        "error": run.summary.get("error"),
+        "path": rel,
+    }
 
 
-def list_runs(root: Path, status: str | None = None, method: str | None = None,
-              tags: list[str] | None = None) -> list[dict[str, Any]]:
+def list_runs(
+    root: Path, status: str | None = None, method: str | None = None, tags: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Rows of every run under `root`, newest first, filtered (a run must carry every tag given)."""
     rows = [row(r, root) for r in find_runs([root])]
-    rows = [r for r in rows if (status is None or r["status"] == status) and (method is None or r["method"] == method)
-            and all(t in r["tags"] for t in tags or [])]
+    rows = [
+        r
+        for r in rows
+        if (status is None or r["status"] == status)
+        and (method is None or r["method"] == method)
+        and all(t in r["tags"] for t in tags or [])
+    ]
     return sorted(rows, key=lambda r: (r["started"], r["path"]), reverse=True)
 
 
 def format_rows(rows: list[dict[str, Any]]) -> list[str]:
     """Aligned plain-text lines; the path comes last and is never cut or wrapped (pipes, `cut`, awk)."""
     header = ["started", "method", "status", "step", "metric", "tags", "name", "path"]
-    cells = [[r["started"].replace("T", " "), r["method"], r["status"], "-" if r["step"] is None else str(r["step"]),
-              f"{r['metric']}={r['value']:.4g}" if r["value"] is not None else f"{r['metric']}=-",
-              ",".join(r["tags"]) or "-", r["name"], r["path"]] for r in rows]
+    cells = [
+        [
+            r["started"].replace("T", " "),
+            r["method"],
+            r["status"],
+            "-" if r["step"] is None else str(r["step"]),
+            f"{r['metric']}={r['value']:.4g}" if r["value"] is not None else f"{r['metric']}=-",
+            ",".join(r["tags"]) or "-",
+            r["name"],
+            r["path"],
+        ]
+        for r in rows
+    ]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
-    return ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]
-            for line in [header, *cells]]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]
+        for line in [header, *cells]
+    ]
 
 
 def newest_launches(paths: list[Path]) -> tuple[list[Run], list[str]]:
@@ -270,9 +327,11 @@ def newest_launches(paths: list[Path]) -> tuple[list[Run], list[str]]:
             if len(launched) > 1:
                 order = sorted(launched, key=lambda launch: (_started(launched[launch]), launch.name))
                 dropped.update(order[:-1])
-                notes.append(f"{folder.name}: the newest launch only ({order[-1].name}); {len(order) - 1} older "
-                             f"launch(es) left out ({', '.join(o.name for o in order[:-1])}): --all-launches "
-                             "compares every launch, each apart; --pool pools them")
+                notes.append(
+                    f"{folder.name}: the newest launch only ({order[-1].name}); {len(order) - 1} older "
+                    f"launch(es) left out ({', '.join(o.name for o in order[:-1])}): --all-launches "
+                    "compares every launch, each apart; --pool pools them"
+                )
         runs += [r for r in found if r.launch not in dropped]
     return runs, notes
 
@@ -281,8 +340,11 @@ def _started(runs: list[Run]) -> str:
     """When a launch started: its earliest run.json `started`, else its dir's modification time."""
     import time
 
-    stamps = [str(info["started"]) for r in runs
-              if (info := rundir.read_json(r.path / rundir.RUN)) and info.get("started")]
+    stamps = [
+        str(info["started"])
+        for r in runs
+        if (info := rundir.read_json(r.path / rundir.RUN)) and info.get("started")
+    ]
     if stamps:
         return min(stamps)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runs[0].path.parent.stat().st_mtime))

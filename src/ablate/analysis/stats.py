@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 
 import numpy as np
 from scipy import stats as sps
@@ -35,11 +35,13 @@ MIN_N = 3  # fewer values than this: no interval (with 2, the normality it rests
 POWER = 0.80  # the power the "about N seeds" line plans for (Cohen's convention)
 MAX_SEEDS = 10_000  # the power line's search stops here
 T_METHOD = "95% t interval over the seeds (assumes roughly normal seed-to-seed values)"
-PAIRED_METHOD = ("95% t interval over the per-seed differences (assumes they are roughly normal; a verdict "
-                 f"from {MIN_N} pairs on)")
+PAIRED_METHOD = (
+    "95% t interval over the per-seed differences (assumes they are roughly normal; a verdict "
+    f"from {MIN_N} pairs on)"
+)
 
 
-@lru_cache(maxsize=None)
+@cache
 def t_quantile(df: int, level: float = LEVEL) -> float:
     """Student's t quantile (1 + level) / 2 with `df` degrees of freedom: t_{0.975, 2} = 4.302653."""
     return float(sps.t.ppf((1 + level) / 2, df))
@@ -137,8 +139,12 @@ class Paired:
             return ""
         needed = self.seeds_needed()
         if needed is None:
-            return ("the mean difference is 0: no number of seeds would make it clear" if not self.mean else
-                    f"more than {MAX_SEEDS:,} seeds per arm would be needed to make a difference this small clear")
+            return (
+                "the mean difference is 0: no number of seeds would make it clear"
+                if not self.mean
+                else f"more than {MAX_SEEDS:,} seeds per arm would be needed to make a difference this small "
+                "clear"
+            )
         return f"about {needed} seeds per arm would make a difference of this size clear at {POWER:.0%} power"
 
     def verdict(self) -> str:
@@ -150,10 +156,16 @@ class Paired:
         ci = self.ci
         if ci is None:
             needed = self.seeds_needed()
-            more = (f"about {max(needed, MIN_N)} seeds per arm would make a difference of this size clear at "
-                    f"{POWER:.0%} power" if needed else f"run at least {MIN_N} seeds per arm")
-            return (f"{value}, n={self.n} pair{'s' if self.n > 1 else ''}: not enough seeds to tell (a t interval "
-                    f"needs {MIN_N} pairs); {more}")
+            more = (
+                f"about {max(needed, MIN_N)} seeds per arm would make a difference of this size clear at "
+                f"{POWER:.0%} power"
+                if needed
+                else f"run at least {MIN_N} seeds per arm"
+            )
+            return (
+                f"{value}, n={self.n} pair{'s' if self.n > 1 else ''}: not enough seeds to tell (a t "
+                f"interval needs {MIN_N} pairs); {more}"
+            )
         text = f"{value} [{ci[0]:+.4g}, {ci[1]:+.4g}], n={self.n} pairs: "
         if all(d == 0 for d in self.diffs):
             return text + "identical in every pair"
@@ -164,8 +176,9 @@ class Paired:
         return text + "no clear difference (95% t interval includes 0)"
 
 
-def paired(a_label: str, a: dict[str, list[float]], b_label: str, b: dict[str, list[float]],
-           metric: str) -> Paired:
+def paired(
+    a_label: str, a: dict[str, list[float]], b_label: str, b: dict[str, list[float]], metric: str
+) -> Paired:
     """Seed-paired difference b - a. `a`, `b`: values per seed (a seed run twice, e.g. by two pooled
     launches, counts once, with its mean)."""
     seeds = [s for s in a if s in b and a[s] and b[s]]

@@ -41,8 +41,15 @@ def trial_rows(study: Any) -> list[list[str]]:
         if state == "pruned" and t.intermediate_values:  # its value: the last one it reported
             step = max(t.intermediate_values)
             state, value = f"pruned at step {step}", f"{t.intermediate_values[step]:.6g} (step {step})"
-        rows.append([str(t.number), state, value,
-                     str(t.user_attrs.get("overrides", "")), Path(str(t.user_attrs.get("run_dir", "-"))).name])
+        rows.append(
+            [
+                str(t.number),
+                state,
+                value,
+                str(t.user_attrs.get("overrides", "")),
+                Path(str(t.user_attrs.get("run_dir", "-"))).name,
+            ]
+        )
     return rows
 
 
@@ -54,7 +61,11 @@ def best_command(study: Any, sweep_dir: Path) -> str | None:
         return None
     from omegaconf import OmegaConf
 
-    task = list(OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task) if (sweep_dir / "multirun.yaml").is_file() else []
+    task = (
+        list(OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task)
+        if (sweep_dir / "multirun.yaml").is_file()
+        else []
+    )
     keys = set(study.best_trial.params)
     fixed = [o for o in task if o.split("=", 1)[0].lstrip("+") not in keys and not o.startswith("hydra.")]
     return " ".join(["ablate train", *fixed, str(best.user_attrs.get("overrides", ""))])
@@ -71,11 +82,17 @@ def print_studies(runs: list[Run], print_table: Callable[..., None], out: Path |
             print(f"{sweep_dir / DB}: {e}")
             continue
         direction = study.direction.name.lower()
-        print_table(["trial", "state", "value", "overrides", "run dir"], trial_rows(study),
-                    title=f"study {study.study_name} ({sweep_dir / DB}): {len(study.trials)} trials, {direction}")
+        print_table(
+            ["trial", "state", "value", "overrides", "run dir"],
+            trial_rows(study),
+            title=f"study {study.study_name} ({sweep_dir / DB}): {len(study.trials)} trials, {direction}",
+        )
         command = best_command(study, sweep_dir)
         if command:
-            print(f"best trial {study.best_trial.number} ({study.best_trial.value:.6g}); reproduce it: {command}")
+            print(
+                f"best trial {study.best_trial.number} "
+                f"({study.best_trial.value:.6g}); reproduce it: {command}"
+            )
         if out is not None:
             written += write_plots(out, study)
     return written
@@ -88,7 +105,11 @@ def write_plots(out: Path, study: Any) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [t for t in study.trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
+    done = [
+        t
+        for t in study.trials
+        if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)
+    ]
     if not done:
         return []
     out.mkdir(parents=True, exist_ok=True)
@@ -99,8 +120,13 @@ def write_plots(out: Path, study: Any) -> list[Path]:
     ax.step([t.number for t in done], best, where="post", label="best so far")
     pruned = [t for t in study.trials if t.state.name == "PRUNED" and t.intermediate_values]
     if pruned:  # where each pruned trial stood when it was stopped
-        ax.plot([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
-                "x", color="grey", label="pruned (its last report)")
+        ax.plot(
+            [t.number for t in pruned],
+            [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+            "x",
+            color="grey",
+            label="pruned (its last report)",
+        )
     ax.set(xlabel="trial", ylabel="objective", title=f"study {study.study_name}: optimization history")
     ax.legend()
     paths = [out / f"study_{study.study_name}_history.png"]

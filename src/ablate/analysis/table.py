@@ -12,11 +12,15 @@ from typing import Any
 from ablate.analysis import many_seeds, stats
 from ablate.analysis.runs import Group, Run
 
-INTERVAL_NOTE = (f"metrics: mean [{stats.T_METHOD}] (with fewer than {stats.MIN_N} seeds: mean ± std, too few for an "
-                 "interval); runtime (s): mean ± std over seeds, always")
-IQM_NOTE = (f"IQM: interquartile mean over seeds, for metrics every arm has ≥ {many_seeds.MANY_SEEDS} seeds of "
-            "(Agarwal et al. 2021; robust to one diverged seed; no interval: none covers 95% at 5-10 seeds, "
-            "docs/compare.md)")
+INTERVAL_NOTE = (
+    f"metrics: mean [{stats.T_METHOD}] (with fewer than {stats.MIN_N} seeds: mean ± std, too few for an "
+    "interval); runtime (s): mean ± std over seeds, always"
+)
+IQM_NOTE = (
+    f"IQM: interquartile mean over seeds, for metrics every arm has ≥ {many_seeds.MANY_SEEDS} seeds of "
+    "(Agarwal et al. 2021; robust to one diverged seed; no interval: none covers 95% at 5-10 seeds, "
+    "docs/compare.md)"
+)
 
 
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -41,7 +45,9 @@ def status_text(runs: list[Run]) -> str:
     return ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
-def table_rows(groups: list[Group], metrics: list[str], many: list[str] | None = None) -> list[dict[str, Any]]:
+def table_rows(
+    groups: list[Group], metrics: list[str], many: list[str] | None = None
+) -> list[dict[str, Any]]:
     """One row per group: label, runs, status, `<metric>` mean and std, n and the t interval of the mean
     over the arm's runs, runtime, steps; for the metrics in `many` also the IQM over seeds."""
     rows = []
@@ -63,17 +69,36 @@ def table_rows(groups: list[Group], metrics: list[str], many: list[str] | None =
     return rows
 
 
-def display_table(rows: list[dict[str, Any]], metrics: list[str],
-                  many: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+def display_table(
+    rows: list[dict[str, Any]], metrics: list[str], many: list[str] | None = None
+) -> tuple[list[str], list[list[str]]]:
     """Header and string cells as printed (rich) and written (Markdown); a `<metric> IQM` column
     after each metric in `many`."""
     many = many or []
-    header = ["group", "runs", "status", *(c for m in metrics for c in ([m, f"{m} IQM"] if m in many else [m])),
-              "runtime (s)", "steps"]
-    cells = [[r["group"], str(r["runs"]), r["status"],
-              *(c for m in metrics for c in [fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m))]
-                + ([f"{r[f'{m} iqm']:.4g}"] if m in many else [])),
-              fmt(r["runtime_s mean"], r["runtime_s std"]), r["steps"]] for r in rows]
+    header = [
+        "group",
+        "runs",
+        "status",
+        *(c for m in metrics for c in ([m, f"{m} IQM"] if m in many else [m])),
+        "runtime (s)",
+        "steps",
+    ]
+    cells = [
+        [
+            r["group"],
+            str(r["runs"]),
+            r["status"],
+            *(
+                c
+                for m in metrics
+                for c in [fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m))]
+                + ([f"{r[f'{m} iqm']:.4g}"] if m in many else [])
+            ),
+            fmt(r["runtime_s mean"], r["runtime_s std"]),
+            r["steps"],
+        ]
+        for r in rows
+    ]
     return header, cells
 
 

@@ -6,8 +6,10 @@ from ablate.analysis.many_seeds import Improvement
 from ablate.analysis.per_example import ExamplePaired
 from ablate.analysis.stats import Paired
 
-TITLE = ("in words (clear: the 95% t interval excludes 0, or the Mann-Whitney test rejects a probability "
-         "of improvement of 0.5)")
+TITLE = (
+    "in words (clear: the 95% t interval excludes 0, or the Mann-Whitney test rejects a probability "
+    "of improvement of 0.5)"
+)
 
 
 def in_words(paired: list[Paired], better: list[Improvement], examples: list[ExamplePaired]) -> list[str]:
@@ -16,7 +18,11 @@ def in_words(paired: list[Paired], better: list[Improvement], examples: list[Exa
     needs."""
     clear: list[str] = []
     unclear: list[str] = []
-    for what, items in (("seed-paired", paired), ("probability of improvement", better), ("per example", examples)):
+    for what, items in (
+        ("seed-paired", paired),
+        ("probability of improvement", better),
+        ("per example", examples),
+    ):
         for d in items:
             where = f"[{d.launch}] " if d.launch else ""
             metric = f"eval {d.metric}" if isinstance(d, ExamplePaired) else d.metric
@@ -25,8 +31,13 @@ def in_words(paired: list[Paired], better: list[Improvement], examples: list[Exa
             elif not d.clear:
                 unclear.append(f"not clear: {where}{d.b} vs {d.a} on {metric} ({what})")
             elif isinstance(d, Improvement):
-                clear.append(f"clear: {where}{d.b} {'better' if d.p > 0.5 else 'worse'} than {d.a} on {metric} ({what})")
+                clear.append(
+                    f"clear: {where}{d.b} {'better' if d.p > 0.5 else 'worse'} "
+                    f"than {d.a} on {metric} ({what})"
+                )
             else:
-                clear.append(f"clear: {where}{d.b} {'higher' if (d.mean or 0.0) > 0 else 'lower'} than {d.a} on "
-                             f"{metric} ({what})")
+                clear.append(
+                    f"clear: {where}{d.b} {'higher' if (d.mean or 0.0) > 0 else 'lower'} than {d.a} on "
+                    f"{metric} ({what})"
+                )
     return clear + unclear

@@ -8,12 +8,7 @@ import logging
 import math
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.schema import nodes
 
@@ -22,8 +17,12 @@ class PrintLogs(TrainerCallback):
     """The TRL docs' custom logging callback: print every log event (an example of `on_log`)."""
 
     def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-        logs: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         if logs is not None and state.is_world_process_zero:
             print(f"Step {state.global_step}: {logs}")
@@ -49,14 +48,24 @@ class NaNGuard(TrainerCallback):
         self.checking = False  # every optimizer step since the last log event was checked
         self.live = False  # one of them had a gradient
 
-    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                              model: Any = None, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if self.checking and not self.live and model is not None:
             self.live = any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
 
     def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-        logs: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         logs = logs or {}
         for name in self.metrics:
@@ -76,8 +85,9 @@ class NaNGuard(TrainerCallback):
         if self.dead_after and len(self.dead) >= self.dead_after:
             steps = f"steps {self.dead[0]}-{self.dead[-1]}" if len(self.dead) > 1 else f"step {self.dead[0]}"
             raise FloatingPointError(
-                f"grad_norm is exactly 0 at {steps} with the loss at {loss:.4g} and learning_rate {lr:.3g}: the model "
-                f"has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)")
+                f"grad_norm is exactly 0 at {steps} with the loss at {loss:.4g} and learning_rate {lr:.3g}: "
+                "the model has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)"
+            )
 
 
 class EarlyStop(TrainerCallback):
@@ -89,15 +99,26 @@ class EarlyStop(TrainerCallback):
     A stopped run ends normally (`status: completed`) at the step it stopped; the reason is logged.
     """
 
-    def __init__(self, metric: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
-        nodes.EarlyStop.of({"mode": mode, "patience": patience, "min_delta": min_delta}).check()  # its schema's checks
-        self.metric, self.sign, self.patience, self.min_delta = metric, 1.0 if mode == "min" else -1.0, patience, min_delta
+    def __init__(
+        self, metric: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0
+    ) -> None:
+        nodes.EarlyStop.of({"mode": mode, "patience": patience, "min_delta": min_delta}).check()
+        self.metric, self.sign, self.patience, self.min_delta = (
+            metric,
+            1.0 if mode == "min" else -1.0,
+            patience,
+            min_delta,
+        )
         self.best: float | None = None
         self.bad = 0  # log events since the last improvement
 
     def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-        logs: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         v = (logs or {}).get(self.metric)
         if not isinstance(v, (int, float)):
@@ -109,8 +130,9 @@ class EarlyStop(TrainerCallback):
         if self.bad >= self.patience:
             logging.getLogger("ablate").info(
                 "EarlyStop: %s did not improve on %.6g for %d log events; stopping at step %d",
-                self.metric, self.best, self.bad, state.global_step,
+                self.metric,
+                self.best,
+                self.bad,
+                state.global_step,
             )
             control.should_training_stop = True
-
-

@@ -14,7 +14,8 @@ two standard errors of their difference and by more than `min_change_run` (absol
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 MIN_LOGGED = 4  # fewer logged values cannot tell a first quarter from a last: nothing said
 CONSTANT = "constant"  # the schedule max_steps does not shorten
@@ -29,15 +30,23 @@ def moved(values: Sequence[float], mode: str, min_change: float) -> tuple[float,
         return None
     first, last = values[:q], values[-q:]
     m0, m1 = sum(first) / q, sum(last) / q
-    var = lambda xs, m: sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1)  # noqa: E731  (one value: 0)
+
+    def var(xs: Sequence[float], m: float) -> float:  # one value: 0
+        return sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1)
+
     se = math.sqrt(var(first, m0) / q + var(last, m1) / q)
     gain = m1 - m0 if mode == "max" else m0 - m1
     return None if gain > max(2 * se, min_change) else (m0, m1, q)
 
 
-def note(history: Sequence[Mapping[str, Any]], progress: Mapping[str, Any] | None, steps: int,
-         overrides: Sequence[str], scheduler: str | None) -> str | None:
-    """The summary's line when the run's progress metric did not move (None when it did, or cannot be told)."""
+def note(
+    history: Sequence[Mapping[str, Any]],
+    progress: Mapping[str, Any] | None,
+    steps: int,
+    overrides: Sequence[str],
+    scheduler: str | None,
+) -> str | None:
+    """The summary's line when the run's progress metric did not move (None if it did, or if unknown)."""
     if not progress or progress.get("metric") is None or progress.get("min_change_run") is None:
         return None
     metric, mode = progress["metric"], progress.get("mode", "min")
@@ -47,11 +56,19 @@ def note(history: Sequence[Mapping[str, Any]], progress: Mapping[str, Any] | Non
         return None
     m0, m1, q = still
     verb = "rose above" if mode == "max" else "fell below"
-    short = progress.get("steps_needed") is None or steps < int(progress["steps_needed"])  # else steps were not it
+    # else steps were not it
+    short = progress.get("steps_needed") is None or steps < int(progress["steps_needed"])
     hints = [progress["too_few_steps"]] if progress.get("too_few_steps") and short else []
-    if any(o.split("=")[0].lstrip("+") == "method.args.max_steps" for o in overrides) and scheduler != CONSTANT:
-        hints.append(f"max_steps also shortens the LR schedule ({scheduler + ': ' if scheduler else ''}it ends at step "
-                     f"{steps})")
+    if (
+        any(o.split("=")[0].lstrip("+") == "method.args.max_steps" for o in overrides)
+        and scheduler != CONSTANT
+    ):
+        hints.append(
+            "max_steps also shortens the LR schedule "
+            f"({scheduler + ': ' if scheduler else ''}it ends at step {steps})"
+        )
     span = "first and last logged values" if q == 1 else f"means of the first and last {q} logged"
-    return (f"{metric} never {verb} its first steps' level ({m0:.2g} -> {m1:.2g}, {span}, over {steps} steps)"
-            + (f": {'; '.join(hints)}" if hints else ""))
+    return (
+        f"{metric} never {verb} its first steps' level ({m0:.2g} -> {m1:.2g}, {span}, over {steps} steps)"
+        + (f": {'; '.join(hints)}" if hints else "")
+    )

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail, user_errors
+
 
 def newest_sweep() -> Path:
     """`ablate compare last`: the newest sweep launch under outputs/sweeps (by its multirun.yaml), said on
@@ -15,8 +17,10 @@ def newest_sweep() -> Path:
 
     found = newest_launch(SWEEPS) if SWEEPS.is_dir() else None
     if found is None:
-        raise RunDirError(f"`last` is the newest sweep under {SWEEPS}/ and there is none here (no multirun.yaml "
-                          f"under {SWEEPS.resolve()}); run `ablate sweep NAME` first, or give run or sweep dirs")
+        raise RunDirError(
+            f"`last` is the newest sweep under {SWEEPS}/ and there is none here (no multirun.yaml "
+            f"under {SWEEPS.resolve()}); run `ablate sweep NAME` first, or give run or sweep dirs"
+        )
     print(f"last: {found}", file=sys.stderr)
     return found
 
@@ -24,36 +28,41 @@ def newest_sweep() -> Path:
 def compare_cmd(args: Any) -> None:
     """`ablate compare DIR... [--metric M]... [--out [DIR]]` (arguments: ablate.cli.parser)."""
     from ablate.analysis.compare import DEFAULT_OUT, compare
-    from ablate.cli import OUT_ALONE
+    from ablate.cli.arguments import OUT_ALONE
 
-    if args.out == OUT_ALONE:  # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
+    # --out without a dir: compare() picks it (ablate.analysis.report.DEFAULT_OUT_RULE)
+    if args.out == OUT_ALONE:
         args.out = DEFAULT_OUT
     metrics = [m for ms in args.metric for m in ms.split(",") if m] if args.metric else None
     x_axes = [x for x in args.x.split(",") if x] if args.x else None
     from ablate.analysis.plots import X_AXES
 
     if x_axes and not set(x_axes) <= set(X_AXES):
-        print(f"ablate: error: --x takes {','.join(X_AXES)}, got {args.x}", file=sys.stderr)
-        sys.exit(2)
+        fail(f"--x takes {','.join(X_AXES)}, got {args.x}")
     from ablate.config.checks import installed
     from ablate.errors import missing_extra
 
     if args.out is not None and not installed("matplotlib"):
-        print(f"ablate: error: {missing_extra('matplotlib', 'plot', 'ablate compare --out (PNG plots)')}", file=sys.stderr)
-        sys.exit(2)
+        fail(missing_extra("matplotlib", "plot", "ablate compare --out (PNG plots)"))
     from ablate.errors import ConfigError
     from ablate.record.rundir import LAST, RunDirError, check_readable
 
-    try:
+    with user_errors(FileNotFoundError, ConfigError, RunDirError):
         args.dirs = [newest_sweep() if str(d) == LAST and not d.exists() else d for d in args.dirs]
-        for d in args.dirs:  # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
+        # a dir given by name that cannot be read is the user's to fix (a nested one is listed)
+        for d in args.dirs:
             check_readable(d)
         if args.out not in (None, DEFAULT_OUT):  # never over files of the user's; the default: compare()
             from ablate.analysis.report import check_out
 
             check_out(args.out)
-        compare(args.dirs, metrics=metrics, out=args.out, pool=args.pool, xs=x_axes, tags=args.tag,
-                all_launches=args.all_launches, verbose=args.verbose)
-    except (FileNotFoundError, ConfigError, RunDirError) as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        compare(
+            args.dirs,
+            metrics=metrics,
+            out=args.out,
+            pool=args.pool,
+            xs=x_axes,
+            tags=args.tag,
+            all_launches=args.all_launches,
+            verbose=args.verbose,
+        )

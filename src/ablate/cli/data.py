@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig
+
+from ablate.cli.exits import one_line_errors
 
 OPEN, CLOSE = "⟦", "⟧"  # around loss tokens when the output is not a colour terminal
 GREEN, RESET = "\033[1;32m", "\033[0m"
@@ -42,27 +45,33 @@ def load_tokenizer(model_cfg: DictConfig) -> tuple[Any, bool]:
             path, kwargs = str(fetch()), {}
         else:
             path = str(model_cfg.path)
-            kwargs = {"revision": model_cfg.get("revision"),
-                      "trust_remote_code": model_cfg.get("trust_remote_code", False)}
+            kwargs = {
+                "revision": model_cfg.get("revision"),
+                "trust_remote_code": model_cfg.get("trust_remote_code", False),
+            }
         try:
             tok = AutoTokenizer.from_pretrained(path, **kwargs)
         except OSError as e:
-            raise ConfigError(f"model.path: cannot load a tokenizer from '{path}': {str(e).splitlines()[0]}") from e
+            raise ConfigError(
+                f"model.path: cannot load a tokenizer from '{path}': {str(e).splitlines()[0]}"
+            ) from e
         if tok.pad_token is None:  # as ablate.models.pretrained does
             tok.pad_token = tok.eos_token
         return tok, False
     return instantiate(model_cfg)[0], True  # a user's model builder: only it knows its tokenizer
 
 
-def _kind(trainer_target: str) -> str:
-    from hydra.utils import get_class
-
+def _kind(cfg: DictConfig) -> str:
+    """The method's kind of data (`method.data_kind`, ablate.data.kinds)."""
+    from ablate.data.kinds import KINDS
     from ablate.errors import ConfigError
-    from ablate.methods.shapes import data_kind
 
-    kind = data_kind(get_class(trainer_target))
+    kind = cfg.method.get("data_kind")
     if kind is None:
-        raise ConfigError(f"ablate data preview: {trainer_target} is not a DPO, SFT or GRPO trainer subclass")
+        raise ConfigError(
+            f"ablate data: method={cfg.method.get('name')} names no kind of data, so its rows cannot be "
+            f"shown: set method.data_kind to one of {', '.join(KINDS)} (ablate.data.kinds)"
+        )
     return kind
 
 
@@ -98,23 +107,31 @@ class Printer:
         return f"{GREEN}{text}{RESET}" if self.color else f"{OPEN}{text}{CLOSE}"
 
 
-def _notes(full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_length: Any, max_prompt: Any) -> list[str]:
+def _notes(
+    full: dict[str, list[int]], cut: dict[str, list[int]] | None, max_length: Any, max_prompt: Any
+) -> list[str]:
     if cut is None:
-        return [f"DROPPED: the prompt ({len(full['prompt_ids'])} tokens) alone fills max_length={max_length}; "
-                "no completion token would be left (set method.args.max_prompt_length to keep its end)"]
+        return [
+            f"DROPPED: the prompt ({len(full['prompt_ids'])} tokens) alone fills max_length={max_length}; "
+            "no completion token would be left (set method.args.max_prompt_length to keep its end)"
+        ]
     notes = []
     if len(cut["prompt_ids"]) < len(full["prompt_ids"]):
-        notes.append(f"prompt cut from {len(full['prompt_ids'])} to its last {len(cut['prompt_ids'])} tokens "
-                     f"(max_prompt_length={max_prompt})")
+        notes.append(
+            f"prompt cut from {len(full['prompt_ids'])} to its last {len(cut['prompt_ids'])} tokens "
+            f"(max_prompt_length={max_prompt})"
+        )
     for key in cut:
         if key not in ("prompt_ids", "completion_mask") and len(cut[key]) < len(full[key]):
-            notes.append(f"{key[:-4]} cut from {len(full[key])} to its first {len(cut[key])} tokens "
-                         f"(max_length={max_length})")
+            notes.append(
+                f"{key[:-4]} cut from {len(full[key])} to its first {len(cut[key])} tokens "
+                f"(max_length={max_length})"
+            )
     return notes
 
 
 def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
-    """The config `ablate train` would run, checked as it checks it (`config_dir`: like train's --config-dir)."""
+    """The config `ablate train` would run, checked as it checks it (`config_dir`: train's --config-dir)."""
     from hydra import compose, initialize_config_dir
 
     from ablate.config.compose import register_resolvers
@@ -160,36 +177,44 @@ def check_data(overrides: list[str], config_dir: str | None = None, out: Any = s
     from hydra.utils import instantiate
 
     from ablate.data.formats import detect
-    from ablate.methods.shapes import IDS
+    from ablate.data.kinds import tokenized
 
     cfg = _compose(overrides, config_dir)
-    kind = _kind(cfg.method.trainer._target_)
+    kind = _kind(cfg)
     data = instantiate(cfg.data)
-    fmt = "already tokenized" if set(IDS[kind]) <= set(data.train.column_names) else detect(data.train, kind)
-    print(f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
-          f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}", file=out)
+    tokens = tokenized(kind, data.train.column_names)
+    fmt = "already tokenized" if tokens else detect(data.train, kind, cfg.method.name)
+    print(
+        f"{cfg.method.name}: {len(data.train)} train rows ({_train_name(cfg.data)}), "
+        f"{0 if data.eval is None else len(data.eval)} eval rows; format: {fmt}",
+        file=out,
+    )
     if data.eval is None:
-        print("held out: no eval split, nothing to check (data.eval_path; a hub dataset's data.eval_split)", file=out)
+        print(
+            "held out: no eval split, nothing to check (data.eval_path; a hub dataset's data.eval_split)",
+            file=out,
+        )
     elif (clean := warn_shared(data, cfg.data)) is not None:
         print(f"held out: none of the {clean} eval prompts occurs in the training data", file=out)
 
 
 def preview(overrides: list[str], n: int, config_dir: str | None = None, out: Any = sys.stdout) -> None:
     """Print the first `n` train examples of the composed config (`config_dir`: like train's --config-dir)."""
-    from hydra.utils import instantiate
+    from hydra.utils import get_method, instantiate
 
     cfg = _compose(overrides, config_dir)
-    from ablate.data import tokenize  # torch: only once the config is known to be good
-    from ablate.data.formats import detect
-    from ablate.methods.shapes import IDS
+    from ablate.data.formats import detect  # torch: only once the config is known to be good
+    from ablate.data.kinds import KINDS
 
-    kind = _kind(cfg.method.trainer._target_)
+    kind = _kind(cfg)
+    row_ids = get_method(KINDS[kind].row)  # how the method tokenises one row
     arg = _method_args(cfg)
     tok, built = load_tokenizer(cfg.model)
     data = instantiate(cfg.data)
     warn_shared(data, cfg.data)
     rows = data.train.select(range(min(n, len(data.train))))
-    if kind == "unpaired" and "label" not in data.train.column_names:  # KTO: pair i -> its desirable, undesirable
+    # KTO: pair i -> its desirable, undesirable
+    if kind == "unpaired" and "label" not in data.train.column_names:
         from datasets.utils.logging import disable_progress_bar
 
         from ablate.data.unpaired import unpair
@@ -200,64 +225,99 @@ def preview(overrides: list[str], n: int, config_dir: str | None = None, out: An
     color = out.isatty() and "NO_COLOR" not in os.environ
     show = Printer(tok, color)
     legend = "green" if color else f"between {OPEN} and {CLOSE}"
-    legend = {"prompt": "prompts only: completions are sampled",
-              "reward": "each side scored whole, at its last token"}.get(kind, f"loss tokens {legend}")
-    ids_keys = IDS[kind]
-    pretokenized = set(ids_keys) <= set(data.train.column_names)  # e.g. examples/custom_batch
-    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind)
-    print(f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
-          + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""), file=out)
+    legend = KINDS[kind].preview + (f" {legend}" if KINDS[kind].preview == "loss tokens" else "")
+    pretokenized = set(KINDS[kind].ids) <= set(data.train.column_names)  # e.g. examples/custom_batch
+    fmt_name = "already tokenized" if pretokenized else detect(data.train, kind, cfg.method.name)
+    print(
+        f"{cfg.method.name} on {len(data.train)} train rows, format: {fmt_name}; {legend}"
+        + ("; (the model's weights were built: ablate cannot load its tokenizer alone)" if built else ""),
+        file=out,
+    )
     max_length = arg("max_length")
     for i, row in enumerate(rows):
         print(f"\n===== example {i} =====", file=out)
         if kind == "prompt":
-            full = {"prompt_ids": row["prompt_ids"] if pretokenized else tokenize.tokenize_prompt(tok, row, i)}
-            mpl = arg("max_prompt_length")
-            cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
-            print(f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
-                  f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)", file=out)
-            print(tok.decode(cut["prompt_ids"], skip_special_tokens=False), file=out)
-            for note in _notes(full, cut, None, mpl):
-                print(f"note: {note}", file=out)
-            continue
-        if kind == "reward":
-            _show_reward(row, i, tok, max_length, out)
-            continue
-        if kind == "unpaired":
-            print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
-            row = {"prompt": row["prompt"], "completion": row["completion"]}
-        if pretokenized:
-            full = {k: row[k] for k in ids_keys}
-            cut = tokenize.truncate(full, max_length, *((arg("max_prompt_length"), arg("max_completion_length"))
-                                                   if kind == "preference" else ()))
-        elif kind == "preference":
-            full = tokenize.tokenize_preference(tok, row, i)
-            cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
+            _show_prompt(row["prompt_ids"] if pretokenized else row_ids(tok, row, i), tok, arg, out)
+        elif kind == "reward":
+            _show_reward(row_ids(tok, row, i), tok, max_length, out)
         else:
-            full = tokenize.tokenize_sft(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
-            cut = tokenize.truncate(full, max_length)
-        shown = cut or full
-        p = len(shown["prompt_ids"])
-        parts = [k for k in shown if k not in ("prompt_ids", "completion_mask")]
-        mask = shown.get("completion_mask")
-        lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
-        loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
-        totals = " / ".join(str(p + len(shown[k])) for k in parts)
-        print(f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})", file=out)
-        for k in parts:
-            if len(parts) > 1:
-                print(f"--- {k[:-4]} ---", file=out)
-            print(show.masked(shown["prompt_ids"], shown[k], mask) if mask is not None
-                  else show.text(shown["prompt_ids"], shown[k]), file=out)
-        for note in _notes(full, cut, max_length, arg("max_prompt_length")):
-            print(f"note: {note}", file=out)
+            _show_tokens(row, i, kind, row_ids, tok, arg, pretokenized, show, out)
 
 
-def _show_reward(row: dict[str, Any], i: int, tok: Any, max_length: Any, out: Any) -> None:
-    """A reward model's pair: each side the whole prompt + completion, dropped when over max_length."""
-    from ablate.data.reward import tokenize_reward
+def _show_prompt(prompt_ids: list[int], tok: Any, arg: Any, out: Any) -> None:
+    """A prompt-only example (GRPO and its kin): the prompt as the model sees it, after max_prompt_length."""
+    full = {"prompt_ids": prompt_ids}
+    mpl = arg("max_prompt_length")
+    cut = {"prompt_ids": full["prompt_ids"][-mpl:] if mpl else full["prompt_ids"]}
+    print(
+        f"prompt: {len(cut['prompt_ids'])} tokens; completions are sampled "
+        f"(up to max_completion_length={arg('max_completion_length')} tokens, all in the loss)",
+        file=out,
+    )
+    print(tok.decode(cut["prompt_ids"], skip_special_tokens=False), file=out)
+    for note in _notes(full, cut, None, mpl):
+        print(f"note: {note}", file=out)
 
-    ids = tokenize_reward(tok, row, i)
+
+def _show_tokens(
+    row: dict[str, Any],
+    i: int,
+    kind: str,
+    row_ids: Callable[..., dict[str, list[int]]],
+    tok: Any,
+    arg: Any,
+    pretokenized: bool,
+    show: Printer,
+    out: Any,
+) -> None:
+    """A preference, SFT or unpaired example: its sides' tokens after truncation, the loss tokens marked
+    (`row_ids`: how the method tokenises one row, ablate.data.kinds)."""
+    from ablate.data import tokenize
+    from ablate.data.kinds import KINDS
+
+    max_length = arg("max_length")
+    if kind == "unpaired":
+        print(f"label: {'desirable' if row['label'] else 'undesirable'}", file=out)
+        row = {"prompt": row["prompt"], "completion": row["completion"]}
+    if pretokenized:
+        full = {k: row[k] for k in KINDS[kind].ids}
+        cut = tokenize.truncate(
+            full,
+            max_length,
+            *((arg("max_prompt_length"), arg("max_completion_length")) if kind == "preference" else ()),
+        )
+    elif kind == "preference":
+        full = row_ids(tok, row, i)
+        cut = tokenize.truncate(full, max_length, arg("max_prompt_length"), arg("max_completion_length"))
+    else:
+        full = row_ids(tok, row, i, arg("completion_only_loss"), bool(arg("assistant_only_loss")))
+        cut = tokenize.truncate(full, max_length)
+    shown = cut or full
+    p = len(shown["prompt_ids"])
+    parts = [k for k in shown if k not in ("prompt_ids", "completion_mask")]
+    mask = shown.get("completion_mask")
+    lengths = ", ".join(f"{k[:-4]} {len(shown[k])}" for k in parts)
+    loss = f"{sum(mask)} assistant tokens in the loss" if mask is not None else "loss"
+    totals = " / ".join(str(p + len(shown[k])) for k in parts)
+    print(
+        f"tokens: prompt {p} (no loss), {lengths} ({loss}); total {totals} (max_length={max_length})",
+        file=out,
+    )
+    for k in parts:
+        if len(parts) > 1:
+            print(f"--- {k[:-4]} ---", file=out)
+        print(
+            show.masked(shown["prompt_ids"], shown[k], mask)
+            if mask is not None
+            else show.text(shown["prompt_ids"], shown[k]),
+            file=out,
+        )
+    for note in _notes(full, cut, max_length, arg("max_prompt_length")):
+        print(f"note: {note}", file=out)
+
+
+def _show_reward(ids: dict[str, list[int]], tok: Any, max_length: Any, out: Any) -> None:
+    """A reward model's pair (its ids): each side the whole prompt + completion, dropped over max_length."""
     sizes = " / ".join(f"{k[:-4]} {len(v)}" for k, v in ids.items())
     print(f"tokens: {sizes} (max_length={max_length}; the score is read at the last token)", file=out)
     for k, v in ids.items():
@@ -270,16 +330,8 @@ def data_cmd(args: Any) -> None:
     """`ablate data preview|check [overrides] [-n N] [--config-dir DIR]`: see `preview` and `check_data`
     (arguments: ablate.cli.parser)."""
     overrides, n, config_dir = args.overrides, args.n, args.config_dir
-    from ablate.config.validate import one_line
-
-    try:
+    with one_line_errors():
         if args.action == "check":
             check_data(overrides, config_dir)
         else:
             preview(overrides, n, config_dir)
-    except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
-        line = one_line(e)
-        if line is None:
-            raise
-        print(f"ablate: error: {line}", file=sys.stderr)
-        sys.exit(2)

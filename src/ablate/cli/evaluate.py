@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ablate.analysis.runs import override_key
+from ablate.cli.exits import fail
 from ablate.record import rundir
 
 EVAL = rundir.EVAL
@@ -52,13 +52,12 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
 
 
 def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str, Any]:
-    from hydra.utils import get_class, instantiate
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from transformers import set_seed
 
     from ablate.cli.generate import load_run_model
     from ablate.config.code_checks import check_precision
-    from ablate.methods.shapes import data_kind
     from ablate.process.setup import quiet_libraries
 
     cfg, merged = compose_run_config(run_dir, overrides)
@@ -67,24 +66,41 @@ def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str,
     tokenizer, model = load_run_model(run_dir)
     data = instantiate(cfg.data)
     split, dataset = ("eval", data.eval) if data.eval is not None else ("train", data.train)
-    generates = data_kind(get_class(cfg.method.trainer._target_)) == "prompt"  # GRPO, RLOO, distillation
+    generates = cfg.method.get("data_kind") == "prompt"  # GRPO, RLOO, distillation (ablate.data.kinds)
     device_args = check_precision(cfg.precision)
     with tempfile.TemporaryDirectory(prefix="ablate-eval-") as tmp:
-        args = instantiate(cfg.method.args, output_dir=tmp, **OmegaConf.to_container(cfg.precision),
-                           **device_args, report_to="none", eval_strategy="no", save_strategy="no",
-                           **({} if generates else _reference_args(cfg.method.args)))
+        args = instantiate(
+            cfg.method.args,
+            output_dir=tmp,
+            **OmegaConf.to_container(cfg.precision),
+            **device_args,
+            report_to="none",
+            eval_strategy="no",
+            save_strategy="no",
+            **({} if generates else _reference_args(cfg.method.args)),
+        )
         if generates:
-            metrics, examples = _generated(model.to(args.device), tokenizer, dataset, data.reward_funcs, args, samples)
+            metrics, examples = _generated(
+                model.to(args.device), tokenizer, dataset, data.reward_funcs, args, samples
+            )
             scored = dataset
         else:
             metrics, examples, scored = _scored(cfg, model, tokenizer, dataset, args)
-    result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": cfg.method.name, "overrides": merged,
-              "split": split, "examples": len(dataset), "metrics": metrics}
+    result = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "method": cfg.method.name,
+        "overrides": merged,
+        "split": split,
+        "examples": len(dataset),
+        "metrics": metrics,
+    }
     if generates:
         result["completions"] = f"{samples} sampled per prompt" if samples else "greedy, one per prompt"
     rundir.write_json(run_dir / EVAL, result)
     ids = example_ids(dataset, scored)
-    rundir.write_examples(run_dir, [{"id": i, "index": n, **row} for n, (i, row) in enumerate(zip(ids, examples))])
+    rundir.write_examples(
+        run_dir, [{"id": i, "index": n, **row} for n, (i, row) in enumerate(zip(ids, examples))]
+    )
     return result
 
 
@@ -93,7 +109,9 @@ def _reference_args(method_args: Any) -> dict[str, Any]:
     return {"precompute_ref_log_probs": False} if "precompute_ref_log_probs" in method_args else {}
 
 
-def _scored(cfg: Any, model: Any, tokenizer: Any, dataset: Any, args: Any) -> tuple[dict[str, float], list[dict], Any]:
+def _scored(
+    cfg: Any, model: Any, tokenizer: Any, dataset: Any, args: Any
+) -> tuple[dict[str, float], list[dict], Any]:
     """The method's own eval (its trainer's `evaluate()`: DPO and reward accuracy, SFT loss and token
     accuracy, KTO margins), and each example scored alone; DPO's and KTO's reference is the run's starting
     model (its base with the adapters off, for a `+peft` run), so rewards measure what training changed."""
@@ -101,25 +119,35 @@ def _scored(cfg: Any, model: Any, tokenizer: Any, dataset: Any, args: Any) -> tu
 
     from ablate.models.adapters import is_adapted
 
-    extra = {"ref_model": instantiate(cfg.model)[1]} if _reference_args(cfg.method.args) and not is_adapted(model) else {}
+    extra = (
+        {"ref_model": instantiate(cfg.model)[1]}
+        if _reference_args(cfg.method.args) and not is_adapted(model)
+        else {}
+    )
     # no train split: the rows are tokenised once, as the eval split they are
-    trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=None,
-                                              eval_dataset=dataset, processing_class=tokenizer, **extra)
+    trainer = instantiate(cfg.method.trainer)(
+        model=model, args=args, train_dataset=None, eval_dataset=dataset, processing_class=tokenizer, **extra
+    )
     metrics = {k: v for k, v in trainer.evaluate().items() if k not in TRAINING_ONLY}
     return metrics, per_example(trainer), trainer.eval_dataset
 
 
-def _generated(model: Any, tokenizer: Any, dataset: Any, reward_funcs: dict, args: Any,
-               samples: int) -> tuple[dict[str, float], list[dict]]:
+def _generated(
+    model: Any, tokenizer: Any, dataset: Any, reward_funcs: dict, args: Any, samples: int
+) -> tuple[dict[str, float], list[dict]]:
     """A GRPO, RLOO or distillation run: the mean reward of its completions of the held-out prompts, by the
     run's reward functions (ablate.rollouts.evaluate)."""
     from ablate.errors import ConfigError
     from ablate.rollouts.evaluate import reward_eval
 
     if not reward_funcs:
-        raise ConfigError("ablate eval scores what this run generates with its data's reward functions, and its data "
-                          "has none (data.reward_funcs): give data=... with reward functions")
-    return reward_eval(model, tokenizer, dataset, reward_funcs, args, samples, args.per_device_eval_batch_size)
+        raise ConfigError(
+            "ablate eval scores what this run generates with its data's reward functions, and its data "
+            "has none (data.reward_funcs): give data=... with reward functions"
+        )
+    return reward_eval(
+        model, tokenizer, dataset, reward_funcs, args, samples, args.per_device_eval_batch_size
+    )
 
 
 def per_example(trainer: Any) -> list[dict[str, float]]:
@@ -138,12 +166,18 @@ def per_example(trainer: Any) -> list[dict[str, float]]:
     rows = []
     with torch.no_grad():
         for i in range(len(trainer.eval_dataset)):
-            loss, _, _ = trainer.prediction_step(model, trainer.data_collator([trainer.eval_dataset[i]]),
-                                                 prediction_loss_only=True)
+            loss, _, _ = trainer.prediction_step(
+                model, trainer.data_collator([trainer.eval_dataset[i]]), prediction_loss_only=True
+            )
             row = {} if loss is None else {"loss": float(loss.float().mean())}
             if buffer is not None:
-                row.update({k: v for name, v in buffer.pop("eval").items()
-                            if (k := name.removeprefix("eval_")) not in totals})
+                row.update(
+                    {
+                        k: v
+                        for name, v in buffer.pop("eval").items()
+                        if (k := name.removeprefix("eval_")) not in totals
+                    }
+                )
             rows.append(row)
     return rows
 
@@ -170,11 +204,9 @@ def eval_cmd(args: Any) -> None:
         rundir.check_given(run_dir)  # at once: before the heavy imports
         result = evaluate(run_dir, args.overrides, args.samples)
     except USER_ERRORS as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e))
     except HydraException as e:
-        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e).strip().splitlines()[0])
     how = f", {result['completions']}" if "completions" in result else ""
     print(f"{result['method']} eval on the {result['split']} split ({result['examples']} examples{how}):")
     width = max([28, *map(len, result["metrics"])])

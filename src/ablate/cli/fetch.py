@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
+
+from ablate.cli.exits import user_errors
 
 
 def fetch_cmd(args: Any) -> None:
@@ -11,14 +12,15 @@ def fetch_cmd(args: Any) -> None:
     it on first use) and print its path, e.g. for `model=local model.path=$(ablate fetch smollm2_135m)`."""
     from ablate.errors import ConfigError
 
-    if args.model != "smollm2_135m":  # what it can fetch: said with the name given, not argparse's choice list
+    # what it can fetch: said with the name given, not argparse's choice list
+    if args.model != "smollm2_135m":
         from ablate.cli import refuse
 
-        refuse(f"ablate fetch: no model '{args.model}' to fetch (the one it fetches: smollm2_135m)", "ablate fetch")
+        refuse(
+            f"ablate fetch: no model '{args.model}' to fetch (the one it fetches: smollm2_135m)",
+            "ablate fetch",
+        )
     from ablate.models.smollm2 import fetch
 
-    try:
+    with user_errors(ConfigError):
         print(fetch(force=args.force))
-    except ConfigError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)

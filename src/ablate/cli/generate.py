@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import user_errors
 from ablate.record import rundir
 
 
@@ -43,8 +44,10 @@ def load_run_model(run_dir: Path) -> tuple[Any, Any]:
     if (model_dir / "config.json").is_file():
         return pretrained(str(model_dir))
     if not (model_dir / "adapter_config.json").is_file():
-        raise ConfigError(f"{run_dir} has no saved model ({model_dir} holds neither config.json nor an adapter; "
-                          "is the run finished? `ablate ls` shows its status)")
+        raise ConfigError(
+            f"{run_dir} has no saved model ({model_dir} holds neither config.json nor an adapter; "
+            "is the run finished? `ablate ls` shows its status)"
+        )
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from peft import PeftModel
@@ -93,18 +96,28 @@ def trained_format(run_dir: Path) -> dict[str, Any]:
 
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
-        raise ConfigError(f"{run_dir}: neither run.json nor .hydra/config.yaml says how its prompts were formatted; "
-                          "give --format plain or --format chat")
-    return {**describe(instantiate(OmegaConf.load(config).data).train, None), "source": ".hydra/config.yaml's data"}
+        raise ConfigError(
+            f"{run_dir}: neither run.json nor .hydra/config.yaml says how its prompts were formatted; "
+            "give --format plain or --format chat"
+        )
+    return {
+        **describe(instantiate(OmegaConf.load(config).data).train, None),
+        "source": ".hydra/config.yaml's data",
+    }
 
 
 def describe_format(chat: bool, fmt: dict[str, Any] | None) -> str:
     """The line saying how the prompts were formatted, and why."""
-    how = ("chat template, a plain prompt as the user turn, with the generation prompt" if chat
-           else "plain text, as written (the tokenizer's own special tokens)")
+    how = (
+        "chat template, a plain prompt as the user turn, with the generation prompt"
+        if chat
+        else "plain text, as written (the tokenizer's own special tokens)"
+    )
     if fmt is None:
         return f"prompts: {how} (--format)"
-    rows = " ".join(x for x in (fmt.get("format"), "(conversational)" if fmt["conversational"] else None) if x)
+    rows = " ".join(
+        x for x in (fmt.get("format"), "(conversational)" if fmt["conversational"] else None) if x
+    )
     return f"prompts: {how}, as the run's training rows{f' ({rows})' if rows else ''} were ({fmt['source']})"
 
 
@@ -147,8 +160,8 @@ TOOL_TOKENS = 256  # ... of a tool run that records no budget: room for calls, t
 
 @dataclass
 class Sampling:
-    """What the shared-prompt generator reads (ablate.rollouts.generation.SamplingArgs): --temperature, no top-k
-    or top-p (as `model.generate` samples the prompts of a run without tools here)."""
+    """What the shared-prompt generator reads (ablate.rollouts.generation.SamplingArgs): --temperature, no
+    top-k or top-p (as `model.generate` samples the prompts of a run without tools here)."""
 
     temperature: float
     max_completion_length: int
@@ -157,11 +170,11 @@ class Sampling:
 
 
 def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
-    """(the tools the run's training prompts offered, as `ablate.rollouts.turns.Toolbox` in the format they were
-    shown, the run's budget of new tokens over all turns), from `.hydra/config.yaml`; (None, None) without
-    tools. GRPO and its kin: method.args.tools (the data's by default), environment, tool_call_format,
-    max_tool_calling_iterations, tool_timeout, max_completion_length; SFT: data.tools (its rows' `tools` column,
-    which ablate.data.tokenize renders as `tool_call_format: auto` does)."""
+    """(the tools the run's training prompts offered, as `ablate.rollouts.turns.Toolbox` in the format they
+    were shown, the run's budget of new tokens over all turns), from `.hydra/config.yaml`; (None, None)
+    without tools. GRPO and its kin: method.args.tools (the data's by default), environment, tool_call_format,
+    max_tool_calling_iterations, tool_timeout, max_completion_length; SFT: data.tools (its rows' `tools`
+    column, which ablate.data.tokenize renders as `tool_call_format: auto` does)."""
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None, None
@@ -182,21 +195,39 @@ def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
     if not specs and env is None:
         return None, None
     tools = [resolve.function(t, f"{key}[{i}]") for i, t in enumerate(specs)]
-    environment = None if env is None else resolve.environment(
-        OmegaConf.to_container(env, resolve=True) if OmegaConf.is_config(env) else env, "method.args.environment")
-    box = Toolbox(ToolFormat(tokenizer, args.get("tool_call_format", "auto")), tools, environment,
-                  args.get("max_tool_calling_iterations"), args.get("tool_timeout"))
+    environment = (
+        None
+        if env is None
+        else resolve.environment(
+            OmegaConf.to_container(env, resolve=True) if OmegaConf.is_config(env) else env,
+            "method.args.environment",
+        )
+    )
+    box = Toolbox(
+        ToolFormat(tokenizer, args.get("tool_call_format", "auto")),
+        tools,
+        environment,
+        args.get("max_tool_calling_iterations"),
+        args.get("tool_timeout"),
+    )
     return box, args.get("max_completion_length") or data.get("max_completion_length")
 
 
 def tool_prompt_ids(box: Any, row: dict[str, Any], index: int = 0) -> list[int]:
-    """A prompt offering the run's tools, as the run's training rendered it (a plain prompt: one user turn)."""
+    """A prompt offering the run's tools, rendered as the run's training did (a plain prompt: a user turn)."""
     prompt = row["prompt"]
     return box.prompt_ids([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt, index)
 
 
-def complete_with_tools(tokenizer: Any, model: Any, rows: list[dict[str, Any]], box: Any, max_new_tokens: int,
-                        temperature: float, seed: int) -> list[dict[str, Any]]:
+def complete_with_tools(
+    tokenizer: Any,
+    model: Any,
+    rows: list[dict[str, Any]],
+    box: Any,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> list[dict[str, Any]]:
     """One rollout per prompt row, as GRPO's and `ablate eval`'s (ToolGenerator around the shared-prompt
     generator; greedy at temperature 0, else sampled, seeded): {completion: the last assistant turn's text,
     turns: the assistant turns (their `tool_calls`) and the tool results, in order, calls: how many ran}."""
@@ -207,17 +238,26 @@ def complete_with_tools(tokenizer: Any, model: Any, rows: list[dict[str, Any]], 
 
     model.eval()
     set_seed(seed)
-    inner = SharedPromptGenerator(Sampling(temperature if temperature > 0 else 1.0, max_new_tokens), tokenizer,
-                                  do_sample=temperature > 0)
+    inner = SharedPromptGenerator(
+        Sampling(temperature if temperature > 0 else 1.0, max_new_tokens),
+        tokenizer,
+        do_sample=temperature > 0,
+    )
     generate = ToolGenerator(inner, box, tokenizer, max_new_tokens)
     out = []
     for i, row in enumerate(rows):
-        prompt = row["prompt"] if not isinstance(row["prompt"], str) else [{"role": "user", "content": row["prompt"]}]
+        prompt = (
+            row["prompt"]
+            if not isinstance(row["prompt"], str)
+            else [{"role": "user", "content": row["prompt"]}]
+        )
         ids = generate.start([{**row, "prompt": prompt, "prompt_ids": tool_prompt_ids(box, row, i)}])
         done = as_completions(generate(model, ids))
         turns = done.messages[0]
         last = next((m for m in reversed(turns) if m.get("role") == "assistant"), {})
-        out.append({"completion": str(last.get("content") or ""), "turns": turns, "calls": done.tool_calls[0]})
+        out.append(
+            {"completion": str(last.get("content") or ""), "turns": turns, "calls": done.tool_calls[0]}
+        )
     return out
 
 
@@ -236,12 +276,22 @@ def show_turns(turns: list[dict[str, Any]]) -> list[str]:
                 body = c.get("function", c)
                 lines.append(f"call:   {body.get('name')}({json.dumps(body.get('arguments'))})")
     if not turns or turns[-1].get("role") != "assistant" or turns[-1].get("tool_calls"):
-        lines.append("answer: (none: the turns ran out of --max-new-tokens, or of the run's max_tool_calling_iterations)")
+        lines.append(
+            "answer: (none: the turns ran out of --max-new-tokens, or of the run's "
+            "max_tool_calling_iterations)"
+        )
     return lines
 
 
-def complete(tokenizer: Any, model: Any, rows: list[dict[str, Any]], chat: bool, max_new_tokens: int,
-             temperature: float, seed: int) -> list[str]:
+def complete(
+    tokenizer: Any,
+    model: Any,
+    rows: list[dict[str, Any]],
+    chat: bool,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> list[str]:
     """One completion per prompt row from `model`: greedy at temperature 0, else sampled (seeded)."""
     import torch
     from transformers import set_seed
@@ -253,14 +303,26 @@ def complete(tokenizer: Any, model: Any, rows: list[dict[str, Any]], chat: bool,
         ids = torch.tensor([prompt_ids(tokenizer, row, chat)])
         sample = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id, **sample)
-        out_texts.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                **sample,
+            )
+        out_texts.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
     return out_texts
 
 
-def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int | None = None, temperature: float = 0.0,
-             seed: int = 0, before: bool = False, chat: bool | None = None) -> tuple[list[dict[str, Any]], str]:
+def generate(
+    run_dir: Path,
+    prompts: list[Any],
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    before: bool = False,
+    chat: bool | None = None,
+) -> tuple[list[dict[str, Any]], str]:
     """One completion per prompt (a string, messages, or a row {prompt, ...}) from the run's model/;
     with `before`, also the starting model's (what training changed, side by side). Prompts are
     formatted as the run's training rows were (`chat`: None), or as `chat` says; a conversational
@@ -275,15 +337,21 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int | None = Non
     quiet_libraries()  # "Loading weights" bars, bitsandbytes' CPU notice: the completions are the output
     tokenizer, model = load_run_model(run_dir)  # first: "no saved model" is the news for an unfinished run
     if is_classifier(model):
-        raise ConfigError(f"{run_dir} is a reward model (method=reward): it scores sequences and does not write; "
-                          "`ablate eval` on it gives its accuracy on held-out pairs")
+        raise ConfigError(
+            f"{run_dir} is a reward model (method=reward): it scores sequences and does not write; "
+            "`ablate eval` on it gives its accuracy on held-out pairs"
+        )
     fmt = trained_format(run_dir) if chat is None else None
     chat = bool(fmt["conversational"]) if fmt is not None else bool(chat)
     box, budget = run_toolbox(run_dir, tokenizer) if chat else (None, None)
     if max_new_tokens is None:
         max_new_tokens = (budget or TOOL_TOKENS) if box is not None else DEFAULT_TOKENS
-    rows = [{"prompt": row["prompt"], **c} for row, c in zip(rows_in, _completions(
-        tokenizer, model, box, rows_in, chat, max_new_tokens, temperature, seed))]
+    rows = [
+        {"prompt": row["prompt"], **c}
+        for row, c in zip(
+            rows_in, _completions(tokenizer, model, box, rows_in, chat, max_new_tokens, temperature, seed)
+        )
+    ]
     for row, given in zip(rows, rows_in):
         if (want := expected(given)) is not None:
             row.update(expected=want, match=row["completion"].strip() == want.strip())
@@ -291,25 +359,38 @@ def generate(run_dir: Path, prompts: list[Any], max_new_tokens: int | None = Non
         del model
         start_tok, start = starting_model(run_dir)
         start_box = run_toolbox(run_dir, start_tok)[0] if box is not None else None
-        for row, c in zip(rows, _completions(start_tok, start, start_box, rows_in, chat, max_new_tokens, temperature,
-                                             seed)):
+        for row, c in zip(
+            rows, _completions(start_tok, start, start_box, rows_in, chat, max_new_tokens, temperature, seed)
+        ):
             row["before"] = c["completion"]
             if "turns" in c:
                 row["before_turns"] = c["turns"]
     how = describe_format(chat, fmt)
     if box is not None:
         names = ", ".join(x["function"]["name"] for x in box.schemas)
-        how += (f"; offering the run's tools ({names}; tool_call_format={box.format.kind}), each call run and its "
-                f"result appended as in its rollouts; up to {max_new_tokens} new tokens over all turns")
+        how += (
+            f"; offering the run's tools ({names}; tool_call_format={box.format.kind}), each call run and "
+            f"its result appended as in its rollouts; up to {max_new_tokens} new tokens over all turns"
+        )
     return rows, how
 
 
-def _completions(tokenizer: Any, model: Any, box: Any, rows: list[dict[str, Any]], chat: bool, max_new_tokens: int,
-                 temperature: float, seed: int) -> list[dict[str, Any]]:
+def _completions(
+    tokenizer: Any,
+    model: Any,
+    box: Any,
+    rows: list[dict[str, Any]],
+    chat: bool,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> list[dict[str, Any]]:
     """Each row's {completion} (no tools), or {completion, turns, calls} (tools: `complete_with_tools`)."""
     if box is not None:
         return complete_with_tools(tokenizer, model, rows, box, max_new_tokens, temperature, seed)
-    return [{"completion": c} for c in complete(tokenizer, model, rows, chat, max_new_tokens, temperature, seed)]
+    return [
+        {"completion": c} for c in complete(tokenizer, model, rows, chat, max_new_tokens, temperature, seed)
+    ]
 
 
 def generate_cmd(args: Any) -> None:
@@ -317,17 +398,16 @@ def generate_cmd(args: Any) -> None:
     [--json] [--before] [--format plain|chat]` (arguments: ablate.cli.parser)."""
     from ablate.errors import USER_ERRORS
 
-    try:
+    with user_errors(*USER_ERRORS, ValueError, FileNotFoundError):
         args.run_dir = rundir.given_run(args.run_dir)  # `last`: the newest run
         rundir.check_given(args.run_dir, run=False)  # at once: before the heavy imports
         prompts = read_prompts(args.prompt, args.prompts)
         if not prompts:
             raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
         chat = None if args.format is None else args.format == "chat"
-        rows, how = generate(args.run_dir, prompts, args.max_new_tokens, args.temperature, args.seed, args.before, chat)
-    except (*USER_ERRORS, ValueError, FileNotFoundError) as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        rows, how = generate(
+            args.run_dir, prompts, args.max_new_tokens, args.temperature, args.seed, args.before, chat
+        )
     print(how, file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the rows only
     if not args.json:
         print()
@@ -336,9 +416,20 @@ def generate_cmd(args: Any) -> None:
         if args.json:
             print(json.dumps(row))
         elif "turns" in row:  # a tool run: each call, its result, the answer
-            before = ["before training:", *("  " + x for x in show_turns(row["before_turns"])), "after training:"] \
-                if "before_turns" in row else []
-            print("\n".join([f">>> {prompt}", *before, *(("  " if before else "") + x for x in show_turns(row["turns"]))]))
+            before = (
+                ["before training:", *("  " + x for x in show_turns(row["before_turns"])), "after training:"]
+                if "before_turns" in row
+                else []
+            )
+            print(
+                "\n".join(
+                    [
+                        f">>> {prompt}",
+                        *before,
+                        *(("  " if before else "") + x for x in show_turns(row["turns"])),
+                    ]
+                )
+            )
             print()
         elif "before" in row:
             print(f">>> {prompt}\nbefore training: {row['before']}\nafter training:  {row['completion']}\n")
@@ -346,5 +437,7 @@ def generate_cmd(args: Any) -> None:
             print(f">>> {prompt}\n{row['completion']}\n")
     scored = [row["match"] for row in rows if "match" in row]
     if scored:
-        print(f"{sum(scored)}/{len(scored)} completions equal the file's `completion` (ends' whitespace aside)",
-              file=sys.stderr if args.json else sys.stdout)
+        print(
+            f"{sum(scored)}/{len(scored)} completions equal the file's `completion` (ends' whitespace aside)",
+            file=sys.stderr if args.json else sys.stdout,
+        )

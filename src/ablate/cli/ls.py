@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from ablate.analysis.runs import STATUSES, format_rows, list_runs
+from ablate.cli.exits import fail, user_errors
 from ablate.record.rundir import LAST, RunDirError, given_run
 
 
@@ -15,25 +15,26 @@ def ls_cmd(args: Any) -> None:
     if args.status is not None and args.status not in STATUSES:
         from ablate.cli import refuse
 
-        refuse(f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from {', '.join(STATUSES)})",
-               "ablate ls")
+        refuse(
+            f"ablate ls: argument --status: invalid choice: '{args.status}' (choose from "
+            f"{', '.join(STATUSES)})",
+            "ablate ls",
+        )
     if str(args.dir) == LAST and not args.dir.exists():  # `ablate ls last`: the newest run's line
-        try:
+        with user_errors(RunDirError):
             args.dir = given_run(args.dir)
-        except RunDirError as e:
-            print(f"ablate: error: {e}", file=sys.stderr)
-            sys.exit(2)
     if not args.dir.is_dir():
-        print(f"ablate: error: no directory {args.dir} (run `ablate train` first, or give the outputs dir)",
-              file=sys.stderr)
-        sys.exit(2)
+        fail(f"no directory {args.dir} (run `ablate train` first, or give the outputs dir)")
     root = args.dir.resolve()
     rows = list_runs(root, args.status, args.method, args.tag)
     if args.json:
         print(json.dumps([{**r, "path": str(root / r["path"])} for r in rows], indent=2))
         return
     if not rows:
-        print(f"no runs under {args.dir}" + (" matching the filters" if args.status or args.method or args.tag else ""))
+        print(
+            f"no runs under {args.dir}"
+            + (" matching the filters" if args.status or args.method or args.tag else "")
+        )
         return
     print("\n".join(format_rows(rows)))
     print(f"{len(rows)} run(s) under {root}")

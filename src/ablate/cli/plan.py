@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ablate.cli.exits import fail, one_line_errors
 from ablate.errors import ConfigError
 from ablate.models.memory import GB, Setup, Shape, plan
 
@@ -33,8 +34,10 @@ def meta_model(model_cfg: DictConfig) -> Any:
             return tiny(**kw)[1]
         if target in ("ablate.models.pretrained", "ablate.models.smollm2_135m"):
             return _pretrained(model_cfg, target)
-    raise ConfigError(f"model._target_={target}: ablate plan builds ablate's model presets (tiny, local, "
-                      f"smollm2_135m, qwen2_5_0_5b, qwen2_5_7b, llama3_1_8b), not a builder of yours")
+    raise ConfigError(
+        f"model._target_={target}: ablate plan builds ablate's model presets (tiny, local, "
+        f"smollm2_135m, qwen2_5_0_5b, qwen2_5_7b, llama3_1_8b), not a builder of yours"
+    )
 
 
 def _pretrained(model_cfg: DictConfig, target: str) -> Any:
@@ -62,14 +65,23 @@ def shape(model: Any, peft_cfg: DictConfig | None) -> Shape:
         targets = peft_cfg.target_modules
         for name, m in linears:
             if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets:
-                adapters += peft_cfg.r * (m.in_features + m.out_features) + (m.out_features if peft_cfg.use_dora else 0)
+                adapters += peft_cfg.r * (m.in_features + m.out_features) + (
+                    m.out_features if peft_cfg.use_dora else 0
+                )
     heads = config.num_key_value_heads or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return Shape(params=sum(p.numel() for p in model.parameters()),
-                 linear_params=sum(m.weight.numel() for _, m in linears),
-                 layer_params=sum(p.numel() for p in layers[0].parameters()), adapter_params=adapters,
-                 layers=len(layers), hidden=config.hidden_size, intermediate=config.intermediate_size,
-                 kv_dim=heads * head_dim, vocab=head.shape[0], head_params=head.numel())
+    return Shape(
+        params=sum(p.numel() for p in model.parameters()),
+        linear_params=sum(m.weight.numel() for _, m in linears),
+        layer_params=sum(p.numel() for p in layers[0].parameters()),
+        adapter_params=adapters,
+        layers=len(layers),
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        kv_dim=heads * head_dim,
+        vocab=head.shape[0],
+        head_params=head.numel(),
+    )
 
 
 def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[str]]:
@@ -86,22 +98,38 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
     if name in ("grpo", "rloo"):
         prompt = args.get("max_prompt_length")
         if prompt is None:
-            notes.append(f"max_prompt_length is null: prompts counted as {GRPO_PROMPT} tokens (--seq-len to say)")
+            notes.append(
+                f"max_prompt_length is null: prompts counted as {GRPO_PROMPT} tokens (--seq-len to say)"
+            )
         length, sequences = int(prompt or GRPO_PROMPT) + int(args.max_completion_length), batch
         reference = float(args.get("beta") or 0) > 0 and peft is None
     else:
         length = int(args.get("max_length") or 512)
         sequences = 2 * batch if name in ("dpo", "reward") else batch
-        live = not args.get("precompute_ref_log_probs", True) or cfg.method.trainer.get("ref_model") is not None
-        reference = name in ("dpo", "kto") and live and (peft is None or cfg.method.trainer.get("ref_model") is not None)
+        live = (
+            not args.get("precompute_ref_log_probs", True) or cfg.method.trainer.get("ref_model") is not None
+        )
+        reference = (
+            name in ("dpo", "kto")
+            and live
+            and (peft is None or cfg.method.trainer.get("ref_model") is not None)
+        )
         reference = reference or name == "distill"
     if name == "distill":
         notes.append("distill's teacher counted as a copy of the student (reference)")
-    return Setup(weight_bytes=WEIGHT_BYTES[str(cfg.model.get("dtype", "float32"))],
-                 autocast=bool(cfg.precision.get("bf16") or cfg.precision.get("fp16")), peft=peft,
-                 optimizer_states=states, optimizer_fixed_bytes=fixed, reference=reference, sequences=sequences,
-                 seq_len=seq_len or length, checkpointing=bool(args.get("gradient_checkpointing")),
-                 gpus=gpus, sharded=bool(cfg.distributed.get("fsdp"))), notes
+    return Setup(
+        weight_bytes=WEIGHT_BYTES[str(cfg.model.get("dtype", "float32"))],
+        autocast=bool(cfg.precision.get("bf16") or cfg.precision.get("fp16")),
+        peft=peft,
+        optimizer_states=states,
+        optimizer_fixed_bytes=fixed,
+        reference=reference,
+        sequences=sequences,
+        seq_len=seq_len or length,
+        checkpointing=bool(args.get("gradient_checkpointing")),
+        gpus=gpus,
+        sharded=bool(cfg.distributed.get("fsdp")),
+    ), notes
 
 
 def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
@@ -111,10 +139,14 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     parts = plan(m, s)
     model = cfg.model.get("path") or str(cfg.model._target_).rsplit(".", 1)[-1]
     wrap = f"FSDP full shard over {gpus}" if s.sharded else (f"DDP over {gpus}" if gpus > 1 else "1")
-    print(f"{model}: {m.params / 1e9:.3f}B parameters ({m.params:,}), {cfg.method.name}, "
-          f"{'PEFT ' + s.peft + f' ({m.adapter_params:,} trainable)' if s.peft else 'full fine-tuning'}, "
-          f"{cfg.model.get('dtype', 'float32')} weights{', ' + ('bf16' if cfg.precision.get('bf16') else 'fp16') + ' autocast' if s.autocast else ''}, "
-          f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}", file=out)
+    autocast = f", {'bf16' if cfg.precision.get('bf16') else 'fp16'} autocast" if s.autocast else ""
+    print(
+        f"{model}: {m.params / 1e9:.3f}B parameters ({m.params:,}), {cfg.method.name}, "
+        f"{'PEFT ' + s.peft + f' ({m.adapter_params:,} trainable)' if s.peft else 'full fine-tuning'}, "
+        f"{cfg.model.get('dtype', 'float32')} weights{autocast}, "
+        f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}",
+        file=out,
+    )
     print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens", file=out)
     for note in notes:
         print(f"note: {note}", file=out)
@@ -122,8 +154,11 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     for part, value in parts.items():
         print(f"  {part:12} {size(value):>10}", file=out)
     fits = parts["total"] <= memory * GB
-    print(f"{'fits' if fits else 'does not fit'} in {memory:g} GB per GPU "
-          f"({size(parts['total'])}, {100 * parts['total'] / (memory * GB):.0f}%)", file=out)
+    print(
+        f"{'fits' if fits else 'does not fit'} in {memory:g} GB per GPU "
+        f"({size(parts['total'])}, {100 * parts['total'] / (memory * GB):.0f}%)",
+        file=out,
+    )
     return fits
 
 
@@ -132,26 +167,15 @@ def size(n: float) -> str:
 
 
 def plan_cmd(args: Any) -> None:
-    """`ablate plan`: arguments from ablate.cli.parser. Exit 0 if it fits, 1 if it does not, 2 on a mistake."""
+    """`ablate plan` (arguments: ablate.cli.parser). Exit 0 if it fits, 1 if it does not, 2 on a mistake."""
     from ablate.cli.data import _compose
-    from ablate.config.validate import one_line
 
     if args.gpus < 1:
-        print(f"ablate: error: --gpus {args.gpus}: must be 1 or more", file=sys.stderr)
-        sys.exit(2)
+        fail(f"--gpus {args.gpus}: must be 1 or more")
     if not args.gpu_memory > 0:
-        print(f"ablate: error: --gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)",
-              file=sys.stderr)
-        sys.exit(2)
+        fail(f"--gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)")
     if args.seq_len is not None and args.seq_len < 1:
-        print(f"ablate: error: --seq-len {args.seq_len}: must be 1 or more tokens", file=sys.stderr)
-        sys.exit(2)
-    try:
+        fail(f"--seq-len {args.seq_len}: must be 1 or more tokens")
+    with one_line_errors():
         fits = report(_compose(args.overrides, args.config_dir), args.gpus, args.gpu_memory, args.seq_len)
-    except Exception as e:  # noqa: BLE001 - a user's mistake (in Hydra's or instantiate's wrapping) is one line
-        line = one_line(e)
-        if line is None:
-            raise
-        print(f"ablate: error: {line}", file=sys.stderr)
-        sys.exit(2)
     sys.exit(0 if fits else 1)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail, user_errors
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
 
@@ -21,30 +22,24 @@ def resume_cmd(args: Any) -> None:
     if args.force:  # the data or the config changed since the run started: resume on them all the same
         os.environ[identity.NEW_DATA_ENV] = "1"
         os.environ[identity.NEW_CONFIG_ENV] = "1"
-    try:
+    with user_errors(rundir.RunDirError):
         run_dir = rundir.given_run(args.run_dir).resolve()  # `last`: the newest run
         rundir.check_readable(run_dir)
         info = rundir.read_json_checked(run_dir / rundir.RUN)
-    except rundir.RunDirError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
     summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
     if info is None:
-        print(f"ablate: error: {run_dir} is not an ablate run dir (no {rundir.RUN})", file=sys.stderr)
-        sys.exit(2)
+        fail(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
     if not isinstance(info.get("overrides"), list):  # e.g. `{}`: not written by ablate, or cut short
-        print(f"ablate: error: {run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
-              f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ...", file=sys.stderr)
-        sys.exit(2)
+        fail(
+            f"{run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
+            f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ..."
+        )
     if summary.get("status") in ("completed", "pruned"):  # pruned: its study stopped it on purpose
-        print(f"{run_dir} already {summary['status']} at step {summary.get('global_step')}: nothing to resume")
+        print(
+            f"{run_dir} already {summary['status']} at step {summary.get('global_step')}: nothing to resume"
+        )
         return
-    ranks, here = int(info.get("world_size") or 1), int(os.environ.get("WORLD_SIZE", "1"))
-    if ranks > 1 and ranks != here:
-        print(f"ablate: error: {run_dir} ran as {ranks} processes (torchrun or SLURM tasks); resume it with "
-              f"its own launch command and the same hydra.run.dir (as {here} process(es) its batches, "
-              f"and so its losses, would change)", file=sys.stderr)
-        sys.exit(2)
+    resized = _resized(run_dir, info, args.overrides)
     # what the launch had besides its overrides: --config-dir (its methods, data) and PYTHONPATH (its code)
     config_dir = ["--config-dir", info["config_dir"]] if info.get("config_dir") else []
     for path in reversed(info.get("pythonpath", [])):
@@ -52,8 +47,11 @@ def resume_cmd(args: Any) -> None:
             sys.path.insert(0, path)
     if info.get("pythonpath"):  # for the processes a launcher starts (local_parallel, torchrun)
         os.environ["PYTHONPATH"] = os.pathsep.join([*info["pythonpath"], os.environ.get("PYTHONPATH", "")])
-    hydra_argv = [*config_dir, *_unmasked(info["overrides"], args.overrides, run_dir),
-                  f"hydra.run.dir={quote_override_value(str(run_dir))}"]
+    hydra_argv = [
+        *config_dir,
+        *_unmasked(info["overrides"], [*args.overrides, *resized], run_dir),
+        f"hydra.run.dir={quote_override_value(str(run_dir))}",
+    ]
     echo(hydra_argv)
     hydra_train(hydra_argv)
 
@@ -70,7 +68,38 @@ def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]
     masked = [o for o in kept if MASK in o]
     if masked:
         key = masked[0].split("=", 1)[0]
-        print(f"ablate: error: {run_dir}/run.json records '{masked[0]}' masked; give it again: "
-              f"ablate resume {run_dir} {key}=...", file=sys.stderr)
-        sys.exit(2)
+        fail(
+            f"{run_dir}/run.json records '{masked[0]}' masked; give it again: "
+            f"ablate resume {run_dir} {key}=..."
+        )
     return [*kept, *given]
+
+
+GA = "method.args.gradient_accumulation_steps"
+
+
+def _resized(run_dir: Path, info: dict[str, Any], given: list[str]) -> list[str]:
+    """Resumed on another number of ranks (torchrun, SLURM tasks) than the run ran on: the override that
+    keeps its global batch (ranks x gradient_accumulation_steps micro-batches per step), so the resumed
+    steps see the batches, and log the losses, of the uninterrupted run (checkpoints load at any rank
+    count: DCP reshards FSDP's shards, DDP's are whole). One line says it; a count that cannot keep the
+    batch is refused in one line. `method.args.gradient_accumulation_steps=N` given: the user's choice."""
+    from ablate.config.code_checks import job_processes
+    from ablate.record import identity
+
+    ranks, here = int(info.get("world_size") or 1), job_processes()
+    if ranks == here or any(o.split("=", 1)[0].lstrip("+") == GA for o in given):
+        return []
+    args = ((info.get("config") or {}).get("method") or {}).get("args") or {}
+    ga = args.get("gradient_accumulation_steps") or 1
+    if not isinstance(ga, int) or (ranks * ga) % here:
+        fail(
+            f"{run_dir} ran on {ranks} rank(s) x gradient_accumulation_steps={ga}; {here} ranks cannot keep "
+            f"that global batch ({ranks * ga} micro-batches per step is not a multiple of {here}): "
+            f"resume on a divisor of {ranks * ga} ranks, or give {GA}=N (and --force: other batches)"
+        )
+    new = ranks * ga // here
+    os.environ[identity.RESIZED_ENV] = GA
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"resuming on {here} rank(s), it ran on {ranks}: {GA} {ga} -> {new} keeps its global batch")
+    return [f"{GA}={new}"]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import user_errors
 from ablate.launchers.slurm import status
 
 SWEEPS = Path("outputs") / "sweeps"  # the default hydra.sweep.dir's parent: outputs/sweeps/<name>/<launch>
@@ -14,7 +14,11 @@ SWEEPS = Path("outputs") / "sweeps"  # the default hydra.sweep.dir's parent: out
 def newest_launch(folder: Path) -> Path | None:
     """The newest launch (a dir holding multirun.yaml) at most two levels under `folder` (a sweep's
     folder, or outputs/sweeps), by the time its multirun.yaml was written."""
-    found = [p.parent for pattern in ("multirun.yaml", "*/multirun.yaml", "*/*/multirun.yaml") for p in folder.glob(pattern)]
+    found = [
+        p.parent
+        for pattern in ("multirun.yaml", "*/multirun.yaml", "*/*/multirun.yaml")
+        for p in folder.glob(pattern)
+    ]
     return max(found, key=lambda p: ((p / "multirun.yaml").stat().st_mtime, p.name)) if found else None
 
 
@@ -27,18 +31,28 @@ def status_cmd(args: Any) -> None:
     from ablate.record.rundir import RunDirError, check_readable
 
     given = args.sweep_dir or SWEEPS
-    try:
+    with user_errors(RunDirError):
         check_readable(given)
-    except RunDirError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    sweep_dir = given if (given / "multirun.yaml").is_file() else newest_launch(given) if given.is_dir() else None
+    sweep_dir = (
+        given if (given / "multirun.yaml").is_file() else newest_launch(given) if given.is_dir() else None
+    )
     if sweep_dir is None:
         if (given / rundir.RUN).is_file():
-            refuse(f"{given} is a run dir, not a sweep dir: `ablate ls {given}` shows its state", "ablate status")
-        what = f"{given} does not exist" if not given.exists() else f"no sweep under {given} (no multirun.yaml)"
-        fix = "give a sweep dir (`ablate ls` lists sweep jobs by dir)" if args.sweep_dir else \
-            "run this where you launch sweeps, give a sweep dir, or start one: ablate sweep NAME"
+            refuse(
+                f"{given} is a run dir, not a sweep dir: `ablate ls {given}` shows its state", "ablate status"
+            )
+        what = (
+            f"{given} does not exist" if not given.exists() else f"no sweep under {given} (no multirun.yaml)"
+        )
+        fix = (
+            "give a sweep dir (`ablate ls` lists sweep jobs by dir)"
+            if args.sweep_dir
+            else "run this where you launch sweeps, give a sweep dir, or start one: ablate sweep NAME"
+        )
         refuse(f"{what}; {fix}", "ablate status")
-    note = "" if sweep_dir == given else f" (the newest sweep under {given}; ablate status SWEEP_DIR for another)"
+    note = (
+        ""
+        if sweep_dir == given
+        else f" (the newest sweep under {given}; ablate status SWEEP_DIR for another)"
+    )
     status(sweep_dir.resolve(), note)

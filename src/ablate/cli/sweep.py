@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from ablate.cli.exits import fail, user_errors
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
 from ablate.paths import sweeps_dir
@@ -24,8 +24,10 @@ def find_sweep(arg: str) -> tuple[str, list[str]]:
     if (shipped / f"{path.stem}.yaml").is_file() and (path.suffix in ("", ".yaml")):
         return path.stem, []
     names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
-    raise FileNotFoundError(f"ablate sweep: no sweep file '{arg}' (shipped, in sweeps/: {names}; "
-                            "or the path to a sweep file of your own)")
+    raise FileNotFoundError(
+        f"ablate sweep: no sweep file '{arg}' (shipped, in sweeps/: {names}; "
+        "or the path to a sweep file of your own)"
+    )
 
 
 def check_sweep_file(path: Path) -> None:
@@ -44,9 +46,13 @@ def check_sweep_file(path: Path) -> None:
     if OmegaConf.select(cfg, "hydra.sweeper.params") is not None:
         return
     if "params" in cfg:
-        raise ValueError(f"ablate sweep: {path} is an old-style sweep file (top-level params:); sweeps are Hydra "
-                         "configs now: move its params under hydra.sweeper.params (see sweeps/dpo_loss.yaml)")
-    raise ValueError(f"ablate sweep: {path} sweeps nothing (no hydra.sweeper.params; see sweeps/dpo_loss.yaml)")
+        raise ValueError(
+            f"ablate sweep: {path} is an old-style sweep file (top-level params:); sweeps are Hydra "
+            "configs now: move its params under hydra.sweeper.params (see sweeps/dpo_loss.yaml)"
+        )
+    raise ValueError(
+        f"ablate sweep: {path} sweeps nothing (no hydra.sweeper.params; see sweeps/dpo_loss.yaml)"
+    )
 
 
 def sweep_cmd(args: Any) -> None:
@@ -58,11 +64,15 @@ def sweep_cmd(args: Any) -> None:
     if not args.name or (dry and resume):
         from ablate.cli import refuse
 
-        refuse("--dry-run and --resume do not go together" if dry and resume else
-               "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR", "ablate sweep")
+        refuse(
+            "--dry-run and --resume do not go together"
+            if dry and resume
+            else "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR",
+            "ablate sweep",
+        )
     argv = [args.name, *args.overrides, *hydra_flags(args)]
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
-    try:
+    with user_errors(FileNotFoundError, ValueError):
         check_overrides(argv[1:], resume)
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
@@ -78,9 +88,6 @@ def sweep_cmd(args: Any) -> None:
                 raise ValueError("--detach submits to SLURM: add hydra/launcher=slurm")
             target = "hydra_plugins.ablate_launchers.detached_slurm.DetachedSlurmLauncher"
             hydra_argv.append(f"hydra.launcher._target_={target}")
-    except (FileNotFoundError, ValueError) as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        sys.exit(2)
     echo(hydra_argv)
     if dry:
         _dry_run(argv[0], hydra_argv)
@@ -102,17 +109,38 @@ def check_overrides(args: list[str], resume: bool) -> None:
     (`ablate sweep NAME ... --resume DIR`) or a stray word would reach Hydra's parser, which answers in
     its grammar's terms ("extraneous input '/' expecting {EQUAL, ...}")."""
     # Hydra's own flags whose value is the next word (`--cfg job`, `-p PACKAGE`)
-    valued = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name", "-cn",
-              "--config-dir", "-cd", "--experimental-rerun"}
+    valued = {
+        "--cfg",
+        "-c",
+        "--package",
+        "-p",
+        "--info",
+        "-i",
+        "--config-path",
+        "-cp",
+        "--config-name",
+        "-cn",
+        "--config-dir",
+        "-cd",
+        "--experimental-rerun",
+    }
     for i, a in enumerate(args):
         if "=" in a or a.startswith(("-", "~")) or (i and args[i - 1] in valued):
             continue
         if (Path(a) / "multirun.yaml").is_file():
-            how = "--resume takes the sweep dir in place of the sweep's name" if resume else "a sweep dir is resumed"
-            raise ValueError(f"'{a}' is a sweep dir: {how}: ablate sweep --resume {a} [key=value ...] (its sweep "
-                             "and command line come from its multirun.yaml)")
-        raise ValueError(f"'{a}' is not an override: after the sweep's name come key=value overrides "
-                         "(ablate sweep NAME key=value ... [--resume])")
+            how = (
+                "--resume takes the sweep dir in place of the sweep's name"
+                if resume
+                else "a sweep dir is resumed"
+            )
+            raise ValueError(
+                f"'{a}' is a sweep dir: {how}: ablate sweep --resume {a} [key=value ...] (its sweep "
+                "and command line come from its multirun.yaml)"
+            )
+        raise ValueError(
+            f"'{a}' is not an override: after the sweep's name come key=value overrides "
+            "(ablate sweep NAME key=value ... [--resume])"
+        )
 
 
 def _dry_run(name: str, hydra_argv: list[str]) -> None:
@@ -124,8 +152,7 @@ def _dry_run(name: str, hydra_argv: list[str]) -> None:
     try:
         print_plan(name, hydra_argv)
     except HydraException as e:  # a bad override: Hydra's first line says which
-        print(f"ablate: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e).strip().splitlines()[0])
 
 
 def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> list[str]:
@@ -141,7 +168,10 @@ def _resume_argv(hydra_argv: list[str], sweep_dir: Path | None, force: bool) -> 
     counts: dict[str, int] = {}
     for action in actions.values():
         counts[action.split(" ")[0]] = counts.get(action.split(" ")[0], 0) + 1
-    print(f"resuming {sweep_dir}: " + (", ".join(f"{n} {a}" for a, n in counts.items()) or "the study in study.db"))
+    print(
+        f"resuming {sweep_dir}: "
+        + (", ".join(f"{n} {a}" for a, n in counts.items()) or "the study in study.db")
+    )
     os.environ[lifecycle.RESUME_ENV] = "1"  # inherited by the job processes
     sweep.set_plan(actions)
     kept = [a for a in hydra_argv if not a.startswith("hydra.sweep.dir=")]

@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 
+from ablate.cli.exits import fail
 from ablate.config.compose import register_resolvers
 from ablate.paths import conf_dir
 from ablate.process.console import say
@@ -14,10 +15,28 @@ from ablate.record.secrets import mask_log_records, remember
 # Hydra's own command-line options (hydra/_internal/utils.py get_args_parser): option -> its values
 # (None: takes a free value, (): takes none)
 HYDRA_OPTIONS: dict[str, tuple[str, ...] | None] = {
-    "--help": (), "-h": (), "--hydra-help": (), "-hc": (), "--version": (), "--resolve": (),
-    "--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"), "--package": None, "-p": None,
-    "--run": (), "-r": (), "--multirun": (), "-m": (), "--shell-completion": (), "-sc": (),
-    "--config-path": None, "-cp": None, "--config-name": None, "-cn": None, "--config-dir": None, "-cd": None,
+    "--help": (),
+    "-h": (),
+    "--hydra-help": (),
+    "-hc": (),
+    "--version": (),
+    "--resolve": (),
+    "--cfg": ("job", "hydra", "all"),
+    "-c": ("job", "hydra", "all"),
+    "--package": None,
+    "-p": None,
+    "--run": (),
+    "-r": (),
+    "--multirun": (),
+    "-m": (),
+    "--shell-completion": (),
+    "-sc": (),
+    "--config-path": None,
+    "-cp": None,
+    "--config-name": None,
+    "-cn": None,
+    "--config-dir": None,
+    "-cd": None,
     "--experimental-rerun": None,
     "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
     "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
@@ -37,8 +56,10 @@ def check_argv(argv: list[str]) -> None:
             if flag.startswith("--") and eq:  # --method=dpo: an override written as an option
                 _refuse(f"'{arg}' is not an option: overrides take no dashes: write {arg[2:]}")
             hint = difflib.get_close_matches(flag, [k for k in HYDRA_OPTIONS if k.startswith("--")], n=1)
-            _refuse(f"'{flag}' is not an option of ablate train ({f'did you mean {hint[0]}? ' if hint else ''}"
-                    f"options: --cfg job|hydra|all, -m, --config-dir DIR, --info, --help)")
+            _refuse(
+                f"'{flag}' is not an option of ablate train ({f'did you mean {hint[0]}? ' if hint else ''}"
+                f"options: --cfg job|hydra|all, -m, --config-dir DIR, --info, --help)"
+            )
         choices = HYDRA_OPTIONS[flag]
         if choices == () and eq:
             _refuse(f"'{flag}' takes no value (got '{arg}')")
@@ -46,14 +67,15 @@ def check_argv(argv: list[str]) -> None:
         if choices and not eq and not optional:
             value = next(args, "")
         if choices and (eq or not optional) and value not in choices:
-            _refuse(f"{flag} takes {'|'.join(choices)}, got '{value}' (e.g. ablate train {flag} {choices[0]})")
+            _refuse(
+                f"{flag} takes {'|'.join(choices)}, got '{value}' (e.g. ablate train {flag} {choices[0]})"
+            )
         if choices is None and not eq:
             next(args, None)
 
 
 def _refuse(line: str) -> None:
-    print(f"ablate: error: {line}", file=sys.stderr)
-    sys.exit(2)
+    fail(line)
 
 
 def hydra_train(argv: list[str]) -> None:
@@ -87,7 +109,7 @@ def hydra_train(argv: list[str]) -> None:
         sweep.finish()
         say(f"ablate: interrupted ({interrupts.describe(e)}); continue a run with `ablate resume RUN_DIR`")
         sys.exit(interrupts.exit_code(e))
-    except Exception as e:  # noqa: BLE001 - a user's mistake becomes one line below, a bug is re-raised
+    except Exception as e:  # a user's mistake becomes one line below, a bug is re-raised
         error = e
     finally:
         if not full_error:
@@ -98,7 +120,8 @@ def hydra_train(argv: list[str]) -> None:
     if failed:
         if error is not None and line is None:
             traceback.print_exception(error)
-        elif line is not None and sweep.job_count() == 0:  # the launcher refused (hydra/launcher=ray: no cluster)
+        # the launcher refused (hydra/launcher=ray: no cluster)
+        elif line is not None and sweep.job_count() == 0:
             from ablate.record.secrets import mask_text
 
             print(f"ablate: error: {mask_text(line)}", file=sys.stderr)

@@ -113,18 +113,21 @@ def _check_model_dir(local: Path, given: str, teacher: bool) -> None:
 
 
 def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """A local or shipped file's columns (its header: ablate.data.peek) match a format of the method's, after
-    `data.columns`: a CSV of the wrong columns is one line before the run dir exists and before torch
-    is imported, not a failed run 10 s later (ablate's trainers only; the build checks the rest). The sources
-    of a mix hold rows of one kind, whatever the method."""
-    from ablate.data import peek
-    from ablate.data.formats import detect_columns, mapped_columns, mixed_kinds, row_kind
+    """A local or shipped file's columns (its header: ablate.data.peek) match a format of the method's kind
+    (`method.data_kind`, ablate.data.kinds), after `data.columns`: a file of the wrong columns is one line before
+    the run dir exists and before torch is imported, not a failed run 10 s later. The sources of a mix hold rows
+    of one kind, whatever the method."""
+    from ablate.data import kinds, peek
+    from ablate.data.formats import mapped_columns, mixed_kinds, row_kind
     from ablate.errors import DataError
-    from ablate.methods.shapes import TARGET_KINDS
 
-    kind = TARGET_KINDS.get(str(at(cfg, "method.trainer._target_", "")))
+    name = None if "method.data_kind" in swept else at(cfg, "method.data_kind")
+    kinds.kind(name)  # a kind the registry has
+    method = str(at(cfg, "method.name", ""))
+    # rows already tokenised: ablate's trainers tokenise their rows themselves; a user's may keep them as they are
+    ids_ok = not str(at(cfg, "method.trainer._target_", "")).startswith("ablate.")
     splits = ("train", "eval") if at(cfg, "method.args.eval_strategy") not in (None, "no") else ("train",)
-    kinds: list[tuple[str, str]] = []
+    found_kinds: list[tuple[str, str]] = []
     for node_key, data in data_nodes(cfg):
         for split in splits:
             key, value, path = _file(data, split)
@@ -134,16 +137,16 @@ def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
             try:
                 columns = data.get("columns")
                 found = mapped_columns(found, OmegaConf.to_container(columns) if columns else None)
-                if kind is not None:
-                    detect_columns(found, kind)
+                if name is not None and not (ids_ok and kinds.tokenized(name, found)):
+                    kinds.detect_columns(found, name, method)
             except DataError as e:  # a mix's source: its own columns node
                 why = str(e).removeprefix("data: ").replace("data.columns", f"{node_key}.columns")
                 raise ConfigError(f"{node_key}.{key}={value}: {why}") from None
             if split == "train" and row_kind(found) is not None:
-                kinds.append((node_key.rsplit(".", 1)[-1], row_kind(found)))
-    other = next((k for k in kinds if k[1] != kinds[0][1]), None)
+                found_kinds.append((node_key.rsplit(".", 1)[-1], row_kind(found)))
+    other = next((k for k in found_kinds if k[1] != found_kinds[0][1]), None)
     if other is not None:
-        raise ConfigError(mixed_kinds(*kinds[0], *other))
+        raise ConfigError(mixed_kinds(*found_kinds[0], *other))
 
 
 def _file(data: DictConfig, split: str) -> tuple[str, Any, Path | None]:

@@ -10,36 +10,21 @@ Formats (TRL 1.16 names), each *standard* (strings) or *conversational* (lists o
   unpaired preference      prompt, completion, label          KTO (label: true = desirable)
 
 ShareGPT rows (`conversations`: [{from, value}]) become `messages` as in TRL. Extra columns are kept
-(GRPO's reward functions receive them). Nothing here needs torch or a tokenizer.
+(GRPO's reward functions receive them). Which formats each method takes: ablate.data.kinds. Nothing here
+needs torch or a tokenizer.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ablate.data.kinds import COLUMNS, detect_columns, tokenized
 from ablate.errors import DataError
 
 if TYPE_CHECKING:  # no datasets import at run time: ablate.config.data_checks checks a file's columns with `detect_columns`
     from datasets import Dataset
 
-# method -> accepted formats, each the set of columns that identifies it (first match wins)
-FORMATS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
-    "preference": [("preference", ("prompt", "chosen", "rejected")),
-                   ("implicit-prompt preference", ("chosen", "rejected"))],
-    "sft": [("prompt-completion", ("prompt", "completion")),
-            ("language modeling (conversational)", ("messages",)),
-            ("language modeling (standard)", ("text",))],
-    "prompt": [("prompt-only", ("prompt",))],
-    # reward modelling: preference pairs, each side scored whole (prompt + completion)
-    "reward": [("preference", ("prompt", "chosen", "rejected")),
-               ("implicit-prompt preference", ("chosen", "rejected"))],
-    # KTO: TRL's unpaired format (a desirable/undesirable `label` per completion), or pairs it unpairs
-    "unpaired": [("unpaired preference", ("prompt", "completion", "label")),
-                 ("preference", ("prompt", "chosen", "rejected")),
-                 ("implicit-prompt preference", ("chosen", "rejected"))],
-}
-KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")
-METHOD = {"preference": "DPO", "sft": "SFT", "prompt": "GRPO", "reward": "reward modelling", "unpaired": "KTO"}
+KNOWN = ("prompt", "chosen", "rejected", "completion", "messages", "text")  # the text columns: strings or messages
 # the kind of rows a dataset's columns hold, whatever the method (first match wins): the sources of one mix
 # (ablate.data.mixture) must agree on it, since one method trains on all of them
 ROW_KINDS: list[tuple[str, tuple[tuple[str, ...], ...]]] = [
@@ -79,8 +64,8 @@ def _wanted(found: list[str], columns: Mapping[str, str | None]) -> dict[str, st
     """{file's column: TRL's name} from `data.columns`, each checked (a known role, a column the file has)."""
     wanted = {src: dst for dst, src in columns.items() if src}
     for dst in wanted.values():
-        if dst not in KNOWN:
-            raise DataError(f"data.columns.{dst}: unknown role; known: {', '.join(KNOWN)}")
+        if dst not in COLUMNS:
+            raise DataError(f"data.columns.{dst}: unknown role; known: {', '.join(COLUMNS)}")
     missing = [src for src in wanted if src not in found]
     if missing:
         raise DataError(f"data.columns: no column {missing} in the data (found {list(found)})")
@@ -98,23 +83,22 @@ def is_messages(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
 
 
-def detect(dataset: Dataset, kind: str) -> str:
-    """The format name of `dataset` for a method of `kind` ("preference" | "sft" | "prompt"), or a
-    one-line error naming the columns found and the formats expected."""
-    return detect_columns(list(dataset.column_names), kind)
+def detect(dataset: Dataset, kind: str, method: str | None = None) -> str:
+    """The format name of `dataset` for a method of `kind` (ablate.data.kinds; `method`: its name), or a
+    one-line error naming the columns found, the formats expected and what the closest one misses."""
+    return detect_columns(list(dataset.column_names), kind, method)
 
 
-def detect_columns(found: list[str], kind: str) -> str:
-    """`detect` on column names alone."""
-    cols = set(found)
-    if "conversations" in cols and "messages" not in cols and kind == "sft":
-        cols.add("messages")  # ShareGPT, converted by `to_chatml`
-    for name, needed in FORMATS[kind]:
-        if set(needed) <= cols:
-            return name
-    expected = "; ".join(f"{name}: {', '.join(needed)}" for name, needed in FORMATS[kind])
-    raise DataError(f"data: {METHOD[kind]} found columns {sorted(found)}, expected one of "
-                    f"[{expected}] (rename with data.columns.<role>=<your column>)")
+def check_shape(kind: str | None, *datasets: Dataset | None, method: str | None = None) -> dict[str, Any]:
+    """Once the datasets are loaded, before the model is built: DataError (one line) unless every dataset
+    given (None: skipped) is in a format of the method's `kind` (`method.data_kind`; None: not checked), or
+    already tokenised. A local file's header was checked before the run (ablate.config.data_checks); this sees
+    every loader's rows (`method`: its name, for the line). Returns how the first (the train split) is
+    formatted (`describe`: run.json's `data_format`)."""
+    for ds in datasets:
+        if kind is not None and ds is not None and not tokenized(kind, ds.column_names):
+            detect(ds, kind, method)
+    return describe(datasets[0], kind)
 
 
 def conversational(dataset: Dataset) -> bool:
@@ -128,11 +112,9 @@ def conversational(dataset: Dataset) -> bool:
 
 def describe(dataset: Dataset, kind: str | None) -> dict[str, Any]:
     """How the rows were formatted, for run.json (`data_format`) and `ablate generate`: the format's
-    name (None for a trainer of another kind, or rows already tokenised) and whether it is conversational."""
-    try:
-        name = detect(dataset, kind) if kind is not None else None
-    except DataError:  # already tokenised rows (the check let them through)
-        name = None
+    name (None for a method of no kind, or rows already tokenised) and whether it is conversational."""
+    tokens = kind is None or tokenized(kind, dataset.column_names)
+    name = None if tokens else detect(dataset, kind)
     return {"format": name, "conversational": conversational(dataset)}
 
 

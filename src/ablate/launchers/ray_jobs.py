@@ -68,7 +68,7 @@ def job_state(state: str, alive: bool | None, recorded: str | None = None) -> st
         at = state.split(" ", 1)[1] if " " in state else state
         return f"died with the sweep's launching process ({at}); ablate sweep --resume"
     if alive is False and state.startswith("failed: SystemExit"):  # Ray tells a dead driver's workers to exit
-        return f"died with the sweep's launching process ({state[len('failed: '):]}); ablate sweep --resume"
+        return f"died with the sweep's launching process ({state[len('failed: ') :]}); ablate sweep --resume"
     if alive is False and state == "pending":
         return "died before it started: the sweep's launching process is gone; ablate sweep --resume"
     return state

@@ -27,19 +27,27 @@ def read_jobs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def scheduler_states(job_ids: list[str]) -> dict[str, str]:
-    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without SLURM."""
+    """SLURM's state of each job id (`123_0`): squeue while queued or running, else sacct; {} without it."""
     if not job_ids:
         return {}
     states: dict[str, str] = {}
     arrays = sorted({j.split("_")[0] for j in job_ids})
     try:
-        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(arrays)],
-                           capture_output=True, text=True, timeout=30)
+        q = subprocess.run(
+            ["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(arrays)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         states.update(line.split("|", 1) for line in q.stdout.split() if "|" in line)
         missing = [j for j in job_ids if j not in states]
         if missing:
-            a = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(arrays)],
-                               capture_output=True, text=True, timeout=30)
+            a = subprocess.run(
+                ["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(arrays)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             for line in a.stdout.split():
                 job, _, state = line.partition("|")
                 if job in missing:
@@ -68,9 +76,21 @@ def job_state(run_dir: Path | None, slurm: str | None) -> str:
         return f"pruned at step {summary.get('pruned_at', summary.get('global_step', '?'))}"
     if status == "failed":
         return f"failed: {summary.get('error', '?')}"
-    alive = slurm in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "REQUEUE_HOLD", "SUSPENDED")
+    alive = slurm in (
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUE_HOLD",
+        "SUSPENDED",
+    )
     if status == "preempted":
-        return f"preempted, requeued ({(slurm or '?').lower()})" if alive or slurm is None else f"preempted ({slurm})"
+        return (
+            f"preempted, requeued ({(slurm or '?').lower()})"
+            if alive or slurm is None
+            else f"preempted ({slurm})"
+        )
     if status in ("running", "interrupted"):
         if status == "running" and slurm is not None and not alive:
             return f"died ({slurm}, no summary)"
@@ -94,36 +114,59 @@ def status(sweep_dir: Path, note: str = "") -> bool:
     from ablate.launchers import ray_jobs, sweep
 
     recorded = read_jobs(sweep_dir)
-    driver, ray_recorded = ray_jobs.read(sweep_dir)  # hydra/launcher=ray: no scheduler to ask, its driver instead
+    # hydra/launcher=ray: no scheduler to ask, its driver instead
+    driver, ray_recorded = ray_jobs.read(sweep_dir)
     dirs = {p.name.split("_")[0]: p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()}
     nums = sorted(set(recorded) | set(ray_recorded) | set(dirs), key=int)
     slurm = scheduler_states([recorded[n]["job_id"] for n in nums if n in recorded])
     alive = ray_jobs.driver_alive(driver)
     metrics = {r["job"]: r["metric"] for r in sweep.job_rows(sweep_dir)}
     table = Table()
-    columns = ("Ray task", "launching process") if ray_recorded else ("SLURM job", "SLURM state") if recorded else ()
+    columns = (
+        ("Ray task", "launching process")
+        if ray_recorded
+        else ("SLURM job", "SLURM state")
+        if recorded
+        else ()
+    )
     for col in ("job", "overrides", "state", "key metric", *columns):
         table.add_column(col, overflow="fold")
     known = {**ray_recorded, **recorded}
-    overrides = {n: known[n]["overrides"] if n in known else
-                 (rundir.read_json(dirs[n] / rundir.RUN) or {}).get("overrides", []) for n in nums}
-    varying = {o for n in nums for o in overrides[n]
-               if sum(o in overrides[m] for m in nums) < len(nums) or len(nums) == 1}
+    overrides = {
+        n: known[n]["overrides"]
+        if n in known
+        else (rundir.read_json(dirs[n] / rundir.RUN) or {}).get("overrides", [])
+        for n in nums
+    }
+    varying = {
+        o
+        for n in nums
+        for o in overrides[n]
+        if sum(o in overrides[m] for m in nums) < len(nums) or len(nums) == 1
+    }
     done, completed = True, 0
     for n in nums:
         if ray_recorded:
-            recorded_status = (rundir.read_json(dirs[n] / rundir.SUMMARY) or {}).get("status") if n in dirs else None
+            recorded_status = (
+                (rundir.read_json(dirs[n] / rundir.SUMMARY) or {}).get("status") if n in dirs else None
+            )
             state = ray_jobs.job_state(job_state(dirs.get(n), None), alive, recorded_status)
             task = ray_recorded.get(n, {}).get("task_id", "-")
-            scheduler = [task[:16], {True: "running", False: "ended", None: f"on {driver.get('host')}" if driver else "-"}[alive]]
+            scheduler = [
+                task[:16],
+                {True: "running", False: "ended", None: f"on {driver.get('host')}" if driver else "-"}[alive],
+            ]
         elif recorded:
             job_id = recorded.get(n, {}).get("job_id")
             state = job_state(dirs.get(n), slurm.get(job_id) if job_id else None)
             scheduler = [job_id or "-", slurm.get(job_id or "", "-")]
         else:  # a local launch: no scheduler to ask
             state, scheduler = job_state(dirs.get(n), None), []
-        done &= state == "completed" or state.startswith(("failed", "died", "preempted (", "interrupted", "pruned")) \
+        done &= (
+            state == "completed"
+            or state.startswith(("failed", "died", "preempted (", "interrupted", "pruned"))
             or "before ablate" in state
+        )
         completed += state == "completed" or state.startswith("pruned")
         shown = " ".join(o for o in overrides[n] if o in varying and not o.startswith("+sweep="))
         table.add_row(n, shown, state, metrics.get(n, "-"), *scheduler)

@@ -53,8 +53,10 @@ def check_study(sweep_dir: Path) -> None:
     why = None if check == "ok" else check.splitlines()[0]
     why = why or (None if "studies" in tables else "no Optuna tables in it")
     if why is not None:
-        raise ConfigError(f"{path} is not a readable Optuna study ({why}); nothing was changed: restore it from a "
-                          "copy, or start the study again in another hydra.sweep.dir")
+        raise ConfigError(
+            f"{path} is not a readable Optuna study ({why}); nothing was changed: restore it from a "
+            "copy, or start the study again in another hydra.sweep.dir"
+        )
 
 
 def storage_url(sweep_dir: Path) -> str:
@@ -73,14 +75,21 @@ def distribution(override: Any) -> Any:
         if "int" in tags:
             return d.IntDistribution(int(value.start), int(value.end), log="log" in tags)
         return d.FloatDistribution(float(value.start), float(value.end), log="log" in tags)
-    if isinstance(value, RangeSweep) and all(isinstance(x, int) for x in (value.start, value.stop, value.step or 1)):
-        step = value.step or 1  # Hydra's range excludes its end: the last value is the highest the trial may get
-        return d.IntDistribution(value.start, value.start + (value.stop - 1 - value.start) // step * step, step=step)
+    if isinstance(value, RangeSweep) and all(
+        isinstance(x, int) for x in (value.start, value.stop, value.step or 1)
+    ):
+        # Hydra's range excludes its end: the last value is the highest the trial may get
+        step = value.step or 1
+        return d.IntDistribution(
+            value.start, value.start + (value.stop - 1 - value.start) // step * step, step=step
+        )
     if isinstance(value, (ChoiceSweep, RangeSweep)):
         # the choices as the override grammar writes them: a trial's override is `key=<choice>`
         return d.CategoricalDistribution(list(override.sweep_string_iterator()))
-    raise ConfigError(f"hydra.sweeper.params: {override.input_line} is not a search space "
-                     "(interval(a,b), tag(log, interval(a,b)), tag(int, interval(a,b)), range(a,b), a,b,c)")
+    raise ConfigError(
+        f"hydra.sweeper.params: {override.input_line} is not a search space "
+        "(interval(a,b), tag(log, interval(a,b)), tag(int, interval(a,b)), range(a,b), a,b,c)"
+    )
 
 
 def search_space(params: dict[str, Any], arguments: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -95,8 +104,10 @@ def search_space(params: dict[str, Any], arguments: list[str]) -> tuple[dict[str
     space = {k: distribution(o) for k, o in last.items() if o.is_sweep_override()}
     fixed = [o.input_line for k, o in last.items() if not o.is_sweep_override()]
     if not space:
-        raise ConfigError("hydra/sweeper=optuna: hydra.sweeper.params holds no search space (e.g. "
-                         "optimizer.optimizer.lr: tag(log, interval(1e-4, 1e-2)))")
+        raise ConfigError(
+            "hydra/sweeper=optuna: hydra.sweeper.params holds no search space (e.g. "
+            "optimizer.optimizer.lr: tag(log, interval(1e-4, 1e-2)))"
+        )
     return space, fixed
 
 

@@ -40,7 +40,8 @@ from omegaconf import DictConfig
 from ablate.analysis.runs import find_runs
 from ablate.record import rundir, sweep_dirs
 
-DONE = ("completed", "pruned")  # a job that ended as it should: a study's pruner stopping a trial is no failure
+# a job that ended as it should: a study's pruner stopping a trial is no failure
+DONE = ("completed", "pruned")
 _state: dict[str, Any] = {"sweep_dir": None, "printed": False, "plan": None}
 
 
@@ -57,7 +58,9 @@ def set_plan(actions: dict[str, str]) -> None:
 
 def sweep_argv(name: str, cli_overrides: list[str]) -> list[str]:
     """The `ablate train` argv running sweep config `name` with `cli_overrides` on top."""
-    inspecting = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for a in cli_overrides)
+    inspecting = any(
+        a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for a in cli_overrides
+    )
     # user args after +sweep: Hydra's flags (--cfg job) may take a value, so they must not precede overrides
     return [*([] if inspecting else ["-m"]), f"+sweep={name}", *cli_overrides]
 
@@ -110,9 +113,9 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf, open_dict
 
+    from ablate.config.compose import register_resolvers
     from ablate.launchers.sweep_resume import expand_jobs, fixed_overrides
     from ablate.paths import conf_dir
-    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     parser = OverridesParser.create()
@@ -125,17 +128,32 @@ def plan_jobs(hydra_argv: list[str]) -> tuple[str, list[tuple[list[str], str]]]:
             if not any(a.startswith("hydra.job.config.override_dirname") for a in hydra_overrides):
                 # as NameJobsByWhatVaries adds it to a real launch
                 task = [a for a in args if a not in hydra_overrides]
-                base = compose(config_name="config", overrides=[*hydra_overrides, *fixed_overrides(task)], return_hydra_config=True)
-                hydra_overrides.append(exclude_keys_override(task, list(base.hydra.job.config.override_dirname.exclude_keys)))
+                base = compose(
+                    config_name="config",
+                    overrides=[*hydra_overrides, *fixed_overrides(task)],
+                    return_hydra_config=True,
+                )
+                hydra_overrides.append(
+                    exclude_keys_override(task, list(base.hydra.job.config.override_dirname.exclude_keys))
+                )
             for num, overrides in enumerate(expand_jobs(hydra_argv)):
-                cfg = compose(config_name="config", overrides=[*hydra_overrides, *overrides], return_hydra_config=True)
+                cfg = compose(
+                    config_name="config", overrides=[*hydra_overrides, *overrides], return_hydra_config=True
+                )
                 with open_dict(cfg):  # as Hydra's launchers number their jobs
                     cfg.hydra.job.id = num
                     cfg.hydra.job.num = num
-                HydraConfig.instance().set_config(cfg)  # ${hydra:...} in a dir pattern resolves as in a launch
+                # ${hydra:...} in a dir pattern resolves as in a launch
+                HydraConfig.instance().set_config(cfg)
                 jobs.append((overrides, str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))))
-            choice, target = (cfg.hydra.runtime.choices.get("hydra/launcher"),
-                              OmegaConf.select(cfg, "hydra.launcher._target_")) if jobs else ("-", "-")
+            choice, target = (
+                (
+                    cfg.hydra.runtime.choices.get("hydra/launcher"),
+                    OmegaConf.select(cfg, "hydra.launcher._target_"),
+                )
+                if jobs
+                else ("-", "-")
+            )
             launcher = f"{choice} ({target})"
     finally:
         GlobalHydra.instance().clear()  # a later hydra.main initializes it again
@@ -149,30 +167,39 @@ def study_plan(hydra_argv: list[str]) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from ablate.config.compose import register_resolvers
     from ablate.launchers.sweep_resume import fixed_overrides
     from ablate.paths import conf_dir
-    from ablate.config.compose import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=fixed_overrides(hydra_argv), return_hydra_config=True)
+            cfg = compose(
+                config_name="config", overrides=fixed_overrides(hydra_argv), return_hydra_config=True
+            )
             sw = cfg.hydra.sweeper
             if not str(sw.get("_target_", "")).endswith("OptunaSweeper"):
                 return None
             swept = [a for a in hydra_argv if not a.startswith("-") and a not in fixed_overrides(hydra_argv)]
             space = {**OmegaConf.to_container(sw.params), **dict(a.split("=", 1) for a in swept)}
-            sampler, pruner = (OmegaConf.select(sw, f"{k}._target_", default="-").split(".")[-1] for k in ("sampler", "pruner"))
-            return "\n".join([f"dry run of study {cfg.sweep_name}: {sw.n_trials} trials, {sw.n_jobs} at a time, {sampler}, "
-                              f"{pruner}, {sw.direction} {sw.metric}; nothing started; search space:",
-                              *(f"  {k}: {v}" for k, v in space.items())])
+            sampler, pruner = (
+                OmegaConf.select(sw, f"{k}._target_", default="-").split(".")[-1]
+                for k in ("sampler", "pruner")
+            )
+            return "\n".join(
+                [
+                    f"dry run of study {cfg.sweep_name}: {sw.n_trials} trials, {sw.n_jobs} at a time, "
+                    f"{sampler}, {pruner}, {sw.direction} {sw.metric}; nothing started; search space:",
+                    *(f"  {k}: {v}" for k, v in space.items()),
+                ]
+            )
     finally:
         GlobalHydra.instance().clear()
 
 
 def print_plan(name: str, hydra_argv: list[str]) -> None:
-    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides and run dir."""
+    """Print what `ablate sweep NAME [overrides]` would launch: count, launcher, each job's overrides, dir."""
     from ablate.record.secrets import mask_text
 
     study = study_plan(hydra_argv)
@@ -186,26 +213,44 @@ def print_plan(name: str, hydra_argv: list[str]) -> None:
 
 
 def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job dir of a sweep: job, overrides (those that vary), status, key metric, run dir, error."""
+    """One row per job dir of a sweep: job, the overrides that vary, status, key metric, run dir, error."""
     rows = []
-    refused = sweep_dirs.refusals(sweep_dir)  # jobs whose dir was not theirs: left as it was, counted as failed
+    # jobs whose dir was not theirs: left as it was, counted as failed
+    refused = sweep_dirs.refusals(sweep_dir)
     runs = [r for r in find_runs([sweep_dir]) if str(r.path.resolve()) not in refused]
     # what varies between jobs (the fixed overrides are the same on every row); one job: everything
     keys = {k for r in runs for k in r.overrides} - {"sweep_name", "sweep"}
     varying = [k for k in keys if len(runs) == 1 or len({r.overrides.get(k) for r in runs}) > 1]
     objective = study_metric(sweep_dir)
     for run in runs:
-        key = objective if objective and run.final(objective) is not None else \
-            next((m for m in run.default_metrics if run.final(m) is not None), None)
+        key = (
+            objective
+            if objective and run.final(objective) is not None
+            else next((m for m in run.default_metrics if run.final(m) is not None), None)
+        )
         value = run.final(key) if key else None
         overrides = [f"{k}={v}" for k, v in run.overrides.items() if k in varying]
-        rows.append({"job": run.path.name.split("_")[0], "overrides": " ".join(overrides),
-                     "status": rundir.state(run.path, run.summary),  # as `ablate ls` and `ablate status` say
-                     "metric": f"{key}={value:.4g}" if key and value is not None else "-",
-                     "run_dir": str(run.path), "error": str(run.summary.get("error", ""))[:160]})
+        rows.append(
+            {
+                "job": run.path.name.split("_")[0],
+                "overrides": " ".join(overrides),
+                "status": rundir.state(run.path, run.summary),  # as `ablate ls` and `ablate status` say
+                "metric": f"{key}={value:.4g}" if key and value is not None else "-",
+                "run_dir": str(run.path),
+                "error": str(run.summary.get("error", ""))[:160],
+            }
+        )
     for path, record in refused.items():
-        rows.append({"job": Path(path).name.split("_")[0], "overrides": " ".join(map(str, record.get("overrides", []))),
-                     "status": "failed", "metric": "-", "run_dir": path, "error": str(record["error"])[:160]})
+        rows.append(
+            {
+                "job": Path(path).name.split("_")[0],
+                "overrides": " ".join(map(str, record.get("overrides", []))),
+                "status": "failed",
+                "metric": "-",
+                "run_dir": path,
+                "error": str(record["error"])[:160],
+            }
+        )
     return sorted(rows, key=lambda r: (int(r["job"]) if r["job"].isdigit() else 1 << 30, r["run_dir"]))
 
 
@@ -230,17 +275,32 @@ def print_summary(sweep_dir: Path) -> int:
     failed = sum(r["status"] not in DONE for r in rows)
     plan = _state.get("plan")
     pruned = sum(r["status"] == "pruned" for r in rows)
-    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed" + (f" ({pruned} pruned)" if pruned else "")
+    title = f"sweep {sweep_dir}: {len(rows) - failed}/{len(rows)} jobs completed" + (
+        f" ({pruned} pruned)" if pruned else ""
+    )
     table = Table(title=title, min_width=len(title))  # a title wider than its table would wrap
-    for col in ("job", "overrides", "status", *(["this launch"] if plan else []), "key metric", "run dir", "error"):
+    for col in (
+        "job",
+        "overrides",
+        "status",
+        *(["this launch"] if plan else []),
+        "key metric",
+        "run dir",
+        "error",
+    ):
         # paths are pasted (ablate resume / compare): never folded; long text columns fold instead
-        table.add_column(col, overflow="fold", no_wrap=col == "run dir",
-                         max_width=60 if col in ("overrides", "error") else None)
+        table.add_column(
+            col,
+            overflow="fold",
+            no_wrap=col == "run dir",
+            max_width=60 if col in ("overrides", "error") else None,
+        )
     for r in rows:
         style = "" if r["status"] in DONE else "red"
         launch = [plan.get(r["job"], "-")] if plan else []
-        table.add_row(r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"],
-                      style=style)
+        table.add_row(
+            r["job"], r["overrides"], r["status"], *launch, r["metric"], r["run_dir"], r["error"], style=style
+        )
     # as wide as the table needs: piped output (no terminal) would otherwise be cut at 80 columns
     console = Console()
     width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
@@ -281,8 +341,10 @@ def finish() -> int:
         return 0
     if not _state["printed"] and _state.get("detached"):
         ids = _state["detached"]
-        print(f"submitted {len(ids)} SLURM jobs ({ids[0].split('_')[0]}_[...]) for sweep {_state['sweep_dir']}\n"
-              f"follow it: ablate status {_state['sweep_dir']}")
+        print(
+            f"submitted {len(ids)} SLURM jobs ({ids[0].split('_')[0]}_[...]) for sweep "
+            f"{_state['sweep_dir']}\nfollow it: ablate status {_state['sweep_dir']}"
+        )
         _state.update(printed=True, failed=0)
     if not _state["printed"]:
         _state.update(printed=True, failed=print_summary(_state["sweep_dir"]))

@@ -90,8 +90,8 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    from ablate.paths import conf_dir
     from ablate.config.compose import register_resolvers
+    from ablate.paths import conf_dir
 
     register_resolvers()
     GlobalHydra.instance().clear()
@@ -100,11 +100,17 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
             if sweep_dir is None:
                 pattern = Path(str(_compose(fixed_overrides(argv), hydra_config=True).hydra.sweep.dir))
-                sweep_dir = pattern if (pattern / "multirun.yaml").is_file() else latest_sweep_dir(pattern.parent)
+                sweep_dir = (
+                    pattern if (pattern / "multirun.yaml").is_file() else latest_sweep_dir(pattern.parent)
+                )
                 if sweep_dir is None:
-                    raise ResumeRefused(f"no earlier launch under {pattern.parent}/ to resume "
-                                        "(run it without --resume, or give the sweep dir: ablate sweep --resume DIR)")
-            if (sweep_dir / "study.db").is_file():  # a study (hydra/sweeper=optuna) continues from its database
+                    raise ResumeRefused(
+                        f"no earlier launch under {pattern.parent}/ to resume "
+                        "(run it without --resume, or give the sweep dir: ablate sweep --resume DIR)"
+                    )
+            if (
+                sweep_dir / "study.db"
+            ).is_file():  # a study (hydra/sweeper=optuna) continues from its database
                 from ablate.errors import ConfigError
                 from ablate.launchers.study import check_study
 
@@ -113,7 +119,8 @@ def plan(argv: list[str], sweep_dir: Path | None = None, force: bool = False) ->
                 except ConfigError as e:
                     raise ResumeRefused(str(e)) from None
                 return sweep_dir.resolve(), {}
-            search = [a for a in argv if a.startswith("hydra.searchpath=")]  # a sweep config of the user's own
+            # a sweep config of the user's own
+            search = [a for a in argv if a.startswith("hydra.searchpath=")]
             for num, overrides in enumerate(expand_jobs(argv)):
                 actions[str(num)] = _job_action(sweep_dir, num, overrides, search, force)
     except HydraException as e:  # a bad override: Hydra's own message, first line
@@ -139,8 +146,10 @@ def _job_action(sweep_dir: Path, num: int, overrides: list[str], search: list[st
             differs = (config_changes(info.get("config") or {}, resolved["config"]) or ["?"])[0]
     if differs is not None:
         if not force:
-            raise ResumeRefused(f"cannot resume {sweep_dir}: job {num} ({d.name}) changed since it ran: {differs}; "
-                                "--force starts the changed jobs fresh")
+            raise ResumeRefused(
+                f"cannot resume {sweep_dir}: job {num} ({d.name}) changed since it ran: {differs}; "
+                "--force starts the changed jobs fresh"
+            )
         aside = sweep_dir / ".replaced" / f"{d.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside.parent.mkdir(exist_ok=True)
         shutil.move(str(d), aside)
@@ -150,6 +159,8 @@ def _job_action(sweep_dir: Path, num: int, overrides: list[str], search: list[st
         return "skipped"
     ckpt = checkpoints.latest_checkpoint(d)
     was = "interrupted" if status == "running" else status  # `running` left behind = killed
-    return f"resumed from step {ckpt.name.split('-')[-1]} ({was})" if ckpt else f"restarted ({was}, no checkpoint)"
-
-
+    return (
+        f"resumed from step {ckpt.name.split('-')[-1]} ({was})"
+        if ckpt
+        else f"restarted ({was}, no checkpoint)"
+    )

@@ -22,12 +22,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.record.secrets import mask, mask_text
 
@@ -37,8 +32,12 @@ class _Forward(TrainerCallback):
         self.run = run
 
     def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-        logs: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         if logs and state.is_world_process_zero:
             data = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
@@ -77,8 +76,15 @@ class WandbTracker:
         job_type: str | None = None,
         tags: list[str] | None = None,
     ) -> None:
-        self.kwargs = dict(project=project, entity=entity, mode=mode, group=group, name=name,
-                           job_type=job_type, tags=list(tags or []))
+        self.kwargs = dict(
+            project=project,
+            entity=entity,
+            mode=mode,
+            group=group,
+            name=name,
+            job_type=job_type,
+            tags=list(tags or []),
+        )
         self.run: Any = None
 
     def start(self, config: dict[str, Any], run_dir: Path, run_info: dict[str, Any]) -> None:
@@ -90,15 +96,22 @@ class WandbTracker:
         kwargs = mask(dict(self.kwargs))  # logger.tags / logger.name are free text
         kwargs["group"] = kwargs["group"] or ident["group"]
         kwargs["name"] = mask_text(kwargs["name"] or ident["name"])  # the overrides may hold a secret
-        kwargs["tags"] = [*kwargs["tags"], *map(str, mask(list(config.get("tags") or [])))]  # root `tags=[...]`
+        # root `tags=[...]`
+        kwargs["tags"] = [*kwargs["tags"], *map(str, mask(list(config.get("tags") or [])))]
         kwargs["notes"] = mask(config.get("notes"))  # root `notes="..."`
         if ident["group"]:  # sweep runs are tagged with the sweep's name, to filter across launches
             kwargs["tags"] = [*kwargs["tags"], str(config.get("sweep_name"))]
         # The same id on resume (stored in run.json by ablate.train) continues the same W&B run.
         run_id = run_info.setdefault("wandb_run_id", _new_id())
         run_info["wandb_group"], run_info["wandb_name"] = kwargs["group"], kwargs["name"]
-        self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", config=mask(config),
-                              reinit="finish_previous", **kwargs)
+        self.run = wandb.init(
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            config=mask(config),
+            reinit="finish_previous",
+            **kwargs,
+        )
 
     def add_config(self, values: dict[str, Any]) -> None:
         """Config known only once the trainer exists (the speed plan), added to the run's config."""

@@ -24,8 +24,9 @@ import torch
 Tensor = torch.Tensor
 
 
-def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float,
-                    temperature: float = 1.0) -> Tensor:
+def generalized_jsd(
+    student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float = 1.0
+) -> Tensor:
     """Per-position divergence (...,) of the student's next-token distribution from the teacher's, over
     the last (vocabulary) axis, in float32."""
     log_ps = torch.log_softmax(student_logits.float() / temperature, dim=-1)
@@ -38,8 +39,15 @@ def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float,
     return (beta * log_pt.exp() * (log_pt - log_m) + (1 - beta) * log_ps.exp() * (log_ps - log_m)).sum(-1)
 
 
-def distillation(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor, *, beta: float,
-                 temperature: float = 1.0, num_items: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def distillation(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor,
+    *,
+    beta: float,
+    temperature: float = 1.0,
+    num_items: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """sum over masked positions of `generalized_jsd` / num_items (None: the masked count); student_logits and
     teacher_logits (B, T, V), mask (B, T)."""
     mask = mask.float()

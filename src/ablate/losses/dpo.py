@@ -17,7 +17,7 @@ formulas and names as in TRL 1.16's DPOTrainer (`loss_type=...`):
                 label smoothing `ls` as in cDPO (Mitchell 2023). TRL 1.16 has no `ls` here (ls = 0).
 - hinge         relu(1 - b delta)                               SLiC, Zhao et al. 2023
 - ipo           (c/n_c - r/n_r - 1/(2b))^2                      IPO, Azar et al. 2023 eq. 17, per-token
-                means (the IPO authors' form; a sum makes the square grow with length, TRL issue 1677)
+                means (the IPO authors' form; a sum makes the square grow with length, trl#1677)
 - robust        (-(1-ls) logsig(b delta) + ls logsig(-b delta)) / (1 - 2 ls)   rDPO, Chowdhury et al. 2024
 - exo_pair      KL(softmax(b [c, r]) || [1-ls, ls])             EXO, Ji et al. 2024 eq. 16
 - nca_pair      -logsig(b c) - logsig(-b c)/2 - logsig(-b r)/2  NCA, Chen et al. 2024
@@ -27,7 +27,8 @@ formulas and names as in TRL 1.16's DPOTrainer (`loss_type=...`):
 - aot_unpaired  sigmoid form on sorted(c) - sorted(r)          AOT (unpaired)
 - apo_zero      (1 - sig(b c)) + sig(b r)                       APO, D'Oosterlinck et al. 2024 eq. 7
 - apo_down      sig(b c) + (1 - sig(b delta))                   APO eq. 8
-- discopop      (1-m) (-logsig(b delta)) + m exp(-b delta), m = sig(b delta / tau)   DiscoPOP, Chris Lu et al. 2024 eq. 5
+- discopop      (1-m) (-logsig(b delta)) + m exp(-b delta), m = sig(b delta / tau)
+                                                                DiscoPOP, Chris Lu et al. 2024 eq. 5
 - sigmoid_norm  -logsig(b (c/n_c - r/n_r))                      length-normalised DPO (as SimPO's length term)
 - sft           -sum(logp_c) / sum(n_c) over the batch          NLL of the chosen tokens (RPO's term)
 `weighted` sums several of them with weights (TRL's `loss_type=[...]`, `loss_weights=[...]`);
@@ -38,7 +39,7 @@ A new loss is one function with this signature plus one YAML naming it (`_target
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,9 @@ Tensor = torch.Tensor
 DPOLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 
-def reward_metrics(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, beta: float) -> dict[str, Tensor]:
+def reward_metrics(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, beta: float
+) -> dict[str, Tensor]:
     """TRL's DPO metrics, per pair (the trainer averages them): implicit rewards and log-probs."""
     chosen = beta * (logp_c - ref_c).detach()
     rejected = beta * (logp_r - ref_r).detach()
@@ -67,113 +70,180 @@ def _smoothed(z: Tensor, label_smoothing: float) -> Tensor:
     return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
 
 
-def sigmoid(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-            beta: float, label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+def sigmoid(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO: -log sigmoid(beta * delta); with label_smoothing > 0, cDPO's smoothed target."""
     return _smoothed(beta * ((logp_c - ref_c) - (logp_r - ref_r)), label_smoothing), {}
 
 
-def hinge(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-          beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def hinge(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SLiC: relu(1 - beta * delta). Zero gradient once beta * delta >= 1: separated pairs stop pulling."""
     return torch.relu(1 - beta * ((logp_c - ref_c) - (logp_r - ref_r))), {}
 
 
-def ipo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-        beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def ipo(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """IPO (eq. 17, beta = tau): the per-token-mean margin regressed onto 1/(2 beta)."""
     delta = (logp_c - ref_c) / n_c.clamp(min=1) - (logp_r - ref_r) / n_r.clamp(min=1)
     return (delta - 1 / (2 * beta)) ** 2, {}
 
 
-def robust(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-           beta: float, label_smoothing: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+def robust(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    label_smoothing: float = 0.1,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """rDPO: unbiased under labels flipped with probability label_smoothing (in [0, 0.5))."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
     ls = label_smoothing
     return (-(1 - ls) * F.logsigmoid(z) + ls * F.logsigmoid(-z)) / (1 - 2 * ls), {}
 
 
-def exo_pair(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float, label_smoothing: float = 1e-3) -> tuple[Tensor, dict[str, Tensor]]:
-    """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls] (ls > 0)."""
+def exo_pair(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    label_smoothing: float = 1e-3,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls], ls>0."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
     eps = torch.tensor(label_smoothing, dtype=z.dtype, device=z.device)
-    loss = torch.sigmoid(z) * (F.logsigmoid(z) - torch.log1p(-eps)) + torch.sigmoid(-z) * (F.logsigmoid(-z) - torch.log(eps))
+    loss = torch.sigmoid(z) * (F.logsigmoid(z) - torch.log1p(-eps)) + torch.sigmoid(-z) * (
+        F.logsigmoid(-z) - torch.log(eps)
+    )
     return loss, {}
 
 
-def nca_pair(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def nca_pair(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """NCA: absolute rewards, chosen pushed up against both; the rejected one pushed down."""
     c, r = beta * (logp_c - ref_c), beta * (logp_r - ref_r)
     return -F.logsigmoid(c) - 0.5 * F.logsigmoid(-c) - 0.5 * F.logsigmoid(-r), {}
 
 
-def bco_pair(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def bco_pair(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """BCO (paired, no reward shift): chosen classified as good, rejected as bad, independently."""
     return -F.logsigmoid(beta * (logp_c - ref_c)) - F.logsigmoid(-beta * (logp_r - ref_r)), {}
 
 
-def sppo_hard(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-              beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def sppo_hard(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SPPO with hard win probabilities: chosen log-ratio -> +1/(2 beta), rejected -> -1/(2 beta)."""
     return ((logp_c - ref_c) - 0.5 / beta) ** 2 + ((logp_r - ref_r) + 0.5 / beta) ** 2, {}
 
 
-def aot(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-        beta: float, label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+def aot(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (paired): sorted policy margins against sorted reference margins, across the batch."""
     delta = torch.sort(logp_c - logp_r, dim=0)[0] - torch.sort(ref_c - ref_r, dim=0)[0]
     return _smoothed(beta * delta, label_smoothing), {}
 
 
-def aot_unpaired(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-                 beta: float, label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+def aot_unpaired(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (unpaired): sorted chosen log-ratios against sorted rejected log-ratios."""
     delta = torch.sort(logp_c - ref_c, dim=0)[0] - torch.sort(logp_r - ref_r, dim=0)[0]
     return _smoothed(beta * delta, label_smoothing), {}
 
 
-def apo_zero(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def apo_zero(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """APO-zero (eq. 7): chosen better than the model's own outputs: raise chosen, lower rejected."""
     return (1 - torch.sigmoid(beta * (logp_c - ref_c))) + torch.sigmoid(beta * (logp_r - ref_r)), {}
 
 
-def apo_down(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def apo_down(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """APO-down (eq. 8): chosen worse than the model's own outputs: lower both, rejected more."""
     c, r = logp_c - ref_c, logp_r - ref_r
     return torch.sigmoid(beta * c) + (1 - torch.sigmoid(beta * (c - r))), {}
 
 
-def discopop(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float, tau: float = 0.05) -> tuple[Tensor, dict[str, Tensor]]:
+def discopop(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    tau: float = 0.05,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DiscoPOP (eq. 5): logistic loss blended into exp(-z) as the margin z grows (temperature tau)."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
     m = torch.sigmoid(z / tau)
     return -F.logsigmoid(z) * (1 - m) + torch.exp(-z) * m, {}
 
 
-def sigmoid_norm(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-                 beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def sigmoid_norm(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO on per-token-mean log-ratios: -log sigmoid(beta * (c/n_c - r/n_r))."""
     delta = (logp_c - ref_c) / n_c.clamp(min=1) - (logp_r - ref_r) / n_r.clamp(min=1)
     return -F.logsigmoid(beta * delta), {}
 
 
-def sft(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-        beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+def sft(
+    logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """NLL of the chosen completions, a mean over every chosen token of the batch (TRL's), given to
     each pair so that its batch mean is that token mean."""
     return (-logp_c.sum() / n_c.sum().clamp(min=1)).expand_as(logp_c), {}
 
 
-def weighted(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor,
-             beta: float, losses: Sequence[DPOLoss], weights: Sequence[float] | None = None
-             ) -> tuple[Tensor, dict[str, Tensor]]:
+def weighted(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    losses: Sequence[DPOLoss],
+    weights: Sequence[float] | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """sum_i weights[i] * losses[i] (TRL's `loss_type=[...]` + `loss_weights`); weights default to 1.
 
     Logs each term's batch mean as `loss/<function name>` (unweighted).

@@ -12,25 +12,24 @@ Three pieces, composed by the trainer:
 - per-token objective (`method/grpo_objective=clip | cispo | sapo`): the clipped surrogate above, CISPO's
   clipped-weight REINFORCE term or SAPO's soft gate; TRL's `loss_type=cispo` is objective cispo with
   the dapo aggregation, `loss_type=sapo` objective sapo with the grpo aggregation.
-- aggregation over tokens (TRL's `loss_type`; here `method/grpo_aggregation=NAME`, conf/method/grpo_aggregation/), named and
-  defined as in TRL 1.16:
-  `grpo` mean over each sequence's tokens, then over sequences (the paper; biased towards short
-  completions); `dapo` sum over all tokens / a token count fixed per round (Yu et al. 2025);
-  `dr_grpo` sum over all tokens / (sequences * max_completion_length) (Liu et al. 2025); `bnpo` sum
-  over a micro-batch's tokens / its token count.
+- aggregation over tokens (TRL's `loss_type`; here `method/grpo_aggregation=NAME`,
+  conf/method/grpo_aggregation/), named and defined as in TRL 1.16: `grpo` mean over each sequence's tokens,
+  then over sequences (the paper; biased towards short completions); `dapo` sum over all tokens / a token
+  count fixed per round (Yu et al. 2025); `dr_grpo` sum over all tokens / (sequences * max_completion_length)
+  (Liu et al. 2025); `bnpo` sum over a micro-batch's tokens / its token count.
 
 Departures from the paper, all as in TRL: the std is the unbiased one (torch.std), rewards may be
 None (NaN: such a completion is left out of its group's statistics and gets A = 0), and several
-reward functions are summed with weights before normalising (`method/grpo_reward_aggregation=sum_then_normalize`;
-`normalize_then_sum` normalises each function per group first, as TRL's `multi_objective_aggregation`).
-Departure from TRL: rewards so large that float32 statistics of them overflow (+-3e38) are aggregated in
-float64 (`headroom`), where TRL's advantages would all be 0.
+reward functions are summed with weights before normalising
+(`method/grpo_reward_aggregation=sum_then_normalize`; `normalize_then_sum` normalises each function per group
+first, as TRL's `multi_objective_aggregation`). Departure from TRL: rewards so large that float32 statistics
+of them overflow (+-3e38) are aggregated in float64 (`headroom`), where TRL's advantages would all be 0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -144,15 +143,22 @@ def normalize_then_sum(
     dtype, rewards_per_func = rewards_per_func.dtype, headroom(rewards_per_func, weights)
     all_nan = torch.isnan(rewards_per_func).all(dim=1)
     grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
-    per_func = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (_nanstd(grouped, dim=1, keepdim=True) + 1e-4)
-    summed = (per_func.reshape(rewards_per_func.shape) * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    per_func = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (
+        _nanstd(grouped, dim=1, keepdim=True) + 1e-4
+    )
+    summed = (per_func.reshape(rewards_per_func.shape) * weights.to(rewards_per_func).unsqueeze(0)).nansum(
+        dim=1
+    )
     summed[all_nan] = torch.nan
     std = _nanstd(summed)
     adv = (summed - torch.nanmean(summed)) / (std + 1e-4)
     raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
     raw[all_nan] = torch.nan
-    metrics = {"reward": torch.nanmean(raw), "reward_std": _nanstd(raw),
-               "frac_reward_zero_std": torch.isclose(std, torch.zeros((), dtype=std.dtype)).float()}
+    metrics = {
+        "reward": torch.nanmean(raw),
+        "reward_std": _nanstd(raw),
+        "frac_reward_zero_std": torch.isclose(std, torch.zeros((), dtype=std.dtype)).float(),
+    }
     return torch.nan_to_num(adv, nan=0.0).to(dtype), metrics
 
 
@@ -160,15 +166,15 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
     """The signature every `method/grpo_objective` shares, around `core`, which holds only what differs.
 
     The objective made: `(inputs: LossInputs, *, epsilon, epsilon_high, beta=0.0,
-    importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T), metrics).
-    `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et
-    al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens).
-    `beta` > 0 adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped)
-    ratio, so its gradient is unbiased for samples from the old policy (TRL 1.16's default,
-    `use_bias_correction_kl`); the logged `kl` is the corrected one, as in TRL.
-    `inputs.policy_weight`, when set, multiplies the core's loss before the KL term is added (TRL's order).
-    `core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)` -> (loss, metrics):
-    ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra fields."""
+    importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T),
+    metrics). `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng
+    et al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens). `beta` > 0
+    adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped) ratio, so its gradient
+    is unbiased for samples from the old policy (TRL 1.16's default, `use_bias_correction_kl`); the logged
+    `kl` is the corrected one, as in TRL. `inputs.policy_weight`, when set, multiplies the core's loss before
+    the KL term is added (TRL's order). `core(ratio, adv, logps, mask, epsilon, epsilon_high, delta, **own)`
+    -> (loss, metrics): ratio (B, T) or (B, 1) at the sequence level, adv (B, 1); `own` are its config's extra
+    fields."""
 
     def run(
         inputs: LossInputs,
@@ -190,14 +196,20 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
         return _with_kl(loss.expand_as(logps), metrics, logps, inputs.ref_logps, beta, is_weight, mask)
 
     run.__name__, run.__qualname__, run.__doc__ = core.__name__, core.__qualname__, core.__doc__
-    run.core = core  # type: ignore[attr-defined]  # the part that differs, for objectives built on it (rloo.sequence_clip)
+    # the part that differs, for objectives built on it (rloo.sequence_clip)
+    run.core = core  # type: ignore[attr-defined]
     return run
 
 
 @objective
 def clip(
-    ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
-    epsilon: float, epsilon_high: float, delta: float | None,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float,
+    delta: float | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate per token (+ beta * k3 KL: `objective`).
 
@@ -227,8 +239,13 @@ def clip(
 
 @objective
 def cispo(
-    ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
-    epsilon: float, epsilon_high: float, delta: float | None,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float,
+    delta: float | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): `-sg(min(r, epsilon_high)) * A * logp`, a REINFORCE term
     weighted by the clipped, gradient-stopped ratio: no token loses its gradient, large ratios only
@@ -242,9 +259,15 @@ def cispo(
 
 @objective
 def sapo(
-    ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
-    epsilon: float, epsilon_high: float, delta: float | None,
-    temperature_pos: float = 1.0, temperature_neg: float = 1.05,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float,
+    delta: float | None,
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): the hard clip replaced by a smooth
     gate, `-sigmoid(tau (r - 1)) * 4/tau * A` with tau = temperature_pos where A > 0, else temperature_neg;
@@ -259,7 +282,7 @@ def _per_sequence(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean token log-ratio."""
+    """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean log-ratio."""
     log_ratio = logps - old_logps
     if {"token": False, "sequence": True}[level]:  # the value is checked by its schema (ablate.schema.grpo)
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)
@@ -267,8 +290,13 @@ def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, lev
 
 
 def _with_kl(
-    loss: torch.Tensor, metrics: dict[str, torch.Tensor], logps: torch.Tensor, ref_logps: torch.Tensor | None,
-    beta: float, is_weight: torch.Tensor | None, mask: torch.Tensor,
+    loss: torch.Tensor,
+    metrics: dict[str, torch.Tensor],
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    beta: float,
+    is_weight: torch.Tensor | None,
+    mask: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Add beta * k3 KL to the reference (times the importance weight when given); log `kl`."""
     if beta == 0.0:
@@ -287,24 +315,31 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+def grpo(
+    loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int
+) -> torch.Tensor:
     """Mean over each sequence's tokens, then mean over sequences (the GRPO paper, eq. 3)."""
     return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
-def dapo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+def dapo(
+    loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int
+) -> torch.Tensor:
     """Sum over all tokens / `num_items` (DAPO's token-level mean: every token weighs the same, however
     long its completion). The trainer passes the mean completion tokens per micro-batch of the
     generation round, so with its 1/accumulation scaling this is TRL's tokens-per-window normaliser."""
     return (loss * mask).sum() / max(num_items, 1.0)
 
 
-def bnpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+def bnpo(
+    loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int
+) -> torch.Tensor:
     """Sum over the micro-batch's tokens / its token count (TRL's bnpo: a token mean per micro-batch)."""
     return (loss * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def dr_grpo(loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int) -> torch.Tensor:
+def dr_grpo(
+    loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int
+) -> torch.Tensor:
     """Sum over all tokens / (sequences * max_completion_length): a constant normaliser (Dr. GRPO)."""
     return (loss * mask).sum() / (loss.size(0) * max_completion_length)
-

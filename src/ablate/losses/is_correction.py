@@ -21,7 +21,7 @@ Both only multiply the policy term; the KL-to-reference term is added after them
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -38,7 +38,7 @@ def truncate(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None
 
 
 def mask_outside(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
-    """`*_mask`: a ratio outside [clip_min, clip_max] becomes 0 (its token or completion gets no policy loss)."""
+    """`*_mask`: a ratio outside [clip_min, clip_max] becomes 0 (its token or completion: no policy loss)."""
     return ratio.masked_fill(_outside(ratio, clip_min, clip_max), 0.0)
 
 
@@ -51,8 +51,13 @@ MODES: dict[str, tuple[bool, Constraint]] = {
 
 
 def importance_sampling_correction(
-    logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, *, mode: str = "sequence_mask",
-    clip_min: float | None = None, clip_max: float | None = 3.0,
+    logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The weight on each token's policy loss that corrects for sampling by the engine, and TRL's metrics.
 
@@ -80,7 +85,7 @@ def importance_sampling_correction(
     token = mask.bool()
     delta = (logps - sampling_logps).abs()
     delta = delta[token & ~torch.isnan(delta)]
-    pick = (lambda x: x.flatten()) if per_sequence else (lambda x: x[token])  # noqa: E731
+    pick = (lambda x: x.flatten()) if per_sequence else (lambda x: x[token])
     flat, outside = pick(weight), pick(_outside(raw, clip_min, clip_max)).float()
     metrics = {
         "sampling/sampling_logp_difference/mean": _or_zero(delta, torch.mean),
@@ -94,7 +99,11 @@ def importance_sampling_correction(
 
 
 def off_policy_mask(
-    advantages: torch.Tensor, logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, threshold: float
+    advantages: torch.Tensor,
+    logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
 ) -> torch.Tensor:
     """DeepSeek-V3.2's off-policy sequence mask (TRL's `get_off_policy_mask`): (B, 1), 1 = keep, 0 = drop.
 

@@ -22,12 +22,13 @@ clamped at 0 (a KL is never negative; the sample mean can be). A loss that does 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 Tensor = torch.Tensor
-# (logps, ref_logps, desirable, kl, *, beta, desirable_weight, undesirable_weight) -> (per-example loss, metrics)
+# (logps, ref_logps, desirable, kl, *, beta, desirable_weight, undesirable_weight) -> (per-example loss,
+# metrics)
 KTOLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 
@@ -37,12 +38,23 @@ def kl_estimate(kl_logps: Tensor, ref_kl_logps: Tensor) -> Tensor:
 
 
 def _weights(desirable: Tensor, desirable_weight: float, undesirable_weight: float, like: Tensor) -> Tensor:
-    return torch.where(desirable, torch.as_tensor(desirable_weight, dtype=like.dtype, device=like.device),
-                       torch.as_tensor(undesirable_weight, dtype=like.dtype, device=like.device))
+    return torch.where(
+        desirable,
+        torch.as_tensor(desirable_weight, dtype=like.dtype, device=like.device),
+        torch.as_tensor(undesirable_weight, dtype=like.dtype, device=like.device),
+    )
 
 
-def kto(logps: Tensor, ref_logps: Tensor, desirable: Tensor, kl: Tensor, *, beta: float,
-        desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+def kto(
+    logps: Tensor,
+    ref_logps: Tensor,
+    desirable: Tensor,
+    kl: Tensor,
+    *,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """KTO: w (1 - sig(b s (l - z0))), s = +1 for a desirable example, -1 for an undesirable one."""
     sign = desirable.to(logps.dtype) * 2 - 1
     z = beta * sign * ((logps - ref_logps) - kl)
@@ -52,8 +64,16 @@ def kto(logps: Tensor, ref_logps: Tensor, desirable: Tensor, kl: Tensor, *, beta
 kto.uses_kl = True  # type: ignore[attr-defined]
 
 
-def apo_zero_unpaired(logps: Tensor, ref_logps: Tensor, desirable: Tensor, kl: Tensor | None, *, beta: float,
-                      desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+def apo_zero_unpaired(
+    logps: Tensor,
+    ref_logps: Tensor,
+    desirable: Tensor,
+    kl: Tensor | None,
+    *,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """APO-zero, unpaired: raise desirable completions' likelihood, lower undesirable ones' (no KL point)."""
     z = torch.sigmoid(beta * (logps - ref_logps))
     loss = torch.where(desirable, 1 - z, z)

@@ -62,8 +62,13 @@ def block_logps(
     return picked - lse, lse, (entropy, z.mean(-1), logits.argmax(-1) == targets)
 
 
-def block_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
-               temperature: float = 1.0) -> torch.Tensor:
+def block_grad(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """d(sum grad * logp)/d(logits) of one block, in float32: grad * (onehot(target) - softmax(z)) / T, with
     z = logits.float() / T and its softmax exp(z - lse), as autograd computes it for `block_logps`."""
     z = logits.float()
@@ -92,13 +97,17 @@ class LogitsLogps(torch.autograd.Function):
     without gradient, so no caller keeps the logits for them."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,
-                with_stats: bool) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int, with_stats: bool
+    ) -> tuple[torch.Tensor, ...]:
         b, t = targets.shape
         logps = logits.new_empty((b, t), dtype=torch.float32)
         lse = torch.empty_like(logps)
-        stats = (torch.empty_like(logps), torch.empty_like(logps), torch.empty((b, t), dtype=torch.bool,
-                                                                                device=logits.device))
+        stats = (
+            torch.empty_like(logps),
+            torch.empty_like(logps),
+            torch.empty((b, t), dtype=torch.bool, device=logits.device),
+        )
         for r, at in _blocks(b, rows, t):
             lp, ls, st = block_logps(logits[r, at], targets[r, at], temperature, with_stats)
             logps[r, at], lse[r, at] = lp, ls
@@ -125,7 +134,10 @@ STATS = ("entropy", "mean_logit", "correct")
 
 
 def logits_logps(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_stats: bool = True,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_stats: bool = True,
     chunk_elements: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Log-prob (float32) of `targets` (B, T) under `logits` (B, T, V) divided by `temperature`, and with
@@ -141,7 +153,7 @@ def logits_logps(
 
 
 def shifted_logps(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_stats: bool = True,
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_stats: bool = True
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`token_logps` (and stats) through `logits_logps`: position t scores `input_ids[:, t+1]`, shape
     (B, T-1). The logits' last `K` positions may be all there is (a model called with `logits_to_keep=K`:
@@ -149,7 +161,7 @@ def shifted_logps(
     dummy target and dropped: the logits are passed whole, never as a slice (whose backward would
     allocate the whole gradient a second time)."""
     k = logits.shape[1]
-    targets = torch.cat([input_ids[:, input_ids.shape[1] - k + 1:], input_ids[:, :1]], dim=1)
+    targets = torch.cat([input_ids[:, input_ids.shape[1] - k + 1 :], input_ids[:, :1]], dim=1)
     logps, stats = logits_logps(logits, targets, temperature, with_stats)
     return logps[:, :-1], {name: x[:, :-1] for name, x in stats.items()}
 

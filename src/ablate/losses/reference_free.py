@@ -25,7 +25,8 @@ Each returns TRL's metrics for its trainer: `rewards/*` are b times the log-prob
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +57,15 @@ def _nll(logp: Tensor, n: Tensor) -> Tensor:
 def _metrics(beta: float, c: Tensor, r: Tensor, nll: Tensor) -> dict[str, Tensor]:
     """TRL's: rewards b * (the compared log-probs c, r), per pair; logps c, r; the NLL term."""
     chosen, rejected = beta * c.detach(), beta * r.detach()
-    return {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/accuracies": (chosen > rejected).float(),
-            "rewards/margins": chosen - rejected, "logps/chosen": c.detach(), "logps/rejected": r.detach(),
-            "nll_loss": nll.detach()}
+    return {
+        "rewards/chosen": chosen,
+        "rewards/rejected": rejected,
+        "rewards/accuracies": (chosen > rejected).float(),
+        "rewards/margins": chosen - rejected,
+        "logps/chosen": c.detach(),
+        "logps/rejected": r.detach(),
+        "nll_loss": nll.detach(),
+    }
 
 
 def _log1mexp(x: Tensor) -> Tensor:
@@ -71,23 +78,47 @@ def _smoothed(z: Tensor, ls: float) -> Tensor:
 
 
 @reference_free
-def orpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float,
-         prompt_c: Tensor | None = None, prompt_n_c: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """ORPO: NLL of the chosen rows (prompt tokens included when given) minus beta * log sigmoid(log odds ratio)."""
+def orpo(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    prompt_c: Tensor | None = None,
+    prompt_n_c: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """ORPO: NLL of the chosen rows (prompt tokens too when given) - beta * log sigmoid(log odds ratio)."""
     a_c, a_r = logp_c.float() / n_c.clamp(min=1), logp_r.float() / n_r.clamp(min=1)
     log_odds = (a_c - a_r) - (_log1mexp(a_c) - _log1mexp(a_r))
     ratio = F.logsigmoid(log_odds)
     seq_logp = logp_c if prompt_c is None else logp_c + prompt_c
     seq_n = n_c if prompt_n_c is None else n_c + prompt_n_c
     nll = _nll(seq_logp, seq_n)
-    metrics = {**_metrics(beta, a_c, a_r, nll), "log_odds_ratio": ratio.detach(), "log_odds_chosen": log_odds.detach()}
+    metrics = {
+        **_metrics(beta, a_c, a_r, nll),
+        "log_odds_ratio": ratio.detach(),
+        "log_odds_chosen": log_odds.detach(),
+    }
     return nll - beta * ratio, metrics
+
+
 orpo.scores_prompt = True  # type: ignore[attr-defined]  # TRL's NLL term counts the prompt tokens
 
 
 @reference_free
-def cpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float,
-        label_smoothing: float = 0.0, cpo_alpha: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+def cpo(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+    cpo_alpha: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO: DPO's sigmoid loss on the summed log-probs without a reference, plus cpo_alpha * NLL(chosen)."""
     nll = _nll(logp_c, n_c)
     losses = _smoothed(beta * (logp_c - logp_r), label_smoothing) + cpo_alpha * nll
@@ -95,8 +126,18 @@ def cpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tenso
 
 
 @reference_free
-def simpo(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float,
-          gamma: float = 0.5, label_smoothing: float = 0.0, cpo_alpha: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+def simpo(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    gamma: float = 0.5,
+    label_smoothing: float = 0.0,
+    cpo_alpha: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SimPO: -log sigmoid(beta * (a_c - a_r) - gamma) on per-token means, plus cpo_alpha * NLL(chosen)."""
     a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
     nll = _nll(logp_c, n_c)

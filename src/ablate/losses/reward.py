@@ -26,8 +26,9 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 
-def bradley_terry(r_c: Tensor, r_r: Tensor, margin: Tensor | None = None,
-                  center_rewards_coefficient: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def bradley_terry(
+    r_c: Tensor, r_r: Tensor, margin: Tensor | None = None, center_rewards_coefficient: float | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-pair loss (B,): `-logsig(r_c - r_r - margin)`, plus `lambda (r_c + r_r)^2` with a coefficient."""
     delta = r_c - r_r if margin is None else r_c - r_r - margin.to(r_c)
     loss = -F.logsigmoid(delta)
@@ -40,5 +41,10 @@ def bradley_terry(r_c: Tensor, r_r: Tensor, margin: Tensor | None = None,
 def reward_metrics(r_c: Tensor, r_r: Tensor) -> dict[str, Tensor]:
     """TRL's RewardTrainer metrics of one batch (the trainer averages them over a logging window)."""
     both = torch.cat([r_c, r_r])
-    return {"accuracy": (r_c > r_r).float().mean(), "margin": (r_c - r_r).mean(),
-            "mean_reward": both.mean(), "min_reward": both.min(), "max_reward": both.max()}
+    return {
+        "accuracy": (r_c > r_r).float().mean(),
+        "margin": (r_c - r_r).mean(),
+        "mean_reward": both.mean(),
+        "min_reward": both.min(),
+        "max_reward": both.max(),
+    }

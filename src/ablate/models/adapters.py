@@ -20,20 +20,15 @@ import contextlib
 import dataclasses
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from peft import (
-    LoraConfig,
-    PeftConfig,
-    PeftModel,
-    get_peft_model,
-    prepare_model_for_kbit_training,
-)
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from transformers import PreTrainedModel
 
 from ablate.errors import ConfigError
@@ -64,11 +59,21 @@ def lora(
 ) -> Adapters:
     """A `peft.LoraConfig` for a causal LM (any other LoraConfig field passes through `extra`:
     `+peft.modules_to_save=[lm_head]`)."""
-    plain = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # Hydra passes lists as ListConfig
-             for k, v in dict(extra, target_modules=target_modules).items()}
+    plain = {
+        k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # Hydra passes lists as ListConfig
+        for k, v in dict(extra, target_modules=target_modules).items()
+    }
     try:
-        config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, use_rslora=use_rslora,
-                            use_dora=use_dora, task_type="CAUSAL_LM", **plain)
+        config = LoraConfig(
+            r=r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            bias=bias,
+            use_rslora=use_rslora,
+            use_dora=use_dora,
+            task_type="CAUSAL_LM",
+            **plain,
+        )
     except (TypeError, ValueError) as e:  # an unknown field (+peft.rr=4) or a bad value
         raise ConfigError(f"peft: {str(e).splitlines()[0]}") from None
     return Adapters(config=config, save_merged=save_merged)
@@ -85,11 +90,14 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
         return model
     _check_rank(model, adapters.config)
     if is_classifier(model):  # method=reward: peft's SEQ_CLS task trains the new score head in full
-        adapters = dataclasses.replace(adapters, config=dataclasses.replace(adapters.config, task_type="SEQ_CLS"))
+        adapters = dataclasses.replace(
+            adapters, config=dataclasses.replace(adapters.config, task_type="SEQ_CLS")
+        )
     if getattr(model, "is_quantized", False):  # QLoRA: fp32 norms/embeddings, frozen quantized base
         # no gradient checkpointing here: method.args.gradient_checkpointing=true turns it on for any model
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    targets = adapters.config.target_modules  # as configured: peft expands all-linear into the layers it found
+    # as configured: peft expands all-linear into the layers it found
+    targets = adapters.config.target_modules
     targets = targets if isinstance(targets, str) or targets is None else ",".join(sorted(targets))
     try:
         with quiet_peft():
@@ -97,9 +105,13 @@ def with_adapters(model: PreTrainedModel, peft: DictConfig | Adapters | None) ->
     except ValueError as e:  # peft: "Target modules {...} not found in the base model" (a page of text)
         if "target_modules" not in str(e) and "Target modules" not in str(e):
             raise
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ConfigError(f"peft.target_modules={adapters.config.target_modules}: no such layer in this model; "
-                          f"its linear layers: {', '.join(names)} (or peft.target_modules=all-linear)") from None
+        names = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise ConfigError(
+            f"peft.target_modules={adapters.config.target_modules}: no such layer in this model; "
+            f"its linear layers: {', '.join(names)} (or peft.target_modules=all-linear)"
+        ) from None
     log.info("%s", trainable_line(model, adapters.config, targets))
     return model
 
@@ -109,12 +121,22 @@ def trainable_line(model: PeftModel, config: PeftConfig, targets: str | None) ->
     (peft's count, which counts a 4-bit base's packed weights at their real size)."""
     trainable, total = model.get_nb_trainable_parameters()
     kind = "DoRA" if getattr(config, "use_dora", False) else "LoRA"
-    return (f"{kind} (r={config.r}, {targets}): {_count(trainable)} of {_count(total)} parameters train "
-            f"({100 * trainable / max(total, 1):.2g}%); the base is frozen")
+    return (
+        f"{kind} (r={config.r}, {targets}): {_count(trainable)} of {_count(total)} parameters train "
+        f"({100 * trainable / max(total, 1):.2g}%); the base is frozen"
+    )
 
 
 def _count(n: int) -> str:
-    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else str(n)
+    return (
+        f"{n / 1e9:.3g}B"
+        if n >= 1e9
+        else f"{n / 1e6:.3g}M"
+        if n >= 1e6
+        else f"{n / 1e3:.3g}k"
+        if n >= 1e3
+        else str(n)
+    )
 
 
 def _check_rank(model: PreTrainedModel, config: Any) -> None:
@@ -123,8 +145,10 @@ def _check_rank(model: PreTrainedModel, config: Any) -> None:
     widths = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)]
     r = getattr(config, "r", None)
     if widths and isinstance(r, int) and r > max(widths):
-        raise ConfigError(f"peft.r={r}: larger than any layer it adapts (the widest is {max(widths)} wide): "
-                          f"must be at most {max(widths)}; LoRA's point is a small r (8-64)")
+        raise ConfigError(
+            f"peft.r={r}: larger than any layer it adapts (the widest is {max(widths)} wide): "
+            f"must be at most {max(widths)}; LoRA's point is a small r (8-64)"
+        )
 
 
 @contextlib.contextmanager
@@ -164,9 +188,14 @@ def save_merged(trainer: Any, model_dir: Path, cfg: DictConfig) -> Path | None:
     adapters = _build(cfg.get("peft"))
     if adapters is None or not adapters.save_merged:
         return None
-    model_cfg = OmegaConf.merge(cfg.model, {"quantization_config": None}) if "quantization_config" in cfg.model else cfg.model
+    model_cfg = (
+        OmegaConf.merge(cfg.model, {"quantization_config": None})
+        if "quantization_config" in cfg.model
+        else cfg.model
+    )
     _, base = instantiate(model_cfg)
-    base = with_head(base, cfg.get("method"))  # method=reward: the adapter was trained on the score head's model
+    # method=reward: the adapter was trained on the score head's model
+    base = with_head(base, cfg.get("method"))
     with quiet_peft():
         merged = PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
     out = model_dir / MERGED

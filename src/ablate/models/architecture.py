@@ -37,8 +37,10 @@ def config_values(path: str, revision: str | None = None) -> dict[str, Any]:
     if isinstance(cached, str):
         return json.loads(Path(cached).read_text())
     known = ", ".join(shipped())
-    raise ConfigError(f"model.path={path}: no config.json there, none cached, and not a model ablate knows "
-                      f"offline ({known}); give a save_pretrained dir (model=local model.path=DIR)")
+    raise ConfigError(
+        f"model.path={path}: no config.json there, none cached, and not a model ablate knows "
+        f"offline ({known}); give a save_pretrained dir (model=local model.path=DIR)"
+    )
 
 
 def build_config(values: dict[str, Any], overrides: dict[str, Any] | None = None) -> Any:
@@ -67,8 +69,12 @@ def scaled_down(path: str, revision: str | None, overrides: dict[str, Any]) -> t
 
     values = {k: v for k, v in config_values(path, revision).items() if k not in TOKEN_KEYS}
     tokenizer = byte_tokenizer()
-    ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-           "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    ids = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     config = build_config(values, {**dict(overrides), **ids})
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -45,10 +45,14 @@ def score_head(model: PreTrainedModel, num_labels: int = 1) -> PreTrainedModel:
         raise ConfigError("method=reward on a quantized base (+peft=qlora) is not supported: use +peft=lora")
     scorer = AutoModelForSequenceClassification.from_config(config, dtype=model.dtype)
     prefix = scorer.base_model_prefix  # "model" for Llama-style models
-    missing, unexpected = getattr(scorer, prefix).load_state_dict(getattr(model, prefix).state_dict(), strict=False)
+    missing, unexpected = getattr(scorer, prefix).load_state_dict(
+        getattr(model, prefix).state_dict(), strict=False
+    )
     if missing or unexpected:
-        raise ConfigError(f"score_head: the backbone of {type(model).__name__} does not fit "
-                         f"{type(scorer).__name__} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ConfigError(
+            f"score_head: the backbone of {type(model).__name__} does not fit "
+            f"{type(scorer).__name__} (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     scorer.config.architectures = [type(scorer).__name__]
     scorer.config._name_or_path = getattr(model.config, "_name_or_path", "")
     return scorer.to(model.device)

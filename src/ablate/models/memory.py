@@ -36,33 +36,34 @@ QLORA_BYTES = 4.127 / 8  # NF4 weight + its double-quantized absmax per 64-eleme
 class Shape:
     """What the arithmetic needs of a model (ablate.cli.plan counts it from the meta-device model)."""
 
-    params: int                 # every parameter
-    linear_params: int          # the decoder layers' Linear weights (quantized by QLoRA; what autocast casts)
-    layer_params: int           # one decoder layer's parameters (FSDP gathers one layer at a time)
-    adapter_params: int         # LoRA's A and B (0 without PEFT)
-    layers: int                 # decoder layers
-    hidden: int                 # hidden size h
-    intermediate: int           # MLP width i
-    kv_dim: int                 # key/value heads x head dim
-    vocab: int                  # LM head rows
-    head_params: int            # the LM head's weight (tied or not): vocab x hidden
+    params: int  # every parameter
+    linear_params: int  # the decoder layers' Linear weights (quantized by QLoRA; what autocast casts)
+    layer_params: int  # one decoder layer's parameters (FSDP gathers one layer at a time)
+    adapter_params: int  # LoRA's A and B (0 without PEFT)
+    layers: int  # decoder layers
+    hidden: int  # hidden size h
+    intermediate: int  # MLP width i
+    kv_dim: int  # key/value heads x head dim
+    vocab: int  # LM head rows
+    head_params: int  # the LM head's weight (tied or not): vocab x hidden
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
     """How the model trains (ablate.cli.plan reads it from the composed config)."""
 
-    weight_bytes: int           # bytes per weight of model.dtype: 4 float32, 2 bfloat16/float16
-    autocast: bool              # precision=bf16|fp16 (half-precision compute over the weights)
-    peft: str | None            # None | "lora" | "qlora"
-    optimizer_states: float     # optimizer state per trainable parameter, in parameter-dtype copies (AdamW: 2)
-    optimizer_fixed_bytes: float | None  # bytes per trainable parameter when they do not follow its dtype (8-bit: 2)
-    reference: bool             # a frozen copy of the weights in memory
-    sequences: int              # sequences in one micro-batch (DPO: 2 x pairs)
-    seq_len: int                # tokens per sequence
-    checkpointing: bool         # gradient checkpointing
-    gpus: int                   # GPUs the run spans
-    sharded: bool               # FSDP full shard (else each GPU holds everything, DDP)
+    weight_bytes: int  # bytes per weight of model.dtype: 4 float32, 2 bfloat16/float16
+    autocast: bool  # precision=bf16|fp16 (half-precision compute over the weights)
+    peft: str | None  # None | "lora" | "qlora"
+    optimizer_states: float  # optimizer state per trainable parameter, in parameter-dtype copies (AdamW: 2)
+    # bytes per trainable parameter when they do not follow its dtype (8-bit: 2)
+    optimizer_fixed_bytes: float | None
+    reference: bool  # a frozen copy of the weights in memory
+    sequences: int  # sequences in one micro-batch (DPO: 2 x pairs)
+    seq_len: int  # tokens per sequence
+    checkpointing: bool  # gradient checkpointing
+    gpus: int  # GPUs the run spans
+    sharded: bool  # FSDP full shard (else each GPU holds everything, DDP)
 
 
 def plan(m: Shape, s: Setup) -> dict[str, float]:
@@ -76,7 +77,9 @@ def plan(m: Shape, s: Setup) -> dict[str, float]:
         grads += m.layer_params * grad_bytes  # one layer's full gradient before its reduce-scatter
     if not s.sharded and s.gpus > 1:
         grads *= 2  # DDP's buckets: a second copy of every gradient
-    per_state = s.optimizer_fixed_bytes if s.optimizer_fixed_bytes is not None else s.optimizer_states * grad_bytes
+    per_state = (
+        s.optimizer_fixed_bytes if s.optimizer_fixed_bytes is not None else s.optimizer_states * grad_bytes
+    )
     parts = {
         "parameters": weights / shards + gathered,
         "gradients": grads,
@@ -101,12 +104,14 @@ def activations(m: Shape, s: Setup) -> float:
     a = 2 if (s.autocast or s.weight_bytes == 2) else 4  # compute dtype
     per_layer = a * (10 * m.hidden + 4 * m.intermediate + 4 * m.kv_dim)
     if s.peft:
-        per_layer += (a + 1) * (6 * m.hidden + m.intermediate)  # dropout's copy and mask of each adapted input
+        # dropout's copy and mask of each adapted input
+        per_layer += (a + 1) * (6 * m.hidden + m.intermediate)
     residual = max(a, s.weight_bytes) * m.hidden
     per_token = (m.layers * residual + per_layer) if s.checkpointing else m.layers * per_layer
     per_token += m.vocab * (3 * 4 + a)  # logits: compute dtype, fp32 upcast, log-softmax, its gradient
     casts = 0.0
     if s.autocast and s.weight_bytes == 4:  # half-precision copies of the weights autocast multiplies
-        linear = 0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)  # 4-bit: dequantized a layer at a time
+        # 4-bit: dequantized a layer at a time
+        linear = 0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)
         casts = 2 * (linear + m.head_params)
     return s.sequences * s.seq_len * per_token + casts

@@ -25,10 +25,13 @@ def fp32_precision(torch: Any = None) -> dict[str, str]:
         import torch
     backends = torch.backends
     if not hasattr(getattr(backends.cuda, "matmul", None), "fp32_precision"):  # torch < 2.9: the legacy flags
-        return {"cuda.matmul": "tf32" if backends.cuda.matmul.allow_tf32 else "ieee",
-                "cudnn.conv": "tf32" if backends.cudnn.allow_tf32 else "ieee",
-                "mkldnn.matmul": {"highest": "ieee", "high": "tf32", "medium": "bf16"}.get(
-                    torch.get_float32_matmul_precision(), "ieee")}
+        return {
+            "cuda.matmul": "tf32" if backends.cuda.matmul.allow_tf32 else "ieee",
+            "cudnn.conv": "tf32" if backends.cudnn.allow_tf32 else "ieee",
+            "mkldnn.matmul": {"highest": "ieee", "high": "tf32", "medium": "bf16"}.get(
+                torch.get_float32_matmul_precision(), "ieee"
+            ),
+        }
     return {f"{backend}.{op}": _resolved(backends, backend, op) for backend, op in OPS}
 
 

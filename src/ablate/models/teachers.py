@@ -30,7 +30,9 @@ class LetterTeacher(nn.Module):
         self.confidence = confidence
         self.register_buffer("anchor", torch.zeros(()), persistent=False)  # follows .to(device)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any) -> SimpleNamespace:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any
+    ) -> SimpleNamespace:
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         first = mask.argmax(dim=-1, keepdim=True)  # prompts are left-padded: the first attended token
         letter = input_ids.gather(1, first).unsqueeze(-1).expand(-1, input_ids.shape[1], 1)

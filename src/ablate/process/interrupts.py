@@ -104,7 +104,9 @@ def forward_to_workers(grace_s: float = 120.0) -> None:
             signal.signal(s, forward)
 
 
-TRACKER_WARNING = "ignore:resource_tracker:UserWarning"  # "resource_tracker: There appear to be N leaked semaphore ..."
+TRACKER_WARNING = (
+    "ignore:resource_tracker:UserWarning"  # "resource_tracker: There appear to be N leaked semaphore ..."
+)
 
 
 def quiet_pool_trackers() -> None:

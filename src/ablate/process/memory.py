@@ -21,17 +21,17 @@ import ctypes
 import ctypes.util
 from typing import Any
 
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h; the value's range is checked by its schema (ablate.schema.nodes.Root)
+# glibc's malloc.h; the value's range is checked by its schema (ablate.schema.nodes.Root)
+M_MMAP_THRESHOLD = -3
 
 
 def glibc() -> Any:
     """This process's C library when it is glibc (it has mallopt), else None (macOS, musl)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version  # noqa: B018 - glibc only
-        return libc
-    except (OSError, AttributeError):
+    except OSError:
         return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None  # a symbol of glibc only
 
 
 def apply(threshold: int | None) -> dict[str, Any]:

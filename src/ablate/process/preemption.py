@@ -39,14 +39,9 @@ import threading
 from types import FrameType
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ablate.process.interrupts import Preempted  # noqa: F401 - raised here; defined torch-free for ablate.train
+from ablate.process.interrupts import Preempted  # defined torch-free, for ablate.train
 
 log = logging.getLogger("ablate")
 
@@ -77,15 +72,21 @@ class SaveOnPreemption(TrainerCallback):
         if self._training_done:
             log.warning("%s received after the last step: finishing the run", signal.Signals(signum).name)
             return
-        log.warning("%s received: checkpointing at the end of this step, then requeueing", signal.Signals(signum).name)
+        log.warning(
+            "%s received: checkpointing at the end of this step, then requeueing", signal.Signals(signum).name
+        )
         self.requested = True
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._handler is not None and self._any_rank_requested(args):
             self.stopping = True
             control.should_save = True  # Trainer saves right after on_step_end, then calls on_save
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         # `stopping`, not `requested`: a signal landing between the step's all-reduce and a periodic save
         # would stop only this rank (the others train on and hang or die in their next collective);
         # it is acted on at the next step's end instead
@@ -93,7 +94,9 @@ class SaveOnPreemption(TrainerCallback):
             log.warning("checkpoint-%d saved; the job is requeued and resumes from it", state.global_step)
             raise Preempted(self._handler, self.signum)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._training_done = True
 
     def _any_rank_requested(self, args: TrainingArguments) -> bool:

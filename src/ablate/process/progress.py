@@ -28,7 +28,9 @@ class Progress(ProgressCallback):
         super().__init__()
         # loss first, then the method's own (its YAML's compare_metrics), each once
         self.metrics = list(dict.fromkeys(["loss", *(metrics or [])]))
-        self.parts: dict[str, str] = {}  # postfix pieces by owner ("metrics"; "speed" from ablate.speed.throughput)
+        self.parts: dict[
+            str, str
+        ] = {}  # postfix pieces by owner ("metrics"; "speed" from ablate.speed.throughput)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_train_begin(args, state, control, **kwargs)
@@ -46,7 +48,9 @@ class Progress(ProgressCallback):
             ordered += [v for k, v in self.parts.items() if k not in ("metrics", "speed")]
             self.training_bar.set_postfix_str(" | ".join(ordered), refresh=True)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if not state.is_world_process_zero or not logs:
             return
         to_log_file(str({k: _fmt(v) for k, v in logs.items() if k != "total_flos"}))
@@ -54,10 +58,15 @@ class Progress(ProgressCallback):
             shown = [f"{k} {_fmt(logs[k])}" for k in self.metrics if isinstance(logs.get(k), (int, float))]
             self.show("metrics", ", ".join(shown))
         elif any(k.startswith("eval_") for k in logs):
-            shown = [f"{k} {_fmt(logs['eval_' + k])}" for k in self.metrics
-                     if isinstance(logs.get("eval_" + k), (int, float))]
-            print_above_bar(f"eval at step {state.global_step}: " + ", ".join(shown or
-                            [f"{k} {_fmt(v)}" for k, v in logs.items() if k.startswith("eval_")][:4]))
+            shown = [
+                f"{k} {_fmt(logs['eval_' + k])}"
+                for k in self.metrics
+                if isinstance(logs.get("eval_" + k), (int, float))
+            ]
+            print_above_bar(
+                f"eval at step {state.global_step}: "
+                + ", ".join(shown or [f"{k} {_fmt(v)}" for k, v in logs.items() if k.startswith("eval_")][:4])
+            )
 
 
 def install(trainer: Any, metrics: list[str] | None) -> None:

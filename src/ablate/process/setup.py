@@ -43,8 +43,12 @@ def ray_node() -> dict[str, Any] | None:
     if ray is None or not ray.is_initialized():  # get_runtime_context() would start a local Ray
         return None
     context = ray.get_runtime_context()
-    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-            "task_id": context.get_task_id(), "job_id": context.get_job_id()}
+    return {
+        "node_id": context.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "task_id": context.get_task_id(),
+        "job_id": context.get_job_id(),
+    }
 
 
 def quiet_libraries() -> None:
@@ -97,6 +101,38 @@ def init_process_group(cfg: Any) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(timeout)))
 
 
+_GROUP_LEFT = False  # this process destroyed a process group it trained in (process_group_left)
+
+
+@contextmanager
+def exit_without_teardown() -> Iterator[None]:
+    """Around the process's command: a rank that trained in a process group ends with `os._exit`
+    once its output is flushed and its atexit handlers ran. destroy_process_group only drops
+    torch.distributed's own references: FSDP2's device mesh and the trainer keep the gloo group alive,
+    and its worker threads, torn down with the interpreter, can abort a rank whose run completed
+    (SIGABRT, "terminate called without an active exception": a 2-rank FSDP run in CI, under load)."""
+    code: Any = 0
+    try:
+        yield
+    except SystemExit as e:
+        if not _GROUP_LEFT:
+            raise
+        code = e.code
+    if _GROUP_LEFT:
+        import atexit
+        import logging
+
+        if code is not None and not isinstance(
+            code, int
+        ):  # sys.exit("message"): printed, exit 1, as Python does
+            print(code, file=sys.stderr)
+            code = 1
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+
 
 @contextmanager
 def process_group_left() -> Iterator[None]:
@@ -118,3 +154,5 @@ def process_group_left() -> Iterator[None]:
                     dist.barrier()
             finally:
                 dist.destroy_process_group()
+                global _GROUP_LEFT
+                _GROUP_LEFT = True

@@ -44,7 +44,7 @@ def local_jobs(launcher: Any = None) -> tuple[int, str]:
 def _get(node: Any, key: str) -> Any:
     try:
         return node.get(key) if node is not None else None
-    except Exception:  # noqa: BLE001 - a launcher node of any shape: no n_jobs
+    except Exception:  # a launcher node of any shape: no n_jobs
         return None
 
 
@@ -55,16 +55,21 @@ def choose(setting: int | None, launcher: Any = None) -> tuple[int, str]:
         if int(setting) > 4 * available_cores():  # the machine, not the value: known only where the run runs
             from ablate.errors import ConfigError
 
-            raise ConfigError(f"threads={setting}: this machine gives the run {available_cores()} cores; more than "
-                              f"4 threads per core only slows torch down (null: one per core)")
+            raise ConfigError(
+                f"threads={setting}: this machine gives the run {available_cores()} cores; more than "
+                f"4 threads per core only slows torch down (null: one per core)"
+            )
         return int(setting), "config threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
-        # joblib's loky workers (hydra/launcher=local_parallel) get cores // n_jobs here unless the user set it
+        # joblib's loky workers (hydra/launcher=local_parallel) get cores // n_jobs here unless the user set
+        # it
         return int(omp), f"OMP_NUM_THREADS={omp}"
     cores = available_cores()
     jobs, why = local_jobs(launcher)
-    return max(cores // jobs, 1), f"{cores} cores available" + (f" / {jobs} local jobs ({why})" if jobs > 1 else "")
+    return max(cores // jobs, 1), f"{cores} cores available" + (
+        f" / {jobs} local jobs ({why})" if jobs > 1 else ""
+    )
 
 
 def apply(setting: int | None, launcher: Any = None) -> dict[str, Any]:

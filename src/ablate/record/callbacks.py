@@ -10,12 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.errors import Pruned
 
@@ -36,8 +31,12 @@ class MetricsJSONL(TrainerCallback):
         self._t0 = time.monotonic()
 
     def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-        logs: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         if not logs or not state.is_world_process_zero:
             return
@@ -58,7 +57,9 @@ class SealCheckpoint(TrainerCallback):
     method's own, such as GRPO's generation buffer), and this one before any callback that may end
     the run there (SaveOnPreemption raises once the save is done)."""
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         from ablate.record import checkpoints
 
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -87,9 +88,12 @@ def mask_saved_args(directory: Path, args: TrainingArguments) -> None:
     from ablate.record.secrets import mask
 
     path = Path(directory) / "training_args.bin"
-    changed = {f.name: masked for f in dataclasses.fields(args)
-               if isinstance(v := getattr(args, f.name, None), (str, int, float, dict, list, tuple))
-               and (masked := mask(v, key=f.name)) != (list(v) if isinstance(v, tuple) else v)}
+    changed = {
+        f.name: masked
+        for f in dataclasses.fields(args)
+        if isinstance(v := getattr(args, f.name, None), (str, int, float, dict, list, tuple))
+        and (masked := mask(v, key=f.name)) != (list(v) if isinstance(v, tuple) else v)
+    }
     if not changed or not path.is_file():
         return
     masked = copy.copy(args)
@@ -106,27 +110,31 @@ class LogAtSaveAndEnd(TrainerCallback):
     cover every step: summary.json's `train_loss` is computed from them across resumes.
     """
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if control.should_save or control.should_training_stop or state.global_step >= state.max_steps:
             control.should_log = True
 
 
 def trial_callbacks() -> list[Any]:
-    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment, ablate.record.studies), else []."""
+    """[ReportToStudy] when this run is a study's trial (the sweeper set its environment,
+    ablate.record.studies), else []."""
     import os
 
-    from ablate.record.studies import (
-        METRIC_ENV,
-        PRUNER_ENV,
-        STORAGE_ENV,
-        STUDY_ENV,
-        TRIAL_ENV,
-    )
+    from ablate.record.studies import METRIC_ENV, PRUNER_ENV, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
 
     if not os.environ.get(TRIAL_ENV):
         return []
-    return [ReportToStudy(os.environ[STORAGE_ENV], os.environ[STUDY_ENV], int(os.environ[TRIAL_ENV]),
-                          os.environ[METRIC_ENV], os.environ.get(PRUNER_ENV))]
+    return [
+        ReportToStudy(
+            os.environ[STORAGE_ENV],
+            os.environ[STUDY_ENV],
+            int(os.environ[TRIAL_ENV]),
+            os.environ[METRIC_ENV],
+            os.environ.get(PRUNER_ENV),
+        )
+    ]
 
 
 class ReportToStudy(TrainerCallback):
@@ -138,22 +146,37 @@ class ReportToStudy(TrainerCallback):
     ends through `Pruned`: ablate.record.lifecycle records status `pruned` with the step, saves no
     model, and the job counts as done (not failed)."""
 
-    def __init__(self, storage_url: str, study_name: str, trial_id: int, metric: str, pruner: str | None = None) -> None:
+    def __init__(
+        self, storage_url: str, study_name: str, trial_id: int, metric: str, pruner: str | None = None
+    ) -> None:
         from ablate.record.studies import pruner as make_pruner
         from ablate.record.studies import require_optuna, storage
 
         optuna = require_optuna()
         self.metric = metric
-        study = optuna.load_study(study_name=study_name, storage=storage(storage_url), pruner=make_pruner(pruner))
+        study = optuna.load_study(
+            study_name=study_name, storage=storage(storage_url), pruner=make_pruner(pruner)
+        )
         self.trial = optuna.trial.Trial(study, trial_id)
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         value = (logs or {}).get(self.metric)
         if not isinstance(value, (int, float)) or not state.is_world_process_zero:
             return
         self.trial.report(float(value), state.global_step)
         if self.trial.should_prune():
-            log.warning("trial %d pruned at step %d (%s=%.4g)", self.trial.number, state.global_step, self.metric, value)
+            log.warning(
+                "trial %d pruned at step %d (%s=%.4g)",
+                self.trial.number,
+                state.global_step,
+                self.metric,
+                value,
+            )
             raise Pruned(state.global_step, self.metric, float(value))
-

@@ -2,7 +2,8 @@
 its size and sha256; a checkpoint is complete exactly when its manifest is there and matches. And what
 a stopped run tells the user about them: the one line Ctrl-C (or SIGTERM) prints below the bar, which
 earlier run of the same command has a checkpoint to continue, a rank that lost its peers with where
-the run resumes. No torch import."""
+the run resumes, a write that failed (disk full, the file-size limit, the run dir deleted) as one line.
+No torch import."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ablate.errors import PeerLostError, chain
+from ablate.errors import DiskFullError, PeerLostError, RunDirError, chain
 from ablate.record import rundir, secrets
 from ablate.record.rundir import CHECKPOINTS, is_main_process, read_json, write_text
 
@@ -25,8 +26,11 @@ def write_manifest(ckpt: Path) -> None:
     """Seal `ckpt`: `manifest.json` lists every file in it (Trainer's, the method's own, such as GRPO's
     generation buffer, whatever a trainer adds) with its size and sha256. Written last and atomically,
     once every file is in: a checkpoint is complete exactly when its manifest is there and matches."""
-    files = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(ckpt.rglob("*")) if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
+    files = {
+        str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
+    }
     write_text(ckpt / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
 
 
@@ -54,7 +58,8 @@ def checkpoint_problem(ckpt: Path) -> str | None:
                 return f"{name} is missing"
             size = path.stat().st_size
             if size != want.get("size"):
-                return f"{name} is {'truncated' if size < want.get('size', 0) else 'changed'} ({size} of {want.get('size')} bytes)"
+                how = "truncated" if size < want.get("size", 0) else "changed"
+                return f"{name} is {how} ({size} of {want.get('size')} bytes)"
             if _sha256(path) != want.get("sha256"):
                 return f"{name} is damaged (its sha256 differs from {MANIFEST}'s)"
         return None
@@ -108,8 +113,11 @@ def latest_checkpoint(run_dir: Path, skipped: list[str] | None = None) -> Path |
     usable += [p for p, problem in seen if problem == f"no {MANIFEST} (save interrupted)"]
     chosen = usable[0] if usable else None
     if skipped is not None:
-        skipped += [f"{p.name}: {problem}" for p, problem in seen if p != chosen
-                    and (chosen is None or checkpoint_step(p) > checkpoint_step(chosen))]
+        skipped += [
+            f"{p.name}: {problem}"
+            for p, problem in seen
+            if p != chosen and (chosen is None or checkpoint_step(p) > checkpoint_step(chosen))
+        ]
     return chosen
 
 
@@ -154,7 +162,9 @@ def earlier_unfinished(run_dir: Path, overrides: list[str], newest: int = 200) -
     newest such dir and its state, else None. Rerunning a command names a new dir, so the rerun does
     not continue it; the run says so, and how (`ablate resume`). The newest `newest` dirs are read."""
     root = run_dir.parent.parent
-    siblings = sorted((p for p in root.glob("*/*") if p.is_dir() and p != run_dir), key=lambda p: (p.parent.name, p.name))
+    siblings = sorted(
+        (p for p in root.glob("*/*") if p.is_dir() and p != run_dir), key=lambda p: (p.parent.name, p.name)
+    )
     for other in reversed(siblings[-newest:]):
         info = rundir.read_json(other / rundir.RUN)
         if not info or sorted(info.get("overrides", [])) != sorted(secrets.mask(overrides)):
@@ -172,8 +182,13 @@ def warn_if_rerun(run_dir: Path, overrides: list[str], hc: Any) -> None:
         return
     earlier = earlier_unfinished(run_dir, overrides)
     if earlier is not None:
-        log.warning("the same command's run in %s is %s with a checkpoint; this is a new run from step 0 "
-                    "(to continue that one instead: ablate resume %s)", earlier[0], earlier[1], earlier[0])
+        log.warning(
+            "the same command's run in %s is %s with a checkpoint; this is a new run from step 0 "
+            "(to continue that one instead: ablate resume %s)",
+            earlier[0],
+            earlier[1],
+            earlier[0],
+        )
 
 
 def _given_run_dir(hc: Any) -> bool:
@@ -190,12 +205,73 @@ def peer_lost(run_dir: Path, e: BaseException) -> PeerLostError | None:
     crashed, was killed or partitioned), with the checkpoint to resume from; else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
-    cause = next((c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None)
+    cause = next(
+        (c for c in chain(e) if isinstance(c, RuntimeError) and any(m in str(c) for m in PEER_LOST)), None
+    )
     if cause is None:
         return None
     what = next(m for m in PEER_LOST if m in str(cause))
     sealed = [p for _, p in checkpoints(run_dir) if (p / MANIFEST).exists()]  # newest first
     where = f"from {sealed[0].name}" if sealed else "from the start (no checkpoint yet)"
-    return PeerLostError(f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
-                         f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
-                         "again on every node")
+    return PeerLostError(
+        f"rank {os.environ.get('RANK', '?')} lost another rank of this job ({what.lower()}: it died, "
+        f"or hung past distributed.ddp_timeout); the run resumes {where}: start the same command "
+        "again on every node"
+    )
+
+
+def disk_full(run_dir: Path, resumed_from: int, e: BaseException) -> DiskFullError | None:
+    """`e` as one line naming the disk and the dir when it is a write that found the run dir's disk
+    full (or over quota: torch and safetensors report it in words of their own, so a disk left with
+    under 1 MiB free counts too), else None. The checkpoint being written (unsealed, newer than the
+    resume point) is removed: it could never be resumed from, and its space lets the record be written."""
+    import shutil
+
+    if not isinstance(e, Exception):  # Ctrl-C, SIGTERM, a SLURM preemption
+        return None
+    too_large = _file_too_large(e)
+    try:
+        full = too_large or rundir.disk_full(e) or shutil.disk_usage(run_dir).free < 1 << 20
+    except OSError:
+        return None
+    if not full:
+        return None
+    logging.raiseExceptions = False  # a log line finding no room is dropped, not a traceback on stderr
+    partial = [p for step, p in checkpoints(run_dir) if step > resumed_from and not (p / MANIFEST).exists()]
+    for p in partial if is_main_process() else []:
+        shutil.rmtree(p, ignore_errors=True)
+    writing = f"{partial[0]} (removed: incomplete)" if partial else str(run_dir)
+    if too_large:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        shown = f"{limit} bytes" if limit != resource.RLIM_INFINITY else "its size"
+        return DiskFullError(
+            f"file-size limit: a file passed this process's limit of {shown} per file (ulimit -f) "
+            f"while writing {writing}; raise it (ulimit -f unlimited), then resume: ablate resume {run_dir}"
+        )
+    return DiskFullError(
+        f"disk full: no space left on {rundir.mount_of(run_dir)} while writing {writing}; "
+        f"free some space, then resume: ablate resume {run_dir}"
+    )
+
+
+def _file_too_large(e: BaseException) -> bool:
+    """A write past the file-size limit (RLIMIT_FSIZE, `ulimit -f`: Python ignores SIGXFSZ, so the write fails
+    with EFBIG); safetensors and torch say it in their own words."""
+    import errno
+
+    return any(
+        isinstance(c, OSError) and c.errno == errno.EFBIG or "File too large" in str(c) for c in chain(e)
+    )
+
+
+def dir_gone(run_dir: Path, e: BaseException) -> RunDirError | None:
+    """The run dir deleted (or moved) while training: every later write fails. One line; nothing remade."""
+    if not isinstance(e, Exception) or run_dir.is_dir():
+        return None
+    logging.raiseExceptions = False  # the log file went with the dir
+    return RunDirError(
+        f"the run dir {run_dir} was deleted (or moved) while training: nothing more can be saved there, "
+        "and nothing was made again; run again in a new dir"
+    )

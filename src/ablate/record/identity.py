@@ -21,10 +21,13 @@ from ablate.record import checkpoints, rundir, secrets
 
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
-NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"  # set by `ablate resume --force`: resume although the composed config changed
-# method keys that only tell `ablate compare` how to read a run (what defines each metric), left out of its
-# identity: a run started before a method declared them resumes as the same run
-COMPARE_ONLY = {"defined_by"}
+# set by `ablate resume --force`: resume although the composed config changed
+NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"
+# set by `ablate resume` on another rank count: the keys it changed to keep the global batch (accepted)
+RESIZED_ENV = "ABLATE_RESUME_RESIZED"
+# method keys that only tell ablate how to read a run (what defines each metric) or check its data (the kind
+# of rows, ablate.data.kinds), left out of its identity: a run started before a method declared them resumes
+COMPARE_ONLY = {"defined_by", "data_kind"}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -35,15 +38,29 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     if info is not None:
         same_run(run_dir, info, overrides)
         return info
-    info = {"overrides": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "versions": rundir.versions(), "git_sha": rundir.git_sha(), **_launch_context()}
+    info = {
+        "overrides": overrides,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "versions": rundir.versions(),
+        "git_sha": rundir.git_sha(),
+        **_launch_context(),
+    }
     rundir.write_json(run_dir / rundir.RUN, info)
     return info
 
 
 def same_overrides(recorded: list[str], given: list[str]) -> bool:
-    """The same command: `given` as it is recorded (masked)."""
-    return sorted(map(str, recorded)) == sorted(map(str, secrets.mask(given)))
+    """The same command: `given` as recorded (masked)."""
+    resized = _resized_keys()  # `ablate resume` on another rank count changed these keys itself
+    kept = [
+        [o for o in map(str, x) if o.split("=", 1)[0].lstrip("+~") not in resized]
+        for x in (recorded, secrets.mask(given))
+    ]
+    return sorted(kept[0]) == sorted(kept[1])
+
+
+def _resized_keys() -> set[str]:
+    return set(filter(None, os.environ.get(RESIZED_ENV, "").split(",")))
 
 
 def same_run(run_dir: Path, info: dict[str, Any] | None, overrides: list[str]) -> None:
@@ -72,12 +89,15 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     record is (ablate.record.secrets: a resolved `${oc.env:HF_TOKEN}` becomes ***), and its hash (of the
     masked config: a rotated token does not change the job; a resumed sweep compares it)."""
     resolved = secrets.mask(OmegaConf.to_container(cfg, resolve=True))
-    if isinstance(resolved.get("method"), dict):  # how `ablate compare` reads the metrics: trains nothing differently
+    # how `ablate compare` reads the metrics: trains nothing differently
+    if isinstance(resolved.get("method"), dict):
         resolved["method"] = {k: v for k, v in resolved["method"].items() if k not in COMPARE_ONLY}
     return {"config_hash": config_hash(resolved), "config": resolved}
 
 
-def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str, Any], warn: bool = True) -> None:
+def check_same_config(
+    run_dir: Path, info: dict[str, Any] | None, now: dict[str, Any], warn: bool = True
+) -> None:
     """A resume (a checkpoint to continue) whose composed config differs from the one the run started
     with (a config file edited since, a changed default) would train its remaining steps on another
     config and rewrite `.hydra/config.yaml` to it: refused naming the keys (ConfigError), unless
@@ -85,15 +105,24 @@ def check_same_config(run_dir: Path, info: dict[str, Any] | None, now: dict[str,
     before = (info or {}).get("config_hash")
     if not before or same_config(info or {}, now) or not checkpoints.checkpoints(run_dir):
         return
-    changed = config_changes((info or {}).get("config") or {}, now["config"])
+    changed = [
+        c
+        for c in config_changes((info or {}).get("config") or {}, now["config"])
+        if c.split(" (was ", 1)[0] not in _resized_keys()
+    ]
+    if not changed:  # only what `ablate resume` changed for another rank count
+        return
     shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
     if os.environ.get(NEW_CONFIG_ENV):
         if warn:  # said once, by the run (the launching process checks it first, silently)
-            log.warning("the composed config changed since this run started (%s): resuming with it (--force)",
-                        shown)
+            log.warning(
+                "the composed config changed since this run started (%s): resuming with it (--force)", shown
+            )
         return
-    raise ConfigError(f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
-                      f"config files, or resume with the new config: ablate resume {run_dir} --force")
+    raise ConfigError(
+        f"the composed config changed since this run started: {shown or 'its hash'}; restore the "
+        f"config files, or resume with the new config: ablate resume {run_dir} --force"
+    )
 
 
 def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
@@ -104,8 +133,11 @@ def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key (was X, now Y)` for every key, in config order, whose value differs."""
     a, b = _flat(old), _flat(new)
-    return [f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
-            for k in [*b, *(k for k in a if k not in b)] if a.get(k, "<absent>") != b.get(k, "<absent>")]
+    return [
+        f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
+        for k in [*b, *(k for k in a if k not in b)]
+        if a.get(k, "<absent>") != b.get(k, "<absent>")
+    ]
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -28,21 +28,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.errors import (
-    USER_ERRORS,
-    ConfigError,
-    DataError,
-    DiskFullError,
-    Pruned,
-    RunDirError,
-    chain,
-    user_code_error,
-    user_error,
-)
+from ablate.errors import USER_ERRORS, DataError, Pruned, user_code_error, user_error
 from ablate.process import interrupts
 from ablate.record import checkpoints, rundir, secrets, sweep_dirs
 from ablate.record.identity import (
     NEW_DATA_ENV,
+    RESIZED_ENV,
     check_same_config,
     claim,
     data_fingerprint,
@@ -66,7 +57,8 @@ class Run:
     resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
     cache_recorded: bool = False  # this launch's cache lookups are in run.json (later calls update them)
-    progress: dict[str, Any] = field(default_factory=dict)  # method.progress and the schedule's name (learned.note)
+    # method.progress and the schedule's name (learned.note)
+    progress: dict[str, Any] = field(default_factory=dict)
 
     def start_tracker(self, cfg: DictConfig) -> None:
         """The logger group's tracker (logger=none composes to nothing): one W&B run per job, on rank 0."""
@@ -100,9 +92,13 @@ class Run:
             launches = launches[:-1]
         self.cache_recorded = True
         launches = launches + [now["entries"]]
-        self.info["cache"] = {"enabled": now["enabled"], "dir": now["dir"], "launches": launches,
-                              "hits": sum(e["hit"] for e in now["entries"]),
-                              "misses": sum(not e["hit"] for e in now["entries"])}
+        self.info["cache"] = {
+            "enabled": now["enabled"],
+            "dir": now["dir"],
+            "launches": launches,
+            "hits": sum(e["hit"] for e in now["entries"]),
+            "misses": sum(not e["hit"] for e in now["entries"]),
+        }
         rundir.write_json(self.dir / rundir.RUN, self.info)
 
     def add_speed_plan(self, trainer: Any) -> None:
@@ -131,11 +127,21 @@ class Run:
         if before and before != now and checkpoints.checkpoints(self.dir):
             split = next(k for k in now if now[k] != before.get(k))
             rows = [(fp or {}).get("rows", 0) for fp in (before.get(split), now[split])]
-            change = f"{rows[0]} rows then, {rows[1]} now" if rows[0] != rows[1] else f"{rows[1]} rows, other content"
+            change = (
+                f"{rows[0]} rows then, {rows[1]} now"
+                if rows[0] != rows[1]
+                else f"{rows[1]} rows, other content"
+            )
             if not os.environ.get(NEW_DATA_ENV):
-                raise DataError(f"the {split} data changed since this run started ({change}; run.json records its "
-                                f"sha256); restore it, or resume on the new data: ablate resume {self.dir} --force")
-            log.warning("the %s data changed since this run started (%s): resuming on the new data (--force)", split, change)
+                raise DataError(
+                    f"the {split} data changed since this run started ({change}; run.json records its "
+                    f"sha256); restore it, or resume on the new data: ablate resume {self.dir} --force"
+                )
+            log.warning(
+                "the %s data changed since this run started (%s): resuming on the new data (--force)",
+                split,
+                change,
+            )
         if before != now:
             self.info["data"] = now
             rundir.write_json(self.dir / rundir.RUN, self.info)
@@ -148,9 +154,11 @@ class Run:
         setup.prepare(cfg, self.info)
         rundir.write_json(self.dir / rundir.RUN, self.info)
         progress = cfg.method.get("progress")  # GRPO's learning checks; reward, KTO, ... have none
-        self.progress = {**(OmegaConf.to_container(progress, resolve=False) if progress else {}),
-                         "scheduler": HydraConfig.get().runtime.choices.get("optimizer/scheduler")}
-        check_shared_run_dir(self.dir)
+        self.progress = {
+            **(OmegaConf.to_container(progress, resolve=False) if progress else {}),
+            "scheduler": HydraConfig.get().runtime.choices.get("optimizer/scheduler"),
+        }
+        rundir.check_shared_run_dir(self.dir)
 
     def note(self, **facts: Any) -> None:
         """Facts the run learned while it was built (e.g. `data_format`: how its rows were formatted,
@@ -172,8 +180,12 @@ class Run:
         ckpt = checkpoints.latest_checkpoint(self.dir, skipped)
         for why in skipped:  # each moved aside: a new save of its step must not mix with its files
             aside = checkpoints.set_aside(self.dir / rundir.CHECKPOINTS / why.split(":")[0])
-            log.warning("skipping %s; resuming from %s (it is kept in %s/)", why, ckpt.name if ckpt else "the start",
-                        aside.parent.relative_to(self.dir))
+            log.warning(
+                "skipping %s; resuming from %s (it is kept in %s/)",
+                why,
+                ckpt.name if ckpt else "the start",
+                aside.parent.relative_to(self.dir),
+            )
         self.resumed_from = checkpoint_step(ckpt)
         rundir.truncate_metrics(self.dir, self.resumed_from)
         return ckpt
@@ -187,8 +199,10 @@ class Run:
         metrics["train_loss"] = train_loss(history, global_step)
         self.summary.update(status="completed", global_step=global_step, metrics=metrics)
         from ablate.callbacks import learned  # (its package loads transformers: not at import)
-        if said := learned.note(history, self.progress, global_step, self.summary["overrides"],
-                                self.progress.get("scheduler")):
+
+        if said := learned.note(
+            history, self.progress, global_step, self.summary["overrides"], self.progress.get("scheduler")
+        ):
             self.summary["note"] = said  # the progress metric never moved: printed under the final table
         self.add_cache(trainer)
         for fields in extra:
@@ -196,9 +210,12 @@ class Run:
 
     def write(self) -> None:
         """summary.json, with the run's wall-clock so far; the tracker is told how the run ended."""
-        self.summary["train_runtime"] = self.summary.get("metrics", {}).get("train_runtime", round(time.time() - self.t0, 3))
+        self.summary["train_runtime"] = self.summary.get("metrics", {}).get(
+            "train_runtime", round(time.time() - self.t0, 3)
+        )
         self.summary["wall_seconds"] = round(time.time() - self.t0, 3)
-        if self.dir.is_dir():  # a run dir deleted while training is not made again (`_dir_gone` says so)
+        # a run dir deleted while training is not made again (`checkpoints.dir_gone` says so)
+        if self.dir.is_dir():
             rundir.write_json(self.dir / rundir.SUMMARY, self.summary)
         if self.tracker is not None:
             self.tracker.finish(self.summary["status"])
@@ -215,17 +232,20 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     interrupts.watch_parent()  # a local_parallel worker ends with its sweep's parent, kill -9 included
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # ${oc.env:X} as written, not its value
+    # ${oc.env:X} as written, not its value
+    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
     secrets.remember(overrides)  # this process may be a sweep's worker: it has not seen the command line
     previous = skip_completed(run_dir) if os.environ.get(RESUME_ENV) else _completed(run_dir, overrides)
     if previous is not None:
         yield _untouched(run_dir, previous)
         return
     multirun = hc.mode == RunMode.MULTIRUN
-    with _refusal_recorded(run_dir, hc):  # a dir that is not this run's: nothing written into it
+    with sweep_dirs.refusal_recorded(run_dir, hc):  # a dir that is not this run's: nothing written into it
         rundir.is_usable(run_dir)
         same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
-        rundir.lock(run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir")
+        rundir.lock(
+            run_dir, advice="resume the sweep once it has" if multirun else "use another hydra.run.dir"
+        )
         info = claim(run_dir, overrides)
         now = identity(cfg)
         check_same_config(run_dir, info, now)
@@ -236,24 +256,47 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     write_config_files(run_dir, cfg, hc)
     if info.get("config_hash") != now["config_hash"]:  # the job's identity, checked when it is resumed
         info.update(now)
+        if os.environ.get(RESIZED_ENV):  # resumed on another rank count: the command that continues it
+            info["overrides"] = overrides
         rundir.write_json(run_dir / rundir.RUN, info)
-    run = Run(run_dir, info, {"status": "running", "method": cfg.method.name, "overrides": overrides,
-                              # the method's own say in `ablate compare` (a user's method too)
-                              "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
-                              "run_dir": str(run_dir), "versions": info.get("versions"), "git_sha": info.get("git_sha")})
+    run = Run(
+        run_dir,
+        info,
+        {
+            "status": "running",
+            "method": cfg.method.name,
+            "overrides": overrides,
+            # the method's own say in `ablate compare` (a user's method too)
+            "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
+            "run_dir": str(run_dir),
+            "versions": info.get("versions"),
+            "git_sha": info.get("git_sha"),
+        },
+    )
     rundir.write_json(run_dir / rundir.SUMMARY, run.summary)
     if not multirun:
         checkpoints.warn_if_rerun(run_dir, overrides, hc)  # the same command again, in a new default dir
     with interrupts.as_exceptions():
         try:
             yield run
-        except Pruned as e:  # a study stopped this trial: recorded, and the caller goes on as after a completed run
-            run.summary.update(status="pruned", global_step=e.step, pruned_at=e.step,
-                               metrics=final_metrics(rundir.read_metrics(run.dir)))
+        except (
+            Pruned
+        ) as e:  # a study stopped this trial: recorded, and the caller goes on as after a completed run
+            run.summary.update(
+                status="pruned",
+                global_step=e.step,
+                pruned_at=e.step,
+                metrics=final_metrics(rundir.read_metrics(run.dir)),
+            )
             run.write()
             return
-        except BaseException as e:  # noqa: BLE001 - every failure must still leave a summary
-            known = _dir_gone(run, e) or _disk_full(run, e) or checkpoints.peer_lost(run.dir, e) or user_code_error(e)
+        except BaseException as e:  # every failure must still leave a summary
+            known = (
+                checkpoints.dir_gone(run.dir, e)
+                or checkpoints.disk_full(run.dir, run.resumed_from, e)
+                or checkpoints.peer_lost(run.dir, e)
+                or user_code_error(e)
+            )
             _ended_by(run, known or e, hc.mode)
             if known is not None:
                 raise known from e
@@ -275,36 +318,8 @@ def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
 def _untouched(run_dir: Path, summary: dict[str, Any]) -> Run:
     """A completed run, to be left as it is: log lines from here on (Hydra's launcher announcing the
     next job of a multirun) must not land in its ablate.log."""
-    _stop_logging_into(run_dir)
+    rundir.stop_logging_into(run_dir)
     return Run(run_dir, rundir.read_json(run_dir / rundir.RUN) or {}, summary, done=True)
-
-
-def _stop_logging_into(run_dir: Path) -> None:
-    """Remove the log file handlers writing into `run_dir` (Hydra's ablate.log, opened at its first line)."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
-            root.removeHandler(handler)
-            handler.close()
-
-
-@contextlib.contextmanager
-def _refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
-    """A sweep's job refused its dir (a folder of the user's, another run's, one in use): nothing is
-    written into that dir, not even the log line Hydra writes about the failed job; the refusal is
-    recorded in the sweep's dir instead, so the sweep's table counts the job as failed. A later
-    launch that claims the dir drops the record."""
-    multirun = hc.mode == RunMode.MULTIRUN
-    try:
-        yield
-    except (RunDirError, ConfigError) as e:
-        if multirun:
-            _stop_logging_into(run_dir)
-            overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
-            sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, secrets.mask_text(str(e)), overrides)
-        raise
-    if multirun:
-        sweep_dirs.record_refusal(Path(str(hc.sweep.dir)), run_dir, None)
 
 
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
@@ -318,9 +333,11 @@ def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
     hydra_node["output_subdir"] = rundir.HYDRA  # where they are, as Hydra records it
     out = run_dir / rundir.HYDRA
     out.mkdir(exist_ok=True)
-    for name, node in (("config.yaml", OmegaConf.to_container(cfg, resolve=False)),
-                       ("hydra.yaml", {"hydra": hydra_node}),
-                       ("overrides.yaml", OmegaConf.to_container(hc.overrides.task, resolve=False))):
+    for name, node in (
+        ("config.yaml", OmegaConf.to_container(cfg, resolve=False)),
+        ("hydra.yaml", {"hydra": hydra_node}),
+        ("overrides.yaml", OmegaConf.to_container(hc.overrides.task, resolve=False)),
+    ):
         rundir.write_text(out / name, OmegaConf.to_yaml(OmegaConf.create(secrets.mask(node))))
 
 
@@ -334,7 +351,8 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
     if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):
         run.summary.update(status="interrupted", error=interrupts.describe(e))
         line = f"run interrupted ({run.summary['error']}): resume with `ablate resume {run.dir}`"
-        if mode == RunMode.RUN:  # a single run says it once, below the bar (ablate.train.main: checkpoints.interrupted_line)
+        # a single run says it once, below the bar (ablate.train.main: checkpoints.interrupted_line)
+        if mode == RunMode.RUN:
             _log_to_file(line)
         else:
             log.warning("%s", line)
@@ -352,56 +370,6 @@ def _ended_by(run: Run, e: BaseException, mode: RunMode) -> None:
     run.write()
 
 
-def _disk_full(run: Run, e: BaseException) -> DiskFullError | None:
-    """`e` as one line naming the disk and the dir when it is a write that found the run dir's disk
-    full (or over quota: torch and safetensors report it in words of their own, so a disk left with
-    under 1 MiB free counts too), else None. The checkpoint being written (unsealed, newer than the
-    resume point) is removed: it could never be resumed from, and its space lets the record be written."""
-    import shutil
-
-    if not isinstance(e, Exception):  # Ctrl-C, SIGTERM, a SLURM preemption
-        return None
-    too_large = _file_too_large(e)
-    try:
-        full = too_large or rundir.disk_full(e) or shutil.disk_usage(run.dir).free < 1 << 20
-    except OSError:
-        return None
-    if not full:
-        return None
-    logging.raiseExceptions = False  # a log line finding no room is dropped, not a traceback on stderr
-    partial = [p for step, p in checkpoints.checkpoints(run.dir)
-               if step > run.resumed_from and not (p / checkpoints.MANIFEST).exists()]
-    for p in partial if rundir.is_main_process() else []:
-        shutil.rmtree(p, ignore_errors=True)
-    writing = f"{partial[0]} (removed: incomplete)" if partial else str(run.dir)
-    if too_large:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        shown = f"{limit} bytes" if limit != resource.RLIM_INFINITY else "its size"
-        return DiskFullError(f"file-size limit: a file passed this process's limit of {shown} per file (ulimit -f) "
-                             f"while writing {writing}; raise it (ulimit -f unlimited), then resume: ablate resume {run.dir}")
-    return DiskFullError(f"disk full: no space left on {rundir.mount_of(run.dir)} while writing {writing}; "
-                         f"free some space, then resume: ablate resume {run.dir}")
-
-
-def _file_too_large(e: BaseException) -> bool:
-    """A write past the file-size limit (RLIMIT_FSIZE, `ulimit -f`: Python ignores SIGXFSZ, so the write fails
-    with EFBIG); safetensors and torch say it in their own words."""
-    import errno
-
-    return any(isinstance(c, OSError) and c.errno == errno.EFBIG or "File too large" in str(c) for c in chain(e))
-
-
-def _dir_gone(run: Run, e: BaseException) -> RunDirError | None:
-    """The run dir deleted (or moved) while training: every later write fails. One line; nothing is made again."""
-    if not isinstance(e, Exception) or run.dir.is_dir():
-        return None
-    logging.raiseExceptions = False  # the log file went with the dir
-    return RunDirError(f"the run dir {run.dir} was deleted (or moved) while training: nothing more can be saved there, "
-                       "and nothing was made again; run again in a new dir")
-
-
 def all_ranks_stopped() -> None:
     """A barrier over the job's ranks (several SLURM tasks, torchrun), if torch.distributed is up:
     ranks > 0 leave at once after a preemption (submitit requeues from rank 0 only), and with
@@ -410,26 +378,6 @@ def all_ranks_stopped() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def check_shared_run_dir(run_dir: Path) -> None:
-    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
-    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
-    own default dir (relative to their working dir, named by their own launch time), or a dir on a
-    filesystem only one node sees, would train on but leave a run that cannot resume."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    dirs: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
-    if len(set(dirs)) > 1 or not (run_dir / rundir.RUN).is_file():
-        from ablate.errors import ConfigError
-
-        what = f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})" if len(set(dirs)) > 1 else \
-            f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
-        raise ConfigError(f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
-                          "(docs/distributed.md: several nodes)")
 
 
 def _log_to_file(message: str) -> None:
@@ -449,6 +397,7 @@ def skip_completed(run_dir: Path) -> dict[str, Any] | None:
 
 
 # ---- the summary's numbers ----
+
 
 def checkpoint_step(ckpt: Path | None) -> int:
     return int(ckpt.name.split("-")[-1]) if ckpt is not None else 0
@@ -486,7 +435,9 @@ def print_result(run: Run) -> None:
     from rich.table import Table
 
     summary = run.summary
-    table = Table(title=f"{summary['method']} finished: {summary['status']} at step {summary.get('global_step')}")
+    table = Table(
+        title=f"{summary['method']} finished: {summary['status']} at step {summary.get('global_step')}"
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in sorted(summary.get("metrics", {}).items()):

@@ -1,8 +1,8 @@
 """The run directory contract, shared by training, resume, `ablate compare` and W&B.
 
     <run_dir>/
-      .hydra/            Hydra's composed config, hydra config and overrides (written by ablate.record.lifecycle)
-      run.json           identity of the run: overrides, start time, versions, git sha, W&B run id, data fingerprint
+      .hydra/            Hydra's composed config, hydra config, overrides (written by ablate.record.lifecycle)
+      run.json           identity: overrides, start time, versions, git sha, W&B run id, data fingerprint
       metrics.jsonl      one JSON object per log event: {"step", "time", <metric names>...}
       summary.json       written at the end (also on failure): status, error, metrics, global_step, ...
       eval.json          `ablate eval`'s metrics (its latest eval)
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import platform
 import re
@@ -37,9 +38,17 @@ from typing import Any
 
 from ablate.errors import RunDirError, chain
 
-SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = "summary.json", "run.json", "metrics.jsonl", "checkpoints", "model"
+SUMMARY, RUN, METRICS, CHECKPOINTS, MODEL = (
+    "summary.json",
+    "run.json",
+    "metrics.jsonl",
+    "checkpoints",
+    "model",
+)
 LOCK, HYDRA = ".lock", ".hydra"
-EXAMPLES = "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
+EXAMPLES = (
+    "eval_examples.jsonl"  # per-example eval scores, paired across arms by `ablate compare` (Miller 2024)
+)
 EVAL = "eval.json"  # `ablate eval`'s held-out metrics, which `ablate compare` prefers to the training ones
 # what Hydra's log and the lock write into the run dir before run.json: a dir holding only these is "empty"
 HYDRA_FILES = {"ablate.log", LOCK}
@@ -153,9 +162,9 @@ LAST = "last"  # a run dir argument naming the newest run under OUTPUTS (`ablate
 
 
 def newest_run(root: Path = OUTPUTS) -> Path | None:
-    """The newest ablate run under `root` (a dir holding run.json, ablate's marker; runs and sweep jobs alike):
-    by run.json's `started`, then by path (a day's runs are named by their time, a launch's jobs by number).
-    Dirs below a run and hidden ones (.replaced/, .submitit/) are not searched."""
+    """The newest ablate run under `root` (a dir holding run.json, ablate's marker; runs and sweep jobs
+    alike): by run.json's `started`, then by path (a day's runs are named by their time, a launch's jobs by
+    number). Dirs below a run and hidden ones (.replaced/, .submitit/) are not searched."""
     best: tuple[str, str] | None = None
     for here, dirs, files in os.walk(root):
         if RUN in files:
@@ -175,8 +184,10 @@ def given_run(path: Path) -> Path:
         return path
     found = newest_run()
     if found is None:
-        raise RunDirError(f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
-                          f"under {OUTPUTS.resolve()}); run `ablate train` first, or give a run dir")
+        raise RunDirError(
+            f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
+            f"under {OUTPUTS.resolve()}); run `ablate train` first, or give a run dir"
+        )
     print(f"last: {found}", file=sys.stderr)
     return found
 
@@ -192,12 +203,14 @@ def is_usable(run_dir: Path) -> None:
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in HYDRA_FILES or not _ours(p))
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise RunDirError(f"run dir {run_dir} is not empty and holds no ablate run ({RUN} missing; found {shown}); "
-                          "use an empty or new hydra.run.dir")
+        raise RunDirError(
+            f"run dir {run_dir} is not empty and holds no ablate run ({RUN} missing; found {shown}); "
+            "use an empty or new hydra.run.dir"
+        )
 
 
 def _ours(path: Path) -> bool:
-    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock file is not ours to take)."""
+    """An ablate.log, or a .lock holding nothing or `lock`'s line (another program's lock is not ours)."""
     if path.name != LOCK:
         return path.is_file()
     try:
@@ -241,7 +254,9 @@ def lock(run_dir: Path, what: str = "run dir", advice: str = "use another hydra.
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise RunDirError(f"{what} {run_dir} is in use by {holder}; wait for it to end, or {advice}") from None
+        raise RunDirError(
+            f"{what} {run_dir} is in use by {holder}; wait for it to end, or {advice}"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode())
     _held[run_dir] = fd
@@ -364,8 +379,11 @@ def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict) and "id" in row:
-            out[str(row["id"])] = {k: float(v) for k, v in row.items()
-                                   if isinstance(v, (int, float)) and k not in ("id", "index")}
+            out[str(row["id"])] = {
+                k: float(v)
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and k not in ("id", "index")
+            }
     return out
 
 
@@ -383,10 +401,14 @@ def git_sha() -> str | None:
     """The sha of the ablate checkout, when it is one (with `-dirty` if it has local changes)."""
     here = Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -407,3 +429,40 @@ def truncate_metrics(run_dir: Path, after_step: int) -> None:
     if path.is_file() and is_main_process():
         keep = [json.dumps(e) for e in read_metrics(run_dir) if e.get("step", 0) <= after_step]
         write_text(path, "".join(k + "\n" for k in keep))
+
+
+def check_shared_run_dir(run_dir: Path) -> None:
+    """Every rank of the job names the same run dir, and sees the run.json rank 0 just wrote in it:
+    checkpoints hold a file per rank, and a resume reads them all. Two nodes that each took their
+    own default dir (relative to their working dir, named by their own launch time), or a dir on a
+    filesystem only one node sees, would train on but leave a run that cannot resume."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dirs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(dirs, str(run_dir.resolve()))  # after rank 0's run.json: a barrier too
+    if len(set(dirs)) > 1 or not (run_dir / RUN).is_file():
+        from ablate.errors import ConfigError
+
+        what = (
+            f"the ranks name different run dirs ({', '.join(sorted(set(dirs)))})"
+            if len(set(dirs)) > 1
+            else f"rank {dist.get_rank()} does not see rank 0's files in {run_dir}"
+        )
+        raise ConfigError(
+            f"{what}: give every node the same hydra.run.dir, on a filesystem all nodes share "
+            "(docs/distributed.md: several nodes)"
+        )
+
+
+def stop_logging_into(run_dir: Path) -> None:
+    """Remove the log file handlers writing into `run_dir` (Hydra's ablate.log, opened at its first line)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if (
+            isinstance(handler, logging.FileHandler)
+            and Path(handler.baseFilename).parent == run_dir.resolve()
+        ):
+            root.removeHandler(handler)
+            handler.close()

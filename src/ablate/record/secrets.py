@@ -38,15 +38,22 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 MASK = "***"
-_SECRET_WORDS = r"token|secret|password|passwd|passphrase|key|apikey|api_key|access_key|private_key|credentials?"
+_SECRET_WORDS = (
+    r"token|secret|password|passwd|passphrase|key|apikey|api_key|access_key|private_key|credentials?"
+)
 _SECRET_NAME = re.compile(rf"(?i)(?:^|[_\-])(?:{_SECRET_WORDS})$|(?i:secret|password|api_?key|access_?key)")
-_NOT_SECRET = re.compile(r"(?i)(?:^|_)(?:pad|eos|bos|unk|sep|cls|mask|special|chat|additional_special)_token$")
+_NOT_SECRET = re.compile(
+    r"(?i)(?:^|_)(?:pad|eos|bos|unk|sep|cls|mask|special|chat|additional_special)_token$"
+)
 _CREDENTIAL = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,})")
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)")  # scheme://user:PASSWORD@host
+# scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.\-]*://[^/\s:@]+:)[^/\s@]+(?=@)")
 # key=value in overrides, override_dirname and command lines: `+method.args.hub_token=hf_...`; a value
 # is a run of quoted strings (Hydra's grammar: "a b", 'a,b'), interpolations and plain characters
-_ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.@/\-]*)="
-                         r"(?P<value>(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\$\{[^}]*\}|[^,\s\]'\"])+)")
+_ASSIGNMENT = re.compile(
+    r"(?P<key>[A-Za-z_][\w.@/\-]*)="
+    r"(?P<value>(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\$\{[^}]*\}|[^,\s\]'\"])+)"
+)
 _MIN_VALUE = 8  # shorter values are masked under their key only: masking every "1" in a log would say nothing
 _remembered: set[str] = set()  # secret values given on the command line (`remember`)
 
@@ -73,8 +80,13 @@ def remember(overrides: list[str]) -> None:
     parser = OverridesParser.create()
     for override in overrides:
         key, sep, raw = str(override).partition("=")
-        # an interpolation is not a secret: quoted, or escaped as Hydra's sweeper passes it to a job ($\{...\})
-        if not sep or not secret_name(key.lstrip("+~")) or raw.strip("'\"").replace("\\", "").startswith("${"):
+        # an interpolation is not a secret: quoted, or escaped as Hydra's sweeper passes it to a job
+        # ($\{...\})
+        if (
+            not sep
+            or not secret_name(key.lstrip("+~"))
+            or raw.strip("'\"").replace("\\", "").startswith("${")
+        ):
             continue
         values = {raw, raw.strip("'\"")}
         with contextlib.suppress(Exception):  # not Hydra's syntax: the raw text is masked all the same
@@ -94,8 +106,11 @@ def mask_text(s: str, env: list[str] | None = None) -> str:
 
     def assignment(m: re.Match[str]) -> str:
         value = m.group("value")
-        if secret_name(m.group("key").lstrip("+~")) and value.strip("'\"") not in (MASK, "null", "") \
-                and not value.strip("'\"").replace("\\", "").startswith("${"):
+        if (
+            secret_name(m.group("key").lstrip("+~"))
+            and value.strip("'\"") not in (MASK, "null", "")
+            and not value.strip("'\"").replace("\\", "").startswith("${")
+        ):
             return f"{m.group('key')}={MASK}"
         return m.group(0)
 
@@ -170,7 +185,7 @@ def mask_log_records() -> None:
         record = made(*args, **kwargs)
         try:
             msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record is logging's to report, as it would be unmasked
+        except Exception:  # a malformed record is logging's to report, as it would be unmasked
             return record
         masked = mask_text(msg)
         if masked != msg:
@@ -212,7 +227,8 @@ class MaskRecords(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         hc = config.hydra
-        # in a sweep's worker too (it never saw the command line); as written: `${oc.env:...}` stays unresolved
+        # in a sweep's worker too (it never saw the command line); as written: `${oc.env:...}` stays
+        # unresolved
         remember([str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)])
         out = Path(str(hc.runtime.output_dir))
         if hc.output_subdir is not None:

@@ -1,6 +1,6 @@
 """The link between a study's driver (hydra/sweeper=optuna, ablate.launchers.study) and its trials
-(ablate.record.callbacks.ReportToStudy): the job environment naming the study, and the study's storage. No torch, no
-transformers: the launching process imports it."""
+(ablate.record.callbacks.ReportToStudy): the job environment naming the study, and the study's storage. No
+torch, no transformers: the launching process imports it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ from typing import Any
 from ablate.errors import missing_extra
 
 # set per job by the sweeper (hydra.job.env_set): where the study is, which trial this run is, what it reports
-STORAGE_ENV, STUDY_ENV, TRIAL_ENV, METRIC_ENV = ("ABLATE_STUDY_STORAGE", "ABLATE_STUDY_NAME",
-                                                 "ABLATE_TRIAL_ID", "ABLATE_STUDY_METRIC")
+STORAGE_ENV, STUDY_ENV, TRIAL_ENV, METRIC_ENV = (
+    "ABLATE_STUDY_STORAGE",
+    "ABLATE_STUDY_NAME",
+    "ABLATE_TRIAL_ID",
+    "ABLATE_STUDY_METRIC",
+)
 # the pruner's config as JSON: Optuna keeps no pruner in the database, each process builds its own
 PRUNER_ENV = "ABLATE_STUDY_PRUNER"
 
@@ -30,7 +34,6 @@ def storage(url: str) -> Any:
     optuna = require_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # ablate prints each trial's line itself
     return optuna.storages.RDBStorage(url=url, engine_kwargs={"connect_args": {"timeout": 60}})
-
 
 
 def pruner(config_json: str | None) -> Any:

@@ -8,11 +8,14 @@ No torch import: the launching process checks these before any job starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from ablate.errors import ConfigError, RunDirError
@@ -29,8 +32,10 @@ def given(hc: Any) -> bool:
     return any(o.lstrip("+").split("=", 1)[0] == "hydra.sweep.dir" for o in hydra_overrides(hc))
 
 
-RESUME_ENV = "ABLATE_RESUME_SWEEP"  # set by `--resume` (and in its job processes): the launch continues the sweep there
-SWEEP_RECORDS = ("multirun.yaml", "study.db")  # what a launch leaves in its sweep dir (Hydra's record; a study's database)
+# set by `--resume` (and in its job processes): the launch continues the sweep there
+RESUME_ENV = "ABLATE_RESUME_SWEEP"
+# what a launch leaves in its sweep dir (Hydra's record; a study's database)
+SWEEP_RECORDS = ("multirun.yaml", "study.db")
 
 
 def same_launch(path: Path, task: list[str] | None) -> bool:
@@ -57,19 +62,26 @@ def check_sweep_dir_free(path: Path, task: list[str] | None = None) -> bool:
     held = [] if resuming else [name for name in SWEEP_RECORDS if (path / name).exists()]
     again = bool(held) and same_launch(path, task)
     if held and not again:
-        raise ConfigError(f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
-                          f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir")
+        raise ConfigError(
+            f"hydra.sweep.dir={path} holds a sweep ({', '.join(held)}): continue it with "
+            f"`ablate sweep --resume {path}`, or choose another hydra.sweep.dir"
+        )
     if rundir.lock_held(path):
         holder = (path / rundir.LOCK).read_text(errors="replace").strip() or "another process"
-        raise RunDirError(f"sweep dir {path.resolve()} is in use by {holder}; wait for it to end, or launch the "
-                          "sweep into another hydra.sweep.dir")
+        raise RunDirError(
+            f"sweep dir {path.resolve()} is in use by {holder}; wait for it to end, or launch the "
+            "sweep into another hydra.sweep.dir"
+        )
     return again
 
 
-REFUSED = ".refused"  # in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
+# in a sweep's dir: one JSON file per job whose dir was refused (nothing written into that dir)
+REFUSED = ".refused"
 
 
-def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides: list[str] | None = None) -> None:
+def record_refusal(
+    sweep_dir: Path, run_dir: Path, error: str | None, overrides: list[str] | None = None
+) -> None:
     """Record (or, with `error` None, forget) that a sweep's job refused its dir `run_dir`, in the
     sweep's own dir: the end-of-sweep table (ablate.launchers.sweep) shows the job as failed."""
     path = sweep_dir / REFUSED / f"{run_dir.name}.json"
@@ -82,15 +94,42 @@ def record_refusal(sweep_dir: Path, run_dir: Path, error: str | None, overrides:
     path.parent.mkdir(parents=True, exist_ok=True)
     from ablate.record.secrets import mask
 
-    rundir.write_text(path, json.dumps({"run_dir": str(run_dir.resolve()), "error": error,
-                                        "overrides": mask(list(overrides or []))}) + "\n")
+    rundir.write_text(
+        path,
+        json.dumps(
+            {"run_dir": str(run_dir.resolve()), "error": error, "overrides": mask(list(overrides or []))}
+        )
+        + "\n",
+    )
 
 
 def refusals(sweep_dir: Path) -> dict[str, dict[str, Any]]:
-    """{job dir: {run_dir, error, overrides}} of the sweep's jobs that refused their dir (`record_refusal`)."""
+    """{job dir: {run_dir, error, overrides}} of the sweep's jobs that refused their dir
+    (`record_refusal`)."""
     out = {}
     for p in sorted((sweep_dir / REFUSED).glob("*.json")) if (sweep_dir / REFUSED).is_dir() else []:
         record = rundir.read_json(p) or {}
         if record.get("run_dir") and record.get("error"):
             out[str(record["run_dir"])] = record
     return out
+
+
+@contextlib.contextmanager
+def refusal_recorded(run_dir: Path, hc: Any) -> Iterator[None]:
+    """A sweep's job refused its dir (a folder of the user's, another run's, one in use): nothing is
+    written into that dir, not even the log line Hydra writes about the failed job; the refusal is
+    recorded in the sweep's dir instead, so the sweep's table counts the job as failed. A later
+    launch that claims the dir drops the record."""
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        yield
+    except (RunDirError, ConfigError) as e:
+        if multirun:
+            from ablate.record.secrets import mask_text
+
+            rundir.stop_logging_into(run_dir)
+            overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
+            record_refusal(Path(str(hc.sweep.dir)), run_dir, mask_text(str(e)), overrides)
+        raise
+    if multirun:
+        record_refusal(Path(str(hc.sweep.dir)), run_dir, None)

@@ -1,17 +1,19 @@
 """How GRPO calls the data's reward functions, and what it holds them to (TRL 1.16's contract). RLOO (GRPO's
-trainer), distillation (rewards logged) and `ablate eval` make the same call (ablate.rollouts.rewarding.reward_table).
+trainer), distillation (rewards logged) and `ablate eval` make the same call
+(ablate.rollouts.rewarding.reward_table).
 
 A reward function is called as `f(prompts=..., completions=..., completion_ids=..., **dataset columns)`
-(an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion it does not score (TRL's
-convention: left out of its group's statistics; the rewards of several functions are summed over those
-that score, `nansum`). What a user's function gets wrong is one line naming it (UserCodeError), its
-traceback in the run's log:
+(an `async def` one is awaited) and returns one reward per completion: a number, or None/NaN for a completion
+it does not score (TRL's convention: left out of its group's statistics; the rewards of several functions are
+summed over those that score, `nansum`). What a user's function gets wrong is one line naming it
+(UserCodeError), its traceback in the run's log:
 
 - before the run (ablate.config.code_checks): a signature that cannot take that call (`call_problem`);
 - when the trainer is built: a required argument that is no column of the data (`column_problem`, `checked`);
 - at each round (`score`): an exception; a scalar, a string or another type instead of a list; the wrong
   count; a value that is not a number; inf, or a number float32 cannot hold (it would make every advantage of
-  its group NaN or 0: the run would learn nothing, silently); `sys.exit()` (it would end the run as a success).
+  its group NaN or 0: the run would learn nothing, silently); `sys.exit()` (it would end the run as a
+  success).
 """
 
 from __future__ import annotations
@@ -66,9 +68,14 @@ def column_problem(fn: Any, columns: Iterable[str]) -> str | None:
     if params is None:
         return None
     for p in params.values():
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) \
-                and p.name not in ARGUMENTS and p.name not in columns:
-            return f"needs the column '{p.name}', which the data does not have (its columns: {', '.join(columns)})"
+        if (
+            p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in ARGUMENTS
+            and p.name not in columns
+        ):
+            have = ", ".join(columns)
+            return f"needs the column '{p.name}', which the data does not have (its columns: {have})"
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         extra = [c for c in columns if c not in params]
         if extra:
@@ -87,18 +94,25 @@ def score(name: str, fn: Callable[..., Any], n: int, kwargs: dict[str, Any], log
 
             values = asyncio.run(_awaited(values))
     except SystemExit as e:  # sys.exit(0) would end the run as a success, mid-round
-        raise UserCodeError(f"{who} called sys.exit({e.code!r}): a reward function returns its rewards, one per "
-                            f"completion (traceback: {log})") from e
-    except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs, one line, the traceback logged
+        raise UserCodeError(
+            f"{who} called sys.exit({e.code!r}): a reward function returns its rewards, one per "
+            f"completion (traceback: {log})"
+        ) from e
+    except Exception as e:  # the user's code: any error is theirs, one line, the traceback logged
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UserCodeError(f"{who} raised {type(e).__name__}{': ' + first if first else ''} "
-                            f"(traceback: {log})") from e
+        raise UserCodeError(
+            f"{who} raised {type(e).__name__}{': ' + first if first else ''} (traceback: {log})"
+        ) from e
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Sequence) and not _array(values):
         shown = repr(values) if len(repr(values)) <= 40 else repr(values)[:37] + "..."
-        raise UserCodeError(f"{who} returned {_a(type(values).__name__)} ({shown}), not a list of one reward per completion")
+        raise UserCodeError(
+            f"{who} returned {_a(type(values).__name__)} ({shown}), not a list of one reward per completion"
+        )
     values = list(values)
     if len(values) != n:
-        raise UserCodeError(f"{who} returned {len(values)} rewards for {n} completions (one per completion, in order)")
+        raise UserCodeError(
+            f"{who} returned {len(values)} rewards for {n} completions (one per completion, in order)"
+        )
     return [_reward(who, i, v) for i, v in enumerate(values)]
 
 
@@ -119,14 +133,20 @@ def _reward(who: str, i: int, v: Any) -> float:
     if v is None:
         return math.nan
     if isinstance(v, (str, bytes)) or not _number(v):
-        raise UserCodeError(f"{who} returned {v!r} ({type(v).__name__}) for completion {i}: a reward is a number, "
-                            "or None for a completion it does not score")
+        raise UserCodeError(
+            f"{who} returned {v!r} ({type(v).__name__}) for completion {i}: a reward is a number, "
+            "or None for a completion it does not score"
+        )
     x = float(v)
     if math.isinf(x):
-        raise UserCodeError(f"{who} returned {x} for completion {i}: rewards must be finite (None or NaN: not scored)")
+        raise UserCodeError(
+            f"{who} returned {x} for completion {i}: rewards must be finite (None or NaN: not scored)"
+        )
     if abs(x) > FLOAT32_MAX:  # the round's reward table is float32 (TRL's): it would hold inf
-        raise UserCodeError(f"{who} returned {x:.3g} for completion {i}: beyond float32's range ({FLOAT32_MAX:.2g}), "
-                            "which holds the rewards; scale them down")
+        raise UserCodeError(
+            f"{who} returned {x:.3g} for completion {i}: beyond float32's range ({FLOAT32_MAX:.2g}), "
+            "which holds the rewards; scale them down"
+        )
     return x
 
 
@@ -152,8 +172,10 @@ def table(funcs: dict[str, Callable[..., Any]], kwargs: dict[str, Any], n: int, 
         import logging
 
         logging.getLogger("ablate").warning(
-            "no reward function scored any of this round's %d completions (all None or NaN): the round trains on "
-            "nothing (every advantage is 0); said once", n)
+            "no reward function scored any of this round's %d completions (all None or NaN): the round "
+            "trains on nothing (every advantage is 0); said once",
+            n,
+        )
     return out
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def repeat_fraction(prompts: list[Any], completions: list[str], letter: list[str], length: list[int],
-                    **_: Any) -> list[float]:
+def repeat_fraction(
+    prompts: list[Any], completions: list[str], letter: list[str], length: list[int], **_: Any
+) -> list[float]:
     """Fraction of the first `length` characters that equal the prompt's `letter`.
 
     Dense (every right character counts), bounded in [0, 1], and divided by `length` rather than by the

@@ -15,8 +15,9 @@ import functools
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ablate.errors import ConfigError
 from ablate.schema import grpo as grpo_schema
@@ -51,8 +52,10 @@ def locate(path: str, key: str) -> Any:
     attributes. ConfigError (one line) when it cannot be found."""
     parts = str(path).strip().split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
-        raise ConfigError(f"{key}={path}: not a dotted path MODULE.NAME (e.g. myrew.short for the function short in "
-                          f"myrew.py)")
+        raise ConfigError(
+            f"{key}={path}: not a dotted path MODULE.NAME (e.g. "
+            "myrew.short for the function short in myrew.py)"
+        )
     module, error, n = None, None, 0
     for n in range(len(parts) - 1, 0, -1):
         name = ".".join(parts[:n])
@@ -63,13 +66,15 @@ def locate(path: str, key: str) -> Any:
             error = e
             if e.name != name and not name.startswith(f"{e.name}."):  # the module imports something missing
                 raise ConfigError(f"{key}={path}: importing {name} failed: {e}") from e
-        except Exception as e:  # noqa: BLE001 - the user's module raised on import (a typo in it): one line
+        except Exception as e:  # the user's module raised on import (a typo in it): one line
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise ConfigError(f"{key}={path}: importing {name} failed: {type(e).__name__}: {first}") from e
     if module is None:
         top = parts[0]
-        raise ConfigError(f"{key}={path}: no module '{top}' on the import path or in the current directory "
-                          f"({os.getcwd()}); put {top}.py there (or pip install it)") from error
+        raise ConfigError(
+            f"{key}={path}: no module '{top}' on the import path or in the current directory "
+            f"({os.getcwd()}); put {top}.py there (or pip install it)"
+        ) from error
     obj = module
     for i, attr in enumerate(parts[n:], start=n):
         if not hasattr(obj, attr):
@@ -90,8 +95,10 @@ def function(value: Any, key: str) -> Callable[..., Any]:
         kwargs = {k: v for k, v in dict(value).items() if not str(k).startswith("_")}
         obj = functools.partial(target, **kwargs) if kwargs else target
     else:
-        raise ConfigError(f"{key}: expected a dotted path to a function (MODULE.FUNCTION) or {{_target_: "
-                          f"MODULE.FUNCTION}}, got {value!r}")
+        raise ConfigError(
+            f"{key}: expected a dotted path to a function (MODULE.FUNCTION) or {{_target_: "
+            f"MODULE.FUNCTION}}, got {value!r}"
+        )
     if not callable(obj):
         raise ConfigError(f"{key}: {value} is not callable")
     return obj
@@ -107,13 +114,17 @@ def environment(value: Any, key: str) -> Callable[[], Any]:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: cannot tell
         return factory
-    needs = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    needs = [
+        p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     if needs:
         target = value.get("_target_") if _is_mapping(value) else value
         named = target if isinstance(target, str) else name_of(factory)
-        raise ConfigError(f"{key}: {named} needs {', '.join(repr(n) for n in needs)}, which TRL's environment_factory "
-                          f"never passes (one instance per rollout, made with no arguments): set it in the config, "
-                          f"{key}.{needs[0]}=..., or give it a default")
+        raise ConfigError(
+            f"{key}: {named} needs {', '.join(repr(n) for n in needs)}, which TRL's environment_factory "
+            f"never passes (one instance per rollout, made with no arguments): set it in the config, "
+            f"{key}.{needs[0]}=..., or give it a default"
+        )
     return factory
 
 
@@ -134,15 +145,17 @@ def reward_funcs(value: Any, key: str = "data.reward_funcs") -> dict[str, Reward
             fn = function(v, f"{key}[{i}]")
             name = name_of(fn)
             if name in out:
-                raise ConfigError(f"{key}: two reward functions named '{name}'; name them: "
-                                  f"+data.reward_funcs.NAME=MODULE.FUNCTION")
+                raise ConfigError(
+                    f"{key}: two reward functions named '{name}'; name them: "
+                    f"+data.reward_funcs.NAME=MODULE.FUNCTION"
+                )
             out[name] = fn
         return out
     raise ConfigError(f"{key}: expected a list of reward functions, {SHORT_FORM}, got {value!r}")
 
 
 def name_of(fn: Any) -> str:
-    """A function's name for metrics (`rewards/<name>/mean`): its __name__, a partial's function's, or its class's."""
+    """A function's name in metrics (`rewards/<name>/mean`): its __name__, its partial's or its class's."""
     inner = getattr(fn, "func", fn)
     return getattr(inner, "__name__", None) or type(inner).__name__
 

@@ -34,21 +34,27 @@ def model_dir(path: str | Path) -> Path:
         if (candidate / "config.json").is_file():
             return candidate
     if not p.exists():
-        raise ConfigError(f"RewardModel: path {p} does not exist (an `ablate train method=reward` run dir, or a "
-                          f"save_pretrained dir of a sequence-classification model)")
+        raise ConfigError(
+            f"RewardModel: path {p} does not exist (an `ablate train method=reward` run dir, or a "
+            f"save_pretrained dir of a sequence-classification model)"
+        )
     raise ConfigError(f"RewardModel: {p} holds no model (no config.json in it or in {p / MODEL_DIR})")
 
 
 def read_config(path: Path, who: str) -> dict[str, Any]:
-    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) when it is not JSON."""
+    """A save_pretrained dir's config.json as a dict; ConfigError (one line, `who` first) if not JSON."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"{str(e).splitlines()[0]}"
-        raise ConfigError(f"{who}{path} is not JSON ({why}): a damaged or unfinished save; save the model again "
-                          "(save_pretrained), or point at another dir") from None
+        raise ConfigError(
+            f"{who}{path} is not JSON ({why}): a damaged or unfinished save; save the model again "
+            "(save_pretrained), or point at another dir"
+        ) from None
     if not isinstance(config, dict):
-        raise ConfigError(f"{who}{path} is not JSON (a {type(config).__name__}, not an object): a damaged save")
+        raise ConfigError(
+            f"{who}{path} is not JSON (a {type(config).__name__}, not an object): a damaged save"
+        )
     return config
 
 
@@ -59,22 +65,29 @@ def checked_dir(path: str | Path) -> Path:
     config = read_config(found / "config.json", "RewardModel: ")
     archs = config.get("architectures") or []
     if archs and not any(str(a).endswith("ForSequenceClassification") for a in archs):
-        raise ConfigError(f"RewardModel: {found} holds a {archs[0]}, not a sequence-classification model "
-                          f"(train one with `ablate train method=reward`)")
+        raise ConfigError(
+            f"RewardModel: {found} holds a {archs[0]}, not a sequence-classification model "
+            f"(train one with `ablate train method=reward`)"
+        )
     labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)
     if labels != 1:
-        raise ConfigError(f"RewardModel: {found} has {labels} output labels; a reward model has one "
-                          f"(its logit is the reward)")
+        raise ConfigError(
+            f"RewardModel: {found} has {labels} output labels; a reward model has one "
+            f"(its logit is the reward)"
+        )
     return found
 
 
 class RewardModel:
     """A reward function scoring each (prompt, completion) with a sequence-classification model (see the
-    module docstring). Named `reward_model` in the metrics unless the config names it (`rewards/<name>/mean`)."""
+    module docstring). Named `reward_model` in the metrics unless the config names it
+    (`rewards/<name>/mean`)."""
 
     __name__ = "reward_model"
 
-    def __init__(self, path: str, batch_size: int = 32, dtype: str = "float32", max_length: int | None = None) -> None:
+    def __init__(
+        self, path: str, batch_size: int = 32, dtype: str = "float32", max_length: int | None = None
+    ) -> None:
         self.path = checked_dir(path)
         nodes.RewardModel.of({"batch_size": batch_size, "dtype": dtype}).check()  # its schema's checks
         self.batch_size, self.dtype, self.max_length = batch_size, dtype, max_length
@@ -97,7 +110,8 @@ class RewardModel:
         if self.tokenizer.pad_token is None:  # TRL's: a reward model's batches need a pad token
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            self.path, num_labels=1, dtype=getattr(torch, self.dtype))
+            self.path, num_labels=1, dtype=getattr(torch, self.dtype)
+        )
         self.model.config.pad_token_id = self.tokenizer.pad_token_id  # the last non-pad token is scored
         self.model.to(self.device).eval().requires_grad_(False)
 
@@ -106,10 +120,14 @@ class RewardModel:
         tokenizer for conversations, `prompt + completion` for strings."""
         if prompts and isinstance(prompts[0], list):
             if self.tokenizer.chat_template is None:
-                raise ConfigError(f"RewardModel: {self.path}'s tokenizer has no chat template, and the prompts are "
-                                  f"conversations (lists of messages)")
-            return [self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False)
-                    for p, c in zip(prompts, completions)]
+                raise ConfigError(
+                    f"RewardModel: {self.path}'s tokenizer has no chat template, and the prompts are "
+                    f"conversations (lists of messages)"
+                )
+            return [
+                self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False)
+                for p, c in zip(prompts, completions)
+            ]
         return [p + c for p, c in zip(prompts, completions)]
 
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
@@ -121,8 +139,14 @@ class RewardModel:
         truncate = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
         with torch.inference_mode():
             for i in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(text=texts[i : i + self.batch_size], return_tensors="pt", padding=True,
-                                       padding_side="right", add_special_tokens=False, **truncate)
+                batch = self.tokenizer(
+                    text=texts[i : i + self.batch_size],
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="right",
+                    add_special_tokens=False,
+                    **truncate,
+                )
                 batch = {k: v.to(self.model.device) for k, v in batch.items()}
                 rewards += self.model(**batch).logits[:, 0].float().tolist()
         return rewards

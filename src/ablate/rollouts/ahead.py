@@ -61,8 +61,9 @@ import sys
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -70,12 +71,16 @@ from torch import nn
 from ablate.errors import ConfigError, UserCodeError
 from ablate.rollouts.cores import CoreShare
 
-AHEAD_ROUNDS = "async_rounds.pt"  # in each checkpoint of an async run: the rounds sampled but not yet trained on
+AHEAD_ROUNDS = (
+    "async_rounds.pt"  # in each checkpoint of an async run: the rounds sampled but not yet trained on
+)
 
 # The behaviour policy's part of a round: (model, prompt ids) -> (completion ids, their log-probs under
 # that model (rows, completion width), generation seconds, and what tool calls add: tool mask, messages and
 # counts, {} without tools). GRPOTrainer._sample_ahead.
-BehaviourFn = Callable[[nn.Module, list[list[int]]], tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]]
+BehaviourFn = Callable[
+    [nn.Module, list[list[int]]], tuple[list[list[int]], torch.Tensor, float, dict[str, Any]]
+]
 
 
 def round_seed(seed: int, round_index: int) -> int:
@@ -94,7 +99,9 @@ class Sampled:
     completion_ids: list[list[int]] | None = None  # None until the worker returns it
     old_logps: torch.Tensor | None = None  # (rows, width): log-probs under the sampling weights (pi_old)
     seconds: float = 0.0  # the worker's generation seconds
-    turns: dict[str, Any] | None = None  # with tool calls: tool_mask, messages, tool_calls, tool_failures (per row)
+    turns: dict[str, Any] | None = (
+        None  # with tool calls: tool_mask, messages, tool_calls, tool_failures (per row)
+    )
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -109,17 +116,33 @@ class Worker:
     trainable parameters are, for each round, one of `slots` shared-memory copies the trainer writes;
     in `dtype` when given (the trainer's copy converts on writing, the worker casts its frozen ones)."""
 
-    def __init__(self, behaviour: BehaviourFn, model: nn.Module, slots: int, threads: int,
-                 dtype: torch.dtype | None = None, cores: CoreShare | None = None, timeout_s: float = 900.0) -> None:
-        self.timeout_s = timeout_s  # method.args.worker_timeout_s: the longest wait for a round before the worker counts as stalled
+    def __init__(
+        self,
+        behaviour: BehaviourFn,
+        model: nn.Module,
+        slots: int,
+        threads: int,
+        dtype: torch.dtype | None = None,
+        cores: CoreShare | None = None,
+        timeout_s: float = 900.0,
+    ) -> None:
+        # method.args.worker_timeout_s: the longest wait for a round before the worker counts as stalled
+        self.timeout_s = timeout_s
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.slots = [[p.detach().to(dtype or p.dtype).clone().share_memory_() for p in self.params] for _ in range(slots)]
+        self.slots = [
+            [p.detach().to(dtype or p.dtype).clone().share_memory_() for p in self.params]
+            for _ in range(slots)
+        ]
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         sys.stdout.flush()  # a forked child must not flush the parent's buffered output a second time
         sys.stderr.flush()
-        self.process = ctx.Process(target=_serve, args=(child, behaviour, model, self.params, self.slots, threads,
-                                                        os.getpid(), dtype, cores), daemon=True, name="ablate-generation")
+        self.process = ctx.Process(
+            target=_serve,
+            args=(child, behaviour, model, self.params, self.slots, threads, os.getpid(), dtype, cores),
+            daemon=True,
+            name="ablate-generation",
+        )
         self.process.start()
         child.close()  # the parent's copy: the pipe reads EOF once the worker has gone
 
@@ -152,7 +175,9 @@ class Worker:
         except (EOFError, ConnectionResetError, OSError) as e:
             raise self.lost() from e
         if kind == "error":
-            raise RuntimeError(f"the generation worker failed: {payload[0].strip().splitlines()[-1]}\n{payload[0]}")
+            raise RuntimeError(
+                f"the generation worker failed: {payload[0].strip().splitlines()[-1]}\n{payload[0]}"
+            )
         k, completion_ids, old_logps, seconds, turns = payload
         return k, completion_ids, torch.from_numpy(old_logps), seconds, turns
 
@@ -163,14 +188,19 @@ class Worker:
         if stalled is not None:
             state = _state(pid)
             self.process.kill()
-            what = (f"sent no round for {stalled:.0f} s ({state}; method.args.worker_timeout_s={self.timeout_s:g}): "
-                    "killed it")
+            what = (
+                f"sent no round for {stalled:.0f} s ({state}; "
+                f"method.args.worker_timeout_s={self.timeout_s:g}): "
+                "killed it"
+            )
         else:
             self.process.join(timeout=5)  # reaped: its exit code
             code = self.process.exitcode
             what = f"died: {_ended(code)}"
-        return UserCodeError(f"generation worker (PID {pid}) {what}; the run stops here and keeps its newest "
-                             "checkpoint: resume with the same command (or ablate resume RUN_DIR)")
+        return UserCodeError(
+            f"generation worker (PID {pid}) {what}; the run stops here and keeps its newest "
+            "checkpoint: resume with the same command (or ablate resume RUN_DIR)"
+        )
 
     def close(self, busy: bool = False) -> None:
         """Stop the process: asked to exit when idle, killed when `busy` (its round is not wanted)."""
@@ -204,14 +234,24 @@ def _state(pid: int) -> str:
         import psutil
 
         status = psutil.Process(pid).status()
-    except Exception:  # noqa: BLE001 - psutil missing, or the process just ended
+    except Exception:  # psutil missing, or the process just ended
         return "state unknown"
-    return {"stopped": "stopped: SIGSTOP or Ctrl-Z", "tracing-stop": "stopped by a debugger"}.get(status, status)
+    return {"stopped": "stopped: SIGSTOP or Ctrl-Z", "tracing-stop": "stopped by a debugger"}.get(
+        status, status
+    )
 
 
-def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[torch.Tensor],
-           slots: list[list[torch.Tensor]], threads: int, trainer_pid: int, dtype: torch.dtype | None,
-           cores: CoreShare | None) -> None:
+def _serve(
+    conn: Any,
+    behaviour: BehaviourFn,
+    model: nn.Module,
+    params: list[torch.Tensor],
+    slots: list[list[torch.Tensor]],
+    threads: int,
+    trainer_pid: int,
+    dtype: torch.dtype | None,
+    cores: CoreShare | None,
+) -> None:
     """The worker's loop: point the model at the round's weights, seed, sample, send back."""
     if sys.platform.startswith("linux"):  # die with the trainer, even on kill -9
         import ctypes
@@ -220,9 +260,11 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
     if os.getppid() != trainer_pid:  # the trainer died before prctl took effect: no signal will come
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the worker
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the run's interrupt handlers (ablate.process.interrupts)
+    # not the run's interrupt handlers (ablate.process.interrupts)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(threads)
-    if dtype is not None:  # the frozen parameters (LoRA's base) once; buffers (rotary frequencies) stay as they are
+    # the frozen parameters (LoRA's base) once; buffers (rotary frequencies) stay as they are
+    if dtype is not None:
         with torch.no_grad():
             for p in model.parameters():
                 if not p.requires_grad:  # the trainable ones are the slots' (already in dtype)
@@ -241,7 +283,7 @@ def _serve(conn: Any, behaviour: BehaviourFn, model: nn.Module, params: list[tor
             conn.send(("done", k, completion_ids, old_logps.cpu().numpy(), seconds, turns))
     except EOFError:  # the trainer has gone
         pass
-    except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
+    except BaseException:  # reported to the trainer, which raises it
         conn.send(("error", traceback.format_exc()))
 
 
@@ -252,12 +294,28 @@ class AheadRounds:
     then hands the worker the current weights for round k + s. Rounds at or past
     `last_round` (set by the trainer from max_steps) are never sampled."""
 
-    def __init__(self, behaviour: BehaviourFn, model: nn.Module, staleness: int, seed: int,
-                 prompts_of: Callable[[int], list[list[int]]], dtype: torch.dtype | None = None,
-                 balanced: bool = False, timeout_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        behaviour: BehaviourFn,
+        model: nn.Module,
+        staleness: int,
+        seed: int,
+        prompts_of: Callable[[int], list[list[int]]],
+        dtype: torch.dtype | None = None,
+        balanced: bool = False,
+        timeout_s: float = 900.0,
+    ) -> None:
         self.timeout_s = timeout_s  # method.args.worker_timeout_s
-        self.balanced = balanced  # async_threads=balanced: the trainer takes the worker's threads while it idles
-        self.behaviour, self.model, self.s, self.seed, self.prompts_of = behaviour, model, staleness, seed, prompts_of
+        self.balanced = (
+            balanced  # async_threads=balanced: the trainer takes the worker's threads while it idles
+        )
+        self.behaviour, self.model, self.s, self.seed, self.prompts_of = (
+            behaviour,
+            model,
+            staleness,
+            seed,
+            prompts_of,
+        )
         self.dtype = dtype  # the worker's weights and compute (None: the trainer's)
         self.last_round: int | None = None
         self.worker: Worker | None = None
@@ -274,20 +332,23 @@ class AheadRounds:
             self._start()
         if self.next_round is None:  # first take of this process: after a resume, past the loaded rounds
             self.next_round = max(self.done) + 1 if self.done else k
-        while self.next_round < min(k + self.s, self._end()):  # a fresh start: rounds k..k+s-1 by these weights
+        # a fresh start: rounds k..k+s-1 by these weights
+        while self.next_round < min(k + self.s, self._end()):
             self._submit(self.next_round, version)
         if k not in self.done and not any(job.round == k for job, _ in self.pending):
             self._submit(k, version)  # not sampled ahead (a resume without its rounds): sampled now
-        # round k's weights -> round k + s, queued before round k is awaited: the worker goes on to it the moment
-        # it has finished round k, so the weights' copy and the hand-over are not on its critical path
+        # round k's weights -> round k + s, queued before round k is awaited: the worker goes on to it the
+        # moment it has finished round k, so the weights' copy and the hand-over are not on its critical path
         if self.next_round == k + self.s and self.next_round < self._end():
             self._submit(self.next_round, version)
         while k not in self.done:
             self._receive()
         sampled = self.done.pop(k)
         if sampled.prompt_ids != prompt_ids:
-            raise RuntimeError(f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
-                               "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0")
+            raise RuntimeError(
+                f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
+                "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0"
+            )
         return sampled
 
     def _end(self) -> int:
@@ -298,12 +359,15 @@ class AheadRounds:
         if version in self.slot_versions:
             slot = self.slot_versions.index(version)
         else:
-            while (slot := self._free_slot()) is None:  # never in steady state: s rounds in flight, s + 1 slots
+            while (
+                slot := self._free_slot()
+            ) is None:  # never in steady state: s rounds in flight, s + 1 slots
                 self._receive()
             self.worker.write(slot, self.worker.params)
             self.slot_versions[slot] = version
         job = Sampled(round=k, policy_version=version, prompt_ids=self.prompts_of(k))
-        if self.cores is not None:  # busy from now: the trainer gives its extra threads back at its next layer
+        # busy from now: the trainer gives its extra threads back at its next layer
+        if self.cores is not None:
             self.cores.worker_busy(True)
         self.worker.submit(job, slot, round_seed(self.seed, k))
         self.pending.append((job, slot))
@@ -325,23 +389,38 @@ class AheadRounds:
         threads = self.threads = torch.get_num_threads()
         mine = max(threads - threads // 2, 1)
         self.cores = CoreShare(threads, mine) if self.balanced and threads > 1 else None
-        self.worker = Worker(self.behaviour, self.model, slots=len(self.slot_versions), threads=max(threads // 2, 1),
-                             dtype=self.dtype, cores=self.cores, timeout_s=self.timeout_s)
+        self.worker = Worker(
+            self.behaviour,
+            self.model,
+            slots=len(self.slot_versions),
+            threads=max(threads // 2, 1),
+            dtype=self.dtype,
+            cores=self.cores,
+            timeout_s=self.timeout_s,
+        )
         torch.set_num_threads(mine)
         if self.cores is not None:
             self.cores.attach(self.model)  # after the fork: the worker's copy of the model has no hooks
         dtype = str(self.dtype or "the trainer's dtype").removeprefix("torch.")
         logging.getLogger("ablate").info(
-            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); training on %d thread(s)%s",
-            self.s, self.worker.process.pid, max(threads // 2, 1), dtype, mine,
-            f", {threads} while the worker is idle" if self.cores is not None else "")
+            "async GRPO: rounds sampled %d ahead by a generation worker (pid %d, %d thread(s), %s); "
+            "training on %d thread(s)%s",
+            self.s,
+            self.worker.process.pid,
+            max(threads // 2, 1),
+            dtype,
+            mine,
+            f", {threads} while the worker is idle" if self.cores is not None else "",
+        )
 
     def save(self, folder: str) -> None:
         """Wait for the rounds in flight and save every round sampled but not yet taken."""
         while self.pending:
             self._receive()
-        torch.save({"max_staleness": self.s, "rounds": [r.state_dict() for r in self.done.values()]},
-                   os.path.join(folder, AHEAD_ROUNDS))
+        torch.save(
+            {"max_staleness": self.s, "rounds": [r.state_dict() for r in self.done.values()]},
+            os.path.join(folder, AHEAD_ROUNDS),
+        )
 
     def load(self, folder: str) -> None:
         path = os.path.join(folder, AHEAD_ROUNDS)
@@ -355,8 +434,10 @@ class AheadRounds:
             t0 = time.perf_counter()
             self.worker.close(busy=bool(self.pending))
             if self.cores is not None:
-                logging.getLogger("ablate").info("async GRPO: the trainer changed its thread count %d time(s) "
-                                                 "(async_threads=balanced)", self.cores.switches)
+                logging.getLogger("ablate").info(
+                    "async GRPO: the trainer changed its thread count %d time(s) (async_threads=balanced)",
+                    self.cores.switches,
+                )
                 self.cores.detach()
                 self.cores = None
             torch.set_num_threads(self.threads)  # the trainer's share back to the whole
@@ -372,13 +453,18 @@ def check_async(staleness: int, args: Any, generator: Any) -> None:
     cannot do is one line (the value itself is checked by its schema, ablate.schema.grpo)."""
     s = f"method.args.max_staleness={staleness}"
     if args.device.type != "cpu":
-        raise ConfigError(f"{s}: asynchronous generation runs in a forked CPU process, and this run is on "
-                          f"{args.device.type} (method.args.use_cpu=true)")
+        raise ConfigError(
+            f"{s}: asynchronous generation runs in a forked CPU process, and this run is on "
+            f"{args.device.type} (method.args.use_cpu=true)"
+        )
     if args.world_size > 1:
         raise ConfigError(f"{s}: asynchronous generation is single-process (this run has {args.world_size})")
     if "fork" not in multiprocessing.get_all_start_methods():
         raise ConfigError(f"{s}: asynchronous generation forks its worker, which this platform cannot")
-    if hasattr(generator, "close"):  # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
-        raise ConfigError(f"{s}: asynchronous generation samples in a forked copy of the policy, which a generator "
-                          f"with an engine of its own ({type(generator).__name__}) cannot; use method.args.max_staleness=0 "
-                          "or no method/rollouts")
+    # an engine of its own (vLLM): its weights are pushed by the trainer, not forked
+    if hasattr(generator, "close"):
+        raise ConfigError(
+            f"{s}: asynchronous generation samples in a forked copy of the policy, which a generator "
+            f"with an engine of its own ({type(generator).__name__}) cannot; use method.args.max_staleness=0 "
+            "or no method/rollouts"
+        )

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -54,8 +55,12 @@ class Rollout:
 
     def tokens(self) -> dict[str, torch.Tensor]:
         """The prompt and completion tensors, as the scoring functions take them."""
-        return {"prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask,
-                "completion_ids": self.completion_ids, "completion_mask": self.completion_mask}
+        return {
+            "prompt_ids": self.prompt_ids,
+            "prompt_mask": self.prompt_mask,
+            "completion_ids": self.completion_ids,
+            "completion_mask": self.completion_mask,
+        }
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Rollout:
         """A copy with `fn` applied to every tensor that is set."""

@@ -52,6 +52,7 @@ class CoreShare:
     def attach(self, model: nn.Module) -> None:
         """Check at each decoder layer: before its forward and, when it builds a graph, after its backward.
         Call after the worker is forked (its copy of the model must not carry the hooks)."""
+
         def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
             self.balance()
             hidden = args[0] if args else kwargs.get("hidden_states")

@@ -3,24 +3,26 @@ reward of its completions of held-out prompts, scored by the run's own reward fu
 
 Each prompt gets one greedy completion (the default: deterministic, the policy's mode) or `samples`
 sampled ones (the run's temperature, top-k and top-p: what training sampled), generated in batches of
-prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once; with GRPO's tools, over
-several turns whose calls run, ablate.rollouts.turns). The rewards are TRL's reward-function call, as GRPO's
-trainer makes it (ablate.rollouts.rewarding), weighted by the run's `reward_weights`. Metrics (the trainers' names, `eval_`-prefixed): `reward`, `reward_std`,
-`rewards/<func>/mean`, TRL's `completions/*` (lengths, `clipped_ratio`, the lengths of those ending with EOS;
-with tools, `tools/call_frequency` and `tools/failure_frequency`); and per prompt, the mean of its completions'
-rewards (`ablate compare` pairs them across runs).
+prompts by the trainers' generator (`SharedPromptGenerator`: each prompt prefilled once; with GRPO's tools,
+over several turns whose calls run, ablate.rollouts.turns). The rewards are TRL's reward-function call, as
+GRPO's trainer makes it (ablate.rollouts.rewarding), weighted by the run's `reward_weights`. Metrics (the
+trainers' names, `eval_`-prefixed): `reward`, `reward_std`, `rewards/<func>/mean`, TRL's `completions/*`
+(lengths, `clipped_ratio`, the lengths of those ending with EOS; with tools, `tools/call_frequency` and
+`tools/failure_frequency`); and per prompt, the mean of its completions' rewards (`ablate compare` pairs them
+across runs).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ablate.rollouts.generation import SamplingArgs, SharedPromptGenerator, as_completions, stop_ids
 from ablate.rollouts import rewarding
+from ablate.rollouts.generation import SamplingArgs, SharedPromptGenerator, as_completions, stop_ids
 from ablate.rollouts.prompts import prompt_rows
 from ablate.rollouts.stats import completion_metrics
 from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics
@@ -29,18 +31,30 @@ RewardFunc = Callable[..., list[float | None]]
 
 
 @torch.no_grad()
-def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
-                reward_funcs: dict[str, RewardFunc], args: Any, samples: int = 0,
-                batch_size: int = 16) -> tuple[dict[str, float], list[dict[str, float]]]:
+def reward_eval(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    reward_funcs: dict[str, RewardFunc],
+    args: Any,
+    samples: int = 0,
+    batch_size: int = 16,
+) -> tuple[dict[str, float], list[dict[str, float]]]:
     """(metrics, one row per prompt) of `model`'s completions of `dataset`'s prompts. `args`: the run's
     method arguments (max_prompt_length, the sampling fields, reward_weights; GRPO's tools and environment:
     its completions are then generated as in training, the calls run, and scored by their messages);
     `samples` 0: one greedy completion per prompt, else that many sampled ones."""
     box = build_toolbox(args, tokenizer) if callable(getattr(args, "tool_functions", None)) else None
-    reward_funcs, weights = rewarding.gather(reward_funcs, getattr(args, "reward_weights", None), box)  # null ones dropped
+    # null ones dropped
+    reward_funcs, weights = rewarding.gather(reward_funcs, getattr(args, "reward_weights", None), box)
     rewarding.ready(reward_funcs, dataset, box, model.device)  # each held to the data's columns
-    prompts, _ = prompt_rows(dataset, tokenizer, getattr(args, "max_prompt_length", None), "eval",
-                             encode=box.prompt_ids if box is not None else None)
+    prompts, _ = prompt_rows(
+        dataset,
+        tokenizer,
+        getattr(args, "max_prompt_length", None),
+        "eval",
+        encode=box.prompt_ids if box is not None else None,
+    )
     sampling: SamplingArgs = args
     generate: Any = SharedPromptGenerator(sampling, tokenizer, do_sample=samples > 0)
     if box is not None:  # tool calls between turns, as GRPO's rollouts
@@ -52,8 +66,14 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
     tables, lengths, clipped, warned, tool_calls, failures = [], [], [], set(), [], []
     for start in range(0, len(prompts), batch_size):
         rows = [prompts[i] for i in range(start, min(start + batch_size, len(prompts))) for _ in range(n)]
-        out = as_completions(generate(model, generate.start(rows) if box is not None else [r["prompt_ids"] for r in rows]))
-        tables.append(rewarding.table(reward_funcs, rows, out, tokenizer, getattr(generate, "environments", None), warned))
+        out = as_completions(
+            generate(model, generate.start(rows) if box is not None else [r["prompt_ids"] for r in rows])
+        )
+        tables.append(
+            rewarding.table(
+                reward_funcs, rows, out, tokenizer, getattr(generate, "environments", None), warned
+            )
+        )
         lengths += [sum(m) for m in out.tool_mask] if out.tool_mask is not None else [len(c) for c in out.ids]
         clipped += [not c or c[-1] not in stops for c in out.ids]
         tool_calls += out.tool_calls or []
@@ -61,14 +81,24 @@ def reward_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data
     model.train(was_training)
     table = torch.cat(tables)
     total = (table * weights).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), torch.nan)
-    metrics = {"reward": torch.nanmean(total).item(), "reward_std": _std(total),
-               **{f"rewards/{f}/mean": torch.nanmean(table[:, i]).item() for i, f in enumerate(reward_funcs)},
-               **completion_metrics(lengths, clipped),
-               **({k: v.item() for k, v in tool_metrics(tool_calls, failures).items()} if box is not None else {})}
+    metrics = {
+        "reward": torch.nanmean(total).item(),
+        "reward_std": _std(total),
+        **{f"rewards/{f}/mean": torch.nanmean(table[:, i]).item() for i, f in enumerate(reward_funcs)},
+        **completion_metrics(lengths, clipped),
+        **({k: v.item() for k, v in tool_metrics(tool_calls, failures).items()} if box is not None else {}),
+    }
     per_prompt = total.view(-1, n)
-    examples = [{"reward": torch.nanmean(r).item(),
-                 **{f"rewards/{f}/mean": torch.nanmean(table[i * n:(i + 1) * n, j]).item() for j, f in enumerate(reward_funcs)}}
-                for i, r in enumerate(per_prompt)]
+    examples = [
+        {
+            "reward": torch.nanmean(r).item(),
+            **{
+                f"rewards/{f}/mean": torch.nanmean(table[i * n : (i + 1) * n, j]).item()
+                for j, f in enumerate(reward_funcs)
+            },
+        }
+        for i, r in enumerate(per_prompt)
+    ]
     return {f"eval_{k}": v for k, v in metrics.items()}, examples
 
 

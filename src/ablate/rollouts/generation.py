@@ -24,16 +24,12 @@ draw for draw where the logits are).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
-from transformers import (
-    DynamicCache,
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -62,7 +58,9 @@ class SharedPromptGenerator:
     (transformers' causal LMs all do) should use `HFGenerator`.
     """
 
-    def __init__(self, args: SamplingArgs, tokenizer: PreTrainedTokenizerBase, do_sample: bool = True) -> None:
+    def __init__(
+        self, args: SamplingArgs, tokenizer: PreTrainedTokenizerBase, do_sample: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.max_new_tokens = args.max_completion_length
@@ -81,7 +79,9 @@ class SharedPromptGenerator:
         return self.sample(model, prompt_ids).ids
 
     @torch.no_grad()
-    def sample(self, model: PreTrainedModel, prompt_ids: list[list[int]], policy_logps: bool = False) -> Completions:
+    def sample(
+        self, model: PreTrainedModel, prompt_ids: list[list[int]], policy_logps: bool = False
+    ) -> Completions:
         """The completions and, with `policy_logps`, each sampled token's log-prob under `model` at the
         sampling temperature, taken from the very logits it was drawn from (no second forward pass)."""
         stops = stop_ids(self.tokenizer, model)
@@ -90,8 +90,9 @@ class SharedPromptGenerator:
         was_training = model.training
         model.eval()
         try:
-            out, logps = self._decode(model, prompt_ids, input_ids, mask, torch.tensor(stops, device=device),
-                                      policy_logps)
+            out, logps = self._decode(
+                model, prompt_ids, input_ids, mask, torch.tensor(stops, device=device), policy_logps
+            )
         finally:
             model.train(was_training)
         ids = [cut_at_eos(row, stops) for row in out.tolist()]
@@ -99,9 +100,15 @@ class SharedPromptGenerator:
             return Completions(ids=ids)
         return Completions(ids=ids, policy_logps=[row[: len(c)] for row, c in zip(logps.tolist(), ids)])
 
-    def _decode(self, model: PreTrainedModel, prompt_ids: list[list[int]], input_ids: torch.Tensor,
-                mask: torch.Tensor, stops: torch.Tensor, policy_logps: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _decode(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: list[list[int]],
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        stops: torch.Tensor,
+        policy_logps: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         rows = input_ids.size(0)
         first: dict[tuple[int, ...], int] = {}  # distinct prompt -> its first row
         for i, p in enumerate(prompt_ids):
@@ -112,8 +119,14 @@ class SharedPromptGenerator:
         position_ids = mask.long().cumsum(-1) - 1  # as generate: padding at position 1
         position_ids.masked_fill_(mask == 0, 1)
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=input_ids[unique], attention_mask=mask[unique], position_ids=position_ids[unique],
-                       cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = model(
+            input_ids=input_ids[unique],
+            attention_mask=mask[unique],
+            position_ids=position_ids[unique],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
         if len(first) < rows:
             cache.reorder_cache(expand)  # one copy of each prompt's keys/values per row that has it
         logits = logits[expand]
@@ -125,15 +138,20 @@ class SharedPromptGenerator:
             scores = self.warpers(no_ids, logits.to(dtype=torch.float32))
             if self.do_sample:
                 probs = torch.softmax(scores, dim=-1)
-                # torch.multinomial(probs, 1) is argmax(probs / q), q ~ Exp(1) over the whole tensor: draw q for
-                # every row generate would still carry, so the RNG stream (and later draws) match generate's
-                q = torch.empty((rows, probs.size(-1)), dtype=probs.dtype, device=probs.device).exponential_(1)
+                # torch.multinomial(probs, 1) is argmax(probs / q), q ~ Exp(1) over the whole tensor: draw q
+                # for every row generate would still carry, so the RNG stream (and later draws) match
+                # generate's
+                q = torch.empty((rows, probs.size(-1)), dtype=probs.dtype, device=probs.device).exponential_(
+                    1
+                )
                 tokens = (probs / q[active]).argmax(dim=-1)
             else:
                 tokens = scores.argmax(dim=-1)
             out[active, step] = tokens
-            if logps is not None:  # as the trainer scores a completion: logits / temperature, log-softmax in fp32
-                logps[active, step] = selective_log_softmax(logits.float() / self.temperature, tokens)  # (bf16 logits too)
+            # as the trainer scores a completion: logits / temperature, log-softmax in fp32
+            if logps is not None:
+                # (bf16 logits too)
+                logps[active, step] = selective_log_softmax(logits.float() / self.temperature, tokens)
             going = ~torch.isin(tokens, stops)
             if step == self.max_new_tokens - 1 or not going.any():
                 break
@@ -142,8 +160,13 @@ class SharedPromptGenerator:
                 cache.reorder_cache(keep)
                 active, mask, tokens = active[keep], mask[keep], tokens[keep]
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
-            logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                           cache=cache, use_cache=True).logits[:, -1]
+            logits = model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=mask.sum(-1, keepdim=True) - 1,
+                cache=cache,
+                use_cache=True,
+            ).logits[:, -1]
         return out, logps
 
 
@@ -155,12 +178,15 @@ class Completions:
 
     ids: list[list[int]]  # one completion per prompt row, each cut after its EOS
     logps: list[list[float]] | None = None  # the engine's log-prob of each token of `ids`; None: none given
-    # the sampling model's log-prob of each token of `ids` as the loss defines it (temperature only, no top-k/top-p),
-    # from the logits it was sampled from: pi_old for asynchronous GRPO's worker (SharedPromptGenerator.sample)
+    # the sampling model's log-prob of each token of `ids` as the loss defines it (temperature only, no
+    # top-k/top-p), from the logits it was sampled from: pi_old for asynchronous GRPO's worker
+    # (SharedPromptGenerator.sample)
     policy_logps: list[list[float]] | None = None
     # rollouts with tool calls (ablate.rollouts.turns): per id, 1 if the model wrote it, 0 for a tool result
     tool_mask: list[list[int]] | None = None
-    messages: list[list[dict]] | None = None  # each completion as messages (turns and tool results), for the rewards
+    messages: list[list[dict]] | None = (
+        None  # each completion as messages (turns and tool results), for the rewards
+    )
     tool_calls: list[int] | None = None  # calls each rollout made
     tool_failures: list[int] | None = None  # of which failed (an error, a timeout, an unknown tool)
 
@@ -189,8 +215,12 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.config = GenerationConfig(
-            do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            max_new_tokens=args.max_completion_length, pad_token_id=self.pad_id,
+            do_sample=True,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_completion_length,
+            pad_token_id=self.pad_id,
         )
 
     @torch.no_grad()
@@ -202,22 +232,31 @@ class HFGenerator:
         was_training = model.training
         model.eval()
         try:
-            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                 generation_config=self.config)
+            out = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=self.config,
+            )
         finally:
             model.train(was_training)
-        return [cut_at_eos(row, stops) for row in out[:, input_ids.size(1):].tolist()]
+        return [cut_at_eos(row, stops) for row in out[:, input_ids.size(1) :].tolist()]
 
 
-def build_generator(generator: GenerateFn | Callable[..., GenerateFn] | None, args: SamplingArgs,
-                    tokenizer: PreTrainedTokenizerBase, longest_row: int | None = None) -> GenerateFn:
+def build_generator(
+    generator: GenerateFn | Callable[..., GenerateFn] | None,
+    args: SamplingArgs,
+    tokenizer: PreTrainedTokenizerBase,
+    longest_row: int | None = None,
+) -> GenerateFn:
     """The trainer's `generator=`: None -> `SharedPromptGenerator` (the default); a class, or a partial of
     one (a `method/rollouts=NAME` config: `{_target_: ..., _partial_: true}`) -> built with
     (args, tokenizer); anything else is already a `GenerateFn`. An engine that sizes itself by the longest
     row (prompt + completion) the data holds (vLLM's max_model_len) is told it: `fit_rows(longest_row)`."""
     if generator is None:
         return SharedPromptGenerator(args, tokenizer)
-    if isinstance(generator, type) or (isinstance(generator, functools.partial) and isinstance(generator.func, type)):
+    if isinstance(generator, type) or (
+        isinstance(generator, functools.partial) and isinstance(generator.func, type)
+    ):
         generator = generator(args, tokenizer)
     fit = getattr(generator, "fit_rows", None)
     if callable(fit) and longest_row is not None:
@@ -250,9 +289,10 @@ def cut_at_eos(ids: list[int], eos_id: int | list[int]) -> list[int]:
     return ids if end is None else ids[: end + 1]
 
 
-def right_pad(seqs: list[list[int]] | list[list[float]], pad_id: int | float,
-              dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)). Returns (values, mask)."""
+def right_pad(
+    seqs: list[list[int]] | list[list[float]], pad_id: int | float, dtype: torch.dtype = torch.long
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad completions (or their per-token values, `dtype`) to (B, max(len, 1)): (values, mask)."""
     width = max(max(len(s) for s in seqs), 1)
     ids = torch.tensor([list(s) + [pad_id] * (width - len(s)) for s in seqs], dtype=dtype)
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)

@@ -16,10 +16,18 @@ def batch_geometry(args: Any, world_size: int, max_steps: int) -> str:
     """The table printed at the start of every GRPO run: prompts and completions per micro-step, per
     optimizer step and per generation round; rounds and optimizer steps in total; off-policy steps."""
     schedule = Schedule.from_args(args)
-    b, g, spg, ga = args.per_device_train_batch_size, args.num_generations, schedule.steps_per_generation, \
-        schedule.accumulation
+    b, g, spg, ga = (
+        args.per_device_train_batch_size,
+        args.num_generations,
+        schedule.steps_per_generation,
+        schedule.accumulation,
+    )
     mu = schedule.num_iterations
-    rows = [("per micro-step", b, 1), ("per optimizer step", b * ga, ga), ("per generation round", b * spg, spg * mu)]
+    rows = [
+        ("per micro-step", b, 1),
+        ("per optimizer step", b * ga, ga),
+        ("per generation round", b * spg, spg * mu),
+    ]
     micro = max_steps * ga
     rounds = math.ceil(micro / schedule.micro_steps_per_round)
     period = schedule.period_steps  # optimizer steps after which the pattern repeats
@@ -30,12 +38,17 @@ def batch_geometry(args: Any, world_size: int, max_steps: int) -> str:
         policy = "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
     else:
         policy = f"{', '.join(map(str, off))} of every {period} (ratio != 1: clipping can act)"
-    lines = [f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
-             f"num_iterations={mu})",
-             f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13}   (per device; x{world_size} for all)"]
+    lines = [
+        f"GRPO batch geometry ({world_size} device{'s' if world_size > 1 else ''}, num_generations={g}, "
+        f"num_iterations={mu})",
+        f"  {'':22}{'prompts':>9}{'completions':>13}{'micro-steps':>13} "
+        f"  (per device; x{world_size} for all)",
+    ]
     lines += [f"  {name:22}{n // g:>9}{n:>13}{m:>13}" for name, n, m in rows]
-    lines += [f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {rounds}",
-              f"  off-policy optimizer steps: {policy}"]
+    lines += [
+        f"  optimizer steps: {max_steps}   micro-steps: {micro}   generation rounds: {rounds}",
+        f"  off-policy optimizer steps: {policy}",
+    ]
     if schedule.staleness:
         lines += _versions(schedule, max_steps)
     return "\n".join(lines)
@@ -46,7 +59,8 @@ def _stale(steps: list[int], max_steps: int) -> str:
         return "none (every micro-batch is scored by the policy that generated it: ratio = 1)"
     if steps == list(range(steps[0], max_steps + 1)):
         return f"every step from step {steps[0]} on (ratio vs the sampling policy != 1: clipping can act)"
-    return f"{', '.join(map(str, steps[:12]))}{', ...' if len(steps) > 12 else ''} (ratio != 1: clipping can act)"
+    listed = ", ".join(map(str, steps[:12])) + (", ..." if len(steps) > 12 else "")
+    return f"{listed} (ratio != 1: clipping can act)"
 
 
 def _versions(schedule: Schedule, max_steps: int, shown: int = 8) -> list[str]:
@@ -56,11 +70,13 @@ def _versions(schedule: Schedule, max_steps: int, shown: int = 8) -> list[str]:
     lag = max(t - v[0] for t, v in enumerate(versions))  # step t + 1 trains after t updates
     head = ", ".join(f"{t + 1}: v{'/v'.join(map(str, v))}" for t, v in enumerate(versions[:shown]))
     sync = f"every {per_round:g} optimizer steps" if per_round > 1 else "every optimizer step"
-    return [f"  async ({s} round{'s' if s > 1 else ''} ahead): round k sampled by a worker with the weights of "
-            f"round k-{s}'s start, "
-            f"synced at round starts ({sync})",
-            f"  sampling policy version per optimizer step (v = steps taken): {head}"
-            f"{', ...' if max_steps > shown else ''} (lag <= {lag} step{'s' if lag != 1 else ''})"]
+    return [
+        f"  async ({s} round{'s' if s > 1 else ''} ahead): round k sampled by a worker with the weights of "
+        f"round k-{s}'s start, "
+        f"synced at round starts ({sync})",
+        f"  sampling policy version per optimizer step (v = steps taken): {head}"
+        f"{', ...' if max_steps > shown else ''} (lag <= {lag} step{'s' if lag != 1 else ''})",
+    ]
 
 
 class PrintGeometry(TrainerCallback):

@@ -6,8 +6,9 @@ answers), and one warning line per split says how many were cut; the counts go t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
@@ -26,20 +27,38 @@ class Cut:
     longest: int  # the longest prompt before any cut, in tokens
 
 
-def prompt_rows(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None,
-                name: str = "train", encode: Callable[[Any, int], list[int]] | None = None) -> tuple[Dataset, Cut]:
+def prompt_rows(
+    dataset: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int | None,
+    name: str = "train",
+    encode: Callable[[Any, int], list[int]] | None = None,
+) -> tuple[Dataset, Cut]:
     """Prompt-only rows with `prompt_ids` added (ablate.data.tokenize.prepare_prompts: other columns stay for
     the rewards), each cut to its last `max_prompt_length` tokens when that is set, and what was cut."""
     dataset = prepare_prompts(dataset, tokenizer, None, name, encode=encode)
-    lengths = dataset.map(lambda b: {"n": [len(ids) for ids in b["prompt_ids"]]}, batched=True,
-                          remove_columns=dataset.column_names, desc=f"Measuring {name} prompts")["n"]
+    lengths = dataset.map(
+        lambda b: {"n": [len(ids) for ids in b["prompt_ids"]]},
+        batched=True,
+        remove_columns=dataset.column_names,
+        desc=f"Measuring {name} prompts",
+    )["n"]
     over = 0 if max_prompt_length is None else sum(n > max_prompt_length for n in lengths)
     if over:
-        log.warning("%d of %d %s prompts are longer than method.args.max_prompt_length=%d: cut to their last %d "
-                    "tokens (null keeps whole prompts, as TRL 1.16)", over, len(lengths), name, max_prompt_length,
-                    max_prompt_length)
-        dataset = dataset.map(lambda b: {"prompt_ids": [ids[-max_prompt_length:] for ids in b["prompt_ids"]]},
-                              batched=True, desc=f"Cutting {name} prompts")
+        log.warning(
+            "%d of %d %s prompts are longer than method.args.max_prompt_length=%d: cut to their last %d "
+            "tokens (null keeps whole prompts, as TRL 1.16)",
+            over,
+            len(lengths),
+            name,
+            max_prompt_length,
+            max_prompt_length,
+        )
+        dataset = dataset.map(
+            lambda b: {"prompt_ids": [ids[-max_prompt_length:] for ids in b["prompt_ids"]]},
+            batched=True,
+            desc=f"Cutting {name} prompts",
+        )
     return dataset, Cut(rows=len(lengths), cut=over, longest=max(lengths, default=0))
 
 
@@ -48,7 +67,9 @@ def cuts_record(max_prompt_length: int | None, cuts: dict[str, Cut]) -> dict[str
     return {"max_prompt_length": max_prompt_length, **{split: asdict(c) for split, c in cuts.items()}}
 
 
-def longest_row(cuts: dict[str, Cut], max_prompt_length: int | None, max_completion_length: int) -> int | None:
+def longest_row(
+    cuts: dict[str, Cut], max_prompt_length: int | None, max_completion_length: int
+) -> int | None:
     """The longest row (prompt + completion) a round of these prompts can hold (None: no prompts yet): a
     sliding window at least this long never cuts one (ablate.speed.plan), an engine's context (vLLM)."""
     if not cuts:

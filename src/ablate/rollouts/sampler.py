@@ -4,7 +4,7 @@ Asynchronous GRPO reads a round's prompts ahead of the dataloader (`round_indice
 
 from __future__ import annotations
 
-from typing import Iterator, Sized
+from collections.abc import Iterator, Sized
 
 import torch
 from torch.utils.data import Sampler
@@ -26,7 +26,9 @@ class RepeatSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        order = torch.randperm(
+            self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)
+        ).tolist()
         for start in range(0, self.n - self.prompts + 1, self.prompts):
             chunk = order[start : start + self.prompts]
             for _ in range(self.repeat):

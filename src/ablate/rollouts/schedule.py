@@ -39,9 +39,14 @@ class Schedule:
     @classmethod
     def from_args(cls, args: Any) -> Schedule:
         """From a GRPOConfig (Trainer's `train_batch_size`: per device, times GPUs under DataParallel)."""
-        return cls(batch_size=args.train_batch_size, num_generations=args.num_generations,
-                   steps_per_generation=args.steps_per_generation, num_iterations=args.num_iterations,
-                   accumulation=args.gradient_accumulation_steps, staleness=getattr(args, "max_staleness", 0))
+        return cls(
+            batch_size=args.train_batch_size,
+            num_generations=args.num_generations,
+            steps_per_generation=args.steps_per_generation,
+            num_iterations=args.num_iterations,
+            accumulation=args.gradient_accumulation_steps,
+            staleness=getattr(args, "max_staleness", 0),
+        )
 
     @property
     def round_size(self) -> int:
@@ -86,7 +91,11 @@ class Schedule:
         mu > 1 the ratio is always against the round's policy (as in TRL); rounds sampled ahead
         (staleness > 0) always keep the log-probs of the weights that sampled them. Otherwise the
         ratio is exactly 1 and the detached current log-probs stand in."""
-        return self.staleness > 0 or self.num_iterations > 1 or self.accumulation % self.steps_per_generation != 0
+        return (
+            self.staleness > 0
+            or self.num_iterations > 1
+            or self.accumulation % self.steps_per_generation != 0
+        )
 
     def off_policy_steps(self) -> list[int]:
         """Which optimizer steps (1-based, within one period of lcm(spg * mu, accumulation) micro-steps)

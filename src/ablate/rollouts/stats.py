@@ -12,7 +12,9 @@ class RolloutStats:
     """Running totals over the training rounds (evaluation's rounds are not counted)."""
 
     rounds: int = 0  # generation rounds
-    generation_seconds: float = 0.0  # sampling (the generator's calls); async GRPO: the trainer's wait for a round
+    generation_seconds: float = (
+        0.0  # sampling (the generator's calls); async GRPO: the trainer's wait for a round
+    )
     background_seconds: float = 0.0  # async GRPO: the generation worker's sampling, concurrent with training
     scoring_seconds: float = 0.0  # the rest of a round: padding, pi_old / reference log-probs, rewards
     generated_tokens: int = 0  # completion tokens sampled (one forward each: 2N FLOPs in the MFU)
@@ -42,7 +44,8 @@ class ReportsRollouts(Protocol):
 
 def completion_metrics(lengths: list[float], truncated: list[bool]) -> dict[str, float]:
     """TRL 1.16's `completions/*` of one round: the lengths (the model's own tokens), the share cut at
-    max_completion_length (no EOS), and the lengths of those that ended with EOS (all 0 when none did, as TRL)."""
+    max_completion_length (no EOS), and the lengths of those that ended with EOS (all 0 when none did, as
+    TRL)."""
     ended = [n for n, cut in zip(lengths, truncated) if not cut] or [0.0]
     return {
         "completions/mean_length": sum(lengths) / len(lengths),

@@ -37,8 +37,9 @@ import json
 import re
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import get_json_schema
@@ -55,10 +56,12 @@ def schema(tool: Callable[..., Any], key: str) -> dict[str, Any]:
     when the docstring does not describe every argument, as transformers requires."""
     try:
         return get_json_schema(tool)
-    except Exception as e:  # noqa: BLE001 - transformers' DocstringParsingException / TypeError: one line
+    except Exception as e:  # transformers' DocstringParsingException / TypeError: one line
         name = getattr(tool, "__name__", repr(tool))
-        raise ConfigError(f"{key}: tool {name} needs type hints and a docstring with an `Args:` line per "
-                          f"argument (its schema for the model): {str(e).splitlines()[0]}") from None
+        raise ConfigError(
+            f"{key}: tool {name} needs type hints and a docstring with an `Args:` line per "
+            f"argument (its schema for the model): {str(e).splitlines()[0]}"
+        ) from None
 
 
 @dataclass
@@ -76,34 +79,47 @@ class ToolFormat:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, kind: str = "auto") -> None:
         # kind: method.args.tool_call_format, checked by its schema (ablate.schema.grpo.TOOL_CALL_FORMATS)
         if tokenizer.chat_template is None:
-            raise ConfigError("method.args.tools: the tokenizer has no chat template (tools need conversations)")
+            raise ConfigError(
+                "method.args.tools: the tokenizer has no chat template (tools need conversations)"
+            )
         self.tokenizer = tokenizer
         rendered = tool_calls_rendered(tokenizer)
         if kind == "chat_template" and rendered is None:
-            raise ConfigError("method.args.tool_call_format=chat_template: this model's chat template does not render "
-                              "tool calls and tool results; use tool_call_format=hermes (or auto)")
+            raise ConfigError(
+                "method.args.tool_call_format=chat_template: this model's chat template does not render "
+                "tool calls and tool results; use tool_call_format=hermes (or auto)"
+            )
         self.native = kind == "chat_template" or (kind == "auto" and rendered is not None)
         self.kind = "chat_template" if self.native else "hermes"
         self.parser = getattr(tokenizer, "response_template", None) if self.native else None
         if self.native and self.parser is None and not parse_hermes(rendered or "")[1]:
-            raise ConfigError("method.args.tools: this model's chat template renders tool calls in a format ablate "
-                              "cannot read back without a response parser: set the tokenizer's response_template "
-                              "(transformers' response parsing), or method.args.tool_call_format=hermes")
+            raise ConfigError(
+                "method.args.tools: this model's chat template renders tool calls in a format ablate "
+                "cannot read back without a response parser: set the tokenizer's response_template "
+                "(transformers' response parsing), or method.args.tool_call_format=hermes"
+            )
 
     def prompt(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
         """apply_chat_template's arguments for a prompt offering `schemas`: the template's own `tools=`, or
         (hermes) the conversation with the tools described in its system turn."""
         if self.native:
-            return {"conversation": messages, "tools": schemas or None}  # `or None`: TRL's (Llama renders tools=[])
+            # `or None`: TRL's (Llama renders tools=[])
+            return {"conversation": messages, "tools": schemas or None}
         return {"conversation": hermes_conversation(messages, schemas), "tools": None}
 
     def prompt_ids(self, messages: Any, schemas: list[dict[str, Any]], index: int = 0) -> list[int]:
         """A conversational prompt's ids with the tools offered and the assistant turn opened."""
         if not isinstance(messages, list):
-            raise DataError(f"data: row {index}: tools need conversational prompts (a list of messages), as in TRL; "
-                            f"this prompt is a {type(messages).__name__}")
-        out = self.tokenizer.apply_chat_template(**self.prompt(list(messages), schemas), add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True)
+            raise DataError(
+                f"data: row {index}: tools need conversational prompts (a list of messages), as in TRL; "
+                f"this prompt is a {type(messages).__name__}"
+            )
+        out = self.tokenizer.apply_chat_template(
+            **self.prompt(list(messages), schemas),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )
         return list(out["input_ids"])
 
     def read(self, ids: list[int], prefix: list[int], schemas: list[dict[str, Any]]) -> Turn:
@@ -113,8 +129,9 @@ class ToolFormat:
             content, calls = parse_hermes(text)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
-                message["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}}
-                                         for n, a, _ in calls]
+                message["tool_calls"] = [
+                    {"type": "function", "function": {"name": n, "arguments": a}} for n, a, _ in calls
+                ]
             return Turn(message, calls)
         message = parse_response(self.tokenizer, ids, prefix, schemas)
         return Turn(message, [_call_of(c) for c in message.get("tool_calls") or []])
@@ -123,25 +140,35 @@ class ToolFormat:
         """TRL's `_get_tool_suffix_ids`: the ids the template puts after an assistant turn (cut after its
         end-of-turn) for these tool messages, up to and including the next assistant turn's opening."""
         call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
-        dummy = [{"role": "user", "content": "dummy"},
-                 {"role": "assistant", "content": "", **({"tool_calls": call} if self.native else {})}]
-        prefix = self.tokenizer.apply_chat_template(dummy, add_generation_prompt=False, tokenize=True, return_dict=False)
-        full = self.tokenizer.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False)
-        ends = [i for i, t in enumerate(prefix) if t in stops]  # TRL: the tokenizer's EOS; here any end-of-turn id
+        dummy = [
+            {"role": "user", "content": "dummy"},
+            {"role": "assistant", "content": "", **({"tool_calls": call} if self.native else {})},
+        ]
+        prefix = self.tokenizer.apply_chat_template(
+            dummy, add_generation_prompt=False, tokenize=True, return_dict=False
+        )
+        full = self.tokenizer.apply_chat_template(
+            dummy + tool_messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        # TRL: the tokenizer's EOS; here any end-of-turn id
+        ends = [i for i, t in enumerate(prefix) if t in stops]
         if ends:
             prefix = prefix[: ends[-1] + 1]
         if full[: len(prefix)] != prefix:
-            raise ConfigError("method.args.tools: the chat template renders a conversation's start differently once "
-                              "tool turns follow (not prefix-preserving), so tool results cannot be appended to the "
-                              "model's own tokens; TRL swaps in a training template for such models")
-        return list(full[len(prefix):])
+            raise ConfigError(
+                "method.args.tools: the chat template renders a conversation's start differently once "
+                "tool turns follow (not prefix-preserving), so tool results cannot be appended to the "
+                "model's own tokens; TRL swaps in a training template for such models"
+            )
+        return list(full[len(prefix) :])
 
 
-def parse_response(tokenizer: PreTrainedTokenizerBase, ids: list[int], prefix: list[int],
-                   schemas: list[dict[str, Any]]) -> dict[str, Any]:
-    """TRL 1.16's `parse_response`: the tokenizer's parser, or the decoded text when it fails (a malformed call
-    is plain content); the EOS the parser may leave in the content removed; calls' missing arguments = {}."""
+def parse_response(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], prefix: list[int], schemas: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """TRL 1.16's `parse_response`: the tokenizer's parser, or the decoded text when it fails (a malformed
+    call is plain content); the EOS the parser may leave in the content removed; calls' missing arguments =
+    {}."""
     try:
         parsed = tokenizer.parse_response(ids, prefix=prefix, tools=schemas or None)
         if parsed is None:
@@ -177,15 +204,17 @@ def _call_of(call: dict[str, Any]) -> tuple[str, Any, str | None]:
 
 
 def parse_hermes(text: str) -> tuple[str, list[tuple[str, Any, str | None]]]:
-    """The content (the text around the calls, stripped) and the calls written as <tool_call>{json}</tool_call>
-    (a JSON object with `name` and `arguments`, or a list of them); a call that does not parse is
-    ("unknown", {}, the reason), which the model reads back as the tool's error."""
+    """The content (the text around the calls, stripped) and the calls written as
+    <tool_call>{json}</tool_call> (a JSON object with `name` and `arguments`, or a list of them); a call that
+    does not parse is ("unknown", {}, the reason), which the model reads back as the tool's error."""
     calls: list[tuple[str, Any, str | None]] = []
     for body in CALL.findall(text):
         try:
             value = json.loads(body)
         except json.JSONDecodeError as e:
-            calls.append(("unknown", {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos}): {body[:80]}"))
+            calls.append(
+                ("unknown", {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos}): {body[:80]}")
+            )
             continue
         for item in value if isinstance(value, list) else [value]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -205,8 +234,9 @@ class ToolTimeout(Exception):
     """A tool ran past `tool_timeout` seconds."""
 
 
-def call(tools: dict[str, Callable[..., Any]], name: str, arguments: Any, error: str | None,
-         timeout: float | None) -> tuple[Any, bool]:
+def call(
+    tools: dict[str, Callable[..., Any]], name: str, arguments: Any, error: str | None, timeout: float | None
+) -> tuple[Any, bool]:
     """Run one call: (result, failed). As TRL: an unknown name or a raising tool gives `{'error': str(e)}`.
     Async tools (coroutine functions) run to completion on their own event loop."""
     try:
@@ -218,9 +248,11 @@ def call(tools: dict[str, Callable[..., Any]], name: str, arguments: Any, error:
             raise TypeError(f"the arguments of {name} must be an object of named values, got {arguments!r}")
         return run_with_timeout(tools[name], arguments, timeout), False
     except SystemExit as e:  # not an error for the model to read: it would end the run as a success
-        raise UserCodeError(f"tool '{name}' ({name_of(tools[name])}) called sys.exit({e.code!r}): a tool returns "
-                            f"its result, or raises for the model to read (traceback: {log_file()})") from e
-    except Exception as e:  # noqa: BLE001 - any tool error is the model's to read, and a failure to count
+        raise UserCodeError(
+            f"tool '{name}' ({name_of(tools[name])}) called sys.exit({e.code!r}): a tool returns "
+            f"its result, or raises for the model to read (traceback: {log_file()})"
+        ) from e
+    except Exception as e:  # any tool error is the model's to read, and a failure to count
         return {"error": str(e)}, True
 
 
@@ -234,11 +266,12 @@ def run_with_timeout(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: fl
 
         try:
             return asyncio.run(bounded())
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ToolTimeout(f"timed out after {timeout:g} s") from None
     if not timeout:
         return fn(**kwargs)
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+
         def alarm(signum: int, frame: Any) -> None:
             raise ToolTimeout(f"timed out after {timeout:g} s")
 

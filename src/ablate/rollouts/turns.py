@@ -31,8 +31,9 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -46,9 +47,13 @@ ENV_CONTROL = ("reset", "get_reward")  # an environment's methods that are not t
 
 def environment_tools(env: Any) -> list[Callable[..., Any]]:
     """An environment instance's tools: its class's public functions but reset/get_reward, bound to it, by
-    name (TRL's `inspect.getmembers(type(env), inspect.isfunction)`; on the class: properties not evaluated)."""
-    return [getattr(env, name) for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
-            if name not in ENV_CONTROL and not name.startswith("_")]
+    name (TRL's `inspect.getmembers(type(env), inspect.isfunction)`; on the class: properties not
+    evaluated)."""
+    return [
+        getattr(env, name)
+        for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+        if name not in ENV_CONTROL and not name.startswith("_")
+    ]
 
 
 @dataclass
@@ -60,7 +65,8 @@ class Toolbox:
     environment: Callable[[], Any] | None = None  # a class or factory: one instance per rollout
     max_iterations: int | None = None  # turns of calls per rollout; None: until no call (TRL's default)
     timeout: float | None = None  # seconds per call; None: no limit
-    pool: list[Any] = field(default_factory=list)  # environment instances, reused across rounds (reset each time)
+    # environment instances, reused across rounds (reset each time)
+    pool: list[Any] = field(default_factory=list)
     schemas: list[dict[str, Any]] = field(default_factory=list)  # what the prompts offer
 
     def __post_init__(self) -> None:
@@ -68,20 +74,28 @@ class Toolbox:
         if self.environment is not None:
             probe = self.environment()
             if not callable(getattr(probe, "reset", None)):
-                raise ConfigError(f"method.args.environment: {type(probe).__name__} has no reset method (TRL's "
-                                  f"environment contract: reset(**row) -> str | None, its public methods the tools)")
+                raise ConfigError(
+                    f"method.args.environment: {type(probe).__name__} has no reset method (TRL's "
+                    f"environment contract: reset(**row) -> str | None, its public methods the tools)"
+                )
             self.pool.append(probe)
             tools += environment_tools(probe)
         names = [t.__name__ for t in tools]
         if len(set(names)) != len(names):
-            raise ConfigError(f"method.args.tools: two tools named {next(n for n in names if names.count(n) > 1)}")
+            raise ConfigError(
+                f"method.args.tools: two tools named {next(n for n in names if names.count(n) > 1)}"
+            )
         self.schemas = [schema(t, "method.args.tools") for t in tools]
 
     @property
     def reward_name(self) -> str | None:
         """The environment's reward column (its class name), when it scores episodes (`get_reward`)."""
         probe = self.pool[0] if self.pool else None
-        return type(probe).__name__ if probe is not None and callable(getattr(probe, "get_reward", None)) else None
+        return (
+            type(probe).__name__
+            if probe is not None and callable(getattr(probe, "get_reward", None))
+            else None
+        )
 
     def prompt_ids(self, prompt: Any, index: int = 0) -> list[int]:
         return self.format.prompt_ids(prompt, self.schemas, index)
@@ -93,13 +107,23 @@ def build_toolbox(args: Any, tokenizer: PreTrainedTokenizerBase) -> Toolbox | No
     tools, environment = args.tool_functions(), args.environment_factory()
     if not tools and environment is None:
         return None
-    box = Toolbox(ToolFormat(tokenizer, args.tool_call_format), tools, environment, args.max_tool_calling_iterations,
-                  args.tool_timeout)
+    box = Toolbox(
+        ToolFormat(tokenizer, args.tool_call_format),
+        tools,
+        environment,
+        args.max_tool_calling_iterations,
+        args.tool_timeout,
+    )
     why = "the chat template's own" if box.format.native else "the chat template renders no tool calls"
     logging.getLogger("ablate").info(
-        "GRPO tools: %s%s; tool_call_format=%s (%s)", ", ".join(s["function"]["name"] for s in box.schemas),
-        f" (one {getattr(environment, '__name__', 'environment')} per rollout)" if environment is not None else "",
-        box.format.kind, why)
+        "GRPO tools: %s%s; tool_call_format=%s (%s)",
+        ", ".join(s["function"]["name"] for s in box.schemas),
+        f" (one {getattr(environment, '__name__', 'environment')} per rollout)"
+        if environment is not None
+        else "",
+        box.format.kind,
+        why,
+    )
     return box
 
 
@@ -107,13 +131,18 @@ def turns_of(out: Completions) -> dict[str, Any]:
     """What a round with tool calls adds to its completions (for the async worker to send back), or {}."""
     if out.tool_mask is None:
         return {}
-    return {"tool_mask": out.tool_mask, "messages": out.messages, "tool_calls": out.tool_calls,
-            "tool_failures": out.tool_failures}
+    return {
+        "tool_mask": out.tool_mask,
+        "messages": out.messages,
+        "tool_calls": out.tool_calls,
+        "tool_failures": out.tool_failures,
+    }
 
 
 def environment_reward(cls: type) -> Callable[..., list[Any]]:
-    """The reward function of environment class `cls`: each finished episode's `get_reward()` (TRL's, weight 1),
-    named `cls.get_reward` so that a mistake in it is one line naming the user's method (ablate.rewards.calls)."""
+    """The reward function of environment class `cls`: each finished episode's `get_reward()` (TRL's, weight
+    1), named `cls.get_reward` so that a mistake in it is one line naming the user's method
+    (ablate.rewards.calls)."""
 
     def get_reward(environments: list[Any], **_: Any) -> list[Any]:
         return [env.get_reward() for env in environments]
@@ -126,8 +155,13 @@ class ToolGenerator:
     """A `GenerateFn` running tool calls between turns of the generator it wraps (see the module docstring).
     `start(rows)` readies a round (environments reset) and returns its prompt ids."""
 
-    def __init__(self, inner: GenerateFn, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                 max_completion_length: int) -> None:
+    def __init__(
+        self,
+        inner: GenerateFn,
+        toolbox: Toolbox,
+        tokenizer: PreTrainedTokenizerBase,
+        max_completion_length: int,
+    ) -> None:
         self.inner = inner
         self.toolbox = toolbox
         self.tokenizer = tokenizer
@@ -143,7 +177,8 @@ class ToolGenerator:
 
     def start(self, rows: list[dict[str, Any]]) -> list[list[int]]:
         """Ready a round: one environment per row (reset with the row's columns, its text appended to the
-        prompt's last message), and the rows' prompt ids (tokenized again where the environment added text)."""
+        prompt's last message), and the rows' prompt ids (tokenized again where the environment added
+        text)."""
         box = self.toolbox
         if box.environment is None:
             self.environments = None
@@ -165,8 +200,12 @@ class ToolGenerator:
     def __call__(self, model: PreTrainedModel, prompt_ids: list[list[int]]) -> Completions:
         return self._turns(model, prompt_ids, lambda ids: as_completions(self.inner(model, ids)))
 
-    def _sample(self, model: PreTrainedModel, prompt_ids: list[list[int]], policy_logps: bool = False) -> Completions:
-        return self._turns(model, prompt_ids, lambda ids: self.inner.sample(model, ids, policy_logps=policy_logps))
+    def _sample(
+        self, model: PreTrainedModel, prompt_ids: list[list[int]], policy_logps: bool = False
+    ) -> Completions:
+        return self._turns(
+            model, prompt_ids, lambda ids: self.inner.sample(model, ids, policy_logps=policy_logps)
+        )
 
     def _row_tools(self, i: int) -> dict[str, Callable[..., Any]]:
         tools = list(self.toolbox.tools)
@@ -174,15 +213,28 @@ class ToolGenerator:
             tools += environment_tools(self.environments[i])
         return {t.__name__: t for t in tools}
 
-    def _turns(self, model: PreTrainedModel, prompt_ids: list[list[int]],
-               generate: Callable[[list[list[int]]], Completions]) -> Completions:
+    def _turns(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: list[list[int]],
+        generate: Callable[[list[list[int]]], Completions],
+    ) -> Completions:
         first = generate(prompt_ids)
-        rollouts = [Rollout(list(p), list(c), engine=None if first.logps is None else list(first.logps[i]),
-                            policy=None if first.policy_logps is None else list(first.policy_logps[i]))
-                    for i, (p, c) in enumerate(zip(prompt_ids, first.ids))]
+        rollouts = [
+            Rollout(
+                list(p),
+                list(c),
+                engine=None if first.logps is None else list(first.logps[i]),
+                policy=None if first.policy_logps is None else list(first.policy_logps[i]),
+            )
+            for i, (p, c) in enumerate(zip(prompt_ids, first.ids))
+        ]
         box, stops = self.toolbox, stop_ids(self.tokenizer, model)
-        limit = min(getattr(getattr(model, "config", None), "max_position_embeddings", None) or sys.maxsize,
-                    getattr(self.inner, "engine_args", {}).get("max_model_len") or sys.maxsize)  # vLLM's, TRL's ceiling
+        # vLLM's, TRL's ceiling
+        limit = min(
+            getattr(getattr(model, "config", None), "max_position_embeddings", None) or sys.maxsize,
+            getattr(self.inner, "engine_args", {}).get("max_model_len") or sys.maxsize,
+        )
         pending = [i for i, r in enumerate(rollouts) if r.read(box, r.ids, r.prompt)]
         turns = 0
         while pending and turns < (box.max_iterations if box.max_iterations is not None else sys.maxsize):
@@ -193,7 +245,8 @@ class ToolGenerator:
                 suffix = box.format.suffix_ids(results, stops)
                 whole = r.prompt + r.ids + suffix
                 if len(whole) - len(r.prompt) > self.max_completion_length or len(whole) >= limit:
-                    del r.messages[len(r.messages) - len(results):]  # TRL: the results are dropped, the rollout ends
+                    # TRL: the results are dropped, the rollout ends
+                    del r.messages[len(r.messages) - len(results) :]
                     continue
                 extended[i] = whole
             pending = list(extended)
@@ -203,18 +256,27 @@ class ToolGenerator:
             for j, i in enumerate(pending):
                 r, whole = rollouts[i], extended[i]
                 room = self.max_completion_length - (len(whole) - len(r.prompt))  # TRL: cut to the budget
-                r.extend(suffix=whole[len(r.prompt) + len(r.ids):], new=list(more.ids[j])[:room],
-                         engine=None if more.logps is None else list(more.logps[j])[:room],
-                         policy=None if more.policy_logps is None else list(more.policy_logps[j])[:room])
-            pending = [i for i in pending if rollouts[i].new_turn and rollouts[i].read(box, rollouts[i].new_turn,
-                                                                                        extended[i])]
+                r.extend(
+                    suffix=whole[len(r.prompt) + len(r.ids) :],
+                    new=list(more.ids[j])[:room],
+                    engine=None if more.logps is None else list(more.logps[j])[:room],
+                    policy=None if more.policy_logps is None else list(more.policy_logps[j])[:room],
+                )
+            pending = [
+                i
+                for i in pending
+                if rollouts[i].new_turn and rollouts[i].read(box, rollouts[i].new_turn, extended[i])
+            ]
             turns += 1
         return Completions(
             ids=[r.ids for r in rollouts],
             logps=[r.engine for r in rollouts] if first.logps is not None else None,
             policy_logps=[r.policy for r in rollouts] if first.policy_logps is not None else None,
-            tool_mask=[r.mask for r in rollouts], messages=[r.messages for r in rollouts],
-            tool_calls=[r.calls for r in rollouts], tool_failures=[r.failures for r in rollouts])
+            tool_mask=[r.mask for r in rollouts],
+            messages=[r.messages for r in rollouts],
+            tool_calls=[r.calls for r in rollouts],
+            tool_failures=[r.failures for r in rollouts],
+        )
 
 
 @dataclass
@@ -256,8 +318,9 @@ class Rollout:
         self.waiting = []
         return results
 
-    def extend(self, suffix: list[int], new: list[int], engine: list[float] | None,
-               policy: list[float] | None) -> None:
+    def extend(
+        self, suffix: list[int], new: list[int], engine: list[float] | None, policy: list[float] | None
+    ) -> None:
         """Append the results' ids (mask 0) and the next turn (mask 1)."""
         self.ids += suffix + new
         self.mask += [0] * len(suffix) + [1] * len(new)
@@ -271,5 +334,7 @@ class Rollout:
 def tool_metrics(calls: list[int], failures: list[int]) -> dict[str, torch.Tensor]:
     """TRL's: calls per completion, and the failed share of the calls made (0 when none was made)."""
     made = sum(calls)
-    return {"tools/call_frequency": torch.tensor(made / max(len(calls), 1)),
-            "tools/failure_frequency": torch.tensor(sum(failures) / made if made else 0.0)}
+    return {
+        "tools/call_frequency": torch.tensor(made / max(len(calls), 1)),
+        "tools/failure_frequency": torch.tensor(sum(failures) / made if made else 0.0),
+    }

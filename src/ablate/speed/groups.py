@@ -40,16 +40,20 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[l
 
 
 def shared_prompt_groups(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor, pad_token_id: int, with_mask: bool = True,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    pad_token_id: int,
+    with_mask: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The shared-prompt layout of left-padded prompts and right-padded completions (rows, ·): one row
     per prompt group, with `input_ids`, `position_ids` (G, L), a boolean `attention_mask` (G, 1, L, L)
     (True: query may attend to key), `segment` (G, L) (0: the prompt, k: the group's k-th completion;
-    the same mask for ablate.speed.packing.Documents), each row's real `lengths` (G,) (the rest pads), and per scored
-    completion token: `src` (flat index into G*L of the position that predicts it), `tgt` (the token),
-    `row`/`col` (its place in `completion_ids`). Every prompt needs at least one token (its last one
-    predicts each completion's first).
+    the same mask for ablate.speed.packing.Documents), each row's real `lengths` (G,) (the rest pads), and per
+    scored completion token: `src` (flat index into G*L of the position that predicts it), `tgt` (the token),
+    `row`/`col` (its place in `completion_ids`). Every prompt needs at least one token (its last one predicts
+    each completion's first).
 
     For attention one row per completion, over the packed tokens (the groups' rows' real tokens, one
     row after another): `row_mask` (rows, P + C) (left-padded prompt, right-padded completion, each cut
@@ -58,7 +62,9 @@ def shared_prompt_groups(
     `with_mask=False` leaves out the 4-D `attention_mask` (large for long rows; the packed path does not
     use it)."""
     groups = prompt_groups(prompt_ids, prompt_mask)
-    p_real = [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist())]
+    p_real = [
+        [t for t, m in zip(ids, mask) if m] for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist())
+    ]
     c_cols = [[j for j, m in enumerate(mask) if m] for mask in completion_mask.tolist()]
     c_ids = completion_ids.tolist()
     if any(not p_real[g[0]] for g in groups):
@@ -95,21 +101,22 @@ def shared_prompt_groups(
             pos[b, start:end] = torch.arange(p, p + c)  # continues the prompt, as in the completion's own row
             if mask is not None:
                 mask[b, 0, start:end, :p] = True  # the prompt
-                mask[b, 0, start:end, start:end] = torch.ones(c, c, dtype=torch.bool).tril()  # itself, causally
-            for k, j in enumerate(cols):  # token k sits at start + k; the first is predicted by the prompt's end
+                # itself, causally
+                mask[b, 0, start:end, start:end] = torch.ones(c, c, dtype=torch.bool).tril()
+            # token k sits at start + k; the first is predicted by the prompt's end
+            for k, j in enumerate(cols):
                 src.append(b * width + (p - 1 if k == 0 else start + k - 1))
                 tgt.append(c_ids[r][j]), row.append(r), col.append(j)
                 row_index.append(r * (pw + cw) + pw + j), row_source.append(offset + start + k)
                 row_out[offset + start + k] = row_index[-1]
             start = end
         offset += lengths[b]
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     row_mask = torch.zeros(len(c_cols) * (pw + cw), dtype=torch.long)
-    row_mask[as_long(row_index)] = 1
-    out = {"input_ids": ids, "position_ids": pos, "segment": segment, "lengths": as_long(lengths),
-           "src": as_long(src), "tgt": as_long(tgt), "row": as_long(row), "col": as_long(col),
-           "row_mask": row_mask.view(len(c_cols), pw + cw), "row_index": as_long(row_index),
-           "row_source": as_long(row_source), "row_out": as_long(row_out)}
+    row_mask[torch.tensor(row_index, dtype=torch.long)] = 1
+    out = {"input_ids": ids, "position_ids": pos, "segment": segment, "row_mask": row_mask.view(-1, pw + cw)}
+    flat = dict(lengths=lengths, src=src, tgt=tgt, row=row, col=col, row_index=row_index)
+    flat.update(row_source=row_source, row_out=row_out)
+    out.update({k: torch.tensor(v, dtype=torch.long) for k, v in flat.items()})
     if mask is not None:
         out["attention_mask"] = mask
     return {k: v.to(prompt_ids.device) for k, v in out.items()}

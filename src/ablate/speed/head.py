@@ -47,23 +47,40 @@ class HeadLogps(torch.autograd.Function):
     logit, argmax == target) for hidden [N, H], in chunks of `rows`; see the module docstring."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, temperature: float, rows: int) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        rows: int,
+    ) -> tuple[torch.Tensor, ...]:
         n = hidden.shape[0]
         logps = hidden.new_empty(n, dtype=torch.float32)
         lse, entropy, mean = torch.empty_like(logps), torch.empty_like(logps), torch.empty_like(logps)
         correct = torch.empty(n, dtype=torch.bool, device=hidden.device)
         dtype = None
         for i in range(0, n, rows):
-            logits = F.linear(hidden[i:i + rows], weight, bias)  # autocast casts as it does for lm_head(hidden)
+            # autocast casts as it does for lm_head(hidden)
+            logits = F.linear(hidden[i : i + rows], weight, bias)
             dtype = logits.dtype
-            lp, ls, (e, m, c) = block_logps(logits, targets[i:i + rows], temperature)
-            logps[i:i + rows], lse[i:i + rows], entropy[i:i + rows], mean[i:i + rows], correct[i:i + rows] = lp, ls, e, m, c
+            lp, ls, (e, m, c) = block_logps(logits, targets[i : i + rows], temperature)
+            (
+                logps[i : i + rows],
+                lse[i : i + rows],
+                entropy[i : i + rows],
+                mean[i : i + rows],
+                correct[i : i + rows],
+            ) = lp, ls, e, m, c
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.rows = temperature, rows
-        ctx.dtype = dtype or (torch.get_autocast_dtype(hidden.device.type)
-                              if torch.is_autocast_enabled(hidden.device.type) else hidden.dtype)
+        ctx.dtype = dtype or (
+            torch.get_autocast_dtype(hidden.device.type)
+            if torch.is_autocast_enabled(hidden.device.type)
+            else hidden.dtype
+        )
         ctx.mark_non_differentiable(entropy, mean, correct)
         return logps, entropy, mean, correct
 
@@ -75,25 +92,33 @@ class HeadLogps(torch.autograd.Function):
         w = weight.to(dtype)
         b = bias.to(dtype) if bias is not None else None
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         if grad is None:
             grad = lse.new_zeros(n)
         for i in range(0, n, rows):
-            h = hidden[i:i + rows].to(dtype)
+            h = hidden[i : i + rows].to(dtype)
             logits = F.linear(h, w, b)  # recomputed: the forward kept none
-            g = block_grad(logits, targets[i:i + rows], lse[i:i + rows], grad[i:i + rows], ctx.temperature).to(dtype)
+            g = block_grad(
+                logits, targets[i : i + rows], lse[i : i + rows], grad[i : i + rows], ctx.temperature
+            ).to(dtype)
             del logits
             if grad_hidden is not None:
-                grad_hidden[i:i + rows] = (g @ w).to(hidden.dtype)
+                grad_hidden[i : i + rows] = (g @ w).to(hidden.dtype)
             if grad_weight is not None:
                 _accumulate(grad_weight, g.t(), h)
             if grad_bias is not None:
                 grad_bias.add_(g.sum(0, dtype=torch.float32))
-        return (grad_hidden,
-                grad_weight.to(weight.dtype) if grad_weight is not None else None,
-                grad_bias.to(bias.dtype) if grad_bias is not None else None,
-                None, None, None)
+        return (
+            grad_hidden,
+            grad_weight.to(weight.dtype) if grad_weight is not None else None,
+            grad_bias.to(bias.dtype) if grad_bias is not None else None,
+            None,
+            None,
+            None,
+        )
 
 
 def completion_logps(

@@ -123,13 +123,17 @@ class SiluMulLinearFunction(torch.autograd.Function):
         return nn.functional.linear(nn.functional.silu(gate) * up, weight)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         gate, up, weight = ctx.saved_tensors
         h = nn.functional.silu(gate) * up  # recomputed: the tensor down_proj would have saved
         dtype = grad.dtype  # the forward matmul's dtype (its output's): autocast's, or the inputs'
         grad_w = None
         if ctx.needs_input_grad[2]:
-            grad_w = grad.reshape(-1, grad.shape[-1]).t().mm(h.reshape(-1, h.shape[-1]).to(dtype)).to(weight.dtype)
+            grad_w = (
+                grad.reshape(-1, grad.shape[-1]).t().mm(h.reshape(-1, h.shape[-1]).to(dtype)).to(weight.dtype)
+            )
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             return None, None, grad_w
         grad_h = grad.matmul(weight.to(dtype)).to(h.dtype)
@@ -160,7 +164,9 @@ def make_lean(model: nn.Module) -> int:
     config = getattr(lm, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in PLAIN_HEAD_MODELS:
-        log.info("lean layers: not applied (model_type %s is not one of %s)", model_type, sorted(PLAIN_HEAD_MODELS))
+        log.info(
+            "lean layers: not applied (model_type %s is not one of %s)", model_type, sorted(PLAIN_HEAD_MODELS)
+        )
         return 0
     silu = getattr(config, "hidden_act", None) == "silu"
     norms = mlps = 0
@@ -172,7 +178,9 @@ def make_lean(model: nn.Module) -> int:
         elif name in GATED_MLPS and silu:
             module.forward = types.MethodType(_lean_mlp_forward, module)
             mlps += 1
-    log.info("lean layers (%s): %d RMSNorm and %d SiLU-MLP modules save less for backward", model_type, norms, mlps)
+    log.info(
+        "lean layers (%s): %d RMSNorm and %d SiLU-MLP modules save less for backward", model_type, norms, mlps
+    )
     return norms + mlps
 
 

@@ -26,13 +26,13 @@ import json
 import os
 import platform
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 PACKAGED = Path(__file__).with_name("measured.json")
-# ABLATE_SPEED_RECORD: a record of your own (e.g. your cluster's CPUs, written by the benchmarks' --record to a
-# copy) instead of the package's; the test suite points it at tests/speed_record.json (every path on)
+# ABLATE_SPEED_RECORD: a record of your own (e.g. your cluster's CPUs, written by the benchmarks' --record to
+# a copy) instead of the package's; the test suite points it at tests/speed_record.json (every path on)
 RECORD = Path(os.environ.get("ABLATE_SPEED_RECORD") or PACKAGED)
 # float32 differences up to which a path counts as exact (the CPU tests' tolerance), and the speedup
 # (plain step time / the path's) at or above which it counts as not slower
@@ -53,7 +53,7 @@ def verdict(exact: bool, speedup: float | None) -> bool:
     return bool(exact) and speedup is not None and speedup >= NOT_SLOWER
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
@@ -66,7 +66,7 @@ def records(path: Path | None = None) -> dict[str, Any]:
     return _load(str(path or RECORD))
 
 
-@lru_cache(maxsize=None)
+@cache
 def cpu_family() -> dict[str, Any]:
     """This CPU's family as the records key it: architecture, vendor (or ARM implementer), the kernel level
     torch dispatches to (get_cpu_capability: DEFAULT under ATEN_CPU_CAPABILITY=default) and AMX tiles."""
@@ -81,19 +81,26 @@ def cpu_family() -> dict[str, Any]:
     except OSError:  # not Linux: the architecture and the kernel level still tell families apart
         pass
     flags = set((info.get("flags") or info.get("Features") or "").split())
-    vendor = info.get("vendor_id") or (info.get("CPU implementer") and f"implementer {info['CPU implementer']}")
-    return {"arch": platform.machine(), "vendor": vendor or "unknown", "amx": "amx_tile" in flags,
-            "capability": torch.backends.cpu.get_cpu_capability()}
+    vendor = info.get("vendor_id") or (
+        info.get("CPU implementer") and f"implementer {info['CPU implementer']}"
+    )
+    return {
+        "arch": platform.machine(),
+        "vendor": vendor or "unknown",
+        "amx": "amx_tile" in flags,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def describe(family: dict[str, Any]) -> str:
     """'x86_64 GenuineIntel AVX512 AMX'; fields a record leaves out are not shown."""
     return " ".join(str(family[k]) for k in ("arch", "vendor", "capability") if family.get(k) is not None) + (
-        " AMX" if family.get("amx") else "")
+        " AMX" if family.get("amx") else ""
+    )
 
 
 def entry(device: str, path: Path | None = None, family: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The record that decides on `device` ({} when none): for the CPU, this CPU family's (module docstring)."""
+    """The record that decides on `device` ({} when none): for the CPU, its family's (module docstring)."""
     got = records(path).get(device)
     if not isinstance(got, dict) or "families" not in got:
         return got if isinstance(got, dict) else {}
@@ -113,12 +120,18 @@ def _on_every_family(rows: list[dict[str, Any]], here: dict[str, Any]) -> dict[s
     for name in sorted(names):
         recs = [r["paths"][name] for r in rows]
         on = all(bool(rec.get("on")) for rec in recs)
-        paths[name] = {"on": on, "exact": all(rec.get("exact") for rec in recs),
-                       "speedup": min((rec.get("speedup") for rec in recs if rec.get("speedup") is not None),
-                                      default=None),
-                       "basis": "on every recorded CPU family" if on else "slower or inexact on a recorded CPU family"}
-    return {"run": f"no record for this CPU ({describe(here)}): paths every recorded family ran ({runs})",
-            "paths": paths}
+        paths[name] = {
+            "on": on,
+            "exact": all(rec.get("exact") for rec in recs),
+            "speedup": min(
+                (rec.get("speedup") for rec in recs if rec.get("speedup") is not None), default=None
+            ),
+            "basis": "on every recorded CPU family" if on else "slower or inexact on a recorded CPU family",
+        }
+    return {
+        "run": f"no record for this CPU ({describe(here)}): paths every recorded family ran ({runs})",
+        "paths": paths,
+    }
 
 
 def measured(device: str, path: Path | None = None) -> dict[str, Measured]:
@@ -148,15 +161,25 @@ def _decisions(device: str, entry: dict[str, Any]) -> dict[str, Measured]:
     return out
 
 
-def write(device: str, run: str, paths: dict[str, dict[str, Any]], path: Path | None = None,
-          family: dict[str, Any] | None = None) -> Path:
+def write(
+    device: str,
+    run: str,
+    paths: dict[str, dict[str, Any]],
+    path: Path | None = None,
+    family: dict[str, Any] | None = None,
+) -> Path:
     """Record `device`'s run (`paths`: name -> exact, max_abs_diff, speedup, basis; `on` set by `verdict`),
     keeping the other devices' entries; on the CPU, this CPU family's record (`family`: cpu_family()),
     keeping the other families'."""
     path = path or RECORD
     data = dict(records(path))
-    new = {"run": run, "paths": {name: {**rec, "on": verdict(rec.get("exact", False), rec.get("speedup"))}
-                                 for name, rec in sorted(paths.items())}}
+    new = {
+        "run": run,
+        "paths": {
+            name: {**rec, "on": verdict(rec.get("exact", False), rec.get("speedup"))}
+            for name, rec in sorted(paths.items())
+        },
+    }
     if device == "cpu":
         family = family or cpu_family()
         rows = [r for r in (data.get("cpu") or {}).get("families", []) if r.get("family") != family]

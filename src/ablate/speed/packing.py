@@ -126,13 +126,21 @@ class Documents:
 
         def mask(b: Any, h: Any, q: Any, kv: Any) -> Any:
             return (doc[q] == doc[kv]) & (kv <= q) & ((seg[kv] == 0) | (seg[kv] == seg[q]))
+
         return mask
 
     def block_mask(self) -> BlockMask:
         """The block mask, evaluated block by block (compiled) on a GPU: never an [N, N] tensor there."""
         n = self.doc.numel()
-        return create_block_mask(self.mask_mod(), 1, None, n, n, device=self.doc.device,
-                                 _compile=FLEX_COMPILE and self.doc.device.type != "cpu")
+        return create_block_mask(
+            self.mask_mod(),
+            1,
+            None,
+            n,
+            n,
+            device=self.doc.device,
+            _compile=FLEX_COMPILE and self.doc.device.type != "cpu",
+        )
 
     def dense_mask(self) -> torch.Tensor:
         """The same mask as a boolean [1, 1, N, N] tensor (the "dense" kernel: a CPU reference)."""
@@ -140,19 +148,30 @@ class Documents:
         return create_mask(self.mask_mod(), 1, 1, n, n, device=self.doc.device)
 
 
-def flex_packed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                block_mask: BlockMask, scaling: float | None = None, dropout: float = 0.0,
-                **kwargs: Any) -> tuple[torch.Tensor, None]:
+def flex_packed(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_mask: BlockMask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """FlexAttention over the packed row [1, H, N, d] (GQA kept grouped), returning [1, N, H, d] as
     transformers' attention functions do. Under autocast q, k, v run in its dtype, as sdpa's do."""
     if dropout:
-        raise ValueError("packed FlexAttention: attention dropout is not supported (set the model's attention_dropout=0)")
+        raise ValueError(
+            "packed FlexAttention: attention dropout is not supported (set the model's attention_dropout=0)"
+        )
     kind = query.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
     q, k, v = (x.to(dtype) for x in (query, key, value))
     fn = flex_attention
-    if FLEX_COMPILE and kind != "cpu" and not torch.compiler.is_compiling():  # (speed.compile traces flex itself)
-        fn = _compiled.setdefault(kind, torch.compile(flex_attention))  # once per process; shapes marked dynamic as they vary
+    # (speed.compile traces flex itself)
+    if FLEX_COMPILE and kind != "cpu" and not torch.compiler.is_compiling():
+        # once per process; shapes marked dynamic as they vary
+        fn = _compiled.setdefault(kind, torch.compile(flex_attention))
     out = fn(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
@@ -177,9 +196,13 @@ def takes_eager(query: torch.Tensor, attention_mask: torch.Tensor | None) -> boo
     rows, heads, width, _ = query.shape
     # under autocast q arrives in float32 (rotary embeddings upcast it) and the matmuls run in its dtype
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
-    return (query.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-            and attention_mask is not None and attention_mask.dtype == torch.bool
-            and rows * heads * width * width <= EAGER_MAX_SCORES)
+    return (
+        query.device.type == "cpu"
+        and dtype in (torch.bfloat16, torch.float16)
+        and attention_mask is not None
+        and attention_mask.dtype == torch.bool
+        and rows * heads * width * width <= EAGER_MAX_SCORES
+    )
 
 
 def use_packed_attention(model: nn.Module) -> bool:
@@ -210,7 +233,10 @@ def causal_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def packed_inputs(
-    inputs: dict[str, torch.Tensor], src: torch.Tensor, lengths: torch.Tensor, segments: torch.Tensor | None = None,
+    inputs: dict[str, torch.Tensor],
+    src: torch.Tensor,
+    lengths: torch.Tensor,
+    segments: torch.Tensor | None = None,
     kernel: str | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Model inputs of a right-padded batch (`input_ids` (R, W), optional `position_ids`, a 2-D or
@@ -234,7 +260,9 @@ def packed_inputs(
     kernel = kernel or packed_kernel(ids.device)
     if kernel == "padded":
         mask = inputs["attention_mask"]
-        packed.update(attention_mask=causal_mask_4d(mask) if mask.dim() == 2 else mask, unpad=Unpad(index, rows, width))
+        packed.update(
+            attention_mask=causal_mask_4d(mask) if mask.dim() == 2 else mask, unpad=Unpad(index, rows, width)
+        )
     else:
         seg = segments.to(ids.device).flatten()[index] if segments is not None else torch.zeros_like(index)
         docs = Documents(torch.div(index, width, rounding_mode="floor"), seg)

@@ -17,6 +17,7 @@ is not scored.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -31,8 +32,11 @@ def plain_pairs(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, torc
         for r in rows:
             seqs.append(r["prompt_ids"] + r[key])
             masks.append([0] * len(r["prompt_ids"]) + [1] * len(r[key]))
-    return {"input_ids": pad(seqs, pad_token_id), "attention_mask": pad([[1] * len(s) for s in seqs], 0),
-            "completion_mask": pad(masks, 0)}
+    return {
+        "input_ids": pad(seqs, pad_token_id),
+        "attention_mask": pad([[1] * len(s) for s in seqs], 0),
+        "completion_mask": pad(masks, 0),
+    }
 
 
 def plain_targets(input_ids: torch.Tensor, completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -41,29 +45,38 @@ def plain_targets(input_ids: torch.Tensor, completion_mask: torch.Tensor) -> dic
     return {"src": row * input_ids.shape[1] + col, "tgt": input_ids[row, col + 1], "seq": row}
 
 
-def shared_prompt_pairs(rows: list[dict[str, Any]], pad_token_id: int, with_mask: bool = True) -> dict[str, torch.Tensor]:
+def shared_prompt_pairs(
+    rows: list[dict[str, Any]], pad_token_id: int, with_mask: bool = True
+) -> dict[str, torch.Tensor]:
     """The shared-prompt layout: `input_ids`, `position_ids`, a boolean `attention_mask` (B, 1, L, L)
     (True: query may attend to key), `segments` (B, L) (0 prompt, 1 chosen, 2 rejected: the same mask for
     a packed row's FlexAttention), `src`/`tgt`/`seq`, and each row's real `lengths` (the rest pads).
     `with_mask=False` leaves the 4-D mask out."""
     n = len(rows)
     width = max(len(r["prompt_ids"]) + len(r["chosen_ids"]) + len(r["rejected_ids"]) for r in rows)
-    ids, pos = torch.full((n, width), pad_token_id, dtype=torch.long), torch.zeros((n, width), dtype=torch.long)
-    segments = torch.zeros((n, width), dtype=torch.long)  # 0 prompt, 1 chosen, 2 rejected (ablate.speed.packing.Documents)
+    ids, pos = (
+        torch.full((n, width), pad_token_id, dtype=torch.long),
+        torch.zeros((n, width), dtype=torch.long),
+    )
+    # 0 prompt, 1 chosen, 2 rejected (ablate.speed.packing.Documents)
+    segments = torch.zeros((n, width), dtype=torch.long)
     # every query sees itself: padding rows never have an all-masked softmax (NaN would reach the gradients)
     mask = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1, 1) if with_mask else None
     src, tgt, seq, lengths = [], [], [], []
     for b, r in enumerate(rows):
         p, c, rj = len(r["prompt_ids"]), len(r["chosen_ids"]), len(r["rejected_ids"])
         lengths.append(p + c + rj)
-        ids[b, :p + c + rj] = torch.tensor(r["prompt_ids"] + r["chosen_ids"] + r["rejected_ids"], dtype=torch.long)
-        pos[b, :p + c] = torch.arange(p + c)
-        pos[b, p + c:p + c + rj] = torch.arange(p, p + rj)  # rejected continues the prompt, as in its own row
-        segments[b, p:p + c], segments[b, p + c:p + c + rj] = 1, 2
+        ids[b, : p + c + rj] = torch.tensor(
+            r["prompt_ids"] + r["chosen_ids"] + r["rejected_ids"], dtype=torch.long
+        )
+        pos[b, : p + c] = torch.arange(p + c)
+        # rejected continues the prompt, as in its own row
+        pos[b, p + c : p + c + rj] = torch.arange(p, p + rj)
+        segments[b, p : p + c], segments[b, p + c : p + c + rj] = 1, 2
         if mask is not None:
             causal = torch.ones(p + c + rj, p + c + rj, dtype=torch.bool).tril()
-            causal[p + c:, p:p + c] = False  # rejected never sees chosen
-            mask[b, 0, :p + c + rj, :p + c + rj] = causal
+            causal[p + c :, p : p + c] = False  # rejected never sees chosen
+            mask[b, 0, : p + c + rj, : p + c + rj] = causal
         for k in range(c):  # chosen token k sits at p + k and is predicted by p + k - 1
             if p + k >= 1:
                 src.append(b * width + p + k - 1), tgt.append(r["chosen_ids"][k]), seq.append(b)
@@ -71,9 +84,16 @@ def shared_prompt_pairs(rows: list[dict[str, Any]], pad_token_id: int, with_mask
             if p + k >= 1:
                 at = p - 1 if k == 0 else p + c + k - 1
                 src.append(b * width + at), tgt.append(r["rejected_ids"][k]), seq.append(n + b)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    out = {"input_ids": ids, "position_ids": pos, "segments": segments, "src": as_long(src),
-           "tgt": as_long(tgt), "seq": as_long(seq), "lengths": as_long(lengths)}
+    as_long = functools.partial(torch.tensor, dtype=torch.long)
+    out = {
+        "input_ids": ids,
+        "position_ids": pos,
+        "segments": segments,
+        "src": as_long(src),
+        "tgt": as_long(tgt),
+        "seq": as_long(seq),
+        "lengths": as_long(lengths),
+    }
     if mask is not None:  # a packed row with a document mask (FlexAttention) needs none: no L x L tensors
         out["attention_mask"] = mask
     return out
@@ -87,7 +107,12 @@ def mask_from_segments(segments: torch.Tensor, lengths: torch.Tensor) -> torch.T
     at = torch.arange(width, device=segments.device)
     real = at[None, :] < lengths.to(segments.device)[:, None]
     seg_q, seg_k = segments[:, :, None], segments[:, None, :]
-    mask = (at[None, :, None] >= at[None, None, :]) & real[:, None, :] & real[:, :, None] & ((seg_k == 0) | (seg_k == seg_q))
+    mask = (
+        (at[None, :, None] >= at[None, None, :])
+        & real[:, None, :]
+        & real[:, :, None]
+        & ((seg_k == 0) | (seg_k == seg_q))
+    )
     return (mask | torch.eye(width, dtype=torch.bool, device=segments.device)).unsqueeze(1)
 
 

@@ -24,8 +24,8 @@ trainers (`GRPOTrainer._rows_logps`, `DPOTrainer._sequence_logps`) as the refere
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Callable
 
 import torch
 from torch import nn
@@ -44,8 +44,9 @@ RowsLogps = Callable[[nn.Module, dict[str, torch.Tensor], bool], tuple[torch.Ten
 GROUP_OVERHEAD_TOKENS = 64
 
 
-def length_groups(prompt_lengths: list[int], completion_lengths: list[int],
-                  overhead: int | None = None) -> list[list[int]]:
+def length_groups(
+    prompt_lengths: list[int], completion_lengths: list[int], overhead: int | None = None
+) -> list[list[int]]:
     """Row indices split into groups (contiguous in length order) minimising the tokens computed,
     rows x (longest prompt + longest completion) per group, plus `overhead` per group (a small DP;
     default GROUP_OVERHEAD_TOKENS)."""
@@ -63,7 +64,7 @@ def length_groups(prompt_lengths: list[int], completion_lengths: list[int],
                 best[j], cut[j] = cost, i
     groups, j = [], n
     while j > 0:
-        groups.append(order[cut[j]:j])
+        groups.append(order[cut[j] : j])
         j = cut[j]
     return groups[::-1]
 
@@ -74,8 +75,12 @@ def trim_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, t
     p_mask, c_mask = batch["prompt_mask"][rows], batch["completion_mask"][rows]
     p = max(int(p_mask.sum(1).max()), 1)
     c = max(int(c_mask.sum(1).max()), 1)
-    return {"prompt_ids": batch["prompt_ids"][rows, -p:], "prompt_mask": p_mask[:, -p:],
-            "completion_ids": batch["completion_ids"][rows, :c], "completion_mask": c_mask[:, :c]}
+    return {
+        "prompt_ids": batch["prompt_ids"][rows, -p:],
+        "prompt_mask": p_mask[:, -p:],
+        "completion_ids": batch["completion_ids"][rows, :c],
+        "completion_mask": c_mask[:, :c],
+    }
 
 
 def scatter_rows(parts: list[torch.Tensor], groups: list[list[int]], width: int) -> torch.Tensor:
@@ -87,21 +92,35 @@ def scatter_rows(parts: list[torch.Tensor], groups: list[list[int]], width: int)
 
 
 def shared_prompt_logps(
-    model: nn.Module, batch: dict[str, torch.Tensor], plan: SpeedPlan, temperature: float, pad_token_id: int,
-    with_entropy: bool = False, autocast: AbstractContextManager | None = None,
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    plan: SpeedPlan,
+    temperature: float,
+    pad_token_id: int,
+    with_entropy: bool = False,
+    autocast: AbstractContextManager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of `batch`'s completions at `temperature`, (rows, width) as
     `completion_ids`, computed with each prompt once per group; 0 at masked (padding) positions.
     Packed with the plan's `padding_free`, the head split off with its `completion_only_logits`."""
     packed = plan.on("padding_free")
     kernel = packed_kernel(batch["prompt_ids"].device) if packed else None
-    where = shared_prompt_groups(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
-                                 batch["completion_mask"], pad_token_id, with_mask=not packed)
+    where = shared_prompt_groups(
+        batch["prompt_ids"],
+        batch["prompt_mask"],
+        batch["completion_ids"],
+        batch["completion_mask"],
+        pad_token_id,
+        with_mask=not packed,
+    )
     inputs = {"input_ids": where["input_ids"], "position_ids": where["position_ids"]}
     src = where["src"]
-    if kernel == "padded":  # the real tokens (each prompt once) through the projections; attention one row per
-        # completion: packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
-        inputs, src = packed_inputs({**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"], kernel=kernel)
+    if kernel == "padded":
+        # the real tokens (each prompt once) through the projections; attention one row per completion:
+        # packed_inputs' 4-D mask is made from row_mask (that layout's), and Unpad puts the tokens there
+        inputs, src = packed_inputs(
+            {**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"], kernel=kernel
+        )
         rows, width = where["row_mask"].shape
         inputs["unpad"] = Unpad(where["row_index"], rows, width, where["row_source"], where["row_out"])
     elif packed:  # the packed row itself, its document mask keeping each completion to the prompt and itself
@@ -109,17 +128,26 @@ def shared_prompt_logps(
     else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
         inputs["attention_mask"] = attention_mask_for(where["attention_mask"], plan.setting.attention)
     with autocast or nullcontext():  # the head only where a completion token is scored
-        token, stats = scored_logps(model, inputs, src, where["tgt"], split=plan.on("completion_only_logits"),
-                                    temperature=temperature)
+        token, stats = scored_logps(
+            model, inputs, src, where["tgt"], split=plan.on("completion_only_logits"), temperature=temperature
+        )
     shape = batch["completion_ids"].shape
     at = (where["row"], where["col"])
     logps = token.new_zeros(shape, dtype=token.dtype).index_put(at, token)
-    return logps, (stats["entropy"].new_zeros(shape).index_put(at, stats["entropy"]) if with_entropy else None)
+    return logps, (
+        stats["entropy"].new_zeros(shape).index_put(at, stats["entropy"]) if with_entropy else None
+    )
 
 
 def group_logps(
-    model: nn.Module, batch: dict[str, torch.Tensor], plan: SpeedPlan, rows: RowsLogps, temperature: float,
-    pad_token_id: int, with_entropy: bool = False, autocast: AbstractContextManager | None = None,
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    plan: SpeedPlan,
+    rows: RowsLogps,
+    temperature: float,
+    pad_token_id: int,
+    with_entropy: bool = False,
+    autocast: AbstractContextManager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GRPO's per-token log-probs (and entropies) of a batch by the plan: one row per prompt group
     (`grpo_group_rows`), else rows in groups of similar length (`length_groups`), each scored by `rows`
@@ -128,8 +156,12 @@ def group_logps(
     if plan.on("grpo_group_rows"):
         if bool(batch["prompt_mask"].sum(1).min() >= 1):
             return shared_prompt_logps(model, batch, plan, temperature, pad_token_id, with_entropy, autocast)
-        # an empty prompt has no token to predict its completions' first: such a batch goes one row per completion
-        warnings.warn("a batch with an empty prompt is scored one row per completion (not grpo_group_rows)")
+        # an empty prompt has no token to predict its completions' first: such a batch goes one row per
+        # completion
+        warnings.warn(
+            "a batch with an empty prompt is scored one row per completion (not grpo_group_rows)",
+            stacklevel=2,
+        )
     if not plan.on("length_groups"):
         return rows(model, batch, with_entropy)
     groups = length_groups(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist())
@@ -159,7 +191,9 @@ def pair_logps(
             mask = batch.get("shared_attention_mask")
             if mask is None:
                 mask = mask_from_segments(batch["shared_segments"], batch["shared_lengths"])
-            inputs["attention_mask"] = attention_mask_for(mask, plan.setting.attention).to(batch["shared_input_ids"].device)
+            inputs["attention_mask"] = attention_mask_for(mask, plan.setting.attention).to(
+                batch["shared_input_ids"].device
+            )
         where = {k: batch[f"shared_{k}"] for k in ("src", "tgt", "seq")}
         lengths, segments = batch["shared_lengths"], batch["shared_segments"]
     else:
@@ -168,5 +202,7 @@ def pair_logps(
         lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
     if plan.on("padding_free"):  # one row of real tokens (ablate.speed.packing)
         inputs, where["src"] = packed_inputs(inputs, where["src"], lengths, segments)
-    token, stats = scored_logps(model, inputs, where["src"], where["tgt"], split=plan.on("completion_only_logits"))
+    token, stats = scored_logps(
+        model, inputs, where["src"], where["tgt"], split=plan.on("completion_only_logits")
+    )
     return token, stats, where["seq"]

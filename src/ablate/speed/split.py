@@ -26,7 +26,8 @@ from ablate.speed.head import completion_logps
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # ablate.speed.packing's padding-free attention: sdpa on the padded layout of a packed batch
 PACKED_SDPA = "ablate_packed_sdpa"
-# attention kernels that read a custom 4-D mask: sdpa and PACKED_SDPA (boolean, True = attend), eager (additive)
+# attention kernels that read a custom 4-D mask: sdpa and PACKED_SDPA (boolean, True = attend), eager
+# (additive)
 MASKED_ATTENTION = frozenset({"sdpa", PACKED_SDPA, "eager"})
 
 
@@ -48,7 +49,11 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     known to be exact (the caller then uses the model's own forward)."""
     lm = causal_lm(model)
     config = getattr(lm, "config", None)
-    if config is None or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or prompt_learning(model):
+    if (
+        config is None
+        or getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS
+        or prompt_learning(model)
+    ):
         return None
     head = lm.get_output_embeddings()
     backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
@@ -60,8 +65,11 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 def takes_custom_mask(model: nn.Module) -> bool:
     """True when a 4-D attention mask and position ids given to `model` are used as given."""
     config = getattr(causal_lm(model), "config", None)
-    return (not prompt_learning(model) and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
-            and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
+    return (
+        not prompt_learning(model)
+        and getattr(config, "model_type", None) in PLAIN_HEAD_MODELS
+        and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION
+    )
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:
@@ -85,7 +93,11 @@ def keep_from(model: nn.Module, scored: torch.Tensor) -> dict[str, int]:
 
 
 def scored_logps(
-    model: nn.Module, inputs: dict, src: torch.Tensor, tgt: torch.Tensor, split: bool = True,
+    model: nn.Module,
+    inputs: dict,
+    src: torch.Tensor,
+    tgt: torch.Tensor,
+    split: bool = True,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Log-probs of tokens `tgt` predicted at flat positions `src` of `model(**inputs)` (logits divided

@@ -32,12 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.rollouts.stats import ReportsRollouts, RolloutStats
 
@@ -89,6 +84,7 @@ def flops_per_token(model: Any, seq_len: int = 0) -> float:
 
 # ---- the device's peak ----
 
+
 def cache_path() -> Path:
     from ablate.paths import cache_root
 
@@ -103,9 +99,12 @@ def device_key(device: Any, dtype: Any) -> str:
 
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    tf32 = "+tf32" if device.type == "cuda" and tf32_matmul(torch) else ""  # torch's new API (ablate.models.precision)
-    return (f"{socket.gethostname()}|{name}|{str(dtype).replace('torch.', '')}{tf32}|torch {torch.__version__}"
-            f"|threads {torch.get_num_threads()}")
+    # torch's new API (ablate.models.precision)
+    tf32 = "+tf32" if device.type == "cuda" and tf32_matmul(torch) else ""
+    return (
+        f"{socket.gethostname()}|{name}|{str(dtype).replace('torch.', '')}{tf32}|torch {torch.__version__}"
+        f"|threads {torch.get_num_threads()}"
+    )
 
 
 def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
@@ -115,7 +114,8 @@ def probe(device: Any, dtype: Any, seconds: float = 1.0) -> float:
 
     device = torch.device(device)
     n = 4096 if device.type == "cuda" else 1024  # big enough to keep the device busy, small enough for ~1 s
-    g = torch.Generator().manual_seed(0)  # not torch's global RNG: a run's draws must not depend on a cache miss
+    # not torch's global RNG: a run's draws must not depend on a cache miss
+    g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
 
     def sync() -> None:
@@ -168,7 +168,11 @@ def _entry(value: Any) -> dict[str, Any]:
     if isinstance(value, (int, float)):
         return {"flops": float(value), "idle": True, "probes": 1}
     if isinstance(value, dict) and isinstance(value.get("flops"), (int, float)):
-        return {"flops": float(value["flops"]), "idle": bool(value.get("idle")), "probes": int(value.get("probes", 1))}
+        return {
+            "flops": float(value["flops"]),
+            "idle": bool(value.get("idle")),
+            "probes": int(value.get("probes", 1)),
+        }
     return {"flops": 0.0, "idle": False, "probes": 0}
 
 
@@ -202,13 +206,17 @@ def probe_on(device: Any, dtype: Any, seconds: float = 1.0) -> tuple[float, bool
     flops = probe(device, dtype, seconds)
     wall = max(time.perf_counter() - t0, 1e-9)
     mine_now, every_now = me.cpu_times(), psutil.cpu_times()
-    busy = sum(getattr(every_now, f, 0.0) - getattr(every, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+    busy = sum(
+        getattr(every_now, f, 0.0) - getattr(every, f, 0.0)
+        for f in ("user", "nice", "system", "irq", "softirq", "steal")
+    )
     own = (mine_now.user - mine.user) + (mine_now.system - mine.system)
     return flops, (busy - own) / wall < BUSY_CORES
 
 
-def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None,
-               at_least: float = 0.0) -> float:
+def peak_flops(
+    device: Any, dtype: Any, user_tflops: float | None = None, path: Path | None = None, at_least: float = 0.0
+) -> float:
     """Peak FLOP/s of `device` in `dtype`: `user_tflops` (config `peak_tflops`) if given, else the
     cached probe for this machine, device, dtype, torch version and thread count, else a ~1 s probe
     whose result is cached (`$ABLATE_CACHE/peak_flops.json`, default ~/.cache/ablate/).
@@ -236,12 +244,16 @@ def peak_flops(device: Any, dtype: Any, user_tflops: float | None = None, path: 
             measured = max(measured, again)
         value = max(value, at_least, measured)
         if _plausible(value, device, dtype):
-            _write_cache(path, key, {"flops": value, "idle": entry["idle"] or idle, "probes": entry["probes"] + 1})
+            _write_cache(
+                path, key, {"flops": value, "idle": entry["idle"] or idle, "probes": entry["probes"] + 1}
+            )
         else:
             logging.getLogger("ablate").warning(
                 "the peak-FLOPs probe read %.3g TFLOP/s, implausibly low for a %s (another job on it?): not "
                 "cached; MFU is against it this run (set peak_tflops=... for a datasheet figure)",
-                value / 1e12, torch.device(device).type)
+                value / 1e12,
+                torch.device(device).type,
+            )
     if dtype != torch.float32:
         value = max(value, peak_flops(device, torch.float32, path=path))
     return value
@@ -258,8 +270,10 @@ def peak_note(device: Any, dtype: Any, user_tflops: float | None = None, path: P
         return f"measured on an idle machine, cached in {path}"
     if entry["probes"] >= BUSY_PROBES:
         return f"the best of {entry['probes']} probes, all on a busy CPU: MFU may read high; cached in {path}"
-    return (f"the best of {entry['probes']} probe(s) on a busy CPU, so far: MFU may read high; the next runs probe "
-            f"again; cached in {path}")
+    return (
+        f"the best of {entry['probes']} probe(s) on a busy CPU, so far: MFU may read high; the next runs "
+        f"probe again; cached in {path}"
+    )
 
 
 def fmt_flops(flops: float) -> str:
@@ -278,6 +292,7 @@ def run_dtype(args: TrainingArguments) -> Any:
 
 
 # ---- the callback ----
+
 
 class ThroughputCallback(TrainerCallback):
     """Adds `tokens_per_second` and `mfu` to every training log event (and, for GRPO, `time/generation`,
@@ -304,22 +319,35 @@ class ThroughputCallback(TrainerCallback):
         self.peak_source = ""  # how the peak was had (peak_note), for summary.json
 
     def _counters(self, state: TrainerState) -> dict[str, float]:
-        rollouts = self.trainer.rollout_stats() if isinstance(self.trainer, ReportsRollouts) else RolloutStats()
-        return {"tokens": float(state.num_input_tokens_seen or 0), "step": float(state.global_step),
-                "generated": float(rollouts.generated_tokens), "generation": float(rollouts.generation_seconds),
-                "scoring": float(rollouts.scoring_seconds)}
+        rollouts = (
+            self.trainer.rollout_stats() if isinstance(self.trainer, ReportsRollouts) else RolloutStats()
+        )
+        return {
+            "tokens": float(state.num_input_tokens_seen or 0),
+            "step": float(state.global_step),
+            "generated": float(rollouts.generated_tokens),
+            "generation": float(rollouts.generation_seconds),
+            "scoring": float(rollouts.scoring_seconds),
+        }
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self.peak is None:
             self.peak = peak_flops(args.device, run_dtype(args), self.peak_tflops)
             self.peak_source = peak_note(args.device, run_dtype(args), self.peak_tflops)
             if state.is_world_process_zero:
-                logging.getLogger("ablate").info("MFU against a peak of %s (%s; set peak_tflops=... to override)",
-                                                 fmt_flops(self.peak), self.peak_source)
+                logging.getLogger("ablate").info(
+                    "MFU against a peak of %s (%s; set peak_tflops=... to override)",
+                    fmt_flops(self.peak),
+                    self.peak_source,
+                )
         self._marks = self._counters(state)
         self._last = time.perf_counter()
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         now = time.perf_counter()
         self.seconds += now - (self._last if self._last is not None else now)
         self._last = now
@@ -330,8 +358,14 @@ class ThroughputCallback(TrainerCallback):
 
     on_evaluate = on_save = _restart_clock
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if logs is None or "loss" not in logs or self.seconds <= 0:  # eval and end-of-train events
             return
         now = self._counters(state)
@@ -346,7 +380,8 @@ class ThroughputCallback(TrainerCallback):
                 self._raise_peak(args, flops / seconds, state.is_world_process_zero)
             if self.peak:
                 logs["mfu"] = flops / seconds / self.peak
-            if "num_input_tokens_seen" not in logs:  # GRPO: Trainer cannot count its batches, the trainer does
+            # GRPO: Trainer cannot count its batches, the trainer does
+            if "num_input_tokens_seen" not in logs:
                 logs["num_input_tokens_seen"] = int(now["tokens"])
         if isinstance(self.trainer, ReportsRollouts):  # GRPO: where a step's time goes
             logs["time/generation"] = d["generation"] / steps
@@ -367,7 +402,10 @@ class ThroughputCallback(TrainerCallback):
         if main:
             logging.getLogger("ablate").info(
                 "this run reached %s, above the cached peak of %s: measured again, MFU now against %s",
-                fmt_flops(reached), fmt_flops(old), fmt_flops(self.peak))
+                fmt_flops(reached),
+                fmt_flops(old),
+                fmt_flops(self.peak),
+            )
 
     def _show(self, state: TrainerState, logs: dict[str, Any]) -> None:
         """tokens/s and MFU, with the peak it is measured against, on the progress bar."""
@@ -394,6 +432,7 @@ class ThroughputCallback(TrainerCallback):
                 out["mfu"] = round(self.total_flops / self.total_seconds / self.peak, 6)
         if self.peak:
             out["peak_tflops"] = round(self.peak / 1e12, 6)
-            if self.peak_source:  # MFU compares across runs whose peaks were had alike (`ablate compare --metric speed`)
+            # MFU compares across runs whose peaks were had alike (`ablate compare --metric speed`)
+            if self.peak_source:
                 out["peak_source"] = self.peak_source.split("; cached in")[0]
         return out

@@ -6,15 +6,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 
 try:
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-except ImportError:  # no slurm extra: Hydra imports every plugin module at start-up and would warn on every run;
-    SlurmLauncher = object  # type: ignore[assignment,misc]  # hydra/launcher=slurm says `pip install 'ablate[slurm]'`
+except ImportError:
+    # no slurm extra: Hydra imports every plugin module at start-up and would warn on every run;
+    # hydra/launcher=slurm says `pip install 'ablate[slurm]'`
+    SlurmLauncher = object  # type: ignore[assignment,misc]
 
 
 class _Submitted:
@@ -51,8 +54,12 @@ class DetachedSlurmLauncher(SlurmLauncher):
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         recorded = slurm.read_jobs(sweep_dir)
-        recorded.update({str(initial_job_idx + i): {"job_id": str(j.job_id), "overrides": list(o)}
-                         for i, (j, o) in enumerate(zip(submitted, job_overrides))})
+        recorded.update(
+            {
+                str(initial_job_idx + i): {"job_id": str(j.job_id), "overrides": list(o)}
+                for i, (j, o) in enumerate(zip(submitted, job_overrides))
+            }
+        )
         (sweep_dir / slurm.JOBS_FILE).write_text(json.dumps(recorded, indent=2) + "\n")
         sweep.detached(sweep_dir, [str(j.job_id) for j in submitted])
         return results

@@ -31,22 +31,16 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import (
-    JobReturn,
-    JobStatus,
-    configure_log,
-    filter_overrides,
-    run_job,
-    setup_globals,
-)
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra.types import HydraContext, TaskFunction
@@ -61,26 +55,29 @@ class RayLauncherConf:
     """The schema of conf/hydra/launcher/ray.yaml (each field is commented there)."""
 
     _target_: str = "hydra_plugins.ablate_launchers.ray_launcher.RayLauncher"
-    address: Optional[str] = "auto"
+    address: str | None = "auto"
     num_cpus: float = 1
     num_gpus: float = 0
-    memory_gb: Optional[float] = None
-    resources: Dict[str, float] = field(default_factory=dict)
+    memory_gb: float | None = None
+    resources: dict[str, float] = field(default_factory=dict)
     max_retries: int = 0
-    max_calls: Optional[int] = 1
-    scheduling_strategy: Optional[str] = None
-    forward_env: List[str] = field(default_factory=lambda: ["PYTHONPATH", "ABLATE_*"])
-    env: Dict[str, str] = field(default_factory=dict)
+    max_calls: int | None = 1
+    scheduling_strategy: str | None = None
+    forward_env: list[str] = field(default_factory=lambda: ["PYTHONPATH", "ABLATE_*"])
+    env: dict[str, str] = field(default_factory=dict)
     run_in_launch_dir: bool = True
     check_feasible: bool = True
     cancel_grace_s: float = 60.0
-    runtime_env: Dict[str, Any] = field(default_factory=dict)
-    init: Dict[str, Any] = field(default_factory=dict)
-    remote: Dict[str, Any] = field(default_factory=dict)
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    init: dict[str, Any] = field(default_factory=dict)
+    remote: dict[str, Any] = field(default_factory=dict)
 
 
-# `ablate_ray`, not `ray`: `hydra/launcher=ray` is conf/hydra/launcher/ray.yaml, with this schema as its default.
-ConfigStore.instance().store(group="hydra/launcher", name="ablate_ray", node=RayLauncherConf, provider="ablate")
+# `ablate_ray`, not `ray`: `hydra/launcher=ray` is conf/hydra/launcher/ray.yaml, with this schema as its
+# default.
+ConfigStore.instance().store(
+    group="hydra/launcher", name="ablate_ray", node=RayLauncherConf, provider="ablate"
+)
 
 
 class AblateRayLauncherFirst(SearchPathPlugin):
@@ -103,8 +100,13 @@ class AblateRayLauncherFirst(SearchPathPlugin):
             del launchers["ray.yaml"]
 
 
-def _execute(hydra_context: HydraContext, sweep_config: DictConfig, task_function: TaskFunction,
-             singleton_state: Dict[Any, Any], cwd: Optional[str]) -> JobReturn:
+def _execute(
+    hydra_context: HydraContext,
+    sweep_config: DictConfig,
+    task_function: TaskFunction,
+    singleton_state: dict[Any, Any],
+    cwd: str | None,
+) -> JobReturn:
     """Runs in a Ray worker process: one Hydra job."""
     import ray
 
@@ -117,8 +119,13 @@ def _execute(hydra_context: HydraContext, sweep_config: DictConfig, task_functio
     if cwd is not None:
         os.chdir(cwd)  # FileNotFoundError here: this node does not share the driver's filesystem
     try:  # run_job honours hydra.job.chdir from here, as Hydra's BasicLauncher does (ablate's conf: false)
-        return run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
-                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        return run_job(
+            hydra_context=hydra_context,
+            task_function=task_function,
+            config=sweep_config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
     finally:
         os.chdir(old_cwd)
 
@@ -126,9 +133,9 @@ def _execute(hydra_context: HydraContext, sweep_config: DictConfig, task_functio
 class RayLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
         self.params = OmegaConf.create(params)
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
-        self.task_function: Optional[TaskFunction] = None
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
         self._cancelled: set = set()
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -141,7 +148,8 @@ class RayLauncher(Launcher):
 
         if ray.is_initialized():
             return
-        kwargs: Dict[str, Any] = dict(OmegaConf.to_container(self.params.init, resolve=True))  # type: ignore[arg-type]
+        init = OmegaConf.to_container(self.params.init, resolve=True)
+        kwargs: dict[str, Any] = dict(init)  # type: ignore[arg-type]
         kwargs.setdefault("address", self.params.address)
         kwargs.setdefault("logging_level", logging.WARNING)
         t0 = time.time()
@@ -151,30 +159,38 @@ class RayLauncher(Launcher):
             from ablate.errors import ConfigError
 
             first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-            raise ConfigError(f"hydra/launcher=ray: no Ray cluster at address {kwargs['address']!r} ({first}); start one "
-                              "(`ray start --head`) or set hydra.launcher.address=HOST:PORT of its head") from None
+            raise ConfigError(
+                f"hydra/launcher=ray: no Ray cluster at address {kwargs['address']!r} ({first}); start one "
+                "(`ray start --head`) or set hydra.launcher.address=HOST:PORT of its head"
+            ) from None
         nodes = [n for n in ray.nodes() if n["Alive"]]
-        log.info(f"Ray: connected in {time.time() - t0:.1f}s to {len(nodes)} node(s), resources {ray.cluster_resources()}")
+        log.info(
+            f"Ray: connected in {time.time() - t0:.1f}s to {len(nodes)} node(s), resources "
+            f"{ray.cluster_resources()}"
+        )
 
-    def job_env(self) -> Dict[str, str]:
+    def job_env(self) -> dict[str, str]:
         """The driver's variables the jobs get: `forward_env` patterns, then `env` (Ray workers are the
         raylet's children, on whichever node: they do not inherit the driver's environment)."""
         p = self.params
-        env = {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, pat) for pat in p.forward_env)}
+        env = {
+            k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, pat) for pat in p.forward_env)
+        }
         env.update({str(k): str(v) for k, v in p.env.items()})
         return env
 
-    def remote_options(self) -> Dict[str, Any]:
+    def remote_options(self) -> dict[str, Any]:
         """Each job's task options: resources, retries, placement, runtime_env (env vars included)."""
         p = self.params
-        opts: Dict[str, Any] = {"num_cpus": p.num_cpus, "num_gpus": p.num_gpus, "max_retries": p.max_retries}
+        opts: dict[str, Any] = {"num_cpus": p.num_cpus, "num_gpus": p.num_gpus, "max_retries": p.max_retries}
         if p.memory_gb is not None:
             opts["memory"] = int(float(p.memory_gb) * 1024**3)
         if p.resources:
             opts["resources"] = dict(p.resources)
         if p.scheduling_strategy is not None:
             opts["scheduling_strategy"] = p.scheduling_strategy
-        runtime_env: Dict[str, Any] = dict(OmegaConf.to_container(p.runtime_env, resolve=True))  # type: ignore[arg-type]
+        env = OmegaConf.to_container(p.runtime_env, resolve=True)
+        runtime_env: dict[str, Any] = dict(env)  # type: ignore[arg-type]
         env_vars = {**self.job_env(), **runtime_env.get("env_vars", {})}
         if env_vars:
             runtime_env["env_vars"] = env_vars
@@ -183,20 +199,26 @@ class RayLauncher(Launcher):
         opts.update(OmegaConf.to_container(p.remote, resolve=True))  # type: ignore[arg-type]
         return opts
 
-    def _check_feasible(self, opts: Dict[str, Any]) -> None:
+    def _check_feasible(self, opts: dict[str, Any]) -> None:
         """Ray keeps a task that no node could ever fit pending forever: refuse at launch instead."""
         import ray
 
-        need = {"CPU": float(opts.get("num_cpus") or 0), "GPU": float(opts.get("num_gpus") or 0),
-                "memory": float(opts.get("memory") or 0), **{k: float(v) for k, v in opts.get("resources", {}).items()}}
+        need = {
+            "CPU": float(opts.get("num_cpus") or 0),
+            "GPU": float(opts.get("num_gpus") or 0),
+            "memory": float(opts.get("memory") or 0),
+            **{k: float(v) for k, v in opts.get("resources", {}).items()},
+        }
         need = {k: v for k, v in need.items() if v > 0}
         nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
         if not any(all(res.get(k, 0.0) >= v for k, v in need.items()) for res in nodes):
             from ablate.errors import ConfigError
 
             have = [{k: v for k, v in res.items() if k in need} for res in nodes]
-            raise ConfigError(f"hydra/launcher=ray: no node of the Ray cluster has {need} for one job "
-                             f"(the nodes have {have}); Ray would keep the jobs pending forever")
+            raise ConfigError(
+                f"hydra/launcher=ray: no node of the Ray cluster has {need} for one job "
+                f"(the nodes have {have}); Ray would keep the jobs pending forever"
+            )
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         try:
@@ -205,7 +227,6 @@ class RayLauncher(Launcher):
             from ablate.errors import missing_extra
 
             raise missing_extra("ray", "ray", "hydra/launcher=ray") from None
-        from ablate.launchers import ray_jobs
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
@@ -220,47 +241,38 @@ class RayLauncher(Launcher):
         if p.check_feasible:
             self._check_feasible(opts)
         # max_calls is accepted by ray.remote() only, not by .options()
-        remote = ray.remote(max_calls=p.max_calls)(_execute) if p.max_calls is not None else ray.remote(_execute)
-        cwd = os.getcwd() if p.run_in_launch_dir else None
+        remote = (
+            ray.remote(max_calls=p.max_calls)(_execute) if p.max_calls is not None else ray.remote(_execute)
+        )
         shown = {k: v for k, v in opts.items() if k != "runtime_env"}
-        log.info(f"Ray launcher: {len(job_overrides)} jobs, sweep dir {sweep_dir}, task options {shown}, "
-                 f"max_calls={p.max_calls}, env {sorted(opts.get('runtime_env', {}).get('env_vars', {}))}")
-        state = Singleton.get_state()
-        refs: List[Any] = []
-        overrides_of: Dict[Any, List[str]] = {}
-        results: Dict[Any, JobReturn] = {}
+        log.info(
+            f"Ray launcher: {len(job_overrides)} jobs, sweep dir {sweep_dir}, task options {shown}, "
+            f"max_calls={p.max_calls}, env {sorted(opts.get('runtime_env', {}).get('env_vars', {}))}"
+        )
+        refs: list[Any] = []
+        overrides_of: dict[Any, list[str]] = {}
+        results: dict[Any, JobReturn] = {}
         started = time.time()
         # Ctrl-C / SIGTERM while the jobs run: noted here, acted on between waits. A handler that raises
         # (ablate's sweep parent's, interrupts.forward_to_workers) would raise inside Ray's C code,
         # which turns anything but KeyboardInterrupt into a SystemError or loses it; and ray.init put
         # its own SIGTERM handler (sys.exit, and a C-level one that can abort the process) in place.
-        caught: List[int] = []
+        caught: list[int] = []
         for s in STOP_SIGNALS:
             signal.signal(s, lambda signum, frame: caught.append(signum))
         try:
-            for i, overrides in enumerate(job_overrides):
-                if caught:
-                    break
-                idx = initial_job_idx + i
-                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-                sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-                with open_dict(sweep_config):
-                    sweep_config.hydra.job.num = idx
-                    sweep_config.hydra.sweep.dir = str(sweep_dir)
-                ref = remote.options(name=f"hydra_job_{idx}", **opts).remote(
-                    self.hydra_context, sweep_config, self.task_function, state, cwd)
-                refs.append(ref)
-                overrides_of[ref] = list(overrides)
-            ray_jobs.record(sweep_dir, {  # for `ablate status`
-                str(initial_job_idx + i): {"task_id": ref.task_id().hex(), "overrides": overrides_of[ref]}
-                for i, ref in enumerate(refs)})
+            self._submit(remote, opts, job_overrides, initial_job_idx, sweep_dir, caught, refs, overrides_of)
             pending = list(refs)
             while pending and not caught:
                 done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
                 for ref in done:
-                    results[ref] = self._result(ref, overrides_of[ref], sweep_dir, initial_job_idx + refs.index(ref))
-                    log.info(f"job {' '.join(filter_overrides(overrides_of[ref]))}: {results[ref].status.name} "
-                             f"({len(results)}/{len(job_overrides)} done, {time.time() - started:.1f}s)")
+                    results[ref] = self._result(
+                        ref, overrides_of[ref], sweep_dir, initial_job_idx + refs.index(ref)
+                    )
+                    log.info(
+                        f"job {' '.join(filter_overrides(overrides_of[ref]))}: {results[ref].status.name} "
+                        f"({len(results)}/{len(job_overrides)} done, {time.time() - started:.1f}s)"
+                    )
             if caught:
                 self._cancel([ref for ref in refs if ref not in results])
                 for s, handler in previous.items():
@@ -278,7 +290,46 @@ class RayLauncher(Launcher):
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         return [results[ref] for ref in refs]
 
-    def _result(self, ref: Any, overrides: List[str], sweep_dir: Path, num: int) -> JobReturn:
+    def _submit(
+        self,
+        remote: Any,
+        opts: dict[str, Any],
+        job_overrides: Sequence[Sequence[str]],
+        first: int,
+        sweep_dir: Path,
+        caught: list[int],
+        refs: list[Any],
+        overrides_of: dict[Any, list[str]],
+    ) -> None:
+        """Submit each job as a Ray task until a stop signal is caught, its ref appended to `refs` at once
+        (the caller cancels what was submitted if this raises); then record the task ids for `ablate
+        status`."""
+        from ablate.launchers import ray_jobs
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        state = Singleton.get_state()
+        cwd = os.getcwd() if self.params.run_in_launch_dir else None
+        for i, overrides in enumerate(job_overrides):
+            if caught:
+                break
+            idx = first + i
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.num = idx
+                sweep_config.hydra.sweep.dir = str(sweep_dir)
+            ref = remote.options(name=f"hydra_job_{idx}", **opts).remote(
+                self.hydra_context, sweep_config, self.task_function, state, cwd
+            )
+            refs.append(ref)
+            overrides_of[ref] = list(overrides)
+        jobs = {
+            str(first + i): {"task_id": ref.task_id().hex(), "overrides": overrides_of[ref]}
+            for i, ref in enumerate(refs)
+        }
+        ray_jobs.record(sweep_dir, jobs)
+
+    def _result(self, ref: Any, overrides: list[str], sweep_dir: Path, num: int) -> JobReturn:
         """A finished task's JobReturn; a task that ended without one (its process killed: OOM, a
         signal, a lost node) is a FAILED JobReturn, recorded in its run dir too."""
         import ray
@@ -293,7 +344,7 @@ class RayLauncher(Launcher):
             ray_jobs.record_death(sweep_dir, num, e)
             return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=e)
 
-    def _cancel(self, refs: List[Any]) -> None:
+    def _cancel(self, refs: list[Any]) -> None:
         """Interrupt the unfinished jobs: KeyboardInterrupt inside each running task first (the job
         records `interrupted`), then, after cancel_grace_s, kill the worker processes (a task blocked
         in one long C call only sees the KeyboardInterrupt when that call returns)."""
@@ -309,4 +360,3 @@ class RayLauncher(Launcher):
         _, alive = ray.wait(refs, num_returns=len(refs), timeout=float(self.params.cancel_grace_s))
         for ref in alive:
             ray.cancel(ref, force=True)
-

@@ -13,8 +13,8 @@ Hydra instantiates config sources only from the `hydra_plugins` namespace (by sc
 
 from __future__ import annotations
 
+import builtins
 import os
-from typing import List, Optional
 
 from hydra.core.object_type import ObjectType
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
@@ -24,8 +24,7 @@ GROUP = "sweep"
 
 
 class SweepsSource(ConfigSource):
-    """The group `sweep` backed by a folder of sweep files (`shipped`: ablate's own `sweeps/`) or by
-    a single file."""
+    """The group `sweep` from a folder of sweep files (`shipped`: ablate's own `sweeps/`) or a single file."""
 
     def __init__(self, provider: str, path: str) -> None:
         super().__init__(provider=provider, path=path)
@@ -34,14 +33,17 @@ class SweepsSource(ConfigSource):
             from ablate.paths import sweeps_dir
 
             location = sweeps_dir()
-        self.dir, self.only = (os.path.dirname(location), os.path.basename(location)) \
-            if location.endswith(".yaml") else (location, None)
+        self.dir, self.only = (
+            (os.path.dirname(location), os.path.basename(location))
+            if location.endswith(".yaml")
+            else (location, None)
+        )
 
     @staticmethod
     def scheme() -> str:
         return "ablate-sweeps"
 
-    def _file(self, config_path: str) -> Optional[str]:
+    def _file(self, config_path: str) -> str | None:
         """The file behind `sweep/NAME(.yaml)`, or None when this source does not hold it."""
         group, _, name = self._normalize_file_name(config_path).partition("/")
         if group != GROUP or not name or (self.only is not None and name != self.only):
@@ -55,8 +57,12 @@ class SweepsSource(ConfigSource):
         with open(path, encoding="utf-8") as f:
             header = ConfigSource._get_header_dict(f.read(512))
             f.seek(0)
-            return ConfigResult(config=OmegaConf.load(f), path=f"{self.scheme()}://{self.dir}",
-                                provider=self.provider, header=header)
+            return ConfigResult(
+                config=OmegaConf.load(f),
+                path=f"{self.scheme()}://{self.dir}",
+                provider=self.provider,
+                header=header,
+            )
 
     def available(self) -> bool:
         return os.path.isdir(self.dir)
@@ -68,7 +74,7 @@ class SweepsSource(ConfigSource):
         path = self._file(config_path)
         return path is not None and os.path.isfile(path)
 
-    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+    def list(self, config_path: str, results_filter: ObjectType | None) -> builtins.list[str]:
         if config_path == "":
             return [GROUP] if results_filter in (None, ObjectType.GROUP) and self.available() else []
         if config_path != GROUP or results_filter == ObjectType.GROUP or not self.available():
