@@ -45,7 +45,7 @@ PRESETS = {
     # the same in bf16 autocast: the logits bf16, and accelerate's float32 copy of a model's outputs in play
     "smollm2_bf16": dict(hidden=0, layers=0, steps=2, bf16=True, data="long_sort", model="smollm2"),
 }
-# the speed switches per side (ablate.speed.plan.Perf; default: conf/speed/on.yaml's)
+# the speed switches per side (ablate.speed.plan.SpeedSwitches; default: conf/speed/on.yaml's)
 SPEED = {"ablate": {}, "ablate_plain": dict(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),
          "ablate_shared": dict(completion_only_logits=False, padding_free=False),
          "ablate_logits": dict(dpo_pair_rows=False, padding_free=False), "ablate_padded": dict(padding_free=False),
@@ -126,10 +126,10 @@ def run_one(impl: str, preset: dict) -> dict:
                                  train_dataset=train, processing_class=tok, callbacks=[rec])
     else:
         from ablate.methods.dpo import DPOConfig, DPOTrainer
-        from ablate.speed.plan import Perf
+        from ablate.speed.plan import SpeedSwitches
 
         trainer = DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=train, processing_class=tok,
-                             callbacks=[rec], perf=Perf(**SPEED[impl]))
+                             callbacks=[rec], perf=SpeedSwitches(**SPEED[impl]))
     trainer.train()
     # process_time() here: the whole process's CPU seconds so far (imports, data, precompute, steps)
     return harness.report(rec, model, trainer.args, cpu_step_seconds=rec.cpu_step_seconds,

@@ -57,7 +57,7 @@ ROOT = HERE.parent
 ALL = {"unverified_devices": True}  # every path, on a device no record has verified
 DPO_PATHS = ("completion_only_logits", "padding_free", "dpo_pair_rows", "lean_layers")
 GRPO_PATHS = ("shared_prefill", "grpo_group_rows", "length_groups")
-# ablate's variants: name -> perf ("off", one path's name alone, or Perf fields); "default": Perf() as the
+# ablate's variants: name -> perf ("off", one path's name alone, or SpeedSwitches fields); "default": SpeedSwitches() as the
 # device's record decides it; "forced": every path. In each section's order of what decides most: a section cut
 # short by its time (SECONDS) keeps the first rows.
 # DPO: TRL, then every path forced (the speed claim, never measured on a GPU yet: the H200's one try was cut at

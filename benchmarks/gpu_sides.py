@@ -78,13 +78,13 @@ def pairs(n: int, side: int, seed: int = 0) -> list[dict[str, str]]:
 
 
 def perf_of(spec: Any) -> Any:
-    from ablate.speed.plan import Perf
+    from ablate.speed.plan import SpeedSwitches
 
     if spec == "off":
-        return Perf.off()
+        return SpeedSwitches.off()
     if isinstance(spec, str):  # one path alone, forced onto the device
-        return Perf(**{**{k: False for k in Perf.__dataclass_fields__}, spec: True, "unverified_devices": True})
-    return Perf(**spec)
+        return SpeedSwitches(**{**{k: False for k in SpeedSwitches.__dataclass_fields__}, spec: True, "unverified_devices": True})
+    return SpeedSwitches(**spec)
 
 
 class GPURecorder(harness.StepRecorder):

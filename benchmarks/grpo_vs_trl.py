@@ -151,7 +151,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     else:
         from ablate.methods.grpo import GRPOConfig, GRPOTrainer
         from ablate.rollouts.generation import HFGenerator
-        from ablate.speed.plan import Perf
+        from ablate.speed.plan import SpeedSwitches
 
         args = GRPOConfig(**common, max_staleness=staleness(impl),
                           generation_dtype="bfloat16" if ":bf16" in impl else None,
@@ -159,7 +159,7 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                               reward_funcs={"one_word": one_word}, callbacks=[rec],
-                              perf=Perf(grpo_group_rows=impl != "ablate:noshare",
+                              perf=SpeedSwitches(grpo_group_rows=impl != "ablate:noshare",
                                         length_groups=impl != "ablate:nolengths"), **kw)
         if staleness(impl):  # generation runs in the worker process: the trainer's side is taking the round
             _timed(trainer, "_take_ahead", box, "round")

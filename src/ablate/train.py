@@ -63,7 +63,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     from ablate.data.formats import check_shape
     from ablate.models.adapters import with_adapters, with_head  # with_head: ablate.models.heads'
     from ablate.process import progress
-    from ablate.speed.throughput import Speed
+    from ablate.speed.throughput import ThroughputCallback
 
     set_seed(cfg.seed)
     args = training_args(cfg, record.dir)
@@ -85,7 +85,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
         scheduler_factory=instantiate(cfg.optimizer.scheduler),
     )
     record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B) and cache hits: run.json
-    trainer.callback_handler.callbacks.insert(0, speed := Speed(trainer, peak_tflops=cfg.get("peak_tflops")))
+    trainer.callback_handler.callbacks.insert(0, speed := ThroughputCallback(trainer, peak_tflops=cfg.get("peak_tflops")))
     progress.install(trainer, list(cfg.method.get("compare_metrics") or []))  # one bar with the key metrics
     return trainer, speed
 

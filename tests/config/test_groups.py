@@ -22,7 +22,7 @@ CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
 GROUPS = ["model", "method", "optimizer", "precision", "distributed", "speed", "cache", "data", "callbacks", "logger"]
 PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
-                     if p.is_dir() and p.name not in {*GROUPS, "trainers", "hydra", "experiment", "debug"})
+                     if p.is_dir() and p.name not in {*GROUPS, "hydra", "experiment", "debug"})
 HUB = {("model", "qwen2_5_0_5b"), ("model", "qwen2_5_7b"), ("model", "llama3_1_8b"), ("data", "ultrafeedback_binarized")}
 
 
@@ -268,13 +268,12 @@ CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods",
         "method/dpo_loss": ("losses",), "method/kto_loss": ("losses",), "method/grpo_aggregation": ("losses",), "method/grpo_scale_rewards": ("losses",), "method/grpo_objective": ("losses",),
         "method/grpo_reward_aggregation": ("losses",), "method/rollouts": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
         "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
-        "ref_model": ("models",), "peft": ("models",), "teacher": ("models",), "precision": (), "trainers": (), "experiment": (), "hydra/launcher": (),
+        "ref_model": ("models",), "peft": ("models",), "teacher": ("models",), "precision": (), "experiment": (), "hydra/launcher": (),
         # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
         "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (), "hydra/job_logging": (),
         "debug": ("callbacks",), "distributed": (), "speed": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
         "shrink": (),  # model.config_overrides values, no _target_ (read by ablate.models.architecture)
-        "optimizer/lr": (),  # the optimizer's lr a model is fine-tuned at (no code)
-        "model/lr": ()}  # trainers/, model/lr/: the old files, kept for one release (ablate.schema.renamed)
+        "optimizer/lr": ()}  # the optimizer's lr a model is fine-tuned at (no code)
 
 
 def test_every_group_maps_onto_its_code():

@@ -169,17 +169,12 @@ CASES: list[Case] = [
     C("launcher-typo", "train hydra/launcher=slurmm", "hydra/launcher=slurm"),
     C("perf-typo", "train speed.padding_fre=false", "did you mean 'speed.padding_free'"),
     C("perf-option-typo", "train speed=of", "did you mean speed=off"),
-    # --- speed switches that moved to the speed group: the old spelling names the new one ---
-    C("moved-share-prompt", "train method.args.share_prompt=false",
-      "method.args.share_prompt is now speed.dpo_pair_rows (DPO) or speed.grpo_group_rows (GRPO)"),
-    C("moved-padding-free", "train method.args.padding_free=false", "method.args.padding_free is now speed.padding_free"),
-    C("moved-logits", "train method.args.completion_only_logits=false",
-      "method.args.completion_only_logits is now speed.completion_only_logits"),
-    C("moved-length-groups", "train method=grpo method.args.score_in_length_groups=false",
-      "method.args.score_in_length_groups is now speed.length_groups"),
-    C("moved-lean-layers", "train model.lean_layers=false", "model.lean_layers is now speed.lean_layers"),
-    C("moved-generator", "train method=grpo method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator",
-      "method.trainer.generator._target_ is now the config group method/rollouts: use method/rollouts=NAME"),
+    # --- a key written under another node: the one line names where it is ---
+    C("elsewhere-padding-free", "train method.args.padding_free=false",
+      "unknown config key 'method.args.padding_free': 'padding_free' is speed.padding_free: write speed.padding_free=false"),
+    C("elsewhere-lean-layers", "train model.lean_layers=false", "'lean_layers' is speed.lean_layers: write speed.lean_layers=false"),
+    C("elsewhere-group", "train perf=off", "unknown config key 'perf': 'perf' is picked by the config group speed: "
+      "write speed=off (options: conf/speed/)"),
     C("append-existing", "train +seed=1", "already at 'seed'"),
     C("override-unparsable", "train method.args.beta=[1", "method.args.beta=[1"),
     # --- paths: run dirs that cannot be used ---
@@ -279,13 +274,13 @@ CASES: list[Case] = [
     T("dpo-loss-under-grpo", "train method=grpo method.grpo_aggregation._target_=ablate.losses.dpo.hinge",
       "method.grpo_aggregation._target_=ablate.losses.dpo.hinge does not fit method=grpo: GRPOTrainer calls its aggregation like "
       "ablate.losses.grpo.dapo("),
-    C("dpo-loss-group-under-grpo", "train method=grpo method/dpo_loss=hinge", "method/dpo_loss=hinge is a DPO loss; GRPO's "
-      "token aggregation is the group method/grpo_aggregation"),
+    C("dpo-loss-group-under-grpo", "train method=grpo method/dpo_loss=hinge", "method/dpo_loss=hinge: this config has no "
+      "config group method/dpo_loss (options of method that have it: cpo, dpo,"),
     T("grpo-loss-target-under-dpo", "train method.dpo_loss._target_=ablate.losses.grpo.dapo",
       "method.dpo_loss._target_=ablate.losses.grpo.dapo does not fit method=dpo: DPOTrainer calls its loss like "
       "ablate.losses.dpo.sigmoid(logp_c"),
-    C("grpo-loss-under-dpo", "train method/dpo_loss=dapo", "method/dpo_loss=dapo: GRPO's aggregations are now the group "
-      "method/grpo_aggregation: use method/grpo_aggregation=dapo"),
+    C("grpo-loss-under-dpo", "train method/dpo_loss=dapo", "no option 'dapo' in config group 'method/dpo_loss' (dapo is an "
+      "option of method/grpo_aggregation: method/grpo_aggregation=dapo;"),
     C("threads-zero", "train threads=0", "threads=0: must be null"),
     C("threads-negative", "train threads=-2", "threads=-2: must be null"),
     C("malloc-negative", "train malloc_mmap_threshold=-1", "malloc_mmap_threshold=-1: must be null (malloc's default) or bytes in 0..33554432"),
@@ -344,15 +339,12 @@ CASES: list[Case] = [
     T("tool-undocumented", "train method=grpo data=calc_tools method.args.tools=[cwd_tool.f]",
       "method.args.tools[0]: tool f needs type hints and a docstring", files=(("cwd_tool.py", "def f(x):\n    return x\n"),),
       phase="run"),
-    C("moved-trainer", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
-      "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
-    C("moved-generator-module", "train method=grpo method/rollouts=hf method.rollouts._target_=ablate.trainers.generation.SharedPromptGenerator",
-      "ablate.trainers.generation.SharedPromptGenerator is now ablate.rollouts.generation.SharedPromptGenerator"),
-    C("moved-schedule", "train optimizer.scheduler._target_=ablate.optimizer.cosine", "is now ablate.methods.schedules.cosine"),
-    C("moved-callback", "train +callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL",
-      "ablate.callbacks.MetricsJSONL is now ablate.record.callbacks.MetricsJSONL"),
-    C("moved-in-config-dir", "train --config-dir {F}/conf method=old_dpo",
-      "method.trainer._target_: ablate.trainers.dpo.DPOTrainer is now ablate.methods.dpo.DPOTrainer"),
+    C("target-old-module", "train method.trainer._target_=ablate.trainers.dpo.DPOTrainer",
+      "method.trainer._target_=ablate.trainers.dpo.DPOTrainer: no 'trainers' in module ablate (did you mean ablate.train?)"),
+    C("target-old-name", "train +callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL",
+      "callbacks.jsonl._target_=ablate.callbacks.MetricsJSONL: no 'MetricsJSONL' in module ablate.callbacks"),
+    C("target-in-config-dir", "train --config-dir {F}/conf method=old_dpo",
+      "method.trainer._target_=ablate.trainers.dpo.DPOTrainer: no 'trainers' in module ablate"),
     # ===== issue 32: never touch what ablate did not write =====
     C("cache-env-is-file", "train", "ABLATE_CACHE={F}/a_file is a file, not a directory", env={"ABLATE_CACHE": "{F}/a_file"}),
     C("cache-dir-under-file", "train cache.dir={F}/a_file/c", "cache.dir={F}/a_file/c is a file, not a directory "
@@ -454,8 +446,8 @@ CASES: list[Case] = [
     C("sgd-collapses", "train optimizer=sgd optimizer.optimizer.lr=1e6 method.args.max_steps=30 method.args.logging_steps=1",
       "the model has collapsed (no gradient reaches it; too high an lr?); stopping (NaNGuard)", "run", trains=True),
     # ===== the fourth pass's catalogue: old checks answered loosely, new surfaces answered wrongly =====
-    C("renamed-group-then-bad-value", "train method/loss=robust method.loss.label_smoothing=2",
-      "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5) (method/loss is now method/dpo_loss"),
+    C("group-then-bad-value", "train method/dpo_loss=robust method.dpo_loss.label_smoothing=2",
+      "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5)"),
     C("run-dir-of-another-app", "train hydra.run.dir=theirs", "run dir theirs is not empty and holds no ablate run "
       "(run.json missing; found .hydra)", files=(("theirs/.hydra/config.yaml", "theirs: 1\n"),)),
     C("run-dir-another-apps-lock", "train hydra.run.dir=theirs", "holds no ablate run (run.json missing; found .lock)",
@@ -501,6 +493,13 @@ CASES: list[Case] = [
     T("reward-model-config-junk", "train method=grpo +data.reward_funcs.rm._target_=ablate.rewards.RewardModel "
       "+data.reward_funcs.rm.path={F}/junk_model", "RewardModel: {F}/junk_model/config.json is not JSON (not UTF-8 "
       "text): a damaged or unfinished save"),
+    # a reward model's settings: its schema (ablate.schema.nodes.RewardModel), named or in a list
+    C("reward-model-batch-size", "train method=grpo +data.reward_funcs.rm._target_=ablate.rewards.RewardModel "
+      "+data.reward_funcs.rm.path={F}/classifier +data.reward_funcs.rm.batch_size=0",
+      "data.reward_funcs.rm.batch_size=0: must be an integer >= 1"),
+    C("reward-model-dtype-in-list", "train method=grpo ~data.reward_funcs "
+      "+data.reward_funcs=[{_target_:ablate.rewards.RewardModel,path:{F}/classifier,dtype:fp8}]",
+      "data.reward_funcs[0].dtype=fp8: must be one of float32, bfloat16, float16"),
     C("distill-teacher-config-junk", "train method=distill +teacher=local teacher.path={F}/junk_model",
       "teacher.path={F}/junk_model: {F}/junk_model/config.json is not JSON (not UTF-8 text): a damaged or unfinished save"),
     C("reward-list-onto-named", "train method=grpo data.reward_funcs=[bad_rewards.length]",

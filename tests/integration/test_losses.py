@@ -50,18 +50,16 @@ def test_a_users_loss_is_a_function_and_a_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["train", "method.args.loss_type=hinge"],
-     "ablate: error: method.args.loss_type is now the config group method/dpo_loss: use method/dpo_loss=hinge"),
+    (["train", "method.args.loss_type=hinge"], "ablate: error: unknown config key 'method.args.loss_type'"),
     (["train", "method=grpo", "method.args.scale_rewards=batch"],
-     "ablate: error: method.args.scale_rewards is now the config group method/grpo_scale_rewards: "
-     "use method/grpo_scale_rewards=batch"),
+     "ablate: error: unknown config key 'method.args.scale_rewards': 'scale_rewards' is picked by the config group "
+     "method/grpo_scale_rewards: write method/grpo_scale_rewards=batch (options: conf/method/grpo_scale_rewards/)"),
     (["train", "method=grpo", "method.trainer.generator._target_=ablate.rollouts.generation.HFGenerator"],
-     "ablate: error: method.trainer.generator._target_ is now the config group method/rollouts: "
-     "use method/rollouts=NAME (options: conf/method/rollouts/)"),
+     "ablate: error: unknown config key 'method.trainer.generator._target_'"),
     # an old-style sweep file (name/params/overrides) is refused in one line: sweeps are Hydra configs now
     (["sweep", "old.yaml"], "ablate: error: ablate sweep: old.yaml is an old-style sweep file (top-level params:)"),
-    (["train", "method=grpo", "method/dpo_loss=hinge"], "ablate: error: method/dpo_loss=hinge is a DPO loss; GRPO's token "
-     "aggregation is the group method/grpo_aggregation"),
+    (["train", "method=grpo", "method/dpo_loss=hinge"], "ablate: error: method/dpo_loss=hinge: this config has no config "
+     "group method/dpo_loss (options of method that have it: cpo, dpo,"),
 ])
 def test_old_spelling_and_wrong_method_are_one_line(tmp_path, args, needle):
     (tmp_path / "old.yaml").write_text("# an old sweep file\nname: old\nparams:\n  method.args.loss_type: sigmoid,hinge\n")

@@ -147,8 +147,9 @@ def test_other_run_in_dir_is_refused(tmp_path):
 @pytest.mark.parametrize("override,needle", [
     ("method=nope", "no option 'nope' in config group 'method'"),
     ("+method.args.betta=0.2", "did you mean 'method.args.beta'"),
-    ("method.args.loss_type=ipo", "ablate: error: method.args.loss_type is now the config group method/dpo_loss: use method/dpo_loss=ipo"),
-    ("method/dpo_loss=dapo", "method/dpo_loss=dapo: GRPO's aggregations are now the group method/grpo_aggregation"),
+    ("method.args.loss_type=ipo", "ablate: error: unknown config key 'method.args.loss_type'"),
+    ("method/dpo_loss=dapo", "no option 'dapo' in config group 'method/dpo_loss' (dapo is an option of "
+     "method/grpo_aggregation: method/grpo_aggregation=dapo;"),
     ("data.name=nope", "no packaged dataset 'nope'"),
     ("precision=fp16", "needs a CUDA GPU"),
     ("distributed=fsdp", "distributed=fsdp shards the model over several processes"),  # one process: nothing to shard over

@@ -19,7 +19,7 @@ trl = pytest.importorskip("trl")
 from ablate.losses import dpo as dpo_losses  # noqa: E402
 from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
-from ablate.speed.plan import Perf  # noqa: E402
+from ablate.speed.plan import SpeedSwitches  # noqa: E402
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -191,6 +191,6 @@ def test_precomputed_reference_in_bf16_matches_trl(tmp_path):
                             train_dataset=ds, processing_class=tok)
     ours = DPOTrainer(model=copy.deepcopy(policy), args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
                       train_dataset=ds, processing_class=tok,
-                      perf=Perf(dpo_pair_rows=False, completion_only_logits=False, padding_free=False))
+                      perf=SpeedSwitches(dpo_pair_rows=False, completion_only_logits=False, padding_free=False))
     for col in ("ref_chosen_logps", "ref_rejected_logps"):
         assert ours.train_dataset[col] == theirs.train_dataset[col], col

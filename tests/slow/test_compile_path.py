@@ -9,7 +9,7 @@ from datasets import Dataset
 
 from ablate.methods.dpo import DPOConfig, DPOTrainer
 from ablate.models import tiny
-from ablate.speed.plan import Perf
+from ablate.speed.plan import SpeedSwitches
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ ROWS = [{"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
         {"prompt": "s:", "chosen": " cd", "rejected": " dcxyzwvu"}] * 2
 
 
-def _losses(tmp_path, name: str, perf: Perf) -> tuple[list[float], DPOTrainer]:
+def _losses(tmp_path, name: str, perf: SpeedSwitches) -> tuple[list[float], DPOTrainer]:
     tok, model = tiny()
     args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
                      max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3, disable_tqdm=True)
@@ -28,8 +28,8 @@ def _losses(tmp_path, name: str, perf: Perf) -> tuple[list[float], DPOTrainer]:
 
 
 def test_compiled_layers_give_the_eager_losses(tmp_path):
-    eager, _ = _losses(tmp_path, "eager", Perf())
-    compiled, trainer = _losses(tmp_path, "compiled", Perf(compile=True))
+    eager, _ = _losses(tmp_path, "eager", SpeedSwitches())
+    compiled, trainer = _losses(tmp_path, "compiled", SpeedSwitches(compile=True))
     assert trainer.speed_plan.on("compile")
     assert all(hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
                for layer in trainer.model.model.layers)

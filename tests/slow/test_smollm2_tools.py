@@ -1,5 +1,5 @@
 """GRPO with tools on a real chat model (issue 36): SmolLM2-135M-Instruct, whose chat template has no tool format,
-gets the calculator in the hermes format (ablate.rollouts.tools); a few SFT steps on demonstrations rendered the same
+gets the calculator in the hermes format (ablate.rollouts.tool_calls); a few SFT steps on demonstrations rendered the same
 way (+experiment=smollm2_calc_tools_sft), then GRPO (+experiment=smollm2_calc_tools) whose rollouts call it."""
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_tool_turns_around_the_engine(smollm2, tmp_path):
     engine's log-probs are 0 on the result (the mask's 0s) and the trainer's, at the sampling temperature, on the
     model's own tokens of both turns."""
     from ablate.methods.grpo import GRPOConfig
-    from ablate.rollouts.tools import ToolFormat, Turn
+    from ablate.rollouts.tool_calls import ToolFormat, Turn
     from ablate.rollouts.turns import Toolbox, ToolGenerator
     from ablate.rollouts.vllm import VLLMGenerator
 

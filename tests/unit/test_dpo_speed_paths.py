@@ -23,7 +23,7 @@ from ablate.models.adapters import lora, with_adapters
 from ablate.speed.head import completion_logps
 from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attention
 from ablate.speed.pairs import plain_pairs, plain_targets, shared_prompt_pairs
-from ablate.speed.plan import Perf
+from ablate.speed.plan import SpeedSwitches
 from ablate.speed.split import lm_parts, takes_custom_mask
 
 ROWS = [
@@ -132,7 +132,7 @@ def _train(tmp_path, name, steps=3, attn="sdpa", lean_layers=True, **speed):
                      bf16=False, max_steps=steps, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3,
                      disable_tqdm=True)
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok,
-                         perf=Perf(lean_layers=lean_layers, **speed))
+                         perf=SpeedSwitches(lean_layers=lean_layers, **speed))
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e]
 

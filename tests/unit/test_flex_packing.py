@@ -22,7 +22,7 @@ from ablate.speed import packing
 from ablate.speed.groups import shared_prompt_groups
 from ablate.speed.packing import Documents, packed_inputs, use_packed_attention
 from ablate.speed.pairs import mask_from_segments, plain_pairs, plain_targets, shared_prompt_pairs
-from ablate.speed.plan import Perf
+from ablate.speed.plan import SpeedSwitches
 from ablate.speed.split import lm_parts
 
 ROWS = [
@@ -112,7 +112,7 @@ def test_dense_document_mask_forward_and_gradients_equal_padded(layout):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * max(10.0, want.abs().max().item()))
 
 
-def _dpo(tmp_path: Any, name: str, perf: Perf) -> tuple[DPOTrainer, list[dict]]:
+def _dpo(tmp_path: Any, name: str, perf: SpeedSwitches) -> tuple[DPOTrainer, list[dict]]:
     tok, model = tiny()
     args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
                      max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3, disable_tqdm=True)
@@ -125,9 +125,9 @@ def _dpo(tmp_path: Any, name: str, perf: Perf) -> tuple[DPOTrainer, list[dict]]:
 def test_dpo_steps_through_the_document_mask_equal_the_plain_path(tmp_path, monkeypatch):
     """Every default DPO path on, the packed row attending through the document mask (dense on a CPU):
     three optimizer steps with the plain path's losses and metrics; the collator built no 4-D mask."""
-    _, plain = _dpo(tmp_path, "plain", Perf.off())
+    _, plain = _dpo(tmp_path, "plain", SpeedSwitches.off())
     monkeypatch.setitem(packing.PACKED_KERNEL, "cpu", "dense")
-    trainer, fast = _dpo(tmp_path, "fast", Perf())
+    trainer, fast = _dpo(tmp_path, "fast", SpeedSwitches())
     assert trainer.speed_plan.on("padding_free") and not trainer.data_collator.with_mask
     assert len(fast) == len(plain) == 3
     for a, b in zip(fast, plain):

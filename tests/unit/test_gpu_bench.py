@@ -74,7 +74,7 @@ def test_verdicts_follow_the_rule():
 def test_record_round_trip(tmp_path, monkeypatch):
     """What --record writes is what the speed plan reads: a path on by the rule runs on CUDA by default."""
     from ablate.speed import measured
-    from ablate.speed.plan import DPO, Perf, Setting, resolve
+    from ablate.speed.plan import DPO, SpeedSwitches, Setting, resolve
 
     record = tmp_path / "measured.json"
     monkeypatch.setattr(measured, "RECORD", record)
@@ -82,7 +82,7 @@ def test_record_round_trip(tmp_path, monkeypatch):
         "padding_free": {"exact": True, "max_abs_diff": 1e-6, "speedup": 1.2, "basis": "dpo: 1.20x"},
         "lean_layers": {"exact": True, "max_abs_diff": 0.0, "speedup": 0.9, "basis": "dpo: 0.90x"}})
     assert json.loads(record.read_text())["cuda"]["paths"]["padding_free"]["on"] is True
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), Perf(), DPO)
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), SpeedSwitches(), DPO)
     assert [d.name for d in plan.decisions if d.on] == ["padding_free"]
 
 

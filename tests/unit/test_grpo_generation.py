@@ -22,7 +22,7 @@ from ablate.rollouts.generation import (
     right_pad,
 )
 from ablate.speed import scoring
-from ablate.speed.plan import Perf
+from ablate.speed.plan import SpeedSwitches
 
 
 def _args(tmp_path: Any, **kw: Any) -> GRPOConfig:
@@ -160,7 +160,7 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
     trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
                           processing_class=tok,
                           reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
-                          perf=Perf(length_groups=path == "length_groups", grpo_group_rows=False))  # one row per completion
+                          perf=SpeedSwitches(length_groups=path == "length_groups", grpo_group_rows=False))  # one row per completion
     completions = [[70, 71, 72], [73], [80, 81, 82, 83, 84], [90, 91]] * 3
     p_ids, p_mask = left_pad(rows, tok.pad_token_id)
     c_ids, c_mask = right_pad(completions, tok.pad_token_id)

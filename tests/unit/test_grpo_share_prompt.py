@@ -20,7 +20,7 @@ from ablate.models.adapters import lora, with_adapters
 from ablate.rollouts.generation import left_pad, right_pad
 from ablate.speed import packing, scoring
 from ablate.speed.groups import prompt_groups, shared_prompt_groups
-from ablate.speed.plan import Perf
+from ablate.speed.plan import SpeedSwitches
 
 
 def test_shared_prompt_groups_layout():
@@ -184,7 +184,7 @@ def _train(tmp_path: Any, name: str, **kw: Any) -> list[dict[str, float]]:
                       report_to="none", save_strategy="no", disable_tqdm=True, seed=0, use_cpu=True, **kw)
     trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
                           reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
-                          perf=Perf(grpo_group_rows=group_rows))
+                          perf=SpeedSwitches(grpo_group_rows=group_rows))
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e]
 

@@ -35,7 +35,7 @@ from ablate.speed.lean import (
     SiluMulLinearFunction,
     make_lean,
 )
-from ablate.speed.plan import Perf, Setting, apply, resolve
+from ablate.speed.plan import SpeedSwitches, Setting, apply, resolve
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
 FP32_RTOL = 1e-5  # float32 rounding of a reordered sum, on any CPU's kernels (module docstring)
@@ -191,7 +191,7 @@ def test_other_families_and_activations_are_left_alone():
     # the model builders leave the modules as they are; the trainers' speed plan makes them lean
     assert "forward" not in vars(tiny()[1].model.norm)
     plain, lean = tiny()[1], tiny()[1]
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa"), Perf(lean_layers=True), {"lean_layers": None})
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa"), SpeedSwitches(lean_layers=True), {"lean_layers": None})
     apply(plain, plan.turned_off("lean_layers"))
     apply(lean, plan)
     assert "forward" not in vars(plain.model.norm) and "forward" in vars(lean.model.norm)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ablate.speed import measured
-from ablate.speed.plan import DPO, Perf, Setting, resolve
+from ablate.speed.plan import DPO, SpeedSwitches, Setting, resolve
 
 AMD = {"arch": "x86_64", "vendor": "AuthenticAMD"}
 INTEL = {"arch": "x86_64", "vendor": "GenuineIntel", "capability": "AVX512", "amx": True}
@@ -49,7 +49,7 @@ def test_an_unmeasured_family_runs_only_what_every_family_measured_faster(record
 def test_the_plan_follows_this_cpus_record(record, monkeypatch):
     monkeypatch.setattr(measured, "RECORD", record)
     monkeypatch.setattr(measured, "cpu_family", lambda: INTEL)
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cpu"), Perf(), DPO)
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cpu"), SpeedSwitches(), DPO)
     off = {d.name: d.why for d in plan.decisions if not d.on}
     assert plan.on("lean_layers") and off["padding_free"].startswith("slower than the plain path on cpu: 0.90x")
     assert "no recorded run" in off["dpo_pair_rows"]  # measured on no family: off, as on any device

@@ -71,7 +71,7 @@ PINNED: dict[str, Pin] = {
     "cache_utils.DynamicLayer.reorder_cache": Pin(None, "self.keys = self.keys.index_select(0, beam_idx.to(self.keys.device))",
                                                   "e0608465cc2b", "the per-layer reorder: rows selected, repeats allowed"),
     "utils.get_json_schema": Pin(("func",), "def get_json_schema(func: Callable) -> dict:", "31ce02069826",
-                                 "ablate.rollouts.tools: a tool's signature and docstring become its schema, as chat "
+                                 "ablate.rollouts.tool_calls: a tool's signature and docstring become its schema, as chat "
                                  "templates take them (TRL's GRPO tools do the same)"),
     "generation.logits_process.TemperatureLogitsWarper.__call__": Pin(
         ("self", "input_ids", "scores"), "scores_processed = scores / self.temperature", "d3ca7666874e",

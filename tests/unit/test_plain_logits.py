@@ -15,7 +15,7 @@ from ablate.methods.dpo import DPOConfig, DPOTrainer
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.methods.sft import SFTConfig, SFTTrainer
 from ablate.models import tiny
-from ablate.speed.plan import Perf
+from ablate.speed.plan import SpeedSwitches
 
 ROWS = [{"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
         {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"}] * 2
@@ -27,15 +27,15 @@ def _trainer(method: str, tmp_path):
                   logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=True, disable_tqdm=True)
     if method == "dpo":
         return DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=Dataset.from_list(ROWS),
-                          processing_class=tok, perf=Perf.off())
+                          processing_class=tok, perf=SpeedSwitches.off())
     if method == "sft":
         rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in ROWS]
         return SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, perf=Perf.off())
+                          processing_class=tok, perf=SpeedSwitches.off())
     return GRPOTrainer(model=model, args=GRPOConfig(**{**common, "num_generations": 2, "max_completion_length": 4}),
                        train_dataset=Dataset.from_dict({"prompt": ["ab", "cd"] * 2}), processing_class=tok,
                        reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
-                       perf=Perf.off())
+                       perf=SpeedSwitches.off())
 
 
 @pytest.mark.parametrize("method", ["dpo", "sft", "grpo"])

@@ -103,7 +103,7 @@ def test_a_reward_model_and_an_environment_are_held_to_the_same_contract(tmp_pat
     from ablate.models import tiny
     from ablate.rewards import RewardModel
     from ablate.rollouts.generation import Completions
-    from ablate.rollouts.tools import ToolFormat
+    from ablate.rollouts.tool_calls import ToolFormat
     from ablate.rollouts.turns import Toolbox
 
     sys.path.insert(0, str(TESTS / "parity"))

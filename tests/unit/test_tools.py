@@ -1,4 +1,4 @@
-"""Tools in GRPO's rollouts, piece by piece (ablate.rollouts.tools, ablate.tools): the schema a function gives,
+"""Tools in GRPO's rollouts, piece by piece (ablate.rollouts.tool_calls, ablate.tools): the schema a function gives,
 the two formats (the chat template's own, read back with its response parser; hermes, for templates without
 tools), the tokens a tool result adds, and a call's outcomes (a result, an error, an unknown tool, a timeout)."""
 
@@ -11,7 +11,7 @@ import pytest
 from ablate.errors import ConfigError, DataError, UserCodeError
 from ablate.methods.grpo import GRPOConfig
 from ablate.models.tokenizer import byte_tokenizer
-from ablate.rollouts.tools import ToolFormat, call, parse_hermes, schema, tool_calls_rendered
+from ablate.rollouts.tool_calls import ToolFormat, call, parse_hermes, schema, tool_calls_rendered
 from ablate.tools import calculator
 
 QUESTION = [{"role": "user", "content": "What is 12*34?"}]

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ablate.record import rundir
-from ablate.schema.renamed import current_overrides
 
 # pruned: a study's trial stopped early
 STATUSES = ("running", "completed", "failed", "interrupted", "preempted", "pruned")
@@ -140,7 +139,6 @@ def override_key(override: str) -> str:
 
 def parse_overrides(overrides: list[str]) -> dict[str, str]:
     """`["a.b=1", "+c=x"]` -> `{"a.b": "1", "c": "x"}` (a later value of a key wins)."""
-    overrides = current_overrides(overrides)  # a run recorded under a renamed group's old name: today's
     return {override_key(o): o.split("=", 1)[1] if "=" in o else "" for o in overrides}
 
 

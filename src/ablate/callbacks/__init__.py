@@ -10,6 +10,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ablate.schema import nodes
+
 
 class PrintLogs(TrainerCallback):
     """The TRL docs' custom logging callback: print every log event (an example of `on_log`)."""
@@ -100,8 +102,7 @@ class EarlyStop(TrainerCallback):
     def __init__(
         self, metric: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0
     ) -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStop: mode must be 'min' or 'max', got {mode!r}")
+        nodes.EarlyStop.of({"mode": mode, "patience": patience, "min_delta": min_delta}).check()
         self.metric, self.sign, self.patience, self.min_delta = (
             metric,
             1.0 if mode == "min" else -1.0,

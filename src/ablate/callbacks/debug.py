@@ -12,6 +12,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.errors import ConfigError
+from ablate.schema import nodes
 
 log = logging.getLogger("ablate")
 
@@ -36,8 +37,7 @@ class OverfitCheck(TrainerCallback):
     the last third of its logged values, so one noisy step (a sampled reward) decides nothing."""
 
     def __init__(self, metric: str = "loss", mode: str = "min", min_change: float = 0.5) -> None:
-        if mode not in ("min", "max"):
-            raise ConfigError(f"OverfitCheck: mode must be min or max, got {mode!r}")
+        nodes.OverfitCheck.of({"mode": mode, "min_change": min_change}).check()  # its schema's checks
         self.metric, self.mode, self.min_change = metric, mode, float(min_change)
 
     def on_train_end(

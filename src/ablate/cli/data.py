@@ -135,12 +135,9 @@ def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
     from ablate.config.compose import register_resolvers
-    from ablate.config.moved import rename, say_notes
     from ablate.paths import conf_dir
 
     register_resolvers()
-    overrides = rename(overrides)  # an old group name (perf=off) works, noted once
-    say_notes()
     if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

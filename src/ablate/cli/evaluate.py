@@ -37,17 +37,14 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> Any:
     from hydra.core.global_hydra import GlobalHydra
 
     from ablate.config.compose import register_resolvers
-    from ablate.config.moved import rename, say_notes
     from ablate.errors import ConfigError
     from ablate.paths import conf_dir
 
     info = rundir.read_json(run_dir / rundir.RUN)
     if info is None:
         raise ConfigError(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
-    overrides = rename(overrides)  # old group names (perf=off), given or recorded: today's, noted once
     given = {override_key(o) for o in overrides}
-    merged = [o for o in rename(info.get("overrides", [])) if override_key(o) not in given] + overrides
-    say_notes()
+    merged = [o for o in info.get("overrides", []) if override_key(o) not in given] + overrides
     register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

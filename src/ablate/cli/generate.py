@@ -14,7 +14,7 @@ completions equal to it (whitespace at the ends aside) is printed last.
 
 A run whose training prompts offered tools (GRPO's `method.args.tools`, by default the data's, and its
 environment; SFT on data with `tools`) gets them here too: each prompt is a conversation offering the run's
-tools, rendered by the rollouts' own code (`ablate.rollouts.tools.ToolFormat`, in the run's
+tools, rendered by the rollouts' own code (`ablate.rollouts.tool_calls.ToolFormat`, in the run's
 `tool_call_format`), and generated as the rollouts and `ablate eval` generate it (`ToolGenerator` around the
 shared-prompt generator): each call runs, its result is appended, and generation goes on until a turn calls
 nothing. Each call and its result are printed, then the answer. `--max-new-tokens` defaults to the run's own
@@ -182,7 +182,7 @@ def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
 
     from ablate.config.compose import register_resolvers
     from ablate.rewards import resolve
-    from ablate.rollouts.tools import ToolFormat
+    from ablate.rollouts.tool_calls import ToolFormat
     from ablate.rollouts.turns import Toolbox
 
     register_resolvers()  # the run's ${ablate_*} interpolations

@@ -9,7 +9,6 @@ from typing import Any
 from ablate.cli.exits import fail, user_errors
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
-from ablate.config.moved import check_moved, rename
 from ablate.paths import sweeps_dir
 
 
@@ -71,15 +70,14 @@ def sweep_cmd(args: Any) -> None:
             else "which sweep? give its name (dpo_loss) or file, or --resume SWEEP_DIR",
             "ablate sweep",
         )
-    # an old group name (perf=off) works, noted once
-    argv = [args.name, *rename(args.overrides), *hydra_flags(args)]
+    argv = [args.name, *args.overrides, *hydra_flags(args)]
     sweep_dir = Path(argv[0]) if resume and (Path(argv[0]) / "multirun.yaml").is_file() else None
     with user_errors(FileNotFoundError, ValueError):
         check_overrides(argv[1:], resume)
         if sweep_dir is not None:  # the launch's own command line, recorded by Hydra
             from ablate.launchers.sweep_resume import launch_argv
 
-            hydra_argv = [*rename(launch_argv(sweep_dir)), *argv[1:]]
+            hydra_argv = [*launch_argv(sweep_dir), *argv[1:]]
         else:
             name, extra = find_sweep(argv[0])
             hydra_argv = sweep_argv(name, [*extra, *argv[1:]])
@@ -151,7 +149,6 @@ def _dry_run(name: str, hydra_argv: list[str]) -> None:
 
     from ablate.launchers.sweep import print_plan
 
-    check_moved(hydra_argv)
     try:
         print_plan(name, hydra_argv)
     except HydraException as e:  # a bad override: Hydra's first line says which

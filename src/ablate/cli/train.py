@@ -8,7 +8,6 @@ import traceback
 
 from ablate.cli.exits import fail
 from ablate.config.compose import register_resolvers
-from ablate.config.moved import check_moved, folded, rename
 from ablate.paths import conf_dir
 from ablate.process.console import say
 from ablate.record.secrets import mask_log_records, remember
@@ -76,7 +75,7 @@ def check_argv(argv: list[str]) -> None:
 
 
 def _refuse(line: str) -> None:
-    fail(folded(line))
+    fail(line)
 
 
 def hydra_train(argv: list[str]) -> None:
@@ -84,8 +83,6 @@ def hydra_train(argv: list[str]) -> None:
     import hydra
 
     check_argv(argv)
-    argv = rename(argv)  # an old group name (perf=off) works, noted once
-    check_moved(argv)
 
     from ablate.config.validate import one_line
     from ablate.launchers import sweep
@@ -135,7 +132,7 @@ def hydra_train(argv: list[str]) -> None:
             raise error
         from ablate.record.secrets import mask_text
 
-        say(f"ablate: error: {mask_text(folded(line))}")
+        say(f"ablate: error: {mask_text(line)}")
         sys.exit(2)
 
 

@@ -17,7 +17,6 @@ from ablate.config import data_checks
 from ablate.config.targets import check_target
 from ablate.errors import ConfigError, missing_extra
 from ablate.schema import refusal, schema_for, show
-from ablate.schema.grpo import reward_names
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -62,7 +61,6 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     data_checks.check_teacher(cfg, hc, swept)
     data_checks.check_datasets_cache(cfg)
     data_checks.check_cache_dir(cfg)
-    _check_reward_funcs(cfg, swept)
     data_checks.check_eval_data(cfg, swept)
 
 
@@ -75,7 +73,7 @@ def _check_schemas(cfg: DictConfig, swept: frozenset[str]) -> None:
             continue
         found = schema.of({k: _value(node, k) for k in schema.__dataclass_fields__ if k in node})
         for key, value, what in [*found.problems(path), *found.relations(cfg)]:
-            if key not in swept:
+            if key not in swept and not any(s.startswith(key + ".") for s in swept):
                 raise ConfigError(refusal(key, value, what))
 
 
@@ -86,13 +84,20 @@ def _value(node: DictConfig, key: str) -> Any:
 
 
 def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
-    """Every mapping node of the config with its dotted path (the root: ""), Hydra's own left out."""
+    """Every mapping node of the config with its dotted path (the root: ""), Hydra's own left out; a
+    mapping in a list too (`data.reward_funcs[0]`: a reward model's node, found by its `_target_`)."""
     out = [(path, node)]
     for k in node.keys():
         child = node._get_node(k)
-        if isinstance(child, DictConfig) and not (k == "hydra" and not path) and not child._is_missing() \
-                and not child._is_none():
-            out += _nodes(child, f"{path}.{k}" if path else str(k))
+        if (k == "hydra" and not path) or child._is_missing() or child._is_none():
+            continue
+        at = f"{path}.{k}" if path else str(k)
+        if isinstance(child, DictConfig):
+            out += _nodes(child, at)
+        elif isinstance(child, ListConfig):
+            items = [(f"{at}[{i}]", child._get_node(i)) for i in range(len(child))]
+            out += [n for a, item in items if isinstance(item, DictConfig) and not item._is_missing()
+                    and not item._is_none() for n in _nodes(item, a)]
     return out
 
 
@@ -122,30 +127,6 @@ def _check_optimizer_args(cfg: DictConfig) -> None:
             hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
             if hint:
                 raise ConfigError(hint)
-
-
-def _check_reward_funcs(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """GRPO needs a reward: a reward function of the data's, or an environment that scores its episodes;
-    every function set to null (`data.reward_funcs.NAME=null` drops one) leaves none. Each function's own
-    contract: ablate.config.code_checks, ablate.rewards.calls."""
-    from ablate.rewards.resolve import SHORT_FORM
-
-    funcs = at(cfg, "data.reward_funcs")
-    trainer = at(cfg, "method.trainer")
-    given = trainer._get_node("reward_funcs")._value() if isinstance(trainer, DictConfig) and "reward_funcs" in trainer else None
-    grpo = str(at(cfg, "method.args._target_", "")).endswith("GRPOConfig")
-    if not grpo or any(k.startswith(("data", "method.trainer")) for k in swept) \
-            or not str(given).startswith("${oc.select:data.reward_funcs"):
-        return  # not GRPO, swept, or the trainer given its rewards some other way
-    if at(cfg, "method.args.environment") is not None:
-        return  # its get_reward() may score the episodes (the trainer says so if it has none)
-    if not isinstance(funcs, (DictConfig, ListConfig)) or not len(funcs):
-        data = at(cfg, "hydra.runtime.choices.data") or OmegaConf.select(hydra_node(), "runtime.choices.data", default="")
-        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and data={data or '...'} has none: add "
-                          f"yours, {SHORT_FORM}, or use data that scores itself (data=tiny_repeat); docs/methods.md")
-    if not reward_names(funcs):
-        raise ConfigError(f"data.reward_funcs: GRPO needs a reward function, and every entry is null "
-                          f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}")
 
 
 def _check_missing(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
@@ -276,7 +257,32 @@ def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
     found = [path for path in _paths(cfg) if path.rsplit(".", 1)[-1] == leaf and path != key]
     if not found:
         return None
+    group = _group_behind(cfg, found[0])
+    if group is not None:  # method.trainer.scale_rewards: ${..grpo_scale_rewards}, a group's node
+        name = value if str(value).isidentifier() else "NAME"
+        return f"'{leaf}' is picked by the config group {group}: write {group}={name} " \
+               f"(options: conf/{group}/)"
     return f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
+
+
+def _group_behind(cfg: DictConfig, path: str) -> str | None:
+    """The config group (`method/grpo_scale_rewards`) whose node the key at `path` interpolates
+    (`${..grpo_scale_rewards}`, `${speed}`), or None."""
+    import re
+
+    from ablate.paths import conf_dir
+
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    raw = node._get_node(leaf)._value() if isinstance(node, DictConfig) and leaf in node else None
+    ref = re.fullmatch(r"\$\{(\.*)([\w.]+)\}", str(raw)) if isinstance(raw, str) else None
+    if ref is None:
+        return None
+    dots, target = ref.groups()
+    base = parent.split(".") if parent else []
+    base = base[: len(base) - len(dots) + 1] if dots else []
+    group = "/".join([*base, *target.split(".")])
+    return group if (Path(conf_dir()) / group).is_dir() else None
 
 
 def _paths(node: Any, prefix: str = "") -> list[str]:

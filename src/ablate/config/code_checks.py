@@ -42,7 +42,7 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
     if isinstance(cfg.get("speed"), DictConfig) and "_target_" in cfg.speed:
         from hydra.utils import get_class
 
-        # whether this machine can run the opt-in switches (ablate.speed.plan.Perf: speed.liger needs CUDA);
+        # whether this machine can run the opt-in switches (ablate.schema.speed.SpeedSwitches: speed.liger needs CUDA);
         # built directly, so its ConfigError is the one line (Hydra's instantiate would wrap it)
         switches = {k: v for k, v in OmegaConf.to_container(cfg.speed, resolve=True).items() if k != "_target_"}
         get_class(cfg.speed._target_)(**switches)

@@ -1,5 +1,5 @@
 """Composing a run's config: Hydra's resolvers for run-dir names, the launch time every process of
-one launch shares, and override values quoted for Hydra's grammar (old spellings: ablate.config.moved).
+one launch shares, and override values quoted for Hydra's grammar.
 
 No torch import here: `ablate train --cfg job` composes and prints in about a second.
 """

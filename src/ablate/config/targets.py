@@ -1,5 +1,4 @@
-"""Every `_target_` of a config, checked before anything is imported or built: a moved one (the
-reorganisation's old module paths) is "X is now Y", a typo names the closest name, and a user's
+"""Every `_target_` of a config, checked before anything is imported or built: a typo names the closest name, and a user's
 module that is not importable (a forgotten PYTHONPATH) says how to make it so.
 
 The check reads source files, it does not import them (no torch in the launching process): the
@@ -21,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ablate.config.moved import moved_target
 from ablate.errors import ConfigError
 
 
@@ -32,9 +30,6 @@ FROM_CWD = ("data.reward_funcs", "method.args.tools", "method.args.environment")
 
 def check_target(key: str, target: str) -> None:
     """Raise ConfigError when `target` (the value of config key `key`) cannot be located."""
-    new = moved_target(target)
-    if new is not None:
-        raise ConfigError(f"{key}: {target} is now {new} (ablate's modules moved); write {key}={new}")
     parts = target.split(".")
     module, spec = _longest_module(parts, cwd=key.startswith(FROM_CWD))
     if spec is None:

@@ -34,7 +34,6 @@ from ablate.config.checks import (
     task_overrides,
 )
 from ablate.config.code_checks import check_code, job_processes
-from ablate.config.moved import folded, note_aliases, rename_params, say_notes
 from ablate.errors import ConfigError, chain, missing_extra
 from ablate.record import sweep_dirs
 
@@ -109,7 +108,6 @@ class Validate(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         def checks() -> None:
-            note_aliases(config.hydra)  # a user's YAML including an old file (/trainers/common_args@args)
             check(config)  # first: reading hydra.run.dir may resolve a bad ${oc.env:...} override
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
@@ -119,7 +117,6 @@ class Validate(Callback):
             check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
 
         _exit_on_error(checks)
-        say_notes()  # accepted: the renames it used, one line each (a refusal folds them into its line)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A mistake in a sweep's fixed values would fail every job: refuse the sweep instead. The
@@ -127,8 +124,6 @@ class Validate(Callback):
         configs differ from it too much to judge, so each job is checked when it starts. Then the
         launch claims its sweep dir (`claim_sweep_dir`)."""
         _exit_on_error(lambda: check_launcher(config.hydra))  # before any job is submitted
-        rename_params(OmegaConf.select(config, "hydra.sweeper.params"))  # a sweep file's old group names, noted
-        note_aliases(config.hydra)
         swept = _swept(config)
 
         def checks() -> None:
@@ -142,7 +137,6 @@ class Validate(Callback):
             claim_sweep_dir(config)
 
         _exit_on_error(checks)
-        say_notes()
 
 
 def claim_sweep_dir(config: DictConfig) -> None:
@@ -213,10 +207,10 @@ def _exit_on_error(fn: Callable[[], Any]) -> None:
     try:
         fn()
     except (ConfigError, RunDirError) as e:
-        print(f"ablate: error: {mask_text(folded(str(e)))}", file=sys.stderr)
+        print(f"ablate: error: {mask_text(str(e))}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
-        print(f"ablate: error: {mask_text(folded(os_error_line(e)))}", file=sys.stderr)
+        print(f"ablate: error: {mask_text(os_error_line(e))}", file=sys.stderr)
         sys.exit(2)
     except Exception:  # noqa: BLE001 - a bug in a check: loud, and the run does not start
         import traceback
@@ -261,6 +255,9 @@ def one_line(e: BaseException) -> str | None:
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
+    line = _group_not_in_config(e)
+    if line is not None:
+        return line
     line = _merge_mismatch(e)
     if line is not None:
         return line
@@ -311,6 +308,33 @@ def bad_config_file(e: BaseException) -> str | None:
     return None
 
 
+def _group_not_in_config(e: BaseException) -> str | None:
+    """`method=grpo method/dpo_loss=hinge`: Hydra's "Could not override 'method/dpo_loss'. No match in the
+    defaults list" (and an advice to append it): name the options of the group's parent that pick it."""
+    import re
+
+    from ablate.paths import conf_dir
+
+    found = re.search(r"Could not override '([\w/]+)'\. No match in the defaults list.*?use \+(\S+)", str(e), re.S)
+    if found is None:
+        return None
+    group, override = found.groups()
+    parent, _, leaf = group.rpartition("/")
+    users = sorted(p.stem for p in (Path(conf_dir()) / parent).glob("*.yaml")
+                   if re.search(rf"^\s*-\s*(override\s+)?{leaf}\s*:", p.read_text(errors="replace"), re.M)) if parent else []
+    using = f" (options of {parent} that have it: {', '.join(users)})" if users else ""
+    return f"{override}: this config has no config group {group}{using}; to add it anyway: +{override}"
+
+
+def _other_group(group: str, option: str) -> str | None:
+    """A sibling group of `group` (conf/method/grpo_aggregation beside conf/method/dpo_loss) with `option`."""
+    from ablate.paths import conf_dir
+
+    parent = (Path(conf_dir()) / group).parent
+    found = sorted(p.parent.name for p in parent.glob(f"*/{option}.yaml") if p.parent.name != Path(group).name)
+    return f"{Path(group).parent.as_posix()}/{found[0]}" if found else None
+
+
 def _missing_option(e: Any) -> str:
     missing = str(getattr(e, "missing_cfg_file", "") or "")
     group, _, option = missing.rpartition("/")
@@ -321,6 +345,9 @@ def _missing_option(e: Any) -> str:
         return str(e).splitlines()[0]
     hint = difflib.get_close_matches(option, options, n=1)
     meant = f"did you mean {group}={hint[0]}? " if hint else ""
+    other = _other_group(group, option) if "/" in group else None
+    if other is not None:  # method/dpo_loss=dapo: an option of method/grpo_aggregation
+        meant = f"{option} is an option of {other}: {other}={option}; "
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
@@ -339,6 +366,8 @@ def _unknown_key(cause: Any, value: str = "...") -> str:
     hint = difflib.get_close_matches(leaf, known, n=1)
     if hint:
         return f"unknown config key '{key}' (did you mean '{prefix}{hint[0]}'?)"
+    if not known and prefix:  # method.trainer.generator: null here
+        return f"unknown config key '{key}' ('{prefix.rstrip('.')}' has no keys here)"
     return f"unknown config key '{key}'; known under '{prefix.rstrip('.') or '<root>'}': {', '.join(known)}" \
            f" (to add a new field on purpose: +{key}=...)"
 

@@ -17,7 +17,7 @@ Rendering prefixes needs a template that renders earlier turns the same whatever
 drops the reasoning of earlier turns does not): where it does not, ablate says so in one line rather than
 guess (`tests/unit/test_assistant_mask.py` checks Qwen2.5's, Llama 3's and SmolLM2's templates by hand).
 
-Tools (ablate.rollouts.tools): a template that cannot render tool calls (SmolLM2's) is given them in the
+Tools (ablate.rollouts.tool_calls): a template that cannot render tool calls (SmolLM2's) is given them in the
 `hermes` format, the text Qwen2.5's template writes and NousResearch's Hermes and SmolLM2-Instruct models
 are trained on: the tools as JSON in a system turn (`HERMES_SYSTEM`), each call as
 `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` in the assistant's text, results as `tool`

@@ -377,7 +377,7 @@ def prepare_prompts(
 ) -> Dataset:
     """Prompt-only rows -> add `prompt_ids` (the last `max_prompt_length` tokens); other columns stay
     (GRPO's reward functions receive them). `encode(prompt, index)`: how a prompt becomes ids when the
-    caller renders it itself (GRPO with tools: the prompt offers them, ablate.rollouts.tools)."""
+    caller renders it itself (GRPO with tools: the prompt offers them, ablate.rollouts.tool_calls)."""
     detect(dataset, "prompt")
     check_rows(dataset)
 

@@ -25,10 +25,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.config.moved import rename_params
 from ablate.record import checkpoints, rundir
 from ablate.record.identity import config_changes, identity, same_config, same_overrides
-from ablate.schema.renamed import current_config, current_overrides
 
 
 class ResumeRefused(Exception):
@@ -71,7 +69,6 @@ def expand_jobs(argv: list[str]) -> list[list[str]]:
 
     task = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
     params = _compose(fixed_overrides(argv), hydra_config=True).hydra.sweeper.params or {}
-    rename_params(params)  # a sweep file's old group names (method/loss: ...), as the launch reads them
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + task)
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
@@ -140,15 +137,13 @@ def _job_action(sweep_dir: Path, num: int, overrides: list[str], search: list[st
         return "new"
     differs = None
     if not same_overrides(info.get("overrides", []), overrides):
-        old = dict(o.split("=", 1) for o in current_overrides(info.get("overrides", [])) if "=" in o)
+        old = dict(o.split("=", 1) for o in info.get("overrides", []) if "=" in o)
         new = dict(o.split("=", 1) for o in overrides if "=" in o)
         differs = "overrides " + (config_changes(old, new) or ["?"])[0]
     elif info.get("config_hash"):
         resolved = identity(_compose([*search, *overrides]))
         if not same_config(info, resolved):
-            differs = (config_changes(current_config(info.get("config") or {}), resolved["config"]) or ["?"])[
-                0
-            ]
+            differs = (config_changes(info.get("config") or {}, resolved["config"]) or ["?"])[0]
     if differs is not None:
         if not force:
             raise ResumeRefused(

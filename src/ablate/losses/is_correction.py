@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from ablate.schema.grpo import IS_MODES
+
 Constraint = Callable[[torch.Tensor, float | None, float | None], torch.Tensor]
 
 
@@ -40,12 +42,11 @@ def mask_outside(ratio: torch.Tensor, clip_min: float | None, clip_max: float | 
     return ratio.masked_fill(_outside(ratio, clip_min, clip_max), 0.0)
 
 
-# TRL's vllm_importance_sampling_mode -> (one ratio per completion?, how out-of-range ratios are handled)
+# TRL's vllm_importance_sampling_mode (its names: the config's schema, IS_MODES) -> (one ratio per
+# completion?, how out-of-range ratios are handled): `<token|sequence>_<truncate|mask>`
 MODES: dict[str, tuple[bool, Constraint]] = {
-    "token_truncate": (False, truncate),
-    "token_mask": (False, mask_outside),
-    "sequence_truncate": (True, truncate),
-    "sequence_mask": (True, mask_outside),
+    mode: (mode.startswith("sequence_"), truncate if mode.endswith("_truncate") else mask_outside)
+    for mode in IS_MODES
 }
 
 
@@ -76,9 +77,7 @@ def importance_sampling_correction(
     and ablate's `sampling/importance_sampling_ratio/masked_fraction`: the share of those whose ratio was
     outside [clip_min, clip_max] (masked to 0 by `*_mask`, clamped by `*_truncate`). Empty -> 0, as in TRL.
     """
-    if mode not in MODES:
-        raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(MODES)}, got '{mode}'")
-    per_sequence, constrain = MODES[mode]
+    per_sequence, constrain = MODES[mode]  # the value is checked by its schema (ablate.schema.grpo)
     diff = torch.nan_to_num((logps - sampling_logps) * mask, nan=0.0)  # unscored tokens: ratio 1
     log_ratio = diff.sum(-1, keepdim=True) if per_sequence else diff
     raw = torch.exp(log_ratio)

@@ -47,7 +47,7 @@ from ablate.schema import fits
 from ablate.speed import plan as speed_plan
 from ablate.speed.packing import packed_kernel
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
-from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.plan import PrintPlan, Setting, SpeedPlan, SpeedSwitches
 from ablate.speed.scoring import pair_logps
 from ablate.speed.split import keep_from
 
@@ -125,7 +125,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
         ref_model: PreTrainedModel | None = None,
         data_collator: Callable | None = None,
         loss: dpo_losses.DPOLoss = dpo_losses.sigmoid,
-        perf: Perf | None = None,
+        perf: SpeedSwitches | None = None,
         cache: reuse.Cache | None = None,
         **kwargs: Any,
     ) -> None:
@@ -133,7 +133,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
         # what the loss declares (ablate.losses.reference_free): no reference; the prompt tokens scored too
         self.reference_free = declares(loss, "reference_free")
         self.scores_prompt = declares(loss, "scores_prompt")
-        self.perf = perf or Perf()
+        self.perf = perf or SpeedSwitches()
         # tokenized pairs, reference log-probs (ablate.data.cache)
         self.cache = cache or reuse.Cache(enabled=False)
         # which speed paths run (ablate.speed.plan)

@@ -62,7 +62,7 @@ from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics, tu
 from ablate.schema import fits
 from ablate.speed import plan as speed_plan
 from ablate.speed import scoring
-from ablate.speed.plan import Perf, PrintPlan, Setting, SpeedPlan
+from ablate.speed.plan import PrintPlan, Setting, SpeedPlan, SpeedSwitches
 from ablate.speed.split import takes_logits_to_keep
 
 RewardFunc = rewarding.RewardFunc
@@ -95,13 +95,13 @@ class GRPOTrainer(RolloutTrainer):
         objective: grpo_losses.Objective = grpo_losses.clip,
         reward_aggregation: grpo_losses.Advantages = grpo_losses.sum_then_normalize,
         scale_rewards: grpo_losses.Scale = grpo_losses.group_std,
-        perf: Perf | None = None,
+        perf: SpeedSwitches | None = None,
         **kwargs: Any,
     ) -> None:
         # tools and environments (ablate.rollouts.turns); None: none
         self.toolbox = build_toolbox(args, processing_class)
         reward_funcs, weights = rewarding.gather(reward_funcs, args.reward_weights, self.toolbox)
-        self.perf = perf or Perf()
+        self.perf = perf or SpeedSwitches()
         train_dataset, eval_dataset = self._prompt_splits(train_dataset, eval_dataset, processing_class, args)
         # which speed paths run (ablate.speed.plan)
         self.speed_plan = self._policy_plan(model, args, generator)

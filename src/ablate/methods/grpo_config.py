@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from transformers import TrainingArguments
 
 from ablate.rewards import resolve
-from ablate.rollouts.tools import schema
+from ablate.rollouts.tool_calls import schema
 from ablate.schema.grpo import GRPOArgs
 
 

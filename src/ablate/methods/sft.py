@@ -21,7 +21,7 @@ from ablate.methods.forward import unconverted
 from ablate.methods.tokenized import TokenizedRows
 from ablate.schema.args import SFTArgs
 from ablate.speed import plan as speed_plan
-from ablate.speed.plan import Perf, PrintPlan, Setting
+from ablate.speed.plan import PrintPlan, Setting, SpeedSwitches
 from ablate.speed.split import keep_from
 
 
@@ -75,11 +75,11 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
         processing_class: PreTrainedTokenizerBase,
         eval_dataset: Dataset | None = None,
         data_collator: Callable | None = None,
-        perf: Perf | None = None,
+        perf: SpeedSwitches | None = None,
         cache: reuse.Cache | None = None,
         **kwargs: Any,
     ) -> None:
-        self.perf = perf or Perf()
+        self.perf = perf or SpeedSwitches()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized examples (ablate.data.cache)
         self.speed_plan = speed_plan.resolve(
             "policy", Setting.of(model, args, args.max_length), self.perf, speed_plan.SFT

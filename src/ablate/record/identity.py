@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import ConfigError
 from ablate.record import checkpoints, rundir, secrets
-from ablate.schema.renamed import current_config, current_overrides
 
 log = logging.getLogger("ablate")
 NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resume although the data changed
@@ -51,10 +50,10 @@ def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def same_overrides(recorded: list[str], given: list[str]) -> bool:
-    """The same command: `given` as recorded (masked), a renamed group's old spelling read as today's."""
+    """The same command: `given` as recorded (masked)."""
     resized = _resized_keys()  # `ablate resume` on another rank count changed these keys itself
     kept = [
-        [o for o in current_overrides(x) if o.split("=", 1)[0].lstrip("+~") not in resized]
+        [o for o in map(str, x) if o.split("=", 1)[0].lstrip("+~") not in resized]
         for x in (recorded, secrets.mask(given))
     ]
     return sorted(kept[0]) == sorted(kept[1])
@@ -108,7 +107,7 @@ def check_same_config(
         return
     changed = [
         c
-        for c in config_changes(current_config((info or {}).get("config") or {}), now["config"])
+        for c in config_changes((info or {}).get("config") or {}, now["config"])
         if c.split(" (was ", 1)[0] not in _resized_keys()
     ]
     if not changed:  # only what `ablate resume` changed for another rank count
@@ -127,11 +126,8 @@ def check_same_config(
 
 
 def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
-    """run.json's config is `now`'s (`identity`): the same hash, once renamed groups take today's names."""
-    return (
-        info.get("config_hash") == now["config_hash"]
-        or config_hash(current_config(info.get("config") or {})) == now["config_hash"]
-    )
+    """run.json's config is `now`'s (`identity`): the same hash."""
+    return info.get("config_hash") == now["config_hash"]
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ablate.errors import ConfigError
+from ablate.schema import grpo as grpo_schema
 
 RewardFunc = Callable[..., list]
-SHORT_FORM = "data.reward_funcs=[MODULE.FUNCTION] (MODULE.py in the directory you run ablate from)"
+SHORT_FORM = grpo_schema.SHORT_FORM  # the short form, as the config's refusals spell it
 
 
 def in_cwd(top: str) -> Path | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.errors import ConfigError
+from ablate.schema import nodes
 
 MODEL_DIR = "model"  # where a run dir keeps its trained model (ablate.record.rundir.MODEL)
 
@@ -88,10 +89,7 @@ class RewardModel:
         self, path: str, batch_size: int = 32, dtype: str = "float32", max_length: int | None = None
     ) -> None:
         self.path = checked_dir(path)
-        if batch_size < 1:
-            raise ConfigError(f"RewardModel: batch_size must be >= 1, got {batch_size}")
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"RewardModel: dtype must be float32, bfloat16 or float16, got '{dtype}'")
+        nodes.RewardModel.of({"batch_size": batch_size, "dtype": dtype}).check()  # its schema's checks
         self.batch_size, self.dtype, self.max_length = batch_size, dtype, max_length
         self.device: Any = "cpu"
         self.model: Any = None

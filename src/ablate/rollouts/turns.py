@@ -40,7 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ablate.errors import ConfigError
 from ablate.rollouts.generation import Completions, GenerateFn, as_completions, stop_ids
-from ablate.rollouts.tools import ToolFormat, call, schema
+from ablate.rollouts.tool_calls import ToolFormat, call, schema
 
 ENV_CONTROL = ("reset", "get_reward")  # an environment's methods that are not tools (TRL's)
 

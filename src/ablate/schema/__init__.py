@@ -204,13 +204,16 @@ def fits(fn: Any, like: Callable[..., Any], key: str) -> Any:
 
 def schema_for(path: str, target: Any = None) -> type[Schema] | None:
     """The schema of the node at `path` whose `_target_` is `target`: by target, else by path."""
-    from ablate.schema import args, grpo, methods, nodes  # noqa: F401 - each schema registers itself
+    from ablate.schema import args, grpo, methods, nodes, speed  # noqa: F401 - each schema registers itself
 
     return Schema.by_target.get(str(target)) or Schema.by_path.get(path)
 
 
 def refusal(key: str, v: Any, what: str) -> str:
-    """`key=value: must be ...`; a number written as a quoted string gets the spelling that makes it one."""
+    """`key=value: must be ...`; a number written as a quoted string gets the spelling that makes it one.
+    A problem of the key as a whole (no value: ABSENT) is `key: what`."""
+    if v is ABSENT:
+        return f"{key}: {what}"
     if isinstance(v, str) and _looks_numeric(v) and ("number" in what or "integer" in what):
         return (f"{key}='{v}' is a string (quoted), not a number: write it unquoted, {key}={v} (in a YAML file "
                 f"{key.rsplit('.', 1)[-1]}: {v} without quotes; YAML 1.1 reads 1e-3 as text: write 1.0e-3)")

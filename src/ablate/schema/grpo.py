@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.schema import (
+    ABSENT,
     BOOL,
     Problem,
     Rule,
@@ -43,8 +44,9 @@ def _delta(v: Any, n: Any) -> bool:
     return v is None or (is_num(v) and (not is_num(high) or v > 1 + high))
 
 
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # ablate.losses.is_correction.MODES
-TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tools.ToolFormat reads each
+# vllm_importance_sampling_mode's options, `<token|sequence>_<truncate|mask>` (ablate.losses.is_correction.MODES)
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tool_calls.ToolFormat reads each
 
 
 def _code(v: Any) -> bool:
@@ -132,7 +134,7 @@ class GRPOArgs(TrainArgs):
     tool_timeout: float | None = field(10.0, nullable(number(above=0, why=" (seconds)"), "no limit"),
                                        "Seconds a call may run; past it the model reads a timeout error.")
     tool_call_format: str = field("auto", choice(*TOOL_CALL_FORMATS, words="auto, chat_template or hermes "
-                                                                          "(ablate.rollouts.tools)"),
+                                                                          "(ablate.rollouts.tool_calls)"),
                                   "auto | chat_template (the template's own) | hermes (<tool_call>{json}</tool_call>).")
 
     def __post_init__(self) -> None:
@@ -145,6 +147,46 @@ class GRPOArgs(TrainArgs):
             problem = reward_weights_problem(self.reward_weights, reward_names(funcs))
             if problem is not None:
                 yield problem
+        problem = no_reward(cfg, type(self).__name__.removesuffix("Args"))
+        if problem is not None:
+            yield problem
+
+
+SHORT_FORM = "data.reward_funcs=[MODULE.FUNCTION] (MODULE.py in the directory you run ablate from)"
+
+
+def no_reward(cfg: Any, method: str) -> Problem | None:
+    """The method trains on rewards: a reward function of the data's, or an environment that scores its
+    episodes; every function set to null (`data.reward_funcs.NAME=null` drops one) leaves none. Judged
+    when the trainer takes the data's (`method.trainer.reward_funcs: ${oc.select:data.reward_funcs,...}`).
+    Each function's own contract: ablate.config.code_checks, ablate.rewards.calls."""
+    from omegaconf import DictConfig, OmegaConf
+
+    trainer = OmegaConf.select(cfg, "method.trainer", default=None) if isinstance(cfg, DictConfig) else None
+    given = None
+    if isinstance(trainer, DictConfig) and "reward_funcs" in trainer:
+        given = trainer._get_node("reward_funcs")._value()  # as written: an interpolation of the data's
+    if not str(given).startswith("${oc.select:data.reward_funcs") or \
+            OmegaConf.select(cfg, "method.args.environment", default=None) is not None:
+        return None  # rewards given some other way, or an environment's get_reward() may score the episodes
+    funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
+    if not isinstance(funcs, (Mapping, Sequence)) or isinstance(funcs, str) or not len(funcs):
+        data = _data_choice(cfg)
+        return ("data.reward_funcs", ABSENT, f"{method} needs a reward function, and data={data or '...'} has "
+                f"none: add yours, {SHORT_FORM}, or use data that scores itself (data=tiny_repeat); "
+                "docs/methods.md")
+    if not reward_names(funcs):
+        return ("data.reward_funcs", ABSENT, f"{method} needs a reward function, and every entry is null "
+                f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}")
+    return None
+
+
+def _data_choice(cfg: Any) -> str:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hc = cfg.get("hydra") or (HydraConfig.get() if HydraConfig.initialized() else None)
+    return str(OmegaConf.select(hc, "runtime.choices.data", default="") or "") if hc is not None else ""
 
 
 def reward_names(funcs: Any) -> list[str]:

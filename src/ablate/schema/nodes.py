@@ -198,26 +198,25 @@ class EarlyStop(Schema):
 
 
 @dataclass
+class OverfitCheck(Schema):
+    node = "callbacks.overfit_check"  # conf/debug/overfit.yaml
+    targets = ("ablate.callbacks.debug.OverfitCheck",)
+    mode: str = field(check=choice("min", "max", words="min (the metric must fall) or max (must rise)"))
+    min_change: float = field(check=number(at_least=0, why=" (a fraction of the metric's start)"))
+
+
+@dataclass
+class RewardModel(Schema):
+    node = "RewardModel"  # wherever it is: data.reward_funcs.NAME (the config names the key there)
+    targets = ("ablate.rewards.RewardModel", "ablate.rewards.reward_model.RewardModel")
+    batch_size: int = field(check=integer(1))
+    dtype: str = field(check=choice("float32", "bfloat16", "float16"))
+
+
+@dataclass
 class DPOLoss(Schema):
     node = "method.dpo_loss"
     # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
     label_smoothing: float = field(check=fraction(high=0.5, closed=False))
     cpo_alpha: float = field(check=number(at_least=0, why=" (the NLL term's weight; 0 = off)"))  # cpo, simpo
     gamma: float = field(check=number(at_least=0, why=" (SimPO's target margin)"))  # simpo
-
-
-@dataclass
-class Speed(Schema):
-    node = "speed"
-    targets = ("ablate.speed.plan.Perf",)
-    dpo_pair_rows: bool = field(check=BOOL)
-    grpo_group_rows: bool = field(check=BOOL)
-    padding_free: bool = field(check=BOOL)
-    completion_only_logits: bool = field(check=BOOL)
-    length_groups: bool = field(check=BOOL)
-    shared_prefill: bool = field(check=BOOL)
-    lean_layers: bool = field(check=BOOL)
-    liger: bool = field(check=BOOL)  # opt-in; whether this machine can run it: ablate.speed.plan.Perf
-    compile: bool = field(check=BOOL)  # opt-in
-    unverified_devices: bool = field(check=BOOL)
-    show: bool = field(check=BOOL)  # not a path: the plan's whole table at start (else one line)

@@ -188,7 +188,7 @@ def use_liger(model: nn.Module) -> int:
     """`speed.liger`: Liger Kernel's Triton RMSNorm and SwiGLU MLP forwards (Hsu et al. 2024) on every such
     module of this model instance, as make_lean patches its own (Liger's own `apply_liger_kernel_to_*`
     would also replace the classes module-wide, and RoPE for every model in the process). CUDA only;
-    ablate.speed.plan.Perf refuses it elsewhere. Returns how many modules changed."""
+    ablate.schema.speed.SpeedSwitches refuses it elsewhere. Returns how many modules changed."""
     from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module, _patch_swiglu_module
     from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
 

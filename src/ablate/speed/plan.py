@@ -2,7 +2,7 @@
 
 Every path in ablate.speed gives the plain path's numbers with less time or memory, but only for some
 models (the families whose forward it reproduces), attention kernels, wrappers and devices. A trainer
-calls `resolve` once, in its `__init__`, with the switches of `conf/speed/` (`Perf`: what is requested)
+calls `resolve` once, in its `__init__`, with the switches of `conf/speed/` (`SpeedSwitches`: what is requested)
 and what the run is (`Setting`: model, attention, device, precision, wrapper), then branches on the
 plan (`plan.on("padding_free")`), never on the model or the batch. When training starts the plan is
 one line (`PrintPlan`: how many paths run; a sweep's every job prints it), its table is written to the
@@ -36,7 +36,7 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers import __version__ as transformers_version
 
-from ablate.errors import ConfigError
+from ablate.schema.speed import SpeedSwitches
 from ablate.speed import measured as measured_lib
 from ablate.speed.lean import compile_layers, make_lean, use_liger
 from ablate.speed.packing import use_packed_attention
@@ -49,59 +49,8 @@ from ablate.speed.split import (
 )
 
 
-@dataclass(frozen=True)
-class Perf:
-    """The speed switches (`conf/speed/`, each field commented in on.yaml): True requests a path, the
-    plan decides whether it runs. `Perf.off()` is TRL's layout everywhere: the plain path."""
-
-    dpo_pair_rows: bool = True
-    grpo_group_rows: bool = True
-    padding_free: bool = True
-    completion_only_logits: bool = True
-    length_groups: bool = True
-    shared_prefill: bool = True
-    lean_layers: bool = True
-    liger: bool = False
-    compile: bool = False
-    unverified_devices: bool = False
-    show: bool = False  # not a path: print the plan's whole table when training starts (else one line)
-
-    def __post_init__(self) -> None:
-        if self.liger:  # checked once, here: before any model is built (ablate.config.code_checks builds this)
-            why = liger_unavailable()
-            if why:
-                raise ConfigError(f"speed.liger=true: {why}")
-
-    @classmethod
-    def off(cls) -> Perf:
-        return cls(**{f.name: False for f in dataclasses.fields(cls)})
-
-
-def liger_unavailable() -> str | None:
-    """Why Liger's kernels cannot run here (they are Triton kernels for CUDA GPUs), or None."""
-    import importlib.util
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return "Liger's kernels are Triton kernels for CUDA GPUs; there is none here (leave speed.liger=false)"
-    if importlib.util.find_spec("liger_kernel") is None:
-        return "the liger-kernel package is not installed (pip install 'ablate[gpu]')"
-    return None
-
-
 # every path: what it does (the table says this when it is on)
-PATHS: dict[str, str] = {
-    "dpo_pair_rows": "one row [prompt | chosen | rejected] per pair: each prompt computed once",
-    "grpo_group_rows": "one row [prompt | c_1 | ... | c_k] per prompt: each prompt computed once",
-    "padding_free": "only real tokens through the model (rows packed; attention per row)",
-    "completion_only_logits": "LM head only where a completion token is scored, in chunks",
-    "length_groups": "rows scored in groups of similar length, each cut to its longest",
-    "shared_prefill": "generation: one prefill per prompt; ended rows leave the batch",
-    "lean_layers": "RMSNorm and SiLU-MLP save less for backward",
-    "liger": "Liger Kernel's Triton RMSNorm and SwiGLU MLP (opt-in)",
-    "compile": "each decoder layer compiled by torch.compile (opt-in)",
-}
+PATHS: dict[str, str] = SpeedSwitches.paths()
 # paths that run only when asked for (off by default): the user's choice, not gated by a device's record
 OPT_IN = frozenset({"liger", "compile"})
 # a path -> the path that replaces it when that one is on
@@ -308,7 +257,7 @@ class SpeedPlan:
         return "\n".join(lines)
 
 
-def resolve(title: str, setting: Setting, perf: Perf, paths: Mapping[str, str | None],
+def resolve(title: str, setting: Setting, perf: SpeedSwitches, paths: Mapping[str, str | None],
             blocked: Mapping[str, str] | None = None) -> SpeedPlan:
     """Decide each of `paths` (name -> the path it works inside, or None) for `setting`: on, or off with
     the first reason `_why_off` finds (an opt-in path only when asked for). `blocked`: name -> why,
@@ -327,7 +276,7 @@ def resolve(title: str, setting: Setting, perf: Perf, paths: Mapping[str, str | 
     return SpeedPlan(title, setting, tuple(decisions))
 
 
-def _why_off(name: str, s: Setting, perf: Perf, blocked: str | None, inside_off: str | None,
+def _why_off(name: str, s: Setting, perf: SpeedSwitches, blocked: str | None, inside_off: str | None,
              records: Mapping[str, measured_lib.Measured]) -> str | None:
     """In order: not requested, blocked by the trainer, its enclosing path off, the model (CHECKS), the
     wrapper (THROUGH), the device's record (`records`: ablate.speed.measured; opt-in paths are not

@@ -294,7 +294,7 @@ def run_dtype(args: TrainingArguments) -> Any:
 # ---- the callback ----
 
 
-class Speed(TrainerCallback):
+class ThroughputCallback(TrainerCallback):
     """Adds `tokens_per_second` and `mfu` to every training log event (and, for GRPO, `time/generation`,
     `time/scoring` and `time/training`: seconds per optimizer step, averaged over the log window), and
     shows them on the progress bar. Always installed by `ablate.train`, first among the callbacks, so

@@ -1,0 +1,43 @@
+"""The speed switches are declared once, in `ablate.schema.speed.SpeedSwitches`; conf/speed/on.yaml lists
+them for the user (each with its comment, so that `speed.X=false` is an override of a key it holds) and
+must agree with the dataclass: the same keys, the same defaults; off.yaml switches every path off."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from ablate.errors import ConfigError
+from ablate.paths import conf_dir
+from ablate.schema.speed import SpeedSwitches
+
+SPEED = Path(conf_dir()) / "speed"
+
+
+def test_on_yaml_lists_the_dataclass_fields_with_their_defaults():
+    on = OmegaConf.to_container(OmegaConf.load(SPEED / "on.yaml"))
+    assert on.pop("_target_") == "ablate.speed.plan.SpeedSwitches"
+    assert on == {f.name: f.default for f in dataclasses.fields(SpeedSwitches)}
+
+
+def test_off_yaml_switches_every_field_off():
+    off = OmegaConf.to_container(OmegaConf.load(SPEED / "off.yaml"))
+    off.pop("defaults")
+    assert off == {f.name: False for f in dataclasses.fields(SpeedSwitches) if f.name != "show"}  # not a switch
+    assert SpeedSwitches.off() == SpeedSwitches(**off)
+
+
+def test_the_plans_paths_are_the_dataclass_switches():
+    from ablate.speed import plan
+
+    assert plan.SpeedSwitches is SpeedSwitches
+    assert list(plan.PATHS) == [f.name for f in dataclasses.fields(SpeedSwitches)][:len(plan.PATHS)]
+    assert set(plan.PATHS) == {f.name for f in dataclasses.fields(SpeedSwitches)} - {"unverified_devices", "show"}
+
+
+def test_a_switch_is_checked_where_it_is_made():
+    with pytest.raises(ConfigError, match=r"^speed.padding_free=yes: must be true or false$"):
+        SpeedSwitches(padding_free="yes")
