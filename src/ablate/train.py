@@ -1,4 +1,4 @@
-"""One run: compose -> build -> train -> save; wiring only (torch imported in `run`: `--cfg job` stays fast)."""
+"""One run: compose -> build -> train -> save; wiring only (torch imported in `run`: `--cfg job` is fast)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     except (KeyboardInterrupt, interrupts.Interrupted) as e:  # recorded as `interrupted` by the lifecycle
         if interrupts.in_sweep_worker():  # the sweep's parent says it, once for the sweep
             interrupts.leave_worker(interrupts.exit_code(e))
-        say(checkpoints.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar (say closes it)
+        say(checkpoints.interrupted_line(HydraConfig.get(), interrupts.describe(e)))  # below the bar
         sys.exit(interrupts.exit_code(e))
     except Exception as e:
         if user_error(e) is not None and HydraConfig.get().mode == RunMode.RUN:
-            say(f"ablate: error: {secrets.mask_text(str(user_error(e)))}")  # below the progress bar, not glued to it
+            say(f"ablate: error: {secrets.mask_text(str(user_error(e)))}")  # below the progress bar
             sys.exit(2)
         raise
 
@@ -41,16 +41,17 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
     setup.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
-    with setup.process_group_left(), lifecycle.record(cfg) as record:  # the group outlives the record's writes
+    with setup.process_group_left(), lifecycle.record(cfg) as record:  # the group outlives the record
         if record.done:
             return record.summary
-        checks.check(cfg)  # a single run was checked before its dir existed (config.validate); a sweep job here
+        checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
         code_checks.check_code(cfg, processes=code_checks.job_processes())
         record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
         save(trainer, record.dir, cfg)
-        record.complete(trainer, getattr(trainer, "summary_fields", dict)(), speed.summary_fields())  # + GRPO's rounds
+        extra = getattr(trainer, "summary_fields", dict)()  # GRPO's rounds
+        record.complete(trainer, extra, speed.summary_fields())
     if rundir.is_main_process():
         lifecycle.print_result(record)
     return record.summary
@@ -63,29 +64,37 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     from ablate.data.formats import check_shape
     from ablate.models.adapters import with_adapters, with_head  # with_head: ablate.models.heads'
     from ablate.process import progress
+    from ablate.record.callbacks import run_callbacks
     from ablate.speed.throughput import ThroughputCallback
 
     set_seed(cfg.seed)
     args = training_args(cfg, record.dir)
-    make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model is built
+    make_trainer = instantiate(cfg.method.trainer)  # a partial: a bad loss `_target_` fails before the model
     code_checks.check_trainer_class(getattr(make_trainer, "func", make_trainer))
-    data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows' format) costs no model load
+    data = instantiate(cfg.data)  # before the model: a data mistake (a file, its rows) costs no model load
     record.check_data(data)  # a resume on data edited since the run started is refused
-    record.note(**({"data_mix": data.mix} if getattr(data, "mix", None) else {}))  # data=mix: sources, weights, rows
-    eval_data = data.eval if args.eval_strategy != "no" else None  # data_format: how `ablate generate` formats prompts
-    record.note(data_format=check_shape(cfg.method.get("data_kind"), data.train, eval_data, method=cfg.method.name))
+    record.note(**({"data_mix": data.mix} if getattr(data, "mix", None) else {}))  # data=mix: its sources
+    eval_data = data.eval if args.eval_strategy != "no" else None
+    kind = cfg.method.get("data_kind")  # data_format: how `ablate generate` formats prompts
+    record.note(data_format=check_shape(kind, data.train, eval_data, method=cfg.method.name))
     tokenizer, model = instantiate(cfg.model)
-    model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora|qlora
+    model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora
     code_checks.check_trainable(model)
     record.start_tracker(cfg)
+    # partials the trainer calls (AblateTrainer.create_optimizer / create_scheduler)
+    optimizer = {f"{k}_factory": instantiate(cfg.optimizer[k]) for k in ("optimizer", "scheduler")}
     trainer = make_trainer(
-        model=model, args=args, train_dataset=data.train, processing_class=tokenizer, eval_dataset=eval_data,
-        callbacks=callbacks(cfg, record),
-        optimizer_factory=instantiate(cfg.optimizer.optimizer),  # partials Trainer calls (AblateTrainer)
-        scheduler_factory=instantiate(cfg.optimizer.scheduler),
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        processing_class=tokenizer,
+        eval_dataset=eval_data,
+        callbacks=run_callbacks(cfg, record),
+        **optimizer,
     )
-    record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B) and cache hits: run.json
-    trainer.callback_handler.callbacks.insert(0, speed := ThroughputCallback(trainer, peak_tflops=cfg.get("peak_tflops")))
+    record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B), cache hits: run.json
+    speed = ThroughputCallback(trainer, peak_tflops=cfg.get("peak_tflops"))
+    trainer.callback_handler.callbacks.insert(0, speed)
     progress.install(trainer, list(cfg.method.get("compare_metrics") or []))  # one bar with the key metrics
     return trainer, speed
 
@@ -94,34 +103,24 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
     """TrainingArguments from method.args, with the precision and distributed groups' values as
     explicit kwargs (checked first: TrainingArguments raises a page on, e.g., tf32 without a GPU);
     its own refusals (ValueError in __post_init__) are one line."""
-    device_args = {**code_checks.check_precision(cfg.precision), **OmegaConf.to_container(cfg.distributed),
-                   **code_checks.check_distributed(cfg.distributed, code_checks.job_processes())}
+    device_args = {
+        **code_checks.check_precision(cfg.precision),
+        **OmegaConf.to_container(cfg.distributed),
+        **code_checks.check_distributed(cfg.distributed, code_checks.job_processes()),
+    }
+    out = str(run_dir / rundir.CHECKPOINTS)
     try:
-        return instantiate(cfg.method.args, output_dir=str(run_dir / rundir.CHECKPOINTS),
-                           **OmegaConf.to_container(cfg.precision), **device_args)
-    except Exception as e:  # noqa: BLE001 - Hydra wraps the dataclass's ValueError/TypeError
+        return instantiate(
+            cfg.method.args, output_dir=out, **OmegaConf.to_container(cfg.precision), **device_args
+        )
+    except Exception as e:  # Hydra wraps the dataclass's ValueError/TypeError
         cause = e.__cause__ or e
-        if isinstance(cause, ConfigError):  # the method's config already said what to fix (a new error: `cause from e`
-            raise ConfigError(str(cause)) from e  # would make e's cause chain a loop, e.__cause__ being cause)
+        # the method's config said what to fix (a new error: `raise cause from e` would loop e's cause chain)
+        if isinstance(cause, ConfigError):
+            raise ConfigError(str(cause)) from e
         if isinstance(cause, (ValueError, TypeError)):
             raise ConfigError(f"method.args: {str(cause).strip().splitlines()[0]}") from e
         raise
-
-
-def callbacks(cfg: DictConfig, record: lifecycle.Run) -> list[Any]:
-    """ablate's own callbacks (the run dir contract, SLURM preemption), the config's, a study trial's, the tracker's."""
-    from ablate.process.preemption import SaveOnPreemption
-    from ablate.record.callbacks import LogAtSaveAndEnd, MetricsJSONL, SealCheckpoint
-
-    events = rundir.read_metrics(record.dir)  # already truncated to the resume point
-    out = [SealCheckpoint(),  # first at on_save (SaveOnPreemption may raise there): secrets masked, manifest last
-           MetricsJSONL(record.dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
-           SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
-           LogAtSaveAndEnd()]  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
-    out += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None] + record.study_callbacks()
-    if record.tracker is not None and record.tracker.callback() is not None:
-        out.append(record.tracker.callback())
-    return out
 
 
 def fit(trainer: Any, ckpt: Path | None) -> None:
@@ -145,6 +144,7 @@ def save(trainer: Any, run_dir: Path, cfg: DictConfig) -> None:
         return
     from ablate.models.adapters import save_merged
     from ablate.record.callbacks import mask_saved_args
+
     mask_saved_args(run_dir / rundir.MODEL, trainer.args)  # as SealCheckpoint does for checkpoints
     save_merged(trainer, run_dir / rundir.MODEL, cfg)  # with peft.save_merged=true
     rundir.fix_permissions(run_dir / rundir.MODEL)

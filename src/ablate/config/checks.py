@@ -27,11 +27,11 @@ EXTRAS: dict[str, tuple[str, str]] = {
 }
 # hydra.launcher._target_ prefix -> (import name, extra, the override that chose it)
 LAUNCHER_EXTRAS: dict[str, tuple[str, str, str]] = {
-    "hydra_plugins.ablate_launchers.ray_launcher.": ("ray", "ray", "hydra/launcher=ray"),
+    "hydra_plugins.ablate_launchers.ray_launcher.": ("ray", "ray", "hydra/launcher=ray")
 }
 # the same for the multirun's sweeper (the study's sweeper imports optuna only when it starts)
 SWEEPER_EXTRAS: dict[str, tuple[str, str, str]] = {
-    "hydra_plugins.ablate_sweepers.optuna_sweeper.": ("optuna", "optuna", "hydra/sweeper=optuna (a study)"),
+    "hydra_plugins.ablate_sweepers.optuna_sweeper.": ("optuna", "optuna", "hydra/sweeper=optuna (a study)")
 }
 
 
@@ -96,14 +96,19 @@ def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
             out += _nodes(child, at)
         elif isinstance(child, ListConfig):
             items = [(f"{at}[{i}]", child._get_node(i)) for i in range(len(child))]
-            out += [n for a, item in items if isinstance(item, DictConfig) and not item._is_missing()
-                    and not item._is_none() for n in _nodes(item, a)]
+            out += [
+                n
+                for a, item in items
+                if isinstance(item, DictConfig) and not item._is_missing() and not item._is_none()
+                for n in _nodes(item, a)
+            ]
     return out
 
 
 def _check_targets(cfg: DictConfig) -> None:
-    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets; so can
-    every function named by its dotted path alone (the short form: data.reward_funcs=[myrew.short], tools)."""
+    """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets; so
+    can every function named by its dotted path alone (the short form: data.reward_funcs=[myrew.short],
+    tools)."""
     for key, target in _targets(cfg) + _dotted_paths(cfg):
         check_target(key, target)
 
@@ -114,9 +119,18 @@ def _dotted_paths(cfg: DictConfig) -> list[tuple[str, str]]:
     out = []
     for key in ("data.reward_funcs", "method.args.tools"):
         node = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
-        items = node.items() if isinstance(node, DictConfig) else enumerate(node) if isinstance(node, ListConfig) else ()
-        out += [(f"{key}.{name}" if isinstance(node, DictConfig) else f"{key}[{name}]", v)
-                for name, v in items if isinstance(v, str)]
+        items = (
+            node.items()
+            if isinstance(node, DictConfig)
+            else enumerate(node)
+            if isinstance(node, ListConfig)
+            else ()
+        )
+        out += [
+            (f"{key}.{name}" if isinstance(node, DictConfig) else f"{key}[{name}]", v)
+            for name, v in items
+            if isinstance(v, str)
+        ]
     return out
 
 
@@ -164,14 +178,24 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
     overrides = task_overrides(hc)
     if overrides is None:
         return
-    added = {str(o).lstrip("+").split("=")[0].split(".")[0]: str(o) for o in overrides if str(o).startswith("+")}
+    added = {
+        str(o).lstrip("+").split("=")[0].split(".")[0]: str(o) for o in overrides if str(o).startswith("+")
+    }
     known = _known_roots(hc)
     for root in sorted(set(added) - known):
         if root in cfg:
             hint = difflib.get_close_matches(root, sorted(known - {"hydra"}), n=1)
             given = added[root].lstrip("+")
-            there = elsewhere(cfg, given.split("=")[0], given.partition("=")[2]) if "." not in given.split("=")[0] else None
-            meant = there or (f"did you mean '{hint[0]}'?" if hint else f"known keys: {', '.join(sorted(known - {'hydra'}))}")
+            there = (
+                elsewhere(cfg, given.split("=")[0], given.partition("=")[2])
+                if "." not in given.split("=")[0]
+                else None
+            )
+            meant = there or (
+                f"did you mean '{hint[0]}'?"
+                if hint
+                else f"known keys: {', '.join(sorted(known - {'hydra'}))}"
+            )
             raise ConfigError(f"unknown root key '{root}' (nothing reads it; {meant})")
 
 
@@ -197,7 +221,8 @@ def _check_extras(cfg: DictConfig) -> None:
 
 
 def check_launcher(hc: Any) -> None:
-    """The multirun's launcher (or sweeper) needs an optional package that is missing: one line naming the extra."""
+    """The multirun's launcher (or sweeper) needs an optional package that is missing: one line naming the
+    extra."""
     for key, extras in (("launcher._target_", LAUNCHER_EXTRAS), ("sweeper._target_", SWEEPER_EXTRAS)):
         target = str(OmegaConf.select(hc, key, default="") or "")
         for prefix, (module, extra, what) in extras.items():
@@ -226,7 +251,7 @@ OPTIMIZER_FIELDS = {
     "lr_scheduler_kwargs": "optimizer.scheduler.<field>=... (the schedule's own arguments)",
     "warmup_ratio": "optimizer.scheduler.warmup_ratio={v} (the cosine schedule)",
     "warmup_steps": "optimizer/scheduler=constant optimizer.scheduler.warmup_steps={v}, or "
-                    "optimizer.scheduler.warmup_ratio=... (cosine)",
+    "optimizer.scheduler.warmup_ratio=... (cosine)",
 }
 
 
@@ -235,8 +260,10 @@ def optimizer_field_hint(key: str, value: Any = "...") -> str | None:
     field_ = key.rsplit(".", 1)[-1]
     if not key.startswith("method.args.") or field_ not in OPTIMIZER_FIELDS:
         return None
-    return (f"{key} is not used: the optimizer group builds the optimizer and its schedule "
-            f"(Trainer's own {field_} is ignored); use {OPTIMIZER_FIELDS[field_].format(v=show(value))}")
+    return (
+        f"{key} is not used: the optimizer group builds the optimizer and its schedule "
+        f"(Trainer's own {field_} is ignored); use {OPTIMIZER_FIELDS[field_].format(v=show(value))}"
+    )
 
 
 def hydra_node() -> Any:
@@ -260,9 +287,12 @@ def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
     group = _group_behind(cfg, found[0])
     if group is not None:  # method.trainer.scale_rewards: ${..grpo_scale_rewards}, a group's node
         name = value if str(value).isidentifier() else "NAME"
-        return f"'{leaf}' is picked by the config group {group}: write {group}={name} " \
-               f"(options: conf/{group}/)"
-    return f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
+        return (
+            f"'{leaf}' is picked by the config group {group}: write {group}={name} (options: conf/{group}/)"
+        )
+    return (
+        f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
+    )
 
 
 def _group_behind(cfg: DictConfig, path: str) -> str | None:

@@ -18,7 +18,9 @@ from ablate.rewards import calls
 from ablate.schema import BOOL, Schema, call_mismatch, is_int, is_num, refusal
 
 
-def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None) -> None:
+def check_code(
+    cfg: DictConfig, swept: frozenset[str] | None = frozenset(), processes: int | None = None
+) -> None:
     """The checks that need the method's code (its arguments class and trainer: transformers, torch),
     run after every cheap one: `method.args` fields and their types, each function handed to the
     trainer (the loss, ...) against the call the trainer makes, the trainer class, and whether this
@@ -30,7 +32,8 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
         check_trainer_functions(cfg)
         check_reward_functions(cfg)
         environment = OmegaConf.select(cfg, "method.args.environment", default=None)
-        if environment is not None and "method.args.environment" not in swept:  # made with no arguments (TRL's)
+        # made with no arguments (TRL's)
+        if environment is not None and "method.args.environment" not in swept:
             from ablate.rewards import resolve
 
             resolve.environment(environment, "method.args.environment")
@@ -42,9 +45,11 @@ def check_code(cfg: DictConfig, swept: frozenset[str] | None = frozenset(), proc
     if isinstance(cfg.get("speed"), DictConfig) and "_target_" in cfg.speed:
         from hydra.utils import get_class
 
-        # whether this machine can run the opt-in switches (ablate.schema.speed.SpeedSwitches: speed.liger needs CUDA);
-        # built directly, so its ConfigError is the one line (Hydra's instantiate would wrap it)
-        switches = {k: v for k, v in OmegaConf.to_container(cfg.speed, resolve=True).items() if k != "_target_"}
+        # whether this machine can run the opt-in switches (ablate.schema.speed.SpeedSwitches: speed.liger
+        # needs CUDA); built directly, so its ConfigError is the one line (Hydra's instantiate would wrap it)
+        switches = {
+            k: v for k, v in OmegaConf.to_container(cfg.speed, resolve=True).items() if k != "_target_"
+        }
         get_class(cfg.speed._target_)(**switches)
     if isinstance(cfg.get("distributed"), DictConfig):
         check_distributed(cfg.distributed, processes)
@@ -82,11 +87,18 @@ def _type_problem(v: Any, annotation: Any) -> str | None:
     """What `v` must be for a dataclass field annotated `annotation` (bool, int, float, their unions
     with None or str), or None when it fits or the annotation is anything else (not checked)."""
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation).strip("'\"")
-    kinds = {t.strip().replace("NoneType", "None") for t in text.replace("Optional[", "").rstrip("]").split("|")}
+    kinds = {
+        t.strip().replace("NoneType", "None") for t in text.replace("Optional[", "").rstrip("]").split("|")
+    }
     if not kinds <= {"bool", "int", "float", "str", "None"} or not kinds & {"bool", "int", "float"}:
         return None
-    fits = (v is None and "None" in kinds) or (isinstance(v, bool) and "bool" in kinds) \
-        or (is_int(v) and kinds & {"int", "float"}) or (is_num(v) and "float" in kinds) or (isinstance(v, str) and "str" in kinds)
+    fits = (
+        (v is None and "None" in kinds)
+        or (isinstance(v, bool) and "bool" in kinds)
+        or (is_int(v) and kinds & {"int", "float"})
+        or (is_num(v) and "float" in kinds)
+        or (isinstance(v, str) and "str" in kinds)
+    )
     if fits:
         return None
     what = {"bool": BOOL.words(None, ""), "int": "an integer", "float": "a number"}
@@ -107,7 +119,11 @@ def check_trainer_functions(cfg: DictConfig) -> None:
     params = inspect.signature(get_class(node._target_).__init__).parameters
     for name, param in params.items():
         value = node.get(name) if name in node else None
-        if not inspect.isfunction(param.default) or not isinstance(value, DictConfig) or "_target_" not in value:
+        if (
+            not inspect.isfunction(param.default)
+            or not isinstance(value, DictConfig)
+            or "_target_" not in value
+        ):
             continue
         problem = call_mismatch(instantiate(value), param.default)
         if problem is not None:
@@ -118,7 +134,8 @@ def check_reward_functions(cfg: DictConfig) -> None:
     """The data's reward functions, when the trainer takes them (GRPO), each against the call GRPO makes
     (ablate.rewards.calls): a dotted path (the short form, `data.reward_funcs=[myrew.short]`) or a function
     node handed over as it is (`_partial_: true`: else Hydra would call it now, with no arguments), or a class
-    (a reward model: `{_target_: ablate.rewards.RewardModel, path: DIR}`, built once) whose instances take it."""
+    (a reward model: `{_target_: ablate.rewards.RewardModel, path: DIR}`, built once) whose instances take
+    it."""
     import inspect
 
     from hydra.utils import get_class
@@ -127,7 +144,10 @@ def check_reward_functions(cfg: DictConfig) -> None:
 
     funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
     trainer = get_class(cfg.method.trainer._target_)
-    if not isinstance(funcs, (DictConfig, ListConfig)) or "reward_funcs" not in inspect.signature(trainer.__init__).parameters:
+    if (
+        not isinstance(funcs, (DictConfig, ListConfig))
+        or "reward_funcs" not in inspect.signature(trainer.__init__).parameters
+    ):
         return
     items = funcs.items() if isinstance(funcs, DictConfig) else ((f"[{i}]", v) for i, v in enumerate(funcs))
     for name, node in items:
@@ -145,16 +165,25 @@ def check_reward_functions(cfg: DictConfig) -> None:
             if problem is not None:
                 raise ConfigError(problem)
             if issubclass(fn, RewardModel) and node_given and node.get("path") is not None:
-                checked_dir(str(node.path))  # its dir and config.json now, before the run dir (the weights: in the run)
+                # its dir and config.json now, before the run dir (the weights: in the run)
+                checked_dir(str(node.path))
             fn = next(k.__dict__["__call__"] for k in fn.__mro__ if "__call__" in k.__dict__)
         elif not partial:
-            raise ConfigError(f"{key}: add _partial_: true ({key}._partial_=true): {target} is a reward function "
-                              "the trainer calls each round; without it Hydra would call it now, with no arguments")
+            raise ConfigError(
+                f"{key}: add _partial_: true ({key}._partial_=true): {target} is a reward function "
+                "the trainer calls each round; without it Hydra would call it now, with no arguments"
+            )
         problem = calls.call_problem(fn)
         if problem is not None:
-            params = str(inspect.signature(fn)).replace("(self, ", "(") if calls._parameters(fn) is not None else "(...)"
-            raise ConfigError(f"{key}: {target}{params} cannot be called as GRPO calls a reward function, "
-                              f"{calls.CALL} ({problem}); add those arguments, or **kwargs")
+            params = (
+                str(inspect.signature(fn)).replace("(self, ", "(")
+                if calls._parameters(fn) is not None
+                else "(...)"
+            )
+            raise ConfigError(
+                f"{key}: {target}{params} cannot be called as GRPO calls a reward function, "
+                f"{calls.CALL} ({problem}); add those arguments, or **kwargs"
+            )
 
 
 def _located(target: str, key: str) -> Any:
@@ -164,7 +193,7 @@ def _located(target: str, key: str) -> Any:
 
     try:
         return resolve.locate(target, key)
-    except Exception:  # noqa: BLE001 - not found, or its module failed to import: said by the target checks
+    except Exception:  # not found, or its module failed to import: said by the target checks
         return None
 
 
@@ -172,15 +201,22 @@ def _class_problem(cls: type, key: str, target: str, partial: bool) -> str | Non
     """Why a class listed as a reward cannot be one: its instance is the reward (built once, then called each
     round), so it needs a `__call__` and no `_partial_`."""
     if partial:
-        return (f"{key}: {target} is a class: drop _partial_ ({key}._partial_=false): the run builds one "
-                "instance (a reward model), which it calls each round")
+        return (
+            f"{key}: {target} is a class: drop _partial_ ({key}._partial_=false): the run builds one "
+            "instance (a reward model), which it calls each round"
+        )
     if not any("__call__" in k.__dict__ for k in cls.__mro__[:-1]):
-        return (f"{key}: {target} is a class whose instances cannot be called: a reward is a function, or a class "
-                f"with __call__{calls.CALL[1:]} (as ablate.rewards.RewardModel)")
+        return (
+            f"{key}: {target} is a class whose instances cannot be called: a reward is a function, or a "
+            "class "
+            f"with __call__{calls.CALL[1:]} (as ablate.rewards.RewardModel)"
+        )
     return None
 
 
-def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, default: Any, problem: str) -> str:
+def _misfit(
+    cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, default: Any, problem: str
+) -> str:
     """The line for a function that does not fit its trainer argument: the key and group option it
     came from, the call the trainer makes, and the options of that group that fit."""
     import inspect
@@ -190,23 +226,31 @@ def _misfit(cfg: DictConfig, node: DictConfig, name: str, value: DictConfig, def
     hc = hydra_node() if "hydra" not in cfg else cfg.hydra
     choice = OmegaConf.select(hc, f"runtime.choices.{group}", default=None) if hc is not None else None
     task = list(OmegaConf.select(hc, "overrides.task", default=None) or []) if hc is not None else []
-    retargeted = any(str(o).lstrip("+~").startswith(f"{key}._target_=") for o in task)  # the option is not what runs
-    picked = f"{group}={choice} ({value._target_})" if choice and not retargeted else f"{key}._target_={value._target_}"
+    # the option is not what runs
+    retargeted = any(str(o).lstrip("+~").startswith(f"{key}._target_=") for o in task)
+    picked = (
+        f"{group}={choice} ({value._target_})"
+        if choice and not retargeted
+        else f"{key}._target_={value._target_}"
+    )
     method = OmegaConf.select(cfg, "method.name", default="this method")
     trainer = str(node._target_).rsplit(".", 1)[-1]
     call = f"{default.__module__}.{default.__name__}{inspect.signature(default, follow_wrapped=False)}"
     call = call.split(" ->")[0]
     fitting = _fitting_options(group, default)
     options = f"; options that fit: {group}={'|'.join(fitting)}" if fitting else ""
-    return f"{picked} does not fit method={method}: {trainer} calls its {name} like {call} ({problem}){options}"
+    return (
+        f"{picked} does not fit method={method}: {trainer} calls its {name} like {call} ({problem}){options}"
+    )
 
 
 def _source_key(node: DictConfig, name: str) -> str:
-    """The config key a trainer argument comes from (`method.trainer.loss: ${..dpo_loss}` -> method.dpo_loss)."""
+    """The config key a trainer argument comes from (`method.trainer.loss: ${..dpo_loss}` ->
+    method.dpo_loss)."""
     try:
         target = node._get_node(name)._dereference_node()
         return str(target._get_full_key(None)) or f"method.trainer.{name}"
-    except Exception:  # noqa: BLE001 - not an interpolation, or one OmegaConf cannot follow
+    except Exception:  # not an interpolation, or one OmegaConf cannot follow
         return f"method.trainer.{name}"
 
 
@@ -220,10 +264,13 @@ def _fitting_options(group: str, default: Any) -> list[str]:
     for path in sorted((Path(conf_dir()) / group).glob("*.yaml")):
         try:
             option = OmegaConf.load(path)
-            if isinstance(option, DictConfig) and "_target_" in option and \
-                    call_mismatch(instantiate(option), default) is None:
+            if (
+                isinstance(option, DictConfig)
+                and "_target_" in option
+                and call_mismatch(instantiate(option), default) is None
+            ):
                 out.append(path.stem)
-        except Exception:  # noqa: BLE001 - an option that does not build is not one to suggest
+        except Exception:  # an option that does not build is not one to suggest
             continue
     return out
 
@@ -237,13 +284,18 @@ def check_precision(args: Any) -> dict[str, Any]:
 
     if getattr(args, "fp16", False) and not torch.cuda.is_available():
         # accelerate silently ignores fp16 on CPU (no autocast, no scaler): refuse rather than pretend
-        raise ConfigError("precision=fp16 needs a CUDA GPU (on CPU it would silently train in fp32); use precision=bf16 or fp32")
+        raise ConfigError(
+            "precision=fp16 needs a CUDA GPU (on CPU it would "
+            "silently train in fp32); use precision=bf16 or fp32"
+        )
     if getattr(args, "tf32", None) and not torch.cuda.is_available():
         raise ConfigError("precision.tf32=true needs an Ampere or newer CUDA GPU; leave it null on CPU")
     if getattr(args, "bf16", False) and not is_torch_bf16_gpu_available():
         if has_accelerator():  # never move a GPU run to the CPU behind the user's back
-            raise ConfigError("precision=bf16 needs a GPU with bfloat16 support (CUDA: Ampere or newer); "
-                              "use precision=fp32 (or fp16 on CUDA)")
+            raise ConfigError(
+                "precision=bf16 needs a GPU with bfloat16 support (CUDA: Ampere or newer); "
+                "use precision=fp32 (or fp16 on CUDA)"
+            )
         return {"use_cpu": True}
     return {}
 
@@ -269,15 +321,20 @@ def check_distributed(args: Any, processes: int | None = None) -> dict[str, Any]
 
     if not getattr(args, "fsdp", False):
         return {}
-    if processes is not None and processes < 2 and "LOCAL_RANK" not in os.environ:  # torchrun's one rank: meant
-        raise ConfigError("distributed=fsdp shards the model over several processes: start it with "
-                          "torchrun --nproc_per_node=2 (or hydra.launcher.tasks_per_node=2 under SLURM), "
-                          "or use distributed=ddp for one process")
+    # torchrun's one rank: meant
+    if processes is not None and processes < 2 and "LOCAL_RANK" not in os.environ:
+        raise ConfigError(
+            "distributed=fsdp shards the model over several processes: start it with "
+            "torchrun --nproc_per_node=2 (or hydra.launcher.tasks_per_node=2 under SLURM), "
+            "or use distributed=ddp for one process"
+        )
     if torch.cuda.is_available():
         return {}
     if has_accelerator():  # MPS, XPU, ...: accelerate has no FSDP there and ablate has not run one
-        raise ConfigError("distributed=fsdp runs on CUDA GPUs or on CPU ranks (gloo); this machine's accelerator "
-                          "is neither: use distributed=ddp")
+        raise ConfigError(
+            "distributed=fsdp runs on CUDA GPUs or on CPU ranks (gloo); this machine's accelerator "
+            "is neither: use distributed=ddp"
+        )
     return {"use_cpu": True}
 
 
@@ -291,9 +348,11 @@ def job_processes() -> int:
 def check_trainable(model: Any) -> None:
     """A quantized policy trains only through adapters (transformers refuses it deep in Trainer)."""
     if getattr(model, "is_quantized", False) and not hasattr(model, "peft_config"):
-        raise ConfigError("the policy model is quantized (quantization_config) and has no trainable adapters; "
-                          "add adapters (+peft=qlora), quantize only the reference (method.trainer.ref_model), "
-                          "or load the policy unquantized")
+        raise ConfigError(
+            "the policy model is quantized (quantization_config) and has no trainable adapters; "
+            "add adapters (+peft=qlora), quantize only the reference (method.trainer.ref_model), "
+            "or load the policy unquantized"
+        )
 
 
 def check_trainer_class(cls: Any) -> None:
@@ -303,6 +362,8 @@ def check_trainer_class(cls: Any) -> None:
 
     if not (isinstance(cls, type) and issubclass(cls, AblateTrainer)):
         name = getattr(cls, "__qualname__", repr(cls))
-        raise ConfigError(f"method.trainer._target_: {name} does not subclass ablate.methods.base.AblateTrainer, "
-                          "so the optimizer group cannot reach it; subclass one of ablate's trainers or "
-                          "AblateTrainer instead of transformers.Trainer")
+        raise ConfigError(
+            f"method.trainer._target_: {name} does not subclass ablate.methods.base.AblateTrainer, "
+            "so the optimizer group cannot reach it; subclass one of ablate's trainers or "
+            "AblateTrainer instead of transformers.Trainer"
+        )

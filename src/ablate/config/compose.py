@@ -12,7 +12,6 @@ import os
 import re
 from datetime import datetime
 
-
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")  # a run dir's name holds letters, digits and . _ - only: shell-safe
 SLUG_LIMIT = 60  # characters of overrides in a run dir's name (its hash suffix aside)
 
@@ -34,7 +33,8 @@ def dirname_suffix(overrides: str, limit: int = SLUG_LIMIT) -> str:
         key, sep, value = item.partition("=")
         short = re.split(r"[./]", key.lstrip("+~"))[-1]
         parts.append(("." in key, f"{short}-{value}" if sep else short))
-    joined = "_".join(p for _, p in sorted(parts, key=lambda p: p[0]))  # choices (seed=1, method/dpo_loss=ipo) first
+    # choices (seed=1, method/dpo_loss=ipo) first
+    joined = "_".join(p for _, p in sorted(parts, key=lambda p: p[0]))
     slug = UNSAFE.sub("_", re.sub(r"[][{}'\"]", "", joined))[:limit].strip("_.-")  # brackets, quotes dropped
     digest = hashlib.sha1(overrides.encode()).hexdigest()[:8]
     return f"_{slug}-{digest}" if slug else f"_{digest}"
@@ -70,7 +70,11 @@ def _launch_time() -> datetime:
     for all of them; several nodes' agents are not one process: the user exports the same value on each."""
     if os.environ.get(LAUNCH_TIME_ENV):  # ISO (what publish_launch_time writes) or Unix seconds (`date +%s`)
         value = os.environ[LAUNCH_TIME_ENV].strip()
-        return datetime.fromtimestamp(float(value)) if value.replace(".", "", 1).isdigit() else datetime.fromisoformat(value)
+        return (
+            datetime.fromtimestamp(float(value))
+            if value.replace(".", "", 1).isdigit()
+            else datetime.fromisoformat(value)
+        )
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import psutil
 

@@ -25,18 +25,22 @@ MIX = "ablate.data.mixture.mix"  # data=mix: its sources are the data configs th
 
 
 def data_nodes(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
-    """The data configs a run loads, each with its key: `data`, or each source of a mix (`data.sources.NAME`)."""
+    """The data configs a run loads, each with its key: `data`, or each source of a mix
+    (`data.sources.NAME`)."""
     data = at(cfg, "data")
     if not isinstance(data, DictConfig):
         return []
     sources = data.get("sources") if str(data.get("_target_", "")) == MIX else None
     if isinstance(sources, DictConfig):
-        return [(f"data.sources.{name}", node) for name, node in sources.items() if isinstance(node, DictConfig)]
+        return [
+            (f"data.sources.{name}", node) for name, node in sources.items() if isinstance(node, DictConfig)
+        ]
     return [("data", data)]
 
 
 def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """Evaluation asked for, with data whose loader (a known one) has no eval split (a mix: no source has one)."""
+    """Evaluation asked for, with data whose loader (a known one) has no eval split (a mix: no source has
+    one)."""
     strategy = at(cfg, "method.args.eval_strategy")
     if strategy in (None, "no") or "method.args.eval_strategy" in swept:
         return
@@ -45,18 +49,29 @@ def check_eval_data(cfg: DictConfig, swept: frozenset[str]) -> None:
         key, field_ = lacking[0]
         fix = f"{key}.with_eval=true" if field_ == "with_eval" else f"{key}.{field_}=..."
         whose = "the data has no eval split" if key == "data" else "no source of the mix has an eval split"
-        raise ConfigError(f"method.args.eval_strategy={strategy} but {whose}: add {fix}, "
-                          f"or leave evaluation off (method.args.eval_strategy=no)")
+        raise ConfigError(
+            f"method.args.eval_strategy={strategy} but {whose}: add {fix}, "
+            f"or leave evaluation off (method.args.eval_strategy=no)"
+        )
 
 
 def _no_eval(data: DictConfig) -> str | None:
     """The field that would give `data` an eval split when its loader (a known one) has none; else None."""
     target = str(data.get("_target_", ""))
     # data=local: a save_to_disk dir as train_path may bring its own eval split
-    local = ("eval_path", lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir())
-    missing = {"ablate.data.local": local, "ablate.data.jsonl": local,
-               "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
-               "ablate.data.packaged": ("with_eval", lambda: not data.get("with_eval", True) or not packaged_eval(data))}
+    local = (
+        "eval_path",
+        lambda: data.get("eval_path") is None and not Path(str(data.get("train_path"))).expanduser().is_dir(),
+    )
+    missing = {
+        "ablate.data.local": local,
+        "ablate.data.jsonl": local,
+        "ablate.data.hub": ("eval_split", lambda: data.get("eval_split") is None),
+        "ablate.data.packaged": (
+            "with_eval",
+            lambda: not data.get("with_eval", True) or not packaged_eval(data),
+        ),
+    }
     return missing[target][0] if target in missing and missing[target][1]() else None
 
 
@@ -76,28 +91,40 @@ def check_paths(cfg: DictConfig) -> None:
             path = data.get(key)
             local = Path(path).expanduser() if isinstance(path, str) else None
             if local is not None and not local.is_file() and not saved_dataset(local):
-                what = ("is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
-                        if local.is_dir() else "not found")
+                what = (
+                    "is a directory but no save_to_disk dataset (no dataset_dict.json or state.json)"
+                    if local.is_dir()
+                    else "not found"
+                )
                 raise ConfigError(f"{at_}.{key}={path}: {what}")
             if isinstance(path, str) and not os.access(Path(path).expanduser(), os.R_OK):
-                raise ConfigError(f"{at_}.{key}={path}: not readable (permission denied); check its permissions (ls -l)")
+                raise ConfigError(
+                    f"{at_}.{key}={path}: not readable (permission denied); check its permissions (ls -l)"
+                )
     for key in ("model", "teacher"):
         node = cfg.get(key) or {}
         path = node.get("path") if isinstance(node, DictConfig) else None
         # a teacher's path is a dir unless it reads as a hub id (org/name); a model's when it reads as a path
-        hub_id = key == "teacher" and isinstance(path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
-        local = path.startswith(("/", ".", "~")) or key == "teacher" and not hub_id if isinstance(path, str) else False
+        hub_id = (
+            key == "teacher" and isinstance(path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
+        )
+        local = (
+            path.startswith(("/", ".", "~")) or key == "teacher" and not hub_id
+            if isinstance(path, str)
+            else False
+        )
         if isinstance(path, str) and (local or Path(path).exists()):
             _check_model_dir(Path(path).expanduser(), f"{key}.path={path}", teacher=key == "teacher")
 
 
 def _check_model_dir(local: Path, given: str, teacher: bool) -> None:
-    """A local model dir (model.path, teacher.path) holds a save_pretrained model whose config.json can be read;
-    a teacher's is a causal LM (a reward model's sequence classifier has no next-token distribution)."""
+    """A local model dir (model.path, teacher.path) holds a save_pretrained model whose config.json can be
+    read; a teacher's is a causal LM (a reward model's sequence classifier has no next-token distribution)."""
     from ablate.rewards.reward_model import read_config
 
     config = local / "config.json"
-    if not config.is_file() and not (local / "adapter_config.json").is_file():  # a +peft run's model/ loads too
+    # a +peft run's model/ loads too
+    if not config.is_file() and not (local / "adapter_config.json").is_file():
         why = "not found" if not local.exists() else "no config.json there"
         raise ConfigError(f"{given} is not a save_pretrained directory ({why})")
     if not config.is_file():
@@ -108,15 +135,17 @@ def _check_model_dir(local: Path, given: str, teacher: bool) -> None:
         return  # unreadable: the loader says so
     classifier = next((str(a) for a in archs if str(a).endswith("ForSequenceClassification")), None)
     if teacher and classifier is not None:
-        raise ConfigError(f"{given} holds a {classifier} (a reward model), not a causal LM: distillation learns the "
-                          f"teacher's next-token distribution; give a causal LM's dir (e.g. a method=sft run's model/)")
+        raise ConfigError(
+            f"{given} holds a {classifier} (a reward model), not a causal LM: distillation learns the "
+            f"teacher's next-token distribution; give a causal LM's dir (e.g. a method=sft run's model/)"
+        )
 
 
 def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
     """A local or shipped file's columns (its header: ablate.data.peek) match a format of the method's kind
-    (`method.data_kind`, ablate.data.kinds), after `data.columns`: a file of the wrong columns is one line before
-    the run dir exists and before torch is imported, not a failed run 10 s later. The sources of a mix hold rows
-    of one kind, whatever the method."""
+    (`method.data_kind`, ablate.data.kinds), after `data.columns`: a file of the wrong columns is one line
+    before the run dir exists and before torch is imported, not a failed run 10 s later. The sources of a mix
+    hold rows of one kind, whatever the method."""
     from ablate.data import kinds, peek
     from ablate.data.formats import mapped_columns, mixed_kinds, row_kind
     from ablate.errors import DataError
@@ -124,7 +153,8 @@ def check_data_columns(cfg: DictConfig, swept: frozenset[str]) -> None:
     name = None if "method.data_kind" in swept else at(cfg, "method.data_kind")
     kinds.kind(name)  # a kind the registry has
     method = str(at(cfg, "method.name", ""))
-    # rows already tokenised: ablate's trainers tokenise their rows themselves; a user's may keep them as they are
+    # rows already tokenised: ablate's trainers tokenise their rows themselves; a user's may keep them as they
+    # are
     ids_ok = not str(at(cfg, "method.trainer._target_", "")).startswith("ablate.")
     splits = ("train", "eval") if at(cfg, "method.args.eval_strategy") not in (None, "no") else ("train",)
     found_kinds: list[tuple[str, str]] = []
@@ -183,25 +213,35 @@ def check_data_rows(cfg: DictConfig, swept: frozenset[str]) -> None:
             raise ConfigError(str(e)) from None
 
 
-SCRIPTED_TEACHER = "ablate.models.teachers.letter_teacher"  # knows data=tiny_repeat's task alone (its docstring)
+SCRIPTED_TEACHER = (
+    "ablate.models.teachers.letter_teacher"  # knows data=tiny_repeat's task alone (its docstring)
+)
 
 
 def check_teacher(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
-    """method=distill with no +teacher distils from the scripted teacher of the packaged letter task: on any other
-    data it would teach that task's letters, silently. Other data needs a real teacher."""
-    if str(at(cfg, "method.trainer.teacher._target_", "")) != SCRIPTED_TEACHER or any(k.startswith("data") for k in swept):
+    """method=distill with no +teacher distils from the scripted teacher of the packaged letter task: on any
+    other data it would teach that task's letters, silently. Other data needs a real teacher."""
+    if str(at(cfg, "method.trainer.teacher._target_", "")) != SCRIPTED_TEACHER or any(
+        k.startswith("data") for k in swept
+    ):
         return
-    if str(at(cfg, "data._target_", "")) == "ablate.data.packaged" and at(cfg, "data.name") == "repeat_letter":
+    if (
+        str(at(cfg, "data._target_", "")) == "ablate.data.packaged"
+        and at(cfg, "data.name") == "repeat_letter"
+    ):
         return
     data = OmegaConf.select(hc, "runtime.choices.data", default="") if hc is not None else ""
-    raise ConfigError(f"method=distill with data={data or '...'} needs a teacher: without +teacher the teacher is the "
-                      "scripted one of data=tiny_repeat's letter task, which knows nothing of other prompts; give "
-                      "yours: +teacher=local teacher.path=DIR (a causal LM's save_pretrained dir, e.g. a finished "
-                      "run's model/), +teacher=smollm2_135m or +teacher=tiny (conf/teacher/)")
+    raise ConfigError(
+        f"method=distill with data={data or '...'} needs a teacher: without +teacher the teacher is the "
+        "scripted one of data=tiny_repeat's letter task, which knows nothing of other prompts; give "
+        "yours: +teacher=local teacher.path=DIR (a causal LM's save_pretrained dir, e.g. a finished "
+        "run's model/), +teacher=smollm2_135m or +teacher=tiny (conf/teacher/)"
+    )
 
 
 LOCAL_LOADERS = ("ablate.data.local", "ablate.data.jsonl")
-DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub", MIX)  # through datasets' cache
+# through datasets' cache
+DATA_LOADERS = ("ablate.data.local", "ablate.data.jsonl", "ablate.data.packaged", "ablate.data.hub", MIX)
 
 
 def check_datasets_cache(cfg: DictConfig) -> None:
@@ -210,15 +250,19 @@ def check_datasets_cache(cfg: DictConfig) -> None:
     if str(at(cfg, "data._target_", "")) not in DATA_LOADERS:
         return
     env = os.environ
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     cache = Path(env.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")).expanduser()
     existing = cache
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == cache else f" ({existing} is not writable)"
-        raise ConfigError(f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
-                          f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets")
+        raise ConfigError(
+            f"the datasets cache {cache} cannot be written{where}: data files are cached there; set "
+            f"HF_DATASETS_CACHE (or HF_HOME) to a writable folder, e.g. HF_DATASETS_CACHE=/tmp/hf_datasets"
+        )
 
 
 def saved_dataset(path: Path) -> bool:
@@ -238,5 +282,7 @@ def check_cache_dir(cfg: DictConfig) -> None:
             above = above.parent
         if above is not None and above.exists() and not above.is_dir():
             where = "" if above == Path(str(path)).expanduser() else f" ({above} is a file)"
-            raise ConfigError(f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
-                              f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})")
+            raise ConfigError(
+                f"{key}={path} is a file, not a directory{where}: the cache needs a directory of its own"
+                f" (unset it for the default, {cache_root() if key == 'cache.dir' else '~/.cache/ablate'})"
+            )

@@ -1,5 +1,5 @@
-"""Every `_target_` of a config, checked before anything is imported or built: a typo names the closest name, and a user's
-module that is not importable (a forgotten PYTHONPATH) says how to make it so.
+"""Every `_target_` of a config, checked before anything is imported or built: a typo names the closest name,
+and a user's module that is not importable (a forgotten PYTHONPATH) says how to make it so.
 
 The check reads source files, it does not import them (no torch in the launching process): the
 module part of a target is found on the import path as Python would find it, and the name after
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ablate.errors import ConfigError
-
 
 # keys whose functions and classes ablate imports itself (ablate.rewards.resolve), from the current
 # directory too: a reward function, tool or environment in the user's own file needs no PYTHONPATH
@@ -124,8 +123,12 @@ def _top_level_names(spec: Any) -> frozenset[str] | None:
     if not origin or not str(origin).endswith(".py"):
         return None
     names = _names_in(str(origin))
-    subs = {p.stem for loc in spec.submodule_search_locations or [] for p in Path(loc).iterdir()
-            if p.suffix == ".py" or (p / "__init__.py").is_file()} - {"__init__", "__main__"}
+    subs = {
+        p.stem
+        for loc in spec.submodule_search_locations or []
+        for p in Path(loc).iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").is_file()
+    } - {"__init__", "__main__"}
     return None if names is None else names | subs
 
 
@@ -134,13 +137,19 @@ def _not_importable(key: str, target: str, top: str) -> str:
     here = Path.cwd()
     local = [p for p in (here / f"{top}.py", here / top) if p.exists()]
     if key.startswith(FROM_CWD):
-        return (f"{key}={target}: no module '{top}' on the import path or in the current directory ({here}); "
-                f"put {top}.py there (the short form: data.reward_funcs=[{top}.FUNCTION])")
+        return (
+            f"{key}={target}: no module '{top}' on the import path or in the current directory ({here}); "
+            f"put {top}.py there (the short form: data.reward_funcs=[{top}.FUNCTION])"
+        )
     if local:
-        return (f"{key}={target}: module '{top}' is in the current directory ({local[0].name}), which the "
-                f"`ablate` command does not import from; run it as PYTHONPATH=. ablate ... "
-                f"(or PYTHONPATH=/path/to/its/folder)")
+        return (
+            f"{key}={target}: module '{top}' is in the current directory ({local[0].name}), which the "
+            f"`ablate` command does not import from; run it as PYTHONPATH=. ablate ... "
+            f"(or PYTHONPATH=/path/to/its/folder)"
+        )
     path = os.environ.get("PYTHONPATH", "")
     where = f" (PYTHONPATH={path})" if path else " (PYTHONPATH is not set)"
-    return (f"{key}={target}: module '{top}' is not importable{where}; put the folder holding {top}.py (or the "
-            f"package {top}/) on PYTHONPATH: PYTHONPATH=/path/to/that/folder ablate ..., or pip install it")
+    return (
+        f"{key}={target}: module '{top}' is not importable{where}; put the folder holding {top}.py (or the "
+        f"package {top}/) on PYTHONPATH: PYTHONPATH=/path/to/that/folder ablate ..., or pip install it"
+    )

@@ -19,20 +19,15 @@ import difflib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ablate.config.checks import (
-    check,
-    check_launcher,
-    elsewhere,
-    optimizer_field_hint,
-    task_overrides,
-)
+from ablate.config.checks import check, check_launcher, elsewhere, optimizer_field_hint, task_overrides
 from ablate.config.code_checks import check_code, job_processes
 from ablate.errors import ConfigError, chain, missing_extra
 from ablate.record import sweep_dirs
@@ -112,7 +107,8 @@ class Validate(Callback):
             run_dir = Path(_dir_value(config, "hydra.run.dir"))
             check_dir(run_dir, "hydra.run.dir", create=False)
             check_run_dir(run_dir, config.hydra, take_lock=False, cfg=config)  # creates nothing yet
-            check_code(config, processes=job_processes())  # imports the method's code (torch), which the run needs next anyway
+            # imports the method's code (torch), which the run needs next anyway
+            check_code(config, processes=job_processes())
             check_dir(run_dir, "hydra.run.dir")  # creates it
             check_run_dir(run_dir, config.hydra)  # again, now under the dir's lock, held from here on
 
@@ -129,7 +125,8 @@ class Validate(Callback):
         def checks() -> None:
             sweep_dir = Path(_dir_value(config, "hydra.sweep.dir"))  # empty: refused
             if sweep_dirs.given(config.hydra):
-                sweep_dirs.check_sweep_dir_free(sweep_dir, task_overrides(config.hydra))  # in about a second: before the code checks import torch
+                # in about a second: before the code checks import torch
+                sweep_dirs.check_sweep_dir_free(sweep_dir, task_overrides(config.hydra))
             if swept is not None:
                 check(config, swept=swept)
                 check_dir(sweep_dir, "hydra.sweep.dir", create=False)
@@ -158,7 +155,9 @@ def claim_sweep_dir(config: DictConfig) -> None:
     if given:
         check_dir(path, "hydra.sweep.dir", create=False)
         if sweep_dirs.check_sweep_dir_free(path, task_overrides(hc)):
-            log.info(f"{path}: the same launch again (multirun.yaml's overrides): each job continues its run dir")
+            log.info(
+                f"{path}: the same launch again (multirun.yaml's overrides): each job continues its run dir"
+            )
         check_dir(path, "hydra.sweep.dir")
     else:
         check_dir(path.parent, "hydra.sweep.dir")
@@ -174,8 +173,10 @@ def _dir_value(config: DictConfig, key: str) -> str:
     """hydra.run.dir / hydra.sweep.dir as given; empty would mean the current directory."""
     value = str(OmegaConf.select(config, key, default="") or "").strip()
     if not value:
-        raise ConfigError(f"{key} is empty (it would write into the current directory); give a directory: "
-                          f"{key}=outputs/my_run, or leave it out for a new dir under outputs/")
+        raise ConfigError(
+            f"{key} is empty (it would write into the current directory); give a directory: "
+            f"{key}=outputs/my_run, or leave it out for a new dir under outputs/"
+        )
     return value
 
 
@@ -186,15 +187,21 @@ def _swept(config: DictConfig) -> frozenset[str] | None:
     choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
     try:
         parsed = OverridesParser.create().parse_overrides(task_overrides(config.hydra) or [])
-    except Exception:  # noqa: BLE001 - Hydra parsed them already; never refuse a sweep on our own parse
+    except Exception:  # Hydra parsed them already; never refuse a sweep on our own parse
         return None
     keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
     if any(k in choices or "/" in k for k in keys):
         return None
     # a sweep file's params: its plain keys are swept; a swept `method` makes method.args another schema's (a
     # value fixed for GRPO and RLOO is not judged as DPO's); its other groups keep the fixed values' schema
-    params = {str(k).lstrip("+~") for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}}
-    return None if "method" in params else frozenset(keys | {k for k in params if k not in choices and "/" not in k})
+    params = {
+        str(k).lstrip("+~") for k in OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    }
+    return (
+        None
+        if "method" in params
+        else frozenset(keys | {k for k in params if k not in choices and "/" not in k})
+    )
 
 
 def _exit_on_error(fn: Callable[[], Any]) -> None:
@@ -212,7 +219,7 @@ def _exit_on_error(fn: Callable[[], Any]) -> None:
     except OSError as e:
         print(f"ablate: error: {mask_text(os_error_line(e))}", file=sys.stderr)
         sys.exit(2)
-    except Exception:  # noqa: BLE001 - a bug in a check: loud, and the run does not start
+    except Exception:  # a bug in a check: loud, and the run does not start
         import traceback
 
         traceback.print_exc()
@@ -233,11 +240,7 @@ def os_error_line(e: OSError) -> str:
 
 def one_line(e: BaseException) -> str | None:
     """The user-facing line for a config/composition error, or None for anything else (a bug)."""
-    from hydra.errors import (
-        HydraException,
-        MissingConfigException,
-        OverrideParseException,
-    )
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     from ablate.errors import USER_ERRORS
 
@@ -250,8 +253,11 @@ def one_line(e: BaseException) -> str | None:
     if isinstance(e, OverrideParseException):
         key, _, value = str(e.override).partition("=")
         if "~" in value:  # a home path: Hydra's grammar has no unquoted ~ (and ablate expands it)
-            return (f"cannot parse the override '{e.override}': Hydra reads '~' only inside quotes: write "
-                    f"'{key}=\"{value}\"' (single quotes outside, for the shell), or {key}=$HOME{value.lstrip('~')}")
+            return (
+                f"cannot parse the override '{e.override}': Hydra reads '~' only inside quotes: write "
+                f"'{key}=\"{value}\"' (single quotes outside, for the shell), or "
+                f"{key}=$HOME{value.lstrip('~')}"
+            )
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
@@ -261,11 +267,15 @@ def one_line(e: BaseException) -> str | None:
     line = _merge_mismatch(e)
     if line is not None:
         return line
-    if isinstance(e, HydraException) and isinstance(e.__cause__, OmegaConfBaseException) \
-            and "not in struct" in str(e.__cause__):
+    if (
+        isinstance(e, HydraException)
+        and isinstance(e.__cause__, OmegaConfBaseException)
+        and "not in struct" in str(e.__cause__)
+    ):
         import re
 
-        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))  # Hydra: "To append to your config use +key=value"
+        # Hydra: "To append to your config use +key=value"
+        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))
         return _unknown_key(e.__cause__, given.group(2) if given else "...")
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
@@ -274,24 +284,33 @@ def one_line(e: BaseException) -> str | None:
 
 
 def _merge_mismatch(e: BaseException) -> str | None:
-    """`key=[a,b]` over a mapping (or `key={...}` over a list): Hydra's "Error merging override" names no fix. The
-    remedy is to replace the node whole (`~key` then `+key=`); a mapping of reward functions also takes one more."""
+    """`key=[a,b]` over a mapping (or `key={...}` over a list): Hydra's "Error merging override" names no fix.
+    The remedy is to replace the node whole (`~key` then `+key=`); a mapping of reward functions also takes
+    one more."""
     text = str(e).strip()
     if not text.startswith("Error merging override ") or not any(
-            "Cannot merge" in str(c) and "ListConfig" in str(c) for c in chain(e)):
+        "Cannot merge" in str(c) and "ListConfig" in str(c) for c in chain(e)
+    ):
         return None
     override = text.removeprefix("Error merging override ").splitlines()[0]
     key, _, value = override.lstrip("+").partition("=")
     if not value.startswith("["):
-        return (f"{override}: {key} is a list here, which a mapping cannot be merged into: replace it whole, "
-                f"'~{key}' '+{key}={value}'")
+        return (
+            f"{override}: {key} is a list here, which a mapping cannot be merged into: replace it whole, "
+            f"'~{key}' '+{key}={value}'"
+        )
     add = ""
     if key == "data.reward_funcs":  # name -> function: one more beside the data's own
         first = value.strip("[]").split(",")[0].strip()
         add = f"add yours, +{key}.{first.rsplit('.', 1)[-1]}={first}, or " if first else ""
-        return (f"{override}: {key} is a mapping here (name -> function), which a list cannot be merged into: "
-                f"{add}replace them all, '~{key}' '+{key}={value}'")
-    return f"{override}: {key} is a mapping here, which a list cannot be merged into: replace it whole, '~{key}' '+{key}={value}'"
+        return (
+            f"{override}: {key} is a mapping here (name -> function), which a list cannot be merged into: "
+            f"{add}replace them all, '~{key}' '+{key}={value}'"
+        )
+    return (
+        f"{override}: {key} is a mapping here, which a list cannot be merged into: "
+        f"replace it whole, '~{key}' '+{key}={value}'"
+    )
 
 
 def bad_config_file(e: BaseException) -> str | None:
@@ -301,7 +320,11 @@ def bad_config_file(e: BaseException) -> str | None:
     for c in chain(e):
         if isinstance(c, yaml.MarkedYAMLError):
             mark = c.problem_mark or c.context_mark
-            where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
+            where = (
+                f"{mark.name} line {mark.line + 1}, column {mark.column + 1}"
+                if mark is not None
+                else "a config file"
+            )
             return f"{where}: not valid YAML ({c.problem or c.context})"
         if isinstance(c, UnicodeDecodeError):
             return f"a config file is not UTF-8 text (byte 0x{c.object[c.start]:02x}); save it as UTF-8"
@@ -315,13 +338,22 @@ def _group_not_in_config(e: BaseException) -> str | None:
 
     from ablate.paths import conf_dir
 
-    found = re.search(r"Could not override '([\w/]+)'\. No match in the defaults list.*?use \+(\S+)", str(e), re.S)
+    found = re.search(
+        r"Could not override '([\w/]+)'\. No match in the defaults list.*?use \+(\S+)", str(e), re.S
+    )
     if found is None:
         return None
     group, override = found.groups()
     parent, _, leaf = group.rpartition("/")
-    users = sorted(p.stem for p in (Path(conf_dir()) / parent).glob("*.yaml")
-                   if re.search(rf"^\s*-\s*(override\s+)?{leaf}\s*:", p.read_text(errors="replace"), re.M)) if parent else []
+    users = (
+        sorted(
+            p.stem
+            for p in (Path(conf_dir()) / parent).glob("*.yaml")
+            if re.search(rf"^\s*-\s*(override\s+)?{leaf}\s*:", p.read_text(errors="replace"), re.M)
+        )
+        if parent
+        else []
+    )
     using = f" (options of {parent} that have it: {', '.join(users)})" if users else ""
     return f"{override}: this config has no config group {group}{using}; to add it anyway: +{override}"
 
@@ -331,7 +363,9 @@ def _other_group(group: str, option: str) -> str | None:
     from ablate.paths import conf_dir
 
     parent = (Path(conf_dir()) / group).parent
-    found = sorted(p.parent.name for p in parent.glob(f"*/{option}.yaml") if p.parent.name != Path(group).name)
+    found = sorted(
+        p.parent.name for p in parent.glob(f"*/{option}.yaml") if p.parent.name != Path(group).name
+    )
     return f"{Path(group).parent.as_posix()}/{found[0]}" if found else None
 
 
@@ -353,7 +387,8 @@ def _missing_option(e: Any) -> str:
 
 def _unknown_key(cause: Any, value: str = "...") -> str:
     key = str(getattr(cause, "full_key", "") or "")
-    hint = optimizer_field_hint(key)  # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
+    # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
+    hint = optimizer_field_hint(key)
     if hint is not None:
         return hint
     parent = getattr(cause, "parent_node", None)
@@ -368,6 +403,7 @@ def _unknown_key(cause: Any, value: str = "...") -> str:
         return f"unknown config key '{key}' (did you mean '{prefix}{hint[0]}'?)"
     if not known and prefix:  # method.trainer.generator: null here
         return f"unknown config key '{key}' ('{prefix.rstrip('.')}' has no keys here)"
-    return f"unknown config key '{key}'; known under '{prefix.rstrip('.') or '<root>'}': {', '.join(known)}" \
-           f" (to add a new field on purpose: +{key}=...)"
-
+    return (
+        f"unknown config key '{key}'; known under '{prefix.rstrip('.') or '<root>'}': {', '.join(known)}"
+        f" (to add a new field on purpose: +{key}=...)"
+    )

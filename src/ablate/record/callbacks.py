@@ -180,3 +180,25 @@ class ReportToStudy(TrainerCallback):
                 value,
             )
             raise Pruned(state.global_step, self.metric, float(value))
+
+
+def run_callbacks(cfg: Any, run: Any) -> list[TrainerCallback]:
+    """A run's callbacks: ablate's own (the run dir contract, SLURM preemption), the config's
+    (`callbacks` group), a study trial's, the tracker's. `run`: its ablate.record.lifecycle.Run."""
+    from hydra.utils import instantiate
+
+    from ablate.process.preemption import SaveOnPreemption
+    from ablate.record import rundir
+
+    events = rundir.read_metrics(run.dir)  # already truncated to the resume point
+    out = [
+        SealCheckpoint(),  # first at on_save (SaveOnPreemption may raise there): secrets masked, seal last
+        MetricsJSONL(run.dir / rundir.METRICS, time_offset=events[-1]["time"] if events else 0.0),
+        SaveOnPreemption(),  # SLURM USR2: checkpoint at this step's end, requeue (no-op elsewhere)
+        LogAtSaveAndEnd(),  # after SaveOnPreemption (it may ask for a save): resumes log the same windows
+    ]
+    out += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+    out += run.study_callbacks()
+    if run.tracker is not None and run.tracker.callback() is not None:
+        out.append(run.tracker.callback())
+    return out

@@ -44,13 +44,17 @@ class Rule:
 
     def __or__(self, other: Rule) -> Rule:
         """Either rule (for a value that may be, e.g., all-linear or a list)."""
-        return Rule(lambda v, n: self.test(v, n) or other.test(v, n),
-                    lambda n, at: f"{self.words(n, at)} or {other.words(n, at)}")
+        return Rule(
+            lambda v, n: self.test(v, n) or other.test(v, n),
+            lambda n, at: f"{self.words(n, at)} or {other.words(n, at)}",
+        )
 
 
 def integer(at_least: int, why: str = "", at_most: int | None = None) -> Rule:
     if at_most is not None:
-        return Rule(lambda v, n: is_int(v) and at_least <= v <= at_most, f"an integer in {at_least}..{at_most}{why}")
+        return Rule(
+            lambda v, n: is_int(v) and at_least <= v <= at_most, f"an integer in {at_least}..{at_most}{why}"
+        )
     return Rule(lambda v, n: is_int(v) and v >= at_least, f"an integer >= {at_least}{why}")
 
 
@@ -63,8 +67,10 @@ def number(above: float | None = None, at_least: float | None = None, why: str =
 def fraction(of: str = "", high: float = 1.0, closed: bool = True) -> Rule:
     """A number in [0, high] ([0, high) with `closed=False`)."""
     bound = "]" if closed else ")"
-    return Rule(lambda v, n: is_num(v) and 0 <= v and (v <= high if closed else v < high),
-                f"{of or 'a number'} in [0, {high:g}{bound}")
+    return Rule(
+        lambda v, n: is_num(v) and 0 <= v and (v <= high if closed else v < high),
+        f"{of or 'a number'} in [0, {high:g}{bound}",
+    )
 
 
 def choice(*values: Any, words: str = "") -> Rule:
@@ -76,12 +82,18 @@ BOOL = Rule(lambda v, n: isinstance(v, bool), "true or false")
 
 def nullable(rule: Rule, null: str = "") -> Rule:
     """`rule`, or null (`null`: what null means, said in the message)."""
-    return Rule(lambda v, n: v is None or rule.test(v, n),
-                lambda n, at: f"null{f' ({null})' if null else ''} or {rule.words(n, at)}")
+    return Rule(
+        lambda v, n: v is None or rule.test(v, n),
+        lambda n, at: f"null{f' ({null})' if null else ''} or {rule.words(n, at)}",
+    )
 
 
-def field(default: Any = ABSENT, check: Rule | None = None, help: str = "",  # noqa: A002 - dataclass metadata's name
-          factory: Callable[[], Any] | None = None) -> Any:
+def field(
+    default: Any = ABSENT,
+    check: Rule | None = None,
+    help: str = "",  # dataclass metadata's name
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """A schema field: its default (a list: `factory`), its check and its one-line help."""
     meta = {"check": check, "help": help}
     if factory is not None:
@@ -111,7 +123,8 @@ class Schema:
 
     def __post_init__(self) -> None:
         """Checks first, then the next class's own set-up (TrainingArguments')."""
-        for f in dataclasses.fields(self):  # built by Hydra without recursion (`_recursive_: false`): its lists too
+        # built by Hydra without recursion (`_recursive_: false`): its lists too
+        for f in dataclasses.fields(self):
             value = getattr(self, f.name, None)
             if plain(value) is not value:
                 setattr(self, f.name, plain(value))
@@ -154,8 +167,9 @@ class Schema:
 
 
 def plain(value: Any) -> Any:
-    """A config node as plain Python: a node built without recursion (GRPO's method.args, `_recursive_: false`,
-    so that the `_target_` nodes of tools and environments reach the trainer as config) holds Hydra's containers."""
+    """A config node as plain Python: a node built without recursion (GRPO's method.args, `_recursive_:
+    false`, so that the `_target_` nodes of tools and environments reach the trainer as config) holds Hydra's
+    containers."""
     if type(value).__name__ in ("DictConfig", "ListConfig"):
         from omegaconf import OmegaConf
 
@@ -181,11 +195,15 @@ def call_mismatch(fn: Any, like: Callable[..., Any]) -> str | None:
                     return f"it does not take the group's {', '.join(extra)}"
         return None  # a builtin without a signature: cannot tell
     required = [p for p in ours if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    by_name = {p.name for p in required if p.kind == p.KEYWORD_ONLY
-               or (p.name in theirs and theirs[p.name].kind == p.KEYWORD_ONLY)}
+    by_name = {
+        p.name
+        for p in required
+        if p.kind == p.KEYWORD_ONLY or (p.name in theirs and theirs[p.name].kind == p.KEYWORD_ONLY)
+    }
     try:
-        inspect.signature(fn, follow_wrapped=False).bind(*[None] * sum(p.name not in by_name for p in required),
-                                                         **dict.fromkeys(by_name))
+        inspect.signature(fn, follow_wrapped=False).bind(
+            *[None] * sum(p.name not in by_name for p in required), **dict.fromkeys(by_name)
+        )
     except TypeError as e:
         return str(e)
     return None
@@ -198,7 +216,9 @@ def fits(fn: Any, like: Callable[..., Any], key: str) -> Any:
     problem = call_mismatch(fn, like)
     if problem is not None:
         name = getattr(getattr(fn, "func", fn), "__name__", repr(fn))
-        raise ConfigError(f"{key}: {name} does not fit: it is called like {like.__module__}.{like.__name__} ({problem})")
+        raise ConfigError(
+            f"{key}: {name} does not fit: it is called like {like.__module__}.{like.__name__} ({problem})"
+        )
     return fn
 
 
@@ -215,8 +235,10 @@ def refusal(key: str, v: Any, what: str) -> str:
     if v is ABSENT:
         return f"{key}: {what}"
     if isinstance(v, str) and _looks_numeric(v) and ("number" in what or "integer" in what):
-        return (f"{key}='{v}' is a string (quoted), not a number: write it unquoted, {key}={v} (in a YAML file "
-                f"{key.rsplit('.', 1)[-1]}: {v} without quotes; YAML 1.1 reads 1e-3 as text: write 1.0e-3)")
+        return (
+            f"{key}='{v}' is a string (quoted), not a number: write it unquoted, {key}={v} (in a YAML file "
+            f"{key.rsplit('.', 1)[-1]}: {v} without quotes; YAML 1.1 reads 1e-3 as text: write 1.0e-3)"
+        )
     return f"{key}={show(v)}: must be {what}"
 
 

