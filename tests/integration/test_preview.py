@@ -76,11 +76,14 @@ def test_smollm2_preview(tmp_path):
     (["preview", "--bogus"], "ablate: error: '--bogus' is not an option of ablate data"),
     (["show"], "ablate: error: ablate data: argument action: invalid choice: 'show' (choose from 'preview', 'check')"),
     (["preview", "method=nope"], "ablate: error: "),
+    # GRPO on the user's prompts without a reward: the same line train gives (was a Hydra traceback)
+    (["preview", "method=grpo", "data=jsonl", "data.train_path=p.jsonl"], "GRPO needs a reward function"),
 ])
 def test_bad_preview_args_are_one_line(tmp_path, args, needle):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')
     r = ablate("data", *args, cwd=tmp_path, env=ENV)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line (issue 32: the usage was a second)
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line (the usage was a second)
 
 
 def test_config_dir_and_pretokenized_data(tmp_path):
