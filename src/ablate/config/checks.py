@@ -54,19 +54,24 @@ def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
     _check_missing(cfg, hc, swept)
     _check_root_keys(cfg, hc)
     _check_optimizer_args(cfg)
-    _check_schemas(cfg, swept)
+    about_data = _check_schemas(cfg, swept)
     data_checks.check_paths(cfg)
     data_checks.check_data_columns(cfg, swept)
     data_checks.check_data_rows(cfg, swept)
+    if about_data:  # a method's relation to the data, judged once the data itself passed (a mix of kinds)
+        raise about_data[0]
     data_checks.check_teacher(cfg, hc, swept)
     data_checks.check_datasets_cache(cfg)
     data_checks.check_cache_dir(cfg)
     data_checks.check_eval_data(cfg, swept)
 
 
-def _check_schemas(cfg: DictConfig, swept: frozenset[str]) -> None:
+def _check_schemas(cfg: DictConfig, swept: frozenset[str]) -> list[ConfigError]:
     """Each node that has a schema (its `_target_`'s, else its path's), with the node's own values and
-    its relations to the rest of the config; a key a multirun sweeps is not what any job gets."""
+    its relations to the rest of the config; a key a multirun sweeps is not what any job gets. A
+    relation that is about the data (`data.*`, e.g. GRPO's reward functions) is returned, for after the
+    data's own checks."""
+    about_data = []
     for path, node in _nodes(cfg):
         schema = schema_for(path, node._get_node("_target_")._value() if "_target_" in node else None)
         if schema is None:
@@ -74,7 +79,11 @@ def _check_schemas(cfg: DictConfig, swept: frozenset[str]) -> None:
         found = schema.of({k: _value(node, k) for k in schema.__dataclass_fields__ if k in node})
         for key, value, what in [*found.problems(path), *found.relations(cfg)]:
             if key not in swept and not any(s.startswith(key + ".") for s in swept):
+                if key.startswith("data.") and not path.startswith("data"):
+                    about_data.append(ConfigError(refusal(key, value, what)))
+                    continue
                 raise ConfigError(refusal(key, value, what))
+    return about_data
 
 
 def _value(node: DictConfig, key: str) -> Any:

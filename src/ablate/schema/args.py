@@ -50,7 +50,7 @@ LENGTH = nullable(integer(1))  # tokens; null: no limit
 
 @dataclass
 class DPOArgs(TrainArgs):
-    targets = ("ablate.methods.dpo.DPOConfig",)
+    targets = ("ablate.methods.dpo_config.DPOConfig",)
     # the implicit reward's scale: 0 makes the loss constant (hinge divides by it)
     beta: float = field(0.1, number(above=0), "KL strength: scales the implicit reward beta * log(pi / ref).")
     max_length: int | None = field(

@@ -76,7 +76,7 @@ def _environment_words(n: Any, at: str) -> str:
 
 @dataclass
 class GRPOArgs(TrainArgs):
-    targets = ("ablate.methods.grpo.GRPOConfig",)
+    targets = ("ablate.methods.grpo_config.GRPOConfig",)
     per_device_train_batch_size: int = field(8, _groups(), "Completions (not prompts) per micro-batch.")
     per_device_eval_batch_size: int = field(8, _groups(eval_only=True), "Completions per eval micro-batch.")
     num_generations: int = field(
