@@ -145,7 +145,9 @@ class RolloutTrainer(AblateTrainer):
         return self._generate_and_score(rows, "train")
 
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
-        raise NotImplementedError
+        """The method's own part of a round, which each subclass defines (GRPO: sample and reward;
+        distillation: sample and score by the teacher); the base only serves and checkpoints rounds."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _generate_and_score (its rounds)")
 
     def prediction_step(
         self,
