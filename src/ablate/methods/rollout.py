@@ -14,6 +14,7 @@ callback (`rollout_stats`).
 from __future__ import annotations
 
 import os
+from abc import ABCMeta, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-class RolloutTrainer(AblateTrainer):
+class RolloutTrainer(AblateTrainer, metaclass=ABCMeta):
     """Trains on rounds it samples itself, served slice by slice (`schedule`, `rollouts`).
 
     A subclass calls `_prompt_splits` before this `__init__` and `_serve_rounds` after it, and defines
@@ -144,10 +145,10 @@ class RolloutTrainer(AblateTrainer):
         """The training round of `rows`' prompts (async GRPO: the one its worker sampled)."""
         return self._generate_and_score(rows, "train")
 
+    @abstractmethod
     def _generate_and_score(self, rows: list[dict[str, Any]], mode: str) -> Rollout:
         """The method's own part of a round, which each subclass defines (GRPO: sample and reward;
         distillation: sample and score by the teacher); the base only serves and checkpoints rounds."""
-        raise NotImplementedError(f"{type(self).__name__} defines no _generate_and_score (its rounds)")
 
     def prediction_step(
         self,
