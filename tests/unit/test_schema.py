@@ -19,12 +19,31 @@ from ablate.schema.grpo import IS_MODES, GRPOArgs, reward_weights_problem
 from ablate.schema.nodes import Model, Optimizer, Root
 
 
-def test_the_training_fields_keep_trainingarguments_defaults():
-    """A method's config class inherits its schema's fields: a default that differs from
-    TrainingArguments' would silently change every run made from Python."""
+def test_a_default_other_than_trainingarguments_says_so():
+    """A method's config class inherits its schema's fields, the command line's defaults: where one differs
+    from TrainingArguments' (a run made from Python would differ from a plain Trainer's), its help names
+    TrainingArguments' value."""
     theirs = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    ours = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
-    assert ours == {k: theirs[k] for k in ours}
+    differ = {f.name: f.metadata["help"] for f in dataclasses.fields(TrainArgs) if f.default != theirs[f.name]}
+    assert {"max_steps", "logging_steps", "save_steps", "num_train_epochs"} <= set(differ)
+    assert all("TrainingArguments" in help for help in differ.values()), differ
+
+
+def test_each_method_default_is_declared_once(tmp_path):
+    """Hydra composes method.args from the schema (ablate.config.store): no conf/ file sets a schema field to
+    a value of its own, and the composed defaults are the Python class's."""
+    import yaml
+    from pathlib import Path
+
+    from ablate.config.store import method_schemas
+    from ablate.paths import conf_dir
+
+    fields = {f.name for cls in method_schemas() for f in dataclasses.fields(cls)}
+    for path in Path(conf_dir(), "method").glob("*.yaml"):
+        args = yaml.safe_load(path.read_text()).get("args") or {}
+        literal = {k: v for k, v in args.items() if k in fields and not str(v).startswith("${")}
+        assert not literal, f"{path.name} re-declares {literal}"
+    assert not Path(conf_dir(), "training_args.yaml").exists()
 
 
 @pytest.mark.parametrize("config,schema", [(DPOConfig, DPOArgs), (SFTConfig, SFTArgs), (GRPOConfig, GRPOArgs)])

@@ -94,7 +94,15 @@ def publish_launch_time() -> None:
 
 
 def register_resolvers() -> None:
+    """ablate's resolvers, and its method schemas in Hydra's ConfigStore (ablate.config.store): what any
+    composition of conf/ needs first."""
     from omegaconf import OmegaConf
+
+    from ablate.config import store
+
+    store.register()
+    if not OmegaConf.has_resolver("ablate_data_or_default"):  # GRPO's max_completion_length: the data's
+        OmegaConf.register_new_resolver("ablate_data_or_default", store.data_or_default)
 
     if not OmegaConf.has_resolver("ablate_dirname"):
         OmegaConf.register_new_resolver("ablate_dirname", dirname_suffix)

@@ -267,6 +267,12 @@ def one_line(e: BaseException) -> str | None:
     line = _merge_mismatch(e)
     if line is not None:
         return line
+    line = _schema_type(e)
+    if line is not None:
+        return line
+    typed = _schema_key_error(e)
+    if typed is not None:
+        return _unknown_key(typed)
     if (
         isinstance(e, HydraException)
         and isinstance(e.__cause__, OmegaConfBaseException)
@@ -280,6 +286,55 @@ def one_line(e: BaseException) -> str | None:
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
+    return None
+
+
+def _schema_of(cause: BaseException) -> Any:
+    """The schema class of the typed node an OmegaConf error is about (ablate.config.store), or None."""
+    from ablate.schema import Schema
+
+    cls = getattr(cause, "object_type", None)
+    return cls if isinstance(cls, type) and issubclass(cls, Schema) else None
+
+
+def _schema_type(e: BaseException) -> str | None:
+    """`method.args.beta=abc`: OmegaConf refuses a value of the wrong type for a schema's typed field while
+    composing; the answer is the schema's own line for that field (`must be a number > 0`)."""
+    import re
+
+    import yaml
+    from omegaconf.errors import ValidationError
+
+    from ablate.schema import refusal
+
+    for c in chain(e):
+        cls = _schema_of(c)
+        if not isinstance(c, ValidationError) or cls is None or c.full_key is None:
+            continue
+        rule = cls.__dataclass_fields__.get(str(c.key))
+        rule = rule.metadata.get("check") if rule is not None else None
+        # the value: in OmegaConf's words, else in the override's (`Error merging override KEY=VALUE`)
+        given = re.match(r"Value '(.*)' (of type|is not)", str(c).splitlines()[0]) or re.search(
+            rf"override \+*{re.escape(str(c.full_key))}=(.*)", str(e).splitlines()[0]
+        )
+        if rule is None or given is None:
+            continue
+        try:
+            value = yaml.safe_load(given.group(1))
+        except yaml.YAMLError:
+            value = given.group(1)
+        at = str(c.full_key).rpartition(".")[0]
+        return refusal(str(c.full_key), value, rule.words(cls.of({}), at))
+    return None
+
+
+def _schema_key_error(e: BaseException) -> Any:
+    """A key a schema's typed node does not declare (`method.args.warmup_ratio=0.1`, or in a YAML file)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    for c in chain(e):
+        if isinstance(c, (ConfigAttributeError, ConfigKeyError)) and _schema_of(c) and c.full_key:
+            return c
     return None
 
 

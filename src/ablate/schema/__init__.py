@@ -101,6 +101,13 @@ def field(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def redefault(base: type, name: str, default: Any, help: str = "") -> Any:
+    """`base`'s field `name` with another default (a method whose own default differs: GRPO's max_steps), its
+    check kept; `help` says why, else `base`'s help."""
+    f = base.__dataclass_fields__[name]
+    return field(default, f.metadata["check"], help or f.metadata["help"])
+
+
 Problem = tuple[str, Any, str]  # (dotted key, value, what it must be)
 
 

@@ -1,11 +1,14 @@
-"""`method.args`: the TrainingArguments fields every method's YAML sets (conf/training_args.yaml), and
-DPO's and SFT's own. Defaults are TrainingArguments' and TRL 1.16's (a method's config class inherits
-them: tests/unit/test_schema.py pins them to TrainingArguments'); any other TrainingArguments field
-is checked by TrainingArguments itself."""
+"""`method.args`: the TrainingArguments fields ablate sets, and DPO's and SFT's own. Each field is
+declared here once: its default (ablate's, the same from the command line and from Python; where it
+differs from TrainingArguments' or TRL 1.16's, its help says), its type, its one-line help and its
+check. Hydra composes `method.args` from these classes (ablate.config.store; conf/method/dpo.yaml:
+`- /schema@args: DPOArgs`); any other TrainingArguments field is added with `+method.args.<field>=...`
+and checked by TrainingArguments."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ablate.schema import BOOL, Rule, Schema, choice, field, integer, is_num, nullable, number
 
@@ -15,34 +18,71 @@ STEPS = Rule(lambda v, n: is_num(v) and v > 0, "a number > 0")
 @dataclass
 class TrainArgs(Schema):
     node = "method.args"
-    per_device_train_batch_size: int = field(8, integer(1), "Examples per micro-batch per device.")
-    per_device_eval_batch_size: int = field(8, integer(1), "Examples per eval forward.")
+    # Hydra builds the node's lists and `_target_` nodes (GRPO's tools) before the class sees them, or not
+    recursive: ClassVar[bool] = True
+    per_device_train_batch_size: int = field(
+        8, integer(1), "Examples (pairs, prompts) per micro-batch per device."
+    )
+    per_device_eval_batch_size: int = field(
+        16, integer(1), "Examples per eval forward (TrainingArguments: 8)."
+    )
     gradient_accumulation_steps: int = field(1, integer(1), "Micro-batches per optimizer step.")
     num_train_epochs: float = field(
-        3.0, number(above=0), "Passes over the train split (when max_steps is -1)."
+        1.0, number(above=0), "Passes over the train split when max_steps is -1 (TrainingArguments: 3)."
     )
     # 0 is not "no training": Trainer runs one step
     max_steps: int = field(
-        -1,
+        60,
         Rule(lambda v, n: v == -1 or integer(1).test(v, n), "-1 (use num_train_epochs) or an integer >= 1"),
-        "Optimizer steps; -1: epochs.",
+        "Optimizer steps; -1: num_train_epochs (TrainingArguments: -1; 60 trains the tiny defaults).",
     )
     max_grad_norm: float | None = field(
         1.0, nullable(number(at_least=0, why=" (0 = no clipping)")), "Gradient clipping."
     )
-    logging_steps: float = field(500, STEPS, "Steps between log events.")
+    logging_steps: float = field(
+        5, STEPS, "Steps between log events: metrics.jsonl, W&B, progress (TrainingArguments: 500)."
+    )
     eval_strategy: str = field("no", choice("no", "steps", "epoch"), "When to evaluate.")
     eval_steps: float | None = field(None, nullable(STEPS), "Steps between evals (null: logging_steps).")
-    save_strategy: str = field("steps", choice("no", "steps", "epoch", "best"), "When to checkpoint.")
-    save_steps: float = field(
-        500,
-        Rule(STEPS.test, "a number > 0 (turn checkpoints off with method.args.save_strategy=no)"),
-        "Steps between checkpoints.",
+    save_strategy: str = field(
+        "steps", choice("no", "steps", "epoch", "best"), "When to checkpoint (resume starts from the newest)."
     )
-    save_total_limit: int | None = field(None, nullable(integer(1)), "Checkpoints kept (null: all).")
-    dataloader_num_workers: int = field(0, integer(0), "Dataloader worker processes.")
+    save_steps: float = field(
+        50,
+        Rule(STEPS.test, "a number > 0 (turn checkpoints off with method.args.save_strategy=no)"),
+        "Steps between checkpoints (TrainingArguments: 500).",
+    )
+    save_total_limit: int | None = field(
+        2, nullable(integer(1)), "Checkpoints kept, the newest (null: all, TrainingArguments' default)."
+    )
+    dataloader_num_workers: int = field(
+        0, integer(0), "Dataloader worker processes (tiny data: they cost more than they save)."
+    )
     use_cpu: bool = field(False, BOOL, "Train on the CPU even when a GPU is visible.")
-    disable_tqdm: bool | None = field(None, nullable(BOOL, "by the log level"), "No progress bar.")
+    disable_tqdm: bool | None = field(
+        False,
+        nullable(BOOL, "by the log level"),
+        "No progress bar (TrainingArguments: null, by the log level).",
+    )
+    include_num_input_tokens_seen: str = field(
+        "non_padding",
+        choice("no", "all", "non_padding"),
+        "Log num_input_tokens_seen: non_padding = real tokens (compare --x tokens); TrainingArguments: no.",
+    )
+    report_to: Any = field(
+        "none",
+        Rule(
+            lambda v, n: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+            "none, an integration's name or a list of them",
+        ),
+        "Trainer's own integrations: none, as ablate's logger group tracks runs (TrainingArguments: all).",
+    )
+    eval_on_start: bool = field(False, BOOL, "Evaluate before the first step (the curve's starting point).")
+    gradient_checkpointing: bool | None = field(
+        None,
+        nullable(BOOL, "TrainingArguments' default, off"),
+        "Recompute activations in the backward pass: less memory, ~30% more compute.",
+    )
 
 
 LENGTH = nullable(integer(1))  # tokens; null: no limit

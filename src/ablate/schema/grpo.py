@@ -19,6 +19,7 @@ from ablate.schema import (
     is_num,
     nullable,
     number,
+    redefault,
 )
 from ablate.schema.args import TrainArgs
 
@@ -77,12 +78,30 @@ def _environment_words(n: Any, at: str) -> str:
 @dataclass
 class GRPOArgs(TrainArgs):
     targets = ("ablate.methods.grpo_config.GRPOConfig",)
-    per_device_train_batch_size: int = field(8, _groups(), "Completions (not prompts) per micro-batch.")
+    recursive = (
+        False  # tools/environment `_target_` nodes reach the config as config: the trainer builds them
+    )
+    per_device_train_batch_size: int = field(
+        64, _groups(), "Completions (not prompts) per micro-batch; 8 whole groups (TRL: 8)."
+    )
     per_device_eval_batch_size: int = field(8, _groups(eval_only=True), "Completions per eval micro-batch.")
     num_generations: int = field(
         8, integer(2, " (the group whose mean is the baseline)"), "Completions per prompt."
     )
     steps_per_generation: int = field(1, integer(1), "Micro-steps served by one generation round.")
+    max_steps: int = redefault(
+        TrainArgs,
+        "max_steps",
+        200,
+        "Optimizer steps: the tiny task's reward reaches 0.9 by ~80 (spg=1), ~140 (spg=8).",
+    )
+    logging_steps: float = redefault(TrainArgs, "logging_steps", 10)
+    include_num_input_tokens_seen: str = redefault(
+        TrainArgs,
+        "include_num_input_tokens_seen",
+        "no",
+        "Trainer cannot count GRPO's batches; the trainer counts its own.",
+    )
     num_iterations: int = field(
         1, integer(1, " (passes over each generation round)"), "Passes (mu) over each round's slices."
     )

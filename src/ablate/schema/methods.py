@@ -7,7 +7,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.schema import BOOL, Problem, Rule, choice, field, integer, is_int, is_num, nullable, number
+from ablate.schema import (
+    BOOL,
+    Problem,
+    Rule,
+    choice,
+    field,
+    integer,
+    is_int,
+    is_num,
+    nullable,
+    number,
+    redefault,
+)
 from ablate.schema.args import LENGTH, TrainArgs
 from ablate.schema.grpo import GRPOArgs
 
@@ -76,6 +88,15 @@ def kl_batch_problem(batch: Any, uses_kl: bool) -> Problem | None:
 @dataclass
 class DistillArgs(TrainArgs):
     targets = ("ablate.methods.distill.DistillConfig",)
+    per_device_train_batch_size: int = redefault(
+        TrainArgs, "per_device_train_batch_size", 16, "Prompts (one completion each) per micro-batch."
+    )
+    include_num_input_tokens_seen: str = redefault(
+        TrainArgs,
+        "include_num_input_tokens_seen",
+        "no",
+        "Trainer cannot count prompt rows' tokens; the trainer counts its own.",
+    )
     beta: float = field(
         1.0,
         Rule(lambda v, n: is_num(v) and 0 <= v <= 1, "a number in [0, 1] (0 = forward KL, 1 = reverse KL)"),
