@@ -46,10 +46,15 @@ PRESETS = {
     "smollm2_bf16": dict(hidden=0, layers=0, steps=2, bf16=True, data="long_sort", model="smollm2"),
 }
 # the speed switches per side (ablate.speed.plan.SpeedSwitches; default: conf/speed/on.yaml's)
-SPEED = {"ablate": {}, "ablate_plain": dict(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),
-         "ablate_shared": dict(completion_only_logits=False, padding_free=False),
-         "ablate_logits": dict(dpo_pair_rows=False, padding_free=False), "ablate_padded": dict(padding_free=False),
-         "ablate_heavy": dict(lean_layers=False), "ablate_lowmem": {}}
+SPEED = {
+    "ablate": {},
+    "ablate_plain": dict(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),
+    "ablate_shared": dict(completion_only_logits=False, padding_free=False),
+    "ablate_logits": dict(dpo_pair_rows=False, padding_free=False),
+    "ablate_padded": dict(padding_free=False),
+    "ablate_heavy": dict(lean_layers=False),
+    "ablate_lowmem": {},
+}
 # the `malloc_mmap_threshold` config key per side (ablate.process.memory; default: malloc as it is)
 MALLOC = {"ablate_lowmem": 131072}
 
@@ -66,7 +71,9 @@ def long_sort(n: int, seed: int = 0) -> list[dict[str, str]]:
         rejected = list(chosen)
         i, j = rng.sample(range(k), 2)
         rejected[i], rejected[j] = rejected[j], rejected[i]
-        rows.append({"prompt": f"sort: {s} =", "chosen": " " + "".join(chosen), "rejected": " " + "".join(rejected)})
+        rows.append(
+            {"prompt": f"sort: {s} =", "chosen": " " + "".join(chosen), "rejected": " " + "".join(rejected)}
+        )
     return rows
 
 
@@ -97,7 +104,9 @@ def run_one(impl: str, preset: dict) -> dict:
     from ablate.models import smollm2_135m, tiny
     from ablate.process import memory
 
-    memory.apply(MALLOC.get(impl))  # as the CLI run (ablate.process.setup.prepare) does, before the model's tensors exist
+    memory.apply(
+        MALLOC.get(impl)
+    )  # as the CLI run (ablate.process.setup.prepare) does, before the model's tensors exist
     torch.manual_seed(0)
     if preset["model"] == "smollm2":
         tok, model = smollm2_135m()  # transformers' own modules: TRL keeps them
@@ -109,11 +118,25 @@ def run_one(impl: str, preset: dict) -> dict:
         train = Dataset.from_list(long_sort(steps * batch))
     else:
         train = packaged(preset["data"], with_eval=False).train
-    common = dict(output_dir=f"/tmp/bench-{impl}", per_device_train_batch_size=batch, max_steps=steps,
-                  logging_steps=1, report_to="none", save_strategy="no", beta=0.1, use_cpu=True,
-                  bf16=preset["bf16"], precompute_ref_log_probs=True, gradient_checkpointing=False,
-                  learning_rate=1e-5 if preset["model"] == "smollm2" else 1e-3, lr_scheduler_type="constant",
-                  seed=0, disable_tqdm=True, max_length=256, include_num_input_tokens_seen="non_padding")
+    common = dict(
+        output_dir=f"/tmp/bench-{impl}",
+        per_device_train_batch_size=batch,
+        max_steps=steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        beta=0.1,
+        use_cpu=True,
+        bf16=preset["bf16"],
+        precompute_ref_log_probs=True,
+        gradient_checkpointing=False,
+        learning_rate=1e-5 if preset["model"] == "smollm2" else 1e-3,
+        lr_scheduler_type="constant",
+        seed=0,
+        disable_tqdm=True,
+        max_length=256,
+        include_num_input_tokens_seen="non_padding",
+    )
     rec = CPURecorder()
     rec.watch(model)
     if impl == "trl":
@@ -122,23 +145,40 @@ def run_one(impl: str, preset: dict) -> dict:
         rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module (HW MFU)
         # no ref_model: with precompute_ref_log_probs TRL 1.16 scores the reference with the policy
         # before training and keeps no second model (its leanest configuration, as ablate's)
-        trainer = trl.DPOTrainer(model=model, ref_model=None, args=trl.DPOConfig(**common),
-                                 train_dataset=train, processing_class=tok, callbacks=[rec])
+        trainer = trl.DPOTrainer(
+            model=model,
+            ref_model=None,
+            args=trl.DPOConfig(**common),
+            train_dataset=train,
+            processing_class=tok,
+            callbacks=[rec],
+        )
     else:
         from ablate.methods.dpo import DPOConfig, DPOTrainer
         from ablate.speed.plan import SpeedSwitches
 
-        trainer = DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=train, processing_class=tok,
-                             callbacks=[rec], perf=SpeedSwitches(**SPEED[impl]))
+        trainer = DPOTrainer(
+            model=model,
+            args=DPOConfig(**common),
+            train_dataset=train,
+            processing_class=tok,
+            callbacks=[rec],
+            perf=SpeedSwitches(**SPEED[impl]),
+        )
     trainer.train()
     # process_time() here: the whole process's CPU seconds so far (imports, data, precompute, steps)
-    return harness.report(rec, model, trainer.args, cpu_step_seconds=rec.cpu_step_seconds,
-                          process_cpu_s=time.process_time())
+    return harness.report(
+        rec, model, trainer.args, cpu_step_seconds=rec.cpu_step_seconds, process_cpu_s=time.process_time()
+    )
 
 
 # --record: each path's two sides (without it, with it): one switch apart
-RECORDED = {"dpo_pair_rows": ("ablate_plain", "ablate_shared"), "completion_only_logits": ("ablate_plain", "ablate_logits"),
-            "padding_free": ("ablate_padded", "ablate"), "lean_layers": ("ablate_heavy", "ablate")}
+RECORDED = {
+    "dpo_pair_rows": ("ablate_plain", "ablate_shared"),
+    "completion_only_logits": ("ablate_plain", "ablate_logits"),
+    "padding_free": ("ablate_padded", "ablate"),
+    "lean_layers": ("ablate_heavy", "ablate"),
+}
 
 
 def cpu_step(runs: list[dict]) -> float:
@@ -151,8 +191,10 @@ def cpu_table(results: dict[str, list[dict]]) -> str:
     for impl, runs in results.items():
         tokens = statistics.median(r["tokens"] / len(r["cpu_step_seconds"]) for r in runs)
         step = cpu_step(runs)
-        lines.append(f"{impl:14} {step:10.3f} {statistics.median(r['process_cpu_s'] for r in runs):13.1f} "
-                     f"{tokens / step:12.0f}")
+        lines.append(
+            f"{impl:14} {step:10.3f} {statistics.median(r['process_cpu_s'] for r in runs):13.1f} "
+            f"{tokens / step:12.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -162,11 +204,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="override the preset's step count")
     p.add_argument("--hidden", type=int, help="override the preset's hidden size (tiny model)")
     p.add_argument("--layers", type=int, help="override the preset's layer count (tiny model)")
-    p.add_argument("--impls", default="trl,ablate", help="comma-separated, alternated: trl, " + ", ".join(SPEED))
+    p.add_argument(
+        "--impls", default="trl,ablate", help="comma-separated, alternated: trl, " + ", ".join(SPEED)
+    )
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--record", nargs="?", const="", metavar="MEASURED_JSON",
-                   help="write each DPO path's CPU speedup and exactness (the sides in RECORDED) into this CPU "
-                        "family's record of ablate's measured.json (or of the file given)")
+    p.add_argument(
+        "--record",
+        nargs="?",
+        const="",
+        metavar="MEASURED_JSON",
+        help="write each DPO path's CPU speedup and exactness (the sides in RECORDED) into this CPU "
+        "family's record of ablate's measured.json (or of the file given)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.record is not None and a.child is None:
@@ -178,11 +227,22 @@ def main() -> None:
         run_one(a.child, json.loads(os.environ["BENCH_PRESET"]))
         return
     load = harness.load_average()
-    results = harness.run_alternately({impl: [sys.executable, __file__, "--child", impl] for impl in a.impls.split(",")},
-                                      a.repeats, env={"BENCH_PRESET": json.dumps(preset)})
-    what = "SmolLM2-135M-Instruct" if preset["model"] == "smollm2" else f"hidden {preset['hidden']} x {preset['layers']} layers"
-    harness.print_table(f"DPO {a.preset}: {what}, {preset['steps']} steps, batch 8 pairs, CPU, "
-                        f"{'bf16 autocast' if preset['bf16'] else 'fp32'}", results, load)
+    results = harness.run_alternately(
+        {impl: [sys.executable, __file__, "--child", impl] for impl in a.impls.split(",")},
+        a.repeats,
+        env={"BENCH_PRESET": json.dumps(preset)},
+    )
+    what = (
+        "SmolLM2-135M-Instruct"
+        if preset["model"] == "smollm2"
+        else f"hidden {preset['hidden']} x {preset['layers']} layers"
+    )
+    harness.print_table(
+        f"DPO {a.preset}: {what}, {preset['steps']} steps, batch 8 pairs, CPU, "
+        f"{'bf16 autocast' if preset['bf16'] else 'fp32'}",
+        results,
+        load,
+    )
     print(cpu_table(results))
     if a.record is not None:
         print(harness.record_cpu(results, RECORDED, cpu_step, f"DPO {a.preset} ({what})", a.record or None))

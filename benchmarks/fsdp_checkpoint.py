@@ -57,7 +57,11 @@ def _worker(rank: int, world: int, port: int, model_dir: str, form: str, out_dir
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
@@ -86,14 +90,29 @@ def _worker(rank: int, world: int, port: int, model_dir: str, form: str, out_dir
                 torch.save(optim, out / "optimizer.bin")
             del state, optim
         else:
-            dcp.save({"model": get_model_state_dict(model)}, storage_writer=dcp.FileSystemWriter(out / "pytorch_model_fsdp_0"))
-            dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
-                     storage_writer=dcp.FileSystemWriter(out / "optimizer_0"))
+            dcp.save(
+                {"model": get_model_state_dict(model)},
+                storage_writer=dcp.FileSystemWriter(out / "pytorch_model_fsdp_0"),
+            )
+            dcp.save(
+                {"optimizer": get_optimizer_state_dict(model, opt)},
+                storage_writer=dcp.FileSystemWriter(out / "optimizer_0"),
+            )
     seconds = time.perf_counter() - start
     dist.barrier()
     with open(results, "a") as f:
-        f.write(json.dumps({"form": form, "rank": rank, "seconds": seconds, "peak_mb": (mem.peak - mem.base) / 2**20,
-                            "rss_before_mb": mem.base / 2**20}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "form": form,
+                    "rank": rank,
+                    "seconds": seconds,
+                    "peak_mb": (mem.peak - mem.base) / 2**20,
+                    "rss_before_mb": mem.base / 2**20,
+                }
+            )
+            + "\n"
+        )
     dist.destroy_process_group()
 
 
@@ -109,13 +128,19 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(Path(os.environ.get("ABLATE_CACHE", Path.home() / ".cache" / "ablate"))
-                                           / "smollm2-135m-instruct"))
+    p.add_argument(
+        "--model",
+        default=str(
+            Path(os.environ.get("ABLATE_CACHE", Path.home() / ".cache" / "ablate")) / "smollm2-135m-instruct"
+        ),
+    )
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="each form this many times, alternating")
     a = p.parse_args()
     if not (Path(a.model) / "config.json").is_file():
-        sys.exit(f"fsdp_checkpoint: no model dir at {a.model}: run `ablate fetch smollm2_135m` or pass --model")
+        sys.exit(
+            f"fsdp_checkpoint: no model dir at {a.model}: run `ablate fetch smollm2_135m` or pass --model"
+        )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
@@ -123,19 +148,34 @@ def main() -> None:
             for form in ("full", "sharded"):
                 out = Path(tmp) / f"{form}{i}"
                 out.mkdir()
-                mp.spawn(_worker, args=(a.ranks, _free_port(), a.model, form, str(out), str(results)), nprocs=a.ranks)
+                mp.spawn(
+                    _worker,
+                    args=(a.ranks, _free_port(), a.model, form, str(out), str(results)),
+                    nprocs=a.ranks,
+                )
                 size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-                rows += [dict(json.loads(line), size_mb=size / 2**20, repeat=i)
-                         for line in results.read_text().splitlines() if json.loads(line)["form"] == form]
+                rows += [
+                    dict(json.loads(line), size_mb=size / 2**20, repeat=i)
+                    for line in results.read_text().splitlines()
+                    if json.loads(line)["form"] == form
+                ]
                 results.unlink()
-    print(f"{a.model}, {a.ranks} gloo ranks, fp32, one checkpoint (model + AdamW state); "
-          f"median over {a.repeats} repeats of the slowest rank's seconds, max peak per rank")
-    print(f"{'form':8} {'save s':>7} {'size MB':>8} " + " ".join(f"{'rank' + str(r) + ' peak MB':>14}" for r in range(a.ranks)))
+    print(
+        f"{a.model}, {a.ranks} gloo ranks, fp32, one checkpoint (model + AdamW state); "
+        f"median over {a.repeats} repeats of the slowest rank's seconds, max peak per rank"
+    )
+    print(
+        f"{'form':8} {'save s':>7} {'size MB':>8} "
+        + " ".join(f"{'rank' + str(r) + ' peak MB':>14}" for r in range(a.ranks))
+    )
     for form in ("full", "sharded"):
         mine = [r for r in rows if r["form"] == form]
         slowest = sorted(max(r["seconds"] for r in mine if r["repeat"] == i) for i in range(a.repeats))
         peaks = [max(r["peak_mb"] for r in mine if r["rank"] == k) for k in range(a.ranks)]
-        print(f"{form:8} {slowest[len(slowest) // 2]:7.2f} {mine[0]['size_mb']:8.0f} " + " ".join(f"{x:14.0f}" for x in peaks))
+        print(
+            f"{form:8} {slowest[len(slowest) // 2]:7.2f} {mine[0]['size_mb']:8.0f} "
+            + " ".join(f"{x:14.0f}" for x in peaks)
+        )
 
 
 if __name__ == "__main__":

@@ -63,12 +63,24 @@ GRPO_PATHS = ("shared_prefill", "grpo_group_rows", "length_groups")
 # DPO: TRL, then every path forced (the speed claim, never measured on a GPU yet: the H200's one try was cut at
 # 76 s), then speed=off (TRL's layout; measured there: TRL's speed at 1.06x its memory). GRPO and SFT: TRL, then
 # speed=off (TRL's layout: the same per-step losses, the table's agreement check), then forced.
-DPO_VARIANTS = {"forced": ALL, "off": "off", "default": {}, **{p: p for p in DPO_PATHS},
-                "forced+liger": {"liger": True, **ALL}, "forced+compile": {"compile": True, **ALL}}
+DPO_VARIANTS = {
+    "forced": ALL,
+    "off": "off",
+    "default": {},
+    **{p: p for p in DPO_PATHS},
+    "forced+liger": {"liger": True, **ALL},
+    "forced+compile": {"compile": True, **ALL},
+}
 LARGE_VARIANTS = {k: DPO_VARIANTS[k] for k in ("forced", "off", "default")}
 GRPO_VARIANTS = {"off": "off", "forced": ALL, "default": {}, **{p: p for p in GRPO_PATHS}}
-SFT_VARIANTS = {"off": "off", "forced": ALL, "default": {}, "lean_layers": "lean_layers",
-                "liger": {"liger": True, **ALL}, "compile": {"compile": True, **ALL}}
+SFT_VARIANTS = {
+    "off": "off",
+    "forced": ALL,
+    "default": {},
+    "lean_layers": "lean_layers",
+    "liger": {"liger": True, **ALL},
+    "compile": {"compile": True, **ALL},
+}
 # Each section's expected seconds on one H200, in the default run's order, summing to the default --budget (470 s:
 # one ~8-minute device call with the wheels' install). A section gets the time left times its share of the sections
 # still to run, so one that runs long leaves every later section its turn, and time a section leaves unused goes to
@@ -101,22 +113,55 @@ SMOKE = [  # name, `ablate train` overrides, runs on a CPU too (--tiny)
 
 def configs(device: str, tiny: bool) -> dict[str, dict[str, Any]]:
     """Each section's child config: full shapes on a GPU, tiny ones (seconds on a CPU) with --tiny."""
-    base = {"device": device, "bf16": device == "cuda", "exact_shape": "tiny" if tiny else "exact",
-            "exact_side": 12 if tiny else 96, "exact_new_tokens": 8 if tiny else 32}
+    base = {
+        "device": device,
+        "bf16": device == "cuda",
+        "exact_shape": "tiny" if tiny else "exact",
+        "exact_side": 12 if tiny else 96,
+        "exact_new_tokens": 8 if tiny else 32,
+    }
     if tiny:  # without Liger (CUDA only) and torch.compile (minutes on a CPU): the paths' code, in seconds
         dpo = dict(shape="tiny", steps=3, batch=2, side_tokens=24)
-        quick = lambda variants: {k: v for k, v in variants.items() if "liger" not in k and "compile" not in k}  # noqa: E731
-        return {"exact": base, "dpo": {**base, **dpo, "kind": "dpo", "variants": quick(DPO_VARIANTS)},
-                "dpo_large": {**base, **dpo, "kind": "dpo", "variants": LARGE_VARIANTS},
-                "grpo": {**base, "kind": "grpo", "shape": "tiny", "steps": 2, "batch": 4, "generations": 2,
-                         "new_tokens": 8, "prompt_tokens": 8, "variants": GRPO_VARIANTS},
-                "sft": {**base, **dpo, "kind": "sft", "variants": quick(SFT_VARIANTS)}}
+
+        def quick(variants):
+            return {k: v for k, v in variants.items() if "liger" not in k and "compile" not in k}
+
+        return {
+            "exact": base,
+            "dpo": {**base, **dpo, "kind": "dpo", "variants": quick(DPO_VARIANTS)},
+            "dpo_large": {**base, **dpo, "kind": "dpo", "variants": LARGE_VARIANTS},
+            "grpo": {
+                **base,
+                "kind": "grpo",
+                "shape": "tiny",
+                "steps": 2,
+                "batch": 4,
+                "generations": 2,
+                "new_tokens": 8,
+                "prompt_tokens": 8,
+                "variants": GRPO_VARIANTS,
+            },
+            "sft": {**base, **dpo, "kind": "sft", "variants": quick(SFT_VARIANTS)},
+        }
     dpo = dict(shape="0.5b", steps=10, batch=8, side_tokens=800, seq_len=800)
-    return {"exact": base, "dpo": {**base, **dpo, "kind": "dpo", "variants": DPO_VARIANTS},
-            "dpo_large": {**base, **dpo, "shape": "1.5b", "kind": "dpo", "variants": LARGE_VARIANTS},
-            "grpo": {**base, "kind": "grpo", "shape": "0.5b", "steps": 4, "batch": 16, "generations": 8,
-                     "new_tokens": 64, "prompt_tokens": 64, "seq_len": 128, "variants": GRPO_VARIANTS},
-            "sft": {**base, **dpo, "kind": "sft", "steps": 8, "variants": SFT_VARIANTS}}
+    return {
+        "exact": base,
+        "dpo": {**base, **dpo, "kind": "dpo", "variants": DPO_VARIANTS},
+        "dpo_large": {**base, **dpo, "shape": "1.5b", "kind": "dpo", "variants": LARGE_VARIANTS},
+        "grpo": {
+            **base,
+            "kind": "grpo",
+            "shape": "0.5b",
+            "steps": 4,
+            "batch": 16,
+            "generations": 8,
+            "new_tokens": 64,
+            "prompt_tokens": 64,
+            "seq_len": 128,
+            "variants": GRPO_VARIANTS,
+        },
+        "sft": {**base, **dpo, "kind": "sft", "steps": 8, "variants": SFT_VARIANTS},
+    }
 
 
 def section_seconds(section: str, later: list[str], remaining: float) -> float:
@@ -132,8 +177,10 @@ def no_device(device: str) -> str | None:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        return ("benchmarks/gpu.py: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU "
-                "machine, or pass --device cpu --tiny for the CPU dry run")
+        return (
+            "benchmarks/gpu.py: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU "
+            "machine, or pass --device cpu --tiny for the CPU dry run"
+        )
     return None
 
 
@@ -141,8 +188,13 @@ def child(cfg: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, f
     """Run benchmarks/gpu_sides.py with `cfg`: (its JSON line or None, wall seconds, stderr's tail)."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, str(HERE / "gpu_sides.py"), json.dumps(cfg)], capture_output=True,
-                              text=True, timeout=max(timeout, 30), cwd=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "gpu_sides.py"), json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=max(timeout, 30),
+            cwd=str(ROOT),
+        )
     except subprocess.TimeoutExpired:
         return None, time.perf_counter() - t0, f"timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - t0
@@ -158,7 +210,9 @@ def timed(name: str, cfg: dict[str, Any], repeats: int, remaining: float) -> dic
     errors: dict[str, str] = {}
     # each ablate variant its own process: on the H200 (2026-12-04) ten variants in one process ran past the
     # section's time and every ablate number was lost; one that hangs now costs at most 3x TRL's process time
-    children = [("trl", {})] + [(f"ablate:{v}", {"variants": {v: spec}}) for v, spec in cfg["variants"].items()]
+    children = [("trl", {})] + [
+        (f"ablate:{v}", {"variants": {v: spec}}) for v, spec in cfg["variants"].items()
+    ]
     for _ in range(repeats):
         trl_seconds = None
         for key, extra in children:
@@ -194,17 +248,25 @@ def smoke_lines(device: str, only: set[str] | None = None) -> list[tuple[str, li
 
 def keep_only(cfgs: dict[str, dict[str, Any]], only: set[str] | None) -> dict[str, dict[str, Any]]:
     """Each timed section with the ablate variants --only names (all without --only); TRL always runs."""
-    return {k: {**c, "variants": {v: x for v, x in c["variants"].items() if v in only}} if only and "variants" in c
-            else c for k, c in cfgs.items()}
+    return {
+        k: {**c, "variants": {v: x for v, x in c["variants"].items() if v in only}}
+        if only and "variants" in c
+        else c
+        for k, c in cfgs.items()
+    }
 
 
-def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float,
-          only: set[str] | None = None) -> dict[str, Any]:
+def smoke(
+    device: str, tiny: bool, out_dir: Path, parallel: int, remaining: float, only: set[str] | None = None
+) -> dict[str, Any]:
     """The smoke lines, `parallel` at a time: one line each (status, key metric, seconds); a line that would
     start after `remaining` seconds is not started (and says so)."""
     lines = smoke_lines(device, only)
     steps = 2 if tiny else 10
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
     deadline = time.perf_counter() + remaining
 
     def run(name: str, overrides: list[str]) -> tuple[str, int | None, float]:
@@ -212,12 +274,25 @@ def smoke(device: str, tiny: bool, out_dir: Path, parallel: int, remaining: floa
         remaining = deadline - t0
         if remaining <= 0:
             return name, None, 0.0
-        cmd = [sys.executable, "-m", "ablate", "train", *overrides, f"method.args.max_steps={steps}",
-               f"hydra.run.dir={out_dir / name}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ablate",
+            "train",
+            *overrides,
+            f"method.args.max_steps={steps}",
+            f"hydra.run.dir={out_dir / name}",
+        ]
         with open(out_dir / f"{name}.log", "w") as log:
             try:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(out_dir),
-                                    timeout=max(remaining, 60)).returncode
+                rc = subprocess.run(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(out_dir),
+                    timeout=max(remaining, 60),
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = 124
         return name, rc, time.perf_counter() - t0
@@ -240,8 +315,11 @@ def smoke_line(run_dir: Path, name: str, rc: int | None, seconds: float) -> dict
         s = {"status": f"no summary ({type(e).__name__})"}
     metrics = s.get("metrics", {})
     key = next((k for k in ("rewards/accuracies", "reward", "loss") if k in metrics), None)
-    print(f"{name:14} rc={rc} status={s.get('status')} {key}={metrics.get(key)} steps={s.get('global_step')} "
-          f"{seconds:.0f}s" + (f" error={s.get('error')}" if s.get("error") else ""), flush=True)
+    print(
+        f"{name:14} rc={rc} status={s.get('status')} {key}={metrics.get(key)} steps={s.get('global_step')} "
+        f"{seconds:.0f}s" + (f" error={s.get('error')}" if s.get("error") else ""),
+        flush=True,
+    )
     return {"rc": rc, "status": s.get("status"), "seconds": seconds, key or "metric": metrics.get(key)}
 
 
@@ -258,10 +336,13 @@ def verdicts(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if row is None or base is None or path not in exact:
                 continue
             speedup = base["s_per_step"] / row["s_per_step"]
-            paths[path] = {"exact": bool(exact[path].get("exact")), "max_abs_diff": exact[path].get("max_abs_diff"),
-                           "speedup": round(speedup, 3),
-                           "basis": f"{out[section].get('title', section)}: {row['s_per_step']:.3f} s/step against "
-                                    f"{'forced' if '+' in name else 'speed=off'}'s {base['s_per_step']:.3f} ({speedup:.2f}x)"}
+            paths[path] = {
+                "exact": bool(exact[path].get("exact")),
+                "max_abs_diff": exact[path].get("max_abs_diff"),
+                "speedup": round(speedup, 3),
+                "basis": f"{out[section].get('title', section)}: {row['s_per_step']:.3f} s/step against "
+                f"{'forced' if '+' in name else 'speed=off'}'s {base['s_per_step']:.3f} ({speedup:.2f}x)",
+            }
     return paths
 
 
@@ -272,30 +353,55 @@ def header(device: str) -> str:
     import transformers
     import trl
 
-    name = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else platform.processor()
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return (f"benchmarks/gpu.py on {name or device}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"trl {trl.__version__}, {time.strftime('%Y-%m-%d')}, commit {sha or '?'}")
+    name = (
+        torch.cuda.get_device_name(0)
+        if device == "cuda" and torch.cuda.is_available()
+        else platform.processor()
+    )
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    return (
+        f"benchmarks/gpu.py on {name or device}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"trl {trl.__version__}, {time.strftime('%Y-%m-%d')}, commit {sha or '?'}"
+    )
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="tiny shapes (seconds per section on a CPU)")
-    p.add_argument("--sections", help="default: exact,dpo,smoke,grpo,sft,dpo_large (--tiny: no dpo_large, the same code)")
+    p.add_argument(
+        "--sections", help="default: exact,dpo,smoke,grpo,sft,dpo_large (--tiny: no dpo_large, the same code)"
+    )
     p.add_argument("--budget", type=float, default=470.0, help="seconds: a section starting later is skipped")
     p.add_argument("--repeats", type=int, default=1, help="alternated rounds of TRL and ablate per section")
     p.add_argument("--parallel", type=int, default=8, help="smoke lines at a time")
-    p.add_argument("--smoke-dir", type=Path, default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
-                   help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)")
+    p.add_argument(
+        "--smoke-dir",
+        type=Path,
+        default=Path("outputs/gpu_smoke") / time.strftime("%Y%m%d-%H%M%S"),
+        help="the smoke runs' dirs (a fresh one per run: an existing run dir would be resumed)",
+    )
     p.add_argument("--compile", action="store_true", help="exact: check torch.compile on a CPU too (minutes)")
-    p.add_argument("--only", help="comma-separated ablate variants and smoke lines to run (default: all); "
-                   "a short GPU lease runs the decisive rows: --only off,forced,bf16_tf32")
+    p.add_argument(
+        "--only",
+        help="comma-separated ablate variants and smoke lines to run (default: all); "
+        "a short GPU lease runs the decisive rows: --only off,forced,bf16_tf32",
+    )
     p.add_argument("--out", type=Path, help="write every number here (JSON)")
-    p.add_argument("--record", nargs="?", const=str(ROOT / "src/ablate/speed/measured.json"),
-                   help="write the verdicts as the device's entry of this measured.json (default: ablate's)")
+    p.add_argument(
+        "--record",
+        nargs="?",
+        const=str(ROOT / "src/ablate/speed/measured.json"),
+        help="write the verdicts as the device's entry of this measured.json (default: ablate's)",
+    )
     a = p.parse_args()
-    if a.tiny and a.record and Path(a.record).resolve() == (ROOT / "src/ablate/speed/measured.json").resolve():
+    if (
+        a.tiny
+        and a.record
+        and Path(a.record).resolve() == (ROOT / "src/ablate/speed/measured.json").resolve()
+    ):
         p.error("--tiny decides nothing for ablate's defaults: give --record a path of its own")
     sections = (a.sections or ("exact,dpo,grpo,sft,smoke" if a.tiny else ",".join(SECONDS))).split(",")
     if unknown := sorted(set(sections) - set(SECONDS)):
@@ -312,7 +418,7 @@ def main() -> None:
         if remaining <= 0:
             print(f"\n{section}: skipped (past --budget {a.budget:.0f} s)")
             continue
-        remaining = section_seconds(section, sections[i + 1:], remaining)
+        remaining = section_seconds(section, sections[i + 1 :], remaining)
         print(f"\n== {section} ({remaining:.0f} s of the budget) ==", flush=True)
         s0 = time.perf_counter()
         if section == "exact":
@@ -329,7 +435,9 @@ def main() -> None:
     for name, v in out["verdicts"].items():
         from ablate.speed.measured import verdict
 
-        print(f"  {name:24} {'on ' if verdict(v['exact'], v['speedup']) else 'off'} exact={v['exact']} {v['basis']}")
+        print(
+            f"  {name:24} {'on ' if verdict(v['exact'], v['speedup']) else 'off'} exact={v['exact']} {v['basis']}"
+        )
     if a.out:
         a.out.write_text(json.dumps(out, indent=1, default=str))
     if a.record:
@@ -343,12 +451,16 @@ def print_exact(res: dict[str, Any]) -> None:
     if "paths" not in res:
         print(f"exact: failed: {res.get('error', '')[-1500:]}")
         return
-    print(f"measured peak: bf16 {res['peak_bf16'] / 1e12:.1f} TFLOP/s, fp32 {res['peak_fp32'] / 1e12:.1f} TFLOP/s")
+    print(
+        f"measured peak: bf16 {res['peak_bf16'] / 1e12:.1f} TFLOP/s, fp32 {res['peak_fp32'] / 1e12:.1f} TFLOP/s"
+    )
     print(f"{'path':24} {'exact':6} {'max |dlogp|':>12} {'grad rel':>10}")
     for name, r in res["paths"].items():
         d, g = r.get("max_abs_diff"), r.get("grad_rel_diff")
-        print(f"{name:24} {str(r['exact']):6} {('-' if d is None else f'{d:.2e}'):>12} "
-              f"{('-' if g is None else f'{g:.2e}'):>10} {r.get('identical_completions', '')}{r.get('error', '')}")
+        print(
+            f"{name:24} {str(r['exact']):6} {('-' if d is None else f'{d:.2e}'):>12} "
+            f"{('-' if g is None else f'{g:.2e}'):>10} {r.get('identical_completions', '')}{r.get('error', '')}"
+        )
 
 
 if __name__ == "__main__":

@@ -19,10 +19,13 @@ from typing import Any
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
 
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, vocab
-    "0.5b": (1536, 16, 12, 4, 4096, 49152), "1.5b": (2048, 24, 16, 4, 8192, 49152),
-    "exact": (256, 4, 4, 2, 1024, 49152), "tiny": (64, 2, 4, 2, 128, 2048),
+    "0.5b": (1536, 16, 12, 4, 4096, 49152),
+    "1.5b": (2048, 24, 16, 4, 8192, 49152),
+    "exact": (256, 4, 4, 2, 1024, 49152),
+    "tiny": (64, 2, 4, 2, 128, 2048),
 }
 # ---- the child side: one process per side and section ----
+
 
 def wide_tokenizer(vocab: int) -> Any:
     """ablate's byte tokenizer (text -> one token a byte, no download) with `vocab` ids: the extra ids are
@@ -40,8 +43,9 @@ def wide_tokenizer(vocab: int) -> Any:
     tok = Tokenizer(models.BPE(vocab=ids, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
-                                   model_max_length=4096)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, model_max_length=4096
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -53,10 +57,19 @@ def build(shape: str, device: str, seed: int = 0) -> tuple[Any, Any]:
 
     hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
     tok = wide_tokenizer(vocab)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=4096,
-                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(config)
@@ -73,8 +86,14 @@ def pairs(n: int, side: int, seed: int = 0) -> list[dict[str, str]]:
     lengths varying +-25% so batches pad."""
     rng = random.Random(seed)
     vary = lambda k: int(k * rng.uniform(0.75, 1.25))  # noqa: E731
-    return [{"prompt": text(rng, vary(side // 2)), "chosen": text(rng, vary(side // 2)),
-             "rejected": text(rng, vary(side // 2))} for _ in range(n)]
+    return [
+        {
+            "prompt": text(rng, vary(side // 2)),
+            "chosen": text(rng, vary(side // 2)),
+            "rejected": text(rng, vary(side // 2)),
+        }
+        for _ in range(n)
+    ]
 
 
 def perf_of(spec: Any) -> Any:
@@ -83,7 +102,13 @@ def perf_of(spec: Any) -> Any:
     if spec == "off":
         return SpeedSwitches.off()
     if isinstance(spec, str):  # one path alone, forced onto the device
-        return SpeedSwitches(**{**{k: False for k in SpeedSwitches.__dataclass_fields__}, spec: True, "unverified_devices": True})
+        return SpeedSwitches(
+            **{
+                **{k: False for k in SpeedSwitches.__dataclass_fields__},
+                spec: True,
+                "unverified_devices": True,
+            }
+        )
     return SpeedSwitches(**spec)
 
 
@@ -130,10 +155,21 @@ def run_side(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _args(cfg: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    return dict(output_dir=f"/tmp/ablate-gpu-bench/{cfg['kind']}-{os.getpid()}", max_steps=cfg["steps"],
-                logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
-                bf16=cfg["bf16"], use_cpu=cfg["device"] == "cpu", learning_rate=1e-5, lr_scheduler_type="constant",
-                gradient_checkpointing=False, **kw)
+    return dict(
+        output_dir=f"/tmp/ablate-gpu-bench/{cfg['kind']}-{os.getpid()}",
+        max_steps=cfg["steps"],
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        bf16=cfg["bf16"],
+        use_cpu=cfg["device"] == "cpu",
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
+        **kw,
+    )
 
 
 def _finish(cfg: dict[str, Any], rec: Any, model: Any, trainer: Any, **extra: Any) -> dict[str, Any]:
@@ -150,22 +186,40 @@ def dpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
 
     tok, model = build(cfg["shape"], cfg["device"])
     train = Dataset.from_list(pairs(cfg["batch"] * cfg["steps"], cfg["side_tokens"]))
-    common = _args(cfg, per_device_train_batch_size=cfg["batch"], beta=0.1, precompute_ref_log_probs=True,
-                   max_length=2 * cfg["side_tokens"], include_num_input_tokens_seen="non_padding")
+    common = _args(
+        cfg,
+        per_device_train_batch_size=cfg["batch"],
+        beta=0.1,
+        precompute_ref_log_probs=True,
+        max_length=2 * cfg["side_tokens"],
+        include_num_input_tokens_seen="non_padding",
+    )
     rec = GPURecorder()
     rec.watch(model)
     if spec is None:
         import trl
 
         rec.watch_trl_fused_head()
-        trainer = trl.DPOTrainer(model=model, ref_model=None, args=trl.DPOConfig(**common), train_dataset=train,
-                                 processing_class=tok, callbacks=[rec])
+        trainer = trl.DPOTrainer(
+            model=model,
+            ref_model=None,
+            args=trl.DPOConfig(**common),
+            train_dataset=train,
+            processing_class=tok,
+            callbacks=[rec],
+        )
     else:
         from ablate.methods.dpo import DPOConfig, DPOTrainer
 
         common.pop("gradient_checkpointing")
-        trainer = DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=train, processing_class=tok,
-                             callbacks=[rec], perf=perf_of(spec))
+        trainer = DPOTrainer(
+            model=model,
+            args=DPOConfig(**common),
+            train_dataset=train,
+            processing_class=tok,
+            callbacks=[rec],
+            perf=perf_of(spec),
+        )
     trainer.train()
     return _finish(cfg, rec, model, trainer, plan=_plan_of(trainer))
 
@@ -174,24 +228,41 @@ def sft_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     from datasets import Dataset
 
     tok, model = build(cfg["shape"], cfg["device"])
-    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in pairs(cfg["batch"] * cfg["steps"],
-                                                                              cfg["side_tokens"])]
-    common = _args(cfg, per_device_train_batch_size=cfg["batch"], max_length=2 * cfg["side_tokens"],
-                   include_num_input_tokens_seen="non_padding")
+    rows = [
+        {"prompt": r["prompt"], "completion": r["chosen"]}
+        for r in pairs(cfg["batch"] * cfg["steps"], cfg["side_tokens"])
+    ]
+    common = _args(
+        cfg,
+        per_device_train_batch_size=cfg["batch"],
+        max_length=2 * cfg["side_tokens"],
+        include_num_input_tokens_seen="non_padding",
+    )
     rec = GPURecorder()
     rec.watch(model)
     if spec is None:
         import trl
 
         rec.watch_trl_fused_head()
-        trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(**common), train_dataset=Dataset.from_list(rows),
-                                 processing_class=tok, callbacks=[rec])
+        trainer = trl.SFTTrainer(
+            model=model,
+            args=trl.SFTConfig(**common),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+            callbacks=[rec],
+        )
     else:
         from ablate.methods.sft import SFTConfig, SFTTrainer
 
         common.pop("gradient_checkpointing")
-        trainer = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=Dataset.from_list(rows),
-                             processing_class=tok, callbacks=[rec], perf=perf_of(spec))
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(**common),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+            callbacks=[rec],
+            perf=perf_of(spec),
+        )
     trainer.train()
     return _finish(cfg, rec, model, trainer, plan=_plan_of(trainer))
 
@@ -212,9 +283,18 @@ def grpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     tok, model = build(cfg["shape"], cfg["device"])
     rng = random.Random(0)
     prompts = Dataset.from_dict({"prompt": [text(rng, cfg["prompt_tokens"]) for _ in range(64)]})
-    common = _args(cfg, per_device_train_batch_size=cfg["batch"], num_generations=cfg["generations"],
-                   steps_per_generation=1, gradient_accumulation_steps=1, max_completion_length=cfg["new_tokens"],
-                   temperature=1.0, top_p=1.0, top_k=0, beta=0.0)
+    common = _args(
+        cfg,
+        per_device_train_batch_size=cfg["batch"],
+        num_generations=cfg["generations"],
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=cfg["new_tokens"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+    )
     box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0, "generated_tokens": 0}
     rec = GPURecorder()
     rec.watch(model)
@@ -222,16 +302,29 @@ def grpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
         import trl
 
         rec.watch_trl_fused_head()
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward_even], train_dataset=prompts, processing_class=tok,
-                                  args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[rec])
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=[reward_even],
+            train_dataset=prompts,
+            processing_class=tok,
+            args=trl.GRPOConfig(loss_type="dapo", **common),
+            callbacks=[rec],
+        )
         _seeded(trainer, "_generate_single_turn", 1000)
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
     else:
         from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 
         common.pop("gradient_checkpointing")
-        trainer = GRPOTrainer(model=model, args=GRPOConfig(**common), train_dataset=prompts, processing_class=tok,
-                              reward_funcs={"reward_even": reward_even}, callbacks=[rec], perf=perf_of(spec))
+        trainer = GRPOTrainer(
+            model=model,
+            args=GRPOConfig(**common),
+            train_dataset=prompts,
+            processing_class=tok,
+            reward_funcs={"reward_even": reward_even},
+            callbacks=[rec],
+            perf=perf_of(spec),
+        )
         gen = trainer.generator
         trainer.generator = lambda m, p: gen(m, p)
         _seeded(trainer, "generator", 1000)
@@ -239,8 +332,15 @@ def grpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     trainer.train()
     steps = max(len(rec.step_seconds), 1)
     rec.step_seconds = round_means(rec.step_seconds, 1)
-    return _finish(cfg, rec, model, trainer, generated_tokens=int(box["generated_tokens"]),
-                   generation_s=box["generation"] / steps, plan=_plan_of(trainer))
+    return _finish(
+        cfg,
+        rec,
+        model,
+        trainer,
+        generated_tokens=int(box["generated_tokens"]),
+        generation_s=box["generation"] / steps,
+        plan=_plan_of(trainer),
+    )
 
 
 def _plan_of(trainer: Any) -> dict[str, bool] | None:

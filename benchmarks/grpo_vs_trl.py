@@ -63,8 +63,9 @@ from typing import Any, Callable
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
 
 
-def _timed(obj: Any, name: str, box: dict[str, float], key: str,
-           generated: Callable[[Any], int] | None = None) -> None:
+def _timed(
+    obj: Any, name: str, box: dict[str, float], key: str, generated: Callable[[Any], int] | None = None
+) -> None:
     """Wrap obj.name so its wall time accumulates in box[key], its CPU time in box[key + "_cpu"], and
     (with `generated`: the result -> its completions' token count) box["generated_tokens"]."""
     fn = getattr(obj, name)
@@ -108,11 +109,12 @@ def round_means(step_seconds: list[float], spg: int) -> list[float]:
     """Each step's seconds replaced by its generation round's mean (rounds: spg consecutive steps, the
     first of which generates). The harness's median over steps would otherwise pick a training-only step
     when spg > 1 and leave generation out of s/step (and MFU, which counts it, over 100%)."""
-    return [statistics.fmean(step_seconds[i - i % spg:i - i % spg + spg]) for i in range(len(step_seconds))]
+    return [statistics.fmean(step_seconds[i - i % spg : i - i % spg + spg]) for i in range(len(step_seconds))]
 
 
-def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int,
-            full_length: bool = False) -> dict:
+def run_one(
+    impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int, seed: int, full_length: bool = False
+) -> dict:
     import torch
 
     if full_length:  # no id ends a completion: every one is new_tokens long, whatever the policy has learned
@@ -121,7 +123,9 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         import ablate.methods.grpo
         import ablate.rollouts.generation
 
-        ablate.rollouts.generation.stop_ids = ablate.methods.grpo.stop_ids = lambda tokenizer, model=None: [-1]
+        ablate.rollouts.generation.stop_ids = ablate.methods.grpo.stop_ids = lambda tokenizer, model=None: [
+            -1
+        ]
 
     from ablate.data import packaged
     from ablate.models import smollm2_135m
@@ -130,11 +134,28 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
     torch.manual_seed(seed)
     tok, model = smollm2_135m()  # transformers' own RMSNorm and MLP: ablate's speed plan makes them lean
     train = packaged("one_word_prompts", with_eval=False).train
-    common = dict(output_dir=f"/tmp/bench-grpo-{impl}-{os.getpid()}", per_device_train_batch_size=batch,
-                  num_generations=g, steps_per_generation=spg, gradient_accumulation_steps=1, max_steps=steps,
-                  max_completion_length=new_tokens, temperature=0.8, top_p=1.0, top_k=0, beta=0.0, learning_rate=3e-5,
-                  lr_scheduler_type="constant", logging_steps=1, report_to="none", save_strategy="no",
-                  use_cpu=True, bf16=False, seed=seed, disable_tqdm=True)
+    common = dict(
+        output_dir=f"/tmp/bench-grpo-{impl}-{os.getpid()}",
+        per_device_train_batch_size=batch,
+        num_generations=g,
+        steps_per_generation=spg,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        max_completion_length=new_tokens,
+        temperature=0.8,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        learning_rate=3e-5,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        disable_tqdm=True,
+    )
     box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0, "generated_tokens": 0}
     # per-step seconds, losses, rewards, gradient norms, tokens (num_input_tokens_seen: both count it)
     rec = harness.StepRecorder()
@@ -143,8 +164,14 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         import trl
 
         rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=[one_word], train_dataset=train, processing_class=tok,
-                                  args=trl.GRPOConfig(loss_type="dapo", **common), callbacks=[rec])
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=[one_word],
+            train_dataset=train,
+            processing_class=tok,
+            args=trl.GRPOConfig(loss_type="dapo", **common),
+            callbacks=[rec],
+        )
         # returns (completion_ids, logprobs), the ids without padding after the first EOS
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
         _timed(trainer, "_generate_and_score_completions", box, "round")
@@ -153,14 +180,25 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         from ablate.rollouts.generation import HFGenerator
         from ablate.speed.plan import SpeedSwitches
 
-        args = GRPOConfig(**common, max_staleness=staleness(impl),
-                          generation_dtype="bfloat16" if ":bf16" in impl else None,
-                          async_threads="balanced" if impl.endswith(":balanced") else "split")
+        args = GRPOConfig(
+            **common,
+            max_staleness=staleness(impl),
+            generation_dtype="bfloat16" if ":bf16" in impl else None,
+            async_threads="balanced" if impl.endswith(":balanced") else "split",
+        )
         kw: dict[str, Any] = {"generator": HFGenerator(args, tok)} if impl == "ablate:hf" else {}
-        trainer = GRPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                              reward_funcs={"one_word": one_word}, callbacks=[rec],
-                              perf=SpeedSwitches(grpo_group_rows=impl != "ablate:noshare",
-                                        length_groups=impl != "ablate:nolengths"), **kw)
+        trainer = GRPOTrainer(
+            model=model,
+            args=args,
+            train_dataset=train,
+            processing_class=tok,
+            reward_funcs={"one_word": one_word},
+            callbacks=[rec],
+            perf=SpeedSwitches(
+                grpo_group_rows=impl != "ablate:noshare", length_groups=impl != "ablate:nolengths"
+            ),
+            **kw,
+        )
         if staleness(impl):  # generation runs in the worker process: the trainer's side is taking the round
             _timed(trainer, "_take_ahead", box, "round")
         else:
@@ -178,19 +216,35 @@ def run_one(impl: str, steps: int, batch: int, g: int, spg: int, new_tokens: int
         box["generation_cpu"], box["generated_tokens"] = worker, stats.generated_tokens
         box["round_cpu"] += worker
         cpu += worker
-        extra = {"wait": stats.generation_seconds / steps,
-                 "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+        extra = {
+            "wait": stats.generation_seconds / steps,
+            "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        }
     raw_step_seconds, rec.step_seconds = rec.step_seconds, round_means(rec.step_seconds, spg)
-    return harness.report(rec, model, trainer.args, generated_tokens=int(box["generated_tokens"]),
-                          impl=impl, spg=spg, seed=seed, wall_per_step=total / steps, cpu_per_step=cpu / steps,
-                          raw_step_seconds=raw_step_seconds, generation=box["generation_cpu"] / steps,
-                          scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
-                          training=(cpu - box["round_cpu"]) / steps, **extra)
+    return harness.report(
+        rec,
+        model,
+        trainer.args,
+        generated_tokens=int(box["generated_tokens"]),
+        impl=impl,
+        spg=spg,
+        seed=seed,
+        wall_per_step=total / steps,
+        cpu_per_step=cpu / steps,
+        raw_step_seconds=raw_step_seconds,
+        generation=box["generation_cpu"] / steps,
+        scoring=(box["round_cpu"] - box["generation_cpu"]) / steps,
+        training=(cpu - box["round_cpu"]) / steps,
+        **extra,
+    )
 
 
 # --record: each path's two sides (without it, with it): one switch apart, the same samples
-RECORDED = {"grpo_group_rows": ("ablate:noshare", "ablate"), "shared_prefill": ("ablate:hf", "ablate"),
-            "length_groups": ("ablate:nolengths", "ablate")}
+RECORDED = {
+    "grpo_group_rows": ("ablate:noshare", "ablate"),
+    "shared_prefill": ("ablate:hf", "ablate"),
+    "length_groups": ("ablate:nolengths", "ablate"),
+}
 
 
 def staleness(impl: str) -> int:
@@ -211,18 +265,24 @@ def cpu_table(results: dict[str, list[dict]], spg: int) -> str:
     med = {impl: {k: statistics.median(r[k] for r in runs) for k in keys} for impl, runs in results.items()}
     trl = med.get("trl", {k: float("nan") for k in keys})
     for impl, runs in results.items():  # the harness's s/step: median step after each run's first
-        med[impl]["steady"] = statistics.median(x for r in runs for x in (r["step_seconds"][1:] or r["step_seconds"]))
+        med[impl]["steady"] = statistics.median(
+            x for r in runs for x in (r["step_seconds"][1:] or r["step_seconds"])
+        )
     base = next(iter(med.values()))
-    lines = [f"{'impl':14} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
-             f"{'wall s/step':>11} {'vs trl':>7} {'vs first':>8} {'wait':>6} {'RSS MB':>7}"]
+    lines = [
+        f"{'impl':14} {'spg':>3} {'CPU s/step':>10} {'gen':>7} {'score':>7} {'train':>7} {'vs trl':>7} "
+        f"{'wall s/step':>11} {'vs trl':>7} {'vs first':>8} {'wait':>6} {'RSS MB':>7}"
+    ]
     for impl, m in med.items():
         waits = [r["wait"] for r in results[impl] if "wait" in r]
         rss = max(r["peak_rss_mb"] + r.get("worker_rss_mb", 0.0) for r in results[impl])  # + the worker's
-        lines.append(f"{impl:14} {spg:>3} {m['cpu_per_step']:10.2f} {m['generation']:7.2f} {m['scoring']:7.2f} "
-                     f"{m['training']:7.2f} {trl['cpu_per_step'] / m['cpu_per_step']:6.2f}x "
-                     f"{m['wall_per_step']:11.2f} {trl['wall_per_step'] / m['wall_per_step']:6.2f}x "
-                     f"{base['steady'] / m['steady']:7.2f}x "
-                     f"{statistics.median(waits) if waits else float('nan'):6.2f} {rss:7.0f}")
+        lines.append(
+            f"{impl:14} {spg:>3} {m['cpu_per_step']:10.2f} {m['generation']:7.2f} {m['scoring']:7.2f} "
+            f"{m['training']:7.2f} {trl['cpu_per_step'] / m['cpu_per_step']:6.2f}x "
+            f"{m['wall_per_step']:11.2f} {trl['wall_per_step'] / m['wall_per_step']:6.2f}x "
+            f"{base['steady'] / m['steady']:7.2f}x "
+            f"{statistics.median(waits) if waits else float('nan'):6.2f} {rss:7.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -235,49 +295,94 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vary-seed", action="store_true", help="repeat r runs seed + r (reward curves over seeds)")
-    p.add_argument("--impls", nargs="+", default=["ablate", "trl"],
-                   help="alternated; the first is the base max |dloss| is measured against")
-    p.add_argument("--full-length", action="store_true",
-                   help="ablate sides: no stop id, every completion --new-tokens long (a step's generation work fixed, "
-                        "so a side that learns the short answers later is not charged for its longer ones)")
-    p.add_argument("--record", nargs="?", const="", metavar="MEASURED_JSON",
-                   help="write each GRPO path's CPU speedup and exactness (the sides in RECORDED, at the first "
-                        "--spg) into this CPU family's record of ablate's measured.json (or of the file given)")
+    p.add_argument(
+        "--vary-seed", action="store_true", help="repeat r runs seed + r (reward curves over seeds)"
+    )
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        default=["ablate", "trl"],
+        help="alternated; the first is the base max |dloss| is measured against",
+    )
+    p.add_argument(
+        "--full-length",
+        action="store_true",
+        help="ablate sides: no stop id, every completion --new-tokens long (a step's generation work fixed, "
+        "so a side that learns the short answers later is not charged for its longer ones)",
+    )
+    p.add_argument(
+        "--record",
+        nargs="?",
+        const="",
+        metavar="MEASURED_JSON",
+        help="write each GRPO path's CPU speedup and exactness (the sides in RECORDED, at the first "
+        "--spg) into this CPU family's record of ablate's measured.json (or of the file given)",
+    )
     p.add_argument("--child", help="internal: run one impl and print its JSON")
     a = p.parse_args()
     if a.record is not None and not a.child:
-        a.impls += [side for side in dict.fromkeys(s for pair in RECORDED.values() for s in pair) if side not in a.impls]
+        a.impls += [
+            side
+            for side in dict.fromkeys(s for pair in RECORDED.values() for s in pair)
+            if side not in a.impls
+        ]
     if a.child:
         run_one(a.child, a.steps, a.batch, a.num_generations, a.spg[0], a.new_tokens, a.seed, a.full_length)
         return
-    print(f"GRPO, SmolLM2-135M-Instruct fp32, {a.batch} completions/step ({a.num_generations} per prompt), "
-          f"{a.new_tokens} new tokens{' (all of them: --full-length)' if a.full_length else ''}, {a.steps} steps, "
-          f"{a.repeats} repeats (median)")
+    print(
+        f"GRPO, SmolLM2-135M-Instruct fp32, {a.batch} completions/step ({a.num_generations} per prompt), "
+        f"{a.new_tokens} new tokens{' (all of them: --full-length)' if a.full_length else ''}, {a.steps} steps, "
+        f"{a.repeats} repeats (median)"
+    )
     recorded = None
     for spg in a.spg:
         load = harness.load_average()
         results: dict[str, list[dict]] = {impl: [] for impl in a.impls}
         for rep in range(a.repeats):  # one alternated round per repeat: its seed can differ (--vary-seed)
             seed = a.seed + rep if a.vary_seed else a.seed
-            args = ["--steps", str(a.steps), "--spg", str(spg), "--batch", str(a.batch), "--num-generations",
-                    str(a.num_generations), "--new-tokens", str(a.new_tokens), "--seed", str(seed),
-                    *(["--full-length"] if a.full_length else [])]
-            round_ = harness.run_alternately({impl: [sys.executable, __file__, "--child", impl, *args]
-                                              for impl in a.impls}, repeats=1)
+            args = [
+                "--steps",
+                str(a.steps),
+                "--spg",
+                str(spg),
+                "--batch",
+                str(a.batch),
+                "--num-generations",
+                str(a.num_generations),
+                "--new-tokens",
+                str(a.new_tokens),
+                "--seed",
+                str(seed),
+                *(["--full-length"] if a.full_length else []),
+            ]
+            round_ = harness.run_alternately(
+                {impl: [sys.executable, __file__, "--child", impl, *args] for impl in a.impls}, repeats=1
+            )
             for impl, runs in round_.items():
                 results[impl] += runs
                 steal = "" if runs[0]["steal"] is None else f" (CPU steal {runs[0]['steal']:.0%})"
-                print(f"  {impl} spg {spg} seed {seed}: {runs[0]['wall_per_step']:.2f} s/step{steal}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  {impl} spg {spg} seed {seed}: {runs[0]['wall_per_step']:.2f} s/step{steal}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         print()
-        harness.print_table(f"GRPO spg {spg}: max |dloss| vs {a.impls[0]} (seed {a.seed}"
-                            f"{', first repeat' if a.vary_seed else ''}); only comparable between sides "
-                            "with the same sampler (different samplers: different completions, different losses)",
-                            results, load)
-        print("CPU s/step: process CPU seconds per optimizer step (one thread; robust to a shared machine's load),")
-        print("split into generation / scoring / training; wall s/step: whole train() / steps (load-dependent);")
-        print("vs first: the first impl's s/step over this one's (the table above: steady steps, generation included);")
+        harness.print_table(
+            f"GRPO spg {spg}: max |dloss| vs {a.impls[0]} (seed {a.seed}"
+            f"{', first repeat' if a.vary_seed else ''}); only comparable between sides "
+            "with the same sampler (different samplers: different completions, different losses)",
+            results,
+            load,
+        )
+        print(
+            "CPU s/step: process CPU seconds per optimizer step (one thread; robust to a shared machine's load),"
+        )
+        print(
+            "split into generation / scoring / training; wall s/step: whole train() / steps (load-dependent);"
+        )
+        print(
+            "vs first: the first impl's s/step over this one's (the table above: steady steps, generation included);"
+        )
         print("wait: seconds per step an async side's training waited for its rounds")
         print(cpu_table(results, spg))
         print("mean reward per step (one row per run: impl, seed, in the order run)")
@@ -286,9 +391,15 @@ def main() -> None:
                 print(f"  {impl:14} seed {r['seed']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
         recorded = recorded or results
     if a.record is not None and recorded:
-        print(harness.record_cpu(recorded, RECORDED, lambda runs: statistics.median(r["cpu_per_step"] for r in runs),
-                                 f"GRPO SmolLM2 fp32 {a.batch} x {a.new_tokens} tokens, spg {a.spg[0]}",
-                                 a.record or None))
+        print(
+            harness.record_cpu(
+                recorded,
+                RECORDED,
+                lambda runs: statistics.median(r["cpu_per_step"] for r in runs),
+                f"GRPO SmolLM2 fp32 {a.batch} x {a.new_tokens} tokens, spg {a.spg[0]}",
+                a.record or None,
+            )
+        )
 
 
 if __name__ == "__main__":

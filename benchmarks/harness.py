@@ -65,13 +65,16 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
         """Count what the hardware computes in every forward that builds a graph (training; not
         no-grad precompute or eval): positions through the embedding, padding included (so through
         every layer), and rows through the LM head. Implementation-agnostic: hooks on the modules."""
+
         def count(key: str, per_row: int) -> Any:
             def hook(module: Any, inputs: tuple) -> None:
                 import torch
 
                 if torch.is_grad_enabled():
                     self.computed[key] += inputs[0].numel() // per_row
+
             return hook
+
         model.get_input_embeddings().register_forward_pre_hook(count("tokens", 1))
         head = model.get_output_embeddings()
         head.register_forward_pre_hook(count("head_rows", head.weight.shape[1]))
@@ -134,34 +137,49 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
             self.rewards.append(sum(means))
 
 
-def report(rec: StepRecorder, model: Any, args: Any, tokens: int | None = None, generated_tokens: int = 0,
-           **extra: Any) -> dict[str, Any]:
+def report(
+    rec: StepRecorder,
+    model: Any,
+    args: Any,
+    tokens: int | None = None,
+    generated_tokens: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
     """Print the child's result as one JSON line (and return it). `tokens`: tokens trained on, when
     the trainer does not count them in `num_input_tokens_seen`; `generated_tokens`: GRPO's samples."""
     from ablate.speed import throughput as speed
 
-    out = {"step_seconds": rec.step_seconds, "losses": rec.losses, "grad_norms": rec.grad_norms, "rewards": rec.rewards,
-           "tokens": tokens if tokens is not None else (rec.tokens[-1] if rec.tokens else 0),
-           "generated_tokens": generated_tokens,
-           "flops_per_token": speed.flops_per_token(model),
-           "computed": rec.computed, "head_params": model.get_output_embeddings().weight.numel(),
-           "peak_flops": speed.peak_flops(args.device, speed.run_dtype(args)),  # after training: not timed
-           "device": speed.device_key(args.device, speed.run_dtype(args)),
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}
+    out = {
+        "step_seconds": rec.step_seconds,
+        "losses": rec.losses,
+        "grad_norms": rec.grad_norms,
+        "rewards": rec.rewards,
+        "tokens": tokens if tokens is not None else (rec.tokens[-1] if rec.tokens else 0),
+        "generated_tokens": generated_tokens,
+        "flops_per_token": speed.flops_per_token(model),
+        "computed": rec.computed,
+        "head_params": model.get_output_embeddings().weight.numel(),
+        "peak_flops": speed.peak_flops(args.device, speed.run_dtype(args)),  # after training: not timed
+        "device": speed.device_key(args.device, speed.run_dtype(args)),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **extra,
+    }
     print(json.dumps(out), flush=True)
     return out
 
 
-def run_alternately(commands: dict[str, list[str]], repeats: int, env: dict[str, str] | None = None,
-                    timeout: float = 1800) -> dict[str, list[dict[str, Any]]]:
+def run_alternately(
+    commands: dict[str, list[str]], repeats: int, env: dict[str, str] | None = None, timeout: float = 1800
+) -> dict[str, list[dict[str, Any]]]:
     """Run each command `repeats` times, alternating (A B A B ...); each result is the child's last
     stdout line (JSON) plus `process_seconds`, its whole process's wall-clock."""
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
     for _ in range(repeats):
         for name, cmd in commands.items():
             t0, ticks = time.perf_counter(), cpu_ticks()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, **(env or {})})
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+            )
             seconds = time.perf_counter() - t0
             if proc.returncode != 0:
                 raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -177,8 +195,12 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     rows = []
     first = next(iter(results.values()))[0] if results else {}
     # the workload's tokens per step: an implementation whose trainer does not count them uses another's
-    counted = [r["tokens"] / len(r["step_seconds"]) for runs in results.values() for r in runs
-               if r.get("tokens") and r.get("step_seconds")]
+    counted = [
+        r["tokens"] / len(r["step_seconds"])
+        for runs in results.values()
+        for r in runs
+        if r.get("tokens") and r.get("step_seconds")
+    ]
     for name, runs in results.items():
         steady = [s for r in runs for s in (r["step_seconds"][1:] or r["step_seconds"])]
         step = statistics.median(steady)
@@ -190,19 +212,37 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         # hardware FLOPs: 6N per position the training forwards actually computed (padding included),
         # the head's share only for the rows it projected; attention's T-dependent term left out
         computed, head = runs[0].get("computed") or {}, runs[0].get("head_params", 0)
-        hw = (6 * ((fpt / 6 - head) * computed.get("tokens", 0) + head * computed.get("head_rows", 0))
-              / len(runs[0]["step_seconds"]) if computed.get("tokens") else None)
+        hw = (
+            6
+            * ((fpt / 6 - head) * computed.get("tokens", 0) + head * computed.get("head_rows", 0))
+            / len(runs[0]["step_seconds"])
+            if computed.get("tokens")
+            else None
+        )
         losses = runs[0]["losses"]
         diff = max_diff(first.get("losses"), losses)
-        rows.append({"impl": name, "s_per_step": step, "process_s": statistics.median(r["process_seconds"] for r in runs),
-                     "tokens_per_s": tokens / step if step else 0.0, "tokens_counted": bool(own),
-                     "mfu": flops / step / peak if step and peak else None,
-                     "hw_mfu": hw / step / peak if hw and step and peak else None,
-                     "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "max_loss_diff": diff,
-                     "max_reward_diff": max_diff(first.get("rewards"), runs[0].get("rewards")),
-                     "max_grad_norm_rel": max_diff(first.get("grad_norms"), runs[0].get("grad_norms"), relative=True),
-                     "gpu_peak_mb": max((r["gpu_peak_mb"] for r in runs if r.get("gpu_peak_mb") is not None), default=None),
-                     "steps": len(losses), "repeats": len(runs)})
+        rows.append(
+            {
+                "impl": name,
+                "s_per_step": step,
+                "process_s": statistics.median(r["process_seconds"] for r in runs),
+                "tokens_per_s": tokens / step if step else 0.0,
+                "tokens_counted": bool(own),
+                "mfu": flops / step / peak if step and peak else None,
+                "hw_mfu": hw / step / peak if hw and step and peak else None,
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                "max_loss_diff": diff,
+                "max_reward_diff": max_diff(first.get("rewards"), runs[0].get("rewards")),
+                "max_grad_norm_rel": max_diff(
+                    first.get("grad_norms"), runs[0].get("grad_norms"), relative=True
+                ),
+                "gpu_peak_mb": max(
+                    (r["gpu_peak_mb"] for r in runs if r.get("gpu_peak_mb") is not None), default=None
+                ),
+                "steps": len(losses),
+                "repeats": len(runs),
+            }
+        )
     return rows
 
 
@@ -244,7 +284,9 @@ def cpu_ticks() -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     steal = fields[7] if len(fields) > 7 else 0
-    return steal, sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
+    return steal, sum(
+        fields[:8]
+    )  # user nice system idle iowait irq softirq steal (guest time is inside user)
 
 
 def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
@@ -266,26 +308,43 @@ def format_table(title: str, rows: list[dict[str, Any]]) -> str:
     the per-step agreement with the first row: loss, then reward (GRPO) and gradient norm (relative) where
     the runs logged them."""
     gpu = any(r.get("gpu_peak_mb") is not None for r in rows)
-    agree = [(k, head) for k, head in (("max_loss_diff", "max |dloss|"), ("max_reward_diff", "max |dreward|"),
-                                       ("max_grad_norm_rel", "grad-norm rel"))
-             if any(r.get(k) is not None for r in rows)]
+    agree = [
+        (k, head)
+        for k, head in (
+            ("max_loss_diff", "max |dloss|"),
+            ("max_reward_diff", "max |dreward|"),
+            ("max_grad_norm_rel", "grad-norm rel"),
+        )
+        if any(r.get(k) is not None for r in rows)
+    ]
     width = max([10, *(len(r["impl"]) for r in rows)])
-    lines = [title,
-             f"{'impl':{width}} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
-             f"{'peak RSS MB':>12}" + (f" {'GPU peak MB':>12}" if gpu else "")
-             + "".join(f" {head:>13}" for _, head in agree)]
+    lines = [
+        title,
+        f"{'impl':{width}} {'s/step':>9} {'process s':>10} {'tokens/s':>10} {'MFU':>7} {'HW MFU':>7} "
+        f"{'peak RSS MB':>12}"
+        + (f" {'GPU peak MB':>12}" if gpu else "")
+        + "".join(f" {head:>13}" for _, head in agree),
+    ]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         hw = f"{r['hw_mfu']:.1%}" if r.get("hw_mfu") is not None else "-"
         diffs = ["-" if r.get(k) is None else ("(base)" if r is rows[0] else f"{r[k]:.2e}") for k, _ in agree]
         tps = f"{r['tokens_per_s']:.0f}" + ("" if r["tokens_counted"] else "*")
-        mem = (f" {r['gpu_peak_mb']:12.0f}" if r.get("gpu_peak_mb") is not None else f" {'-':>12}") if gpu else ""
-        lines.append(f"{r['impl']:{width}} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
-                     f"{r['peak_rss_mb']:12.0f}{mem}" + "".join(f" {d:>13}" for d in diffs))
+        mem = (
+            (f" {r['gpu_peak_mb']:12.0f}" if r.get("gpu_peak_mb") is not None else f" {'-':>12}")
+            if gpu
+            else ""
+        )
+        lines.append(
+            f"{r['impl']:{width}} {r['s_per_step']:9.4f} {r['process_s']:10.2f} {tps:>10} {mfu:>7} {hw:>7} "
+            f"{r['peak_rss_mb']:12.0f}{mem}" + "".join(f" {d:>13}" for d in diffs)
+        )
     if not all(r["tokens_counted"] for r in rows):
         lines.append("* tokens per step counted by another implementation (same data and batches)")
     steps, repeats = (rows[0]["steps"], rows[0]["repeats"]) if rows else (0, 0)
-    lines.append(f"median of {repeats} alternated runs of {steps} steps; first step of each run left out of s/step")
+    lines.append(
+        f"median of {repeats} alternated runs of {steps} steps; first step of each run left out of s/step"
+    )
     return "\n".join(lines)
 
 
@@ -294,14 +353,21 @@ def print_table(title: str, results: dict[str, list[dict[str, Any]]], load_befor
     print(format_table(title, summarize(results)))
     devices = sorted({r["device"] for runs in results.values() for r in runs if r.get("device")})
     print(f"machine: {machine()}" + (f"; device: {', '.join(devices)}" if devices else ""))
-    print(f"load average (1, 5, 15 min): {load_before + ' before, ' if load_before else ''}{load_average()} after")
+    print(
+        f"load average (1, 5, 15 min): {load_before + ' before, ' if load_before else ''}{load_average()} after"
+    )
     steal = [r["steal"] for runs in results.values() for r in runs if r.get("steal") is not None]
     if steal:
         print(f"CPU steal per run (the hypervisor's, /proc/stat): {min(steal):.0%} to {max(steal):.0%}")
 
 
-def record_cpu(results: dict[str, list[dict[str, Any]]], pairs: dict[str, tuple[str, str]], cpu_step: Any,
-               what: str, path: str | None = None) -> str:
+def record_cpu(
+    results: dict[str, list[dict[str, Any]]],
+    pairs: dict[str, tuple[str, str]],
+    cpu_step: Any,
+    what: str,
+    path: str | None = None,
+) -> str:
     """`--record`: write each path of `pairs` (name -> (the side without it, the side with it)) into this CPU
     family's record of ablate's measured.json (ablate.speed.measured, keeping the family's other paths and the
     other families): speedup = CPU s/step without / with (`cpu_step(runs)`: one thread's CPU seconds, what a
@@ -311,20 +377,30 @@ def record_cpu(results: dict[str, list[dict[str, Any]]], pairs: dict[str, tuple[
     from ablate.speed import measured
 
     family = measured.cpu_family()
-    old = next((r for r in (measured.records().get("cpu") or {}).get("families", [])
-                if r.get("family") == family), {})
-    paths = {name: {k: v for k, v in rec.items() if k != "on"} for name, rec in (old.get("paths") or {}).items()}
+    old = next(
+        (r for r in (measured.records().get("cpu") or {}).get("families", []) if r.get("family") == family),
+        {},
+    )
+    paths = {
+        name: {k: v for k, v in rec.items() if k != "on"} for name, rec in (old.get("paths") or {}).items()
+    }
     lines = []
     for name, (without, with_) in pairs.items():
         a, b = results[without], results[with_]
         diff = max((abs(x - y) for x, y in zip(a[0]["losses"], b[0]["losses"])), default=float("inf"))
         speedup = cpu_step(a) / cpu_step(b)
-        paths[name] = {"exact": diff <= measured.EXACT_ATOL, "max_abs_diff": diff, "speedup": round(speedup, 3),
-                       "basis": f"{what}: {cpu_step(b):.2f} vs {cpu_step(a):.2f} CPU s/step ({without})"}
+        paths[name] = {
+            "exact": diff <= measured.EXACT_ATOL,
+            "max_abs_diff": diff,
+            "speedup": round(speedup, 3),
+            "basis": f"{what}: {cpu_step(b):.2f} vs {cpu_step(a):.2f} CPU s/step ({without})",
+        }
         lines.append(f"  {name:24} {speedup:.2f}x  max |dloss| {diff:.2g}")
     import torch
 
-    run = (f"benchmarks/dpo_vs_trl.py, grpo_vs_trl.py --record: {cpu_name()}, torch {torch.__version__}, "
-           f"{date.today()} (docs/benchmarks.md)")
+    run = (
+        f"benchmarks/dpo_vs_trl.py, grpo_vs_trl.py --record: {cpu_name()}, torch {torch.__version__}, "
+        f"{date.today()} (docs/benchmarks.md)"
+    )
     measured.write("cpu", run, paths, path=Path(path) if path else None, family=family)
     return f"recorded for {measured.describe(family)} in {path or measured.RECORD}:\n" + "\n".join(lines)

@@ -56,7 +56,9 @@ def measured_peak(cfg: Any, seq_len: int | None = None) -> tuple[float, float]:
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if s.autocast else contextlib.nullcontext()
 
     ref = 0.0
-    if live:  # the reference's log-probs (a copy's, or the policy's with its adapters off), scored once, before
+    if (
+        live
+    ):  # the reference's log-probs (a copy's, or the policy's with its adapters off), scored once, before
         # the tracked step: without gradients its peak is below the step's (MemTracker takes one call a module)
         off = model.disable_adapter() if reference is None else contextlib.nullcontext()
         with torch.no_grad(), autocast, off:
@@ -107,8 +109,10 @@ def main() -> None:
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=sys.argv[1:])
     peak, planned = measured_peak(cfg)
-    print(f"{' '.join(sys.argv[1:]) or 'defaults'}: measured {peak / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB "
-          f"(plan / measured {planned / peak:.3f})")
+    print(
+        f"{' '.join(sys.argv[1:]) or 'defaults'}: measured {peak / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB "
+        f"(plan / measured {planned / peak:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,17 @@ SHARED = {"tests/slow/test_slurm.py": "slurm", "tests/slow/test_slurm_multinode.
 # The longest groups start first (xdist hands groups out in collection order), so that the workers
 # end together rather than one finishing a long group alone: the groups that took over 4 minutes of a
 # worker (2 cores, 2026-12-02), longest first; the others follow by their number of tests.
-FIRST = ["tests/integration/test_kill_resume.py", "tests/slow/test_smollm2.py", "slurm", "docs:README.md",
-         "tests/integration/test_run_dir.py", "tests/slow/test_sweeps.py", "tests/slow/test_fsdp.py",
-         "tests/slow/test_ray.py", "tests/integration/test_train.py"]
+FIRST = [
+    "tests/integration/test_kill_resume.py",
+    "tests/slow/test_smollm2.py",
+    "slurm",
+    "docs:README.md",
+    "tests/integration/test_run_dir.py",
+    "tests/slow/test_sweeps.py",
+    "tests/slow/test_fsdp.py",
+    "tests/slow/test_ray.py",
+    "tests/integration/test_train.py",
+]
 DOC_LINE = re.compile(r"tests/integration/test_readme\.py::test_doc_line_runs\[([^:\]]+):\d+ ")
 
 
@@ -85,14 +93,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _base_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-            "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+    }
 
 
 # Variables a command reads only while it runs (never at import time): a forked child may differ in these.
 # Set in this process's os.environ as the tests run: PYTEST_CURRENT_TEST (pytest, per test) and
 # TORCHINDUCTOR_CACHE_DIR (torch's inductor writes its default dir there on first use, read when compiling).
-RUNTIME_ENV = re.compile(r"ABLATE_TEST_\w+|COLUMNS|LINES|ABLATE_CACHE|PYTEST_CURRENT_TEST|TORCHINDUCTOR_CACHE_DIR")
+RUNTIME_ENV = re.compile(
+    r"ABLATE_TEST_\w+|COLUMNS|LINES|ABLATE_CACHE|PYTEST_CURRENT_TEST|TORCHINDUCTOR_CACHE_DIR"
+)
 
 
 _ENV_AT_START = _base_env()  # before any test sets a variable of its own
@@ -124,9 +137,16 @@ class ForkServer:
 
     def _start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, str(TESTS / "fork_runner.py"), "--serve"], env=self.env,
-                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(TESTS / "fork_runner.py"), "--serve"],
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+            )
             self.pending = b""
         return self.proc
 
@@ -140,7 +160,9 @@ class ForkServer:
                 raise TimeoutError
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise RuntimeError("tests/fork_runner.py --serve exited (try: python tests/fork_runner.py --serve < /dev/null)")
+                raise RuntimeError(
+                    "tests/fork_runner.py --serve exited (try: python tests/fork_runner.py --serve < /dev/null)"
+                )
             self.pending += chunk
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
@@ -152,14 +174,18 @@ class ForkServer:
             proc = self._start()
             self.count += 1
             out, err = f"{self.tmp}/{self.count}.out", f"{self.tmp}/{self.count}.err"
-            proc.stdin.write(json.dumps({"argv": list(args), "cwd": str(cwd), "env": env, "out": out, "err": err}) + "\n")
+            proc.stdin.write(
+                json.dumps({"argv": list(args), "cwd": str(cwd), "env": env, "out": out, "err": err}) + "\n"
+            )
             proc.stdin.flush()
             return Forked(self, [sys.executable, "-m", "ablate", *args], self._answer(600)["pid"], out, err)
         except BaseException:
             self.lock.release()
             raise
 
-    def run(self, args: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    def run(
+        self, args: list[str], cwd: Path, env: dict[str, str], timeout: int
+    ) -> subprocess.CompletedProcess:
         child = self.start(args, cwd, env)
         try:
             code = child.wait(timeout)
@@ -223,8 +249,13 @@ def _fork_server(env: dict[str, str], fresh: bool) -> ForkServer | None:
     return _server if _server.takes(env) and not _server.lock.locked() else None
 
 
-def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-           timeout: int = 600, fresh: bool = False) -> subprocess.CompletedProcess:
+def ablate(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: int = 600,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess:
     """`python -m ablate <args>`, run to its end: a forked child of tests/fork_runner.py --serve (the imports
     done once per test process), or with `fresh` (or an environment that differs in what is read at
     import time) a new interpreter: the same code path as the console script either way."""
@@ -232,20 +263,32 @@ def ablate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
     server = _fork_server(full_env, fresh)
     if server is not None:
         return server.run(list(args), cwd or ROOT, full_env, timeout)
-    return subprocess.run([sys.executable, "-m", "ablate", *args], cwd=cwd or ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd or ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def ablate_started(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-                   fresh: bool = False) -> Forked | subprocess.Popen:
+def ablate_started(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, fresh: bool = False
+) -> Forked | subprocess.Popen:
     """`python -m ablate <args>` started, not waited for (output discarded): a Forked child, or a Popen
     under the same rules as `ablate`; both have pid, poll, wait, send_signal, kill."""
     full_env = {**_base_env(), **(env or {})}
     server = _fork_server(full_env, fresh)
     if server is not None:
         return server.start(list(args), cwd or ROOT, full_env)
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd or ROOT, env=full_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd or ROOT,
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -52,8 +52,12 @@ class KillAt(TrainerCallback):
         seed = os.environ.get("ABLATE_TEST_KILL_SEED")
         job = os.environ.get("ABLATE_TEST_KILL_JOB")
         run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
-        if (at and state.global_step == at and (seed is None or seed == str(args.seed))
-                and (job is None or run_dir.name.startswith(f"{job}_"))):
+        if (
+            at
+            and state.global_step == at
+            and (seed is None or seed == str(args.seed))
+            and (job is None or run_dir.name.startswith(f"{job}_"))
+        ):
             (run_dir / f"killed.{os.getpid()}").touch()
             os.kill(os.getpid(), 9)
 
@@ -65,7 +69,11 @@ class StallAt(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         at = int(os.environ.get("ABLATE_TEST_STALL_AT", "0"))
-        if at and state.global_step == at and os.environ.get("RANK") == os.environ.get("ABLATE_TEST_STALL_RANK", "1"):
+        if (
+            at
+            and state.global_step == at
+            and os.environ.get("RANK") == os.environ.get("ABLATE_TEST_STALL_RANK", "1")
+        ):
             run_dir = Path(args.output_dir).parent  # output_dir is <run dir>/checkpoints
             (run_dir / f"stalled.{os.getpid()}").touch()
             time.sleep(600)

@@ -54,7 +54,11 @@ def _drop_file_capabilities() -> None:
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
 
     libc = ctypes.CDLL(None, use_errno=True)
     header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
@@ -167,10 +171,12 @@ def batch() -> None:
     def reap() -> None:
         pid, status = os.wait()
         i = running.pop(pid)
-        results[i] = {"returncode": os.waitstatus_to_exitcode(status),
-                      "stdout": open(f"{tmp}/{i}.out", errors="replace").read(),
-                      "stderr": open(f"{tmp}/{i}.err", errors="replace").read(),
-                      "torch": os.path.exists(f"{tmp}/{i}.torch") and open(f"{tmp}/{i}.torch").read() == "1"}
+        results[i] = {
+            "returncode": os.waitstatus_to_exitcode(status),
+            "stdout": open(f"{tmp}/{i}.out", errors="replace").read(),
+            "stderr": open(f"{tmp}/{i}.err", errors="replace").read(),
+            "torch": os.path.exists(f"{tmp}/{i}.torch") and open(f"{tmp}/{i}.torch").read() == "1",
+        }
 
     while pending or running:
         while pending and len(running) < parallel:

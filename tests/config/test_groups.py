@@ -20,10 +20,27 @@ from ablate.config.compose import register_resolvers
 
 CONF = Path(conf_dir())
 # groups in the root defaults list (`group=option`) and groups appended on demand (`+group=option`)
-GROUPS = ["model", "method", "optimizer", "precision", "distributed", "speed", "cache", "data", "callbacks", "logger"]
-PLUS_GROUPS = sorted(p.name for p in CONF.iterdir()
-                     if p.is_dir() and p.name not in {*GROUPS, "hydra", "experiment", "debug"})
-HUB = {("model", "qwen2_5_0_5b"), ("model", "qwen2_5_7b"), ("model", "llama3_1_8b"), ("data", "ultrafeedback_binarized")}
+GROUPS = [
+    "model",
+    "method",
+    "optimizer",
+    "precision",
+    "distributed",
+    "speed",
+    "cache",
+    "data",
+    "callbacks",
+    "logger",
+]
+PLUS_GROUPS = sorted(
+    p.name for p in CONF.iterdir() if p.is_dir() and p.name not in {*GROUPS, "hydra", "experiment", "debug"}
+)
+HUB = {
+    ("model", "qwen2_5_0_5b"),
+    ("model", "qwen2_5_7b"),
+    ("model", "llama3_1_8b"),
+    ("data", "ultrafeedback_binarized"),
+}
 
 
 def options(group: str) -> list[str]:
@@ -91,15 +108,25 @@ def test_option_composes_and_documents_fields(group, option):
         s = line.strip()
         if not s or s.startswith("#") or s.startswith("- ") or s in ("{}", "null", "defaults:"):
             continue
-        if s.endswith(":") or s.startswith("_target_:"):  # headers and targets: documented by their children/docstrings
+        if s.endswith(":") or s.startswith(
+            "_target_:"
+        ):  # headers and targets: documented by their children/docstrings
             continue
-        assert "#" in line or lines[i - 1].strip().startswith("#"), f"{group}/{option}.yaml: no comment on '{s}'"
+        assert "#" in line or lines[i - 1].strip().startswith("#"), (
+            f"{group}/{option}.yaml: no comment on '{s}'"
+        )
 
 
 # nested groups of the method group: (subgroup, the method each option belongs to, read from its target)
 # each subgroup's node -> the trainer argument it reaches (`method.trainer.loss: ${..dpo_loss}`)
-SUBGROUPS = {"dpo_loss": "loss", "kto_loss": "loss", "grpo_aggregation": "aggregation", "grpo_scale_rewards": "scale_rewards",
-             "grpo_objective": "objective", "grpo_reward_aggregation": "reward_aggregation"}
+SUBGROUPS = {
+    "dpo_loss": "loss",
+    "kto_loss": "loss",
+    "grpo_aggregation": "aggregation",
+    "grpo_scale_rewards": "scale_rewards",
+    "grpo_objective": "objective",
+    "grpo_reward_aggregation": "reward_aggregation",
+}
 NESTED = [(sub, o) for sub in SUBGROUPS for o in options(f"method/{sub}")]
 
 
@@ -110,7 +137,13 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
     import functools
 
     text = (CONF / "method" / sub / f"{option}.yaml").read_text()
-    method = "grpo" if "losses.grpo." in text or "losses.rloo." in text else "kto" if "losses.kto." in text else "dpo"
+    method = (
+        "grpo"
+        if "losses.grpo." in text or "losses.rloo." in text
+        else "kto"
+        if "losses.kto." in text
+        else "dpo"
+    )
     cfg = make_cfg(f"method={method}", f"method/{sub}={option}")
     assert cfg.method[sub]._target_ in text and cfg.method[sub]._partial_ is True
     fn = instantiate(cfg.method.trainer).keywords[SUBGROUPS[sub]]  # the trainer partial's own argument
@@ -120,7 +153,9 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
         s = line.strip()
         if not s or s.startswith("#") or s.startswith("- ") or s.endswith(":") or s.startswith("_target_:"):
             continue
-        assert "#" in line or lines[i - 1].strip().startswith("#"), f"method/{sub}/{option}.yaml: no comment on '{s}'"
+        assert "#" in line or lines[i - 1].strip().startswith("#"), (
+            f"method/{sub}/{option}.yaml: no comment on '{s}'"
+        )
 
 
 @pytest.mark.parametrize("option", [None, *options("method/rollouts")])
@@ -145,7 +180,9 @@ def _targets(node, path=""):
         if "_target_" in node:
             yield path, node
         for k in node:
-            if k != "_target_" and not OmegaConf.is_missing(node, k):  # ??? (teacher.path): the user's to give
+            if k != "_target_" and not OmegaConf.is_missing(
+                node, k
+            ):  # ??? (teacher.path): the user's to give
                 yield from _targets(node[k], f"{path}.{k}" if path else str(k))
 
 
@@ -175,7 +212,9 @@ def test_option_targets_instantiate(group, option, tiny_dir, tmp_path):
             instantiate(cfg.optimizer.scheduler)(opt, num_training_steps=10)
         elif group == "logger":
             assert type(instantiate(target)).__name__.endswith("Tracker")
-        elif group == "data" and path.startswith("sources."):  # a mix's source: built by the mix, its weight taken out
+        elif group == "data" and path.startswith(
+            "sources."
+        ):  # a mix's source: built by the mix, its weight taken out
             obj = instantiate(OmegaConf.masked_copy(target, [k for k in target if k != "weight"]))
             assert obj.train is not None
         else:
@@ -188,7 +227,9 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
     ablate.train reads as "none"); precision flags land in TrainingArguments or are refused."""
     node = cfg[group]
     if (group, option) in {("logger", "none"), ("callbacks", "none")}:
-        assert not node and OmegaConf.to_container(node) == {}, f"{group}={option} should compose to an empty node"
+        assert not node and OmegaConf.to_container(node) == {}, (
+            f"{group}={option} should compose to an empty node"
+        )
     elif group == "precision":
         import dataclasses
 
@@ -216,12 +257,16 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
-        if flags.get("fsdp"):  # one process: nothing to shard over, refused; CPU ranks shard over gloo (use_cpu)
+        if flags.get(
+            "fsdp"
+        ):  # one process: nothing to shard over, refused; CPU ranks shard over gloo (use_cpu)
             with pytest.raises(ConfigError, match="several processes"):
                 check_distributed(node, processes=1)
             import torch
 
-            assert check_distributed(node, processes=2) == ({} if torch.cuda.is_available() else {"use_cpu": True})
+            assert check_distributed(node, processes=2) == (
+                {} if torch.cuda.is_available() else {"use_cpu": True}
+            )
             return
         assert check_distributed(node, processes=1) == {}
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **flags)
@@ -246,8 +291,9 @@ def _build_trainer(cfg: DictConfig, tmp_path: Path) -> None:
     tok, model = instantiate(cfg.model)
     model = with_head(model, cfg.method)  # method=reward's score head, as ablate.train puts it on
     data = instantiate(cfg.data)
-    trainer = instantiate(cfg.method.trainer)(model=model, args=args, train_dataset=data.train,
-                                              processing_class=tok)  # reward_funcs, if any, come from the config
+    trainer = instantiate(cfg.method.trainer)(
+        model=model, args=args, train_dataset=data.train, processing_class=tok
+    )  # reward_funcs, if any, come from the config
     batch = next(iter(trainer.get_train_dataloader()))
     assert batch["input_ids"].shape[0] > 0 if "input_ids" in batch else batch
 
@@ -264,16 +310,40 @@ def test_experiment_files_compose(name):
 
 
 # conf/ mirrors src/ablate/: each group's ablate targets live in the module named after it (docs/architecture.md)
-CODE = {"model": ("models",), "data": ("data", "rewards"), "method": ("methods", "rollouts", "models.heads", "models.teachers"),
-        "method/dpo_loss": ("losses",), "method/kto_loss": ("losses",), "method/grpo_aggregation": ("losses",), "method/grpo_scale_rewards": ("losses",), "method/grpo_objective": ("losses",),
-        "method/grpo_reward_aggregation": ("losses",), "method/rollouts": ("rollouts",), "optimizer": ("methods.optim",), "optimizer/scheduler": ("methods.schedules",),
-        "callbacks": ("callbacks",), "logger": ("logger",), "compute_metrics": ("methods.compute_metrics",),
-        "ref_model": ("models",), "peft": ("models",), "teacher": ("models",), "precision": (), "experiment": (), "hydra/launcher": (),
-        # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
-        "hydra/sweeper": (), "hydra/sweeper/sampler": (), "hydra/sweeper/pruner": (), "hydra/job_logging": (),
-        "debug": ("callbacks",), "distributed": (), "speed": ("speed",), "cache": ("data.cache",),  # distributed: TrainingArguments keys
-        "shrink": (),  # model.config_overrides values, no _target_ (read by ablate.models.architecture)
-        "optimizer/lr": ()}  # the optimizer's lr a model is fine-tuned at (no code)
+CODE = {
+    "model": ("models",),
+    "data": ("data", "rewards"),
+    "method": ("methods", "rollouts", "models.heads", "models.teachers"),
+    "method/dpo_loss": ("losses",),
+    "method/kto_loss": ("losses",),
+    "method/grpo_aggregation": ("losses",),
+    "method/grpo_scale_rewards": ("losses",),
+    "method/grpo_objective": ("losses",),
+    "method/grpo_reward_aggregation": ("losses",),
+    "method/rollouts": ("rollouts",),
+    "optimizer": ("methods.optim",),
+    "optimizer/scheduler": ("methods.schedules",),
+    "callbacks": ("callbacks",),
+    "logger": ("logger",),
+    "compute_metrics": ("methods.compute_metrics",),
+    "ref_model": ("models",),
+    "peft": ("models",),
+    "teacher": ("models",),
+    "precision": (),
+    "experiment": (),
+    "hydra/launcher": (),
+    # hydra/sweeper=optuna: the plugin is hydra_plugins/ablate_sweepers (outside src/ablate/), its sampler/pruner Optuna's
+    "hydra/sweeper": (),
+    "hydra/sweeper/sampler": (),
+    "hydra/sweeper/pruner": (),
+    "hydra/job_logging": (),
+    "debug": ("callbacks",),
+    "distributed": (),
+    "speed": ("speed",),
+    "cache": ("data.cache",),  # distributed: TrainingArguments keys
+    "shrink": (),  # model.config_overrides values, no _target_ (read by ablate.models.architecture)
+    "optimizer/lr": (),
+}  # the optimizer's lr a model is fine-tuned at (no code)
 
 
 def test_every_group_maps_onto_its_code():
@@ -284,5 +354,6 @@ def test_every_group_maps_onto_its_code():
     for group, modules in CODE.items():
         for path in (CONF / group).glob("*.yaml"):
             for target in re.findall(r"_target_:\s*ablate\.([\w.]+)", path.read_text()):
-                assert any(target == m or target.startswith(m + ".") for m in modules), \
+                assert any(target == m or target.startswith(m + ".") for m in modules), (
                     f"conf/{group}/{path.name}: ablate.{target} is not in {modules}"
+                )

@@ -20,9 +20,18 @@ def test_batch8_equals_batch2_accum4(tmp_path):
     (conf / "b8a1.yaml").write_text(EXPERIMENT.format(b=8, a=1))
     (conf / "b2a4.yaml").write_text(EXPERIMENT.format(b=2, a=4))
     out = tmp_path / "sweep"
-    r = ablate("train", "-m", "method=dpo,sft", "+experiment=b8a1,b2a4", "method.args.max_steps=3",
-               "method.args.logging_steps=1", "data.max_train_samples=32", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-               f"hydra.sweep.dir={out}", "hydra.sweep.subdir=${hydra.job.num}")
+    r = ablate(
+        "train",
+        "-m",
+        "method=dpo,sft",
+        "+experiment=b8a1,b2a4",
+        "method.args.max_steps=3",
+        "method.args.logging_steps=1",
+        "data.max_train_samples=32",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        f"hydra.sweep.dir={out}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # job order: (dpo, b8a1), (dpo, b2a4), (sft, b8a1), (sft, b2a4)
     for big, small in (("0", "1"), ("2", "3")):

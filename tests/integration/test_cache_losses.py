@@ -10,19 +10,42 @@ import json
 
 from conftest import ablate, metrics
 
-TIMING = ("time", "train_runtime", "train_tokens_per_second", "tokens_per_second", "mfu", "train_samples_per_second",
-          "train_steps_per_second")
+TIMING = (
+    "time",
+    "train_runtime",
+    "train_tokens_per_second",
+    "tokens_per_second",
+    "mfu",
+    "train_samples_per_second",
+    "train_steps_per_second",
+)
 
 
 def test_losses_are_bitwise_equal_with_and_without_the_cache(tmp_path) -> None:
     env = {"ABLATE_CACHE": str(tmp_path / "cache")}
-    r = ablate("train", "-m", "cache=off,on,on", "method.args.max_steps=2", "method.args.logging_steps=1",
-               "method.args.eval_strategy=steps", "method.args.eval_steps=2", "+method.args.eval_on_start=true",
-               "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
+    r = ablate(
+        "train",
+        "-m",
+        "cache=off,on,on",
+        "method.args.max_steps=2",
+        "method.args.logging_steps=1",
+        "method.args.eval_strategy=steps",
+        "method.args.eval_steps=2",
+        "method.args.eval_on_start=true",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     runs = [next((tmp_path / "sweep").glob(f"{i}_cache-{c}-*")) for i, c in enumerate(("off", "on", "on"))]
-    steps = [[{k: v for k, v in e.items() if k not in TIMING and not k.endswith(("_runtime", "_per_second"))} for e in metrics(d)
-              if "loss" in e or "eval_loss" in e] for d in runs]
+    steps = [
+        [
+            {k: v for k, v in e.items() if k not in TIMING and not k.endswith(("_runtime", "_per_second"))}
+            for e in metrics(d)
+            if "loss" in e or "eval_loss" in e
+        ]
+        for d in runs
+    ]
     assert [("eval_loss" in e, e["step"]) for e in steps[0]] == [(True, 0), (False, 1), (False, 2), (True, 2)]
     assert all("rewards/chosen" in e for e in steps[0] if "loss" in e)
     assert steps[0][0]["eval_logps/chosen"] < 0 and steps[0][0]["eval_entropy"] > 0  # forwards that ran
@@ -33,9 +56,14 @@ def test_losses_are_bitwise_equal_with_and_without_the_cache(tmp_path) -> None:
     assert (records[1]["hits"], records[1]["misses"]) == (0, 5)
     assert (records[2]["hits"], records[2]["misses"]) == (5, 0)
     whats = [e["what"] for e in records[2]["launches"][-1]]
-    assert whats[:2] == ["tokenized train pairs", "tokenized eval pairs"] and whats[2] == "reference log-probs of 24 train pairs"
+    assert (
+        whats[:2] == ["tokenized train pairs", "tokenized eval pairs"]
+        and whats[2] == "reference log-probs of 24 train pairs"
+    )
     assert whats[3].startswith("reference log-probs of ") and whats[3].endswith(" eval pairs")
-    assert whats[4].startswith("the initial policy's forwards of ")  # only step 0's eval: the weights are the initial ones
+    assert whats[4].startswith(
+        "the initial policy's forwards of "
+    )  # only step 0's eval: the weights are the initial ones
     assert "cache: reference log-probs of 24 train pairs loaded" in r.stdout
     assert "cache: the initial policy's forwards of " in r.stdout
     # each job of a sweep says its speed plan in one line (the table, 7 lines a job before, is in its run dir)

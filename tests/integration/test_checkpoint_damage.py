@@ -16,12 +16,22 @@ from conftest import ablate, metrics, summary
 
 from ablate.record import checkpoints
 
-FAST = ["method.args.max_steps=6", "method.args.save_steps=2", "method.args.logging_steps=1",
-        "+callbacks.crash._target_=crashing.CrashAt"]
+FAST = [
+    "method.args.max_steps=6",
+    "method.args.save_steps=2",
+    "method.args.logging_steps=1",
+    "+callbacks.crash._target_=crashing.CrashAt",
+]
 # GRPO: rounds of 3 micro-steps, so checkpoints 2 and 4 are saved mid-round, with the round's buffer
-GRPO = ["method=grpo", "method.args.max_steps=6", "method.args.save_steps=2", "method.args.logging_steps=1",
-        "method.args.steps_per_generation=3", "method.args.per_device_train_batch_size=16",
-        "+callbacks.crash._target_=crashing.CrashAt"]
+GRPO = [
+    "method=grpo",
+    "method.args.max_steps=6",
+    "method.args.save_steps=2",
+    "method.args.logging_steps=1",
+    "method.args.steps_per_generation=3",
+    "method.args.per_device_train_batch_size=16",
+    "+callbacks.crash._target_=crashing.CrashAt",
+]
 ENV = {"OMP_NUM_THREADS": "1"}  # GRPO's small generation ops: threads only contend
 
 
@@ -106,7 +116,10 @@ def test_resume_after_deleted_optimizer_state_matches_the_uninterrupted_run(dpo,
     r = ablate("resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "skipping" in ln]
-    assert len(lines) == 1 and "skipping checkpoint-4: optimizer.pt is missing; resuming from checkpoint-2" in lines[0]
+    assert (
+        len(lines) == 1
+        and "skipping checkpoint-4: optimizer.pt is missing; resuming from checkpoint-2" in lines[0]
+    )
     assert summary(run)["status"] == "completed"
     assert _losses(run) == _losses(dpo[1])
     assert not (run / "checkpoints" / "skipped" / "checkpoint-4" / "optimizer.pt").exists()
@@ -123,8 +136,9 @@ def grpo(tmp_path_factory) -> tuple[Path, Path]:
     return crashed, ref
 
 
-@pytest.mark.parametrize("kind", ["generation_buffer.pt deleted", "generation_buffer.pt cut",
-                                  "generation_state.json cut"])
+@pytest.mark.parametrize(
+    "kind", ["generation_buffer.pt deleted", "generation_buffer.pt cut", "generation_state.json cut"]
+)
 def test_grpo_damaged_round_state_resumes_from_the_previous_checkpoint(grpo, tmp_path, kind):
     """GRPO's generation buffer (the round's completions) and counters: a resume with the buffer
     deleted regenerated the round silently (other losses); cut, it failed with a traceback. Now

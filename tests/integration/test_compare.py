@@ -23,14 +23,28 @@ REPO = Path(__file__).resolve().parents[2]
 MARGINS = {("sigmoid", 1): 0.2, ("sigmoid", 2): 0.4, ("hinge", 1): 0.5, ("hinge", 2): 0.9}
 
 
-def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status: str = "completed",
-              steps: int = 4, runtime: float = 2.0, error: str | None = None) -> Path:
+def write_run(
+    root: Path,
+    num: int,
+    overrides: list[str],
+    metrics: dict,
+    status: str = "completed",
+    steps: int = 4,
+    runtime: float = 2.0,
+    error: str | None = None,
+) -> Path:
     run = root / f"{num}_{','.join(overrides)}".replace("/", "_")  # as Hydra names job dirs (ablate_dirname)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    summary = {"status": status, "method": "dpo", "overrides": overrides, "global_step": steps,
-               "compare_metrics": ["rewards/accuracies", "rewards/margins", "loss"],  # as conf/method/dpo.yaml
-               "train_runtime": runtime, "metrics": metrics}
+    summary = {
+        "status": status,
+        "method": "dpo",
+        "overrides": overrides,
+        "global_step": steps,
+        "compare_metrics": ["rewards/accuracies", "rewards/margins", "loss"],  # as conf/method/dpo.yaml
+        "train_runtime": runtime,
+        "metrics": metrics,
+    }
     if error:
         summary["error"] = error
     (run / "summary.json").write_text(json.dumps(summary))
@@ -45,9 +59,13 @@ def write_run(root: Path, num: int, overrides: list[str], metrics: dict, status:
 def sweep_dir(tmp_path: Path) -> Path:
     root = tmp_path / "dpo_loss" / "2026-01-01_00-00-00"
     for num, ((loss, seed), margin) in enumerate(MARGINS.items()):
-        write_run(root, num, ["sweep_name=dpo_loss", "method=dpo", f"method/dpo_loss={loss}", f"seed={seed}"],
-                  {"rewards/margins": margin, "rewards/accuracies": 0.5 + margin / 2, "loss": 1.0 - margin},
-                  runtime=1.0 + seed)
+        write_run(
+            root,
+            num,
+            ["sweep_name=dpo_loss", "method=dpo", f"method/dpo_loss={loss}", f"seed={seed}"],
+            {"rewards/margins": margin, "rewards/accuracies": 0.5 + margin / 2, "loss": 1.0 - margin},
+            runtime=1.0 + seed,
+        )
     (root / "multirun.yaml").write_text("{}\n")
     return root
 
@@ -72,10 +90,17 @@ def test_table_is_mean_and_std_of_the_summaries(sweep_dir: Path) -> None:
 def test_cli_compare_writes_table_plots_markdown_and_csv(sweep_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
     # also proves compare stays light: neither torch nor transformers gets imported
-    code = ("import sys; from ablate.cli import main; main(sys.argv[1:]); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
-    proc = subprocess.run([sys.executable, "-c", code, "compare", str(sweep_dir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    code = (
+        "import sys; from ablate.cli import main; main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "compare", str(sweep_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "dpo_loss=sigmoid" in proc.stdout and "dpo_loss=hinge" in proc.stdout
     assert "0.3 ± 0.14" in proc.stdout and "0.7 ± 0.28" in proc.stdout  # rewards/margins
@@ -98,13 +123,18 @@ def test_caption_says_what_each_column_shows(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     # loss: a t interval, 0.2 ± t_{0.975, 2} · 0.1 / √3 = 0.2 ± 0.2484; runtime: mean ± std
     assert "0.2 [-0.04841, 0.4484]" in out and "20 ± 10" in out
-    assert "runtime (s): mean ± std over seeds, always" in out and "metrics: mean [95% t interval over the seeds" in out
+    assert (
+        "runtime (s): mean ± std over seeds, always" in out
+        and "metrics: mean [95% t interval over the seeds" in out
+    )
 
 
 def test_metric_flag_picks_the_columns(sweep_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r"
     compare.compare([sweep_dir], metrics=["loss"], out=out)
-    assert (out / "summary.md").read_text().splitlines()[0] == "| group | runs | status | loss | runtime (s) | steps |"
+    assert (out / "summary.md").read_text().splitlines()[
+        0
+    ] == "| group | runs | status | loss | runtime (s) | steps |"
     assert not (out / "rewards_margins_vs_step.png").exists()
 
 
@@ -112,7 +142,9 @@ def test_failed_and_running_jobs(tmp_path: Path) -> None:
     """A sweep still running: a failed job, a job with only Hydra's files and a half-written log."""
     root = tmp_path / "sweep"
     write_run(root, 0, ["data.name=sort_prefs", "seed=1"], {"loss": 0.25})
-    write_run(root, 1, ["data.name=missing", "seed=1"], {}, status="failed", error="DataError: no dataset 'missing'")
+    write_run(
+        root, 1, ["data.name=missing", "seed=1"], {}, status="failed", error="DataError: no dataset 'missing'"
+    )
     running = root / "2_data.name=sort_prefs,seed=2"
     (running / ".hydra").mkdir(parents=True)
     (running / ".hydra" / "overrides.yaml").write_text("- data.name=sort_prefs\n- seed=2\n")
@@ -120,7 +152,9 @@ def test_failed_and_running_jobs(tmp_path: Path) -> None:
 
     rows = {r["group"]: r for r in compare.compare([root], metrics=["loss"])}
     assert rows["name=sort_prefs"]["status"] == "1 completed, 1 running"
-    assert rows["name=sort_prefs"]["loss mean"] == pytest.approx((0.25 + 0.75) / 2)  # running: last logged value
+    assert rows["name=sort_prefs"]["loss mean"] == pytest.approx(
+        (0.25 + 0.75) / 2
+    )  # running: last logged value
     assert rows["name=missing"]["status"] == "1 failed" and rows["name=missing"]["loss mean"] is None
 
     jobs = sweep.job_rows(root)
@@ -131,13 +165,22 @@ def test_failed_and_running_jobs(tmp_path: Path) -> None:
 
 def test_sweep_names_become_multirun_argv() -> None:
     argv = sweep.sweep_argv("dpo_loss", ["seed=0", "logger=wandb"])
-    assert argv == ["-m", "+sweep=dpo_loss", "seed=0", "logger=wandb"]  # the same argv as `ablate train -m +sweep=...`
+    assert argv == [
+        "-m",
+        "+sweep=dpo_loss",
+        "seed=0",
+        "logger=wandb",
+    ]  # the same argv as `ablate train -m +sweep=...`
     assert sweep.sweep_argv("dpo_loss", ["--cfg", "job"])[0] == "+sweep=dpo_loss"  # inspecting: no -m
     # job dirs are named by what varies only (NameJobsByWhatVaries, for every multirun): the fixed
     # command-line keys join the config's exclude_keys; swept ones and group choices stay in the name
-    exclude = sweep.exclude_keys_override(["+sweep=dpo_loss", "seed=0", "logger=wandb", "lr=1,2", "method/dpo_loss=hinge"],
-                                          ["sweep_name", "tags", "notes"])
-    assert exclude == "hydra.job.config.override_dirname.exclude_keys=[sweep_name,tags,notes,sweep,seed,logger]"
+    exclude = sweep.exclude_keys_override(
+        ["+sweep=dpo_loss", "seed=0", "logger=wandb", "lr=1,2", "method/dpo_loss=hinge"],
+        ["sweep_name", "tags", "notes"],
+    )
+    assert (
+        exclude == "hydra.job.config.override_dirname.exclude_keys=[sweep_name,tags,notes,sweep,seed,logger]"
+    )
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
@@ -164,16 +207,22 @@ def test_run_level_summary_fields_are_compared_and_plotted(tmp_path: Path) -> No
     never logged per step): spg=1 -> 8 rounds, 4.0 s and 6.0 s (mean 5.0, std 1.414); spg=4 -> 2 rounds."""
     root = tmp_path / "grpo"
     for num, (spg, seed, secs) in enumerate([(1, 1, 4.0), (1, 2, 6.0), (4, 1, 1.0), (4, 2, 1.0)]):
-        run = write_run(root, num, [f"method.args.steps_per_generation={spg}", f"seed={seed}"], {"reward": 0.5})
+        run = write_run(
+            root, num, [f"method.args.steps_per_generation={spg}", f"seed={seed}"], {"reward": 0.5}
+        )
         s = json.loads((run / "summary.json").read_text())
-        s.update(method="grpo", generation_rounds=8 // spg, generation_seconds=secs,
-                 compare_metrics=["reward", "generation_rounds", "generation_seconds"])  # conf/method/grpo.yaml
+        s.update(
+            method="grpo",
+            generation_rounds=8 // spg,
+            generation_seconds=secs,
+            compare_metrics=["reward", "generation_rounds", "generation_seconds"],
+        )  # conf/method/grpo.yaml
         (run / "summary.json").write_text(json.dumps(s))
     out = tmp_path / "report"
     rows = compare.compare([root], out=out)
     assert [r["generation_rounds mean"] for r in rows] == [8, 2]
     assert rows[0]["generation_seconds mean"] == pytest.approx(5.0)
-    assert rows[0]["generation_seconds std"] == pytest.approx(2 ** 0.5)
+    assert rows[0]["generation_seconds std"] == pytest.approx(2**0.5)
     assert (out / "generation_seconds_by_group.png").is_file()
     assert not (out / "generation_seconds_vs_step.png").exists()
 

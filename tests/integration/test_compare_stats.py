@@ -19,19 +19,33 @@ from integration.test_compare import write_run
 from ablate.analysis import compare, stats
 
 # rewards/margins per (loss, seed): hinge - sigmoid per seed = 0.3, 0.5, 0.4 (mean 0.4, all > 0)
-MARGINS = {("sigmoid", 1): 0.2, ("sigmoid", 2): 0.4, ("sigmoid", 3): 0.3,
-           ("hinge", 1): 0.5, ("hinge", 2): 0.9, ("hinge", 3): 0.7}
+MARGINS = {
+    ("sigmoid", 1): 0.2,
+    ("sigmoid", 2): 0.4,
+    ("sigmoid", 3): 0.3,
+    ("hinge", 1): 0.5,
+    ("hinge", 2): 0.9,
+    ("hinge", 3): 0.7,
+}
 
 
 def write_launch(root: Path, stamp: str, margins: dict = MARGINS, shift: float = 0.0) -> Path:
     sweep = root / "dpo_loss" / stamp
     for num, ((loss, seed), margin) in enumerate(margins.items()):
-        run = write_run(sweep, num, ["sweep_name=dpo_loss", "method=dpo", f"method.args.loss_type={loss}", f"seed={seed}"],
-                        {"rewards/margins": margin + shift, "loss": 1.0 - margin})
+        run = write_run(
+            sweep,
+            num,
+            ["sweep_name=dpo_loss", "method=dpo", f"method.args.loss_type={loss}", f"seed={seed}"],
+            {"rewards/margins": margin + shift, "loss": 1.0 - margin},
+        )
         (run / ".hydra" / "config.yaml").write_text(
-            f"seed: {seed}\nmethod:\n  name: dpo\n  args:\n    loss_type: {loss}\n    beta: 0.1\n")
+            f"seed: {seed}\nmethod:\n  name: dpo\n  args:\n    loss_type: {loss}\n    beta: 0.1\n"
+        )
         with (run / "metrics.jsonl").open("a") as f:  # tokens seen, for --x tokens
-            f.write(json.dumps({"step": 5, "time": 3.0, "rewards/margins": margin, "num_input_tokens_seen": 500}) + "\n")
+            f.write(
+                json.dumps({"step": 5, "time": 3.0, "rewards/margins": margin, "num_input_tokens_seen": 500})
+                + "\n"
+            )
         s = json.loads((run / "summary.json").read_text())
         s.update(git_sha="abc123", versions={"torch": "2.13.0", "transformers": "5.24.0"})
         (run / "summary.json").write_text(json.dumps(s))
@@ -48,24 +62,42 @@ def test_t_interval_hand_values() -> None:
 
 
 def test_paired_difference_and_verdicts() -> None:
-    d = stats.paired("sigmoid", {"1": [0.2], "2": [0.4], "3": [0.3]}, "hinge", {"1": [0.5], "2": [0.9], "3": [0.7]}, "m")
+    d = stats.paired(
+        "sigmoid", {"1": [0.2], "2": [0.4], "3": [0.3]}, "hinge", {"1": [0.5], "2": [0.9], "3": [0.7]}, "m"
+    )
     assert d.diffs == pytest.approx([0.3, 0.5, 0.4]) and d.mean == pytest.approx(0.4)
     assert d.ci == pytest.approx((0.151586, 0.648414), abs=1e-6)  # the t interval of [0.3, 0.5, 0.4]
-    assert d.verdict() == "hinge − sigmoid m = +0.4 [+0.1516, +0.6484], n=3 pairs: hinge higher (95% t interval excludes 0)"
+    assert (
+        d.verdict()
+        == "hinge − sigmoid m = +0.4 [+0.1516, +0.6484], n=3 pairs: hinge higher (95% t interval excludes 0)"
+    )
     assert d.clear and d.power_line() == ""  # clear already: no plan needed
-    mixed = stats.paired("a", {"1": [0.0], "2": [0.0], "3": [0.0]}, "b", {"1": [1.0], "2": [-1.0], "3": [0.5]}, "m")
+    mixed = stats.paired(
+        "a", {"1": [0.0], "2": [0.0], "3": [0.0]}, "b", {"1": [1.0], "2": [-1.0], "3": [0.5]}, "m"
+    )
     assert mixed.verdict().endswith("no clear difference (95% t interval includes 0)")
     # mean 1/6, sd 1.0408: effect 0.160, which the t test finds at 80% power from 309 pairs on
-    assert mixed.power_line() == "about 309 seeds per arm would make a difference of this size clear at 80% power"
-    same = stats.paired("a", {"1": [1.0], "2": [1.0], "3": [1.0]}, "b", {"1": [1.0], "2": [1.0], "3": [1.0]}, "m")
+    assert (
+        mixed.power_line()
+        == "about 309 seeds per arm would make a difference of this size clear at 80% power"
+    )
+    same = stats.paired(
+        "a", {"1": [1.0], "2": [1.0], "3": [1.0]}, "b", {"1": [1.0], "2": [1.0], "3": [1.0]}, "m"
+    )
     assert same.verdict().endswith("n=3 pairs: identical in every pair") and same.power_line() == ""
     two = stats.paired("a", {"1": [0.0], "2": [0.0]}, "b", {"1": [1.0], "2": [2.0], "3": [9.0]}, "m")
-    assert two.n == 2 and not two.clear and two.verdict().endswith(
-        "n=2 pairs: not enough seeds to tell (a t interval needs 3 pairs); about 5 seeds per arm would make a "
-        "difference of this size clear at 80% power")  # mean 1.5, sd 0.707: effect 2.12
+    assert (
+        two.n == 2
+        and not two.clear
+        and two.verdict().endswith(
+            "n=2 pairs: not enough seeds to tell (a t interval needs 3 pairs); about 5 seeds per arm would make a "
+            "difference of this size clear at 80% power"
+        )
+    )  # mean 1.5, sd 0.707: effect 2.12
     one = stats.paired("a", {"1": [0.0]}, "b", {"1": [1.0]}, "m")
-    assert one.verdict().endswith("n=1 pair: not enough seeds to tell (a t interval needs 3 pairs); run at least 3 "
-                                  "seeds per arm")
+    assert one.verdict().endswith(
+        "n=1 pair: not enough seeds to tell (a t interval needs 3 pairs); run at least 3 seeds per arm"
+    )
     assert "no seed ran in both arms" in stats.paired("a", {"1": [0.0]}, "b", {"2": [1.0]}, "m").verdict()
 
 
@@ -91,14 +123,23 @@ def test_two_launches_are_kept_apart_unless_pooled(tmp_path: Path, capsys: pytes
 def test_cli_prints_intervals_and_verdict_and_writes_a_self_contained_report(tmp_path: Path) -> None:
     sweep = write_launch(tmp_path, "2026-01-01_10-00-00")
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "ablate", "compare", str(sweep), "--out", str(out), "--x", "step,tokens"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablate", "compare", str(sweep), "--out", str(out), "--x", "step,tokens"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "0.3 [0.05159, 0.5484]" in proc.stdout  # sigmoid rewards/margins, mean [95% t interval]
-    assert ("loss_type=hinge − loss_type=sigmoid rewards/margins = +0.4 [+0.1516, +0.6484], n=3 pairs: "
-            "loss_type=hinge higher (95% t interval excludes 0)") in proc.stdout, proc.stdout
+    assert (
+        "loss_type=hinge − loss_type=sigmoid rewards/margins = +0.4 [+0.1516, +0.6484], n=3 pairs: "
+        "loss_type=hinge higher (95% t interval excludes 0)"
+    ) in proc.stdout, proc.stdout
     assert "95% t interval over the per-seed differences (assumes they are roughly normal" in proc.stdout
-    assert (out / "rewards_margins_vs_tokens.png").is_file() and (out / "rewards_margins_vs_step.png").is_file()
+    assert (out / "rewards_margins_vs_tokens.png").is_file() and (
+        out / "rewards_margins_vs_step.png"
+    ).is_file()
 
     page = (out / "report.html").read_text()
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")  # opens with no server

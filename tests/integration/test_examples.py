@@ -14,11 +14,27 @@ FAST = ("method.args.max_steps=3", "method.args.logging_steps=1", "data.max_trai
 
 def _example(name: str, tmp_path, *overrides: str):
     # the caller's PYTHONPATH stays last: a worktree run tests its own src/, not an installed copy
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / name), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    r = ablate("train", "-m", "--config-dir", f"examples/{name}", *overrides, *FAST,
-               f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${hydra.job.num}", env=env)
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "examples" / name), str(TESTS), os.environ.get("PYTHONPATH", "")]
+        )
+    }
+    r = ablate(
+        "train",
+        "-m",
+        "--config-dir",
+        f"examples/{name}",
+        *overrides,
+        *FAST,
+        f"hydra.sweep.dir={tmp_path}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    return [[e for e in metrics(tmp_path / str(i)) if "loss" in e] for i in range(len(list(tmp_path.glob("[0-9]*"))))]
+    return [
+        [e for e in metrics(tmp_path / str(i)) if "loss" in e]
+        for i in range(len(list(tmp_path.glob("[0-9]*"))))
+    ]
 
 
 def _losses(events):
@@ -53,7 +69,9 @@ def test_final_token_helpers():
     sys.path.insert(0, str(ROOT / "examples" / "final_token_po"))
     from final_token_po import divergence_index, final_token_logps
 
-    j, valid = divergence_index(torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]]), torch.tensor([[5, 6, 8, 9], [5, 6, 0, 0]]))
+    j, valid = divergence_index(
+        torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]]), torch.tensor([[5, 6, 8, 9], [5, 6, 0, 0]])
+    )
     assert j.tolist() == [2, 0] and valid.tolist() == [True, False]
     per_token = torch.tensor([[-1.0, -2.0, -3.0]])  # per_token[:, t] scores token t+1
     assert final_token_logps(per_token, torch.tensor([2])).tolist() == [-2.0]

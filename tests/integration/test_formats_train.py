@@ -30,8 +30,15 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def _ultrafeedback_rows() -> list[dict[str, Any]]:
     """trl-lib/ultrafeedback_binarized's columns: whole conversations, no prompt, plus scores."""
-    return [{"chosen": _conv(q, "".join(sorted(q[6:]))), "rejected": _conv(q, q[6:]),
-             "score_chosen": 8.0, "score_rejected": 3.5} for q in Q]
+    return [
+        {
+            "chosen": _conv(q, "".join(sorted(q[6:]))),
+            "rejected": _conv(q, q[6:]),
+            "score_chosen": 8.0,
+            "score_rejected": 3.5,
+        }
+        for q in Q
+    ]
 
 
 def _run_dirs(cwd: Path) -> list[Path]:
@@ -54,9 +61,17 @@ def test_ultrafeedback_shape_trains_with_the_config(tmp_path):
     _write(data / "test.jsonl", _ultrafeedback_rows()[:2])
     cwd = tmp_path / "work"
     cwd.mkdir()
-    r = ablate("train", "data=ultrafeedback_binarized", f"data.path={data}", "method.args.max_steps=2",
-               "method.args.per_device_train_batch_size=2", "method.args.eval_strategy=steps",
-               "method.args.eval_steps=2", cwd=cwd, env=ENV)
+    r = ablate(
+        "train",
+        "data=ultrafeedback_binarized",
+        f"data.path={data}",
+        "method.args.max_steps=2",
+        "method.args.per_device_train_batch_size=2",
+        "method.args.eval_strategy=steps",
+        "method.args.eval_steps=2",
+        cwd=cwd,
+        env=ENV,
+    )
     s = _completed(r, cwd)
     assert "eval_rewards/accuracies" in s["metrics"]
 
@@ -64,13 +79,23 @@ def test_ultrafeedback_shape_trains_with_the_config(tmp_path):
 def test_saved_dataset_dir_and_h4_shape_train(tmp_path):
     """`save_to_disk` dirs load too; HuggingFaceH4's variant (a *string* prompt beside conversational
     chosen/rejected) has its prompt extracted from the conversations, as TRL's maybe_extract_prompt."""
-    rows = [{"prompt": r["chosen"][0]["content"], "prompt_id": str(i), **r}
-            for i, r in enumerate(_ultrafeedback_rows())]
+    rows = [
+        {"prompt": r["chosen"][0]["content"], "prompt_id": str(i), **r}
+        for i, r in enumerate(_ultrafeedback_rows())
+    ]
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
     cwd = tmp_path / "work"
     cwd.mkdir()
-    r = ablate("train", "data=ultrafeedback_binarized", f"data.path={tmp_path / 'saved'}", "data.eval_split=null",
-               "method.args.max_steps=2", "method.args.per_device_train_batch_size=2", cwd=cwd, env=ENV)
+    r = ablate(
+        "train",
+        "data=ultrafeedback_binarized",
+        f"data.path={tmp_path / 'saved'}",
+        "data.eval_split=null",
+        "method.args.max_steps=2",
+        "method.args.per_device_train_batch_size=2",
+        cwd=cwd,
+        env=ENV,
+    )
     _completed(r, cwd)
 
 
@@ -79,9 +104,18 @@ def test_column_mapping_trains(tmp_path):
     path = _write(tmp_path / "pairs.jsonl", rows)
     cwd = tmp_path / "work"
     cwd.mkdir()
-    r = ablate("train", "data=jsonl", f"data.train_path={path}", "data.columns.prompt=question",
-               "data.columns.chosen=good", "data.columns.rejected=bad", "method.args.max_steps=2",
-               "method.args.per_device_train_batch_size=2", cwd=cwd, env=ENV)
+    r = ablate(
+        "train",
+        "data=jsonl",
+        f"data.train_path={path}",
+        "data.columns.prompt=question",
+        "data.columns.chosen=good",
+        "data.columns.rejected=bad",
+        "method.args.max_steps=2",
+        "method.args.per_device_train_batch_size=2",
+        cwd=cwd,
+        env=ENV,
+    )
     _completed(r, cwd)
 
 
@@ -90,8 +124,10 @@ def test_unmapped_columns_are_one_line(tmp_path):
     r = ablate("train", "data=jsonl", f"data.train_path={path}", f"hydra.run.dir={tmp_path / 'run'}", env=ENV)
     assert r.returncode == 2
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"ablate: error: data.train_path={path}: DPO found columns ['bad', 'good', 'question'], "
-                           "expected one of"), last
+    assert last.startswith(
+        f"ablate: error: data.train_path={path}: DPO found columns ['bad', 'good', 'question'], "
+        "expected one of"
+    ), last
     assert "implicit-prompt preference: chosen, rejected" in last and "data.columns" in last
     assert not (tmp_path / "run").exists()  # refused from the file's first row, before the run dir
 
@@ -103,14 +139,29 @@ def _reward_len(completions: list[Any], **_: Any) -> list[float]:
 FORMATS = {
     "dpo standard": ("dpo", [{"prompt": f"{q} =", "chosen": " ab", "rejected": " ba"} for q in Q]),
     "dpo standard implicit": ("dpo", [{"chosen": f"{q} = ab", "rejected": f"{q} = ba"} for q in Q]),
-    "dpo conversational": ("dpo", [{"prompt": [{"role": "user", "content": q}],
-                                    "chosen": [{"role": "assistant", "content": "ab"}],
-                                    "rejected": [{"role": "assistant", "content": "ba"}]} for q in Q]),
+    "dpo conversational": (
+        "dpo",
+        [
+            {
+                "prompt": [{"role": "user", "content": q}],
+                "chosen": [{"role": "assistant", "content": "ab"}],
+                "rejected": [{"role": "assistant", "content": "ba"}],
+            }
+            for q in Q
+        ],
+    ),
     "dpo conversational implicit": ("dpo", _ultrafeedback_rows()),
     "sft prompt-completion": ("sft", [{"prompt": f"{q} =", "completion": " ab"} for q in Q]),
-    "sft conversational prompt-completion": ("sft", [{"prompt": [{"role": "user", "content": q}],
-                                                      "completion": [{"role": "assistant", "content": "ab"}]}
-                                                     for q in Q]),
+    "sft conversational prompt-completion": (
+        "sft",
+        [
+            {
+                "prompt": [{"role": "user", "content": q}],
+                "completion": [{"role": "assistant", "content": "ab"}],
+            }
+            for q in Q
+        ],
+    ),
     "sft messages": ("sft", [{"messages": _conv(q, "ab")} for q in Q]),
     "sft text": ("sft", [{"text": f"{q} = ab"} for q in Q]),
     "grpo standard": ("grpo", [{"prompt": q} for q in Q]),
@@ -127,8 +178,15 @@ def test_every_format_trains(tmp_path, name):
 
     method, rows = FORMATS[name]
     tok, model = tiny()
-    common = dict(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none",
-                  use_cpu=True, save_strategy="no", disable_tqdm=True)
+    common = dict(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     ds = Dataset.from_list(rows)
     if method == "dpo":
         trainer = DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=ds, processing_class=tok)
@@ -136,7 +194,8 @@ def test_every_format_trains(tmp_path, name):
         trainer = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=ds, processing_class=tok)
     else:
         args = GRPOConfig(**common, num_generations=2, max_completion_length=4)
-        trainer = GRPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
-                              reward_funcs={"len": _reward_len})
+        trainer = GRPOTrainer(
+            model=model, args=args, train_dataset=ds, processing_class=tok, reward_funcs={"len": _reward_len}
+        )
     out = trainer.train()
     assert trainer.state.global_step == 1 and out.training_loss == out.training_loss  # a number, not NaN

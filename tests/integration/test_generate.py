@@ -39,11 +39,17 @@ def test_prompts_are_formatted_as_the_run_trained(lora_run: Path) -> None:
     assert trained_format(lora_run)["conversational"] is False
     tok, _ = load_run_model(lora_run)
     assert prompt_ids(tok, {"prompt": "sort: dcba ="}, chat=False) == tok("sort: dcba =")["input_ids"]
-    templated = tok.apply_chat_template([{"role": "user", "content": "sort: dcba ="}], tokenize=False,
-                                        add_generation_prompt=True)
-    assert prompt_ids(tok, {"prompt": "sort: dcba ="}, chat=True) == tok(templated, add_special_tokens=False)["input_ids"]
+    templated = tok.apply_chat_template(
+        [{"role": "user", "content": "sort: dcba ="}], tokenize=False, add_generation_prompt=True
+    )
+    assert (
+        prompt_ids(tok, {"prompt": "sort: dcba ="}, chat=True)
+        == tok(templated, add_special_tokens=False)["input_ids"]
+    )
     messages = [{"role": "user", "content": "sort: zy ="}]  # a conversation has no plain rendering: templated
-    assert prompt_ids(tok, {"prompt": messages}, chat=False) == prompt_ids(tok, {"prompt": "sort: zy ="}, chat=True)
+    assert prompt_ids(tok, {"prompt": messages}, chat=False) == prompt_ids(
+        tok, {"prompt": "sort: zy ="}, chat=True
+    )
 
 
 def test_an_older_run_without_the_record_reads_its_data(lora_run: Path, tmp_path: Path) -> None:
@@ -60,15 +66,29 @@ def test_an_older_run_without_the_record_reads_its_data(lora_run: Path, tmp_path
     fmt = trained_format(old)
     assert fmt["conversational"] is False and fmt["source"] == ".hydra/config.yaml's data"
     (old / ".hydra" / "config.yaml").write_text(
-        (old / ".hydra" / "config.yaml").read_text().replace("name: sort_prefs", "name: caps_prefs"))
+        (old / ".hydra" / "config.yaml").read_text().replace("name: sort_prefs", "name: caps_prefs")
+    )
     assert trained_format(old)["conversational"] is True  # chat messages: templated
 
 
 def test_generate_cli_prompts_and_jsonl(lora_run: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "sort: cba ="}) + "\n"
-                       + json.dumps({"prompt": [{"role": "user", "content": "sort: zy ="}]}) + "\n")
-    args = ["generate", str(lora_run), "--prompt", "sort: dcba =", "--prompts", str(prompts), "--max-new-tokens", "5"]
+    prompts.write_text(
+        json.dumps({"prompt": "sort: cba ="})
+        + "\n"
+        + json.dumps({"prompt": [{"role": "user", "content": "sort: zy ="}]})
+        + "\n"
+    )
+    args = [
+        "generate",
+        str(lora_run),
+        "--prompt",
+        "sort: dcba =",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "5",
+    ]
     r = ablate(*args, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -76,20 +96,30 @@ def test_generate_cli_prompts_and_jsonl(lora_run: Path, tmp_path: Path) -> None:
     assert all(isinstance(row["completion"], str) for row in rows)
     again = ablate(*args, "--json", cwd=tmp_path)
     assert again.stdout == r.stdout  # greedy by default: reproducible
-    assert r.stderr.splitlines()[-1].startswith("prompts: plain text, as written")  # --json: stdout is the rows
+    assert r.stderr.splitlines()[-1].startswith(
+        "prompts: plain text, as written"
+    )  # --json: stdout is the rows
     plain = ablate(*args[:4], cwd=tmp_path)
     assert plain.returncode == 0 and plain.stdout.startswith(
         "prompts: plain text, as written (the tokenizer's own special tokens), as the run's training rows "
-        "(preference) were (run.json)\n\n>>> sort: dcba =\n"), plain.stdout
-    assert "kernels" not in plain.stderr  # bitsandbytes' CPU notice (peft imports it) is not the user's concern
+        "(preference) were (run.json)\n\n>>> sort: dcba =\n"
+    ), plain.stdout
+    assert (
+        "kernels" not in plain.stderr
+    )  # bitsandbytes' CPU notice (peft imports it) is not the user's concern
     chat = ablate(*args[:4], "--format", "chat", cwd=tmp_path)
-    assert chat.stdout.startswith("prompts: chat template, a plain prompt as the user turn") and chat.stdout != plain.stdout
+    assert (
+        chat.stdout.startswith("prompts: chat template, a plain prompt as the user turn")
+        and chat.stdout != plain.stdout
+    )
 
 
 def test_generate_counts_matches_with_the_files_completions(lora_run: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "sort: cba =", "completion": " abc"}) + "\n")
-    r = ablate("generate", str(lora_run), "--prompts", str(prompts), "--max-new-tokens", "3", "--json", cwd=tmp_path)
+    r = ablate(
+        "generate", str(lora_run), "--prompts", str(prompts), "--max-new-tokens", "3", "--json", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (row,) = [json.loads(line) for line in r.stdout.splitlines()]
     assert row["expected"] == " abc" and row["match"] is (row["completion"].strip() == "abc")
@@ -129,13 +159,22 @@ def test_a_run_dir_that_does_not_exist_is_said_at_once(tmp_path: Path, command: 
     import subprocess
     import sys
 
-    code = ("import sys\nfrom ablate.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
-            "    assert 'torch' not in sys.modules, 'torch imported'\n    raise\n")
-    r = subprocess.run([sys.executable, "-c", code, command[0], "outputs/runs/nope", *command[1:]],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys\nfrom ablate.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+        "    assert 'torch' not in sys.modules, 'torch imported'\n    raise\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, command[0], "outputs/runs/nope", *command[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
-    assert re.fullmatch(r"ablate: error: \S*outputs/runs/nope does not exist \(`ablate ls` lists your runs, newest first\)",
-                        r.stderr.strip()), r.stderr
+    assert re.fullmatch(
+        r"ablate: error: \S*outputs/runs/nope does not exist \(`ablate ls` lists your runs, newest first\)",
+        r.stderr.strip(),
+    ), r.stderr
 
 
 def test_eval_writes_each_examples_scores(lora_run: Path, tmp_path: Path) -> None:

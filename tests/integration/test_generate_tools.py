@@ -25,19 +25,45 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     demo = (ROOT / "src/ablate/data/tiny/calc_tools_sft_train.jsonl").read_text().splitlines()[0]
     assert json.loads(demo)["prompt"][0]["content"] == QUESTION
     (cwd / "demo.jsonl").write_text(demo + "\n")
-    (cwd / "questions.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": QUESTION}],
-                                                     "answer": "56876"}) + "\n")
+    (cwd / "questions.jsonl").write_text(
+        json.dumps({"prompt": [{"role": "user", "content": QUESTION}], "answer": "56876"}) + "\n"
+    )
     tools = "+data.tools=[ablate.tools.calculator]"
-    sft = ablate("train", "method=sft", "data=local", "data.train_path=demo.jsonl", tools,
-                 "method.args.assistant_only_loss=true", "method.args.per_device_train_batch_size=1",
-                 "method.args.max_steps=100", "method.args.save_strategy=no", "optimizer/scheduler=constant",
-                 "hydra.run.dir=outputs/sft", cwd=cwd, timeout=1800)
+    sft = ablate(
+        "train",
+        "method=sft",
+        "data=local",
+        "data.train_path=demo.jsonl",
+        tools,
+        "method.args.assistant_only_loss=true",
+        "method.args.per_device_train_batch_size=1",
+        "method.args.max_steps=100",
+        "method.args.save_strategy=no",
+        "optimizer/scheduler=constant",
+        "hydra.run.dir=outputs/sft",
+        cwd=cwd,
+        timeout=1800,
+    )
     assert sft.returncode == 0, sft.stderr[-3000:]
-    grpo = ablate("train", "method=grpo", "data=local", "data.train_path=questions.jsonl", tools,
-                  "data.reward_funcs=[ablate.rewards.calc.correct]", "model=local", "model.path=outputs/sft/model",
-                  "method.args.max_steps=1", "method.args.per_device_train_batch_size=4", "method.args.num_generations=4",
-                  "method.args.max_completion_length=120", "method.args.save_strategy=no", "optimizer.optimizer.lr=1e-5",
-                  "hydra.run.dir=outputs/grpo", cwd=cwd, timeout=1800)
+    grpo = ablate(
+        "train",
+        "method=grpo",
+        "data=local",
+        "data.train_path=questions.jsonl",
+        tools,
+        "data.reward_funcs=[ablate.rewards.calc.correct]",
+        "model=local",
+        "model.path=outputs/sft/model",
+        "method.args.max_steps=1",
+        "method.args.per_device_train_batch_size=4",
+        "method.args.num_generations=4",
+        "method.args.max_completion_length=120",
+        "method.args.save_strategy=no",
+        "optimizer.optimizer.lr=1e-5",
+        "hydra.run.dir=outputs/grpo",
+        cwd=cwd,
+        timeout=1800,
+    )
     assert grpo.returncode == 0, grpo.stderr[-3000:]
     return cwd, cwd / "outputs/sft", cwd / "outputs/grpo"
 
@@ -72,7 +98,9 @@ def test_the_prompt_is_trainings_token_for_token(runs: tuple[Path, Path, Path], 
 
 
 @pytest.mark.parametrize("which", ["sft", "grpo"])
-def test_generate_runs_the_call_and_shows_call_result_answer(runs: tuple[Path, Path, Path], which: str) -> None:
+def test_generate_runs_the_call_and_shows_call_result_answer(
+    runs: tuple[Path, Path, Path], which: str
+) -> None:
     cwd, *_ = runs
     r = ablate("generate", f"outputs/{which}", "--prompt", QUESTION, cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -80,8 +108,11 @@ def test_generate_runs_the_call_and_shows_call_result_answer(runs: tuple[Path, P
     assert "offering the run's tools (calculator; tool_call_format=chat_template)" in lines[0], lines[0]
     assert f"up to {120 if which == 'grpo' else 256} new tokens over all turns" in lines[0], lines[0]
     at = lines.index(f">>> {QUESTION}")
-    assert lines[at + 1:at + 4] == ['call:   calculator({"expression": "964*59"})', "result: 56876", "answer: 56876"], \
-        r.stdout
+    assert lines[at + 1 : at + 4] == [
+        'call:   calculator({"expression": "964*59"})',
+        "result: 56876",
+        "answer: 56876",
+    ], r.stdout
 
 
 def test_generate_json_rows_hold_the_turns(runs: tuple[Path, Path, Path]) -> None:

@@ -22,13 +22,25 @@ RUNS = {
     "dpo": ["method.args.max_steps=12", "method.args.save_steps=2", "method.args.logging_steps=1"],
     # 3 rounds of 3 micro-steps, checkpoints at steps 2, 4, 8 (mid-round: the round's completions are
     # saved with them and served after the resume) and 6, 9 (round boundaries)
-    "grpo": ["method=grpo", "method.args.max_steps=9", "method.args.save_steps=2", "method.args.logging_steps=1",
-             "method.args.steps_per_generation=3", "method.args.per_device_train_batch_size=16"],
+    "grpo": [
+        "method=grpo",
+        "method.args.max_steps=9",
+        "method.args.save_steps=2",
+        "method.args.logging_steps=1",
+        "method.args.steps_per_generation=3",
+        "method.args.per_device_train_batch_size=16",
+    ],
     # asynchronous GRPO (a worker samples round k+1 by round k's start weights): 5 rounds of 2 steps,
     # checkpoints at steps 3, 9 (mid-round) and 6 (a boundary), each with the round in flight saved
-    "grpo_async": ["method=grpo", "method.args.max_steps=10", "method.args.save_steps=3",
-                   "method.args.logging_steps=1", "method.args.steps_per_generation=2",
-                   "method.args.per_device_train_batch_size=16", "method.args.max_staleness=1"],
+    "grpo_async": [
+        "method=grpo",
+        "method.args.max_steps=10",
+        "method.args.save_steps=3",
+        "method.args.logging_steps=1",
+        "method.args.steps_per_generation=2",
+        "method.args.per_device_train_batch_size=16",
+        "method.args.max_staleness=1",
+    ],
 }
 # checkpoints saved mid-round: a launch is killed as soon as each is complete, so a resume starts there
 MID_ROUND = {"dpo": [], "grpo": [2, 4], "grpo_async": [3]}
@@ -37,7 +49,9 @@ MID_ROUND = {"dpo": [], "grpo": [2, 4], "grpo_async": [3]}
 def _result(run_dir: Path) -> tuple:
     s = summary(run_dir)
     # a GRPO round logs its rewards at its first micro-step (None at the others and for DPO)
-    losses = [(e["step"], e["loss"], e.get("reward"), e.get("reward_std")) for e in metrics(run_dir) if "loss" in e]
+    losses = [
+        (e["step"], e["loss"], e.get("reward"), e.get("reward_std")) for e in metrics(run_dir) if "loss" in e
+    ]
     weights = hashlib.sha256((run_dir / "model" / "model.safetensors").read_bytes()).hexdigest()
     return s["status"], s["global_step"], losses, weights, s["metrics"]["train_loss"]
 
@@ -58,7 +72,9 @@ def _kill_and_resume(method: str, kills: int, tmp_path: Path) -> None:
     # mid-startup to the end, so the moments fall on steps, checkpoint saves and the final save too
     startup = max(duration - metrics(ref)[-1]["time"], 0.0)
     moments = [rng.uniform(0.5 * startup, duration) for _ in range(kills)]
-    for step in MID_ROUND[method]:  # first kill -9 right after each mid-round checkpoint: resumes start mid-round
+    for step in MID_ROUND[
+        method
+    ]:  # first kill -9 right after each mid-round checkpoint: resumes start mid-round
         ckpt = run_dir / "checkpoints" / f"checkpoint-{step}"
         proc = ablate_started("train", *overrides, f"hydra.run.dir={run_dir}")
         while proc.poll() is None and not (ckpt / "trainer_state.json").is_file():  # written last

@@ -17,15 +17,32 @@ def _fake_run(run: Path, started: str, overrides: list[str], metrics: dict | Non
     metrics = metrics or {"loss": 0.5}
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"overrides": overrides, "started": started}))
-    (run / "summary.json").write_text(json.dumps({"status": "completed", "method": "dpo", "overrides": overrides,
-                                                  "global_step": 2, "compare_metrics": list(metrics),
-                                                  "metrics": metrics}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "method": "dpo",
+                "overrides": overrides,
+                "global_step": 2,
+                "compare_metrics": list(metrics),
+                "metrics": metrics,
+            }
+        )
+    )
     (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "time": 1.0, **metrics}) + "\n")
     return run
 
 
-@pytest.mark.parametrize("argv", [["eval", "last"], ["generate", "last", "--prompt", "x"], ["resume", "last"],
-                                  ["ls", "last"], ["compare", "last"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "last"],
+        ["generate", "last", "--prompt", "x"],
+        ["resume", "last"],
+        ["ls", "last"],
+        ["compare", "last"],
+    ],
+)
 def test_last_with_nothing_there_is_one_line(tmp_path: Path, argv: list[str]) -> None:
     r = ablate(*argv, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -84,7 +101,9 @@ def test_compare_last_takes_the_newest_sweep(tmp_path: Path) -> None:
     newer = tmp_path / "outputs/sweeps/alpha/2026-01-01_00-00-00"
     for launch, metric in ((older, "older_metric"), (newer, "newer_metric")):
         for num, seed in enumerate((1, 2)):
-            _fake_run(launch / f"{num}_seed-{seed}", "2026-01-01T00:00:00", [f"seed={seed}"], {metric: 0.1 * seed})
+            _fake_run(
+                launch / f"{num}_seed-{seed}", "2026-01-01T00:00:00", [f"seed={seed}"], {metric: 0.1 * seed}
+            )
         (launch / "multirun.yaml").write_text("{}\n")
     os.utime(older / "multirun.yaml", (1_000_000_000, 1_000_000_000))
     r = ablate("compare", "last", cwd=tmp_path)

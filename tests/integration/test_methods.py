@@ -57,7 +57,9 @@ def test_reward_run_dir_is_a_sequence_classifier(reward_run):
 
 def test_generate_on_a_reward_model_is_one_line(reward_run):
     r = ablate("generate", str(reward_run), "--prompt", "sort: cba =")
-    assert r.returncode == 2 and "is a reward model (method=reward)" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2 and "is a reward model (method=reward)" in r.stderr and "Traceback" not in r.stderr
+    )
 
 
 def test_reward_eval_held_out_accuracy(reward_run):
@@ -73,9 +75,14 @@ def test_lora_reward_model_saves_a_plain_classifier(tmp_path_factory):
     adapter (ablate eval rebuilds base + head + adapter), model/merged/ a plain sequence-classifier dir."""
     from transformers import AutoModelForSequenceClassification
 
-    run_dir = _train(tmp_path_factory, "reward", "+peft=lora", "peft.save_merged=true", "method.args.max_steps=5")
+    run_dir = _train(
+        tmp_path_factory, "reward", "+peft=lora", "peft.save_merged=true", "method.args.max_steps=5"
+    )
     assert (run_dir / "model" / "adapter_config.json").is_file()
-    assert AutoModelForSequenceClassification.from_pretrained(run_dir / "model" / "merged").config.num_labels == 1
+    assert (
+        AutoModelForSequenceClassification.from_pretrained(run_dir / "model" / "merged").config.num_labels
+        == 1
+    )
     assert 0 <= _eval(run_dir)["metrics"]["eval_accuracy"] <= 1
 
 
@@ -108,8 +115,14 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 def rloo_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("rloo") / "run"
     # no KL penalty: TRL's default (0.05) holds the tiny task's random-init policy near its start (docs/methods.md)
-    r = ablate("train", "method=rloo", "method.args.beta=0", "method.args.max_steps=60", f"hydra.run.dir={run_dir}",
-               env=ONE_THREAD)
+    r = ablate(
+        "train",
+        "method=rloo",
+        "method.args.beta=0",
+        "method.args.max_steps=60",
+        f"hydra.run.dir={run_dir}",
+        env=ONE_THREAD,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
@@ -120,8 +133,13 @@ def test_rloo_learns_the_letter_task(rloo_run):
     assert s["status"] == "completed" and s["method"] == "rloo" and s["generation_rounds"] == 60
     rewards = _values(rloo_run, "reward")
     assert rewards[0] < 0.05 and rewards[-1] > 5 * rewards[0], rewards  # 60 steps: ~0.007 -> ~0.09
-    for name in ("reward_std", "frac_reward_zero_std", "rewards/repeat_fraction/std", "clip_ratio/region_mean",
-                 "entropy"):
+    for name in (
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/repeat_fraction/std",
+        "clip_ratio/region_mean",
+        "entropy",
+    ):
         assert name in s["metrics"], name
 
 

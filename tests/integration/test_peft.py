@@ -45,8 +45,13 @@ def test_lora_dpo_trains_the_adapter_and_saves_it_merged(tmp_path):
 
     from ablate.models import tiny
 
-    run = _train(tmp_path, "+peft=lora", "peft.save_merged=true", "method.args.max_steps=30",
-                 "method.args.logging_steps=5")
+    run = _train(
+        tmp_path,
+        "+peft=lora",
+        "peft.save_merged=true",
+        "method.args.max_steps=30",
+        "method.args.logging_steps=5",
+    )
     s = summary(run)
     assert s["metrics"]["rewards/margins"] > 0 and s["metrics"]["rewards/accuracies"] >= 0.75, s["metrics"]
     assert _losses(run)[-1] < _losses(run)[0]
@@ -74,8 +79,14 @@ def test_lora_dpo_trains_the_adapter_and_saves_it_merged(tmp_path):
         assert torch.equal(merged_sd[key], base_sd[key]), key
 
     # the tiny model is built from code: its adapter has no base path to reload, and the error says so
-    r = ablate("train", "model=local", f"model.path='{run / 'model'}'", "method.args.max_steps=1",  # quoted: '=' in the name
-               cwd=tmp_path, env=ENV)
+    r = ablate(
+        "train",
+        "model=local",
+        f"model.path='{run / 'model'}'",
+        "method.args.max_steps=1",  # quoted: '=' in the name
+        cwd=tmp_path,
+        env=ENV,
+    )
     assert r.returncode == 2 and "LoRA adapter" in r.stderr and "merged" in r.stderr, r.stderr[-2000:]
 
 
@@ -89,8 +100,16 @@ def test_lora_sft_then_dpo_from_the_adapter_dir(tmp_path):
     tok, base = tiny()
     tok.save_pretrained(tmp_path / "base")
     base.save_pretrained(tmp_path / "base")
-    sft = _train(tmp_path / "sft", "method=sft", "model=local", f"model.path={tmp_path / 'base'}", "+peft=lora",
-                 "peft.save_merged=true", "method.args.max_steps=30", "method.args.logging_steps=5")
+    sft = _train(
+        tmp_path / "sft",
+        "method=sft",
+        "model=local",
+        f"model.path={tmp_path / 'base'}",
+        "+peft=lora",
+        "peft.save_merged=true",
+        "method.args.max_steps=30",
+        "method.args.logging_steps=5",
+    )
     losses = _losses(sft)
     assert losses[-1] < losses[0] - 0.3, losses  # a random tiny model: LoRA alone learns slowly
     _check_adapter_dir(sft / "model")
@@ -102,15 +121,27 @@ def test_lora_sft_then_dpo_from_the_adapter_dir(tmp_path):
         torch.testing.assert_close(from_adapter.eval()(ids).logits, merged.eval()(ids).logits)
         assert not torch.allclose(from_adapter(ids).logits, base.eval()(ids).logits)  # the SFT adapter is in
 
-    dpo = _train(tmp_path / "dpo", "model=local", f"model.path='{sft / 'model'}'", "+peft=lora",
-                 "method.args.max_steps=3")
+    dpo = _train(
+        tmp_path / "dpo",
+        "model=local",
+        f"model.path='{sft / 'model'}'",
+        "+peft=lora",
+        "method.args.max_steps=3",
+    )
     _check_adapter_dir(dpo / "model")
 
 
 def test_lora_grpo_with_kl_to_the_base(tmp_path):
     """beta > 0: the KL reference is the model with adapters off, scored every generation round."""
-    run = _train(tmp_path, "method=grpo", "+peft=lora", "method.args.beta=0.04", "method.args.max_steps=12",
-                 "method.args.logging_steps=3", "method.args.per_device_train_batch_size=32")
+    run = _train(
+        tmp_path,
+        "method=grpo",
+        "+peft=lora",
+        "method.args.beta=0.04",
+        "method.args.max_steps=12",
+        "method.args.logging_steps=3",
+        "method.args.per_device_train_batch_size=32",
+    )
     kls = _losses(run, "kl")
     assert kls and kls[0] >= 0 and max(kls) > 0, kls  # adapters move away from the base: KL > 0
     assert summary(run)["metrics"]["reward"] >= 0
@@ -118,8 +149,13 @@ def test_lora_grpo_with_kl_to_the_base(tmp_path):
 
 
 def test_lora_resume_reproduces_uninterrupted_losses(tmp_path):
-    common = ["+peft=lora", "method.args.max_steps=8", "method.args.save_steps=3", "method.args.logging_steps=1",
-              "+callbacks.crash._target_=crashing.CrashAt"]
+    common = [
+        "+peft=lora",
+        "method.args.max_steps=8",
+        "method.args.save_steps=3",
+        "method.args.logging_steps=1",
+        "+callbacks.crash._target_=crashing.CrashAt",
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     assert ablate("train", *common, f"hydra.run.dir={a}", env=ENV).returncode == 0
     crashed = ablate("train", *common, f"hydra.run.dir={b}", env={**ENV, "ABLATE_TEST_CRASH_AT": "5"})
@@ -131,8 +167,10 @@ def test_lora_resume_reproduces_uninterrupted_losses(tmp_path):
     la = [(e["step"], e["loss"]) for e in metrics(a) if "loss" in e]
     lb = [(e["step"], e["loss"]) for e in metrics(b) if "loss" in e]
     assert la == lb  # exact: the adapter, optimizer and RNG state come back from checkpoint-3
-    assert load_file(a / "model" / "adapter_model.safetensors").keys() == \
-        load_file(b / "model" / "adapter_model.safetensors").keys()
+    assert (
+        load_file(a / "model" / "adapter_model.safetensors").keys()
+        == load_file(b / "model" / "adapter_model.safetensors").keys()
+    )
 
 
 def test_qlora_trains_on_cpu(tmp_path):
@@ -141,8 +179,13 @@ def test_qlora_trains_on_cpu(tmp_path):
     from transformers import AutoModelForCausalLM
 
     pytest.importorskip("bitsandbytes")
-    run = _train(tmp_path, "+peft=qlora", "peft.save_merged=true", "method.args.max_steps=6",
-                 "method.args.logging_steps=2")
+    run = _train(
+        tmp_path,
+        "+peft=qlora",
+        "peft.save_merged=true",
+        "method.args.max_steps=6",
+        "method.args.logging_steps=2",
+    )
     losses = _losses(run)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     _check_adapter_dir(run / "model")

@@ -26,15 +26,28 @@ def test_full_fine_tuning_of_8b_on_one_gpu_does_not_fit_and_fsdp_shards_it(tmp_p
     one = ablate("plan", "model=llama3_1_8b", "method=sft", "precision=bf16", cwd=tmp_path)
     assert one.returncode == 1 and "does not fit in 80 GB per GPU" in one.stdout, one.stderr[-2000:]
     assert "meta-llama/Llama-3.1-8B-Instruct: 8.030B parameters" in one.stdout
-    eight = ablate("plan", "model=llama3_1_8b", "method=sft", "precision=bf16", "distributed=fsdp",
-                   "+method.args.gradient_checkpointing=true", "--gpus", "8", cwd=tmp_path)
+    eight = ablate(
+        "plan",
+        "model=llama3_1_8b",
+        "method=sft",
+        "precision=bf16",
+        "distributed=fsdp",
+        "method.args.gradient_checkpointing=true",
+        "--gpus",
+        "8",
+        cwd=tmp_path,
+    )
     assert eight.returncode == 0 and "fits in 80 GB" in eight.stdout, eight.stdout + eight.stderr[-2000:]
     assert _total(eight.stdout) < _total(one.stdout) / 4
 
 
 def test_lora_and_qlora_shrink_what_trains(tmp_path):
-    lora = ablate("plan", "model=qwen2_5_7b", "+peft=lora", "precision=bf16", "--gpu-memory", "24", cwd=tmp_path)
-    qlora = ablate("plan", "model=qwen2_5_7b", "+peft=qlora", "precision=bf16", "--gpu-memory", "24", cwd=tmp_path)
+    lora = ablate(
+        "plan", "model=qwen2_5_7b", "+peft=lora", "precision=bf16", "--gpu-memory", "24", cwd=tmp_path
+    )
+    qlora = ablate(
+        "plan", "model=qwen2_5_7b", "+peft=qlora", "precision=bf16", "--gpu-memory", "24", cwd=tmp_path
+    )
     for r in (lora, qlora):
         assert r.returncode in (0, 1), r.stderr[-2000:]
     assert "PEFT lora (40,370,176 trainable)" in lora.stdout  # r=16 on every projection of 28 layers
@@ -42,12 +55,15 @@ def test_lora_and_qlora_shrink_what_trains(tmp_path):
     assert params[1] < params[0] / 2  # 4-bit base
 
 
-@pytest.mark.parametrize("args, line", [
-    (["model=nope"], "no option 'nope' in config group 'model'"),
-    (["--gpus", "0"], "--gpus 0: must be 1 or more"),
-    (["--gpu-memory", "-3"], "--gpu-memory -3: must be a positive number of GB"),
-    (["model=local", "model.path=missing_dir"], "model.path=missing_dir"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["model=nope"], "no option 'nope' in config group 'model'"),
+        (["--gpus", "0"], "--gpus 0: must be 1 or more"),
+        (["--gpu-memory", "-3"], "--gpu-memory -3: must be a positive number of GB"),
+        (["model=local", "model.path=missing_dir"], "model.path=missing_dir"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, line):
     r = ablate("plan", *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
@@ -55,17 +71,39 @@ def test_bad_input_is_one_line(tmp_path, args, line):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args, saved, holds", [
-    (["+experiment=qwen7b_dpo_lora", "data=tiny_prefs"], "adapter_config.json", '"down_proj"'),  # LoRA's targets
-    (["+experiment=qwen7b_grpo_fsdp", "distributed=ddp", "method.args.per_device_train_batch_size=8",
-      "method.args.max_completion_length=8"], "config.json", '"model_type": "qwen2"'),
-])
+@pytest.mark.parametrize(
+    "args, saved, holds",
+    [
+        (
+            ["+experiment=qwen7b_dpo_lora", "data=tiny_prefs"],
+            "adapter_config.json",
+            '"down_proj"',
+        ),  # LoRA's targets
+        (
+            [
+                "+experiment=qwen7b_grpo_fsdp",
+                "distributed=ddp",
+                "method.args.per_device_train_batch_size=8",
+                "method.args.max_completion_length=8",
+            ],
+            "config.json",
+            '"model_type": "qwen2"',
+        ),
+    ],
+)
 def test_the_7b_experiments_train_scaled_down(tmp_path, args, saved, holds):
     """The same architecture (Qwen2, grouped-query attention), LoRA targets, precision and method, scaled down."""
     if "qwen7b_grpo_fsdp" in args[0] and torch_bf16_sdpa_error():  # its precision=bf16
         pytest.skip(torch_bf16_sdpa_error())
-    r = ablate("train", *args, "+shrink=tiny", "method.args.max_steps=2", "method.args.save_strategy=no",
-               "data.max_train_samples=16", cwd=tmp_path)
+    r = ablate(
+        "train",
+        *args,
+        "+shrink=tiny",
+        "method.args.max_steps=2",
+        "method.args.save_strategy=no",
+        "data.max_train_samples=16",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run = next((tmp_path / "outputs" / "runs").glob("*/*"))
     assert '"status": "completed"' in (run / "summary.json").read_text()

@@ -17,8 +17,18 @@ def _conv(q: str, a: str) -> list[dict[str, str]]:
 
 def _uf_file(path: Path) -> Path:
     """UltraFeedback's shape: row 0 has a long prompt, row 1 a long answer."""
-    rows = [{"chosen": _conv("why? " * 40, "because"), "rejected": _conv("why? " * 40, "no"), "score_chosen": 1.0},
-            {"chosen": _conv("hi", "hello there, " * 10), "rejected": _conv("hi", "go away"), "score_chosen": 2.0}]
+    rows = [
+        {
+            "chosen": _conv("why? " * 40, "because"),
+            "rejected": _conv("why? " * 40, "no"),
+            "score_chosen": 1.0,
+        },
+        {
+            "chosen": _conv("hi", "hello there, " * 10),
+            "rejected": _conv("hi", "go away"),
+            "score_chosen": 2.0,
+        },
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -44,8 +54,15 @@ def test_tokenizer_only_chat_template_and_truncation_notes(tmp_path):
     byte_tokenizer().save_pretrained(model)
     (model / "config.json").write_text('{"model_type": "llama"}')  # not loadable as weights
     data = _uf_file(tmp_path / "uf.jsonl")
-    args = ["data", "preview", "model=local", f"model.path={model}", "data=jsonl", f"data.train_path={data}",
-            "method.args.max_length=60"]
+    args = [
+        "data",
+        "preview",
+        "model=local",
+        f"model.path={model}",
+        "data=jsonl",
+        f"data.train_path={data}",
+        "method.args.max_length=60",
+    ]
     r = ablate(*args, cwd=tmp_path, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
@@ -64,21 +81,36 @@ def test_smollm2_preview(tmp_path):
     if not (model_dir() / "tokenizer_config.json").is_file():
         pytest.skip("SmolLM2 not fetched (ablate fetch smollm2_135m)")
     data = _uf_file(tmp_path / "uf.jsonl")
-    r = ablate("data", "preview", "model=smollm2_135m", "data=jsonl", f"data.train_path={data}", "-n", "2",
-               cwd=tmp_path, env=ENV)
+    r = ablate(
+        "data",
+        "preview",
+        "model=smollm2_135m",
+        "data=jsonl",
+        f"data.train_path={data}",
+        "-n",
+        "2",
+        cwd=tmp_path,
+        env=ENV,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n⟦hello there" in r.stdout
     assert "⟦go away<|im_end|>\n⟧" in r.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["preview", "-n", "0"], "-n needs a positive number"),
-    (["preview", "--bogus"], "ablate: error: '--bogus' is not an option of ablate data"),
-    (["show"], "ablate: error: ablate data: argument action: invalid choice: 'show' (choose from 'preview', 'check')"),
-    (["preview", "method=nope"], "ablate: error: "),
-    # GRPO on the user's prompts without a reward: the same line train gives (was a Hydra traceback)
-    (["preview", "method=grpo", "data=jsonl", "data.train_path=p.jsonl"], "GRPO needs a reward function"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["preview", "-n", "0"], "-n needs a positive number"),
+        (["preview", "--bogus"], "ablate: error: '--bogus' is not an option of ablate data"),
+        (
+            ["show"],
+            "ablate: error: ablate data: argument action: invalid choice: 'show' (choose from 'preview', 'check')",
+        ),
+        (["preview", "method=nope"], "ablate: error: "),
+        # GRPO on the user's prompts without a reward: the same line train gives (was a Hydra traceback)
+        (["preview", "method=grpo", "data=jsonl", "data.train_path=p.jsonl"], "GRPO needs a reward function"),
+    ],
+)
 def test_bad_preview_args_are_one_line(tmp_path, args, needle):
     (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')
     r = ablate("data", *args, cwd=tmp_path, env=ENV)
@@ -94,8 +126,17 @@ def test_config_dir_and_pretokenized_data(tmp_path):
 
     example = ROOT / "examples" / "custom_batch"
     path = os.pathsep.join([str(TESTS), str(example), os.environ.get("PYTHONPATH", "")])
-    r = ablate("data", "preview", "--config-dir", str(example), "method=dpo_custom_batch", "-n", "1",
-               cwd=tmp_path, env={**ENV, "PYTHONPATH": path})
+    r = ablate(
+        "data",
+        "preview",
+        "--config-dir",
+        str(example),
+        "method=dpo_custom_batch",
+        "-n",
+        "1",
+        cwd=tmp_path,
+        env={**ENV, "PYTHONPATH": path},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "dpo_custom_batch on 512 train rows, format: already tokenized" in r.stdout
     assert "sort: " in r.stdout and "⟧" in r.stdout

@@ -51,42 +51,39 @@ SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
     "python -m pytest -m slow tests/slow/test_vllm.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
-    "ablate train +experiment=smollm2_grpo method/rollouts=vllm":
-        "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm": "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
     "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
-    "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true":
-        "needs a SLURM cluster (tests/slow/test_slurm.py)",
+    "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=1 "
     "method.args.use_cpu=true": "needs a SLURM cluster of two nodes (tests/slow/test_slurm_multinode.py)",
     "bash scripts/slurm/start.sh": "installs and starts SLURM as root with apt (tests/slow/test_slurm.py)",
     "torchrun --nproc_per_node=8 -m ablate train distributed=fsdp model=...": "needs 8 CUDA GPUs",
     "torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400 --rdzv_id=myrun "
-    "-m ablate train distributed=fsdp hydra.run.dir=/shared/runs/myrun":
-        "one of two nodes (another machine at 10.0.0.1); tests/slow/test_fsdp.py runs two nodes on loopback",
+    "-m ablate train distributed=fsdp hydra.run.dir=/shared/runs/myrun": "one of two nodes (another machine at 10.0.0.1); tests/slow/test_fsdp.py runs two nodes on loopback",
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
-    "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379":
-        "needs a Ray cluster of several machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
-    "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379 hydra.launcher.num_gpus=1":
-        "needs a Ray cluster of GPU machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
+    "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379": "needs a Ray cluster of several machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
+    "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379 hydra.launcher.num_gpus=1": "needs a Ray cluster of GPU machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
     "ray start --head --port=6379 --num-gpus=8": "starts a node of a real Ray cluster (8 GPUs, port 6379, all interfaces)",
     "ray start --address=10.0.0.1:6379 --num-gpus=8": "joins a Ray cluster on another machine",
     "bash scripts/gpu_wheels.sh": "downloads wheels for another machine (a GPU one without a package index)",
     "export PYTHONPATH=$PWD/src && cp src/ablate/speed/measured.json $OUT/ && python benchmarks/gpu.py --record "
-    "$OUT/measured.json --out $OUT/gpu.json --smoke-dir $OUT/smoke 2>&1 | tee $OUT/gpu.txt":
-        "needs a CUDA GPU (the H200 run); its CPU mode runs in tests/slow/test_gpu_bench_cpu.py",
-    "python benchmarks/gpu.py --device cpu --tiny --smoke-dir outputs/gpu_smoke_cpu":
-        "minutes of TRL and ablate processes (every section on CPU): tests/slow/test_gpu_bench_cpu.py runs it",
+    "$OUT/measured.json --out $OUT/gpu.json --smoke-dir $OUT/smoke 2>&1 | tee $OUT/gpu.txt": "needs a CUDA GPU (the H200 run); its CPU mode runs in tests/slow/test_gpu_bench_cpu.py",
+    "python benchmarks/gpu.py --device cpu --tiny --smoke-dir outputs/gpu_smoke_cpu": "minutes of TRL and ablate processes (every section on CPU): tests/slow/test_gpu_bench_cpu.py runs it",
 }
 # sections whose lines need an optional package (skipped without it, with the reason) and take minutes (slow)
-NEEDS = {"A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this machine, then a sweep on it"),
-         "Running, resuming, reading a study": ("optuna", "a study: several trials of the tiny task")}
+NEEDS = {
+    "A Ray cluster on one machine": ("ray", "a 2-node Ray cluster on this machine, then a sweep on it"),
+    "Running, resuming, reading a study": ("optuna", "a study: several trials of the tiny task"),
+}
 # the same for single lines of a section that needs nothing else (a line whose command starts with the key)
 NEEDS_LINE = {"ablate sweep tune_dpo_beta_lr": ("optuna", "a study: several trials of the tiny task")}
 # lines that start something outliving the line: what stops it when the doc's test ends, even after a failure
 CLEANUP = {"python scripts/ray/local_cluster.py start": "python scripts/ray/local_cluster.py stop"}
-SETUP = re.compile(r"^(python3? -m venv \S+|\. \S+/bin/activate|(python3? -m )?pip (un)?install .*)$")  # chained set-up steps
+SETUP = re.compile(
+    r"^(python3? -m venv \S+|\. \S+/bin/activate|(python3? -m )?pip (un)?install .*)$"
+)  # chained set-up steps
 SLOW = {  # a line whose command starts with one of these runs only in the `-m slow` suite
     "ablate sweep ": "a sweep: 2 to 12 jobs",
     "ablate train -m ": "a multirun: 6 jobs",
@@ -102,7 +99,7 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "PYTHONPATH=examples/": "tests/integration/test_examples.py trains each example by default",
     # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target
     "ablate train +experiment=smollm2_calc_tools": "tests/slow/test_smollm2_tools.py trains SmolLM2's SFT warm start, "
-                                                  "then GRPO calling the calculator in the hermes format",
+    "then GRPO calling the calculator in the hermes format",
     "ablate train +experiment=qwen7b": "tests/integration/test_plan.py trains each 7B experiment scaled down (+shrink=tiny)",
     "ablate train +experiment=smollm2": "tests/slow/test_smollm2.py trains each SmolLM2 experiment to a held-out target",
     "ablate train model=smollm2_135m +peft=": "tests/slow/test_lora_smollm2.py trains LoRA on SmolLM2 through the CLI",
@@ -120,31 +117,32 @@ COVERED = {  # a line whose command starts with one of these is composed only: t
     "ablate train method/dpo_loss=": "tests/parity/test_trl_dpo.py trains every DPO loss against TRL by default",
     "ablate train method=grpo method/": "tests/parity/test_trl_grpo.py trains every GRPO loss and objective by default",
     "ablate train +experiment=calc_tools": "tests/slow/test_calc_tools.py trains the SFT warm start, then GRPO with the "
-                                          "calculator (tool calls, reward rising) and with the OneCall environment",
+    "calculator (tool calls, reward rising) and with the OneCall environment",
     "ablate train method=grpo method.args.": "tests/parity/test_trl_grpo.py (GSPO, num_iterations) and "
-                                             "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
-                                             "tests/unit/test_async_cores.py (async_threads) train them by default",
+    "tests/unit/test_grpo_async.py (max_staleness, generation_dtype) and "
+    "tests/unit/test_async_cores.py (async_threads) train them by default",
     "ablate train optimizer=": "tests/unit/test_optimizer.py trains every optimizer option by default",
     # the methods beyond DPO/SFT/GRPO: trained to a target and evaluated by default, and against TRL per step
     "ablate train method=reward": "tests/integration/test_methods.py trains and evaluates method=reward by default",
-    "ablate train method=grpo data=tiny_prefs '+data.reward_funcs.rm=":
-        "tests/integration/test_reward_model.py trains a reward model, then GRPO against its run dir, by default",
+    "ablate train method=grpo data=tiny_prefs '+data.reward_funcs.rm=": "tests/integration/test_reward_model.py trains a reward model, then GRPO against its run dir, by default",
     "ablate train method=kto": "tests/integration/test_methods.py trains method=kto and tests/parity/test_trl_kto.py "
-                               "each KTO loss type by default",
+    "each KTO loss type by default",
     "ablate train method=rloo": "tests/integration/test_methods.py trains method=rloo and tests/parity/test_trl_rloo.py "
-                                "its options (KL penalty, normalisation, clipping) by default",
+    "its options (KL penalty, normalisation, clipping) by default",
     "ablate train speed=off": "tests/integration/test_speed_plan.py trains speed=off against the default by default",
     "ablate train speed.compile=": "tests/slow/test_compile_path.py trains speed.compile=true against the eager layers",
     "ablate train speed.": "tests/unit/test_dpo_speed_paths.py trains each DPO speed path off against on by default",
     "ablate train method=grpo speed.": "tests/unit/test_grpo_share_prompt.py trains GRPO's rows both ways by default",
 }
 UNTOUCHED_SECTIONS = {"Quick start"}  # run with their own step counts
-USER_FILES = {"my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl",  # "your own data"
-              "my_prompts.jsonl": ROOT / "src/ablate/data/tiny/repeat_letter_train.jsonl",  # your own prompts (GRPO)
-              "myrew.py": ROOT / "examples/grpo_own_code/myrew.py"}  # your own reward function (docs/methods.md shows it)
+USER_FILES = {
+    "my_pairs.jsonl": ROOT / "src/ablate/data/tiny/sort_prefs_train.jsonl",  # "your own data"
+    "my_prompts.jsonl": ROOT / "src/ablate/data/tiny/repeat_letter_train.jsonl",  # your own prompts (GRPO)
+    "myrew.py": ROOT / "examples/grpo_own_code/myrew.py",
+}  # your own reward function (docs/methods.md shows it)
 RESUMABLE = "outputs/runs/<date>/<time>_<overrides>"
 CLAIMS = {  # what the README says a line leads to, beyond "exit 0, every printed run dir completed"
-    "ablate train": lambda s: s["metrics"]["rewards/accuracies"] == 1.0,  # Quick start: "reaches 1.0"
+    "ablate train": lambda s: s["metrics"]["rewards/accuracies"] == 1.0  # Quick start: "reaches 1.0"
 }
 
 
@@ -169,12 +167,14 @@ def _matches(out: str) -> tuple[int, int]:
 
 
 OUTPUT_CLAIMS = {  # what the Quick start says a look at the run shows (stdout of the line, as printed)
-    'ablate eval last': lambda out: _eval_accuracy(out) == 1.0,
-    'ablate generate last --prompt "sort: dcba =" --before':
-        lambda out: _before_after(out)[1] == "abcd" and _before_after(out)[0] != "abcd",
+    "ablate eval last": lambda out: _eval_accuracy(out) == 1.0,
+    'ablate generate last --prompt "sort: dcba =" --before': lambda out: (
+        _before_after(out)[1] == "abcd" and _before_after(out)[0] != "abcd"
+    ),
     # the 400-step SFT run sorts the held-out prompts (issue 37: 13/64 while prompts got the chat template)
-    'ablate generate last --prompts src/ablate/data/tiny/sort_sft_eval.jsonl':
-        lambda out: _matches(out)[1] == 64 and _matches(out)[0] >= 58,
+    "ablate generate last --prompts src/ablate/data/tiny/sort_sft_eval.jsonl": lambda out: (
+        _matches(out)[1] == 64 and _matches(out)[0] >= 58
+    ),
 }
 
 
@@ -221,17 +221,28 @@ def parse(doc: str) -> tuple[list[Line], dict[str, str]]:
         if name and lang not in ("bash", "sh", "shell"):
             files[name.group(1)] = "\n".join(block) + "\n"
         if lang in ("bash", "sh", "shell"):
-            lines += [Line(doc, start + i + 1, section, t) for i, t in enumerate(block)
-                      if t.strip() and not t.lstrip().startswith("#")]
+            lines += [
+                Line(doc, start + i + 1, section, t)
+                for i, t in enumerate(block)
+                if t.strip() and not t.lstrip().startswith("#")
+            ]
         block = None
     for line in lines:
         parts = [p.strip() for p in _strip_comment(line.text).split("&&")]
         line.command = " && ".join(p for p in parts if not SETUP.match(p))
         key = _key(line.command)
-        line.skip = SKIP.get(key) or (None if line.command else "set-up only (the test runs in the installed env)")
+        line.skip = SKIP.get(key) or (
+            None if line.command else "set-up only (the test runs in the installed env)"
+        )
         line.covered = next((why for k, why in COVERED.items() if (key + " ").startswith(k)), None)
-        line.slow = None if line.covered else next((why for k, why in SLOW.items() if (key + " ").startswith(k)), None)
-        needs = NEEDS.get(line.section) or next((v for k, v in NEEDS_LINE.items() if (key + " ").startswith(k + " ")), None)
+        line.slow = (
+            None
+            if line.covered
+            else next((why for k, why in SLOW.items() if (key + " ").startswith(k)), None)
+        )
+        needs = NEEDS.get(line.section) or next(
+            (v for k, v in NEEDS_LINE.items() if (key + " ").startswith(k + " ")), None
+        )
         if needs and not line.skip:
             module, why = needs
             line.slow = why
@@ -290,20 +301,35 @@ class DocRun:
         if RESUMABLE in command:
             command = command.replace(RESUMABLE, self._interrupted_run())
         # debug presets set their own (small) step counts: overfit checks its 30 steps halve the loss
-        if (line.section not in UNTOUCHED_SECTIONS and re.search(r"\bablate (train|sweep)\b", command)
-                and "method.args.max_steps=" not in command and "debug=" not in command):
+        if (
+            line.section not in UNTOUCHED_SECTIONS
+            and re.search(r"\bablate (train|sweep)\b", command)
+            and "method.args.max_steps=" not in command
+            and "debug=" not in command
+        ):
             command = f"{command} {STEPS}"
         if line.covered:
             command = f"{command} --cfg job"  # composed, not trained: line.covered trains it
-        return subprocess.run(["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True,
-                              text=True, timeout=1800)
+        return subprocess.run(
+            ["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=1800
+        )
 
     def _interrupted_run(self) -> str:
         """A default-named run dir (relative to the cwd, as a user pastes it) of a run killed at step 3 of 4."""
         before = set((self.cwd / "outputs/runs").glob("*/*"))
-        subprocess.run(["ablate", "train", "method.args.max_steps=4", "method.args.save_steps=2",
-                        "+callbacks.crash._target_=crashing.CrashAt"], cwd=self.cwd,
-                       env={**self.env, "ABLATE_TEST_CRASH_AT": "3"}, capture_output=True, timeout=900)
+        subprocess.run(
+            [
+                "ablate",
+                "train",
+                "method.args.max_steps=4",
+                "method.args.save_steps=2",
+                "+callbacks.crash._target_=crashing.CrashAt",
+            ],
+            cwd=self.cwd,
+            env={**self.env, "ABLATE_TEST_CRASH_AT": "3"},
+            capture_output=True,
+            timeout=900,
+        )
         [run_dir] = set((self.cwd / "outputs/runs").glob("*/*")) - before
         assert summary(run_dir)["status"] == "failed"
         return str(run_dir.relative_to(self.cwd))
@@ -313,12 +339,28 @@ def _scratch_clone(root: Path) -> Path:
     """What `git clone` of this checkout would hold: its files that git does not ignore (never the
     user's venvs, `.venv-vllm` alone is GBs, nor outputs or wheels); without git, the same by name."""
     clone = root / "my clone"
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True)
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+    )
     if listed.returncode != 0:
-        shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
-            ".git", ".venv*", ".gpu_wheels", "outputs", "multirun", "report", "wandb", "__pycache__", "*.egg-info",
-            ".pytest_cache"))
+        shutil.copytree(
+            ROOT,
+            clone,
+            ignore=shutil.ignore_patterns(
+                ".git",
+                ".venv*",
+                ".gpu_wheels",
+                "outputs",
+                "multirun",
+                "report",
+                "wandb",
+                "__pycache__",
+                "*.egg-info",
+                ".pytest_cache",
+            ),
+        )
         return clone
     for name in filter(None, listed.stdout.split("\0")):
         if (ROOT / name).is_file():  # a tracked file deleted in the working tree is not in the clone
@@ -330,17 +372,24 @@ def _scratch_clone(root: Path) -> Path:
 def _env(bin_dir: Path) -> dict[str, str]:
     src = Path(ablate.__file__).resolve().parents[1]
     shim = bin_dir / "ablate"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{src}" exec "{sys.executable}" -m ablate "$@"\n')
+    shim.write_text(
+        f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{src}" exec "{sys.executable}" -m ablate "$@"\n'
+    )
     shim.chmod(0o755)
-    return {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-            "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}  # never upload from a test
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+    }  # never upload from a test
 
 
 @pytest.fixture(scope="module")
 def doc_runs(tmp_path_factory) -> Iterator[dict[str, DocRun]]:
     runs = {}
-    for doc in sorted({line.doc for line in ALL if not line.skip}):  # a scratch clone per doc with lines to run
+    for doc in sorted(
+        {line.doc for line in ALL if not line.skip}
+    ):  # a scratch clone per doc with lines to run
         root = tmp_path_factory.mktemp("doc")
         (root / "bin").mkdir()
         cwd = _scratch_clone(root)
@@ -353,7 +402,9 @@ def doc_runs(tmp_path_factory) -> Iterator[dict[str, DocRun]]:
     yield runs
     for run in runs.values():  # a Ray cluster a doc started must not outlive its test, failed or not
         for command in run.cleanup:
-            subprocess.run(["bash", "-c", command], cwd=run.cwd, env=run.env, capture_output=True, timeout=300)
+            subprocess.run(
+                ["bash", "-c", command], cwd=run.cwd, env=run.env, capture_output=True, timeout=300
+            )
 
 
 @pytest.mark.parametrize("line", [_param(line) for line in ALL])
@@ -363,10 +414,14 @@ def test_doc_line_runs(line: Line, doc_runs):
     r = doc_runs[line.doc].run(line)
     assert r.returncode == 0, f"{line.id}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
     if line.covered:  # the job's config, composed (Hydra printed it: the method's trainer and its args)
-        assert "_target_: ablate.methods." in r.stdout and "max_steps:" in r.stdout, f"{line.id}\n{r.stdout[-3000:]}"
+        assert "_target_: ablate.methods." in r.stdout and "max_steps:" in r.stdout, (
+            f"{line.id}\n{r.stdout[-3000:]}"
+        )
     for printed in re.findall(r"^run dir: (.+)$", r.stdout, flags=re.M):
         s = summary(Path(printed))
-        assert s["status"] in ("completed", "pruned"), printed  # a study's trial may be pruned (as it should be)
+        assert s["status"] in ("completed", "pruned"), (
+            printed
+        )  # a study's trial may be pruned (as it should be)
         claim = CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None
         assert claim is None or claim(s), f"{line.id}: {s['metrics']}"
     said = OUTPUT_CLAIMS.get(_key(line.command)) if line.section in UNTOUCHED_SECTIONS else None
@@ -379,7 +434,11 @@ def test_docs_have_their_sections_and_the_rules_match_lines():
     """The parser finds what the README promises, and no rule names a line that no longer exists."""
     readme = [line for line in ALL if line.doc == "README.md"]
     # the two commands (the vLLM venv's install line, also in the Quick start, is a CI step, not one of them)
-    quick = [line for line in readme if line.section == "Quick start" and line.text.startswith("python3 -m venv .venv ")]
+    quick = [
+        line
+        for line in readme
+        if line.section == "Quick start" and line.text.startswith("python3 -m venv .venv ")
+    ]
     assert [line.command for line in quick] == ["ablate train", "python -m pytest"]  # the two commands
     assert len([line for line in readme if line.section == "Cheat-sheet"]) >= 20
     assert len([line for line in ALL if line.doc == "docs/extending.md"]) >= 4
@@ -391,7 +450,9 @@ def test_docs_have_their_sections_and_the_rules_match_lines():
         assert all((ROOT / t).is_file() for t in re.findall(r"tests/\S+\.py", why)) and "tests/" in why, why
         for line in ALL:
             if line.covered == why and not line.skip:
-                assert re.fullmatch(r"(PYTHONPATH=\S+\s+)?ablate (train|sweep) [^&|;]*", line.command), line.command
+                assert re.fullmatch(r"(PYTHONPATH=\S+\s+)?ablate (train|sweep) [^&|;]*", line.command), (
+                    line.command
+                )
     runnable = [line for line in ALL if not line.skip]
     assert len([line for line in runnable if not line.slow]) >= 12  # most single runs: the default suite
 
@@ -407,7 +468,9 @@ def test_docs_state_no_test_counts_or_suite_times():
 
 def test_quick_start_claims_name_real_lines():
     """Every claim the README test checks belongs to a line of the Quick start as written."""
-    quick = {_key(line.command) for line in ALL if line.doc == "README.md" and line.section in UNTOUCHED_SECTIONS}
+    quick = {
+        _key(line.command) for line in ALL if line.doc == "README.md" and line.section in UNTOUCHED_SECTIONS
+    }
     assert set(OUTPUT_CLAIMS) <= quick, set(OUTPUT_CLAIMS) - quick
 
 

@@ -30,19 +30,34 @@ def what_differs(recorded: dict, measured_on: list[dict], now: dict, now_version
     """Which of (library versions, CPU kernels) differ from the recording; neither: the code changed."""
     said = []
     if CURVES["versions"] != now_versions:
-        changed = {k: f"{v} -> {now_versions.get(k)}" for k, v in CURVES["versions"].items() if now_versions.get(k) != v}
-        said.append(f"Library versions differ ({changed}): install with -c constraints.txt, or rerecord "
-                    "if the upgrade is on purpose")
+        changed = {
+            k: f"{v} -> {now_versions.get(k)}"
+            for k, v in CURVES["versions"].items()
+            if now_versions.get(k) != v
+        }
+        said.append(
+            f"Library versions differ ({changed}): install with -c constraints.txt, or rerecord "
+            "if the upgrade is on purpose"
+        )
     kernels = {k: f"{v} -> {now.get(k)}" for k, v in recorded.items() if now.get(k) != v}
     if kernels:
-        known = any(all(m.get(k) == now.get(k) for k in ("cpu", "arch", "cpu_capability")) for m in measured_on)
-        said.append(f"CPU kernels differ ({kernels}); " + (
-            "the spread was measured on this CPU too, so the kernels alone should not explain it: suspect the code"
-            if known else "the spread was not measured on this CPU: if no code changed, measure it here with "
-            "python tests/reference/record.py --add-cpu (tests/reference/README.md)"))
+        known = any(
+            all(m.get(k) == now.get(k) for k in ("cpu", "arch", "cpu_capability")) for m in measured_on
+        )
+        said.append(
+            f"CPU kernels differ ({kernels}); "
+            + (
+                "the spread was measured on this CPU too, so the kernels alone should not explain it: suspect the code"
+                if known
+                else "the spread was not measured on this CPU: if no code changed, measure it here with "
+                "python tests/reference/record.py --add-cpu (tests/reference/README.md)"
+            )
+        )
     if not said:
-        said.append("The library versions and CPU kernels are the recording's: a code change moved the numbers; "
-                    "if it is intended, rerecord: python tests/reference/record.py")
+        said.append(
+            "The library versions and CPU kernels are the recording's: a code change moved the numbers; "
+            "if it is intended, rerecord: python tests/reference/record.py"
+        )
     return "; ".join(said)
 
 
@@ -52,7 +67,11 @@ def outside(method: str, got: dict[str, list[float]]) -> list[tuple[str, int, fl
     for key, rec in CURVES["runs"][method]["metrics"].items():
         expected, allowed = rec["values"], tolerance(rec["values"], rec["spread"])
         assert len(got[key]) == len(expected), (method, key, got[key])
-        off += [(key, i, g, e, t) for i, (g, e, t) in enumerate(zip(got[key], expected, allowed)) if abs(g - e) > t]
+        off += [
+            (key, i, g, e, t)
+            for i, (g, e, t) in enumerate(zip(got[key], expected, allowed))
+            if abs(g - e) > t
+        ]
     return off
 
 
@@ -60,16 +79,19 @@ def outside(method: str, got: dict[str, list[float]]) -> list[tuple[str, int, fl
 def test_curve_matches_reference(method):
     if off := outside(method, curve(method)):
         key, i, g, e, t = max(off, key=lambda o: abs(o[2] - o[3]) / o[4])
-        pytest.fail(f"{method}: {len(off)} steps outside the measured tolerance (worst: {key} at step {i}: {g!r} vs "
-                    f"{e!r} recorded, |diff| {abs(g - e):.2g} > {t:.2g} allowed). Recorded on {CURVES['recorded_on']} "
-                    f"with {CURVES['versions']}. "
-                    + what_differs(CURVES["recorded_on"], CURVES["spread_measured_on"], machine(), versions()))
+        pytest.fail(
+            f"{method}: {len(off)} steps outside the measured tolerance (worst: {key} at step {i}: {g!r} vs "
+            f"{e!r} recorded, |diff| {abs(g - e):.2g} > {t:.2g} allowed). Recorded on {CURVES['recorded_on']} "
+            f"with {CURVES['versions']}. "
+            + what_differs(CURVES["recorded_on"], CURVES["spread_measured_on"], machine(), versions())
+        )
 
 
 # Small real changes, each of which the tolerance must catch: the noisiest method (reward: Adam's first steps
 # amplify rounding) with a 1% larger lr, and DPO with beta 0.11 for 0.1.
-@pytest.mark.parametrize(("method", "change"), [("reward", "optimizer.optimizer.lr=0.00303"),
-                                                ("dpo", "method.args.beta=0.11")])
+@pytest.mark.parametrize(
+    ("method", "change"), [("reward", "optimizer.optimizer.lr=0.00303"), ("dpo", "method.args.beta=0.11")]
+)
 def test_a_small_real_change_fails_the_comparison(method, change):
     assert len(outside(method, curve(method, change))) >= 5
 

@@ -17,8 +17,13 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TESTS, ablate, metrics, summary
 
-FAST = ["method.args.max_steps=6", "method.args.save_steps=2", "method.args.logging_steps=1",
-        "+callbacks.crash._target_=crashing.CrashAt", "+callbacks.crash_end._target_=crashing.CrashAtEnd"]
+FAST = [
+    "method.args.max_steps=6",
+    "method.args.save_steps=2",
+    "method.args.logging_steps=1",
+    "+callbacks.crash._target_=crashing.CrashAt",
+    "+callbacks.crash_end._target_=crashing.CrashAtEnd",
+]
 
 
 def _sha(path: Path) -> str:
@@ -40,15 +45,23 @@ def uninterrupted(tmp_path_factory) -> Path:
 def test_completed_run_is_never_trained_further(uninterrupted):
     """Defect 1: rerunning a completed run's command, or resuming it, says so and changes nothing."""
     model = uninterrupted / "model" / "model.safetensors"
-    before = (_sha(model), model.stat().st_mtime_ns, (uninterrupted / "metrics.jsonl").read_text(),
-              (uninterrupted / "summary.json").read_text())
+    before = (
+        _sha(model),
+        model.stat().st_mtime_ns,
+        (uninterrupted / "metrics.jsonl").read_text(),
+        (uninterrupted / "summary.json").read_text(),
+    )
     again = ablate("train", *FAST, f"hydra.run.dir={uninterrupted}")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already completed at step 6" in again.stdout
     resumed = ablate("resume", str(uninterrupted))
     assert resumed.returncode == 0 and "already completed" in resumed.stdout
-    after = (_sha(model), model.stat().st_mtime_ns, (uninterrupted / "metrics.jsonl").read_text(),
-             (uninterrupted / "summary.json").read_text())
+    after = (
+        _sha(model),
+        model.stat().st_mtime_ns,
+        (uninterrupted / "metrics.jsonl").read_text(),
+        (uninterrupted / "summary.json").read_text(),
+    )
     assert after == before
 
 
@@ -63,7 +76,13 @@ def test_completed_run_never_changes_a_byte(uninterrupted, tmp_path):
         "another cwd": ("train", *FAST, f"hydra.run.dir={uninterrupted}"),
         "reordered overrides": ("train", *reversed(FAST), f"hydra.run.dir={uninterrupted}"),
         "hydra.verbose": ("train", *FAST, f"hydra.run.dir={uninterrupted}", "hydra.verbose=true"),
-        "-m": ("train", "-m", *FAST, f"hydra.sweep.dir={uninterrupted.parent}", f"hydra.sweep.subdir={uninterrupted.name}"),
+        "-m": (
+            "train",
+            "-m",
+            *FAST,
+            f"hydra.sweep.dir={uninterrupted.parent}",
+            f"hydra.sweep.subdir={uninterrupted.name}",
+        ),
         "resume": ("resume", str(uninterrupted)),
     }
     for how, args in reruns.items():
@@ -83,8 +102,12 @@ def test_crash_after_final_checkpoint_finishes_without_another_step(tmp_path, un
     s = summary(tmp_path)
     assert s["status"] == "completed" and s["global_step"] == 6
     assert _losses(tmp_path) == _losses(uninterrupted)  # no step 7, nothing logged twice
-    assert _sha(tmp_path / "model" / "model.safetensors") == _sha(uninterrupted / "model" / "model.safetensors")
-    assert s["metrics"]["train_loss"] == pytest.approx(summary(uninterrupted)["metrics"]["train_loss"], abs=1e-9)
+    assert _sha(tmp_path / "model" / "model.safetensors") == _sha(
+        uninterrupted / "model" / "model.safetensors"
+    )
+    assert s["metrics"]["train_loss"] == pytest.approx(
+        summary(uninterrupted)["metrics"]["train_loss"], abs=1e-9
+    )
 
 
 def test_second_process_in_run_dir_is_refused(tmp_path):
@@ -106,11 +129,20 @@ def test_second_process_in_run_dir_is_refused(tmp_path):
 
 def test_two_processes_started_together_in_one_dir(tmp_path):
     """Defect 2, as users hit it: both started at once; exactly one trains, the other is refused."""
-    cmd = [sys.executable, "-m", "ablate", "train", "method.args.max_steps=30", "method.args.logging_steps=1",
-           f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate",
+        "train",
+        "method.args.max_steps=30",
+        "method.args.logging_steps=1",
+        f"hydra.run.dir={tmp_path}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes[0] == 0 and codes[1] != 0, outs
@@ -123,22 +155,38 @@ def test_two_processes_started_together_in_one_dir(tmp_path):
 def test_default_run_dirs_started_together_are_distinct(tmp_path):
     """Defect 2: default dir names have sub-second time, so runs launched in one second do not meet."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "ablate", "train", "method.args.max_steps=2", "method.args.logging_steps=1",
-           "method.args.save_strategy=no"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate",
+        "train",
+        "method.args.max_steps=2",
+        "method.args.logging_steps=1",
+        "method.args.save_strategy=no",
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     dirs = [p.parent for p in tmp_path.glob("outputs/runs/*/*/summary.json")]
     assert len(dirs) == 3
     for d in dirs:
-        assert summary(d)["status"] == "completed" and [e["step"] for e in metrics(d) if "loss" in e] == [1, 2]
+        assert summary(d)["status"] == "completed" and [e["step"] for e in metrics(d) if "loss" in e] == [
+            1,
+            2,
+        ]
 
 
 def _snapshot(d: Path) -> dict[str, tuple[bytes | None, int]]:
     """Every path under `d` with its bytes (None for a dir) and mtime: to show a dir was not touched."""
-    return {str(p.relative_to(d)): (None if p.is_dir() else p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted([d, *d.rglob("*")])}
+    return {
+        str(p.relative_to(d)): (None if p.is_dir() else p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted([d, *d.rglob("*")])
+    }
 
 
 def test_foreign_dir_is_refused_untouched(tmp_path):
@@ -157,10 +205,16 @@ def test_foreign_dir_is_refused_untouched(tmp_path):
 
 def test_other_runs_dir_is_refused_untouched(tmp_path):
     """A run dir holding another run (other overrides) is refused before Hydra rewrites its .hydra/."""
-    assert ablate("train", "method.args.max_steps=2", "method.args.save_strategy=no",
-                  f"hydra.run.dir={tmp_path}").returncode == 0
+    assert (
+        ablate(
+            "train", "method.args.max_steps=2", "method.args.save_strategy=no", f"hydra.run.dir={tmp_path}"
+        ).returncode
+        == 0
+    )
     before = _snapshot(tmp_path)
-    r = ablate("train", "method.args.max_steps=3", "method.args.save_strategy=no", f"hydra.run.dir={tmp_path}")
+    r = ablate(
+        "train", "method.args.max_steps=3", "method.args.save_strategy=no", f"hydra.run.dir={tmp_path}"
+    )
     assert r.returncode == 2 and "holds another run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert _snapshot(tmp_path) == before
 
@@ -192,12 +246,16 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path, uninterrupted, corrupt):
     s = summary(tmp_path)
     assert s["status"] == "completed"
     # defect 6: train_loss covers the whole run (Trainer's own counts only the steps since the resume)
-    assert s["metrics"]["train_loss"] == pytest.approx(summary(uninterrupted)["metrics"]["train_loss"], rel=1e-9)
+    assert s["metrics"]["train_loss"] == pytest.approx(
+        summary(uninterrupted)["metrics"]["train_loss"], rel=1e-9
+    )
 
 
 def test_kill_before_first_checkpoint_logs_each_step_once(tmp_path, uninterrupted):
     """Defect 6: a kill before the first checkpoint does not leave its steps twice in metrics.jsonl."""
-    assert ablate("train", *FAST, f"hydra.run.dir={tmp_path}", env={"ABLATE_TEST_CRASH_AT": "2"}).returncode != 0
+    assert (
+        ablate("train", *FAST, f"hydra.run.dir={tmp_path}", env={"ABLATE_TEST_CRASH_AT": "2"}).returncode != 0
+    )
     assert [s for s, _ in _losses(tmp_path)] == [1] and not list(tmp_path.glob("checkpoints/checkpoint-*"))
     r = ablate("resume", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -209,12 +267,23 @@ def test_kill_before_first_checkpoint_logs_each_step_once(tmp_path, uninterrupte
 def test_sigterm_records_interrupted(tmp_path):
     """Defect 6: SIGTERM (docker stop, timeout) ends the run `interrupted`, summary written, exit 143;
     a resume then completes it."""
-    cmd = [sys.executable, "-m", "ablate", "train", "method.args.max_steps=100000", "method.args.logging_steps=1",
-           "method.args.save_steps=20", "method.args.save_total_limit=1", f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate",
+        "train",
+        "method.args.max_steps=100000",
+        "method.args.logging_steps=1",
+        "method.args.save_steps=20",
+        "method.args.save_total_limit=1",
+        f"hydra.run.dir={tmp_path}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while time.time() < deadline and not list((tmp_path / "checkpoints").glob("checkpoint-*/trainer_state.json")):
+    while time.time() < deadline and not list(
+        (tmp_path / "checkpoints").glob("checkpoint-*/trainer_state.json")
+    ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -232,12 +301,21 @@ def test_resume_of_config_dir_run(tmp_path):
     example = ROOT / "examples" / "hinge_subclass"
     base = os.environ.get("PYTHONPATH", "")  # where ablate itself comes from (a checkout's src/)
     env = {"PYTHONPATH": os.pathsep.join([str(example), str(TESTS), base])}
-    crashed = ablate("train", "--config-dir", str(example), "method=my_hinge", *FAST, f"hydra.run.dir={tmp_path}",
-                     env={**env, "ABLATE_TEST_CRASH_AT": "3"})
+    crashed = ablate(
+        "train",
+        "--config-dir",
+        str(example),
+        "method=my_hinge",
+        *FAST,
+        f"hydra.run.dir={tmp_path}",
+        env={**env, "ABLATE_TEST_CRASH_AT": "3"},
+    )
     assert crashed.returncode != 0 and "simulated crash at step 3" in summary(tmp_path)["error"]
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["config_dir"] == str(example) and str(example) in info["pythonpath"]
-    r = ablate("resume", str(tmp_path), env={"PYTHONPATH": os.pathsep.join([str(TESTS), base])})  # neither again
+    r = ablate(
+        "resume", str(tmp_path), env={"PYTHONPATH": os.pathsep.join([str(TESTS), base])}
+    )  # neither again
     assert r.returncode == 0, r.stderr[-3000:]
     s = summary(tmp_path)
     assert s["status"] == "completed" and s["global_step"] == 6 and s["method"] == "my_hinge"
@@ -250,11 +328,28 @@ def test_stopping_local_parallel_sweep_stops_workers(tmp_path, how):
     terminal (SIGINT to the process group), stops every worker; each job records `interrupted`."""
     import psutil
 
-    cmd = [sys.executable, "-m", "ablate", "train", "-m", "hydra/launcher=local_parallel", "seed=1,2",
-           "method.args.max_steps=100000", "method.args.logging_steps=1", "method.args.save_steps=10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate",
+        "train",
+        "-m",
+        "hydra/launcher=local_parallel",
+        "seed=1,2",
+        "method.args.max_steps=100000",
+        "method.args.logging_steps=1",
+        "method.args.save_steps=10",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 400
     jobs: list[Path] = []
     while time.time() < deadline:
@@ -271,8 +366,11 @@ def test_stopping_local_parallel_sweep_stops_workers(tmp_path, how):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == (143 if how == "sigterm_parent" else 130), err[-3000:]
     # issue 32: one line for the sweep (each worker said it too, loky's tracker warned of leaked semaphores)
-    said = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "it/s" not in line
-            and not line.startswith("Reference log-probs")]
+    said = [
+        line
+        for line in err.replace("\r", "\n").splitlines()
+        if line.strip() and "it/s" not in line and not line.startswith("Reference log-probs")
+    ]
     assert len(said) == 1 and said[0].startswith("ablate: interrupted ("), said
     gone, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
@@ -290,7 +388,11 @@ def test_minor_items(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "pin_memory" not in r.stderr
     modes = {p.name: p.stat().st_mode & 0o777 for p in (run_dir / "model").iterdir()}
-    assert modes["model.safetensors"] == modes["config.json"] == (run_dir / "summary.json").stat().st_mode & 0o777
+    assert (
+        modes["model.safetensors"]
+        == modes["config.json"]
+        == (run_dir / "summary.json").stat().st_mode & 0o777
+    )
     (run_dir / "summary.json").write_text('{"status": "compl')
     r = ablate("compare", str(run_dir), env={"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -299,13 +401,20 @@ def test_minor_items(tmp_path):
 
 def test_cfg_job_imports_neither_torch_nor_datasets(tmp_path):
     """`ablate train --cfg job` composes and prints without importing torch or datasets (~1 s)."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "ablate", "train", "--cfg", "job"], cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ablate", "train", "--cfg", "job"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and "method:" in r.stdout, r.stderr[-3000:]
     imported = {line.split("|")[-1].strip().split(".")[0] for line in r.stderr.splitlines() if "|" in line}
     assert {"ablate", "hydra"} <= imported  # the import log is what it should be
-    assert not imported & {"torch", "datasets", "transformers"}, sorted(imported & {"torch", "datasets", "transformers"})
+    assert not imported & {"torch", "datasets", "transformers"}, sorted(
+        imported & {"torch", "datasets", "transformers"}
+    )
 
 
 def test_one_line_error_keeps_its_cause_in_ablate_log(tmp_path):
@@ -324,18 +433,25 @@ def test_resume_on_another_rank_count_keeps_the_global_batch_or_says_why_not(tmp
     keep it: refused in one line naming what works. The same dir recorded as 1 process: nothing added."""
     run_dir = tmp_path / "14-00-00_seed=1"
     run_dir.mkdir()
-    info = {"overrides": ["seed=1", "+no_such_key=1"], "world_size": 2,
-            "config": {"method": {"args": {"gradient_accumulation_steps": 1}}}}
+    info = {
+        "overrides": ["seed=1", "+no_such_key=1"],
+        "world_size": 2,
+        "config": {"method": {"args": {"gradient_accumulation_steps": 1}}},
+    }
     (run_dir / "run.json").write_text(json.dumps(info))
     (run_dir / "summary.json").write_text(json.dumps({"status": "failed"}))
     r = ablate("resume", str(run_dir), cwd=tmp_path)
-    assert "resuming on 1 rank(s), it ran on 2: method.args.gradient_accumulation_steps 1 -> 2" in r.stdout, r.stderr
+    assert "resuming on 1 rank(s), it ran on 2: method.args.gradient_accumulation_steps 1 -> 2" in r.stdout, (
+        r.stderr
+    )
     assert "method.args.gradient_accumulation_steps=2" in r.stdout + r.stderr  # the command it runs
     assert "no_such_key" in r.stdout + r.stderr
     r = ablate("resume", str(run_dir), cwd=tmp_path, env={"WORLD_SIZE": "4"})
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line
-    assert "4 ranks cannot keep that global batch" in r.stderr and "resume on a divisor of 2 ranks" in r.stderr
+    assert (
+        "4 ranks cannot keep that global batch" in r.stderr and "resume on a divisor of 2 ranks" in r.stderr
+    )
     assert "Traceback" not in r.stderr
     (run_dir / "run.json").write_text(json.dumps({**info, "world_size": 1}))
     r = ablate("resume", str(run_dir), cwd=tmp_path)
@@ -358,13 +474,16 @@ def test_resume_on_edited_data_is_refused_in_one_line(tmp_path):
     assert recorded["train"]["rows"] == len(shipped.read_text().splitlines()) and recorded["eval"] is None
     rows = data.read_text().splitlines()
     first = json.loads(rows[0])
-    rows[0] = json.dumps({**first, "chosen": first["rejected"], "rejected": first["chosen"]})  # one pair flipped
+    rows[0] = json.dumps(
+        {**first, "chosen": first["rejected"], "rejected": first["chosen"]}
+    )  # one pair flipped
     data.write_text("\n".join(rows) + "\n")
     refused = ablate("resume", str(run_dir))
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines() == [
         f"ablate: error: the train data changed since this run started ({len(rows)} rows, other content; run.json "
-        f"records its sha256); restore it, or resume on the new data: ablate resume {run_dir} --force"]
+        f"records its sha256); restore it, or resume on the new data: ablate resume {run_dir} --force"
+    ]
     assert not [p for p in (run_dir / "checkpoints").glob("checkpoint-*") if int(p.name.split("-")[1]) > 4]
     again = ablate("train", *args)  # the same command again: refused the same way
     assert again.returncode == 2 and "--force" in again.stderr

@@ -26,10 +26,17 @@ def _run(cwd: Path, cache: Path, *overrides: str) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     cwd = tmp_path_factory.mktemp("scratch")
-    return {"cwd": cwd,
-            "dpo": _run(cwd, cwd / "cache_dpo"),  # peak measured by the probe
-            "grpo": _run(cwd, cwd / "cache_grpo", "method=grpo", "method.args.per_device_train_batch_size=16",
-                         "peak_tflops=1.0")}  # peak given: no probe
+    return {
+        "cwd": cwd,
+        "dpo": _run(cwd, cwd / "cache_dpo"),  # peak measured by the probe
+        "grpo": _run(
+            cwd,
+            cwd / "cache_grpo",
+            "method=grpo",
+            "method.args.per_device_train_batch_size=16",
+            "peak_tflops=1.0",
+        ),
+    }  # peak given: no probe
 
 
 def _train_events(run_dir: Path) -> list[dict]:
@@ -48,7 +55,9 @@ def test_dpo_logs_tokens_per_second_and_mfu_against_the_probed_peak(runs) -> Non
     cached = json.loads((runs["cwd"] / "cache_dpo" / speed.PEAK_CACHE).read_text())
     assert len(cached) == 1 and "float32" in next(iter(cached))  # probed once, in the run's dtype, cached
     assert s["peak_tflops"] == pytest.approx(next(iter(cached.values()))["flops"] / 1e12, rel=1e-4)
-    assert s["peak_source"].startswith(("measured on an idle machine", "the best of 1 probe(s) on a busy CPU"))
+    assert s["peak_source"].startswith(
+        ("measured on an idle machine", "the best of 1 probe(s) on a busy CPU")
+    )
     fpt = speed.flops_per_token(tiny()[1])
     for e in events:  # MFU = 6N * tokens/s / peak (DPO generates nothing)
         assert e["mfu"] == pytest.approx(e["tokens_per_second"] * fpt / (s["peak_tflops"] * 1e12), rel=1e-3)
@@ -70,14 +79,24 @@ def test_grpo_logs_its_time_split_and_counts_its_tokens(runs) -> None:
 
 def test_compare_tabulates_and_plots_speed(runs) -> None:
     out = runs["cwd"] / "report"
-    r = ablate("compare", "outputs/runs", "--metric", "speed", "--out", str(out), cwd=runs["cwd"],
-               env={"COLUMNS": "250"})
+    r = ablate(
+        "compare",
+        "outputs/runs",
+        "--metric",
+        "speed",
+        "--out",
+        str(out),
+        cwd=runs["cwd"],
+        env={"COLUMNS": "250"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     header = next(line for line in r.stdout.splitlines() if "tokens_per_second" in line)
     assert "mfu" in header and "time/generation" in header
     rows = {row["group"]: row for row in csv.DictReader((out / "summary.csv").open())}
     by_method = {("grpo" if "grpo" in g else "dpo"): row for g, row in rows.items()}
-    assert float(by_method["dpo"]["tokens_per_second mean"]) == pytest.approx(summary(runs["dpo"])["tokens_per_second"])
+    assert float(by_method["dpo"]["tokens_per_second mean"]) == pytest.approx(
+        summary(runs["dpo"])["tokens_per_second"]
+    )
     assert float(by_method["grpo"]["mfu mean"]) == pytest.approx(summary(runs["grpo"])["mfu"])
     assert by_method["dpo"]["time/training mean"] == ""  # DPO has no time split
     for name in ("tokens_per_second_vs_step.png", "mfu_vs_step.png", "time_generation_by_group.png"):

@@ -31,22 +31,31 @@ def _plan(run_dir: Path) -> dict:
 def runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     cwd = tmp_path_factory.mktemp("scratch")
     grpo = ["method=grpo", "method.args.per_device_train_batch_size=16"]
-    return {"dpo": _train(cwd), "dpo_off": _train(cwd, "speed=off"),
-            "grpo": _train(cwd, *grpo, "method.args.beta=0.04", "speed.show=true"), "grpo_off": _train(cwd, *grpo, "method.args.beta=0.04",
-                                                                                    "speed=off")}
+    return {
+        "dpo": _train(cwd),
+        "dpo_off": _train(cwd, "speed=off"),
+        "grpo": _train(cwd, *grpo, "method.args.beta=0.04", "speed.show=true"),
+        "grpo_off": _train(cwd, *grpo, "method.args.beta=0.04", "speed=off"),
+    }
 
 
 def test_the_plan_is_one_line_its_table_in_the_run_dir_and_recorded(runs):
     run_dir, out = runs["dpo"]
     assert "Speed plan, policy" not in out  # the table is not printed by default
     lines = [line for line in out.splitlines() if "speed plan" in line.lower() or "speed.show" in line]
-    assert lines == ["speed plan: policy 4/4 paths on; table: speed_plan.txt in the run dir, or speed.show=true"]
+    assert lines == [
+        "speed plan: policy 4/4 paths on; table: speed_plan.txt in the run dir, or speed.show=true"
+    ]
     text = (run_dir / "speed_plan.txt").read_text()
-    assert text.count("Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: speed.*)") == 1
-    table = text[text.index("Speed plan, policy"):].splitlines()[1:6]
-    assert [line.split()[:3] for line in table[1:]] == [[name, "on", "yes"] for name in
-                                                        ("dpo_pair_rows", "padding_free", "completion_only_logits",
-                                                         "lean_layers")]
+    assert (
+        text.count("Speed plan, policy (llama, attention sdpa, cpu, fp32, no wrapper; switches: speed.*)")
+        == 1
+    )
+    table = text[text.index("Speed plan, policy") :].splitlines()[1:6]
+    assert [line.split()[:3] for line in table[1:]] == [
+        [name, "on", "yes"]
+        for name in ("dpo_pair_rows", "padding_free", "completion_only_logits", "lean_layers")
+    ]
     plan = _plan(run_dir)
     assert list(plan) == ["policy"]  # the reference log-probs are precomputed: no reference model
     assert plan["policy"]["setting"]["wrapper"] is None and plan["policy"]["setting"]["device"] == "cpu"
@@ -58,14 +67,25 @@ def test_grpo_prints_its_plan_under_the_batch_geometry(runs):
     tables, not the line) and recorded too."""
     run_dir, out = runs["grpo"]
     assert out.count("Speed plan, policy") == 1 and "speed plan: " not in out
-    geometry, policy, reference = (out.index(s) for s in ("GRPO batch geometry", "Speed plan, policy",
-                                                          "Speed plan, reference"))
+    geometry, policy, reference = (
+        out.index(s) for s in ("GRPO batch geometry", "Speed plan, policy", "Speed plan, reference")
+    )
     assert geometry < policy < reference
     plan = _plan(run_dir)
-    assert set(plan["policy"]["paths"]) == {"grpo_group_rows", "padding_free", "completion_only_logits",
-                                            "length_groups", "shared_prefill", "lean_layers"}
-    assert set(plan["reference"]["paths"]) == {"grpo_group_rows", "padding_free", "completion_only_logits",
-                                               "length_groups"}
+    assert set(plan["policy"]["paths"]) == {
+        "grpo_group_rows",
+        "padding_free",
+        "completion_only_logits",
+        "length_groups",
+        "shared_prefill",
+        "lean_layers",
+    }
+    assert set(plan["reference"]["paths"]) == {
+        "grpo_group_rows",
+        "padding_free",
+        "completion_only_logits",
+        "length_groups",
+    }
     assert all(p["on"] for p in plan["policy"]["paths"].values())
 
 

@@ -33,9 +33,12 @@ def test_dry_run_lists_every_job_and_starts_nothing(tmp_path):
     assert launcher.startswith("basic (hydra._internal.core_plugins.basic_launcher.BasicLauncher)")
     # the sweep config's hydra.sweeper.params: 2 losses x 3 seeds, in Hydra's order
     assert [o - {"+sweep=dpo_loss"} for o, _ in jobs] == [
-        {f"method/dpo_loss={loss}", f"seed={seed}"} for loss in ("sigmoid", "hinge") for seed in (1, 2, 3)]
-    assert [d.name[:-9] for _, d in jobs] == [f"{n}_dpo_loss-{loss}_seed-{seed}" for n, (loss, seed) in
-                                              enumerate((lo, s) for lo in ("sigmoid", "hinge") for s in (1, 2, 3))]
+        {f"method/dpo_loss={loss}", f"seed={seed}"} for loss in ("sigmoid", "hinge") for seed in (1, 2, 3)
+    ]
+    assert [d.name[:-9] for _, d in jobs] == [
+        f"{n}_dpo_loss-{loss}_seed-{seed}"
+        for n, (loss, seed) in enumerate((lo, s) for lo in ("sigmoid", "hinge") for s in (1, 2, 3))
+    ]
     assert all(re.fullmatch(r"-[0-9a-f]{8}", d.name[-9:]) for _, d in jobs)  # the overrides' hash
     assert all(d.parent.parent == Path("outputs/sweeps/dpo_loss") for _, d in jobs)
     assert list(tmp_path.iterdir()) == []  # no outputs/, no run dir, no .hydra/
@@ -46,8 +49,10 @@ def test_command_line_override_shrinks_the_dry_run_and_a_launcher_is_named(tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     launcher, jobs = _plan(r.stdout)
     assert launcher.startswith("local_parallel (") and "JoblibLauncher" in launcher
-    assert [o for o, _ in jobs] == [{"+sweep=dpo_loss", "method/dpo_loss=sigmoid", "seed=0"},
-                                    {"+sweep=dpo_loss", "method/dpo_loss=hinge", "seed=0"}]
+    assert [o for o, _ in jobs] == [
+        {"+sweep=dpo_loss", "method/dpo_loss=sigmoid", "seed=0"},
+        {"+sweep=dpo_loss", "method/dpo_loss=hinge", "seed=0"},
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -68,9 +73,13 @@ def test_dry_run_names_the_dirs_a_real_launch_creates(tmp_path):
 
 
 def test_dry_run_imports_no_torch(tmp_path):
-    code = ("import sys; from ablate.cli import main; main(['sweep', 'dpo_loss', '--dry-run']); "
-            "print('torch imported' if 'torch' in sys.modules else 'no torch')")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; from ablate.cli import main; main(['sweep', 'dpo_loss', '--dry-run']); "
+        "print('torch imported' if 'torch' in sys.modules else 'no torch')"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[-1] == "no torch"
 
@@ -95,5 +104,7 @@ def test_both_entry_points_name_jobs_alike_and_resume_finds_them(tmp_path):
     again = ablate("sweep", "dpo_loss", *fixed, "--resume", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming {launch.resolve()}: 2 skipped" in again.stdout
-    assert sorted(p.name for p in launch.iterdir() if p.is_dir() and p.name[0].isdigit()) == names  # no new job dir
+    assert (
+        sorted(p.name for p in launch.iterdir() if p.is_dir() and p.name[0].isdigit()) == names
+    )  # no new job dir
     assert {n: (launch / n / "summary.json").read_text() for n in names} == steps  # completed jobs untouched

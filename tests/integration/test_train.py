@@ -34,8 +34,16 @@ def test_default_run_learns(default_run):
 
 
 def test_run_dir_contract(default_run):
-    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "run.json", "metrics.jsonl", "summary.json",
-                 "model/config.json", "model/model.safetensors", "model/tokenizer.json"):
+    for name in (
+        ".hydra/config.yaml",
+        ".hydra/overrides.yaml",
+        "run.json",
+        "metrics.jsonl",
+        "summary.json",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+    ):
         assert (default_run / name).is_file(), name
     s = summary(default_run)
     for key in ("status", "metrics", "global_step", "train_runtime", "versions", "overrides"):
@@ -46,8 +54,15 @@ def test_run_dir_contract(default_run):
     events = metrics(default_run)
     assert all("step" in e for e in events)
     names = set().union(*events)
-    for m in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-              "logps/chosen", "logps/rejected"):
+    for m in (
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+    ):
         assert m in names, m
     # summary metrics are the final logged values
     assert s["metrics"]["rewards/margins"] == _last(events, "rewards/margins")
@@ -86,12 +101,23 @@ def test_eval_before_training_is_an_exact_tie(tmp_path):
     moves in the last bits with its batch-mates' padding: 1 of 64 caps_prefs pairs (1 of 32 on SmolLM2)
     won a tie by noise. The eval's reference is now scored in the eval loader's batches."""
     run_dir = tmp_path / "run"
-    r = ablate("train", "data=caps_prefs", "method.args.max_steps=1", "method.args.eval_strategy=steps",
-               "method.args.eval_steps=1", "+method.args.eval_on_start=true", "method.args.per_device_eval_batch_size=16",
-               f"hydra.run.dir={run_dir}")
+    r = ablate(
+        "train",
+        "data=caps_prefs",
+        "method.args.max_steps=1",
+        "method.args.eval_strategy=steps",
+        "method.args.eval_steps=1",
+        "method.args.eval_on_start=true",
+        "method.args.per_device_eval_batch_size=16",
+        f"hydra.run.dir={run_dir}",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     first = [e for e in metrics(run_dir) if "eval_rewards/accuracies" in e][0]
-    assert first["step"] == 0 and first["eval_rewards/accuracies"] == 0.0 and first["eval_rewards/margins"] == 0.0, first
+    assert (
+        first["step"] == 0
+        and first["eval_rewards/accuracies"] == 0.0
+        and first["eval_rewards/margins"] == 0.0
+    ), first
     assert first["eval_rewards/chosen"] == 0.0 and first["eval_rewards/rejected"] == 0.0, first
 
 
@@ -105,22 +131,38 @@ def test_sft_lowers_loss(tmp_path):
 
 def test_local_model_and_jsonl_data(tmp_path, default_run):
     """model=local (from_pretrained on a dir) trains further on a local JSONL file with chat messages."""
-    rows = [{"prompt": [{"role": "user", "content": f"sort: {w}"}],
-             "chosen": [{"role": "assistant", "content": "".join(sorted(w))}],
-             "rejected": [{"role": "assistant", "content": w}]} for w in ("cba", "dca", "fed", "hge")]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"sort: {w}"}],
+            "chosen": [{"role": "assistant", "content": "".join(sorted(w))}],
+            "rejected": [{"role": "assistant", "content": w}],
+        }
+        for w in ("cba", "dca", "fed", "hge")
+    ]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = tmp_path / "run"
-    r = ablate("train", "model=local", f"model.path={default_run / 'model'}", "data=jsonl",
-               f"data.train_path={data}", "method.args.max_steps=4", "method.args.per_device_train_batch_size=2",
-               f"hydra.run.dir={run}")
+    r = ablate(
+        "train",
+        "model=local",
+        f"model.path={default_run / 'model'}",
+        "data=jsonl",
+        f"data.train_path={data}",
+        "method.args.max_steps=4",
+        "method.args.per_device_train_batch_size=2",
+        f"hydra.run.dir={run}",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert summary(run)["status"] == "completed" and summary(run)["global_step"] == 4
 
 
 def test_resume_reproduces_uninterrupted_losses(tmp_path):
-    common = ["method.args.max_steps=20", "method.args.save_steps=5", "method.args.logging_steps=1",
-              "+callbacks.crash._target_=crashing.CrashAt"]
+    common = [
+        "method.args.max_steps=20",
+        "method.args.save_steps=5",
+        "method.args.logging_steps=1",
+        "+callbacks.crash._target_=crashing.CrashAt",
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     assert ablate("train", *common, f"hydra.run.dir={a}").returncode == 0
     crashed = ablate("train", *common, f"hydra.run.dir={b}", env={"ABLATE_TEST_CRASH_AT": "13"})
@@ -144,16 +186,25 @@ def test_other_run_in_dir_is_refused(tmp_path):
     assert summary(tmp_path)["status"] == "completed"  # the first run's summary is untouched
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("method=nope", "no option 'nope' in config group 'method'"),
-    ("+method.args.betta=0.2", "did you mean 'method.args.beta'"),
-    ("method.args.loss_type=ipo", "ablate: error: unknown config key 'method.args.loss_type'"),
-    ("method/dpo_loss=dapo", "no option 'dapo' in config group 'method/dpo_loss' (dapo is an option of "
-     "method/grpo_aggregation: method/grpo_aggregation=dapo;"),
-    ("data.name=nope", "no packaged dataset 'nope'"),
-    ("precision=fp16", "needs a CUDA GPU"),
-    ("distributed=fsdp", "distributed=fsdp shards the model over several processes"),  # one process: nothing to shard over
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("method=nope", "no option 'nope' in config group 'method'"),
+        ("+method.args.betta=0.2", "did you mean 'method.args.beta'"),
+        ("method.args.loss_type=ipo", "ablate: error: unknown config key 'method.args.loss_type'"),
+        (
+            "method/dpo_loss=dapo",
+            "no option 'dapo' in config group 'method/dpo_loss' (dapo is an option of "
+            "method/grpo_aggregation: method/grpo_aggregation=dapo;",
+        ),
+        ("data.name=nope", "no packaged dataset 'nope'"),
+        ("precision=fp16", "needs a CUDA GPU"),
+        (
+            "distributed=fsdp",
+            "distributed=fsdp shards the model over several processes",
+        ),  # one process: nothing to shard over
+    ],
+)
 def test_bad_override_is_a_short_error(tmp_path, override, needle):
     r = ablate("train", override, f"hydra.run.dir={tmp_path}")
     assert r.returncode != 0
@@ -161,14 +212,21 @@ def test_bad_override_is_a_short_error(tmp_path, override, needle):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 15
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["model=qwen2_5_0_5b"], "model.path: cannot load 'Qwen/Qwen2.5-0.5B-Instruct'"),
-    (["data=ultrafeedback_binarized"], "data: cannot load 'trl-lib/ultrafeedback_binarized'"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["model=qwen2_5_0_5b"], "model.path: cannot load 'Qwen/Qwen2.5-0.5B-Instruct'"),
+        (["data=ultrafeedback_binarized"], "data: cannot load 'trl-lib/ultrafeedback_binarized'"),
+    ],
+)
 def test_unreachable_model_or_data_is_a_short_error(tmp_path, overrides, needle):
     """The hub options use the real from_pretrained / load_dataset; offline they fail in one line."""
-    r = ablate("train", *overrides, f"hydra.run.dir={tmp_path}",
-               env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    r = ablate(
+        "train",
+        *overrides,
+        f"hydra.run.dir={tmp_path}",
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
     assert r.returncode == 2 and needle in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3
     assert summary(tmp_path)["status"] == "failed"

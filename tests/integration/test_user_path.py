@@ -33,7 +33,11 @@ def test_resume_a_default_named_run_dir_from_a_cwd_with_spaces_and_quotes(tmp_pa
     override value."""
     cwd = tmp_path / "it's my runs"
     cwd.mkdir()
-    common = ["method.args.max_steps=4", "method.args.save_steps=2", "+callbacks.crash._target_=crashing.CrashAt"]
+    common = [
+        "method.args.max_steps=4",
+        "method.args.save_steps=2",
+        "+callbacks.crash._target_=crashing.CrashAt",
+    ]
     crashed = ablate("train", *common, cwd=cwd, env={"ABLATE_TEST_CRASH_AT": "3"})
     assert crashed.returncode != 0
     [run_dir] = _run_dirs(cwd)
@@ -77,9 +81,15 @@ def test_bf16_autocasts_on_any_machine(tmp_path, precision, dtype):
     """The cheat-sheet's `ablate train optimizer=sgd precision=bf16` ("CPU ok"): on a CPU-only machine
     it trains on the CPU with the layers computing in bfloat16 (fp32 as the control), weights fp32."""
     out = tmp_path / "dtypes.json"
-    r = ablate("train", "optimizer=sgd", f"precision={precision}", "method.args.max_steps=2",
-               "+callbacks.probe._target_=dtype_probe.DtypeProbe", cwd=tmp_path,
-               env={"ABLATE_TEST_DTYPE_OUT": str(out)})
+    r = ablate(
+        "train",
+        "optimizer=sgd",
+        f"precision={precision}",
+        "method.args.max_steps=2",
+        "+callbacks.probe._target_=dtype_probe.DtypeProbe",
+        cwd=tmp_path,
+        env={"ABLATE_TEST_DTYPE_OUT": str(out)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(out.read_text())
     assert seen["linear_out"] == [dtype]
@@ -99,14 +109,36 @@ def test_bf16_under_torchrun_on_cpu(tmp_path):
     """`torchrun ... precision=bf16` on a CPU machine: both ranks train on the CPU (gloo) under bf16
     autocast, without the `method.args.use_cpu=true` that fp32 needs there."""
     out = tmp_path / "dtypes.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "ABLATE_TEST_DTYPE_OUT": str(out)}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "ablate", "train",
-                        "precision=bf16", "method.args.max_steps=2", "method.args.save_strategy=no",
-                        "+callbacks.probe._target_=dtype_probe.DtypeProbe"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "ABLATE_TEST_DTYPE_OUT": str(out),
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "-m",
+            "ablate",
+            "train",
+            "precision=bf16",
+            "method.args.max_steps=2",
+            "method.args.save_strategy=no",
+            "+callbacks.probe._target_=dtype_probe.DtypeProbe",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     [run_dir] = _run_dirs(tmp_path)
     s = summary(run_dir)
-    assert s["status"] == "completed" and s["metrics"]["epoch"] == pytest.approx(2 * 16 / 512)  # 2 ranks x 8 pairs
+    assert s["status"] == "completed" and s["metrics"]["epoch"] == pytest.approx(
+        2 * 16 / 512
+    )  # 2 ranks x 8 pairs
     assert json.loads(out.read_text()) == {"linear_out": ["torch.bfloat16"], "device": "cpu"}

@@ -24,8 +24,12 @@ SECRETS = {"WANDB_API_KEY": "test-wandb-key-0123456789abcdef", "HF_TOKEN": "hf_t
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
     """Every record of the job's offline W&B run, as wandb's own reader prints them."""
-    proc = subprocess.run([WANDB, "leet", "inspect", "--json", str(run_dir / "wandb")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [WANDB, "leet", "inspect", "--json", str(run_dir / "wandb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
@@ -37,9 +41,19 @@ def wandb_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
     sweep_dir = tmp / "dpo_loss" / "2026-01-01_00-00-00"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | SECRETS
     # a config value holding a secret (as a user might, to pass a hub token): must reach W&B masked
-    cmd = [sys.executable, "-m", "ablate", "sweep", "dpo_loss", "seed=0", "logger=wandb",
-           "method.args.max_steps=3", "method.args.logging_steps=1", "+method.args.hub_token=${oc.env:HF_TOKEN}",
-           f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate",
+        "sweep",
+        "dpo_loss",
+        "seed=0",
+        "logger=wandb",
+        "method.args.max_steps=3",
+        "method.args.logging_steps=1",
+        "+method.args.hub_token=${oc.env:HF_TOKEN}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return sweep_dir, proc
@@ -63,7 +77,11 @@ def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.
         assert run["job_type"] == "dpo" and "dpo_loss" in run["tags"]
         config = run["config"]["update"]
         hydra_cfg = yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
-        assert config["method"]["dpo_loss"]["_target_"] == hydra_cfg["method"]["dpo_loss"]["_target_"] == f"ablate.losses.dpo.{loss}"
+        assert (
+            config["method"]["dpo_loss"]["_target_"]
+            == hydra_cfg["method"]["dpo_loss"]["_target_"]
+            == f"ablate.losses.dpo.{loss}"
+        )
         assert config["method"]["args"]["max_steps"] == 3 and config["seed"] == 0
         assert config["model"] == hydra_cfg["model"] and config["sweep_name"] == "dpo_loss"
         assert config["method"]["args"]["hub_token"] == "${oc.env:HF_TOKEN}"  # as written, never resolved
@@ -83,8 +101,11 @@ def test_two_jobs_two_distinct_offline_runs(wandb_sweep: tuple[Path, subprocess.
 
 def test_secrets_never_saved(wandb_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     sweep_dir, proc = wandb_sweep
-    leaks = [p for p in sweep_dir.rglob("*") if p.is_file()
-             and any(v.encode() in p.read_bytes() for v in SECRETS.values())]
+    leaks = [
+        p
+        for p in sweep_dir.rglob("*")
+        if p.is_file() and any(v.encode() in p.read_bytes() for v in SECRETS.values())
+    ]
     assert leaks == []
     assert not any(v in proc.stdout + proc.stderr for v in SECRETS.values())
 

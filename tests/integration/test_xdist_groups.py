@@ -9,8 +9,16 @@ from test_readme import ALL
 
 
 def test_a_file_is_one_unit_and_the_slurm_files_are_one():
-    assert group("tests/unit/test_x.py::test_y[a-b]") == group("tests/unit/test_x.py::test_z") == "tests/unit/test_x.py"
-    assert group("tests/slow/test_slurm.py::test_a") == group("tests/slow/test_slurm_multinode.py::test_b") == "slurm"
+    assert (
+        group("tests/unit/test_x.py::test_y[a-b]")
+        == group("tests/unit/test_x.py::test_z")
+        == "tests/unit/test_x.py"
+    )
+    assert (
+        group("tests/slow/test_slurm.py::test_a")
+        == group("tests/slow/test_slurm_multinode.py::test_b")
+        == "slurm"
+    )
     readme = "tests/integration/test_readme.py"
     assert group(f"{readme}::test_ci_runs_the_readme_commands") == readme
 
@@ -19,4 +27,6 @@ def test_each_doc_line_falls_in_its_docs_unit():
     """Every line's real test id (as pytest builds it from Line.id) maps to its doc's unit."""
     assert {line.doc for line in ALL} >= {"README.md", "docs/extending.md"}
     for line in ALL:
-        assert group(f"tests/integration/test_readme.py::test_doc_line_runs[{line.id}]") == f"docs:{line.doc}", line.id
+        assert (
+            group(f"tests/integration/test_readme.py::test_doc_line_runs[{line.id}]") == f"docs:{line.doc}"
+        ), line.id

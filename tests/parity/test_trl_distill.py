@@ -30,17 +30,38 @@ def _pair(tmp_path, beta, accumulation=1):
     fixed = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     fixed[0] = fixed[0] + [tok.eos_token_id]  # one ends with EOS, as sampling stops
     ds = Dataset.from_list([{"prompt": "sort: cba ="}] * 8)
-    common = dict(per_device_train_batch_size=4, gradient_accumulation_steps=accumulation, max_completion_length=8,
-                  temperature=0.7, beta=beta,
-                  optim="sgd", learning_rate=1.0, max_steps=3, logging_steps=1, save_strategy="no",
-                  disable_tqdm=True, report_to="none", use_cpu=True, bf16=False)
-    theirs = trl.DistillationTrainer(model=copy.deepcopy(student), teacher_model=copy.deepcopy(teacher),
-                                     train_dataset=ds, processing_class=tok,
-                                     args=trl.DistillationConfig(output_dir=str(tmp_path / "trl"), **common))
+    common = dict(
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=accumulation,
+        max_completion_length=8,
+        temperature=0.7,
+        beta=beta,
+        optim="sgd",
+        learning_rate=1.0,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    theirs = trl.DistillationTrainer(
+        model=copy.deepcopy(student),
+        teacher_model=copy.deepcopy(teacher),
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl.DistillationConfig(output_dir=str(tmp_path / "trl"), **common),
+    )
     theirs._generate_single_turn = lambda prompt_ids, images, mm, **kw: _fixed(fixed, prompt_ids)
-    ours = DistillTrainer(model=copy.deepcopy(student), teacher=copy.deepcopy(teacher), train_dataset=ds,
-                          processing_class=tok, generator=lambda model, prompt_ids: _fixed(fixed, prompt_ids),
-                          args=DistillConfig(output_dir=str(tmp_path / "ours"), **common))
+    ours = DistillTrainer(
+        model=copy.deepcopy(student),
+        teacher=copy.deepcopy(teacher),
+        train_dataset=ds,
+        processing_class=tok,
+        generator=lambda model, prompt_ids: _fixed(fixed, prompt_ids),
+        args=DistillConfig(output_dir=str(tmp_path / "ours"), **common),
+    )
     return theirs, ours
 
 
@@ -58,10 +79,21 @@ def test_per_step_loss_matches_trl(tmp_path, beta):
     steps_ours = [e for e in ours.state.log_history if "loss" in e]
     assert len(steps_theirs) == len(steps_ours) == 3
     for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", "entropy", "completions/mean_length", "completions/clipped_ratio",
-                     "completions/mean_terminated_length", "completions/min_terminated_length",
-                     "completions/max_terminated_length"):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+        for name in (
+            "loss",
+            "entropy",
+            "completions/mean_length",
+            "completions/clipped_ratio",
+            "completions/mean_terminated_length",
+            "completions/min_terminated_length",
+            "completions/max_terminated_length",
+        ):
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert steps_ours[0]["loss"] > steps_ours[-1]["loss"]  # the student moved towards the teacher
 
 
@@ -77,7 +109,17 @@ def test_accumulated_loss_matches_trl(tmp_path):
     steps_ours = [e for e in ours.state.log_history if "loss" in e]
     assert len(steps_theirs) == len(steps_ours) == 3
     for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", "completions/mean_length", "completions/clipped_ratio",
-                     "completions/mean_terminated_length", "completions/max_terminated_length"):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+        for name in (
+            "loss",
+            "completions/mean_length",
+            "completions/clipped_ratio",
+            "completions/mean_terminated_length",
+            "completions/max_terminated_length",
+        ):
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert steps_ours[0]["loss"] > steps_ours[-1]["loss"]

@@ -26,8 +26,19 @@ ROWS = [
     {"prompt": "sort: hgfe =", "chosen": " efgh", "rejected": " hgef"},
     {"prompt": "sort: dc =", "chosen": " cd", "rejected": " dc"},
 ]
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-           "logps/rejected", "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "entropy",
+    "logits/chosen",
+    "logits/rejected",
+    "mean_token_accuracy",
+    "num_tokens",
+)
 # (TRL's loss_type, TRL's extra args, ablate's loss). Hyper-parameters away from 0 where TRL reads them,
 # so that they are exercised; beta 0.3 throughout.
 LOSSES = [
@@ -40,16 +51,26 @@ LOSSES = [
     ("bco_pair", {}, dpo_losses.bco_pair),
     ("sppo_hard", {}, dpo_losses.sppo_hard),
     ("aot", {"label_smoothing": 0.1}, functools.partial(dpo_losses.aot, label_smoothing=0.1)),
-    ("aot_unpaired", {"label_smoothing": 0.1}, functools.partial(dpo_losses.aot_unpaired, label_smoothing=0.1)),
+    (
+        "aot_unpaired",
+        {"label_smoothing": 0.1},
+        functools.partial(dpo_losses.aot_unpaired, label_smoothing=0.1),
+    ),
     ("apo_zero", {}, dpo_losses.apo_zero),
     ("apo_down", {}, dpo_losses.apo_down),
     ("discopop", {"discopop_tau": 0.5}, functools.partial(dpo_losses.discopop, tau=0.5)),
     ("sigmoid_norm", {}, dpo_losses.sigmoid_norm),
     ("sft", {}, dpo_losses.sft),
     # MPO: TRL's weighted list
-    (["sigmoid", "bco_pair", "sft"], {"loss_weights": [0.8, 0.2, 1.0]},
-     functools.partial(dpo_losses.weighted, losses=[dpo_losses.sigmoid, dpo_losses.bco_pair, dpo_losses.sft],
-                       weights=[0.8, 0.2, 1.0])),
+    (
+        ["sigmoid", "bco_pair", "sft"],
+        {"loss_weights": [0.8, 0.2, 1.0]},
+        functools.partial(
+            dpo_losses.weighted,
+            losses=[dpo_losses.sigmoid, dpo_losses.bco_pair, dpo_losses.sft],
+            weights=[0.8, 0.2, 1.0],
+        ),
+    ),
 ]
 
 
@@ -67,14 +88,24 @@ def _pair(tmp_path, loss_type, trl_extra, loss, **common):
     tok, policy, ref = _models()
     ds = Dataset.from_list(ROWS)
     # bf16=False: TRL defaults to bf16 autocast, which would make the comparison about precision
-    common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False, **common)
-    theirs = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref),
-                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type,
-                                               **trl_extra, **common),
-                            train_dataset=ds, processing_class=tok)
-    ours = DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref), loss=loss,
-                      args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
-                      train_dataset=ds, processing_class=tok)
+    common = dict(
+        per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False, **common
+    )
+    theirs = trl.DPOTrainer(
+        model=copy.deepcopy(policy),
+        ref_model=copy.deepcopy(ref),
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **trl_extra, **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    ours = DPOTrainer(
+        model=copy.deepcopy(policy),
+        ref_model=copy.deepcopy(ref),
+        loss=loss,
+        args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
     return theirs, ours
 
 
@@ -95,8 +126,17 @@ def _params() -> list:
 @pytest.mark.parametrize("loss_type,trl_extra,loss", _params())
 def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, trl_extra, loss):
     """Two optimizer steps (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
-    theirs, ours = _pair(tmp_path, loss_type, trl_extra, loss, learning_rate=1e-3, max_steps=2, logging_steps=1,
-                         save_strategy="no", disable_tqdm=True)
+    theirs, ours = _pair(
+        tmp_path,
+        loss_type,
+        trl_extra,
+        loss,
+        learning_rate=1e-3,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     theirs.train()
     ours.train()
     steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
@@ -105,7 +145,12 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, trl_extra, los
     for a, b in zip(steps_ours, steps_theirs):
         for name in ("loss", *METRICS):
             # 1e-5, relative above 1: float32 keeps ~7 digits (sppo_hard's loss is ~15)
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the policy moved between the two steps
 
 
@@ -122,10 +167,18 @@ def test_precomputed_reference_equals_live_reference(tmp_path):
     tok, policy, ref = _models()
     ds = Dataset.from_list(ROWS)
     args = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True)
-    pre = DPOTrainer(model=copy.deepcopy(ref), args=DPOConfig(output_dir=str(tmp_path / "a"), **args),
-                     train_dataset=ds, processing_class=tok)
-    live = DPOTrainer(model=copy.deepcopy(ref), args=DPOConfig(output_dir=str(tmp_path / "b"),
-                      precompute_ref_log_probs=False, **args), train_dataset=ds, processing_class=tok)
+    pre = DPOTrainer(
+        model=copy.deepcopy(ref),
+        args=DPOConfig(output_dir=str(tmp_path / "a"), **args),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    live = DPOTrainer(
+        model=copy.deepcopy(ref),
+        args=DPOConfig(output_dir=str(tmp_path / "b"), precompute_ref_log_probs=False, **args),
+        train_dataset=ds,
+        processing_class=tok,
+    )
     pre.model.load_state_dict(policy.state_dict())  # the policy moves after the reference was scored
     live.model.load_state_dict(policy.state_dict())
     b_pre, b_live = next(iter(pre.get_train_dataloader())), next(iter(live.get_train_dataloader()))
@@ -146,23 +199,30 @@ def test_lora_dpo_matches_trl(tmp_path, precompute):
     # lora_dropout=0: TRL's DPOConfig.disable_dropout (default True) zeroes every dropout, LoRA's too
     adapters = lora(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear")
     common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False)
-    theirs = trl.DPOTrainer(model=copy.deepcopy(policy), peft_config=adapters.config,
-                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
-                            train_dataset=ds, processing_class=tok)
+    theirs = trl.DPOTrainer(
+        model=copy.deepcopy(policy),
+        peft_config=adapters.config,
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
     assert theirs.ref_model is None
     with torch.no_grad():  # the same nonzero adapters in both
         g = torch.Generator().manual_seed(2)
         for name, p in theirs.model.named_parameters():
             if "lora_B" in name:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    ours = DPOTrainer(model=with_adapters(copy.deepcopy(policy), adapters),
-                      args=DPOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=precompute,
-                                     **common),
-                      train_dataset=ds, processing_class=tok)
+    ours = DPOTrainer(
+        model=with_adapters(copy.deepcopy(policy), adapters),
+        args=DPOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=precompute, **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
     assert ours.ref_model is None  # no second copy
     ours.model.load_state_dict(theirs.model.state_dict())  # same LoRA init (A is random) and B
-    assert sorted(n for n, p in ours.model.named_parameters() if p.requires_grad) == \
-        sorted(n for n, p in theirs.model.named_parameters() if p.requires_grad)
+    assert sorted(n for n, p in ours.model.named_parameters() if p.requires_grad) == sorted(
+        n for n, p in theirs.model.named_parameters() if p.requires_grad
+    )
 
     b_theirs = next(iter(theirs.get_train_dataloader()))
     b_ours = next(iter(ours.get_train_dataloader()))
@@ -173,8 +233,14 @@ def test_lora_dpo_matches_trl(tmp_path, precompute):
     torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-6)
     m_theirs = {k: v[-1] for k, v in theirs._metrics["train"].items()}
     m_ours = ours.metrics.pop("train")
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                 "logps/chosen", "logps/rejected"):
+    for name in (
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+    ):
         assert m_ours[name] == pytest.approx(m_theirs[name], rel=1e-5, abs=1e-6), name
 
 
@@ -184,13 +250,26 @@ def test_precomputed_reference_in_bf16_matches_trl(tmp_path):
     Ours on TRL's layout (speed paths off), so that bf16 rounding is the same and the numbers equal."""
     tok, policy, _ = _models()
     ds = Dataset.from_list(ROWS)
-    common = dict(per_device_train_batch_size=3, report_to="none", use_cpu=True, bf16=True,
-                  precompute_ref_log_probs=True)
-    theirs = trl.DPOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(policy),
-                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
-                            train_dataset=ds, processing_class=tok)
-    ours = DPOTrainer(model=copy.deepcopy(policy), args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
-                      train_dataset=ds, processing_class=tok,
-                      perf=SpeedSwitches(dpo_pair_rows=False, completion_only_logits=False, padding_free=False))
+    common = dict(
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        bf16=True,
+        precompute_ref_log_probs=True,
+    )
+    theirs = trl.DPOTrainer(
+        model=copy.deepcopy(policy),
+        ref_model=copy.deepcopy(policy),
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    ours = DPOTrainer(
+        model=copy.deepcopy(policy),
+        args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
+        train_dataset=ds,
+        processing_class=tok,
+        perf=SpeedSwitches(dpo_pair_rows=False, completion_only_logits=False, padding_free=False),
+    )
     for col in ("ref_chosen_logps", "ref_rejected_logps"):
         assert ours.train_dataset[col] == theirs.train_dataset[col], col

@@ -61,17 +61,30 @@ PREFERENCE = {
     ],
     "conversational": [
         {"prompt": [user("What is 6*7?")], "chosen": [bot("42")], "rejected": [bot("41, I think.")]},
-        {"prompt": [SYSTEM, user("Colour of the sky?")], "chosen": [bot("Blue")],
-         "rejected": [bot("Green, sometimes")]},
-        {"prompt": [user("Hi"), bot("Hello!"), user("Name a fruit")], "chosen": [bot("Apple")],
-         "rejected": [bot("Carrot")]},
+        {
+            "prompt": [SYSTEM, user("Colour of the sky?")],
+            "chosen": [bot("Blue")],
+            "rejected": [bot("Green, sometimes")],
+        },
+        {
+            "prompt": [user("Hi"), bot("Hello!"), user("Name a fruit")],
+            "chosen": [bot("Apple")],
+            "rejected": [bot("Carrot")],
+        },
     ],
     "conversational, implicit prompt": [  # UltraFeedback's shape
-        {"chosen": [user("What is 6*7?"), bot("42")], "rejected": [user("What is 6*7?"), bot("41, I think.")]},
-        {"chosen": [SYSTEM, user("Colour of the sky?"), bot("Blue")],
-         "rejected": [SYSTEM, user("Colour of the sky?"), bot("Green, sometimes")]},
-        {"chosen": [user("Hi"), bot("Hello!"), user("Name a fruit"), bot("Apple")],
-         "rejected": [user("Hi"), bot("Hello!"), user("Name a fruit"), bot("Carrot")]},
+        {
+            "chosen": [user("What is 6*7?"), bot("42")],
+            "rejected": [user("What is 6*7?"), bot("41, I think.")],
+        },
+        {
+            "chosen": [SYSTEM, user("Colour of the sky?"), bot("Blue")],
+            "rejected": [SYSTEM, user("Colour of the sky?"), bot("Green, sometimes")],
+        },
+        {
+            "chosen": [user("Hi"), bot("Hello!"), user("Name a fruit"), bot("Apple")],
+            "rejected": [user("Hi"), bot("Hello!"), user("Name a fruit"), bot("Carrot")],
+        },
     ],
 }
 SFT = {
@@ -83,7 +96,10 @@ SFT = {
     "prompt-completion, conversational": [
         {"prompt": [user("What is 6*7?")], "completion": [bot("42")]},
         {"prompt": [SYSTEM, user("Colour of the sky?")], "completion": [bot("Blue")]},
-        {"prompt": [user("Hi"), bot("Hello!"), user("Name a fruit")], "completion": [bot("Apple, or a pear")]},
+        {
+            "prompt": [user("Hi"), bot("Hello!"), user("Name a fruit")],
+            "completion": [bot("Apple, or a pear")],
+        },
     ],
     "messages": [
         {"messages": [user("What is 6*7?"), bot("42")]},
@@ -100,7 +116,9 @@ PROMPTS = {
 
 def _trl_preference(rows: list[dict[str, Any]], tok, max_length: int | None) -> dict[str, torch.Tensor]:
     args = SimpleNamespace(dataset_num_proc=None, max_length=max_length, truncation_mode="keep_start")
-    ds = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tok), Dataset.from_list(rows), tok, args, "t")
+    ds = trl.DPOTrainer._prepare_dataset(
+        SimpleNamespace(_tokenizer=tok), Dataset.from_list(rows), tok, args, "t"
+    )
     return DataCollatorForPreference(pad_token_id=tok.pad_token_id, max_length=max_length)(list(ds))
 
 
@@ -108,7 +126,9 @@ def _short(rows: list[dict[str, Any]], tok) -> int:
     """A max_length that keeps the shortest prompt plus 2 completion tokens: cuts completions, drops
     the pairs with longer prompts."""
     args = SimpleNamespace(dataset_num_proc=None, max_length=None, truncation_mode="keep_start")
-    ds = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tok), Dataset.from_list(rows), tok, args, "t")
+    ds = trl.DPOTrainer._prepare_dataset(
+        SimpleNamespace(_tokenizer=tok), Dataset.from_list(rows), tok, args, "t"
+    )
     return min(len(r["prompt_ids"]) for r in ds) + 2
 
 
@@ -150,13 +170,17 @@ SMOLLM2_MARKED = (
 def test_smollm2_marked_renders_as_smollm2(tok):
     messages = SFT["messages"][0]["messages"]
     for gen in (False, True):
-        ours = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, chat_template=SMOLLM2)
-        assert ours == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
-                                               chat_template=SMOLLM2_MARKED)
+        ours = tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen, chat_template=SMOLLM2
+        )
+        assert ours == tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen, chat_template=SMOLLM2_MARKED
+        )
 
 
-def _trl_sft(rows: list[dict[str, Any]], tok, max_length: int | None,
-             assistant_only_loss: bool = False) -> list[dict[str, list[int]]]:
+def _trl_sft(
+    rows: list[dict[str, Any]], tok, max_length: int | None, assistant_only_loss: bool = False
+) -> list[dict[str, list[int]]]:
     sample = rows[0]
     # assistant_only_loss: TRL swaps in a template with {% generation %} markers; it has none for SmolLM2's,
     # so it is given one marked by hand, as a TRL user would pass one (ablate finds the turns by rendering prefixes)
@@ -164,11 +188,19 @@ def _trl_sft(rows: list[dict[str, Any]], tok, max_length: int | None,
     if assistant_only_loss and not GENERATION.search(tok.chat_template):
         assert tok.chat_template == SMOLLM2
         template = SMOLLM2_MARKED
-    fake = SimpleNamespace(_tokenizer=tok, chat_template=template,
-                           completion_only_loss="prompt" in sample and "completion" in sample)  # TRL's None default
-    args = SimpleNamespace(dataset_num_proc=None, dataset_text_field="text", assistant_only_loss=assistant_only_loss,
-                           shuffle_dataset=False,
-                           max_length=max_length, truncation_mode="keep_start")
+    fake = SimpleNamespace(
+        _tokenizer=tok,
+        chat_template=template,
+        completion_only_loss="prompt" in sample and "completion" in sample,
+    )  # TRL's None default
+    args = SimpleNamespace(
+        dataset_num_proc=None,
+        dataset_text_field="text",
+        assistant_only_loss=assistant_only_loss,
+        shuffle_dataset=False,
+        max_length=max_length,
+        truncation_mode="keep_start",
+    )
     ds = trl.SFTTrainer._prepare_dataset(fake, Dataset.from_list(rows), tok, args, False, None, "t")
     return [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in ds]
 
@@ -180,9 +212,13 @@ def test_sft_matches_trl(tok, fmt, max_length):
     if max_length == "short":  # cuts every row; drops prompt-completion rows whose prompt fills it
         max_length = min(len(r["input_ids"]) for r in _trl_sft(rows, tok, None)) - 1
     theirs = _trl_sft(rows, tok, max_length)
-    ours = [{"input_ids": r["prompt_ids"] + r["completion_ids"],
-             "labels": [-100] * len(r["prompt_ids"]) + r["completion_ids"]}
-            for r in prepare_sft(Dataset.from_list(rows), tok, max_length)]
+    ours = [
+        {
+            "input_ids": r["prompt_ids"] + r["completion_ids"],
+            "labels": [-100] * len(r["prompt_ids"]) + r["completion_ids"],
+        }
+        for r in prepare_sft(Dataset.from_list(rows), tok, max_length)
+    ]
     assert ours == theirs
 
 
@@ -195,10 +231,14 @@ def test_sft_assistant_only_loss_matches_trl(tok, fmt, max_length):
     if max_length == "short":  # cuts the last assistant turn of every row, keeps one assistant token or more
         max_length = min(len(r["input_ids"]) for r in _trl_sft(rows, tok, None)) - 1
     theirs = _trl_sft(rows, tok, max_length, assistant_only_loss=True)
-    ours = [{"input_ids": r["prompt_ids"] + r["completion_ids"],
-             "labels": [-100] * len(r["prompt_ids"]) + [t if m else -100 for t, m in zip(r["completion_ids"],
-                                                                                        r["completion_mask"])]}
-            for r in prepare_sft(Dataset.from_list(rows), tok, max_length, assistant_only_loss=True)]
+    ours = [
+        {
+            "input_ids": r["prompt_ids"] + r["completion_ids"],
+            "labels": [-100] * len(r["prompt_ids"])
+            + [t if m else -100 for t, m in zip(r["completion_ids"], r["completion_mask"])],
+        }
+        for r in prepare_sft(Dataset.from_list(rows), tok, max_length, assistant_only_loss=True)
+    ]
     assert ours == theirs
     full = [r for r in prepare_sft(Dataset.from_list(rows), tok, None, assistant_only_loss=True)]
     masked = [sum(r["completion_mask"]) for r in full]
@@ -208,8 +248,14 @@ def test_sft_assistant_only_loss_matches_trl(tok, fmt, max_length):
 @pytest.mark.parametrize("fmt", list(PROMPTS))
 def test_prompts_match_trl(tok, fmt):
     rows = PROMPTS[fmt]
-    fake = SimpleNamespace(_is_vlm=False, environment_factories=None, processing_class=tok, chat_template=None,
-                           tools=None, chat_template_kwargs={})
+    fake = SimpleNamespace(
+        _is_vlm=False,
+        environment_factories=None,
+        processing_class=tok,
+        chat_template=None,
+        tools=None,
+        chat_template_kwargs={},
+    )
     theirs, _, _ = trl.GRPOTrainer._tokenize_prompts(fake, [r["prompt"] for r in rows])
     ours = prepare_prompts(Dataset.from_list(rows), tok, None)["prompt_ids"]
     assert ours == [list(ids) for ids in theirs]

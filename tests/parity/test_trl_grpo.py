@@ -24,9 +24,19 @@ from ablate.methods.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 from ablate.rollouts.buffer import Rollout  # noqa: E402
 
-LOSSES = {"grpo": grpo_losses.grpo, "dapo": grpo_losses.dapo, "dr_grpo": grpo_losses.dr_grpo, "bnpo": grpo_losses.bnpo}
-CLIP = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
-        "clip_ratio/high_max")
+LOSSES = {
+    "grpo": grpo_losses.grpo,
+    "dapo": grpo_losses.dapo,
+    "dr_grpo": grpo_losses.dr_grpo,
+    "bnpo": grpo_losses.bnpo,
+}
+CLIP = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+)
 METRICS = {"cispo": ("cispo_clip_ratio", "entropy", "kl"), "sapo": ("entropy", "kl")}
 
 
@@ -42,9 +52,13 @@ def _batch(tok, old_model, ref_model) -> dict[str, torch.Tensor]:
     completion_ids = torch.randint(3, 200, (4, width), generator=g)
     completion_mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
-    batch = {"prompt_ids": torch.tensor(prompts), "prompt_mask": torch.ones(4, len(prompts[0]), dtype=torch.long),
-             "completion_ids": completion_ids, "completion_mask": completion_mask,
-             "advantages": torch.tensor([1.0, -0.5, 0.3, -1.2])}
+    batch = {
+        "prompt_ids": torch.tensor(prompts),
+        "prompt_mask": torch.ones(4, len(prompts[0]), dtype=torch.long),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.0, -0.5, 0.3, -1.2]),
+    }
 
     def logps(model: torch.nn.Module) -> torch.Tensor:
         ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
@@ -67,13 +81,23 @@ def _perturbed(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Modu
 
 # TRL's loss_type -> ablate's (objective, aggregation)
 OBJECTIVES = {"cispo": (grpo_losses.cispo, grpo_losses.dapo), "sapo": (grpo_losses.sapo, grpo_losses.grpo)}
-CASES = [(loss, level, beta, delta) for loss in LOSSES for level in ("token", "sequence")
-         for beta, delta in ((0.0, None), (0.04, None), (0.0, 1.2))]
-CASES += [(loss, level, beta, None) for loss in OBJECTIVES for level in ("token", "sequence") for beta in (0.0, 0.04)]
+CASES = [
+    (loss, level, beta, delta)
+    for loss in LOSSES
+    for level in ("token", "sequence")
+    for beta, delta in ((0.0, None), (0.04, None), (0.0, 1.2))
+]
+CASES += [
+    (loss, level, beta, None)
+    for loss in OBJECTIVES
+    for level in ("token", "sequence")
+    for beta in (0.0, 0.04)
+]
 
 
-@pytest.mark.parametrize("loss_type,level,beta,delta", CASES,
-                         ids=[f"{c[0]}-{c[1]}-beta{c[2]}-delta{c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+    "loss_type,level,beta,delta", CASES, ids=[f"{c[0]}-{c[1]}-beta{c[2]}-delta{c[3]}" for c in CASES]
+)
 def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
     objective, aggregation = OBJECTIVES.get(loss_type, (grpo_losses.clip, LOSSES.get(loss_type)))
     if loss_type == "cispo":
@@ -84,23 +108,56 @@ def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
     old, ref = _perturbed(policy, 1, 0.02), _perturbed(policy, 2, 0.02)
     b = _batch(tok, old, ref)
     ds = Dataset.from_list([{"prompt": "ab:"}] * 4)
-    common = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, beta=beta,
-                  epsilon=0.1, epsilon_high=0.15, delta=delta, importance_sampling_level=level, report_to="none",
-                  use_cpu=True, bf16=False) | common_eps
+    common = (
+        dict(
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            beta=beta,
+            epsilon=0.1,
+            epsilon_high=0.15,
+            delta=delta,
+            importance_sampling_level=level,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+        )
+        | common_eps
+    )
     # TRL builds its reference from a hub path when beta > 0: build with beta 0, then set it (the loss
     # reads self.beta and the batch's reference log-probs)
-    trl_args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **(common | {"beta": 0.0}))
-    theirs = trl.GRPOTrainer(model=copy.deepcopy(policy), reward_funcs=[_reward], train_dataset=ds,
-                             processing_class=tok, args=trl_args)
+    trl_args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "trl"), loss_type=loss_type, **(common | {"beta": 0.0})
+    )
+    theirs = trl.GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs=[_reward],
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl_args,
+    )
     theirs.beta = beta
-    ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"zero": _reward}, train_dataset=ds,
-                       processing_class=tok, aggregation=functools.partial(aggregation), objective=objective,
-                       args=GRPOConfig(output_dir=str(tmp_path / "ours"), **common))
+    ours = GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs={"zero": _reward},
+        train_dataset=ds,
+        processing_class=tok,
+        aggregation=functools.partial(aggregation),
+        objective=objective,
+        args=GRPOConfig(output_dir=str(tmp_path / "ours"), **common),
+    )
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
-    inputs_theirs = {k: b[k] for k in keys} | {"old_per_token_logps": b["old"], "ref_per_token_logps": b["ref"],
-                                               "num_items_in_batch": b["completion_mask"].sum()}
-    inputs_ours = Rollout(**{k: b[k] for k in keys}, old_logps=b["old"], ref_logps=b["ref"],
-                          num_items=b["completion_mask"].sum().float())
+    inputs_theirs = {k: b[k] for k in keys} | {
+        "old_per_token_logps": b["old"],
+        "ref_per_token_logps": b["ref"],
+        "num_items_in_batch": b["completion_mask"].sum(),
+    }
+    inputs_ours = Rollout(
+        **{k: b[k] for k in keys},
+        old_logps=b["old"],
+        ref_logps=b["ref"],
+        num_items=b["completion_mask"].sum().float(),
+    )
     theirs.model.train(), ours.model.train()
     theirs.current_gradient_accumulation_steps = 1  # set by Trainer's loop; one micro-batch per step here
     loss_theirs = theirs.compute_loss(theirs.model, inputs_theirs)
@@ -113,5 +170,7 @@ def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
             assert "kl" not in m_ours
             continue
         assert abs(m_ours[name] - m_theirs[name]) <= 1e-5, (name, m_ours[name], m_theirs[name])
-    if level == "token" and loss_type != "sapo":  # the fixture exercises clipping (else comparing it proves little)
+    if (
+        level == "token" and loss_type != "sapo"
+    ):  # the fixture exercises clipping (else comparing it proves little)
         assert m_ours.get("clip_ratio/region_mean", m_ours.get("cispo_clip_ratio")) > 0

@@ -26,14 +26,26 @@ from ablate.methods.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 from ablate.rollouts.generation import Completions  # noqa: E402
 
-COMPLETIONS = [[65, 66, 67, 68, 69], [70, 71], [72, 73, 74, 75], [76], [77, 78, 79], [80, 81, 82, 83, 84, 85],
-               [86, 87], [88, 89, 90, 91]]
+COMPLETIONS = [
+    [65, 66, 67, 68, 69],
+    [70, 71],
+    [72, 73, 74, 75],
+    [76],
+    [77, 78, 79],
+    [80, 81, 82, 83, 84, 85],
+    [86, 87],
+    [88, 89, 90, 91],
+]
 # per completion, added to each of its tokens' engine log-prob: row 0's sequence ratio ~ e^(5 * 0.4) > 3,
 # row 5's ~ e^(-6 * 0.25) < 0.5, so the sequence modes mask/clamp some completions, not all
 OFFSET = [-0.4, 0.0, 0.1, 0.0, -0.1, 0.25, 0.0, 0.0]
-SAMPLING = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-            "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-            "sampling/importance_sampling_ratio/max")
+SAMPLING = (
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+)
 CLIP = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "entropy")
 
 
@@ -63,9 +75,13 @@ class Engine:
     def sync_weights(self) -> None:
         pass
 
-    def generate(self, prompts: list[list[int]], images: object, num_generations: int, profiler: object) -> tuple:
+    def generate(
+        self, prompts: list[list[int]], images: object, num_generations: int, profiler: object
+    ) -> tuple:
         self.prompts.append(prompts)
-        lps = [[[None if lp != lp else lp] for lp in row] for row in self.logps(prompts)]  # NaN -> None, as vLLM's
+        lps = [
+            [[None if lp != lp else lp] for lp in row] for row in self.logps(prompts)
+        ]  # NaN -> None, as vLLM's
         return prompts, [list(c) for c in COMPLETIONS], lps, None
 
     # ablate's generator seam
@@ -76,13 +92,25 @@ class Engine:
 
 CASES = {  # id -> GRPOConfig fields
     "sequence_mask": {},  # TRL's defaults: sequence_mask, clip_max 3
-    "sequence_truncate": {"vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_clip_min": 0.5},
-    "token_mask": {"vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.7,
-                   "vllm_importance_sampling_clip_max": 1.3},
-    "token_truncate": {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 1.3},
+    "sequence_truncate": {
+        "vllm_importance_sampling_mode": "sequence_truncate",
+        "vllm_importance_sampling_clip_min": 0.5,
+    },
+    "token_mask": {
+        "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_min": 0.7,
+        "vllm_importance_sampling_clip_max": 1.3,
+    },
+    "token_truncate": {
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 1.3,
+    },
     "gspo_sequence_mask": {"importance_sampling_level": "sequence", "vllm_importance_sampling_clip_min": 0.5},
-    "kl_token_truncate": {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 1.3,
-                          "beta": 0.04},
+    "kl_token_truncate": {
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 1.3,
+        "beta": 0.04,
+    },
     "off_policy_mask": {"off_policy_mask_threshold": 0.05},
     "off_policy_mask_only": {"off_policy_mask_threshold": 0.05, "vllm_importance_sampling_correction": False},
 }
@@ -93,19 +121,42 @@ def test_engine_correction_matches_trl(tmp_path, case):
     fields = CASES[case]
     tok, policy = tiny()
     ds = Dataset.from_list([{"prompt": "ab:"}, {"prompt": "cd:"}])
-    common = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=8, report_to="none",
-                  use_cpu=True, bf16=False, epsilon=0.1, epsilon_high=0.15) | fields
+    common = (
+        dict(
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=8,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            epsilon=0.1,
+            epsilon_high=0.15,
+        )
+        | fields
+    )
     trl_args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), loss_type="dapo", **(common | {"beta": 0.0}))
-    theirs = trl.GRPOTrainer(model=copy.deepcopy(policy), reward_funcs=[_reward], train_dataset=ds,
-                             processing_class=tok, args=trl_args)
-    theirs.beta = common.get("beta", 0.0)  # TRL builds a reference from a hub path when beta > 0: set it after
+    theirs = trl.GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs=[_reward],
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl_args,
+    )
+    theirs.beta = common.get(
+        "beta", 0.0
+    )  # TRL builds a reference from a hub path when beta > 0: set it after
     if theirs.beta:  # as TRL's __init__ prepares its reference: the fused log-prob head
         theirs.ref_model = copy.deepcopy(policy).eval()
         grpo_trainer.add_fused_lm_head(theirs.ref_model, temperature=theirs.temperature)
     theirs.use_vllm, theirs.vllm_generation, theirs._last_loaded_step = True, Engine(theirs.model), -1
-    ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"r": _reward}, train_dataset=ds,
-                       processing_class=tok, aggregation=functools.partial(grpo_losses.dapo),
-                       args=GRPOConfig(output_dir=str(tmp_path / "ours"), **common))
+    ours = GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs={"r": _reward},
+        train_dataset=ds,
+        processing_class=tok,
+        aggregation=functools.partial(grpo_losses.dapo),
+        args=GRPOConfig(output_dir=str(tmp_path / "ours"), **common),
+    )
     ours.generator = Engine(ours.model)
     theirs.model.train(), ours.model.train()
     theirs.current_gradient_accumulation_steps = 1  # set by Trainer's loop; one micro-batch per step here
@@ -113,7 +164,9 @@ def test_engine_correction_matches_trl(tmp_path, case):
     out = theirs._generate_and_score_completions([{"prompt": p} for p in ("ab:", "cd:") for _ in range(4)])
     rows = [ours.train_dataset[i] for i in (0, 0, 0, 0, 1, 1, 1, 1)]
     rollout = ours._generate_and_score(rows, "train")
-    assert theirs.vllm_generation.prompts == ours.generator.prompts  # the same prompt ids reached both engines
+    assert (
+        theirs.vllm_generation.prompts == ours.generator.prompts
+    )  # the same prompt ids reached both engines
     torch.testing.assert_close(rollout.advantages, out["advantages"], rtol=0, atol=1e-6)
     loss_theirs = theirs.compute_loss(theirs.model, out)
     loss_ours = ours.compute_loss(ours.model, rollout)

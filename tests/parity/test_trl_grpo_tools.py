@@ -25,16 +25,19 @@ from ablate.tools import calculator  # noqa: E402
 
 CALL = '<tool_call>{"name": "%s", "arguments": {%s}}</tool_call>'
 # per row: the first turn, and the turn after the tool result (None: the row calls no tool)
-SCRIPT = [(CALL % ("calculator", '"expression": "12*34"'), "408"),
-          ("400", None),
-          (CALL % ("nope", ""), "4368"),
-          (CALL % ("calculator", '"expression": "56*78"'), "4369")]
+SCRIPT = [
+    (CALL % ("calculator", '"expression": "12*34"'), "408"),
+    ("400", None),
+    (CALL % ("nope", ""), "4368"),
+    (CALL % ("calculator", '"expression": "56*78"'), "4369"),
+]
 LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo")
 
 
 def scripted(tok):
     """(prompt ids) -> completion ids: a batch of all rows is turn 1 in row order; a later batch is recognised by
     the first turn its prompt holds."""
+
     def encode(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
@@ -54,10 +57,12 @@ def _rows() -> list[dict]:
 
 def _leaf_logps(store: dict, fn):
     """Wrap a trainer's per-token log-prob function so the loss is taken from a leaf tensor we can differentiate by."""
+
     def wrapped(*args, **kwargs):
         logps, *rest = fn(*args, **kwargs)
         store["leaf"] = logps.detach().clone().requires_grad_()
         return (store["leaf"], *rest)
+
     return wrapped
 
 
@@ -65,23 +70,47 @@ def _leaf_logps(store: dict, fn):
 def test_tool_rollouts_match_trl(tmp_path, loss_type):
     tok, policy = tiny()
     ds = Dataset.from_list(_rows())
-    common = dict(per_device_train_batch_size=4, num_generations=2, max_completion_length=160, report_to="none",
-                  use_cpu=True, bf16=False, epsilon=0.1, epsilon_high=0.15)
-    theirs = trl.GRPOTrainer(model=copy.deepcopy(policy), reward_funcs=[correct], train_dataset=ds, processing_class=tok,
-                             args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **common),
-                             tools=[calculator])
+    common = dict(
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=160,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        epsilon=0.1,
+        epsilon_high=0.15,
+    )
+    theirs = trl.GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs=[correct],
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **common),
+        tools=[calculator],
+    )
     generate = scripted(tok)
     theirs._generate_single_turn = lambda prompt_ids, *a, **k: (generate(prompt_ids), None)
     aggregation = getattr(__import__("ablate.losses.grpo", fromlist=[loss_type]), loss_type)
-    ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"correct": correct}, train_dataset=ds,
-                       processing_class=tok, aggregation=aggregation, generator=lambda model, ids: generate(ids),
-                       args=GRPOConfig(output_dir=str(tmp_path / "ours"), tools=["ablate.tools.calculator"], **common))
+    ours = GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs={"correct": correct},
+        train_dataset=ds,
+        processing_class=tok,
+        aggregation=aggregation,
+        generator=lambda model, ids: generate(ids),
+        args=GRPOConfig(output_dir=str(tmp_path / "ours"), tools=["ablate.tools.calculator"], **common),
+    )
     theirs.model.train(), ours.model.train()
     rows = [ours.train_dataset[i] for i in (0, 0, 1, 1)]
     t = theirs._generate_and_score_completions([{k: r[k] for k in ("prompt", "answer")} for r in rows])
     o = ours._generate_and_score(rows, "train")
-    for key, mine in (("prompt_ids", o.prompt_ids), ("prompt_mask", o.prompt_mask), ("completion_ids", o.completion_ids),
-                      ("completion_mask", o.completion_mask), ("tool_mask", o.tool_mask)):
+    for key, mine in (
+        ("prompt_ids", o.prompt_ids),
+        ("prompt_mask", o.prompt_mask),
+        ("completion_ids", o.completion_ids),
+        ("completion_mask", o.completion_mask),
+        ("tool_mask", o.tool_mask),
+    ):
         assert torch.equal(t[key], mine), key
     assert (o.tool_mask == 0).sum() > 0 and o.tool_mask[1].all()  # results in rows 0, 2, 3; none in row 1
     torch.testing.assert_close(t["advantages"], o.advantages)
@@ -90,7 +119,9 @@ def test_tool_rollouts_match_trl(tmp_path, loss_type):
     m_ours = ours.metrics.pop("train")
     for name in ("tools/call_frequency", "tools/failure_frequency", "completions/mean_length", "reward"):
         assert abs(float(m_ours[name]) - m_theirs[name]) <= 1e-6, (name, m_ours[name], m_theirs[name])
-    assert m_theirs["tools/call_frequency"] == 0.75 and m_theirs["tools/failure_frequency"] == pytest.approx(1 / 3)
+    assert m_theirs["tools/call_frequency"] == 0.75 and m_theirs["tools/failure_frequency"] == pytest.approx(
+        1 / 3
+    )
 
     # an older policy (ratios != 1): the same old log-probs to both, then the loss and each token's part in it
     with torch.no_grad():
@@ -98,7 +129,10 @@ def test_tool_rollouts_match_trl(tmp_path, loss_type):
     old = current + 0.2 * torch.randn(current.shape, generator=torch.Generator().manual_seed(0))
     t["old_per_token_logps"], o.old_logps = old, old
     grads = {}
-    for name, trainer, attr in (("theirs", theirs, "_get_per_token_logps_and_entropies"), ("ours", ours, "_token_logps")):
+    for name, trainer, attr in (
+        ("theirs", theirs, "_get_per_token_logps_and_entropies"),
+        ("ours", ours, "_token_logps"),
+    ):
         store = grads.setdefault(name, {})
         setattr(trainer, attr, _leaf_logps(store, getattr(trainer, attr)))
     theirs.current_gradient_accumulation_steps = 1

@@ -28,8 +28,18 @@ PAIRS = [
     {"prompt": "sort: dc =", "chosen": " cd", "rejected": " dc"},
     {"prompt": "sort: fea =", "chosen": " aef", "rejected": " fae"},
 ]
-METRICS = ("kl", "entropy", "logits/chosen", "logits/rejected", "rewards/chosen", "rewards/rejected",
-           "rewards/margins", "logps/chosen", "logps/rejected", "num_tokens")
+METRICS = (
+    "kl",
+    "entropy",
+    "logits/chosen",
+    "logits/rejected",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "num_tokens",
+)
 LOSSES = {"kto": kto_losses.kto, "apo_zero_unpaired": kto_losses.apo_zero_unpaired}
 
 
@@ -47,18 +57,39 @@ def _pair(tmp_path, loss_type, precompute, **common):
     tok, policy, ref = _models()
     ds = Dataset.from_list(PAIRS)
     shuffled = unpair(ds).shuffle(seed=0).flatten_indices()  # what ablate reads, in its order
-    common = dict(per_device_train_batch_size=4, report_to="none", use_cpu=True, bf16=False, beta=0.3,
-                  desirable_weight=1.3, undesirable_weight=0.7, seed=0, **common)
-    theirs = trl.KTOTrainer(model=copy.deepcopy(policy), ref_model=copy.deepcopy(ref), processing_class=tok,
-                            train_dataset=shuffled,
-                            args=trl.KTOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **common))
-    ours = KTOTrainer(model=copy.deepcopy(policy), ref_model=None if precompute else copy.deepcopy(ref),
-                      processing_class=tok, train_dataset=ds, loss=functools.partial(LOSSES[loss_type]),
-                      args=KTOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=precompute, **common))
+    common = dict(
+        per_device_train_batch_size=4,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        beta=0.3,
+        desirable_weight=1.3,
+        undesirable_weight=0.7,
+        seed=0,
+        **common,
+    )
+    theirs = trl.KTOTrainer(
+        model=copy.deepcopy(policy),
+        ref_model=copy.deepcopy(ref),
+        processing_class=tok,
+        train_dataset=shuffled,
+        args=trl.KTOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type, **common),
+    )
+    ours = KTOTrainer(
+        model=copy.deepcopy(policy),
+        ref_model=None if precompute else copy.deepcopy(ref),
+        processing_class=tok,
+        train_dataset=ds,
+        loss=functools.partial(LOSSES[loss_type]),
+        args=KTOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=precompute, **common),
+    )
     if precompute:  # the precomputed reference is the initial policy: score it with the reference's weights
         ours.model.load_state_dict(ref.state_dict())
-        ours.train_dataset = ours._with_ref_logps(ours.train_dataset.remove_columns(["ref_logps", "ref_KL_logps"]
-                                                  if loss_type == "kto" else ["ref_logps"]))
+        ours.train_dataset = ours._with_ref_logps(
+            ours.train_dataset.remove_columns(
+                ["ref_logps", "ref_KL_logps"] if loss_type == "kto" else ["ref_logps"]
+            )
+        )
         ours.model.load_state_dict(policy.state_dict())
     return theirs, ours
 
@@ -66,8 +97,16 @@ def _pair(tmp_path, loss_type, precompute, **common):
 @pytest.mark.parametrize("loss_type,precompute", [("kto", True), ("kto", False), ("apo_zero_unpaired", True)])
 def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, precompute):
     """Two optimizer steps of 4 examples (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
-    theirs, ours = _pair(tmp_path, loss_type, precompute, learning_rate=1e-3, max_steps=2, logging_steps=1,
-                         save_strategy="no", disable_tqdm=True)
+    theirs, ours = _pair(
+        tmp_path,
+        loss_type,
+        precompute,
+        learning_rate=1e-3,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     theirs.train()
     ours.train()
     steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
@@ -78,7 +117,12 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, precompute):
             if name not in b:  # a batch of one label has no margin
                 assert name not in a, name
                 continue
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the policy moved between the two steps
     if loss_type == "kto":
         assert steps_ours[0]["kl"] > 0  # the reference point is exercised (else z0 = 0 proves little)
@@ -89,7 +133,14 @@ def test_examples_and_batches_match_trl(tmp_path):
     for col in ("prompt_ids", "completion_ids", "KL_completion_ids", "label"):
         assert ours.train_dataset[col] == theirs.train_dataset[col], col
     b_theirs, b_ours = next(iter(theirs.get_train_dataloader())), next(iter(ours.get_train_dataloader()))
-    for key in ("input_ids", "attention_mask", "completion_mask", "KL_input_ids", "KL_completion_mask", "label"):
+    for key in (
+        "input_ids",
+        "attention_mask",
+        "completion_mask",
+        "KL_input_ids",
+        "KL_completion_mask",
+        "label",
+    ):
         assert torch.equal(b_theirs[key], b_ours[key]), key
     assert 0 < int(b_ours["label"].sum()) < 4  # the shuffled order mixes labels within a batch
 

@@ -30,11 +30,27 @@ from ablate.models import tiny  # noqa: E402
 
 PROMPT = "sort: " + "abc" * 200  # 606 tokens of the byte tokenizer
 G = 4
-COMPLETIONS = ("completions/mean_length", "completions/min_length", "completions/max_length",
-               "completions/clipped_ratio", "completions/mean_terminated_length",
-               "completions/min_terminated_length", "completions/max_terminated_length")
-COMMON = dict(max_completion_length=8, optim="sgd", learning_rate=1.0, max_steps=3, logging_steps=1,
-              save_strategy="no", disable_tqdm=True, report_to="none", use_cpu=True, bf16=False)
+COMPLETIONS = (
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
+COMMON = dict(
+    max_completion_length=8,
+    optim="sgd",
+    learning_rate=1.0,
+    max_steps=3,
+    logging_steps=1,
+    save_strategy="no",
+    disable_tqdm=True,
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+)
 
 
 def letter_a(completions: list, **kwargs: object) -> list[float]:
@@ -61,27 +77,49 @@ def _with_reference(theirs, policy, beta):
 def _grpo(tmp_path):
     tok, policy, fixed, ds = _setup()
     args = dict(per_device_train_batch_size=G, num_generations=G, **COMMON)
-    theirs = trl.GRPOTrainer(model=copy.deepcopy(policy), reward_funcs=[letter_a], train_dataset=ds, processing_class=tok,
-                             args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), beta=0.0, **args))
+    theirs = trl.GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs=[letter_a],
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), beta=0.0, **args),
+    )
     theirs._generate_single_turn = lambda prompt_ids, *a, **k: ([list(c) for c in fixed], None)
-    ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"letter_a": letter_a}, train_dataset=ds,
-                       processing_class=tok, generator=lambda model, prompt_ids: [list(c) for c in fixed],
-                       args=GRPOConfig(output_dir=str(tmp_path / "ours"), beta=0.04, **args))
+    ours = GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs={"letter_a": letter_a},
+        train_dataset=ds,
+        processing_class=tok,
+        generator=lambda model, prompt_ids: [list(c) for c in fixed],
+        args=GRPOConfig(output_dir=str(tmp_path / "ours"), beta=0.04, **args),
+    )
     return _with_reference(theirs, policy, 0.04), ours
 
 
 def _rloo(tmp_path):
     tok, policy, fixed, ds = _setup()
     args = dict(per_device_train_batch_size=G, num_generations=G, **COMMON)
-    theirs = trl.RLOOTrainer(model=copy.deepcopy(policy), reward_funcs=[letter_a], train_dataset=ds, processing_class=tok,
-                             args=trl.RLOOConfig(output_dir=str(tmp_path / "trl"), beta=0.0, **args))
+    theirs = trl.RLOOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs=[letter_a],
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl.RLOOConfig(output_dir=str(tmp_path / "trl"), beta=0.0, **args),
+    )
     theirs._generate_single_turn = lambda prompt_ids, images, mm: [list(c) for c in fixed]
     beta = RLOOConfig.beta  # the default, TRL's
-    ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"letter_a": letter_a}, train_dataset=ds,
-                       processing_class=tok, generator=lambda model, prompt_ids: [list(c) for c in fixed],
-                       reward_aggregation=functools.partial(rloo.leave_one_out, beta=beta), objective=rloo.sequence_clip,
-                       aggregation=rloo.sequences, scale_rewards=None,
-                       args=RLOOConfig(output_dir=str(tmp_path / "ours"), **args))
+    ours = GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs={"letter_a": letter_a},
+        train_dataset=ds,
+        processing_class=tok,
+        generator=lambda model, prompt_ids: [list(c) for c in fixed],
+        reward_aggregation=functools.partial(rloo.leave_one_out, beta=beta),
+        objective=rloo.sequence_clip,
+        aggregation=rloo.sequences,
+        scale_rewards=None,
+        args=RLOOConfig(output_dir=str(tmp_path / "ours"), **args),
+    )
     return _with_reference(theirs, policy, trl.RLOOConfig.beta), ours
 
 
@@ -89,13 +127,22 @@ def _distill(tmp_path):
     tok, student, fixed, ds = _setup()
     _, teacher = tiny(hidden_size=32, intermediate_size=64, max_position_embeddings=1024, init_seed=1)
     args = dict(per_device_train_batch_size=G, **COMMON)
-    theirs = trl.DistillationTrainer(model=copy.deepcopy(student), teacher_model=copy.deepcopy(teacher), train_dataset=ds,
-                                     processing_class=tok, args=trl.DistillationConfig(output_dir=str(tmp_path / "trl"),
-                                                                                       **args))
+    theirs = trl.DistillationTrainer(
+        model=copy.deepcopy(student),
+        teacher_model=copy.deepcopy(teacher),
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl.DistillationConfig(output_dir=str(tmp_path / "trl"), **args),
+    )
     theirs._generate_single_turn = lambda prompt_ids, images, mm, **kw: [list(c) for c in fixed]
-    ours = DistillTrainer(model=copy.deepcopy(student), teacher=copy.deepcopy(teacher), train_dataset=ds,
-                          processing_class=tok, generator=lambda model, prompt_ids: [list(c) for c in fixed],
-                          args=DistillConfig(output_dir=str(tmp_path / "ours"), **args))
+    ours = DistillTrainer(
+        model=copy.deepcopy(student),
+        teacher=copy.deepcopy(teacher),
+        train_dataset=ds,
+        processing_class=tok,
+        generator=lambda model, prompt_ids: [list(c) for c in fixed],
+        args=DistillConfig(output_dir=str(tmp_path / "ours"), **args),
+    )
     return theirs, ours
 
 
@@ -120,10 +167,20 @@ def test_long_prompts_train_as_in_trl(tmp_path, method):
     for a, b in zip(steps_ours, steps_theirs):
         for name in ("loss", "entropy", *COMPLETIONS, *extra):
             assert name in a and name in b, (a["step"], name)
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     # the fixture exercises what it compares: some completions end with EOS (lengths 4 and 4), some do not
-    assert steps_ours[0]["completions/mean_terminated_length"] == 4.0 and steps_ours[0]["completions/clipped_ratio"] == 0.5
+    assert (
+        steps_ours[0]["completions/mean_terminated_length"] == 4.0
+        and steps_ours[0]["completions/clipped_ratio"] == 0.5
+    )
     for name in extra:  # the policy left its reference: a KL to compare
         assert steps_ours[-1][name] > 1e-4
-    assert ours.run_facts()["prompts_cut"] == {"max_prompt_length": None,
-                                               "train": {"rows": 8, "cut": 0, "longest": 606}}
+    assert ours.run_facts()["prompts_cut"] == {
+        "max_prompt_length": None,
+        "train": {"rows": 8, "cut": 0, "longest": 606},
+    }

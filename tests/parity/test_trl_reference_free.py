@@ -27,19 +27,49 @@ ROWS = [
     {"prompt": "sort: hgfe =", "chosen": " efgh", "rejected": " hgef"},
     {"prompt": "sort: dc =", "chosen": " cd", "rejected": " dc"},
 ]
-REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-           "logps/rejected")
+REWARDS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
 # (id, TRL's trainer, its config, its extra args, ablate's loss, the metrics compared besides loss)
 CASES = [
-    ("orpo", orpo_trl.ORPOTrainer, orpo_trl.ORPOConfig, {}, rf.orpo,
-     (*REWARDS, "nll_loss", "log_odds_ratio", "log_odds_chosen")),
-    ("cpo", cpo_trl.CPOTrainer, cpo_trl.CPOConfig, {"label_smoothing": 0.1, "cpo_alpha": 0.5},
-     functools.partial(rf.cpo, label_smoothing=0.1, cpo_alpha=0.5), (*REWARDS, "nll_loss")),
+    (
+        "orpo",
+        orpo_trl.ORPOTrainer,
+        orpo_trl.ORPOConfig,
+        {},
+        rf.orpo,
+        (*REWARDS, "nll_loss", "log_odds_ratio", "log_odds_chosen"),
+    ),
+    (
+        "cpo",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"label_smoothing": 0.1, "cpo_alpha": 0.5},
+        functools.partial(rf.cpo, label_smoothing=0.1, cpo_alpha=0.5),
+        (*REWARDS, "nll_loss"),
+    ),
     # TRL logs nll_loss 0 when cpo_alpha is 0; ablate logs the NLL itself: compared in simpo_with_nll
-    ("simpo", cpo_trl.CPOTrainer, cpo_trl.CPOConfig, {"loss_type": "simpo", "simpo_gamma": 0.3, "cpo_alpha": 0.0},
-     functools.partial(rf.simpo, gamma=0.3, cpo_alpha=0.0), REWARDS),
-    ("simpo_with_nll", cpo_trl.CPOTrainer, cpo_trl.CPOConfig, {"loss_type": "simpo", "simpo_gamma": 0.3},
-     functools.partial(rf.simpo, gamma=0.3, cpo_alpha=1.0), (*REWARDS, "nll_loss")),
+    (
+        "simpo",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"loss_type": "simpo", "simpo_gamma": 0.3, "cpo_alpha": 0.0},
+        functools.partial(rf.simpo, gamma=0.3, cpo_alpha=0.0),
+        REWARDS,
+    ),
+    (
+        "simpo_with_nll",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"loss_type": "simpo", "simpo_gamma": 0.3},
+        functools.partial(rf.simpo, gamma=0.3, cpo_alpha=1.0),
+        (*REWARDS, "nll_loss"),
+    ),
 ]
 
 
@@ -59,16 +89,36 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, case):
     tok, policy = _policy()
     ds = Dataset.from_list(ROWS)
     # bf16=False: TRL defaults to bf16 autocast; gradient_checkpointing: TRL's default is on (same numbers, slower)
-    common = dict(per_device_train_batch_size=3, report_to="none", beta=0.3, use_cpu=True, bf16=False,
-                  learning_rate=1e-3, max_steps=3, logging_steps=1, save_strategy="no", disable_tqdm=True,
-                  gradient_checkpointing=False, max_length=512)
-    theirs = trainer_cls(model=copy.deepcopy(policy), args=config_cls(output_dir=str(tmp_path / "trl"), **extra,
-                                                                      **common),
-                         train_dataset=ds, processing_class=tok)
-    ours = DPOTrainer(model=copy.deepcopy(policy), loss=loss, args=DPOConfig(output_dir=str(tmp_path / "ours"),
-                                                                              **common),
-                      train_dataset=ds, processing_class=tok)
-    assert ours.ref_model is None and "ref_chosen_logps" not in ours.train_dataset.column_names  # no reference
+    common = dict(
+        per_device_train_batch_size=3,
+        report_to="none",
+        beta=0.3,
+        use_cpu=True,
+        bf16=False,
+        learning_rate=1e-3,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+        max_length=512,
+    )
+    theirs = trainer_cls(
+        model=copy.deepcopy(policy),
+        args=config_cls(output_dir=str(tmp_path / "trl"), **extra, **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    ours = DPOTrainer(
+        model=copy.deepcopy(policy),
+        loss=loss,
+        args=DPOConfig(output_dir=str(tmp_path / "ours"), **common),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    assert (
+        ours.ref_model is None and "ref_chosen_logps" not in ours.train_dataset.column_names
+    )  # no reference
     theirs.train()
     ours.train()
     steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
@@ -76,5 +126,10 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, case):
     assert len(steps_theirs) == len(steps_ours) == 3
     for a, b in zip(steps_ours, steps_theirs):
         for name in ("loss", *metrics):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert steps_ours[0]["loss"] != steps_ours[2]["loss"]  # the policy moved

@@ -35,22 +35,47 @@ def _pair(tmp_path, rows, coefficient, **common):
     tok, model = _model()
     ds = Dataset.from_list(rows)
     # bf16=False: TRL defaults to bf16 autocast, which would make the comparison about precision
-    common = dict(per_device_train_batch_size=3, report_to="none", use_cpu=True, bf16=False,
-                  center_rewards_coefficient=coefficient, **common)
-    theirs = trl.RewardTrainer(model=copy.deepcopy(model), processing_class=tok, train_dataset=ds,
-                               args=trl.RewardConfig(output_dir=str(tmp_path / "trl"), **common))
-    ours = RewardTrainer(model=copy.deepcopy(model), processing_class=tok, train_dataset=ds,
-                         args=RewardConfig(output_dir=str(tmp_path / "ours"), **common))
+    common = dict(
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        center_rewards_coefficient=coefficient,
+        **common,
+    )
+    theirs = trl.RewardTrainer(
+        model=copy.deepcopy(model),
+        processing_class=tok,
+        train_dataset=ds,
+        args=trl.RewardConfig(output_dir=str(tmp_path / "trl"), **common),
+    )
+    ours = RewardTrainer(
+        model=copy.deepcopy(model),
+        processing_class=tok,
+        train_dataset=ds,
+        args=RewardConfig(output_dir=str(tmp_path / "ours"), **common),
+    )
     return theirs, ours
 
 
-@pytest.mark.parametrize("margin,coefficient", [(False, None), (True, None), (True, 0.01)],
-                         ids=["plain", "margin", "margin-center"])
+@pytest.mark.parametrize(
+    "margin,coefficient",
+    [(False, None), (True, None), (True, 0.01)],
+    ids=["plain", "margin", "margin-center"],
+)
 def test_per_step_loss_and_metrics_match_trl(tmp_path, margin, coefficient):
     """Two optimizer steps (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
     rows = ROWS if margin else [{k: v for k, v in r.items() if k != "margin"} for r in ROWS]
-    theirs, ours = _pair(tmp_path, rows, coefficient, learning_rate=1e-3, max_steps=2, logging_steps=1,
-                         save_strategy="no", disable_tqdm=True)
+    theirs, ours = _pair(
+        tmp_path,
+        rows,
+        coefficient,
+        learning_rate=1e-3,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     theirs.train()
     ours.train()
     steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
@@ -58,7 +83,12 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, margin, coefficient):
     assert len(steps_theirs) == len(steps_ours) == 2
     for a, b in zip(steps_ours, steps_theirs):
         for name in ("loss", *METRICS):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the model moved between the two steps
 
 
@@ -73,8 +103,13 @@ def test_sequences_and_batches_match_trl(tmp_path):
 
 def test_conversational_sequences_match_trl(tmp_path):
     """Messages: prompt + completion rendered by the chat template as one conversation, as TRL does."""
-    rows = [{"prompt": [{"role": "user", "content": "sort: cba"}], "chosen": [{"role": "assistant", "content": "abc"}],
-             "rejected": [{"role": "assistant", "content": "bca"}]}] * 2
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "sort: cba"}],
+            "chosen": [{"role": "assistant", "content": "abc"}],
+            "rejected": [{"role": "assistant", "content": "bca"}],
+        }
+    ] * 2
     theirs, ours = _pair(tmp_path, rows, None)
     assert ours.train_dataset["chosen_ids"] == theirs.train_dataset["chosen_ids"]
     assert ours.train_dataset["rejected_ids"] == theirs.train_dataset["rejected_ids"]

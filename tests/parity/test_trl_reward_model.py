@@ -23,9 +23,17 @@ from ablate.rewards import RewardModel  # noqa: E402
 def save_reward_model(path: Path, seed: int = 0, num_labels: int = 1) -> Path:
     """A tiny sequence-classification model (one label) and the byte tokenizer, saved as a user's RM would be."""
     tok = byte_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tok.pad_token_id, num_labels=num_labels)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        num_labels=num_labels,
+    )
     torch.manual_seed(seed)
     LlamaForSequenceClassification(config).save_pretrained(path)
     tok.save_pretrained(path)
@@ -33,19 +41,34 @@ def save_reward_model(path: Path, seed: int = 0, num_labels: int = 1) -> Path:
 
 
 STRINGS = (["ab:", "cd:", "xyz:", "q:"], [" abab", " c", " zzzzzz", ""])
-CHATS = ([[{"role": "user", "content": p}] for p in STRINGS[0]],
-         [[{"role": "assistant", "content": c}] for c in STRINGS[1]])
+CHATS = (
+    [[{"role": "user", "content": p}] for p in STRINGS[0]],
+    [[{"role": "assistant", "content": c}] for c in STRINGS[1]],
+)
 
 
 @pytest.mark.parametrize("prompts,completions", [STRINGS, CHATS], ids=["strings", "conversations"])
 def test_reward_model_scores_as_trl(tmp_path, prompts, completions):
     rm_dir = save_reward_model(tmp_path / "rm")
     tok, policy = tiny()
-    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=4, num_generations=4,
-                          report_to="none", use_cpu=True, bf16=False)
-    theirs = trl.GRPOTrainer(model=policy, reward_funcs=[str(rm_dir)], train_dataset=Dataset.from_list(
-        [{"prompt": p} for p in prompts]), processing_class=tok, args=args)
-    expected = theirs._calculate_rewards([{"prompt": p} for p in prompts], prompts, completions, [[1]] * 4)[:, 0]
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    theirs = trl.GRPOTrainer(
+        model=policy,
+        reward_funcs=[str(rm_dir)],
+        train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
+        processing_class=tok,
+        args=args,
+    )
+    expected = theirs._calculate_rewards([{"prompt": p} for p in prompts], prompts, completions, [[1]] * 4)[
+        :, 0
+    ]
     ours = RewardModel(str(rm_dir), batch_size=3).to("cpu")  # batches of 3: 4 rows in two batches
     got = torch.tensor(ours(prompts=prompts, completions=completions, completion_ids=[[1]] * 4))
     torch.testing.assert_close(got, expected.float(), rtol=0, atol=1e-5)

@@ -27,10 +27,25 @@ from ablate.methods.rloo_config import RLOOConfig  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 
 G = 4
-METRICS = ("reward", "reward_std", "frac_reward_zero_std", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
-           "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "rewards/letter_a/mean",
-           "rewards/letter_a/std", "completions/mean_length", "completions/max_length", "num_tokens",
-           "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length")
+METRICS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "rewards/letter_a/mean",
+    "rewards/letter_a/std",
+    "completions/mean_length",
+    "completions/max_length",
+    "num_tokens",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
 
 
 def letter_a(completions: list, **kwargs: object) -> list[float]:
@@ -47,35 +62,67 @@ def _completions(tok) -> list[list[int]]:
 
 def _pair(tmp_path, beta, normalize, clip_range):
     tok, policy = tiny()
-    ds = Dataset.from_list([{"prompt": "sort: cba ="}] * 8)  # one prompt: any sampler order draws the same rows
+    ds = Dataset.from_list(
+        [{"prompt": "sort: cba ="}] * 8
+    )  # one prompt: any sampler order draws the same rows
     fixed = _completions(tok)
-    common = dict(per_device_train_batch_size=G, num_generations=G, max_completion_length=8, num_iterations=2,
-                  optim="sgd", learning_rate=1.0, max_steps=4, logging_steps=1, save_strategy="no", disable_tqdm=True,
-                  epsilon=0.1, report_to="none", use_cpu=True, bf16=False, normalize_advantages=normalize,
-                  reward_clip_range=clip_range)
+    common = dict(
+        per_device_train_batch_size=G,
+        num_generations=G,
+        max_completion_length=8,
+        num_iterations=2,
+        optim="sgd",
+        learning_rate=1.0,
+        max_steps=4,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        epsilon=0.1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        normalize_advantages=normalize,
+        reward_clip_range=clip_range,
+    )
     # TRL loads its reference from a hub path when beta > 0: build with beta 0, then give it the initial
     # policy as the reference (with TRL's fused head, as its __init__ would)
-    theirs = trl.RLOOTrainer(model=copy.deepcopy(policy), reward_funcs=[letter_a], train_dataset=ds,
-                             processing_class=tok, args=trl.RLOOConfig(output_dir=str(tmp_path / "trl"),
-                                                                       beta=0.0, **common))
+    theirs = trl.RLOOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs=[letter_a],
+        train_dataset=ds,
+        processing_class=tok,
+        args=trl.RLOOConfig(output_dir=str(tmp_path / "trl"), beta=0.0, **common),
+    )
     if beta:
         theirs.beta, theirs.ref_model = beta, copy.deepcopy(policy).eval()
         add_fused_lm_head(theirs.ref_model, temperature=1.0)
     theirs._generate_single_turn = lambda prompt_ids, images, mm: [list(c) for c in fixed]
-    ours = GRPOTrainer(model=copy.deepcopy(policy), reward_funcs={"letter_a": letter_a}, train_dataset=ds,
-                       processing_class=tok, generator=lambda model, prompt_ids: [list(c) for c in fixed],
-                       reward_aggregation=functools.partial(rloo.leave_one_out, beta=beta, normalize_advantages=normalize,
-                                                            reward_clip_range=clip_range),
-                       objective=rloo.sequence_clip, aggregation=rloo.sequences, scale_rewards=None,
-                       args=RLOOConfig(output_dir=str(tmp_path / "ours"), beta=beta, **common))
+    ours = GRPOTrainer(
+        model=copy.deepcopy(policy),
+        reward_funcs={"letter_a": letter_a},
+        train_dataset=ds,
+        processing_class=tok,
+        generator=lambda model, prompt_ids: [list(c) for c in fixed],
+        reward_aggregation=functools.partial(
+            rloo.leave_one_out, beta=beta, normalize_advantages=normalize, reward_clip_range=clip_range
+        ),
+        objective=rloo.sequence_clip,
+        aggregation=rloo.sequences,
+        scale_rewards=None,
+        args=RLOOConfig(output_dir=str(tmp_path / "ours"), beta=beta, **common),
+    )
     return theirs, ours
 
 
 # the default suite runs the case with every option on; each alone runs in the slow suite (-m slow)
-@pytest.mark.parametrize("beta,normalize,clip_range", [
-    pytest.param(0.05, False, None, id="kl-penalty", marks=pytest.mark.slow),
-    pytest.param(0.0, True, None, id="normalized", marks=pytest.mark.slow),
-    pytest.param(0.05, True, [0.2, 0.6], id="kl-normalized-clipped")])
+@pytest.mark.parametrize(
+    "beta,normalize,clip_range",
+    [
+        pytest.param(0.05, False, None, id="kl-penalty", marks=pytest.mark.slow),
+        pytest.param(0.0, True, None, id="normalized", marks=pytest.mark.slow),
+        pytest.param(0.05, True, [0.2, 0.6], id="kl-normalized-clipped"),
+    ],
+)
 def test_per_step_loss_and_metrics_match_trl(tmp_path, beta, normalize, clip_range):
     theirs, ours = _pair(tmp_path, beta, normalize, clip_range)
     rounds_theirs, rounds_ours = [], []
@@ -105,7 +152,14 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, beta, normalize, clip_ran
             assert (name in a) == (name in b), (a["step"], name, "logged by one side only")
             if name not in b:  # a round's metrics are logged at the step that generates it
                 continue
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert any(abs(e["loss"]) > 1e-4 for e in steps_ours)  # the second passes train off-policy: ratio != 1
     if beta:
-        assert [e["kl"] for e in steps_ours if "kl" in e][-1] > 1e-4  # the policy left its reference: a penalty
+        assert [e["kl"] for e in steps_ours if "kl" in e][
+            -1
+        ] > 1e-4  # the policy left its reference: a penalty

@@ -44,8 +44,16 @@ RUNS = {
 COMMON = ["method.args.logging_steps=1", "method.args.save_strategy=no"]
 # GRPO's and RLOO's loss is ~0 by design (advantages centred): their reward is the curve, and the policy's
 # entropy beside it (the reward is a count of letters: a 1% change of lr leaves it bit-identical for 12 steps)
-KEYS = {"dpo": ["loss"], "dpo_hinge": ["loss"], "sft": ["loss"], "grpo": ["reward", "entropy"], "reward": ["loss"],
-        "kto": ["loss"], "rloo": ["reward", "entropy"], "distill": ["loss"]}
+KEYS = {
+    "dpo": ["loss"],
+    "dpo_hinge": ["loss"],
+    "sft": ["loss"],
+    "grpo": ["reward", "entropy"],
+    "reward": ["loss"],
+    "kto": ["loss"],
+    "rloo": ["reward", "entropy"],
+    "distill": ["loss"],
+}
 # The kernels one x86 machine can switch between: ATen's vector kernels (ATEN_CPU_CAPABILITY), MKL's GEMMs
 # (MKL_ENABLE_INSTRUCTIONS), oneDNN's (ONEDNN_MAX_CPU_ISA), and the thread count; each run on one thread
 # unless it says otherwise. "avx2_cpu" is an AVX2-only CPU's choice of all three, "no_vectors" none at all.
@@ -53,8 +61,16 @@ KERNELS = {
     "aten_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "aten_default": {"ATEN_CPU_CAPABILITY": "default"},
     "threads2": {"OMP_NUM_THREADS": "2"},
-    "avx2_cpu": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "no_vectors": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx2_cpu": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+    },
+    "no_vectors": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+    },
 }
 KERNEL_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 # Leaving one variant out, the others' spread predicted it within 0.74x of MARGIN=3 (README): 10 leaves room
@@ -79,19 +95,32 @@ def machine(threads: int = 1) -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "arch": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": threads, "kernel_env": {k: os.environ[k] for k in KERNEL_VARS if k in os.environ}}
+    return {
+        "cpu": cpu,
+        "arch": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": threads,
+        "kernel_env": {k: os.environ[k] for k in KERNEL_VARS if k in os.environ},
+    }
 
 
 def curve(method: str, *overrides: str, env: dict[str, str] | None = None) -> dict[str, list[float]]:
     """Per-step values of the method's key metrics in a fresh run of its reference overrides (and `overrides`;
     `env`: on top of one thread, e.g. a kernel variant)."""
     with tempfile.TemporaryDirectory() as tmp:
-        r = ablate("train", *RUNS[method], *COMMON, *overrides, f"hydra.run.dir={tmp}/run",
-                   env={"OMP_NUM_THREADS": "1", **(env or {})})
+        r = ablate(
+            "train",
+            *RUNS[method],
+            *COMMON,
+            *overrides,
+            f"hydra.run.dir={tmp}/run",
+            env={"OMP_NUM_THREADS": "1", **(env or {})},
+        )
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-2000:])
-        events = [e for e in metrics(Path(tmp) / "run") if "train_loss" not in e]  # not the end-of-train summary
+        events = [
+            e for e in metrics(Path(tmp) / "run") if "train_loss" not in e
+        ]  # not the end-of-train summary
         return {k: [e[k] for e in events if k in e] for k in KEYS[method]}
 
 
@@ -126,20 +155,31 @@ def _variants(method: str, here: bool) -> dict[str, dict[str, list[float]]]:
 def record(only: list[str]) -> None:
     old = json.loads(CURVES.read_text()) if only else {"runs": {}}
     if only and old["versions"] != versions():
-        raise SystemExit(f"curves.json was recorded with {old['versions']}, this is {versions()}: record every method")
+        raise SystemExit(
+            f"curves.json was recorded with {old['versions']}, this is {versions()}: record every method"
+        )
     if only and old["recorded_on"] != machine():
-        raise SystemExit(f"curves.json was recorded on {old['recorded_on']}, this is {machine()}: record every method")
+        raise SystemExit(
+            f"curves.json was recorded on {old['recorded_on']}, this is {machine()}: record every method"
+        )
     runs = {}
     for m in RUNS:
         if only and m not in only:
             runs[m] = old["runs"][m]
             continue
-        runs[m] = {"overrides": RUNS[m], "metrics": {k: {"values": v, "spread": [0.0] * len(v)}
-                                                     for k, v in curve(m).items()}}
+        runs[m] = {
+            "overrides": RUNS[m],
+            "metrics": {k: {"values": v, "spread": [0.0] * len(v)} for k, v in curve(m).items()},
+        }
         widen(runs[m], m, _variants(m, here=False))
     here = {**machine(), "variants": sorted(KERNELS)}
-    out = {"versions": versions(), "recorded_on": machine(), "common": COMMON,
-           "spread_measured_on": [here] if not only else old["spread_measured_on"], "runs": runs}
+    out = {
+        "versions": versions(),
+        "recorded_on": machine(),
+        "common": COMMON,
+        "spread_measured_on": [here] if not only else old["spread_measured_on"],
+        "runs": runs,
+    }
     CURVES.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {CURVES} with {out['versions']} on {out['recorded_on']}")
 
@@ -148,8 +188,10 @@ def add_cpu() -> None:
     """This CPU (another family, same code and versions): its curves and kernel variants join the spread."""
     cur = json.loads(CURVES.read_text())
     if cur["versions"] != versions():
-        raise SystemExit(f"curves.json was recorded with {cur['versions']}, this is {versions()}: "
-                         "install -c constraints.txt first")
+        raise SystemExit(
+            f"curves.json was recorded with {cur['versions']}, this is {versions()}: "
+            "install -c constraints.txt first"
+        )
     for m in RUNS:
         widen(cur["runs"][m], m, _variants(m, here=True))
     cur["spread_measured_on"].append({**machine(), "variants": ["as is", *sorted(KERNELS)]})

@@ -31,8 +31,14 @@ def sft(tmp_path_factory) -> Path:
 def test_grpo_with_the_calculator(sft):
     """Step 2: every round's rollouts call the tool (tools/call_frequency > 0 at every step), the calls run (few
     fail), and GRPO raises the reward: calling the calculator pays, answering from memory does not."""
-    r = ablate("train", "+experiment=calc_tools", "model.path=outputs/calc_sft/model", "hydra.run.dir=outputs/calc_grpo",
-               cwd=sft, timeout=3600)
+    r = ablate(
+        "train",
+        "+experiment=calc_tools",
+        "model.path=outputs/calc_sft/model",
+        "hydra.run.dir=outputs/calc_grpo",
+        cwd=sft,
+        timeout=3600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run = sft / "outputs/calc_grpo"
     assert summary(run)["status"] == "completed"
@@ -50,9 +56,17 @@ def test_an_environment_scores_its_episodes(sft):
     """docs/methods.md's environment (examples/grpo_own_code/my_env.py, found in the current directory): one
     instance per rollout, its calculator method the model's tool, its get_reward() a reward column."""
     shutil.copy(ROOT / "examples/grpo_own_code/my_env.py", sft / "my_env.py")
-    r = ablate("train", "+experiment=calc_tools", "model.path=outputs/calc_sft/model", "method.args.tools=[]",
-               "method.args.environment={_target_:my_env.OneCall}", "method.args.max_steps=2",
-               "hydra.run.dir=outputs/calc_env", cwd=sft, timeout=1800)
+    r = ablate(
+        "train",
+        "+experiment=calc_tools",
+        "model.path=outputs/calc_sft/model",
+        "method.args.tools=[]",
+        "method.args.environment={_target_:my_env.OneCall}",
+        "method.args.max_steps=2",
+        "hydra.run.dir=outputs/calc_env",
+        cwd=sft,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     events = [e for e in metrics(sft / "outputs/calc_env") if "reward" in e]
     assert len(events) == 2 and all(e["tools/call_frequency"] > 0 for e in events)

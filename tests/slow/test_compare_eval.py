@@ -18,8 +18,14 @@ ENV = {**os.environ, "COLUMNS": "250", "WANDB_MODE": "disabled"}
 
 
 def ablate(*args: str, cwd: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "ablate", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -27,8 +33,10 @@ def ablate(*args: str, cwd: Path) -> str:
 def test_sweep_compare_eval_compare(tmp_path: Path) -> None:
     ablate("sweep", "dpo_loss", "method.args.max_steps=2", cwd=tmp_path)
     before = ablate("compare", "outputs/sweeps/dpo_loss", cwd=tmp_path)
-    assert ("not compared: loss is defined by each arm's dpo_loss (sigmoid vs hinge); ranking the others instead "
-            "(`ablate eval RUN_DIR` on each run adds held-out ones)") in before
+    assert (
+        "not compared: loss is defined by each arm's dpo_loss (sigmoid vs hinge); ranking the others instead "
+        "(`ablate eval RUN_DIR` on each run adds held-out ones)"
+    ) in before
     assert "dpo_loss=hinge − dpo_loss=sigmoid rewards/margins = " in before and " loss = " not in before
 
     runs = sorted(p for p in (tmp_path / "outputs" / "sweeps" / "dpo_loss").glob("*/[0-9]*") if p.is_dir())
@@ -36,8 +44,12 @@ def test_sweep_compare_eval_compare(tmp_path: Path) -> None:
     for run in runs:
         ablate("eval", str(run), "data.max_eval_samples=16", cwd=tmp_path)
     after = ablate("compare", "outputs/sweeps/dpo_loss", cwd=tmp_path)
-    assert ("not compared: eval_loss is defined by each arm's dpo_loss (sigmoid vs hinge); ranking the held-out "
-            "metrics instead") in after
+    assert (
+        "not compared: eval_loss is defined by each arm's dpo_loss (sigmoid vs hinge); ranking the held-out "
+        "metrics instead"
+    ) in after
     assert "dpo_loss=hinge − dpo_loss=sigmoid eval_rewards/margins = " in after and "n=3 pairs" in after
     assert "n=16 examples" in after  # per-example differences on the held-out pairs
-    assert "sigmoid rewards/margins = " not in after and "eval_loss = " not in after  # the training metric gave way
+    assert (
+        "sigmoid rewards/margins = " not in after and "eval_loss = " not in after
+    )  # the training metric gave way

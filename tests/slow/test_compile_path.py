@@ -13,16 +13,30 @@ from ablate.speed.plan import SpeedSwitches
 
 pytestmark = pytest.mark.slow
 
-ROWS = [{"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
-        {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"},
-        {"prompt": "s:", "chosen": " cd", "rejected": " dcxyzwvu"}] * 2
+ROWS = [
+    {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
+    {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"},
+    {"prompt": "s:", "chosen": " cd", "rejected": " dcxyzwvu"},
+] * 2
 
 
 def _losses(tmp_path, name: str, perf: SpeedSwitches) -> tuple[list[float], DPOTrainer]:
     tok, model = tiny()
-    args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
-                     max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3, disable_tqdm=True)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok, perf=perf)
+    args = DPOConfig(
+        output_dir=str(tmp_path / name),
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        beta=0.3,
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok, perf=perf
+    )
     trainer.train()
     return [e["loss"] for e in trainer.state.log_history if "loss" in e], trainer
 
@@ -31,7 +45,9 @@ def test_compiled_layers_give_the_eager_losses(tmp_path):
     eager, _ = _losses(tmp_path, "eager", SpeedSwitches())
     compiled, trainer = _losses(tmp_path, "compiled", SpeedSwitches(compile=True))
     assert trainer.speed_plan.on("compile")
-    assert all(hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
-               for layer in trainer.model.model.layers)
+    assert all(
+        hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
+        for layer in trainer.model.model.layers
+    )
     assert len(eager) == 3 and len(set(eager)) == 3
     assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-6)

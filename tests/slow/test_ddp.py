@@ -13,16 +13,36 @@ pytestmark = pytest.mark.slow
 
 
 def test_torchrun_two_ranks_share_one_run_dir(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1",  # the ablate under test (PYTHONPATH), not the installed one
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",  # the ablate under test (PYTHONPATH), not the installed one
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     out = tmp_path / "outputs"
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "ablate", "train",
-         "method.args.use_cpu=true",  # CPU processes join a gloo process group only with use_cpu
-         "method.args.max_steps=6", "method.args.logging_steps=1", f"hydra.run.dir={out}/run",
-         # the optimizer group reaches the trainer under DDP too (AblateTrainer): SGD, halved every step
-         "optimizer=sgd", "optimizer/scheduler=step", "optimizer.scheduler.step_size=1", "optimizer.scheduler.gamma=0.5"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "-m",
+            "ablate",
+            "train",
+            "method.args.use_cpu=true",  # CPU processes join a gloo process group only with use_cpu
+            "method.args.max_steps=6",
+            "method.args.logging_steps=1",
+            f"hydra.run.dir={out}/run",
+            # the optimizer group reaches the trainer under DDP too (AblateTrainer): SGD, halved every step
+            "optimizer=sgd",
+            "optimizer/scheduler=step",
+            "optimizer.scheduler.step_size=1",
+            "optimizer.scheduler.gamma=0.5",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     run_dirs = [p for p in out.iterdir() if p.is_dir()]
@@ -44,12 +64,29 @@ def test_torchrun_two_ranks_share_one_run_dir(tmp_path):
 def test_torchrun_default_run_dir_is_the_same_for_every_rank(tmp_path):
     """Without hydra.run.dir each rank composes its own config; the launch time comes from the shared
     torchrun agent, so both name the same dir."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",  # the ablate under test (PYTHONPATH), not the installed one
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",  # the ablate under test (PYTHONPATH), not the installed one
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "ablate", "train",
-         "method.args.use_cpu=true", "method.args.max_steps=2", "method.args.save_strategy=no"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "-m",
+            "ablate",
+            "train",
+            "method.args.use_cpu=true",
+            "method.args.max_steps=2",
+            "method.args.save_strategy=no",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     runs = list((tmp_path / "outputs" / "runs").glob("*/*"))

@@ -23,9 +23,26 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 def _torchrun(run_dir: Path, *overrides: str) -> Path:
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "ablate", "train",
-                        "method.args.use_cpu=true", *STEPS, *overrides, f"hydra.run.dir={run_dir}"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "-m",
+            "ablate",
+            "train",
+            "method.args.use_cpu=true",
+            *STEPS,
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("speed plan: policy") == 1  # rank 0 prints it (one line; the table: speed_plan.txt)
     return run_dir
@@ -49,8 +66,13 @@ def test_dpo_speed_paths_through_ddp_equal_the_unwrapped_run(tmp_path):
     plain = _torchrun(tmp_path / "ddp_off", "speed=off")
     assert not any(p["on"] for p in _paths(plain).values())
     # one process, the same 16 pairs per step (2 ranks x 8): no wrapper, every path on
-    r = ablate("train", *STEPS, "method.args.per_device_train_batch_size=16", f"hydra.run.dir={tmp_path / 'single'}",
-               env=ENV)
+    r = ablate(
+        "train",
+        *STEPS,
+        "method.args.per_device_train_batch_size=16",
+        f"hydra.run.dir={tmp_path / 'single'}",
+        env=ENV,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert all(p["on"] for p in _paths(tmp_path / "single").values())
     single = _losses(tmp_path / "single")

@@ -20,7 +20,9 @@ ARGS = ["method.args.max_steps=6", "method.args.save_steps=2", "method.args.logg
 def small_disk(tmp_path):
     mount = tmp_path / "disk"
     mount.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2600k", "tmpfs", str(mount)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2600k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
     try:
@@ -36,10 +38,12 @@ def test_disk_full_during_a_checkpoint(small_disk, tmp_path):
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.replace("\r", "\n").splitlines() if "ablate: error:" in line]
     assert len(errors) == 1, r.stderr[-3000:]
-    line = errors[0][errors[0].index("ablate: error:"):]
-    assert line == (f"ablate: error: disk full: no space left on {small_disk} (tmpfs) while writing "
-                    f"{run_dir / 'checkpoints' / 'checkpoint-4'} (removed: incomplete); free some space, "
-                    f"then resume: ablate resume {run_dir}")
+    line = errors[0][errors[0].index("ablate: error:") :]
+    assert line == (
+        f"ablate: error: disk full: no space left on {small_disk} (tmpfs) while writing "
+        f"{run_dir / 'checkpoints' / 'checkpoint-4'} (removed: incomplete); free some space, "
+        f"then resume: ablate resume {run_dir}"
+    )
     s = summary(run_dir)
     assert s["status"] == "failed" and s["error"] == "DiskFullError: " + line.removeprefix("ablate: error: ")
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-2"]

@@ -27,17 +27,45 @@ TIMEOUT = 600  # per torchrun; each takes ~40 s here (mostly imports)
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **extra,
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        **extra,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
-def _torchrun(run_dir: Path, *overrides: str, env: dict[str, str] | None = None,
-              check: bool = True, ranks: int = 2, steps: list[str] = STEPS) -> subprocess.CompletedProcess:
+def _torchrun(
+    run_dir: Path,
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    ranks: int = 2,
+    steps: list[str] = STEPS,
+) -> subprocess.CompletedProcess:
     """One node, 2 ranks (torchrun picks a free port for the group: --standalone)."""
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                        "-m", "ablate", "train", "method.args.use_cpu=true", *steps, *overrides,
-                        f"hydra.run.dir={run_dir}"],
-                       cwd=ROOT, env=env or _env(), capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            "-m",
+            "ablate",
+            "train",
+            "method.args.use_cpu=true",
+            *steps,
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -71,7 +99,9 @@ def _check_sharded(run_dir: Path) -> None:
     assert all(not p["on"] and p["why"].startswith("fsdp:") for p in plan["paths"].values())
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     saved = load_file(str(run_dir / "model" / "model.safetensors"))
-    dcp_to_torch_save(ckpt / "pytorch_model_fsdp_0", run_dir / "consolidated.pt")  # the shards, in one process
+    dcp_to_torch_save(
+        ckpt / "pytorch_model_fsdp_0", run_dir / "consolidated.pt"
+    )  # the shards, in one process
     final = torch.load(run_dir / "consolidated.pt")["model"]
     assert saved.keys() <= final.keys() and saved
     for k, v in saved.items():
@@ -106,28 +136,41 @@ def test_dpo_under_fsdp_equals_ddp(ddp_dpo: Path, fsdp_dpo: Path) -> None:
     assert _losses(fsdp_dpo) == pytest.approx(_losses(ddp_dpo), rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("name,overrides,ddp_only", [
-    ("sft", ["method=sft"], []),  # its FSDP run in the gathered form (FULL_STATE_DICT)
-    ("grpo", ["method=grpo", "method.args.per_device_train_batch_size=16"], []),  # generation in full_params
-    # reference: the adapters off. LoRA dropout draws per element of the layout: the DDP run takes FSDP's
-    # (the speed paths off), else its packed rows draw other masks (grad norm 0.103 vs 0.109 at step 1)
-    ("dpo_lora_live_ref", ["+peft=lora", "method.args.precompute_ref_log_probs=false"], ["speed=off"]),
-])
-def test_method_under_fsdp_equals_ddp(runs: Path, name: str, overrides: list[str], ddp_only: list[str]) -> None:
+@pytest.mark.parametrize(
+    "name,overrides,ddp_only",
+    [
+        ("sft", ["method=sft"], []),  # its FSDP run in the gathered form (FULL_STATE_DICT)
+        (
+            "grpo",
+            ["method=grpo", "method.args.per_device_train_batch_size=16"],
+            [],
+        ),  # generation in full_params
+        # reference: the adapters off. LoRA dropout draws per element of the layout: the DDP run takes FSDP's
+        # (the speed paths off), else its packed rows draw other masks (grad norm 0.103 vs 0.109 at step 1)
+        ("dpo_lora_live_ref", ["+peft=lora", "method.args.precompute_ref_log_probs=false"], ["speed=off"]),
+    ],
+)
+def test_method_under_fsdp_equals_ddp(
+    runs: Path, name: str, overrides: list[str], ddp_only: list[str]
+) -> None:
     ddp, fsdp = runs / f"ddp_{name}", runs / f"fsdp_{name}"
     _torchrun(ddp, *overrides, *ddp_only)
     gathered = name == "sft"  # rank 0 writes the whole model and optimizer state
     full = ["distributed.fsdp_config.state_dict_type=FULL_STATE_DICT"] if gathered else []
     _torchrun(fsdp, *overrides, "distributed=fsdp", *full)
     assert summary(fsdp)["status"] == "completed" and _plan(fsdp)["setting"]["wrapper"] == "fsdp"
-    if name == "grpo":  # the same samples: the logged loss is ~0 early on, so compare what comes from the log-probs too
+    if (
+        name == "grpo"
+    ):  # the same samples: the logged loss is ~0 early on, so compare what comes from the log-probs too
         pick = lambda run, k: [e[k] for e in metrics(run) if k in e]  # noqa: E731
         assert len(pick(fsdp, "reward")) == 4 and pick(fsdp, "reward") == pick(ddp, "reward")
         assert pick(fsdp, "entropy") == pytest.approx(pick(ddp, "entropy"), rel=1e-5, abs=1e-6)
     else:
         assert len(set(_losses(ddp))) == 4
     assert _losses(fsdp) == pytest.approx(_losses(ddp), rel=1e-5, abs=1e-6)
-    assert (fsdp / "model" / ("adapter_model.safetensors" if "lora" in name else "model.safetensors")).is_file()
+    assert (
+        fsdp / "model" / ("adapter_model.safetensors" if "lora" in name else "model.safetensors")
+    ).is_file()
     assert (fsdp / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp.bin").is_file() == gathered
     assert (fsdp / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0").is_dir() != gathered
 
@@ -145,16 +188,22 @@ def test_fsdp_resume_after_kill_equals_the_uninterrupted_run(runs: Path, fsdp_dp
     assert _losses(run_dir) == _losses(fsdp_dpo)  # bit-identical, not merely close
     from safetensors.torch import load_file
 
-    a, b = load_file(str(run_dir / "model" / "model.safetensors")), load_file(str(fsdp_dpo / "model" / "model.safetensors"))
+    a, b = (
+        load_file(str(run_dir / "model" / "model.safetensors")),
+        load_file(str(fsdp_dpo / "model" / "model.safetensors")),
+    )
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 
 
 # per_device 2, the same global batch of 8 on 2 ranks (2 micro-batches), on 1 (4) and on 4 (one): the micro-batch
 # count comes from the environment, so the resume on 1 or 4 ranks is the same command (its changed config accepted as
 # `ablate resume --force` accepts it)
-RESHARD = ["distributed=fsdp", "method.args.per_device_train_batch_size=2",
-           'method.args.gradient_accumulation_steps="${oc.decode:${oc.env:ABLATE_TEST_GA}}"',
-           "+callbacks.kill._target_=crashing.KillAt"]
+RESHARD = [
+    "distributed=fsdp",
+    "method.args.per_device_train_batch_size=2",
+    'method.args.gradient_accumulation_steps="${oc.decode:${oc.env:ABLATE_TEST_GA}}"',
+    "+callbacks.kill._target_=crashing.KillAt",
+]
 SIX = ["method.args.max_steps=6", "method.args.logging_steps=1", "method.args.save_steps=2"]
 
 
@@ -170,13 +219,20 @@ def test_sharded_checkpoint_resumes_on_another_world_size(runs: Path, ranks: int
     ref, run_dir = runs / "reshard_ref", runs / f"reshard_{ranks}"
     if not ref.is_dir():
         _torchrun(ref, *RESHARD, env=_env(ABLATE_TEST_GA="2"), steps=SIX)
-    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False)
+    r = _torchrun(
+        run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False
+    )
     assert r.returncode != 0 and list(run_dir.glob("killed.*"))
     if ranks == 4:
         shard = run_dir / "checkpoints" / "checkpoint-4" / "pytorch_model_fsdp_0" / "__1_0.distcp"
         os.truncate(shard, shard.stat().st_size // 2)
-    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA=str(8 // (2 * ranks)), ABLATE_ACCEPT_NEW_CONFIG="1"),
-                  steps=SIX, ranks=ranks)
+    r = _torchrun(
+        run_dir,
+        *RESHARD,
+        env=_env(ABLATE_TEST_GA=str(8 // (2 * ranks)), ABLATE_ACCEPT_NEW_CONFIG="1"),
+        steps=SIX,
+        ranks=ranks,
+    )
     out = r.stdout + r.stderr
     start = run_dir / "checkpoints" / ("checkpoint-2" if ranks == 4 else "checkpoint-4")
     assert f"resuming from {start}" in out, out[-3000:]
@@ -184,8 +240,9 @@ def test_sharded_checkpoint_resumes_on_another_world_size(runs: Path, ranks: int
     assert json.loads((run_dir / "run.json").read_text())["world_size"] == ranks
     assert summary(run_dir)["status"] == "completed" and len(set(_losses(ref))) == 6
     assert _losses(run_dir) == pytest.approx(_losses(ref), rel=1e-5, abs=1e-6)
-    assert {p.name for p in (run_dir / "checkpoints" / "checkpoint-6" / "pytorch_model_fsdp_0").glob("*.distcp")} == \
-        {f"__{k}_0.distcp" for k in range(ranks)}
+    assert {
+        p.name for p in (run_dir / "checkpoints" / "checkpoint-6" / "pytorch_model_fsdp_0").glob("*.distcp")
+    } == {f"__{k}_0.distcp" for k in range(ranks)}
     AutoModelForCausalLM.from_pretrained(run_dir / "model")
 
 
@@ -196,11 +253,28 @@ def test_ablate_resume_on_one_rank_keeps_the_global_batch(runs: Path) -> None:
     ref, run_dir = runs / "reshard_ref", runs / "resume_one_rank"
     if not ref.is_dir():
         _torchrun(ref, *RESHARD, env=_env(ABLATE_TEST_GA="2"), steps=SIX)
-    r = _torchrun(run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False)
+    r = _torchrun(
+        run_dir, *RESHARD, env=_env(ABLATE_TEST_GA="2", ABLATE_TEST_KILL_AT="5"), steps=SIX, check=False
+    )
     assert r.returncode != 0 and list(run_dir.glob("killed.*"))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                        "-m", "ablate", "resume", str(run_dir)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=1",
+            "-m",
+            "ablate",
+            "resume",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming on 1 rank(s), it ran on 2: method.args.gradient_accumulation_steps 2 -> 4" in r.stdout
     assert f"resuming from {run_dir / 'checkpoints' / 'checkpoint-4'}" in r.stdout + r.stderr
@@ -210,6 +284,7 @@ def test_ablate_resume_on_one_rank_keeps_the_global_batch(runs: Path) -> None:
 
 
 # ---- two nodes: two torchrun agents meeting at a c10d rendezvous on loopback ----
+
 
 def _free_port() -> int:
     import socket
@@ -252,11 +327,29 @@ def _node(cwd: Path, port: int, *overrides: str, env: dict[str, str] | None = No
     (on a real cluster: a path on the shared filesystem), so both nodes name the same one."""
     cwd.mkdir(parents=True, exist_ok=True)
     p = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-         f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=ablate_test", "-m", "ablate", "train",
-         "method.args.use_cpu=true", *STEPS, *overrides],
-        cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its own process group: the test can kill the whole node
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=ablate_test",
+            "-m",
+            "ablate",
+            "train",
+            "method.args.use_cpu=true",
+            *STEPS,
+            *overrides,
+        ],
+        cwd=cwd,
+        env=env or _env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group: the test can kill the whole node
     STARTED.append(p)
     return p
 
@@ -289,11 +382,17 @@ def test_a_killed_node_ends_the_other_quickly_and_the_run_resumes(tmp_path: Path
     node (agent and worker) is SIGKILLed: rank 0's node ends within seconds with one error line, not at
     the group timeout; the same two commands again resume from checkpoint-2 to the 2-rank losses."""
     run_dir, port = tmp_path / "shared" / "run", _free_port()
-    args = [f"hydra.run.dir={run_dir}", "distributed.ddp_timeout=120", "+callbacks.stall._target_=crashing.StallAt"]
+    args = [
+        f"hydra.run.dir={run_dir}",
+        "distributed.ddp_timeout=120",
+        "+callbacks.stall._target_=crashing.StallAt",
+    ]
     nodes = [_node(tmp_path / f"node{i}", port, *args, env=_env(ABLATE_TEST_STALL_AT="3")) for i in range(2)]
     deadline = time.time() + TIMEOUT
     while not list(run_dir.glob("stalled.*")):
-        assert time.time() < deadline and all(p.poll() is None for p in nodes), [p.communicate()[1][-2000:] for p in nodes]
+        assert time.time() < deadline and all(p.poll() is None for p in nodes), [
+            p.communicate()[1][-2000:] for p in nodes
+        ]
         time.sleep(0.5)
     worker = int(next(run_dir.glob("stalled.*")).suffix[1:])  # rank 1; its parent is its node's agent
     agent = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -321,7 +420,9 @@ def test_two_nodes_without_a_shared_run_dir_are_refused(tmp_path: Path) -> None:
     """Each node's default run dir is under its own working dir: the ranks would write a run that cannot
     resume (a checkpoint's files split over two dirs). Refused on every rank in one line, before any model."""
     port = _free_port()
-    env = _env(ABLATE_LAUNCH_TIME=str(time.time()))  # the documented way to share the launch time; not the dir
+    env = _env(
+        ABLATE_LAUNCH_TIME=str(time.time())
+    )  # the documented way to share the launch time; not the dir
     nodes = [_node(tmp_path / f"node{i}", port, env=env) for i in range(2)]
     for rc, _, err in (_wait(p) for p in nodes):
         assert rc != 0 and err.count("ablate: error: the ranks name different run dirs") == 1, err[-3000:]

@@ -17,10 +17,20 @@ def test_shared_prompt_generator_draws_what_generate_draws(smollm2, tmp_path, sa
     from ablate.rollouts.generation import HFGenerator, SharedPromptGenerator
 
     tok, model = smollm2
-    questions = ("What is 9 plus 2? Answer with one word.", "Name a colour of the sky, and say why, in detail.")
+    questions = (
+        "What is 9 plus 2? Answer with one word.",
+        "Name a colour of the sky, and say why, in detail.",
+    )
     rows = [encode_prompt(tok, [{"role": "user", "content": q}]) for q in questions for _ in range(4)]
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=24, temperature=0.8, report_to="none", use_cpu=True)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=24,
+        temperature=0.8,
+        report_to="none",
+        use_cpu=True,
+    )
     hf = HFGenerator(args, tok)
     if not sample:
         hf.config.do_sample, hf.config.temperature, hf.config.top_k = False, None, None

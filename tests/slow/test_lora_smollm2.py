@@ -17,9 +17,18 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def test_lora_dpo_on_smollm2_through_the_cli(tmp_path, smollm2):
-    r = ablate("train", "model=smollm2_135m", "+peft=lora", "method.args.precompute_ref_log_probs=false",
-               "method.args.max_steps=8", "method.args.per_device_train_batch_size=4", "method.args.logging_steps=2",
-               "optimizer.optimizer.lr=5e-4", cwd=tmp_path, env=ENV)
+    r = ablate(
+        "train",
+        "model=smollm2_135m",
+        "+peft=lora",
+        "method.args.precompute_ref_log_probs=false",
+        "method.args.max_steps=8",
+        "method.args.per_device_train_batch_size=4",
+        "method.args.logging_steps=2",
+        "optimizer.optimizer.lr=5e-4",
+        cwd=tmp_path,
+        env=ENV,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = list((tmp_path / "outputs" / "runs").glob("*/*"))
     assert summary(run)["status"] == "completed"
@@ -39,20 +48,31 @@ def test_lora_dpo_step0_matches_trl_on_smollm2(tmp_path, smollm2):
     from ablate.models.adapters import lora, with_adapters
 
     tok, model = smollm2
-    rows = [{"prompt": "Name a primary colour.", "chosen": " Red.", "rejected": " Banana bread, probably."},
-            {"prompt": "What is 2+3?", "chosen": " 5", "rejected": " It is 23."}]
+    rows = [
+        {"prompt": "Name a primary colour.", "chosen": " Red.", "rejected": " Banana bread, probably."},
+        {"prompt": "What is 2+3?", "chosen": " 5", "rejected": " It is 23."},
+    ]
     ds = Dataset.from_list(rows)
     adapters = lora(r=8, lora_alpha=16, lora_dropout=0.0)  # dropout 0: TRL disables dropout by default
     common = dict(per_device_train_batch_size=2, report_to="none", beta=0.1, use_cpu=True, bf16=False)
-    theirs = trl.DPOTrainer(model=copy.deepcopy(model), peft_config=adapters.config, train_dataset=ds,
-                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common), processing_class=tok)
+    theirs = trl.DPOTrainer(
+        model=copy.deepcopy(model),
+        peft_config=adapters.config,
+        train_dataset=ds,
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), **common),
+        processing_class=tok,
+    )
     with torch.no_grad():
         g = torch.Generator().manual_seed(0)
         for name, p in theirs.model.named_parameters():
             if "lora_B" in name:
                 p.copy_(0.02 * torch.randn(p.shape, generator=g))
-    ours = DPOTrainer(model=with_adapters(copy.deepcopy(model), adapters), train_dataset=ds, processing_class=tok,
-                      args=DPOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=False, **common))
+    ours = DPOTrainer(
+        model=with_adapters(copy.deepcopy(model), adapters),
+        train_dataset=ds,
+        processing_class=tok,
+        args=DPOConfig(output_dir=str(tmp_path / "ours"), precompute_ref_log_probs=False, **common),
+    )
     ours.model.load_state_dict(theirs.model.state_dict())
     b_theirs, b_ours = next(iter(theirs.get_train_dataloader())), next(iter(ours.get_train_dataloader()))
     for key in ("input_ids", "completion_mask"):

@@ -21,8 +21,12 @@ import pytest
 pytestmark = pytest.mark.slow
 optuna = pytest.importorskip("optuna")
 TESTS = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "COLUMNS": "250", "WANDB_MODE": "disabled",
-       "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "COLUMNS": "250",
+    "WANDB_MODE": "disabled",
+    "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+}
 SHORT = ["method.args.max_steps=10", "method.args.eval_steps=5", "method.args.logging_steps=5"]
 PRUNE = """# @package _global_
 defaults:
@@ -42,8 +46,15 @@ hydra:
 
 
 def ablate(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env={**ENV, **(env or {})}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd,
+        env={**ENV, **(env or {})},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def finished(proc: subprocess.Popen, timeout: int = 900) -> str:
@@ -66,7 +77,9 @@ def test_clearly_worse_trial_is_pruned(tmp_path):
     assert summary["status"] == "pruned" and summary["pruned_at"] == 5  # its first eval: worse than trial 0's
     assert not (bad / "model").exists()  # stopped: no model saved
     assert [t.state.name for t in trials(tmp_path / "s")] == ["COMPLETE", "PRUNED"]
-    ls = subprocess.run([sys.executable, "-m", "ablate", "ls", "s"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    ls = subprocess.run(
+        [sys.executable, "-m", "ablate", "ls", "s"], cwd=tmp_path, env=ENV, capture_output=True, text=True
+    )
     assert " pruned " in ls.stdout and " completed " in ls.stdout
 
 
@@ -89,7 +102,9 @@ def test_killed_driver_resumes_the_study(tmp_path):
     assert [t.state.name for t in after][:3] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert after[3].state.name in ("COMPLETE", "PRUNED")  # a new point: the median pruner may stop it
     assert after[2].params == after[1].params  # the killed trial's parameters ran again, first
-    assert after[3].params != after[0].params  # the continued sampler draws new points, not its first ones again
+    assert (
+        after[3].params != after[0].params
+    )  # the continued sampler draws new points, not its first ones again
     assert list((sweep_dir / ".replaced").glob("1_*"))  # the killed trial's dir, out of the table
     assert (first / "summary.json").read_text() == before  # the finished trial was not repeated
     assert "best trial" in out

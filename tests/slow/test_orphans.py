@@ -20,12 +20,23 @@ pytestmark = pytest.mark.slow
 
 
 def test_kill_9_of_the_sweep_parent_ends_its_workers(tmp_path):
-    cmd = [sys.executable, "-m", "ablate", "train", "-m", "hydra/launcher=local_parallel", "seed=1,2,3",
-           "method.args.max_steps=100000", "method.args.logging_steps=1", "method.args.save_steps=10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate",
+        "train",
+        "-m",
+        "hydra/launcher=local_parallel",
+        "seed=1,2,3",
+        "method.args.max_steps=100000",
+        "method.args.logging_steps=1",
+        "method.args.save_steps=10",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     err_file = (tmp_path / "stderr.txt").open("w")  # a file, not a pipe: nothing blocks on a full buffer
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err_file,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True
+    )
     deadline = time.time() + 600
     jobs: list[Path] = []
     while time.time() < deadline:  # 2 workers (n_jobs=2): jobs 0 and 1 train, job 2 waits in the queue

@@ -21,8 +21,14 @@ QUICK = ["method.args.max_steps=2", "method.args.save_strategy=no", "method.args
 
 
 def _popen(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _records(run_dir: Path) -> tuple:
@@ -40,9 +46,17 @@ def test_second_process_in_a_run_dir_leaves_nothing_there(tmp_path):
     trains; the other is refused in one line; every record in the dir is the winner's."""
     run_dir = tmp_path / "run"
     paused, go = tmp_path / "paused", tmp_path / "go"
-    first = _popen(["train", *QUICK, "seed=1", f"hydra.run.dir={run_dir}",
-                    "+hydra.callbacks.pause._target_=crashing.PauseAtRunStart"], tmp_path,
-                   {**ENV, "ABLATE_TEST_PAUSED": str(paused), "ABLATE_TEST_GO": str(go)})
+    first = _popen(
+        [
+            "train",
+            *QUICK,
+            "seed=1",
+            f"hydra.run.dir={run_dir}",
+            "+hydra.callbacks.pause._target_=crashing.PauseAtRunStart",
+        ],
+        tmp_path,
+        {**ENV, "ABLATE_TEST_PAUSED": str(paused), "ABLATE_TEST_GO": str(go)},
+    )
     deadline = time.time() + 300
     while not paused.exists() and first.poll() is None and time.time() < deadline:
         time.sleep(0.1)
@@ -76,7 +90,11 @@ def test_sweeps_launched_in_the_same_second_get_their_own_dirs(tmp_path):
         assert p.returncode == 0, (k, outs[k][1][-3000:])
         assert "sweep job(s) failed" not in outs[k][1]
     launches = sorted((tmp_path / "outputs" / "sweeps" / "dpo_loss").iterdir())
-    assert [p.name for p in launches] == ["2026-01-02_03-04-05", "2026-01-02_03-04-05_2", "2026-01-02_03-04-05_3"]
+    assert [p.name for p in launches] == [
+        "2026-01-02_03-04-05",
+        "2026-01-02_03-04-05_2",
+        "2026-01-02_03-04-05_3",
+    ]
     by_seed: dict[str, int] = {}
     for launch in launches:
         recorded = yaml.safe_load((launch / "multirun.yaml").read_text())["hydra"]["overrides"]["task"]
@@ -87,6 +105,8 @@ def test_sweeps_launched_in_the_same_second_get_their_own_dirs(tmp_path):
         assert len(jobs) == 2, jobs
         for job in jobs:
             overrides, recorded_overrides, config_seed, info_seed = _records(job)
-            assert overrides == recorded_overrides and f"seed={config_seed}" == seed and info_seed == config_seed
+            assert (
+                overrides == recorded_overrides and f"seed={config_seed}" == seed and info_seed == config_seed
+            )
             assert summary(job)["status"] == "completed"
     assert by_seed == {"seed=1": 2, "seed=2": 1}

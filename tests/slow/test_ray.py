@@ -37,9 +37,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                 reason="ray is not installed: pip install 'ablate[ray]'")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None, reason="ray is not installed: pip install 'ablate[ray]'"
+    ),
+]
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 COMMON = ["method.args.logging_steps=1", "hydra/launcher=ray", "hydra.launcher.scheduling_strategy=SPREAD"]
@@ -77,8 +80,13 @@ def cluster():
     # this process too: Ray reads the auth settings once, when this process first loads it (the
     # cluster's start does, and TestHydrasLauncherContract drives the cluster from here)
     os.environ.update(auth)
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "250", "WANDB_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "COLUMNS": "250",
+        "WANDB_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("RAY_ADDRESS", None)
     try:
         address = local.start(base, _free_base_port(), nodes=2, cpus=1, env=env)
@@ -94,8 +102,15 @@ def cluster():
 
 def start(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -140,17 +155,36 @@ def rows(stdout: str, table: int = 0) -> dict[str, str]:
     return {k: "│ " + " │ ".join(v) + " │" for k, v in tables[table].items()} if tables else {}
 
 
-def test_dpo_loss_sweep_on_both_nodes_failing_and_killed_jobs_do_not_stop_the_others(cluster, tmp_path: Path) -> None:
+def test_dpo_loss_sweep_on_both_nodes_failing_and_killed_jobs_do_not_stop_the_others(
+    cluster, tmp_path: Path
+) -> None:
     """One sweep of 3 jobs, one per node at a time: the first completes, the second raises, the third's
     process is SIGKILLed (as the OOM killer would). The table shows both failed (exit 1), the killed one
     ran once (no silent Ray retry), each job's run.json names its Ray node (both nodes used), and
     `ablate status` reads the sweep."""
     address, env, _ = cluster
-    env = {**env, "ABLATE_TEST_CRASH_AT": "2", "ABLATE_TEST_CRASH_SEED": "2",  # reach the jobs: ABLATE_* is forwarded
-           "ABLATE_TEST_KILL_AT": "2", "ABLATE_TEST_KILL_SEED": "3"}
-    r = run(["sweep", "dpo_loss", "method/dpo_loss=sigmoid", "seed=1,2,3", "method.args.max_steps=3", *COMMON,
-             "+callbacks.crash._target_=crashing.CrashAt", "+callbacks.kill._target_=crashing.KillAt",
-             f"hydra.launcher.address={address}"], tmp_path, env)
+    env = {
+        **env,
+        "ABLATE_TEST_CRASH_AT": "2",
+        "ABLATE_TEST_CRASH_SEED": "2",  # reach the jobs: ABLATE_* is forwarded
+        "ABLATE_TEST_KILL_AT": "2",
+        "ABLATE_TEST_KILL_SEED": "3",
+    }
+    r = run(
+        [
+            "sweep",
+            "dpo_loss",
+            "method/dpo_loss=sigmoid",
+            "seed=1,2,3",
+            "method.args.max_steps=3",
+            *COMMON,
+            "+callbacks.crash._target_=crashing.CrashAt",
+            "+callbacks.kill._target_=crashing.KillAt",
+            f"hydra.launcher.address={address}",
+        ],
+        tmp_path,
+        env,
+    )
     assert r.returncode == 1, r.stdout[-5000:]
     assert "1/3 jobs completed" in r.stdout and "2 sweep job(s) failed" in r.stdout, r.stdout[-5000:]
     table = rows(r.stdout, -1)
@@ -168,12 +202,20 @@ def test_dpo_loss_sweep_on_both_nodes_failing_and_killed_jobs_do_not_stop_the_ot
         nodes[num] = info["ray"]
         assert info["threads"] == 1, info  # Ray gives the job OMP_NUM_THREADS = its num_cpus
     assert {n["node_ip"] for n in nodes.values()} == {"127.0.0.2", "127.0.0.3"}, nodes  # jobs on each node
-    assert len({n["node_id"] for n in nodes.values()}) == 2 and all(n["task_id"] for n in nodes.values()), nodes
+    assert len({n["node_id"] for n in nodes.values()}) == 2 and all(n["task_id"] for n in nodes.values()), (
+        nodes
+    )
     recorded = read(sweep / "ray_jobs.json")
     assert sorted(recorded["jobs"]) == ["0", "1", "2"] and recorded["driver"]["pid"] > 0
 
-    status = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "ablate", "status", str(sweep)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr
     table = rows(status.stdout)
     assert sorted(table) == ["0", "1", "2"] and all("ended" in row for row in table.values()), status.stdout
@@ -203,8 +245,16 @@ def _completed(cwd: Path) -> int:
 
 def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) -> None:
     address, env, _ = cluster
-    args = ["sweep", "dpo_loss", "method/dpo_loss=sigmoid", "seed=1,2,3", "method.args.max_steps=6",
-            "method.args.save_steps=2", *COMMON, f"hydra.launcher.address={address}"]
+    args = [
+        "sweep",
+        "dpo_loss",
+        "method/dpo_loss=sigmoid",
+        "seed=1,2,3",
+        "method.args.max_steps=6",
+        "method.args.save_steps=2",
+        *COMMON,
+        f"hydra.launcher.address={address}",
+    ]
     proc = start(args, tmp_path, env)
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -213,11 +263,19 @@ def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) 
             time.sleep(0.2)
         assert proc.poll() is None, f"the sweep ended before the kill:\n{proc.stdout.read()[-5000:]}"
         sweep = sweep_dir(tmp_path)
-        alive = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep)], cwd=tmp_path, env=env,
-                               capture_output=True, text=True, timeout=120)
+        alive = subprocess.run(
+            [sys.executable, "-m", "ablate", "status", str(sweep)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert alive.returncode == 0 and len(rows(alive.stdout)) == 3, alive.stdout + alive.stderr
-        assert all(s in ("completed", "pending") or s.startswith("running at step") for s in
-                   (row.split("│")[3].strip() for row in rows(alive.stdout).values())), alive.stdout
+        assert all(
+            s in ("completed", "pending") or s.startswith("running at step")
+            for s in (row.split("│")[3].strip() for row in rows(alive.stdout).values())
+        ), alive.stdout
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver (its own session): Ray ends its tasks
         proc.communicate()
@@ -225,8 +283,14 @@ def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) 
     assert done < 3
 
     time.sleep(3)  # Ray ends a dead driver's tasks within ~2 s
-    after = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep)], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=120)
+    after = subprocess.run(
+        [sys.executable, "-m", "ablate", "status", str(sweep)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     states = [row.split("│")[3].strip() for row in rows(after.stdout).values()]
     assert len(states) == 3 and all(s == "completed" or s.startswith("died") for s in states), after.stdout
 
@@ -238,7 +302,11 @@ def test_killed_driver_then_resume_completes_the_sweep(cluster, tmp_path: Path) 
     for job in jobs(sweep).values():
         summary = read(job / "summary.json")
         assert summary["status"] == "completed" and summary["global_step"] == 6, (job, summary)
-        steps = [e["step"] for e in map(json.loads, (job / "metrics.jsonl").read_text().splitlines()) if "loss" in e]
+        steps = [
+            e["step"]
+            for e in map(json.loads, (job / "metrics.jsonl").read_text().splitlines())
+            if "loss" in e
+        ]
         assert steps == [1, 2, 3, 4, 5, 6], (job, steps)  # each step logged once across the kill
 
 
@@ -247,11 +315,23 @@ def test_sigterm_to_the_launching_process_interrupts_every_job(cluster, tmp_path
     KeyboardInterrupt and records `interrupted` (resumable), the table is printed, exit 143, and
     no job's process is left on the cluster."""
     address, env, base = cluster
-    proc = start(["sweep", "dpo_loss", "seed=1", "method.args.max_steps=400", *COMMON,
-                  f"hydra.launcher.address={address}"], tmp_path, env)
+    proc = start(
+        [
+            "sweep",
+            "dpo_loss",
+            "seed=1",
+            "method.args.max_steps=400",
+            *COMMON,
+            f"hydra.launcher.address={address}",
+        ],
+        tmp_path,
+        env,
+    )
     try:
         deadline = time.monotonic() + TIMEOUT
-        while proc.poll() is None and len(list(tmp_path.glob("outputs/sweeps/dpo_loss/*/*/metrics.jsonl"))) < 2:
+        while (
+            proc.poll() is None and len(list(tmp_path.glob("outputs/sweeps/dpo_loss/*/*/metrics.jsonl"))) < 2
+        ):
             assert time.monotonic() < deadline, "the jobs did not start training in time"
             time.sleep(0.2)
         assert proc.poll() is None, proc.stdout.read()[-5000:]
@@ -329,22 +409,40 @@ class TestHydrasLauncherContract(LauncherTestSuite):
 
 
 @pytest.mark.usefixtures("driver_env")
-@pytest.mark.parametrize("hydra_version_base, chdir, in_output_dir", [
-    ("1.3", False, False),  # ablate's version_base and conf/config.yaml's hydra.job.chdir: the launching dir
-    ("1.3", True, True),    # a user's hydra.job.chdir=True wins over run_in_launch_dir
-], indirect=["hydra_version_base"])  # unset version_base, chdir unset: the output dir (Hydra's suite above)
-def test_each_job_runs_where_hydra_job_chdir_says(hydra_sweep_runner, hydra_version_base, chdir, in_output_dir,
-                                                   tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "hydra_version_base, chdir, in_output_dir",
+    [
+        (
+            "1.3",
+            False,
+            False,
+        ),  # ablate's version_base and conf/config.yaml's hydra.job.chdir: the launching dir
+        ("1.3", True, True),  # a user's hydra.job.chdir=True wins over run_in_launch_dir
+    ],
+    indirect=["hydra_version_base"],
+)  # unset version_base, chdir unset: the output dir (Hydra's suite above)
+def test_each_job_runs_where_hydra_job_chdir_says(
+    hydra_sweep_runner, hydra_version_base, chdir, in_output_dir, tmp_path: Path, monkeypatch
+) -> None:
     """hydra.job.chdir as Hydra's BasicLauncher honours it (hydra.core.utils.run_job), on both nodes:
     the job's cwd is its output dir or, with `run_in_launch_dir`, the driver's cwd, never the raylet's."""
     launch = tmp_path / "launch"
     launch.mkdir()
     monkeypatch.chdir(launch)
     sweep = hydra_sweep_runner(
-        calling_file=None, calling_module="hydra.test_utils.a_module", config_path="configs",
-        config_name="compose.yaml", task_function=lambda cfg: os.getcwd(), temp_dir=tmp_path / "sweep",
-        overrides=["hydra/launcher=ablate_ray", "hydra.launcher.scheduling_strategy=SPREAD", "+a=0,1",
-                   f"hydra.job.chdir={chdir}"])
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        config_path="configs",
+        config_name="compose.yaml",
+        task_function=lambda cfg: os.getcwd(),
+        temp_dir=tmp_path / "sweep",
+        overrides=[
+            "hydra/launcher=ablate_ray",
+            "hydra.launcher.scheduling_strategy=SPREAD",
+            "+a=0,1",
+            f"hydra.job.chdir={chdir}",
+        ],
+    )
     with sweep:
         returns = sweep.returns[0]
         assert len(returns) == 2

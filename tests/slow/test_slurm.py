@@ -45,8 +45,10 @@ def _cluster_state() -> str | None:
     if not {"idle", "mixed", "allocated"} & set(sinfo.stdout.split()):
         return f"the SLURM node is not usable (sinfo: {sinfo.stdout.split()})"
     if _sh("sacct", "-n", "-X", "-S", "now").returncode != 0:
-        return ("SLURM answers but has no accounting (`sacct` fails; a cancelled job would hang the multirun): "
-                "if it is ours, rerun scripts/slurm/start.sh")
+        return (
+            "SLURM answers but has no accounting (`sacct` fails; a cancelled job would hang the multirun): "
+            "if it is ours, rerun scripts/slurm/start.sh"
+        )
     return None
 
 
@@ -57,9 +59,15 @@ def slurm_cluster() -> Iterator[None]:
     if missing is None:
         yield
         return
-    if missing.startswith("no SLURM") and os.geteuid() == 0 and (shutil.which("apt-get") or shutil.which("slurmctld")):
+    if (
+        missing.startswith("no SLURM")
+        and os.geteuid() == 0
+        and (shutil.which("apt-get") or shutil.which("slurmctld"))
+    ):
         start = _sh("bash", str(START), timeout=900)
-        assert start.returncode == 0, f"scripts/slurm/start.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}"
+        assert start.returncode == 0, (
+            f"scripts/slurm/start.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}"
+        )
         try:
             missing = _cluster_state()
             assert missing is None, f"started by scripts/slurm/start.sh, yet {missing}"
@@ -67,8 +75,10 @@ def slurm_cluster() -> Iterator[None]:
         finally:
             _sh("bash", str(STOP), timeout=180)
         return
-    pytest.skip(f"{missing}; scripts/slurm/start.sh can start one only as root with apt-get (this is "
-                f"{'root' if os.geteuid() == 0 else 'not root'}, apt-get {'found' if shutil.which('apt-get') else 'missing'})")
+    pytest.skip(
+        f"{missing}; scripts/slurm/start.sh can start one only as root with apt-get (this is "
+        f"{'root' if os.geteuid() == 0 else 'not root'}, apt-get {'found' if shutil.which('apt-get') else 'missing'})"
+    )
 
 
 def _job_name(tag: str) -> str:
@@ -77,8 +87,14 @@ def _job_name(tag: str) -> str:
 
 
 def _ablate(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate", *args], cwd=cwd, env={**ENV, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", *args],
+        cwd=cwd,
+        env={**ENV, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait(proc: subprocess.Popen, timeout: float, sweep_dir: Path) -> str:
@@ -110,7 +126,10 @@ def _sacct_states(args: list[str], expected: list[str], timeout: float = 60) -> 
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
-    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()), key=lambda p: int(p.name.split("_")[0]))
+    return sorted(
+        (p for p in sweep_dir.iterdir() if p.is_dir() and p.name[0].isdigit()),
+        key=lambda p: int(p.name.split("_")[0]),
+    )
 
 
 def _preempt_after_first_checkpoint(proc: subprocess.Popen, sweep_dir: Path, name: str) -> list[str]:
@@ -171,8 +190,17 @@ def test_sweep_runs_as_slurm_jobs(slurm_cluster: None, tmp_path: Path) -> None:
     sweep_file.parent.mkdir()
     sweep_file.write_text(TWO_SEEDS)
     sweep_dir, name = tmp_path / "out", _job_name("sweep")
-    proc = _ablate(["sweep", str(sweep_file), "hydra/launcher=slurm", f"hydra.launcher.name={name}",
-                    "method.args.logging_steps=5", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+    proc = _ablate(
+        [
+            "sweep",
+            str(sweep_file),
+            "hydra/launcher=slurm",
+            f"hydra.launcher.name={name}",
+            "method.args.logging_steps=5",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+    )
     out = _wait(proc, 420, sweep_dir)
     assert proc.returncode == 0, out[-4000:] + _job_logs(sweep_dir)
     assert "2/2 jobs completed" in out
@@ -197,10 +225,22 @@ def test_sweep_runs_as_slurm_jobs(slurm_cluster: None, tmp_path: Path) -> None:
 def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: None, tmp_path: Path) -> None:
     max_steps = 400
     sweep_dir, name = tmp_path / "sweep", _job_name("preempt")
-    proc = _ablate(["train", "-m", "seed=1", f"method.args.max_steps={max_steps}", "method.args.save_steps=20",
-                    "method.args.logging_steps=1", "logger=wandb", "hydra/launcher=slurm",
-                    f"hydra.launcher.name={name}", f"hydra.sweep.dir={sweep_dir}"],
-                   cwd=tmp_path, env={"WANDB_MODE": "offline"})
+    proc = _ablate(
+        [
+            "train",
+            "-m",
+            "seed=1",
+            f"method.args.max_steps={max_steps}",
+            "method.args.save_steps=20",
+            "method.args.logging_steps=1",
+            "logger=wandb",
+            "hydra/launcher=slurm",
+            f"hydra.launcher.name={name}",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline"},
+    )
     try:
         # 1. wait until the job is training and has written a checkpoint, then preempt it with USR2
         job_id = _preempt_after_first_checkpoint(proc, sweep_dir, name)
@@ -214,8 +254,9 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
         before = _loss_steps(run_dir)
         stopped_at = before[-1]
         assert before == list(range(1, stopped_at + 1)) and stopped_at < max_steps
-        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), \
+        assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), (
             "no checkpoint at the step the preempted job stopped"
+        )
     except BaseException:
         _sh("scancel", f"--name={name}")  # leave nothing running on the shared cluster
         proc.kill()
@@ -227,7 +268,9 @@ def test_preempted_job_requeues_and_resumes_from_its_checkpoint(slurm_cluster: N
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == max_steps, summary
     assert _loss_steps(run_dir) == list(range(1, max_steps + 1))  # no step lost, none logged twice
-    assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in (run_dir / "ablate.log").read_text()
+    assert (
+        f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in (run_dir / "ablate.log").read_text()
+    )
     assert _sacct_states(["-X", "-D", "-j", job_id[0]], ["REQUEUED", "COMPLETED"])  # -D: every attempt
     # ... and continued the same W&B run: one offline run dir per attempt, both with the id in run.json
     run_id = json.loads((run_dir / "run.json").read_text())["wandb_run_id"]
@@ -243,29 +286,57 @@ def test_detached_sweep_returns_at_once_and_status_follows_it(slurm_cluster: Non
     sweep_file.write_text(TWO_SEEDS.replace("max_steps: 10", "max_steps: 60"))
     name = _job_name("detach")
     t0 = time.monotonic()
-    proc = _ablate(["sweep", str(sweep_file), "hydra/launcher=slurm", f"hydra.launcher.name={name}",
-                    "method.args.logging_steps=5", "--detach"], cwd=tmp_path)
+    proc = _ablate(
+        [
+            "sweep",
+            str(sweep_file),
+            "hydra/launcher=slurm",
+            f"hydra.launcher.name={name}",
+            "method.args.logging_steps=5",
+            "--detach",
+        ],
+        cwd=tmp_path,
+    )
     try:
         out = _wait(proc, 120, tmp_path)
         submitted_in = time.monotonic() - t0
         assert proc.returncode == 0, out[-4000:]
         (sweep_dir,) = (tmp_path / "outputs" / "sweeps" / "two_seeds").iterdir()
         assert f"ablate status {sweep_dir}" in out and "submitted 2 SLURM jobs" in out
-        finished = [p for p in sweep_dir.glob("*/summary.json") if json.loads(p.read_text())["status"] == "completed"]
-        assert len(finished) < 2, f"returned after {submitted_in:.0f} s, when the jobs had finished"  # no waiting
+        finished = [
+            p for p in sweep_dir.glob("*/summary.json") if json.loads(p.read_text())["status"] == "completed"
+        ]
+        assert len(finished) < 2, (
+            f"returned after {submitted_in:.0f} s, when the jobs had finished"
+        )  # no waiting
 
-        first = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep_dir)], cwd=tmp_path, env=ENV,
-                               capture_output=True, text=True, timeout=60)
+        first = subprocess.run(
+            [sys.executable, "-m", "ablate", "status", str(sweep_dir)],
+            cwd=tmp_path,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert first.returncode == 0, first.stderr
         rows = [line for line in first.stdout.splitlines() if line.startswith("│")]
-        assert len(rows) == 2 and all(("pending" in r or "running at step" in r or "starting" in r
-                                       or "completed" in r) for r in rows), first.stdout
+        assert len(rows) == 2 and all(
+            ("pending" in r or "running at step" in r or "starting" in r or "completed" in r) for r in rows
+        ), first.stdout
         seen, deadline = {first.stdout}, time.monotonic() + 300
         while True:
-            now = subprocess.run([sys.executable, "-m", "ablate", "status", str(sweep_dir)], cwd=tmp_path, env=ENV,
-                                 capture_output=True, text=True, timeout=60)
+            now = subprocess.run(
+                [sys.executable, "-m", "ablate", "status", str(sweep_dir)],
+                cwd=tmp_path,
+                env=ENV,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             seen.add(now.stdout)
-            if "2/2 jobs completed" in now.stdout and now.stdout.count("COMPLETED") == 2:  # + SLURM's view (sacct)
+            if (
+                "2/2 jobs completed" in now.stdout and now.stdout.count("COMPLETED") == 2
+            ):  # + SLURM's view (sacct)
                 break
             assert time.monotonic() < deadline, f"{now.stdout}\n{_job_logs(sweep_dir)}"
             time.sleep(2)
@@ -278,9 +349,21 @@ def test_two_tasks_per_node_are_one_ddp_run_with_one_run_dir(slurm_cluster: None
     """hydra.launcher.tasks_per_node=2 (CPU, gloo): one job, two processes, one run dir written by
     rank 0, as under torchrun (tests/slow/test_ddp.py); default sweep dir."""
     name = _job_name("ddp")
-    proc = _ablate(["train", "-m", "seed=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
-                    "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1", "method.args.use_cpu=true",
-                    "method.args.max_steps=6", "method.args.logging_steps=1"], cwd=tmp_path)
+    proc = _ablate(
+        [
+            "train",
+            "-m",
+            "seed=1",
+            "hydra/launcher=slurm",
+            f"hydra.launcher.name={name}",
+            "hydra.launcher.tasks_per_node=2",
+            "hydra.launcher.cpus_per_task=1",
+            "method.args.use_cpu=true",
+            "method.args.max_steps=6",
+            "method.args.logging_steps=1",
+        ],
+        cwd=tmp_path,
+    )
     try:
         out = _wait(proc, 420, tmp_path)
     finally:
@@ -302,15 +385,29 @@ DDP_STEPS = 200  # ~20 s of training at 2 tasks; the signal lands after the firs
 
 def _ddp_args(name: str, sweep_dir: Path, *extra: str) -> list[str]:
     """One 2-task DPO job (CPU, gloo), a checkpoint every 10 steps, the loss logged every step."""
-    return ["train", "-m", "seed=1", "hydra/launcher=slurm", f"hydra.launcher.name={name}",
-            "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1", "method.args.use_cpu=true",
-            f"method.args.max_steps={DDP_STEPS}", "method.args.save_steps=10", "method.args.logging_steps=1",
-            f"hydra.sweep.dir={sweep_dir}", *extra]
+    return [
+        "train",
+        "-m",
+        "seed=1",
+        "hydra/launcher=slurm",
+        f"hydra.launcher.name={name}",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.cpus_per_task=1",
+        "method.args.use_cpu=true",
+        f"method.args.max_steps={DDP_STEPS}",
+        "method.args.save_steps=10",
+        "method.args.logging_steps=1",
+        f"hydra.sweep.dir={sweep_dir}",
+        *extra,
+    ]
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if "loss" in e}
+    return {
+        e["step"]: e["loss"]
+        for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if "loss" in e
+    }
 
 
 def _job_processes(sweep_dir: Path) -> list[str]:
@@ -328,8 +425,10 @@ def _job_processes(sweep_dir: Path) -> list[str]:
 def _assert_no_job_processes(sweep_dir: Path, name: str) -> None:
     deadline = time.monotonic() + 30  # srun and the tasks exit within moments of the result
     while _job_processes(sweep_dir) or _sh("squeue", "-h", f"--name={name}").stdout.strip():
-        assert time.monotonic() < deadline, (f"left running: {_job_processes(sweep_dir)}; "
-                                             f"squeue: {_sh('squeue', '-h', f'--name={name}').stdout}")
+        assert time.monotonic() < deadline, (
+            f"left running: {_job_processes(sweep_dir)}; "
+            f"squeue: {_sh('squeue', '-h', f'--name={name}').stdout}"
+        )
         time.sleep(0.5)
 
 
@@ -350,7 +449,9 @@ def ddp_reference(slurm_cluster: None, tmp_path_factory: pytest.TempPathFactory)
     return losses
 
 
-def test_two_task_job_preempted_resumes_to_the_same_losses(ddp_reference: dict[int, float], tmp_path: Path) -> None:
+def test_two_task_job_preempted_resumes_to_the_same_losses(
+    ddp_reference: dict[int, float], tmp_path: Path
+) -> None:
     """USR2 to a 2-task job: both ranks agree on the step, save it, stop (no rank left training or
     dying in a collective), the job is requeued, both ranks resume from that checkpoint, and the
     per-step losses equal the uninterrupted run's."""
@@ -360,19 +461,26 @@ def test_two_task_job_preempted_resumes_to_the_same_losses(ddp_reference: dict[i
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
-    assert _losses(run_dir) == pytest.approx(ddp_reference, rel=1e-5, abs=1e-6)  # no step lost, repeated or changed
+    assert _losses(run_dir) == pytest.approx(
+        ddp_reference, rel=1e-5, abs=1e-6
+    )  # no step lost, repeated or changed
     assert _sacct_states(["-X", "-D", "-j", job_id], ["REQUEUED", "COMPLETED"])
     logs = {p.name: p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.*")}
     task_logs = [logs[f"{job_id}_{rank}_log.out"] + logs[f"{job_id}_{rank}_log.err"] for rank in (0, 1)]
     for rank, log in enumerate(task_logs):  # each rank stopped at the agreed step and resumed from it
         assert f"checkpoint-{stopped_at} saved; the job is requeued" in log, f"rank {rank}:\n{log[-3000:]}"
-        assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, f"rank {rank}:\n{log[-3000:]}"
-        assert "run failed" not in log and "Connection closed by peer" not in log, f"rank {rank}:\n{log[-3000:]}"
+        assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, (
+            f"rank {rank}:\n{log[-3000:]}"
+        )
+        assert "run failed" not in log and "Connection closed by peer" not in log, (
+            f"rank {rank}:\n{log[-3000:]}"
+        )
     _assert_no_job_processes(sweep_dir, name)
 
 
-def test_crashed_two_task_job_rerun_continues_from_its_checkpoint(ddp_reference: dict[int, float],
-                                                                  tmp_path: Path) -> None:
+def test_crashed_two_task_job_rerun_continues_from_its_checkpoint(
+    ddp_reference: dict[int, float], tmp_path: Path
+) -> None:
     """Both ranks crash at step 37 (after checkpoint-30): the multirun fails, leaving status failed;
     the same command again resumes both ranks from checkpoint-30 and ends on the reference losses."""
     sweep_dir, name = tmp_path / "sweep", _job_name("ddpcrash")

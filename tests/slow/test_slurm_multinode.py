@@ -50,13 +50,22 @@ MARK = "written by scripts/slurm/start.sh"  # the first line of the config start
 
 def _usable_nodes() -> set[str]:
     out = _sh("sinfo", "-h", "-N", "-o", "%N %T").stdout
-    return {line.split()[0] for line in out.splitlines() if line.split()[-1] in ("idle", "mixed", "allocated")}
+    return {
+        line.split()[0] for line in out.splitlines() if line.split()[-1] in ("idle", "mixed", "allocated")
+    }
 
 
 def _start(nodes: int) -> None:
-    start = subprocess.run(["bash", str(START)], env={**os.environ, "SLURM_NODES": str(nodes)},
-                           capture_output=True, text=True, timeout=900)
-    assert start.returncode == 0, f"SLURM_NODES={nodes} scripts/slurm/start.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}"
+    start = subprocess.run(
+        ["bash", str(START)],
+        env={**os.environ, "SLURM_NODES": str(nodes)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert start.returncode == 0, (
+        f"SLURM_NODES={nodes} scripts/slurm/start.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +82,10 @@ def two_node_cluster() -> Iterator[None]:
     ours = missing is None and conf.is_file() and MARK in conf.read_text()  # a one-node cluster start.sh made
     can_start = os.geteuid() == 0 and (shutil.which("apt-get") or shutil.which("slurmctld"))
     if not (can_start and (ours or (missing or "").startswith("no SLURM"))):
-        pytest.skip(f"no two-node SLURM cluster ({missing or f'nodes: {sorted(_usable_nodes())}'}); scripts/slurm/start.sh "
-                    "makes one only as root with apt-get, and changes only a cluster it started itself")
+        pytest.skip(
+            f"no two-node SLURM cluster ({missing or f'nodes: {sorted(_usable_nodes())}'}); scripts/slurm/start.sh "
+            "makes one only as root with apt-get, and changes only a cluster it started itself"
+        )
     _start(2)
     try:
         assert _cluster_state() is None and len(_usable_nodes()) == 2, _sh("sinfo").stdout
@@ -117,7 +128,9 @@ def _run_job(args: list[str], name: str, sweep_dir: Path, cwd: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def single_node_reference(two_node_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+def single_node_reference(
+    two_node_cluster: None, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, float]:
     """Per-step losses of the uninterrupted one-node 2-task run (tasks_per_node=2), on the same cluster."""
     tmp = tmp_path_factory.mktemp("single_node")
     sweep_dir, name = tmp / "sweep", _job_name("onenode")
@@ -129,15 +142,19 @@ def single_node_reference(two_node_cluster: None, tmp_path_factory: pytest.TempP
     return losses
 
 
-def test_two_node_job_is_one_run_with_the_single_node_losses(single_node_reference: dict[int, float],
-                                                             tmp_path: Path) -> None:
+def test_two_node_job_is_one_run_with_the_single_node_losses(
+    single_node_reference: dict[int, float], tmp_path: Path
+) -> None:
     sweep_dir, name = tmp_path / "sweep", _job_name("twonode")
     job = _run_job(_two_node_args(name, sweep_dir), name, sweep_dir, tmp_path)
     script = (job / f"{job.name}_submission.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     assert _sacct_nodes(job.name) == ["2"]
-    logs = {rank: (job / f"{job.name}_{rank}_log.out").read_text() + (job / f"{job.name}_{rank}_log.err").read_text()
-            for rank in (0, 1)}
+    logs = {
+        rank: (job / f"{job.name}_{rank}_log.out").read_text()
+        + (job / f"{job.name}_{rank}_log.err").read_text()
+        for rank in (0, 1)
+    }
     for rank in (0, 1):  # submitit's view of each task: node `rank` of 2, global rank `rank` of 2
         assert f"node={rank}(2), global_rank={rank}(2)" in logs[rank], logs[rank][-3000:]
 
@@ -147,14 +164,19 @@ def test_two_node_job_is_one_run_with_the_single_node_losses(single_node_referen
     assert json.loads((run_dir / "run.json").read_text())["world_size"] == 2
     # bit-equal, as measured: the same 2 ranks, batches and gloo all-reduce, only the nodes differ
     assert _losses(run_dir) == single_node_reference
-    steps = [e["step"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in e]
+    steps = [
+        e["step"]
+        for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if "loss" in e
+    ]
     assert steps == list(range(1, DDP_STEPS + 1))  # each step logged once: rank 1 wrote nothing
     assert "run dir:" in logs[0] and "run dir:" not in logs[1]  # only global rank 0 reports the run
     _assert_no_job_processes(sweep_dir, name)
 
 
-def test_two_node_job_preempted_resumes_on_both_nodes_to_the_same_losses(single_node_reference: dict[int, float],
-                                                                         tmp_path: Path) -> None:
+def test_two_node_job_preempted_resumes_on_both_nodes_to_the_same_losses(
+    single_node_reference: dict[int, float], tmp_path: Path
+) -> None:
     """USR2 to the 2-node job reaches the task on each node; both agree on a step, save it and stop;
     the job is requeued onto two nodes again and both ranks resume from that checkpoint."""
     sweep_dir, name = tmp_path / "sweep", _job_name("twonodepreempt")
@@ -163,15 +185,21 @@ def test_two_node_job_preempted_resumes_on_both_nodes_to_the_same_losses(single_
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == DDP_STEPS, summary
-    assert _losses(run_dir) == pytest.approx(single_node_reference, rel=1e-5, abs=1e-6)  # no step lost, repeated or changed
+    assert _losses(run_dir) == pytest.approx(
+        single_node_reference, rel=1e-5, abs=1e-6
+    )  # no step lost, repeated or changed
     assert _sacct_states(["-X", "-D", "-j", job_id], ["REQUEUED", "COMPLETED"])
     assert _sacct_nodes(job_id) == ["2", "2"]  # both attempts on two nodes
     logs = {p.name: p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.*")}
     for rank in (0, 1):  # each node's task stopped at the agreed step and resumed from it
         log = logs[f"{job_id}_{rank}_log.out"] + logs[f"{job_id}_{rank}_log.err"]
         assert f"checkpoint-{stopped_at} saved; the job is requeued" in log, f"rank {rank}:\n{log[-3000:]}"
-        assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, f"rank {rank}:\n{log[-3000:]}"
-        assert "run failed" not in log and "Connection closed by peer" not in log, f"rank {rank}:\n{log[-3000:]}"
+        assert f"resuming from {run_dir}/checkpoints/checkpoint-{stopped_at}" in log, (
+            f"rank {rank}:\n{log[-3000:]}"
+        )
+        assert "run failed" not in log and "Connection closed by peer" not in log, (
+            f"rank {rank}:\n{log[-3000:]}"
+        )
     _assert_no_job_processes(sweep_dir, name)
 
 
@@ -182,8 +210,12 @@ def _task_pid(sweep_dir: Path, rank: int) -> int:
     for p in psutil.process_iter(["pid", "name", "cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if ("submitit.core._submit" in cmd and str(sweep_dir) in cmd and p.info["name"].startswith("python")
-                    and p.environ().get("SLURM_PROCID") == str(rank)):
+            if (
+                "submitit.core._submit" in cmd
+                and str(sweep_dir) in cmd
+                and p.info["name"].startswith("python")
+                and p.environ().get("SLURM_PROCID") == str(rank)
+            ):
                 return p.info["pid"]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -191,7 +223,8 @@ def _task_pid(sweep_dir: Path, rank: int) -> int:
 
 
 def test_a_node_whose_task_dies_ends_the_job_in_one_line_and_the_rerun_resumes(
-        single_node_reference: dict[int, float], tmp_path: Path) -> None:
+    single_node_reference: dict[int, float], tmp_path: Path
+) -> None:
     """The task on the second node SIGKILLed after the first checkpoint (its node as good as gone):
     rank 0 on the first node ends at once with the one line that names the checkpoint to resume
     from, the job ends within seconds (no wait for ddp_timeout, 600 s), the multirun fails, and the
@@ -210,10 +243,14 @@ def test_a_node_whose_task_dies_ends_the_job_in_one_line_and_the_rerun_resumes(
         killed = time.monotonic()
         (run_dir,) = _job_dirs(sweep_dir)
         while json.loads((run_dir / "summary.json").read_text())["status"] != "failed":  # rank 0's end
-            assert time.monotonic() - killed < 30, f"rank 0 still running 30 s after its peer died\n{_job_logs(sweep_dir)}"
+            assert time.monotonic() - killed < 30, (
+                f"rank 0 still running 30 s after its peer died\n{_job_logs(sweep_dir)}"
+            )
             time.sleep(0.2)
         while _sh("squeue", "-h", f"--name={name}").stdout.strip():  # the job's end: srun ends the step
-            assert time.monotonic() - killed < 60, f"the job still runs 60 s after a task died\n{_job_logs(sweep_dir)}"
+            assert time.monotonic() - killed < 60, (
+                f"the job still runs 60 s after a task died\n{_job_logs(sweep_dir)}"
+            )
             time.sleep(0.5)
         out = _wait(proc, 300, sweep_dir)  # submitit sees it at its next state check (at least once a minute)
     finally:
@@ -221,7 +258,9 @@ def test_a_node_whose_task_dies_ends_the_job_in_one_line_and_the_rerun_resumes(
     assert proc.returncode != 0, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     error = summary["error"]
-    assert summary["status"] == "failed" and error.startswith("PeerLostError: rank 0 lost another rank"), summary
+    assert summary["status"] == "failed" and error.startswith("PeerLostError: rank 0 lost another rank"), (
+        summary
+    )
     assert "\n" not in error and "start the same command again on every node" in error, error
     step = int(error.split("resumes from checkpoint-")[1].split(":")[0])
     assert (run_dir / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()

@@ -84,8 +84,12 @@ def test_sft_on_messages_trains_only_assistant_turns(smollm2, tmp_path):
     preview = ablate("data", "preview", "+experiment=smollm2_sft_messages", "-n", "2", cwd=tmp_path)
     assert preview.returncode == 0, preview.stderr[-3000:]
     examples = preview.stdout.split("===== example ")[1:]
-    rows = [json.loads(line) for line in (Path(__file__).parents[2] / "src/ablate/data/tiny/caps_messages_train.jsonl")
-            .read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (Path(__file__).parents[2] / "src/ablate/data/tiny/caps_messages_train.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     for example, row in zip(examples, rows):
         turns = [m["content"] + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant"]
         assert re.findall(r"⟦(.*?)⟧", example, re.S) == turns, example
@@ -95,7 +99,9 @@ def test_sft_on_messages_trains_only_assistant_turns(smollm2, tmp_path):
     assert len(prepared) == len(rows)  # nothing dropped
     for p, row in zip(prepared, rows):
         kept = tok.decode([t for t, m in zip(p["completion_ids"], p["completion_mask"]) if m])
-        assert kept == "".join(m["content"] + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant")
+        assert kept == "".join(
+            m["content"] + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant"
+        )
 
     _, logged = _train(tmp_path, "+experiment=smollm2_sft_messages")
     loss = _evals(logged, "eval_loss")
@@ -104,7 +110,7 @@ def test_sft_on_messages_trains_only_assistant_turns(smollm2, tmp_path):
 
 
 def test_grpo_raises_the_reward_and_decodes_chat_completions(smollm2, tmp_path):
-    """"... Answer with one word.": the mean one_word reward (1 / words) of the last two logged rounds
+    """ "... Answer with one word.": the mean one_word reward (1 / words) of the last two logged rounds
     (steps 9-12) beats that of the first (steps 1-2) by >= 0.3; the completions end at the template's
     end-of-turn token (<|im_end|>), which decoding drops, and read as text."""
     run_dir, rows = _train(tmp_path, "+experiment=smollm2_grpo")
@@ -127,8 +133,15 @@ def test_grpo_raises_the_reward_and_decodes_chat_completions(smollm2, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert tok.eos_token_id == im_end == model.generation_config.eos_token_id
-    args = GRPOConfig(output_dir=str(tmp_path / "gen"), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=32, temperature=0.7, report_to="none", use_cpu=True)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "gen"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=32,
+        temperature=0.7,
+        report_to="none",
+        use_cpu=True,
+    )
     prompts = [row["prompt"] for row in packaged("one_word_prompts").eval.select(range(8))]
     torch.manual_seed(0)
     out = HFGenerator(args, tok)(model, [encode_prompt(tok, p) for p in prompts])

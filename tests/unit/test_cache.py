@@ -22,8 +22,10 @@ from ablate.data.tokenize import prepare_preference
 from ablate.methods.dpo import DPOConfig, DPOTrainer
 from ablate.models import tiny
 
-ROWS = [{"prompt": f"sort: {w} =", "chosen": " " + "".join(sorted(w)), "rejected": " " + w[::-1]}
-        for w in ("cba", "hgfedcba", "zyxw", "edc", "qpon", "lkji", "tsr", "vu")]
+ROWS = [
+    {"prompt": f"sort: {w} =", "chosen": " " + "".join(sorted(w)), "rejected": " " + w[::-1]}
+    for w in ("cba", "hgfedcba", "zyxw", "edc", "qpon", "lkji", "tsr", "vu")
+]
 LENGTHS = {"max_length": 64, "max_prompt_length": None, "max_completion_length": None}
 
 
@@ -36,8 +38,12 @@ def _tokenized(cache: reuse.Cache, rows: list[dict], tok, calls: list[int], **le
         calls.append(1)
         return prepare_preference(data, tok, **args)
 
-    return cache.dataset("tokenized", "tokenized train pairs",
-                         lambda: reuse.tokenized_key(data, tok, DPOTrainer, args), compute)
+    return cache.dataset(
+        "tokenized",
+        "tokenized train pairs",
+        lambda: reuse.tokenized_key(data, tok, DPOTrainer, args),
+        compute,
+    )
 
 
 @pytest.fixture
@@ -60,7 +66,9 @@ def test_a_hit_gives_the_computed_rows_without_computing(tmp_path, tok) -> None:
 def test_a_hit_says_the_warnings_the_computation_said(tmp_path, tok, caplog) -> None:
     """Pairs dropped by max_length are reported on a hit too (the same line)."""
     calls: list[int] = []
-    rows = ROWS + [{"prompt": "x" * 80, "chosen": " a", "rejected": " b"}]  # its prompt alone fills max_length
+    rows = ROWS + [
+        {"prompt": "x" * 80, "chosen": " a", "rejected": " b"}
+    ]  # its prompt alone fills max_length
     with caplog.at_level(logging.WARNING, logger="ablate"):
         _tokenized(reuse.Cache(dir=str(tmp_path)), rows, tok, calls)
         computed = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
@@ -73,8 +81,9 @@ def test_a_hit_says_the_warnings_the_computation_said(tmp_path, tok, caplog) -> 
 def test_each_tokenization_input_changes_the_key(tok) -> None:
     data = Dataset.from_list(ROWS)
     base = reuse.key_digest("tokenized", reuse.tokenized_key(data, tok, DPOTrainer, LENGTHS))
-    assert base == reuse.key_digest("tokenized", reuse.tokenized_key(Dataset.from_list(ROWS), tok, DPOTrainer,
-                                                                      dict(LENGTHS)))  # the same inputs: the same key
+    assert base == reuse.key_digest(
+        "tokenized", reuse.tokenized_key(Dataset.from_list(ROWS), tok, DPOTrainer, dict(LENGTHS))
+    )  # the same inputs: the same key
     one_row = [dict(ROWS[0], chosen=" abd")] + ROWS[1:]
     templated = tiny()[0]
     templated.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
@@ -89,9 +98,19 @@ def test_each_tokenization_input_changes_the_key(tok) -> None:
 
 
 def _trainer(tmp_path: Path, model, **args) -> DPOTrainer:
-    config = DPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, report_to="none",
-                       use_cpu=True, max_steps=1, save_strategy="no", disable_tqdm=True, **args)
-    return DPOTrainer(model=model, args=config, train_dataset=Dataset.from_list(ROWS), processing_class=tiny()[0])
+    config = DPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        report_to="none",
+        use_cpu=True,
+        max_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        **args,
+    )
+    return DPOTrainer(
+        model=model, args=config, train_dataset=Dataset.from_list(ROWS), processing_class=tiny()[0]
+    )
 
 
 def test_reference_logps_miss_on_weights_and_precision(tmp_path) -> None:
@@ -108,7 +127,8 @@ def test_reference_logps_miss_on_weights_and_precision(tmp_path) -> None:
         w.view(-1)[0] = torch.nextafter(w.view(-1)[0], torch.tensor(1.0))
     assert reuse.key_digest("ref_logps", trainer._ref_key(data, rows)) != base
     assert reuse.key_digest("ref_logps", trainer._ref_key(data, [0, 1])) != reuse.key_digest(
-        "ref_logps", trainer._ref_key(data, rows))  # the rows scored
+        "ref_logps", trainer._ref_key(data, rows)
+    )  # the rows scored
 
 
 def _bits(columns: dict) -> dict:
@@ -119,8 +139,16 @@ def _bits(columns: dict) -> dict:
 def test_reference_logps_from_the_cache_are_the_computed_ones(tmp_path) -> None:
     cache = reuse.Cache(dir=str(tmp_path / "c"))
     plain = _trainer(tmp_path, tiny()[1])  # no cache
-    runs = [DPOTrainer(model=tiny()[1], args=plain.args, train_dataset=Dataset.from_list(ROWS),
-                       processing_class=tiny()[0], cache=cache) for _ in range(2)]
+    runs = [
+        DPOTrainer(
+            model=tiny()[1],
+            args=plain.args,
+            train_dataset=Dataset.from_list(ROWS),
+            processing_class=tiny()[0],
+            cache=cache,
+        )
+        for _ in range(2)
+    ]
     assert [e["hit"] for e in cache.events] == [False, False, True, True]  # the second found both entries
     assert any(x != x for x in plain.train_dataset["ref_chosen_logps"])  # rows not drawn: NaN
     for trainer in runs:
@@ -135,8 +163,12 @@ def test_sft_examples_come_from_the_cache_and_miss_on_their_loss_mask(tmp_path) 
     rows = packaged("sort_sft", with_eval=False).train
 
     def build(**args) -> SFTTrainer:
-        config = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=1, report_to="none", use_cpu=True, **args)
-        return SFTTrainer(model=tiny()[1], args=config, train_dataset=rows, processing_class=tiny()[0], cache=cache)
+        config = SFTConfig(
+            output_dir=str(tmp_path / "out"), max_steps=1, report_to="none", use_cpu=True, **args
+        )
+        return SFTTrainer(
+            model=tiny()[1], args=config, train_dataset=rows, processing_class=tiny()[0], cache=cache
+        )
 
     first, again, other = build(), build(), build(completion_only_loss=False)
     assert [e["hit"] for e in cache.events] == [False, True, False]
@@ -195,8 +227,13 @@ WRITER = textwrap.dedent("""
 
 def _writer(root: Path, mode: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(root), mode], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), mode],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_kill_9_while_writing_leaves_no_entry_that_is_used(tmp_path) -> None:
@@ -209,7 +246,9 @@ def test_kill_9_while_writing_leaves_no_entry_that_is_used(tmp_path) -> None:
     p.wait()
     kind = tmp_path / "c" / "tokenized"
     assert [q.name for q in kind.iterdir() if q.is_dir() and not q.name.startswith(".tmp-")] == []
-    assert reuse.entries(tmp_path / "c") == []  # the half-written dir is no entry, for `ablate cache ls` either
+    assert (
+        reuse.entries(tmp_path / "c") == []
+    )  # the half-written dir is no entry, for `ablate cache ls` either
     done = _writer(tmp_path, "once")  # the lock died with the writer; the next run computes and stores
     out, err = done.communicate(timeout=120)
     assert done.returncode == 0, err
@@ -250,7 +289,11 @@ def test_cache_clear_removes_only_ablates_entries(tmp_path, tok) -> None:
 
     root = tmp_path / "D"
     _tokenized(reuse.Cache(dir=str(root)), ROWS, tok, [])
-    mine = {"photos/2024/a.jpg": "jpeg", "projectA/src/main.py": "print(1)\n", "tokenized/notes/todo.txt": "mine\n"}
+    mine = {
+        "photos/2024/a.jpg": "jpeg",
+        "projectA/src/main.py": "print(1)\n",
+        "tokenized/notes/todo.txt": "mine\n",
+    }
     for name, text in mine.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
@@ -261,8 +304,11 @@ def test_cache_clear_removes_only_ablates_entries(tmp_path, tok) -> None:
     assert cleared.returncode == 0, cleared.stderr
     assert cleared.stdout.startswith("removed 1 entry ("), cleared.stdout
     assert {n: (root / n).read_text() for n in mine} == mine  # every file of the user's, as it was
-    assert len(cleared.stderr.strip().splitlines()) == 1 and "left 3 paths that are not ablate's cache entries" \
-        in cleared.stderr and "photos, projectA, tokenized/notes" in cleared.stderr, cleared.stderr
+    assert (
+        len(cleared.stderr.strip().splitlines()) == 1
+        and "left 3 paths that are not ablate's cache entries" in cleared.stderr
+        and "photos, projectA, tokenized/notes" in cleared.stderr
+    ), cleared.stderr
     assert reuse.entries(root) == []
 
 

@@ -41,16 +41,33 @@ def test_flags_and_overrides_in_any_order(monkeypatch):
     seen = _capture(monkeypatch, "sweep")
     main(["sweep", "--dry-run", "dpo_loss", "seed=1", "--detach", "method.args.beta=0.2"])
     args = seen[0]
-    assert (args.name, args.overrides, args.dry_run, args.detach, args.resume) == \
-        ("dpo_loss", ["seed=1", "method.args.beta=0.2"], True, True, False)
+    assert (args.name, args.overrides, args.dry_run, args.detach, args.resume) == (
+        "dpo_loss",
+        ["seed=1", "method.args.beta=0.2"],
+        True,
+        True,
+        False,
+    )
 
 
-@pytest.mark.parametrize("argv,line", [
-    (["trian"], "ablate: error: 'trian' is not a command (did you mean 'ablate train'? "),
-    (["ls", "--bogus"], "ablate: error: '--bogus' is not an option of ablate ls (ablate ls --help for usage)"),
-    (["eval"], "ablate: error: ablate eval: the following arguments are required: run_dir (ablate eval --help for usage)"),
-    (["data", "preview", "-n", "0"], "ablate: error: ablate data: argument -n: -n needs a positive number, got '0'"),
-])
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (["trian"], "ablate: error: 'trian' is not a command (did you mean 'ablate train'? "),
+        (
+            ["ls", "--bogus"],
+            "ablate: error: '--bogus' is not an option of ablate ls (ablate ls --help for usage)",
+        ),
+        (
+            ["eval"],
+            "ablate: error: ablate eval: the following arguments are required: run_dir (ablate eval --help for usage)",
+        ),
+        (
+            ["data", "preview", "-n", "0"],
+            "ablate: error: ablate data: argument -n: -n needs a positive number, got '0'",
+        ),
+    ],
+)
 def test_a_mistake_is_one_line_and_exit_2(capsys, argv, line):
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -49,16 +49,31 @@ def test_each_kind_names_functions_that_exist(name):
         assert detect_columns(list(needed), name) == fmt
 
 
-@pytest.mark.parametrize("name,found,says", [
-    ("unpaired", ["prompt", "completion"], "KTO found columns ['completion', 'prompt'], expected one of [unpaired "
-     "preference: prompt, completion, label; preference: prompt, chosen, rejected; implicit-prompt preference: chosen, "
-     "rejected]: missing 'label' (unpaired preference;"),
-    ("reward", ["prompt", "good", "bad", "margin"], "reward modelling found columns ['bad', 'good', 'margin', "
-     "'prompt'], expected one of [preference: prompt, chosen, rejected; implicit-prompt preference: chosen, rejected]: "
-     "missing 'chosen', 'rejected' (preference;"),
-    ("prompt", ["question"], "GRPO found columns ['question'], expected one of [prompt-only: prompt]: missing 'prompt' "
-     "(prompt-only;"),
-])
+@pytest.mark.parametrize(
+    "name,found,says",
+    [
+        (
+            "unpaired",
+            ["prompt", "completion"],
+            "KTO found columns ['completion', 'prompt'], expected one of [unpaired "
+            "preference: prompt, completion, label; preference: prompt, chosen, rejected; implicit-prompt preference: chosen, "
+            "rejected]: missing 'label' (unpaired preference;",
+        ),
+        (
+            "reward",
+            ["prompt", "good", "bad", "margin"],
+            "reward modelling found columns ['bad', 'good', 'margin', "
+            "'prompt'], expected one of [preference: prompt, chosen, rejected; implicit-prompt preference: chosen, rejected]: "
+            "missing 'chosen', 'rejected' (preference;",
+        ),
+        (
+            "prompt",
+            ["question"],
+            "GRPO found columns ['question'], expected one of [prompt-only: prompt]: missing 'prompt' "
+            "(prompt-only;",
+        ),
+    ],
+)
 def test_a_missing_column_is_named(name, found, says):
     with pytest.raises(DataError) as e:
         detect_columns(found, name)
@@ -86,26 +101,35 @@ def test_tokenized_rows_pass_the_check_before_a_users_trainer(tmp_path):
     with pytest.raises(ConfigError, match="DPO found columns"):
         data_checks.check_data_columns(_cfg("data=jsonl", f"data.train_path={ids}"), frozenset())
     with pytest.raises(ConfigError, match="SFT found columns"):  # not tokenised for SFT
-        data_checks.check_data_columns(_cfg("method=sft", "data=jsonl", f"data.train_path={ids}", mine.replace(
-            "DPO", "SFT")), frozenset())
+        data_checks.check_data_columns(
+            _cfg("method=sft", "data=jsonl", f"data.train_path={ids}", mine.replace("DPO", "SFT")),
+            frozenset(),
+        )
 
 
-@pytest.mark.parametrize("method,row,missing", [
-    ("kto", {"prompt": "p", "completion": "c"}, "'label'"),
-    ("reward", {"prompt": "p", "good": "a", "bad": "b"}, "'chosen', 'rejected'"),
-    ("distill", {"question": "q"}, "'prompt'"),
-])
+@pytest.mark.parametrize(
+    "method,row,missing",
+    [
+        ("kto", {"prompt": "p", "completion": "c"}, "'label'"),
+        ("reward", {"prompt": "p", "good": "a", "bad": "b"}, "'chosen', 'rejected'"),
+        ("distill", {"question": "q"}, "'prompt'"),
+    ],
+)
 def test_every_methods_file_is_checked_before_the_run(tmp_path, method, row, missing):
     path = _write(tmp_path / "rows.jsonl", [row])
     cfg = _cfg(f"method={method}", "data=jsonl", f"data.train_path={path}")
     with pytest.raises(ConfigError) as e:
         data_checks.check_data_columns(cfg, frozenset())
-    assert str(e.value).startswith(f"data.train_path={path}: ") and f"missing {missing}" in str(e.value), str(e.value)
+    assert str(e.value).startswith(f"data.train_path={path}: ") and f"missing {missing}" in str(e.value), str(
+        e.value
+    )
     data_checks.check_data_columns(cfg, frozenset({"data.train_path"}))  # swept: each job checks its own file
 
 
 def test_an_unknown_kind_is_one_line():
-    with pytest.raises(ConfigError, match=r"^method.data_kind=pairs: no such kind of data; one of preference, sft, "):
+    with pytest.raises(
+        ConfigError, match=r"^method.data_kind=pairs: no such kind of data; one of preference, sft, "
+    ):
         data_checks.check_data_columns(_cfg("method.data_kind=pairs"), frozenset())
 
 
@@ -125,4 +149,6 @@ def test_a_kinds_own_columns_can_be_mapped(tmp_path):
     cfg = _cfg("method=kto", "data=jsonl", f"data.train_path={path}", "+data.columns.label=is_good")
     data_checks.check_data_columns(cfg, frozenset())
     with pytest.raises(ConfigError, match="missing 'label'"):
-        data_checks.check_data_columns(_cfg("method=kto", "data=jsonl", f"data.train_path={path}"), frozenset())
+        data_checks.check_data_columns(
+            _cfg("method=kto", "data=jsonl", f"data.train_path={path}"), frozenset()
+        )

@@ -20,7 +20,9 @@ def t(*rows: list[float]) -> torch.Tensor:
 
 
 def close(x: torch.Tensor, *expected: float) -> None:
-    torch.testing.assert_close(x.double().reshape(-1), torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        x.double().reshape(-1), torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("beta,expected", [(0.0, 0.1308120), (1.0, 0.1438410)])

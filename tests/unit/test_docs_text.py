@@ -33,14 +33,22 @@ def test_no_placeholder_or_issue_reference(doc: Path) -> None:
     prose = _prose(text)
     code = _named_by_code()
     found = [m.group(0) for m in MARKERS.finditer(prose)]
-    found += [m.group(0) for m in CAPS.finditer(prose) if m.group(0) not in code and not m.group(0).startswith(OTHERS)]
-    found += [m.group(0) for m in ISSUE.finditer(text)]  # in code too: a comment citing "issue 33" is no better
+    found += [
+        m.group(0)
+        for m in CAPS.finditer(prose)
+        if m.group(0) not in code and not m.group(0).startswith(OTHERS)
+    ]
+    found += [
+        m.group(0) for m in ISSUE.finditer(text)
+    ]  # in code too: a comment citing "issue 33" is no better
     assert not found, f"{doc.relative_to(ROOT)}: {found}"
 
 
 def test_the_check_finds_what_it_is_for() -> None:
     text = "| run | data | SMOL_RESULTS |\nTBD\nsee issue 33 and Issue 32's catalogue; `ABLATE_CACHE` is code"
     prose = _prose(text)
-    assert [m.group(0) for m in CAPS.finditer(prose) if m.group(0) not in _named_by_code()] == ["SMOL_RESULTS"]
+    assert [m.group(0) for m in CAPS.finditer(prose) if m.group(0) not in _named_by_code()] == [
+        "SMOL_RESULTS"
+    ]
     assert [m.group(0) for m in MARKERS.finditer(prose)] == ["TBD"]
     assert len(list(ISSUE.finditer(text))) == 2

@@ -148,7 +148,9 @@ def test_weighted_is_the_weighted_sum_and_logs_each_term():
     pair 2: 0.8 * 0.6931472 + 0.2 * 1.3862944 + 1 = 0.5545177 + 0.2772589 + 1 = 1.8317766
     pair 3: 0.8 * 1.7014133 + 0.2 * 2.2873387 + 1 = 1.3611306 + 0.4574677 + 1 = 2.8185984
     loss/sigmoid = mean(0.3132617, 0.6931472, 1.7014133) = 0.9026074."""
-    loss, m = dpo.weighted(*pairs(), beta=0.5, losses=[dpo.sigmoid, dpo.bco_pair, dpo.sft], weights=[0.8, 0.2, 1.0])
+    loss, m = dpo.weighted(
+        *pairs(), beta=0.5, losses=[dpo.sigmoid, dpo.bco_pair, dpo.sft], weights=[0.8, 0.2, 1.0]
+    )
     close(loss, 1.4402402, 1.8317766, 2.8185984)
     assert m["loss/sigmoid"].item() == pytest.approx(0.9026074, abs=1e-6)
     assert m["loss/sft"].item() == pytest.approx(1.0)
@@ -201,6 +203,21 @@ def test_every_dpo_loss_yaml_is_a_partial_of_its_function(path: Path):
 
 
 def test_the_loss_files_cover_trls_set():
-    trl = {"sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
-           "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"}
+    trl = {
+        "sigmoid",
+        "hinge",
+        "ipo",
+        "exo_pair",
+        "nca_pair",
+        "robust",
+        "bco_pair",
+        "sppo_hard",
+        "aot",
+        "aot_unpaired",
+        "apo_zero",
+        "apo_down",
+        "discopop",
+        "sft",
+        "sigmoid_norm",
+    }
     assert trl | {"mpo"} == {p.stem for p in DPO_FILES}

@@ -34,8 +34,19 @@ ROWS = [
     {"prompt": "sort: edc =", "chosen": " cde", "rejected": " ced"},
     {"prompt": "sort: qpon =", "chosen": " nopq", "rejected": " qnpo"},
 ]
-METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
-           "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
+METRICS = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "entropy",
+    "logits/chosen",
+    "logits/rejected",
+    "mean_token_accuracy",
+    "num_tokens",
+)
 
 
 def _moved(model):
@@ -49,16 +60,27 @@ def _moved(model):
 
 def _rows(tok):
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return [{"prompt_ids": ids(r["prompt"]), "chosen_ids": ids(r["chosen"]) + [tok.eos_token_id],
-             "rejected_ids": ids(r["rejected"]) + [tok.eos_token_id]} for r in ROWS]
+    return [
+        {
+            "prompt_ids": ids(r["prompt"]),
+            "chosen_ids": ids(r["chosen"]) + [tok.eos_token_id],
+            "rejected_ids": ids(r["rejected"]) + [tok.eos_token_id],
+        }
+        for r in ROWS
+    ]
 
 
 def test_shared_prompt_layout_positions_and_mask():
     """Pair (prompt [5, 6], chosen [7, 2], rejected [8, 2]): row 5 6 7 2 8 2, positions 0 1 2 3 2 3;
     rejected (row positions 4, 5) sees the prompt (0, 1) and itself, never chosen (2, 3).
     Chosen 7 is predicted at 1, chosen 2 at 2; rejected 8 at 1 (the prompt's end), rejected 2 at 4."""
-    b = shared_prompt_pairs([{"prompt_ids": [5, 6], "chosen_ids": [7, 2], "rejected_ids": [8, 2]},
-                             {"prompt_ids": [5], "chosen_ids": [2], "rejected_ids": [9, 2]}], pad_token_id=0)
+    b = shared_prompt_pairs(
+        [
+            {"prompt_ids": [5, 6], "chosen_ids": [7, 2], "rejected_ids": [8, 2]},
+            {"prompt_ids": [5], "chosen_ids": [2], "rejected_ids": [9, 2]},
+        ],
+        pad_token_id=0,
+    )
     assert b["input_ids"].tolist() == [[5, 6, 7, 2, 8, 2], [5, 2, 9, 2, 0, 0]]
     assert b["position_ids"][0].tolist() == [0, 1, 2, 3, 2, 3]
     assert b["position_ids"][1, :4].tolist() == [0, 1, 1, 2]
@@ -72,14 +94,23 @@ def test_shared_prompt_layout_positions_and_mask():
 
 
 def _qwen2():
-    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora"])
-@pytest.mark.parametrize("chunk_elements", [1 << 24, 300 * 5])  # one chunk; chunks of 5 rows (recomputed in backward)
+@pytest.mark.parametrize(
+    "chunk_elements", [1 << 24, 300 * 5]
+)  # one chunk; chunks of 5 rows (recomputed in backward)
 def test_completion_logps_equal_full_logits(arch, chunk_elements):
     """Per-sequence log-probs and every gradient equal the plain path's (full logits, token_logps)."""
     tok, llama = tiny()
@@ -128,32 +159,63 @@ def _train(tmp_path, name, steps=3, attn="sdpa", lean_layers=True, **speed):
     tok, model = tiny()
     model = _moved(model)
     model.set_attn_implementation(attn)
-    args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
-                     bf16=False, max_steps=steps, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3,
-                     disable_tqdm=True)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok,
-                         perf=SpeedSwitches(lean_layers=lean_layers, **speed))
+    args = DPOConfig(
+        output_dir=str(tmp_path / name),
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        max_steps=steps,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        beta=0.3,
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(ROWS),
+        processing_class=tok,
+        perf=SpeedSwitches(lean_layers=lean_layers, **speed),
+    )
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e]
 
 
-@pytest.mark.parametrize("speed,attn", [
-    ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True}, "sdpa"),  # the default
-    ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": False}, "sdpa"),
-    ({"dpo_pair_rows": True, "completion_only_logits": False, "padding_free": False}, "sdpa"),
-    ({"dpo_pair_rows": False, "completion_only_logits": True, "padding_free": False}, "sdpa"),
-    ({"dpo_pair_rows": False, "completion_only_logits": False, "padding_free": True}, "sdpa"),
-    ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True}, "eager"),  # packing: sdpa only
-])
+@pytest.mark.parametrize(
+    "speed,attn",
+    [
+        (
+            {"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True},
+            "sdpa",
+        ),  # the default
+        ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": False}, "sdpa"),
+        ({"dpo_pair_rows": True, "completion_only_logits": False, "padding_free": False}, "sdpa"),
+        ({"dpo_pair_rows": False, "completion_only_logits": True, "padding_free": False}, "sdpa"),
+        ({"dpo_pair_rows": False, "completion_only_logits": False, "padding_free": True}, "sdpa"),
+        (
+            {"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True},
+            "eager",
+        ),  # packing: sdpa only
+    ],
+)
 def test_speed_paths_equal_plain_path_step_by_step(tmp_path, speed, attn):
     """Three optimizer steps (two batches of 3 pairs, then the first again on moved weights), with a
     precomputed reference: every logged loss and metric equals the plain path's to 1e-5."""
-    plain = _train(tmp_path, "plain", attn=attn, dpo_pair_rows=False, completion_only_logits=False, padding_free=False)
+    plain = _train(
+        tmp_path, "plain", attn=attn, dpo_pair_rows=False, completion_only_logits=False, padding_free=False
+    )
     fast = _train(tmp_path, "fast", attn=attn, **speed)
     assert len(plain) == len(fast) == 3
     for a, b in zip(fast, plain):
         for name in METRICS:
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert plain[0]["loss"] != plain[2]["loss"]
 
 
@@ -169,7 +231,10 @@ def test_packed_forward_equals_padded(arch, layout):
     rows = _rows(tok)
     if layout == "plain":
         b = plain_pairs(rows, tok.pad_token_id)
-        inputs, lengths = {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}, b["attention_mask"].sum(-1)
+        inputs, lengths = (
+            {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
+            b["attention_mask"].sum(-1),
+        )
         src = plain_targets(b["input_ids"], b["completion_mask"])["src"]
     else:
         b = shared_prompt_pairs(rows, tok.pad_token_id)
@@ -187,7 +252,9 @@ def test_packed_forward_equals_padded(arch, layout):
     assert use_packed_attention(model) and takes_packed(model)
     packed, packed_src = packed_inputs(inputs, src, lengths)
     seen = []
-    hook = backbone.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[:-1]))
+    hook = backbone.layers[0].self_attn.q_proj.register_forward_hook(
+        lambda m, i, o: seen.append(i[0].shape[:-1])
+    )
     hidden, grads = run(**packed, _src=packed_src)
     hook.remove()
     assert seen == [torch.Size([1, int(lengths.sum())])]
@@ -196,9 +263,15 @@ def test_packed_forward_equals_padded(arch, layout):
     for name in grads:
         torch.testing.assert_close(grads[name], padded_grads[name], rtol=1e-5, atol=1e-5, msg=name)
     # the model still runs unpacked batches as sdpa does (generation, eval logits, a 2-D mask)
-    out = backbone(input_ids=b["input_ids"][:2], attention_mask=torch.ones_like(b["input_ids"][:2])).last_hidden_state
-    model.set_attn_implementation("sdpa") if arch != "llama_lora" else model.get_base_model().set_attn_implementation("sdpa")
-    ref = backbone(input_ids=b["input_ids"][:2], attention_mask=torch.ones_like(b["input_ids"][:2])).last_hidden_state
+    out = backbone(
+        input_ids=b["input_ids"][:2], attention_mask=torch.ones_like(b["input_ids"][:2])
+    ).last_hidden_state
+    model.set_attn_implementation(
+        "sdpa"
+    ) if arch != "llama_lora" else model.get_base_model().set_attn_implementation("sdpa")
+    ref = backbone(
+        input_ids=b["input_ids"][:2], attention_mask=torch.ones_like(b["input_ids"][:2])
+    ).last_hidden_state
     torch.testing.assert_close(out, ref)
 
 
@@ -225,7 +298,12 @@ def test_dpo_steps_equal_with_and_without_lean_layers(tmp_path):
     assert len(plain) == len(lean) == 3
     for a, b in zip(lean, plain):
         for name in METRICS:
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
     assert plain[0]["loss"] != plain[2]["loss"]
 
 
@@ -261,7 +339,9 @@ def test_packed_bf16_autocast_runs_eager_with_sdpa_precision(arch, monkeypatch):
     b = shared_prompt_pairs(_rows(tok), tok.pad_token_id)
     inputs = {k: b[k] for k in ("input_ids", "position_ids", "attention_mask")}
     backbone, _ = lm_parts(model)
-    weight = torch.randn(len(b["src"]), backbone.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    weight = torch.randn(
+        len(b["src"]), backbone.config.hidden_size, generator=torch.Generator().manual_seed(2)
+    )
 
     def run(src, bf16, **kw):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

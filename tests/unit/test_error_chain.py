@@ -53,7 +53,10 @@ def test_a_method_args_refusal_is_one_config_error_with_a_finite_chain(tmp_path:
     register_resolvers()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["method=grpo", "method.args.generation_dtype=bfloat16"])
-    with pytest.raises(ConfigError, match="method.args.generation_dtype=bfloat16: must be null, float32 or bfloat16, with method.args.max_staleness > 0") as raised:
+    with pytest.raises(
+        ConfigError,
+        match="method.args.generation_dtype=bfloat16: must be null, float32 or bfloat16, with method.args.max_staleness > 0",
+    ) as raised:
         training_args(cfg, tmp_path)
     e, steps = raised.value, 0
     while e is not None and steps < 20:

@@ -42,8 +42,14 @@ def _moved(model: Any) -> Any:
 
 def _pairs(tok: Any) -> list[dict[str, list[int]]]:
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return [{"prompt_ids": ids(r["prompt"]), "chosen_ids": ids(r["chosen"]) + [tok.eos_token_id],
-             "rejected_ids": ids(r["rejected"]) + [tok.eos_token_id]} for r in ROWS]
+    return [
+        {
+            "prompt_ids": ids(r["prompt"]),
+            "chosen_ids": ids(r["chosen"]) + [tok.eos_token_id],
+            "rejected_ids": ids(r["rejected"]) + [tok.eos_token_id],
+        }
+        for r in ROWS
+    ]
 
 
 def test_the_document_mask_is_the_layouts_mask():
@@ -70,8 +76,11 @@ def _packed_backbone(kernel: str, layout: str, grad: bool) -> tuple[torch.Tensor
     rows = _pairs(tok)
     if layout == "plain":
         b = plain_pairs(rows, tok.pad_token_id)
-        inputs, lengths, segments = ({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
-                                     b["attention_mask"].sum(-1), None)
+        inputs, lengths, segments = (
+            {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
+            b["attention_mask"].sum(-1),
+            None,
+        )
         src = plain_targets(b["input_ids"], b["completion_mask"])["src"]
     else:
         b = shared_prompt_pairs(rows, tok.pad_token_id)
@@ -114,10 +123,25 @@ def test_dense_document_mask_forward_and_gradients_equal_padded(layout):
 
 def _dpo(tmp_path: Any, name: str, perf: SpeedSwitches) -> tuple[DPOTrainer, list[dict]]:
     tok, model = tiny()
-    args = DPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=3, report_to="none", use_cpu=True,
-                     max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no", beta=0.3, disable_tqdm=True)
-    trainer = DPOTrainer(model=_moved(model), args=args, train_dataset=Dataset.from_list(ROWS * 2),
-                         processing_class=tok, perf=perf)
+    args = DPOConfig(
+        output_dir=str(tmp_path / name),
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        beta=0.3,
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=_moved(model),
+        args=args,
+        train_dataset=Dataset.from_list(ROWS * 2),
+        processing_class=tok,
+        perf=perf,
+    )
     trainer.train()
     return trainer, [e for e in trainer.state.log_history if "loss" in e]
 
@@ -131,15 +155,37 @@ def test_dpo_steps_through_the_document_mask_equal_the_plain_path(tmp_path, monk
     assert trainer.speed_plan.on("padding_free") and not trainer.data_collator.with_mask
     assert len(fast) == len(plain) == 3
     for a, b in zip(fast, plain):
-        for name in ("loss", "rewards/margins", "logps/chosen", "logps/rejected", "entropy", "logits/chosen",
-                     "mean_token_accuracy", "num_tokens"):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+        for name in (
+            "loss",
+            "rewards/margins",
+            "logps/chosen",
+            "logps/rejected",
+            "entropy",
+            "logits/chosen",
+            "mean_token_accuracy",
+            "num_tokens",
+        ):
+            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                a["step"],
+                name,
+                a[name],
+                b[name],
+            )
 
 
 def _grpo_batch(tok: Any) -> dict[str, torch.Tensor]:
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("abc:", "hello there:", "x")]
-    completions = [[70, 71, 72], [73], [80, 81, 82, 83, 84], [90, 91], [74], [75, 76, 77],
-                   [78, 79, 80, 81], [92], [93, 94]]
+    completions = [
+        [70, 71, 72],
+        [73],
+        [80, 81, 82, 83, 84],
+        [90, 91],
+        [74],
+        [75, 76, 77],
+        [78, 79, 80, 81],
+        [92],
+        [93, 94],
+    ]
     p_ids, p_mask = left_pad([p for p in prompts for _ in range(3)], tok.pad_token_id)
     c_ids, c_mask = right_pad(completions, tok.pad_token_id)
     return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
@@ -149,9 +195,10 @@ def test_grpo_group_segments():
     """Group rows [prompt | c_1 | c_2 | ...]: segment 0 on the prompt, k on the group's k-th completion."""
     tok, _ = tiny()
     b = _grpo_batch(tok)
-    g = shared_prompt_groups(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
-                             tok.pad_token_id)
-    first = g["segment"][0, :int(g["lengths"][0])].tolist()
+    g = shared_prompt_groups(
+        b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"], tok.pad_token_id
+    )
+    first = g["segment"][0, : int(g["lengths"][0])].tolist()
     assert first == [0] * 4 + [1] * 3 + [2] * 1 + [3] * 5
 
 
@@ -161,10 +208,22 @@ def test_grpo_group_rows_through_the_document_mask_equal_row_per_completion(tmp_
     each other through `Documents`) equal TRL's layout; with "dense" the gradients too (flex: no grad)."""
     tok, model = tiny()
     model = _moved(model)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=9, num_generations=3,
-                      max_completion_length=5, temperature=0.7, report_to="none", use_cpu=True)
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 3}),
-                          processing_class=tok, reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=9,
+        num_generations=3,
+        max_completion_length=5,
+        temperature=0.7,
+        report_to="none",
+        use_cpu=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 3}),
+        processing_class=tok,
+        reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
+    )
     batch = _grpo_batch(tok)
     mask = batch["completion_mask"]
     weight = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3))

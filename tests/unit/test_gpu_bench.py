@@ -50,16 +50,33 @@ def _row(impl: str, s: float) -> dict:
 def test_verdicts_follow_the_rule():
     """A path is on when the exact section found it exact and its table ran it no slower than speed=off (an
     opt-in switch: no slower than every path forced); a path missing from either is not recorded."""
-    out = {"exact": {"paths": {"padding_free": {"exact": True, "max_abs_diff": 1e-6},
-                               "dpo_pair_rows": {"exact": True, "max_abs_diff": 2e-6},
-                               "completion_only_logits": {"exact": False, "max_abs_diff": 0.3},
-                               "liger": {"exact": True, "max_abs_diff": 1e-5},
-                               "shared_prefill": {"exact": True, "max_abs_diff": None}}},
-           "dpo": {"title": "dpo 0.5b bf16", "rows": [_row("trl", 0.30), _row("ablate:off", 0.30), _row("ablate:forced", 0.20),
-                                                      _row("ablate:padding_free", 0.25), _row("ablate:dpo_pair_rows", 0.33),
-                                                      _row("ablate:completion_only_logits", 0.2),
-                                                      _row("ablate:forced+liger", 0.19)]},
-           "grpo": {"title": "grpo 0.5b bf16", "rows": [_row("ablate:off", 3.0), _row("ablate:shared_prefill", 2.0)]}}
+    out = {
+        "exact": {
+            "paths": {
+                "padding_free": {"exact": True, "max_abs_diff": 1e-6},
+                "dpo_pair_rows": {"exact": True, "max_abs_diff": 2e-6},
+                "completion_only_logits": {"exact": False, "max_abs_diff": 0.3},
+                "liger": {"exact": True, "max_abs_diff": 1e-5},
+                "shared_prefill": {"exact": True, "max_abs_diff": None},
+            }
+        },
+        "dpo": {
+            "title": "dpo 0.5b bf16",
+            "rows": [
+                _row("trl", 0.30),
+                _row("ablate:off", 0.30),
+                _row("ablate:forced", 0.20),
+                _row("ablate:padding_free", 0.25),
+                _row("ablate:dpo_pair_rows", 0.33),
+                _row("ablate:completion_only_logits", 0.2),
+                _row("ablate:forced+liger", 0.19),
+            ],
+        },
+        "grpo": {
+            "title": "grpo 0.5b bf16",
+            "rows": [_row("ablate:off", 3.0), _row("ablate:shared_prefill", 2.0)],
+        },
+    }
     v = gpu.verdicts(out)
     assert set(v) == {"padding_free", "dpo_pair_rows", "completion_only_logits", "liger", "shared_prefill"}
     assert v["padding_free"]["speedup"] == pytest.approx(1.2) and v["dpo_pair_rows"]["speedup"] < 1
@@ -68,7 +85,11 @@ def test_verdicts_follow_the_rule():
     from ablate.speed.measured import verdict
 
     on = {name for name, r in v.items() if verdict(r["exact"], r["speedup"])}
-    assert on == {"padding_free", "liger", "shared_prefill"}  # dpo_pair_rows slower, completion_only_logits not exact
+    assert on == {
+        "padding_free",
+        "liger",
+        "shared_prefill",
+    }  # dpo_pair_rows slower, completion_only_logits not exact
 
 
 def test_record_round_trip(tmp_path, monkeypatch):
@@ -78,11 +99,18 @@ def test_record_round_trip(tmp_path, monkeypatch):
 
     record = tmp_path / "measured.json"
     monkeypatch.setattr(measured, "RECORD", record)
-    measured.write("cuda", "benchmarks/gpu.py on a test", {
-        "padding_free": {"exact": True, "max_abs_diff": 1e-6, "speedup": 1.2, "basis": "dpo: 1.20x"},
-        "lean_layers": {"exact": True, "max_abs_diff": 0.0, "speedup": 0.9, "basis": "dpo: 0.90x"}})
+    measured.write(
+        "cuda",
+        "benchmarks/gpu.py on a test",
+        {
+            "padding_free": {"exact": True, "max_abs_diff": 1e-6, "speedup": 1.2, "basis": "dpo: 1.20x"},
+            "lean_layers": {"exact": True, "max_abs_diff": 0.0, "speedup": 0.9, "basis": "dpo: 0.90x"},
+        },
+    )
     assert json.loads(record.read_text())["cuda"]["paths"]["padding_free"]["on"] is True
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cuda"), SpeedSwitches(), DPO)
+    plan = resolve(
+        "policy", Setting(model_type="llama", attention="sdpa", device="cuda"), SpeedSwitches(), DPO
+    )
     assert [d.name for d in plan.decisions if d.on] == ["padding_free"]
 
 
@@ -94,8 +122,14 @@ def test_each_ablate_variant_is_its_own_process_and_a_hang_loses_only_itself(mon
 
     def fake_child(cfg, timeout):
         calls.append((cfg["side"], tuple(cfg["variants"]) if cfg["side"] == "ablate" else None, timeout))
-        run = {"step_seconds": [1.0, 0.5], "losses": [0.7, 0.6], "tokens": 100, "flops_per_token": 6.0, "peak_rss_mb": 1.0,
-               "peak_flops": 1e12}
+        run = {
+            "step_seconds": [1.0, 0.5],
+            "losses": [0.7, 0.6],
+            "tokens": 100,
+            "flops_per_token": 6.0,
+            "peak_rss_mb": 1.0,
+            "peak_flops": 1e12,
+        }
         if cfg["side"] == "trl":
             return {"trl": run}, 40.0, ""
         (variant,) = cfg["variants"]
@@ -104,9 +138,19 @@ def test_each_ablate_variant_is_its_own_process_and_a_hang_loses_only_itself(mon
         return {variant: run}, 20.0, ""
 
     monkeypatch.setattr(gpu, "child", fake_child)
-    cfg = {"shape": "0.5b", "bf16": True, "device": "cuda", "variants": {"off": "off", "hangs": {}, "forced": {}}}
+    cfg = {
+        "shape": "0.5b",
+        "bf16": True,
+        "device": "cuda",
+        "variants": {"off": "off", "hangs": {}, "forced": {}},
+    }
     out = gpu.timed("dpo", cfg, repeats=1, remaining=600.0)
-    assert [c[:2] for c in calls] == [("trl", None), ("ablate", ("off",)), ("ablate", ("hangs",)), ("ablate", ("forced",))]
+    assert [c[:2] for c in calls] == [
+        ("trl", None),
+        ("ablate", ("off",)),
+        ("ablate", ("hangs",)),
+        ("ablate", ("forced",)),
+    ]
     assert calls[2][2] == 120.0  # 3x TRL's 40 s
     assert [r["impl"] for r in out["rows"]] == ["trl", "ablate:off", "ablate:forced"]
     assert out["errors"] == {"ablate:hangs": "timed out after 120 s"}
@@ -131,7 +175,14 @@ def test_every_section_gets_its_share_of_the_budget():
     """The default run's sections fit the budget: each gets the time left times its share of the sections still
     to run, so a long early section cannot starve the later ones, and time one leaves unused goes to them."""
     order = list(gpu.SECONDS)  # the default run's sections, in its order
-    assert order == ["exact", "dpo", "smoke", "grpo", "sft", "dpo_large"]  # the 1.5B one last: on what is left
+    assert order == [
+        "exact",
+        "dpo",
+        "smoke",
+        "grpo",
+        "sft",
+        "dpo_large",
+    ]  # the 1.5B one last: on what is left
     assert sum(gpu.SECONDS.values()) == 470  # the default --budget: one ~8-minute device call
     assert gpu.section_seconds("exact", order[1:], 470.0) == pytest.approx(130.0)
     assert gpu.section_seconds("dpo_large", [], 30.0) == 30.0  # the last section: whatever is left
@@ -172,15 +223,23 @@ def test_without_a_gpu_the_script_says_so_in_one_line_and_exits_2(monkeypatch):
     assert gpu.no_device("cpu") is None
     if not has_gpu:  # the real script, on this machine
         root = Path(gpu.__file__).resolve().parents[1]
-        proc = subprocess.run([sys.executable, str(root / "benchmarks/gpu.py"), "--sections", "sft"],
-                              capture_output=True, text=True, cwd=root, timeout=600, check=False)
+        proc = subprocess.run(
+            [sys.executable, str(root / "benchmarks/gpu.py"), "--sections", "sft"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=600,
+            check=False,
+        )
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.strip().splitlines()[-1] == reason
 
 
 def test_smoke_lines_past_the_sections_time_are_not_started(tmp_path, capsys):
     out = gpu.smoke("cpu", True, tmp_path, parallel=2, remaining=0.0)
-    assert out == {"dpo": {"rc": None, "status": "not started", "seconds": 0.0},
-                   "grpo": {"rc": None, "status": "not started", "seconds": 0.0}}
+    assert out == {
+        "dpo": {"rc": None, "status": "not started", "seconds": 0.0},
+        "grpo": {"rc": None, "status": "not started", "seconds": 0.0},
+    }
     assert "not started: past the section's time" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())  # nothing run, no run dir

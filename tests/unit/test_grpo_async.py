@@ -66,13 +66,31 @@ def _trainer(path: Path, cls: type = GRPOTrainer, **overrides: Any) -> GRPOTrain
     generator draws from torch's RNG), constant lr high enough that every step moves the policy."""
     torch.manual_seed(0)
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    kw = dict(output_dir=str(path / "out"), per_device_train_batch_size=4, num_generations=2, steps_per_generation=1,
-              max_completion_length=4, max_steps=6, learning_rate=3e-2, lr_scheduler_type="constant",
-              report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, use_cpu=True)
+    kw = dict(
+        output_dir=str(path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=1,
+        max_completion_length=4,
+        max_steps=6,
+        learning_rate=3e-2,
+        lr_scheduler_type="constant",
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+    )
     kw.update(overrides)
     data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(16)]})
-    trainer = cls(model=model, args=GRPOConfig(**kw), train_dataset=data, processing_class=tok,
-                  reward_funcs={"ids": id_reward})
+    trainer = cls(
+        model=model,
+        args=GRPOConfig(**kw),
+        train_dataset=data,
+        processing_class=tok,
+        reward_funcs={"ids": id_reward},
+    )
     trainer.served_versions = []  # type: ignore[attr-defined]
     compute_loss = trainer.compute_loss
 
@@ -113,11 +131,17 @@ class SampledFromRecordedWeights(GRPOTrainer):
             p.data = p.data.to(self.dtype)
         with torch.random.fork_rng():
             torch.manual_seed(round_seed(self.args.seed, k))
-            return super()._behaviour(old, prompt_ids, True, old_from_sampling=True)  # as the worker scores it
+            return super()._behaviour(
+                old, prompt_ids, True, old_from_sampling=True
+            )  # as the worker scores it
 
 
-def _reference(path: Path, versions: dict[int, int], dtype: torch.dtype | None = None, **overrides: Any) -> GRPOTrainer:
-    cls = type("Ref", (SampledFromRecordedWeights,), {"versions": versions, "record": Record(), "dtype": dtype})
+def _reference(
+    path: Path, versions: dict[int, int], dtype: torch.dtype | None = None, **overrides: Any
+) -> GRPOTrainer:
+    cls = type(
+        "Ref", (SampledFromRecordedWeights,), {"versions": versions, "record": Record(), "dtype": dtype}
+    )
     ref = _trainer(path, cls=cls, **overrides)
     ref.add_callback(cls.record)
     return ref
@@ -139,7 +163,13 @@ def test_versions_by_hand():
     assert [ga4.policy_version(k) for k in range(10)] == [0, 0, 0, 0, 0, 1, 1, 1, 1, 2]
     assert ga4.step_versions(2) == [0, 1]  # round 4 (by round 3's start, v0) and rounds 5-7 (v1)
     s0 = Schedule(batch_size=4, num_generations=2, steps_per_generation=2, accumulation=3)
-    assert [s0.policy_version(k) for k in range(5)] == [0, 0, 1, 2, 2]  # round starts 0, 2, 4, 6, 8 micro-steps
+    assert [s0.policy_version(k) for k in range(5)] == [
+        0,
+        0,
+        1,
+        2,
+        2,
+    ]  # round starts 0, 2, 4, 6, 8 micro-steps
     assert not Schedule(batch_size=4, num_generations=2).keeps_old_logps
 
 
@@ -178,11 +208,13 @@ def test_the_next_round_is_queued_before_this_one_is_awaited(s):
         assert ahead.take(k, [[k]], version=k).round == k
         submits = [c for c in worker.calls if c[0] == "submit"]
         if k == 0:  # a fresh start: rounds 0..s by the initial weights, one slot, written once
-            assert [c[1:3] for c in submits] == [(r, 0) for r in range(s + 1)] and len({c[3] for c in submits}) == 1
+            assert [c[1:3] for c in submits] == [(r, 0) for r in range(s + 1)] and len(
+                {c[3] for c in submits}
+            ) == 1
             assert [c for c in worker.calls if c[0] == "write"] == [("write", submits[0][3])]
         elif k + s < 6:
             assert sorted(in_flight) == list(range(k, k + s))  # s rounds in flight
-            (_, r, v, slot), = submits
+            ((_, r, v, slot),) = submits
             assert (r, v) == (k + s, k) and ("write", slot) in worker.calls
             assert slot not in in_flight.values() and slot <= s  # a slot no round in flight uses, of s + 1
             assert worker.calls.index(submits[0]) < worker.calls.index(("receive", k))
@@ -192,14 +224,29 @@ def test_the_next_round_is_queued_before_this_one_is_awaited(s):
 
 
 def test_geometry_table_names_the_version_feeding_each_step():
-    args = GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=16, num_generations=4,
-                      max_staleness=1, use_cpu=True, report_to="none")
+    args = GRPOConfig(
+        output_dir="/tmp/unused",
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_staleness=1,
+        use_cpu=True,
+        report_to="none",
+    )
     table = batch_geometry(args, world_size=1, max_steps=10)
     assert "off-policy optimizer steps: every step from step 2 on" in table
     assert "round k sampled by a worker with the weights of round k-1's start" in table
     assert "1: v0, 2: v0, 3: v1, 4: v2, 5: v3, 6: v4, 7: v5, 8: v6, ... (lag <= 1 step)" in table
-    sync = batch_geometry(GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=16, num_generations=4,
-                                     use_cpu=True, report_to="none"), world_size=1, max_steps=10)
+    sync = batch_geometry(
+        GRPOConfig(
+            output_dir="/tmp/unused",
+            per_device_train_batch_size=16,
+            num_generations=4,
+            use_cpu=True,
+            report_to="none",
+        ),
+        world_size=1,
+        max_steps=10,
+    )
     assert "async" not in sync and "off-policy optimizer steps: none" in sync
 
 
@@ -211,7 +258,7 @@ def test_round_indices_are_the_iterated_chunks():
     for epoch in range(3):
         s.set_epoch(epoch)
         rows = list(s)
-        iterated += [rows[i:i + 6] for i in range(0, len(rows), 6)]
+        iterated += [rows[i : i + 6] for i in range(0, len(rows), 6)]
     assert [s.round_indices(k) for k in range(9)] == iterated
 
 
@@ -221,8 +268,13 @@ def test_max_staleness_0_is_the_synchronous_trainer(tmp_path):
     trainer.train()
     assert not any("sample/staleness_mean" in e for e in trainer.state.log_history)
     with pytest.raises(ConfigError, match=r"method.args.max_staleness=-1: must be an integer >= 0"):
-        GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_staleness=-1,
-                   report_to="none")
+        GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_staleness=-1,
+            report_to="none",
+        )
 
 
 def test_a_generator_with_its_own_engine_is_refused(tmp_path):
@@ -233,12 +285,23 @@ def test_a_generator_with_its_own_engine_is_refused(tmp_path):
     from ablate.rollouts.vllm import VLLMGenerator
 
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_staleness=1,
-                      report_to="none", use_cpu=True)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_staleness=1,
+        report_to="none",
+        use_cpu=True,
+    )
     with pytest.raises(ConfigError, match=r"max_staleness=1: .*an engine of its own \(VLLMGenerator\)"):
-        GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
-                    processing_class=tok, reward_funcs={"ids": id_reward},
-                    generator=functools.partial(VLLMGenerator, kv_cache_gib=0.125))
+        GRPOTrainer(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
+            processing_class=tok,
+            reward_funcs={"ids": id_reward},
+            generator=functools.partial(VLLMGenerator, kv_cache_gib=0.125),
+        )
 
 
 def test_more_than_one_process_is_refused():
@@ -251,7 +314,9 @@ def test_more_than_one_process_is_refused():
     from ablate.rollouts.ahead import check_async
 
     args = types.SimpleNamespace(device=torch.device("cpu"), world_size=2)
-    with pytest.raises(ConfigError, match=r"max_staleness=1: asynchronous generation is single-process \(this run has 2\)"):
+    with pytest.raises(
+        ConfigError, match=r"max_staleness=1: asynchronous generation is single-process \(this run has 2\)"
+    ):
         check_async(1, args, None)
     check_async(1, types.SimpleNamespace(device=torch.device("cpu"), world_size=1), None)
 
@@ -267,7 +332,9 @@ def test_async_losses_equal_sync_sampling_from_recorded_older_weights(tmp_path, 
     run.train()
     versions = _round_versions(run)
     schedule = run.schedule
-    assert versions == {k: schedule.policy_version(k) for k in versions} and len(versions) == steps // (spg * mu)
+    assert versions == {k: schedule.policy_version(k) for k in versions} and len(versions) == steps // (
+        spg * mu
+    )
     assert versions[s + 1] > 0  # off-policy rounds happened
     losses = _losses(run)
     assert len(losses) == steps and run.rollout_stats().rounds == len(versions)
@@ -300,36 +367,60 @@ def test_a_bf16_worker_samples_with_the_weights_rounded_to_bf16(tmp_path):
     assert _losses(fp32) != losses
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    (dict(max_staleness=0, generation_dtype="bfloat16"), "generation_dtype=bfloat16: must be null, float32 or bfloat16, "
-     "with method.args.max_staleness > 0"),
-    (dict(max_staleness=1, generation_dtype="bf16"), "generation_dtype=bf16: must be null, float32 or bfloat16"),
-    (dict(max_staleness=0, async_threads="balanced"), "async_threads=balanced: must be split, or balanced with "
-     "method.args.max_staleness > 0"),
-    (dict(max_staleness=1, async_threads="shared"), "async_threads=shared: must be split, or balanced"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            dict(max_staleness=0, generation_dtype="bfloat16"),
+            "generation_dtype=bfloat16: must be null, float32 or bfloat16, "
+            "with method.args.max_staleness > 0",
+        ),
+        (
+            dict(max_staleness=1, generation_dtype="bf16"),
+            "generation_dtype=bf16: must be null, float32 or bfloat16",
+        ),
+        (
+            dict(max_staleness=0, async_threads="balanced"),
+            "async_threads=balanced: must be split, or balanced with method.args.max_staleness > 0",
+        ),
+        (dict(max_staleness=1, async_threads="shared"), "async_threads=shared: must be split, or balanced"),
+    ],
+)
 def test_async_options_are_checked(tmp_path, kw, message):
     """generation_dtype and async_threads (tests/unit/test_async_cores.py) are the async worker's."""
     with pytest.raises(ConfigError, match=message):
         GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
 
 
-@pytest.mark.parametrize(("s", "spg", "stop", "dtype"), [(1, 2, 3, None), (2, 1, 2, None), (1, 1, 3, "bfloat16")])
+@pytest.mark.parametrize(
+    ("s", "spg", "stop", "dtype"), [(1, 2, 3, None), (2, 1, 2, None), (1, 1, 3, "bfloat16")]
+)
 def test_resume_with_rounds_in_flight_reproduces_the_losses(tmp_path, s, spg, stop, dtype):
     """Checkpoint at step `stop` (s=1, spg=2: mid-round; s=2, spg=1: a round boundary; a bf16 worker): the
     rounds sampled ahead are awaited and saved with it; the resumed run serves them, hands the worker the
     same weights at the same rounds, and logs the uninterrupted run's losses."""
-    full = _trainer(tmp_path / "full", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype)
+    full = _trainer(
+        tmp_path / "full", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype
+    )
     full.train()
-    first = _trainer(tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype,
-                     save_strategy="steps", save_steps=stop)
+    first = _trainer(
+        tmp_path / "run",
+        max_staleness=s,
+        steps_per_generation=spg,
+        max_steps=8,
+        generation_dtype=dtype,
+        save_strategy="steps",
+        save_steps=stop,
+    )
     first.add_callback(StopAt(stop))  # as if killed right after the checkpoint
     first.train()
     ckpt = tmp_path / "run" / "out" / f"checkpoint-{stop}"
     saved = torch.load(ckpt / AHEAD_ROUNDS, weights_only=True)
     next_round = -(-stop // spg)  # the first round not started yet
     assert [r["round"] for r in saved["rounds"]] == list(range(next_round, next_round + s))
-    resumed = _trainer(tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype)
+    resumed = _trainer(
+        tmp_path / "run", max_staleness=s, steps_per_generation=spg, max_steps=8, generation_dtype=dtype
+    )
     resumed.train(resume_from_checkpoint=str(ckpt))
     after = {k: v for k, v in _losses(full).items() if k > stop}
     assert len(after) == 8 - stop and {k: _losses(resumed)[k] for k in after} == after
@@ -378,12 +469,16 @@ def test_a_killed_worker_is_one_line_and_the_run_resumes(tmp_path):
     run.add_callback(kill)
     with pytest.raises(UserCodeError) as e:
         run.train()
-    assert str(e.value).startswith(f"generation worker (PID {kill.pid}) died: killed by SIGKILL (kill -9, or the "
-                                   "out-of-memory killer); the run stops here and keeps its newest checkpoint: resume")
+    assert str(e.value).startswith(
+        f"generation worker (PID {kill.pid}) died: killed by SIGKILL (kill -9, or the "
+        "out-of-memory killer); the run stops here and keeps its newest checkpoint: resume"
+    )
     assert run.ahead.worker is None  # closed with the failed train()
     resumed = _trainer(tmp_path / "run", max_staleness=1, max_steps=4)
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "out" / "checkpoint-1"))
-    assert {k: v for k, v in _losses(resumed).items() if k > 1} == {k: v for k, v in _losses(full).items() if k > 1}
+    assert {k: v for k, v in _losses(resumed).items() if k > 1} == {
+        k: v for k, v in _losses(full).items() if k > 1
+    }
 
 
 def test_a_stalled_worker_times_out_in_one_line(tmp_path):
@@ -394,8 +489,11 @@ def test_a_stalled_worker_times_out_in_one_line(tmp_path):
     stop = SignalWorkerAt(run, 1, signal.SIGSTOP)
     run.add_callback(stop)
     t0 = time.monotonic()
-    with pytest.raises(UserCodeError, match=r"generation worker \(PID \d+\) sent no round for 2 s \(stopped: SIGSTOP "
-                                            r"or Ctrl-Z; method.args.worker_timeout_s=2\): killed it; the run stops here"):
+    with pytest.raises(
+        UserCodeError,
+        match=r"generation worker \(PID \d+\) sent no round for 2 s \(stopped: SIGSTOP "
+        r"or Ctrl-Z; method.args.worker_timeout_s=2\): killed it; the run stops here",
+    ):
         run.train()
     assert time.monotonic() - t0 < 60
     assert not psutil.pid_exists(stop.pid) or psutil.Process(stop.pid).status() == psutil.STATUS_ZOMBIE

@@ -30,14 +30,22 @@ class FakeGenerator:
     def __call__(self, model: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
         prompts = [self.tok.decode(p) for p in prompt_ids]
         self.rounds.append(prompts)
-        return [self.tok("a" * (int(p[1:]) % 3 + 1), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-                for p in prompts]
+        return [
+            self.tok("a" * (int(p[1:]) % 3 + 1), add_special_tokens=False)["input_ids"]
+            + [self.tok.eos_token_id]
+            for p in prompts
+        ]
 
 
 def off_policy_steps(spg: int, accumulation: int, num_iterations: int = 1) -> list[int]:
     """The schedule's off-policy optimizer steps (the batch and group sizes do not change them)."""
-    return Schedule(batch_size=4, num_generations=2, steps_per_generation=spg, num_iterations=num_iterations,
-                    accumulation=accumulation).off_policy_steps()
+    return Schedule(
+        batch_size=4,
+        num_generations=2,
+        steps_per_generation=spg,
+        num_iterations=num_iterations,
+        accumulation=accumulation,
+    ).off_policy_steps()
 
 
 def length_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
@@ -47,20 +55,43 @@ def length_reward(prompts: list[str], completions: list[str], **_: Any) -> list[
 def _trainer(tmp_path: Path, generator: Any = None, **overrides: Any) -> tuple[GRPOTrainer, list[dict]]:
     """A GRPOTrainer on 16 distinct prompts p00..p15; records the prompts of each micro-step's slice."""
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    kw = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
-              steps_per_generation=4, max_completion_length=4, max_steps=8, learning_rate=1e-3,
-              report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, use_cpu=True)
+    kw = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=4,
+        max_completion_length=4,
+        max_steps=8,
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+    )
     kw.update(overrides)
     args = GRPOConfig(**kw)
     data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(N_PROMPTS)]})
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                          reward_funcs={"length": length_reward}, generator=generator or FakeGenerator(tok))
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        reward_funcs={"length": length_reward},
+        generator=generator or FakeGenerator(tok),
+    )
     served: list[dict] = []
     compute_loss = trainer.compute_loss
 
     def recording(model: Any, inputs: dict, *a: Any, **k: Any) -> torch.Tensor:
-        served.append({"prompts": [tok.decode(p, skip_special_tokens=True) for p in inputs.prompt_ids],
-                       "old": inputs.old_logps is not None, "step": trainer.rollouts.micro_step})
+        served.append(
+            {
+                "prompts": [tok.decode(p, skip_special_tokens=True) for p in inputs.prompt_ids],
+                "old": inputs.old_logps is not None,
+                "step": trainer.rollouts.micro_step,
+            }
+        )
         return compute_loss(model, inputs, *a, **k)
 
     trainer.compute_loss = recording
@@ -91,7 +122,7 @@ def test_spg4_generates_four_steps_of_prompts_in_one_round(tmp_path):
         assert len(prompts) == 16
         assert prompts[0::2] == prompts[1::2]  # each prompt's group kept together
         for k in range(4):
-            assert served[4 * r + k]["prompts"] == prompts[4 * k: 4 * k + 4], (r, k)
+            assert served[4 * r + k]["prompts"] == prompts[4 * k : 4 * k + 4], (r, k)
     drawn = gen.rounds[0][0::2] + gen.rounds[1][0::2]
     assert len(set(drawn)) == 16  # no prompt re-drawn: an epoch of 16 prompts in 2 rounds
     assert all(s["old"] for s in served)  # spg 4 > accumulation 1: pi_old kept from generation time
@@ -110,7 +141,9 @@ def test_spg1_generates_every_step(tmp_path):
 def test_old_logps_only_when_policy_changes_between_generation_and_use(tmp_path, spg, ga, old):
     """spg 2 / accumulation 2: both slices feed one optimizer step -> no pi_old needed.
     spg 4 / accumulation 2, or spg 2 / accumulation 3 (a round straddles an update): pi_old kept."""
-    trainer, served = _trainer(tmp_path, steps_per_generation=spg, gradient_accumulation_steps=ga, max_steps=2)
+    trainer, served = _trainer(
+        tmp_path, steps_per_generation=spg, gradient_accumulation_steps=ga, max_steps=2
+    )
     trainer.train()
     assert {s["old"] for s in served} == {old}
 
@@ -131,12 +164,12 @@ def test_resume_mid_round_serves_the_saved_round(tmp_path, ckpt_step):
     resumed, served = _trainer(tmp_path / "run", max_steps=12)
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert [s["step"] for s in served] == list(range(ckpt_step, 12))
-    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4 + 1:]  # the next rounds only
+    assert resumed.generator.rounds == full.generator.rounds[ckpt_step // 4 + 1 :]  # the next rounds only
     assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
     (ckpt / "generation_buffer.pt").unlink()  # an older checkpoint: no buffer -> that round regenerated
     again, served = _trainer(tmp_path / "run", max_steps=12)
     again.train(resume_from_checkpoint=str(ckpt))
-    assert again.generator.rounds == full.generator.rounds[ckpt_step // 4:]
+    assert again.generator.rounds == full.generator.rounds[ckpt_step // 4 :]
     assert [s["prompts"] for s in served] == [s["prompts"] for s in full_served[ckpt_step:]]
 
 
@@ -165,11 +198,18 @@ def test_resume_mid_round_reproduces_sampled_losses_exactly(tmp_path):
 
 
 def test_batch_must_be_a_multiple_of_num_generations(tmp_path):
-    with pytest.raises(ConfigError, match="per_device_train_batch_size=6: must be an integer >= 1 and a multiple of "
-                       "method.args.num_generations=4"):
-        GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=6, num_generations=4, report_to="none")
+    with pytest.raises(
+        ConfigError,
+        match="per_device_train_batch_size=6: must be an integer >= 1 and a multiple of "
+        "method.args.num_generations=4",
+    ):
+        GRPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=6, num_generations=4, report_to="none"
+        )
     with pytest.raises(ConfigError, match="num_generations=1: must be an integer >= 2"):
-        GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=1, report_to="none")
+        GRPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=1, report_to="none"
+        )
 
 
 def test_cut_at_eos():
@@ -203,8 +243,10 @@ def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):
     trainer.reward_funcs = {"ids": lambda completion_ids, **_: [float(sum(c) % 97) for c in completion_ids]}
     torch.manual_seed(0)
     model = trainer.model.train()
-    rows = [{"prompt": p, "prompt_ids": trainer.processing_class(p, add_special_tokens=False)["input_ids"]}
-            for p in ("p01", "p01", "p02", "p02")]
+    rows = [
+        {"prompt": p, "prompt_ids": trainer.processing_class(p, add_special_tokens=False)["input_ids"]}
+        for p in ("p01", "p01", "p02", "p02")
+    ]
     trainer.rollouts.micro_step = 0
     inputs = trainer._prepare_inputs(rows)
     assert inputs.old_logps is None
@@ -221,7 +263,7 @@ def test_on_policy_ratio_is_one_and_gradient_is_plain_policy_gradient(tmp_path):
     att = torch.cat([inputs.prompt_mask, inputs.completion_mask], 1)
     n = inputs.completion_ids.size(1)
     logits = model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0)).logits
-    logps = selective_log_softmax(logits[:, -n - 1:-1], inputs.completion_ids)
+    logps = selective_log_softmax(logits[:, -n - 1 : -1], inputs.completion_ids)
     mask = inputs.completion_mask.float()
     pg = -(inputs.advantages.unsqueeze(1) * logps * mask).sum() / inputs.num_items
     pg.backward()
@@ -235,8 +277,14 @@ def test_old_logps_match_current_policy_before_any_update(tmp_path):
     trainer, _ = _trainer(tmp_path, max_completion_length=5)
     trainer.generator = HFGenerator(trainer.args, trainer.processing_class)
     trainer.model.train()
-    rows = [{"prompt": f"p{i:02d}", "prompt_ids": trainer.processing_class(f"p{i:02d}", add_special_tokens=False)["input_ids"]}
-            for i in range(8) for _ in range(2)]
+    rows = [
+        {
+            "prompt": f"p{i:02d}",
+            "prompt_ids": trainer.processing_class(f"p{i:02d}", add_special_tokens=False)["input_ids"],
+        }
+        for i in range(8)
+        for _ in range(2)
+    ]
     trainer.rollouts.micro_step = 0
     inputs = trainer._prepare_inputs(rows)
     assert inputs.old_logps.shape == inputs.completion_ids.shape
@@ -264,12 +312,22 @@ def test_batch_geometry_table():
     from ablate.methods.grpo import GRPOConfig
     from ablate.rollouts.geometry import batch_geometry
 
-    args = GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=16, num_generations=4,
-                      steps_per_generation=4, gradient_accumulation_steps=2, use_cpu=True, report_to="none")
+    args = GRPOConfig(
+        output_dir="/tmp/unused",
+        per_device_train_batch_size=16,
+        num_generations=4,
+        steps_per_generation=4,
+        gradient_accumulation_steps=2,
+        use_cpu=True,
+        report_to="none",
+    )
     table = batch_geometry(args, world_size=1, max_steps=10)
     rows = {line[:24].strip(): line[24:].split() for line in table.splitlines()[2:5]}
-    assert rows == {"per micro-step": ["4", "16", "1"], "per optimizer step": ["8", "32", "2"],
-                    "per generation round": ["16", "64", "4"]}
+    assert rows == {
+        "per micro-step": ["4", "16", "1"],
+        "per optimizer step": ["8", "32", "2"],
+        "per generation round": ["16", "64", "4"],
+    }
     assert "optimizer steps: 10   micro-steps: 20   generation rounds: 5" in table
     assert "off-policy optimizer steps: 2 of every 2" in table
 
@@ -283,7 +341,12 @@ def test_num_iterations_serves_each_round_mu_times(tmp_path):
     assert len(gen.rounds) == 2 and trainer.rollout_stats().rounds == 2
     for r, prompts in enumerate(gen.rounds):
         slices = [prompts[0:4], prompts[4:8]]
-        assert [s["prompts"] for s in served[4 * r: 4 * r + 4]] == [slices[0], slices[1], slices[0], slices[1]]
+        assert [s["prompts"] for s in served[4 * r : 4 * r + 4]] == [
+            slices[0],
+            slices[1],
+            slices[0],
+            slices[1],
+        ]
     assert all(s["old"] for s in served)
     assert off_policy_steps(2, 1, num_iterations=2) == [2, 3, 4]
     assert off_policy_steps(1, 1, num_iterations=2) == [2]  # micro 1 reuses round 0 after 1 update

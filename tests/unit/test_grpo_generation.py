@@ -26,8 +26,15 @@ from ablate.speed.plan import SpeedSwitches
 
 
 def _args(tmp_path: Any, **kw: Any) -> GRPOConfig:
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=12, num_generations=4, max_completion_length=12,
-                temperature=0.8, report_to="none", use_cpu=True)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=12,
+        num_generations=4,
+        max_completion_length=12,
+        temperature=0.8,
+        report_to="none",
+        use_cpu=True,
+    )
     return GRPOConfig(**(base | kw))
 
 
@@ -55,7 +62,9 @@ def test_greedy_completions_identical_to_generate(tmp_path):
     ours = SharedPromptGenerator(_args(tmp_path), tok, do_sample=False)
     a, b = hf(model, rows), ours(model, rows)
     assert a == b
-    assert min(map(len, a)) < 12 == max(map(len, a))  # some rows ended early (and left the batch), some ran to the cap
+    assert (
+        min(map(len, a)) < 12 == max(map(len, a))
+    )  # some rows ended early (and left the batch), some ran to the cap
 
 
 @pytest.mark.parametrize("top_k,top_p", [(50, 1.0), (0, 1.0), (0, 0.9), (20, 0.8)])
@@ -80,7 +89,11 @@ def test_top_k_zero_is_no_top_k_and_the_default(tmp_path, monkeypatch, generator
 
     import ablate.rollouts.generation as ours
 
-    assert GRPOConfig(output_dir=str(tmp_path)).top_k == TRLGRPOConfig(output_dir=str(tmp_path), use_cpu=True).top_k == 0
+    assert (
+        GRPOConfig(output_dir=str(tmp_path)).top_k
+        == TRLGRPOConfig(output_dir=str(tmp_path), use_cpu=True).top_k
+        == 0
+    )
     built: list[int] = []
 
     class Recording(gen_utils.TopKLogitsWarper):
@@ -105,7 +118,10 @@ def test_restores_train_mode_and_generates_from_one_token_prompts(tmp_path):
     model.train()
     rows = [[65]] * 4 + [[66]] * 4
     args = _args(tmp_path, per_device_train_batch_size=8)
-    (a, _), (b, _) = _draw(HFGenerator(args, tok), model, rows), _draw(SharedPromptGenerator(args, tok), model, rows)
+    (a, _), (b, _) = (
+        _draw(HFGenerator(args, tok), model, rows),
+        _draw(SharedPromptGenerator(args, tok), model, rows),
+    )
     assert a == b and model.training
 
 
@@ -121,9 +137,16 @@ def test_sampling_log_probs_are_the_trainers_log_probs(tmp_path, top_k, top_p):
     plain, rng_plain = _draw(gen, model, rows)
     out, rng = _draw(lambda m, r: gen.sample(m, r, policy_logps=True), model, rows)
     assert out.ids == plain and rng == rng_plain and out.logps is None
-    assert [len(lp) for lp in out.policy_logps] == [len(c) for c in out.ids] and len({len(c) for c in out.ids}) > 2
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
-                          processing_class=tok, reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
+    assert [len(lp) for lp in out.policy_logps] == [len(c) for c in out.ids] and len(
+        {len(c) for c in out.ids}
+    ) > 2
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
+        processing_class=tok,
+        reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
+    )
     batch = trainer._completion_batch(rows, out.ids)
     with torch.no_grad():
         forward = trainer._token_logps(model, batch)[0] * batch["completion_mask"]
@@ -157,10 +180,14 @@ def test_fast_scoring_equals_full_logits_whole_batch(tmp_path, monkeypatch, path
     tok, model, rows = _setup()
     args = _args(tmp_path)
     monkeypatch.setattr(scoring, "GROUP_OVERHEAD_TOKENS", 0)  # the tiny batch splits into several groups
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
-                          processing_class=tok,
-                          reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
-                          perf=SpeedSwitches(length_groups=path == "length_groups", grpo_group_rows=False))  # one row per completion
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
+        processing_class=tok,
+        reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
+        perf=SpeedSwitches(length_groups=path == "length_groups", grpo_group_rows=False),
+    )  # one row per completion
     completions = [[70, 71, 72], [73], [80, 81, 82, 83, 84], [90, 91]] * 3
     p_ids, p_mask = left_pad(rows, tok.pad_token_id)
     c_ids, c_mask = right_pad(completions, tok.pad_token_id)

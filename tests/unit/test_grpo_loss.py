@@ -52,8 +52,12 @@ def test_frac_reward_zero_std_is_trls_for_every_scaling():
     std (1.760682 on the table, not 0 -> 0.0, though group 1 alone has std 0), with `group` and
     `none` each group's (1 of 2 groups -> 0.5). All rewards equal: batch std 0 -> 1.0 (groups: 2 of 2).
     A config's scale is functools.partial(batch_std) (`_partial_: true`): the same."""
-    for scale, expected in ((grpo.group_std, 0.5), (grpo.no_std, 0.5), (grpo.batch_std, 0.0),
-                            (functools.partial(grpo.batch_std), 0.0)):
+    for scale, expected in (
+        (grpo.group_std, 0.5),
+        (grpo.no_std, 0.5),
+        (grpo.batch_std, 0.0),
+        (functools.partial(grpo.batch_std), 0.0),
+    ):
         _, m = grpo.sum_then_normalize(_table(), W, num_generations=3, scale=scale)
         assert m["frac_reward_zero_std"].item() == expected, scale
     flat = torch.full((6, 2), 2.0)  # weighted sums all 3
@@ -83,10 +87,15 @@ def _huge() -> torch.Tensor:
 U = math.sqrt(3) / 2  # a huge group's advantages, +-U (see _huge)
 
 
-@pytest.mark.parametrize("aggregate,size", [(grpo.sum_then_normalize, U),
-                                            # then over the batch: +-U, unbiased std U * sqrt(8/7), + 1e-4
-                                            (grpo.normalize_then_sum, U / (U * math.sqrt(8 / 7) + 1e-4))],
-                         ids=["sum_then_normalize", "normalize_then_sum"])
+@pytest.mark.parametrize(
+    "aggregate,size",
+    [
+        (grpo.sum_then_normalize, U),
+        # then over the batch: +-U, unbiased std U * sqrt(8/7), + 1e-4
+        (grpo.normalize_then_sum, U / (U * math.sqrt(8 / 7) + 1e-4)),
+    ],
+    ids=["sum_then_normalize", "normalize_then_sum"],
+)
 def test_rewards_near_float32s_largest_give_finite_advantages(aggregate, size):
     adv, m = aggregate(_huge(), torch.ones(1), num_generations=4)
     assert adv.dtype == torch.float32
@@ -109,7 +118,9 @@ def test_ordinary_rewards_keep_float32_arithmetic_to_the_bit():
     assert grpo.headroom(table, torch.ones(3)) is table
     assert grpo.headroom(_huge()).dtype == torch.float64
     grouped = (table * W.new_tensor([1.0, 0.5, 2.0])).nansum(dim=1).view(-1, 8)
-    expected = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (grpo._nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    expected = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (
+        grpo._nanstd(grouped, dim=1, keepdim=True) + 1e-4
+    )
     adv, _ = grpo.sum_then_normalize(table, torch.tensor([1.0, 0.5, 2.0]), num_generations=8)
     assert torch.equal(adv, expected.reshape(-1))
 
@@ -160,8 +171,7 @@ def test_k3_kl_term():
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.128245, abs=1e-5)
     with pytest.raises(ValueError):
-        grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
-                            beta=0.1)
+        grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2, beta=0.1)
 
 
 L = torch.tensor([[-1.2, -0.9], [1.6, 2.2]])
@@ -202,21 +212,36 @@ def test_sequence_level_ratio_gspo():
     on both tokens; row 1 (A=-2): only token 0 counts -> r = 0.5 -> min(-1, 0.8 * -2) = -1.6 -> 1.6.
     Clip metrics are per completion: row 1 low-clipped -> low 1/2, high 0, region 1/2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
-                                  importance_sampling_level="sequence")
+    loss, m = grpo.clip(
+        grpo.LossInputs(logps, old, adv, mask),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        importance_sampling_level="sequence",
+    )
     r0 = math.sqrt(1.35)
     torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(0.5)
-    assert m["clip_ratio/high_mean"].item() == 0.0 and m["clip_ratio/region_mean"].item() == pytest.approx(0.5)
+    assert m["clip_ratio/high_mean"].item() == 0.0 and m["clip_ratio/region_mean"].item() == pytest.approx(
+        0.5
+    )
     with pytest.raises(KeyError):  # not a level: the config's schema refuses it (tests/unit/test_schema.py)
-        grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
-                            importance_sampling_level="tokens")
+        grpo.clip(
+            grpo.LossInputs(logps, old, adv, mask),
+            epsilon=0.2,
+            epsilon_high=0.2,
+            importance_sampling_level="tokens",
+        )
 
 
 def test_delta_caps_the_ratio_of_negative_advantages():
     """r = 1.5, A = -2, eps 0.2: without delta min(1.5 * -2, 1.2 * -2) = -3 -> loss 3;
     delta = 1.3 caps r: min(1.3 * -2, -2.4) = -2.6 -> loss 2.6."""
-    logps, old, adv, mask = torch.tensor([[math.log(1.5)]]), torch.zeros(1, 1), torch.tensor([-2.0]), torch.ones(1, 1)
+    logps, old, adv, mask = (
+        torch.tensor([[math.log(1.5)]]),
+        torch.zeros(1, 1),
+        torch.tensor([-2.0]),
+        torch.ones(1, 1),
+    )
     inputs = grpo.LossInputs(logps, old, adv, mask)
     assert grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2)[0].item() == pytest.approx(3.0)
     assert grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, delta=1.3)[0].item() == pytest.approx(2.6)
@@ -241,7 +266,9 @@ def test_cispo_hand_computed():
     1 of the 3 unmasked tokens."""
     logps, old, adv, mask = _ratios()
     loss, m = grpo.cispo(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=1.2)
-    torch.testing.assert_close(loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0
+    )
     assert m["cispo_clip_ratio"].item() == pytest.approx(1 / 3)
     loss.sum().backward()
     torch.testing.assert_close(logps.grad, torch.tensor([[-1.2, -0.9], [1.0, 2.2]]))
@@ -252,9 +279,16 @@ def test_sapo_hand_computed():
     row 0 (A=1):  -4 sig(0.5) = -2.489837;  -4 sig(-0.1) = -1.900083
     row 1 (A=-2): 8/1.05 sig(-0.525) = 2.831877;  8/1.05 sig(0.105) = 4.009340."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.sapo(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2,
-                        temperature_pos=1.0, temperature_neg=1.05)
-    torch.testing.assert_close(loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0)
+    loss, m = grpo.sapo(
+        grpo.LossInputs(logps, old, adv, mask),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        temperature_pos=1.0,
+        temperature_neg=1.05,
+    )
+    torch.testing.assert_close(
+        loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0
+    )
     assert m == {}
 
 
@@ -268,7 +302,9 @@ def test_normalize_then_sum():
     adv, m = grpo.normalize_then_sum(_table(), W, num_generations=3)
     x = torch.tensor([-0.499975, 0.0, 0.499975, 0.0, 0.499925, -0.499925])
     torch.testing.assert_close(adv, x / (0.447169 + 1e-4), atol=1e-5, rtol=0)
-    assert m["reward"].item() == pytest.approx(3.5) and m["reward_std"].item() == pytest.approx(math.sqrt(3.1), rel=1e-6)
+    assert m["reward"].item() == pytest.approx(3.5) and m["reward_std"].item() == pytest.approx(
+        math.sqrt(3.1), rel=1e-6
+    )
     assert m["frac_reward_zero_std"].item() == 0.0
 
 
@@ -282,5 +318,7 @@ def test_nan_or_inf_advantages_stop_the_round_in_one_line():
     check_advantages(torch.tensor([0.5, -0.5]), ratio, 3)  # finite: nothing said
     with pytest.raises(FloatingPointError) as e:
         check_advantages(ratio(torch.zeros(2, 1), None, 2)[0], ratio, 3)
-    assert str(e.value).startswith("the advantages are NaN/inf at step 3, made by method.grpo_reward_aggregation "
-                                   "(test_grpo_loss.test_nan_or_inf_advantages_stop_the_round_in_one_line.<locals>.ratio)")
+    assert str(e.value).startswith(
+        "the advantages are NaN/inf at step 3, made by method.grpo_reward_aggregation "
+        "(test_grpo_loss.test_nan_or_inf_advantages_stop_the_round_in_one_line.<locals>.ratio)"
+    )

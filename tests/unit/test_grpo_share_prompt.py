@@ -48,7 +48,16 @@ def test_shared_prompt_groups_layout():
     assert b["tgt"].tolist() == [8, 9, 3, 4]
     assert b["row"].tolist() == [0, 0, 1, 2] and b["col"].tolist() == [0, 1, 0, 0]
     assert sorted(zip(b["row_index"].tolist(), b["row_source"].tolist())) == [
-        (0, 0), (1, 1), (2, 2), (3, 3), (4, 0), (5, 1), (6, 4), (9, 5), (10, 6)]
+        (0, 0),
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (4, 0),
+        (5, 1),
+        (6, 4),
+        (9, 5),
+        (10, 6),
+    ]
     assert b["row_out"].tolist() == [0, 1, 2, 3, 6, 9, 10]
     assert b["row_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [0, 1, 1, 0]]
 
@@ -71,9 +80,17 @@ def _model(arch: str) -> tuple[Any, Any]:
     tok, model = tiny()
     if arch == "qwen2":  # grouped-query attention
         torch.manual_seed(0)
-        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             tie_word_embeddings=False))
+        model = Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=len(tok),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+            )
+        )
     model = _moved(model)
     if arch == "llama_eager":
         model.set_attn_implementation("eager")
@@ -87,8 +104,17 @@ def _batch(tok: Any) -> dict[str, torch.Tensor]:
     """3 groups of 3 (prompts of 4, 12 and 1 tokens: left padding), completions of 1 to 5 tokens
     (right padding), one fully masked (a truncated completion under mask_truncated_completions)."""
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("abc:", "hello there:", "x")]
-    completions = [[70, 71, 72], [73], [80, 81, 82, 83, 84], [90, 91], [74], [75, 76, 77],
-                   [78, 79, 80, 81], [92], [93, 94]]
+    completions = [
+        [70, 71, 72],
+        [73],
+        [80, 81, 82, 83, 84],
+        [90, 91],
+        [74],
+        [75, 76, 77],
+        [78, 79, 80, 81],
+        [92],
+        [93, 94],
+    ]
     p_ids, p_mask = left_pad([p for p in prompts for _ in range(3)], tok.pad_token_id)
     c_ids, c_mask = right_pad(completions, tok.pad_token_id)
     c_mask[5] = 0
@@ -96,10 +122,27 @@ def _batch(tok: Any) -> dict[str, torch.Tensor]:
 
 
 def _trainer(tmp_path: Any, tok: Any, model: Any, **kw: Any) -> GRPOTrainer:
-    args = GRPOConfig(**(dict(output_dir=str(tmp_path), per_device_train_batch_size=9, num_generations=3,
-                              max_completion_length=5, temperature=0.7, report_to="none", use_cpu=True) | kw))
-    return GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"prompt": ["ab"] * 3}),
-                       processing_class=tok, reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)})
+    args = GRPOConfig(
+        **(
+            dict(
+                output_dir=str(tmp_path),
+                per_device_train_batch_size=9,
+                num_generations=3,
+                max_completion_length=5,
+                temperature=0.7,
+                report_to="none",
+                use_cpu=True,
+            )
+            | kw
+        )
+    )
+    return GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 3}),
+        processing_class=tok,
+        reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora", "llama_eager", "llama_lora_head"])
@@ -111,7 +154,9 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     trainer = _trainer(tmp_path, tok, model)
     batch = _batch(tok)
     mask = batch["completion_mask"]
-    weight = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3))  # a different weight per token
+    weight = torch.randn(
+        mask.shape, generator=torch.Generator().manual_seed(3)
+    )  # a different weight per token
 
     def run() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         model.zero_grad()
@@ -126,10 +171,15 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     shared = scoring.shared_prompt_logps
     monkeypatch.setattr(scoring, "shared_prompt_logps", lambda *a, **k: calls.append(1) or shared(*a, **k))
     sdpa = packing.sdpa_attention_forward
-    monkeypatch.setattr(packing, "sdpa_attention_forward",  # the rows attention runs on
-                        lambda m, q, *a, **k: attention.append(q.shape[0]) or sdpa(m, q, *a, **k))
+    monkeypatch.setattr(
+        packing,
+        "sdpa_attention_forward",  # the rows attention runs on
+        lambda m, q, *a, **k: attention.append(q.shape[0]) or sdpa(m, q, *a, **k),
+    )
     layer = model.get_base_model() if arch.startswith("llama_lora") else model
-    hook = layer.model.layers[0].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(i[0].shape[:-1])))
+    hook = layer.model.layers[0].mlp.register_forward_hook(
+        lambda m, i, o: shapes.append(tuple(i[0].shape[:-1]))
+    )
     fast = run()
     hook.remove()
     shared_attention = list(attention)  # the plain path's calls come after
@@ -179,21 +229,42 @@ def _train(tmp_path: Any, name: str, **kw: Any) -> list[dict[str, float]]:
     model.generation_config.eos_token_id = list(range(60, 100))
     data = Dataset.from_dict({"prompt": ["abc:", "hello there:", "x", "sort: zyx ="]})
     group_rows = kw.pop("group_rows")
-    args = GRPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=6, num_generations=3,
-                      max_completion_length=6, temperature=0.9, max_steps=4, learning_rate=1e-2, logging_steps=1,
-                      report_to="none", save_strategy="no", disable_tqdm=True, seed=0, use_cpu=True, **kw)
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                          reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
-                          perf=SpeedSwitches(grpo_group_rows=group_rows))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / name),
+        per_device_train_batch_size=6,
+        num_generations=3,
+        max_completion_length=6,
+        temperature=0.9,
+        max_steps=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+        **kw,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
+        perf=SpeedSwitches(grpo_group_rows=group_rows),
+    )
     trainer.train()
     return [e for e in trainer.state.log_history if "loss" in e]
 
 
-@pytest.mark.parametrize("kw", [
-    {"steps_per_generation": 1, "mask_truncated_completions": True},  # rows without EOS fully masked
-    {"steps_per_generation": 2, "num_iterations": 2},  # old log-probs scored at generation time
-    {"steps_per_generation": 2, "num_iterations": 2, "beta": 0.1},  # and the reference model's
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"steps_per_generation": 1, "mask_truncated_completions": True},  # rows without EOS fully masked
+        {"steps_per_generation": 2, "num_iterations": 2},  # old log-probs scored at generation time
+        {"steps_per_generation": 2, "num_iterations": 2, "beta": 0.1},  # and the reference model's
+    ],
+)
 def test_training_steps_equal_row_per_completion(tmp_path, monkeypatch, kw):
     """Every logged loss and metric of 4 optimizer steps equals the row-per-completion path's to 1e-5."""
     calls = []
@@ -209,7 +280,12 @@ def test_training_steps_equal_row_per_completion(tmp_path, monkeypatch, kw):
         assert a.keys() == b.keys()
         for name in a:
             if not name.startswith("timing/") and not name.endswith("_per_second"):  # wall clock
-                assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (a["step"], name, a[name], b[name])
+                assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
+                    a["step"],
+                    name,
+                    a[name],
+                    b[name],
+                )
     assert len({round(e["loss"], 6) for e in plain}) > 1 and not calls
     if "num_iterations" in kw:  # off-policy micro-steps: the ratio is not 1, clipping acts
         assert any(e["clip_ratio/region_mean"] > 0 for e in plain)

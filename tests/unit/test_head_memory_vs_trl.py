@@ -37,8 +37,11 @@ def test_the_head_keeps_what_trls_fused_head_keeps_and_the_plain_path_keeps_the_
     targets = torch.randint(0, vocab, (n,), generator=g)
 
     ours, ours_bytes = saved_bytes(lambda: completion_logps(h, head, targets)[0])
-    trl, trl_bytes = saved_bytes(lambda: utils._ChunkedLogProbFunction.apply(
-        h, head.weight, None, targets, 1.0, utils._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs",))[0])
+    trl, trl_bytes = saved_bytes(
+        lambda: utils._ChunkedLogProbFunction.apply(
+            h, head.weight, None, targets, 1.0, utils._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs",)
+        )[0]
+    )
     plain, plain_bytes = saved_bytes(lambda: logits_logps(head(h), targets)[0])
 
     torch.testing.assert_close(ours, trl.float(), rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)

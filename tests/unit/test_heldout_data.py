@@ -65,15 +65,23 @@ def test_a_prompt_is_what_it_asks():
     # messages: the user turns; a system prompt or an answer does not make a question new
     assert prompt_key({"prompt": [system, _user("Capital of France?")]}) == ("Capital of France?",)
     assert prompt_key({"messages": [_user("Capital of France?"), answer]}) == ("Capital of France?",)
-    assert prompt_key({"conversations": [{"from": "user", "value": "Hi"}, {"from": "assistant", "value": "Yo"}]}) == ("Hi",)
+    assert prompt_key(
+        {"conversations": [{"from": "user", "value": "Hi"}, {"from": "assistant", "value": "Yo"}]}
+    ) == ("Hi",)
     assert prompt_key({"prompt": [_user("a"), answer, _user("b")]}) == ("a", "b")  # every user turn, in order
-    assert prompt_key({"prompt": [{"role": "user", "content": [{"type": "text", "text": "Hi  there"}]}]}) == ("Hi there",)
+    assert prompt_key({"prompt": [{"role": "user", "content": [{"type": "text", "text": "Hi  there"}]}]}) == (
+        "Hi there",
+    )
     # strings: whitespace normalised, case kept (it can be the task)
     assert prompt_key({"prompt": "  sort:  dcba =\n"}) == "sort: dcba ="
     assert prompt_key({"prompt": "ABC"}) != prompt_key({"prompt": "abc"})
     # implicit prompt: the shared prefix TRL takes; text rows: the text; tokenised rows: the ids
-    assert prompt_key({"chosen": [_user("Q?"), answer], "rejected": [_user("Q?"), {"role": "assistant", "content": "Rome."}]}) \
-        == ("Q?",)
+    assert prompt_key(
+        {
+            "chosen": [_user("Q?"), answer],
+            "rejected": [_user("Q?"), {"role": "assistant", "content": "Rome."}],
+        }
+    ) == ("Q?",)
     assert prompt_key({"chosen": "Q: x A: yes", "rejected": "Q: x A: no"}) == "Q: x A:"
     assert prompt_key({"text": "once upon a time"}) == "once upon a time"
     assert prompt_key({"prompt_ids": [1, 2, 3], "chosen_ids": [4]}) == (1, 2, 3)
@@ -83,7 +91,12 @@ def test_a_prompt_is_what_it_asks():
 def test_shared_prompts_counts_eval_rows_and_the_warning_says_so():
     train = [{"prompt": "a"}, {"prompt": "b"}, {"prompt": "b"}]
     held_out = [{"prompt": "b"}, {"prompt": " b"}, {"prompt": "c"}, {"prompt": [_user("a")]}]
-    assert shared_prompts(train, held_out) == (2, 4)  # a string "a" is not the message "a": a chat template differs
-    assert warning(2, 4, "train.jsonl") == ("warning: 2 of 4 eval prompts also occur in the training data "
-                                            "(train.jsonl): held-out metrics will overstate")
+    assert shared_prompts(train, held_out) == (
+        2,
+        4,
+    )  # a string "a" is not the message "a": a chat template differs
+    assert warning(2, 4, "train.jsonl") == (
+        "warning: 2 of 4 eval prompts also occur in the training data "
+        "(train.jsonl): held-out metrics will overstate"
+    )
     assert warning(0, 4, "train.jsonl") is None

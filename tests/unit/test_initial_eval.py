@@ -13,13 +13,19 @@ from ablate.methods.initial_eval import Forwards, batch_digest
 
 def _batch(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(0, 50, (2, 7), generator=g), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    return {
+        "input_ids": torch.randint(0, 50, (2, 7), generator=g),
+        "attention_mask": torch.ones(2, 7, dtype=torch.long),
+    }
 
 
 def _output(seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
     g = torch.Generator().manual_seed(seed)
-    stats = {"entropy": torch.rand(9, generator=g).to(dtype), "mean_logit": torch.randn(9, generator=g).to(dtype),
-             "correct": torch.rand(9, generator=g) > 0.5}
+    stats = {
+        "entropy": torch.rand(9, generator=g).to(dtype),
+        "mean_logit": torch.randn(9, generator=g).to(dtype),
+        "correct": torch.rand(9, generator=g) > 0.5,
+    }
     return torch.randn(4, generator=g).to(dtype), {"stats": stats, "seq": torch.arange(9) % 4}
 
 

@@ -38,9 +38,9 @@ def test_sequence_mask_is_trls_default():
     sum 3.6, mean 0.514286, max 1.0 (the padding's 9.0 is not a completion token)."""
     logps, sampling, mask = _batch()
     w, m = is_correction.importance_sampling_correction(logps, sampling, mask)  # TRL's defaults
-    torch.testing.assert_close(w, torch.tensor([[0.0], [E], [E ** -1.5]]))
+    torch.testing.assert_close(w, torch.tensor([[0.0], [E], [E**-1.5]]))
     assert (_metric(m, "min"), _metric(m, "max")) == pytest.approx((0.0, E))
-    assert _metric(m, "mean") == pytest.approx((E + E ** -1.5) / 3)
+    assert _metric(m, "mean") == pytest.approx((E + E**-1.5) / 3)
     assert _metric(m, "masked_fraction") == pytest.approx(1 / 3)
     assert m["sampling/sampling_logp_difference/mean"].item() == pytest.approx(3.6 / 7)
     assert m["sampling/sampling_logp_difference/max"].item() == pytest.approx(1.0)
@@ -50,8 +50,9 @@ def test_sequence_truncate_clamps_both_bounds():
     """sequence_truncate, clip_min 0.5, clip_max 3: (min(3.004, 3), e, max(0.223, 0.5)) = (3, e, 0.5);
     mean (3 + 2.718282 + 0.5) / 3 = 2.072761; 2 of 3 were outside the bounds."""
     logps, sampling, mask = _batch()
-    w, m = is_correction.importance_sampling_correction(logps, sampling, mask, mode="sequence_truncate",
-                                                        clip_min=0.5, clip_max=3.0)
+    w, m = is_correction.importance_sampling_correction(
+        logps, sampling, mask, mode="sequence_truncate", clip_min=0.5, clip_max=3.0
+    )
     torch.testing.assert_close(w, torch.tensor([[3.0], [E], [0.5]]))
     assert _metric(m, "mean") == pytest.approx((3 + E + 0.5) / 3)
     assert _metric(m, "masked_fraction") == pytest.approx(2 / 3)
@@ -65,14 +66,17 @@ def test_token_modes():
     token_truncate, clip_max 1.7: e^.6 -> 1.7, the rest unchanged; 1 of 8 outside."""
     logps, sampling, mask = _batch()
     h = math.exp(0.5)
-    w, m = is_correction.importance_sampling_correction(logps, sampling, mask, mode="token_mask", clip_min=0.5)
-    torch.testing.assert_close(w, torch.tensor([[h, E ** 0.6, 1.0], [h, h, 1.0], [0.0, 1.0, E ** -0.5]]))
-    assert (_metric(m, "min"), _metric(m, "max")) == pytest.approx((0.0, E ** 0.6))
-    assert _metric(m, "mean") == pytest.approx((3 * h + E ** 0.6 + 2 + E ** -0.5) / 8)
+    w, m = is_correction.importance_sampling_correction(
+        logps, sampling, mask, mode="token_mask", clip_min=0.5
+    )
+    torch.testing.assert_close(w, torch.tensor([[h, E**0.6, 1.0], [h, h, 1.0], [0.0, 1.0, E**-0.5]]))
+    assert (_metric(m, "min"), _metric(m, "max")) == pytest.approx((0.0, E**0.6))
+    assert _metric(m, "mean") == pytest.approx((3 * h + E**0.6 + 2 + E**-0.5) / 8)
     assert _metric(m, "masked_fraction") == pytest.approx(1 / 8)
-    w, m = is_correction.importance_sampling_correction(logps, sampling, mask, mode="token_truncate",
-                                                        clip_max=1.7)
-    torch.testing.assert_close(w, torch.tensor([[h, 1.7, 1.0], [h, h, 1.0], [E ** -1, 1.0, E ** -0.5]]))
+    w, m = is_correction.importance_sampling_correction(
+        logps, sampling, mask, mode="token_truncate", clip_max=1.7
+    )
+    torch.testing.assert_close(w, torch.tensor([[h, 1.7, 1.0], [h, h, 1.0], [E**-1, 1.0, E**-0.5]]))
     assert _metric(m, "masked_fraction") == pytest.approx(1 / 8)
 
 
@@ -115,10 +119,15 @@ def test_policy_weight_multiplies_the_policy_term_not_the_kl():
     policy term -A * 1 * 0.5 = -1; k3 KL e^-1 - (-1) - 1 = e^-1 = 0.367879, times the ratio 1 (bias
     correction), added unweighted: -1 + 0.1 * 0.367879 = -0.963212 per token (weighted KL would be -0.981606)."""
     logps = torch.full((1, 2), -1.0)
-    inputs = grpo.LossInputs(logps, logps, torch.tensor([2.0]), torch.ones(1, 2), logps - 1,
-                             policy_weight=torch.full((1, 1), 0.5))
+    inputs = grpo.LossInputs(
+        logps, logps, torch.tensor([2.0]), torch.ones(1, 2), logps - 1, policy_weight=torch.full((1, 1), 0.5)
+    )
     loss, _ = grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, beta=0.1, bias_correction_kl=True)
-    torch.testing.assert_close(loss, torch.full((1, 2), -1 + 0.1 * E ** -1))
-    unweighted, _ = grpo.clip(grpo.LossInputs(logps, logps, torch.tensor([2.0]), torch.ones(1, 2),
-                                                        logps - 1), epsilon=0.2, epsilon_high=0.2, beta=0.1)
-    torch.testing.assert_close(unweighted, torch.full((1, 2), -2 + 0.1 * E ** -1))
+    torch.testing.assert_close(loss, torch.full((1, 2), -1 + 0.1 * E**-1))
+    unweighted, _ = grpo.clip(
+        grpo.LossInputs(logps, logps, torch.tensor([2.0]), torch.ones(1, 2), logps - 1),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.1,
+    )
+    torch.testing.assert_close(unweighted, torch.full((1, 2), -2 + 0.1 * E**-1))

@@ -34,8 +34,13 @@ def test_kto():
 
 def test_kto_weights():
     """w_D = 2, w_U = 0.5: [0.7550814, 1.2449186, 0.0912128, 0.25]."""
-    close(kto.kto(*examples(), beta=0.5, desirable_weight=2.0, undesirable_weight=0.5)[0],
-          0.7550814, 1.2449186, 0.0912128, 0.25)
+    close(
+        kto.kto(*examples(), beta=0.5, desirable_weight=2.0, undesirable_weight=0.5)[0],
+        0.7550814,
+        1.2449186,
+        0.0912128,
+        0.25,
+    )
 
 
 def test_kto_without_reference_point():
@@ -50,7 +55,9 @@ def test_apo_zero_unpaired():
     = [0.2689414, 0.6224593]; the reference point given is not read."""
     close(kto.apo_zero_unpaired(*examples(), beta=0.5)[0], 0.2689414, 0.5, 0.2689414, 0.6224593)
     logps, ref, desirable, _ = examples()
-    close(kto.apo_zero_unpaired(logps, ref, desirable, None, beta=0.5)[0], 0.2689414, 0.5, 0.2689414, 0.6224593)
+    close(
+        kto.apo_zero_unpaired(logps, ref, desirable, None, beta=0.5)[0], 0.2689414, 0.5, 0.2689414, 0.6224593
+    )
 
 
 def test_kl_estimate():
@@ -75,9 +82,16 @@ def test_uses_kl():
     assert not kto.uses_kl(functools.partial(kto.apo_zero_unpaired))
 
 
-@pytest.mark.parametrize("desirable,names", [([True, True, False, False], {"rewards/chosen", "rewards/rejected",
-                                              "rewards/margins", "logps/chosen", "logps/rejected"}),
-                                             ([True, True, True, True], {"rewards/chosen", "logps/chosen"})])
+@pytest.mark.parametrize(
+    "desirable,names",
+    [
+        (
+            [True, True, False, False],
+            {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"},
+        ),
+        ([True, True, True, True], {"rewards/chosen", "logps/chosen"}),
+    ],
+)
 def test_reward_metrics(desirable, names):
     """rewards b l = [1, 0, -1, 0.5]: chosen mean 0.5, rejected mean -0.25, margin 0.75; logps/chosen
     mean(-1, -3) = -2, logps/rejected mean(-5, -2) = -3.5. A batch of one label logs only its own."""
@@ -85,5 +99,22 @@ def test_reward_metrics(desirable, names):
     m = kto.reward_metrics(logps, ref, torch.tensor(desirable), beta=0.5)
     assert set(m) == names
     if "rewards/margins" in m:
-        close(torch.stack([m[k] for k in ("rewards/chosen", "rewards/rejected", "rewards/margins",
-                                          "logps/chosen", "logps/rejected")]), 0.5, -0.25, 0.75, -2, -3.5)
+        close(
+            torch.stack(
+                [
+                    m[k]
+                    for k in (
+                        "rewards/chosen",
+                        "rewards/rejected",
+                        "rewards/margins",
+                        "logps/chosen",
+                        "logps/rejected",
+                    )
+                ]
+            ),
+            0.5,
+            -0.25,
+            0.75,
+            -2,
+            -3.5,
+        )

@@ -29,12 +29,7 @@ from transformers import (
 
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
-from ablate.speed.lean import (
-    RMSNormFunction,
-    SiluMulFunction,
-    SiluMulLinearFunction,
-    make_lean,
-)
+from ablate.speed.lean import RMSNormFunction, SiluMulFunction, SiluMulLinearFunction, make_lean
 from ablate.speed.plan import SpeedSwitches, Setting, apply, resolve
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
@@ -52,8 +47,15 @@ def _moved(model: torch.nn.Module) -> torch.nn.Module:
 
 def _model(arch: str, **extra: object) -> torch.nn.Module:
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=H, intermediate_size=I, num_hidden_layers=LAYERS,
-                  num_attention_heads=4, num_key_value_heads=2, **extra)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=H,
+        intermediate_size=I,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **extra,
+    )
     if arch == "llama":
         return _moved(LlamaForCausalLM(LlamaConfig(**common)))
     if arch == "mistral":
@@ -65,7 +67,9 @@ def _model(arch: str, **extra: object) -> torch.nn.Module:
 
 def _pair(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     lean = copy.deepcopy(model)
-    qk_norms = 2 * LAYERS if model.config.model_type == "qwen3" else 0  # Qwen3 normalizes q and k per head too
+    qk_norms = (
+        2 * LAYERS if model.config.model_type == "qwen3" else 0
+    )  # Qwen3 normalizes q and k per head too
     assert make_lean(lean) == 3 * LAYERS + 1 + qk_norms  # two norms and an MLP per layer, the final norm
     return model, lean
 
@@ -79,7 +83,9 @@ def _batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _run(model: torch.nn.Module, batch: dict[str, torch.Tensor], autocast: bool = False) -> tuple[torch.Tensor, dict]:
+def _run(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], autocast: bool = False
+) -> tuple[torch.Tensor, dict]:
     """Logits, and the gradients of every parameter and of the input embeddings, for a loss that
     weighs every logit differently."""
     embeds = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
@@ -121,8 +127,10 @@ def test_forward_bitwise_and_gradients_close_under_bf16_autocast(arch):
     _assert_grads(g_l, g_p, rtol=1e-2)  # bf16 has an 8-bit mantissa (~4e-3 relative per rounding)
 
 
-@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                             (torch.float32, torch.float32)])
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype",
+    [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)],
+)
 def test_functions_match_eager_ops_in_mixed_dtypes(x_dtype, w_dtype):
     """The Functions alone, against the eager expressions, where casts happen (bf16 input, fp32 or bf16
     weight): forward bitwise, gradients to the rounding of the input dtype."""
@@ -169,8 +177,19 @@ def test_lora_on_the_mlp_projections_trains_the_same():
         base = _model("llama")
         if lean:
             assert make_lean(base) == 3 * LAYERS + 1
-        models.append(_moved(with_adapters(base, lora(r=4, lora_alpha=8, lora_dropout=0.0,
-                                                      target_modules=["gate_proj", "up_proj", "down_proj"]))))
+        models.append(
+            _moved(
+                with_adapters(
+                    base,
+                    lora(
+                        r=4,
+                        lora_alpha=8,
+                        lora_dropout=0.0,
+                        target_modules=["gate_proj", "up_proj", "down_proj"],
+                    ),
+                )
+            )
+        )
     batch = _batch()
     (out_p, g_p), (out_l, g_l) = (_run(m, batch) for m in models)
     assert torch.equal(out_l, out_p)
@@ -191,7 +210,12 @@ def test_other_families_and_activations_are_left_alone():
     # the model builders leave the modules as they are; the trainers' speed plan makes them lean
     assert "forward" not in vars(tiny()[1].model.norm)
     plain, lean = tiny()[1], tiny()[1]
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa"), SpeedSwitches(lean_layers=True), {"lean_layers": None})
+    plan = resolve(
+        "policy",
+        Setting(model_type="llama", attention="sdpa"),
+        SpeedSwitches(lean_layers=True),
+        {"lean_layers": None},
+    )
     apply(plain, plan.turned_off("lean_layers"))
     apply(lean, plan)
     assert "forward" not in vars(plain.model.norm) and "forward" in vars(lean.model.norm)
@@ -234,7 +258,9 @@ def test_lean_layers_save_less_for_backward():
     assert saved_lean <= 0.65 * saved_plain, (saved_lean, saved_plain)
 
 
-@pytest.mark.parametrize("autocast,x_dtype", [(False, torch.float32), (True, torch.float32), (False, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "autocast,x_dtype", [(False, torch.float32), (True, torch.float32), (False, torch.bfloat16)]
+)
 def test_silu_mul_linear_matches_eager_down_proj(autocast, x_dtype):
     """`SiluMulLinearFunction` against the eager `F.linear(silu(gate) * up, w)` with an fp32 weight:
     fp32, under bf16 autocast (the matmul in bf16, gradients cast back), and bf16 inputs. Forward and
@@ -244,15 +270,25 @@ def test_silu_mul_linear_matches_eager_down_proj(autocast, x_dtype):
     up = torch.randn(2, 3, I, generator=g).to(x_dtype).requires_grad_(True)
     w = (0.1 * torch.randn(H, I, generator=g)).requires_grad_(True)
     results = []
-    for fn in (lambda: torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w.to(gate.dtype)
-                                                  if not autocast else w),
-               lambda: SiluMulLinearFunction.apply(gate, up, w if autocast or x_dtype == torch.float32
-                                                   else w.to(x_dtype))):
+    for fn in (
+        lambda: torch.nn.functional.linear(
+            torch.nn.functional.silu(gate) * up, w.to(gate.dtype) if not autocast else w
+        ),
+        lambda: SiluMulLinearFunction.apply(
+            gate, up, w if autocast or x_dtype == torch.float32 else w.to(x_dtype)
+        ),
+    ):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = fn()
-        grads = torch.autograd.grad(out, (gate, up, w), torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out.dtype))
+        grads = torch.autograd.grad(
+            out,
+            (gate, up, w),
+            torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out.dtype),
+        )
         results.append((out, grads))
     (out_e, grads_e), (out_l, grads_l) = results
-    assert out_l.dtype == out_e.dtype == (torch.bfloat16 if autocast else x_dtype) and torch.equal(out_l, out_e)
+    assert out_l.dtype == out_e.dtype == (torch.bfloat16 if autocast else x_dtype) and torch.equal(
+        out_l, out_e
+    )
     for a, b in zip(grads_l, grads_e):
         assert a.dtype == b.dtype and torch.equal(a, b)

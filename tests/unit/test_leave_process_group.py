@@ -28,10 +28,22 @@ RANK = textwrap.dedent("""
 
 @pytest.mark.parametrize("how", ["finished", "failed"])
 def test_both_ranks_leave_the_group_and_exit_cleanly(tmp_path, how):
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 900 + (how == "failed")),
-           "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, how], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29000 + os.getpid() % 900 + (how == "failed")),
+        "WORLD_SIZE": "2",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, how],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err[-2000:]

@@ -17,8 +17,9 @@ def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     found = subprocess.run([sys.executable, "-m", "ruff", "--version"], capture_output=True, text=True)
     if found.returncode != 0:
         pytest.fail("ruff is not installed in this environment: pip install -e '.[dev]' -c constraints.txt")
-    return subprocess.run([sys.executable, "-m", "ruff", *args, "--no-cache"], cwd=cwd, capture_output=True,
-                          text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--no-cache"], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def test_ruff_check_is_clean():

@@ -46,8 +46,10 @@ def _plain(logits, targets, temperature=1.0):
     """The plain formula, whose numbers `logits_logps` must give: float32 log-softmax, gathered."""
     z = logits.float() / temperature
     f = torch.log_softmax(z, -1)
-    return (f.gather(-1, targets.unsqueeze(-1)).squeeze(-1),
-            (-(f.exp() * f).sum(-1), z.mean(-1), logits.argmax(-1) == targets))
+    return (
+        f.gather(-1, targets.unsqueeze(-1)).squeeze(-1),
+        (-(f.exp() * f).sum(-1), z.mean(-1), logits.argmax(-1) == targets),
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -21,10 +21,26 @@ def _rec(on: bool, speedup: float | None = 1.2, exact: bool = True) -> dict:
 @pytest.fixture
 def record(tmp_path):
     path = tmp_path / "measured.json"
-    path.write_text(json.dumps({"cpu": {"families": [
-        {"family": AMD, "run": "amd run", "paths": {"padding_free": _rec(True), "lean_layers": _rec(True)}},
-        {"family": INTEL, "run": "intel run", "paths": {"padding_free": _rec(False, 0.9), "lean_layers": _rec(True)}},
-    ]}}))
+    path.write_text(
+        json.dumps(
+            {
+                "cpu": {
+                    "families": [
+                        {
+                            "family": AMD,
+                            "run": "amd run",
+                            "paths": {"padding_free": _rec(True), "lean_layers": _rec(True)},
+                        },
+                        {
+                            "family": INTEL,
+                            "run": "intel run",
+                            "paths": {"padding_free": _rec(False, 0.9), "lean_layers": _rec(True)},
+                        },
+                    ]
+                }
+            }
+        )
+    )
     return path
 
 
@@ -35,12 +51,16 @@ def test_a_cpu_uses_its_own_familys_record(record):
     assert intel["run"] == "intel run" and intel["paths"]["padding_free"]["on"] is False
     # the same Intel CPU under ATEN_CPU_CAPABILITY=default is another family (other kernels): unmeasured
     assert measured.entry("cpu", record, family={**INTEL, "capability": "DEFAULT"})["run"].startswith(
-        "no record for this CPU (x86_64 GenuineIntel DEFAULT AMX)")
+        "no record for this CPU (x86_64 GenuineIntel DEFAULT AMX)"
+    )
 
 
 def test_an_unmeasured_family_runs_only_what_every_family_measured_faster(record):
-    arm = measured.entry("cpu", record, family={"arch": "aarch64", "vendor": "implementer 0x41",
-                                                 "capability": "DEFAULT", "amx": False})
+    arm = measured.entry(
+        "cpu",
+        record,
+        family={"arch": "aarch64", "vendor": "implementer 0x41", "capability": "DEFAULT", "amx": False},
+    )
     assert "amd run" in arm["run"] and "intel run" in arm["run"]
     assert arm["paths"]["lean_layers"]["on"] and not arm["paths"]["padding_free"]["on"]
     assert arm["paths"]["padding_free"]["speedup"] == 0.9  # the worst recorded
@@ -49,16 +69,25 @@ def test_an_unmeasured_family_runs_only_what_every_family_measured_faster(record
 def test_the_plan_follows_this_cpus_record(record, monkeypatch):
     monkeypatch.setattr(measured, "RECORD", record)
     monkeypatch.setattr(measured, "cpu_family", lambda: INTEL)
-    plan = resolve("policy", Setting(model_type="llama", attention="sdpa", device="cpu"), SpeedSwitches(), DPO)
+    plan = resolve(
+        "policy", Setting(model_type="llama", attention="sdpa", device="cpu"), SpeedSwitches(), DPO
+    )
     off = {d.name: d.why for d in plan.decisions if not d.on}
-    assert plan.on("lean_layers") and off["padding_free"].startswith("slower than the plain path on cpu: 0.90x")
+    assert plan.on("lean_layers") and off["padding_free"].startswith(
+        "slower than the plain path on cpu: 0.90x"
+    )
     assert "no recorded run" in off["dpo_pair_rows"]  # measured on no family: off, as on any device
     assert plan.table().splitlines()[-1] == "  decided on cpu by: intel run"
 
 
 def test_write_keeps_the_other_families(record):
-    measured.write("cpu", "new amd run", {"padding_free": {"exact": True, "speedup": 0.5, "basis": "b"}},
-                   path=record, family=AMD)
+    measured.write(
+        "cpu",
+        "new amd run",
+        {"padding_free": {"exact": True, "speedup": 0.5, "basis": "b"}},
+        path=record,
+        family=AMD,
+    )
     rows = json.loads(record.read_text())["cpu"]["families"]
     assert [r["run"] for r in rows] == ["intel run", "new amd run"]
     assert rows[1]["paths"] == {"padding_free": {"exact": True, "speedup": 0.5, "basis": "b", "on": False}}
@@ -76,12 +105,19 @@ def test_the_packages_record_has_the_measured_families():
     assert [r["family"].get("vendor") for r in rows] == ["AuthenticAMD", "GenuineIntel"]
     intel = measured.entry("cpu", measured.PACKAGED, family=INTEL)
     assert "Intel" in intel["run"] and {n for n, r in intel["paths"].items() if not r["on"]} == {
-        "dpo_pair_rows", "padding_free", "lean_layers"}
+        "dpo_pair_rows",
+        "padding_free",
+        "lean_layers",
+    }
     assert all(r["exact"] for r in intel["paths"].values())
     # an unmeasured family (ARM, or ATEN_CPU_CAPABILITY=default here): what both families ran
     other = measured.entry("cpu", measured.PACKAGED, family={**INTEL, "capability": "DEFAULT"})
-    assert {n for n, r in other["paths"].items() if r["on"]} == {"completion_only_logits", "grpo_group_rows",
-                                                                   "length_groups", "shared_prefill"}
+    assert {n for n, r in other["paths"].items() if r["on"]} == {
+        "completion_only_logits",
+        "grpo_group_rows",
+        "length_groups",
+        "shared_prefill",
+    }
 
 
 def test_the_suite_runs_on_its_own_record():

@@ -35,7 +35,9 @@ print(info.get("malloc_mmap_threshold"), libc.mallinfo2().hblkhd >= 1 << 20)
 
 
 def _probe(setting: str) -> str:
-    return subprocess.run([sys.executable, "-c", PROBE, setting], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, setting], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_fixed_threshold_mmaps_again() -> None:
@@ -44,6 +46,8 @@ def test_fixed_threshold_mmaps_again() -> None:
 
 
 def test_bad_threshold_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"^malloc_mmap_threshold=-1: must be null \(malloc's default\) or bytes"):
+    with pytest.raises(
+        ConfigError, match=r"^malloc_mmap_threshold=-1: must be null \(malloc's default\) or bytes"
+    ):
         Root(malloc_mmap_threshold=-1)  # the value's one check: its schema
     assert memory.apply(None) == {}

@@ -16,18 +16,45 @@ from ablate.paths import conf_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-M = Shape(params=1000, linear_params=600, layer_params=200, adapter_params=50, layers=2, hidden=8,
-          intermediate=16, kv_dim=4, vocab=10, head_params=80)
-FULL = Setup(weight_bytes=4, autocast=False, peft=None, optimizer_states=2, optimizer_fixed_bytes=None,
-             reference=False, sequences=2, seq_len=3, checkpointing=False, gpus=1, sharded=False)
+M = Shape(
+    params=1000,
+    linear_params=600,
+    layer_params=200,
+    adapter_params=50,
+    layers=2,
+    hidden=8,
+    intermediate=16,
+    kv_dim=4,
+    vocab=10,
+    head_params=80,
+)
+FULL = Setup(
+    weight_bytes=4,
+    autocast=False,
+    peft=None,
+    optimizer_states=2,
+    optimizer_fixed_bytes=None,
+    reference=False,
+    sequences=2,
+    seq_len=3,
+    checkpointing=False,
+    gpus=1,
+    sharded=False,
+)
 # per token and layer 4 bytes x (10*8 + 4*16 + 4*4) = 640; 2 layers; logits 10 x (3*4 + 4) = 160; 6 tokens
 ACTIVATIONS = 6 * (2 * 640 + 160)
 
 
 def test_full_fine_tuning_fp32_one_gpu():
     p = plan(M, FULL)
-    assert p == {"parameters": 4000, "gradients": 4000, "optimizer": 8000, "reference": 0,
-                 "activations": ACTIVATIONS, "total": 4000 + 8000 + ACTIVATIONS}  # activations > gradients
+    assert p == {
+        "parameters": 4000,
+        "gradients": 4000,
+        "optimizer": 8000,
+        "reference": 0,
+        "activations": ACTIVATIONS,
+        "total": 4000 + 8000 + ACTIVATIONS,
+    }  # activations > gradients
 
 
 def test_total_counts_the_larger_of_activations_and_gradients():
@@ -38,9 +65,9 @@ def test_total_counts_the_larger_of_activations_and_gradients():
 def test_fsdp_shards_weights_grads_and_state_and_gathers_two_layers():
     p = plan(M, dataclasses.replace(FULL, gpus=4, sharded=True))
     assert p["parameters"] == 4000 / 4 + 2 * 200 * 4  # a quarter, plus the running and the prefetched layer
-    assert p["gradients"] == 4000 / 4 + 200 * 4       # plus one layer's gradient before its reduce-scatter
+    assert p["gradients"] == 4000 / 4 + 200 * 4  # plus one layer's gradient before its reduce-scatter
     assert p["optimizer"] == 8000 / 4
-    assert p["activations"] == ACTIVATIONS           # each GPU runs its own micro-batch
+    assert p["activations"] == ACTIVATIONS  # each GPU runs its own micro-batch
 
 
 def test_ddp_replicates_and_adds_gradient_buckets():
@@ -82,11 +109,22 @@ def _cfg(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-@pytest.mark.parametrize("overrides", [(), ("method=sft", "precision=bf16"),
-                                       ("+method.args.gradient_checkpointing=true", "method.args.max_length=256"),
-                                       ("+peft=lora",), ("+peft=lora", "method.args.precompute_ref_log_probs=false"),
-                                       ("method.args.precompute_ref_log_probs=false", "model.hidden_size=256",
-                                        "model.intermediate_size=1024", "method.args.max_length=64")])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),
+        ("method=sft", "precision=bf16"),
+        ("method.args.gradient_checkpointing=true", "method.args.max_length=256"),
+        ("+peft=lora",),
+        ("+peft=lora", "method.args.precompute_ref_log_probs=false"),
+        (
+            "method.args.precompute_ref_log_probs=false",
+            "model.hidden_size=256",
+            "model.intermediate_size=1024",
+            "method.args.max_length=64",
+        ),
+    ],
+)
 def test_plan_within_20_percent_of_the_measured_peak_on_the_tiny_model(overrides):
     from conftest import torch_bf16_sdpa_error
     from plan_check import measured_peak

@@ -12,8 +12,15 @@ import pytest
 from ablate.process import setup as process
 from ablate.config.code_checks import check_distributed, job_processes
 
-TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "CUDA_VISIBLE_DEVICES")
+TORCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 def _slurm_task(monkeypatch: pytest.MonkeyPatch, node: int) -> None:
@@ -22,19 +29,36 @@ def _slurm_task(monkeypatch: pytest.MonkeyPatch, node: int) -> None:
         monkeypatch.setenv(k, "x")
         monkeypatch.delenv(k)
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
-    for k, v in {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
-                 "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
-                 "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu[07-08]"}.items():
+    for k, v in {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": str(node),
+        "SLURM_PROCID": str(node),
+        "SLURM_LOCALID": "0",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+    }.items():
         monkeypatch.setenv(k, v)
 
 
 @pytest.mark.parametrize("node", [0, 1])
-def test_each_node_of_a_two_node_slurm_job_is_one_rank_of_one_run(monkeypatch: pytest.MonkeyPatch, node: int) -> None:
+def test_each_node_of_a_two_node_slurm_job_is_one_rank_of_one_run(
+    monkeypatch: pytest.MonkeyPatch, node: int
+) -> None:
     _slurm_task(monkeypatch, node)
     assert job_processes() == 2  # distributed=fsdp is not refused as a single process, before the export
     process.export_torch_distributed()
-    assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
-        "RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "gpu07"}
+    assert {
+        k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+    } == {
+        "RANK": str(node),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "gpu07",
+    }
     first = os.environ["MASTER_PORT"]
     _slurm_task(monkeypatch, 1 - node)
     process.export_torch_distributed()
@@ -75,7 +99,9 @@ def test_launch_time_shared_by_nodes_as_unix_seconds_or_iso(monkeypatch: pytest.
     assert _launch_time() == datetime(2026, 1, 2, 3, 4, 5)
 
 
-def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     """gloo's error when another rank's process died (its connection reset), wrapped as Trainer may wrap it."""
     from ablate.errors import PeerLostError, user_error
     from ablate.record.checkpoints import MANIFEST, peer_lost
@@ -84,8 +110,10 @@ def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatc
         (tmp_path / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
         if sealed:
             (tmp_path / "checkpoints" / f"checkpoint-{step}" / MANIFEST).write_text("{}")
-    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:4242: "
-                        "Connection reset by peer")
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:4242: "
+        "Connection reset by peer"
+    )
     try:
         try:
             raise gloo
@@ -99,7 +127,9 @@ def test_a_lost_peer_is_one_line_naming_the_checkpoint_to_resume_from(monkeypatc
     monkeypatch.setenv("RANK", "0")
     err = peer_lost(tmp_path, wrapped)
     assert isinstance(err, PeerLostError) and user_error(err) is err
-    assert str(err) == ("rank 0 lost another rank of this job (connection reset by peer: it died, or hung past "
-                        "distributed.ddp_timeout); the run resumes from checkpoint-2: start the same command again "
-                        "on every node")
+    assert str(err) == (
+        "rank 0 lost another rank of this job (connection reset by peer: it died, or hung past "
+        "distributed.ddp_timeout); the run resumes from checkpoint-2: start the same command again "
+        "on every node"
+    )
     assert peer_lost(tmp_path, RuntimeError("CUDA out of memory")) is None

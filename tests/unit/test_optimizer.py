@@ -61,9 +61,13 @@ def test_cosine_min_ratio_floor():
 def test_step_and_constant_by_hand():
     """StepLR(step_size=2, gamma=0.1): 1, 1, 0.1, 0.1, 0.01. constant, 3 warm-up steps: 1/4, 2/4, 3/4, 1, 1."""
     opt = _opt()
-    assert _lrs(step_schedule(opt, num_training_steps=5, step_size=2, gamma=0.1), opt, 5) == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    assert _lrs(step_schedule(opt, num_training_steps=5, step_size=2, gamma=0.1), opt, 5) == pytest.approx(
+        [1, 1, 0.1, 0.1, 0.01]
+    )
     opt = _opt()
-    assert _lrs(constant(opt, num_training_steps=5, warmup_steps=3), opt, 5) == pytest.approx([0.25, 0.5, 0.75, 1, 1])
+    assert _lrs(constant(opt, num_training_steps=5, warmup_steps=3), opt, 5) == pytest.approx(
+        [0.25, 0.5, 0.75, 1, 1]
+    )
 
 
 @pytest.mark.parametrize("opt_name,cls", [("adamw", "AdamW"), ("sgd", "SGD"), ("adamw_8bit", "AdamW8bit")])
@@ -139,14 +143,27 @@ def test_nan_guard_stops_a_collapsed_run():
     g = NaNGuard()
     _log(g, 1, loss=0.69, grad_norm=0.53, learning_rate=1e4)
     _log(g, 2, loss=0.68, grad_norm=0.0, learning_rate=9e3)
-    with pytest.raises(FloatingPointError, match=r"grad_norm is exactly 0 at steps 2-3 with the loss at 0.6766 and "
-                                                 r"learning_rate 8.5e\+03: the model has collapsed"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"grad_norm is exactly 0 at steps 2-3 with the loss at 0.6766 and "
+        r"learning_rate 8.5e\+03: the model has collapsed",
+    ):
         _log(g, 3, loss=0.6766, grad_norm=0.0, learning_rate=8.5e3)
-    fine = NaNGuard()  # a finished task (loss exactly 0), warm-up from lr 0, a gradient between: never stopped
-    for step, logs in enumerate([dict(loss=0.0, grad_norm=0.0, learning_rate=1e-3), dict(loss=0.5, grad_norm=0.0, learning_rate=0.0),
-                                 dict(loss=0.4, grad_norm=0.0, learning_rate=1e-3), dict(loss=0.0, grad_norm=0.0, learning_rate=1e-3),
-                                 dict(loss=0.3, grad_norm=0.2, learning_rate=1e-3), dict(loss=0.3, grad_norm=0.0, learning_rate=1e-3),
-                                 dict(eval_loss=0.3)] * 3):
+    fine = (
+        NaNGuard()
+    )  # a finished task (loss exactly 0), warm-up from lr 0, a gradient between: never stopped
+    for step, logs in enumerate(
+        [
+            dict(loss=0.0, grad_norm=0.0, learning_rate=1e-3),
+            dict(loss=0.5, grad_norm=0.0, learning_rate=0.0),
+            dict(loss=0.4, grad_norm=0.0, learning_rate=1e-3),
+            dict(loss=0.0, grad_norm=0.0, learning_rate=1e-3),
+            dict(loss=0.3, grad_norm=0.2, learning_rate=1e-3),
+            dict(loss=0.3, grad_norm=0.0, learning_rate=1e-3),
+            dict(eval_loss=0.3),
+        ]
+        * 3
+    ):
         _log(fine, step, **logs)
     off = NaNGuard(dead_after=0)
     for step in range(5):
@@ -155,7 +172,9 @@ def test_nan_guard_stops_a_collapsed_run():
 
 def test_early_stop_patience_and_mode():
     es = EarlyStop(metric="eval_loss", mode="min", patience=2, min_delta=0.01)
-    decisions = [_log(es, s, eval_loss=v).should_training_stop for s, v in enumerate([1.0, 0.9, 0.895, 0.95, 0.5])]
+    decisions = [
+        _log(es, s, eval_loss=v).should_training_stop for s, v in enumerate([1.0, 0.9, 0.895, 0.95, 0.5])
+    ]
     # 0.9 improves; 0.895 is within min_delta (bad 1); 0.95 (bad 2) -> stop
     assert decisions == [False, False, False, True, False]
     es = EarlyStop(metric="rewards/accuracies", mode="max", patience=1)
@@ -206,8 +225,12 @@ def test_nan_guard_window_of_steps():
     def window(g, model, step):
         for _ in range(5):
             g.on_pre_optimizer_step(args, TrainerState(global_step=step), TrainerControl(), model=model)
-        g.on_log(args, TrainerState(global_step=step), TrainerControl(),
-                 logs=dict(loss=0.11, grad_norm=0.0, learning_rate=1e-3))
+        g.on_log(
+            args,
+            TrainerState(global_step=step),
+            TrainerControl(),
+            logs=dict(loss=0.11, grad_norm=0.0, learning_rate=1e-3),
+        )
 
     hinge = NaNGuard()
     for step in range(5, 60, 5):

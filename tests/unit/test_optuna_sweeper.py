@@ -15,8 +15,13 @@ from omegaconf import OmegaConf
 
 from ablate.launchers.study import objective, search_space, trial_overrides
 
-SPACE = {"optimizer.optimizer.lr": "tag(log, interval(1e-4, 1e-1))", "method.args.beta": "interval(0.0, 1.0)",
-         "method.args.max_steps": "tag(int, interval(2, 9))", "method/dpo_loss": "sigmoid,hinge", "seed": "3"}
+SPACE = {
+    "optimizer.optimizer.lr": "tag(log, interval(1e-4, 1e-1))",
+    "method.args.beta": "interval(0.0, 1.0)",
+    "method.args.max_steps": "tag(int, interval(2, 9))",
+    "method/dpo_loss": "sigmoid,hinge",
+    "seed": "3",
+}
 
 
 def test_search_space_reads_hydra_grammar():
@@ -36,14 +41,26 @@ def test_search_space_reads_hydra_grammar():
 def test_trial_overrides_keep_floats_exact():
     lr = 0.1 + 0.2  # 0.30000000000000004: a rounded override would not reproduce the trial
     assert trial_overrides({"optimizer.optimizer.lr": lr, "method/dpo_loss": "hinge", "n": 3}) == [
-        "optimizer.optimizer.lr=0.30000000000000004", "method/dpo_loss=hinge", "n=3"]
+        "optimizer.optimizer.lr=0.30000000000000004",
+        "method/dpo_loss=hinge",
+        "n=3",
+    ]
     assert float(trial_overrides({"x": lr})[0].split("=")[1]) == lr
 
 
 def test_objective_from_summary_or_metrics_at_step(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "metrics": {"loss": 0.5}}))
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
-        {"step": 5, "eval_loss": 0.9}, {"step": 10, "eval_loss": 0.7}, {"step": 10, "loss": 0.6}, {"step": 15, "eval_loss": 0.4}]))
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(e) + "\n"
+            for e in [
+                {"step": 5, "eval_loss": 0.9},
+                {"step": 10, "eval_loss": 0.7},
+                {"step": 10, "loss": 0.6},
+                {"step": 15, "eval_loss": 0.4},
+            ]
+        )
+    )
     assert objective(tmp_path, "loss") == 0.5
     assert objective(tmp_path, "eval_loss", step=12) == 0.7  # the last logged at or before step 12
     assert objective(tmp_path, "eval_loss") == 0.4  # not in the summary's metrics: the last logged
@@ -65,9 +82,15 @@ def test_missing_optuna_refuses_the_study_before_it_starts(monkeypatch):
     from ablate.config import checks
 
     monkeypatch.setattr(checks, "installed", lambda module: module != "optuna")
-    hc = OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
-                           "sweeper": {"_target_": "hydra_plugins.ablate_sweepers.optuna_sweeper.OptunaSweeper"}})
-    with pytest.raises(ConfigError, match=r"^hydra/sweeper=optuna \(a study\) needs .*pip install 'ablate\[optuna\]'$"):
+    hc = OmegaConf.create(
+        {
+            "launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
+            "sweeper": {"_target_": "hydra_plugins.ablate_sweepers.optuna_sweeper.OptunaSweeper"},
+        }
+    )
+    with pytest.raises(
+        ConfigError, match=r"^hydra/sweeper=optuna \(a study\) needs .*pip install 'ablate\[optuna\]'$"
+    ):
         checks.check_launcher(hc)
     hc.sweeper._target_ = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
     checks.check_launcher(hc)  # a grid needs no optuna
@@ -89,19 +112,33 @@ class StubLauncher:
                 raise KeyboardInterrupt  # the driver dies with this trial started, RUNNING in study.db
             task = dict(o.split("=", 1) for o in overrides if not o.startswith("++hydra."))
             self.jobs.append(task)
-            loss = (math.log10(float(task["optimizer.optimizer.lr"])) + 2) ** 2 + (float(task["method.args.beta"]) - 0.5) ** 2
-            (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "metrics": {"loss": loss}}))
-            out.append(SimpleNamespace(hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)}}})))
+            loss = (math.log10(float(task["optimizer.optimizer.lr"])) + 2) ** 2 + (
+                float(task["method.args.beta"]) - 0.5
+            ) ** 2
+            (run_dir / "summary.json").write_text(
+                json.dumps({"status": "completed", "metrics": {"loss": loss}})
+            )
+            out.append(
+                SimpleNamespace(
+                    hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)}}})
+                )
+            )
         return out
 
 
 def sweeper(sweep_dir: Path, n_trials: int, n_jobs: int = 1, die_after: int | None = None):
     from hydra_plugins.ablate_sweepers.optuna_sweeper import OptunaSweeper
 
-    s = OptunaSweeper(metric="loss", n_trials=n_trials, n_jobs=n_jobs,
-                      sampler=OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 7, "n_startup_trials": 3}),
-                      pruner=OmegaConf.create({"_target_": "optuna.pruners.MedianPruner"}),
-                      params={k: SPACE[k] for k in ("optimizer.optimizer.lr", "method.args.beta")})
+    s = OptunaSweeper(
+        metric="loss",
+        n_trials=n_trials,
+        n_jobs=n_jobs,
+        sampler=OmegaConf.create(
+            {"_target_": "optuna.samplers.TPESampler", "seed": 7, "n_startup_trials": 3}
+        ),
+        pruner=OmegaConf.create({"_target_": "optuna.pruners.MedianPruner"}),
+        params={k: SPACE[k] for k in ("optimizer.optimizer.lr", "method.args.beta")},
+    )
     s.config = OmegaConf.create({"sweep_name": "unit", "hydra": {"sweep": {"dir": str(sweep_dir)}}})
     s.launcher = StubLauncher(sweep_dir, die_after)
     return s
@@ -136,7 +173,9 @@ def test_parallel_trials_go_as_batches(tmp_path):
     s = sweeper(tmp_path, n_trials=5, n_jobs=2)
     batches = []
     launch = s.launcher.launch
-    s.launcher.launch = lambda batch, initial_job_idx: batches.append((len(batch), initial_job_idx)) or launch(batch, initial_job_idx)
+    s.launcher.launch = lambda batch, initial_job_idx: (
+        batches.append((len(batch), initial_job_idx)) or launch(batch, initial_job_idx)
+    )
     s.sweep([])
     assert batches == [(2, 0), (2, 2), (1, 4)]  # n_trials is the budget, n_jobs the batch
 
@@ -155,9 +194,13 @@ def test_killed_driver_then_rerun_continues_the_study(tmp_path):
     assert len(done) == 5 and len(again.launcher.jobs) == 2  # 3 finished trials not repeated: 2 new jobs
     assert trials[3].state.name == "FAIL"  # the one the dead driver left running...
     assert not (tmp_path / "3").exists() and list((tmp_path / ".replaced").glob("3-*"))  # (its dir set aside)
-    assert trials[4].params == before[3].params and trials[4].user_attrs["retry_of"] == 3  # ...runs again, first
+    assert (
+        trials[4].params == before[3].params and trials[4].user_attrs["retry_of"] == 3
+    )  # ...runs again, first
     assert [t.params for t in done[:3]] == [t.params for t in before[:3]]
-    assert done[4].params not in [t.params for t in done[:4]]  # the continued sampler does not redraw its first points
+    assert done[4].params not in [
+        t.params for t in done[:4]
+    ]  # the continued sampler does not redraw its first points
     again.sweep([])  # the budget is spent: a third launch runs nothing
     assert len(again.launcher.jobs) == 2
 
@@ -170,14 +213,21 @@ def test_pruning_stops_a_clearly_worse_trial(tmp_path):
     from ablate.record.callbacks import ReportToStudy
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    s = optuna.create_study(study_name="p", storage=url, pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    s = optuna.create_study(
+        study_name="p", storage=url, pruner=optuna.pruners.MedianPruner(n_startup_trials=1)
+    )
     state = SimpleNamespace(is_world_process_zero=True, global_step=0)
 
     def train(curve: list[float]) -> int | None:
         trial = s.ask()
         # the pruner travels as config: Optuna keeps none in the database (the sweeper passes it in the env)
-        cb = ReportToStudy(url, "p", trial._trial_id, "eval_loss",
-                           '{"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1}')
+        cb = ReportToStudy(
+            url,
+            "p",
+            trial._trial_id,
+            "eval_loss",
+            '{"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1}',
+        )
         for step, loss in enumerate(curve, start=1):
             state.global_step = step * 5
             try:
@@ -199,14 +249,18 @@ def test_compare_shows_a_studys_trials_best_first(tmp_path, capsys):
     from ablate.analysis.study import best_command, load, trial_rows
 
     s = sweeper(tmp_path, n_trials=4)
-    s.config.hydra.overrides = {"task": ["+sweep=unit", "seed=1"]}  # as Hydra records the launch (multirun.yaml)
+    s.config.hydra.overrides = {
+        "task": ["+sweep=unit", "seed=1"]
+    }  # as Hydra records the launch (multirun.yaml)
     s.sweep(["seed=1"])
     study = load(tmp_path)
     rows = trial_rows(study)
     values = [float(r[2]) for r in rows]
     assert values == sorted(values) and len(rows) == 4  # minimize: best first
     best = study.best_trial
-    assert rows[0][0] == str(best.number) and rows[0][4] == str(best.number)  # its run dir, job number = trial number
+    assert rows[0][0] == str(best.number) and rows[0][4] == str(
+        best.number
+    )  # its run dir, job number = trial number
     lr = trial_overrides({"optimizer.optimizer.lr": best.params["optimizer.optimizer.lr"]})[0]
     command = best_command(study, tmp_path)
     assert command.startswith("ablate train +sweep=unit seed=1 ") and lr in command

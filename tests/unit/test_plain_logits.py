@@ -17,32 +17,61 @@ from ablate.methods.sft import SFTConfig, SFTTrainer
 from ablate.models import tiny
 from ablate.speed.plan import SpeedSwitches
 
-ROWS = [{"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
-        {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"}] * 2
+ROWS = [
+    {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
+    {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"},
+] * 2
 
 
 def _trainer(method: str, tmp_path):
     tok, model = tiny()
-    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3,
-                  logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=True, disable_tqdm=True)
+    common = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=True,
+        disable_tqdm=True,
+    )
     if method == "dpo":
-        return DPOTrainer(model=model, args=DPOConfig(**common), train_dataset=Dataset.from_list(ROWS),
-                          processing_class=tok, perf=SpeedSwitches.off())
+        return DPOTrainer(
+            model=model,
+            args=DPOConfig(**common),
+            train_dataset=Dataset.from_list(ROWS),
+            processing_class=tok,
+            perf=SpeedSwitches.off(),
+        )
     if method == "sft":
         rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in ROWS]
-        return SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, perf=SpeedSwitches.off())
-    return GRPOTrainer(model=model, args=GRPOConfig(**{**common, "num_generations": 2, "max_completion_length": 4}),
-                       train_dataset=Dataset.from_dict({"prompt": ["ab", "cd"] * 2}), processing_class=tok,
-                       reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
-                       perf=SpeedSwitches.off())
+        return SFTTrainer(
+            model=model,
+            args=SFTConfig(**common),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+            perf=SpeedSwitches.off(),
+        )
+    return GRPOTrainer(
+        model=model,
+        args=GRPOConfig(**{**common, "num_generations": 2, "max_completion_length": 4}),
+        train_dataset=Dataset.from_dict({"prompt": ["ab", "cd"] * 2}),
+        processing_class=tok,
+        reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
+        perf=SpeedSwitches.off(),
+    )
 
 
 @pytest.mark.parametrize("method", ["dpo", "sft", "grpo"])
 def test_plain_path_reads_bf16_logits_with_the_same_losses(tmp_path, monkeypatch, method):
     seen: list[torch.dtype] = []
     apply = logps.LogitsLogps.apply
-    def record(x, *a):  # the training forwards' logits (a reference precomputed before training is not wrapped yet)
+
+    def record(
+        x, *a
+    ):  # the training forwards' logits (a reference precomputed before training is not wrapped yet)
         if torch.is_grad_enabled():
             seen.append(x.dtype)
         return apply(x, *a)
@@ -52,7 +81,9 @@ def test_plain_path_reads_bf16_logits_with_the_same_losses(tmp_path, monkeypatch
     lean.train()
     assert seen and set(seen) == {torch.bfloat16}
     module = {"dpo": dpo, "sft": sft, "grpo": grpo}[method]
-    monkeypatch.setattr(module, "unconverted", lambda accelerator, model: model)  # accelerate's float32 outputs
+    monkeypatch.setattr(
+        module, "unconverted", lambda accelerator, model: model
+    )  # accelerate's float32 outputs
     seen.clear()
     converted = _trainer(method, tmp_path / "converted")
     converted.train()

@@ -34,7 +34,9 @@ def launcher_config(*overrides: str):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-            return compose("config", overrides=["hydra/launcher=ray", *overrides], return_hydra_config=True).hydra.launcher
+            return compose(
+                "config", overrides=["hydra/launcher=ray", *overrides], return_hydra_config=True
+            ).hydra.launcher
     finally:
         GlobalHydra.instance().clear()
 
@@ -91,12 +93,27 @@ def test_each_job_gets_resources_no_retries_and_the_forwarded_environment_withou
     monkeypatch.setenv("WANDB_MODE", "offline")
     for secret in ("WANDB_API_KEY", "HF_TOKEN", "RAY_AUTH_TOKEN"):
         monkeypatch.setenv(secret, "s3cret")
-    opts = launcher("hydra.launcher.memory_gb=2", "hydra.launcher.num_gpus=1", "+hydra.launcher.env.EXTRA=x",
-                    "+hydra.launcher.resources.A100=1").remote_options()
+    opts = launcher(
+        "hydra.launcher.memory_gb=2",
+        "hydra.launcher.num_gpus=1",
+        "+hydra.launcher.env.EXTRA=x",
+        "+hydra.launcher.resources.A100=1",
+    ).remote_options()
     env = opts.pop("runtime_env")["env_vars"]
-    assert env == {"PYTHONPATH": "/src", "ABLATE_LAUNCH_TIME": "2026-01-02T03:04:05", "ABLATE_RESUME_SWEEP": "1",
-                   "WANDB_MODE": "offline", "EXTRA": "x"}
-    assert opts == {"num_cpus": 1, "num_gpus": 1, "max_retries": 0, "memory": 2 * 1024**3, "resources": {"A100": 1}}
+    assert env == {
+        "PYTHONPATH": "/src",
+        "ABLATE_LAUNCH_TIME": "2026-01-02T03:04:05",
+        "ABLATE_RESUME_SWEEP": "1",
+        "WANDB_MODE": "offline",
+        "EXTRA": "x",
+    }
+    assert opts == {
+        "num_cpus": 1,
+        "num_gpus": 1,
+        "max_retries": 0,
+        "memory": 2 * 1024**3,
+        "resources": {"A100": 1},
+    }
     spread = launcher("hydra.launcher.scheduling_strategy=SPREAD").remote_options()
     assert spread["scheduling_strategy"] == "SPREAD"
 
@@ -105,23 +122,35 @@ def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setattr(checks, "installed", lambda module: module != "ray")
     with pytest.raises(ConfigError) as e:
         checks.check_launcher(OmegaConf.create({"launcher": {"_target_": RayLauncherConf._target_}}))
-    assert str(e.value) == "hydra/launcher=ray needs the optional package 'ray', not installed: pip install 'ablate[ray]'"
-    checks.check_launcher(OmegaConf.create({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}))
+    assert (
+        str(e.value)
+        == "hydra/launcher=ray needs the optional package 'ray', not installed: pip install 'ablate[ray]'"
+    )
+    checks.check_launcher(
+        OmegaConf.create(
+            {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}
+        )
+    )
 
 
 def _job(sweep: Path, name: str, summary: dict | None, steps: int = 0) -> Path:
     d = sweep / name
     d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"overrides": ["seed=1"], "config": {"method": {"args": {"max_steps": 6}}}}))
+    (d / "run.json").write_text(
+        json.dumps({"overrides": ["seed=1"], "config": {"method": {"args": {"max_steps": 6}}}})
+    )
     if summary is not None:
         (d / "summary.json").write_text(json.dumps(summary))
-    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s + 1, "loss": 1.0}) + "\n" for s in range(steps)))
+    (d / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s + 1, "loss": 1.0}) + "\n" for s in range(steps))
+    )
     return d
 
 
 def test_status_words_when_the_launching_process_is_gone(tmp_path):
     running = _job(tmp_path, "0_seed=1", {"status": "running"}, steps=3)
     done = _job(tmp_path, "1_seed=2", {"status": "completed"})
+
     def state(run_dir, alive):
         return ray_jobs.job_state(slurm.job_state(run_dir, None), alive)
 
@@ -149,8 +178,13 @@ def test_a_job_left_running_whose_lock_is_free_died_with_the_launching_process(t
         return ray_jobs.job_state(slurm.job_state(run_dir, None), alive, recorded)
 
     assert slurm.job_state(killed, None) == "interrupted at step 2 of 6"
-    assert state(killed, False) == "died with the sweep's launching process (at step 2 of 6); ablate sweep --resume"
-    assert state(killed, None) == "interrupted at step 2 of 6"  # driver on another machine: what the run dir says
+    assert (
+        state(killed, False)
+        == "died with the sweep's launching process (at step 2 of 6); ablate sweep --resume"
+    )
+    assert (
+        state(killed, None) == "interrupted at step 2 of 6"
+    )  # driver on another machine: what the run dir says
     assert state(stopped, False) == "interrupted at step 4 of 6"
 
 
@@ -160,7 +194,9 @@ def test_ray_jobs_file_and_driver_liveness(tmp_path):
     driver, jobs = ray_jobs.read(tmp_path)
     assert sorted(jobs) == ["0", "1"] and driver["pid"] == os.getpid()
     assert ray_jobs.driver_alive(driver) is True
-    assert ray_jobs.driver_alive({**driver, "started": time.time() - 10**6}) is False  # a later process with its pid
+    assert (
+        ray_jobs.driver_alive({**driver, "started": time.time() - 10**6}) is False
+    )  # a later process with its pid
     assert ray_jobs.driver_alive({**driver, "host": socket.gethostname() + "-other"}) is None
     assert ray_jobs.read(tmp_path / "nothing") == (None, {})
 
@@ -173,7 +209,9 @@ def test_a_job_whose_process_died_is_recorded_failed(tmp_path):
     ray_jobs.record_death(tmp_path, 1, crash)
     ray_jobs.record_death(tmp_path, 2, crash)  # never started: nothing to record
     assert json.loads((running / "summary.json").read_text()) == {
-        "status": "failed", "error": "RuntimeError: The worker died unexpectedly while executing this task."}
+        "status": "failed",
+        "error": "RuntimeError: The worker died unexpectedly while executing this task.",
+    }
     assert json.loads((done / "summary.json").read_text()) == {"status": "completed"}
 
 

@@ -7,14 +7,39 @@ import pytest
 from ablate.record.secrets import MASK, mask, mask_text, secret_name
 
 
-@pytest.mark.parametrize("name", ["hub_token", "model.token", "WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
-                                  "password", "db_passwd", "openai_api_key", "key", "client_secret"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hub_token",
+        "model.token",
+        "WANDB_API_KEY",
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "password",
+        "db_passwd",
+        "openai_api_key",
+        "key",
+        "client_secret",
+    ],
+)
 def test_secret_names(name):
     assert secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["pad_token", "eos_token", "max_new_tokens", "exclude_keys", "token_ids",
-                                  "max_length", "override_dirname", "monkey", "num_tokens"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pad_token",
+        "eos_token",
+        "max_new_tokens",
+        "exclude_keys",
+        "token_ids",
+        "max_length",
+        "override_dirname",
+        "monkey",
+        "num_tokens",
+    ],
+)
 def test_harmless_names(name):
     assert not secret_name(name)
 
@@ -38,7 +63,9 @@ def test_sweep_job_identity_masks_secrets_and_ignores_a_rotated_token(monkeypatc
 
     from ablate.record.identity import identity
 
-    cfg = OmegaConf.create({"model": {"token": "${oc.env:MY_SERVICE_PASSWORD}", "path": "/data/m"}, "lr": 0.1})
+    cfg = OmegaConf.create(
+        {"model": {"token": "${oc.env:MY_SERVICE_PASSWORD}", "path": "/data/m"}, "lr": 0.1}
+    )
     monkeypatch.setenv("MY_SERVICE_PASSWORD", "first-password-123")
     first = identity(cfg)
     assert first["config"] == {"model": {"token": MASK, "path": "/data/m"}, "lr": 0.1}

@@ -96,8 +96,12 @@ def test_reference_is_never_read(fn):
 
 def test_declarations_through_partials_and_yaml():
     """What each YAML builds declares what its function does; DPO's losses need a reference."""
-    for name, free, prompt in [("orpo", True, True), ("cpo", True, False), ("simpo", True, False),
-                               ("sigmoid", False, False)]:
+    for name, free, prompt in [
+        ("orpo", True, True),
+        ("cpo", True, False),
+        ("simpo", True, False),
+        ("sigmoid", False, False),
+    ]:
         fn = instantiate(yaml.safe_load((LOSS_DIR / f"{name}.yaml").read_text()))
         assert rf.declares(fn, "reference_free") is free, name
         assert rf.declares(fn, "scores_prompt") is prompt, name

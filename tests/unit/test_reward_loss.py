@@ -36,8 +36,12 @@ def test_margin():
 def test_center_rewards():
     """lambda = 0.01: + 0.01 (r_c + r_r)^2 = + 0.01 [4, 0, 0.25] = [0.04, 0, 0.0025]
     -> [0.1669280, 0.6931472, 1.7039133]; the tie at zero mean pays nothing extra."""
-    close(reward.bradley_terry(t(2, 0, -1), t(0, 0, 0.5), center_rewards_coefficient=0.01)[0],
-          0.1669280, LOG2, 1.7039133)
+    close(
+        reward.bradley_terry(t(2, 0, -1), t(0, 0, 0.5), center_rewards_coefficient=0.01)[0],
+        0.1669280,
+        LOG2,
+        1.7039133,
+    )
 
 
 def test_zero_coefficient_is_off():
@@ -59,5 +63,11 @@ def test_metrics():
     """accuracy: r_c > r_r = [1, 0, 0] -> 1/3 (a tie is not a win); margin mean(d) = 0.5/3 = 0.1666667;
     over the 6 rewards [2, 0, -1, 0, 0, 0.5]: mean 1.5/6 = 0.25, min -1, max 2."""
     m = reward.reward_metrics(t(2, 0, -1), t(0, 0, 0.5))
-    close(torch.stack([m["accuracy"], m["margin"], m["mean_reward"], m["min_reward"], m["max_reward"]]),
-          1 / 3, 0.5 / 3, 0.25, -1, 2)
+    close(
+        torch.stack([m["accuracy"], m["margin"], m["mean_reward"], m["min_reward"], m["max_reward"]]),
+        1 / 3,
+        0.5 / 3,
+        0.25,
+        -1,
+        2,
+    )

@@ -40,7 +40,9 @@ def test_a_module_in_the_current_directory_is_found(user_dir):
 
 
 def test_every_form_of_reward_funcs(user_dir):
-    assert list(resolve.reward_funcs(["myrew_t.short"])) == ["short"]  # the short form: named after the function
+    assert list(resolve.reward_funcs(["myrew_t.short"])) == [
+        "short"
+    ]  # the short form: named after the function
     assert list(resolve.reward_funcs("myrew_t.short")) == ["short"]
     assert list(resolve.reward_funcs({"brief": "myrew_t.short"})) == ["brief"]  # +data.reward_funcs.brief=...
     bound = resolve.reward_funcs({"s": {"_target_": "myrew_t.scaled", "_partial_": True, "scale": 2.0}})["s"]
@@ -50,14 +52,17 @@ def test_every_form_of_reward_funcs(user_dir):
     assert resolve.reward_funcs(None) == {}
 
 
-@pytest.mark.parametrize("value,says", [
-    (["myrew_t.shrt"], "data.reward_funcs[0]=myrew_t.shrt: myrew_t has no 'shrt'"),
-    (["nosuchmod_x.short"], "no module 'nosuchmod_x' on the import path or in the current directory"),
-    (["short"], "not a dotted path MODULE.NAME"),
-    (["myrew_t.short", "myrew_t.short"], "two reward functions named 'short'"),
-    ({"a": 3}, "data.reward_funcs.a: expected a dotted path to a function"),
-    (3, "data.reward_funcs=[MODULE.FUNCTION]"),
-])
+@pytest.mark.parametrize(
+    "value,says",
+    [
+        (["myrew_t.shrt"], "data.reward_funcs[0]=myrew_t.shrt: myrew_t has no 'shrt'"),
+        (["nosuchmod_x.short"], "no module 'nosuchmod_x' on the import path or in the current directory"),
+        (["short"], "not a dotted path MODULE.NAME"),
+        (["myrew_t.short", "myrew_t.short"], "two reward functions named 'short'"),
+        ({"a": 3}, "data.reward_funcs.a: expected a dotted path to a function"),
+        (3, "data.reward_funcs=[MODULE.FUNCTION]"),
+    ],
+)
 def test_mistakes_are_one_line(user_dir, value, says):
     with pytest.raises(ConfigError, match=None) as e:
         resolve.reward_funcs(value)

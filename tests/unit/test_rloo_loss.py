@@ -45,14 +45,22 @@ def test_kl_penalty():
     adv, m = rloo.leave_one_out(*group(), 4, token_kl=kl, mask=mask, beta=0.5)
     close(adv, 0.5, -0.5666667, 0.1666667, -0.1)
     close(torch.stack([m["kl"], m["reward"]]), 0.0857143, 0.5)
-    adv0, m0 = rloo.leave_one_out(*group(), 4, token_kl=kl, mask=mask, beta=0.0)  # beta 0: no penalty, no metric
+    adv0, m0 = rloo.leave_one_out(
+        *group(), 4, token_kl=kl, mask=mask, beta=0.0
+    )  # beta 0: no penalty, no metric
     close(adv0, 2 / 3, -2 / 3, 0, 0)
     assert "kl" not in m0
 
 
 def test_reward_clip_range():
     """[0, 0.6]: r = [0.6, 0, 0.5, 0.5], mean 0.4; A = 4/3 (r - 0.4) = [0.2666667, -0.5333333, 0.1333333, 0.1333333]."""
-    close(rloo.leave_one_out(*group(), 4, reward_clip_range=(0.0, 0.6))[0], 0.2666667, -0.5333333, 0.1333333, 0.1333333)
+    close(
+        rloo.leave_one_out(*group(), 4, reward_clip_range=(0.0, 0.6))[0],
+        0.2666667,
+        -0.5333333,
+        0.1333333,
+        0.1333333,
+    )
 
 
 def test_normalize_advantages():
@@ -78,10 +86,17 @@ def test_sequence_clip():
     logps = t(-1.0, -2.0, -3.0, -1.0).view(2, 2).requires_grad_()
     old = logps.detach() - t(0.1, 0.2, -0.5, 0.3).view(2, 2)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
-    loss, m = rloo.sequence_clip(LossInputs(logps, old, t(1, -1), mask), epsilon=0.2, epsilon_high=0.2, beta=1.0)
+    loss, m = rloo.sequence_clip(
+        LossInputs(logps, old, t(1, -1), mask), epsilon=0.2, epsilon_high=0.2, beta=1.0
+    )
     assert loss.shape == (2, 1)
     close(loss.squeeze(1), -1.2, 0.8)
-    close(torch.stack([m["clip_ratio/low_mean"], m["clip_ratio/high_mean"], m["clip_ratio/region_mean"]]), 0.5, 0.5, 1)
+    close(
+        torch.stack([m["clip_ratio/low_mean"], m["clip_ratio/high_mean"], m["clip_ratio/region_mean"]]),
+        0.5,
+        0.5,
+        1,
+    )
     close(rloo.sequences(loss, mask, num_items=3.0, max_completion_length=2), -0.2)
 
 
@@ -90,7 +105,9 @@ def test_sequence_clip_gradient_sums_tokens():
     completion (a sum over tokens, not a mean), 0 on the masked one."""
     logps = t(-1.0, -2.0, -3.0).view(1, 3).requires_grad_()
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
-    loss, _ = rloo.sequence_clip(LossInputs(logps, logps.detach(), t(2.0), mask), epsilon=0.2, epsilon_high=0.2)
+    loss, _ = rloo.sequence_clip(
+        LossInputs(logps, logps.detach(), t(2.0), mask), epsilon=0.2, epsilon_high=0.2
+    )
     loss.sum().backward()
     close(logps.grad.squeeze(0), -2, -2, 0)
 

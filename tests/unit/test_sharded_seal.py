@@ -37,12 +37,17 @@ def _flip(p: Path) -> None:
     p.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("name,damage,why", [
-    ("pytorch_model_fsdp_0/__1_0.distcp", _cut, "pytorch_model_fsdp_0/__1_0.distcp is truncated"),
-    ("optimizer_0/__0_0.distcp", _flip, "optimizer_0/__0_0.distcp is damaged"),
-    ("pytorch_model_fsdp_0/.metadata", Path.unlink, "pytorch_model_fsdp_0/.metadata is missing"),
-])
-def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(tmp_path: Path, name: str, damage, why: str) -> None:
+@pytest.mark.parametrize(
+    "name,damage,why",
+    [
+        ("pytorch_model_fsdp_0/__1_0.distcp", _cut, "pytorch_model_fsdp_0/__1_0.distcp is truncated"),
+        ("optimizer_0/__0_0.distcp", _flip, "optimizer_0/__0_0.distcp is damaged"),
+        ("pytorch_model_fsdp_0/.metadata", Path.unlink, "pytorch_model_fsdp_0/.metadata is missing"),
+    ],
+)
+def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(
+    tmp_path: Path, name: str, damage, why: str
+) -> None:
     older, newer = _sharded(tmp_path, 2), _sharded(tmp_path, 4)
     assert checkpoints.latest_checkpoint(tmp_path) == newer  # sealed and whole: the newest
     damage(newer / name)

@@ -17,8 +17,17 @@ from ablate.speed import throughput as speed
 
 def tiny_llama(tie: bool = True) -> LlamaForCausalLM:
     """The docstring's model: hidden 8, intermediate 16, 2 layers, 2 heads of dim 4, 1 KV head, vocab 32."""
-    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=tie,
+        )
+    )
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -39,7 +48,9 @@ def test_probe_is_positive_and_short() -> None:
 
 def test_cache_hit_does_not_reprobe(tmp_path, monkeypatch) -> None:
     calls: list[object] = []
-    monkeypatch.setattr(speed, "probe_on", lambda device, dtype, seconds=1.0: (calls.append(dtype) or 123e9, True))
+    monkeypatch.setattr(
+        speed, "probe_on", lambda device, dtype, seconds=1.0: (calls.append(dtype) or 123e9, True)
+    )
     path = tmp_path / "peak.json"
     assert speed.peak_flops("cpu", torch.float32, path=path) == 123e9
     assert speed.peak_flops("cpu", torch.float32, path=path) == 123e9
@@ -55,7 +66,9 @@ def test_user_value_wins_over_cache_and_probe(tmp_path, monkeypatch) -> None:
     path = tmp_path / "peak.json"
     monkeypatch.setattr(speed, "probe_on", lambda device, dtype, seconds=1.0: (5e9, True))
     assert speed.peak_flops("cpu", torch.float32, path=path) == 5e9
-    monkeypatch.setattr(speed, "probe_on", lambda device, dtype, seconds=1.0: pytest.fail("probed despite a user value"))
+    monkeypatch.setattr(
+        speed, "probe_on", lambda device, dtype, seconds=1.0: pytest.fail("probed despite a user value")
+    )
     assert speed.peak_flops("cpu", torch.float32, user_tflops=0.42, path=path) == pytest.approx(0.42e12)
 
 
@@ -76,17 +89,22 @@ def test_a_peak_probed_on_a_busy_machine_is_probed_again_and_the_best_kept(tmp_p
     monkeypatch.setattr(speed, "probe_on", lambda device, dtype, seconds=1.0: next(probes))
     assert speed.peak_flops("cpu", torch.float32, path=path) == 60e9
     assert "the best of 1 probe(s) on a busy CPU, so far: MFU may read high" in speed.peak_note(
-        "cpu", torch.float32, path=path)
+        "cpu", torch.float32, path=path
+    )
     assert speed.peak_flops("cpu", torch.float32, path=path) == 95e9  # probed again, higher: kept
     assert speed.peak_flops("cpu", torch.float32, path=path) == 95e9  # probed again, lower: the best stays
-    assert speed.peak_note("cpu", torch.float32, path=path).startswith("the best of 3 probes, all on a busy CPU")
+    assert speed.peak_note("cpu", torch.float32, path=path).startswith(
+        "the best of 3 probes, all on a busy CPU"
+    )
     assert speed.peak_flops("cpu", torch.float32, path=path) == 95e9  # settled after 3: not probed again
     path.unlink()
     probes = iter([(60e9, False), (200e9, True)])
     assert speed.peak_flops("cpu", torch.float32, path=path) == 60e9
     assert speed.peak_flops("cpu", torch.float32, path=path) == 200e9  # an idle probe: final
     assert speed.peak_note("cpu", torch.float32, path=path).startswith("measured on an idle machine")
-    assert speed.peak_flops("cpu", torch.float32, path=path) == 200e9  # not probed again (the iterator is spent)
+    assert (
+        speed.peak_flops("cpu", torch.float32, path=path) == 200e9
+    )  # not probed again (the iterator is spent)
     old = {speed.device_key("cpu", torch.float32): 123e9}  # an older ablate's bare number: final, as it was
     path.write_text(json.dumps(old))
     assert speed.peak_flops("cpu", torch.float32, path=path) == 123e9
@@ -120,8 +138,12 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     monkeypatch.setattr(speed.time, "perf_counter", clock)
     model = tiny_llama()
     rollouts = RolloutStats()  # the trainer's declared counters (ablate.rollouts.stats.ReportsRollouts)
-    trainer = SimpleNamespace(model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-                              callback_handler=SimpleNamespace(callbacks=[]), rollout_stats=lambda: rollouts)
+    trainer = SimpleNamespace(
+        model=model,
+        accelerator=SimpleNamespace(unwrap_model=lambda m: m),
+        callback_handler=SimpleNamespace(callbacks=[]),
+        rollout_stats=lambda: rollouts,
+    )
     cb = speed.ThroughputCallback(trainer, peak_tflops=1e-6)  # 1 MFLOP/s
     args = SimpleNamespace(world_size=1, device="cpu", bf16=False, fp16=False)
     state, control = TrainerState(), TrainerControl()
@@ -136,7 +158,9 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     assert logs["tokens_per_second"] == pytest.approx(300 / 4)
     assert logs["mfu"] == pytest.approx((8448 * 300 + 8448 / 3 * 50) / 4 / 1e6)
     assert logs["num_input_tokens_seen"] == 300  # added where Trainer does not log it (GRPO)
-    assert (logs["time/generation"], logs["time/scoring"], logs["time/training"]) == pytest.approx((0.5, 0.25, 1.25))
+    assert (logs["time/generation"], logs["time/scoring"], logs["time/training"]) == pytest.approx(
+        (0.5, 0.25, 1.25)
+    )
     cb.on_save(args, state, control)  # t=100: a checkpoint took 96 s
     state.global_step, state.num_input_tokens_seen = 3, 400
     cb.on_step_end(args, state, control)  # t=101
@@ -146,8 +170,12 @@ def test_callback_window_arithmetic(monkeypatch) -> None:
     eval_logs = {"eval_loss": 1.0}
     cb.on_log(args, state, control, logs=eval_logs)
     assert "tokens_per_second" not in eval_logs
-    assert cb.summary_fields() == {"tokens_per_second": pytest.approx(80.0), "peak_tflops": 1e-6, "peak_source": "peak_tflops",
-                                   "mfu": pytest.approx((8448 * 400 + 8448 / 3 * 50) / 5 / 1e6, rel=1e-5)}
+    assert cb.summary_fields() == {
+        "tokens_per_second": pytest.approx(80.0),
+        "peak_tflops": 1e-6,
+        "peak_source": "peak_tflops",
+        "mfu": pytest.approx((8448 * 400 + 8448 / 3 * 50) / 5 / 1e6, rel=1e-5),
+    }
 
 
 def test_probe_leaves_the_global_rng_alone() -> None:

@@ -1,6 +1,6 @@
-"""The speed switches are declared once, in `ablate.schema.speed.SpeedSwitches`; conf/speed/on.yaml lists
-them for the user (each with its comment, so that `speed.X=false` is an override of a key it holds) and
-must agree with the dataclass: the same keys, the same defaults; off.yaml switches every path off."""
+"""The speed switches are declared once, in `ablate.schema.speed.SpeedSwitches`; Hydra composes the `speed`
+node from it (ablate.config.store): conf/speed/on.yaml selects it and declares no switch of its own;
+off.yaml switches every path off."""
 
 from __future__ import annotations
 
@@ -17,16 +17,26 @@ from ablate.schema.speed import SpeedSwitches
 SPEED = Path(conf_dir()) / "speed"
 
 
-def test_on_yaml_lists_the_dataclass_fields_with_their_defaults():
+def test_speed_on_is_the_dataclass_and_declares_nothing_itself():
+    from hydra import compose, initialize_config_dir
+
+    from ablate.config.compose import register_resolvers
+
     on = OmegaConf.to_container(OmegaConf.load(SPEED / "on.yaml"))
-    assert on.pop("_target_") == "ablate.speed.plan.SpeedSwitches"
-    assert on == {f.name: f.default for f in dataclasses.fields(SpeedSwitches)}
+    assert on == {"defaults": [{"/schema@_here_": "SpeedSwitches"}, "_self_"]}
+    register_resolvers()
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        composed = OmegaConf.to_container(compose("config").speed)
+    assert composed.pop("_target_") == "ablate.speed.plan.SpeedSwitches"
+    assert composed == {f.name: f.default for f in dataclasses.fields(SpeedSwitches)}
 
 
 def test_off_yaml_switches_every_field_off():
     off = OmegaConf.to_container(OmegaConf.load(SPEED / "off.yaml"))
-    off.pop("defaults")
-    assert off == {f.name: False for f in dataclasses.fields(SpeedSwitches) if f.name != "show"}  # not a switch
+    assert off.pop("defaults") == [{"/schema@_here_": "SpeedSwitches"}, "_self_"]
+    assert off == {
+        f.name: False for f in dataclasses.fields(SpeedSwitches) if f.name != "show"
+    }  # not a switch
     assert SpeedSwitches.off() == SpeedSwitches(**off)
 
 
@@ -34,8 +44,11 @@ def test_the_plans_paths_are_the_dataclass_switches():
     from ablate.speed import plan
 
     assert plan.SpeedSwitches is SpeedSwitches
-    assert list(plan.PATHS) == [f.name for f in dataclasses.fields(SpeedSwitches)][:len(plan.PATHS)]
-    assert set(plan.PATHS) == {f.name for f in dataclasses.fields(SpeedSwitches)} - {"unverified_devices", "show"}
+    assert list(plan.PATHS) == [f.name for f in dataclasses.fields(SpeedSwitches)][: len(plan.PATHS)]
+    assert set(plan.PATHS) == {f.name for f in dataclasses.fields(SpeedSwitches)} - {
+        "unverified_devices",
+        "show",
+    }
 
 
 def test_a_switch_is_checked_where_it_is_made():

@@ -22,9 +22,13 @@ from ablate.analysis import many_seeds, per_example, stats
 
 TRIALS = 2_000
 ALPHA = 1 - stats.LEVEL
-BOUND = ALPHA + 2.5 * math.sqrt(ALPHA * (1 - ALPHA) / TRIALS)  # 0.062: 5% plus 2.5 standard errors of the share
+BOUND = ALPHA + 2.5 * math.sqrt(
+    ALPHA * (1 - ALPHA) / TRIALS
+)  # 0.062: 5% plus 2.5 standard errors of the share
 DISTS = ("normal", "t3", "ties", "bernoulli")
-Method = Callable[..., np.ndarray]  # (trials, n) matrices -> one bool per trial: called clear / interval missed
+Method = Callable[
+    ..., np.ndarray
+]  # (trials, n) matrices -> one bool per trial: called clear / interval missed
 
 
 def draw(dist: str, trials: int, n: int, arm: int = 0) -> np.ndarray:
@@ -48,12 +52,17 @@ def share(method: Method, *matrices: np.ndarray) -> float:
 
 # --- the methods `ablate compare` uses, through their public functions --------------------------------------
 
+
 def paired_clear(diffs: np.ndarray) -> np.ndarray:
     """stats.paired(...).clear on each row of per-seed differences (arm a all 0, arm b the differences)."""
     seeds = [str(s) for s in range(diffs.shape[1])]
     zeros = {s: [0.0] for s in seeds}
-    return np.array([stats.paired("a", zeros, "b", dict(zip(seeds, ([float(d)] for d in row))), "m").clear
-                     for row in diffs])
+    return np.array(
+        [
+            stats.paired("a", zeros, "b", dict(zip(seeds, ([float(d)] for d in row))), "m").clear
+            for row in diffs
+        ]
+    )
 
 
 def arm_interval_misses(values: np.ndarray) -> np.ndarray:
@@ -70,12 +79,20 @@ def improvement_clear(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def examples_clear(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """per_example.ExamplePaired(...).clear: each row one eval set scored by both arms."""
     ids = [str(i) for i in range(a.shape[1])]
-    return np.array([per_example.ExamplePaired("a", "b", "m", ids, ra.tolist(), rb.tolist()).clear for ra, rb in zip(a, b)])
+    return np.array(
+        [
+            per_example.ExamplePaired("a", "b", "m", ids, ra.tolist(), rb.tolist()).clear
+            for ra, rb in zip(a, b)
+        ]
+    )
 
 
 # --- what ablate used before, kept as references the harness must catch -------------------------------------
 
-def _resample_means(x: np.ndarray, resamples: int, stat: Callable[[np.ndarray], np.ndarray], seed: int) -> np.ndarray:
+
+def _resample_means(
+    x: np.ndarray, resamples: int, stat: Callable[[np.ndarray], np.ndarray], seed: int
+) -> np.ndarray:
     """(trials, resamples) of `stat` over bootstrap resamples of each row, in chunks of rows."""
     rng = np.random.default_rng(seed)
     out = []
@@ -103,21 +120,27 @@ def old_arm_misses(values: np.ndarray, resamples: int = 2_000) -> np.ndarray:
 def old_iqm_misses(values: np.ndarray, resamples: int = 2_000) -> np.ndarray:
     """The IQM's stratified percentile bootstrap interval (one task) misses the true IQM, 0 (symmetric)."""
     k = int(0.25 * values.shape[1])
-    return _excludes(_resample_means(values, resamples, lambda r: np.sort(r, axis=-1)[..., k:r.shape[-1] - k].mean(axis=-1), 2), 0.0)
+    return _excludes(
+        _resample_means(
+            values, resamples, lambda r: np.sort(r, axis=-1)[..., k : r.shape[-1] - k].mean(axis=-1), 2
+        ),
+        0.0,
+    )
 
 
 def old_improvement_clear(x: np.ndarray, y: np.ndarray, resamples: int = 1_000) -> np.ndarray:
     """The probability of improvement's percentile bootstrap interval, each arm resampled alone, excludes 0.5."""
     out = []
     for i in range(0, x.shape[0], 200):
-        rx = _resample_means(x[i:i + 200], resamples, lambda r: r, 3 + i)
-        ry = _resample_means(y[i:i + 200], resamples, lambda r: r, 4 + i)
+        rx = _resample_means(x[i : i + 200], resamples, lambda r: r, 3 + i)
+        ry = _resample_means(y[i : i + 200], resamples, lambda r: r, 4 + i)
         gt, eq = rx[..., :, None] > ry[..., None, :], rx[..., :, None] == ry[..., None, :]
         out.append(_excludes(gt.mean(axis=(-1, -2)) + 0.5 * eq.mean(axis=(-1, -2)), 0.5))
     return np.concatenate(out)
 
 
 # --- the tests -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dist", ["normal", "t3"])
 @pytest.mark.parametrize("n", range(2, 11))
@@ -139,7 +162,9 @@ def test_power_line_matches_tables_and_simulation() -> None:
     about 80% of 10-pair draws and fewer at 9."""
     assert [stats.seeds_for_power(m, 1.0) for m in (1.0, 0.5, 0.8, -1.0)] == [10, 34, 15, 10]
     assert stats.power(np.array([10]), 1.0)[0] == pytest.approx(0.8031, abs=1e-4)
-    assert stats.seeds_for_power(0.0, 1.0) is None and stats.seeds_for_power(1e-4, 1.0) is None  # beyond MAX_SEEDS
+    assert (
+        stats.seeds_for_power(0.0, 1.0) is None and stats.seeds_for_power(1e-4, 1.0) is None
+    )  # beyond MAX_SEEDS
     se = math.sqrt(0.8 * 0.2 / TRIALS)
     assert share(paired_clear, draw("normal", TRIALS, 10) + 1.0) == pytest.approx(0.803, abs=2.5 * se)
     assert share(paired_clear, draw("normal", TRIALS, 9) + 1.0) < 0.8
@@ -186,8 +211,15 @@ def _iqm_bca_misses(values: np.ndarray) -> np.ndarray:
     """scipy.stats.bootstrap's BCa interval of the IQM (25% trimmed mean) misses 0 (a candidate, not used)."""
     from scipy import stats as sps
 
-    ci = sps.bootstrap((values,), lambda x, axis: sps.trim_mean(x, 0.25, axis=axis), n_resamples=2_000,
-                       method="BCa", axis=-1, batch=200, rng=np.random.default_rng(5)).confidence_interval
+    ci = sps.bootstrap(
+        (values,),
+        lambda x, axis: sps.trim_mean(x, 0.25, axis=axis),
+        n_resamples=2_000,
+        method="BCa",
+        axis=-1,
+        batch=200,
+        rng=np.random.default_rng(5),
+    ).confidence_interval
     return (ci.low > 0) | (ci.high < 0)
 
 
@@ -201,21 +233,38 @@ def _iqm_trimmed_t_misses(values: np.ndarray) -> np.ndarray:
 
 def tables(trials: int) -> list[str]:
     """docs/compare.md's tables: the share of A/A comparisons called clear (or intervals missing), old vs new."""
-    out = ["| verdict | n | " + " | ".join(f"{d} old | {d} new" for d in ("normal", "t3")) + " |", "|---|---|" + "---|" * 4]
-    rows = [("seed-paired difference, and an arm's interval (missed)", n, old_paired_clear, paired_clear, 1)
-            for n in range(2, 11)]
-    rows += [("probability of improvement", n, old_improvement_clear, improvement_clear, 2) for n in range(5, 11)]
+    out = [
+        "| verdict | n | " + " | ".join(f"{d} old | {d} new" for d in ("normal", "t3")) + " |",
+        "|---|---|" + "---|" * 4,
+    ]
+    rows = [
+        ("seed-paired difference, and an arm's interval (missed)", n, old_paired_clear, paired_clear, 1)
+        for n in range(2, 11)
+    ]
+    rows += [
+        ("probability of improvement", n, old_improvement_clear, improvement_clear, 2) for n in range(5, 11)
+    ]
     for name, n, old, new, arms in rows:
         cells = []
         for dist in ("normal", "t3"):
             drawn = [draw(dist, trials, n, arm) for arm in range(arms)]
             cells += [f"{share(old, *drawn):.1%}", f"{share(new, *drawn):.1%}"]
         out.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
-    out += ["", "| IQM interval, missed | n | " + " | ".join(f"{d}: percentile, BCa, trimmed t" for d in ("normal", "t3"))
-            + " |", "|---|---|---|---|"]
+    out += [
+        "",
+        "| IQM interval, missed | n | "
+        + " | ".join(f"{d}: percentile, BCa, trimmed t" for d in ("normal", "t3"))
+        + " |",
+        "|---|---|---|---|",
+    ]
     for n in range(5, 11):
-        cells = [", ".join(f"{share(m, draw(d, trials, n)):.1%}" for m in (old_iqm_misses, _iqm_bca_misses, _iqm_trimmed_t_misses))
-                 for d in ("normal", "t3")]
+        cells = [
+            ", ".join(
+                f"{share(m, draw(d, trials, n)):.1%}"
+                for m in (old_iqm_misses, _iqm_bca_misses, _iqm_trimmed_t_misses)
+            )
+            for d in ("normal", "t3")
+        ]
         out.append(f"| | {n} | " + " | ".join(cells) + " |")
     return out + example_table(trials)
 
@@ -228,14 +277,24 @@ def _old_examples_clear(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def example_table(trials: int) -> list[str]:
-    out = ["", "| per-example difference, called clear | examples | normal old, new | t3 old, new | bernoulli old, new |",
-           "|---|---|---|---|---|"]
+    out = [
+        "",
+        "| per-example difference, called clear | examples | normal old, new | t3 old, new | bernoulli old, new |",
+        "|---|---|---|---|---|",
+    ]
     for n in (16, 64, 200):
         drawn = [(draw(d, trials, n, 0), draw(d, trials, n, 1)) for d in ("normal", "t3", "bernoulli")]
-        out.append(f"| | {n} | " + " | ".join(f"{share(_old_examples_clear, *m):.1%}, {share(examples_clear, *m):.1%}"
-                                              for m in drawn) + " |")
+        out.append(
+            f"| | {n} | "
+            + " | ".join(
+                f"{share(_old_examples_clear, *m):.1%}, {share(examples_clear, *m):.1%}" for m in drawn
+            )
+            + " |"
+        )
     return out
 
 
 if __name__ == "__main__":
-    print("\n".join(tables(int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else TRIALS)))
+    print(
+        "\n".join(tables(int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else TRIALS))
+    )

@@ -27,7 +27,7 @@ def test_iqm_is_the_25_percent_trimmed_mean() -> None:
 def _trim_mean_reference(values: list[float]) -> float:
     """scipy.stats.trim_mean(values, 0.25), written out."""
     k = int(0.25 * len(values))
-    kept = sorted(values)[k:len(values) - k]
+    kept = sorted(values)[k : len(values) - k]
     return sum(kept) / len(kept)
 
 
@@ -38,8 +38,12 @@ def test_iqm_matches_a_plain_trimmed_mean_for_every_n(n: int) -> None:
 
 
 def test_probability_of_improvement_hand_values() -> None:
-    assert stats.probability_of_improvement([3, 4, 5, 6, 7], [1, 2, 3, 4, 5]) == pytest.approx(0.82)  # 20.5 / 25
-    assert stats.probability_of_improvement([1, 2, 3, 4, 5], [3, 4, 5, 6, 7]) == pytest.approx(0.18)  # 1 - 0.82
+    assert stats.probability_of_improvement([3, 4, 5, 6, 7], [1, 2, 3, 4, 5]) == pytest.approx(
+        0.82
+    )  # 20.5 / 25
+    assert stats.probability_of_improvement([1, 2, 3, 4, 5], [3, 4, 5, 6, 7]) == pytest.approx(
+        0.18
+    )  # 1 - 0.82
     assert stats.probability_of_improvement([1, 2, 2, 9, 5], [1, 2, 2, 9, 5]) == 0.5  # identical arms (ties)
     assert stats.probability_of_improvement([2] * 5, [1] * 6) == 1.0  # n != m
     assert stats.probability_of_improvement([1] * 5, [1] * 6) == 0.5  # every pair a tie
@@ -74,9 +78,14 @@ def _mann_whitney_reference(x: list[float], y: list[float]) -> float:
     return far / total
 
 
-@pytest.mark.parametrize("x,y", [([0.5, 0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),  # ties
-                                 ([1.0, 2.0, 2.0, 3.0, 3.0], [2.0, 3.0, 3.0, 4.0, 1.0]),  # many ties
-                                 ([0.31, 0.72, 0.15, 0.94, 0.56], [0.12, 0.08, 0.44, 0.27, 0.63])])  # none: scipy's table
+@pytest.mark.parametrize(
+    "x,y",
+    [
+        ([0.5, 0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),  # ties
+        ([1.0, 2.0, 2.0, 3.0, 3.0], [2.0, 3.0, 3.0, 4.0, 1.0]),  # many ties
+        ([0.31, 0.72, 0.15, 0.94, 0.56], [0.12, 0.08, 0.44, 0.27, 0.63]),
+    ],
+)  # none: scipy's table
 def test_mann_whitney_p_is_the_exact_permutation_p_value(x: list[float], y: list[float]) -> None:
     assert stats.mann_whitney_p(x, y) == pytest.approx(_mann_whitney_reference(x, y), abs=1e-9)
 
@@ -86,8 +95,10 @@ def test_probability_of_improvement_verdict() -> None:
     two-sided p-value at 5 vs 5: 5 seeds per arm can be clear)."""
     better = stats.improvement("a", [1, 2, 3, 4, 5], "b", [6, 7, 8, 9, 10], "rewards/margins")
     assert (better.p, better.clear) == (1.0, True) and better.pvalue == pytest.approx(2 / 252)
-    assert better.verdict() == ("P(b better than a on rewards/margins) = 1.00, 5 vs 5 seeds, Mann-Whitney p = 0.0079: "
-                                "clear, b better (p < 0.05)")
+    assert better.verdict() == (
+        "P(b better than a on rewards/margins) = 1.00, 5 vs 5 seeds, Mann-Whitney p = 0.0079: "
+        "clear, b better (p < 0.05)"
+    )
     same = stats.improvement("a", [1, 2, 3, 4, 5], "b", [1, 2, 3, 4, 5], "m")
     assert same.p == 0.5 and same.pvalue == 1.0 and not same.clear
     assert same.verdict().endswith("Mann-Whitney p = 1: not clear (p ≥ 0.05)")
@@ -99,10 +110,13 @@ def test_lower_is_better_metrics_flip_the_direction() -> None:
     assert not stats.higher_is_better("loss") and not stats.higher_is_better("eval_loss")
     assert not stats.higher_is_better("generation_seconds") and not stats.higher_is_better("time/generation")
     assert stats.higher_is_better("rewards/margins") and stats.higher_is_better("reward")
-    worse = stats.improvement("a", [1, 2, 3, 4, 5], "b", [6, 7, 8, 9, 10, 11], "loss")  # b's loss is higher: b is worse
+    worse = stats.improvement(
+        "a", [1, 2, 3, 4, 5], "b", [6, 7, 8, 9, 10, 11], "loss"
+    )  # b's loss is higher: b is worse
     assert worse.p == 0.0 and worse.clear  # p = 2 / C(11, 5) = 2 / 462
-    assert worse.verdict() == ("P(b better than a on loss) = 0.00, 6 vs 5 seeds, Mann-Whitney p = 0.0043: clear, b worse "
-                               "(p < 0.05)")
+    assert worse.verdict() == (
+        "P(b better than a on loss) = 0.00, 6 vs 5 seeds, Mann-Whitney p = 0.0043: clear, b worse (p < 0.05)"
+    )
 
 
 def test_performance_profile_hand_values() -> None:
@@ -120,22 +134,34 @@ def _examples(values: list[float]) -> dict[str, list[float]]:
 
 def test_paired_per_example_difference_hand_values() -> None:
     """The paired_examples docstring's arithmetic (Miller 2024's paired standard error)."""
-    d = per_example.paired_examples("a", _examples([0.2, 0.4, 0.6, 0.8]), "b", _examples([0.3, 0.6, 0.6, 1.0]), "m")
+    d = per_example.paired_examples(
+        "a", _examples([0.2, 0.4, 0.6, 0.8]), "b", _examples([0.3, 0.6, 0.6, 1.0]), "m"
+    )
     assert d.diffs == pytest.approx([0.1, 0.2, 0.0, 0.2]) and d.mean == pytest.approx(0.125)
     assert d.se == pytest.approx((0.0275 / 3) ** 0.5 / 2) == pytest.approx(0.047871, abs=1e-6)
     assert d.ci == pytest.approx((0.125 - 3.182446 * 0.0478714, 0.125 + 3.182446 * 0.0478714), abs=1e-6)
-    assert d.se_unpaired == pytest.approx(((0.2 / 3 + 0.2475 / 3) / 4) ** 0.5) == pytest.approx(0.193111, abs=1e-6)
-    assert not d.clear and d.verdict() == ("b − a eval m = +0.125 [-0.02735, +0.2773] (SE 0.048 paired, 0.19 unpaired), "
-                                           "n=4 examples: not clear (95% interval includes 0)")
+    assert (
+        d.se_unpaired
+        == pytest.approx(((0.2 / 3 + 0.2475 / 3) / 4) ** 0.5)
+        == pytest.approx(0.193111, abs=1e-6)
+    )
+    assert not d.clear and d.verdict() == (
+        "b − a eval m = +0.125 [-0.02735, +0.2773] (SE 0.048 paired, 0.19 unpaired), "
+        "n=4 examples: not clear (95% interval includes 0)"
+    )
     # the same differences over 16 examples (each four times): t_{0.975, 15} = 2.13145, SE 0.0236 -> clear
-    many = per_example.paired_examples("a", _examples([0.2, 0.4, 0.6, 0.8] * 4), "b", _examples([0.3, 0.6, 0.6, 1.0] * 4), "m")
+    many = per_example.paired_examples(
+        "a", _examples([0.2, 0.4, 0.6, 0.8] * 4), "b", _examples([0.3, 0.6, 0.6, 1.0] * 4), "m"
+    )
     se = (0.0275 * 4 / 15) ** 0.5 / 4
     assert many.ci == pytest.approx((0.125 - 2.131450 * se, 0.125 + 2.131450 * se), abs=1e-6) and many.clear
 
 
 def test_paired_per_example_edge_cases() -> None:
     # seeds: an example's score in an arm is the mean of its runs (0.0 and 1.0 -> 0.5)
-    two_seeds = per_example.paired_examples("a", {"q": [0.0, 1.0], "r": [1.0]}, "b", {"q": [1.0], "r": [1.0], "s": [0.0]}, "m")
+    two_seeds = per_example.paired_examples(
+        "a", {"q": [0.0, 1.0], "r": [1.0]}, "b", {"q": [1.0], "r": [1.0], "s": [0.0]}, "m"
+    )
     assert two_seeds.ids == ["q", "r"] and two_seeds.diffs == [0.5, 0.0]  # only shared examples pair
     same = per_example.paired_examples("a", _examples([0.0, 1.0, 1.0]), "b", _examples([0.0, 1.0, 1.0]), "m")
     assert same.verdict().endswith("identical on every example") and not same.clear
@@ -143,5 +169,11 @@ def test_paired_per_example_edge_cases() -> None:
     assert shift.se == pytest.approx(0.0, abs=1e-12) and shift.clear and "clear, b lower" in shift.verdict()
     mixed = per_example.paired_examples("a", _examples([0, 1, 0, 1]), "b", _examples([1, 0, 0, 1]), "m")
     assert mixed.mean == 0.0 and mixed.verdict().endswith("not clear (95% interval includes 0)")
-    assert "no example scored in both arms" in per_example.paired_examples("a", {"q": [1.0]}, "b", {"r": [1.0]}, "m").verdict()
-    assert "n=1 example: too few" in per_example.paired_examples("a", {"q": [1.0]}, "b", {"q": [0.0]}, "m").verdict()
+    assert (
+        "no example scored in both arms"
+        in per_example.paired_examples("a", {"q": [1.0]}, "b", {"r": [1.0]}, "m").verdict()
+    )
+    assert (
+        "n=1 example: too few"
+        in per_example.paired_examples("a", {"q": [1.0]}, "b", {"q": [0.0]}, "m").verdict()
+    )

@@ -14,12 +14,23 @@ from ablate.data import cache
 from ablate.models import precision
 from ablate.speed import throughput
 
-pytestmark = pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
-                                reason="torch < 2.9 has no fp32_precision API")
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9 has no fp32_precision API"
+)
 
 
 # every fp32_precision node, parents first (setting a parent copies its value into its children)
-NODES = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+NODES = (
+    "",
+    "cuda.matmul",
+    "cudnn",
+    "cudnn.conv",
+    "cudnn.rnn",
+    "mkldnn",
+    "mkldnn.matmul",
+    "mkldnn.conv",
+    "mkldnn.rnn",
+)
 
 
 def _node(path):
@@ -55,7 +66,11 @@ def test_the_legacy_read_is_refused_once_the_new_api_is_set(new_api):
 
 
 def test_every_reader_runs_and_sees_tf32(new_api, monkeypatch):
-    assert precision.fp32_precision() == {"cuda.matmul": "tf32", "cudnn.conv": "tf32", "mkldnn.matmul": "tf32"}
+    assert precision.fp32_precision() == {
+        "cuda.matmul": "tf32",
+        "cudnn.conv": "tf32",
+        "mkldnn.matmul": "tf32",
+    }
     assert precision.tf32_matmul()
     facts = cache.device_facts(torch.device("cpu"))
     assert facts["fp32_precision"]["cuda.matmul"] == "tf32"
@@ -69,21 +84,38 @@ def test_every_reader_runs_and_sees_tf32(new_api, monkeypatch):
 
 
 def test_none_is_the_parents_setting_and_ieee_by_default():
-    """"none" at an op means its backend's, then the global setting; all "none" is full float32."""
+    """ "none" at an op means its backend's, then the global setting; all "none" is full float32."""
+
     def node(value, **children):
         return types.SimpleNamespace(fp32_precision=value, **children)
 
-    fake = types.SimpleNamespace(backends=types.SimpleNamespace(
-        fp32_precision="none", cuda=types.SimpleNamespace(matmul=node("none")),
-        cudnn=node("none", conv=node("tf32")), mkldnn=node("bf16", matmul=node("none"))))
-    assert precision.fp32_precision(fake) == {"cuda.matmul": "ieee", "cudnn.conv": "tf32", "mkldnn.matmul": "bf16"}
+    fake = types.SimpleNamespace(
+        backends=types.SimpleNamespace(
+            fp32_precision="none",
+            cuda=types.SimpleNamespace(matmul=node("none")),
+            cudnn=node("none", conv=node("tf32")),
+            mkldnn=node("bf16", matmul=node("none")),
+        )
+    )
+    assert precision.fp32_precision(fake) == {
+        "cuda.matmul": "ieee",
+        "cudnn.conv": "tf32",
+        "mkldnn.matmul": "bf16",
+    }
     fake.backends.fp32_precision = "tf32"
     assert precision.fp32_precision(fake)["cuda.matmul"] == "tf32"
 
 
 def test_a_torch_without_the_new_api_reads_the_legacy_flags():
     fake = types.SimpleNamespace(
-        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
-                                       cudnn=types.SimpleNamespace(allow_tf32=False)),
-        get_float32_matmul_precision=lambda: "highest")
-    assert precision.fp32_precision(fake) == {"cuda.matmul": "tf32", "cudnn.conv": "ieee", "mkldnn.matmul": "ieee"}
+        backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
+            cudnn=types.SimpleNamespace(allow_tf32=False),
+        ),
+        get_float32_matmul_precision=lambda: "highest",
+    )
+    assert precision.fp32_precision(fake) == {
+        "cuda.matmul": "tf32",
+        "cudnn.conv": "ieee",
+        "mkldnn.matmul": "ieee",
+    }

@@ -44,7 +44,9 @@ def test_user_setting_wins_then_omp_env(cores: int, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert threads.choose(None) == (5, "OMP_NUM_THREADS=5")
     assert threads.choose(3, {"n_jobs": 4}) == (3, "config threads")
-    with pytest.raises(ConfigError, match=r"^threads=0: must be null \(the cores available\) or an integer >= 1$"):
+    with pytest.raises(
+        ConfigError, match=r"^threads=0: must be null \(the cores available\) or an integer >= 1$"
+    ):
         Root(threads=0)  # the value's one check: its schema
 
 

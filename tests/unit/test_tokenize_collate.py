@@ -3,11 +3,7 @@
 import pytest
 
 from ablate.data import DataError
-from ablate.data.tokenize import (
-    encode_completion,
-    encode_prompt,
-    tokenize_sft,
-)
+from ablate.data.tokenize import encode_completion, encode_prompt, tokenize_sft
 from ablate.methods.dpo import DPOCollator
 from ablate.methods.sft import SFTCollator
 from ablate.models.tokenizer import byte_tokenizer
@@ -46,33 +42,59 @@ def test_chat_messages(tok):
 
 def test_dpo_collator_layout():
     rows = [
-        {"prompt_ids": [5, 6], "chosen_ids": [7, 2], "rejected_ids": [8, 9, 2], "ref_chosen_logps": -1.0,
-         "ref_rejected_logps": -2.0},
-        {"prompt_ids": [5], "chosen_ids": [7, 7, 2], "rejected_ids": [2], "ref_chosen_logps": -3.0,
-         "ref_rejected_logps": -4.0},
+        {
+            "prompt_ids": [5, 6],
+            "chosen_ids": [7, 2],
+            "rejected_ids": [8, 9, 2],
+            "ref_chosen_logps": -1.0,
+            "ref_rejected_logps": -2.0,
+        },
+        {
+            "prompt_ids": [5],
+            "chosen_ids": [7, 7, 2],
+            "rejected_ids": [2],
+            "ref_chosen_logps": -3.0,
+            "ref_rejected_logps": -4.0,
+        },
     ]
     b = DPOCollator(pad_token_id=0)(rows)
     # rows: chosen 0, chosen 1, rejected 0, rejected 1
     assert b["input_ids"].tolist() == [[5, 6, 7, 2, 0], [5, 7, 7, 2, 0], [5, 6, 8, 9, 2], [5, 2, 0, 0, 0]]
-    assert b["completion_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
-    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert b["completion_mask"].tolist() == [
+        [0, 0, 1, 1, 0],
+        [0, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+        [0, 1, 0, 0, 0],
+    ]
+    assert b["attention_mask"].tolist() == [
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1],
+        [1, 1, 0, 0, 0],
+    ]
     assert b["ref_chosen_logps"].tolist() == [-1.0, -3.0]
     assert b["ref_rejected_logps"].tolist() == [-2.0, -4.0]
 
 
 def test_sft_collator_labels_only_completion():
-    b = SFTCollator(pad_token_id=0)([{"prompt_ids": [5, 6], "completion_ids": [7, 2]},
-                                     {"prompt_ids": [5], "completion_ids": [2]}])
+    b = SFTCollator(pad_token_id=0)(
+        [{"prompt_ids": [5, 6], "completion_ids": [7, 2]}, {"prompt_ids": [5], "completion_ids": [2]}]
+    )
     assert b["labels"].tolist() == [[-100, -100, 7, 2], [-100, 2, -100, -100]]
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{not json\n', "line 2 is not valid JSON"),
-    ('["a", "b"]\n', "line 1 is a JSON list, not an object"),
-    ('{"prompt": "a\tb", "chosen": "b", "rejected": "c"}\n',  # a raw tab in a string: once "at at column 14"
-     r"line 1 is not valid JSON \(Invalid control character at column 14\)"),
-    ("\n\n", "has no examples"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{not json\n', "line 2 is not valid JSON"),
+        ('["a", "b"]\n', "line 1 is a JSON list, not an object"),
+        (
+            '{"prompt": "a\tb", "chosen": "b", "rejected": "c"}\n',  # a raw tab in a string: once "at at column 14"
+            r"line 1 is not valid JSON \(Invalid control character at column 14\)",
+        ),
+        ("\n\n", "has no examples"),
+    ],
+)
 def test_bad_jsonl_names_file_and_line(tmp_path, content, needle):
     from ablate.data import jsonl
 

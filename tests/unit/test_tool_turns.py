@@ -32,8 +32,11 @@ class Scripted:
 
     def __call__(self, model, prompt_ids):
         self.batches.append(len(prompt_ids))
-        ids = [self.tok(self.script(self.tok.decode(p)), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-               for p in prompt_ids]
+        ids = [
+            self.tok(self.script(self.tok.decode(p)), add_special_tokens=False)["input_ids"]
+            + [self.tok.eos_token_id]
+            for p in prompt_ids
+        ]
         return Completions(ids=ids, logps=[[-0.5] * len(c) for c in ids]) if self.logps else ids
 
     def sample(self, model, prompt_ids, policy_logps=False):
@@ -68,7 +71,9 @@ def test_turns_results_and_the_mask():
     suffix = tok("\n<|tool|>408</s>\n<|assistant|>", add_special_tokens=False)["input_ids"]
     suffix = [2 if t == tok.convert_tokens_to_ids("</s>") else t for t in suffix]
     answer = tok("408", add_special_tokens=False)["input_ids"] + [2]
-    assert out.ids[0] == first + suffix + answer  # turn 1, the result, turn 2: the model's own ids, never re-tokenized
+    assert (
+        out.ids[0] == first + suffix + answer
+    )  # turn 1, the result, turn 2: the model's own ids, never re-tokenized
     assert out.tool_mask[0] == [1] * len(first) + [0] * len(suffix) + [1] * len(answer)
     assert [m["role"] for m in out.messages[0]] == ["assistant", "tool", "assistant"]
     assert out.messages[0][1] == {"role": "tool", "name": "calculator", "content": "408"}
@@ -82,18 +87,26 @@ def test_limits_and_failures():
     """A result past max_completion_length is dropped (TRL: the rollout ends as it is, the call still counted);
     a continuation is cut to fit; max_tool_calling_iterations stops a model that keeps calling."""
     tok, model = tiny()
-    gen, box = _generator(tok, max_completion_length=110)  # a call is 82 tokens, "6"'s result 25, the error's 53
+    gen, box = _generator(
+        tok, max_completion_length=110
+    )  # a call is 82 tokens, "6"'s result 25, the error's 53
     out = gen(model, [box.prompt_ids(question("1/0")), box.prompt_ids(question("2*3"))])
     assert out.tool_calls == [1, 1] and out.tool_failures == [1, 0]
     assert out.ids[0][-1] == 2 and set(out.tool_mask[0]) == {1}  # the error would not fit: dropped
     assert [m["role"] for m in out.messages[0]] == ["assistant"]
     assert [m["role"] for m in out.messages[1]] == ["assistant", "tool", "assistant"]
-    cut, _ = _generator(tok, script=lambda t: "x" * 50 if "<|tool|>" in t else perfect(t), max_completion_length=110)
+    cut, _ = _generator(
+        tok, script=lambda t: "x" * 50 if "<|tool|>" in t else perfect(t), max_completion_length=110
+    )
     out = cut(model, [box.prompt_ids(question("2*3"))])
     assert len(out.ids[0]) == 110 and out.ids[0][-1] != 2  # cut at the budget: a clipped completion
     again, box2 = _generator(tok, script=lambda t: CALL % "1+1", max_completion_length=400, max_iterations=1)
     out = again(model, [box2.prompt_ids(question("2*3"))])
-    assert out.tool_calls == [1] and [m["role"] for m in out.messages[0]] == ["assistant", "tool", "assistant"]
+    assert out.tool_calls == [1] and [m["role"] for m in out.messages[0]] == [
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert "tool_calls" in out.messages[0][-1]  # the last turn's call is read, not run
 
 
@@ -140,9 +153,13 @@ def test_environments_one_per_rollout():
     box = Toolbox(ToolFormat(tok), [], environment=Counter)
     assert [s["function"]["name"] for s in box.schemas] == ["add"]  # the methods but reset / get_reward
     gen = ToolGenerator(Scripted(tok, lambda t: "done" if "<|tool|>" in t else adds), box, tok, 128)
-    rows = [{"prompt": question("x"), "prompt_ids": box.prompt_ids(question("x")), "start": s} for s in (1, 10)]
+    rows = [
+        {"prompt": question("x"), "prompt_ids": box.prompt_ids(question("x")), "start": s} for s in (1, 10)
+    ]
     prompts = gen.start(rows)
-    assert tok.decode(prompts[1]).endswith("What is x? Start at 10.</s>\n<|assistant|>")  # reset's text, TRL's place
+    assert tok.decode(prompts[1]).endswith(
+        "What is x? Start at 10.</s>\n<|assistant|>"
+    )  # reset's text, TRL's place
     out = gen(model, prompts)
     assert [e.total for e in gen.environments] == [6, 15] and out.messages[1][1]["content"] == "15"
     made = Counter.made
@@ -153,41 +170,81 @@ def test_environments_one_per_rollout():
 def _trainer(tmp_path, generator, **args):
     tok, model = tiny()
     ds = Dataset.from_list([{"prompt": question(e), "answer": str(eval(e))} for e in ("12*34", "56*7")])
-    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                        max_completion_length=128, report_to="none", use_cpu=True, **args)
-    return GRPOTrainer(model=model, args=config, train_dataset=ds, processing_class=tok,
-                       reward_funcs={"correct": correct}, generator=generator(tok))
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=128,
+        report_to="none",
+        use_cpu=True,
+        **args,
+    )
+    return GRPOTrainer(
+        model=model,
+        args=config,
+        train_dataset=ds,
+        processing_class=tok,
+        reward_funcs={"correct": correct},
+        generator=generator(tok),
+    )
 
 
 def test_the_trainer_masks_results_out_of_the_loss(tmp_path):
     trainer = _trainer(tmp_path, lambda tok: Scripted(tok, perfect), tools=["ablate.tools.calculator"])
     rows = [trainer.train_dataset[i] for i in (0, 0, 1, 1)]
-    assert trainer.processing_class.decode(rows[0]["prompt_ids"]).startswith("<|tools|>calculator(expression)")
+    assert trainer.processing_class.decode(rows[0]["prompt_ids"]).startswith(
+        "<|tools|>calculator(expression)"
+    )
     rollout = trainer._generate_and_score(rows, "train")
     assert rollout.tool_mask is not None and (rollout.tool_mask == 0).any()
     loss_mask = rollout.completion_mask * rollout.tool_mask
     assert torch.equal(rollout.loss_mask(), loss_mask) and rollout.num_items == loss_mask.sum()
     m = trainer.metrics.pop("train")
-    assert m["tools/call_frequency"] == 1.0 and m["tools/failure_frequency"] == 0.0 and m["rewards/correct/mean"] == 1.0
+    assert (
+        m["tools/call_frequency"] == 1.0
+        and m["tools/failure_frequency"] == 0.0
+        and m["rewards/correct/mean"] == 1.0
+    )
     assert m["completions/mean_length"] == loss_mask.sum() / 4  # the model's tokens only (TRL)
     # the loss reads the mask: results' tokens change nothing
     trainer.model.train()
     loss = trainer.compute_loss(trainer.model, rollout)
-    rollout.completion_ids = rollout.completion_ids.masked_fill(rollout.tool_mask == 0, 7)  # other result tokens
+    rollout.completion_ids = rollout.completion_ids.masked_fill(
+        rollout.tool_mask == 0, 7
+    )  # other result tokens
     logps = trainer._token_logps(trainer.model, rollout.tokens())[0]
     assert torch.isfinite(loss) and logps.shape == rollout.tool_mask.shape
 
 
 def test_environment_reward_and_refusals(tmp_path):
     trainer = _trainer(tmp_path, lambda tok: Scripted(tok, lambda t: "7"), environment=Counter)
-    assert list(trainer.reward_funcs) == ["correct", "Counter"] and trainer.reward_weights.tolist() == [1.0, 1.0]
+    assert list(trainer.reward_funcs) == ["correct", "Counter"] and trainer.reward_weights.tolist() == [
+        1.0,
+        1.0,
+    ]
     with pytest.raises(ConfigError, match="environment=.*: must be null with method.args.max_staleness > 0"):
-        GRPOConfig(output_dir=str(tmp_path), environment=Counter, max_staleness=1, use_cpu=True,
-                   per_device_train_batch_size=8)
-    with pytest.raises(ConfigError, match=r"method.args.tools\[0\]=ablate.tools.calc: ablate.tools has no 'calc'"):
-        GRPOConfig(output_dir=str(tmp_path), tools=["ablate.tools.calc"], use_cpu=True, per_device_train_batch_size=8)
-    with pytest.raises(ConfigError, match=r"max_tool_calling_iterations=-1: must be null \(no limit\) or an integer >= 0"):
-        GRPOConfig(output_dir=str(tmp_path), max_tool_calling_iterations=-1, use_cpu=True, per_device_train_batch_size=8)
+        GRPOConfig(
+            output_dir=str(tmp_path),
+            environment=Counter,
+            max_staleness=1,
+            use_cpu=True,
+            per_device_train_batch_size=8,
+        )
+    with pytest.raises(
+        ConfigError, match=r"method.args.tools\[0\]=ablate.tools.calc: ablate.tools has no 'calc'"
+    ):
+        GRPOConfig(
+            output_dir=str(tmp_path), tools=["ablate.tools.calc"], use_cpu=True, per_device_train_batch_size=8
+        )
+    with pytest.raises(
+        ConfigError, match=r"max_tool_calling_iterations=-1: must be null \(no limit\) or an integer >= 0"
+    ):
+        GRPOConfig(
+            output_dir=str(tmp_path),
+            max_tool_calling_iterations=-1,
+            use_cpu=True,
+            per_device_train_batch_size=8,
+        )
 
 
 def test_async_worker_runs_the_tools(tmp_path):
@@ -199,8 +256,16 @@ def test_async_worker_runs_the_tools(tmp_path):
         q = re.findall(r"What is (.*?)\?", text)
         return perfect(text) if "<|tool|>" in text or not q else CALL % q[-1].replace("*7", "/0*7")
 
-    trainer = _trainer(tmp_path, lambda tok: Scripted(tok, fails_on_seven), tools=["ablate.tools.calculator"],
-                       max_staleness=1, max_steps=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
+    trainer = _trainer(
+        tmp_path,
+        lambda tok: Scripted(tok, fails_on_seven),
+        tools=["ablate.tools.calculator"],
+        max_staleness=1,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     served = []
     compute_loss = trainer.compute_loss
 
@@ -230,8 +295,10 @@ def test_hermes_turns_for_a_template_without_tools():
     def script(text: str) -> str:
         if "<|im_start|>tool\n" in text:
             return re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", text)[-1]
-        return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % (
-            re.findall(r"What is (.*?)\?", text)[-1])
+        return (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+            % (re.findall(r"What is (.*?)\?", text)[-1])
+        )
 
     box = Toolbox(ToolFormat(tok), [calculator])
     assert box.format.kind == "hermes"
@@ -240,8 +307,12 @@ def test_hermes_turns_for_a_template_without_tools():
     assert tok.decode(prompt).startswith("<|im_start|>system\n# Tools")
     out = gen(model, [prompt])
     text = tok.decode(out.ids[0])
-    assert text.endswith("</tool_call></s><|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n408</s>"), text
-    assert [m["role"] for m in out.messages[0]] == ["assistant", "tool", "assistant"] and out.tool_calls == [1]
+    assert text.endswith("</tool_call></s><|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n408</s>"), (
+        text
+    )
+    assert [m["role"] for m in out.messages[0]] == ["assistant", "tool", "assistant"] and out.tool_calls == [
+        1
+    ]
 
 
 def test_ablate_eval_runs_the_tools(tmp_path, monkeypatch):
@@ -252,9 +323,18 @@ def test_ablate_eval_runs_the_tools(tmp_path, monkeypatch):
 
     tok, model = tiny()
     monkeypatch.setattr(evaluate, "SharedPromptGenerator", lambda *a, **k: Scripted(tok, perfect))
-    ds = Dataset.from_list([{"prompt": question(e), "answer": str(eval(e))} for e in ("12*34", "56*7", "9*9")])
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=128, report_to="none", use_cpu=True, tools=["ablate.tools.calculator"])
+    ds = Dataset.from_list(
+        [{"prompt": question(e), "answer": str(eval(e))} for e in ("12*34", "56*7", "9*9")]
+    )
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=128,
+        report_to="none",
+        use_cpu=True,
+        tools=["ablate.tools.calculator"],
+    )
     metrics, examples = evaluate.reward_eval(model, tok, ds, {"correct": correct}, args, batch_size=2)
     assert metrics["eval_reward"] == 1.0 and [e["reward"] for e in examples] == [1.0, 1.0, 1.0]
     assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/failure_frequency"] == 0.0

@@ -27,9 +27,23 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
 MAX_BETWEEN = 3  # classes between an ablate trainer and transformers.Trainer in its MRO
 
 # what the rollout base does for every sampling method; a method defines how one round is made
-ROUND_METHODS = ("get_train_dataloader", "_get_train_sampler", "training_step", "prediction_step", "train",
-                 "_save_checkpoint", "_load_from_checkpoint", "rollout_stats", "summary_fields", "run_facts",
-                 "_prompt_splits", "_prepare_dataset", "_start_generator", "_serve_rounds", "_train_round")
+ROUND_METHODS = (
+    "get_train_dataloader",
+    "_get_train_sampler",
+    "training_step",
+    "prediction_step",
+    "train",
+    "_save_checkpoint",
+    "_load_from_checkpoint",
+    "rollout_stats",
+    "summary_fields",
+    "run_facts",
+    "_prompt_splits",
+    "_prepare_dataset",
+    "_start_generator",
+    "_serve_rounds",
+    "_train_round",
+)
 
 
 def ablate_trainers() -> set[type]:
@@ -37,8 +51,11 @@ def ablate_trainers() -> set[type]:
     found = set()
     for info in pkgutil.iter_modules(ablate.methods.__path__):
         module = importlib.import_module(f"ablate.methods.{info.name}")
-        found |= {v for v in vars(module).values()
-                  if isinstance(v, type) and issubclass(v, Trainer) and v.__module__ == module.__name__}
+        found |= {
+            v
+            for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, Trainer) and v.__module__ == module.__name__
+        }
     for path in CONF.glob("*.yaml"):
         target = ((yaml.safe_load(path.read_text()) or {}).get("trainer") or {}).get("_target_")
         if target:
@@ -49,13 +66,21 @@ def ablate_trainers() -> set[type]:
 
 def between(cls: type) -> list[str]:
     mro = cls.__mro__
-    return [c.__name__ for c in mro[1:mro.index(Trainer)]]
+    return [c.__name__ for c in mro[1 : mro.index(Trainer)]]
 
 
 def test_the_trainers_are_found():
     names = {c.__name__ for c in ablate_trainers()}
-    assert {"GRPOTrainer", "DistillTrainer", "DPOTrainer", "SFTTrainer", "KTOTrainer", "RewardTrainer",
-            "AblateTrainer", "RolloutTrainer"} <= names
+    assert {
+        "GRPOTrainer",
+        "DistillTrainer",
+        "DPOTrainer",
+        "SFTTrainer",
+        "KTOTrainer",
+        "RewardTrainer",
+        "AblateTrainer",
+        "RolloutTrainer",
+    } <= names
 
 
 @pytest.mark.parametrize("cls", sorted(ablate_trainers(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
@@ -102,14 +127,30 @@ class FixedCompletions:
 
 def _distill(out: Path, **kw: Any) -> DistillTrainer:
     tok, student = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    base = {"output_dir": str(out), "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-            "max_completion_length": 4, "max_steps": 4, "learning_rate": 1e-2,
-            "lr_scheduler_type": "constant",
-            "report_to": "none", "logging_steps": 1, "disable_tqdm": True, "seed": 0, "use_cpu": True}
+    base = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "max_completion_length": 4,
+        "max_steps": 4,
+        "learning_rate": 1e-2,
+        "lr_scheduler_type": "constant",
+        "report_to": "none",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "seed": 0,
+        "use_cpu": True,
+    }
     args = DistillConfig(**{**base, **kw})
     data = Dataset.from_list([{"prompt": c * 4} for c in "abcdefgh"])
-    return DistillTrainer(model=student, args=args, train_dataset=data, processing_class=tok,
-                          teacher=lambda: letter_teacher(confidence=8.0), generator=FixedCompletions(tok))
+    return DistillTrainer(
+        model=student,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        teacher=lambda: letter_teacher(confidence=8.0),
+        generator=FixedCompletions(tok),
+    )
 
 
 def _losses(trainer: DistillTrainer) -> dict[int, float]:

@@ -21,7 +21,15 @@ SRC = Path(ablate.__file__).resolve().parent
 # loss_is_scaled_for_ga appeared in transformers 5.19 (the floor in pyproject.toml is 5.24: the version the tests ran).
 PINNED: dict[str, tuple[str, ...] | str] = {
     "_prepare_inputs": ("self", "inputs"),
-    "_get_dataloader": ("self", "dataset", "description", "batch_size", "sampler_fn", "is_training", "dataloader_key"),
+    "_get_dataloader": (
+        "self",
+        "dataset",
+        "description",
+        "batch_size",
+        "sampler_fn",
+        "is_training",
+        "dataloader_key",
+    ),
     "_get_train_sampler": ("self", "train_dataset"),
     "_get_eval_sampler": ("self", "eval_dataset"),
     "_save_checkpoint": ("self", "model", "trial"),
@@ -60,7 +68,9 @@ def test_every_used_private_member_is_pinned():
 def test_private_member_signature(name):
     expected = PINNED[name]
     if expected == "attribute":
-        assert hasattr(Trainer, name) or re.search(rf"self\.{name}\s*=", _TRAINER_SOURCE), f"Trainer has no {name}"
+        assert hasattr(Trainer, name) or re.search(rf"self\.{name}\s*=", _TRAINER_SOURCE), (
+            f"Trainer has no {name}"
+        )
         return
     member = getattr(Trainer, name, None)
     assert callable(member), f"transformers.Trainer.{name} is gone"
@@ -83,11 +93,20 @@ def test_overrides_accept_trainers_arguments(name):
     from ablate.methods import distill, dpo, grpo, kto, reward, rollout, sft
 
     base = list(inspect.signature(getattr(Trainer, name)).parameters.values())
-    for cls in (ablate_base.AblateTrainer, rollout.RolloutTrainer, dpo.DPOTrainer, sft.SFTTrainer, grpo.GRPOTrainer,
-                distill.DistillTrainer, kto.KTOTrainer, reward.RewardTrainer):
+    for cls in (
+        ablate_base.AblateTrainer,
+        rollout.RolloutTrainer,
+        dpo.DPOTrainer,
+        sft.SFTTrainer,
+        grpo.GRPOTrainer,
+        distill.DistillTrainer,
+        kto.KTOTrainer,
+        reward.RewardTrainer,
+    ):
         if name in vars(cls):
             params = list(inspect.signature(vars(cls)[name]).parameters.values())
             assert len(params) == len(base), f"{cls.__name__}.{name}{inspect.signature(vars(cls)[name])}"
             for mine, theirs in zip(params, base):
-                assert (mine.default is inspect.Parameter.empty) == (theirs.default is inspect.Parameter.empty), \
-                    f"{cls.__name__}.{name}: {mine} vs Trainer's {theirs}"
+                assert (mine.default is inspect.Parameter.empty) == (
+                    theirs.default is inspect.Parameter.empty
+                ), f"{cls.__name__}.{name}: {mine} vs Trainer's {theirs}"

@@ -18,8 +18,9 @@ def _adapted(use_dora: bool = False) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The tiny model with LoRA on every linear layer, B != 0 (a trained-looking adapter)."""
     _, base = tiny()
     reference = copy.deepcopy(base)
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=use_dora,
-                                            lora_dropout=0.0))
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=use_dora, lora_dropout=0.0)
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -44,9 +45,13 @@ def test_lora_weights_are_the_merged_model_and_the_base_is_left_exact(use_dora):
     merged = copy.deepcopy(model).merge_and_unload()  # PEFT's own merged model
     for name, p in merged.named_parameters():
         torch.testing.assert_close(pushed[name], p.data, rtol=0, atol=1e-6)
-    assert any(not torch.equal(pushed[n], p.data) for n, p in reference.named_parameters())  # the adapters count
+    assert any(
+        not torch.equal(pushed[n], p.data) for n, p in reference.named_parameters()
+    )  # the adapters count
     after = dict(model.named_parameters())
-    assert all(torch.equal(after[n].data, v) for n, v in before.items())  # base and adapters untouched, bitwise
+    assert all(
+        torch.equal(after[n].data, v) for n, v in before.items()
+    )  # base and adapters untouched, bitwise
     assert not any(getattr(m, "merged", False) for m in model.modules())
 
 

@@ -1,7 +1,9 @@
-"""Each method's `method.args` as a Hydra structured config: its schema dataclass (ablate.schema.args,
-.grpo, .methods) stored in Hydra's ConfigStore as `schema/<Class>`, so a field's type, default, help and
-check are declared once, in Python. A method's YAML selects its class (`- /schema@args: DPOArgs`) and
-overrides only what it wires to the rest of the config (GRPO's `max_completion_length: the data's`).
+"""Each method's `method.args`, and the speed switches, as Hydra structured configs: their schema
+dataclasses (ablate.schema.args, .grpo, .methods, .speed) stored in Hydra's ConfigStore as
+`schema/<Class>`, so a field's type, default, help and check are declared once, in Python. A YAML file
+selects its class (conf/method/dpo.yaml: `- /schema@args: DPOArgs`; conf/speed/on.yaml) and overrides only
+what it wires to the rest of the config (GRPO's `max_completion_length: the data's`) or switches
+(conf/speed/off.yaml).
 
 The node is typed (OmegaConf rejects `method.args.beta=abc` while composing: ablate.config.validate says
 it in the schema's words) and closed: a TrainingArguments field the schema does not declare is added
@@ -23,28 +25,63 @@ def method_schemas() -> list[type]:
     return sorted({c for c in Schema.by_target.values() if c.node == "method.args"}, key=lambda c: c.__name__)
 
 
+def stored() -> list[type]:
+    """The schemas Hydra composes from: the methods' arguments and the speed switches."""
+    from ablate.schema.speed import SpeedSwitches
+
+    return [*method_schemas(), SpeedSwitches]
+
+
 def node(cls: type) -> Any:
-    """`cls` as Hydra composes it: its fields, typed, with the keys that make it an instantiable node and
-    the run's seed."""
+    """`cls` as Hydra composes it: its fields, typed, with the keys that make it an instantiable node (a
+    method's arguments: and the run's seed)."""
     from omegaconf import OmegaConf, open_dict
 
     out = OmegaConf.structured(cls)
+    OmegaConf.set_readonly(out, None)  # a frozen dataclass (SpeedSwitches) is still overridden by the config
     with open_dict(out):
-        out["_target_"] = cls.targets[0]  # the method's config class (DPOConfig: DPOArgs + TrainingArguments)
-        out["_recursive_"] = cls.recursive
-        out["seed"] = "${seed}"  # Trainer's seed (heads' init, dropout): the run's
-        out["data_seed"] = "${seed}"  # the data's order: the run's seed
+        out["_target_"] = cls.targets[0]  # DPOArgs: DPOConfig (DPOArgs + TrainingArguments)
+        if cls.node == "method.args":
+            out["_recursive_"] = cls.recursive
+            out["seed"] = "${seed}"  # Trainer's seed (heads' init, dropout): the run's
+            out["data_seed"] = "${seed}"  # the data's order: the run's seed
+    return out
+
+
+def user_node(cls: type) -> Any:
+    """A user's config class (`my_dpo.MyDPOConfig`, a subclass of DPOConfig) as Hydra composes it: the
+    node of the ablate schema it inherits, its own fields added with their defaults, `_target_` the user's class. Served by hydra_plugins.ablate_schemas."""
+    from omegaconf import open_dict
+
+    from ablate.errors import ConfigError
+
+    base = next((c for c in cls.__mro__ if c in method_schemas()), None)
+    if base is None or not dataclasses.is_dataclass(cls):
+        raise ConfigError(
+            f"schema/{cls.__module__}.{cls.__qualname__}: not a subclass of an ablate method config "
+            f"({', '.join(c.__name__ for c in method_schemas())} or their config classes)"
+        )
+    inherited = {
+        f.name for c in cls.__mro__[1:] if dataclasses.is_dataclass(c) for f in dataclasses.fields(c)
+    }
+    own = [f for f in dataclasses.fields(cls) if f.name not in inherited or f.name in cls.__dict__]
+    out = node(base)
+    with open_dict(out):
+        for f in own:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = None if default is dataclasses.MISSING else default
+        out["_target_"] = f"{cls.__module__}.{cls.__qualname__}"
     return out
 
 
 def register() -> None:
-    """Store every method schema in Hydra's ConfigStore (once per process)."""
+    """Store every schema in Hydra's ConfigStore (once per process)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    if GROUP in store.repo and len(store.repo[GROUP]) == len(method_schemas()):
+    if GROUP in store.repo and len(store.repo[GROUP]) == len(stored()):
         return
-    for cls in method_schemas():
+    for cls in stored():
         store.store(group=GROUP, name=cls.__name__, node=node(cls))
 
 

@@ -240,6 +240,8 @@ def os_error_line(e: OSError) -> str:
 
 def one_line(e: BaseException) -> str | None:
     """The user-facing line for a config/composition error, or None for anything else (a bug)."""
+    import re
+
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     from ablate.errors import USER_ERRORS
@@ -271,8 +273,17 @@ def one_line(e: BaseException) -> str | None:
     if line is not None:
         return line
     typed = _schema_key_error(e)
-    if typed is not None:
-        return _unknown_key(typed)
+    if typed is not None:  # Hydra: "To append to your config use +key=value"
+        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))
+        return _unknown_key(typed, given.group(2) if given else "...")
+    appended = re.match(r"Could not append to config\. An item is already at '([^']+)'", str(e))
+    if appended is not None:
+        key = appended.group(1)
+        value = re.search(rf"'{re.escape(key)}=([^']*)'", str(e))
+        return (
+            f"+{key}: {key} is already a key of this config (its default is declared): set it without the +, "
+            f"{key}={value.group(1) if value else '...'}"
+        )
     if (
         isinstance(e, HydraException)
         and isinstance(e.__cause__, OmegaConfBaseException)

@@ -261,4 +261,8 @@ def show(v: Any) -> str:
     """A value as it is written on the command line."""
     if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig":
         return "[" + ",".join(show(x) for x in v) + "]"
+    if (
+        isinstance(v, float) and v.is_integer() and abs(v) < 1e15
+    ):  # a typed float field holds `beta=-1` as -1.0
+        return str(int(v))
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)

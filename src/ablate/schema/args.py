@@ -80,8 +80,8 @@ class TrainArgs(Schema):
     eval_on_start: bool = field(False, BOOL, "Evaluate before the first step (the curve's starting point).")
     gradient_checkpointing: bool | None = field(
         None,
-        nullable(BOOL, "TrainingArguments' default, off"),
-        "Recompute activations in the backward pass: less memory, ~30% more compute.",
+        nullable(BOOL),
+        "Recompute activations in the backward pass: less memory, ~30% more compute; null: off.",
     )
 
 
