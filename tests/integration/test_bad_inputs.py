@@ -419,6 +419,24 @@ CASES: list[Case] = [
         "train +method.args.skip_memory_metrics=sometimes",
         "method.args.skip_memory_metrics=sometimes: must be true or false",
     ),
+    # a typed field of a schema (Hydra composes method.args from it): OmegaConf refuses the type while
+    # composing, in the schema's words
+    C("typed-float-text", "train method.args.beta=abc", "method.args.beta=abc: must be a number > 0"),
+    C(
+        "typed-int-fraction",
+        "train method.args.max_steps=2.5",
+        "method.args.max_steps=2.5: must be -1 (use num_train_epochs) or an integer >= 1",
+    ),
+    C(
+        "typed-list-scalar",
+        "train method=grpo method.args.tools=3",
+        "method.args.tools=3: must be null or a list of functions",
+    ),
+    C(
+        "typed-speed-switch",
+        "train speed.padding_free=sometimes",
+        "speed.padding_free=sometimes: must be true or false",
+    ),
     C(
         "declared-bool-text",
         "train method.args.gradient_checkpointing=sometimes",

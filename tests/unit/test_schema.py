@@ -148,7 +148,7 @@ def test_a_user_subclass_is_checked_before_the_run_dir(tmp_path):
     from ablate.config.code_checks import check_method_args
 
     cfg = OmegaConf.create({"method": {"args": {"_target_": "test_schema.MyDPOConfig", "beta": -1.0}}})
-    with pytest.raises(ConfigError, match=r"^method.args.beta=-1.0: must be a number > 0$"):
+    with pytest.raises(ConfigError, match=r"^method.args.beta=-1: must be a number > 0$"):
         check_method_args(cfg)
 
 

@@ -49,8 +49,9 @@ def node(cls: type) -> Any:
 
 
 def user_node(cls: type) -> Any:
-    """A user's config class (`my_dpo.MyDPOConfig`, a subclass of DPOConfig) as Hydra composes it: the
-    node of the ablate schema it inherits, its own fields added with their defaults, `_target_` the user's class. Served by hydra_plugins.ablate_schemas."""
+    """A user's config class (`my_dpo.MyDPOConfig`, a subclass of DPOConfig) as Hydra composes it:
+    the node of the ablate schema it inherits, its own fields added with their defaults, `_target_` the
+    user's class. Served by hydra_plugins.ablate_schemas."""
     from omegaconf import open_dict
 
     from ablate.errors import ConfigError
