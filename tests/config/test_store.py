@@ -5,6 +5,7 @@ what depends on the rest of the config; a user's config class is a schema option
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -73,3 +74,41 @@ def test_a_user_subclass_adds_its_own_fields_and_keeps_the_schemas():
     node = OmegaConf.to_container(user_node(MyArgs))
     assert node["my_coef"] == 0.25 and node["beta"] == 0.5 and node["max_length"] == 512
     assert node["_target_"].endswith("MyArgs")
+
+
+def _function_nodes():
+    import yaml
+
+    for path in sorted(Path(conf_dir(), "method").glob("*/*.yaml")):
+        node = yaml.safe_load(path.read_text())
+        if isinstance(node, dict) and node.get("_partial_") and "_target_" in node:
+            yield path, node
+
+
+def test_a_function_nodes_defaults_are_its_functions_declared_once():
+    """A loss's or engine's keyword (`label_smoothing`) is declared with its default once, in Python: its
+    YAML holds `${ablate_default:}` (read from the source, not imported), never a copy of the value."""
+    import importlib
+    import inspect
+
+    from ablate.config.targets import keyword_default
+
+    read = 0
+    for path, node in _function_nodes():
+        module, _, name = node["_target_"].rpartition(".")
+        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+        for key, value in node.items():
+            if key.startswith("_") or key not in params or params[key].default is inspect.Parameter.empty:
+                continue
+            assert value == "${ablate_default:}" or params[key].default != value, (path.name, key, value)
+            if value == "${ablate_default:}":
+                assert keyword_default(node["_target_"], key) == params[key].default, (path.name, key)
+                read += 1
+    assert read >= 14  # the DPO losses' label_smoothing, cpo_alpha, gamma, tau; the vLLM engine's settings
+
+
+def test_a_keyword_without_a_default_is_one_line():
+    from ablate.config.targets import keyword_default
+
+    with pytest.raises(ConfigError, match=r"^ablate.losses.dpo.sigmoid: no default for 'beta' "):
+        keyword_default("ablate.losses.dpo.sigmoid", "beta")

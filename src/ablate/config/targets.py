@@ -45,6 +45,43 @@ def check_target(key: str, target: str) -> None:
     raise ConfigError(f"{key}={target}: no '{name}' in module {module} ({meant})")
 
 
+def keyword_default(target: str, name: str) -> Any:
+    """The default of parameter `name` of the function `target` (or of its `__init__`, a class), read from
+    its source, not imported (no torch in the launching process): what a config node that calls it
+    (`_partial_: true`) holds as `name: ${ablate_default:}`, so the value is declared once, in Python."""
+    parts = target.split(".")
+    module, spec = _longest_module(parts)
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    tree = _tree(str(origin)) if origin and str(origin).endswith(".py") else None
+    found = None
+    for node in _statements(tree.body) if tree is not None and module.count(".") + 2 == len(parts) else []:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == parts[-1]:
+            found = node
+    if isinstance(found, ast.ClassDef):
+        found = next((n for n in found.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if found is not None:
+        a = found.args
+        positional = [*a.posonlyargs, *a.args]
+        given = {
+            **dict(zip([p.arg for p in positional[len(positional) - len(a.defaults) :]], a.defaults)),
+            **{p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None},
+        }
+        if name in given:
+            try:
+                return ast.literal_eval(given[name])
+            except ValueError:
+                pass  # not a literal: its value is what Python makes of it
+    raise ConfigError(f"{target}: no default for '{name}' that the config can take (set it in the YAML)")
+
+
+@functools.lru_cache(maxsize=64)
+def _tree(path: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
 def _longest_module(parts: list[str], cwd: bool = False) -> tuple[str, Any]:
     """The longest importable module prefix of `parts` and its spec, found without importing it
     (only the top-level package's spec is asked of the import system: editable installs hook in
