@@ -45,33 +45,66 @@ def check_target(key: str, target: str) -> None:
     raise ConfigError(f"{key}={target}: no '{name}' in module {module} ({meant})")
 
 
-def keyword_default(target: str, name: str) -> Any:
-    """The default of parameter `name` of the function `target` (or of its `__init__`, a class), read from
-    its source, not imported (no torch in the launching process): what a config node that calls it
-    (`_partial_: true`) holds as `name: ${ablate_default:}`, so the value is declared once, in Python."""
+def keyword_default(target: str, name: str, _hops: int = 0) -> Any:
+    """The default of parameter `name` of the function `target` (of its `__init__`, or its dataclass
+    field, for a class), read from its source, not imported (no torch in the launching process): what a
+    config node that calls it holds as `name: ${ablate_default:}`, so the value is declared once, in Python.
+    A name its module imports from another (a package's re-export) is looked up there."""
     parts = target.split(".")
     module, spec = _longest_module(parts)
     origin = getattr(spec, "origin", None) if spec is not None else None
     tree = _tree(str(origin)) if origin and str(origin).endswith(".py") else None
-    found = None
-    for node in _statements(tree.body) if tree is not None and module.count(".") + 2 == len(parts) else []:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == parts[-1]:
-            found = node
-    if isinstance(found, ast.ClassDef):
-        found = next((n for n in found.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-    if found is not None:
-        a = found.args
-        positional = [*a.posonlyargs, *a.args]
-        given = {
-            **dict(zip([p.arg for p in positional[len(positional) - len(a.defaults) :]], a.defaults)),
-            **{p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None},
-        }
-        if name in given:
-            try:
-                return ast.literal_eval(given[name])
-            except ValueError:
-                pass  # not a literal: its value is what Python makes of it
+    if tree is not None and module.count(".") + 2 == len(parts):
+        for node in _statements(tree.body):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == parts[-1]:
+                found = _literal_defaults(node).get(name, _NONE)
+                if found is not _NONE:
+                    return found
+            elif isinstance(node, ast.ImportFrom) and _hops < 4:
+                alias = next((a for a in node.names if (a.asname or a.name) == parts[-1]), None)
+                if alias is not None:
+                    base = module if spec.submodule_search_locations else module.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    source = node.module if not node.level else ".".join(p for p in (base, node.module) if p)
+                    return keyword_default(f"{source}.{alias.name}", name, _hops + 1)
     raise ConfigError(f"{target}: no default for '{name}' that the config can take (set it in the YAML)")
+
+
+_NONE = object()  # no literal default found
+
+
+def _literal_defaults(node: ast.FunctionDef | ast.ClassDef) -> dict[str, Any]:
+    """A def's keyword defaults, or a class's (its `__init__`'s, else its dataclass fields'), where each is a
+    literal (`0.1`, `None`, `"all-linear"`, `field(default=...)`)."""
+    exprs: dict[str, ast.expr] = {}
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is None:  # a dataclass: `name: type = value` or `= field(default=value)`
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value:
+                    value = item.value
+                    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "field":
+                        value = next((k.value for k in value.keywords if k.arg == "default"), None)
+                    if value is not None:
+                        exprs[item.target.id] = value
+            return _literals(exprs)
+        node = init
+    a = node.args
+    positional = [*a.posonlyargs, *a.args]
+    exprs.update(zip([p.arg for p in positional[len(positional) - len(a.defaults) :]], a.defaults))
+    exprs.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    return _literals(exprs)
+
+
+def _literals(exprs: dict[str, ast.expr]) -> dict[str, Any]:
+    out = {}
+    for key, expr in exprs.items():
+        try:
+            out[key] = ast.literal_eval(expr)
+        except ValueError:
+            continue  # not a literal: what Python makes of it is not the config's to hold
+    return out
 
 
 @functools.lru_cache(maxsize=64)
