@@ -76,35 +76,52 @@ def test_a_user_subclass_adds_its_own_fields_and_keeps_the_schemas():
     assert node["_target_"].endswith("MyArgs")
 
 
-def _function_nodes():
+def _called_nodes():
+    """Every node of conf/ (Hydra's own group aside) that calls an ablate function or class."""
     import yaml
 
-    for path in sorted(Path(conf_dir(), "method").glob("*/*.yaml")):
-        node = yaml.safe_load(path.read_text())
-        if isinstance(node, dict) and node.get("_partial_") and "_target_" in node:
-            yield path, node
+    def walk(node, where):
+        if isinstance(node, dict):
+            target = node.get("_target_")
+            if isinstance(target, str) and target.startswith(("ablate.", "hydra_plugins.ablate_")):
+                yield where, node
+            for key, value in node.items():
+                yield from walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                yield from walk(value, f"{where}[{i}]")
+
+    for path in sorted(Path(conf_dir()).rglob("*.yaml")):
+        if "hydra" not in path.relative_to(conf_dir()).parts:
+            yield from walk(yaml.safe_load(path.read_text()), str(path.relative_to(conf_dir())))
 
 
-def test_a_function_nodes_defaults_are_its_functions_declared_once():
-    """A loss's or engine's keyword (`label_smoothing`) is declared with its default once, in Python: its
-    YAML holds `${ablate_default:}` (read from the source, not imported), never a copy of the value."""
+def test_a_called_nodes_defaults_are_its_functions_declared_once():
+    """A keyword of a function or class a config node calls (a loss's `label_smoothing`, LoRA's `r`, the
+    tiny model's `hidden_size`) is declared with its default once, in Python: its YAML holds
+    `${ablate_default:}` (read from the source, not imported), never a copy of the value."""
     import importlib
     import inspect
 
     from ablate.config.targets import keyword_default
 
     read = 0
-    for path, node in _function_nodes():
+    for where, node in _called_nodes():
         module, _, name = node["_target_"].rpartition(".")
         params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
         for key, value in node.items():
             if key.startswith("_") or key not in params or params[key].default is inspect.Parameter.empty:
                 continue
-            assert value == "${ablate_default:}" or params[key].default != value, (path.name, key, value)
             if value == "${ablate_default:}":
-                assert keyword_default(node["_target_"], key) == params[key].default, (path.name, key)
+                assert keyword_default(node["_target_"], key) == params[key].default, (where, key)
                 read += 1
-    assert read >= 14  # the DPO losses' label_smoothing, cpo_alpha, gamma, tau; the vLLM engine's settings
+            else:
+                assert params[key].default != value or type(value) is not type(params[key].default), (
+                    where,
+                    key,
+                    value,
+                )
+    assert read >= 60  # losses, the vLLM engine, data, models, LoRA, callbacks, the logger, schedules
 
 
 def test_a_keyword_without_a_default_is_one_line():

@@ -57,7 +57,7 @@ def keyword_default(target: str, name: str, _hops: int = 0) -> Any:
     if tree is not None and module.count(".") + 2 == len(parts):
         for node in _statements(tree.body):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == parts[-1]:
-                found = _literal_defaults(node).get(name, _NONE)
+                found = _literal_defaults(node, _constants(tree)).get(name, _NONE)
                 if found is not _NONE:
                     return found
             elif isinstance(node, ast.ImportFrom) and _hops < 4:
@@ -74,9 +74,23 @@ def keyword_default(target: str, name: str, _hops: int = 0) -> Any:
 _NONE = object()  # no literal default found
 
 
-def _literal_defaults(node: ast.FunctionDef | ast.ClassDef) -> dict[str, Any]:
+def _constants(tree: ast.Module) -> dict[str, Any]:
+    """The module's top-level `NAME = <literal>` assignments (a default written as a named constant)."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            out.update({t.id: value for t in targets if isinstance(t, ast.Name)})
+    return out
+
+
+def _literal_defaults(node: ast.FunctionDef | ast.ClassDef, constants: dict[str, Any]) -> dict[str, Any]:
     """A def's keyword defaults, or a class's (its `__init__`'s, else its dataclass fields'), where each is a
-    literal (`0.1`, `None`, `"all-linear"`, `field(default=...)`)."""
+    literal (`0.1`, `None`, `"all-linear"`, `field(default=...)`) or a module constant holding one."""
     exprs: dict[str, ast.expr] = {}
     if isinstance(node, ast.ClassDef):
         init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
@@ -88,18 +102,21 @@ def _literal_defaults(node: ast.FunctionDef | ast.ClassDef) -> dict[str, Any]:
                         value = next((k.value for k in value.keywords if k.arg == "default"), None)
                     if value is not None:
                         exprs[item.target.id] = value
-            return _literals(exprs)
+            return _literals(exprs, constants)
         node = init
     a = node.args
     positional = [*a.posonlyargs, *a.args]
     exprs.update(zip([p.arg for p in positional[len(positional) - len(a.defaults) :]], a.defaults))
     exprs.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
-    return _literals(exprs)
+    return _literals(exprs, constants)
 
 
-def _literals(exprs: dict[str, ast.expr]) -> dict[str, Any]:
+def _literals(exprs: dict[str, ast.expr], constants: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, expr in exprs.items():
+        if isinstance(expr, ast.Name) and expr.id in constants:
+            out[key] = constants[expr.id]
+            continue
         try:
             out[key] = ast.literal_eval(expr)
         except ValueError:

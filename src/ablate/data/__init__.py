@@ -78,7 +78,7 @@ def _offer(ds: Dataset | None, tools: list[Any]) -> Dataset | None:
     return ds.add_column("tools", [schemas] * len(ds))
 
 
-MAX_LINE_BYTES = 1 << 20  # 1 MiB, ~250k tokens: far past any max_length; a longer line is refused
+MAX_LINE_BYTES = 1_048_576  # 1 MiB (2**20), ~250k tokens: far past any max_length; a longer line is refused
 # what `data=local` reads, named in every error about a file it cannot read
 KINDS = (
     "JSON lines (.jsonl), JSON (.json: a list of objects), CSV (.csv, .tsv), parquet (.parquet) "
