@@ -1,7 +1,10 @@
 """One schema per config node: a dataclass whose fields are the node's keys, each declared once with
-its default, its one-line help and its check. A mistake is one line, `key=value: must be <what>`.
+its type, its default, its one-line help and its check. A mistake is one line, `key=value: must be <what>`.
 
-Checked once, wherever the node is made:
+Declared once, checked once, wherever the node is made:
+- Hydra composes `method.args` and `speed` from their schema (a structured config in its ConfigStore:
+  ablate.config.store), so the YAML files under conf/ only select it and override; OmegaConf refuses a
+  value of the wrong type while composing, in this schema's words (ablate.config.validate);
 - a method's arguments class subclasses its schema (`DPOConfig(DPOArgs, TrainingArguments)`), so
   creating one checks it (`__post_init__`, as TRL's configs do), in a run or from Python;
 - the launching process checks the composed config against the same schemas before torch is
