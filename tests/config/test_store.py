@@ -129,3 +129,29 @@ def test_a_keyword_without_a_default_is_one_line():
 
     with pytest.raises(ConfigError, match=r"^ablate.losses.dpo.sigmoid: no default for 'beta' "):
         keyword_default("ablate.losses.dpo.sigmoid", "beta")
+
+
+@pytest.mark.parametrize("method", ["dpo", "grpo", "distill", "reward", "kto", "sft"])
+def test_the_composed_config_holds_the_functions_defaults_not_placeholders(method):
+    """conf/ is read through hydra_plugins.ablate_conf, which fills `${ablate_default:}` in as each file is
+    loaded: what `--cfg job` prints, .hydra/config.yaml saves and W&B logs are the values."""
+    register_resolvers()
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        cfg = compose("config", [f"method={method}", "+peft=lora"])
+    text = OmegaConf.to_yaml(cfg)
+    assert "ablate_default" not in text
+    if method == "dpo":
+        assert cfg.method.dpo_loss.label_smoothing == 0.0 and cfg.peft.r == 16
+
+
+def test_a_users_target_keeps_the_siblings_values():
+    """Hydra's rule: `method.dpo_loss._target_=my.loss` keeps the node's other keys, with the values
+    ablate's function declares (filled in when the file was read, against the file's own `_target_`)."""
+    register_resolvers()
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        cfg = compose("config", ["method=dpo", "method.dpo_loss._target_=my_code.loss"])
+    assert OmegaConf.to_container(cfg.method.dpo_loss, resolve=True) == {
+        "_target_": "my_code.loss",
+        "_partial_": True,
+        "label_smoothing": 0.0,
+    }

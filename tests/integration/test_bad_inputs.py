@@ -248,7 +248,11 @@ CASES: list[Case] = [
         "unknown config key 'perf': 'perf' is picked by the config group speed: "
         "write speed=off (options: conf/speed/)",
     ),
-    C("append-existing", "train +seed=1", "already at 'seed'"),
+    C(
+        "append-existing",
+        "train +seed=1",
+        "+seed: seed is already a key of this config (its default is declared): set it without the +, seed=1",
+    ),
     C("override-unparsable", "train method.args.beta=[1", "method.args.beta=[1"),
     # --- paths: run dirs that cannot be used ---
     C("run-dir-is-file", "train hydra.run.dir={F}/a_file", "is a file, not a directory"),

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from ablate.config.compose import register_resolvers
 from ablate.losses import dpo
+from ablate.paths import conf_dir
 
 LOSS_DIR = Path(__file__).resolve().parents[2] / "conf" / "method" / "dpo_loss"
 LOG2 = math.log(2)
@@ -192,9 +194,13 @@ DPO_FILES = sorted(p for p in LOSS_DIR.glob("*.yaml") if "losses.dpo." in p.read
 
 @pytest.mark.parametrize("path", DPO_FILES, ids=lambda p: p.stem)
 def test_every_dpo_loss_yaml_is_a_partial_of_its_function(path: Path):
-    """conf/method/dpo_loss/<name>.yaml instantiates to a partial of ablate.losses.dpo.<function>, which
-    runs on the pairs above with its YAML's hyper-parameters and gives one finite loss per pair."""
-    fn = instantiate(yaml.safe_load(path.read_text()))
+    """`method/dpo_loss=<name>`, composed as ablate composes it (its `${ablate_default:}` values filled in
+    from the function), instantiates to a partial of ablate.losses.dpo.<function>, which runs on the pairs
+    above with the config's hyper-parameters and gives one finite loss per pair."""
+    register_resolvers()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=["method=dpo", f"method/dpo_loss={path.stem}"])
+    fn = instantiate(cfg.method.dpo_loss)
     assert isinstance(fn, functools.partial)
     expected = "weighted" if path.stem == "mpo" else path.stem
     assert dpo.name(fn) == expected

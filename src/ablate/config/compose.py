@@ -96,7 +96,9 @@ def publish_launch_time() -> None:
 
 def default_of(*, _node_: Any, _parent_: Any) -> Any:
     """`key: ${ablate_default:}` in a node that calls a function (`_target_`, `_partial_: true`): that
-    function's default for `key` (ablate.config.targets.keyword_default), declared once, in its source."""
+    function's default for `key` (ablate.config.targets.keyword_default), declared once, in its source.
+    ablate's conf/ has these filled in as each file is read (hydra_plugins.ablate_conf); this answers the
+    rest: a user's own config dir, or a node whose `_target_` is set elsewhere."""
     from ablate.config.targets import keyword_default
 
     return keyword_default(str(_parent_["_target_"]), str(_node_._key()))
