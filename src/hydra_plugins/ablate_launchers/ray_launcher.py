@@ -92,7 +92,10 @@ class AblateRayLauncherFirst(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         from ablate.paths import conf_dir
 
-        if not any(e.path in (conf_dir(), f"file://{conf_dir()}") for e in search_path.get_path()):
+        conf = conf_dir()  # as given, or as hydra_plugins.ablate_conf reads it (whichever plugin ran first)
+        if not any(
+            e.path in (conf, f"file://{conf}", f"ablate-conf://{conf}") for e in search_path.get_path()
+        ):
             return
         launchers = ConfigStore.instance().repo.get("hydra", {}).get("launcher", {})
         node = launchers.get("ray.yaml")
