@@ -49,13 +49,12 @@ def load_run_model(run_dir: Path) -> tuple[Any, Any]:
             "is the run finished? `ablate ls` shows its status)"
         )
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
     from peft import PeftModel
 
     from ablate.models.adapters import quiet_peft
     from ablate.models.heads import with_head
 
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg = saved_config(run_dir / ".hydra" / "config.yaml")
     _, base = instantiate(cfg.model)  # the run's own base model (built from code or loaded)
     base = with_head(base, cfg.get("method"))  # method=reward: the score head the adapter was trained with
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -89,7 +88,6 @@ def trained_format(run_dir: Path) -> dict[str, Any]:
     if isinstance(info.get("data_format"), dict):
         return {**info["data_format"], "source": "run.json"}
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     from ablate.data.formats import describe
     from ablate.errors import ConfigError
@@ -101,7 +99,7 @@ def trained_format(run_dir: Path) -> dict[str, Any]:
             "give --format plain or --format chat"
         )
     return {
-        **describe(instantiate(OmegaConf.load(config).data).train, None),
+        **describe(instantiate(saved_config(config).data).train, None),
         "source": ".hydra/config.yaml's data",
     }
 
@@ -144,14 +142,23 @@ def expected(row: dict[str, Any]) -> str | None:
 def starting_model(run_dir: Path) -> tuple[Any, Any]:
     """(tokenizer, model) the run started from: its model config (`.hydra/config.yaml`) built again."""
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     from ablate.errors import ConfigError
 
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         raise ConfigError(f"{run_dir} has no .hydra/config.yaml: its starting model is unknown")
-    return instantiate(OmegaConf.load(config).model)
+    return instantiate(saved_config(config).model)
+
+
+def saved_config(path: Path) -> Any:
+    """A run's `.hydra/config.yaml`, with ablate's resolvers registered for the `${ablate_*}` it may hold."""
+    from omegaconf import OmegaConf
+
+    from ablate.config.compose import register_resolvers
+
+    register_resolvers()
+    return OmegaConf.load(path)
 
 
 DEFAULT_TOKENS = 64  # --max-new-tokens of a run without tools
@@ -180,13 +187,11 @@ def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
         return None, None
     from omegaconf import OmegaConf
 
-    from ablate.config.compose import register_resolvers
     from ablate.rewards import resolve
     from ablate.rollouts.tool_calls import ToolFormat
     from ablate.rollouts.turns import Toolbox
 
-    register_resolvers()  # the run's ${ablate_*} interpolations
-    cfg = OmegaConf.load(config)
+    cfg = saved_config(config)
     args, data = cfg.method.get("args") or {}, cfg.get("data") or {}
     key = "method.args.tools" if "tools" in args else "data.tools"
     node = args.get("tools") if "tools" in args else data.get("tools")
