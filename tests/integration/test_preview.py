@@ -75,11 +75,7 @@ def test_tokenizer_only_chat_template_and_truncation_notes(tmp_path):
     assert "DROPPED" not in r.stdout
 
 
-def test_smollm2_preview(tmp_path):
-    from ablate.models.smollm2 import model_dir
-
-    if not (model_dir() / "tokenizer_config.json").is_file():
-        pytest.skip("SmolLM2 not fetched (ablate fetch smollm2_135m)")
+def test_smollm2_preview(tmp_path, smollm2_dir):
     data = _uf_file(tmp_path / "uf.jsonl")
     r = ablate(
         "data",

@@ -21,21 +21,18 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference  # noqa: E402
 from ablate.data.chat_templates import GENERATION, SMOLLM2  # noqa: E402
 from ablate.data.tokenize import prepare_preference, prepare_prompts, prepare_sft  # noqa: E402
 from ablate.methods.dpo import DPOCollator  # noqa: E402
-from ablate.models.smollm2 import model_dir  # noqa: E402
 from ablate.models.tokenizer import byte_tokenizer  # noqa: E402
 
 
-def _smollm2():
+def _smollm2(request):
     from transformers import AutoTokenizer
 
-    if not (model_dir() / "tokenizer_config.json").is_file():
-        pytest.skip("SmolLM2 not fetched (ablate fetch smollm2_135m)")
-    return AutoTokenizer.from_pretrained(model_dir())
+    return AutoTokenizer.from_pretrained(request.getfixturevalue("smollm2_dir"))
 
 
 @pytest.fixture(scope="module", params=["smollm2", "byte"])
 def tok(request):
-    return _smollm2() if request.param == "smollm2" else byte_tokenizer()
+    return _smollm2(request) if request.param == "smollm2" else byte_tokenizer()
 
 
 def user(text: str) -> dict[str, str]:

@@ -108,14 +108,10 @@ def test_mask_on_smollm2_bpe_tokenizer(name, smollm2_tokenizer):
 
 
 @pytest.fixture
-def smollm2_tokenizer():
+def smollm2_tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from ablate.models.smollm2 import model_dir
-
-    if not (model_dir() / "tokenizer_config.json").is_file():
-        pytest.skip("SmolLM2 not fetched (ablate fetch smollm2_135m)")
-    tok = AutoTokenizer.from_pretrained(model_dir())
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert tok.chat_template == SMOLLM2  # the constant is SmolLM2's template as shipped
     return tok
 
