@@ -44,8 +44,8 @@ def fill_defaults(cfg: Any) -> None:
     from ablate.config.targets import keyword_default
 
     if isinstance(cfg, ListConfig):
-        for item in cfg:
-            fill_defaults(item)
+        for i in range(len(cfg)):
+            fill_defaults(cfg._get_node(i))  # the node, unresolved
         return
     if not isinstance(cfg, DictConfig):
         return
