@@ -18,3 +18,11 @@ def test_a_saved_config_with_ablate_default_builds_the_starting_model(tmp_path: 
     _, net = starting_model(tmp_path)
     assert net.config.hidden_size == 32
     assert net.config.num_hidden_layers == 2  # tiny's own default, read from its signature
+
+
+def test_an_empty_or_blank_completion_says_so():
+    from ablate.cli.generate import shown
+
+    assert shown(" abcd") == " abcd"
+    assert shown("") == "(empty: the model wrote no text)"
+    assert shown(" \n") == "(only whitespace: ' \\n')"

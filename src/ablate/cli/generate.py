@@ -398,6 +398,13 @@ def _completions(
     ]
 
 
+def shown(completion: str) -> str:
+    """A completion as printed: one that is empty or only whitespace says so (a blank line reads as a bug)."""
+    if not completion:
+        return "(empty: the model wrote no text)"
+    return completion if completion.strip() else f"(only whitespace: {completion!r})"
+
+
 def generate_cmd(args: Any) -> None:
     """`ablate generate RUN_DIR (--prompt P ... | --prompts FILE.jsonl) [--max-new-tokens N] [--temperature T]
     [--json] [--before] [--format plain|chat]` (arguments: ablate.cli.parser)."""
@@ -437,9 +444,10 @@ def generate_cmd(args: Any) -> None:
             )
             print()
         elif "before" in row:
-            print(f">>> {prompt}\nbefore training: {row['before']}\nafter training:  {row['completion']}\n")
+            after = shown(row["completion"])
+            print(f">>> {prompt}\nbefore training: {shown(row['before'])}\nafter training:  {after}\n")
         else:
-            print(f">>> {prompt}\n{row['completion']}\n")
+            print(f">>> {prompt}\n{shown(row['completion'])}\n")
     scored = [row["match"] for row in rows if "match" in row]
     if scored:
         print(
