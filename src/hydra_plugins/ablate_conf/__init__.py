@@ -70,5 +70,10 @@ class ConfSearchPath(SearchPathPlugin):
         except FileNotFoundError:
             return
         for element in search_path.get_path():
-            if element.provider == "main" and element.path.removeprefix("file://") == conf:
+            if element.provider == "main" and names_conf(element.path, conf):
                 element.path = f"{SCHEME}://{conf}"
+
+
+def names_conf(path: str, conf: str) -> bool:
+    """Whether a search-path entry is ablate's conf/: as Hydra wrote it, or as `ConfSearchPath` renamed it."""
+    return path in (conf, f"file://{conf}", f"{SCHEME}://{conf}")

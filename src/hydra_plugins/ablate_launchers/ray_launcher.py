@@ -91,11 +91,9 @@ class AblateRayLauncherFirst(SearchPathPlugin):
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         from ablate.paths import conf_dir
+        from hydra_plugins.ablate_conf import names_conf
 
-        conf = conf_dir()  # as given, or as hydra_plugins.ablate_conf reads it (whichever plugin ran first)
-        if not any(
-            e.path in (conf, f"file://{conf}", f"ablate-conf://{conf}") for e in search_path.get_path()
-        ):
+        if not any(names_conf(e.path, conf_dir()) for e in search_path.get_path()):
             return
         launchers = ConfigStore.instance().repo.get("hydra", {}).get("launcher", {})
         node = launchers.get("ray.yaml")
