@@ -12,12 +12,20 @@ transient peak is below the policy's step). One device only: no sharding, no QLo
 
     python benchmarks/plan_check.py model=smollm2_135m method=sft method.args.max_length=256 \
         method.args.per_device_train_batch_size=2
+
+`--trainer`: the method's own trainer instead (`trained`), two steps of the config's data with the speed
+paths off (TRL's layout, which the plan counts), the plan taken at the longest micro-batch it ran:
+
+    python benchmarks/plan_check.py --trainer method=kto
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def measured_peak(cfg: Any, seq_len: int | None = None) -> tuple[float, float]:
@@ -92,11 +100,95 @@ class _NoHook:
 
 
 def _scores_reference(cfg: Any) -> bool:
-    """The method scores a reference every step (not precomputed): DPO/KTO's live reference, GRPO/RLOO's beta."""
-    args, name = cfg.method.args, str(cfg.method.name)
-    if name in ("grpo", "rloo"):
-        return float(args.get("beta") or 0) > 0
-    return name in ("dpo", "kto") and not args.get("precompute_ref_log_probs", True)
+    """The method scores a reference every step (not precomputed: its facts, ablate.schema.method)."""
+    from ablate.schema.method import MethodSpec
+
+    ref_model = cfg.method.trainer.get("ref_model") is not None
+    return MethodSpec.of(cfg.method).scores_reference(cfg.method.args, ref_model)
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What a method's own trainer ran (`trained`): the policy's micro-batches with gradients, whether another
+    model (a reference, a teacher) was in memory, and the peak of live tensor bytes over its steps."""
+
+    batches: list[tuple[int, int]]  # (sequences, tokens) of each forward with gradients
+    reference: bool
+    peak: float
+
+
+def trained(cfg: Any, out: str) -> Trained:
+    """Train the composed config `cfg` (its method's own trainer, built as ablate.train builds it) for its
+    steps in `out`, counting every tensor's storage from the model's weights on (`LiveBytes`)."""
+    import torch
+    from hydra.utils import instantiate
+
+    from ablate.models.adapters import with_adapters, with_head
+
+    args = instantiate(cfg.method.args, output_dir=out, use_cpu=True, report_to="none")
+    make = instantiate(cfg.method.trainer)
+    data = instantiate(cfg.data)
+    tokenizer, model = instantiate(cfg.model)
+    model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))
+    optimizer = {f"{k}_factory": instantiate(cfg.optimizer[k]) for k in ("optimizer", "scheduler")}
+    trainer = make(model=model, args=args, train_dataset=data.train, processing_class=tokenizer, **optimizer)
+    batches: list[tuple[int, int]] = []
+
+    def seen(module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        if torch.is_grad_enabled():
+            batches.append(tuple(ids.shape))
+
+    others = [getattr(trainer, k, None) for k in ("ref_model", "teacher")]
+    others = [m for m in others if isinstance(m, torch.nn.Module)]
+    hook = trainer.model.register_forward_pre_hook(seen, with_kwargs=True)
+    live = LiveBytes()
+    for m in [trainer.model, *others]:
+        for t in [*m.parameters(), *m.buffers()]:
+            live.add(t)
+    with live:
+        trainer.train()
+    hook.remove()
+    return Trained(batches, bool(others), float(live.peak))
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of CPU tensor storages alive, and their peak: each storage counted when an op makes it (or
+    `add` is given it) until it is freed, as torch's MemTracker counts them, without its per-module
+    bookkeeping (which refuses a module called twice a step: KTO's KL forward, GRPO's generation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.seen = WeakIdKeyDictionary()
+        self.now = self.peak = 0
+
+    def add(self, t: Any) -> None:
+        import weakref
+
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return
+        storage = t.untyped_storage()
+        if storage in self.seen:
+            return
+        self.seen[storage] = n = storage.nbytes()
+        self.now += n
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(storage, self._free, n)
+
+    def _free(self, n: int) -> None:
+        self.now -= n
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch.utils._pytree import tree_flatten
+
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            self.add(t)
+        return out
 
 
 def main() -> None:
@@ -105,14 +197,29 @@ def main() -> None:
     from ablate.config.compose import register_resolvers
     from ablate.paths import conf_dir
 
+    trainer = sys.argv[1:2] == ["--trainer"]
+    overrides = sys.argv[2:] if trainer else sys.argv[1:]
     register_resolvers()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=sys.argv[1:])
-    peak, planned = measured_peak(cfg)
+        cfg = compose("config", overrides=[*TRAINED, *overrides] if trainer else overrides)
+    if trainer:
+        import tempfile
+
+        from ablate.cli.plan import planned as plan_of
+
+        with tempfile.TemporaryDirectory() as out:
+            run = trained(cfg, out)
+        peak, planned = run.peak, plan_of(cfg, 1, 80, max(t for _, t in run.batches))[2]["total"]
+    else:
+        peak, planned = measured_peak(cfg)
     print(
-        f"{' '.join(sys.argv[1:]) or 'defaults'}: measured {peak / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB "
+        f"{' '.join(overrides) or 'defaults'}: measured {peak / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB "
         f"(plan / measured {planned / peak:.3f})"
     )
+
+
+# `--trainer`: TRL's layout (what the plan counts), two steps (the second holds the optimizer's state), no files
+TRAINED = ("speed=off", "cache=off", "method.args.max_steps=2", "method.args.save_strategy=no")
 
 
 if __name__ == "__main__":

@@ -249,6 +249,24 @@ def _fork_server(env: dict[str, str], fresh: bool) -> ForkServer | None:
     return _server if _server.takes(env) and not _server.lock.locked() else None
 
 
+HIDE = """import os, sys
+HIDDEN = {m for m in os.environ.get("ABLATE_TEST_HIDE", "").split(",") if m}
+class _Hide:  # as if the package were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name in HIDDEN or any(name.startswith(h + ".") for h in HIDDEN):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Hide())
+"""
+
+
+def hiding(tmp_path: Path, *packages: str) -> dict[str, str]:
+    """The environment of a command that runs as if `packages` were not installed (a sitecustomize.py)."""
+    (tmp_path / "hide").mkdir(exist_ok=True)
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE)
+    path = os.pathsep.join([str(tmp_path / "hide"), str(TESTS), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "ABLATE_TEST_HIDE": ",".join(packages)}
+
+
 def ablate(
     *args: str,
     cwd: Path | None = None,

@@ -17,6 +17,7 @@ from ablate.errors import ConfigError, user_error
 from ablate.process import interrupts, setup
 from ablate.process.console import say
 from ablate.record import checkpoints, lifecycle, rundir, secrets
+from ablate.schema.method import MethodSpec
 
 log = logging.getLogger("ablate")
 
@@ -50,8 +51,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
         save(trainer, record.dir, cfg)
-        extra = getattr(trainer, "summary_fields", dict)()  # GRPO's rounds
-        record.complete(trainer, extra, speed.summary_fields())
+        record.complete(trainer, getattr(trainer, "summary_fields", dict)(), speed.summary_fields())
     if rundir.is_main_process():
         lifecycle.print_result(record)
     return record.summary
@@ -75,8 +75,8 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     record.check_data(data)  # a resume on data edited since the run started is refused
     record.note(**({"data_mix": data.mix} if getattr(data, "mix", None) else {}))  # data=mix: its sources
     eval_data = data.eval if args.eval_strategy != "no" else None
-    kind = cfg.method.get("data_kind")  # data_format: how `ablate generate` formats prompts
-    record.note(data_format=check_shape(kind, data.train, eval_data, method=cfg.method.name))
+    spec = MethodSpec.of(cfg.method)  # data_format: how `ablate generate` formats prompts
+    record.note(data_format=check_shape(spec.data_kind, data.train, eval_data, method=spec.name))
     tokenizer, model = instantiate(cfg.model)
     model = with_adapters(with_head(model, cfg.method), cfg.get("peft"))  # reward's score head; +peft=lora
     code_checks.check_trainable(model)
@@ -95,7 +95,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
     record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B), cache hits: run.json
     speed = ThroughputCallback(trainer, peak_tflops=cfg.get("peak_tflops"))
     trainer.callback_handler.callbacks.insert(0, speed)
-    progress.install(trainer, list(cfg.method.get("compare_metrics") or []))  # one bar with the key metrics
+    progress.install(trainer, spec.compare_metrics)  # one bar with the key metrics
     return trainer, speed
 
 

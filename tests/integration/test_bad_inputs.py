@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, ablate
+from conftest import TESTS, ablate, hiding
 
 OLD = "outputs/runs/2026-01-01/00-00-00"  # an earlier run in every scratch cwd: must stay untouched
 ROWS = [{"prompt": f"sort {i}", "chosen": "abc", "rejected": "cba"} for i in range(8)]
@@ -1608,16 +1608,6 @@ def test_rewards_near_float32s_largest_train_with_finite_numbers(tmp_path):
     assert events[0]["grad_norm"] > 0 and events[0]["rewards/mine/std"] > 1e38
 
 
-HIDE = """import os, sys
-HIDDEN = {m for m in os.environ.get("ABLATE_TEST_HIDE", "").split(",") if m}
-class _Hide:  # as if the package were not installed
-    def find_spec(self, name, path=None, target=None):
-        if name in HIDDEN or any(name.startswith(h + ".") for h in HIDDEN):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, _Hide())
-"""
-
-
 @pytest.mark.parametrize(
     "argv,hidden,extra",
     [
@@ -1631,10 +1621,7 @@ sys.meta_path.insert(0, _Hide())
 )
 def test_missing_extra_is_one_line_naming_the_install(tmp_path, argv, hidden, extra):
     """An optional package that is not installed: one line with the pip command, nothing created."""
-    (tmp_path / "hide").mkdir()
-    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE)
-    path = os.pathsep.join([str(tmp_path / "hide"), str(TESTS), os.environ.get("PYTHONPATH", "")])
-    r = ablate(*argv, cwd=tmp_path, env={"PYTHONPATH": path, "ABLATE_TEST_HIDE": hidden})
+    r = ablate(*argv, cwd=tmp_path, env=hiding(tmp_path, hidden))
     assert r.returncode == 2, r.stderr[-3000:]
     assert (
         r.stderr.strip().splitlines() == [r.stderr.strip()] and f"pip install 'ablate[{extra}]'" in r.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ablate, torch_bf16_sdpa_error
+from conftest import ablate, hiding, torch_bf16_sdpa_error
 
 
 def _total(out: str) -> float:
@@ -53,6 +53,54 @@ def test_lora_and_qlora_shrink_what_trains(tmp_path):
     assert "PEFT lora (40,370,176 trainable)" in lora.stdout  # r=16 on every projection of 28 layers
     params = [float(re.search(r"parameters\s+([\d.]+) GB", r.stdout).group(1)) for r in (lora, qlora)]
     assert params[1] < params[0] / 2  # 4-bit base
+
+
+@pytest.mark.parametrize(
+    "args, needs, line",
+    [
+        (  # docs/plan.md's
+            [
+                "model=llama3_1_8b",
+                "+peft=qlora",
+                "precision=bf16",
+                "method.args.per_device_train_batch_size=1",
+            ],
+            "bitsandbytes (pip install 'ablate[quant]', not installed here)",
+            "PEFT qlora",
+        ),
+        (["model=qwen2_5_0_5b", "optimizer=adamw_8bit"], "bitsandbytes", "optimizer"),
+        (
+            ["model=qwen2_5_0_5b", "+ref_model=live_4bit"],
+            "bitsandbytes",
+            "reference's decoder weights counted at 4.1 bits",
+        ),
+        (
+            ["model=qwen2_5_0_5b", "method=grpo", "method/rollouts=vllm"],
+            "vllm (pip install 'ablate[vllm]'",
+            "engine",
+        ),
+    ],
+    ids=["qlora", "adamw_8bit", "live_4bit", "vllm"],
+)
+def test_a_plan_needs_none_of_the_optional_packages_it_names(tmp_path, args, needs, line):
+    """A plan is arithmetic on the meta device: a QLoRA, 8-bit, 4-bit-reference or vLLM plan answers without
+    bitsandbytes or vllm installed, and says which packages the run will need."""
+    r = ablate(
+        "plan", *args, "--gpu-memory", "24", cwd=tmp_path, env=hiding(tmp_path, "bitsandbytes", "vllm")
+    )
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    assert f"the run needs: {needs}" in r.stdout and line in r.stdout, r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hide"]  # nothing downloaded, nothing written
+
+
+def test_a_4bit_reference_and_an_engine_are_counted(tmp_path):
+    full = ablate("plan", "model=qwen2_5_0_5b", "+ref_model=live", cwd=tmp_path)
+    nf4 = ablate("plan", "model=qwen2_5_0_5b", "+ref_model=live_4bit", cwd=tmp_path)
+    ref = [float(re.search(r"reference\s+([\d.]+) GB", r.stdout).group(1)) for r in (full, nf4)]
+    assert ref[1] < ref[0] / 2, ref  # 4-bit decoder weights, the embeddings at their dtype
+    grpo = ["model=qwen2_5_0_5b", "method=grpo"]
+    plain, vllm = (ablate("plan", *grpo, *more, cwd=tmp_path) for more in ([], ["method/rollouts=vllm"]))
+    assert "engine" not in plain.stdout and _total(vllm.stdout) > _total(plain.stdout)
 
 
 @pytest.mark.parametrize(

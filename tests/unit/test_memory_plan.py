@@ -133,3 +133,40 @@ def test_plan_within_20_percent_of_the_measured_peak_on_the_tiny_model(overrides
         pytest.skip(torch_bf16_sdpa_error())
     peak, planned = measured_peak(_cfg(*overrides))
     assert 0.8 <= planned / peak <= 1.2, f"planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f} MB"
+
+
+SHIPPED = sorted(p.stem for p in (Path(conf_dir()) / "method").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        *[(f"method={m}",) for m in SHIPPED],
+        ("method=dpo", "method.args.precompute_ref_log_probs=false"),  # a live reference: a frozen copy
+        (
+            "method=dpo",
+            "+peft=lora",
+            "method.args.precompute_ref_log_probs=false",
+        ),  # the policy, adapters off
+        ("method=grpo", "method.args.beta=0.1"),  # GRPO's KL term
+        ("method=distill", "+teacher=tiny"),  # a teacher of its own size (twice the student's width)
+    ],
+    ids=lambda o: "-".join(x.split("=")[-1] for x in o),
+)
+def test_plan_counts_what_each_methods_trainer_runs(overrides, tmp_path):
+    """`ablate plan` for every shipped method (its facts: ablate.schema.method) against its own trainer run two
+    steps on the tiny model: the sequences of each micro-batch with gradients, whether another model (a
+    reference, a teacher) is in memory, and the plan's total (at the longest micro-batch it ran) against the
+    measured peak of live tensor bytes."""
+    from plan_check import TRAINED, trained
+
+    from ablate.cli.plan import planned
+
+    cfg = _cfg(*TRAINED, *overrides)
+    run = trained(cfg, str(tmp_path))
+    _, setup, parts, _ = planned(cfg, 1, 80, max(tokens for _, tokens in run.batches))
+    assert {sequences for sequences, _ in run.batches} == {setup.sequences}, run.batches
+    assert run.reference == (parts["reference"] > 0)
+    assert 0.8 <= parts["total"] / run.peak <= 1.2, (
+        f"planned {parts['total'] / 1e6:.2f} MB, measured {run.peak / 1e6:.2f}"
+    )

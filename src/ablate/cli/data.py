@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ablate.cli.exits import one_line_errors
+from ablate.schema.method import MethodSpec
 
 OPEN, CLOSE = "⟦", "⟧"  # around loss tokens when the output is not a colour terminal
 GREEN, RESET = "\033[1;32m", "\033[0m"
@@ -66,7 +67,7 @@ def _kind(cfg: DictConfig) -> str:
     from ablate.data.kinds import KINDS
     from ablate.errors import ConfigError
 
-    kind = cfg.method.get("data_kind")
+    kind = MethodSpec.of(cfg.method).data_kind
     if kind is None:
         raise ConfigError(
             f"ablate data: method={cfg.method.get('name')} names no kind of data, so its rows cannot be "
@@ -130,8 +131,9 @@ def _notes(
     return notes
 
 
-def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
-    """The config `ablate train` would run, checked as it checks it (`config_dir`: train's --config-dir)."""
+def _compose(overrides: list[str], config_dir: str | None, packages: bool = True) -> DictConfig:
+    """The config `ablate train` would run, checked as it checks it (`config_dir`: train's --config-dir;
+    `packages`: its optional packages are installed, which `ablate plan` only names)."""
     from hydra import compose, initialize_config_dir
 
     from ablate.config.compose import register_resolvers
@@ -145,7 +147,7 @@ def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
     from ablate.config.checks import check
     from ablate.config.code_checks import check_method_args
 
-    check(cfg)  # what `ablate train` would refuse, in the same words
+    check(cfg, packages=packages)  # what `ablate train` would refuse, in the same words
     check_method_args(cfg)
     return cfg
 

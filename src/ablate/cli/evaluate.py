@@ -24,6 +24,7 @@ from typing import Any
 from ablate.analysis.runs import override_key
 from ablate.cli.exits import fail
 from ablate.record import rundir
+from ablate.schema.method import MethodSpec
 
 EVAL = rundir.EVAL
 # what evaluate() reports about a training that did not happen here (the trainer built for the eval
@@ -66,7 +67,7 @@ def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str,
     tokenizer, model = load_run_model(run_dir)
     data = instantiate(cfg.data)
     split, dataset = ("eval", data.eval) if data.eval is not None else ("train", data.train)
-    generates = cfg.method.get("data_kind") == "prompt"  # GRPO, RLOO, distillation (ablate.data.kinds)
+    generates = MethodSpec.of(cfg.method).generates  # GRPO, RLOO, distillation (ablate.schema.method)
     device_args = check_precision(cfg.precision)
     with tempfile.TemporaryDirectory(prefix="ablate-eval-") as tmp:
         args = instantiate(

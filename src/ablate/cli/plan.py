@@ -10,11 +10,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ablate.cli.exits import fail, one_line_errors
+from ablate.config.checks import installed, needed_packages
 from ablate.errors import ConfigError
-from ablate.models.memory import GB, Setup, Shape, plan
+from ablate.models.memory import GB, QLORA_BYTES, Setup, Shape, plan
+from ablate.schema.method import MethodSpec
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -30,7 +32,7 @@ def meta_model(model_cfg: DictConfig) -> Any:
         if target == "ablate.models.tiny":
             from ablate.models import tiny
 
-            kw = {k: v for k, v in model_cfg.items() if k not in ("_target_", "quantization_config")}
+            kw = {k: v for k, v in model_cfg.items() if not k.startswith("_") and k != "quantization_config"}
             return tiny(**kw)[1]
         if target in ("ablate.models.pretrained", "ablate.models.smollm2_135m"):
             return _pretrained(model_cfg, target)
@@ -85,8 +87,10 @@ def shape(model: Any, peft_cfg: DictConfig | None) -> Shape:
 
 
 def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[str]]:
-    """How the composed config trains, and notes on what was assumed."""
-    args, name, notes = cfg.method.args, str(cfg.method.name), []
+    """How the composed config trains (its method's facts: ablate.schema.method), and notes on what was
+    assumed."""
+    args, notes = cfg.method.args, []
+    spec = MethodSpec.of(cfg.method)
     peft = None if cfg.get("peft") is None else ("qlora" if cfg.model.get("quantization_config") else "lora")
     opt = str(cfg.optimizer.optimizer._target_)
     states, fixed = 2.0, None
@@ -94,37 +98,24 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         states = 1.0 if cfg.optimizer.optimizer.get("momentum", 0) else 0.0
     elif "8bit" in opt:
         fixed = 2.0
-    batch = int(args.per_device_train_batch_size)
-    if name in ("grpo", "rloo"):
+    if spec.generates:  # a sequence is a prompt and a sampled completion
         prompt = args.get("max_prompt_length")
         if prompt is None:
             notes.append(
                 f"max_prompt_length is null: prompts counted as {GRPO_PROMPT} tokens (--seq-len to say)"
             )
-        length, sequences = int(prompt or GRPO_PROMPT) + int(args.max_completion_length), batch
-        reference = float(args.get("beta") or 0) > 0 and peft is None
+        length = int(prompt or GRPO_PROMPT) + int(args.max_completion_length)
     else:
         length = int(args.get("max_length") or 512)
-        sequences = 2 * batch if name in ("dpo", "reward") else batch
-        live = (
-            not args.get("precompute_ref_log_probs", True) or cfg.method.trainer.get("ref_model") is not None
-        )
-        reference = (
-            name in ("dpo", "kto")
-            and live
-            and (peft is None or cfg.method.trainer.get("ref_model") is not None)
-        )
-        reference = reference or name == "distill"
-    if name == "distill":
-        notes.append("distill's teacher counted as a copy of the student (reference)")
+    ref_model = cfg.method.trainer.get("ref_model") is not None
     return Setup(
         weight_bytes=WEIGHT_BYTES[str(cfg.model.get("dtype", "float32"))],
         autocast=bool(cfg.precision.get("bf16") or cfg.precision.get("fp16")),
         peft=peft,
         optimizer_states=states,
         optimizer_fixed_bytes=fixed,
-        reference=reference,
-        sequences=sequences,
+        reference=spec.reference_copy(args, ref_model, adapters=peft is not None),
+        sequences=spec.sequences(int(args.per_device_train_batch_size)),
         seq_len=seq_len or length,
         checkpointing=bool(args.get("gradient_checkpointing")),
         gpus=gpus,
@@ -132,11 +123,19 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
     ), notes
 
 
-def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
-    """Print the plan; True if it fits `memory` GB per GPU."""
+def planned(
+    cfg: DictConfig, gpus: int, memory: float, seq_len: int | None
+) -> tuple[Shape, Setup, dict[str, float], list[str]]:
+    """The model's shape, how it trains, the bytes per GPU of each part (and their total), and notes."""
     m = shape(meta_model(cfg.model), cfg.get("peft"))
     s, notes = setup(cfg, gpus, seq_len)
     parts = plan(m, s)
+    return m, s, parts, notes + other_models(cfg, m, s, parts, memory)
+
+
+def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
+    """Print the plan; True if it fits `memory` GB per GPU."""
+    m, s, parts, notes = planned(cfg, gpus, memory, seq_len)
     model = cfg.model.get("path") or str(cfg.model._target_).rsplit(".", 1)[-1]
     wrap = f"FSDP full shard over {gpus}" if s.sharded else (f"DDP over {gpus}" if gpus > 1 else "1")
     autocast = f", {'bf16' if cfg.precision.get('bf16') else 'fp16'} autocast" if s.autocast else ""
@@ -150,8 +149,14 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens", file=out)
     for note in notes:
         print(f"note: {note}", file=out)
+    packages = [
+        f"{module} (pip install 'ablate[{extra}]'{'' if installed(module) else ', not installed here'})"
+        for _, _, module, extra in needed_packages(cfg)
+    ]
+    if packages:
+        print(f"the run needs: {', '.join(packages)}", file=out)
     print("per GPU:", file=out)
-    for part, value in parts.items():
+    for part, value in sorted(parts.items(), key=lambda kv: kv[0] == "total"):  # the total last
         print(f"  {part:12} {size(value):>10}", file=out)
     fits = parts["total"] <= memory * GB
     print(
@@ -160,6 +165,43 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
         file=out,
     )
     return fits
+
+
+def other_models(cfg: DictConfig, m: Shape, s: Setup, parts: dict[str, float], memory: float) -> list[str]:
+    """The models beside the policy, counted as they load, without importing an optional package: a teacher
+    built from its own config, a reference loaded in 8 or 4 bits (bitsandbytes: decoder Linear weights at 1
+    byte, or NF4), and a vLLM engine in the training process (its own copy of the weights and its KV cache,
+    `method.rollouts.kv_cache_gib`, else the share `gpu_memory_utilization` of the GPU it may take). Updates
+    `parts` and its total; returns notes."""
+    notes, shards = [], s.gpus if s.sharded else 1
+    reference = None
+    teacher = OmegaConf.select(cfg, "method.trainer.teacher", default=None)
+    quant = OmegaConf.select(cfg, "method.trainer.ref_model.quantization_config", default=None)
+    if s.reference and isinstance(teacher, DictConfig):
+        try:
+            t = shape(meta_model(teacher), None)
+            reference = t.params * WEIGHT_BYTES[str(teacher.get("dtype", "float32"))]
+        except ConfigError:  # a teacher of code (the tiny task's scripted one, a user's builder)
+            notes.append("the teacher counted as a copy of the student (reference)")
+    elif s.reference and quant is not None and (quant.get("load_in_4bit") or quant.get("load_in_8bit")):
+        per_weight = QLORA_BYTES if quant.get("load_in_4bit") else 1.0
+        reference = m.linear_params * per_weight + (m.params - m.linear_params) * s.weight_bytes
+        notes.append(f"the reference's decoder weights counted at {8 * per_weight:.2g} bits (bitsandbytes)")
+    if reference is not None:
+        parts["total"] += reference / shards - parts["reference"]
+        parts["reference"] = reference / shards
+    engine = cfg.method.get("rollouts")
+    if isinstance(engine, DictConfig) and "gpu_memory_utilization" in engine:
+        share, kv = engine.gpu_memory_utilization, engine.get("kv_cache_gib")
+        weights = m.params * WEIGHT_BYTES.get(str(engine.get("dtype")), s.weight_bytes)
+        parts["engine"] = weights + kv * 2**30 if kv is not None else share * memory * GB
+        parts["total"] += parts["engine"]
+        notes.append(
+            "the generation engine's weights and KV cache (method.rollouts.kv_cache_gib)"
+            if kv is not None
+            else f"the generation engine: gpu_memory_utilization={share:g} of the GPU"
+        )
+    return notes
 
 
 def size(n: float) -> str:
@@ -176,6 +218,7 @@ def plan_cmd(args: Any) -> None:
         fail(f"--gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)")
     if args.seq_len is not None and args.seq_len < 1:
         fail(f"--seq-len {args.seq_len}: must be 1 or more tokens")
-    with one_line_errors():
-        fits = report(_compose(args.overrides, args.config_dir), args.gpus, args.gpu_memory, args.seq_len)
+    with one_line_errors():  # a plan is arithmetic: it imports none of the optional packages it names
+        cfg = _compose(args.overrides, args.config_dir, packages=False)
+        fits = report(cfg, args.gpus, args.gpu_memory, args.seq_len)
     sys.exit(0 if fits else 1)

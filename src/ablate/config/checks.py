@@ -35,22 +35,28 @@ SWEEPER_EXTRAS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def check(cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset()) -> None:
+def check(
+    cfg: DictConfig, hc: Any = None, swept: frozenset[str] = frozenset(), packages: bool = True
+) -> None:
     """Raise ConfigError for the first mistake visible in the composed config `cfg`; `hc` is the
     hydra node (`cfg.hydra` when Hydra's callbacks pass the full config, else HydraConfig.get()).
-    `swept`: keys a multirun sweeps, whose value in `cfg` is not what any job gets (not checked)."""
+    `swept`: keys a multirun sweeps, whose value in `cfg` is not what any job gets (not checked).
+    `packages`: the optional packages the config needs are installed (`ablate plan` says which instead)."""
     if hc is None:
         hc = cfg.hydra if "hydra" in cfg else hydra_node()
     try:
-        _check(cfg, hc, swept)
+        if packages:  # first: the other checks may import modules that probe the optional packages
+            for key, target, module, extra in needed_packages(cfg):
+                if not installed(module):
+                    raise missing_extra(module, extra, f"{key}={target}")
+        _check(cfg, hc, swept, packages)
     except OmegaConfBaseException as e:  # e.g. ${oc.env:UNSET}
         key = getattr(e, "full_key", None)
         raise ConfigError(f"{key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
 
 
-def _check(cfg: DictConfig, hc: Any, swept: frozenset[str]) -> None:
-    _check_extras(cfg)  # first: the other checks may import modules that probe the optional packages
-    _check_targets(cfg)
+def _check(cfg: DictConfig, hc: Any, swept: frozenset[str], packages: bool = True) -> None:
+    _check_targets(cfg, packages)
     _check_missing(cfg, hc, swept)
     _check_root_keys(cfg, hc)
     _check_optimizer_args(cfg)
@@ -114,12 +120,13 @@ def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
     return out
 
 
-def _check_targets(cfg: DictConfig) -> None:
+def _check_targets(cfg: DictConfig, packages: bool = True) -> None:
     """Every `_target_` can be found (moved, misspelt, a module not on PYTHONPATH): ablate.config.targets; so
     can every function named by its dotted path alone (the short form: data.reward_funcs=[myrew.short],
-    tools)."""
+    tools). Without `packages`, those of the optional packages are not looked for."""
     for key, target in _targets(cfg) + _dotted_paths(cfg):
-        check_target(key, target)
+        if packages or not target.startswith(tuple(EXTRAS)):
+            check_target(key, target)
 
 
 def _dotted_paths(cfg: DictConfig) -> list[tuple[str, str]]:
@@ -222,11 +229,15 @@ def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def _check_extras(cfg: DictConfig) -> None:
+def needed_packages(cfg: DictConfig) -> list[tuple[str, str, str, str]]:
+    """The optional packages the config's `_target_`s need, installed or not: (key, target, import name,
+    extra), each package once."""
+    out: dict[str, tuple[str, str, str, str]] = {}
     for key, target in _targets(cfg):
         for prefix, (module, extra) in EXTRAS.items():
-            if target.startswith(prefix) and not installed(module):
-                raise missing_extra(module, extra, f"{key}={target}")
+            if target.startswith(prefix):
+                out.setdefault(module, (key, target, module, extra))
+    return list(out.values())
 
 
 def check_launcher(hc: Any) -> None:

@@ -35,6 +35,7 @@ class Kind:
     tokenize: str  # the function that tokenises a dataset of these rows
     row: str  # the function that tokenises one row
     preview: str  # what `ablate data preview` marks in a row
+    read_as: tuple[tuple[str, str], ...] = ()  # (a column, the format's column it is converted to)
 
 
 # prompt: the two's shared start
@@ -66,6 +67,7 @@ KINDS: dict[str, Kind] = {
         tokenize=TOKENIZE + "prepare_sft",
         row=TOKENIZE + "tokenize_sft",
         preview="loss tokens",
+        read_as=(("conversations", "messages"),),  # ShareGPT, converted by ablate.data.formats.to_chatml
     ),
     # GRPO, RLOO, distillation: completions are sampled; every other column reaches the reward functions
     "prompt": Kind(
@@ -126,8 +128,7 @@ def detect_columns(found: list[str], name: str, method: str | None = None) -> st
     naming the columns found, the formats expected and the columns the closest one misses. `method`: the
     method's name (`method.name`), said where the kind's words do not name it (method=distill)."""
     cols = set(found)
-    if "conversations" in cols and "messages" not in cols and name == "sft":
-        cols.add("messages")  # ShareGPT, converted by ablate.data.formats.to_chatml
+    cols |= {to for column, to in KINDS[name].read_as if column in cols}
     words, formats = KINDS[name].method, KINDS[name].formats
     for fmt, needed in formats:
         if set(needed) <= cols:

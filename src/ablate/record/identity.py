@@ -25,9 +25,9 @@ NEW_DATA_ENV = "ABLATE_ACCEPT_NEW_DATA"  # set by `ablate resume --force`: resum
 NEW_CONFIG_ENV = "ABLATE_ACCEPT_NEW_CONFIG"
 # set by `ablate resume` on another rank count: the keys it changed to keep the global batch (accepted)
 RESIZED_ENV = "ABLATE_RESUME_RESIZED"
-# method keys that only tell ablate how to read a run (what defines each metric) or check its data (the kind
-# of rows, ablate.data.kinds), left out of its identity: a run started before a method declared them resumes
-COMPARE_ONLY = {"defined_by", "data_kind"}
+# method keys that only describe the method (ablate.schema.method: what defines each metric, its kind of rows,
+# what plan counts), left out of its identity: a run started before a method declared them resumes
+COMPARE_ONLY = {"defined_by", "data_kind", "rows", "reference", "generates"}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from ablate.record.identity import (
     identity,
     same_run,
 )
+from ablate.schema.method import MethodSpec
 
 log = logging.getLogger("ablate")
 RESUME_ENV = sweep_dirs.RESUME_ENV  # set in a resumed sweep's job processes: completed jobs are skipped
@@ -153,9 +154,8 @@ class Run:
 
         setup.prepare(cfg, self.info)
         rundir.write_json(self.dir / rundir.RUN, self.info)
-        progress = cfg.method.get("progress")  # GRPO's learning checks; reward, KTO, ... have none
-        self.progress = {
-            **(OmegaConf.to_container(progress, resolve=False) if progress else {}),
+        self.progress = {  # GRPO's learning checks; reward, KTO, ... have none
+            **(MethodSpec.of(cfg.method).progress or {}),
             "scheduler": HydraConfig.get().runtime.choices.get("optimizer/scheduler"),
         }
         rundir.check_shared_run_dir(self.dir)
@@ -267,7 +267,7 @@ def record(cfg: DictConfig) -> Iterator[Run]:
             "method": cfg.method.name,
             "overrides": overrides,
             # the method's own say in `ablate compare` (a user's method too)
-            "compare_metrics": list(cfg.method.get("compare_metrics") or ["loss"]),
+            "compare_metrics": MethodSpec.of(cfg.method).compare_metrics,
             "run_dir": str(run_dir),
             "versions": info.get("versions"),
             "git_sha": info.get("git_sha"),
