@@ -80,7 +80,14 @@ def _perturbed(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Modu
 
 
 # TRL's loss_type -> ablate's (objective, aggregation)
-OBJECTIVES = {"cispo": (grpo_losses.cispo, grpo_losses.dapo), "sapo": (grpo_losses.sapo, grpo_losses.grpo)}
+SAPO = {  # TRL's temperatures, as conf/method/grpo_objective/sapo.yaml sets them
+    f"temperature_{s}": trl.GRPOConfig.__dataclass_fields__[f"sapo_temperature_{s}"].default
+    for s in ("pos", "neg")
+}
+OBJECTIVES = {
+    "cispo": (grpo_losses.cispo, grpo_losses.dapo),
+    "sapo": (functools.partial(grpo_losses.sapo, **SAPO), grpo_losses.grpo),
+}
 CASES = [
     (loss, level, beta, delta)
     for loss in LOSSES

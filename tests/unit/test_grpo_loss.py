@@ -107,7 +107,14 @@ def test_rloo_rewards_near_float32s_largest_give_finite_advantages():
     """Leave-one-out: 3e38 against its siblings' mean (3e38 - 2 * 3e38) / 3 = -1e38 -> A = 4e38 (float32 holds it)."""
     from ablate.losses import rloo
 
-    adv, m = rloo.leave_one_out(_huge(), torch.ones(1), num_generations=4)
+    adv, m = rloo.leave_one_out(
+        _huge(),
+        torch.ones(1),
+        num_generations=4,
+        beta=0.0,
+        normalize_advantages=False,
+        reward_clip_range=None,
+    )
     torch.testing.assert_close(adv, torch.tensor([-4e38, 4e38, -4e38, 4e38] * 2))
     assert math.isfinite(m["reward_std"].item())
 
@@ -138,7 +145,15 @@ def test_clipped_surrogate_active_and_inactive():
     Clip metrics over the 3 unmasked tokens: low 1/3, high 1/3, region 2/3 (the masked 2.2 not counted).
     Gradient: a clipped token has none; unclipped d(-r*A)/dlogp = -r*A: -0.9 and (masked token) 2.2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2)
+    loss, m = grpo.clip(
+        grpo.LossInputs(logps, old, adv, mask),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
+    )
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
@@ -153,7 +168,15 @@ def test_clipped_surrogate_active_and_inactive():
 def test_epsilon_high_widens_only_the_upper_clip():
     """eps_low 0.2, eps_high 0.6: r=1.5 < 1.6 is no longer clipped -> -1.5; r=0.5 still low-clipped."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.6)
+    loss, m = grpo.clip(
+        grpo.LossInputs(logps, old, adv, mask),
+        epsilon=0.2,
+        epsilon_high=0.6,
+        beta=0.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
+    )
     torch.testing.assert_close(loss, torch.tensor([[-1.5, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/high_mean"].item() == 0.0
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
@@ -166,12 +189,28 @@ def test_k3_kl_term():
     loss += 0.1 * kl; metric kl = (0.072132 + 0.005750 + 0.306853) / 3 = 0.128245."""
     logps, old, adv, mask = _ratios()
     inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
-    loss, m = grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, beta=0.1)
+    loss, m = grpo.clip(
+        inputs,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.1,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
+    )
     kl = torch.tensor([[0.072132, 0.005750], [0.306853, 0.004401]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.128245, abs=1e-5)
     with pytest.raises(ValueError):
-        grpo.clip(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=0.2, beta=0.1)
+        grpo.clip(
+            grpo.LossInputs(logps, old, adv, mask),
+            epsilon=0.2,
+            epsilon_high=0.2,
+            beta=0.1,
+            importance_sampling_level="token",
+            delta=None,
+            bias_correction_kl=False,
+        )
 
 
 L = torch.tensor([[-1.2, -0.9], [1.6, 2.2]])
@@ -217,6 +256,9 @@ def test_sequence_level_ratio_gspo():
         epsilon=0.2,
         epsilon_high=0.2,
         importance_sampling_level="sequence",
+        beta=0.0,
+        delta=None,
+        bias_correction_kl=False,
     )
     r0 = math.sqrt(1.35)
     torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
@@ -230,6 +272,9 @@ def test_sequence_level_ratio_gspo():
             epsilon=0.2,
             epsilon_high=0.2,
             importance_sampling_level="tokens",
+            beta=0.0,
+            delta=None,
+            bias_correction_kl=False,
         )
 
 
@@ -243,8 +288,24 @@ def test_delta_caps_the_ratio_of_negative_advantages():
         torch.ones(1, 1),
     )
     inputs = grpo.LossInputs(logps, old, adv, mask)
-    assert grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2)[0].item() == pytest.approx(3.0)
-    assert grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, delta=1.3)[0].item() == pytest.approx(2.6)
+    assert grpo.clip(
+        inputs,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
+    )[0].item() == pytest.approx(3.0)
+    assert grpo.clip(
+        inputs,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        delta=1.3,
+        beta=0.0,
+        importance_sampling_level="token",
+        bias_correction_kl=False,
+    )[0].item() == pytest.approx(2.6)
 
 
 def test_kl_bias_correction_multiplies_by_the_ratio():
@@ -252,7 +313,15 @@ def test_kl_bias_correction_multiplies_by_the_ratio():
     = [[0.108198, 0.005175], [0.153427, .]]; metric = (0.108198 + 0.005175 + 0.153427) / 3 = 0.088933."""
     logps, old, adv, mask = _ratios()
     inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
-    loss, m = grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, beta=0.1, bias_correction_kl=True)
+    loss, m = grpo.clip(
+        inputs,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.1,
+        bias_correction_kl=True,
+        importance_sampling_level="token",
+        delta=None,
+    )
     kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)
@@ -265,7 +334,15 @@ def test_cispo_hand_computed():
     gradient -w A (nothing is cut): [[-1.2, -0.9], [1.0, 2.2]]; cispo_clip_ratio: r=1.5 > 1.2 with A > 0,
     1 of the 3 unmasked tokens."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.cispo(grpo.LossInputs(logps, old, adv, mask), epsilon=0.2, epsilon_high=1.2)
+    loss, m = grpo.cispo(
+        grpo.LossInputs(logps, old, adv, mask),
+        epsilon=0.2,
+        epsilon_high=1.2,
+        beta=0.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
+    )
     torch.testing.assert_close(
         loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0
     )
@@ -285,6 +362,10 @@ def test_sapo_hand_computed():
         epsilon_high=0.2,
         temperature_pos=1.0,
         temperature_neg=1.05,
+        beta=0.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
     )
     torch.testing.assert_close(
         loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0

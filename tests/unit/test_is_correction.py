@@ -122,12 +122,23 @@ def test_policy_weight_multiplies_the_policy_term_not_the_kl():
     inputs = grpo.LossInputs(
         logps, logps, torch.tensor([2.0]), torch.ones(1, 2), logps - 1, policy_weight=torch.full((1, 1), 0.5)
     )
-    loss, _ = grpo.clip(inputs, epsilon=0.2, epsilon_high=0.2, beta=0.1, bias_correction_kl=True)
+    loss, _ = grpo.clip(
+        inputs,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.1,
+        bias_correction_kl=True,
+        importance_sampling_level="token",
+        delta=None,
+    )
     torch.testing.assert_close(loss, torch.full((1, 2), -1 + 0.1 * E**-1))
     unweighted, _ = grpo.clip(
         grpo.LossInputs(logps, logps, torch.tensor([2.0]), torch.ones(1, 2), logps - 1),
         epsilon=0.2,
         epsilon_high=0.2,
         beta=0.1,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
     )
     torch.testing.assert_close(unweighted, torch.full((1, 2), -2 + 0.1 * E**-1))

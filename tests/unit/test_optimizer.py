@@ -46,14 +46,14 @@ def test_cosine_by_hand():
     """N=10, warmup_ratio=0.2 -> 2 warm-up steps: factors 1/3, 2/3; then 0.5*(1+cos(pi*(s-2)/8)):
     s=2 -> 1, s=6 -> 0.5, s=9 -> 0.5*(1+cos(7pi/8)) = 0.0381."""
     opt = _opt()
-    lrs = _lrs(cosine(opt, num_training_steps=10, warmup_ratio=0.2), opt, 10)
+    lrs = _lrs(cosine(opt, num_training_steps=10, warmup_ratio=0.2, min_ratio=0.0), opt, 10)
     assert lrs[0] == pytest.approx(1 / 3) and lrs[1] == pytest.approx(2 / 3) and lrs[2] == pytest.approx(1.0)
     assert lrs[6] == pytest.approx(0.5) and lrs[9] == pytest.approx(0.5 * (1 + math.cos(7 * math.pi / 8)))
 
 
 def test_cosine_min_ratio_floor():
     opt = _opt()
-    lrs = _lrs(cosine(opt, num_training_steps=4, min_ratio=0.1), opt, 6)
+    lrs = _lrs(cosine(opt, num_training_steps=4, warmup_ratio=0.0, min_ratio=0.1), opt, 6)
     assert lrs[3] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 4)))  # step 3 of 4
     assert lrs[5] == pytest.approx(0.1)  # past the end: stays at the floor
 

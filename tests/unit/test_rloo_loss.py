@@ -28,7 +28,7 @@ def group() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_leave_one_out():
-    adv, m = rloo.leave_one_out(*group(), 4)
+    adv, m = rloo.leave_one_out(*group(), 4, beta=0.0, normalize_advantages=False, reward_clip_range=None)
     close(adv, 2 / 3, -2 / 3, 0, 0)
     assert abs(adv.sum()) < 1e-12
     close(torch.stack([m["reward"], m["reward_std"], m["frac_reward_zero_std"]]), 0.5, 0.4082483, 0)
@@ -42,11 +42,13 @@ def test_kl_penalty():
     unpenalised one (0.5)."""
     kl = t(0.2, 0.2, 0, 0, -0.1, 9, 0.3, 0).view(4, 2)
     mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1]])
-    adv, m = rloo.leave_one_out(*group(), 4, token_kl=kl, mask=mask, beta=0.5)
+    adv, m = rloo.leave_one_out(
+        *group(), 4, token_kl=kl, mask=mask, beta=0.5, normalize_advantages=False, reward_clip_range=None
+    )
     close(adv, 0.5, -0.5666667, 0.1666667, -0.1)
     close(torch.stack([m["kl"], m["reward"]]), 0.0857143, 0.5)
     adv0, m0 = rloo.leave_one_out(
-        *group(), 4, token_kl=kl, mask=mask, beta=0.0
+        *group(), 4, token_kl=kl, mask=mask, beta=0.0, normalize_advantages=False, reward_clip_range=None
     )  # beta 0: no penalty, no metric
     close(adv0, 2 / 3, -2 / 3, 0, 0)
     assert "kl" not in m0
@@ -55,7 +57,9 @@ def test_kl_penalty():
 def test_reward_clip_range():
     """[0, 0.6]: r = [0.6, 0, 0.5, 0.5], mean 0.4; A = 4/3 (r - 0.4) = [0.2666667, -0.5333333, 0.1333333, 0.1333333]."""
     close(
-        rloo.leave_one_out(*group(), 4, reward_clip_range=(0.0, 0.6))[0],
+        rloo.leave_one_out(*group(), 4, reward_clip_range=(0.0, 0.6), beta=0.0, normalize_advantages=False)[
+            0
+        ],
         0.2666667,
         -0.5333333,
         0.1333333,
@@ -66,7 +70,13 @@ def test_reward_clip_range():
 def test_normalize_advantages():
     """A = [2/3, -2/3, 0, 0]: mean 0, unbiased std sqrt((4/9 + 4/9) / 3) = 0.5443311;
     A / (0.5443311 + 1e-4) = [1.2245199, -1.2245199, 0, 0]."""
-    close(rloo.leave_one_out(*group(), 4, normalize_advantages=True)[0], 1.2245199, -1.2245199, 0, 0)
+    close(
+        rloo.leave_one_out(*group(), 4, normalize_advantages=True, beta=0.0, reward_clip_range=None)[0],
+        1.2245199,
+        -1.2245199,
+        0,
+        0,
+    )
 
 
 def test_unscorable_completions():
@@ -74,7 +84,9 @@ def test_unscorable_completions():
     gets A = 0: [1 - 0.25, 0, 0 - 0.75, 0.5 - 0.5] = [0.75, 0, -0.75, 0]. A group with one scorable completion
     has no baseline: A = 0 for all. frac_reward_zero_std: the equal-reward group [2, 2, 2, 2] counts."""
     rewards = t(1, torch.nan, 0, 0.5, torch.nan, torch.nan, 3, torch.nan, 2, 2, 2, 2).unsqueeze(1)
-    adv, m = rloo.leave_one_out(rewards, t(1.0), 4)
+    adv, m = rloo.leave_one_out(
+        rewards, t(1.0), 4, beta=0.0, normalize_advantages=False, reward_clip_range=None
+    )
     close(adv, 0.75, 0, -0.75, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     close(m["frac_reward_zero_std"], 1 / 3)
 
@@ -87,7 +99,13 @@ def test_sequence_clip():
     old = logps.detach() - t(0.1, 0.2, -0.5, 0.3).view(2, 2)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
     loss, m = rloo.sequence_clip(
-        LossInputs(logps, old, t(1, -1), mask), epsilon=0.2, epsilon_high=0.2, beta=1.0
+        LossInputs(logps, old, t(1, -1), mask),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=1.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
     )
     assert loss.shape == (2, 1)
     close(loss.squeeze(1), -1.2, 0.8)
@@ -106,7 +124,13 @@ def test_sequence_clip_gradient_sums_tokens():
     logps = t(-1.0, -2.0, -3.0).view(1, 3).requires_grad_()
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
     loss, _ = rloo.sequence_clip(
-        LossInputs(logps, logps.detach(), t(2.0), mask), epsilon=0.2, epsilon_high=0.2
+        LossInputs(logps, logps.detach(), t(2.0), mask),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.0,
+        importance_sampling_level="token",
+        delta=None,
+        bias_correction_kl=False,
     )
     loss.sum().backward()
     close(logps.grad.squeeze(0), -2, -2, 0)

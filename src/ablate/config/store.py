@@ -80,10 +80,13 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    if GROUP in store.repo and len(store.repo[GROUP]) == len(stored()):
+    if GROUP in store.repo and len(store.repo[GROUP]) == len(stored()) + 1:  # + Columns
         return
     for cls in stored():
         store.store(group=GROUP, name=cls.__name__, node=node(cls))
+    from ablate.schema.nodes import Columns
+
+    store.store(group=GROUP, name="Columns", node=Columns)
 
 
 def data_or_default(key: str, _parent_: Any) -> Any:

@@ -26,19 +26,30 @@ from pathlib import Path
 
 OUT = Path(__file__).parent / "tiny"
 LETTERS = "abcdefgh"
-LENGTH = 8  # characters scored; match method.args.max_completion_length
 TRAIN_REPEATS = 4  # each train prompt is its letter this many times
 EVAL_REPEATS = (2, 3, 5, 6, 7, 8, 9, 10)  # held out: never a train prompt's length
 
 
+def length() -> int:
+    """Characters scored: the data config's completion length (conf/data/tiny_repeat.yaml), declared there."""
+    import yaml
+
+    from ablate.paths import conf_dir
+
+    return int(
+        yaml.safe_load((Path(conf_dir()) / "data" / "tiny_repeat.yaml").read_text())["max_completion_length"]
+    )
+
+
 def main(seed: int = 0, n_train: int = 512, n_eval: int = 64) -> None:
     rng = random.Random(seed)
+    n = length()
     OUT.mkdir(exist_ok=True)
     train = [(x, TRAIN_REPEATS) for x in rng.choices(LETTERS, k=n_train)]
     held_out = [(x, k) for x in LETTERS for k in EVAL_REPEATS]
     rng.shuffle(held_out)  # after the train draws: the train file does not depend on the eval design
     for split, pairs in (("train", train), ("eval", held_out[:n_eval])):
-        rows = [{"prompt": x * k, "letter": x, "length": LENGTH} for x, k in pairs]
+        rows = [{"prompt": x * k, "letter": x, "length": n} for x, k in pairs]
         (OUT / f"repeat_letter_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 

@@ -65,7 +65,7 @@ def reward_metrics(
     }
 
 
-def _smoothed(z: Tensor, label_smoothing: float) -> Tensor:
+def smoothed(z: Tensor, label_smoothing: float) -> Tensor:
     """-(1-ls) logsig(z) - ls logsig(-z): the logistic loss with a flipped-label probability ls."""
     return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
 
@@ -81,7 +81,7 @@ def sigmoid(
     label_smoothing: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO: -log sigmoid(beta * delta); with label_smoothing > 0, cDPO's smoothed target."""
-    return _smoothed(beta * ((logp_c - ref_c) - (logp_r - ref_r)), label_smoothing), {}
+    return smoothed(beta * ((logp_c - ref_c) - (logp_r - ref_r)), label_smoothing), {}
 
 
 def hinge(
@@ -168,7 +168,7 @@ def aot(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (paired): sorted policy margins against sorted reference margins, across the batch."""
     delta = torch.sort(logp_c - logp_r, dim=0)[0] - torch.sort(ref_c - ref_r, dim=0)[0]
-    return _smoothed(beta * delta, label_smoothing), {}
+    return smoothed(beta * delta, label_smoothing), {}
 
 
 def aot_unpaired(
@@ -183,7 +183,7 @@ def aot_unpaired(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (unpaired): sorted chosen log-ratios against sorted rejected log-ratios."""
     delta = torch.sort(logp_c - ref_c, dim=0)[0] - torch.sort(logp_r - ref_r, dim=0)[0]
-    return _smoothed(beta * delta, label_smoothing), {}
+    return smoothed(beta * delta, label_smoothing), {}
 
 
 def apo_zero(

@@ -165,10 +165,11 @@ def normalize_then_sum(
 def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> Objective:
     """The signature every `method/grpo_objective` shares, around `core`, which holds only what differs.
 
-    The objective made: `(inputs: LossInputs, *, epsilon, epsilon_high, beta=0.0,
-    importance_sampling_level="token", delta=None, bias_correction_kl=False, **own)` -> (loss (B, T),
-    metrics). `importance_sampling_level`: `token` (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng
-    et al. 2025: one ratio per completion, exp of the mean token log-ratio, shared by its tokens). `beta` > 0
+    The objective made: `(inputs: LossInputs, *, epsilon, epsilon_high, beta, importance_sampling_level,
+    delta, bias_correction_kl, **own)` -> (loss (B, T), metrics), each argument without a default of its own:
+    the trainer passes method.args' (GRPOArgs declares them, once). `importance_sampling_level`: `token`
+    (PPO/GRPO: one ratio per token) or `sequence` (GSPO, Zheng et al. 2025: one ratio per completion, exp of
+    the mean token log-ratio, shared by its tokens). `beta` > 0
     adds the k3 KL to `ref_logps`; `bias_correction_kl` multiplies it by the (uncapped) ratio, so its gradient
     is unbiased for samples from the old policy (TRL 1.16's default, `use_bias_correction_kl`); the logged
     `kl` is the corrected one, as in TRL. `inputs.policy_weight`, when set, multiplies the core's loss before
@@ -181,10 +182,10 @@ def objective(core: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]])
         *,
         epsilon: float,
         epsilon_high: float,
-        beta: float = 0.0,
-        importance_sampling_level: str = "token",
-        delta: float | None = None,
-        bias_correction_kl: bool = False,
+        beta: float,
+        importance_sampling_level: str,
+        delta: float | None,
+        bias_correction_kl: bool,
         **own: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logps, mask, adv = inputs.logps, inputs.mask, inputs.advantages.unsqueeze(1)
@@ -266,8 +267,8 @@ def sapo(
     epsilon: float,
     epsilon_high: float,
     delta: float | None,
-    temperature_pos: float = 1.0,
-    temperature_neg: float = 1.05,
+    temperature_pos: float,
+    temperature_neg: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): the hard clip replaced by a smooth
     gate, `-sigmoid(tau (r - 1)) * 4/tau * A` with tau = temperature_pos where A > 0, else temperature_neg;

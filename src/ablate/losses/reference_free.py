@@ -31,6 +31,8 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
+from ablate.losses.dpo import smoothed
+
 Tensor = torch.Tensor
 F_ = TypeVar("F_", bound=Callable[..., object])
 
@@ -71,10 +73,6 @@ def _metrics(beta: float, c: Tensor, r: Tensor, nll: Tensor) -> dict[str, Tensor
 def _log1mexp(x: Tensor) -> Tensor:
     """log(1 - e^x) for x < 0, stable on both sides of -ln 2 (Maechler 2012; TRL's)."""
     return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
-
-
-def _smoothed(z: Tensor, ls: float) -> Tensor:
-    return -(1 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z)
 
 
 @reference_free
@@ -121,7 +119,7 @@ def cpo(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO: DPO's sigmoid loss on the summed log-probs without a reference, plus cpo_alpha * NLL(chosen)."""
     nll = _nll(logp_c, n_c)
-    losses = _smoothed(beta * (logp_c - logp_r), label_smoothing) + cpo_alpha * nll
+    losses = smoothed(beta * (logp_c - logp_r), label_smoothing) + cpo_alpha * nll
     return losses, _metrics(beta, logp_c, logp_r, nll)
 
 
@@ -141,5 +139,5 @@ def simpo(
     """SimPO: -log sigmoid(beta * (a_c - a_r) - gamma) on per-token means, plus cpo_alpha * NLL(chosen)."""
     a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
     nll = _nll(logp_c, n_c)
-    losses = _smoothed(beta * (a_c - a_r) - gamma, label_smoothing) + cpo_alpha * nll
+    losses = smoothed(beta * (a_c - a_r) - gamma, label_smoothing) + cpo_alpha * nll
     return losses, _metrics(beta, a_c, a_r, nll)

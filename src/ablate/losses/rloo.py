@@ -38,14 +38,15 @@ def leave_one_out(
     *,
     token_kl: Tensor | None = None,
     mask: Tensor | None = None,
-    beta: float = 0.0,
-    normalize_advantages: bool = False,
-    reward_clip_range: tuple[float, float] | None = None,
+    beta: float,
+    normalize_advantages: bool,
+    reward_clip_range: tuple[float, float] | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """RLOO's advantages (N,) and metrics from a reward table (N, F) of consecutive groups of
     `num_generations`. `token_kl` (N, T): log pi_old - log pi_ref per completion token, `mask` (N, T) its
     tokens: given (the trainer does with beta > 0), `beta` times its per-completion sum is subtracted from
-    the reward. `scale` is GRPO's std option and is not used: RLOO's baseline needs none."""
+    the reward. `scale` is GRPO's std option and is not used: RLOO's baseline needs none. `beta`,
+    `normalize_advantages`, `reward_clip_range`: no default here (conf/method/rloo.yaml wires RLOOArgs')."""
     # +-3e38: float64
     dtype, rewards_per_func = (rewards_per_func.dtype, grpo.headroom(rewards_per_func, weights))
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
@@ -81,10 +82,10 @@ def sequence_clip(
     *,
     epsilon: float,
     epsilon_high: float,
-    beta: float = 0.0,
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-    bias_correction_kl: bool = False,
+    beta: float,
+    importance_sampling_level: str,
+    delta: float | None,
+    bias_correction_kl: bool,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """RLOO's objective, per completion (B, 1): the PPO clip on rho = exp(sum_t log-ratio). No KL term (RLOO's
     KL is a reward penalty: `leave_one_out`), so `beta` and `bias_correction_kl` are not read; nor is

@@ -14,7 +14,8 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]  # the 
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]  # f(optimizer, num_training_steps=N)
 
 # A model this large was not built from scratch here: the tiny model (~0.2M parameters) trains from a random
-# init at 3e-3; a pretrained one fine-tuned in full at that lr forgets what it knew within a few steps.
+# init at conf/optimizer/adamw.yaml's lr; a pretrained one fine-tuned in full at that lr forgets what it knew
+# within a few steps.
 PRETRAINED_PARAMS = 10_000_000
 TOY_LR = 1e-3
 

@@ -76,7 +76,28 @@ def _environment_words(n: Any, at: str) -> str:
 
 
 @dataclass
-class GRPOArgs(TrainArgs):
+class SamplingArgs(TrainArgs):
+    """What a method that samples its completions (GRPO, RLOO, distillation) samples them with."""
+
+    max_prompt_length: int | None = field(
+        None,
+        nullable(integer(1), "whole prompts"),
+        "Keep each prompt's last N tokens (a warning counts them); null = whole prompts, as TRL 1.16.",
+    )
+    max_completion_length: int = field(256, integer(1), "New tokens generated per completion.")
+    temperature: float = field(
+        1.0, number(above=0), "Sampling temperature (also applied when scoring: distillation's softmax's)."
+    )
+    top_p: float = field(
+        1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass."
+    )
+    top_k: int = field(
+        0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off (TRL's default)."
+    )
+
+
+@dataclass
+class GRPOArgs(SamplingArgs):
     targets = ("ablate.methods.grpo_config.GRPOConfig",)
     recursive = (
         False  # tools/environment `_target_` nodes reach the config as config: the trainer builds them
@@ -135,19 +156,6 @@ class GRPOArgs(TrainArgs):
         number(above=0, why=" (seconds)"),
         "Async GRPO: seconds the trainer waits for a round from its worker before it "
         "counts it as stalled (stopped, hung) and stops the run in one line (resumable).",
-    )
-    max_prompt_length: int | None = field(
-        None,
-        nullable(integer(1), "whole prompts"),
-        "Keep each prompt's last N tokens (a warning counts them); null = whole prompts, as TRL 1.16.",
-    )
-    max_completion_length: int = field(256, integer(1), "New tokens generated per completion.")
-    temperature: float = field(1.0, number(above=0), "Sampling temperature (also applied when scoring).")
-    top_p: float = field(
-        1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass."
-    )
-    top_k: int = field(
-        0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off (TRL's default)."
     )
     epsilon: float = field(0.2, number(at_least=0), "Lower clip range: ratio >= 1 - epsilon.")
     epsilon_high: float | None = field(

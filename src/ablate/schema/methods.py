@@ -7,21 +7,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.schema import (
-    BOOL,
-    Problem,
-    Rule,
-    choice,
-    field,
-    integer,
-    is_int,
-    is_num,
-    nullable,
-    number,
-    redefault,
-)
+from ablate.schema import BOOL, Problem, Rule, choice, field, is_int, is_num, nullable, number, redefault
 from ablate.schema.args import LENGTH, TrainArgs
-from ablate.schema.grpo import GRPOArgs
+from ablate.schema.grpo import GRPOArgs, SamplingArgs
 
 
 @dataclass
@@ -86,7 +74,7 @@ def kl_batch_problem(batch: Any, uses_kl: bool) -> Problem | None:
 
 
 @dataclass
-class DistillArgs(TrainArgs):
+class DistillArgs(SamplingArgs):
     targets = ("ablate.methods.distill.DistillConfig",)
     per_device_train_batch_size: int = redefault(
         TrainArgs, "per_device_train_batch_size", 16, "Prompts (one completion each) per micro-batch."
@@ -102,19 +90,6 @@ class DistillArgs(TrainArgs):
         Rule(lambda v, n: is_num(v) and 0 <= v <= 1, "a number in [0, 1] (0 = forward KL, 1 = reverse KL)"),
         "Generalised JSD: 0 = forward KL, 1 = reverse KL (TRL's default).",
     )
-    temperature: float = field(
-        1.0, number(above=0), "Sampling temperature, also the loss's softmax temperature."
-    )
-    top_p: float = field(
-        1.0, Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"), "Nucleus sampling mass."
-    )
-    top_k: int = field(0, integer(0, " (0 = off)"), "Sample among the k most likely tokens; 0 = off.")
-    max_prompt_length: int | None = field(
-        None,
-        LENGTH,
-        "Keep each prompt's last N tokens (a warning counts them); null = whole prompts, as TRL 1.16.",
-    )
-    max_completion_length: int = field(256, integer(1), "New tokens sampled per completion.")
 
 
 def _clip_range(v: Any, n: Any) -> bool:

@@ -175,6 +175,19 @@ class Data(Schema):
     max_eval_samples: int | None = field(check=nullable(integer(1)))
 
 
+@dataclass
+class Columns:
+    """`data.columns`: your column name for each of TRL's (`data.columns.prompt=question`); null: the same.
+    Every data config selects it (`- /schema@columns: Columns`)."""
+
+    prompt: str | None = None  # the prompt (string or messages); absent in implicit-prompt preference data
+    chosen: str | None = None  # preferred completion (or whole conversation, implicit prompt)
+    rejected: str | None = None  # dispreferred completion (or whole conversation, implicit prompt)
+    completion: str | None = None  # SFT target completion
+    messages: str | None = None  # SFT conversation ({role, content} list), loss on every token
+    text: str | None = None  # SFT plain text, loss on every token
+
+
 MIX_TARGET = "ablate.data.mixture.mix"
 WEIGHT = number(at_least=0, why=" (the source's share of the mix is its weight over the sum of the weights)")
 
