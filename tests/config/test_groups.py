@@ -136,7 +136,7 @@ def test_method_subgroup_option_composes_and_reaches_the_trainer(sub, option):
     documents its fields, and is handed to the trainer as a function (`_partial_`)."""
     import functools
 
-    text = (CONF / "method" / sub / f"{option}.yaml").read_text()
+    text = _with_schemas((CONF / "method" / sub / f"{option}.yaml").read_text())
     method = (
         "grpo"
         if "losses.grpo." in text or "losses.rloo." in text
@@ -353,7 +353,20 @@ def test_every_group_maps_onto_its_code():
     assert groups == set(CODE), "a new conf/ group: name the src/ablate/ module it maps onto in CODE"
     for group, modules in CODE.items():
         for path in (CONF / group).glob("*.yaml"):
-            for target in re.findall(r"_target_:\s*ablate\.([\w.]+)", path.read_text()):
+            for target in re.findall(r"_target_:\s*ablate\.([\w.]+)", _with_schemas(path.read_text())):
                 assert any(target == m or target.startswith(m + ".") for m in modules), (
                     f"conf/{group}/{path.name}: ablate.{target} is not in {modules}"
                 )
+
+
+def _with_schemas(text: str) -> str:
+    """A YAML option's text, and the `_target_` of each structured config it selects (`- /schema@_here_: X`)."""
+    import re
+
+    from ablate.config.store import stored
+
+    named = {c.__name__: c for c in stored()}
+    picked = re.findall(r"^\s*-\s*/schema@\S+:\s*(\w+)", text, re.M)
+    return text + "".join(
+        f"\n_target_: {named[n].targets[0]}" for n in picked if n in named and named[n].targets
+    )

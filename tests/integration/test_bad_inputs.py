@@ -758,7 +758,7 @@ CASES: list[Case] = [
         "hydra.sweep.dir=sw holds a sweep (study.db)",
         files=(("sw/study.db", "SQLite format 3"),),
     ),
-    # ===== issue 35: the new methods' arguments, each checked once, in its schema (ablate.schema.methods): before torch =====
+    # ===== issue 35: the new methods' arguments, each checked once, in its schema (ablate.schema.args, .grpo): before torch =====
     C(
         "reward-center-negative",
         "train method=reward method.args.center_rewards_coefficient=-1",

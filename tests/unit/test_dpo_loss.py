@@ -10,6 +10,7 @@ Three pairs used throughout, beta = 0.5 (sp(x) = log(1 + e^x) = -logsig(-x), sig
 
 import functools
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -189,13 +190,21 @@ def test_sigmoid_gradient_at_zero_margin():
     assert logp_c.grad.item() == pytest.approx(-0.05)
 
 
-DPO_FILES = sorted(p for p in LOSS_DIR.glob("*.yaml") if "losses.dpo." in p.read_text())
+def _dpo_loss(path: Path) -> bool:
+    """A DPO loss's YAML: its `_target_`, or its structured config's (ablate.schema.losses), in losses.dpo."""
+    from ablate.schema import losses
+
+    named = [getattr(losses, n, None) for n in re.findall(r"/schema@_here_:\s*(\w+)", path.read_text())]
+    return "losses.dpo." in path.read_text() or any(c.targets[0].startswith(losses.DPO) for c in named if c)
+
+
+DPO_FILES = sorted(p for p in LOSS_DIR.glob("*.yaml") if _dpo_loss(p))
 
 
 @pytest.mark.parametrize("path", DPO_FILES, ids=lambda p: p.stem)
 def test_every_dpo_loss_yaml_is_a_partial_of_its_function(path: Path):
-    """`method/dpo_loss=<name>`, composed as ablate composes it (its `${ablate_default:}` values filled in
-    from the function), instantiates to a partial of ablate.losses.dpo.<function>, which runs on the pairs
+    """`method/dpo_loss=<name>`, composed as ablate composes it (a loss with settings: from its structured
+    config, ablate.schema.losses), instantiates to a partial of ablate.losses.dpo.<function>, which runs on the pairs
     above with the config's hyper-parameters and gives one finite loss per pair."""
     register_resolvers()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

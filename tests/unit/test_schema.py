@@ -16,7 +16,8 @@ from ablate.methods.sft import SFTConfig
 from ablate.schema import Schema, schema_for
 from ablate.schema.args import DPOArgs, SFTArgs, TrainArgs
 from ablate.schema.grpo import IS_MODES, GRPOArgs, reward_weights_problem
-from ablate.schema.nodes import Model, Optimizer, Root
+from ablate.schema.models import TinyModel
+from ablate.schema.nodes import Optimizer, Root
 
 
 def test_a_default_other_than_trainingarguments_says_so():
@@ -117,10 +118,9 @@ def test_the_losses_modes_are_the_schemas():
 
 
 def test_absent_keys_are_not_checked_and_siblings_are():
-    """A node's schema checks the keys it holds (a pretrained model has no num_heads); a check
-    against a sibling names it."""
-    assert list(Model.of({"dtype": "float32"}).problems()) == []
-    assert list(Model.of({"hidden_size": 10, "num_heads": 4}).problems()) == [
+    """A node's schema checks the keys it holds, its defaults the others; a check against a sibling names it."""
+    assert list(TinyModel.of({}).problems()) == []
+    assert list(TinyModel.of({"hidden_size": 10, "num_heads": 4}).problems()) == [
         ("model.hidden_size", 10, "an integer >= 1 divisible by model.num_heads=4")
     ]
     assert [k for k, _, _ in Optimizer.of({"lr": 0, "momentum": -1}).problems()] == [
@@ -157,12 +157,16 @@ class MyDPOConfig(DPOConfig):
     my_weight: float = 1.0
 
 
-def test_every_schema_field_has_a_check():
-    """A field of a node's schema is there to be checked (a field with no check belongs nowhere here)."""
+def test_every_schema_field_has_a_check_or_a_default_and_its_help():
+    """A field of a node's schema is there to be checked, or declares the node's default (a structured config's
+    field: its one-line help says what it is)."""
+    from ablate.schema import ABSENT
 
     def all_subclasses(c):
         return set(c.__subclasses__()).union(*(all_subclasses(s) for s in c.__subclasses__()))
 
     for schema in all_subclasses(Schema):
         if schema.__module__.startswith("ablate.schema"):
-            assert all(f.metadata.get("check") is not None for f in dataclasses.fields(schema)), schema
+            for f in dataclasses.fields(schema):
+                checked = f.metadata.get("check") is not None
+                assert checked or (f.default is not ABSENT and f.metadata.get("help")), (schema, f.name)

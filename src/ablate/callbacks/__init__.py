@@ -38,7 +38,9 @@ class NaNGuard(TrainerCallback):
     Raises, so the run ends with `status: failed` and the offending step in the error message.
     """
 
-    def __init__(self, metrics: tuple[str, ...] = ("loss", "grad_norm"), dead_after: int = 2) -> None:
+    def __init__(
+        self, metrics: tuple[str, ...] = ("loss", "grad_norm"), dead_after: int = nodes.NaNGuard.dead_after
+    ) -> None:
         self.metrics = tuple(metrics)
         self.dead_after = dead_after  # log events with no gradient in a row (0: never stop for that)
         self.dead: list[int] = []  # the steps of the log events in a row that had no gradient
@@ -100,7 +102,11 @@ class EarlyStop(TrainerCallback):
     """
 
     def __init__(
-        self, metric: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0
+        self,
+        metric: str = nodes.EarlyStop.metric,
+        mode: str = nodes.EarlyStop.mode,
+        patience: int = nodes.EarlyStop.patience,
+        min_delta: float = nodes.EarlyStop.min_delta,
     ) -> None:
         nodes.EarlyStop.of({"mode": mode, "patience": patience, "min_delta": min_delta}).check()
         self.metric, self.sign, self.patience, self.min_delta = (

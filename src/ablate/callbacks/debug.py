@@ -73,7 +73,12 @@ class Profile(TrainerCallback):
     expensive ops as a table in `<run_dir>/profile/summary.txt` (also printed)."""
 
     def __init__(
-        self, wait: int = 1, warmup: int = 1, active: int = 3, rows: int = 15, memory: bool = True
+        self,
+        wait: int = nodes.Profile.wait,
+        warmup: int = nodes.Profile.warmup,
+        active: int = nodes.Profile.active,
+        rows: int = nodes.Profile.rows,
+        memory: bool = nodes.Profile.memory,
     ) -> None:
         self.wait, self.warmup, self.active, self.rows, self.memory = wait, warmup, active, rows, memory
         self.prof: Any = None

@@ -79,7 +79,7 @@ def _check_schemas(cfg: DictConfig, swept: frozenset[str]) -> list[ConfigError]:
     data's own checks."""
     about_data = []
     for path, node in _nodes(cfg):
-        schema = schema_for(path, node._get_node("_target_")._value() if "_target_" in node else None)
+        schema = schema_for(path, raw(node, "_target_"))
         if schema is None:
             continue
         found = schema.of({k: _value(node, k) for k in schema.__dataclass_fields__ if k in node})
@@ -98,24 +98,46 @@ def _value(node: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
+def raw(node: Any, key: Any) -> Any:
+    """`node[key]` as written (an interpolation as its text, `???` as it is), or None when it is not there."""
+    if isinstance(node, DictConfig) and key not in node:
+        return None
+    return (
+        OmegaConf.to_container(node, resolve=False)[key]
+        if isinstance(node, (DictConfig, ListConfig))
+        else None
+    )
+
+
+def children(node: Any) -> list[tuple[Any, Any]]:
+    """A mapping's (key, value) or a list's (index, item), each a value of its own: not `???`, not null, not
+    an interpolation of another node (whose own path walks it)."""
+    keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
+    return [
+        (k, node[k])
+        for k in keys
+        if not OmegaConf.is_missing(node, k)
+        and not OmegaConf.is_interpolation(node, k)
+        and node[k] is not None
+    ]
+
+
 def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
     """Every mapping node of the config with its dotted path (the root: ""), Hydra's own left out; a
     mapping in a list too (`data.reward_funcs[0]`: a reward model's node, found by its `_target_`)."""
     out = [(path, node)]
-    for k in node.keys():
-        child = node._get_node(k)
-        if (k == "hydra" and not path) or child._is_missing() or child._is_none():
-            continue
+    for k, child in children(node):
         at = f"{path}.{k}" if path else str(k)
+        if k == "hydra" and not path:
+            continue
         if isinstance(child, DictConfig):
             out += _nodes(child, at)
         elif isinstance(child, ListConfig):
-            items = [(f"{at}[{i}]", child._get_node(i)) for i in range(len(child))]
             out += [
                 n
-                for a, item in items
-                if isinstance(item, DictConfig) and not item._is_missing() and not item._is_none()
-                for n in _nodes(item, a)
+                for i, item in children(child)
+                if isinstance(item, DictConfig)
+                for n in _nodes(item, f"{at}[{i}]")
             ]
     return out
 
@@ -154,7 +176,7 @@ def _check_optimizer_args(cfg: DictConfig) -> None:
     args = at(cfg, "method.args")
     if isinstance(args, DictConfig) and at(cfg, "optimizer.optimizer") is not None:
         for k in args:
-            hint = optimizer_field_hint(f"method.args.{k}", args._get_node(k)._value())
+            hint = optimizer_field_hint(f"method.args.{k}", raw(args, k))
             if hint:
                 raise ConfigError(hint)
 
@@ -218,12 +240,11 @@ def _check_root_keys(cfg: DictConfig, hc: Any) -> None:
 def _targets(node: Any, prefix: str = "") -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if isinstance(node, DictConfig):
-        for k in node.keys():
+        for k, v in children(node):
             if k == "hydra" and not prefix:
                 continue
-            v = node._get_node(k)
             if k == "_target_":
-                out.append((prefix + "_target_", str(node[k])))
+                out.append((prefix + "_target_", str(v)))
             elif isinstance(v, DictConfig):
                 out += _targets(v, f"{prefix}{k}.")
     return out
@@ -324,8 +345,8 @@ def _group_behind(cfg: DictConfig, path: str) -> str | None:
 
     parent, _, leaf = path.rpartition(".")
     node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-    raw = node._get_node(leaf)._value() if isinstance(node, DictConfig) and leaf in node else None
-    ref = re.fullmatch(r"\$\{(\.*)([\w.]+)\}", str(raw)) if isinstance(raw, str) else None
+    written = raw(node, leaf)
+    ref = re.fullmatch(r"\$\{(\.*)([\w.]+)\}", str(written)) if isinstance(written, str) else None
     if ref is None:
         return None
     dots, target = ref.groups()
@@ -343,5 +364,6 @@ def _paths(node: Any, prefix: str = "") -> list[str]:
             if (k == "hydra" and not prefix) or str(k).startswith("_"):
                 continue
             out.append(f"{prefix}{k}")
-            out += _paths(node._get_node(k), f"{prefix}{k}.")
+            if not OmegaConf.is_interpolation(node, k) and not OmegaConf.is_missing(node, k):
+                out += _paths(node[k], f"{prefix}{k}.")
     return out

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ablate.config.checks import elsewhere, hydra_node
+from ablate.config.checks import elsewhere, hydra_node, raw
 from ablate.errors import ConfigError
 from ablate.rewards import calls
 from ablate.schema import BOOL, Schema, call_mismatch, is_int, is_num, refusal
@@ -67,7 +67,7 @@ def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> N
     checked = {f.name for f in dataclasses.fields(cls) if f.metadata.get("check") is not None}
     for k in cfg.method.args:
         if k not in fields and k not in ("_target_", "_recursive_"):
-            there = elsewhere(cfg, f"method.args.{k}", cfg.method.args._get_node(k)._value())
+            there = elsewhere(cfg, f"method.args.{k}", raw(cfg.method.args, k))
             hint = difflib.get_close_matches(str(k), fields, n=1)
             meant = f"; {there}" if there else f" (did you mean 'method.args.{hint[0]}'?)" if hint else ""
             raise ConfigError(f"method.args.{k}: {cls.__name__} has no such field{meant}")
@@ -76,7 +76,7 @@ def check_method_args(cfg: DictConfig, swept: frozenset[str] = frozenset()) -> N
             what = _type_problem(cfg.method.args[k], fields[k].type)
             if what is not None:
                 raise ConfigError(refusal(key, cfg.method.args[k], what))
-    if issubclass(cls, Schema) and str(cfg.method.args._target_) not in Schema.by_target:
+    if issubclass(cls, Schema) and cls not in Schema.declared:
         values = OmegaConf.to_container(cfg.method.args, resolve=True)
         for key, value, what in cls.of(values).problems("method.args"):
             if key not in swept:
@@ -247,11 +247,14 @@ def _misfit(
 def _source_key(node: DictConfig, name: str) -> str:
     """The config key a trainer argument comes from (`method.trainer.loss: ${..dpo_loss}` ->
     method.dpo_loss)."""
-    try:
-        target = node._get_node(name)._dereference_node()
-        return str(target._get_full_key(None)) or f"method.trainer.{name}"
-    except Exception:  # not an interpolation, or one OmegaConf cannot follow
+    import re
+
+    ref = re.fullmatch(r"\$\{(\.*)([\w.]+)\}", str(raw(node, name)))
+    if ref is None:  # not an interpolation of another key
         return f"method.trainer.{name}"
+    dots, key = ref.groups()  # `${..dpo_loss}` from method.trainer: method.dpo_loss
+    base = ["method", "trainer"][: 3 - len(dots)] if dots else []
+    return ".".join([*base, key])
 
 
 def _fitting_options(group: str, default: Any) -> list[str]:

@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 from datetime import datetime
-from typing import Any
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")  # a run dir's name holds letters, digits and . _ - only: shell-safe
 SLUG_LIMIT = 60  # characters of overrides in a run dir's name (its hash suffix aside)
@@ -94,26 +93,13 @@ def publish_launch_time() -> None:
     os.environ[LAUNCH_TIME_ENV] = _launched().isoformat()
 
 
-def default_of(*, _node_: Any, _parent_: Any) -> Any:
-    """`key: ${ablate_default:}` in a node that calls a function (`_target_`, `_partial_: true`): that
-    function's default for `key` (ablate.config.targets.keyword_default), declared once, in its source.
-    ablate's conf/ has these filled in as each file is read (hydra_plugins.ablate_conf); this answers the
-    rest: a user's own config dir, or a node whose `_target_` is set elsewhere."""
-    from ablate.config.targets import keyword_default
-
-    return keyword_default(str(_parent_["_target_"]), str(_node_._key()))
-
-
 def register_resolvers() -> None:
-    """ablate's resolvers, and its method schemas in Hydra's ConfigStore (ablate.config.store): what any
-    composition of conf/ needs first."""
+    """ablate's resolvers: what any composition of conf/ needs first (its structured configs are served by
+    hydra_plugins.ablate_schemas, as each is selected)."""
     from omegaconf import OmegaConf
 
     from ablate.config import store
 
-    store.register()
-    if not OmegaConf.has_resolver("ablate_default"):  # a function node's keyword: the function's default
-        OmegaConf.register_new_resolver("ablate_default", default_of)
     if not OmegaConf.has_resolver("ablate_data_or_default"):  # GRPO's max_completion_length: the data's
         OmegaConf.register_new_resolver("ablate_data_or_default", store.data_or_default)
 

@@ -1,9 +1,10 @@
-"""Each method's `method.args`, and the speed switches, as Hydra structured configs: their schema
-dataclasses (ablate.schema.args, .grpo, .methods, .speed) stored in Hydra's ConfigStore as
-`schema/<Class>`, so a field's type, default, help and check are declared once, in Python. A YAML file
-selects its class (conf/method/dpo.yaml: `- /schema@args: DPOArgs`; conf/speed/on.yaml) and overrides only
-what it wires to the rest of the config (GRPO's `max_completion_length: the data's`) or switches
-(conf/speed/off.yaml).
+"""ablate's structured configs as Hydra composes them: each node's schema dataclass (ablate.schema: a
+method's `method.args`, the speed switches, every node that calls ablate's code with settings of its own)
+as a typed node with the keys that make it instantiable (`_target_`, `_partial_`, `_recursive_`; a method's
+arguments: the run's seed), served as `schema/<Class>` by hydra_plugins.ablate_schemas when a YAML selects
+it (`- /schema@args: DPOArgs`, `- /schema@_here_: Adapters`). A field's type, default, help and check are
+declared once, in Python; a YAML file selects its class and overrides only what differs or what it wires
+to the rest of the config (GRPO's `max_completion_length: the data's`).
 
 The node is typed (OmegaConf rejects `method.args.beta=abc` while composing: ablate.config.validate says
 it in the schema's words) and closed: a TrainingArguments field the schema does not declare is added
@@ -14,22 +15,29 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-GROUP = "schema"
-
 
 def method_schemas() -> list[type]:
     """Every method's arguments schema (the classes a method's config class subclasses)."""
     from ablate.schema import Schema, schema_for
 
     schema_for("")  # imports the schema modules: each registers itself
-    return sorted({c for c in Schema.by_target.values() if c.node == "method.args"}, key=lambda c: c.__name__)
+    return sorted((c for c in Schema.declared if c.node == "method.args"), key=lambda c: c.__name__)
 
 
 def stored() -> list[type]:
-    """The schemas Hydra composes from: the methods' arguments and the speed switches."""
-    from ablate.schema.speed import SpeedSwitches
+    """The schemas Hydra composes from: each with a `_target_` and a default for every field (a method's
+    arguments, the speed switches, the nodes of ablate.schema.models, .losses, .nodes)."""
+    from ablate.schema import ABSENT, Schema, schema_for
 
-    return [*method_schemas(), SpeedSwitches]
+    schema_for("")  # imports the schema modules: each registers itself
+    return sorted(
+        {
+            c
+            for c in Schema.declared
+            if c.targets and all(f.default is not ABSENT for f in dataclasses.fields(c))
+        },
+        key=lambda c: c.__name__,
+    )
 
 
 def node(cls: type) -> Any:
@@ -38,11 +46,16 @@ def node(cls: type) -> Any:
     from omegaconf import OmegaConf, open_dict
 
     out = OmegaConf.structured(cls)
+    if not getattr(cls, "targets", None):  # a node of values only (data.columns)
+        return out
     OmegaConf.set_readonly(out, None)  # a frozen dataclass (SpeedSwitches) is still overridden by the config
     with open_dict(out):
         out["_target_"] = cls.targets[0]  # DPOArgs: DPOConfig (DPOArgs + TrainingArguments)
-        if cls.node == "method.args":
+        if cls.partial is not None:
+            out["_partial_"] = cls.partial
+        if cls.recursive is not None:
             out["_recursive_"] = cls.recursive
+        if cls.node == "method.args":
             out["seed"] = "${seed}"  # Trainer's seed (heads' init, dropout): the run's
             out["data_seed"] = "${seed}"  # the data's order: the run's seed
     return out
@@ -75,28 +88,14 @@ def user_node(cls: type) -> Any:
     return out
 
 
-def register() -> None:
-    """Store every schema in Hydra's ConfigStore (once per process)."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    if GROUP in store.repo and len(store.repo[GROUP]) == len(stored()) + 1:  # + Columns
-        return
-    for cls in stored():
-        store.store(group=GROUP, name=cls.__name__, node=node(cls))
-    from ablate.schema.nodes import Columns
-
-    store.store(group=GROUP, name="Columns", node=Columns)
-
-
-def data_or_default(key: str, _parent_: Any) -> Any:
+def data_or_default(key: str, _parent_: Any, _root_: Any) -> Any:
     """`${ablate_data_or_default:KEY}` in a method's args: the data's KEY (data=calc_tools says its
     completions need 128 tokens), else the field's default in the args' schema."""
     from omegaconf import OmegaConf
 
     from ablate.schema import schema_for
 
-    given = OmegaConf.select(_parent_._get_root(), f"data.{key}", default=None)
+    given = OmegaConf.select(_root_, f"data.{key}", default=None)
     if given is not None:
         return given
     # while Hydra merges the method's YAML, its node is not yet the schema's (no `_target_`): no default yet

@@ -451,6 +451,24 @@ def _missing_option(e: Any) -> str:
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
+def composed_without(key: str) -> DictConfig:
+    """The config this command composes, without its override of `key` (the one refused): the config in which
+    `elsewhere` looks for a key of that name (an empty one when even that cannot be composed)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ablate.paths import conf_dir
+
+    given = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+    kept = [a for a in given if a.lstrip("+~").split("=", 1)[0] != key]
+    try:
+        GlobalHydra.instance().clear()  # Hydra's app that refused the override is done with it
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            return compose("config", overrides=kept)
+    except Exception:  # another mistake among the overrides: no hint, the line stands
+        return OmegaConf.create({})
+
+
 def _unknown_key(cause: Any, value: str = "...") -> str:
     key = str(getattr(cause, "full_key", "") or "")
     # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
@@ -461,7 +479,7 @@ def _unknown_key(cause: Any, value: str = "...") -> str:
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
     known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
-    there = elsewhere(parent._get_root(), key, value) if isinstance(parent, DictConfig) else None
+    there = elsewhere(composed_without(key), key, value) if isinstance(parent, DictConfig) else None
     if there is not None:  # `max_steps=5`: the key exists, under another node (before a close name here)
         return f"unknown config key '{key}': {there}"
     hint = difflib.get_close_matches(leaf, known, n=1)

@@ -41,6 +41,7 @@ from datasets import Dataset
 from filelock import FileLock
 
 from ablate.paths import cache_root
+from ablate.schema import nodes
 
 log = logging.getLogger("ablate")
 MANIFEST = "manifest.json"
@@ -62,7 +63,7 @@ class Cache:
     """The cache a trainer uses (`conf/cache/`): `enabled` false computes everything, as before.
     `events` lists this run's hits and misses (run.json's `cache`)."""
 
-    def __init__(self, enabled: bool = True, dir: str | None = None) -> None:  # the config key
+    def __init__(self, enabled: bool = nodes.Cache.enabled, dir: str | None = nodes.Cache.dir) -> None:
         self.enabled = enabled
         self.dir = Path(dir).expanduser() if dir else default_dir()
         self.events: list[dict[str, Any]] = []

@@ -62,15 +62,21 @@ def fixed_overrides(argv: list[str]) -> list[str]:
 
 
 def expand_jobs(argv: list[str]) -> list[list[str]]:
-    """Each job's overrides, in Hydra's job order: what BasicSweeper does with the config's
-    `hydra.sweeper.params` and the command line's task overrides."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """Each job's overrides, in Hydra's job order: what its BasicSweeper does with the config's
+    `hydra.sweeper.params` and the command line's task overrides (the product of each key's values, a key
+    given twice taking its last place's values, in the order keys are first given)."""
+    import itertools
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     task = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
     params = _compose(fixed_overrides(argv), hydra_config=True).hydra.sweeper.params or {}
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + task)
-    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    values: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + task):
+        key = o.get_key_element()
+        swept = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        values[key] = [f"{key}={v}" for v in swept]
+    return [list(job) for job in itertools.product(*values.values())]
 
 
 def job_dir(sweep_dir: Path, num: int) -> Path | None:

@@ -25,6 +25,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ablate.record.secrets import mask, mask_text
+from ablate.schema.nodes import Wandb
 
 
 class _Forward(TrainerCallback):
@@ -68,11 +69,11 @@ def _new_id() -> str:
 class WandbTracker:
     def __init__(
         self,
-        project: str = "ablate",
-        entity: str | None = None,
-        mode: str = "offline",
-        group: str | None = None,
-        name: str | None = None,
+        project: str = Wandb.project,
+        entity: str | None = Wandb.entity,
+        mode: str = Wandb.mode,
+        group: str | None = Wandb.group,
+        name: str | None = Wandb.name,
         job_type: str | None = None,
         tags: list[str] | None = None,
     ) -> None:

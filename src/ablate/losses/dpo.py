@@ -44,6 +44,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ablate.schema import losses as L
+
 Tensor = torch.Tensor
 # (logp_c, logp_r, ref_c, ref_r, n_c, n_r, beta=..., **hyper) -> (per_pair_loss, metrics)
 DPOLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
@@ -78,7 +80,7 @@ def sigmoid(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    label_smoothing: float = 0.0,
+    label_smoothing: float = L.Sigmoid.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO: -log sigmoid(beta * delta); with label_smoothing > 0, cDPO's smoothed target."""
     return smoothed(beta * ((logp_c - ref_c) - (logp_r - ref_r)), label_smoothing), {}
@@ -107,7 +109,7 @@ def robust(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    label_smoothing: float = 0.1,
+    label_smoothing: float = L.Robust.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """rDPO: unbiased under labels flipped with probability label_smoothing (in [0, 0.5))."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
@@ -123,7 +125,7 @@ def exo_pair(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    label_smoothing: float = 1e-3,
+    label_smoothing: float = L.ExoPair.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls], ls>0."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
@@ -164,7 +166,7 @@ def aot(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    label_smoothing: float = 0.0,
+    label_smoothing: float = L.AOT.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (paired): sorted policy margins against sorted reference margins, across the batch."""
     delta = torch.sort(logp_c - logp_r, dim=0)[0] - torch.sort(ref_c - ref_r, dim=0)[0]
@@ -179,7 +181,7 @@ def aot_unpaired(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    label_smoothing: float = 0.0,
+    label_smoothing: float = L.AOTUnpaired.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (unpaired): sorted chosen log-ratios against sorted rejected log-ratios."""
     delta = torch.sort(logp_c - ref_c, dim=0)[0] - torch.sort(logp_r - ref_r, dim=0)[0]
@@ -209,7 +211,7 @@ def discopop(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    tau: float = 0.05,
+    tau: float = L.DiscoPOP.tau,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DiscoPOP (eq. 5): logistic loss blended into exp(-z) as the margin z grows (temperature tau)."""
     z = beta * ((logp_c - ref_c) - (logp_r - ref_r))

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate.losses.dpo import smoothed
+from ablate.schema import losses as L
 
 Tensor = torch.Tensor
 F_ = TypeVar("F_", bound=Callable[..., object])
@@ -114,8 +115,8 @@ def cpo(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    label_smoothing: float = 0.0,
-    cpo_alpha: float = 1.0,
+    label_smoothing: float = L.CPO.label_smoothing,
+    cpo_alpha: float = L.CPO.cpo_alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO: DPO's sigmoid loss on the summed log-probs without a reference, plus cpo_alpha * NLL(chosen)."""
     nll = _nll(logp_c, n_c)
@@ -132,9 +133,9 @@ def simpo(
     n_c: Tensor,
     n_r: Tensor,
     beta: float,
-    gamma: float = 0.5,
-    label_smoothing: float = 0.0,
-    cpo_alpha: float = 0.0,
+    gamma: float = L.SimPO.gamma,
+    label_smoothing: float = L.SimPO.label_smoothing,
+    cpo_alpha: float = L.SimPO.cpo_alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SimPO: -log sigmoid(beta * (a_c - a_r) - gamma) on per-token means, plus cpo_alpha * NLL(chosen)."""
     a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)

@@ -47,14 +47,14 @@ from ablate.rollouts.generation import as_completions, left_pad, right_pad, stop
 from ablate.rollouts.rewarding import reward_table
 from ablate.rollouts.schedule import Schedule
 from ablate.rollouts.stats import completion_metrics
-from ablate.schema.methods import DistillArgs
+from ablate.schema.grpo import DistillArgs
 from ablate.speed.split import takes_logits_to_keep
 
 
 @dataclass
 class DistillConfig(DistillArgs, TrainingArguments):
     """`method.args`: TrainingArguments with the method's fields, defaults and checks
-    (ablate.schema.methods.DistillArgs)."""
+    (ablate.schema.grpo.DistillArgs)."""
 
     remove_unused_columns: bool = False  # reward functions receive every dataset column
 

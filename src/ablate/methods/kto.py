@@ -31,13 +31,13 @@ from ablate.losses.logps import sequence_logps, shifted_logps
 from ablate.methods.base import AblateTrainer
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.schema import refusal
-from ablate.schema.methods import KTOArgs, kl_batch_problem
+from ablate.schema.args import KTOArgs, kl_batch_problem
 
 
 @dataclass
 class KTOConfig(KTOArgs, TrainingArguments):
     """`method.args`: TrainingArguments with the method's fields, defaults and checks
-    (ablate.schema.methods.KTOArgs)."""
+    (ablate.schema.args.KTOArgs)."""
 
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 

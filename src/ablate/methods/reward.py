@@ -28,13 +28,13 @@ from ablate.errors import ConfigError
 from ablate.losses import reward as reward_losses
 from ablate.methods.base import AblateTrainer
 from ablate.models.heads import is_classifier
-from ablate.schema.methods import RewardArgs
+from ablate.schema.args import RewardArgs
 
 
 @dataclass
 class RewardConfig(RewardArgs, TrainingArguments):
     """`method.args`: TrainingArguments with the method's fields, defaults and checks
-    (ablate.schema.methods.RewardArgs)."""
+    (ablate.schema.args.RewardArgs)."""
 
     remove_unused_columns: bool = False  # the collator needs the tokenised columns Trainer cannot see
 

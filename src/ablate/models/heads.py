@@ -16,6 +16,7 @@ from typing import Any
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from ablate.errors import ConfigError
+from ablate.schema.models import ScoreHead
 
 
 def with_head(model: PreTrainedModel, method: Any) -> PreTrainedModel:
@@ -35,7 +36,7 @@ def is_classifier(model: Any) -> bool:
     return type(base).__name__.endswith("ForSequenceClassification")
 
 
-def score_head(model: PreTrainedModel, num_labels: int = 1) -> PreTrainedModel:
+def score_head(model: PreTrainedModel, num_labels: int = ScoreHead.num_labels) -> PreTrainedModel:
     """`model`'s backbone under a new `num_labels`-output score head; a sequence classifier as it is."""
     if is_classifier(model):  # already one (model=local on a reward run's model/): keep its head
         return model

@@ -21,8 +21,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from ablate.schema.models import Reference
 
-def reference(model: DictConfig, quantization_config: Any = None) -> PreTrainedModel:
+
+def reference(model: DictConfig, quantization_config: Any = Reference.quantization_config) -> PreTrainedModel:
     """Build the reference from the policy's model config (`${model}`), quantized if asked.
 
     `model` arrives unbuilt (`_recursive_: false` in the YAML) so that a hub or local model is loaded

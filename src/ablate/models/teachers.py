@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from ablate.models.tokenizer import byte_tokenizer
+from ablate.schema import models as nodes
 
 
 class LetterTeacher(nn.Module):
@@ -40,7 +41,9 @@ class LetterTeacher(nn.Module):
         return SimpleNamespace(logits=logits.scatter(-1, letter, self.confidence))
 
 
-def letter_teacher(confidence: float = 8.0) -> tuple[PreTrainedTokenizerBase, nn.Module]:
+def letter_teacher(
+    confidence: float = nodes.LetterTeacher.confidence,
+) -> tuple[PreTrainedTokenizerBase, nn.Module]:
     """(byte tokenizer, LetterTeacher): the repeat-a-letter task's scripted teacher."""
     tokenizer = byte_tokenizer()
     return tokenizer, LetterTeacher(len(tokenizer), confidence)

@@ -57,6 +57,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallba
 from ablate.errors import ConfigError, missing_extra
 from ablate.models.adapters import is_adapted
 from ablate.rollouts.generation import Completions, SamplingArgs, cut_at_eos, stop_ids
+from ablate.schema.nodes import VLLM
 
 log = logging.getLogger("ablate")
 
@@ -69,11 +70,11 @@ class VLLMGenerator(TrainerCallback):
         args: SamplingArgs,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        gpu_memory_utilization: float = 0.3,
-        kv_cache_gib: float | None = 0.25,
-        max_model_len: int | None = None,
-        dtype: str = "float32",
-        enforce_eager: bool = True,
+        gpu_memory_utilization: float = VLLM.gpu_memory_utilization,
+        kv_cache_gib: float | None = VLLM.kv_cache_gib,
+        max_model_len: int | None = VLLM.max_model_len,
+        dtype: str = VLLM.dtype,
+        enforce_eager: bool = VLLM.enforce_eager,
         seed: int = 0,
     ) -> None:
         self.tokenizer = tokenizer

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from ablate.errors import ConfigError
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()  # a key the node does not set
+MISSING = "???"  # OmegaConf's mark of a value the config must be given (model=local's path)
 
 
 def is_num(v: Any) -> bool:
@@ -104,13 +105,6 @@ def field(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def redefault(base: type, name: str, default: Any, help: str = "") -> Any:
-    """`base`'s field `name` with another default (a method whose own default differs: GRPO's max_steps), its
-    check kept; `help` says why, else `base`'s help."""
-    f = base.__dataclass_fields__[name]
-    return field(default, f.metadata["check"], help or f.metadata["help"])
-
-
 Problem = tuple[str, Any, str]  # (dotted key, value, what it must be)
 
 
@@ -121,15 +115,14 @@ class Schema:
 
     node: ClassVar[str] = ""
     targets: ClassVar[tuple[str, ...]] = ()
-    by_path: ClassVar[dict[str, type[Schema]]] = {}
-    by_target: ClassVar[dict[str, type[Schema]]] = {}
+    partial: ClassVar[bool | None] = None  # Hydra's `_partial_` for its node (a function called later)
+    recursive: ClassVar[bool | None] = None  # Hydra's `_recursive_` for its node
+    declared: ClassVar[list[type[Schema]]] = []  # every schema of ablate's (a user's subclass declares none)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "targets" in cls.__dict__:
-            Schema.by_target.update(dict.fromkeys(cls.targets, cls))
-        elif "node" in cls.__dict__:
-            Schema.by_path[cls.node] = cls
+        if "targets" in cls.__dict__ or "node" in cls.__dict__:
+            Schema.declared.append(cls)
 
     def __post_init__(self) -> None:
         """Checks first, then the next class's own set-up (TrainingArguments')."""
@@ -233,10 +226,13 @@ def fits(fn: Any, like: Callable[..., Any], key: str) -> Any:
 
 
 def schema_for(path: str, target: Any = None) -> type[Schema] | None:
-    """The schema of the node at `path` whose `_target_` is `target`: by target, else by path."""
-    from ablate.schema import args, grpo, method, methods, nodes, speed  # noqa: F401 - each registers itself
+    """The schema of the node at `path` whose `_target_` is `target` (of those for that target, the one made
+    for `path`: +teacher=tiny's, not model=tiny's), else the one of that path that names no target."""
+    from ablate.schema import args, grpo, losses, method, models, nodes, speed  # noqa: F401 - each registers
 
-    return Schema.by_target.get(str(target)) or Schema.by_path.get(path)
+    found = [c for c in Schema.declared if str(target) in c.targets]
+    found += [c for c in Schema.declared if not c.targets and c.node == path]
+    return next((c for c in found if c.node == path), found[0] if found else None)
 
 
 def refusal(key: str, v: Any, what: str) -> str:

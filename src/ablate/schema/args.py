@@ -1,4 +1,5 @@
-"""`method.args`: the TrainingArguments fields ablate sets, and DPO's and SFT's own. Each field is
+"""`method.args`: the TrainingArguments fields ablate sets, and the own fields of the methods that score the
+rows they are given: DPO (and ORPO, CPO, SimPO), SFT, reward modelling, KTO. Each field is
 declared here once: its default (ablate's, the same from the command line and from Python; where it
 differs from TrainingArguments' or TRL 1.16's, its help says), its type, its one-line help and its
 check. Hydra composes `method.args` from these classes (ablate.config.store; conf/method/dpo.yaml:
@@ -7,12 +8,30 @@ and checked by TrainingArguments."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ablate.schema import BOOL, Rule, Schema, choice, field, integer, is_num, nullable, number
+from ablate.schema import (
+    BOOL,
+    Problem,
+    Rule,
+    Schema,
+    choice,
+    field,
+    integer,
+    is_int,
+    is_num,
+    nullable,
+    number,
+)
 
 STEPS = Rule(lambda v, n: is_num(v) and v > 0, "a number > 0")
+# 0 is not "no training": Trainer runs one step
+MAX_STEPS = Rule(
+    lambda v, n: v == -1 or integer(1).test(v, n), "-1 (use num_train_epochs) or an integer >= 1"
+)
+TOKENS_SEEN = choice("no", "all", "non_padding")
 
 
 @dataclass
@@ -30,10 +49,9 @@ class TrainArgs(Schema):
     num_train_epochs: float = field(
         1.0, number(above=0), "Passes over the train split when max_steps is -1 (TrainingArguments: 3)."
     )
-    # 0 is not "no training": Trainer runs one step
     max_steps: int = field(
         60,
-        Rule(lambda v, n: v == -1 or integer(1).test(v, n), "-1 (use num_train_epochs) or an integer >= 1"),
+        MAX_STEPS,
         "Optimizer steps; -1: num_train_epochs (TrainingArguments: -1; 60 trains the tiny defaults).",
     )
     max_grad_norm: float | None = field(
@@ -66,7 +84,7 @@ class TrainArgs(Schema):
     )
     include_num_input_tokens_seen: str = field(
         "non_padding",
-        choice("no", "all", "non_padding"),
+        TOKENS_SEEN,
         "Log num_input_tokens_seen: non_padding = real tokens (compare --x tokens); TrainingArguments: no.",
     )
     report_to: Any = field(
@@ -121,4 +139,65 @@ class SFTArgs(TrainArgs):
         BOOL,
         "Conversational rows: loss on the assistant turns only (the chat "
         "template's {% generation %} markers, else by rendering prefixes).",
+    )
+
+
+@dataclass
+class RewardArgs(TrainArgs):
+    targets = ("ablate.methods.reward.RewardConfig",)
+    max_length: int | None = field(
+        1024, LENGTH, "Drop pairs whose chosen or rejected sequence is longer (TRL's filter)."
+    )
+    center_rewards_coefficient: float | None = field(
+        None,
+        nullable(number(at_least=0), "off"),
+        "Weight of the mean-zero penalty (r_c + r_r)^2 (Eisenstein et al. 2023); null = off.",
+    )
+
+
+@dataclass
+class KTOArgs(TrainArgs):
+    targets = ("ablate.methods.kto.KTOConfig",)
+    beta: float = field(0.1, number(above=0), "Scales the implicit reward b * log(pi/ref).")
+    desirable_weight: float = field(
+        1.0,
+        number(above=0, why=" (a weight of its examples' losses)"),
+        "Weight of desirable examples' losses.",
+    )
+    undesirable_weight: float = field(
+        1.0,
+        number(above=0, why=" (a weight of its examples' losses)"),
+        "Weight of undesirable examples' losses.",
+    )
+    max_length: int | None = field(
+        1024, LENGTH, "Keep the first N tokens of prompt+completion; drop examples whose prompt fills it."
+    )
+    precompute_ref_log_probs: bool = field(
+        True, BOOL, "Score the data with the initial policy once, before training."
+    )
+    # TRL's: the KL pairs are fixed within each batch of the data's order
+    train_sampling_strategy: str = field(
+        "sequential",
+        choice("sequential", words="sequential (the KL pairs are fixed in the data's order, as in TRL)"),
+        "The data's order (KTO's KL pairs depend on it).",
+    )
+
+    def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
+        loss = str(((cfg.get("method") or {}).get("kto_loss") or {}).get("_target_", ""))
+        problem = kl_batch_problem(self.per_device_train_batch_size, not loss.endswith("apo_zero_unpaired"))
+        if problem is not None:
+            yield problem
+
+
+def kl_batch_problem(batch: Any, uses_kl: bool) -> Problem | None:
+    """KTO's KL estimate pairs each example with another's completion within a batch: a batch of two at least.
+    Checked against the config's loss (method/kto_loss) when the config is, and by the trainer against its
+    own."""
+    if not uses_kl or not is_int(batch) or batch >= 2:
+        return None
+    return (
+        "method.args.per_device_train_batch_size",
+        batch,
+        "an integer >= 2 (KTO's KL estimate pairs each "
+        "example with another's output; method/kto_loss=apo_zero_unpaired needs none)",
     )

@@ -1,5 +1,6 @@
-"""GRPO's `method.args` (conf/method/grpo.yaml): TRL 1.16's GRPOConfig names and defaults for what
-ablate's GRPOTrainer implements, each with its check. Batches count completions: whole groups."""
+"""`method.args` of the methods that sample their completions: GRPO (conf/method/grpo.yaml: TRL 1.16's
+GRPOConfig names and defaults for what ablate's GRPOTrainer implements; batches count completions, whole
+groups), RLOO (GRPO's with its own) and on-policy distillation, each field with its check."""
 
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ from ablate.schema import (
     is_num,
     nullable,
     number,
-    redefault,
 )
-from ablate.schema.args import TrainArgs
+from ablate.schema.args import MAX_STEPS, STEPS, TOKENS_SEEN, TrainArgs
 
 
 def _groups(eval_only: bool = False) -> Rule:
@@ -110,18 +110,12 @@ class GRPOArgs(SamplingArgs):
         8, integer(2, " (the group whose mean is the baseline)"), "Completions per prompt."
     )
     steps_per_generation: int = field(1, integer(1), "Micro-steps served by one generation round.")
-    max_steps: int = redefault(
-        TrainArgs,
-        "max_steps",
-        200,
-        "Optimizer steps: the tiny task's reward reaches 0.9 by ~80 (spg=1), ~140 (spg=8).",
+    max_steps: int = field(
+        200, MAX_STEPS, "Optimizer steps: the tiny task's reward reaches 0.9 by ~80 (spg=1), ~140 (spg=8)."
     )
-    logging_steps: float = redefault(TrainArgs, "logging_steps", 10)
-    include_num_input_tokens_seen: str = redefault(
-        TrainArgs,
-        "include_num_input_tokens_seen",
-        "no",
-        "Trainer cannot count GRPO's batches; the trainer counts its own.",
+    logging_steps: float = field(10, STEPS, "Steps between log events: metrics.jsonl, W&B, progress.")
+    include_num_input_tokens_seen: str = field(
+        "no", TOKENS_SEEN, "Trainer cannot count GRPO's batches; the trainer counts its own."
     )
     num_iterations: int = field(
         1, integer(1, " (passes over each generation round)"), "Passes (mu) over each round's slices."
@@ -270,7 +264,7 @@ def no_reward(cfg: Any, method: str) -> Problem | None:
     trainer = OmegaConf.select(cfg, "method.trainer", default=None) if isinstance(cfg, DictConfig) else None
     given = None
     if isinstance(trainer, DictConfig) and "reward_funcs" in trainer:
-        given = trainer._get_node("reward_funcs")._value()  # as written: an interpolation of the data's
+        given = OmegaConf.to_container(trainer, resolve=False)["reward_funcs"]  # as written: an interpolation
     if (
         not str(given).startswith("${oc.select:data.reward_funcs")
         or OmegaConf.select(cfg, "method.args.environment", default=None) is not None
@@ -325,4 +319,53 @@ def reward_weights_problem(weights: Any, names: list[str]) -> Problem | None:
         "method.args.reward_weights",
         weights,
         f"null or a list of {len(names)} numbers, one per data.reward_funcs entry ({', '.join(names)})",
+    )
+
+
+@dataclass
+class DistillArgs(SamplingArgs):
+    targets = ("ablate.methods.distill.DistillConfig",)
+    per_device_train_batch_size: int = field(16, integer(1), "Prompts (one completion each) per micro-batch.")
+    include_num_input_tokens_seen: str = field(
+        "no", TOKENS_SEEN, "Trainer cannot count prompt rows' tokens; the trainer counts its own."
+    )
+    beta: float = field(
+        1.0,
+        Rule(lambda v, n: is_num(v) and 0 <= v <= 1, "a number in [0, 1] (0 = forward KL, 1 = reverse KL)"),
+        "Generalised JSD: 0 = forward KL, 1 = reverse KL (TRL's default).",
+    )
+
+
+def _clip_range(v: Any, n: Any) -> bool:
+    return v is None or (isinstance(v, list) and len(v) == 2 and all(map(is_num, v)) and v[0] <= v[1])
+
+
+@dataclass
+class RLOOArgs(GRPOArgs):
+    """GRPO's arguments (the same rollouts) with RLOO's: its KL is a reward penalty, its ratio one per
+    completion."""
+
+    targets = ("ablate.methods.rloo_config.RLOOConfig",)
+    beta: float = field(
+        0.05,
+        number(at_least=0, why=" (0 = no KL penalty)"),
+        "Weight of the KL penalty in the reward; 0 = no reference model.",
+    )
+    normalize_advantages: bool = field(
+        False, BOOL, "Normalise the advantages over the generation batch (mean 0, std 1)."
+    )
+    reward_clip_range: list[float] | None = field(
+        None,
+        Rule(_clip_range, "null or [min, max] with min <= max"),
+        "Clip the rewards into [min, max] before the KL penalty; null = off.",
+    )
+    importance_sampling_level: str = field(
+        "token",
+        choice("token", words="token (GRPO's option: RLOO's ratio is always one per completion)"),
+        "GRPO's; RLOO's ratio is exp of the completion's summed token log-ratios.",
+    )
+    vllm_importance_sampling_correction: bool = field(
+        False,
+        Rule(lambda v, n: v is False, "false (TRL's RLOO has no engine correction)"),
+        "GRPO's; TRL's RLOO has none.",
     )

@@ -5,9 +5,9 @@ a key the node does not hold is not checked."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ablate.schema import (
     BOOL,
@@ -88,74 +88,39 @@ class Optimizer(Schema):
 
 
 @dataclass
-class Scheduler(Schema):
+class Cosine(Schema):
+    """Linear warm-up, then cosine decay to min_ratio * lr at the last step (ablate.methods.schedules)."""
+
     node = "optimizer.scheduler"
-    warmup_ratio: float = field(check=fraction("a fraction of the steps"))
-    warmup_steps: int = field(check=integer(0))
-    min_ratio: float = field(check=fraction("a fraction of the peak lr"))
-    step_size: int = field(check=integer(1))
-    gamma: float = field(check=number(above=0))
-
-
-def _divides(v: Any, n: Any) -> bool:
-    heads = n.num_heads
-    return is_int(v) and v >= 1 and (not is_int(heads) or heads < 1 or v % heads == 0)
+    targets = ("ablate.methods.schedules.cosine",)
+    partial: ClassVar[bool] = (
+        True  # called by the trainer's create_scheduler with the optimizer and its steps
+    )
+    warmup_ratio: float = field(0.1, fraction("a fraction of the steps"), "Steps spent warming up linearly.")
+    min_ratio: float = field(
+        0.0, fraction("a fraction of the peak lr"), "Final lr as a fraction of the peak."
+    )
 
 
 @dataclass
-class Model(Schema):
-    node = "model"
-    hidden_size: int = field(
-        check=Rule(_divides, lambda n, at: f"an integer >= 1 divisible by {at}.num_heads={n.num_heads}")
-    )
-    num_layers: int = field(check=integer(1))
-    num_heads: int = field(check=integer(1))
-    intermediate_size: int = field(check=integer(1))
-    max_position_embeddings: int = field(check=integer(1))
-    dtype: str = field(check=choice("float32", "bfloat16", "float16"))
-    config_overrides: Any = field(
-        check=nullable(
-            Rule(
-                lambda v, n: (
-                    type(v).__name__ in ("dict", "DictConfig") and all(isinstance(k, str) for k in v)
-                ),
-                "a mapping of config.json keys: "
-                "'+model.config_overrides={num_hidden_layers:2,hidden_size:64}'",
-            )
-        )
-    )
+class Constant(Schema):
+    """A constant lr after an optional linear warm-up."""
 
-    def relations(self, cfg: Mapping[str, Any]) -> Iterator[Problem]:
-        """config_overrides scales a preset's architecture down; tiny() is sized by its own fields."""
-        model = cfg.get("model") or {}
-        if model.get("config_overrides") is not None and model.get("_target_") != "ablate.models.pretrained":
-            yield (
-                "model.config_overrides",
-                "+shrink or a mapping",
-                f"unset with {model.get('_target_')}, which is sized by "
-                "model.hidden_size, model.num_layers, ... (it scales a preset: 'model=qwen2_5_7b "
-                "+shrink=tiny')",
-            )
-
-
-def _modules(v: Any, n: Any) -> bool:
-    return isinstance(v, list) and len(v) > 0 and all(isinstance(m, str) for m in v)
+    node = "optimizer.scheduler"
+    targets = ("ablate.methods.schedules.constant",)
+    partial: ClassVar[bool] = True
+    warmup_steps: int = field(0, integer(0), "Optimizer steps of linear warm-up.")
 
 
 @dataclass
-class Adapters(Schema):
-    node = "peft"
-    r: int = field(check=integer(1, " (the adapter rank)"))
-    lora_alpha: float = field(check=number(above=0))
-    lora_dropout: float = field(check=fraction(closed=False))
-    target_modules: Any = field(
-        check=choice("all-linear", words="all-linear")
-        | Rule(_modules, "a list of module names: 'peft.target_modules=[q_proj,v_proj]'")
-    )
-    bias: str = field(check=choice("none", "all", "lora_only"))
-    use_rslora: bool = field(check=BOOL)
-    use_dora: bool = field(check=BOOL)
-    save_merged: bool = field(check=BOOL)
+class Step(Schema):
+    """Step decay, the TRL docs' StepLR(step_size=30, gamma=0.1): lr *= gamma every step_size steps."""
+
+    node = "optimizer.scheduler"
+    targets = ("ablate.methods.schedules.step",)
+    partial: ClassVar[bool] = True
+    step_size: int = field(30, integer(1), "Optimizer steps between decays.")
+    gamma: float = field(0.1, number(above=0), "Multiplicative decay factor.")
 
 
 @dataclass
@@ -239,18 +204,116 @@ class Mix(Schema):
 
 @dataclass
 class Wandb(Schema):
+    """Weights & Biases, the run owned by ablate (logger=wandb; ablate.logger.wandb.WandbTracker)."""
+
     node = "logger"
     targets = ("ablate.logger.wandb.WandbTracker",)
-    mode: str = field(check=choice("online", "offline", "disabled"))
+    project: str = field("ablate", help="W&B project.")
+    entity: str | None = field(None, help="W&B team or user (null: your default).")
+    mode: str = field(
+        "offline",
+        choice("online", "offline", "disabled"),
+        "offline (files in <run_dir>/wandb, `wandb sync` later) | online | disabled.",
+    )
+    group: str | None = field(
+        None, help="Runs grouped in the UI (null: a multirun's <sweep_name>/<time>, else none)."
+    )
+    name: str | None = field(
+        None, help="The run's display name (null: the job's overrides, or the run dir's name)."
+    )
+    job_type: str | None = field("${method.name}", help="W&B job_type: the method.")
+    tags: list[str] = field(help="Free-form tags (a multirun's jobs also get its sweep_name).", factory=list)
+
+
+@dataclass
+class NaNGuard(Schema):
+    """Stop with status failed when the loss turns NaN/inf, or the model collapses (ablate.callbacks)."""
+
+    node = "callbacks.nan_guard"
+    targets = ("ablate.callbacks.NaNGuard",)
+    dead_after: int = field(
+        2,
+        integer(0, " (0 = never)"),
+        "Log events in a row with grad_norm exactly 0 (lr > 0, loss not 0): collapsed.",
+    )
 
 
 @dataclass
 class EarlyStop(Schema):
+    """Stop when a logged metric stops improving (callbacks=early_stop)."""
+
     node = "callbacks.early_stop"
     targets = ("ablate.callbacks.EarlyStop",)
-    mode: str = field(check=choice("min", "max", words="min (lower is better) or max"))
-    patience: int = field(check=integer(1))
-    min_delta: float = field(check=number(at_least=0))
+    metric: str = field(
+        "eval_loss", help="Any logged number: eval_loss, loss, rewards/accuracies, eval_<metric>."
+    )
+    mode: str = field(
+        "min", choice("min", "max", words="min (lower is better) or max"), "min | max: better is."
+    )
+    patience: int = field(
+        3, integer(1), "Log events (evals, for an eval_ metric) without improvement before stopping."
+    )
+    min_delta: float = field(0.0, number(at_least=0), "Smaller changes do not count as an improvement.")
+
+
+@dataclass
+class Profile(Schema):
+    """torch.profiler, driven by the Trainer's steps (debug=profile; ablate.callbacks.debug.Profile)."""
+
+    node = "callbacks.profiler"
+    targets = ("ablate.callbacks.debug.Profile",)
+    wait: int = field(1, integer(0), "Steps skipped first.")
+    warmup: int = field(1, integer(0), "Steps profiled, then discarded (allocations, caches).")
+    active: int = field(3, integer(1), "Steps recorded.")
+    rows: int = field(15, integer(1), "Ops in the table.")
+    memory: bool = field(True, BOOL, "Record memory per op.")
+
+
+@dataclass
+class Cache(Schema):
+    """The reuse cache of tokenized data and reference log-probs: exact, by content (ablate.data.cache)."""
+
+    node = "cache"
+    targets = ("ablate.data.cache.Cache",)
+    enabled: bool = field(
+        True, BOOL, "Look entries up and store new ones (false: compute everything, store nothing)."
+    )
+    dir: str | None = field(
+        None, help="Where entries live (null: $ABLATE_CACHE/entries, ~/.cache/ablate/entries)."
+    )
+
+
+@dataclass
+class VLLM(Schema):
+    """A vLLM engine in the training process (method/rollouts=vllm; ablate.rollouts.vllm.VLLMGenerator)."""
+
+    node = "method.rollouts"
+    targets = ("ablate.rollouts.vllm.VLLMGenerator",)
+    partial: ClassVar[bool] = True  # the trainer builds it with (args, tokenizer)
+    gpu_memory_utilization: float = field(
+        0.3,
+        Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+        "Share of the device's memory vLLM may take (weights + KV cache) when kv_cache_gib is null (TRL's).",
+    )
+    kv_cache_gib: float | None = field(
+        0.25,
+        nullable(number(above=0)),
+        "KV-cache GiB (vLLM's kv_cache_memory_bytes); null: gpu_memory_utilization.",
+    )
+    max_model_len: int | None = field(
+        None,
+        nullable(integer(1)),
+        "Longest prompt + completion held; null: the data's longest prompt + completion.",
+    )
+    dtype: str = field(
+        "float32",
+        choice("float32", "bfloat16", "auto"),
+        "Engine weights: float32 (CPU) | bfloat16 (GPU) | auto.",
+    )
+    enforce_eager: bool = field(True, BOOL, "No torch.compile / CUDA graphs: faster start, slower decoding.")
+    seed: Any = field(
+        "${seed}", help="The engine's own seed; each request is seeded from torch's RNG anyway."
+    )
 
 
 @dataclass
@@ -267,12 +330,3 @@ class RewardModel(Schema):
     targets = ("ablate.rewards.RewardModel", "ablate.rewards.reward_model.RewardModel")
     batch_size: int = field(check=integer(1))
     dtype: str = field(check=choice("float32", "bfloat16", "float16"))
-
-
-@dataclass
-class DPOLoss(Schema):
-    node = "method.dpo_loss"
-    # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
-    label_smoothing: float = field(check=fraction(high=0.5, closed=False))
-    cpo_alpha: float = field(check=number(at_least=0, why=" (the NLL term's weight; 0 = off)"))  # cpo, simpo
-    gamma: float = field(check=number(at_least=0, why=" (SimPO's target margin)"))  # simpo

@@ -91,9 +91,9 @@ class AblateRayLauncherFirst(SearchPathPlugin):
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         from ablate.paths import conf_dir
-        from hydra_plugins.ablate_conf import names_conf
 
-        if not any(names_conf(e.path, conf_dir()) for e in search_path.get_path()):
+        conf = conf_dir()
+        if not any(e.path in (conf, f"file://{conf}") for e in search_path.get_path()):
             return
         launchers = ConfigStore.instance().repo.get("hydra", {}).get("launcher", {})
         node = launchers.get("ray.yaml")

@@ -1,10 +1,8 @@
-"""A user's own config class as a `schema` option: `- override /schema@args: my_dpo.MyDPOConfig`.
-
-ablate's method schemas are structured configs in Hydra's ConfigStore (`schema/DPOArgs`, ...:
-ablate.config.store). A config class of the user's (a subclass of DPOConfig with a field of its own) is
-not known before its module is imported, so this source (scheme `ablate-schema`, on conf/config.yaml's
-search path) serves `schema/<module>.<Class>`: it imports the class and composes its node as ablate's
-(its schema's fields and the user's own, with their defaults), `_target_` the user's class.
+"""The group `schema`: ablate's structured configs (`- /schema@args: DPOArgs`, `- /schema@_here_: Adapters`:
+the dataclasses of ablate.schema, ablate.config.store.stored()) and a user's own config class
+(`- override /schema@args: my_dpo.MyDPOConfig`: its module imported, its node composed as ablate's schema's
+with the user's own fields added, `_target_` the user's class). Each node is built when a composition
+selects it (scheme `ablate-schema`, on conf/config.yaml's search path): a command builds only those it uses.
 
 Hydra instantiates config sources only from the `hydra_plugins` namespace (by scheme).
 """
@@ -12,6 +10,7 @@ Hydra instantiates config sources only from the `hydra_plugins` namespace (by sc
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib
 import re
 
@@ -24,8 +23,16 @@ DOTTED = re.compile(
 )  # module.Class: a user's (ablate's own have no dot)
 
 
+@functools.lru_cache(maxsize=1)
+def ablate_schemas() -> dict[str, type]:
+    from ablate.config.store import stored
+    from ablate.schema.nodes import Columns
+
+    return {c.__name__: c for c in [*stored(), Columns]}
+
+
 class SchemaSource(ConfigSource):
-    """The group `schema`'s options that name a class by its dotted path."""
+    """The group `schema`'s options: ablate's schema classes by name, a user's by dotted path."""
 
     @staticmethod
     def scheme() -> str:
@@ -33,26 +40,30 @@ class SchemaSource(ConfigSource):
 
     def _name(self, config_path: str) -> str | None:
         group, _, name = config_path.removesuffix(".yaml").partition("/")
-        return name if group == GROUP and DOTTED.match(name) else None
+        return name if group == GROUP and (DOTTED.match(name) or name in ablate_schemas()) else None
 
     def load_config(self, config_path: str) -> ConfigResult:
+        from ablate.config.store import node, user_node
+
         name = self._name(config_path)
         if name is None:
             raise ConfigLoadError(f"Config not found : {config_path}")
-        module, _, cls = name.rpartition(".")
-        try:
-            found = getattr(importlib.import_module(module), cls)
-        except (ImportError, AttributeError) as e:
-            raise ConfigLoadError(
-                f"schema/{name}: cannot import {name} ({e}); is its module on PYTHONPATH?"
-            ) from e
-        from ablate.config.store import user_node
-
+        if name in ablate_schemas():
+            config = node(ablate_schemas()[name])
+        else:
+            module, _, cls = name.rpartition(".")
+            try:
+                found = getattr(importlib.import_module(module), cls)
+            except (ImportError, AttributeError) as e:
+                raise ConfigLoadError(
+                    f"schema/{name}: cannot import {name} ({e}); is its module on PYTHONPATH?"
+                ) from e
+            config = user_node(found)
         return ConfigResult(
-            config=user_node(found),
+            config=config,
             path=f"{self.scheme()}://{self.path}",
             provider=self.provider,
-            header=ConfigSource._get_header_dict(""),
+            header={"package": None},
         )
 
     def available(self) -> bool:
@@ -65,4 +76,6 @@ class SchemaSource(ConfigSource):
         return self._name(config_path) is not None
 
     def list(self, config_path: str, results_filter: ObjectType | None) -> builtins.list[str]:
-        return []  # no option is known before it is named
+        if config_path == GROUP and results_filter in (None, ObjectType.CONFIG):
+            return sorted(ablate_schemas())  # a user's are not known before they are named
+        return []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import re
 
 from hydra.core.object_type import ObjectType
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
@@ -45,7 +46,9 @@ class SweepsSource(ConfigSource):
 
     def _file(self, config_path: str) -> str | None:
         """The file behind `sweep/NAME(.yaml)`, or None when this source does not hold it."""
-        group, _, name = self._normalize_file_name(config_path).partition("/")
+        group, _, name = (config_path if config_path.endswith(".yaml") else f"{config_path}.yaml").partition(
+            "/"
+        )
         if group != GROUP or not name or (self.only is not None and name != self.only):
             return None
         return os.path.join(self.dir, name)
@@ -55,7 +58,8 @@ class SweepsSource(ConfigSource):
         if path is None or not os.path.isfile(path):
             raise ConfigLoadError(f"Config not found : {config_path}")
         with open(path, encoding="utf-8") as f:
-            header = ConfigSource._get_header_dict(f.read(512))
+            found = re.search(r"^\s*#\s*@package\s+(\S+)", f.read(512), re.M)  # `# @package _global_`
+            header = {"package": found.group(1) if found else None}
             f.seek(0)
             return ConfigResult(
                 config=OmegaConf.load(f),
