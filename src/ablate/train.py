@@ -12,7 +12,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ablate.config import checks, code_checks
+from ablate.config import checks, code_checks, machine
 from ablate.errors import ConfigError, user_error
 from ablate.process import interrupts, setup
 from ablate.process.console import say
@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if record.done:
             return record.summary
         checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
-        code_checks.check_code(cfg, processes=code_checks.job_processes())
+        code_checks.check_code(cfg, processes=machine.job_processes())
         record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
         trainer, speed = build(cfg, record)
         fit(trainer, record.resume_point())
@@ -104,9 +104,9 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
     explicit kwargs (checked first: TrainingArguments raises a page on, e.g., tf32 without a GPU);
     its own refusals (ValueError in __post_init__) are one line."""
     device_args = {
-        **code_checks.check_precision(cfg.precision),
+        **machine.check_precision(cfg.precision),
         **OmegaConf.to_container(cfg.distributed),
-        **code_checks.check_distributed(cfg.distributed, code_checks.job_processes()),
+        **machine.check_distributed(cfg.distributed, machine.job_processes()),
     }
     out = str(run_dir / rundir.CHECKPOINTS)
     try:

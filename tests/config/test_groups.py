@@ -236,7 +236,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.config.code_checks import check_precision
+        from ablate.config.machine import check_precision
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
@@ -253,7 +253,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from transformers import TrainingArguments
 
         from ablate.errors import ConfigError
-        from ablate.config.code_checks import check_distributed
+        from ablate.config.machine import check_distributed
 
         flags = OmegaConf.to_container(node)
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
@@ -363,7 +363,7 @@ def _with_schemas(text: str) -> str:
     """A YAML option's text, and the `_target_` of each structured config it selects (`- /schema@_here_: X`)."""
     import re
 
-    from ablate.config.store import stored
+    from ablate.config.compose import stored
 
     named = {c.__name__: c for c in stored()}
     picked = re.findall(r"^\s*-\s*/schema@\S+:\s*(\w+)", text, re.M)

@@ -1,4 +1,4 @@
-"""Hydra composes `method.args` and `speed` from their schema dataclasses (ablate.config.store): a
+"""Hydra composes `method.args` and `speed` from their schema dataclasses (ablate.config.compose): a
 method's defaults are its schema's, the same as its config class's from Python; a method YAML wires only
 what depends on the rest of the config; a user's config class is a schema option of its own."""
 
@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablate.config.compose import register_resolvers
-from ablate.config.store import method_schemas, user_node
+from ablate.config.compose import method_schemas, user_node
 from ablate.errors import ConfigError
 from ablate.paths import conf_dir
 
@@ -105,7 +105,7 @@ def test_a_called_nodes_defaults_are_declared_once():
     import importlib
     import inspect
 
-    from ablate.config.store import stored
+    from ablate.config.compose import stored
 
     read = 0
     for cls in stored():

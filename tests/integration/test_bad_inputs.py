@@ -1634,7 +1634,7 @@ def test_missing_slurm_launcher_names_the_extra():
     checked on the error Hydra raises when the plugin's config is missing."""
     from hydra.errors import MissingConfigException
 
-    from ablate.config.validate import one_line
+    from ablate.config.hints import one_line
 
     e = MissingConfigException(
         "Could not find 'hydra/launcher/submitit_slurm'", "hydra/launcher/submitit_slurm"

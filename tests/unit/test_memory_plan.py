@@ -141,17 +141,25 @@ SHIPPED = sorted(p.stem for p in (Path(conf_dir()) / "method").glob("*.yaml"))
 @pytest.mark.parametrize(
     "overrides",
     [
-        *[(f"method={m}",) for m in SHIPPED],
-        ("method=dpo", "method.args.precompute_ref_log_probs=false"),  # a live reference: a frozen copy
-        (
-            "method=dpo",
-            "+peft=lora",
-            "method.args.precompute_ref_log_probs=false",
-        ),  # the policy, adapters off
-        ("method=grpo", "method.args.beta=0.1"),  # GRPO's KL term
-        ("method=distill", "+teacher=tiny"),  # a teacher of its own size (twice the student's width)
+        # every method: a reference of each kind (none, precomputed, RLOO's kl at beta 0.05, a scripted teacher)
+        *[pytest.param((f"method={m}",), id=m) for m in SHIPPED],
+        *[  # the other ways a reference is held (-m slow)
+            pytest.param(o, id="-".join(x.split("=")[-1] for x in o), marks=pytest.mark.slow)
+            for o in [
+                (
+                    "method=dpo",
+                    "method.args.precompute_ref_log_probs=false",
+                ),  # a live reference: a frozen copy
+                (
+                    "method=dpo",
+                    "+peft=lora",
+                    "method.args.precompute_ref_log_probs=false",
+                ),  # the policy, no copy
+                ("method=grpo", "method.args.beta=0.1"),  # GRPO's KL term
+                ("method=distill", "+teacher=tiny"),  # a teacher of its own size (twice the student's width)
+            ]
+        ],
     ],
-    ids=lambda o: "-".join(x.split("=")[-1] for x in o),
 )
 def test_plan_counts_what_each_methods_trainer_runs(overrides, tmp_path):
     """`ablate plan` for every shipped method (its facts: ablate.schema.method) against its own trainer run two

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from ablate.process import setup as process
-from ablate.config.code_checks import check_distributed, job_processes
+from ablate.config.machine import check_distributed, job_processes
 
 TORCH_VARS = (
     "RANK",

@@ -20,7 +20,7 @@ from ablate.methods.schedules import constant, cosine
 from ablate.methods.schedules import step as step_schedule
 from ablate.paths import conf_dir
 from ablate.config.compose import register_resolvers
-from ablate.config.code_checks import check_precision
+from ablate.config.machine import check_precision
 
 
 def _compose(*overrides: str):

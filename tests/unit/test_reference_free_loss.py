@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from hydra.utils import instantiate
 
 from ablate.losses import reference_free as rf
@@ -95,13 +94,21 @@ def test_reference_is_never_read(fn):
 
 
 def test_declarations_through_partials_and_yaml():
-    """What each YAML builds declares what its function does; DPO's losses need a reference."""
+    """What each YAML builds (composed as ablate composes it: its structured config's `_target_` and settings)
+    declares what its function does; DPO's losses need a reference."""
+    from hydra import compose, initialize_config_dir
+
+    from ablate.config.compose import register_resolvers
+    from ablate.paths import conf_dir
+
+    register_resolvers()
     for name, free, prompt in [
         ("orpo", True, True),
         ("cpo", True, False),
         ("simpo", True, False),
         ("sigmoid", False, False),
     ]:
-        fn = instantiate(yaml.safe_load((LOSS_DIR / f"{name}.yaml").read_text()))
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            fn = instantiate(compose("config", [f"method/dpo_loss={name}"]).method.dpo_loss)
         assert rf.declares(fn, "reference_free") is free, name
         assert rf.declares(fn, "scores_prompt") is prompt, name

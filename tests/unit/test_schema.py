@@ -33,12 +33,12 @@ def test_a_default_other_than_trainingarguments_says_so():
 
 
 def test_each_method_default_is_declared_once(tmp_path):
-    """Hydra composes method.args from the schema (ablate.config.store): no conf/ file sets a schema field to
+    """Hydra composes method.args from the schema (ablate.config.compose): no conf/ file sets a schema field to
     a value of its own, and the composed defaults are the Python class's."""
     import yaml
     from pathlib import Path
 
-    from ablate.config.store import method_schemas
+    from ablate.config.compose import method_schemas
     from ablate.paths import conf_dir
 
     fields = {f.name for cls in method_schemas() for f in dataclasses.fields(cls)}

@@ -1,5 +1,5 @@
 """The speed switches are declared once, in `ablate.schema.speed.SpeedSwitches`; Hydra composes the `speed`
-node from it (ablate.config.store): conf/speed/on.yaml selects it and declares no switch of its own;
+node from it (ablate.config.compose): conf/speed/on.yaml selects it and declares no switch of its own;
 off.yaml switches every path off."""
 
 from __future__ import annotations

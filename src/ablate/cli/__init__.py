@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         say("ablate: interrupted")
         sys.exit(130)
     except PermissionError as e:  # a file or dir the user cannot read or write: theirs to fix, not a bug
-        from ablate.config.validate import os_error_line
+        from ablate.config.hints import os_error_line
         from ablate.process.console import say
 
         say(f"ablate: error: {os_error_line(e)}")

@@ -58,7 +58,7 @@ def evaluate(run_dir: Path, overrides: list[str], samples: int = 0) -> dict[str,
     from transformers import set_seed
 
     from ablate.cli.generate import load_run_model
-    from ablate.config.code_checks import check_precision
+    from ablate.config.machine import check_precision
     from ablate.process.setup import quiet_libraries
 
     cfg, merged = compose_run_config(run_dir, overrides)

@@ -28,9 +28,9 @@ def user_errors(*kinds: type[Exception]) -> Iterator[None]:
 @contextmanager
 def one_line_errors() -> Iterator[None]:
     """A user's mistake raised inside, in Hydra's or instantiate's wrapping too, ends the command with its one
-    line (ablate.config.validate.one_line tells a mistake from a bug); a bug is raised again, traceback and
+    line (ablate.config.hints.one_line tells a mistake from a bug); a bug is raised again, traceback and
     all."""
-    from ablate.config.validate import one_line
+    from ablate.config.hints import one_line
 
     try:
         yield

@@ -84,7 +84,7 @@ def _resized(run_dir: Path, info: dict[str, Any], given: list[str]) -> list[str]
     steps see the batches, and log the losses, of the uninterrupted run (checkpoints load at any rank
     count: DCP reshards FSDP's shards, DDP's are whole). One line says it; a count that cannot keep the
     batch is refused in one line. `method.args.gradient_accumulation_steps=N` given: the user's choice."""
-    from ablate.config.code_checks import job_processes
+    from ablate.config.machine import job_processes
     from ablate.record import identity
 
     ranks, here = int(info.get("world_size") or 1), job_processes()

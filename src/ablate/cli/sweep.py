@@ -36,7 +36,7 @@ def check_sweep_file(path: Path) -> None:
     import yaml
     from omegaconf import OmegaConf
 
-    from ablate.config.validate import bad_config_file
+    from ablate.config.hints import bad_config_file
 
     try:
         cfg = OmegaConf.load(path)

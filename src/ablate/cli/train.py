@@ -84,7 +84,7 @@ def hydra_train(argv: list[str]) -> None:
 
     check_argv(argv)
 
-    from ablate.config.validate import one_line
+    from ablate.config.hints import one_line
     from ablate.launchers import sweep
     from ablate.process import interrupts
     from ablate.train import main as task

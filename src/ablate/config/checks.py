@@ -14,9 +14,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate.config import data_checks
+from ablate.config.hints import at, children, elsewhere, hydra_node, optimizer_field_hint, raw
 from ablate.config.targets import check_target
 from ablate.errors import ConfigError, missing_extra
-from ablate.schema import refusal, schema_for, show
+from ablate.schema import refusal, schema_for
 
 # `_target_` prefix -> (import name, extra): optional packages, installed by `pip install 'ablate[extra]'`.
 EXTRAS: dict[str, tuple[str, str]] = {
@@ -96,30 +97,6 @@ def _value(node: DictConfig, key: str) -> Any:
     """`node[key]` resolved, a list or mapping as plain Python."""
     v = node[key]
     return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
-
-
-def raw(node: Any, key: Any) -> Any:
-    """`node[key]` as written (an interpolation as its text, `???` as it is), or None when it is not there."""
-    if isinstance(node, DictConfig) and key not in node:
-        return None
-    return (
-        OmegaConf.to_container(node, resolve=False)[key]
-        if isinstance(node, (DictConfig, ListConfig))
-        else None
-    )
-
-
-def children(node: Any) -> list[tuple[Any, Any]]:
-    """A mapping's (key, value) or a list's (index, item), each a value of its own: not `???`, not null, not
-    an interpolation of another node (whose own path walks it)."""
-    keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
-    return [
-        (k, node[k])
-        for k in keys
-        if not OmegaConf.is_missing(node, k)
-        and not OmegaConf.is_interpolation(node, k)
-        and node[k] is not None
-    ]
 
 
 def _nodes(node: DictConfig, path: str = "") -> list[tuple[str, DictConfig]]:
@@ -276,94 +253,3 @@ def installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-# TrainingArguments fields that ablate's optimizer group replaces (ablate.methods.optim builds the
-# optimizer and schedule from `optimizer`): set in method.args they would be silently ignored.
-OPTIMIZER_FIELDS = {
-    "learning_rate": "optimizer.optimizer.lr={v}",
-    "weight_decay": "optimizer.optimizer.weight_decay={v}",
-    "adam_beta1": "'optimizer.optimizer.betas=[{v},0.999]'",
-    "adam_beta2": "'optimizer.optimizer.betas=[0.9,{v}]'",
-    "adam_epsilon": "+optimizer.optimizer.eps={v}",
-    "optim": "optimizer=adamw|adamw_8bit|sgd (conf/optimizer/)",
-    "optim_args": "optimizer.optimizer.<field>=... (the optimizer's own arguments)",
-    "lr_scheduler_type": "optimizer/scheduler=constant|cosine|step (conf/optimizer/scheduler/)",
-    "lr_scheduler_kwargs": "optimizer.scheduler.<field>=... (the schedule's own arguments)",
-    "warmup_ratio": "optimizer.scheduler.warmup_ratio={v} (the cosine schedule)",
-    "warmup_steps": "optimizer/scheduler=constant optimizer.scheduler.warmup_steps={v}, or "
-    "optimizer.scheduler.warmup_ratio=... (cosine)",
-}
-
-
-def optimizer_field_hint(key: str, value: Any = "...") -> str | None:
-    """For `method.args.learning_rate` and the like: what to write instead (the optimizer group)."""
-    field_ = key.rsplit(".", 1)[-1]
-    if not key.startswith("method.args.") or field_ not in OPTIMIZER_FIELDS:
-        return None
-    return (
-        f"{key} is not used: the optimizer group builds the optimizer and its schedule "
-        f"(Trainer's own {field_} is ignored); use {OPTIMIZER_FIELDS[field_].format(v=show(value))}"
-    )
-
-
-def hydra_node() -> Any:
-    from hydra.core.hydra_config import HydraConfig
-
-    return HydraConfig.get() if HydraConfig.initialized() else None
-
-
-def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(cfg, key, default=default)
-
-
-def elsewhere(cfg: DictConfig, key: str, value: Any = "...") -> str | None:
-    """For a key that is not where it was written (`max_steps=5`, `method.args.lr=1e-3`): the full
-    paths where a key of that name is in the composed config, as "'max_steps' is method.args.max_steps:
-    write method.args.max_steps=5"; None when there is none (a typo: the caller suggests a close name)."""
-    leaf = key.rsplit(".", 1)[-1]
-    found = [path for path in _paths(cfg) if path.rsplit(".", 1)[-1] == leaf and path != key]
-    if not found:
-        return None
-    group = _group_behind(cfg, found[0])
-    if group is not None:  # method.trainer.scale_rewards: ${..grpo_scale_rewards}, a group's node
-        name = value if str(value).isidentifier() else "NAME"
-        return (
-            f"'{leaf}' is picked by the config group {group}: write {group}={name} (options: conf/{group}/)"
-        )
-    return (
-        f"'{leaf}' is {' or '.join(found[:3])}: write {found[0]}={show(value) if value != '...' else value}"
-    )
-
-
-def _group_behind(cfg: DictConfig, path: str) -> str | None:
-    """The config group (`method/grpo_scale_rewards`) whose node the key at `path` interpolates
-    (`${..grpo_scale_rewards}`, `${speed}`), or None."""
-    import re
-
-    from ablate.paths import conf_dir
-
-    parent, _, leaf = path.rpartition(".")
-    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-    written = raw(node, leaf)
-    ref = re.fullmatch(r"\$\{(\.*)([\w.]+)\}", str(written)) if isinstance(written, str) else None
-    if ref is None:
-        return None
-    dots, target = ref.groups()
-    base = parent.split(".") if parent else []
-    base = base[: len(base) - len(dots) + 1] if dots else []
-    group = "/".join([*base, *target.split(".")])
-    return group if (Path(conf_dir()) / group).is_dir() else None
-
-
-def _paths(node: Any, prefix: str = "") -> list[str]:
-    """Every key's full path in `node` (Hydra's own node and `_target_`s left out), values not resolved."""
-    out: list[str] = []
-    if isinstance(node, DictConfig):
-        for k in node.keys():
-            if (k == "hydra" and not prefix) or str(k).startswith("_"):
-                continue
-            out.append(f"{prefix}{k}")
-            if not OmegaConf.is_interpolation(node, k) and not OmegaConf.is_missing(node, k):
-                out += _paths(node[k], f"{prefix}{k}.")
-    return out

@@ -14,12 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from ablate.config.hints import at
 from ablate.errors import ConfigError
-
-
-def at(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(cfg, key, default=default)
-
 
 MIX = "ablate.data.mixture.mix"  # data=mix: its sources are the data configs the run loads
 

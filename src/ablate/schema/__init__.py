@@ -3,7 +3,7 @@ its type, its default, its one-line help and its check. A mistake is one line, `
 
 Declared once, checked once, wherever the node is made:
 - Hydra composes `method.args` and `speed` from their schema (a structured config in its ConfigStore:
-  ablate.config.store), so the YAML files under conf/ only select it and override; OmegaConf refuses a
+  ablate.config.compose), so the YAML files under conf/ only select it and override; OmegaConf refuses a
   value of the wrong type while composing, in this schema's words (ablate.config.validate);
 - a method's arguments class subclasses its schema (`DPOConfig(DPOArgs, TrainingArguments)`), so
   creating one checks it (`__post_init__`, as TRL's configs do), in a run or from Python;

@@ -2,7 +2,7 @@
 rows they are given: DPO (and ORPO, CPO, SimPO), SFT, reward modelling, KTO. Each field is
 declared here once: its default (ablate's, the same from the command line and from Python; where it
 differs from TrainingArguments' or TRL 1.16's, its help says), its type, its one-line help and its
-check. Hydra composes `method.args` from these classes (ablate.config.store; conf/method/dpo.yaml:
+check. Hydra composes `method.args` from these classes (ablate.config.compose; conf/method/dpo.yaml:
 `- /schema@args: DPOArgs`); any other TrainingArguments field is added with `+method.args.<field>=...`
 and checked by TrainingArguments."""
 

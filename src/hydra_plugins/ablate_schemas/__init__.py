@@ -1,5 +1,5 @@
 """The group `schema`: ablate's structured configs (`- /schema@args: DPOArgs`, `- /schema@_here_: Adapters`:
-the dataclasses of ablate.schema, ablate.config.store.stored()) and a user's own config class
+the dataclasses of ablate.schema, ablate.config.compose.stored()) and a user's own config class
 (`- override /schema@args: my_dpo.MyDPOConfig`: its module imported, its node composed as ablate's schema's
 with the user's own fields added, `_target_` the user's class). Each node is built when a composition
 selects it (scheme `ablate-schema`, on conf/config.yaml's search path): a command builds only those it uses.
@@ -25,7 +25,7 @@ DOTTED = re.compile(
 
 @functools.lru_cache(maxsize=1)
 def ablate_schemas() -> dict[str, type]:
-    from ablate.config.store import stored
+    from ablate.config.compose import stored
     from ablate.schema.nodes import Columns
 
     return {c.__name__: c for c in [*stored(), Columns]}
@@ -43,7 +43,7 @@ class SchemaSource(ConfigSource):
         return name if group == GROUP and (DOTTED.match(name) or name in ablate_schemas()) else None
 
     def load_config(self, config_path: str) -> ConfigResult:
-        from ablate.config.store import node, user_node
+        from ablate.config.compose import node, user_node
 
         name = self._name(config_path)
         if name is None:
