@@ -2,7 +2,8 @@
 the dataclasses of ablate.schema, ablate.config.compose.stored()) and a user's own config class
 (`- override /schema@args: my_dpo.MyDPOConfig`: its module imported, its node composed as ablate's schema's
 with the user's own fields added, `_target_` the user's class). Each node is built when a composition
-selects it (scheme `ablate-schema`, on conf/config.yaml's search path): a command builds only those it uses.
+selects it (scheme `ablate-schema`): a command builds only those it uses. `SchemaSearchPath` puts the source
+on the search path of every composition of ablate's conf/, whatever `hydra.searchpath` a command gives.
 
 Hydra instantiates config sources only from the `hydra_plugins` namespace (by scheme).
 """
@@ -14,10 +15,13 @@ import functools
 import importlib
 import re
 
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 GROUP = "schema"
+SCHEME = "ablate-schema"
 DOTTED = re.compile(
     r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$"
 )  # module.Class: a user's (ablate's own have no dot)
@@ -36,7 +40,7 @@ class SchemaSource(ConfigSource):
 
     @staticmethod
     def scheme() -> str:
-        return "ablate-schema"
+        return SCHEME
 
     def _name(self, config_path: str) -> str | None:
         group, _, name = config_path.removesuffix(".yaml").partition("/")
@@ -79,3 +83,15 @@ class SchemaSource(ConfigSource):
         if config_path == GROUP and results_filter in (None, ObjectType.CONFIG):
             return sorted(ablate_schemas())  # a user's are not known before they are named
         return []
+
+
+class SchemaSearchPath(SearchPathPlugin):
+    """The group `schema` on the search path of ablate's conf/ (its YAMLs select their structured configs)."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        from ablate.paths import conf_dir
+
+        conf = conf_dir()
+        paths = [e.path for e in search_path.get_path()]
+        if any(p in (conf, f"file://{conf}") for p in paths) and f"{SCHEME}://user" not in paths:
+            search_path.append("ablate", f"{SCHEME}://user")
