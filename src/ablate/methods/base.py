@@ -9,7 +9,8 @@ ablate.methods.rollout.RolloutTrainer) and only wires its data, model and loss.
   two hooks change: they call the config's `_partial_`s instead of Trainer's `args.optim` /
   `lr_scheduler_type` defaults (ablate.methods.optim: the factories and the toy-lr warning).
 - Metrics: `compute_loss` fills `self.metrics` (ablate.methods.metrics.MetricsBuffer) per micro-batch;
-  every log event gets the averages since the previous one (train or eval, by the model's mode).
+  every log event gets the averages since the previous one (train or eval, by the model's mode), averaged over
+  the ranks of a multi-process run.
 - FSDP2 on CPU ranks and a whole `model/` under sharding (ablate.methods.fsdp).
 - A resume of a tied-embedding model kept quiet (`_issue_warnings_after_load`).
 
@@ -26,7 +27,7 @@ from torch import nn
 from transformers import Trainer
 
 from ablate.methods import fsdp
-from ablate.methods.metrics import MetricsBuffer
+from ablate.methods.metrics import MetricsBuffer, over_ranks
 from ablate.methods.optim import OptimizerFactory, SchedulerFactory, warn_if_toy_lr
 
 
@@ -72,7 +73,11 @@ class AblateTrainer(Trainer):
     # ---- metrics (ablate.methods.metrics) ----
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        """Trainer logs on every rank at once; the metrics are each rank's averages, averaged over the
+        ranks (as TRL gathers them): a multi-process run logs what one process of the same global batch
+        logs."""
+        metrics = self.metrics.pop("train" if self.model.training else "eval")
+        logs.update(over_ranks(metrics) if self.args.world_size > 1 else metrics)
         super().log(logs, start_time)
 
     # ---- distributed=fsdp (ablate.methods.fsdp) ----

@@ -22,6 +22,7 @@ ablate.speed.scoring); the loss is the `objective` of a `LossInputs`, then the `
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -226,8 +227,11 @@ class GRPOTrainer(RolloutTrainer):
         forward)."""
         t0 = time.perf_counter()
         sample = getattr(self.generator, "sample", None) if old_from_sampling else None
-        # FSDP2: ranks may stop decoding apart
-        with full_params(self.accelerator.unwrap_model(model)) as whole:
+        unwrapped = self.accelerator.unwrap_model(model)
+        # FSDP2: ranks may stop decoding apart, so the HF paths decode on the whole model; an engine (vLLM)
+        # holds its own copy, and its push gathers one unit at a time (ablate.rollouts.weights)
+        gathers = getattr(self.generator, "gathers_weights", False)
+        with contextlib.nullcontext(unwrapped) if gathers else full_params(unwrapped) as whole:
             out = (
                 sample(whole, prompt_ids, policy_logps=True)
                 if sample
@@ -345,7 +349,7 @@ class GRPOTrainer(RolloutTrainer):
         rollout = Rollout(
             **batch,
             advantages=advantages.to(self.args.device),
-            num_items=loss_mask.sum().float() / slices,
+            num_items=self._tokens_per_rank(loss_mask) / slices,
             policy_version=version,
         )
         for i, name in enumerate(self.reward_funcs):
@@ -363,6 +367,12 @@ class GRPOTrainer(RolloutTrainer):
         if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
         return rollout
+
+    def _tokens_per_rank(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """The round's loss tokens averaged over the ranks (TRL's num_items_in_batch / num_processes):
+        each rank normalises by the same count, so DDP's mean of the ranks' gradients is the one-process
+        gradient of the same global batch."""
+        return self.accelerator.gather(loss_mask.sum().float().reshape(1)).mean()
 
     def _kl_penalty(self) -> bool:
         """Whether the KL is a reward penalty the estimator needs at scoring time (RLOO with beta > 0)."""

