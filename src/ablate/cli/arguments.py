@@ -282,5 +282,33 @@ def _plan(command: Command) -> None:
     p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
 
 
+def _serve(command: Command) -> None:
+    p = command(
+        "serve-rollouts",
+        "a vLLM rollout server for GRPO's method/rollouts=vllm_server (the config's model and engine "
+        "settings), in the foreground",
+        usage="ablate serve-rollouts [key=value ...] [--host H] [--port P] [--dry-run]",
+    )
+    p.add_argument("overrides", nargs="*", help="key=value, as for train (+experiment=smollm2_grpo ...)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0: every one)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    p.add_argument("--dry-run", action="store_true", help="print the server's command, start nothing")
+    p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
+
+
 # in `ablate --help`'s order
-COMMANDS = (_train, _sweep, _compare, _status, _ls, _generate, _eval, _resume, _cache, _fetch, _data, _plan)
+COMMANDS = (
+    _train,
+    _sweep,
+    _compare,
+    _status,
+    _ls,
+    _generate,
+    _eval,
+    _resume,
+    _cache,
+    _fetch,
+    _data,
+    _plan,
+    _serve,
+)

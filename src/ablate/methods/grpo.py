@@ -46,6 +46,7 @@ from ablate.models.adapters import is_adapted, reference_forward
 from ablate.rollouts import rewarding
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout
+from ablate.rollouts.engine_ahead import EngineRounds
 from ablate.rollouts.generation import (
     Completions,
     GenerateFn,
@@ -147,19 +148,29 @@ class GRPOTrainer(RolloutTrainer):
         self.add_callback(PrintGeometry())
         self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan, show=self.perf.show))
         self._serve_rounds(Schedule.from_args(args))
-        if self.schedule.staleness:  # rounds sampled ahead by a worker process (async GRPO)
-            check_async(self.schedule.staleness, args, self.generator)
-            dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
-            self.ahead = AheadRounds(
-                self._sample_ahead,
-                self.accelerator.unwrap_model(self.model),
-                self.schedule.staleness,
-                args.seed,
-                self._round_prompts,
-                dtype=dtype,
-                balanced=args.async_threads == "balanced",
-                timeout_s=args.worker_timeout_s,
-            )
+        if self.schedule.staleness:  # rounds sampled ahead (async GRPO)
+            self.ahead = self._rounds_ahead(args)
+
+    def _rounds_ahead(self, args: GRPOConfig) -> AheadRounds | EngineRounds:
+        """Asynchronous GRPO's sampler: an engine of its own (vLLM colocated or a server) samples ahead
+        from a thread of the trainer (ablate.rollouts.engine_ahead); otherwise a forked CPU worker with its
+        own copy of the weights (ablate.rollouts.ahead)."""
+        s, model = self.schedule.staleness, self.accelerator.unwrap_model(self.model)
+        if getattr(self.generator, "gathers_weights", False):
+            stops = stop_ids(self.processing_class, model)
+            return EngineRounds(self.generator, model, args, self._round_prompts, stops)
+        check_async(s, args, self.generator)
+        dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
+        return AheadRounds(
+            self._sample_ahead,
+            model,
+            s,
+            args.seed,
+            self._round_prompts,
+            dtype=dtype,
+            balanced=args.async_threads == "balanced",
+            timeout_s=args.worker_timeout_s,
+        )
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -191,9 +202,10 @@ class GRPOTrainer(RolloutTrainer):
         served = super()._prepare_inputs(inputs)
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return served
-        if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
+        if self.ahead is not None:  # TRL's names: optimizer steps between the sampling policy and this one
+            stale = float(self.state.global_step - served.policy_version)  # and the version that sampled it
             self.metrics.add(
-                "train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)}
+                "train", {"sample/staleness_mean": stale, "sample/model_version": served.policy_version}
             )
         # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
@@ -460,7 +472,10 @@ class GRPOTrainer(RolloutTrainer):
         # ratio exactly 1 when on-policy
         old = logps.detach() if inputs.old_logps is None else inputs.old_logps
         a = self.args
-        weight, metrics = self._policy_weight(logps, old, inputs, mask)
+        # TRL's correction for an engine's sampling and the off-policy mask (ablate.losses.is_correction)
+        weight, metrics = is_correction.policy_weight(
+            logps, old, inputs.sampling_logps, inputs.advantages, mask, a
+        )
         per_token, own = self.objective(
             grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps, weight),
             epsilon=a.epsilon,
@@ -477,30 +492,3 @@ class GRPOTrainer(RolloutTrainer):
         metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
         self.metrics.add(mode, metrics)
         return loss
-
-    def _policy_weight(
-        self, logps: torch.Tensor, old: torch.Tensor, inputs: Rollout, mask: torch.Tensor
-    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The weight on the policy term (None = 1): TRL's correction for an engine's sampling (only when the
-        generator returned its log-probs, i.e. vLLM) and the off-policy sequence mask
-        (ablate.losses.is_correction). `old` is the trainer's log-probs under the generating policy (TRL's
-        old_per_token_logps)."""
-        a, weight, metrics = self.args, None, {}
-        if inputs.sampling_logps is not None and a.vllm_importance_sampling_correction:
-            weight, metrics = is_correction.importance_sampling_correction(
-                old,
-                inputs.sampling_logps,
-                mask,
-                mode=a.vllm_importance_sampling_mode,
-                clip_min=a.vllm_importance_sampling_clip_min,
-                clip_max=a.vllm_importance_sampling_clip_max,
-            )
-        # against the engine's log-probs when there are some, as TRL
-        if a.off_policy_mask_threshold is not None:
-            sampling = old if inputs.sampling_logps is None else inputs.sampling_logps
-            keep = is_correction.off_policy_mask(
-                inputs.advantages.unsqueeze(1), logps, sampling, mask, a.off_policy_mask_threshold
-            )
-            metrics["off_policy/masked_fraction"] = 1 - keep.mean()
-            weight = keep if weight is None else weight * keep
-        return weight, metrics

@@ -73,7 +73,7 @@ class VLLMServerGenerator(EngineGenerator):
         super().__init__(args, tokenizer, verify_push)
         self.url = url.rstrip("/")
         self.start_server = start
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.backend = backend or default_backend()
         self.group_host = group_host
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         prompt = getattr(args, "max_prompt_length", None)
@@ -332,6 +332,11 @@ def serve_command(
     if enforce_eager:
         command += ["--enforce-eager"]
     return command
+
+
+def default_backend() -> str:
+    """The weight transfer when none is set: NCCL between GPUs (vLLM's, TRL's), else ablate's gloo."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def serve_env() -> dict[str, str]:

@@ -108,8 +108,9 @@ class GRPOArgs(TrainArgs):
     max_staleness: int = field(
         0,
         integer(0, " (0 = synchronous GRPO)"),
-        "Async GRPO: rounds sampled this many rounds ahead by a worker process with its own "
-        "copy of the weights (round k by the weights at round k - s's start); 0 = synchronous.",
+        "Async GRPO: rounds sampled this many rounds ahead (round k by the weights at round k - s's "
+        "start) by the vLLM engine (method/rollouts=vllm|vllm_server), else a forked CPU worker; "
+        "0 = synchronous.",
     )
     generation_dtype: str | None = field(
         None,
