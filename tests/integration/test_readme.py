@@ -47,11 +47,27 @@ import ablate
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 STEPS = "method.args.max_steps=2"
 
+# GRPO with vLLM past one process (docs/distributed.md, the README's cheat-sheet): vLLM has a venv of its own, where
+# tests/slow/test_vllm_distributed.py runs these layouts through the CLI (2 ranks, FSDP2, a server it starts, trains
+# on, kills and restarts, async through both)
+VLLM_TESTED = "needs vLLM (its own venv): tests/slow/test_vllm_distributed.py runs it through the CLI"
+VLLM_LINES = {
+    "torchrun --nproc_per_node=2 -m ablate train +experiment=smollm2_grpo method/rollouts=vllm method.args.use_cpu=true": VLLM_TESTED,
+    "ablate serve-rollouts +experiment=smollm2_grpo --port 8000": "starts a vLLM server that runs until stopped: "
+    + VLLM_TESTED,
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm_server method.rollouts.url=http://127.0.0.1:8000": "needs a running server: "
+    + VLLM_TESTED,
+    "torchrun --nproc_per_node=2 -m ablate train +experiment=smollm2_grpo method/rollouts=vllm_server method.rollouts.url=http://127.0.0.1:8000 method.args.use_cpu=true": "needs a running server: "
+    + VLLM_TESTED,
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm_server method.rollouts.start=true": VLLM_TESTED,
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm method.args.max_staleness=1": VLLM_TESTED,
+}
 SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
-    "python -m pytest -m slow tests/slow/test_vllm.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
+    "python -m pytest -m slow tests/slow/test_vllm.py tests/slow/test_vllm_distributed.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
     "ablate train +experiment=smollm2_grpo method/rollouts=vllm": "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
+    **VLLM_LINES,
     "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true": "needs a SLURM cluster (tests/slow/test_slurm.py)",

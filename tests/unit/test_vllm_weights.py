@@ -120,6 +120,7 @@ def test_fsdp2_streams_one_unit_at_a_time_what_the_whole_model_holds(one_rank_gr
         )
         torch.testing.assert_close(tensor, whole[name], rtol=0, atol=0 if not adapted else 1e-6)
     assert [n for n, *_ in weight_names(model)] == list(dict(policy_weights(model)))
+    assert digest(model) == digest(model)  # hashing a stream leaves FSDP free to reshard what it gathered
     assert set(whole) == {n for n, *_ in weight_names(model)}
     # whole at once: one unit's parameters (a layer's, or the root's own: embeddings, norm), never the model's
     per_layer = max(sum(1 for _ in layer.parameters()) for layer in inner.model.layers)

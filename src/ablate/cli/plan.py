@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from ablate.cli.exits import fail, one_line_errors
 from ablate.errors import ConfigError
-from ablate.models.memory import GB, Setup, Shape, plan
+from ablate.models.memory import GB, Setup, Shape, engine, plan
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -150,9 +150,12 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens", file=out)
     for note in notes:
         print(f"note: {note}", file=out)
+    rollouts = engine_plan(cfg, m, memory, parts, out)
     print("per GPU:", file=out)
     for part, value in parts.items():
         print(f"  {part:12} {size(value):>10}", file=out)
+    if rollouts:
+        print(rollouts, file=out)
     fits = parts["total"] <= memory * GB
     print(
         f"{'fits' if fits else 'does not fit'} in {memory:g} GB per GPU "
@@ -160,6 +163,29 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
         file=out,
     )
     return fits
+
+
+def engine_plan(cfg: DictConfig, m: Shape, memory: float, parts: dict[str, float], out: Any) -> str | None:
+    """A vLLM engine's memory (`method/rollouts=vllm|vllm_server`, ablate.models.memory.engine): on every
+    training GPU when colocated (added to `parts` before the total), else a line on the server's own GPU."""
+    node = cfg.method.get("rollouts")
+    if node is None or "gpu_memory_utilization" not in node:
+        return None
+    from hydra.utils import get_class
+
+    kv = None if node.kv_cache_gib is None else node.kv_cache_gib * 2**30
+    weight_bytes = WEIGHT_BYTES.get(str(node.dtype), 2)  # "auto": the checkpoint's, bf16 for the presets
+    engine_bytes = engine(m.params, weight_bytes, memory * GB, node.gpu_memory_utilization, kv)
+    what = f"vLLM engine ({node.dtype} weights {size(m.params * weight_bytes)} + KV cache)"
+    if get_class(node._target_).on_trainer_gpus:
+        parts["engine"] = engine_bytes
+        parts["total"] += engine_bytes
+        print(f"rollouts: a {what} on every training GPU: {size(engine_bytes)}", file=out)
+        return None
+    return (
+        f"rollouts: a server of their own ({node.url}): none on these GPUs; the server's GPU holds the "
+        f"{what}: {size(engine_bytes)} of {memory:g} GB"
+    )
 
 
 def size(n: float) -> str:

@@ -115,3 +115,14 @@ def activations(m: Shape, s: Setup) -> float:
         linear = 0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)
         casts = 2 * (linear + m.head_params)
     return s.sequences * s.seq_len * per_token + casts
+
+
+def engine(
+    params: int, weight_bytes: int, gpu_bytes: float, utilization: float, kv_cache_bytes: float | None
+) -> float:
+    """A vLLM engine's bytes on its GPU: its weights plus `kv_cache_bytes` when that is set (vLLM's
+    kv_cache_memory_bytes; activations are left out, small beside them); else vLLM's own budget, `utilization`
+    of the GPU's memory (weights, activations and KV cache together: TRL's vllm_gpu_memory_utilization)."""
+    if kv_cache_bytes is not None:
+        return params * weight_bytes + kv_cache_bytes
+    return utilization * gpu_bytes

@@ -25,12 +25,9 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +41,14 @@ from ablate.errors import ConfigError, PeerLostError, missing_extra
 from ablate.models.adapters import is_adapted
 from ablate.rollouts.engine import EngineGenerator, rank, world_size
 from ablate.rollouts.generation import SamplingArgs
+from ablate.rollouts.server_start import (
+    PLACES,
+    Started,
+    start_local,
+    start_ray,
+    start_slurm,
+    wait_until_it_answers,
+)
 
 log = logging.getLogger("ablate")
 SERVER_LOG = "rollout_server.log"  # in the run dir, with start: true
@@ -52,6 +57,8 @@ SERVER_LOG = "rollout_server.log"  # in the run dir, with start: true
 class VLLMServerGenerator(EngineGenerator):
     """A `GenerateFn` sampling on a vLLM server (module docstring)."""
 
+    on_trainer_gpus = False  # the server has GPUs of its own (ablate plan)
+
     def __init__(
         self,
         args: SamplingArgs,
@@ -59,6 +66,10 @@ class VLLMServerGenerator(EngineGenerator):
         *,
         url: str = "http://127.0.0.1:8000",
         start: bool = False,
+        start_on: str = "local",
+        sbatch_args: list[str] | None = None,
+        ray_address: str = "auto",
+        ray_resources: dict[str, Any] | None = None,
         backend: str | None = None,
         group_host: str | None = None,
         timeout_s: float = 600.0,
@@ -73,6 +84,10 @@ class VLLMServerGenerator(EngineGenerator):
         super().__init__(args, tokenizer, verify_push)
         self.url = url.rstrip("/")
         self.start_server = start
+        if start_on not in PLACES:
+            raise ConfigError(f"method.rollouts.start_on={start_on}: one of {', '.join(PLACES)}")
+        self.start_on, self.sbatch_args = start_on, list(sbatch_args or [])
+        self.ray_address, self.ray_resources = ray_address, dict(ray_resources or {})
         self.backend = backend or default_backend()
         self.group_host = group_host
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
@@ -86,7 +101,7 @@ class VLLMServerGenerator(EngineGenerator):
         )
         self.user_max_model_len = max_model_len
         self.log_dir = os.path.dirname(os.path.abspath(args.output_dir)) if args.output_dir else None
-        self.process: subprocess.Popen | None = None
+        self.started: Started | None = None  # the server this run started (start: true)
         self.model_name: str | None = None  # the server's name for its model (/v1/models)
         self.sender: Any = None  # vLLM's trainer-side weight-transfer engine (rank 0 sends)
         self._tmp: str | None = None
@@ -103,8 +118,10 @@ class VLLMServerGenerator(EngineGenerator):
             return
         if self.start_server and rank() == 0:
             self._launch(model)
-        if world_size() > 1:  # the other ranks reach the server once rank 0 has started it
-            torch.distributed.barrier()
+        if world_size() > 1:  # the other ranks reach the server once rank 0 has started it, at its url
+            url = [self.url]
+            torch.distributed.broadcast_object_list(url, src=0)
+            self.url = url[0]
         self.model_name = self._get("/v1/models")["data"][0]["id"]
         self.sender = self._connect(model)
 
@@ -151,14 +168,9 @@ class VLLMServerGenerator(EngineGenerator):
     def close(self) -> None:
         """Stop the server ablate started (its whole process group) and forget the connection."""
         self.model_name, self.sender, self.pushed = None, None, None
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        started, self.started = self.started, None
+        if started is not None:
+            started.stop()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -168,7 +180,7 @@ class VLLMServerGenerator(EngineGenerator):
     def lost(self, error: BaseException) -> PeerLostError:
         """The one line for a server that stopped answering (the run resumes from its newest checkpoint)."""
         why = getattr(error, "reason", None) or error
-        started = " (started by this run)" if self.process is not None else ""
+        started = " (started by this run)" if self.started is not None else ""
         return PeerLostError(
             f"the rollout server at {self.url}{started} stopped answering ({why}); the run stops here and "
             "keeps its newest checkpoint: start the server again and resume with the same command "
@@ -250,49 +262,38 @@ class VLLMServerGenerator(EngineGenerator):
     # ---- start: true ----
 
     def _launch(self, model: PreTrainedModel) -> None:
-        """Start `vllm serve` on the policy's directory, on this machine, and wait until it answers."""
-        if shutil.which("vllm") is None and not _has_vllm():
+        """Start the server on the policy's directory, here or as a SLURM job (ablate.rollouts.server_start),
+        and wait until it answers."""
+        if not _has_vllm():
             raise missing_extra("vllm", "vllm", "method/rollouts=vllm_server with start: true")
         base = model.get_base_model() if is_adapted(model) else model
         source, load = self._source(base)
         port = urlparse(self.url).port or 8000
-        if _in_use(port):
-            raise ConfigError(
-                f"method.rollouts.start=true: port {port} is in use (another server, or a run's leftover); "
-                "set method.rollouts.url=http://127.0.0.1:PORT, or start=false to use the one running"
-            )
-        command = serve_command(
-            source, "127.0.0.1", port, backend=self.backend, load_format=load, **self.engine
-        )
+        host = (
+            "127.0.0.1" if self.start_on == "local" else "0.0.0.0"
+        )  # a job's server answers the trainer's node
+        command = serve_command(source, host, port, backend=self.backend, load_format=load, **self.engine)
         path = os.path.join(self.log_dir, SERVER_LOG) if self.log_dir else os.devnull
-        with open(path, "ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=serve_env(), start_new_session=True
-            )
-        log.info("rollout server: pid %d on port %d, log %s", self.process.pid, port, path)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < self.start_timeout_s:
-            if self.process.poll() is not None:
-                raise ConfigError(
-                    f"the rollout server ablate started exited ({self.process.returncode}) before it "
-                    f"answered: {_last_line(path)} (its log: {path})"
-                )
-            if _healthy(self.url):
-                log.info("rollout server ready in %.1fs", time.monotonic() - t0)
-                return
-            time.sleep(1.0)
-        raise ConfigError(
-            f"the rollout server ablate started did not answer within method.rollouts.start_timeout_s="
-            f"{self.start_timeout_s:g} s (its log: {path})"
-        )
+        if self.start_on == "slurm":
+            self.started = start_slurm(command, port, path, self.sbatch_args, self.start_timeout_s)
+        elif self.start_on == "ray":
+            self.started = start_ray(command, port, path, self.ray_address, self.ray_resources)
+        else:
+            self.started = start_local(command, port, path, serve_env())
+        self.url = self.started.url
+        log.info("rollout server (%s) at %s, log %s", self.start_on, self.url, path)
+        seconds = wait_until_it_answers(self.started, self.start_timeout_s)
+        log.info("rollout server ready in %.1fs", seconds)
 
     def _source(self, base: PreTrainedModel) -> tuple[str, str]:
-        """The policy's directory; a model built from config gets its config written to a temporary directory
-        and dummy weights, which the first push replaces."""
+        """The policy's directory; a model built from config gets its config written to a directory of its
+        own (in the run dir for a SLURM job: its node must see it) and dummy weights, which the first push
+        replaces."""
         path = str(getattr(base, "name_or_path", "") or "")
         if os.path.isfile(os.path.join(path, "config.json")):
             return path, "auto"
-        self._tmp = tempfile.mkdtemp(prefix="ablate-server-")
+        shared = self.start_on != "local" and self.log_dir is not None
+        self._tmp = tempfile.mkdtemp(prefix="ablate-server-", dir=self.log_dir if shared else None)
         base.config.save_pretrained(self._tmp)
         return self._tmp, "dummy"
 
@@ -350,19 +351,6 @@ def _has_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError):
-        return False
-
-
-def _in_use(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -377,12 +365,3 @@ def _address_towards(host: str) -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
-
-
-def _last_line(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except OSError:
-        return "no output"
-    return lines[-1][-300:] if lines else "no output"

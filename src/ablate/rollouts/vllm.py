@@ -55,6 +55,8 @@ log = logging.getLogger("ablate")
 class VLLMGenerator(EngineGenerator):
     """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (module docstring)."""
 
+    on_trainer_gpus = True  # the engine shares the training GPUs (ablate plan counts it there)
+
     def __init__(
         self,
         args: SamplingArgs,

@@ -36,8 +36,8 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         return
     for unit, names in _by_unit(model, units):
         unit.unshard()  # a collective: this unit's parameters whole on every rank, registered on its modules
-        try:
-            yield from merged_weights(model, names)
+        try:  # copies: the reshard frees the gathered storage, and an engine may still hold what it was given
+            yield from ((name, t.clone()) for name, t in merged_weights(model, names))
         finally:
             unit.reshard()
 
@@ -113,7 +113,7 @@ class Digest:
         self.hash = hashlib.sha256()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        t = tensor.detach().cpu().contiguous()
+        t = tensor.detach().to("cpu", copy=True).contiguous()  # numpy would pin the tensor's storage
         self.hash.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         self.hash.update(t.view(-1).view(torch.uint8).numpy())
 
