@@ -30,6 +30,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
@@ -104,6 +105,7 @@ class VLLMServerGenerator(EngineGenerator):
         self.started: Started | None = None  # the server this run started (start: true)
         self.model_name: str | None = None  # the server's name for its model (/v1/models)
         self.sender: Any = None  # vLLM's trainer-side weight-transfer engine (rank 0 sends)
+        self.session = ""  # this process's id in the weight versions it sets
         self._tmp: str | None = None
 
     def fit_rows(self, longest_row: int) -> None:
@@ -118,10 +120,11 @@ class VLLMServerGenerator(EngineGenerator):
             return
         if self.start_server and rank() == 0:
             self._launch(model)
+        self.session = uuid.uuid4().hex[:12]  # names this process's pushes (weight_version), rank 0's for all
         if world_size() > 1:  # the other ranks reach the server once rank 0 has started it, at its url
-            url = [self.url]
-            torch.distributed.broadcast_object_list(url, src=0)
-            self.url = url[0]
+            shared = [self.url, self.session]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            self.url, self.session = shared
         self.model_name = self._get("/v1/models")["data"][0]["id"]
         self.sender = self._connect(model)
 
@@ -131,14 +134,30 @@ class VLLMServerGenerator(EngineGenerator):
             self.sender.send_weights()
             if rank() == 0:
                 self._post("/reset_prefix_cache")  # its keys and values are the old weights'
+                self._post("/update_weight_version", {"new_version": self._weight_version(self.version)})
         except (OSError, RuntimeError) as e:
             raise self.lost(e) from e
         if world_size() > 1:
             torch.distributed.barrier()
 
+    def _weight_version(self, version: int) -> str:
+        return f"ablate-{self.session}-{version}"
+
+    def check_weights(self) -> None:
+        """Before a round: the server still holds the weights this run pushed last (vLLM's weight_version).
+        A server restarted since (the base model's weights again) or pushed to by another run is one line."""
+        held, mine = self._get("/weight_info").get("weight_version"), self._weight_version(self.pushed)
+        if self.pushed is not None and held != mine:
+            raise PeerLostError(
+                f"the rollout server at {self.url} holds weights this run did not push (weight version "
+                f"{held}, expected {mine}: it restarted, or another run pushed to it); the run stops here "
+                "and keeps its newest checkpoint: resume with the same command (or ablate resume RUN_DIR)"
+            )
+
     def sample(
         self, prompt_ids: list[list[int]], seeds: list[int], stops: list[int]
     ) -> list[tuple[list[int], list[float]]]:
+        self.check_weights()
         runs: list[tuple[int, int]] = []  # (first row, rows) of identical consecutive prompts
         for i, p in enumerate(prompt_ids):
             if runs and prompt_ids[runs[-1][0]] == p:
