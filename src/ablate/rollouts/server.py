@@ -198,7 +198,10 @@ class VLLMServerGenerator(EngineGenerator):
 
     def lost(self, error: BaseException) -> PeerLostError:
         """The one line for a server that stopped answering (the run resumes from its newest checkpoint)."""
-        why = getattr(error, "reason", None) or error
+        text = str(getattr(error, "reason", None) or error)
+        # the HTTP libraries' messages run long (pools, retries, URLs): their cause in a few words
+        known = ("Connection refused", "Connection reset", "timed out", "Name or service not known")
+        why = next((k.lower() for k in known if k.lower() in text.lower()), text[:160])
         started = " (started by this run)" if self.started is not None else ""
         return PeerLostError(
             f"the rollout server at {self.url}{started} stopped answering ({why}); the run stops here and "

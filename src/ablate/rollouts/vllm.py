@@ -81,6 +81,7 @@ class VLLMGenerator(EngineGenerator):
             "max_model_len": max_model_len or (prompt + self.max_tokens if prompt else None),
         }
         self.llm: Any = None
+        self._trainer_group = False  # torch.distributed was the trainer's before the engine was built
         self.max_model_len = max_model_len  # method.rollouts.max_model_len: the user's, kept over fit_rows
         self._tmp: str | None = None
 
@@ -138,7 +139,8 @@ class VLLMGenerator(EngineGenerator):
         llm, self.llm, self.pushed = self.llm, None, None
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
+                with _default_group_kept(self._trainer_group):  # the trainer's process group: still in use
+                    llm.llm_engine.engine_core.shutdown()
             finally:
                 del llm
                 gc.collect()
@@ -164,6 +166,7 @@ class VLLMGenerator(EngineGenerator):
         except ImportError:
             raise missing_extra("vllm", "vllm", "method/rollouts=vllm") from None
         source, load = self._source(base)
+        self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         t0 = time.perf_counter()
         with _global_rng_kept():  # vLLM seeds the global RNGs in-process: keep the trainer's streams
             # ids in, ids out: a tokenizer only where the directory has one (a config-only one has none)
@@ -187,6 +190,28 @@ class VLLMGenerator(EngineGenerator):
         self._tmp = tempfile.mkdtemp(prefix="ablate-vllm-")
         base.config.save_pretrained(self._tmp)
         return self._tmp, "dummy"
+
+
+@contextlib.contextmanager
+def _default_group_kept(keep: bool) -> Iterator[None]:
+    """vLLM's engine shutdown ends with `torch.distributed.destroy_process_group()`: right for the group it
+    made itself, wrong for the trainer's (torchrun: external_launcher, or a 1-rank group), which the trainer
+    still needs (FSDP2 gathers the model to save it). With `keep` vLLM's own groups go, the default stays."""
+    dist = torch.distributed
+    if not keep:
+        yield
+        return
+    destroy = dist.destroy_process_group
+
+    def keep_default(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    dist.destroy_process_group = keep_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
 
 
 @contextlib.contextmanager
