@@ -79,3 +79,37 @@ def test_start_on_is_one_of_its_places():
 
     with pytest.raises(ConfigError, match="method.rollouts.start_on=k8s: one of local, slurm, ray"):
         VLLMServerGenerator(ARGS, tokenizer=None, start_on="k8s")
+
+
+def test_a_run_resumes_with_its_server_elsewhere_but_not_with_another_setting():
+    """Where the rollout server is (its url, how it is started, how long to wait) is not the run's identity: a run
+    whose server restarted on another port resumes; what the run trains (a sampling setting) still counts."""
+    from ablate.record.identity import config_changes, identity, same_overrides
+
+    base = ["method=grpo", "method/rollouts=vllm_server", "method.rollouts.url=http://a:1"]
+    assert same_overrides(base, [*base[:2], "method.rollouts.url=http://b:2", "method.rollouts.timeout_s=5"])
+    assert not same_overrides(base, [*base, "method.args.temperature=0.5"])
+
+    def cfg(**rollouts):
+        from omegaconf import OmegaConf
+
+        node = {
+            "_target_": "ablate.rollouts.server.VLLMServerGenerator",
+            "url": "http://a:1",
+            "dtype": "float32",
+        }
+        return OmegaConf.create({"method": {"name": "grpo", "rollouts": {**node, **rollouts}}})
+
+    a, moved, other = (
+        identity(cfg()),
+        identity(cfg(url="http://b:2", start=True)),
+        identity(cfg(dtype="bfloat16")),
+    )
+    assert (
+        a["config_hash"] == moved["config_hash"]
+        and moved["config"]["method"]["rollouts"]["url"] == "http://b:2"
+    )
+    assert a["config_hash"] != other["config_hash"]
+    assert config_changes(a["config"], other["config"]) == [
+        "method.rollouts.dtype (was float32, now bfloat16)"
+    ]

@@ -196,7 +196,8 @@ class GRPOTrainer(RolloutTrainer):
 
     def _round_prompts(self, k: int) -> list[list[int]]:
         """Round k's prompt ids, read ahead of the dataloader from the sampler (asynchronous GRPO)."""
-        return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
+        rows = self._get_train_sampler().round_indices(k, self.accelerator.process_index)
+        return [self.train_dataset[i]["prompt_ids"] for i in rows]
 
     def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> Rollout:
         served = super()._prepare_inputs(inputs)

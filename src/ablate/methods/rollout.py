@@ -121,7 +121,8 @@ class RolloutTrainer(AblateTrainer, metaclass=ABCMeta):
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         # each round's prompts again for every micro-step it serves (Trainer skips what a resume has done)
         prompts = s.round_size // s.num_generations
-        return RepeatSampler(dataset, s.num_generations, prompts, s.micro_steps_per_round, seed)
+        ranks = self.accelerator.num_processes  # each rank its own slice of every chunk (RepeatSampler)
+        return RepeatSampler(dataset, s.num_generations, prompts, s.micro_steps_per_round, seed, ranks)
 
     def training_step(
         self,

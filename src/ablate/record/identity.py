@@ -28,6 +28,22 @@ RESIZED_ENV = "ABLATE_RESUME_RESIZED"
 # method keys that only tell ablate how to read a run (what defines each metric) or check its data (the kind
 # of rows, ablate.data.kinds), left out of its identity: a run started before a method declared them resumes
 COMPARE_ONLY = {"defined_by", "data_kind"}
+# where a run's rollout server is and how long to wait for it (method/rollouts=vllm_server), not what the run
+# trains: a run whose server moved or restarted elsewhere is the same run, resumed with the new address
+WHERE = {
+    f"method.rollouts.{k}"
+    for k in (
+        "url",
+        "start",
+        "start_on",
+        "sbatch_args",
+        "ray_address",
+        "ray_resources",
+        "group_host",
+        "timeout_s",
+        "start_timeout_s",
+    )
+}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -53,7 +69,7 @@ def same_overrides(recorded: list[str], given: list[str]) -> bool:
     """The same command: `given` as recorded (masked)."""
     resized = _resized_keys()  # `ablate resume` on another rank count changed these keys itself
     kept = [
-        [o for o in map(str, x) if o.split("=", 1)[0].lstrip("+~") not in resized]
+        [o for o in map(str, x) if o.split("=", 1)[0].lstrip("+~") not in resized | WHERE]
         for x in (recorded, secrets.mask(given))
     ]
     return sorted(kept[0]) == sorted(kept[1])
@@ -92,7 +108,16 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     # how `ablate compare` reads the metrics: trains nothing differently
     if isinstance(resolved.get("method"), dict):
         resolved["method"] = {k: v for k, v in resolved["method"].items() if k not in COMPARE_ONLY}
-    return {"config_hash": config_hash(resolved), "config": resolved}
+    return {"config_hash": config_hash(_without_where(resolved)), "config": resolved}
+
+
+def _without_where(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The config without the WHERE keys (a copy): what the run trains."""
+    rollouts = (resolved.get("method") or {}).get("rollouts")
+    if not isinstance(rollouts, dict):
+        return resolved
+    kept = {k: v for k, v in rollouts.items() if f"method.rollouts.{k}" not in WHERE}
+    return {**resolved, "method": {**resolved["method"], "rollouts": kept}}
 
 
 def check_same_config(
@@ -132,7 +157,7 @@ def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key (was X, now Y)` for every key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
+    a, b = _flat(_without_where(old)), _flat(_without_where(new))
     return [
         f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
         for k in [*b, *(k for k in a if k not in b)]
