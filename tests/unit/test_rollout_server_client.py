@@ -98,7 +98,13 @@ def test_a_run_resumes_with_its_server_elsewhere_but_not_with_another_setting():
             "url": "http://a:1",
             "dtype": "float32",
         }
-        return OmegaConf.create({"method": {"name": "grpo", "rollouts": {**node, **rollouts}}})
+        node = {
+            **node,
+            **rollouts,
+        }  # composed at method.rollouts, resolved again into the trainer's generator
+        return OmegaConf.create(
+            {"method": {"name": "grpo", "rollouts": node, "trainer": {"generator": node}}}
+        )
 
     a, moved, other = (
         identity(cfg()),
@@ -111,5 +117,7 @@ def test_a_run_resumes_with_its_server_elsewhere_but_not_with_another_setting():
     )
     assert a["config_hash"] != other["config_hash"]
     assert config_changes(a["config"], other["config"]) == [
-        "method.rollouts.dtype (was float32, now bfloat16)"
+        "method.rollouts.dtype (was float32, now bfloat16)",
+        "method.trainer.generator.dtype (was float32, now bfloat16)",
     ]
+    assert config_changes(a["config"], moved["config"]) == []

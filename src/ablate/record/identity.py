@@ -29,21 +29,21 @@ RESIZED_ENV = "ABLATE_RESUME_RESIZED"
 # of rows, ablate.data.kinds), left out of its identity: a run started before a method declared them resumes
 COMPARE_ONLY = {"defined_by", "data_kind"}
 # where a run's rollout server is and how long to wait for it (method/rollouts=vllm_server), not what the run
-# trains: a run whose server moved or restarted elsewhere is the same run, resumed with the new address
-WHERE = {
-    f"method.rollouts.{k}"
-    for k in (
-        "url",
-        "start",
-        "start_on",
-        "sbatch_args",
-        "ray_address",
-        "ray_resources",
-        "group_host",
-        "timeout_s",
-        "start_timeout_s",
-    )
-}
+# trains: a run whose server moved or restarted elsewhere is the same run, resumed with the new address.
+# Its node is composed at method.rollouts and resolved again into the trainer's `generator`
+WHERE_NODES = ("method.rollouts", "method.trainer.generator")
+WHERE_KEYS = (
+    "url",
+    "start",
+    "start_on",
+    "sbatch_args",
+    "ray_address",
+    "ray_resources",
+    "group_host",
+    "timeout_s",
+    "start_timeout_s",
+)
+WHERE = {f"{node}.{k}" for node in WHERE_NODES for k in WHERE_KEYS}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -113,11 +113,18 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
 
 def _without_where(resolved: dict[str, Any]) -> dict[str, Any]:
     """The config without the WHERE keys (a copy): what the run trains."""
-    rollouts = (resolved.get("method") or {}).get("rollouts")
-    if not isinstance(rollouts, dict):
-        return resolved
-    kept = {k: v for k, v in rollouts.items() if f"method.rollouts.{k}" not in WHERE}
-    return {**resolved, "method": {**resolved["method"], "rollouts": kept}}
+
+    def strip(node: Any, path: list[str]) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if not path:
+            return {k: v for k, v in node.items() if k not in WHERE_KEYS}
+        head, *rest = path
+        return {**node, head: strip(node[head], rest)} if head in node else node
+
+    for where in WHERE_NODES:
+        resolved = strip(resolved, where.split("."))
+    return resolved
 
 
 def check_same_config(
