@@ -30,6 +30,7 @@ def check_code(
     check_method_args(cfg, swept)
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
         check_trainer_functions(cfg)
+        check_reference_free(cfg)
         check_reward_functions(cfg)
         environment = OmegaConf.select(cfg, "method.args.environment", default=None)
         # made with no arguments (TRL's)
@@ -128,6 +129,26 @@ def check_trainer_functions(cfg: DictConfig) -> None:
         problem = call_mismatch(instantiate(value), param.default)
         if problem is not None:
             raise ConfigError(_misfit(cfg, node, name, value, param.default, problem))
+
+
+def check_reference_free(cfg: DictConfig) -> None:
+    """A reference model (`+ref_model=...`) for a loss that reads none (ORPO, CPO, SimPO: marked
+    `reference_free`, ablate.losses.reference_free) would be dropped unread: refused before it is loaded."""
+    from hydra.utils import instantiate
+
+    from ablate.losses.reference_free import declares
+
+    node = cfg.method.trainer
+    loss, ref = node.get("loss"), node.get("ref_model")
+    if not isinstance(ref, DictConfig) or not isinstance(loss, DictConfig) or "_target_" not in loss:
+        return
+    if declares(instantiate(loss), "reference_free"):
+        raise ConfigError(
+            f"+ref_model with method={OmegaConf.select(cfg, 'method.name', default='?')}: its loss "
+            f"({loss._target_}) is reference-free, it reads no reference log-probs, so the reference model "
+            "would "
+            "be loaded for nothing; drop +ref_model"
+        )
 
 
 def check_reward_functions(cfg: DictConfig) -> None:
