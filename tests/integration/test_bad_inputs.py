@@ -379,6 +379,11 @@ CASES: list[Case] = [
     U("compare-unreadable", "compare {F}/unreadable_run", "unreadable_run: permission denied"),
     U("status-unreadable", "status {F}/unreadable_run", "unreadable_run: permission denied"),
     U("generate-unreadable", "generate {F}/unreadable_run --prompt hi", "unreadable_run: permission denied"),
+    C(
+        "generate-empty-prompts-file",
+        "generate {F}/done_run --prompts {F}/empty.jsonl",
+        "--prompts {F}/empty.jsonl is empty: no rows in it",
+    ),
     U("eval-unreadable", "eval {F}/unreadable_run", "unreadable_run: permission denied"),
     U(
         "run-dir-under-unsearchable",

@@ -78,6 +78,8 @@ def read_prompts(prompts: list[str], path: Path | None) -> list[dict[str, Any]]:
                 if not isinstance(row, dict) or "prompt" not in row:
                     raise ValueError(f"{path} line {number}: no 'prompt' field")
                 out.append(row)
+        if len(out) == len(prompts):
+            raise ValueError(f"--prompts {path} is empty: no rows in it (JSON lines, each with a 'prompt')")
     return out
 
 
