@@ -222,7 +222,8 @@ def given_run(path: Path) -> Path:
         else f"{len(skipped)} newer dirs (`ablate ls` says why), the newest"
     )
     said = f" (skipped {some} {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
-    print(f"last: {found}{said}", file=sys.stderr)
+    if is_main_process():  # torchrun's ranks each resolve it: said once
+        print(f"last: {found}{said}", file=sys.stderr)
     return found
 
 
