@@ -420,6 +420,14 @@ CASES: list[Case] = [
         "train method/dpo_loss=robust method.dpo_loss.label_smoothing=2",
         "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5)",
     ),
+    # the template's fault, named (not row 0's), before the run dir exists
+    T(
+        "assistant-only-template-renders-no-assistant",
+        "train method=sft data=caps_messages method.args.assistant_only_loss=true model=local "
+        "model.path={F}/user_only_template",
+        "method.args.assistant_only_loss=true, but the chat template of model.path={F}/user_only_template "
+        "(chat_template.jinja) puts no token of an assistant turn in the loss",
+    ),
     # a reference for a loss that reads none (ORPO, CPO, SimPO) would be loaded and dropped unread
     T(
         "orpo-ref-model-live",
@@ -1312,6 +1320,7 @@ def _fixtures(root: Path) -> Path:
     (f / "junk_model").mkdir()
     (f / "junk_model" / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe not a config")
     _other_ids_teacher(f / "other_ids")
+    _user_only_template(f / "user_only_template")
     (f / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (f / "latin1.jsonl").write_bytes(
         json.dumps(ROWS[0]).encode() + b"\n" + '{"prompt": "caf\xe9"}\n'.encode("latin-1")
@@ -1352,6 +1361,16 @@ def _other_ids_teacher(path: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS)
     tiny()[1].save_pretrained(path)
     fast.save_pretrained(path)
+
+
+def _user_only_template(path: Path) -> None:
+    """The tiny model saved with a chat template that renders the user's turns only (never an assistant's)."""
+    from ablate.models import tiny
+
+    tok, model = tiny()
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}\n{% endif %}{% endfor %}"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
 
 
 def _old_run(cwd: Path) -> None:
