@@ -54,8 +54,8 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
 
 
 def local_model_path(value: str) -> str | None:
-    """Why a model-like path (model.path, teacher.path, a reward model's path) is a local path, or None when
-    it is a hub id. Local: it starts with `/`, `.` or `~`, it exists here, its first folder exists here
+    """Why a model path (model.path, teacher.path: `from_pretrained`'s) is a local path, or None when it is a
+    hub id. Local: it starts with `/`, `.` or `~`, it exists here, its first folder exists here
     (`outputs/run/model` with ./outputs/), or it cannot be a hub id (huggingface_hub's rule: NAME or
     ORG/NAME). `from_pretrained` would try a missing local path as a hub id, and say so in words about
     repo ids, after the run dir exists."""

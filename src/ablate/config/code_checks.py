@@ -147,8 +147,7 @@ def check_reference_free(cfg: DictConfig) -> None:
         raise ConfigError(
             f"+ref_model with method={OmegaConf.select(cfg, 'method.name', default='?')}: its loss "
             f"({loss._target_}) is reference-free, it reads no reference log-probs, so the reference model "
-            "would "
-            "be loaded for nothing; drop +ref_model"
+            "would be loaded for nothing; drop +ref_model"
         )
 
 

@@ -108,9 +108,8 @@ def check_paths(cfg: DictConfig) -> None:
             _check_model_dir(Path(path).expanduser(), f"{key}.path={path}", key == "teacher", why)
 
 
-PRETRAINED = (
-    "ablate.models.pretrained"  # loads `path`: a local dir or a hub id (ablate.paths.local_model_path)
-)
+# loads its `path`: a local dir or a hub id (ablate.paths.local_model_path tells which)
+PRETRAINED = "ablate.models.pretrained"
 
 
 def _model_nodes(node: Any, key: str = "") -> list[tuple[str, DictConfig]]:
