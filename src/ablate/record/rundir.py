@@ -174,7 +174,7 @@ def run_json_problem(run_dir: Path) -> str | None:
         return f"{RUN} cannot be read ({e.strerror})"
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
+    except ValueError:  # UnicodeDecodeError too
         return f"its {RUN} is not JSON ({len(text)} bytes: cut short?)"
     return None if isinstance(data, dict) else f"its {RUN} is a JSON {type(data).__name__}, not an object"
 
@@ -190,13 +190,12 @@ def newest_run(root: Path = OUTPUTS) -> tuple[Path | None, list[tuple[Path, str]
     for here, dirs, files in os.walk(root):
         if RUN in files or SUMMARY in files:
             dirs[:] = []  # a run holds no run below it (checkpoints/, model/)
-            problem = run_json_problem(Path(here))
-            info = read_json(Path(here) / RUN) if problem is None else None
+            info = read_json(Path(here) / RUN)
             if info is not None:
                 best = max(best or ("", ""), (str(info.get("started", "")), here))
-            else:
+            else:  # dated as `ablate ls` dates it: by its last write
                 when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.stat(here).st_mtime))
-                broken.append((when, Path(here), problem or f"{RUN} is not a JSON object"))
+                broken.append((when, Path(here), run_json_problem(Path(here)) or f"{RUN} is unreadable"))
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]
     newer = sorted((b for b in broken if best is None or b[0] > best[0]), key=lambda b: b[0], reverse=True)
@@ -216,11 +215,8 @@ def given_run(path: Path) -> Path:
             f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
             f"under {OUTPUTS.resolve()}){why}; run `ablate train` first, or give a run dir"
         )
-    some = (
-        "a newer dir,"
-        if len(skipped) == 1
-        else f"{len(skipped)} newer dirs (`ablate ls` says why), the newest"
-    )
+    n = len(skipped)
+    some = "a newer dir," if n == 1 else f"{n} newer dirs (`ablate ls` says why), the newest"
     said = f" (skipped {some} {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
     if is_main_process():  # torchrun's ranks each resolve it: said once
         print(f"last: {found}{said}", file=sys.stderr)
