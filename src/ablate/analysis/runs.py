@@ -151,8 +151,14 @@ def load_run(path: Path) -> Run | None:
         return None
     if summary is None and (path / rundir.SUMMARY).exists():  # corrupt, not "still running"
         summary = {"status": "unreadable", "error": f"{rundir.SUMMARY} is not a JSON object"}
+    problem = rundir.run_json_problem(path) if summary is not None or info is None else None
+    if problem is not None and (summary is not None or (path / rundir.RUN).exists()):
+        # no run to use (`last` skips it, eval and generate refuse it), whatever summary.json says
+        summary = {**(summary or {}), "status": "unreadable", "error": f"{problem}; `last` skips it"}
     summary = summary or {"status": "running"}
     overrides = summary.get("overrides") or (info or {}).get("overrides")
+    if overrides is None and not hydra_overrides.is_file():  # an unreadable run's: none known
+        overrides = []
     if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides
         overrides = [
             line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")

@@ -375,7 +375,7 @@ class GRPOTrainer(RolloutTrainer):
         # ablate's own
         metrics["timing/generation_seconds"] = seconds if round_seconds is None else round_seconds
         if out.tool_calls is not None:  # TRL's: calls per completion, and the failed share of the calls made
-            metrics.update(tool_metrics(out.tool_calls, out.tool_failures))
+            metrics.update(tool_metrics(out.tool_calls, out.tool_failures, out.tool_truncated))
         self.metrics.add(mode, metrics)
         if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
             stats.scoring_seconds += time.perf_counter() - t0 - seconds

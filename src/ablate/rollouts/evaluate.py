@@ -63,7 +63,7 @@ def reward_eval(
     stops, n = set(stop_ids(tokenizer, model)), max(samples, 1)
     was_training = model.training
     model.eval()
-    tables, lengths, clipped, warned, tool_calls, failures = [], [], [], set(), [], []
+    tables, lengths, clipped, warned, tool_calls, failures, cut = [], [], [], set(), [], [], []
     for start in range(0, len(prompts), batch_size):
         rows = [prompts[i] for i in range(start, min(start + batch_size, len(prompts))) for _ in range(n)]
         out = as_completions(
@@ -78,6 +78,7 @@ def reward_eval(
         clipped += [not c or c[-1] not in stops for c in out.ids]
         tool_calls += out.tool_calls or []
         failures += out.tool_failures or []
+        cut += out.tool_truncated or []
     model.train(was_training)
     table = torch.cat(tables)
     total = (table * weights).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), torch.nan)
@@ -86,7 +87,11 @@ def reward_eval(
         "reward_std": _std(total),
         **{f"rewards/{f}/mean": torch.nanmean(table[:, i]).item() for i, f in enumerate(reward_funcs)},
         **completion_metrics(lengths, clipped),
-        **({k: v.item() for k, v in tool_metrics(tool_calls, failures).items()} if box is not None else {}),
+        **(
+            {k: v.item() for k, v in tool_metrics(tool_calls, failures, cut).items()}
+            if box is not None
+            else {}
+        ),
     }
     per_prompt = total.view(-1, n)
     examples = [

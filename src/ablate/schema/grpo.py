@@ -228,6 +228,11 @@ class GRPOArgs(TrainArgs):
         nullable(number(above=0, why=" (seconds)"), "no limit"),
         "Seconds a call may run; past it the model reads a timeout error.",
     )
+    max_tool_result_length: int | None = field(
+        None,
+        nullable(integer(1), "max_completion_length"),
+        "Tokens of a tool result kept (cut in characters first); null = max_completion_length.",
+    )
     tool_call_format: str = field(
         "auto",
         choice(*TOOL_CALL_FORMATS, words="auto, chat_template or hermes (ablate.rollouts.tool_calls)"),

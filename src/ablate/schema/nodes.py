@@ -263,3 +263,5 @@ class DPOLoss(Schema):
     label_smoothing: float = field(check=fraction(high=0.5, closed=False))
     cpo_alpha: float = field(check=number(at_least=0, why=" (the NLL term's weight; 0 = off)"))  # cpo, simpo
     gamma: float = field(check=number(at_least=0, why=" (SimPO's target margin)"))  # simpo
+    # AlphaPO's reward shape (cpo, cpo_hinge, cpo_ipo, simpo): any finite number, 0 = the log reward
+    alpha: float = field(check=Rule(lambda v, n: is_num(v), "a finite number (0: the log-probs themselves)"))
