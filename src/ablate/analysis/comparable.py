@@ -17,6 +17,15 @@ FALLBACK = {"loss": ["method.name"]}
 HELD_OUT = "eval_"  # the Trainer's prefix of held-out metrics (eval.json)
 
 
+BACKENDS = ("lm_eval/", "judge/")  # eval.json's metrics of the other evaluation backends: held out by nature
+
+
+def held_out_name(metric: str) -> str:
+    """An eval_examples.jsonl metric's name in eval.json: `rewards/margins` -> `eval_rewards/margins` (the
+    method's own eval, as the Trainer prefixes it); a backend's `lm_eval/sort/exact_match` as it is."""
+    return metric if metric.startswith((HELD_OUT, *BACKENDS)) else f"{HELD_OUT}{metric}"
+
+
 def bare(metric: str) -> str:
     """`eval_loss` -> `loss`: a held-out metric is defined as its training namesake."""
     return metric[len(HELD_OUT) :] if metric.startswith(HELD_OUT) else metric

@@ -37,6 +37,7 @@ from ablate.analysis.plots import safe, write_plots
 from ablate.analysis.report import DEFAULT_OUT, DEFAULT_OUT_RULE, default_out
 from ablate.analysis.runs import Group, Run, by_method, find_runs, launches, method_names, newest_launches
 from ablate.analysis.table import (
+    CUT_NOTE,
     INTERVAL_NOTE,
     IQM_NOTE,
     display_table,
@@ -252,12 +253,13 @@ def _compare_runs(
     diffs = paired_differences(ranked)
     better = improvements(ranked, many)
     examples, skipped_examples = example_differences(groups, metrics)
-    words = in_words(diffs, better, examples) if better or examples else []
+    words = in_words(diffs, better, examples) if any(d.tellable for d in diffs) or better or examples else []
     not_ranked = comparable.not_compared_line(
         {**skipped, **skipped_examples}, list(dict.fromkeys(r[3] for r in ranked)), bool(asked)
     )
     notes = (
         [*left_out, launch_note(runs, opts.pool), INTERVAL_NOTE, held_note, diverged_line(groups)]
+        + [CUT_NOTE if any(r.get(f"{m} cut") for r in rows for m in metrics) else ""]
         + [r.not_numbers for r in runs]
         + [not_ranked]
         + ([IQM_NOTE] if many else [])
@@ -321,7 +323,10 @@ def print_differences(
     if folded and len(untold) == len(diffs):
         print(f"seed-paired differences: {few_seeds_line(untold, report)}")
     elif diffs:
-        print(f"seed-paired differences (each arm minus its launch's first arm; {stats.PAIRED_METHOD}):")
+        print(
+            f"seed-paired differences (each arm minus its launch's first arm; {stats.PAIRED_METHOD}; each "
+            "test on its own: the summary below adjusts for the several tests and metrics):"
+        )
         for d in [d for d in diffs if d.tellable] if folded else diffs:
             print(f"  {where(d)}{d.verdict()}")
             if d.tellable and d.power_line():
@@ -348,7 +353,8 @@ def few_seeds_line(untold: list[stats.Paired], report: bool) -> str:
         f"about {needed[0]}"
         + (f"-{needed[-1]}" if needed[-1] != needed[0] else "")
         + " seeds per arm would make "
-        f"differences of these sizes clear at {stats.POWER:.0%} power"
+        f"differences of these sizes clear at {stats.POWER:.0%} power (rough: each spread comes from "
+        f"{pairs[-1]} pairs)"
         if needed
         else f"run at least {stats.MIN_N} seeds per arm"
     )

@@ -16,6 +16,11 @@ INTERVAL_NOTE = (
     f"metrics: mean [{stats.T_METHOD}] (with fewer than {stats.MIN_N} seeds: mean ± std, too few for an "
     "interval); runtime (s): mean ± std over seeds, always"
 )
+CUT_NOTE = (
+    "*: the t interval crossed a bound the metric cannot pass (below 0; above 1 for a rate), so it is cut "
+    "there (its coverage stays 95%); an interval that needs cutting says the seeds are too few to place "
+    "the mean"
+)
 IQM_NOTE = (
     f"IQM: interquartile mean over seeds, for metrics every arm has ≥ {many_seeds.MANY_SEEDS} seeds of "
     "(Agarwal et al. 2021; robust to one diverged seed; no interval: none covers 95% at 5-10 seeds, "
@@ -60,6 +65,7 @@ def table_rows(
             row[f"{m} mean"], row[f"{m} std"] = mean_std(values)
             ci = stats.t_interval(values)
             row[f"{m} n"] = len(values)
+            ci, row[f"{m} cut"] = stats.bounded(ci, m) if ci else (None, False)
             row[f"{m} ci_low"], row[f"{m} ci_high"] = ci if ci else (None, None)
             if m in (many or []):
                 row[f"{m} iqm"] = many_seeds.iqm(g.seed_scores(m))
@@ -93,7 +99,9 @@ def display_table(
             *(
                 c
                 for m in metrics
-                for c in [fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) + _of(r, m)]
+                for c in [
+                    fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) + ("*" if r[f"{m} cut"] else "") + _of(r, m)
+                ]
                 + ([f"{r[f'{m} iqm']:.4g}"] if m in many else [])
             ),
             fmt(r["runtime_s mean"], r["runtime_s std"]),
