@@ -332,11 +332,16 @@ def words_table(trials: int) -> list[str]:
     """docs/compare.md's table of the words' false alarms: the share of A/A comparisons with a clear line."""
     out = [
         "",
-        "| in words, any clear | seeds | metrics | examples | normal | t3 |",
+        "| in words, any clear | seeds | metrics | examples | normal: old, now | t3: old, now |",
         "|---|---|---|---|---|---|",
     ]
     for n, metrics, examples in ((3, 1, 0), (3, 3, 0), (5, 1, 0), (5, 3, 0), (8, 3, 0), (3, 2, 64)):
-        cells = [f"{words_clear(d, n, metrics, examples, trials).mean():.1%}" for d in ("normal", "t3")]
+        cells = [
+            ", ".join(
+                f"{words_clear(d, n, metrics, examples, trials, old).mean():.1%}" for old in (True, False)
+            )
+            for d in ("normal", "t3")
+        ]
         out.append(f"| | {n} | {metrics} | {examples or '-'} | " + " | ".join(cells) + " |")
     return out
 

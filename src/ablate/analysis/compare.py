@@ -177,11 +177,13 @@ def compare(
     tags: list[str] | None = None,
     all_launches: bool = False,
     verbose: bool = False,
+    outcomes: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Print the comparison table and seed-paired differences of the runs under `paths` (only those
     carrying every tag in `tags`, from run.json); with `out`, also write plots, tables and a
-    self-contained report.html. Returns the table rows (raw numbers). `verbose`: every difference too
-    few seeds can tell on its own line (else one line counts them; report.html lists them all).
+    self-contained report.html. Returns the table rows (raw numbers); `outcomes` (a list) gets each
+    table's runs, cells, differences and verdicts (what `ablate compare --wandb` logs). `verbose`: every
+    difference too few seeds can tell on its own line (else one line counts them; report.html lists them).
 
     A sweep's folder holding several launches gives its newest launch only, unless `all_launches`
     (each launch kept apart) or `pool` (launches pooled); the output says which were left out."""
@@ -222,7 +224,7 @@ def compare(
         if i:
             print()
         rows += _compare_runs(
-            family, metrics, where, Options(pool, xs, verbose), left_out if i == 0 else [], title
+            family, metrics, where, Options(pool, xs, verbose, outcomes), left_out if i == 0 else [], title
         )
     return rows
 
@@ -234,6 +236,7 @@ class Options:
     pool: bool = False
     xs: list[str] | None = None
     verbose: bool = False
+    outcomes: list[dict[str, Any]] | None = None  # each table's outcome is appended (compare --wandb)
 
 
 def _compare_runs(
@@ -270,6 +273,16 @@ def _compare_runs(
         if note:
             print(note)
     print_differences(diffs, better, examples, words, opts.verbose, out is not None)
+    if opts.outcomes is not None:
+        opts.outcomes.append(
+            {
+                "runs": [r.path for r in runs],
+                "header": header,
+                "cells": cells,
+                "differences": [d.verdict() for d in [*diffs, *better, *examples]],
+                "words": words,
+            }
+        )
     from ablate.analysis.study import print_studies
 
     if out is not None:
