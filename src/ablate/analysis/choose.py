@@ -16,7 +16,8 @@ from ablate.errors import ConfigError
 # logged.
 SPEED_METRICS = ["tokens_per_second", "mfu"]
 GRPO_TIME_METRICS = ["time/generation", "time/scoring", "time/training"]
-STDERR = "_stderr"  # lm-eval's standard error of a task metric, beside it in eval.json: shown, never ranked
+STDERR = "_stderr"  # lm-eval's standard error of a task metric, beside it in eval.json: not ranked
+JUDGED = ("judge/win_rate", "judge/lc_win_rate", "judge/score_diff")  # eval=judge: against the baseline
 
 
 def default_metrics(runs: list[Run]) -> list[str]:
@@ -65,11 +66,12 @@ def prefer_held_out(metrics: list[str], runs: list[Run]) -> tuple[list[str], str
 
 def backend_metrics(runs: list[Run]) -> list[str]:
     """What evaluation backends other than the method's own wrote to eval.json (`lm_eval/sort/exact_match`,
-    `judge/win_rate`), in first-seen order; their standard errors are not ranked."""
+    `judge/win_rate`), in first-seen order: every lm-eval task metric (not its standard error), and the
+    judge's comparisons (JUDGED; its raw scores and lengths, and the baseline's, stay in eval.json)."""
     out: dict[str, None] = {}
     for r in runs:
         for m in r.held_out:
-            if not m.startswith(comparable.HELD_OUT) and not m.endswith(STDERR) and "/" in m:
+            if (m.startswith("lm_eval/") and STDERR not in m) or m in JUDGED:
                 out[m] = None
     return list(out)
 

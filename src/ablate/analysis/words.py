@@ -107,7 +107,7 @@ def verdicts(paired: list[Paired], better: list[Improvement], examples: list[Exa
         if v.tests:
             pairs.setdefault((v.launch, v.a, v.b), []).append(v)
     for tested in pairs.values():
-        for v, p in zip(tested, benjamini_hochberg([v.holm or 1.0 for v in tested])):
+        for v, p in zip(tested, benjamini_hochberg([1.0 if v.holm is None else v.holm for v in tested])):
             v.adjusted = p
     return list(found.values())
 
