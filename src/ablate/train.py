@@ -41,7 +41,6 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one run in Hydra's output dir (always leave a summary.json), evaluate it; return the summary."""
     setup.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
-    trained = None  # (tokenizer, model) as trained, for the evaluations (FSDP's shards: loaded as saved)
     with setup.process_group_left(), lifecycle.record(cfg) as record:  # the group outlives the record
         if not record.done:
             checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
@@ -52,8 +51,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             save(trainer, record.dir, cfg)
             extra = getattr(trainer, "summary_fields", dict)()  # GRPO's rounds
             record.complete(trainer, extra, speed.summary_fields())
-            trained = None if trainer.is_fsdp_enabled else (trainer.processing_class, trainer.model)
-    lifecycle.finished(cfg, record, trained, code_checks.check_precision)  # its device args, if it evaluates
+            record.trained = None if trainer.is_fsdp_enabled else (trainer.processing_class, trainer.model)
+            del trainer, speed  # eval=[...]: the model as trained (FSDP's shards: as saved), optimizer freed
+    lifecycle.finished(cfg, record, code_checks.check_precision)  # its device args, if it evaluates
     return record.summary
 
 

@@ -86,7 +86,10 @@ def evaluate_sweep(sweep: Path, overrides: list[str], samples: int, vs: Path | N
 
     runs = [r for r in find_runs([sweep]) if (r.path / rundir.RUN).is_file()]
     if not runs:
-        fail(f"{sweep} holds no ablate run dirs (`ablate ls {sweep}` lists what is there)")
+        fail(
+            f"{sweep} is not an ablate run dir (no {rundir.RUN}), nor a sweep holding any (`ablate ls` lists "
+            "your runs)"
+        )
     for run in runs:
         if run.status != "completed":
             print(f"{run.path.name}: {run.status}, not evaluated (its training has not completed)")

@@ -42,13 +42,31 @@ def pending(cfg: Any, record: dict[str, Any]) -> list[str]:
 
 
 def check(cfg: Any, swept: frozenset[str] = frozenset()) -> None:
-    """Each evaluation's refusals before anything is trained (an unknown lm-eval task, the extra missing, the
-    hub needed offline, no judge): one line (ConfigError)."""
-    for name in names(cfg):
-        if not any(
-            s == f"eval.{name}" or s.startswith(f"eval.{name}.") for s in swept
-        ):  # a job checks its own
-            backend(cfg, name).check(cfg)
+    """Each evaluation's refusals before anything is trained or loaded: a value its schema refuses or one
+    left `???` (ablate eval composes with no other check), an unknown lm-eval task, the extra missing, the hub
+    needed offline, no judge: one line (ConfigError). `swept`: keys a multirun sweeps (each job checks its
+    own)."""
+    from omegaconf import OmegaConf
+
+    from ablate.schema import refusal, schema_for
+
+    judge = [("judge", cfg.judge)] if cfg.get("judge") else []
+    for path, node in [(f"eval.{n}", cfg.eval[n]) for n in names(cfg)] + judge:
+        if any(s == path or s.startswith(f"{path}.") for s in swept):
+            continue
+        if missing := sorted(OmegaConf.missing_keys(node)):
+            raise ConfigError(f"{path}.{missing[0]} is required: add {path}.{missing[0]}=...")
+        schema = schema_for(path, node.get("_target_"))
+        values = OmegaConf.to_container(node, resolve=True)
+        found = (
+            schema.of({k: v for k, v in values.items() if k in schema.__dataclass_fields__})
+            if schema
+            else None
+        )
+        for key, value, what in found.problems(path) if found else []:
+            raise ConfigError(refusal(key, value, what))
+        if path.startswith("eval."):
+            backend(cfg, path[5:]).check(cfg)
 
 
 def backend(cfg: Any, name: str) -> Any:

@@ -55,6 +55,7 @@ class Run:
     summary: dict[str, Any]
     tracker: Any = None  # the logger group's tracker (W&B), started by `start_tracker`
     done: bool = False  # completed before this process started: nothing to do
+    trained: tuple[Any, Any] | None = None  # (tokenizer, model) as trained, for the evaluations (`finished`)
     resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
     cache_recorded: bool = False  # this launch's cache lookups are in run.json (later calls update them)
@@ -364,10 +365,10 @@ def evaluate(
     return record
 
 
-def finished(cfg: DictConfig, run: Run, trained: tuple[Any, Any] | None, precision: Any) -> None:
+def finished(cfg: DictConfig, run: Run, precision: Any) -> None:
     """After the record, on the main process: the final metrics (a run trained now), then the evaluations
     `eval=[...]` asks for that eval.json lacks (a job killed while it evaluated runs them again, only them),
-    the training's process group gone; the model as trained (tokenizer, model), else as saved. `precision`:
+    the training's process group gone; the model as trained (`run.trained`), else as saved. `precision`:
     the precision node -> this machine's TrainingArguments (ablate.config.code_checks.check_precision)."""
     if not rundir.is_main_process():
         return
@@ -381,7 +382,7 @@ def finished(cfg: DictConfig, run: Run, trained: tuple[Any, Any] | None, precisi
 
         quiet_libraries()  # as in training (a job that only evaluates did not set them)
         say(f"evaluating: {', '.join(todo)}")
-        tokenizer, model = trained or pretrained(str(run.dir / rundir.MODEL))
+        tokenizer, model = run.trained or pretrained(str(run.dir / rundir.MODEL))
         device = precision(cfg.precision)
         record = evaluate(cfg, run.dir, model, tokenizer, device, list(run.summary["overrides"]), todo)
         say(summary_line(record, run.summary.get("compare_metrics") or []))
