@@ -51,11 +51,11 @@ def check(cfg: Any, swept: frozenset[str] = frozenset()) -> None:
     from ablate.schema import refusal, schema_for
 
     judge = [("judge", cfg.judge)] if cfg.get("judge") else []
-    for path, node in [(f"eval.{n}", cfg.eval[n]) for n in names(cfg)] + judge:
-        if any(s == path or s.startswith(f"{path}.") for s in swept):
-            continue
+    nodes = [(f"eval.{n}", cfg.eval[n]) for n in names(cfg)] + judge
+    checked = [(p, n) for p, n in nodes if not any(s == p or s.startswith(f"{p}.") for s in swept)]
+    for path, node in checked:
         if missing := sorted(OmegaConf.missing_keys(node)):
-            raise ConfigError(f"{path}.{missing[0]} is required: add {path}.{missing[0]}=...")
+            raise ConfigError(f"{missing[0]} is required: add {missing[0]}=...")  # its full key
         schema = schema_for(path, node.get("_target_"))
         values = OmegaConf.to_container(node, resolve=True)
         found = (
@@ -65,6 +65,7 @@ def check(cfg: Any, swept: frozenset[str] = frozenset()) -> None:
         )
         for key, value, what in found.problems(path) if found else []:
             raise ConfigError(refusal(key, value, what))
+    for path, _ in checked:  # then what the backends check (a judge built, lm-eval's tasks), every node valid
         if path.startswith("eval."):
             backend(cfg, path[5:]).check(cfg)
 
