@@ -105,7 +105,7 @@ def not_compared_line(
         f"{', '.join(ms)} {'is' if len(ms) == 1 else 'are'} defined by each arm's {why}"
         for why, ms in reasons.items()
     )
-    if ranked and all(m.startswith(HELD_OUT) for m in ranked):
+    if ranked and all(m.startswith((HELD_OUT, *BACKENDS)) for m in ranked):
         tail = "ranking the held-out metrics instead"
     elif ranked:
         tail = "ranking the others instead" + (

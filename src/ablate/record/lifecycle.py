@@ -348,17 +348,18 @@ def evaluate(
     """Run the evaluations `only` on the run's `model` (ablate.evaluation), record them (eval_examples.jsonl,
     then eval.json: what it lists is done), and hand them to the run's tracker (W&B: its own run, resumed).
     Returns eval.json's record. Holds the run dir's lock: two processes never write one eval.json."""
+    from hydra.utils import instantiate
+
     from ablate.evaluation import results
+    from ablate.evaluation.base import Evaluand
 
     rundir.lock(run_dir, advice="wait for it, or evaluate another run")
     info = rundir.read_json(run_dir / rundir.RUN) or {}
-    found = results.run(cfg, results.Evaluand(cfg, run_dir, model, tokenizer, info, device_args), only)
+    found = results.run(cfg, Evaluand(cfg, run_dir, model, tokenizer, info, device_args), only)
     before = rundir.read_json(run_dir / rundir.EVAL) or {}
     record, rows = results.merged(before, rundir.example_rows(run_dir), found, cfg.method.name, overrides)
     rundir.write_examples(run_dir, rows)
     rundir.write_json(run_dir / rundir.EVAL, record)
-    from hydra.utils import instantiate
-
     tracker = instantiate(cfg.logger) if cfg.get("logger") and rundir.is_main_process() else None
     if getattr(tracker, "log_eval", None) is not None:  # a tracker of the user's may not have it
         tracker.log_eval(run_dir, info, record["metrics"], [r for r in rows if r["eval"] in found])
