@@ -39,21 +39,21 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
+    """Train one run in Hydra's output dir (always leave a summary.json), evaluate it; return the summary."""
     setup.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     with setup.process_group_left(), lifecycle.record(cfg) as record:  # the group outlives the record
-        if record.done:
-            return record.summary
-        checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
-        code_checks.check_code(cfg, processes=code_checks.job_processes())
-        record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
-        trainer, speed = build(cfg, record)
-        fit(trainer, record.resume_point())
-        save(trainer, record.dir, cfg)
-        extra = getattr(trainer, "summary_fields", dict)()  # GRPO's rounds
-        record.complete(trainer, extra, speed.summary_fields())
-    if rundir.is_main_process():
-        lifecycle.print_result(record)
+        if not record.done:
+            checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
+            code_checks.check_code(cfg, processes=code_checks.job_processes())
+            record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
+            trainer, speed = build(cfg, record)
+            fit(trainer, record.resume_point())
+            save(trainer, record.dir, cfg)
+            extra = getattr(trainer, "summary_fields", dict)()  # GRPO's rounds
+            record.complete(trainer, extra, speed.summary_fields())
+            record.trained = None if trainer.is_fsdp_enabled else (trainer.processing_class, trainer.model)
+            del trainer, speed  # eval=[...]: the model as trained (FSDP's shards: as saved), optimizer freed
+    lifecycle.finished(cfg, record, code_checks.check_precision)  # its device args, if it evaluates
     return record.summary
 
 

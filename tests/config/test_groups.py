@@ -31,6 +31,8 @@ GROUPS = [
     "data",
     "callbacks",
     "logger",
+    "eval",
+    "judge",
 ]
 PLUS_GROUPS = sorted(
     p.name for p in CONF.iterdir() if p.is_dir() and p.name not in {*GROUPS, "hydra", "experiment", "debug"}
@@ -77,6 +79,16 @@ def required(group: str, option: str, tiny_dir: Path, tmp_path: Path) -> list[st
     if (group, option) in (("data", "jsonl"), ("data", "local")):
         src = Path(instantiate_packaged_path())
         return [f"data.train_path={src}"]
+    if (group, option) == (
+        "judge",
+        "reward_model",
+    ):  # a one-label sequence classifier's config is what it checks
+        import json
+
+        (tmp_path / "config.json").write_text(
+            json.dumps({"architectures": ["LlamaForSequenceClassification"], "num_labels": 1})
+        )
+        return [f"judge.path={tmp_path}"]
     return []
 
 

@@ -118,6 +118,11 @@ def _compare(command: Command) -> None:
         action="store_true",
         help="every difference too few seeds can tell on its own line (default: one line counts them)",
     )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the comparison (per-arm table, paired differences, verdicts) to the sweep's W&B group",
+    )
 
 
 def _status(command: Command) -> None:
@@ -185,18 +190,35 @@ def _generate(command: Command) -> None:
 
 def _eval(command: Command) -> None:
     p = command(
-        "eval", "score a run's model/ with its method's eval metrics: RUN_DIR/eval.json, eval_examples.jsonl"
+        "eval",
+        "evaluate a run's model/ (or every job of a sweep): held-out metrics, lm-eval tasks, a judged win "
+        "rate -> eval.json, eval_examples.jsonl",
     )
-    p.add_argument("run_dir", type=Path, help="a run dir (last: the newest run under outputs/)")
     p.add_argument(
-        "overrides", nargs="*", help="key=value on top of the run's own (data=..., data.max_eval_samples=...)"
+        "run_dir",
+        type=Path,
+        help="a run dir (last: the newest run under outputs/), or a sweep dir: each job not evaluated yet",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value on top of the run's own: eval=[heldout,lm_eval,judge] (default: the run's, else "
+        "heldout), judge=reward_model judge.path=DIR, data=..., eval.lm_eval.tasks=[...]",
     )
     p.add_argument(
         "--samples",
         type=int,
         default=0,
         metavar="N",
-        help="GRPO/RLOO/distill: N sampled completions per prompt (default: one greedy)",
+        help="GRPO/RLOO/distill held-out, and the judge: N sampled answers per prompt (default: one greedy)",
+    )
+    p.add_argument(
+        "--vs",
+        type=Path,
+        default=None,
+        metavar="BASELINE",
+        help="judged win rate against BASELINE (a run dir, last, or a model dir): adds eval=judge "
+        "(judge=reward_model judge.path=DIR or judge=reward_funcs)",
     )
 
 

@@ -28,6 +28,10 @@ def check_code(
     the job's ranks when this process is one of them (None: a sweep's driver)."""
     swept = swept or frozenset()
     check_method_args(cfg, swept)
+    if cfg.get("eval"):  # eval=[...] at the end of the run: an unknown task or a missing judge refused now
+        from ablate.evaluation import results
+
+        results.check(cfg, swept)
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
         check_trainer_functions(cfg)
         check_reference_free(cfg)

@@ -397,25 +397,32 @@ def write_examples(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
-    """`{example id: {metric: score}}` from `eval_examples.jsonl`; {} when absent. Lines that are not
-    an object with an `id` are skipped, and so are non-numeric fields (true/false count as 1/0)."""
-    out: dict[str, dict[str, float]] = {}
+def example_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """`eval_examples.jsonl`'s rows as written (text fields too); lines that are not an object with an `id`
+    are skipped; [] when absent."""
     path = run_dir / EXAMPLES
     if not path.is_file():
-        return out
+        return []
+    rows = []
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict) and "id" in row:
-            out[str(row["id"])] = {
-                k: float(v)
-                for k, v in row.items()
-                if isinstance(v, (int, float)) and k not in ("id", "index")
-            }
-    return out
+            rows.append(row)
+    return rows
+
+
+def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
+    """`{example id: {metric: score}}` from `eval_examples.jsonl`; {} when absent. Non-numeric fields are
+    skipped (true/false count as 1/0)."""
+    return {
+        str(row["id"]): {
+            k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k not in ("id", "index")
+        }
+        for row in example_rows(run_dir)
+    }
 
 
 def versions() -> dict[str, str]:
