@@ -113,6 +113,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
 
     tokenize = staticmethod(prepare_preference)  # any TRL preference format -> prompt/chosen/rejected ids
     row = "pair"
+    speed_paths = speed_plan.DPO  # the speed paths it runs (ablate.speed.plan; `ablate plan` reads them)
     tokenize_args = ("max_length", "max_prompt_length", "max_completion_length")
 
     def __init__(
@@ -183,7 +184,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
                 for k in ("dpo_pair_rows", "padding_free", "completion_only_logits")
             }
         plan = speed_plan.resolve(
-            "policy", Setting.of(model, args, longest_row(args)), self.perf, speed_plan.DPO, blocked
+            "policy", Setting.of(model, args, longest_row(args)), self.perf, self.speed_paths, blocked
         )
         speed_plan.apply(model, plan)
         return plan
