@@ -95,6 +95,13 @@ def keep_from(model: nn.Module, scored: torch.Tensor) -> dict[str, int]:
     return {"logits_to_keep": scored.shape[1] + 1 - first}
 
 
+def sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 manages `model` (fully_shard: its forward hooks gather the weights its parts use)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 @contextlib.contextmanager
 def head_passes_hidden(head: nn.Linear) -> Iterator[None]:
     """`head` returns its input for the block: a wrapped model's forward (DDP's, whose hooks all-reduce the
@@ -128,15 +135,16 @@ def scored_logps(
     states through (`head_passes_hidden`); otherwise the model's own forward, the logits at `src` picked (no
     float32 copy of them: ablate.losses.logps.logits_logps). The
     caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
-    parts = lm_parts(model) if split else None
+    parts = lm_parts(model) if split and not sharded(model) else None
     if parts is not None:
         backbone, head = parts
         hidden = backbone(**inputs, use_cache=False).last_hidden_state
         return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
-    inner = getattr(model, "module", None) if split else None  # DDP: its own forward must run (its hooks)
+    # DDP, FSDP2: the wrapper's (root's) own forward must run (its hooks gather weights, reduce gradients)
+    inner = getattr(model, "module", model) if split else None
     parts = lm_parts(inner) if isinstance(inner, nn.Module) else None
     if parts is not None:
-        with head_passes_hidden(parts[1]):  # the wrapper's forward returns the final hidden states
+        with head_passes_hidden(parts[1]):  # the forward returns the final hidden states
             hidden = model(**inputs, use_cache=False).logits
         return completion_logps(hidden.flatten(0, 1)[src], parts[1], tgt, temperature=temperature)
     # the scored positions' logits (a position may score several tokens: a shared prompt's last one)
