@@ -45,7 +45,6 @@ from ablate.methods.tokenized import TokenizedRows
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.schema import fits
 from ablate.speed import plan as speed_plan
-from ablate.speed.packing import packed_kernel
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
 from ablate.speed.plan import PrintPlan, Setting, SpeedPlan, SpeedSwitches
 from ablate.speed.scoring import pair_logps
@@ -147,7 +146,8 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
         collator = data_collator or DPOCollator(
             processing_class.pad_token_id,
             share_prompt=self.speed_plan.on("dpo_pair_rows"),
-            with_mask=not (self.speed_plan.on("padding_free") and packed_kernel(args.device) != "padded"),
+            # packed rows need no [width, width] mask from the collator (rebuilt from segments if used)
+            with_mask=not self.speed_plan.on("padding_free"),
         )
         super().__init__(model, args, collator, train_dataset, eval_dataset, processing_class, **kwargs)
         self.num_tokens = 0
