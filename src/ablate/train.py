@@ -91,6 +91,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
         eval_dataset=eval_data,
         callbacks=run_callbacks(cfg, record),
         **optimizer,
+        sequence_parallel=cfg.distributed.get("sequence_parallel", 1),  # ranks per sequence: speed.ulysses
     )
     record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B), cache hits: run.json
     speed = ThroughputCallback(trainer, peak_tflops=cfg.get("peak_tflops"))
@@ -105,7 +106,6 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
     its own refusals (ValueError in __post_init__) are one line."""
     device_args = {
         **code_checks.check_precision(cfg.precision),
-        **OmegaConf.to_container(cfg.distributed),
         **code_checks.check_distributed(cfg.distributed, code_checks.job_processes()),
     }
     out = str(run_dir / rundir.CHECKPOINTS)

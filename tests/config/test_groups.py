@@ -251,6 +251,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from ablate.config.code_checks import check_precision
 
         flags = OmegaConf.to_container(node)
+        assert flags.pop("sequence_parallel") == 1  # off by default; the trainer's, not TrainingArguments'
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get("fp16"):  # no GPU here: refused before any TrainingArguments exist
             with pytest.raises(ConfigError, match="needs a CUDA GPU"):
@@ -268,6 +269,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from ablate.config.code_checks import check_distributed
 
         flags = OmegaConf.to_container(node)
+        assert flags.pop("sequence_parallel") == 1  # off by default; the trainer's, not TrainingArguments'
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get(
             "fsdp"
@@ -277,10 +279,10 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
             import torch
 
             assert check_distributed(node, processes=2) == (
-                {} if torch.cuda.is_available() else {"use_cpu": True}
+                flags if torch.cuda.is_available() else {**flags, "use_cpu": True}
             )
             return
-        assert check_distributed(node, processes=1) == {}
+        assert check_distributed(node, processes=1) == flags  # the TrainingArguments keys
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **flags)
         assert not args.fsdp
     else:

@@ -2,7 +2,9 @@
 composed config needs per GPU, before any weight is downloaded. The model is built on the meta device
 from its config (ablate.models.architecture: a local dir's config.json, the HF cache's, or the one
 ablate ships for its hub presets), its parameters counted, and ablate.models.memory does the arithmetic
-for the config's method, precision, PEFT, optimizer, batch, gradient checkpointing and `distributed`.
+for the config's method, precision, PEFT, optimizer, batch, gradient checkpointing (and offload),
+`distributed` (and its sequence parallelism) and the LM head the trainer's speed paths run. A run that
+does not fit is told the first long-context lever that would make it fit (`what_fits`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from omegaconf import DictConfig
 
 from ablate.cli.exits import fail, one_line_errors
 from ablate.errors import ConfigError
-from ablate.models.memory import GB, Setup, Shape, engine, plan
+from ablate.models.memory import GB, Setup, Shape, engine, plan, what_fits
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -129,7 +131,25 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         checkpointing=bool(args.get("gradient_checkpointing")),
         gpus=gpus,
         sharded=bool(cfg.distributed.get("fsdp")),
+        **long_context(cfg),
     ), notes
+
+
+def long_context(cfg: DictConfig) -> dict[str, Any]:
+    """What decides a long sequence's memory: the ranks that split it, activation offload, and whether the
+    method's trainer projects the LM head in chunks (its speed paths, when `speed` requests them)."""
+    from hydra.utils import get_class
+
+    trainer = get_class(str(cfg.method.trainer._target_))
+    paths = getattr(trainer, "speed_paths", {})
+    return {
+        "sequence_parallel": int(cfg.distributed.get("sequence_parallel") or 1),
+        "offload": any(  # transformers' activation offload: checkpointed layers' inputs in pinned host memory
+            bool((cfg.method.args.get(k) or {}).get("offload"))
+            for k in ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")
+        ),
+        "chunked_head": "completion_only_logits" in paths and bool(cfg.speed.get("completion_only_logits")),
+    }
 
 
 def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
@@ -147,7 +167,10 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
         f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}",
         file=out,
     )
-    print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens", file=out)
+    split = f", split over {s.sequence_parallel} GPUs" if s.sequence_parallel > 1 else ""
+    head = "the LM head in chunks" if s.chunked_head else "full logits"
+    offload = ", activations offloaded to host memory" if s.offload else ""
+    print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens{split}; {head}{offload}", file=out)
     for note in notes:
         print(f"note: {note}", file=out)
     rollouts = engine_plan(cfg, m, memory, parts, out)
@@ -162,6 +185,11 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
         f"({size(parts['total'])}, {100 * parts['total'] / (memory * GB):.0f}%)",
         file=out,
     )
+    colocated = parts.get("engine", 0.0)  # a vLLM engine on these GPUs stays whatever the lever
+    lever = None if fits else what_fits(m, s, memory * GB - colocated, int(meta_heads(cfg)))
+    if lever is not None:
+        total = plan(m, lever[0])["total"] + colocated
+        print(f"would fit with {lever[1]} ({size(total)}, {100 * total / (memory * GB):.0f}%)", file=out)
     return fits
 
 
@@ -186,6 +214,11 @@ def engine_plan(cfg: DictConfig, m: Shape, memory: float, parts: dict[str, float
         f"rollouts: a server of their own ({node.url}): none on these GPUs; the server's GPU holds the "
         f"{what}: {size(engine_bytes)} of {memory:g} GB"
     )
+
+
+def meta_heads(cfg: DictConfig) -> int:
+    """The model's attention heads (sequence parallelism splits them over the ranks)."""
+    return meta_model(cfg.model).config.num_attention_heads
 
 
 def size(n: float) -> str:

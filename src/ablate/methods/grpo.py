@@ -84,6 +84,10 @@ class GRPOTrainer(RolloutTrainer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds (its round
     loop, checkpoints and counters: ablate.methods.rollout.RolloutTrainer)."""
 
+    speed_paths = (
+        speed_plan.GRPO
+    )  # the speed paths its scoring runs (ablate.speed.plan; `ablate plan` reads them)
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -179,7 +183,7 @@ class GRPOTrainer(RolloutTrainer):
         name = getattr(given, "__name__", type(given).__name__)
         blocked = {} if generator is None else {"shared_prefill": f"method.trainer.generator is set: {name}"}
         plan = speed_plan.resolve(
-            "policy", Setting.of(model, args, self._longest_row(args)), self.perf, speed_plan.GRPO, blocked
+            "policy", Setting.of(model, args, self._longest_row(args)), self.perf, self.speed_paths, blocked
         )
         speed_plan.apply(model, plan)
         return plan
