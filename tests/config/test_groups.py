@@ -31,6 +31,8 @@ GROUPS = [
     "data",
     "callbacks",
     "logger",
+    "eval",
+    "judge",
 ]
 PLUS_GROUPS = sorted(
     p.name for p in CONF.iterdir() if p.is_dir() and p.name not in {*GROUPS, "hydra", "experiment", "debug"}
@@ -77,6 +79,16 @@ def required(group: str, option: str, tiny_dir: Path, tmp_path: Path) -> list[st
     if (group, option) in (("data", "jsonl"), ("data", "local")):
         src = Path(instantiate_packaged_path())
         return [f"data.train_path={src}"]
+    if (group, option) == (
+        "judge",
+        "reward_model",
+    ):  # a one-label sequence classifier's config is what it checks
+        import json
+
+        (tmp_path / "config.json").write_text(
+            json.dumps({"architectures": ["LlamaForSequenceClassification"], "num_labels": 1})
+        )
+        return [f"judge.path={tmp_path}"]
     return []
 
 
@@ -239,6 +251,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from ablate.config.machine import check_precision
 
         flags = OmegaConf.to_container(node)
+        assert flags.pop("sequence_parallel") == 1  # off by default; the trainer's, not TrainingArguments'
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get("fp16"):  # no GPU here: refused before any TrainingArguments exist
             with pytest.raises(ConfigError, match="needs a CUDA GPU"):
@@ -256,6 +269,7 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from ablate.config.machine import check_distributed
 
         flags = OmegaConf.to_container(node)
+        assert flags.pop("sequence_parallel") == 1  # off by default; the trainer's, not TrainingArguments'
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get(
             "fsdp"
@@ -265,10 +279,10 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
             import torch
 
             assert check_distributed(node, processes=2) == (
-                {} if torch.cuda.is_available() else {"use_cpu": True}
+                flags if torch.cuda.is_available() else {**flags, "use_cpu": True}
             )
             return
-        assert check_distributed(node, processes=1) == {}
+        assert check_distributed(node, processes=1) == flags  # the TrainingArguments keys
         args = instantiate(cfg.method.args, output_dir=str(tmp_path), **flags)
         assert not args.fsdp
     else:

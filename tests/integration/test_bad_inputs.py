@@ -107,6 +107,24 @@ CASES: list[Case] = [
         "data.eval_path",
     ),
     C("local-missing-dir", "train model=local model.path={F}/no_model", "not a save_pretrained directory"),
+    # the cheat-sheet's relative form before the dir exists: a path, never tried as a hub id (HFValidationError)
+    C(
+        "local-relative-missing",
+        "train model=local model.path=outputs/nowhere/model",
+        "model.path=outputs/nowhere/model is not a save_pretrained directory (not found; read as a local path",
+    ),
+    C(
+        "local-relative-no-such-folder",
+        "train model=local model.path=calc_sft/run/model",
+        "model.path=calc_sft/run/model is not a save_pretrained directory (not found; read as a local path: it "
+        "cannot be a hub id (NAME or ORG/NAME))",
+    ),
+    T(
+        "reward-model-relative-missing",
+        "train method=grpo +data.reward_funcs.rm._target_=ablate.rewards.RewardModel "
+        "+data.reward_funcs.rm.path=outputs/rm/model",
+        "RewardModel: path outputs/rm/model does not exist",
+    ),
     C("local-empty-dir", "train model=local model.path={F}/empty_dir", "no config.json"),
     C("local-bad-dtype", "train model=local model.path={F}/empty_dir model.dtype=float8", "model.dtype"),
     # --- values of the wrong type or out of range ---
@@ -361,6 +379,11 @@ CASES: list[Case] = [
     U("compare-unreadable", "compare {F}/unreadable_run", "unreadable_run: permission denied"),
     U("status-unreadable", "status {F}/unreadable_run", "unreadable_run: permission denied"),
     U("generate-unreadable", "generate {F}/unreadable_run --prompt hi", "unreadable_run: permission denied"),
+    C(
+        "generate-empty-prompts-file",
+        "generate {F}/done_run --prompts {F}/empty.jsonl",
+        "--prompts {F}/empty.jsonl is empty: no rows in it",
+    ),
     U("eval-unreadable", "eval {F}/unreadable_run", "unreadable_run: permission denied"),
     U(
         "run-dir-under-unsearchable",
@@ -396,6 +419,25 @@ CASES: list[Case] = [
         "label-smoothing-two",
         "train method/dpo_loss=robust method.dpo_loss.label_smoothing=2",
         "method.dpo_loss.label_smoothing=2: must be a number in [0, 0.5)",
+    ),
+    # the template's fault, named (not row 0's), before the run dir exists
+    T(
+        "assistant-only-template-renders-no-assistant",
+        "train method=sft data=caps_messages method.args.assistant_only_loss=true model=local "
+        "model.path={F}/user_only_template",
+        "method.args.assistant_only_loss=true, but the chat template of model.path={F}/user_only_template "
+        "(chat_template.jinja) puts no token of an assistant turn in the loss",
+    ),
+    # a reference for a loss that reads none (ORPO, CPO, SimPO) would be loaded and dropped unread
+    T(
+        "orpo-ref-model-live",
+        "train method=orpo +ref_model=live",
+        "+ref_model with method=orpo: its loss (ablate.losses.reference_free.orpo) is reference-free",
+    ),
+    T(
+        "simpo-ref-model-live",
+        "train method=simpo +ref_model=live",
+        "+ref_model with method=simpo: its loss (ablate.losses.reference_free.simpo) is reference-free",
     ),
     C(
         "orpo-beta-negative",
@@ -633,6 +675,29 @@ CASES: list[Case] = [
         "eval-file-unreadable",
         "train data=jsonl data.train_path={F}/good.jsonl data.eval_path={F}/unreadable.jsonl",
         "data.eval_path={F}/unreadable.jsonl: not readable",
+    ),
+    # data=mix: a source's file is read before the run dir exists, as data=local's (docs/data.md)
+    C(
+        "mix-empty-source",
+        "train data=mix +data@data.sources.mine=local data.sources.mine.train_path={F}/empty.jsonl",
+        "data.sources.mine: train file {F}/empty.jsonl has no examples",
+    ),
+    C(
+        "mix-half-pair-line-7",
+        "train data=mix +data@data.sources.mine=local data.sources.mine.train_path={F}/half_pair.jsonl",
+        "data.sources.mine: {F}/half_pair.jsonl line 7 has half a pair (chosen only (no rejected)), line 1 a "
+        "whole preference (chosen, rejected) row",
+    ),
+    C(
+        "mix-bad-json-line-7",
+        "train data=mix +data@data.sources.mine=local data.sources.mine.train_path={F}/bad_json_7.jsonl",
+        "data.sources.mine: {F}/bad_json_7.jsonl line 7 is not valid JSON (Expecting property name enclosed in "
+        "double quotes at column 39)",
+    ),
+    C(
+        "jsonl-half-pair",
+        "train data=jsonl data.train_path={F}/half_pair.jsonl",
+        "data: {F}/half_pair.jsonl line 7 has half a pair (chosen only (no rejected))",
     ),
     C(
         "jsonl-mixed-formats",
@@ -1090,7 +1155,15 @@ CASES: list[Case] = [
     C(
         "distill-teacher-path-relative",
         "train method=distill +teacher=local teacher.path=runs/x/model",
-        "teacher.path=runs/x/model is not a save_pretrained directory (not found)",
+        "teacher.path=runs/x/model is not a save_pretrained directory (not found; read as a local path: it "
+        "cannot be a hub id (NAME or ORG/NAME))",
+    ),
+    # a relative path that could be a hub id (ORG/NAME) but whose first folder is here: a local path
+    C(
+        "distill-teacher-path-under-outputs",
+        "train method=distill +teacher=local teacher.path=outputs/model",
+        "teacher.path=outputs/model is not a save_pretrained directory (not found; read as a local path: "
+        "./outputs is a folder here)",
     ),
     C(
         "distill-teacher-a-classifier",
@@ -1247,10 +1320,16 @@ def _fixtures(root: Path) -> Path:
     (f / "junk_model").mkdir()
     (f / "junk_model" / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe not a config")
     _other_ids_teacher(f / "other_ids")
+    _user_only_template(f / "user_only_template")
     (f / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (f / "latin1.jsonl").write_bytes(
         json.dumps(ROWS[0]).encode() + b"\n" + '{"prompt": "caf\xe9"}\n'.encode("latin-1")
     )
+    half = [json.dumps(r) for r in ROWS]
+    half[6] = json.dumps({"prompt": "sort 6", "chosen": "abc"})
+    (f / "half_pair.jsonl").write_text("\n".join(half) + "\n")
+    half[6] = '{"prompt": "sort 6", "chosen": "abc", '
+    (f / "bad_json_7.jsonl").write_text("\n".join(half) + "\n")
     (f / "bad_json.jsonl").write_text(json.dumps(ROWS[0]) + "\n{'prompt': 1}\n")
     (f / "array.jsonl").write_text("[1, 2]\n")
     (f / "empty.jsonl").write_text("\n\n")
@@ -1282,6 +1361,16 @@ def _other_ids_teacher(path: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS)
     tiny()[1].save_pretrained(path)
     fast.save_pretrained(path)
+
+
+def _user_only_template(path: Path) -> None:
+    """The tiny model saved with a chat template that renders the user's turns only (never an assistant's)."""
+    from ablate.models import tiny
+
+    tok, model = tiny()
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}\n{% endif %}{% endfor %}"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
 
 
 def _old_run(cwd: Path) -> None:
@@ -1711,3 +1800,25 @@ def test_ctrl_c_while_training_is_one_line(tmp_path, method):
         return {k: v for k, v in snap.items() if k.startswith("runs/2026-01-01")}
 
     assert old(_snapshot(tmp_path / "outputs")) == old(before)
+
+
+def test_orpo_on_pairs_whose_chosen_is_their_rejected_says_so(tmp_path):
+    """ORPO (as DPO, CPO, SimPO) on pairs whose two answers are the same tokens: the preference term learns
+    nothing from them; said once, as reward modelling says it (which refuses a set of only such pairs), and
+    the run goes on (ORPO's NLL term still trains). Pairs that differ: not a word."""
+    data = tmp_path / "same.jsonl"
+    data.write_text("".join(json.dumps({**r, "rejected": r["chosen"]}) + "\n" for r in ROWS))
+    args = ["method.args.max_steps=1", "method.args.save_strategy=no", "cache=off"]
+    r = ablate("train", "method=orpo", "data=jsonl", f"data.train_path={data}", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "identical to their rejected" in line]
+    assert len(said) == 1 and "8 of 8 train pairs" in said[0] and "teach no preference" in said[0], r.stdout
+    r = ablate(
+        "train",
+        "method=orpo",
+        "data=jsonl",
+        f"data.train_path={TESTS}/../src/ablate/data/tiny/sort_prefs_eval.jsonl",
+        *args,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0 and "identical to their rejected" not in r.stdout + r.stderr, r.stderr[-3000:]

@@ -119,14 +119,21 @@ def test_held_out_metrics_are_preferred_when_every_run_has_them(tmp_path: Path) 
     assert " rewards/margins = " not in out  # the training metrics gave way
 
 
-def test_some_runs_evaluated_keeps_the_training_metrics_and_says_so(tmp_path: Path) -> None:
+def test_some_runs_evaluated_is_one_table_with_the_missing_cells_marked(tmp_path: Path) -> None:
+    """4 of 6 runs evaluated (all 3 sigmoid seeds, 1 hinge seed): the held-out columns sit beside the training
+    ones in the same table, hinge's cells over its 1 evaluated run, marked so."""
     write_sweep(tmp_path, evaluated=4)
     out = ablate("compare", "outputs/sweeps/s", cwd=tmp_path).stdout
     assert (
-        "held-out metrics (eval.json) in 4 of 6 runs, so the training ones are ranked: `ablate eval RUN_DIR` on "
-        "the others ranks held-out ones"
+        "held-out metrics (eval.json) in 4 of 6 runs: shown beside the training ones, each cell over the runs "
+        "that have it; `ablate eval RUN_DIR` on the others fills them"
     ) in out
-    assert "rewards/margins = +0.4" in out and "eval_rewards" not in out
+    assert out.count("runs in") == 1  # one table
+    header = next(line for line in out.splitlines() if line.startswith("┃ group"))
+    assert header.index("rewards/margins") < header.index("eval_rewards/margins")
+    hinge = next(line for line in out.splitlines() if line.startswith("│ dpo_loss=hinge"))
+    assert "0.6 (1 of 3)" in hinge  # its one evaluated seed's eval_rewards/margins
+    assert "rewards/margins = +0.4" in out
 
 
 def test_metric_flag_takes_eval_json_metrics(tmp_path: Path) -> None:

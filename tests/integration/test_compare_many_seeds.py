@@ -92,15 +92,20 @@ def test_six_seeds_add_iqm_probability_of_improvement_and_words(
     assert "on rewards/accuracies) = 0.50, 6 vs 6 seeds, Mann-Whitney p = 1: not clear (p ≥ 0.05)" in out
 
     words = out.split("in words")[1].splitlines()[1:]
+    # one line per metric: the t test and the Mann-Whitney test, Holm over the two, BH over the 3 metrics
     assert (
-        "  clear: dpo_loss=hinge better than dpo_loss=sigmoid on rewards/margins (probability of improvement)"
-        in words
-    )
-    assert "  clear: dpo_loss=hinge lower than dpo_loss=sigmoid on loss (seed-paired)" in words
+        "  clear: dpo_loss=hinge higher than dpo_loss=sigmoid on rewards/margins (seed-paired t p < 0.001; "
+        "adjusted for 2 tests, 3 metrics: < 0.001)"
+    ) in words
     assert (
-        "  not clear: dpo_loss=hinge vs dpo_loss=sigmoid on rewards/accuracies (probability of improvement)"
-        in words
-    )
+        "  clear: dpo_loss=hinge lower than dpo_loss=sigmoid on loss (seed-paired t p < 0.001; adjusted for 2 "
+        "tests, 3 metrics: < 0.001)"
+    ) in words
+    assert (
+        "  not clear: dpo_loss=hinge vs dpo_loss=sigmoid on rewards/accuracies (seed-paired t p = 1; adjusted "
+        "for 2 tests, 3 metrics: = 1)"
+    ) in words
+    assert len([w for w in words if w.startswith("  ")]) == 3
     assert "per-example" not in out  # no eval_examples.jsonl
 
 
@@ -115,7 +120,12 @@ def test_per_example_differences_pair_the_shared_examples(
         "dpo_loss=hinge − dpo_loss=sigmoid eval rewards/margins = +0.125 [-0.02735, +0.2773] (SE 0.048 paired, "
         "0.19 unpaired), n=4 examples: not clear (95% interval includes 0)"
     ) in out
-    assert "  not clear: dpo_loss=hinge vs dpo_loss=sigmoid on eval rewards/margins (per example)" in out
+    # the per-example test of the held-out margins (p = 0.08: t = 0.125 / 0.04787 = 2.611, 3 df), with the
+    # training margins' seed-paired test the 2 metrics of this pair
+    assert (
+        "  not clear: dpo_loss=hinge vs dpo_loss=sigmoid on eval_rewards/margins (per example p = 0.08; "
+        "adjusted for 1 test, 2 metrics: = 0.08)"
+    ) in out
     assert "IQM" not in out and "probability of improvement (" not in out  # 4 seeds: no many-seed statistics
 
 
@@ -149,8 +159,8 @@ def test_report_shows_the_many_seed_sections_and_profiles(tmp_path: Path) -> Non
     assert "alt='loss_profile'" in page and len(re.findall(r"src='data:image/png", page)) == len(
         list(out.glob("*.png"))
     )
-    assert "clear: dpo_loss=hinge better than dpo_loss=sigmoid on loss (probability of improvement)" in page
-    assert "not clear: dpo_loss=hinge vs dpo_loss=sigmoid on rewards/accuracies (seed-paired)" in page
+    assert "clear: dpo_loss=hinge lower than dpo_loss=sigmoid on loss (seed-paired t p &lt; 0.001" in page
+    assert "not clear: dpo_loss=hinge vs dpo_loss=sigmoid on rewards/accuracies (seed-paired t p = 1" in page
     assert (out / "summary.md").read_text().splitlines()[0] == (
         "| group | runs | status | rewards/accuracies | rewards/accuracies IQM | rewards/margins | rewards/margins IQM "
         "| loss | loss IQM | runtime (s) | steps |"
@@ -163,26 +173,28 @@ OLD_HEADER = "| group | runs | status | rewards/accuracies | rewards/margins | l
 OLD_KEYS = {"group", "runs", "status", "runtime_s mean", "runtime_s std", "steps"} | {
     f"{m} {k}"
     for m in ("rewards/accuracies", "rewards/margins", "loss")
-    for k in ("mean", "std", "n", "ci_low", "ci_high")
+    for k in ("mean", "std", "n", "cut", "ci_low", "ci_high")
 }
 
 
 def test_below_five_seeds_no_many_seed_statistics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """4 seeds per arm; one arm of 6 next to one of 4; two launches of 3 seeds pooled (6 runs, but 3
-    seeds): none of them gets a many-seed statistic, and without eval_examples.jsonl nothing new shows."""
+    seeds): none of them gets a many-seed statistic, and without eval_examples.jsonl the words rest on the
+    seed-paired test alone."""
     four = write_sweep(tmp_path / "four", seeds=4, examples=False)
     report = tmp_path / "report"
     rows = compare.compare([four], out=report if _has_matplotlib() else None)
     out = capsys.readouterr().out
     assert all(set(r) == OLD_KEYS for r in rows)
-    for new in ("IQM", "probability of improvement", "P(", "per-example", "in words", "clear:"):
+    for new in ("IQM", "probability of improvement", "P(", "per-example", "Mann-Whitney p"):
         assert new not in out, new
+    assert "clear: dpo_loss=hinge higher than dpo_loss=sigmoid on rewards/margins (seed-paired t p" in out
     assert "n=4 pairs: dpo_loss=hinge higher (95% t interval excludes 0)" in out  # the seed-paired verdicts
     if _has_matplotlib():
         assert (report / "summary.md").read_text().splitlines()[0] == OLD_HEADER
         assert not list(report.glob("*_profile.png"))
         page = (report / "report.html").read_text()
-        assert "Probability of improvement" not in page and "In words" not in page
+        assert "Probability of improvement" not in page
 
     uneven = compare.compare([write_sweep(tmp_path / "uneven", seeds=6, hinge_seeds=4, examples=False)])
     assert [r["runs"] for r in uneven] == [6, 4] and all(set(r) == OLD_KEYS for r in uneven)

@@ -77,9 +77,11 @@ def test_paired_difference_and_verdicts() -> None:
     )
     assert mixed.verdict().endswith("no clear difference (95% t interval includes 0)")
     # mean 1/6, sd 1.0408: effect 0.160, which the t test finds at 80% power from 309 pairs on
-    assert (
-        mixed.power_line()
-        == "about 309 seeds per arm would make a difference of this size clear at 80% power"
+    # the spread from 3 pairs (2 df): at the ends of its 80% chi-square interval, 135 and 2908 pairs
+    assert mixed.power_line() == (
+        "about 309 seeds per arm would make a difference of this size clear at 80% power (rough: the spread "
+        "comes from 3 pairs; over its 80% interval 135-2908 seeds, and a small sweep tends to overstate the "
+        "difference)"
     )
     same = stats.paired(
         "a", {"1": [1.0], "2": [1.0], "3": [1.0]}, "b", {"1": [1.0], "2": [1.0], "3": [1.0]}, "m"
@@ -91,7 +93,8 @@ def test_paired_difference_and_verdicts() -> None:
         and not two.clear
         and two.verdict().endswith(
             "n=2 pairs: not enough seeds to tell (a t interval needs 3 pairs); about 5 seeds per arm would make a "
-            "difference of this size clear at 80% power"
+            "difference of this size clear at 80% power (rough: the spread comes from 2 pairs; over its 80% "
+            "interval 3-113 seeds, and a small sweep tends to overstate the difference)"
         )
     )  # mean 1.5, sd 0.707: effect 2.12
     one = stats.paired("a", {"1": [0.0]}, "b", {"1": [1.0]}, "m")
@@ -99,6 +102,31 @@ def test_paired_difference_and_verdicts() -> None:
         "n=1 pair: not enough seeds to tell (a t interval needs 3 pairs); run at least 3 seeds per arm"
     )
     assert "no seed ran in both arms" in stats.paired("a", {"1": [0.0]}, "b", {"2": [1.0]}, "m").verdict()
+    assert d.pvalue == pytest.approx(0.020204, abs=1e-6)  # t = 0.4 / (0.1 / √3) = 6.9282, 2 df
+    # t = (1/6) / (1.0408 / √3) = 0.2774, 2 df
+    assert mixed.pvalue == pytest.approx(0.8075, abs=1e-4) and two.pvalue is None
+
+
+def test_an_interval_is_cut_at_a_bound_the_metric_cannot_pass(tmp_path: Path) -> None:
+    """grad_norm over 3 seeds [0.05, 0.1, 1.2]: mean 0.45, sd 0.65, t interval 0.45 ± 4.3027 · 0.65 / √3 =
+    [-1.165, 2.065] crosses 0, which a norm cannot pass: the table shows [0*, 2.065] and says why; a
+    margin's interval ([-0.2, 0.1, 0.4]: 0.1 ± 0.7452) may cross 0."""
+    assert stats.bounded((-0.3387, 1.296), "grad_norm") == ((0.0, 1.296), True)
+    assert stats.bounded((0.8, 1.1), "eval_rewards/accuracies") == ((0.8, 1.0), True)
+    assert stats.bounded((-0.3, 0.5), "rewards/margins") == ((-0.3, 0.5), False)
+    sweep = tmp_path / "s" / "2026-01-01_00-00-00"
+    for num, (norm, margin) in enumerate([(0.05, -0.2), (0.1, 0.1), (1.2, 0.4)]):
+        write_run(sweep, num, [f"seed={num}"], {"grad_norm": norm, "rewards/margins": margin})
+    (sweep / "multirun.yaml").write_text("{}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "ablate", "compare", str(sweep), "--metric", "grad_norm,rewards/margins"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    assert "0.45 [0, 2.065]*" in out and "0.1 [-0.6452, 0.8452]" in out and "0.8452]*" not in out
+    assert "*: the t interval crossed a bound the metric cannot pass (below 0; above 1 for a rate)" in out
 
 
 def test_two_launches_are_kept_apart_unless_pooled(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

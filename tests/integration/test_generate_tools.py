@@ -124,3 +124,78 @@ def test_generate_json_rows_hold_the_turns(runs: tuple[Path, Path, Path]) -> Non
     assert [m["role"] for m in row["turns"]] == ["assistant", "tool", "assistant"]
     assert row["turns"][1] == {"role": "tool", "name": "calculator", "content": "56876"}  # the tool ran
     assert "before_turns" in row  # the starting model (the SFT run's) with the same tools
+
+
+def test_a_garbled_call_is_said_to_be_one_not_printed_as_the_answer(runs: tuple[Path, Path, Path]) -> None:
+    """The SFT model knows one demonstration by heart; asked other things it writes calls it garbles
+    (measured: `<toool_call>{"name": ...}</tool_cal>` for "What is 12*7?" and "Hi"). Each is said to be a
+    malformed call, with why, and no answer is printed for it; where it used to be printed as `answer: <toool_call>...`."""
+    from ablate.rollouts.tool_calls import garbled
+
+    cwd, *_ = runs
+    r = ablate("generate", "outputs/sft", "--prompt", "What is 12*7?", "--prompt", "Hi", cwd=cwd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    answers = [line for line in lines if line.startswith("answer: ")]
+    assert not [a for a in answers if garbled(a, "<tool_call>")], r.stdout  # no garbled call passes for one
+    said = [i for i, line in enumerate(lines) if line.startswith("malformed call (not run: ")]
+    assert said, r.stdout
+    assert all(
+        lines[i + 1] == "answer: (none: the last turn is a tool call that could not be read)" for i in said
+    )
+
+
+HUGE = '''def calculator(expression: str) -> str:
+    """A calculator that answers with 20 MB of digits.
+
+    Args:
+        expression: what to compute
+    """
+    return "9" * 20_000_000
+'''
+
+
+@pytest.mark.slow
+def test_a_tool_returning_20_mb_runs_its_steps_in_about_a_normal_tools_time(
+    runs: tuple[Path, Path, Path],
+) -> None:
+    """Two GRPO steps from the SFT model, whose rollouts call the calculator: with the real one, then with one
+    returning 20 MB per call. The result is cut to max_completion_length tokens before it is tokenized (it
+    never fits the budget either way), so the steps take about the same time, where tokenizing 20 MB per call
+    took ~140 s a step; the cut results are counted (tools/truncated_frequency) and said once."""
+    from conftest import metrics, summary
+
+    cwd, *_ = runs
+    (cwd / "hugecalc.py").write_text(HUGE)
+    seconds = {}
+    for name, tool in (("normal", "ablate.tools.calculator"), ("huge", "hugecalc.calculator")):
+        r = ablate(
+            "train",
+            "method=grpo",
+            "data=local",
+            "data.train_path=questions.jsonl",
+            f"+data.tools=[{tool}]",
+            "data.reward_funcs=[ablate.rewards.calc.correct]",
+            "model=local",
+            "model.path=outputs/sft/model",
+            "method.args.max_steps=2",
+            "method.args.per_device_train_batch_size=4",
+            "method.args.num_generations=4",
+            "method.args.max_completion_length=120",
+            "method.args.save_strategy=no",
+            "method.args.logging_steps=1",
+            "optimizer.optimizer.lr=1e-5",
+            f"hydra.run.dir=outputs/tool_{name}",
+            cwd=cwd,
+            timeout=1800,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        run = cwd / f"outputs/tool_{name}"
+        seconds[name] = summary(run)["metrics"]["train_runtime"]
+        steps = [m for m in metrics(run) if "tools/call_frequency" in m]
+        assert steps and steps[0]["tools/call_frequency"] > 0, steps  # the rollouts call the tool
+        cut = [m["tools/truncated_frequency"] for m in steps if m["tools/call_frequency"] > 0]
+        assert cut == [1.0 if name == "huge" else 0.0] * len(cut), (name, cut)  # every 20 MB result, no other
+        said = (r.stdout + r.stderr).count("returned 20000000 characters: cut to its first 120 tokens")
+        assert said == (1 if name == "huge" else 0), r.stdout[-3000:]
+    assert seconds["huge"] <= 2 * seconds["normal"] + 10, seconds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,38 @@ def test_compare_last_takes_the_newest_sweep(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"last: {newer.relative_to(tmp_path)}" in r.stderr
     assert "newer_metric" in r.stdout and "older_metric" not in r.stdout
+
+
+def test_last_and_ls_agree_on_dirs_that_hold_no_usable_run(tmp_path: Path) -> None:
+    """A newer dir whose run.json is cut short, another with summary.json but no run.json, and an older one
+    with no run.json: `last` takes the good run and names the newer dirs it skipped and why; `ablate ls` lists
+    all three broken ones `unreadable` with the same reasons (where it used to call the one without run.json
+    `completed`, the newest run, while `last` skipped it without a word)."""
+    good = _fake_run(tmp_path / "outputs/runs/2026-01-01/00-00-00_good", "2026-01-01T00:00:00", [])
+    cut = _fake_run(tmp_path / "outputs/runs/2026-01-02/00-00-00_cut", "2026-01-02T00:00:00", ["seed=2"])
+    (cut / "run.json").write_text('{"overrides": ["seed=2"], "sta')
+    gone = _fake_run(tmp_path / "outputs/runs/2026-01-03/00-00-00_gone", "2026-01-03T00:00:00", ["seed=3"])
+    (gone / "run.json").unlink()
+    old = _fake_run(tmp_path / "outputs/runs/2019-01-01/00-00-00_old", "2019-01-01T00:00:00", ["seed=4"])
+    (old / "run.json").unlink()
+    os.utime(old, (1_500_000_000, 1_500_000_000))  # 2017: older than the good run
+    for d, day in ((cut, 2), (gone, 3)):  # a broken dir's time is its modification time, as ls shows it
+        when = time.mktime((2026, 1, day, 0, 0, 0, 0, 0, -1))
+        os.utime(d, (when, when))
+    r = ablate("ls", "last", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = json.loads(r.stdout)
+    assert Path(row["path"]) == good.resolve()
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"last: {good.relative_to(tmp_path)} (skipped 2 newer dirs"), line
+    assert "the newest outputs/runs/2026-01-03/00-00-00_gone: no run.json" in line and "_old" not in line
+    rows = {Path(r["path"]).name: r for r in json.loads(ablate("ls", "--json", cwd=tmp_path).stdout)}
+    assert rows["00-00-00_good"]["status"] == "completed"
+    for name in ("00-00-00_cut", "00-00-00_gone", "00-00-00_old"):
+        assert rows[name]["status"] == "unreadable" and "`last` skips it" in rows[name]["error"], rows[name]
+    assert "its run.json is not JSON (30 bytes: cut short?)" in rows["00-00-00_cut"]["error"]
+    text = ablate("ls", cwd=tmp_path).stdout
+    assert "unreadable: runs/2026-01-02/00-00-00_cut: its run.json is not JSON" in text, text
+    (gone / "run.json").write_text(json.dumps({"overrides": ["seed=3"], "started": "2026-01-03T00:00:00"}))
+    r = ablate("ls", "last", "--json", cwd=tmp_path)
+    assert Path(json.loads(r.stdout)[0]["path"]) == gone.resolve() and "skipped" not in r.stderr, r.stderr

@@ -22,6 +22,29 @@ def test_the_7b_experiments_fit_one_8x80_node(tmp_path, experiment):
     assert list(tmp_path.iterdir()) == []  # nothing downloaded, nothing written
 
 
+def test_long_sequences_of_the_7b_grpo_preset_say_which_split_fits(tmp_path):
+    """16k and 32k tokens a completion on 8 x 80 GB: the plan names the sequence split that fits, and the
+    run with it fits (the chunked LM head: no [tokens, vocab] logits whatever the length)."""
+    at16 = ablate("plan", "+experiment=qwen7b_grpo_fsdp", "--gpus", "8", "--seq-len", "16384", cwd=tmp_path)
+    assert at16.returncode == 1 and "does not fit in 80 GB" in at16.stdout, at16.stderr[-2000:]
+    assert "would fit with distributed.sequence_parallel=4 (" in at16.stdout
+    at32 = ablate("plan", "+experiment=qwen7b_grpo_fsdp", "--gpus", "8", "--seq-len", "32768", cwd=tmp_path)
+    assert "would fit with distributed.sequence_parallel=8 (" in at32.stdout
+    split = ablate(
+        "plan",
+        "+experiment=qwen7b_grpo_fsdp",
+        "method.args.per_device_train_batch_size=8",
+        "distributed.sequence_parallel=4",
+        "--gpus",
+        "8",
+        "--seq-len",
+        "32768",
+        cwd=tmp_path,
+    )
+    assert split.returncode == 0 and "fits in 80 GB" in split.stdout, split.stdout + split.stderr[-2000:]
+    assert "8 sequences x 32768 tokens, split over 4 GPUs; the LM head in chunks" in split.stdout
+
+
 def test_full_fine_tuning_of_8b_on_one_gpu_does_not_fit_and_fsdp_shards_it(tmp_path):
     one = ablate("plan", "model=llama3_1_8b", "method=sft", "precision=bf16", cwd=tmp_path)
     assert one.returncode == 1 and "does not fit in 80 GB per GPU" in one.stdout, one.stderr[-2000:]

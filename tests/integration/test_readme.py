@@ -47,11 +47,27 @@ import ablate
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 STEPS = "method.args.max_steps=2"
 
+# GRPO with vLLM past one process (docs/distributed.md, the README's cheat-sheet): vLLM has a venv of its own, where
+# tests/slow/test_vllm_distributed.py runs these layouts through the CLI (2 ranks, FSDP2, a server it starts, trains
+# on, kills and restarts, async through both)
+VLLM_TESTED = "needs vLLM (its own venv): tests/slow/test_vllm_distributed.py runs it through the CLI"
+VLLM_LINES = {
+    "torchrun --nproc_per_node=2 -m ablate train +experiment=smollm2_grpo method/rollouts=vllm method.args.use_cpu=true": VLLM_TESTED,
+    "ablate serve-rollouts +experiment=smollm2_grpo --port 8000": "starts a vLLM server that runs until stopped: "
+    + VLLM_TESTED,
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm_server method.rollouts.url=http://127.0.0.1:8000": "needs a running server: "
+    + VLLM_TESTED,
+    "torchrun --nproc_per_node=2 -m ablate train +experiment=smollm2_grpo method/rollouts=vllm_server method.rollouts.url=http://127.0.0.1:8000 method.args.use_cpu=true": "needs a running server: "
+    + VLLM_TESTED,
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm_server method.rollouts.start=true": VLLM_TESTED,
+    "ablate train +experiment=smollm2_grpo method/rollouts=vllm method.args.max_staleness=1": VLLM_TESTED,
+}
 SKIP = {
     "python -m pytest": "the test suite itself (it runs this test)",
     "python -m pytest -m slow": "the slow test suite itself",
-    "python -m pytest -m slow tests/slow/test_vllm.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
+    "python -m pytest -m slow tests/slow/test_vllm.py tests/slow/test_vllm_distributed.py -n 0": "the vLLM engine's slow tests themselves (their own venv)",
     "ablate train +experiment=smollm2_grpo method/rollouts=vllm": "needs vLLM, which has a venv of its own (tests/slow/test_vllm.py runs GRPO with it through the CLI)",
+    **VLLM_LINES,
     "ablate sweep dpo_loss hydra/launcher=slurm": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate sweep dpo_loss hydra/launcher=slurm --detach": "needs a SLURM cluster (tests/slow/test_slurm.py)",
     "ablate train -m seed=1 hydra/launcher=slurm hydra.launcher.tasks_per_node=2 method.args.use_cpu=true": "needs a SLURM cluster (tests/slow/test_slurm.py)",
@@ -62,6 +78,9 @@ SKIP = {
     "torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400 --rdzv_id=myrun "
     "-m ablate train distributed=fsdp hydra.run.dir=/shared/runs/myrun": "one of two nodes (another machine at 10.0.0.1); tests/slow/test_fsdp.py runs two nodes on loopback",
     "ablate train logger=wandb logger.mode=online logger.project=myproj": "needs network and a W&B account",
+    "ablate eval outputs/dpo eval=lm_eval 'eval.lm_eval.tasks=[gsm8k,ifeval]'": "lm-eval's own tasks read the Hugging "
+    "Face hub (no network here but the package index); tests/unit/test_eval_backends.py and "
+    "tests/slow/test_eval_jobs.py check the one line it gives offline",
     "wandb sync outputs/runs/<date>/<time>_<overrides>/wandb/offline-run-*": "uploads to W&B (network)",
     "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379": "needs a Ray cluster of several machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
     "ablate sweep dpo_loss hydra/launcher=ray hydra.launcher.address=10.0.0.1:6379 hydra.launcher.num_gpus=1": "needs a Ray cluster of GPU machines (docs/distributed.md's one-machine cluster lines run; tests/slow/test_ray.py)",
@@ -93,8 +112,16 @@ SLOW = {  # a line whose command starts with one of these runs only in the `-m s
     "ablate train model=smollm2_135m": "a 135M-parameter model",
     "ablate data preview +experiment=smollm2": "fetches and converts SmolLM2 on first use",
     "ablate train method.args.max_steps=200 ": "200 steps",
+    # docs/eval.md: an SFT model, a reward model to judge, DPO on the SFT model, then its evaluations
+    "ablate train method=sft method.args.max_steps=400 hydra.run.dir=": "400 SFT steps (the README's SFT line runs by default)",
+    "ablate train hydra.run.dir=outputs/rm ": "the judge: a reward model of the tiny pairs",
+    "ablate train model=local model.path=outputs/sft/model ": "DPO on the SFT model above",
+    "ablate eval outputs/dpo": "evaluates the DPO run above (lm-eval's tasks, a judged win rate)",
+    "ablate eval outputs/sweeps/": "evaluates the sweep above",
 }
 COVERED = {  # a line whose command starts with one of these is composed only: the named test trains it
+    "ablate train 'eval=": "tests/integration/test_eval.py trains with eval=[heldout] and tests/slow/test_eval_jobs.py "
+    "with lm-eval and the judge, at the end of each job",
     "ablate train logger=wandb": "tests/integration/test_wandb.py trains with W&B (offline) by default",
     "PYTHONPATH=examples/": "tests/integration/test_examples.py trains each example by default",
     # SmolLM2 (135M parameters): trained by the slow suite, each to a held-out target

@@ -459,6 +459,44 @@ def test_resume_on_another_rank_count_keeps_the_global_batch_or_says_why_not(tmp
     assert "no_such_key" in r.stdout + r.stderr
 
 
+def test_resume_refused_under_torchrun_is_said_once(tmp_path):
+    """`torchrun --nproc_per_node=3 -m ablate resume RUN` on a 2-rank run (accumulation 1): the refusal is
+    said once, by rank 0, and the other ranks leave first (exit 0), so torchrun reports one failed process,
+    not one killed by SIGTERM per rank (its own traceback and summary of that failure no child can silence)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    info = {
+        "overrides": ["seed=1"],
+        "world_size": 2,
+        "config": {"method": {"args": {"gradient_accumulation_steps": 1}}},
+    }
+    (run_dir / "run.json").write_text(json.dumps(info))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "failed"}))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=3",
+            "-m",
+            "ablate",
+            "resume",
+            str(run_dir),
+        ],
+        cwd=tmp_path,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode != 0
+    said = [line for line in r.stderr.splitlines() if line.startswith("ablate: error: ")]
+    assert len(said) == 1 and "3 ranks cannot keep that global batch" in said[0], r.stderr[-3000:]
+    assert r.stderr.count("exitcode  :") == 1 and "SIGTERM" not in r.stderr, r.stderr[-3000:]
+    assert "rank      : 0 (local_rank: 0)" in r.stderr and "<NO_OTHER_FAILURES>" in r.stderr, r.stderr[-3000:]
+
+
 def test_resume_on_edited_data_is_refused_in_one_line(tmp_path):
     """Issue 22 item 9: a data file edited between the kill and the resume resumed silently on other
     data. run.json records the data's fingerprint; a resume on changed data is refused in one line

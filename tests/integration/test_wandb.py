@@ -135,3 +135,44 @@ def test_root_tags_and_notes_reach_wandb(tmp_path: Path) -> None:
     tracker.finish("completed")
     run = next(r["run"] for r in records(tmp_path) if r["type"] == "run")
     assert run["tags"] == ["from_logger", "baseline", "v2"] and run["notes"] == "why this run"
+
+
+def test_eval_metrics_and_examples_reach_the_runs_own_wandb_run(tmp_path: Path) -> None:
+    """ablate.record.lifecycle.evaluate hands eval.json's metrics and the examples with text to the tracker: the
+    run's own W&B run (run.json's id) resumed, the metrics as summary values (eval_x under eval/), the rows
+    as a wandb.Table read back from the offline files."""
+    from ablate.logger.wandb import WandbTracker
+
+    info = {"wandb_run_id": "evalrun1", "wandb_group": "dpo_loss/2026-01-01_00-00-00", "wandb_name": "seed=1"}
+    metrics = {
+        "eval_rewards/accuracies": 0.75,
+        "lm_eval/ablate_sort/exact_match": 0.5,
+        "judge/win_rate": 0.625,
+    }
+    rows = [
+        {"id": "a", "eval": "heldout", "loss": 0.5},  # no text: not in the table
+        {"id": "judge/1", "eval": "judge", "judge/win_rate": 1.0, "prompt": "sort: cba =", "completion": " abc",
+         "baseline": " cab", "score": 2.0, "baseline_score": -1.0},
+        {"id": "lm_eval/ablate_sort/2", "eval": "lm_eval", "lm_eval/ablate_sort/exact_match": 0.0,
+         "prompt": "sort: ba =", "response": "[' ba']", "target": " ab"},
+    ]  # fmt: skip
+    WandbTracker(mode="offline", job_type="dpo").log_eval(tmp_path, info, metrics, rows)
+    recs = records(tmp_path)
+    run = next(r["run"] for r in recs if r["type"] == "run")
+    assert (
+        run["run_id"] == "evalrun1"
+        and run["run_group"] == info["wandb_group"]
+        and run["display_name"] == "seed=1"
+    )
+    summary: dict[str, Any] = {}
+    for r in recs:
+        if r["type"] == "summary":
+            summary.update(r["summary"].get("update") or {})
+    assert summary["eval/rewards/accuracies"] == 0.75 and summary["lm_eval/ablate_sort/exact_match"] == 0.5
+    assert summary["judge/win_rate"] == 0.625
+    (table,) = tmp_path.glob("wandb/offline-run-*/files/media/table/eval/examples_*.table.json")
+    data = json.loads(table.read_text())
+    assert data["columns"][:4] == ["id", "eval", "judge/win_rate", "prompt"]
+    got = [dict(zip(data["columns"], row)) for row in data["data"]]
+    assert [g["id"] for g in got] == ["judge/1", "lm_eval/ablate_sort/2"]
+    assert got[0]["completion"] == " abc" and got[0]["baseline_score"] == -1.0 and got[1]["target"] == " ab"

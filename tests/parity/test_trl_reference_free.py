@@ -1,5 +1,6 @@
 """Parity with TRL 1.16's reference-free trainers (`trl.experimental`): ORPOTrainer (ORPO), CPOTrainer
-(CPO, loss_type=sigmoid; SimPO, loss_type=simpo), against ablate's DPOTrainer given the loss of
+(CPO, loss_type=sigmoid, hinge, ipo, and the AlphaPO shape `alpha`; SimPO, loss_type=simpo; AlphaPO,
+loss_type=alphapo), against ablate's DPOTrainer given the loss of
 ablate.losses.reference_free: the same per-step loss and metrics over three optimizer steps (|delta| <=
 1e-5, relative above 1), float32 on the CPU, the same model, data, batches and optimizer.
 
@@ -52,6 +53,40 @@ CASES = [
         {"label_smoothing": 0.1, "cpo_alpha": 0.5},
         functools.partial(rf.cpo, label_smoothing=0.1, cpo_alpha=0.5),
         (*REWARDS, "nll_loss"),
+    ),
+    (
+        "cpo_hinge",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"loss_type": "hinge", "cpo_alpha": 0.5},
+        functools.partial(rf.cpo_hinge, cpo_alpha=0.5),
+        (*REWARDS, "nll_loss"),
+    ),
+    (
+        "cpo_ipo",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"loss_type": "ipo", "cpo_alpha": 0.5},
+        functools.partial(rf.cpo_ipo, cpo_alpha=0.5),
+        (*REWARDS, "nll_loss"),
+    ),
+    # AlphaPO's reward shape on CPO's summed log-probs (TRL's `alpha` works with every loss type)
+    (
+        "cpo_alpha_shape",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"alpha": 0.05, "cpo_alpha": 0.5},
+        functools.partial(rf.cpo, alpha=0.05, cpo_alpha=0.5),
+        (*REWARDS, "nll_loss"),
+    ),
+    # TRL's loss_type=alphapo: simpo, cpo_alpha 0, the shape (Gupta et al. 2025)
+    (
+        "alphapo",
+        cpo_trl.CPOTrainer,
+        cpo_trl.CPOConfig,
+        {"loss_type": "alphapo", "alpha": 0.25, "simpo_gamma": 0.3},
+        functools.partial(rf.simpo, gamma=0.3, cpo_alpha=0.0, alpha=0.25),
+        REWARDS,
     ),
     # TRL logs nll_loss 0 when cpo_alpha is 0; ablate logs the NLL itself: compared in simpo_with_nll
     (

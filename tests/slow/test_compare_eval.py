@@ -53,3 +53,22 @@ def test_sweep_compare_eval_compare(tmp_path: Path) -> None:
     assert (
         "sigmoid rewards/margins = " not in after and "eval_loss = " not in after
     )  # the training metric gave way
+
+
+def test_a_sweep_with_diverged_runs_compares(tmp_path: Path) -> None:
+    """The diverging sweep as a user types it (SGD at lr 0.01 and 1e12, 3 seeds): the 1e12 runs end in NaN
+    (NaNGuard stops them), and compare names them in one line and compares the rest, with no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablate", "train", "-m", "optimizer=sgd", "optimizer.optimizer.lr=0.01,1e12"]
+        + ["seed=1,2,3", "method.args.max_steps=10"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 1 and "3 sweep job(s) failed" in proc.stderr, proc.stderr[-3000:]
+    out = ablate("compare", "outputs/sweeps/multirun", cwd=tmp_path)
+    assert "3 completed" in out and "3 diverged" in out
+    line = next(line for line in out.splitlines() if line.startswith("diverged (NaN or inf)"))
+    assert line.count("nan at step") == 3 and line.endswith("not compared (no run left): lr=1000000000000.0")

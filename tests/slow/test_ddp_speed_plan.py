@@ -1,8 +1,9 @@
-"""The speed paths under DDP (torchrun, 2 gloo ranks on CPU): the plan keeps the layouts, which run
-through DDP's forward (so its hooks all-reduce the gradients), and turns the backbone/head split off,
-which would call around it. Losses equal the unwrapped single process's on the same global batch, and
-the plain path's (speed=off) under DDP, step for step. Without the all-reduce they would not: a split
-that bypassed DDP's forward moved the second step's loss from 0.6545 to 0.6573 (checked by hand)."""
+"""The speed paths under DDP (torchrun, 2 gloo ranks on CPU): the plan keeps every path, each running
+through DDP's forward (so its hooks all-reduce the gradients): the layouts as they are, the backbone/head
+split with the LM head passing the hidden states through DDP's forward (ablate.speed.split). Losses
+equal the unwrapped single process's on the same global batch, and the plain path's (speed=off) under
+DDP, step for step. Without the all-reduce they would not: a split that bypassed DDP's forward moved the
+second step's loss from 0.6545 to 0.6573 (checked by hand)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,12 @@ def _paths(run_dir: Path) -> dict[str, dict]:
 def test_dpo_speed_paths_through_ddp_equal_the_unwrapped_run(tmp_path):
     ddp = _torchrun(tmp_path / "ddp_on")
     paths = _paths(ddp)
-    assert {n for n, p in paths.items() if p["on"]} == {"dpo_pair_rows", "padding_free", "lean_layers"}
-    assert paths["completion_only_logits"]["why"].startswith("DDP: the backbone/head split")
+    assert {n for n, p in paths.items() if p["on"]} == {
+        "dpo_pair_rows",
+        "padding_free",
+        "completion_only_logits",
+        "lean_layers",
+    }
     plain = _torchrun(tmp_path / "ddp_off", "speed=off")
     assert not any(p["on"] for p in _paths(plain).values())
     # one process, the same 16 pairs per step (2 ranks x 8): no wrapper, every path on
@@ -88,7 +93,7 @@ def test_grpo_speed_paths_through_ddp_equal_the_plain_path(tmp_path):
     fast = _torchrun(tmp_path / "ddp_on", *grpo)
     paths = _paths(fast)
     assert paths["grpo_group_rows"]["on"] and paths["padding_free"]["on"] and paths["shared_prefill"]["on"]
-    assert not paths["completion_only_logits"]["on"]
+    assert paths["completion_only_logits"]["on"]
     plain = _torchrun(tmp_path / "ddp_off", *grpo, "speed=off")
     pick = lambda run, k: [e[k] for e in metrics(run) if k in e]  # noqa: E731
     assert len(pick(fast, "reward")) == 4 and pick(fast, "reward") == pick(plain, "reward")

@@ -1,7 +1,7 @@
 """FSDP2 on CPU (distributed=fsdp, torchrun, 2 gloo ranks) and a 2-node torchrun job on loopback.
 
 Every run is a tiny model, 4 steps, fp32, checkpoints at steps 2 and 4 (sharded: DCP files, each rank
-its own; one run FULL_STATE_DICT). Sharded runs
+its own; one run FULL_STATE_DICT), the speed paths on (through FSDP2's forward, as through DDP's). Sharded runs
 must give the 2-rank DDP run's per-step losses (1e-5): the same global batch, gradients reduced
 instead of all-reduced. The DDP and FSDP DPO runs are shared by the tests of this module (fixtures).
 """
@@ -96,7 +96,7 @@ def _check_sharded(run_dir: Path) -> None:
     assert {p.name for p in ckpt.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
     plan = _plan(run_dir)
     assert plan["setting"]["wrapper"] == "fsdp"
-    assert all(not p["on"] and p["why"].startswith("fsdp:") for p in plan["paths"].values())
+    assert all(p["on"] for p in plan["paths"].values())  # every speed path runs through FSDP2's forward
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     saved = load_file(str(run_dir / "model" / "model.safetensors"))
     dcp_to_torch_save(
@@ -124,9 +124,10 @@ def ddp_dpo(runs: Path) -> Path:
 @pytest.fixture(scope="module")
 def fsdp_dpo(runs: Path) -> Path:
     r = _torchrun(runs / "fsdp_dpo", "distributed=fsdp")
-    # the plan's table (the run dir's speed_plan.txt; stdout has its one line) says why each path is off
-    assert "fsdp: the speed paths are not verified" in (runs / "fsdp_dpo" / "speed_plan.txt").read_text()
-    assert "0/" in next(line for line in r.stdout.splitlines() if line.startswith("speed plan:"))
+    # the plan's one line (stdout; its table: the run dir's speed_plan.txt): every path on under FSDP2
+    assert "policy 4/4 paths on" in next(
+        line for line in r.stdout.splitlines() if line.startswith("speed plan:")
+    )
     return runs / "fsdp_dpo"
 
 
@@ -145,9 +146,9 @@ def test_dpo_under_fsdp_equals_ddp(ddp_dpo: Path, fsdp_dpo: Path) -> None:
             ["method=grpo", "method.args.per_device_train_batch_size=16"],
             [],
         ),  # generation in full_params
-        # reference: the adapters off. LoRA dropout draws per element of the layout: the DDP run takes FSDP's
-        # (the speed paths off), else its packed rows draw other masks (grad norm 0.103 vs 0.109 at step 1)
-        ("dpo_lora_live_ref", ["+peft=lora", "method.args.precompute_ref_log_probs=false"], ["speed=off"]),
+        # reference: the adapters off. LoRA dropout draws per element of the layout: both runs have the same
+        # speed paths (on), else packed rows draw other masks (grad norm 0.103 vs 0.109 at step 1)
+        ("dpo_lora_live_ref", ["+peft=lora", "method.args.precompute_ref_log_probs=false"], []),
     ],
 )
 def test_method_under_fsdp_equals_ddp(

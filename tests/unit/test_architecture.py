@@ -19,7 +19,11 @@ LAYERS = [
     {"analysis", "config", "logger"},  # after a run / before it / beside it
     {"record"},  # the run record: the run-dir contract analysis reads
     {"process"},  # this process: signals, threads, memory, console
-    {"methods", "callbacks"},  # trainers and their args; callbacks a user selects
+    {
+        "methods",
+        "callbacks",
+        "evaluation",
+    },  # trainers and their args; callbacks a user selects; eval backends
     {"speed"},  # speed paths, the speed plan
     {"rollouts"},  # GRPO's generation engines
     {"data"},  # datasets, tokenizing, the reuse cache (its key reads the device's TF32: models)

@@ -160,3 +160,38 @@ def test_conversation_opening_with_the_assistant_is_refused():
     tok = with_template(byte_tokenizer(), "qwen2_5")
     with pytest.raises(DataError, match=r"^data: row 2: .*cannot render the conversation's first 0 messages"):
         assistant_mask(tok, CONVERSATION[1:], 2)
+
+
+USER_ONLY = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}\n{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        (SMOLLM2, None),  # renders and finds the assistant's turns
+        (USER_ONLY, "'<|user|>Hi\\n'"),  # never renders an assistant turn
+        (
+            USER_ONLY + "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+            "'<|user|>Hi\\n'",
+        ),  # ... nor with a header
+        # markers around nothing: the answer is rendered, none of it marked
+        (
+            "{% for m in messages %}<|{{ m['role'] }}|>{% if m['role'] == 'assistant' %}{% generation %}"
+            "{% endgeneration %}{% endif %}{{ m['content'] }}\n{% endfor %}",
+            "'<|user|>Hi\\n<|assistant|>Hello\\n'",
+        ),
+    ],
+)
+def test_a_template_that_marks_no_assistant_token_is_told_from_the_data(
+    template: str, says: str | None
+) -> None:
+    """ablate.data.chat_templates.masks_no_assistant: a user turn and an assistant turn rendered, and nothing
+    of the assistant's in the mask: what they render as (the template's fault, named before a run); a template
+    that marks the answer: None."""
+    from ablate.data.chat_templates import masks_no_assistant
+
+    tok = byte_tokenizer()
+    tok.chat_template = template
+    assert masks_no_assistant(tok) == says

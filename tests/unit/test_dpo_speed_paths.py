@@ -198,11 +198,30 @@ def _train(tmp_path, name, steps=3, attn="sdpa", lean_layers=True, **speed):
             {"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True},
             "eager",
         ),  # packing: sdpa only
+        # long rows (ablate.speed.packing.rows_mask): attention one causal row per completion, no mask
+        ({"dpo_pair_rows": True, "completion_only_logits": True, "padding_free": True, "long": True}, "sdpa"),
+        (
+            {"dpo_pair_rows": False, "completion_only_logits": True, "padding_free": True, "long": True},
+            "sdpa",
+        ),
     ],
 )
-def test_speed_paths_equal_plain_path_step_by_step(tmp_path, speed, attn):
+def test_speed_paths_equal_plain_path_step_by_step(tmp_path, monkeypatch, speed, attn):
     """Three optimizer steps (two batches of 3 pairs, then the first again on moved weights), with a
-    precomputed reference: every logged loss and metric equals the plain path's to 1e-5."""
+    precomputed reference: every logged loss and metric equals the plain path's to 1e-5. `long`: every
+    row counts as long, so packed rows attend causally without a mask (one row per completion)."""
+    from ablate.speed import packing
+
+    speed = dict(speed)
+    masks: list = []
+    if speed.pop("long", False):
+        monkeypatch.setattr(packing, "EAGER_MAX_SCORES", 0)
+        sdpa = packing.sdpa_attention_forward
+        monkeypatch.setattr(
+            packing,
+            "sdpa_attention_forward",
+            lambda m, q, k, v, mask, *a, **kw: masks.append(mask) or sdpa(m, q, k, v, mask, *a, **kw),
+        )
     plain = _train(
         tmp_path, "plain", attn=attn, dpo_pair_rows=False, completion_only_logits=False, padding_free=False
     )
@@ -217,6 +236,8 @@ def test_speed_paths_equal_plain_path_step_by_step(tmp_path, speed, attn):
                 b[name],
             )
     assert plain[0]["loss"] != plain[2]["loss"]
+    if masks:  # the packed rows' attention ran causally, with no mask (the plain path packs nothing)
+        assert any(m is None for m in masks)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from ablate.cli.evaluate import example_ids
+from ablate.evaluation.heldout import example_ids
 from ablate.record import rundir
 
 

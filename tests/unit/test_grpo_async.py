@@ -277,11 +277,14 @@ def test_max_staleness_0_is_the_synchronous_trainer(tmp_path):
         )
 
 
-def test_a_generator_with_its_own_engine_is_refused(tmp_path):
-    """The worker samples with a forked copy of the policy; a vLLM engine (method/rollouts=vllm), whose
-    weights the trainer pushes, cannot be forked: one line, no worker started."""
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_an_engine_of_its_own_samples_ahead_itself_no_worker_forked(tmp_path, dtype):
+    """A vLLM engine (method/rollouts=vllm), whose weights the trainer pushes, cannot be forked: it is the worker
+    (ablate.rollouts.engine_ahead; no engine is built here, that happens at the first round), and the forked
+    worker's own options are one line."""
     import functools
 
+    from ablate.rollouts.engine_ahead import EngineRounds
     from ablate.rollouts.vllm import VLLMGenerator
 
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
@@ -290,18 +293,25 @@ def test_a_generator_with_its_own_engine_is_refused(tmp_path):
         per_device_train_batch_size=4,
         num_generations=2,
         max_staleness=1,
+        generation_dtype=dtype,
         report_to="none",
         use_cpu=True,
     )
-    with pytest.raises(ConfigError, match=r"max_staleness=1: .*an engine of its own \(VLLMGenerator\)"):
-        GRPOTrainer(
-            model=model,
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
-            processing_class=tok,
-            reward_funcs={"ids": id_reward},
-            generator=functools.partial(VLLMGenerator, kv_cache_gib=0.125),
-        )
+    build = functools.partial(
+        GRPOTrainer,
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
+        processing_class=tok,
+        reward_funcs={"ids": id_reward},
+        generator=functools.partial(VLLMGenerator, kv_cache_gib=0.125),
+    )
+    if dtype is not None:
+        with pytest.raises(ConfigError, match=r"generation_dtype / async_threads set the forked worker"):
+            build()
+        return
+    trainer = build()
+    assert isinstance(trainer.ahead, EngineRounds) and trainer.ahead.s == 1 and trainer.generator.llm is None
 
 
 def test_more_than_one_process_is_refused():

@@ -29,9 +29,9 @@ def test_shared_prompt_groups_layout():
     group 1: 7 4, positions 0 1. Token 3 (row 1) sits at 4, sees the prompt (0, 1) and itself only,
     and is predicted by the prompt's end (1), as 8 is; 9 is predicted at 2; 4 (row 2) at 5 + 0 = 5.
 
-    Packed, the tokens are 5 6 8 9 3 7 4 (0..6); attention runs on one row per completion, width 2 + 2:
-    row 0 = 5 6 8 9 (flat 0-3: tokens 0-3), row 1 = 5 6 3 _ (flat 4-6: tokens 0, 1, 4), row 2 = _ 7 4 _
-    (flat 9, 10: tokens 5, 6); the prompt [5, 6] takes its output from row 0."""
+    Packed, the tokens are 5 6 8 9 3 7 4 (0..6); attention runs on one row per completion, width 2 + 2,
+    real tokens first: row 0 = 5 6 8 9 (flat 0-3: tokens 0-3), row 1 = 5 6 3 _ (flat 4-6: tokens 0, 1, 4),
+    row 2 = 7 4 _ _ (flat 8, 9: tokens 5, 6); the prompt [5, 6] takes its output from row 0."""
     p_ids = torch.tensor([[0, 5, 6], [0, 5, 6], [0, 0, 7]])
     p_mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 0, 1]])
     c_ids = torch.tensor([[8, 9], [3, 0], [4, 1]])
@@ -55,11 +55,11 @@ def test_shared_prompt_groups_layout():
         (4, 0),
         (5, 1),
         (6, 4),
-        (9, 5),
-        (10, 6),
+        (8, 5),
+        (9, 6),
     ]
-    assert b["row_out"].tolist() == [0, 1, 2, 3, 6, 9, 10]
-    assert b["row_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [0, 1, 1, 0]]
+    assert b["row_out"].tolist() == [0, 1, 2, 3, 6, 8, 9]
+    assert b["row_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]  # right padding only
 
 
 def test_groups_are_runs_of_equal_prompts_of_any_size():
@@ -145,11 +145,18 @@ def _trainer(tmp_path: Any, tok: Any, model: Any, **kw: Any) -> GRPOTrainer:
     )
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama_lora", "llama_eager", "llama_lora_head"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "llama_lora", "llama_eager", "llama_lora_head", "llama_long", "qwen2_long"]
+)
 def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arch):
     """Log-probs and entropies at every completion token, and every gradient, equal the plain path's
     (one left-padded row per completion, full logits: group rows and length groups off), fp32 1e-5;
-    masked positions are 0. The shared path runs, packed (sdpa) with one projection row of real tokens."""
+    masked positions are 0. The shared path runs, packed (sdpa) with one projection row of real tokens.
+    `_long`: rows as long rows run them (ablate.speed.packing.rows_mask: no mask, sdpa's causal kernel)."""
+    long = arch.endswith("_long")
+    arch = arch.removesuffix("_long")
+    if long:
+        monkeypatch.setattr(packing, "EAGER_MAX_SCORES", 0)  # every row "long"
     tok, model = _model(arch)
     trainer = _trainer(tmp_path, tok, model)
     batch = _batch(tok)
@@ -174,7 +181,9 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     monkeypatch.setattr(
         packing,
         "sdpa_attention_forward",  # the rows attention runs on
-        lambda m, q, *a, **k: attention.append(q.shape[0]) or sdpa(m, q, *a, **k),
+        lambda m, q, k_, v, mask, *a, **kw: (
+            attention.append((q.shape[0], mask is None)) or sdpa(m, q, k_, v, mask, *a, **kw)
+        ),
     )
     layer = model.get_base_model() if arch.startswith("llama_lora") else model
     hook = layer.model.layers[0].mlp.register_forward_hook(
@@ -190,7 +199,7 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     if arch == "llama_eager":  # not packed: one row per prompt, a 4-D mask
         assert shapes == [(3, shapes[0][1])] and not shared_attention
     else:  # packed: each prompt once through the projections, attention one row per completion
-        assert shapes == [(1, real)] and shared_attention == [9, 9]
+        assert shapes == [(1, real)] and shared_attention == [(9, long), (9, long)]
     torch.testing.assert_close(fast[0] * mask, plain[0] * mask, rtol=0, atol=1e-5)
     torch.testing.assert_close(fast[1] * mask, plain[1] * mask, rtol=0, atol=1e-5)
     assert (fast[0][mask == 0] == 0).all() and (fast[1][mask == 0] == 0).all()

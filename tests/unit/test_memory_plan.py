@@ -172,9 +172,60 @@ def test_plan_counts_what_each_methods_trainer_runs(overrides, tmp_path):
 
     cfg = _cfg(*TRAINED, *overrides)
     run = trained(cfg, str(tmp_path))
-    _, setup, parts, _ = planned(cfg, 1, 80, max(tokens for _, tokens in run.batches))
+    _, setup, parts, _ = planned(cfg, 1, max(tokens for _, tokens in run.batches))
     assert {sequences for sequences, _ in run.batches} == {setup.sequences}, run.batches
     assert run.reference == (parts["reference"] > 0)
     assert 0.8 <= parts["total"] / run.peak <= 1.2, (
         f"planned {parts['total'] / 1e6:.2f} MB, measured {run.peak / 1e6:.2f}"
     )
+
+
+# ---- long sequences: the chunked head, sequence parallelism, activation offload ----
+CKPT = dataclasses.replace(FULL, checkpointing=True)  # per token: 2 layers x 4 x 8 (inputs) + 640 (one layer)
+
+
+def test_the_chunked_head_keeps_one_chunk_of_logits_whatever_the_length():
+    # 20 logits of the 60 (6 tokens x vocab 10), each 4 (compute) + 3 x 4 (fp32 upcast, log-softmax, gradient)
+    p = plan(M, dataclasses.replace(FULL, chunked_head=True, head_chunk=20))
+    assert p["activations"] == 6 * 2 * 640 + 20 * 16
+    longer = plan(M, dataclasses.replace(FULL, chunked_head=True, head_chunk=20, seq_len=30))
+    assert longer["activations"] == 60 * 2 * 640 + 20 * 16  # the layers grow with the tokens, the head not
+
+
+def test_sequence_parallelism_divides_the_decoders_tokens_and_gathers_the_last_hidden_states():
+    p = plan(M, dataclasses.replace(CKPT, sequence_parallel=2))
+    local = 3 * (2 * 32 + 640)  # 3 of the 6 tokens through the decoder
+    gathered = 2 * 6 * 32  # the final hidden states of all 6 tokens, and the head's copy of them
+    exchange = 2 * 3 * (8 + 2 * 4) * 4  # one layer's q, k, v of my 3 tokens, sent and received
+    assert p["activations"] == local + gathered + exchange + 6 * 160  # full logits: every rank's head
+    assert p["parameters"] == plan(M, CKPT)["parameters"]  # weights as the wrapper says (DDP: whole)
+
+
+def test_offload_keeps_one_layers_work_on_the_device():
+    p = plan(M, dataclasses.replace(CKPT, offload=True))
+    assert p["activations"] == 6 * 640 + 6 * 160  # the checkpointed inputs live in host memory
+
+
+@pytest.mark.parametrize(
+    "memory, lever",
+    [
+        (13000, "method.args.gradient_checkpointing=true"),  # 12784: checkpointing is enough
+        (12000, "method.args.gradient_checkpointing=true distributed.sequence_parallel=2"),  # 11440
+        (
+            11300,  # 11248: and offload
+            "method.args.gradient_checkpointing=true distributed.sequence_parallel=2 "
+            "+method.args.gradient_checkpointing_kwargs={offload:true}",
+        ),
+        (11000, None),
+    ],
+)
+def test_what_fits_tries_checkpointing_then_sequence_parallelism_then_offload(memory, lever):
+    from ablate.models.memory import what_fits
+
+    # FSDP over 2 GPUs: parameters 2000 + 2 x 800, optimizer 4000; without checkpointing 16240
+    sharded = dataclasses.replace(FULL, gpus=2, sharded=True)
+    assert plan(M, sharded)["total"] == 3600 + 4000 + 6 * 2 * 640 + 960
+    found = what_fits(M, sharded, memory, heads=4)
+    assert (found and found[1]) == lever
+    if found:
+        assert plan(M, found[0])["total"] <= memory

@@ -82,7 +82,9 @@ def test_fsdp_in_one_process_is_refused_and_two_are_not(monkeypatch: pytest.Monk
     monkeypatch.delenv("LOCAL_RANK")
     check_distributed(node, processes=2)
     check_distributed(node, processes=None)  # a sweep's driver: each job decides
-    assert check_distributed(OmegaConf.create({"fsdp": False}), processes=1) == {}
+    assert check_distributed(OmegaConf.create({"fsdp": False}), processes=1) == {"fsdp": False}
+    # the trainer's key is not a TrainingArguments one
+    assert check_distributed(OmegaConf.create({"fsdp": False, "sequence_parallel": 2}), 2) == {"fsdp": False}
 
 
 def test_launch_time_shared_by_nodes_as_unix_seconds_or_iso(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""ORPO, CPO and SimPO (ablate.losses.reference_free) against hand-computed values (arithmetic in each docstring).
+"""ORPO, CPO (sigmoid, hinge, ipo), SimPO and AlphaPO's shape (ablate.losses.reference_free) against hand-computed values (arithmetic in each docstring).
 
 The pairs of tests/unit/test_dpo_loss.py, beta = 0.5 (sp(x) = log(1 + e^x) = -logsig(-x)); no reference:
     logp_c = [-1, -2, -4], logp_r = [-3, -2, -1], n_c = [2, 4, 1], n_r = [1, 2, 4]
@@ -48,6 +48,39 @@ def test_cpo_without_nll_and_with_label_smoothing():
     close(rf.cpo(*pairs(), beta=0.5, cpo_alpha=0.0, label_smoothing=0.1)[0], 0.4132617, LOG2, 1.5514133)
 
 
+def test_cpo_hinge():
+    """z = b (logp_c - logp_r) = [1, 0, -1.5]; relu(1 - z) = [0, 1, 2.5]; + cpo_alpha * NLL = + 1: [1, 2, 3.5].
+    Pair 1 sits on the hinge (margin 1/b reached: no loss but the NLL)."""
+    loss, m = rf.cpo_hinge(*pairs(), beta=0.5)
+    close(loss, 1, 2, 3.5)
+    close(rf.cpo_hinge(*pairs(), beta=0.5, cpo_alpha=0.0)[0], 0, 1, 2.5)
+    close(m["rewards/chosen"], -0.5, -1, -2)  # b logp_c: summed log-probs, as TRL's loss_type=hinge
+    close(m["logps/rejected"], -3, -2, -1)
+
+
+def test_cpo_ipo():
+    """Per-token means (TRL's CPOTrainer scores ipo so): a_c - a_r = [2.5, 0.5, -3.75]; 1 / (2 b) = 1;
+    (x - 1)^2 = [2.25, 0.25, 22.5625]; + NLL 1: [3.25, 1.25, 23.5625]."""
+    loss, m = rf.cpo_ipo(*pairs(), beta=0.5)
+    close(loss, 3.25, 1.25, 23.5625)
+    close(m["logps/chosen"], -0.5, -0.5, -4)  # per-token means
+    close(m["rewards/chosen"], -0.25, -0.25, -2)  # b a_c
+
+
+def test_alphapo_shape():
+    """AlphaPO (alpha = 1) on SimPO, gamma = 0.25: r(x) = (1 - e^-x) / 1; a_c = [-0.5, -0.5, -4] -> [1 - e^0.5,
+    1 - e^0.5, 1 - e^4] = [-0.6487213, -0.6487213, -53.5981500]; a_r = [-3, -1, -0.25] -> [-19.0855369,
+    -1.7182818, -0.2840254]; z = b (r_c - r_r) - gamma = [8.9684078, 0.2847803, -26.9070623];
+    sp(-z) = [0.0001274, 0.5608604, 26.9070623]. Rewards b r_c = [-0.3243606, -0.3243606, -26.7990750]; logps
+    stay the means. alpha = 0 is SimPO itself, and the shape's limit."""
+    loss, m = rf.simpo(*pairs(), beta=0.5, gamma=0.25, alpha=1.0)
+    close(loss, 0.0001274, 0.5608604, 26.9070623)
+    close(m["rewards/chosen"], -0.3243606, -0.3243606, -26.7990750)
+    close(m["logps/chosen"], -0.5, -0.5, -4)
+    near_zero = rf.simpo(*pairs(), beta=0.5, gamma=0.25, alpha=1e-7)[0]
+    torch.testing.assert_close(near_zero, rf.simpo(*pairs(), beta=0.5, gamma=0.25)[0], rtol=0, atol=1e-5)
+
+
 def test_simpo():
     """a_c - a_r = [2.5, 0.5, -3.75]; gamma = 0.25: z = b (a_c - a_r) - gamma = [1.25 - 0.25, 0.25 - 0.25,
     -1.875 - 0.25] = [1, 0, -2.125]; sp(-z) = [0.3132617, log 2, 2.2378223]; pair 2 is the zero margin."""
@@ -85,7 +118,7 @@ def test_orpo_zero_margin_and_prompt_tokens():
     assert m["nll_loss"].item() == pytest.approx(7 / 6)
 
 
-@pytest.mark.parametrize("fn", [rf.orpo, rf.cpo, rf.simpo])
+@pytest.mark.parametrize("fn", [rf.orpo, rf.cpo, rf.cpo_hinge, rf.cpo_ipo, rf.simpo])
 def test_reference_is_never_read(fn):
     """Any reference log-probs give the same numbers: the trainer can skip scoring them."""
     a, b = fn(*pairs(-2.0), beta=0.5), fn(*pairs(7.0), beta=0.5)
@@ -106,6 +139,8 @@ def test_declarations_through_partials_and_yaml():
         ("orpo", True, True),
         ("cpo", True, False),
         ("simpo", True, False),
+        ("cpo_hinge", True, False),
+        ("cpo_ipo", True, False),
         ("sigmoid", False, False),
     ]:
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

@@ -227,16 +227,14 @@ def test_dpo_under_a_short_window_scores_the_plain_path(tmp_path):
 
 
 def test_wrappers():
-    """DDP: the paths that change only the model's inputs run through its forward; the backbone/head
-    split would bypass it. FSDP, DeepSpeed, DataParallel: off until a run shows them."""
-    ddp = resolve(
-        "policy", Setting(model_type="llama", attention="sdpa", wrapper="ddp"), SpeedSwitches(), GRPO
-    )
-    assert _off(ddp) == {
-        "completion_only_logits": "DDP: the backbone/head split calls the model's parts around "
-        "DDP's forward, whose hooks all-reduce the gradients"
-    }
-    for wrapper in ("fsdp", "deepspeed", "dataparallel"):
+    """DDP, FSDP2: every path runs through the wrapper's forward (the backbone/head split with the head
+    passing the hidden states through). DeepSpeed, DataParallel: off until a run shows them."""
+    for wrapper in ("ddp", "fsdp"):
+        plan = resolve(
+            "policy", Setting(model_type="llama", attention="sdpa", wrapper=wrapper), SpeedSwitches(), GRPO
+        )
+        assert _off(plan) == {}
+    for wrapper in ("deepspeed", "dataparallel"):
         plan = resolve(
             "policy", Setting(model_type="llama", attention="sdpa", wrapper=wrapper), SpeedSwitches(), DPO
         )

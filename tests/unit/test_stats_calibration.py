@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from ablate.analysis import many_seeds, per_example, stats
+from ablate.analysis import many_seeds, per_example, stats, words
 
 TRIALS = 2_000
 ALPHA = 1 - stats.LEVEL
@@ -207,6 +207,65 @@ def test_per_example_false_alarms_at_most_5_percent(n: int, dist: str) -> None:
     assert share(examples_clear, draw(dist, TRIALS, n, 0), draw(dist, TRIALS, n, 1)) <= BOUND
 
 
+def words_clear(
+    dist: str, n: int, metrics: int, examples: int = 0, trials: int = TRIALS, old: bool = False
+) -> np.ndarray:
+    """The summary in words (words.in_words, as compare calls it) on two identical arms of n independent
+    seeds, paired by seed index, over `metrics` metrics drawn apart: each metric with the tests compare
+    gives it (seed-paired t; Mann-Whitney from MANY_SEEDS seeds; per example on `examples` eval examples).
+    True per trial when any line says clear: a false alarm of the comparison. `old`: the words before,
+    which said clear when any one test rejected at 5%."""
+    seeds = [str(s) for s in range(n)]
+    ids = [str(i) for i in range(examples)]
+    seeded = [(draw(dist, trials, n, 10 + 2 * j), draw(dist, trials, n, 11 + 2 * j)) for j in range(metrics)]
+    per = [
+        (draw(dist, trials, examples, 30 + 2 * j), draw(dist, trials, examples, 31 + 2 * j))
+        for j in range(metrics)
+    ]
+    # many_seeds.improvement()'s p-value, vectorised over the trials (the two agree: test above)
+    mw = [many_seeds.mann_whitney_p(b, a) for a, b in seeded] if n >= many_seeds.MANY_SEEDS else []
+    out = []
+    for t in range(trials):
+        paired, better, each = [], [], []
+        for j, ((a, b), (ea, eb)) in enumerate(zip(seeded, per)):
+            m = f"metric{j}"
+            runs_a, runs_b = ({s: [float(v)] for s, v in zip(seeds, x[t])} for x in (a, b))
+            paired.append(stats.paired("a", runs_a, "b", runs_b, m))
+            if mw:
+                p = many_seeds.probability_of_improvement(b[t], a[t])
+                better.append(many_seeds.Improvement("a", "b", m, n, n, p, float(mw[j][t])))
+            if examples:
+                each.append(per_example.ExamplePaired("a", "b", m, ids, ea[t].tolist(), eb[t].tolist()))
+        if old:  # the words before: any test of any metric clear at 5% on its own
+            out.append(any(d.clear for d in [*paired, *better, *each]))
+        else:
+            out.append(any(line.startswith("clear:") for line in words.in_words(paired, better, each)))
+    return np.array(out)
+
+
+WORDS_CASES = [
+    ("normal", 3, 3, 0),
+    ("normal", 5, 1, 0),
+    ("normal", 5, 3, 0),
+    ("t3", 8, 3, 0),
+    ("normal", 3, 2, 64),
+]
+
+
+@pytest.mark.parametrize(("dist", "n", "metrics", "examples"), WORDS_CASES)
+def test_the_words_call_at_most_5_percent_of_aa_comparisons_clear(
+    dist: str, n: int, metrics: int, examples: int
+) -> None:
+    """One verdict per comparison, whatever the tests and metrics behind it: at 5 seeds the t test or the
+    Mann-Whitney test rejecting was 6.7%, and any of 3 metrics' tests about 18%."""
+    assert words_clear(dist, n, metrics, examples).mean() <= BOUND
+
+
+def test_the_harness_catches_the_old_words() -> None:
+    """Any one of 3 metrics' t or Mann-Whitney tests rejecting at 5 seeds: about 18% of A/A comparisons."""
+    assert words_clear("normal", 5, 3, old=True).mean() > 0.15
+
+
 def _iqm_bca_misses(values: np.ndarray) -> np.ndarray:
     """scipy.stats.bootstrap's BCa interval of the IQM (25% trimmed mean) misses 0 (a candidate, not used)."""
     from scipy import stats as sps
@@ -266,7 +325,25 @@ def tables(trials: int) -> list[str]:
             for d in ("normal", "t3")
         ]
         out.append(f"| | {n} | " + " | ".join(cells) + " |")
-    return out + example_table(trials)
+    return out + example_table(trials) + words_table(trials)
+
+
+def words_table(trials: int) -> list[str]:
+    """docs/compare.md's table of the words' false alarms: the share of A/A comparisons with a clear line."""
+    out = [
+        "",
+        "| in words, any clear | seeds | metrics | examples | normal: old, now | t3: old, now |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n, metrics, examples in ((3, 1, 0), (3, 3, 0), (5, 1, 0), (5, 3, 0), (8, 3, 0), (3, 2, 64)):
+        cells = [
+            ", ".join(
+                f"{words_clear(d, n, metrics, examples, trials, old).mean():.1%}" for old in (True, False)
+            )
+            for d in ("normal", "t3")
+        ]
+        out.append(f"| | {n} | {metrics} | {examples or '-'} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _old_examples_clear(a: np.ndarray, b: np.ndarray) -> np.ndarray:

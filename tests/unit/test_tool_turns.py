@@ -17,7 +17,7 @@ from ablate.models import tiny
 from ablate.rewards.calc import correct
 from ablate.rollouts.generation import Completions
 from ablate.rollouts.tool_calls import ToolFormat
-from ablate.rollouts.turns import Toolbox, ToolGenerator
+from ablate.rollouts.turns import Toolbox, ToolGenerator, tool_metrics
 from ablate.tools import calculator
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
@@ -338,3 +338,93 @@ def test_ablate_eval_runs_the_tools(tmp_path, monkeypatch):
     metrics, examples = evaluate.reward_eval(model, tok, ds, {"correct": correct}, args, batch_size=2)
     assert metrics["eval_reward"] == 1.0 and [e["reward"] for e in examples] == [1.0, 1.0, 1.0]
     assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/failure_frequency"] == 0.0
+
+
+def test_a_garbled_call_is_said_to_be_malformed_not_an_answer():
+    """The tiny model's own format (its template's response parser): a turn whose call does not parse is plain
+    text to the rollouts, as TRL (no call run, none counted), and `ablate generate` shows it as a malformed call
+    with why, not as the answer; a good call and a plain answer are unchanged."""
+    from ablate.cli.generate import show_turns
+
+    tok, model = tiny()
+    garbled = '<tool_call>{"name": "calculator", "arguments": {"expression": 12*34}}</tool_call>'  # not JSON
+    gen, box = _generator(tok, script=lambda t: garbled if "12*34" in t else perfect(t))
+    out = gen(model, [box.prompt_ids(question("12*34")), box.prompt_ids(question("2*3"))])
+    assert (out.tool_calls, out.tool_failures) == (
+        [0, 1],
+        [0, 0],
+    )  # TRL's counts: the garbled turn ran nothing
+    assert gen.malformed[0] is not None and "does not parse" in gen.malformed[0] and gen.malformed[1] is None
+    lines = show_turns(out.messages[0], gen.malformed[0])
+    assert lines[0].startswith("malformed call (not run: it does not parse") and garbled in lines[0], lines
+    assert lines[1] == "answer: (none: the last turn is a tool call that could not be read)"
+    assert not any(line.startswith("answer: <tool_call>") for line in lines)
+    assert show_turns(out.messages[1], gen.malformed[1])[-1] == "answer: 6"
+
+
+def huge(expression: str) -> str:
+    """A calculator that answers with 20 MB of digits.
+
+    Args:
+        expression: ignored
+    """
+    return "9" * 20_000_000
+
+
+def test_a_huge_tool_result_is_cut_before_it_is_tokenized():
+    """A tool result is cut to Toolbox.max_result_tokens: to that many tokens' worth of characters first (the
+    vocabulary's longest token each), then by its own tokens, so the tokenizer never reads the 20 MB a tool
+    returned; cut results are counted (tools/truncated_frequency) and said once. At the completion budget
+    (the default: max_completion_length) the cut changes nothing: a result that long never fits, and the
+    rollout ends as TRL's does, with the same ids."""
+    import logging
+
+    tok, model = tiny()
+    seen: list[int] = []
+    real = type(tok).__call__
+
+    def counting(self, text, *args, **kwargs):
+        seen.append(len(text) if isinstance(text, str) else sum(len(t) for t in text))
+        return real(self, text, *args, **kwargs)
+
+    prompts = lambda box: [box.prompt_ids(question("12*34")), box.prompt_ids(question("2*3"))]  # noqa: E731
+    box = Toolbox(ToolFormat(tok), [huge], max_result_tokens=128)
+    gen = ToolGenerator(Scripted(tok, lambda t: CALL.replace("calculator", "huge") % "1"), box, tok, 128)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("ablate").addHandler(handler)
+    try:
+        type(tok).__call__ = counting
+        out = gen(model, prompts(box))
+    finally:
+        type(tok).__call__ = real
+        logging.getLogger("ablate").removeHandler(handler)
+    assert max(seen) <= 128 * box.format.longest_token, max(seen)  # never the whole result
+    assert out.tool_calls == [1, 1] and out.tool_truncated == [1, 1]
+    said = [r.getMessage() for r in records if "returned 20000000 characters" in r.getMessage()]
+    assert len(said) == 1 and "cut to its first 128 tokens" in said[0], [r.getMessage() for r in records]
+    metrics = tool_metrics(out.tool_calls, out.tool_failures, out.tool_truncated)
+    assert metrics["tools/truncated_frequency"].item() == 1.0
+    # at the budget the cut changes nothing (a result of 5000 characters, tokenized whole without a cut)
+
+    def long(expression: str) -> str:
+        return "9" * 5000
+
+    long.__name__, long.__doc__ = "huge", huge.__doc__
+    ids = []
+    for cut in (None, 128):
+        box = Toolbox(ToolFormat(tok), [long], max_result_tokens=cut)
+        gen = ToolGenerator(Scripted(tok, lambda t: CALL.replace("calculator", "huge") % "1"), box, tok, 128)
+        ids.append(gen(model, prompts(box)).ids)
+    assert ids[0] == ids[1]
+    # below the budget the model reads the result's start
+    box = Toolbox(ToolFormat(tok), [huge], max_result_tokens=8)
+    gen = ToolGenerator(
+        Scripted(tok, lambda t: "ok" if "<|tool|>" in t else CALL.replace("calculator", "huge") % "1"),
+        box,
+        tok,
+        256,
+    )
+    out = gen(model, prompts(box))
+    assert out.messages[0][1] == {"role": "tool", "name": "huge", "content": "9" * 8}, out.messages[0][1]

@@ -105,6 +105,11 @@ def test_hermes_for_a_template_without_tools():
     ]  # SmolLM2 writes a list; arguments as a string too
     content, [(name, _, error)] = parse_hermes("<tool_call>{not json}</tool_call>")
     assert name == "unknown" and "not valid JSON" in error
+    # a call begun and never closed (the turn ended first): a failed call too, not an answer
+    content, [(name, _, error)] = parse_hermes('The product: <tool_call>{"name": "calculator", "argu')
+    assert content == "The product:" and name == "unknown" and "not closed (no </tool_call>)" in error
+    turn = f.read(tok('<tool_call>{"name": "calc', add_special_tokens=False)["input_ids"], [], [])
+    assert turn.malformed is not None and "not closed" in turn.malformed and turn.calls[0][0] == "unknown"
     # no single end-of-turn id in a byte tokenizer: the suffix is all the tool turn adds
     suffix = f.suffix_ids([{"role": "tool", "name": "calculator", "content": "408"}], [])
     assert tok.decode(suffix) == "<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"

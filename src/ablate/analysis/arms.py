@@ -23,11 +23,11 @@ def shared_metrics(groups: list[Group], metrics: list[str]) -> tuple[list[str], 
         for r in g.runs:
             method = r.summary.get("method")
             if method is not None:
-                logged.setdefault(method, set()).update(m for m in metrics if r.final(m) is not None)
+                logged.setdefault(method, set()).update(m for m in metrics if r.score(m) is not None)
     methods = [have for have in logged.values() if have]
     shared = [m for m in metrics if len(methods) < 2 or all(m in have for have in methods)]
     own = {
-        m: [g.label for g in groups if any(r.final(m) is not None for r in g.runs)]
+        m: [g.label for g in groups if any(r.score(m) is not None for r in g.runs)]
         for m in metrics
         if m not in shared
     }
@@ -41,7 +41,7 @@ def own_lines(groups: list[Group], own: dict[str, list[str]]) -> list[str]:
     lines = ["not every arm logs these (listed, not compared):"]
     for g in groups:
         values = [
-            f"{m} {_mean_std([v for r in g.runs if (v := r.final(m)) is not None])}"
+            f"{m} {_mean_std([v for r in g.runs if (v := r.score(m)) is not None])}"
             for m, arms in own.items()
             if g.label in arms
         ]

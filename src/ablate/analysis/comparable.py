@@ -17,6 +17,15 @@ FALLBACK = {"loss": ["method.name"]}
 HELD_OUT = "eval_"  # the Trainer's prefix of held-out metrics (eval.json)
 
 
+BACKENDS = ("lm_eval/", "judge/")  # eval.json's metrics of the other evaluation backends: held out by nature
+
+
+def held_out_name(metric: str) -> str:
+    """An eval_examples.jsonl metric's name in eval.json: `rewards/margins` -> `eval_rewards/margins` (the
+    method's own eval, as the Trainer prefixes it); a backend's `lm_eval/sort/exact_match` as it is."""
+    return metric if metric.startswith((HELD_OUT, *BACKENDS)) else f"{HELD_OUT}{metric}"
+
+
 def bare(metric: str) -> str:
     """`eval_loss` -> `loss`: a held-out metric is defined as its training namesake."""
     return metric[len(HELD_OUT) :] if metric.startswith(HELD_OUT) else metric
@@ -96,7 +105,7 @@ def not_compared_line(
         f"{', '.join(ms)} {'is' if len(ms) == 1 else 'are'} defined by each arm's {why}"
         for why, ms in reasons.items()
     )
-    if ranked and all(m.startswith(HELD_OUT) for m in ranked):
+    if ranked and all(m.startswith((HELD_OUT, *BACKENDS)) for m in ranked):
         tail = "ranking the held-out metrics instead"
     elif ranked:
         tail = "ranking the others instead" + (

@@ -24,7 +24,6 @@ differences (Miller 2024); then a summary says which differences are clear and w
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +31,13 @@ from typing import Any
 
 from ablate.analysis import comparable, many_seeds, stats
 from ablate.analysis.arms import own_lines, shared_metrics
+from ablate.analysis.choose import check_metrics, default_metrics, expand_metrics, prefer_held_out
 from ablate.analysis.per_example import ExamplePaired, paired_examples
 from ablate.analysis.plots import safe, write_plots
 from ablate.analysis.report import DEFAULT_OUT, DEFAULT_OUT_RULE, default_out
 from ablate.analysis.runs import Group, Run, by_method, find_runs, launches, method_names, newest_launches
 from ablate.analysis.table import (
+    CUT_NOTE,
     INTERVAL_NOTE,
     IQM_NOTE,
     display_table,
@@ -46,13 +47,8 @@ from ablate.analysis.table import (
 )
 from ablate.analysis.words import TITLE as WORDS_TITLE
 from ablate.analysis.words import in_words
-from ablate.errors import ConfigError
 from ablate.record import rundir
 
-# `--metric speed`: what every run logs about its speed (ablate/speed/throughput.py); GRPO's time split when
-# logged.
-SPEED_METRICS = ["tokens_per_second", "mfu"]
-GRPO_TIME_METRICS = ["time/generation", "time/scoring", "time/training"]
 # Overrides that never define a group: seeds are what a group averages over; the rest is bookkeeping.
 IGNORED_KEYS = {"seed", "sweep_name", "sweep", "tags", "notes"}
 
@@ -83,50 +79,12 @@ def _short_names(keys: list[str]) -> dict[str, str]:
     return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 
 
-def default_metrics(runs: list[Run]) -> list[str]:
-    """The runs' `compare_metrics` (each method's YAML), in order, without repeats."""
-    out: list[str] = []
-    for run in runs:
-        for m in run.default_metrics:
-            if m not in out:
-                out.append(m)
-    return out
-
-
-def prefer_held_out(metrics: list[str], runs: list[Run]) -> tuple[list[str], str]:
-    """The default metrics, each replaced by its held-out namesake (`eval_<m>`, eval.json) when every run
-    has it and every eval.json scored the same split and number of examples; and a note when only some
-    runs were evaluated, or on different data (then the training metrics stay)."""
-    evaluated = [r for r in runs if r.held_out]
-    if not evaluated:
-        return metrics, ""
-    if len(evaluated) < len(runs):
-        return metrics, (
-            f"held-out metrics (eval.json) in {len(evaluated)} of {len(runs)} runs, so the training "
-            "ones are ranked: `ablate eval RUN_DIR` on the others ranks held-out ones"
-        )
-    scored = sorted(
-        {
-            f"{e.get('split')} split, {e.get('examples')} examples"
-            if (e := r.evaluation)
-            else "the eval during training"
-            for r in runs
-        }
-    )
-    if len(scored) > 1:
-        return (
-            metrics,
-            f"held-out metrics not ranked: the runs' eval.json scored different data ({' vs '.join(scored)})",
-        )
-    held = [f"{comparable.HELD_OUT}{m}" for m in metrics]
-    return [h if all(h in r.held_out for r in runs) else m for m, h in zip(metrics, held)], ""
-
-
 def _pairs(groups: list[Group]) -> list[tuple[str, Group, Group]]:
     """Within each launch (all runs when pooled), (launch, the launch's first arm, another arm)."""
     by_launch: dict[str, list[Group]] = {}
     for g in groups:
-        by_launch.setdefault(g.launch, []).append(g)
+        if any(not r.diverged for r in g.runs):  # an arm whose every run diverged has nothing to compare
+            by_launch.setdefault(g.launch, []).append(g)
     return [(launch, arms[0], other) for launch, arms in by_launch.items() for other in arms[1:]]
 
 
@@ -202,6 +160,8 @@ def _per_example(group: Group) -> dict[str, dict[str, list[float]]]:
     """{metric: {example id: [score of each run that scored it]}}."""
     out: dict[str, dict[str, list[float]]] = {}
     for r in group.runs:
+        if r.diverged:  # left out, as from every other statistic
+            continue
         for example, scores in r.examples.items():
             for m, v in scores.items():
                 out.setdefault(m, {}).setdefault(example, []).append(v)
@@ -217,11 +177,13 @@ def compare(
     tags: list[str] | None = None,
     all_launches: bool = False,
     verbose: bool = False,
+    outcomes: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Print the comparison table and seed-paired differences of the runs under `paths` (only those
     carrying every tag in `tags`, from run.json); with `out`, also write plots, tables and a
-    self-contained report.html. Returns the table rows (raw numbers). `verbose`: every difference too
-    few seeds can tell on its own line (else one line counts them; report.html lists them all).
+    self-contained report.html. Returns the table rows (raw numbers); `outcomes` (a list) gets each
+    table's runs, cells, differences and verdicts (what `ablate compare --wandb` logs). `verbose`: every
+    difference too few seeds can tell on its own line (else one line counts them; report.html lists them).
 
     A sweep's folder holding several launches gives its newest launch only, unless `all_launches`
     (each launch kept apart) or `pool` (launches pooled); the output says which were left out."""
@@ -262,7 +224,7 @@ def compare(
         if i:
             print()
         rows += _compare_runs(
-            family, metrics, where, Options(pool, xs, verbose), left_out if i == 0 else [], title
+            family, metrics, where, Options(pool, xs, verbose, outcomes), left_out if i == 0 else [], title
         )
     return rows
 
@@ -274,6 +236,7 @@ class Options:
     pool: bool = False
     xs: list[str] | None = None
     verbose: bool = False
+    outcomes: list[dict[str, Any]] | None = None  # each table's outcome is appended (compare --wandb)
 
 
 def _compare_runs(
@@ -293,12 +256,15 @@ def _compare_runs(
     diffs = paired_differences(ranked)
     better = improvements(ranked, many)
     examples, skipped_examples = example_differences(groups, metrics)
-    words = in_words(diffs, better, examples) if better or examples else []
+    words = in_words(diffs, better, examples) if any(d.tellable for d in diffs) or better or examples else []
     not_ranked = comparable.not_compared_line(
         {**skipped, **skipped_examples}, list(dict.fromkeys(r[3] for r in ranked)), bool(asked)
     )
     notes = (
-        [*left_out, launch_note(runs, opts.pool), INTERVAL_NOTE, held_note, not_ranked]
+        [*left_out, launch_note(runs, opts.pool), INTERVAL_NOTE, held_note, diverged_line(groups)]
+        + [CUT_NOTE if any(r.get(f"{m} cut") for r in rows for m in metrics) else ""]
+        + [r.not_numbers for r in runs]
+        + [not_ranked]
         + ([IQM_NOTE] if many else [])
         + own_lines(groups, own)
     )
@@ -307,6 +273,16 @@ def _compare_runs(
         if note:
             print(note)
     print_differences(diffs, better, examples, words, opts.verbose, out is not None)
+    if opts.outcomes is not None:
+        opts.outcomes.append(
+            {
+                "runs": [r.path for r in runs],
+                "header": header,
+                "cells": cells,
+                "differences": [d.verdict() for d in [*diffs, *better, *examples]],
+                "words": words,
+            }
+        )
     from ablate.analysis.study import print_studies
 
     if out is not None:
@@ -360,7 +336,10 @@ def print_differences(
     if folded and len(untold) == len(diffs):
         print(f"seed-paired differences: {few_seeds_line(untold, report)}")
     elif diffs:
-        print(f"seed-paired differences (each arm minus its launch's first arm; {stats.PAIRED_METHOD}):")
+        print(
+            f"seed-paired differences (each arm minus its launch's first arm; {stats.PAIRED_METHOD}; each "
+            "test on its own: the summary below adjusts for the several tests and metrics):"
+        )
         for d in [d for d in diffs if d.tellable] if folded else diffs:
             print(f"  {where(d)}{d.verdict()}")
             if d.tellable and d.power_line():
@@ -387,7 +366,8 @@ def few_seeds_line(untold: list[stats.Paired], report: bool) -> str:
         f"about {needed[0]}"
         + (f"-{needed[-1]}" if needed[-1] != needed[0] else "")
         + " seeds per arm would make "
-        f"differences of these sizes clear at {stats.POWER:.0%} power"
+        f"differences of these sizes clear at {stats.POWER:.0%} power (rough: each spread comes from "
+        f"{pairs[-1]} pairs)"
         if needed
         else f"run at least {stats.MIN_N} seeds per arm"
     )
@@ -398,40 +378,6 @@ def few_seeds_line(untold: list[stats.Paired], report: bool) -> str:
     )
 
 
-def check_metrics(metrics: list[str], runs: list[Run], paths: list[Path]) -> None:
-    """A `--metric` no run has (a typo) is refused, naming the ones they do have: a column of `-`
-    would read as "not logged yet"."""
-    for m in metrics:
-        if m != "speed" and all(r.final(m) is None for r in runs):
-            known = sorted(
-                {
-                    k
-                    for r in runs
-                    for k in [*r.summary.get("metrics", {}), *r.held_out, *(k for e in r.events for k in e)]
-                }
-                - {"step", "time"}
-            )
-            hint = difflib.get_close_matches(m, known, n=1)
-            meant = f"did you mean --metric {hint[0]}? " if hint else ""
-            raise ConfigError(
-                f"--metric {m}: no run under {', '.join(map(str, paths))} has it ({meant}metrics: "
-                f"{', '.join(known) or 'none logged yet'})"
-            )
-
-
-def expand_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
-    """`speed` stands for tokens/s and MFU (each run's mean over its training steps, from summary.json;
-    per log window in the curves), plus GRPO's time per step in generation, scoring and training."""
-    out: list[str] = []
-    for m in metrics:
-        if m != "speed":
-            out.append(m)
-            continue
-        logged = {k for r in runs for e in r.events for k in e}
-        out += SPEED_METRICS + [t for t in GRPO_TIME_METRICS if t in logged]
-    return list(dict.fromkeys(out))
-
-
 IMPROVEMENT_TITLE = (
     f"probability of improvement (Agarwal et al. 2021; ≥ {many_seeds.MANY_SEEDS} seeds per arm), "
     "each arm vs its launch's first arm; exact Mann-Whitney test (assumes independent seeds)"
@@ -440,6 +386,19 @@ EXAMPLES_TITLE = (
     "per-example paired differences on the eval set (Miller 2024; eval_examples.jsonl), "
     "each arm minus its launch's first arm, mean [95% t interval over the examples]"
 )
+
+
+def diverged_line(groups: list[Group]) -> str:
+    """One line naming the runs that diverged (NaN or inf), which the statistics leave out, and the arms
+    left with no run to compare; "" when none diverged."""
+    gone = [r for g in groups for r in g.runs if r.diverged]
+    if not gone:
+        return ""
+    named = "; ".join(f"{r.path.name} ({r.diverged})" for r in gone)
+    empty = [g.label for g in groups if all(r.diverged for r in g.runs)]
+    return f"diverged (NaN or inf), left out of the statistics: {named}" + (
+        f"; not compared (no run left): {', '.join(empty)}" if empty else ""
+    )
 
 
 def launch_note(runs: list[Run], pool: bool) -> str:

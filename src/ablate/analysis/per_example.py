@@ -15,6 +15,8 @@ import statistics
 from dataclasses import dataclass
 from functools import cached_property
 
+from scipy import special
+
 from ablate.analysis.stats import t_quantile
 
 
@@ -62,6 +64,16 @@ class ExamplePaired:
             return None
         half = t_quantile(self.n - 1) * self.se
         return self.mean - half, self.mean + half
+
+    @cached_property
+    def pvalue(self) -> float | None:
+        """Two-sided p-value of the paired test, t = mean / SE with n − 1 degrees of freedom (below 0.05
+        exactly when the interval excludes 0); no spread: 0 when the mean is not 0, else 1."""
+        if self.se is None or self.mean is None:
+            return None
+        if self.se == 0:
+            return 0.0 if self.mean else 1.0
+        return float(2 * special.stdtr(self.n - 1, -abs(self.mean) / self.se))  # sps.t.sf, faster
 
     @property
     def clear(self) -> bool:

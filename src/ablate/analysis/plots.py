@@ -103,10 +103,11 @@ def _bar_plot(plt: Any, out: Path, groups: list[Group], metric: str, per_event: 
             per_run = [
                 statistics.fmean(v)
                 for r in g.runs
-                if (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])
+                if not r.diverged
+                and (v := [float(e[metric]) for e in r.events if isinstance(e.get(metric), (int, float))])
             ]
         else:
-            per_run = [v for r in g.runs if (v := r.final(metric)) is not None]
+            per_run = [v for r in g.runs if (v := r.score(metric)) is not None]
         if per_run:
             labels.append(g.label)
             m, s = mean_std(per_run)

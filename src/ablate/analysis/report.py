@@ -226,9 +226,11 @@ def _many_seeds(many: ManySeeds) -> list[str]:
         parts += _verdicts(many.examples)
     if many.words:
         parts.append(
-            "<h2>In words</h2><p>Clear: the 95% t interval excludes 0, or the Mann-Whitney test rejects "
-            "a probability of improvement of 0.5; not clear: it does not, and more seeds or examples may "
-            "tell.</p><ul>"
+            "<h2>In words</h2><p>One verdict per metric and pair of arms: its tests' smallest p-value, "
+            "Holm-adjusted over its tests (seed-paired t; Mann-Whitney from 5 seeds; per example) and "
+            "Benjamini-Hochberg-adjusted over the metrics ranked, below 0.05 is clear, so two identical arms "
+            "are called different in at most 5% of comparisons however many tests and metrics; not clear: "
+            "more seeds or examples may tell.</p><ul>"
         )
         parts += [f"<li>{html.escape(w)}</li>" for w in many.words] + ["</ul>"]
     return parts

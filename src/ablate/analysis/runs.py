@@ -6,6 +6,7 @@ Reads the run directory contract only: imports neither torch nor transformers.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -63,16 +64,50 @@ class Run:
     @cached_property
     def held_out(self) -> dict[str, float]:
         """The held-out metrics (`eval_`-prefixed, as the Trainer names them): eval.json's (the latest `ablate
-        eval`), else the last eval during training (summary.json, with eval_strategy set)."""
+        eval`: its backends' `lm_eval/...` and `judge/...` too), else the last eval during training
+        (summary.json, with eval_strategy set). A value that is not a number is left out (`not_numbers`)."""
         trained = {
             k: float(v)
             for k, v in self.summary.get("metrics", {}).items()
-            if k.startswith("eval_") and isinstance(v, (int, float))
+            if k.startswith("eval_") and _number(v)
         }
         metrics = self.evaluation.get("metrics")
         if isinstance(metrics, dict):
-            trained.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+            trained.update({k: float(v) for k, v in metrics.items() if _number(v)})
         return trained
+
+    @cached_property
+    def not_numbers(self) -> str:
+        """One line naming eval.json's values that are not numbers (`"eval_loss": "low"`, written by a tool
+        of the user's), which `ablate compare` leaves out; "" when there are none."""
+        metrics = self.evaluation.get("metrics")
+        bad = [
+            f"{k} is {v!r}" for k, v in (metrics or {}).items() if not _number(v) and not isinstance(v, dict)
+        ]
+        if not bad:
+            return ""
+        return f"{self.path / rundir.EVAL}: {', '.join(bad)}, not a number: left out of this run's metrics"
+
+    @cached_property
+    def diverged(self) -> str:
+        """Why this run counts as diverged (`grad_norm nan at step 5`), "" when it does not: a NaN or an
+        infinity among its final metrics (summary.json, eval.json) or its last logged values. A diverged
+        run's numbers are no measurement of its arm: `score()` leaves it out of the statistics."""
+        last = self.events[-1] if self.events else {}
+        for where, values in (
+            ("", self.summary.get("metrics") or {}),
+            ("held out", self.evaluation.get("metrics") or {}),
+            (f"at step {last.get('step')}", last),
+        ):
+            for k, v in values.items():
+                if isinstance(v, float) and not math.isfinite(v):
+                    return f"{k} {v}" + (f" {where}" if where else "")
+        return ""
+
+    def score(self, metric: str) -> float | None:
+        """The value `ablate compare`'s statistics use: `final(metric)`, or None for a diverged run (left
+        out, and said so)."""
+        return None if self.diverged else self.final(metric)
 
     @cached_property
     def config(self) -> dict[str, Any]:
@@ -99,6 +134,11 @@ class Run:
         return float(value) if isinstance(value, (int, float)) else None
 
 
+def _number(v: Any) -> bool:
+    """A JSON number (true/false count as 1/0, as in eval_examples.jsonl)."""
+    return isinstance(v, (int, float))
+
+
 @dataclass
 class Group:
     """Runs that share every override but the seed."""
@@ -112,7 +152,7 @@ class Group:
         """{seed: the final `metric` of each run of the arm with that seed} (pooled launches: several)."""
         values: dict[str, list[float]] = {}
         for r in self.runs:
-            if (v := r.final(metric)) is not None:
+            if (v := r.score(metric)) is not None:
                 values.setdefault(r.seed, []).append(v)
         return values
 
@@ -151,8 +191,14 @@ def load_run(path: Path) -> Run | None:
         return None
     if summary is None and (path / rundir.SUMMARY).exists():  # corrupt, not "still running"
         summary = {"status": "unreadable", "error": f"{rundir.SUMMARY} is not a JSON object"}
+    problem = rundir.run_json_problem(path) if summary is not None or info is None else None
+    if problem is not None and (summary is not None or (path / rundir.RUN).exists()):
+        # no run to use (`last` skips it, eval and generate refuse it), whatever summary.json says
+        summary = {**(summary or {}), "status": "unreadable", "error": f"{problem}; `last` skips it"}
     summary = summary or {"status": "running"}
     overrides = summary.get("overrides") or (info or {}).get("overrides")
+    if overrides is None and not hydra_overrides.is_file():  # an unreadable run's: none known
+        overrides = []
     if overrides is None:  # job launched, ablate not started yet: Hydra's record of the overrides
         overrides = [
             line[2:].strip() for line in hydra_overrides.read_text().splitlines() if line.startswith("- ")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 
 import numpy as np
+from scipy import special
 from scipy import stats as sps
 
 LEVEL = 0.95  # every interval's confidence level; a difference is clear at two-sided p < 1 - LEVEL
@@ -35,6 +36,14 @@ MIN_N = 3  # fewer values than this: no interval (with 2, the normality it rests
 POWER = 0.80  # the power the "about N seeds" line plans for (Cohen's convention)
 MAX_SEEDS = 10_000  # the power line's search stops here
 T_METHOD = "95% t interval over the seeds (assumes roughly normal seed-to-seed values)"
+ROUGH = 0.80  # the power plan's range: the seeds it would take at either end of the spread's 80% interval
+# Metrics that cannot be negative, by a part of their name (ablate's, TRL's and lm-eval's names); those in
+# FRACTIONS cannot pass 1 either. An arm's t interval that crosses such a bound is cut there (`bounded`).
+NONNEGATIVE = (
+    "grad_norm", "accurac", "/acc", "exact_match", "win_rate", "runtime", "seconds", "tokens_per_second",
+    "mfu", "entropy", "length", "perplexity", "clipped_ratio", "frequency", "learning_rate", "num_tokens",
+)  # fmt: skip
+FRACTIONS = ("accurac", "/acc", "exact_match", "win_rate", "clipped_ratio", "frequency", "mfu")
 PAIRED_METHOD = (
     "95% t interval over the per-seed differences (assumes they are roughly normal; a verdict "
     f"from {MIN_N} pairs on)"
@@ -60,6 +69,40 @@ def t_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]
     mean = statistics.fmean(values)
     half = t_quantile(n - 1, level) * statistics.stdev(values) / math.sqrt(n)
     return mean - half, mean + half
+
+
+def bounds(metric: str) -> tuple[float | None, float | None]:
+    """The values `metric` cannot pass, by its name: (0, 1) for accuracies and rates, (0, None) for norms,
+    times and counts, (None, None) for anything else (a margin, a reward, a loss of some objective)."""
+    name = metric.lower()
+    low = 0.0 if any(part in name for part in NONNEGATIVE) else None
+    return low, (1.0 if any(part in name for part in FRACTIONS) else None)
+
+
+def bounded(ci: tuple[float, float], metric: str) -> tuple[tuple[float, float], bool]:
+    """The interval cut at the bounds `metric` cannot pass, and whether it was cut. Cutting keeps its
+    coverage (the true mean lies inside the bounds, so the cut interval holds it whenever the uncut one
+    did); an interval that needed cutting says the seeds are too few to place the mean.
+
+    Hand-checked: grad_norm [-0.3387, 1.296] -> ([0, 1.296], True); rewards/margins [-0.3, 0.5] stays."""
+    low, high = bounds(metric)
+    lo = max(ci[0], low) if low is not None else ci[0]
+    hi = min(ci[1], high) if high is not None else ci[1]
+    return (lo, hi), (lo, hi) != ci
+
+
+def t_pvalue(values: list[float]) -> float | None:
+    """Two-sided p-value of the one-sample t test of mean 0 (the t interval excludes 0 exactly when it is
+    below 1 - LEVEL); None below MIN_N values. No spread: 0 when the mean is not 0, else 1.
+
+    Hand-computed: [0.3, 0.5, 0.4]: t = 0.4 / (0.1 / √3) = 6.9282, 2 df: p = 0.020204."""
+    n = len(values)
+    if n < MIN_N:
+        return None
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    if sd == 0:
+        return 0.0 if mean else 1.0
+    return float(2 * special.stdtr(n - 1, -abs(mean) / (sd / math.sqrt(n))))  # t's cdf: sps.t.sf, faster
 
 
 def power(n: np.ndarray, effect: float, level: float = LEVEL) -> np.ndarray:
@@ -114,6 +157,11 @@ class Paired:
     def ci(self) -> tuple[float, float] | None:
         return t_interval(self.diffs)
 
+    @cached_property
+    def pvalue(self) -> float | None:
+        """The paired t test's two-sided p-value (None below MIN_N pairs)."""
+        return t_pvalue(self.diffs)
+
     @property
     def clear(self) -> bool:
         """The 95% t interval excludes 0 (a two-sided t test at p < 0.05)."""
@@ -132,6 +180,26 @@ class Paired:
             return None
         return seeds_for_power(self.mean, statistics.stdev(self.diffs))
 
+    def rough(self) -> str:
+        """How rough the seed count is: the spread comes from n − 1 degrees of freedom, so the count is
+        given again at both ends of the spread's 80% interval (chi-square: sd·√((n−1)/χ²)), for the same
+        difference, which a small sweep also tends to overstate.
+
+        Hand-computed: diffs [0.1, 0.3, -0.05] (mean 0.1167, sd 0.1756, 2 df): χ²_{0.9, 2} = 4.6052,
+        χ²_{0.1, 2} = 0.21072, sd from 0.1157 to 0.5409: 10 to 171 seeds (observed: 20)."""
+        if self.n < 2 or not self.mean:
+            return ""
+        df, sd = self.n - 1, statistics.stdev(self.diffs)
+        ends = [
+            seeds_for_power(self.mean, sd * math.sqrt(df / sps.chi2.ppf(q, df)))
+            for q in ((1 + ROUGH) / 2, (1 - ROUGH) / 2)
+        ]
+        span = f"{ends[0]}-{ends[1]}" if ends[1] is not None else f"{ends[0]} to over {MAX_SEEDS:,}"
+        return (
+            f"rough: the spread comes from {self.n} pairs; over its {ROUGH:.0%} interval {span} seeds, "
+            "and a small sweep tends to overstate the difference"
+        )
+
     def power_line(self) -> str:
         """`about 7 seeds per arm would make a difference of this size clear at 80% power`, for a
         difference that is not clear (else "")."""
@@ -145,7 +213,10 @@ class Paired:
                 else f"more than {MAX_SEEDS:,} seeds per arm would be needed to make a difference this small "
                 "clear"
             )
-        return f"about {needed} seeds per arm would make a difference of this size clear at {POWER:.0%} power"
+        return (
+            f"about {needed} seeds per arm would make a difference of this size clear at {POWER:.0%} power "
+            f"({self.rough()})"
+        )
 
     def verdict(self) -> str:
         """One line: `b − a metric = d [lo, hi], n=3 pairs: b higher (95% t interval excludes 0)`."""
@@ -158,7 +229,7 @@ class Paired:
             needed = self.seeds_needed()
             more = (
                 f"about {max(needed, MIN_N)} seeds per arm would make a difference of this size clear at "
-                f"{POWER:.0%} power"
+                f"{POWER:.0%} power ({self.rough()})"
                 if needed
                 else f"run at least {MIN_N} seeds per arm"
             )

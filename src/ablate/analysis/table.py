@@ -16,6 +16,11 @@ INTERVAL_NOTE = (
     f"metrics: mean [{stats.T_METHOD}] (with fewer than {stats.MIN_N} seeds: mean ± std, too few for an "
     "interval); runtime (s): mean ± std over seeds, always"
 )
+CUT_NOTE = (
+    "*: the t interval crossed a bound the metric cannot pass (below 0; above 1 for a rate), so it is cut "
+    "there (its coverage stays 95%); an interval that needs cutting says the seeds are too few to place "
+    "the mean"
+)
 IQM_NOTE = (
     f"IQM: interquartile mean over seeds, for metrics every arm has ≥ {many_seeds.MANY_SEEDS} seeds of "
     "(Agarwal et al. 2021; robust to one diverged seed; no interval: none covers 95% at 5-10 seeds, "
@@ -39,9 +44,11 @@ def fmt(mean: float | None, std: float | None, ci: tuple[float, float] | None = 
 
 
 def status_text(runs: list[Run]) -> str:
+    """`2 completed, 1 diverged`: a diverged run (NaN or inf) counts as that, whatever its summary says."""
     counts: dict[str, int] = {}
     for r in runs:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        status = "diverged" if r.diverged else r.status
+        counts[status] = counts.get(status, 0) + 1
     return ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
@@ -54,10 +61,11 @@ def table_rows(
     for g in groups:
         row: dict[str, Any] = {"group": g.label, "runs": len(g.runs), "status": status_text(g.runs)}
         for m in metrics:
-            values = [v for r in g.runs if (v := r.final(m)) is not None]
+            values = [v for r in g.runs if (v := r.score(m)) is not None]
             row[f"{m} mean"], row[f"{m} std"] = mean_std(values)
             ci = stats.t_interval(values)
             row[f"{m} n"] = len(values)
+            ci, row[f"{m} cut"] = stats.bounded(ci, m) if ci else (None, False)
             row[f"{m} ci_low"], row[f"{m} ci_high"] = ci if ci else (None, None)
             if m in (many or []):
                 row[f"{m} iqm"] = many_seeds.iqm(g.seed_scores(m))
@@ -91,7 +99,9 @@ def display_table(
             *(
                 c
                 for m in metrics
-                for c in [fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m))]
+                for c in [
+                    fmt(r[f"{m} mean"], r[f"{m} std"], _ci(r, m)) + ("*" if r[f"{m} cut"] else "") + _of(r, m)
+                ]
                 + ([f"{r[f'{m} iqm']:.4g}"] if m in many else [])
             ),
             fmt(r["runtime_s mean"], r["runtime_s std"]),
@@ -100,6 +110,13 @@ def display_table(
         for r in rows
     ]
     return header, cells
+
+
+def _of(row: dict[str, Any], metric: str) -> str:
+    """` (2 of 3)` where some of the arm's runs have no value of `metric` (not evaluated, diverged, not
+    logged yet): the cell's statistics are over fewer runs than the row counts."""
+    n = row.get(f"{metric} n", 0)
+    return f" ({n} of {row['runs']})" if 0 < n < row["runs"] else ""
 
 
 def _ci(row: dict[str, Any], metric: str) -> tuple[float, float] | None:

@@ -33,6 +33,7 @@ EXAMPLES = """examples:
   ablate data preview model=smollm2_135m data=local data.train_path=prefs.parquet -n 2
   ablate data check data=local data.train_path=train.jsonl data.eval_path=eval.jsonl
   ablate plan +experiment=qwen7b_dpo_lora --gpus 8 --gpu-memory 80   # memory per GPU; no download
+  ablate serve-rollouts +experiment=smollm2_grpo --port 8000   # rollouts for method/rollouts=vllm_server
 each command's own options: ablate <command> --help"""
 
 
@@ -98,6 +99,7 @@ COMMANDS = {
     "fetch": ("ablate.cli.fetch", "fetch_cmd"),
     "data": ("ablate.cli.data", "data_cmd"),
     "plan": ("ablate.cli.plan", "plan_cmd"),
+    "serve-rollouts": ("ablate.cli.serve", "serve_cmd"),
 }
 
 

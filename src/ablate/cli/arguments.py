@@ -118,6 +118,11 @@ def _compare(command: Command) -> None:
         action="store_true",
         help="every difference too few seeds can tell on its own line (default: one line counts them)",
     )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the comparison (per-arm table, paired differences, verdicts) to the sweep's W&B group",
+    )
 
 
 def _status(command: Command) -> None:
@@ -185,18 +190,35 @@ def _generate(command: Command) -> None:
 
 def _eval(command: Command) -> None:
     p = command(
-        "eval", "score a run's model/ with its method's eval metrics: RUN_DIR/eval.json, eval_examples.jsonl"
+        "eval",
+        "evaluate a run's model/ (or every job of a sweep): held-out metrics, lm-eval tasks, a judged win "
+        "rate -> eval.json, eval_examples.jsonl",
     )
-    p.add_argument("run_dir", type=Path, help="a run dir (last: the newest run under outputs/)")
     p.add_argument(
-        "overrides", nargs="*", help="key=value on top of the run's own (data=..., data.max_eval_samples=...)"
+        "run_dir",
+        type=Path,
+        help="a run dir (last: the newest run under outputs/), or a sweep dir: each job not evaluated yet",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value on top of the run's own: eval=[heldout,lm_eval,judge] (default: the run's, else "
+        "heldout), judge=reward_model judge.path=DIR, data=..., eval.lm_eval.tasks=[...]",
     )
     p.add_argument(
         "--samples",
         type=int,
         default=0,
         metavar="N",
-        help="GRPO/RLOO/distill: N sampled completions per prompt (default: one greedy)",
+        help="GRPO/RLOO/distill held-out, and the judge: N sampled answers per prompt (default: one greedy)",
+    )
+    p.add_argument(
+        "--vs",
+        type=Path,
+        default=None,
+        metavar="BASELINE",
+        help="judged win rate against BASELINE (a run dir, last, or a model dir): adds eval=judge "
+        "(judge=reward_model judge.path=DIR or judge=reward_funcs)",
     )
 
 
@@ -282,5 +304,33 @@ def _plan(command: Command) -> None:
     p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
 
 
+def _serve(command: Command) -> None:
+    p = command(
+        "serve-rollouts",
+        "a vLLM rollout server for GRPO's method/rollouts=vllm_server (the config's model and engine "
+        "settings), in the foreground",
+        usage="ablate serve-rollouts [key=value ...] [--host H] [--port P] [--dry-run]",
+    )
+    p.add_argument("overrides", nargs="*", help="key=value, as for train (+experiment=smollm2_grpo ...)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0: every one)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    p.add_argument("--dry-run", action="store_true", help="print the server's command, start nothing")
+    p.add_argument("--config-dir", "-cd", default=None, help="a config dir of yours, as train's --config-dir")
+
+
 # in `ablate --help`'s order
-COMMANDS = (_train, _sweep, _compare, _status, _ls, _generate, _eval, _resume, _cache, _fetch, _data, _plan)
+COMMANDS = (
+    _train,
+    _sweep,
+    _compare,
+    _status,
+    _ls,
+    _generate,
+    _eval,
+    _resume,
+    _cache,
+    _fetch,
+    _data,
+    _plan,
+    _serve,
+)

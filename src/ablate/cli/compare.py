@@ -56,6 +56,9 @@ def compare_cmd(args: Any) -> None:
             from ablate.analysis.report import check_out
 
             check_out(args.out)
+        if args.wandb and not installed("wandb"):
+            fail(missing_extra("wandb", "wandb", "ablate compare --wandb"))
+        outcomes: list[dict[str, Any]] = []
         compare(
             args.dirs,
             metrics=metrics,
@@ -65,4 +68,10 @@ def compare_cmd(args: Any) -> None:
             tags=args.tag,
             all_launches=args.all_launches,
             verbose=args.verbose,
+            outcomes=outcomes,
         )
+        if args.wandb:
+            from ablate.logger.comparison import log_comparison
+
+            for where in log_comparison(outcomes):
+                print(f"W&B: the comparison logged to {where}")

@@ -3,8 +3,9 @@ way by every command (ablate.cli.refuse adds where the command's usage is, for a
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -15,14 +16,36 @@ def fail(line: str) -> NoReturn:
     sys.exit(2)
 
 
+TORCHRUN = "TORCHELASTIC_RUN_ID"  # set by torchrun in every process it starts
+
+
+def fail_job(line: str) -> NoReturn:
+    """`fail` for a mistake every rank of a torchrun job sees alike (its command, its run dir, before any
+    work): said once, by rank 0, which exits 2 once the node's other ranks have exited 0, so torchrun reports
+    one failed process rather than a line per rank and a SIGTERM'd process each (torchrun's own traceback
+    and summary of that one failure no process of its can silence). Outside torchrun: `fail`."""
+    if TORCHRUN not in os.environ:
+        fail(line)
+    if int(os.environ.get("RANK", "0")) != 0:
+        sys.exit(0)  # rank 0 says it
+    import psutil
+
+    try:  # torchrun's agent started this node's ranks: they are its children
+        others = [p for p in psutil.Process(os.getppid()).children() if p.pid != os.getpid()]
+        psutil.wait_procs(others, timeout=10)
+    except psutil.Error:
+        pass
+    fail(line)
+
+
 @contextmanager
-def user_errors(*kinds: type[Exception]) -> Iterator[None]:
+def user_errors(*kinds: type[Exception], say: Callable[[str], NoReturn] = fail) -> Iterator[None]:
     """An exception of `kinds` raised inside (a RunDirError, a ConfigError: its message is the line) ends the
-    command with its message; any other propagates."""
+    command with its message (`say`: `fail`, or `fail_job` where every rank sees it); any other propagates."""
     try:
         yield
     except kinds as e:
-        fail(str(e))
+        say(str(e))
 
 
 @contextmanager

@@ -78,6 +78,8 @@ def read_prompts(prompts: list[str], path: Path | None) -> list[dict[str, Any]]:
                 if not isinstance(row, dict) or "prompt" not in row:
                     raise ValueError(f"{path} line {number}: no 'prompt' field")
                 out.append(row)
+        if len(out) == len(prompts):
+            raise ValueError(f"--prompts {path} is empty: no rows in it (JSON lines, each with a 'prompt')")
     return out
 
 
@@ -214,6 +216,7 @@ def run_toolbox(run_dir: Path, tokenizer: Any) -> tuple[Any, int | None]:
         environment,
         args.get("max_tool_calling_iterations"),
         args.get("tool_timeout"),
+        args.get("max_tool_result_length"),  # None: the budget of the turns (complete_with_tools)
     )
     return box, args.get("max_completion_length") or data.get("max_completion_length")
 
@@ -248,6 +251,7 @@ def complete_with_tools(
         tokenizer,
         do_sample=temperature > 0,
     )
+    box.max_result_tokens = box.max_result_tokens or max_new_tokens  # as the rollouts: the budget
     generate = ToolGenerator(inner, box, tokenizer, max_new_tokens)
     out = []
     for i, row in enumerate(rows):
@@ -260,26 +264,32 @@ def complete_with_tools(
         done = as_completions(generate(model, ids))
         turns = done.messages[0]
         last = next((m for m in reversed(turns) if m.get("role") == "assistant"), {})
-        out.append(
-            {"completion": str(last.get("content") or ""), "turns": turns, "calls": done.tool_calls[0]}
-        )
+        row = {"completion": str(last.get("content") or ""), "turns": turns, "calls": done.tool_calls[0]}
+        out.append({**row, "malformed": generate.malformed[0]} if generate.malformed[0] else row)
     return out
 
 
-def show_turns(turns: list[dict[str, Any]]) -> list[str]:
-    """A rollout's lines: each call (`call: name({arguments})`), each result (`result: ...`), then the answer
-    (the turn that calls nothing), or a line saying none came within the budget."""
+def show_turns(turns: list[dict[str, Any]], malformed: str | None = None) -> list[str]:
+    """A rollout's lines: each call (`call: name({arguments})`, one that could not be read said so), each
+    result (`result: ...`), then the answer (the turn that calls nothing), or a line saying none came within
+    the budget, or that the last turn is a call that could not be read (`malformed`: why; the rollouts'
+    ToolFormat.read), not an answer."""
     lines = []
-    for m in turns:
+    for i, m in enumerate(turns):
         if m.get("role") == "tool":
             lines.append(f"result: {m.get('content')}")
+        elif not m.get("tool_calls") and malformed and i == len(turns) - 1:
+            lines.append(f"malformed call (not run: {malformed}): {m.get('content') or ''}")
+            return [*lines, "answer: (none: the last turn is a tool call that could not be read)"]
         elif not m.get("tool_calls"):
             lines.append(f"answer: {m.get('content') or ''}")
         else:
             lines += [f"says:   {m['content']}"] if m.get("content") else []
             for c in m["tool_calls"]:
                 body = c.get("function", c)
-                lines.append(f"call:   {body.get('name')}({json.dumps(body.get('arguments'))})")
+                unread = body.get("name") == "unknown" and not body.get("arguments")  # parse_hermes's
+                name = "(malformed: the result says why)" if unread else body.get("name")
+                lines.append(f"call:   {name}({json.dumps(body.get('arguments'))})")
     if not turns or turns[-1].get("role") != "assistant" or turns[-1].get("tool_calls"):
         lines.append(
             "answer: (none: the turns ran out of --max-new-tokens, or of the run's "
@@ -369,7 +379,10 @@ def generate(
         ):
             row["before"] = c["completion"]
             if "turns" in c:
-                row["before_turns"] = c["turns"]
+                row.update(
+                    before_turns=c["turns"],
+                    **({"before_malformed": c["malformed"]} if "malformed" in c else {}),
+                )
     how = describe_format(chat, fmt)
     if box is not None:
         names = ", ".join(x["function"]["name"] for x in box.schemas)
@@ -429,7 +442,11 @@ def generate_cmd(args: Any) -> None:
             print(json.dumps(row))
         elif "turns" in row:  # a tool run: each call, its result, the answer
             before = (
-                ["before training:", *("  " + x for x in show_turns(row["before_turns"])), "after training:"]
+                [
+                    "before training:",
+                    *("  " + x for x in show_turns(row["before_turns"], row.get("before_malformed"))),
+                    "after training:",
+                ]
                 if "before_turns" in row
                 else []
             )
@@ -438,7 +455,10 @@ def generate_cmd(args: Any) -> None:
                     [
                         f">>> {prompt}",
                         *before,
-                        *(("  " if before else "") + x for x in show_turns(row["turns"])),
+                        *(
+                            ("  " if before else "") + x
+                            for x in show_turns(row["turns"], row.get("malformed"))
+                        ),
                     ]
                 )
             )

@@ -38,3 +38,6 @@ def ls_cmd(args: Any) -> None:
         return
     print("\n".join(format_rows(rows)))
     print(f"{len(rows)} run(s) under {root}")
+    for r in rows:  # why a dir is no usable run (its error is in --json too)
+        if r["status"] == "unreadable" and r["error"]:
+            print(f"unreadable: {r['path']}: {r['error']}")

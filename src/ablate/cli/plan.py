@@ -2,7 +2,9 @@
 composed config needs per GPU, before any weight is downloaded. The model is built on the meta device
 from its config (ablate.models.architecture: a local dir's config.json, the HF cache's, or the one
 ablate ships for its hub presets), its parameters counted, and ablate.models.memory does the arithmetic
-for the config's method, precision, PEFT, optimizer, batch, gradient checkpointing and `distributed`.
+for the config's method, precision, PEFT, optimizer, batch, gradient checkpointing (and offload),
+`distributed` (and its sequence parallelism) and the LM head the trainer's speed paths run. A run that
+does not fit is told the first long-context lever that would make it fit (`what_fits`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from ablate.cli.exits import fail, one_line_errors
 from ablate.config.checks import installed, needed_packages
 from ablate.errors import ConfigError
-from ablate.models.memory import GB, QLORA_BYTES, Setup, Shape, plan
+from ablate.models.memory import GB, QLORA_BYTES, Setup, Shape, engine, plan, what_fits
 from ablate.schema.method import MethodSpec
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -120,22 +122,41 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         checkpointing=bool(args.get("gradient_checkpointing")),
         gpus=gpus,
         sharded=bool(cfg.distributed.get("fsdp")),
+        **long_context(cfg),
     ), notes
 
 
+def long_context(cfg: DictConfig) -> dict[str, Any]:
+    """What decides a long sequence's memory: the ranks that split it, activation offload, and whether the
+    method's trainer projects the LM head in chunks (its speed paths, when `speed` requests them)."""
+    from hydra.utils import get_class
+
+    trainer = get_class(str(cfg.method.trainer._target_))
+    paths = getattr(trainer, "speed_paths", {})
+    return {
+        "sequence_parallel": int(cfg.distributed.get("sequence_parallel") or 1),
+        "offload": any(  # transformers' activation offload: checkpointed layers' inputs in pinned host memory
+            bool((cfg.method.args.get(k) or {}).get("offload"))
+            for k in ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")
+        ),
+        "chunked_head": "completion_only_logits" in paths and bool(cfg.speed.get("completion_only_logits")),
+    }
+
+
 def planned(
-    cfg: DictConfig, gpus: int, memory: float, seq_len: int | None
+    cfg: DictConfig, gpus: int, seq_len: int | None
 ) -> tuple[Shape, Setup, dict[str, float], list[str]]:
-    """The model's shape, how it trains, the bytes per GPU of each part (and their total), and notes."""
+    """The model's shape, how it trains, the bytes per GPU of each part (and their total; a vLLM engine's:
+    engine_plan), and notes."""
     m = shape(meta_model(cfg.model), cfg.get("peft"))
     s, notes = setup(cfg, gpus, seq_len)
     parts = plan(m, s)
-    return m, s, parts, notes + other_models(cfg, m, s, parts, memory)
+    return m, s, parts, notes + other_models(cfg, m, s, parts)
 
 
 def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
     """Print the plan; True if it fits `memory` GB per GPU."""
-    m, s, parts, notes = planned(cfg, gpus, memory, seq_len)
+    m, s, parts, notes = planned(cfg, gpus, seq_len)
     model = cfg.model.get("path") or str(cfg.model._target_).rsplit(".", 1)[-1]
     wrap = f"FSDP full shard over {gpus}" if s.sharded else (f"DDP over {gpus}" if gpus > 1 else "1")
     autocast = f", {'bf16' if cfg.precision.get('bf16') else 'fp16'} autocast" if s.autocast else ""
@@ -146,7 +167,10 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
         f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}",
         file=out,
     )
-    print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens", file=out)
+    split = f", split over {s.sequence_parallel} GPUs" if s.sequence_parallel > 1 else ""
+    head = "the LM head in chunks" if s.chunked_head else "full logits"
+    offload = ", activations offloaded to host memory" if s.offload else ""
+    print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens{split}; {head}{offload}", file=out)
     for note in notes:
         print(f"note: {note}", file=out)
     packages = [
@@ -155,24 +179,30 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     ]
     if packages:
         print(f"the run needs: {', '.join(packages)}", file=out)
+    rollouts = engine_plan(cfg, m, memory, parts, out)
     print("per GPU:", file=out)
     for part, value in sorted(parts.items(), key=lambda kv: kv[0] == "total"):  # the total last
         print(f"  {part:12} {size(value):>10}", file=out)
+    if rollouts:
+        print(rollouts, file=out)
     fits = parts["total"] <= memory * GB
     print(
         f"{'fits' if fits else 'does not fit'} in {memory:g} GB per GPU "
         f"({size(parts['total'])}, {100 * parts['total'] / (memory * GB):.0f}%)",
         file=out,
     )
+    colocated = parts.get("engine", 0.0)  # a vLLM engine on these GPUs stays whatever the lever
+    lever = None if fits else what_fits(m, s, memory * GB - colocated, int(meta_heads(cfg)))
+    if lever is not None:
+        total = plan(m, lever[0])["total"] + colocated
+        print(f"would fit with {lever[1]} ({size(total)}, {100 * total / (memory * GB):.0f}%)", file=out)
     return fits
 
 
-def other_models(cfg: DictConfig, m: Shape, s: Setup, parts: dict[str, float], memory: float) -> list[str]:
+def other_models(cfg: DictConfig, m: Shape, s: Setup, parts: dict[str, float]) -> list[str]:
     """The models beside the policy, counted as they load, without importing an optional package: a teacher
     built from its own config, a reference loaded in 8 or 4 bits (bitsandbytes: decoder Linear weights at 1
-    byte, or NF4), and a vLLM engine in the training process (its own copy of the weights and its KV cache,
-    `method.rollouts.kv_cache_gib`, else the share `gpu_memory_utilization` of the GPU it may take). Updates
-    `parts` and its total; returns notes."""
+    byte, or NF4); a vLLM engine: engine_plan. Updates `parts` and its total; returns notes."""
     notes, shards = [], s.gpus if s.sharded else 1
     reference = None
     teacher = OmegaConf.select(cfg, "method.trainer.teacher", default=None)
@@ -190,18 +220,35 @@ def other_models(cfg: DictConfig, m: Shape, s: Setup, parts: dict[str, float], m
     if reference is not None:
         parts["total"] += reference / shards - parts["reference"]
         parts["reference"] = reference / shards
-    engine = cfg.method.get("rollouts")
-    if isinstance(engine, DictConfig) and "gpu_memory_utilization" in engine:
-        share, kv = engine.gpu_memory_utilization, engine.get("kv_cache_gib")
-        weights = m.params * WEIGHT_BYTES.get(str(engine.get("dtype")), s.weight_bytes)
-        parts["engine"] = weights + kv * 2**30 if kv is not None else share * memory * GB
-        parts["total"] += parts["engine"]
-        notes.append(
-            "the generation engine's weights and KV cache (method.rollouts.kv_cache_gib)"
-            if kv is not None
-            else f"the generation engine: gpu_memory_utilization={share:g} of the GPU"
-        )
     return notes
+
+
+def engine_plan(cfg: DictConfig, m: Shape, memory: float, parts: dict[str, float], out: Any) -> str | None:
+    """A vLLM engine's memory (`method/rollouts=vllm|vllm_server`, ablate.models.memory.engine): on every
+    training GPU when colocated (added to `parts` before the total), else a line on the server's own GPU."""
+    node = cfg.method.get("rollouts")
+    if node is None or "gpu_memory_utilization" not in node:
+        return None
+    from hydra.utils import get_class
+
+    kv = None if node.kv_cache_gib is None else node.kv_cache_gib * 2**30
+    weight_bytes = WEIGHT_BYTES.get(str(node.dtype), 2)  # "auto": the checkpoint's, bf16 for the presets
+    engine_bytes = engine(m.params, weight_bytes, memory * GB, node.gpu_memory_utilization, kv)
+    what = f"vLLM engine ({node.dtype} weights {size(m.params * weight_bytes)} + KV cache)"
+    if get_class(node._target_).on_trainer_gpus:
+        parts["engine"] = engine_bytes
+        parts["total"] += engine_bytes
+        print(f"rollouts: a {what} on every training GPU: {size(engine_bytes)}", file=out)
+        return None
+    return (
+        f"rollouts: a server of their own ({node.url}): none on these GPUs; the server's GPU holds the "
+        f"{what}: {size(engine_bytes)} of {memory:g} GB"
+    )
+
+
+def meta_heads(cfg: DictConfig) -> int:
+    """The model's attention heads (sequence parallelism splits them over the ranks)."""
+    return meta_model(cfg.model).config.num_attention_heads
 
 
 def size(n: float) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ablate.cli.exits import fail, user_errors
+from ablate.cli.exits import fail_job, user_errors
 from ablate.cli.train import echo, hydra_train
 from ablate.config.compose import quote_override_value
 
@@ -22,15 +22,15 @@ def resume_cmd(args: Any) -> None:
     if args.force:  # the data or the config changed since the run started: resume on them all the same
         os.environ[identity.NEW_DATA_ENV] = "1"
         os.environ[identity.NEW_CONFIG_ENV] = "1"
-    with user_errors(rundir.RunDirError):
+    with user_errors(rundir.RunDirError, say=fail_job):  # every rank of a torchrun job sees it alike
         run_dir = rundir.given_run(args.run_dir).resolve()  # `last`: the newest run
         rundir.check_readable(run_dir)
         info = rundir.read_json_checked(run_dir / rundir.RUN)
     summary = rundir.read_json(run_dir / rundir.SUMMARY) or {}
     if info is None:
-        fail(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
+        fail_job(f"{run_dir} is not an ablate run dir (no {rundir.RUN})")
     if not isinstance(info.get("overrides"), list):  # e.g. `{}`: not written by ablate, or cut short
-        fail(
+        fail_job(
             f"{run_dir / rundir.RUN} records no overrides (a list), so the run cannot be "
             f"composed again; restore it, or start over: ablate train hydra.run.dir=NEW_DIR ..."
         )
@@ -68,7 +68,7 @@ def _unmasked(recorded: list[str], given: list[str], run_dir: Path) -> list[str]
     masked = [o for o in kept if MASK in o]
     if masked:
         key = masked[0].split("=", 1)[0]
-        fail(
+        fail_job(
             f"{run_dir}/run.json records '{masked[0]}' masked; give it again: "
             f"ablate resume {run_dir} {key}=..."
         )
@@ -93,7 +93,7 @@ def _resized(run_dir: Path, info: dict[str, Any], given: list[str]) -> list[str]
     args = ((info.get("config") or {}).get("method") or {}).get("args") or {}
     ga = args.get("gradient_accumulation_steps") or 1
     if not isinstance(ga, int) or (ranks * ga) % here:
-        fail(
+        fail_job(
             f"{run_dir} ran on {ranks} rank(s) x gradient_accumulation_steps={ga}; {here} ranks cannot keep "
             f"that global batch ({ranks * ga} micro-batches per step is not a multiple of {here}): "
             f"resume on a divisor of {ranks * ga} ranks, or give {GA}=N (and --force: other batches)"

@@ -12,7 +12,7 @@ from ablate.paths import conf_dir
 from ablate.process.console import say
 from ablate.record.secrets import mask_log_records, remember
 
-# Hydra's own command-line options (hydra/_internal/utils.py get_args_parser): option -> its values
+# Hydra's own command-line options (as Hydra's get_args_parser declares them): option -> its values
 # (None: takes a free value, (): takes none)
 HYDRA_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "--help": (),

@@ -25,6 +25,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "transformers.BitsAndBytesConfig": ("bitsandbytes", "quant"),
     "ablate.logger.wandb.": ("wandb", "wandb"),
     "ablate.rollouts.vllm.": ("vllm", "vllm"),
+    "ablate.rollouts.server.": ("vllm", "vllm"),  # the trainer's side of the weight transfer is vLLM's
+    "ablate.evaluation.harness.": ("lm_eval", "eval"),  # eval=lm_eval: lm-evaluation-harness
 }
 # hydra.launcher._target_ prefix -> (import name, extra, the override that chose it)
 LAUNCHER_EXTRAS: dict[str, tuple[str, str, str]] = {

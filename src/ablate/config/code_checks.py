@@ -29,8 +29,14 @@ def check_code(
     the job's ranks when this process is one of them (None: a sweep's driver)."""
     swept = swept or frozenset()
     check_method_args(cfg, swept)
+    if cfg.get("eval"):  # eval=[...] at the end of the run: an unknown task or a missing judge refused now
+        from ablate.evaluation import results
+
+        results.check(cfg, swept)
     if OmegaConf.select(cfg, "method.trainer._target_") is not None:
         check_trainer_functions(cfg)
+        check_reference_free(cfg)
+        check_assistant_template(cfg, swept)
         check_reward_functions(cfg)
         environment = OmegaConf.select(cfg, "method.args.environment", default=None)
         # made with no arguments (TRL's)
@@ -129,6 +135,60 @@ def check_trainer_functions(cfg: DictConfig) -> None:
         problem = call_mismatch(instantiate(value), param.default)
         if problem is not None:
             raise ConfigError(_misfit(cfg, node, name, value, param.default, problem))
+
+
+def check_reference_free(cfg: DictConfig) -> None:
+    """A reference model (`+ref_model=...`) for a loss that reads none (ORPO, CPO, SimPO: marked
+    `reference_free`, ablate.losses.reference_free) would be dropped unread: refused before it is loaded."""
+    from hydra.utils import instantiate
+
+    from ablate.losses.reference_free import declares
+
+    node = cfg.method.trainer
+    loss, ref = node.get("loss"), node.get("ref_model")
+    if not isinstance(ref, DictConfig) or not isinstance(loss, DictConfig) or "_target_" not in loss:
+        return
+    if declares(instantiate(loss), "reference_free"):
+        raise ConfigError(
+            f"+ref_model with method={OmegaConf.select(cfg, 'method.name', default='?')}: its loss "
+            f"({loss._target_}) is reference-free, it reads no reference log-probs, so the reference model "
+            "would be loaded for nothing; drop +ref_model"
+        )
+
+
+def check_assistant_template(cfg: DictConfig, swept: frozenset[str]) -> None:
+    """`method.args.assistant_only_loss=true` with a local model whose chat template puts no assistant token
+    in the loss (ablate.data.chat_templates.masks_no_assistant): the template's fault, named, before the run
+    dir exists (the rows would each be blamed)."""
+    from ablate.paths import local_model_path
+
+    path = OmegaConf.select(cfg, "model.path", default=None)
+    if (
+        OmegaConf.select(cfg, "method.args.assistant_only_loss", default=False) is not True
+        or not {"method.args.assistant_only_loss", "model.path", "model"}.isdisjoint(swept)
+        or not isinstance(path, str)
+        or local_model_path(path) is None
+        or not (Path(path).expanduser() / "tokenizer_config.json").is_file()
+    ):
+        return
+    from transformers import AutoTokenizer
+
+    from ablate.data.chat_templates import masks_no_assistant
+
+    rendered = masks_no_assistant(AutoTokenizer.from_pretrained(Path(path).expanduser()))
+    if rendered is not None:
+        where = next(
+            f
+            for f in ("chat_template.jinja", "tokenizer_config.json")
+            if (Path(path).expanduser() / f).is_file()
+        )
+        raise ConfigError(
+            f"method.args.assistant_only_loss=true, but the chat template of model.path={path} ({where}) "
+            "puts no token of an assistant turn in the loss: a user turn 'Hi' and an assistant turn 'Hello' "
+            f"render as {rendered}, none of it marked the assistant's (render assistant turns, inside "
+            "{% generation %} ... {% endgeneration %} if it has markers), or set "
+            "method.args.assistant_only_loss=false"
+        )
 
 
 def check_reward_functions(cfg: DictConfig) -> None:

@@ -8,14 +8,14 @@ is a dir."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ablate.config.hints import at
 from ablate.errors import ConfigError
+from ablate.paths import local_model_path
 
 MIX = "ablate.data.mixture.mix"  # data=mix: its sources are the data configs the run loads
 
@@ -97,32 +97,47 @@ def check_paths(cfg: DictConfig) -> None:
                 raise ConfigError(
                     f"{at_}.{key}={path}: not readable (permission denied); check its permissions (ls -l)"
                 )
-    for key in ("model", "teacher"):
-        node = cfg.get(key) or {}
-        path = node.get("path") if isinstance(node, DictConfig) else None
-        # a teacher's path is a dir unless it reads as a hub id (org/name); a model's when it reads as a path
-        hub_id = (
-            key == "teacher" and isinstance(path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
-        )
-        local = (
-            path.startswith(("/", ".", "~")) or key == "teacher" and not hub_id
-            if isinstance(path, str)
-            else False
-        )
-        if isinstance(path, str) and (local or Path(path).exists()):
-            _check_model_dir(Path(path).expanduser(), f"{key}.path={path}", teacher=key == "teacher")
+    for key, node in _model_nodes(cfg):
+        path = node.get("path")
+        why = local_model_path(path) if isinstance(path, str) else None
+        if why is not None:
+            _check_model_dir(Path(path).expanduser(), f"{key}.path={path}", key == "teacher", why)
 
 
-def _check_model_dir(local: Path, given: str, teacher: bool) -> None:
-    """A local model dir (model.path, teacher.path) holds a save_pretrained model whose config.json can be
-    read; a teacher's is a causal LM (a reward model's sequence classifier has no next-token distribution)."""
+# loads its `path`: a local dir or a hub id (ablate.paths.local_model_path tells which)
+PRETRAINED = "ablate.models.pretrained"
+
+
+def _model_nodes(node: Any, key: str = "") -> list[tuple[str, DictConfig]]:
+    """Every node that loads a model from its `path` by `from_pretrained` (model, teacher, a reference given
+    a model of its own), each with its key; an interpolation (`${model}`) is its source's. A reward model's
+    path is a local dir, always: ablate.rewards.reward_model.model_dir checks it."""
+    if isinstance(node, ListConfig):
+        items = [(str(i), i) for i in range(len(node))]
+    elif isinstance(node, DictConfig):
+        items = [(str(k), k) for k in node if k != "hydra"]
+    else:
+        return []
+    here = [(key, node)] if isinstance(node, DictConfig) and str(node.get("_target_")) == PRETRAINED else []
+    for name, k in items:
+        if not OmegaConf.is_interpolation(node, k):
+            here += _model_nodes(node[k], f"{key}.{name}" if key else name)
+    return here
+
+
+def _check_model_dir(local: Path, given: str, teacher: bool, why: str = "a path") -> None:
+    """A local model dir (model.path, teacher.path: `why` it is read as one, ablate.paths.local_model_path)
+    holds a save_pretrained model whose config.json can be read; a teacher's is a causal LM (a reward
+    model's sequence classifier has no next-token distribution)."""
     from ablate.rewards.reward_model import read_config
 
     config = local / "config.json"
     # a +peft run's model/ loads too
     if not config.is_file() and not (local / "adapter_config.json").is_file():
-        why = "not found" if not local.exists() else "no config.json there"
-        raise ConfigError(f"{given} is not a save_pretrained directory ({why})")
+        what = "no config.json there" if local.exists() else "not found"
+        if not local.exists() and why != "a path":  # it could have been meant as a hub id: say why not
+            what += f"; read as a local path: {why}"
+        raise ConfigError(f"{given} is not a save_pretrained directory ({what})")
     if not config.is_file():
         return
     try:
@@ -188,25 +203,29 @@ def _file(data: DictConfig, split: str) -> tuple[str, Any, Path | None]:
 
 
 def check_data_rows(cfg: DictConfig, swept: frozenset[str]) -> None:
-    """A local JSON-lines file's rows, each read once (`ablate.data.check_jsonl`: UTF-8, JSON objects, one
-    format per file, no line over data.max_line_bytes, not empty): a mistake in any row is refused before the
-    run dir exists, in the loader's words; the loader does not read a file this process checked again."""
+    """A local JSON-lines file's rows (the data's, or each source's of a mix), each read once
+    (`ablate.data.check_jsonl`: UTF-8, JSON objects, one format per file, no line over data.max_line_bytes,
+    not empty): a mistake in any row is refused before the run dir exists, in the loader's words (a mix's
+    source named as its loader names it, ablate.data.mixture); the loader does not read a file this process
+    checked again."""
     from ablate.data import MAX_LINE_BYTES, check_jsonl, file_kind
     from ablate.errors import DataError
 
-    data = at(cfg, "data")
-    if not isinstance(data, DictConfig) or str(data.get("_target_")) not in LOCAL_LOADERS:
-        return
-    for key, split in (("train_path", "train"), ("eval_path", "eval")):
-        path = data.get(key)
-        local = Path(path).expanduser() if isinstance(path, str) and f"data.{key}" not in swept else None
-        if local is None or not local.is_file():
+    for node_key, data in data_nodes(cfg):
+        if str(data.get("_target_")) not in LOCAL_LOADERS:
             continue
-        try:
-            if file_kind(local)[0] == "jsonl":
-                check_jsonl(local, split, data.get("max_line_bytes", MAX_LINE_BYTES))
-        except DataError as e:
-            raise ConfigError(str(e)) from None
+        for key, split in (("train_path", "train"), ("eval_path", "eval")):
+            path = data.get(key)
+            swept_here = f"{node_key}.{key}" in swept or "data" in swept
+            local = Path(path).expanduser() if isinstance(path, str) and not swept_here else None
+            if local is None or not local.is_file():
+                continue
+            try:
+                if file_kind(local)[0] == "jsonl":
+                    check_jsonl(local, split, data.get("max_line_bytes", MAX_LINE_BYTES))
+            except DataError as e:
+                source = "" if node_key == "data" else f"{node_key}: "
+                raise ConfigError(source + (str(e).removeprefix("data: ") if source else str(e))) from None
 
 
 SCRIPTED_TEACHER = (

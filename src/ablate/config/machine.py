@@ -45,15 +45,19 @@ def has_accelerator() -> bool:
 
 def check_distributed(args: Any, processes: int | None = None) -> dict[str, Any]:
     """`args`: the distributed node; `processes`: the job's ranks when known here (None: a sweep on a
-    launcher, decided per job). Returns extra TrainingArguments: FSDP2 on a machine without any
-    accelerator shards CPU ranks over gloo (`use_cpu`; ablate.methods.fsdp.shard_on_cpu). One process is
-    refused unless torchrun started it (`--nproc_per_node=1`: a sharded checkpoint resumed on one rank)."""
+    launcher, decided per job). Returns its TrainingArguments: the node's keys but `sequence_parallel`
+    (the trainer's), and with FSDP2 on a machine without any accelerator `use_cpu` (CPU ranks sharded over
+    gloo; ablate.methods.fsdp.shard_on_cpu). One process is refused unless torchrun started it
+    (`--nproc_per_node=1`: a sharded checkpoint resumed on one rank)."""
     import os
 
     import torch
+    from omegaconf import OmegaConf
 
+    check_sequence_parallel(args.get("sequence_parallel", 1), processes)
+    out = {k: v for k, v in OmegaConf.to_container(args).items() if k != "sequence_parallel"}
     if not getattr(args, "fsdp", False):
-        return {}
+        return out
     # torchrun's one rank: meant
     if processes is not None and processes < 2 and "LOCAL_RANK" not in os.environ:
         raise ConfigError(
@@ -62,13 +66,25 @@ def check_distributed(args: Any, processes: int | None = None) -> dict[str, Any]
             "or use distributed=ddp for one process"
         )
     if torch.cuda.is_available():
-        return {}
+        return out
     if has_accelerator():  # MPS, XPU, ...: accelerate has no FSDP there and ablate has not run one
         raise ConfigError(
             "distributed=fsdp runs on CUDA GPUs or on CPU ranks (gloo); this machine's accelerator "
             "is neither: use distributed=ddp"
         )
-    return {"use_cpu": True}
+    return {**out, "use_cpu": True}
+
+
+def check_sequence_parallel(size: Any, processes: int | None) -> None:
+    """`distributed.sequence_parallel`: a whole number of ranks per sequence group, dividing the job's ranks
+    (when known here; the trainer checks the model's heads and attention)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"distributed.sequence_parallel={size}: must be a whole number of ranks, 1 or more")
+    if size > 1 and processes is not None and processes % size:
+        raise ConfigError(
+            f"distributed.sequence_parallel={size}: splits each sequence over {size} ranks, but this job has "
+            f"{processes} (torchrun --nproc_per_node={size}, or a multiple of it)"
+        )
 
 
 def job_processes() -> int:

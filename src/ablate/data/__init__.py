@@ -233,6 +233,9 @@ def _load_error(e: BaseException, files: list[str], kind: str = "JSON lines") ->
 def _row_format(row: dict[str, Any]) -> str | None:
     """Which of TRL's formats a row's columns make (None: no known columns, e.g. before data.columns)."""
     keys = set(row)
+    half = {"chosen", "rejected"} & keys
+    if len(half) == 1:  # half a pair (a prompt-only row to the loop below)
+        return f"{next(iter(half))}-only (no {({'chosen', 'rejected'} - half).pop()})"
     for name, needed in (
         ("preference (chosen, rejected)", {"chosen", "rejected"}),
         ("prompt-completion", {"prompt", "completion"}),
@@ -289,7 +292,7 @@ def _check_rows(path: Path, split: str, max_line_bytes: int) -> None:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # an error at the line's end: its own column
             except json.JSONDecodeError as e:
                 raise DataError(
                     f"data: {path} line {number} is not valid JSON ({json_error(e)} at column {e.colno})"
@@ -300,6 +303,13 @@ def _check_rows(path: Path, split: str, max_line_bytes: int) -> None:
             fmt = _row_format(row)
             if first is None and fmt is not None:
                 first = (number, fmt)
+            elif fmt is not None and fmt != first[1] and "only (no " in fmt + first[1]:
+                half, pair = (fmt, first[1]) if "only (no " in fmt else (first[1], fmt)
+                line = number if half == fmt else first[0]
+                raise DataError(
+                    f"data: {path} line {line} has half a pair ({half.replace('-only', ' only')}), line "
+                    f"{first[0] if line == number else number} a whole {pair} row: a pair needs both answers"
+                )
             elif fmt is not None and fmt != first[1]:
                 raise DataError(
                     f"data: {path} line {number} is a {fmt} row, line {first[0]} a {first[1]} row: "

@@ -79,6 +79,24 @@ def assistant_mask(
     return list(enc["input_ids"]), mask
 
 
+PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+
+
+def masks_no_assistant(tokenizer: Any) -> str | None:
+    """What a two-turn conversation (user, assistant) renders as when the template puts none of the assistant
+    turn's tokens in `assistant_only_loss`'s mask (it never renders assistant turns, or its {% generation %}
+    markers hold none of them), else None: a fault of the template, whatever the data."""
+    try:
+        ids, mask = assistant_mask(tokenizer, PROBE, 0)
+    except DataError:  # rendering prefixes failed: a template that drops the assistant's text, or one the
+        try:  # rows themselves will judge
+            text = tokenizer.apply_chat_template(PROBE, tokenize=False)
+        except Exception:
+            return None
+        return None if PROBE[1]["content"] in text else repr(text)
+    return None if 1 in mask else repr(tokenizer.decode(ids))
+
+
 def assistant_spans(
     tokenizer: Any, messages: list[dict[str, Any]], text: str, trailer: str, index: int, **chat_kwargs: Any
 ) -> list[tuple[int, int]]:

@@ -157,6 +157,13 @@ def _assistant_ids(
 
     messages, chat_kwargs = _tool_turns(tokenizer, messages, chat_kwargs)
     ids, mask = assistant_mask(tokenizer, messages, index, **chat_kwargs)
+    if 1 not in mask and any(m.get("role") == "assistant" and m.get("content") for m in messages):
+        raise DataError(  # the template's fault (ablate.config.code_checks says so before a run)
+            f"data: row {index}: method.args.assistant_only_loss=true, but the chat template puts no token "
+            "of the conversation's assistant turns in the loss (it does not render them, or its "
+            "{% generation %} markers hold none): fix the template, or set "
+            "method.args.assistant_only_loss=false"
+        )
     if 1 not in mask:
         raise DataError(
             f"data: row {index}: method.args.assistant_only_loss=true, but the conversation has no "

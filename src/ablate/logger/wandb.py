@@ -24,6 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ablate.record import rundir
 from ablate.record.secrets import mask, mask_text
 from ablate.schema.nodes import Wandb
 
@@ -60,6 +61,20 @@ def job_identity(run_dir: Path, sweep_name: str | None) -> dict[str, Any]:
     if hc.mode == RunMode.MULTIRUN:
         return {"group": f"{sweep_name or 'multirun'}/{Path(hc.sweep.dir).name}", "name": name}
     return {"group": None, "name": name}
+
+
+TABLE_ROWS = 2000  # examples in W&B's table at most (eval_examples.jsonl keeps every one)
+
+
+def eval_key(metric: str) -> str:
+    """eval.json's name of a metric as W&B gets it: the Trainer's `eval_x` in the `eval/` section, as the
+    training's evals log it (`_Forward`); a backend's `lm_eval/...` or `judge/...` as it is."""
+    return f"eval/{metric[5:]}" if metric.startswith("eval_") else metric
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: text, a number, or nothing (W&B's table takes one type per column)."""
+    return value if value is None or isinstance(value, (int, float, str)) else str(value)
 
 
 def _new_id() -> str:
@@ -121,6 +136,43 @@ class WandbTracker:
 
     def callback(self) -> TrainerCallback | None:
         return _Forward(self.run) if self.run is not None else None
+
+    def resume(self, run_dir: Path, run_info: dict[str, Any], job_type: str | None = None) -> None:
+        """Open the run's own W&B run again, by the id, group and name run.json recorded (a run trained
+        without W&B gets a new id, recorded there too), to add what was measured after it trained."""
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        kwargs = mask(dict(self.kwargs))
+        kwargs.update(group=run_info.get("wandb_group") or kwargs["group"])
+        kwargs.update(name=run_info.get("wandb_name") or kwargs["name"] or Path(run_dir).name)
+        kwargs.update(job_type=job_type or kwargs["job_type"])
+        if "wandb_run_id" not in run_info:
+            run_info["wandb_run_id"] = _new_id()
+            rundir.write_json(Path(run_dir) / rundir.RUN, run_info)
+        self.run = wandb.init(
+            dir=str(run_dir), id=run_info["wandb_run_id"], resume="allow", reinit="finish_previous", **kwargs
+        )
+
+    def log_eval(
+        self, run_dir: Path, run_info: dict[str, Any], metrics: dict[str, float], rows: list[dict[str, Any]]
+    ) -> None:
+        """eval.json's metrics into the run's own W&B run (resumed), as summary values under the names the
+        training's eval got (`eval_x` -> `eval/x`; `lm_eval/...`, `judge/...` as they are), and the examples
+        that have text (lm-eval's prompts and responses, the judge's prompt, both answers and scores) as a
+        wandb.Table `eval/examples`."""
+        import wandb
+
+        self.resume(run_dir, run_info)
+        self.run.summary.update({eval_key(k): v for k, v in metrics.items()})
+        texts = [r for r in rows if any(isinstance(v, str) for k, v in r.items() if k not in ("id", "eval"))]
+        if texts:
+            columns = list(dict.fromkeys(k for r in texts for k in r))
+            table = wandb.Table(
+                columns=columns, data=[[_cell(r.get(c)) for c in columns] for r in texts[:TABLE_ROWS]]
+            )
+            self.run.log({"eval/examples": table})
+        self.finish("completed")
 
     def finish(self, status: str) -> None:
         if self.run is not None:

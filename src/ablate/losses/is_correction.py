@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -117,6 +118,43 @@ def off_policy_mask(
     kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)
     mean_kl = (kl * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)
     return ((advantages >= 0) | (mean_kl <= threshold)).to(mask.dtype)
+
+
+def policy_weight(
+    logps: torch.Tensor,
+    old: torch.Tensor,
+    sampling: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    args: Any,
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The weight on GRPO's policy term (None = 1): TRL's correction for an engine's sampling (only when the
+    generator returned its log-probs, `sampling`, i.e. vLLM) and the off-policy sequence mask. `old` is the
+    trainer's log-probs under the generating policy (TRL's old_per_token_logps); `args`: GRPOConfig's
+    vllm_importance_sampling_* and off_policy_mask_threshold."""
+    weight, metrics = None, {}
+    if sampling is not None and args.vllm_importance_sampling_correction:
+        weight, metrics = importance_sampling_correction(
+            old,
+            sampling,
+            mask,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
+    if (
+        args.off_policy_mask_threshold is not None
+    ):  # against the engine's log-probs when there are some, as TRL
+        keep = off_policy_mask(
+            advantages.unsqueeze(1),
+            logps,
+            old if sampling is None else sampling,
+            mask,
+            args.off_policy_mask_threshold,
+        )
+        metrics["off_policy/masked_fraction"] = 1 - keep.mean()
+        weight = keep if weight is None else weight * keep
+    return weight, metrics
 
 
 def _outside(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:

@@ -15,12 +15,20 @@ chosen rows' NLL over the whole batch, `a_c = logp_c / n_c`, `a_r = logp_r / n_r
 - cpo     -(1-ls) logsig(b (logp_c - logp_r)) - ls logsig(-b (...)) + cpo_alpha * nll
           CPO, Xu et al. 2024 eq. 3-4 (TRL's CPOTrainer, loss_type=sigmoid): DPO without the reference,
           plus NLL on the chosen completions (the behaviour-cloning term).
+- cpo_hinge  relu(1 - b (logp_c - logp_r)) + cpo_alpha * nll
+          CPO with SLiC's hinge (TRL's CPOTrainer, loss_type=hinge; Zhao et al. 2023), summed log-probs.
+- cpo_ipo  (a_c - a_r - 1 / (2 b))^2 + cpo_alpha * nll
+          CPO with IPO's squared loss (TRL's CPOTrainer, loss_type=ipo; Azar et al. 2023 eq. 17, b the
+          paper's tau), on per-token means as TRL's CPOTrainer scores ipo.
 - simpo   -(1-ls) logsig(b (a_c - a_r) - gamma) - ls logsig(-(...)) + cpo_alpha * nll
           SimPO, Meng et al. 2024 eq. 6 (TRL's CPOTrainer, loss_type=simpo): length-normalised rewards
           and a target margin gamma; cpo_alpha = 0 is the paper's (TRL's default 1.0 adds CPO's NLL).
-Each returns TRL's metrics for its trainer: `rewards/*` are b times the log-probs the loss compares
-(sums for cpo, means for orpo and simpo), `logps/*` those log-probs, and `nll_loss`; orpo also
-`log_odds_ratio` (logsig(log_odds)) and `log_odds_chosen` (log_odds).
+AlphaPO (Gupta et al. 2025, arXiv:2501.03884; TRL's `alpha`, and loss_type=alphapo: simpo with cpo_alpha 0):
+every loss but orpo takes `alpha`, which replaces each log-prob x it compares by the reward
+(1 - e^(-alpha x)) / alpha (the paper's r = (1 - p^-alpha) / alpha); alpha = 0, the default, is x itself.
+Each returns TRL's metrics for its trainer: `rewards/*` are b times the rewards the loss compares (the
+log-probs, or their AlphaPO shape: sums for cpo and cpo_hinge, means for orpo, cpo_ipo and simpo), `logps/*`
+the log-probs, and `nll_loss`; orpo also `log_odds_ratio` (logsig(log_odds)) and `log_odds_chosen` (log_odds).
 """
 
 from __future__ import annotations
@@ -57,18 +65,27 @@ def _nll(logp: Tensor, n: Tensor) -> Tensor:
     return -logp.sum() / n.sum().clamp(min=1)
 
 
-def _metrics(beta: float, c: Tensor, r: Tensor, nll: Tensor) -> dict[str, Tensor]:
-    """TRL's: rewards b * (the compared log-probs c, r), per pair; logps c, r; the NLL term."""
+def _metrics(
+    beta: float, c: Tensor, r: Tensor, nll: Tensor, logps: tuple[Tensor, Tensor] | None = None
+) -> dict[str, Tensor]:
+    """TRL's: rewards b * (the compared rewards c, r), per pair; logps (c, r unless given); the NLL term."""
     chosen, rejected = beta * c.detach(), beta * r.detach()
+    logp_c, logp_r = logps or (c, r)
     return {
         "rewards/chosen": chosen,
         "rewards/rejected": rejected,
         "rewards/accuracies": (chosen > rejected).float(),
         "rewards/margins": chosen - rejected,
-        "logps/chosen": c.detach(),
-        "logps/rejected": r.detach(),
+        "logps/chosen": logp_c.detach(),
+        "logps/rejected": logp_r.detach(),
         "nll_loss": nll.detach(),
     }
+
+
+def _shaped(logp: Tensor, alpha: float) -> Tensor:
+    """AlphaPO's reward of a log-prob x: (1 - e^(-alpha x)) / alpha, TRL's (1 - p^-alpha) / alpha, p = e^x;
+    alpha = 0: x itself (the limit), the log reward of CPO and SimPO."""
+    return logp if alpha == 0 else -torch.expm1(-alpha * logp) / alpha
 
 
 def _log1mexp(x: Tensor) -> Tensor:
@@ -117,11 +134,52 @@ def cpo(
     beta: float,
     label_smoothing: float = L.CPO.label_smoothing,
     cpo_alpha: float = L.CPO.cpo_alpha,
+    alpha: float = L.CPO.alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO: DPO's sigmoid loss on the summed log-probs without a reference, plus cpo_alpha * NLL(chosen)."""
     nll = _nll(logp_c, n_c)
-    losses = smoothed(beta * (logp_c - logp_r), label_smoothing) + cpo_alpha * nll
-    return losses, _metrics(beta, logp_c, logp_r, nll)
+    c, r = _shaped(logp_c, alpha), _shaped(logp_r, alpha)
+    losses = smoothed(beta * (c - r), label_smoothing) + cpo_alpha * nll
+    return losses, _metrics(beta, c, r, nll, (logp_c, logp_r))
+
+
+@reference_free
+def cpo_hinge(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    cpo_alpha: float = L.CPOHinge.cpo_alpha,
+    alpha: float = L.CPOHinge.alpha,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CPO with the hinge: relu(1 - beta * (logp_c - logp_r)) on summed log-probs, plus cpo_alpha * NLL."""
+    nll = _nll(logp_c, n_c)
+    c, r = _shaped(logp_c, alpha), _shaped(logp_r, alpha)
+    losses = torch.relu(1 - beta * (c - r)) + cpo_alpha * nll
+    return losses, _metrics(beta, c, r, nll, (logp_c, logp_r))
+
+
+@reference_free
+def cpo_ipo(
+    logp_c: Tensor,
+    logp_r: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+    n_c: Tensor,
+    n_r: Tensor,
+    beta: float,
+    cpo_alpha: float = L.CPOIPO.cpo_alpha,
+    alpha: float = L.CPOIPO.alpha,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CPO with IPO's loss: (a_c - a_r - 1/(2 beta))^2 on per-token means, plus cpo_alpha * NLL."""
+    a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
+    nll = _nll(logp_c, n_c)
+    c, r = _shaped(a_c, alpha), _shaped(a_r, alpha)
+    losses = (c - r - 1 / (2 * beta)) ** 2 + cpo_alpha * nll
+    return losses, _metrics(beta, c, r, nll, (a_c, a_r))
 
 
 @reference_free
@@ -136,9 +194,11 @@ def simpo(
     gamma: float = L.SimPO.gamma,
     label_smoothing: float = L.SimPO.label_smoothing,
     cpo_alpha: float = L.SimPO.cpo_alpha,
+    alpha: float = L.SimPO.alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SimPO: -log sigmoid(beta * (a_c - a_r) - gamma) on per-token means, plus cpo_alpha * NLL(chosen)."""
     a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
     nll = _nll(logp_c, n_c)
-    losses = smoothed(beta * (a_c - a_r) - gamma, label_smoothing) + cpo_alpha * nll
-    return losses, _metrics(beta, a_c, a_r, nll)
+    c, r = _shaped(a_c, alpha), _shaped(a_r, alpha)
+    losses = smoothed(beta * (c - r) - gamma, label_smoothing) + cpo_alpha * nll
+    return losses, _metrics(beta, c, r, nll, (a_c, a_r))

@@ -9,9 +9,13 @@ ablate.methods.rollout.RolloutTrainer) and only wires its data, model and loss.
   two hooks change: they call the config's `_partial_`s instead of Trainer's `args.optim` /
   `lr_scheduler_type` defaults (ablate.methods.optim: the factories and the toy-lr warning).
 - Metrics: `compute_loss` fills `self.metrics` (ablate.methods.metrics.MetricsBuffer) per micro-batch;
-  every log event gets the averages since the previous one (train or eval, by the model's mode).
+  every log event gets the averages since the previous one (train or eval, by the model's mode), averaged over
+  the ranks of a multi-process run.
 - FSDP2 on CPU ranks and a whole `model/` under sharding (ablate.methods.fsdp).
 - A resume of a tied-embedding model kept quiet (`_issue_warnings_after_load`).
+- Sequence parallelism (`distributed.sequence_parallel=N`, ablate.speed.ulysses): the ranks of a
+  sequence group draw the same batches, and the policy's decoder is split over them when training starts
+  (after a method has copied it for a reference: the copy stays whole).
 
 A user's trainer written from scratch subclasses it too: the optimizer group reaches a trainer only
 through these hooks (ablate.config.code_checks.check_trainer_class refuses one without them).
@@ -19,6 +23,7 @@ through these hooks (ablate.config.code_checks.check_trainer_class refuses one w
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -26,8 +31,11 @@ from torch import nn
 from transformers import Trainer
 
 from ablate.methods import fsdp
-from ablate.methods.metrics import MetricsBuffer
+from ablate.methods.metrics import MetricsBuffer, over_ranks
 from ablate.methods.optim import OptimizerFactory, SchedulerFactory, warn_if_toy_lr
+from ablate.speed import ulysses
+
+log = logging.getLogger("ablate")
 
 
 class AblateTrainer(Trainer):
@@ -40,11 +48,18 @@ class AblateTrainer(Trainer):
         *args: Any,
         optimizer_factory: OptimizerFactory | None = None,
         scheduler_factory: SchedulerFactory | None = None,
+        sequence_parallel: int = 1,
         **kwargs: Any,
     ) -> None:
         self.optimizer_factory = optimizer_factory
         self.scheduler_factory = scheduler_factory
         self.metrics = MetricsBuffer()  # per-mode values since the last log, filled by compute_loss
+        # distributed.sequence_parallel: this rank's sequence group (None: every rank its own sequences)
+        self.sequence_mesh: ulysses.Mesh | None = None
+        self.sequence_split: ulysses.Ulysses | None = None
+        if sequence_parallel > 1:
+            ulysses.check(kwargs.get("model", args[0] if args else None), sequence_parallel)
+            self.sequence_mesh = ulysses.Mesh.of(sequence_parallel)
         super().__init__(*args, **kwargs)
 
     # ---- the optimizer group (ablate.methods.optim) ----
@@ -72,8 +87,34 @@ class AblateTrainer(Trainer):
     # ---- metrics (ablate.methods.metrics) ----
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.update(self.metrics.pop("train" if self.model.training else "eval"))
+        """Trainer logs on every rank at once; the metrics are each rank's averages, averaged over the
+        ranks (as TRL gathers them): a multi-process run logs what one process of the same global batch
+        logs."""
+        metrics = self.metrics.pop("train" if self.model.training else "eval")
+        logs.update(over_ranks(metrics) if self.args.world_size > 1 else metrics)
         super().log(logs, start_time)
+
+    # ---- distributed.sequence_parallel (ablate.speed.ulysses) ----
+
+    def _get_dataloader(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's loader; under sequence parallelism sharded over the sequence groups, not the ranks."""
+        loader = super()._get_dataloader(*args, **kwargs)
+        return loader if self.sequence_mesh is None else self.sequence_mesh.share_batches(loader)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer.train, the policy's decoder split over its sequence group first."""
+        if self.sequence_mesh is None:
+            return super().train(*args, **kwargs)
+        if self.sequence_split is None:
+            ulysses.check_trainer(self)
+            self.sequence_split = ulysses.Ulysses(
+                self.accelerator.unwrap_model(self.model), self.sequence_mesh
+            )
+            log.info(self.sequence_split.describe())
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            log.info("sequence parallelism: %d forwards split", self.sequence_split.forwards)
 
     # ---- distributed=fsdp (ablate.methods.fsdp) ----
 

@@ -45,7 +45,6 @@ from ablate.methods.tokenized import TokenizedRows
 from ablate.models.adapters import is_adapted, reference_forward
 from ablate.schema import fits
 from ablate.speed import plan as speed_plan
-from ablate.speed.packing import packed_kernel
 from ablate.speed.pairs import plain_pairs, shared_prompt_pairs
 from ablate.speed.plan import PrintPlan, Setting, SpeedPlan, SpeedSwitches
 from ablate.speed.scoring import pair_logps
@@ -113,6 +112,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
 
     tokenize = staticmethod(prepare_preference)  # any TRL preference format -> prompt/chosen/rejected ids
     row = "pair"
+    speed_paths = speed_plan.DPO  # the speed paths it runs (ablate.speed.plan; `ablate plan` reads them)
     tokenize_args = ("max_length", "max_prompt_length", "max_completion_length")
 
     def __init__(
@@ -146,7 +146,8 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
         collator = data_collator or DPOCollator(
             processing_class.pad_token_id,
             share_prompt=self.speed_plan.on("dpo_pair_rows"),
-            with_mask=not (self.speed_plan.on("padding_free") and packed_kernel(args.device) != "padded"),
+            # packed rows need no [width, width] mask from the collator (rebuilt from segments if used)
+            with_mask=not self.speed_plan.on("padding_free"),
         )
         super().__init__(model, args, collator, train_dataset, eval_dataset, processing_class, **kwargs)
         self.num_tokens = 0
@@ -183,7 +184,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
                 for k in ("dpo_pair_rows", "padding_free", "completion_only_logits")
             }
         plan = speed_plan.resolve(
-            "policy", Setting.of(model, args, longest_row(args)), self.perf, speed_plan.DPO, blocked
+            "policy", Setting.of(model, args, longest_row(args)), self.perf, self.speed_paths, blocked
         )
         speed_plan.apply(model, plan)
         return plan

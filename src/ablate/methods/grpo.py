@@ -22,6 +22,7 @@ ablate.speed.scoring); the loss is the `objective` of a `LossInputs`, then the `
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from ablate.models.adapters import is_adapted, reference_forward
 from ablate.rollouts import rewarding
 from ablate.rollouts.ahead import AheadRounds, check_async
 from ablate.rollouts.buffer import Rollout
+from ablate.rollouts.engine_ahead import EngineRounds
 from ablate.rollouts.generation import (
     Completions,
     GenerateFn,
@@ -81,6 +83,10 @@ def _check_finite(model: nn.Module, step: int) -> None:
 class GRPOTrainer(RolloutTrainer):
     """Group Relative Policy Optimization (Shao et al. 2024) with buffered generation rounds (its round
     loop, checkpoints and counters: ablate.methods.rollout.RolloutTrainer)."""
+
+    speed_paths = (
+        speed_plan.GRPO
+    )  # the speed paths its scoring runs (ablate.speed.plan; `ablate plan` reads them)
 
     def __init__(
         self,
@@ -146,19 +152,29 @@ class GRPOTrainer(RolloutTrainer):
         self.add_callback(PrintGeometry())
         self.add_callback(PrintPlan(self.speed_plan, self.ref_speed_plan, show=self.perf.show))
         self._serve_rounds(Schedule.from_args(args))
-        if self.schedule.staleness:  # rounds sampled ahead by a worker process (async GRPO)
-            check_async(self.schedule.staleness, args, self.generator)
-            dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
-            self.ahead = AheadRounds(
-                self._sample_ahead,
-                self.accelerator.unwrap_model(self.model),
-                self.schedule.staleness,
-                args.seed,
-                self._round_prompts,
-                dtype=dtype,
-                balanced=args.async_threads == "balanced",
-                timeout_s=args.worker_timeout_s,
-            )
+        if self.schedule.staleness:  # rounds sampled ahead (async GRPO)
+            self.ahead = self._rounds_ahead(args)
+
+    def _rounds_ahead(self, args: GRPOConfig) -> AheadRounds | EngineRounds:
+        """Asynchronous GRPO's sampler: an engine of its own (vLLM colocated or a server) samples ahead
+        from a thread of the trainer (ablate.rollouts.engine_ahead); otherwise a forked CPU worker with its
+        own copy of the weights (ablate.rollouts.ahead)."""
+        s, model = self.schedule.staleness, self.accelerator.unwrap_model(self.model)
+        if getattr(self.generator, "gathers_weights", False):
+            stops = stop_ids(self.processing_class, model)
+            return EngineRounds(self.generator, model, args, self._round_prompts, stops)
+        check_async(s, args, self.generator)
+        dtype = getattr(torch, args.generation_dtype) if args.generation_dtype else None  # the worker's
+        return AheadRounds(
+            self._sample_ahead,
+            model,
+            s,
+            args.seed,
+            self._round_prompts,
+            dtype=dtype,
+            balanced=args.async_threads == "balanced",
+            timeout_s=args.worker_timeout_s,
+        )
 
     def _policy_plan(self, model: nn.Module, args: GRPOConfig, generator: Any) -> SpeedPlan:
         """The policy's speed plan, applied to it (lean layers, packed attention). A generator given as
@@ -167,7 +183,7 @@ class GRPOTrainer(RolloutTrainer):
         name = getattr(given, "__name__", type(given).__name__)
         blocked = {} if generator is None else {"shared_prefill": f"method.trainer.generator is set: {name}"}
         plan = speed_plan.resolve(
-            "policy", Setting.of(model, args, self._longest_row(args)), self.perf, speed_plan.GRPO, blocked
+            "policy", Setting.of(model, args, self._longest_row(args)), self.perf, self.speed_paths, blocked
         )
         speed_plan.apply(model, plan)
         return plan
@@ -184,15 +200,17 @@ class GRPOTrainer(RolloutTrainer):
 
     def _round_prompts(self, k: int) -> list[list[int]]:
         """Round k's prompt ids, read ahead of the dataloader from the sampler (asynchronous GRPO)."""
-        return [self.train_dataset[i]["prompt_ids"] for i in self._get_train_sampler().round_indices(k)]
+        rows = self._get_train_sampler().round_indices(k, self.accelerator.process_index)
+        return [self.train_dataset[i]["prompt_ids"] for i in rows]
 
     def _prepare_inputs(self, inputs: list[dict[str, Any]]) -> Rollout:
         served = super()._prepare_inputs(inputs)
         if not self.model.training:  # eval: one batch, generated and scored on the spot
             return served
-        if self.ahead is not None:  # TRL's name: optimizer steps between the sampling policy and this one
+        if self.ahead is not None:  # TRL's names: optimizer steps between the sampling policy and this one
+            stale = float(self.state.global_step - served.policy_version)  # and the version that sampled it
             self.metrics.add(
-                "train", {"sample/staleness_mean": float(self.state.global_step - served.policy_version)}
+                "train", {"sample/staleness_mean": stale, "sample/model_version": served.policy_version}
             )
         # tokens trained on, for tokens/s and MFU (ablate.speed.throughput)
         tokens = served.prompt_mask.sum() + served.completion_mask.sum()
@@ -226,8 +244,11 @@ class GRPOTrainer(RolloutTrainer):
         forward)."""
         t0 = time.perf_counter()
         sample = getattr(self.generator, "sample", None) if old_from_sampling else None
-        # FSDP2: ranks may stop decoding apart
-        with full_params(self.accelerator.unwrap_model(model)) as whole:
+        unwrapped = self.accelerator.unwrap_model(model)
+        # FSDP2: ranks may stop decoding apart, so the HF paths decode on the whole model; an engine (vLLM)
+        # holds its own copy, and its push gathers one unit at a time (ablate.rollouts.weights)
+        gathers = getattr(self.generator, "gathers_weights", False)
+        with contextlib.nullcontext(unwrapped) if gathers else full_params(unwrapped) as whole:
             out = (
                 sample(whole, prompt_ids, policy_logps=True)
                 if sample
@@ -345,7 +366,7 @@ class GRPOTrainer(RolloutTrainer):
         rollout = Rollout(
             **batch,
             advantages=advantages.to(self.args.device),
-            num_items=loss_mask.sum().float() / slices,
+            num_items=self._tokens_per_rank(loss_mask) / slices,
             policy_version=version,
         )
         for i, name in enumerate(self.reward_funcs):
@@ -358,11 +379,17 @@ class GRPOTrainer(RolloutTrainer):
         # ablate's own
         metrics["timing/generation_seconds"] = seconds if round_seconds is None else round_seconds
         if out.tool_calls is not None:  # TRL's: calls per completion, and the failed share of the calls made
-            metrics.update(tool_metrics(out.tool_calls, out.tool_failures))
+            metrics.update(tool_metrics(out.tool_calls, out.tool_failures, out.tool_truncated))
         self.metrics.add(mode, metrics)
         if train:  # time/scoring: the round's time after generation (padding, log-probs, rewards)
             stats.scoring_seconds += time.perf_counter() - t0 - seconds
         return rollout
+
+    def _tokens_per_rank(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """The round's loss tokens averaged over the ranks (TRL's num_items_in_batch / num_processes):
+        each rank normalises by the same count, so DDP's mean of the ranks' gradients is the one-process
+        gradient of the same global batch."""
+        return self.accelerator.gather(loss_mask.sum().float().reshape(1)).mean()
 
     def _kl_penalty(self) -> bool:
         """Whether the KL is a reward penalty the estimator needs at scoring time (RLOO with beta > 0)."""
@@ -450,7 +477,10 @@ class GRPOTrainer(RolloutTrainer):
         # ratio exactly 1 when on-policy
         old = logps.detach() if inputs.old_logps is None else inputs.old_logps
         a = self.args
-        weight, metrics = self._policy_weight(logps, old, inputs, mask)
+        # TRL's correction for an engine's sampling and the off-policy mask (ablate.losses.is_correction)
+        weight, metrics = is_correction.policy_weight(
+            logps, old, inputs.sampling_logps, inputs.advantages, mask, a
+        )
         per_token, own = self.objective(
             grpo_losses.LossInputs(logps, old, inputs.advantages, mask, inputs.ref_logps, weight),
             epsilon=a.epsilon,
@@ -467,30 +497,3 @@ class GRPOTrainer(RolloutTrainer):
         metrics["entropy"] = grpo_losses.masked_mean(entropy, mask)
         self.metrics.add(mode, metrics)
         return loss
-
-    def _policy_weight(
-        self, logps: torch.Tensor, old: torch.Tensor, inputs: Rollout, mask: torch.Tensor
-    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The weight on the policy term (None = 1): TRL's correction for an engine's sampling (only when the
-        generator returned its log-probs, i.e. vLLM) and the off-policy sequence mask
-        (ablate.losses.is_correction). `old` is the trainer's log-probs under the generating policy (TRL's
-        old_per_token_logps)."""
-        a, weight, metrics = self.args, None, {}
-        if inputs.sampling_logps is not None and a.vllm_importance_sampling_correction:
-            weight, metrics = is_correction.importance_sampling_correction(
-                old,
-                inputs.sampling_logps,
-                mask,
-                mode=a.vllm_importance_sampling_mode,
-                clip_min=a.vllm_importance_sampling_clip_min,
-                clip_max=a.vllm_importance_sampling_clip_max,
-            )
-        # against the engine's log-probs when there are some, as TRL
-        if a.off_policy_mask_threshold is not None:
-            sampling = old if inputs.sampling_logps is None else inputs.sampling_logps
-            keep = is_correction.off_policy_mask(
-                inputs.advantages.unsqueeze(1), logps, sampling, mask, a.off_policy_mask_threshold
-            )
-            metrics["off_policy/masked_fraction"] = 1 - keep.mean()
-            weight = keep if weight is None else weight * keep
-        return weight, metrics

@@ -55,6 +55,15 @@ class MetricsBuffer:
         return {f"eval_{k}": v for k, v in out.items()} if mode == "eval" else out
 
 
+def over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric averaged over the ranks that have it (every rank calls this at the same log event: one
+    all_gather of the dicts; a key some rank lacks, e.g. a round with no tool call, averages the others)."""
+    gathered: list[dict[str, float] | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, metrics)
+    keys = dict.fromkeys(k for d in gathered if d for k in d)
+    return {k: sum(vs) / len(vs) for k in keys if (vs := [d[k] for d in gathered if d and k in d])}
+
+
 @torch.no_grad()
 def completion_token_metrics(
     stats: dict[str, torch.Tensor], seq: torch.Tensor, n_pairs: int

@@ -121,7 +121,8 @@ class RolloutTrainer(AblateTrainer, metaclass=ABCMeta):
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         # each round's prompts again for every micro-step it serves (Trainer skips what a resume has done)
         prompts = s.round_size // s.num_generations
-        return RepeatSampler(dataset, s.num_generations, prompts, s.micro_steps_per_round, seed)
+        ranks = self.accelerator.num_processes  # each rank its own slice of every chunk (RepeatSampler)
+        return RepeatSampler(dataset, s.num_generations, prompts, s.micro_steps_per_round, seed, ranks)
 
     def training_step(
         self,
@@ -207,4 +208,10 @@ class RolloutTrainer(AblateTrainer, metaclass=ABCMeta):
         fields = {"generation_rounds": stats.rounds, "generation_seconds": round(stats.generation_seconds, 3)}
         if self.ahead is not None:  # async: generation_seconds is the trainer's wait; this, the worker's time
             fields["background_generation_seconds"] = round(stats.background_seconds, 3)
+        engine = self.generator
+        if getattr(engine, "gathers_weights", False):  # an engine of its own (vLLM): the weights pushed to it
+            fields["engine_pushes"] = engine.pushes  # this process's, since its start (a resume counts anew)
+            fields["engine_push_seconds"] = round(engine.push_seconds, 3)
+            if engine.verify_push:
+                fields["engine_pushes_verified"] = engine.verified
         return fields

@@ -64,6 +64,7 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
     is decided by ablate.speed.plan as the other trainers' are."""
 
     tokenize = staticmethod(prepare_sft)  # any TRL SFT format -> prompt/completion ids (loss on the latter)
+    speed_paths = speed_plan.SFT  # the speed paths it runs (ablate.speed.plan; `ablate plan` reads them)
     row = "example"
     tokenize_args = ("max_length", "completion_only_loss", "assistant_only_loss")
 
@@ -82,7 +83,7 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
         self.perf = perf or SpeedSwitches()
         self.cache = cache or reuse.Cache(enabled=False)  # tokenized examples (ablate.data.cache)
         self.speed_plan = speed_plan.resolve(
-            "policy", Setting.of(model, args, args.max_length), self.perf, speed_plan.SFT
+            "policy", Setting.of(model, args, args.max_length), self.perf, self.speed_paths
         )
         speed_plan.apply(model, self.speed_plan)
         if train_dataset is not None:  # None: evaluation only (`ablate eval`)

@@ -20,6 +20,7 @@ from transformers import (
 
 from ablate.errors import ConfigError
 from ablate.models.tokenizer import byte_tokenizer
+from ablate.paths import local_model_path
 from ablate.schema.models import Pretrained, SmolLM2, TinyModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -109,8 +110,13 @@ def pretrained(
         return _merged_adapter(local, dtype, quantization_config)
     if (local / "config.json").is_file():  # absolute: a +peft run records it as its adapter's base path
         path = str(local.resolve())
-    if (local.exists() or path.startswith(("/", ".", "~"))) and not (local / "config.json").is_file():
-        raise ConfigError(f"model.path: {path} is not a save_pretrained directory (no config.json there)")
+    if local_model_path(path) is not None and not (local / "config.json").is_file():
+        why = (
+            "no config.json there"
+            if local.exists()
+            else f"not found; read as a local path: {local_model_path(path)}"
+        )
+        raise ConfigError(f"model.path: {path} is not a save_pretrained directory ({why})")
     offline = _offline(path, revision)  # a hub id: cached files only when the hub cannot be reached
     try:
         tokenizer = AutoTokenizer.from_pretrained(

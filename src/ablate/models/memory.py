@@ -17,9 +17,15 @@ What each part counts, per GPU:
 - activations: what one micro-batch's forward keeps for the backward, per token and decoder layer
   10h + 4i + 4kv values (the saved inputs of the norms, projections, attention and SwiGLU MLP) at the
   compute dtype, plus LoRA's dropout copies; with gradient checkpointing only each layer's input plus
-  one layer recomputed; the LM head's logits in fp32 (logits, log-softmax and their gradients: 3 vocab-wide
-  fp32 rows a token, plus the compute-dtype logits); bf16/fp16 autocast over fp32 weights also keeps a
-  half-precision copy of each weight it multiplies.
+  one layer recomputed; with activation offload too (transformers' `gradient_checkpointing_kwargs={offload:
+  true}`: the checkpointed inputs in pinned host memory) one layer's only.
+  Sequence parallelism (N ranks a sequence, ablate.speed.ulysses) divides the decoder's tokens by N and
+  adds the gathered final hidden states (the whole sequence on every rank, and the copy the head keeps)
+  and the all-to-all buffers of one layer's q, k, v. The LM head: the full logits in fp32 (logits,
+  log-softmax and their gradients: 3 vocab-wide fp32 rows a token, plus the compute-dtype logits), or with
+  the chunked head (ablate.speed.head: DPO's and GRPO's `completion_only_logits`) one chunk of rows of
+  them, whatever the length. bf16/fp16 autocast over fp32 weights also keeps a half-precision copy of each
+  weight it multiplies. Attention is a flash/memory-efficient kernel's: no [tokens, tokens] scores.
 - total: parameters + optimizer + reference + the larger of activations and gradients (the backward
   frees a layer's activations as it makes its gradients; the gradients were freed before the forward).
 """
@@ -64,6 +70,10 @@ class Setup:
     checkpointing: bool  # gradient checkpointing
     gpus: int  # GPUs the run spans
     sharded: bool  # FSDP full shard (else each GPU holds everything, DDP)
+    sequence_parallel: int = 1  # ranks that split each sequence (distributed.sequence_parallel)
+    chunked_head: bool = False  # the LM head projects a chunk of rows at a time (no [tokens, vocab] logits)
+    offload: bool = False  # activation offload: checkpointed layers' inputs in host memory (a GPU's)
+    head_chunk: int = 1 << 26  # logits elements a chunk (ablate.losses.logps.LOGITS_CHUNK_ELEMENTS: CUDA's)
 
 
 def plan(m: Shape, s: Setup) -> dict[str, float]:
@@ -107,11 +117,54 @@ def activations(m: Shape, s: Setup) -> float:
         # dropout's copy and mask of each adapted input
         per_layer += (a + 1) * (6 * m.hidden + m.intermediate)
     residual = max(a, s.weight_bytes) * m.hidden
-    per_token = (m.layers * residual + per_layer) if s.checkpointing else m.layers * per_layer
-    per_token += m.vocab * (3 * 4 + a)  # logits: compute dtype, fp32 upcast, log-softmax, its gradient
+    if s.offload and s.checkpointing:  # layer inputs go to host memory as they are saved: one layer's stays
+        per_token = per_layer
+    else:
+        per_token = (m.layers * residual + per_layer) if s.checkpointing else m.layers * per_layer
+    tokens = s.sequences * s.seq_len
+    local = -(-tokens // s.sequence_parallel)  # the positions this rank holds through the decoder
+    held = local * per_token
+    if s.sequence_parallel > 1:
+        held += 2 * tokens * residual  # the gathered final hidden states, and the rows the head keeps of them
+        held += 2 * local * (m.hidden + 2 * m.kv_dim) * a  # one layer's q, k, v sent and received
+    logits = 3 * 4 + a  # per logit: compute dtype, fp32 upcast, log-softmax, its gradient
+    head = min(s.head_chunk, tokens * m.vocab) * logits if s.chunked_head else tokens * m.vocab * logits
     casts = 0.0
     if s.autocast and s.weight_bytes == 4:  # half-precision copies of the weights autocast multiplies
         # 4-bit: dequantized a layer at a time
         linear = 0 if s.peft == "qlora" else m.linear_params / (s.gpus if s.sharded else 1)
         casts = 2 * (linear + m.head_params)
-    return s.sequences * s.seq_len * per_token + casts
+    return held + head + casts
+
+
+def what_fits(m: Shape, s: Setup, memory: float, heads: int) -> tuple[Setup, str] | None:
+    """The first of the long-context levers that makes the plan fit `memory` bytes per GPU, with its
+    overrides: gradient checkpointing, then sequences split over 2, 4, ... of the GPUs (at most `heads`
+    ranks a sequence; with checkpointing), then activation offload on top. None when none does."""
+    tried = []
+    if not s.checkpointing:
+        tried.append((dataclasses.replace(s, checkpointing=True), "method.args.gradient_checkpointing=true"))
+    ckpt = "" if s.checkpointing else "method.args.gradient_checkpointing=true "
+    n = max(s.sequence_parallel, 1) * 2
+    while n <= min(s.gpus, heads):
+        if s.gpus % n == 0:
+            split = dataclasses.replace(s, checkpointing=True, sequence_parallel=n)
+            tried.append((split, f"{ckpt}distributed.sequence_parallel={n}"))
+        n *= 2
+    if not s.offload:  # the same levers with the checkpointed inputs in host memory (a GPU's)
+        offload = "+method.args.gradient_checkpointing_kwargs={offload:true}"
+        tried += [(dataclasses.replace(t, offload=True), f"{w} {offload}") for t, w in list(tried)]
+        if s.checkpointing:
+            tried.append((dataclasses.replace(s, offload=True), offload))
+    return next(((t, w) for t, w in tried if plan(m, t)["total"] <= memory), None)
+
+
+def engine(
+    params: int, weight_bytes: int, gpu_bytes: float, utilization: float, kv_cache_bytes: float | None
+) -> float:
+    """A vLLM engine's bytes on its GPU: its weights plus `kv_cache_bytes` when that is set (vLLM's
+    kv_cache_memory_bytes; activations are left out, small beside them); else vLLM's own budget, `utilization`
+    of the GPU's memory (weights, activations and KV cache together: TRL's vllm_gpu_memory_utilization)."""
+    if kv_cache_bytes is not None:
+        return params * weight_bytes + kv_cache_bytes
+    return utilization * gpu_bytes

@@ -64,3 +64,23 @@ def to_log_file(message: str, level: int = logging.INFO) -> None:
     for handler in logging.getLogger().handlers + logger.handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+def print_result(summary: dict[str, Any], run_dir: Any) -> None:
+    """A run's final metrics as a table, then its run dir on a line of its own (to paste)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{summary['method']} finished: {summary['status']} at step {summary.get('global_step')}"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in sorted(summary.get("metrics", {}).items()):
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    Console().print(table)
+    if summary.get("note"):
+        print(summary["note"])
+    # plain print: rich would fold a long path at the terminal width (80 columns when piped) and
+    # read `[...]` in it as markup; this line is meant to be pasted (ablate resume / compare)
+    print(f"run dir: {run_dir}", flush=True)

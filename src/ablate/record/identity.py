@@ -28,6 +28,22 @@ RESIZED_ENV = "ABLATE_RESUME_RESIZED"
 # method keys that only describe the method (ablate.schema.method: what defines each metric, its kind of rows,
 # what plan counts), left out of its identity: a run started before a method declared them resumes
 COMPARE_ONLY = {"defined_by", "data_kind", "rows", "reference", "generates"}
+# where a run's rollout server is and how long to wait for it (method/rollouts=vllm_server), not what the run
+# trains: a run whose server moved or restarted elsewhere is the same run, resumed with the new address.
+# Its node is composed at method.rollouts and resolved again into the trainer's `generator`
+WHERE_NODES = ("method.rollouts", "method.trainer.generator")
+WHERE_KEYS = (
+    "url",
+    "start",
+    "start_on",
+    "sbatch_args",
+    "ray_address",
+    "ray_resources",
+    "group_host",
+    "timeout_s",
+    "start_timeout_s",
+)
+WHERE = {f"{node}.{k}" for node in WHERE_NODES for k in WHERE_KEYS}
 
 
 def claim(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -53,7 +69,7 @@ def same_overrides(recorded: list[str], given: list[str]) -> bool:
     """The same command: `given` as recorded (masked)."""
     resized = _resized_keys()  # `ablate resume` on another rank count changed these keys itself
     kept = [
-        [o for o in map(str, x) if o.split("=", 1)[0].lstrip("+~") not in resized]
+        [o for o in map(str, x) if o.split("=", 1)[0].lstrip("+~") not in resized | WHERE]
         for x in (recorded, secrets.mask(given))
     ]
     return sorted(kept[0]) == sorted(kept[1])
@@ -92,7 +108,23 @@ def identity(cfg: DictConfig) -> dict[str, Any]:
     # how `ablate compare` reads the metrics: trains nothing differently
     if isinstance(resolved.get("method"), dict):
         resolved["method"] = {k: v for k, v in resolved["method"].items() if k not in COMPARE_ONLY}
-    return {"config_hash": config_hash(resolved), "config": resolved}
+    return {"config_hash": config_hash(_without_where(resolved)), "config": resolved}
+
+
+def _without_where(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The config without the WHERE keys (a copy): what the run trains."""
+
+    def strip(node: Any, path: list[str]) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if not path:
+            return {k: v for k, v in node.items() if k not in WHERE_KEYS}
+        head, *rest = path
+        return {**node, head: strip(node[head], rest)} if head in node else node
+
+    for where in WHERE_NODES:
+        resolved = strip(resolved, where.split("."))
+    return resolved
 
 
 def check_same_config(
@@ -132,7 +164,7 @@ def same_config(info: dict[str, Any], now: dict[str, Any]) -> bool:
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key (was X, now Y)` for every key, in config order, whose value differs."""
-    a, b = _flat(old), _flat(new)
+    a, b = _flat(_without_where(old)), _flat(_without_where(new))
     return [
         f"{k} (was {a.get(k, '<absent>')}, now {b.get(k, '<absent>')})"
         for k in [*b, *(k for k in a if k not in b)]

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.errors import USER_ERRORS, DataError, Pruned, user_code_error, user_error
 from ablate.process import interrupts
+from ablate.process.console import print_result, say
 from ablate.record import checkpoints, rundir, secrets, sweep_dirs
 from ablate.record.identity import (
     NEW_DATA_ENV,
@@ -55,6 +56,7 @@ class Run:
     summary: dict[str, Any]
     tracker: Any = None  # the logger group's tracker (W&B), started by `start_tracker`
     done: bool = False  # completed before this process started: nothing to do
+    trained: tuple[Any, Any] | None = None  # (tokenizer, model) as trained, for the evaluations (`finished`)
     resumed_from: int = 0  # the step of the checkpoint this process resumed from
     t0: float = field(default_factory=time.time)
     cache_recorded: bool = False  # this launch's cache lookups are in run.json (later calls update them)
@@ -235,7 +237,8 @@ def record(cfg: DictConfig) -> Iterator[Run]:
     # ${oc.env:X} as written, not its value
     overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
     secrets.remember(overrides)  # this process may be a sweep's worker: it has not seen the command line
-    previous = skip_completed(run_dir) if os.environ.get(RESUME_ENV) else _completed(run_dir, overrides)
+    todo = pending_evals(cfg, run_dir)  # a completed run still evaluates what eval.json lacks
+    previous = skip_completed(run_dir) if os.environ.get(RESUME_ENV) else _completed(run_dir, overrides, todo)
     if previous is not None:
         yield _untouched(run_dir, previous)
         return
@@ -304,14 +307,16 @@ def record(cfg: DictConfig) -> Iterator[Run]:
         run.write()
 
 
-def _completed(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+def _completed(run_dir: Path, overrides: list[str], todo: list[str] | None = None) -> dict[str, Any] | None:
     """The summary of `run_dir` when it holds this very run, completed; read only (no lock taken,
-    nothing written). A dir holding another run is refused (ConfigError), as `claim` does."""
+    nothing written). A dir holding another run is refused (ConfigError), as `claim` does. `todo`: the
+    evaluations it has yet to record (eval=[...]), said instead of "nothing to do"."""
     previous = rundir.completed_summary(run_dir)
     if previous is not None:
         same_run(run_dir, rundir.read_json_checked(run_dir / rundir.RUN), overrides)
         if rundir.is_main_process() and not os.environ.get(RESUME_ENV):
-            print(f"{run_dir} already completed at step {previous.get('global_step')}: nothing to do")
+            left = f"evaluating what {rundir.EVAL} lacks" if todo else "nothing to do"
+            print(f"{run_dir} already completed at step {previous.get('global_step')}: {left}")
     return previous
 
 
@@ -320,6 +325,68 @@ def _untouched(run_dir: Path, summary: dict[str, Any]) -> Run:
     next job of a multirun) must not land in its ablate.log."""
     rundir.stop_logging_into(run_dir)
     return Run(run_dir, rundir.read_json(run_dir / rundir.RUN) or {}, summary, done=True)
+
+
+def pending_evals(cfg: DictConfig, run_dir: Path) -> list[str]:
+    """The evaluations `eval=[...]` asks for that the run's eval.json does not hold yet."""
+    if not cfg.get("eval"):
+        return []
+    from ablate.evaluation import results
+
+    return results.pending(cfg, rundir.read_json(run_dir / rundir.EVAL) or {})
+
+
+def evaluate(
+    cfg: Any,
+    run_dir: Path,
+    model: Any,
+    tokenizer: Any,
+    device_args: dict[str, Any],
+    overrides: list[str],
+    only: list[str],
+) -> dict[str, Any]:
+    """Run the evaluations `only` on the run's `model` (ablate.evaluation), record them (eval_examples.jsonl,
+    then eval.json: what it lists is done), and hand them to the run's tracker (W&B: its own run, resumed).
+    Returns eval.json's record. Holds the run dir's lock: two processes never write one eval.json."""
+    from hydra.utils import instantiate
+
+    from ablate.evaluation import results
+    from ablate.evaluation.base import Evaluand
+
+    rundir.lock(run_dir, advice="wait for it, or evaluate another run")
+    info = rundir.read_json(run_dir / rundir.RUN) or {}
+    found = results.run(cfg, Evaluand(cfg, run_dir, model, tokenizer, info, device_args), only)
+    before = rundir.read_json(run_dir / rundir.EVAL) or {}
+    record, rows = results.merged(before, rundir.example_rows(run_dir), found, cfg.method.name, overrides)
+    rundir.write_examples(run_dir, rows)
+    rundir.write_json(run_dir / rundir.EVAL, record)
+    tracker = instantiate(cfg.logger) if cfg.get("logger") and rundir.is_main_process() else None
+    if getattr(tracker, "log_eval", None) is not None:  # a tracker of the user's may not have it
+        tracker.log_eval(run_dir, info, record["metrics"], [r for r in rows if r["eval"] in found])
+    return record
+
+
+def finished(cfg: DictConfig, run: Run, precision: Any) -> None:
+    """After the record, on the main process: the final metrics (a run trained now), then the evaluations
+    `eval=[...]` asks for that eval.json lacks (a job killed while it evaluated runs them again, only them),
+    the training's process group gone; the model as trained (`run.trained`), else as saved. `precision`:
+    the precision node -> this machine's TrainingArguments (ablate.config.machine.check_precision)."""
+    if not rundir.is_main_process():
+        return
+    if not run.done:
+        print_result(run.summary, run.dir)
+    todo = pending_evals(cfg, run.dir) if run.summary.get("status") == "completed" else []
+    if todo:
+        from ablate.evaluation.results import summary_line
+        from ablate.models import pretrained
+        from ablate.process.setup import quiet_libraries
+
+        quiet_libraries()  # as in training (a job that only evaluates did not set them)
+        say(f"evaluating: {', '.join(todo)}")
+        tokenizer, model = run.trained or pretrained(str(run.dir / rundir.MODEL))
+        device = precision(cfg.precision)
+        record = evaluate(cfg, run.dir, model, tokenizer, device, list(run.summary["overrides"]), todo)
+        say(summary_line(record, run.summary.get("compare_metrics") or []))
 
 
 def write_config_files(run_dir: Path, cfg: DictConfig, hc: Any) -> None:
@@ -427,24 +494,3 @@ def final_metrics(history: list[dict[str, Any]]) -> dict[str, Any]:
     for event in history:
         out.update({k: v for k, v in event.items() if isinstance(v, (int, float)) and k != "step"})
     return out
-
-
-def print_result(run: Run) -> None:
-    """The final metrics as a table, then the run dir on a line of its own (to paste)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    summary = run.summary
-    table = Table(
-        title=f"{summary['method']} finished: {summary['status']} at step {summary.get('global_step')}"
-    )
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for k, v in sorted(summary.get("metrics", {}).items()):
-        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
-    Console().print(table)
-    if summary.get("note"):
-        print(summary["note"])
-    # plain print: rich would fold a long path at the terminal width (80 columns when piped) and
-    # read `[...]` in it as markup; this line is meant to be pasted (ablate resume / compare)
-    print(f"run dir: {run.dir}", flush=True)

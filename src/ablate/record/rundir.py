@@ -32,6 +32,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -161,34 +162,64 @@ OUTPUTS = Path("outputs")  # where `last` looks: the default hydra.run.dir and h
 LAST = "last"  # a run dir argument naming the newest run under OUTPUTS (`ablate eval last`)
 
 
-def newest_run(root: Path = OUTPUTS) -> Path | None:
+def run_json_problem(run_dir: Path) -> str | None:
+    """Why `run_dir`'s run.json cannot name a run (`last` skips the dir, `ablate ls` lists it `unreadable`
+    saying so), or None when it is a JSON object."""
+    path = run_dir / RUN
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return f"no {RUN} (ablate writes it first: removed since?)"
+    except OSError as e:
+        return f"{RUN} cannot be read ({e.strerror})"
+    try:
+        data = json.loads(text)
+    except ValueError:  # UnicodeDecodeError too
+        return f"its {RUN} is not JSON ({len(text)} bytes: cut short?)"
+    return None if isinstance(data, dict) else f"its {RUN} is a JSON {type(data).__name__}, not an object"
+
+
+def newest_run(root: Path = OUTPUTS) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest ablate run under `root` (a dir holding run.json, ablate's marker; runs and sweep jobs
     alike): by run.json's `started`, then by path (a day's runs are named by their time, a launch's jobs by
-    number). Dirs below a run and hidden ones (.replaced/, .submitit/) are not searched."""
+    number); and the dirs newer than it (by their modification time) that look like runs but cannot be one
+    (a summary.json without run.json, a run.json that is not JSON: `run_json_problem`), each with why. Dirs
+    below a run and hidden ones (.replaced/, .submitit/) are not searched."""
     best: tuple[str, str] | None = None
+    broken: list[tuple[str, Path, str]] = []
     for here, dirs, files in os.walk(root):
-        if RUN in files:
+        if RUN in files or SUMMARY in files:
             dirs[:] = []  # a run holds no run below it (checkpoints/, model/)
             info = read_json(Path(here) / RUN)
             if info is not None:
                 best = max(best or ("", ""), (str(info.get("started", "")), here))
+            else:  # dated as `ablate ls` dates it: by its last write
+                when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.stat(here).st_mtime))
+                broken.append((when, Path(here), run_json_problem(Path(here)) or f"{RUN} is unreadable"))
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-    return None if best is None else Path(best[1])
+    newer = sorted((b for b in broken if best is None or b[0] > best[0]), key=lambda b: b[0], reverse=True)
+    return (None if best is None else Path(best[1])), [(path, why) for _, path, why in newer]
 
 
 def given_run(path: Path) -> Path:
     """A run dir named on the command line: `last` (unless a file or dir of that name is here) is the newest
-    run under outputs/ (`newest_run`), said on stderr; RunDirError in one line when there is none."""
+    run under outputs/ (`newest_run`), said on stderr with the newer dirs it skipped and why; RunDirError in
+    one line when there is none."""
     if str(path) != LAST or path.exists():
         return path
-    found = newest_run()
+    found, skipped = newest_run()
     if found is None:
+        why = f" ({skipped[0][0]} skipped: {skipped[0][1]})" if skipped else ""
         raise RunDirError(
             f"`last` is the newest ablate run under {OUTPUTS}/ and there is none here (no {RUN} "
-            f"under {OUTPUTS.resolve()}); run `ablate train` first, or give a run dir"
+            f"under {OUTPUTS.resolve()}){why}; run `ablate train` first, or give a run dir"
         )
-    print(f"last: {found}", file=sys.stderr)
+    n = len(skipped)
+    some = "a newer dir," if n == 1 else f"{n} newer dirs (`ablate ls` says why), the newest"
+    said = f" (skipped {some} {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+    if is_main_process():  # torchrun's ranks each resolve it: said once
+        print(f"last: {found}{said}", file=sys.stderr)
     return found
 
 
@@ -366,25 +397,32 @@ def write_examples(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
-    """`{example id: {metric: score}}` from `eval_examples.jsonl`; {} when absent. Lines that are not
-    an object with an `id` are skipped, and so are non-numeric fields (true/false count as 1/0)."""
-    out: dict[str, dict[str, float]] = {}
+def example_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """`eval_examples.jsonl`'s rows as written (text fields too); lines that are not an object with an `id`
+    are skipped; [] when absent."""
     path = run_dir / EXAMPLES
     if not path.is_file():
-        return out
+        return []
+    rows = []
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict) and "id" in row:
-            out[str(row["id"])] = {
-                k: float(v)
-                for k, v in row.items()
-                if isinstance(v, (int, float)) and k not in ("id", "index")
-            }
-    return out
+            rows.append(row)
+    return rows
+
+
+def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
+    """`{example id: {metric: score}}` from `eval_examples.jsonl`; {} when absent. Non-numeric fields are
+    skipped (true/false count as 1/0)."""
+    return {
+        str(row["id"]): {
+            k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k not in ("id", "index")
+        }
+        for row in example_rows(run_dir)
+    }
 
 
 def versions() -> dict[str, str]:

@@ -15,6 +15,7 @@ across runs).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,8 +31,25 @@ from ablate.rollouts.turns import ToolGenerator, build_toolbox, tool_metrics
 RewardFunc = Callable[..., list[float | None]]
 
 
+@dataclass
+class Scored:
+    """Completions of a dataset's prompts, `n` per prompt (prompt-major), scored by every reward function."""
+
+    n: int
+    table: torch.Tensor  # (prompts * n, functions) rewards, NaN where a function does not score one
+    total: torch.Tensor  # (prompts * n,) the weighted sum (NaN where no function scored it)
+    names: list[str]  # the reward functions, in the table's column order
+    lengths: list[int]  # completion tokens (tool results left out)
+    clipped: list[bool]  # ended without an end-of-text token (cut at max_completion_length)
+    texts: list[str]  # the completions, decoded
+    prompts: list[str]  # each completion's prompt, decoded
+    tool_calls: list[Any] = field(default_factory=list)  # tool calls made, per completion
+    failures: list[Any] = field(default_factory=list)  # failed tool calls, per completion
+    truncated: list[Any] = field(default_factory=list)  # results cut (max_tool_result_length), per completion
+
+
 @torch.no_grad()
-def reward_eval(
+def scored_completions(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     dataset: Dataset,
@@ -39,11 +57,11 @@ def reward_eval(
     args: Any,
     samples: int = 0,
     batch_size: int = 16,
-) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """(metrics, one row per prompt) of `model`'s completions of `dataset`'s prompts. `args`: the run's
-    method arguments (max_prompt_length, the sampling fields, reward_weights; GRPO's tools and environment:
-    its completions are then generated as in training, the calls run, and scored by their messages);
-    `samples` 0: one greedy completion per prompt, else that many sampled ones."""
+) -> Scored:
+    """`model`'s completions of `dataset`'s prompts, scored by `reward_funcs`. `args`: the run's method
+    arguments (max_prompt_length, the sampling fields, reward_weights; GRPO's tools and environment: its
+    completions are then generated as in training, the calls run, and scored by their messages); `samples`
+    0: one greedy completion per prompt, else that many sampled ones."""
     box = build_toolbox(args, tokenizer) if callable(getattr(args, "tool_functions", None)) else None
     # null ones dropped
     reward_funcs, weights = rewarding.gather(reward_funcs, getattr(args, "reward_weights", None), box)
@@ -59,11 +77,20 @@ def reward_eval(
     generate: Any = SharedPromptGenerator(sampling, tokenizer, do_sample=samples > 0)
     if box is not None:  # tool calls between turns, as GRPO's rollouts
         generate = ToolGenerator(generate, box, tokenizer, args.max_completion_length)
-    weights = torch.tensor(weights)
     stops, n = set(stop_ids(tokenizer, model)), max(samples, 1)
     was_training = model.training
     model.eval()
-    tables, lengths, clipped, warned, tool_calls, failures = [], [], [], set(), [], []
+    tables, lengths, clipped, warned, tool_calls, failures, texts, asked, cut = (
+        [],
+        [],
+        [],
+        set(),
+        [],
+        [],
+        [],
+        [],
+        [],
+    )
     for start in range(0, len(prompts), batch_size):
         rows = [prompts[i] for i in range(start, min(start + batch_size, len(prompts))) for _ in range(n)]
         out = as_completions(
@@ -78,23 +105,50 @@ def reward_eval(
         clipped += [not c or c[-1] not in stops for c in out.ids]
         tool_calls += out.tool_calls or []
         failures += out.tool_failures or []
+        cut += out.tool_truncated or []
+        texts += tokenizer.batch_decode(out.ids, skip_special_tokens=True)
+        asked += tokenizer.batch_decode([r["prompt_ids"] for r in rows], skip_special_tokens=True)
     model.train(was_training)
     table = torch.cat(tables)
-    total = (table * weights).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), torch.nan)
+    total = (
+        (table * torch.tensor(weights)).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), torch.nan)
+    )
+    return Scored(
+        n, table, total, list(reward_funcs), lengths, clipped, texts, asked, tool_calls, failures, cut
+    )
+
+
+def reward_eval(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    reward_funcs: dict[str, RewardFunc],
+    args: Any,
+    samples: int = 0,
+    batch_size: int = 16,
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(metrics, one row per prompt) of `model`'s completions of `dataset`'s prompts (scored_completions)."""
+    s = scored_completions(model, tokenizer, dataset, reward_funcs, args, samples, batch_size)
+    box = callable(getattr(args, "tool_functions", None))
     metrics = {
-        "reward": torch.nanmean(total).item(),
-        "reward_std": _std(total),
-        **{f"rewards/{f}/mean": torch.nanmean(table[:, i]).item() for i, f in enumerate(reward_funcs)},
-        **completion_metrics(lengths, clipped),
-        **({k: v.item() for k, v in tool_metrics(tool_calls, failures).items()} if box is not None else {}),
+        "reward": torch.nanmean(s.total).item(),
+        "reward_std": _std(s.total),
+        **{f"rewards/{f}/mean": torch.nanmean(s.table[:, i]).item() for i, f in enumerate(s.names)},
+        **completion_metrics(s.lengths, s.clipped),
+        **(
+            {k: v.item() for k, v in tool_metrics(s.tool_calls, s.failures, s.truncated).items()}
+            if box
+            else {}
+        ),
     }
-    per_prompt = total.view(-1, n)
+    per_prompt = s.total.view(-1, s.n)
+    n = s.n
     examples = [
         {
             "reward": torch.nanmean(r).item(),
             **{
-                f"rewards/{f}/mean": torch.nanmean(table[i * n : (i + 1) * n, j]).item()
-                for j, f in enumerate(reward_funcs)
+                f"rewards/{f}/mean": torch.nanmean(s.table[i * n : (i + 1) * n, j]).item()
+                for j, f in enumerate(s.names)
             },
         }
         for i, r in enumerate(per_prompt)

@@ -189,6 +189,7 @@ class Completions:
     )
     tool_calls: list[int] | None = None  # calls each rollout made
     tool_failures: list[int] | None = None  # of which failed (an error, a timeout, an unknown tool)
+    tool_truncated: list[int] | None = None  # results cut to method.args.max_tool_result_length
 
 
 # The generation seam: (model, prompt ids) -> completion ids, each cut after its EOS, or `Completions`

@@ -16,8 +16,8 @@ Formats (`method.args.tool_call_format`):
   ablate.data.chat_templates.hermes_conversation, as SFT renders tool-use demonstrations for such a model);
   the model writes each call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in its text (a
   JSON list of calls inside the tags too, as SmolLM2-Instruct writes them); results are `tool` turns, which a
-  template renders as it renders any role. A call whose JSON does not parse is a failed call whose error the
-  model reads (TRL has no such format; its parser would drop the call silently).
+  template renders as it renders any role. A call whose JSON does not parse, or that is never closed, is a
+  failed call whose error the model reads (TRL has no such format; its parser would drop the call silently).
 - `auto`: `chat_template` when the template renders tool calls, `hermes` otherwise.
 
 A tool's result is appended as TRL does: the tokens between the assistant's turn and the next assistant
@@ -32,6 +32,7 @@ elsewhere the tool runs in a thread that is abandoned when it times out.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import inspect
 import json
 import re
@@ -48,6 +49,7 @@ from ablate.data.chat_templates import hermes_conversation, tool_calls_rendered
 from ablate.errors import ConfigError, DataError, UserCodeError, log_file
 from ablate.rewards.calls import name_of
 
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -71,6 +73,7 @@ class Turn:
 
     message: dict[str, Any]
     calls: list[tuple[str, Any, str | None]]
+    malformed: str | None = None  # why text written as a call could not be read (`ablate generate` says so)
 
 
 class ToolFormat:
@@ -92,12 +95,31 @@ class ToolFormat:
         self.native = kind == "chat_template" or (kind == "auto" and rendered is not None)
         self.kind = "chat_template" if self.native else "hermes"
         self.parser = getattr(tokenizer, "response_template", None) if self.native else None
+        # how a call opens (the parser's marker, else hermes'), to tell a garbled call from an answer
+        fields = (self.parser or {}).get("fields", {}) if isinstance(self.parser, dict) else {}
+        self.opening = str((fields.get("tool_calls") or {}).get("open") or OPEN)
         if self.native and self.parser is None and not parse_hermes(rendered or "")[1]:
             raise ConfigError(
                 "method.args.tools: this model's chat template renders tool calls in a format ablate "
                 "cannot read back without a response parser: set the tokenizer's response_template "
                 "(transformers' response parsing), or method.args.tool_call_format=hermes"
             )
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Characters of the vocabulary's longest token, as stored (a byte-level token's bytes, a WordPiece's
+        `##`): at least what any token decodes to, so n characters of text are at least n / this tokens."""
+        return max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+
+    def cut(self, content: str, max_tokens: int) -> tuple[str, bool]:
+        """A tool result cut to its first `max_tokens` tokens, and whether it was cut. Cut first to what that
+        many tokens can hold in characters (`longest_token` each), so a 20 MB result is never tokenized whole;
+        then by its own tokens (decoded back to text, which the template renders as any result)."""
+        head = content[: max_tokens * self.longest_token]
+        ids = self.tokenizer(head, add_special_tokens=False, verbose=False)["input_ids"]  # no length warning
+        if len(ids) <= max_tokens:
+            return head, len(head) < len(content)
+        return self.tokenizer.decode(ids[:max_tokens]), True
 
     def prompt(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
         """apply_chat_template's arguments for a prompt offering `schemas`: the template's own `tools=`, or
@@ -132,9 +154,12 @@ class ToolFormat:
                 message["tool_calls"] = [
                     {"type": "function", "function": {"name": n, "arguments": a}} for n, a, _ in calls
                 ]
-            return Turn(message, calls)
-        message = parse_response(self.tokenizer, ids, prefix, schemas)
-        return Turn(message, [_call_of(c) for c in message.get("tool_calls") or []])
+            error = next((e for _, _, e in calls if e is not None), None)
+            return Turn(message, calls, error or (None if calls else garbled(content, self.opening)))
+        message, error = parse_response(self.tokenizer, ids, prefix, schemas)
+        calls = [_call_of(c) for c in message.get("tool_calls") or []]
+        text = str(message.get("content") or "")
+        return Turn(message, calls, error or (None if calls else garbled(text, self.opening)))
 
     def suffix_ids(self, tool_messages: list[dict[str, Any]], stops: list[int]) -> list[int]:
         """TRL's `_get_tool_suffix_ids`: the ids the template puts after an assistant turn (cut after its
@@ -165,10 +190,10 @@ class ToolFormat:
 
 def parse_response(
     tokenizer: PreTrainedTokenizerBase, ids: list[int], prefix: list[int], schemas: list[dict[str, Any]]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str | None]:
     """TRL 1.16's `parse_response`: the tokenizer's parser, or the decoded text when it fails (a malformed
-    call is plain content); the EOS the parser may leave in the content removed; calls' missing arguments =
-    {}."""
+    call is plain content, not counted, as TRL), with why it failed; the EOS the parser may leave in the
+    content removed; calls' missing arguments = {}."""
     try:
         parsed = tokenizer.parse_response(ids, prefix=prefix, tools=schemas or None)
         if parsed is None:
@@ -179,9 +204,23 @@ def parse_response(
             parsed["content"] = ""
         for call in parsed.get("tool_calls") or []:
             _check_call(call)
-    except (ValueError, TypeError):
-        parsed = {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
-    return parsed
+    except (ValueError, TypeError) as e:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return {"role": "assistant", "content": text}, f"it does not parse ({str(e).splitlines()[0][:80]})"
+    return parsed, None
+
+
+def garbled(text: str, opening: str) -> str | None:
+    """Why `text`, read as no call, is a garbled one (it holds a near copy of the call marker: `<toool_call>`
+    for `<tool_call>`, 80% alike by difflib), else None. The rollouts run no such call and count none (TRL's
+    plain text); `ablate generate` says it is no answer."""
+    import difflib
+
+    for i in (i for i, ch in enumerate(text) if ch == opening[:1]):
+        window = text[i : i + len(opening)]
+        if difflib.SequenceMatcher(None, window, opening).ratio() >= 0.8:
+            return f"{window!r} reads as the call marker {opening!r}, but no call parses"
+    return None
 
 
 def _check_call(call: Any) -> None:
@@ -227,7 +266,11 @@ def parse_hermes(text: str) -> tuple[str, list[tuple[str, Any, str | None]]]:
                 except json.JSONDecodeError:
                     pass
             calls.append((item["name"], args, None))
-    return CALL.sub("", text).strip(), calls
+    content = CALL.sub("", text)
+    if OPEN in content:  # a call begun and never closed (the turn ended first): failed, as bad JSON is
+        content, _, body = content.partition(OPEN)
+        calls.append(("unknown", {}, f"the tool call is not closed (no {CLOSE}): {body.strip()[:80]}"))
+    return content.strip(), calls
 
 
 class ToolTimeout(Exception):

@@ -65,6 +65,10 @@ class Toolbox:
     environment: Callable[[], Any] | None = None  # a class or factory: one instance per rollout
     max_iterations: int | None = None  # turns of calls per rollout; None: until no call (TRL's default)
     timeout: float | None = None  # seconds per call; None: no limit
+    # tokens of a result kept (ToolFormat.cut); None: no cut. Past the completion budget a result can never
+    # fit (the rollout ends, TRL's), so a cut there changes nothing but the time spent tokenizing it
+    max_result_tokens: int | None = None
+    warned: bool = False  # a cut result said once
     # environment instances, reused across rounds (reset each time)
     pool: list[Any] = field(default_factory=list)
     schemas: list[dict[str, Any]] = field(default_factory=list)  # what the prompts offer
@@ -97,6 +101,24 @@ class Toolbox:
             else None
         )
 
+    def cut(self, name: str, content: str) -> tuple[str, bool]:
+        """Tool `name`'s result cut to `max_result_tokens` (ToolFormat.cut), and whether it was; the first cut
+        said once."""
+        if self.max_result_tokens is None:
+            return content, False
+        kept, cut = self.format.cut(content, self.max_result_tokens)
+        if cut and not self.warned:
+            self.warned = True
+            logging.getLogger("ablate").warning(
+                "tool %s returned %d characters: cut to its first %d tokens (method.args."
+                "max_tool_result_length; null: max_completion_length), as every result that long will be "
+                "(tools/truncated_frequency counts them; said once)",
+                name,
+                len(content),
+                self.max_result_tokens,
+            )
+        return kept, cut
+
     def prompt_ids(self, prompt: Any, index: int = 0) -> list[int]:
         return self.format.prompt_ids(prompt, self.schemas, index)
 
@@ -113,6 +135,7 @@ def build_toolbox(args: Any, tokenizer: PreTrainedTokenizerBase) -> Toolbox | No
         environment,
         args.max_tool_calling_iterations,
         args.tool_timeout,
+        args.max_tool_result_length or args.max_completion_length,
     )
     why = "the chat template's own" if box.format.native else "the chat template renders no tool calls"
     logging.getLogger("ablate").info(
@@ -136,6 +159,7 @@ def turns_of(out: Completions) -> dict[str, Any]:
         "messages": out.messages,
         "tool_calls": out.tool_calls,
         "tool_failures": out.tool_failures,
+        "tool_truncated": out.tool_truncated,
     }
 
 
@@ -167,6 +191,7 @@ class ToolGenerator:
         self.tokenizer = tokenizer
         self.max_completion_length = max_completion_length
         self.environments: list[Any] | None = None  # this round's, one per row (None: no environment)
+        self.malformed: list[str | None] = []  # the last round's: why each row's last call could not be read
         if hasattr(inner, "sample"):
             self.sample = self._sample
 
@@ -241,7 +266,7 @@ class ToolGenerator:
             extended = {}
             for i in pending:
                 r = rollouts[i]
-                results = r.run(self._row_tools(i), box.timeout)
+                results = r.run(self._row_tools(i), box)
                 suffix = box.format.suffix_ids(results, stops)
                 whole = r.prompt + r.ids + suffix
                 if len(whole) - len(r.prompt) > self.max_completion_length or len(whole) >= limit:
@@ -268,6 +293,9 @@ class ToolGenerator:
                 if rollouts[i].new_turn and rollouts[i].read(box, rollouts[i].new_turn, extended[i])
             ]
             turns += 1
+        self.malformed = [
+            r.malformed for r in rollouts
+        ]  # the last turns' unreadable calls (`ablate generate`)
         return Completions(
             ids=[r.ids for r in rollouts],
             logps=[r.engine for r in rollouts] if first.logps is not None else None,
@@ -276,6 +304,7 @@ class ToolGenerator:
             messages=[r.messages for r in rollouts],
             tool_calls=[r.calls for r in rollouts],
             tool_failures=[r.failures for r in rollouts],
+            tool_truncated=[r.truncated for r in rollouts],
         )
 
 
@@ -294,6 +323,8 @@ class Rollout:
     new_turn: list[int] = field(default_factory=list)  # the last turn's ids
     calls: int = 0
     failures: int = 0
+    truncated: int = 0  # results cut to Toolbox.max_result_tokens
+    malformed: str | None = None  # why the last turn's call could not be read (ToolFormat.read), if so
 
     def __post_init__(self) -> None:
         self.mask = [1] * len(self.ids)
@@ -303,16 +334,21 @@ class Rollout:
         parsed = box.format.read(turn, prefix, box.schemas)
         self.messages.append(parsed.message)
         self.waiting = parsed.calls
+        self.malformed = parsed.malformed
         return bool(parsed.calls)
 
-    def run(self, tools: dict[str, Callable[..., Any]], timeout: float | None) -> list[dict[str, Any]]:
-        """Run the waiting calls (TRL: each call counted, each error a failure); their `tool` messages."""
+    def run(self, tools: dict[str, Callable[..., Any]], box: Toolbox) -> list[dict[str, Any]]:
+        """Run the waiting calls (TRL: each call counted, each error a failure); their `tool` messages, each
+        result cut to `box.max_result_tokens` (counted, said once)."""
         results = []
         for name, arguments, error in self.waiting:
-            result, failed = call(tools, name, arguments, error, timeout)
+            result, failed = call(tools, name, arguments, error, box.timeout)
             self.calls += 1
             self.failures += failed
             content = result if isinstance(result, list) else str(result)
+            if isinstance(content, str):
+                content, cut = box.cut(name, content)
+                self.truncated += cut
             results.append({"role": "tool", "name": name, "content": content})
         self.messages += results
         self.waiting = []
@@ -331,10 +367,14 @@ class Rollout:
         self.new_turn = new
 
 
-def tool_metrics(calls: list[int], failures: list[int]) -> dict[str, torch.Tensor]:
-    """TRL's: calls per completion, and the failed share of the calls made (0 when none was made)."""
+def tool_metrics(
+    calls: list[int], failures: list[int], truncated: list[int] | None = None
+) -> dict[str, torch.Tensor]:
+    """TRL's: calls per completion, and the failed share of the calls made (0 when none was made); ablate's:
+    the share of the results cut to method.args.max_tool_result_length."""
     made = sum(calls)
     return {
         "tools/call_frequency": torch.tensor(made / max(len(calls), 1)),
         "tools/failure_frequency": torch.tensor(sum(failures) / made if made else 0.0),
+        "tools/truncated_frequency": torch.tensor(sum(truncated or []) / made if made else 0.0),
     }

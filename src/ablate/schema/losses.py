@@ -9,10 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ablate.schema import Schema, field, fraction, number
+from ablate.schema import Rule, Schema, field, fraction, is_num, number
 
 # a probability that a preference label is flipped (robust, cDPO): 0.5 makes the labels noise
 SMOOTHING = fraction(high=0.5, closed=False)
+# CPO's NLL (behaviour-cloning) term's weight
+CPO_ALPHA = number(at_least=0, why=" (the NLL term's weight; 0 = off)")
+# AlphaPO's reward shape (Gupta et al. 2025; TRL's alpha): any finite number, 0 = the log reward
+ALPHA = Rule(lambda v, n: is_num(v), "a finite number (0: the log-probs themselves)")
 DPO = "ablate.losses.dpo."
 FREE = "ablate.losses.reference_free."
 
@@ -67,11 +71,28 @@ class CPO(Sigmoid):
 
     targets = (FREE + "cpo",)
     label_smoothing: float = field(0.0, SMOOTHING, "Probability a label is flipped (TRL's CPOConfig: 0).")
-    cpo_alpha: float = field(
-        1.0,
-        number(at_least=0, why=" (the NLL term's weight; 0 = off)"),
-        "Weight of the NLL term (TRL's 1.0).",
+    cpo_alpha: float = field(1.0, CPO_ALPHA, "Weight of the NLL term (TRL's 1.0).")
+    alpha: float = field(
+        0.0, ALPHA, "AlphaPO's reward shape (Gupta et al. 2025): 0 = the log-probs themselves."
     )
+
+
+@dataclass
+class CPOHinge(Schema):
+    """CPO with SLiC's hinge (TRL's CPOConfig loss_type=hinge): no label smoothing."""
+
+    node = "method.dpo_loss"
+    targets = (FREE + "cpo_hinge",)
+    partial: ClassVar[bool] = True
+    cpo_alpha: float = field(1.0, CPO_ALPHA, "Weight of the NLL term (TRL's 1.0).")
+    alpha: float = field(0.0, ALPHA, "AlphaPO's reward shape: 0 = the log-probs themselves (TRL's).")
+
+
+@dataclass
+class CPOIPO(CPOHinge):
+    """CPO with IPO's squared loss (TRL's CPOConfig loss_type=ipo)."""
+
+    targets = (FREE + "cpo_ipo",)
 
 
 @dataclass
@@ -83,7 +104,5 @@ class SimPO(CPO):
         0.5, number(at_least=0, why=" (SimPO's target margin)"), "Target reward margin (TRL's)."
     )
     cpo_alpha: float = field(
-        0.0,
-        number(at_least=0, why=" (the NLL term's weight; 0 = off)"),
-        "Weight of CPO's NLL term: 0 is the paper's SimPO (TRL's 1.0 is CPO-SimPO).",
+        0.0, CPO_ALPHA, "Weight of CPO's NLL term: 0 is the paper's SimPO (TRL's 1.0 is CPO-SimPO)."
     )

@@ -283,22 +283,18 @@ class Cache(Schema):
     )
 
 
-@dataclass
-class VLLM(Schema):
-    """A vLLM engine in the training process (method/rollouts=vllm; ablate.rollouts.vllm.VLLMGenerator)."""
+PLACES = ("local", "slurm", "ray")  # where a rollout server a run starts runs (method.rollouts.start_on)
 
-    node = "method.rollouts"
-    targets = ("ablate.rollouts.vllm.VLLMGenerator",)
+
+@dataclass
+class Engine(Schema):
+    """A vLLM engine's settings, in the training process or a server's (not a node of its own)."""
+
     partial: ClassVar[bool] = True  # the trainer builds it with (args, tokenizer)
-    gpu_memory_utilization: float = field(
-        0.3,
-        Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
-        "Share of the device's memory vLLM may take (weights + KV cache) when kv_cache_gib is null (TRL's).",
-    )
     kv_cache_gib: float | None = field(
         0.25,
         nullable(number(above=0)),
-        "KV-cache GiB (vLLM's kv_cache_memory_bytes); null: gpu_memory_utilization.",
+        "KV-cache GiB (vLLM's kv_cache_memory_bytes; a CPU's only bound); null: gpu_memory_utilization.",
     )
     max_model_len: int | None = field(
         None,
@@ -308,11 +304,69 @@ class VLLM(Schema):
     dtype: str = field(
         "float32",
         choice("float32", "bfloat16", "auto"),
-        "Engine weights: float32 (CPU) | bfloat16 (GPU) | auto.",
+        "Engine weights: float32 (the trainer's CPU weights) | bfloat16 (GPU) | auto (the checkpoint's).",
     )
     enforce_eager: bool = field(True, BOOL, "No torch.compile / CUDA graphs: faster start, slower decoding.")
+    verify_push: bool = field(
+        False,
+        BOOL,
+        "After each push, the engine's SHA-256 of what it loaded == the trainer's (a hash a push).",
+    )
+
+
+@dataclass
+class VLLM(Engine):
+    """A vLLM engine in the training process (method/rollouts=vllm; ablate.rollouts.vllm.VLLMGenerator)."""
+
+    node = "method.rollouts"
+    targets = ("ablate.rollouts.vllm.VLLMGenerator",)
+    gpu_memory_utilization: float = field(
+        0.3,
+        Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+        "Share of the device's memory vLLM may take (weights + KV cache) when kv_cache_gib is null (TRL's).",
+    )
     seed: Any = field(
         "${seed}", help="The engine's own seed; each request is seeded from torch's RNG anyway."
+    )
+
+
+@dataclass
+class VLLMServer(Engine):
+    """A vLLM server in a process of its own (method/rollouts=vllm_server; ablate.rollouts.server); the
+    engine's settings apply to a server the run starts (start=true) or `ablate serve-rollouts` starts."""
+
+    node = "method.rollouts"
+    targets = ("ablate.rollouts.server.VLLMServerGenerator",)
+    url: str = field(
+        "http://127.0.0.1:8000",
+        Rule(lambda v, n: isinstance(v, str) and "://" in v, "a URL: http://HOST:PORT"),
+        "The server's address.",
+    )
+    start: bool = field(False, BOOL, "True: the run starts the server and stops it at the end.")
+    start_on: str = field("local", choice(*PLACES), "Where start=true starts it: local | slurm | ray.")
+    sbatch_args: list[str] | None = field(
+        None, help="With start_on=slurm: the server job's sbatch options ([--partition=gpu, --gres=gpu:1])."
+    )
+    ray_address: str = field(
+        "auto", help="With start_on=ray: the cluster (auto: this run's; local: a new one)."
+    )
+    ray_resources: dict[str, Any] | None = field(
+        None, help="With start_on=ray: the server actor's resources ({num_gpus: 1})."
+    )
+    backend: str | None = field(
+        None, nullable(choice("gloo", "nccl"), "nccl with CUDA, else gloo"), "Weight transfer: gloo | nccl."
+    )
+    group_host: str | None = field(
+        None, help="Where the server's workers reach the trainer; null: this machine's address on the route."
+    )
+    timeout_s: float = field(600.0, number(above=0, why=" (seconds)"), "Longest wait for a request or push.")
+    start_timeout_s: float = field(
+        600.0, number(above=0, why=" (seconds)"), "With start=true: longest wait for the server to answer."
+    )
+    gpu_memory_utilization: float = field(
+        0.9,
+        Rule(lambda v, n: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+        "With start=true: share of the server's GPU vLLM may take when kv_cache_gib is null.",
     )
 
 

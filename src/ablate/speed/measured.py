@@ -10,14 +10,17 @@ float rounding) and not slower. The records are `measured.json` next to this fil
 `benchmarks/gpu.py --record` writes a device's entry from its own run (`verdict` is the rule); a device
 with no entry runs no path by default (`speed.unverified_devices=true` asks for them anyway).
 
-CPUs differ more than one record can say (a path measured faster on a 2-core AMD EPYC need not be on an
-Intel Xeon with AVX-512 and AMX, whose oneDNN kernels TRL's layout profits from), so the CPU's entry
-holds one record per CPU family (`"cpu": {"families": [{"family": {...}, "run": ..., "paths": ...}]}`;
-`cpu_family()`: architecture, vendor, torch's kernel level, AMX), written by benchmarks/dpo_vs_trl.py
-and grpo_vs_trl.py `--record`. A CPU uses the most specific record whose recorded fields all match it;
-on an unmeasured family a path runs only where every recorded family measured it exact and not slower
-(the plain path is the safe choice wherever one CPU found it faster). The file is package data: the
-speed plan reads it, names the record in its table and records each path's basis in run.json.
+CPUs differ more than one record can say (a path measured faster on a 2-core AMD EPYC of one generation
+need not be on the next, with AVX-512, nor on an Intel Xeon with AMX, whose oneDNN kernels TRL's layout
+profits from), so the CPU's entry holds one record per CPU family (`"cpu": {"families": [{"family":
+{...}, "run": ..., "paths": ...}]}`), written by benchmarks/dpo_vs_trl.py and grpo_vs_trl.py `--record`.
+A family is what decides which kernels run (`cpu_family()`): architecture, vendor, the CPU family number
+(AMD's Zen 3 is 25, Zen 5 26), the kernel level torch dispatches to, the AVX-512 extensions and AMX. A CPU
+uses the most specific record whose recorded fields all match it, and only a record that names at least
+the kernel fields (`KEY`): a record of vendor alone would hand one generation's decisions to another. A
+CPU with no record runs the plain path (no path on by default, the table says why; measure it with
+`--record`). The file is package data: the speed plan reads it, names the record in its table and
+records each path's basis in run.json.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ RECORD = Path(os.environ.get("ABLATE_SPEED_RECORD") or PACKAGED)
 # (plain step time / the path's) at or above which it counts as not slower
 EXACT_ATOL = 1e-4
 NOT_SLOWER = 1.0
+# the fields a CPU record must name to decide for a CPU: those that choose the kernels
+KEY = ("arch", "vendor", "capability", "amx")
+# the AVX-512 extensions torch's and oneDNN's kernels take (bf16 and VNNI dot products)
+AVX512 = ("avx512f", "avx512_bf16", "avx512_vnni")
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,9 @@ def records(path: Path | None = None) -> dict[str, Any]:
 
 @cache
 def cpu_family() -> dict[str, Any]:
-    """This CPU's family as the records key it: architecture, vendor (or ARM implementer), the kernel level
-    torch dispatches to (get_cpu_capability: DEFAULT under ATEN_CPU_CAPABILITY=default) and AMX tiles."""
+    """This CPU's family as the records key it: architecture, vendor (or ARM implementer), the CPU family
+    number (x86's `cpu family`; None elsewhere), the kernel level torch dispatches to (get_cpu_capability:
+    DEFAULT under ATEN_CPU_CAPABILITY=default), the AVX-512 extensions it has (of `AVX512`) and AMX tiles."""
     import torch
 
     info: dict[str, str] = {}
@@ -84,19 +92,27 @@ def cpu_family() -> dict[str, Any]:
     vendor = info.get("vendor_id") or (
         info.get("CPU implementer") and f"implementer {info['CPU implementer']}"
     )
+    number = info.get("cpu family")
     return {
         "arch": platform.machine(),
         "vendor": vendor or "unknown",
+        "family": int(number) if number and number.isdigit() else None,
         "amx": "amx_tile" in flags,
+        "avx512": [f for f in AVX512 if f in flags],
         "capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 
 def describe(family: dict[str, Any]) -> str:
-    """'x86_64 GenuineIntel AVX512 AMX'; fields a record leaves out are not shown."""
-    return " ".join(str(family[k]) for k in ("arch", "vendor", "capability") if family.get(k) is not None) + (
-        " AMX" if family.get("amx") else ""
-    )
+    """'x86_64 AuthenticAMD family 26 AVX512 (avx512f, avx512_bf16)'; fields left out are not shown."""
+    words = [str(family[k]) for k in ("arch", "vendor") if family.get(k) is not None]
+    if family.get("family") is not None:
+        words.append(f"family {family['family']}")
+    if family.get("capability") is not None:
+        words.append(str(family["capability"]))
+    if family.get("avx512"):
+        words.append(f"({', '.join(family['avx512'])})")
+    return " ".join(words) + (" AMX" if family.get("amx") else "")
 
 
 def entry(device: str, path: Path | None = None, family: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -106,32 +122,22 @@ def entry(device: str, path: Path | None = None, family: dict[str, Any] | None =
         return got if isinstance(got, dict) else {}
     here = family or cpu_family()
     rows = [r for r in got["families"] if isinstance(r, dict) and isinstance(r.get("family"), dict)]
-    fits = [r for r in rows if all(here.get(k) == v for k, v in r["family"].items())]
+    fits = [r for r in rows if decides(r["family"], here)]
     if fits:
         return max(fits, key=lambda r: len(r["family"]))
-    return _on_every_family(rows, here)
-
-
-def _on_every_family(rows: list[dict[str, Any]], here: dict[str, Any]) -> dict[str, Any]:
-    """An unmeasured family's record: a path on only where every recorded family had it on."""
-    names = set.intersection(*(set(r.get("paths") or {}) for r in rows)) if rows else set()
-    runs = "; ".join(str(r.get("run")) for r in rows)
-    paths = {}
-    for name in sorted(names):
-        recs = [r["paths"][name] for r in rows]
-        on = all(bool(rec.get("on")) for rec in recs)
-        paths[name] = {
-            "on": on,
-            "exact": all(rec.get("exact") for rec in recs),
-            "speedup": min(
-                (rec.get("speedup") for rec in recs if rec.get("speedup") is not None), default=None
-            ),
-            "basis": "on every recorded CPU family" if on else "slower or inexact on a recorded CPU family",
-        }
+    recorded = "; ".join(describe(r["family"]) for r in rows) or "none"
     return {
-        "run": f"no record for this CPU ({describe(here)}): paths every recorded family ran ({runs})",
-        "paths": paths,
+        "run": f"no record for this CPU family ({describe(here)}; recorded: {recorded}): the plain path",
+        "paths": {},
     }
+
+
+def decides(recorded: dict[str, Any], here: dict[str, Any]) -> bool:
+    """Whether a record of family `recorded` decides for a CPU of family `here`: it names the kernel fields
+    (`KEY`) and every field it names is this CPU's (an empty family: a record for any CPU, the suite's)."""
+    if recorded and not all(k in recorded for k in KEY):
+        return False
+    return all(here.get(k) == v for k, v in recorded.items())
 
 
 def measured(device: str, path: Path | None = None) -> dict[str, Measured]:

@@ -99,6 +99,40 @@ def shared_prompt_pairs(
     return out
 
 
+def completion_rows(segments: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Attention for the packed shared layout one row per completion, as TRL's rows: row b `[prompt |
+    chosen]`, row B + b `[prompt | rejected]`, real tokens first (right padding only: causal attention needs
+    no mask, and no rejected token sees a chosen one). An `ablate.speed.packing.Unpad` of the packed tokens
+    (the pair rows' real tokens, one row after another): `row_mask` (2B, P + max(C, R)), `row_index` (flat
+    positions into it that hold a token), `row_source` (the packed token at each: a prompt token in both of
+    its rows) and `row_out` (for each packed token, the position whose attention output it takes)."""
+    lengths = lengths.tolist()
+    chosen, rejected = (segments == 1).sum(1).tolist(), (segments == 2).sum(1).tolist()
+    prompts = [n - c - r for n, c, r in zip(lengths, chosen, rejected)]
+    n = len(lengths)
+    width = max(p + max(c, r) for p, c, r in zip(prompts, chosen, rejected))
+    mask = torch.zeros(2 * n, width, dtype=torch.long)
+    index, source, out, offset = [], [], [0] * sum(lengths), 0
+    for b, (p, c, r) in enumerate(zip(prompts, chosen, rejected)):
+        mask[b, : p + c], mask[n + b, : p + r] = 1, 1
+        for t in range(p):  # the prompt in both rows; its output from the chosen one's
+            index += [b * width + t, (n + b) * width + t]
+            source += [offset + t] * 2
+            out[offset + t] = b * width + t
+        for row, first, count, start in ((b, p, c, p), (n + b, p, r, p + c)):
+            for k in range(count):
+                index.append(row * width + first + k), source.append(offset + start + k)
+                out[offset + start + k] = index[-1]
+        offset += p + c + r
+    as_long = functools.partial(torch.tensor, dtype=torch.long, device=segments.device)
+    return {
+        "row_mask": mask.to(segments.device),
+        "row_index": as_long(index),
+        "row_source": as_long(source),
+        "row_out": as_long(out),
+    }
+
+
 def mask_from_segments(segments: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The shared layout's boolean (B, 1, L, L) mask rebuilt from its `segments` and `lengths` (a batch
     collated without it, for a packed row, scored by a model that takes the 4-D mask instead): causal

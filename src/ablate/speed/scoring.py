@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from ablate.speed.groups import shared_prompt_groups
-from ablate.speed.packing import Unpad, packed_inputs, packed_kernel
-from ablate.speed.pairs import attention_mask_for, mask_from_segments, plain_targets
+from ablate.speed.packing import Unpad, packed_inputs, packed_kernel, rows_mask
+from ablate.speed.pairs import attention_mask_for, completion_rows, mask_from_segments, plain_targets
 from ablate.speed.plan import SpeedPlan
 from ablate.speed.split import scored_logps
 
@@ -122,7 +122,10 @@ def shared_prompt_logps(
             {**inputs, "attention_mask": where["row_mask"]}, src, where["lengths"], kernel=kernel
         )
         rows, width = where["row_mask"].shape
-        inputs["unpad"] = Unpad(where["row_index"], rows, width, where["row_source"], where["row_out"])
+        causal = inputs["unpad"].causal  # rows_mask found the rows' real tokens first (and them long)
+        inputs["unpad"] = Unpad(
+            where["row_index"], rows, width, where["row_source"], where["row_out"], causal
+        )
     elif packed:  # the packed row itself, its document mask keeping each completion to the prompt and itself
         inputs, src = packed_inputs(inputs, src, where["lengths"], where["segment"], kernel)
     else:  # one row per prompt, a 4-D mask keeps each completion to the prompt and itself
@@ -183,10 +186,15 @@ def pair_logps(
     rejected): one row per pair (`dpo_pair_rows`: the collator built `shared_*`, ablate.speed.pairs)
     or TRL's rows, packed (`padding_free`), the head only at scored tokens (`completion_only_logits`).
     The caller supplies autocast (the split calls the backbone around model.forward)."""
-    segments = None
+    segments, rows = None, None
     if plan.on("dpo_pair_rows"):
         inputs = {"input_ids": batch["shared_input_ids"], "position_ids": batch["shared_position_ids"]}
-        if not plan.on("padding_free") or packed_kernel(batch["shared_input_ids"].device) == "padded":
+        padded = plan.on("padding_free") and packed_kernel(batch["shared_input_ids"].device) == "padded"
+        if padded:  # long rows attend one row per completion, causally (no mask): see below
+            rows = completion_rows(batch["shared_segments"], batch["shared_lengths"])
+            if rows_mask(rows["row_mask"]) is not None:
+                rows = None  # short rows: the pair rows' 4-D mask, as measured (eager kernel in bf16)
+        if rows is None and (not plan.on("padding_free") or padded):
             # the 4-D mask; absent from a batch collated for a packed row's document mask: rebuilt then
             mask = batch.get("shared_attention_mask")
             if mask is None:
@@ -200,7 +208,14 @@ def pair_logps(
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         where = plain_targets(batch["input_ids"], batch["completion_mask"])
         lengths = batch["attention_mask"].sum(-1)  # rows are right-padded
-    if plan.on("padding_free"):  # one row of real tokens (ablate.speed.packing)
+    if rows is not None:  # one row of real tokens; attention on TRL's rows, causal: no [width, width] mask
+        inputs, where["src"] = packed_inputs(
+            {**inputs, "attention_mask": rows["row_mask"]}, where["src"], lengths, kernel="padded"
+        )
+        inputs["unpad"] = Unpad(
+            rows["row_index"], *rows["row_mask"].shape, rows["row_source"], rows["row_out"], causal=True
+        )
+    elif plan.on("padding_free"):  # one row of real tokens (ablate.speed.packing)
         inputs, where["src"] = packed_inputs(inputs, where["src"], lengths, segments)
     token, stats = scored_logps(
         model, inputs, where["src"], where["tgt"], split=plan.on("completion_only_logits")

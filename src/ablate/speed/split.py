@@ -15,6 +15,9 @@ The same families take a custom 4-D attention mask and explicit position ids thr
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -92,6 +95,30 @@ def keep_from(model: nn.Module, scored: torch.Tensor) -> dict[str, int]:
     return {"logits_to_keep": scored.shape[1] + 1 - first}
 
 
+def sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 manages `model` (fully_shard: its forward hooks gather the weights its parts use)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def head_passes_hidden(head: nn.Linear) -> Iterator[None]:
+    """`head` returns its input for the block: a wrapped model's forward (DDP's, whose hooks all-reduce the
+    gradients of everything its forward's graph reaches) gives the final hidden states as `logits`, which
+    the chunked head then projects at the scored positions with the same weight (its gradient reaches
+    DDP's hooks as any other parameter's)."""
+    head.forward = _identity  # an instance attribute: shadows nn.Linear.forward for this module only
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def scored_logps(
     model: nn.Module,
     inputs: dict,
@@ -104,14 +131,22 @@ def scored_logps(
     by `temperature` first), and their `entropy`/`mean_logit`/`correct` stats (no gradient).
 
     With `split` and a model `lm_parts` knows, the backbone runs alone and the head only at `src`, in
-    chunks (`ablate.speed.head`); otherwise the model's own forward, the logits at `src` picked (no
+    chunks (`ablate.speed.head`); a wrapper's (DDP's) forward runs whole, its head passing the hidden
+    states through (`head_passes_hidden`); otherwise the model's own forward, the logits at `src` picked (no
     float32 copy of them: ablate.losses.logps.logits_logps). The
     caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
-    parts = lm_parts(model) if split else None
+    parts = lm_parts(model) if split and not sharded(model) else None
     if parts is not None:
         backbone, head = parts
         hidden = backbone(**inputs, use_cache=False).last_hidden_state
         return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
+    # DDP, FSDP2: the wrapper's (root's) own forward must run (its hooks gather weights, reduce gradients)
+    inner = getattr(model, "module", model) if split else None
+    parts = lm_parts(inner) if isinstance(inner, nn.Module) else None
+    if parts is not None:
+        with head_passes_hidden(parts[1]):  # the forward returns the final hidden states
+            hidden = model(**inputs, use_cache=False).logits
+        return completion_logps(hidden.flatten(0, 1)[src], parts[1], tgt, temperature=temperature)
     # the scored positions' logits (a position may score several tokens: a shared prompt's last one)
     picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src]
     return logits_logps(picked, tgt, temperature)
