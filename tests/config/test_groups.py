@@ -251,7 +251,6 @@ def _check_targetless(group: str, option: str, cfg: DictConfig, tmp_path: Path) 
         from ablate.config.machine import check_precision
 
         flags = OmegaConf.to_container(node)
-        assert flags.pop("sequence_parallel") == 1  # off by default; the trainer's, not TrainingArguments'
         assert set(flags) <= {f.name for f in dataclasses.fields(TrainingArguments)}, flags
         if flags.get("fp16"):  # no GPU here: refused before any TrainingArguments exist
             with pytest.raises(ConfigError, match="needs a CUDA GPU"):
@@ -354,6 +353,8 @@ CODE = {
     "debug": ("callbacks",),
     "distributed": (),
     "speed": ("speed",),
+    "eval": ("evaluation",),
+    "judge": ("evaluation",),
     "cache": ("data.cache",),  # distributed: TrainingArguments keys
     "shrink": (),  # model.config_overrides values, no _target_ (read by ablate.models.architecture)
     "optimizer/lr": (),

@@ -79,6 +79,18 @@ PINNED: dict[str, Pin] = {
     "modeling_utils.AttentionInterface.register": Pin(
         ("key", "value"), "def register(", "e39716f7d534", "packing registers packed_sdpa under its own name"
     ),
+    "modeling_utils.ALL_ATTENTION_FUNCTIONS.__getitem__": Pin(
+        ("key",),
+        "return self._global_mapping[key]",
+        "5e2a67a46b33",
+        "sequence parallelism wraps the model's own attention kernel, looked up by its name (ablate.speed.ulysses)",
+    ),
+    "masking_utils.ALL_MASK_ATTENTION_FUNCTIONS.__getitem__": Pin(
+        ("key",),
+        "return self._global_mapping[key]",
+        "5e2a67a46b33",
+        "sequence parallelism registers the model's own mask function under its wrapper's name (ablate.speed.ulysses)",
+    ),
     "modeling_utils.PreTrainedModel.set_attn_implementation": Pin(
         ("self", "attn_implementation", "allow_all_kernels"),
         "def set_attn_implementation(",

@@ -96,9 +96,19 @@ class AblateTrainer(Trainer):
 
     # ---- distributed.sequence_parallel (ablate.speed.ulysses) ----
 
-    def _get_dataloader(self, *args: Any, **kwargs: Any) -> Any:
+    def _get_dataloader(
+        self,
+        dataset: Any,
+        description: str,
+        batch_size: int,
+        sampler_fn: Any = None,
+        is_training: bool = False,
+        dataloader_key: str | None = None,
+    ) -> Any:
         """Trainer's loader; under sequence parallelism sharded over the sequence groups, not the ranks."""
-        loader = super()._get_dataloader(*args, **kwargs)
+        loader = super()._get_dataloader(
+            dataset, description, batch_size, sampler_fn, is_training, dataloader_key
+        )
         return loader if self.sequence_mesh is None else self.sequence_mesh.share_batches(loader)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
