@@ -184,3 +184,13 @@ def test_a_users_target_keeps_the_siblings_values():
         "_partial_": True,
         "label_smoothing": 0.0,
     }
+
+
+def test_the_schema_group_survives_a_commands_own_search_path(tmp_path):
+    """A command that gives its own `hydra.searchpath` (`ablate data --config-dir`, a user's experiments dir)
+    replaces conf/config.yaml's list; ablate's structured configs stay selectable (hydra_plugins.ablate_schemas'
+    SchemaSearchPath), so every method, loss and engine still composes."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nseed: 7\n")
+    args = _args("method=cpo", "+experiment=mine", f"hydra.searchpath=[file://{tmp_path}]")
+    assert args["beta"] == 0.1 and args["seed"] == 7
