@@ -48,6 +48,7 @@ def write_run(
     if error:
         summary["error"] = error
     (run / "summary.json").write_text(json.dumps(summary))
+    (run / "run.json").write_text(json.dumps({"overrides": overrides}))  # ablate's marker, written first
     with (run / "metrics.jsonl").open("w") as f:  # a curve ending at the final value
         for step in range(1, steps + 1):
             event = {k: v * step / steps for k, v in metrics.items()}
