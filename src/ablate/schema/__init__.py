@@ -234,7 +234,8 @@ def fits(fn: Any, like: Callable[..., Any], key: str) -> Any:
 
 def schema_for(path: str, target: Any = None) -> type[Schema] | None:
     """The schema of the node at `path` whose `_target_` is `target`: by target, else by path."""
-    from ablate.schema import args, evaluation, grpo, methods, nodes, speed  # noqa: F401 - each registers itself
+    # each registers itself
+    from ablate.schema import args, evaluation, grpo, methods, nodes, speed  # noqa: F401
 
     return Schema.by_target.get(str(target)) or Schema.by_path.get(path)
 
