@@ -114,7 +114,9 @@ def _rloo(tmp_path):
         train_dataset=ds,
         processing_class=tok,
         generator=lambda model, prompt_ids: [list(c) for c in fixed],
-        reward_aggregation=functools.partial(rloo.leave_one_out, beta=beta),
+        reward_aggregation=functools.partial(  # RLOO's defaults, TRL's: no normalising, no clipping
+            rloo.leave_one_out, beta=beta, normalize_advantages=False, reward_clip_range=None
+        ),
         objective=rloo.sequence_clip,
         aggregation=rloo.sequences,
         scale_rewards=None,

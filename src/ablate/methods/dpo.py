@@ -471,11 +471,7 @@ class DPOTrainer(TokenizedRows, AblateTrainer):
         )
 
     def prediction_step(
-        self,
-        model: nn.Module,
-        inputs: dict[str, Any],
-        prediction_loss_only: bool,
-        ignore_keys: list[str] | None = None,
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Eval batches have no `labels`; run `compute_loss` so eval reports the DPO loss and metrics.
 

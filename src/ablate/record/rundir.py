@@ -374,44 +374,34 @@ def state(run_dir: Path, summary: dict[str, Any] | None = None, info: dict[str, 
     return status
 
 
+def _json_lines(path: Path) -> list[Any]:
+    """Each line of a JSON-lines file that parses (a half-written last line of a running writer does not)."""
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All log events of a run; a half-written last line (run still going) is skipped."""
-    out = []
-    path = run_dir / METRICS
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    return _json_lines(run_dir / METRICS)
 
 
 def write_examples(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     """`eval_examples.jsonl`, one JSON object per example, written atomically by the main process."""
     path = run_dir / EXAMPLES
     if is_main_process():
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, path)
+        write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def example_rows(run_dir: Path) -> list[dict[str, Any]]:
     """`eval_examples.jsonl`'s rows as written (text fields too); lines that are not an object with an `id`
     are skipped; [] when absent."""
-    path = run_dir / EXAMPLES
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "id" in row:
-            rows.append(row)
-    return rows
+    return [r for r in _json_lines(run_dir / EXAMPLES) if isinstance(r, dict) and "id" in r]
 
 
 def read_examples(run_dir: Path) -> dict[str, dict[str, float]]:
