@@ -55,8 +55,13 @@ def reward_metrics(
     logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, beta: float
 ) -> dict[str, Tensor]:
     """TRL's DPO metrics, per pair (the trainer averages them): implicit rewards and log-probs."""
-    chosen = beta * (logp_c - ref_c).detach()
-    rejected = beta * (logp_r - ref_r).detach()
+    return compared(beta, logp_c - ref_c, logp_r - ref_r, logp_c, logp_r)
+
+
+def compared(beta: float, c: Tensor, r: Tensor, logp_c: Tensor, logp_r: Tensor) -> dict[str, Tensor]:
+    """TRL's preference metrics, per pair: `rewards/*` of beta times the rewards a loss compares (c, r),
+    `logps/*` of the log-probs (the reference-free losses' too)."""
+    chosen, rejected = beta * c.detach(), beta * r.detach()
     return {
         "rewards/chosen": chosen,
         "rewards/rejected": rejected,
@@ -72,6 +77,26 @@ def smoothed(z: Tensor, label_smoothing: float) -> Tensor:
     return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
 
 
+def per_token(x_c: Tensor, x_r: Tensor, n_c: Tensor, n_r: Tensor) -> tuple[Tensor, Tensor]:
+    """x_c / n_c, x_r / n_r: summed log-probs (or log-ratios) as per-token means (0 tokens count as 1)."""
+    return x_c / n_c.clamp(min=1), x_r / n_r.clamp(min=1)
+
+
+def token_nll(logp: Tensor, n: Tensor) -> Tensor:
+    """-sum(logp) / sum(n): the NLL as a token mean over the batch (TRL's mean-reduced CrossEntropyLoss)."""
+    return -logp.sum() / n.sum().clamp(min=1)
+
+
+def _margin(logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor) -> Tensor:
+    """delta = (logp_c - ref_c) - (logp_r - ref_r): the chosen log-ratio's lead over the rejected one."""
+    return (logp_c - ref_c) - (logp_r - ref_r)
+
+
+def _sorted_gap(a: Tensor, b: Tensor) -> Tensor:
+    """sorted(a) - sorted(b) across the batch: AOT's margin of two distributions, not of the pairs."""
+    return torch.sort(a, dim=0)[0] - torch.sort(b, dim=0)[0]
+
+
 def sigmoid(
     logp_c: Tensor,
     logp_r: Tensor,
@@ -83,22 +108,22 @@ def sigmoid(
     label_smoothing: float = L.Sigmoid.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO: -log sigmoid(beta * delta); with label_smoothing > 0, cDPO's smoothed target."""
-    return smoothed(beta * ((logp_c - ref_c) - (logp_r - ref_r)), label_smoothing), {}
+    return smoothed(beta * _margin(logp_c, logp_r, ref_c, ref_r), label_smoothing), {}
 
 
 def hinge(
     logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SLiC: relu(1 - beta * delta). Zero gradient once beta * delta >= 1: separated pairs stop pulling."""
-    return torch.relu(1 - beta * ((logp_c - ref_c) - (logp_r - ref_r))), {}
+    return torch.relu(1 - beta * _margin(logp_c, logp_r, ref_c, ref_r)), {}
 
 
 def ipo(
     logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """IPO (eq. 17, beta = tau): the per-token-mean margin regressed onto 1/(2 beta)."""
-    delta = (logp_c - ref_c) / n_c.clamp(min=1) - (logp_r - ref_r) / n_r.clamp(min=1)
-    return (delta - 1 / (2 * beta)) ** 2, {}
+    c, r = per_token(logp_c - ref_c, logp_r - ref_r, n_c, n_r)
+    return (c - r - 1 / (2 * beta)) ** 2, {}
 
 
 def robust(
@@ -112,7 +137,7 @@ def robust(
     label_smoothing: float = L.Robust.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """rDPO: unbiased under labels flipped with probability label_smoothing (in [0, 0.5))."""
-    z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
+    z = beta * _margin(logp_c, logp_r, ref_c, ref_r)
     ls = label_smoothing
     return (-(1 - ls) * F.logsigmoid(z) + ls * F.logsigmoid(-z)) / (1 - 2 * ls), {}
 
@@ -128,7 +153,7 @@ def exo_pair(
     label_smoothing: float = L.ExoPair.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """EXO (eq. 16, K = 2): KL from the policy's pair distribution to the smoothed label [1-ls, ls], ls>0."""
-    z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
+    z = beta * _margin(logp_c, logp_r, ref_c, ref_r)
     eps = torch.tensor(label_smoothing, dtype=z.dtype, device=z.device)
     loss = torch.sigmoid(z) * (F.logsigmoid(z) - torch.log1p(-eps)) + torch.sigmoid(-z) * (
         F.logsigmoid(-z) - torch.log(eps)
@@ -169,8 +194,7 @@ def aot(
     label_smoothing: float = L.AOT.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (paired): sorted policy margins against sorted reference margins, across the batch."""
-    delta = torch.sort(logp_c - logp_r, dim=0)[0] - torch.sort(ref_c - ref_r, dim=0)[0]
-    return smoothed(beta * delta, label_smoothing), {}
+    return smoothed(beta * _sorted_gap(logp_c - logp_r, ref_c - ref_r), label_smoothing), {}
 
 
 def aot_unpaired(
@@ -184,8 +208,7 @@ def aot_unpaired(
     label_smoothing: float = L.AOTUnpaired.label_smoothing,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AOT (unpaired): sorted chosen log-ratios against sorted rejected log-ratios."""
-    delta = torch.sort(logp_c - ref_c, dim=0)[0] - torch.sort(logp_r - ref_r, dim=0)[0]
-    return smoothed(beta * delta, label_smoothing), {}
+    return smoothed(beta * _sorted_gap(logp_c - ref_c, logp_r - ref_r), label_smoothing), {}
 
 
 def apo_zero(
@@ -214,7 +237,7 @@ def discopop(
     tau: float = L.DiscoPOP.tau,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DiscoPOP (eq. 5): logistic loss blended into exp(-z) as the margin z grows (temperature tau)."""
-    z = beta * ((logp_c - ref_c) - (logp_r - ref_r))
+    z = beta * _margin(logp_c, logp_r, ref_c, ref_r)
     m = torch.sigmoid(z / tau)
     return -F.logsigmoid(z) * (1 - m) + torch.exp(-z) * m, {}
 
@@ -223,8 +246,8 @@ def sigmoid_norm(
     logp_c: Tensor, logp_r: Tensor, ref_c: Tensor, ref_r: Tensor, n_c: Tensor, n_r: Tensor, beta: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO on per-token-mean log-ratios: -log sigmoid(beta * (c/n_c - r/n_r))."""
-    delta = (logp_c - ref_c) / n_c.clamp(min=1) - (logp_r - ref_r) / n_r.clamp(min=1)
-    return -F.logsigmoid(beta * delta), {}
+    c, r = per_token(logp_c - ref_c, logp_r - ref_r, n_c, n_r)
+    return -F.logsigmoid(beta * (c - r)), {}
 
 
 def sft(
@@ -232,7 +255,7 @@ def sft(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """NLL of the chosen completions, a mean over every chosen token of the batch (TRL's), given to
     each pair so that its batch mean is that token mean."""
-    return (-logp_c.sum() / n_c.sum().clamp(min=1)).expand_as(logp_c), {}
+    return token_nll(logp_c, n_c).expand_as(logp_c), {}
 
 
 def weighted(

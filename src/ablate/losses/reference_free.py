@@ -39,7 +39,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
-from ablate.losses.dpo import smoothed
+from ablate.losses.dpo import compared, per_token, smoothed, token_nll
 from ablate.schema import losses as L
 
 Tensor = torch.Tensor
@@ -60,26 +60,27 @@ def declares(fn: Callable[..., object], what: str) -> bool:
     return bool(getattr(fn, what, False))
 
 
-def _nll(logp: Tensor, n: Tensor) -> Tensor:
-    """-sum(logp) / sum(n): the token mean over the batch (TRL's CrossEntropyLoss, mean reduction)."""
-    return -logp.sum() / n.sum().clamp(min=1)
-
-
 def _metrics(
     beta: float, c: Tensor, r: Tensor, nll: Tensor, logps: tuple[Tensor, Tensor] | None = None
 ) -> dict[str, Tensor]:
     """TRL's: rewards b * (the compared rewards c, r), per pair; logps (c, r unless given); the NLL term."""
-    chosen, rejected = beta * c.detach(), beta * r.detach()
-    logp_c, logp_r = logps or (c, r)
-    return {
-        "rewards/chosen": chosen,
-        "rewards/rejected": rejected,
-        "rewards/accuracies": (chosen > rejected).float(),
-        "rewards/margins": chosen - rejected,
-        "logps/chosen": logp_c.detach(),
-        "logps/rejected": logp_r.detach(),
-        "nll_loss": nll.detach(),
-    }
+    return {**compared(beta, c, r, *(logps or (c, r))), "nll_loss": nll.detach()}
+
+
+def _with_nll(
+    margin_loss: Callable[[Tensor], Tensor],
+    logps: tuple[Tensor, Tensor],
+    logp_c: Tensor,
+    n_c: Tensor,
+    beta: float,
+    cpo_alpha: float,
+    alpha: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CPO's frame (TRL's CPOTrainer): `margin_loss` of the margin c - r between the compared rewards (the
+    log-probs `logps`, summed or per-token means, AlphaPO-shaped), plus cpo_alpha * NLL(chosen); metrics."""
+    nll = token_nll(logp_c, n_c)
+    c, r = _shaped(logps[0], alpha), _shaped(logps[1], alpha)
+    return margin_loss(c - r) + cpo_alpha * nll, _metrics(beta, c, r, nll, logps)
 
 
 def _shaped(logp: Tensor, alpha: float) -> Tensor:
@@ -106,12 +107,12 @@ def orpo(
     prompt_n_c: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """ORPO: NLL of the chosen rows (prompt tokens too when given) - beta * log sigmoid(log odds ratio)."""
-    a_c, a_r = logp_c.float() / n_c.clamp(min=1), logp_r.float() / n_r.clamp(min=1)
+    a_c, a_r = per_token(logp_c.float(), logp_r.float(), n_c, n_r)
     log_odds = (a_c - a_r) - (_log1mexp(a_c) - _log1mexp(a_r))
     ratio = F.logsigmoid(log_odds)
     seq_logp = logp_c if prompt_c is None else logp_c + prompt_c
     seq_n = n_c if prompt_n_c is None else n_c + prompt_n_c
-    nll = _nll(seq_logp, seq_n)
+    nll = token_nll(seq_logp, seq_n)
     metrics = {
         **_metrics(beta, a_c, a_r, nll),
         "log_odds_ratio": ratio.detach(),
@@ -137,10 +138,9 @@ def cpo(
     alpha: float = L.CPO.alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO: DPO's sigmoid loss on the summed log-probs without a reference, plus cpo_alpha * NLL(chosen)."""
-    nll = _nll(logp_c, n_c)
-    c, r = _shaped(logp_c, alpha), _shaped(logp_r, alpha)
-    losses = smoothed(beta * (c - r), label_smoothing) + cpo_alpha * nll
-    return losses, _metrics(beta, c, r, nll, (logp_c, logp_r))
+    return _with_nll(
+        lambda d: smoothed(beta * d, label_smoothing), (logp_c, logp_r), logp_c, n_c, beta, cpo_alpha, alpha
+    )
 
 
 @reference_free
@@ -156,10 +156,9 @@ def cpo_hinge(
     alpha: float = L.CPOHinge.alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO with the hinge: relu(1 - beta * (logp_c - logp_r)) on summed log-probs, plus cpo_alpha * NLL."""
-    nll = _nll(logp_c, n_c)
-    c, r = _shaped(logp_c, alpha), _shaped(logp_r, alpha)
-    losses = torch.relu(1 - beta * (c - r)) + cpo_alpha * nll
-    return losses, _metrics(beta, c, r, nll, (logp_c, logp_r))
+    return _with_nll(
+        lambda d: torch.relu(1 - beta * d), (logp_c, logp_r), logp_c, n_c, beta, cpo_alpha, alpha
+    )
 
 
 @reference_free
@@ -175,11 +174,8 @@ def cpo_ipo(
     alpha: float = L.CPOIPO.alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CPO with IPO's loss: (a_c - a_r - 1/(2 beta))^2 on per-token means, plus cpo_alpha * NLL."""
-    a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
-    nll = _nll(logp_c, n_c)
-    c, r = _shaped(a_c, alpha), _shaped(a_r, alpha)
-    losses = (c - r - 1 / (2 * beta)) ** 2 + cpo_alpha * nll
-    return losses, _metrics(beta, c, r, nll, (a_c, a_r))
+    means = per_token(logp_c, logp_r, n_c, n_r)
+    return _with_nll(lambda d: (d - 1 / (2 * beta)) ** 2, means, logp_c, n_c, beta, cpo_alpha, alpha)
 
 
 @reference_free
@@ -197,8 +193,7 @@ def simpo(
     alpha: float = L.SimPO.alpha,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SimPO: -log sigmoid(beta * (a_c - a_r) - gamma) on per-token means, plus cpo_alpha * NLL(chosen)."""
-    a_c, a_r = logp_c / n_c.clamp(min=1), logp_r / n_r.clamp(min=1)
-    nll = _nll(logp_c, n_c)
-    c, r = _shaped(a_c, alpha), _shaped(a_r, alpha)
-    losses = smoothed(beta * (c - r) - gamma, label_smoothing) + cpo_alpha * nll
-    return losses, _metrics(beta, c, r, nll, (a_c, a_r))
+    means = per_token(logp_c, logp_r, n_c, n_r)
+    return _with_nll(
+        lambda d: smoothed(beta * d - gamma, label_smoothing), means, logp_c, n_c, beta, cpo_alpha, alpha
+    )
