@@ -92,7 +92,29 @@ class NaNGuard(TrainerCallback):
             )
 
 
-class EarlyStop(TrainerCallback):
+class FollowMetric(TrainerCallback):
+    """A callback that follows one logged metric, `self.metric`: `on_metric` runs at every log event that
+    holds it as a number (an eval's `eval_*` or a train metric); the other log events pass it by."""
+
+    metric: str
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        value = (logs or {}).get(self.metric)
+        if isinstance(value, (int, float)):
+            self.on_metric(value, state, control)
+
+    def on_metric(self, value: float, state: TrainerState, control: TrainerControl) -> None:
+        raise NotImplementedError
+
+
+class EarlyStop(FollowMetric):
     """Stop training when `metric` has not improved by `min_delta` for `patience` log events in a row.
 
     Works on any logged number: a train metric (`loss`, `rewards/accuracies`) checked every
@@ -118,17 +140,7 @@ class EarlyStop(TrainerCallback):
         self.best: float | None = None
         self.bad = 0  # log events since the last improvement
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        v = (logs or {}).get(self.metric)
-        if not isinstance(v, (int, float)):
-            return
+    def on_metric(self, v: float, state: TrainerState, control: TrainerControl) -> None:
         if self.best is None or self.sign * (self.best - v) > self.min_delta:  # improved (lower for min)
             self.best, self.bad = float(v), 0
             return

@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ablate.callbacks import FollowMetric
 from ablate.errors import Pruned
 
 log = logging.getLogger("ablate")
@@ -137,7 +138,7 @@ def trial_callbacks() -> list[Any]:
     ]
 
 
-class ReportToStudy(TrainerCallback):
+class ReportToStudy(FollowMetric):
     """A run that is one trial of a study (hydra/sweeper=optuna) reports its metric to the study at every
     log event holding it (an eval's `eval_*` or a train metric), and the study's pruner may stop it
     (Optuna's protocol: `trial.report(value, step)`, then `trial.should_prune()`; Li et al. 2018
@@ -159,16 +160,8 @@ class ReportToStudy(TrainerCallback):
         )
         self.trial = optuna.trial.Trial(study, trial_id)
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        value = (logs or {}).get(self.metric)
-        if not isinstance(value, (int, float)) or not state.is_world_process_zero:
+    def on_metric(self, value: float, state: TrainerState, control: TrainerControl) -> None:
+        if not state.is_world_process_zero:
             return
         self.trial.report(float(value), state.global_step)
         if self.trial.should_prune():
