@@ -287,7 +287,47 @@ def _serve(
         conn.send(("error", traceback.format_exc()))
 
 
-class AheadRounds:
+class RoundsAhead:
+    """What both ways of sampling ahead share (this module's forked worker, ablate.rollouts.engine_ahead's
+    engine): the rounds sampled but not yet taken, where a process's first take starts, the check of a
+    round's prompts when taken, and the checkpoint file of the rounds sampled ahead."""
+
+    s: int  # method.args.max_staleness
+    last_round: int | None  # rounds at or past it are never sampled (set by the trainer from max_steps)
+    done: dict[int, Sampled]  # sampled (or loaded from a checkpoint), not yet taken
+    next_round: int | None  # the next round to submit (None until this process's first take)
+
+    def _first_take(self, k: int) -> None:
+        if self.next_round is None:  # first take of this process: after a resume, past the loaded rounds
+            self.next_round = max(self.done) + 1 if self.done else k
+
+    def _taken(self, k: int, prompt_ids: list[list[int]]) -> Sampled:
+        sampled = self.done.pop(k)
+        if sampled.prompt_ids != prompt_ids:
+            raise RuntimeError(
+                f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
+                "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0"
+            )
+        return sampled
+
+    def _end(self) -> int:
+        return self.last_round if self.last_round is not None else 1 << 62
+
+    def _save_done(self, folder: str) -> None:
+        """Save every round sampled but not yet taken (the caller waits for those in flight first)."""
+        torch.save(
+            {"max_staleness": self.s, "rounds": [r.state_dict() for r in self.done.values()]},
+            os.path.join(folder, AHEAD_ROUNDS),
+        )
+
+    def load(self, folder: str) -> None:
+        path = os.path.join(folder, AHEAD_ROUNDS)
+        if os.path.isfile(path):
+            saved = torch.load(path, weights_only=True)
+            self.done = {r["round"]: Sampled.from_state_dict(r) for r in saved["rounds"]}
+
+
+class AheadRounds(RoundsAhead):
     """The trainer's side: which round to sample when, with which weights, and the rounds in flight.
 
     `take(k, ...)` at the start of round k returns it (sampled earlier, or now at a fresh start) and
@@ -306,32 +346,25 @@ class AheadRounds:
         timeout_s: float = 900.0,
     ) -> None:
         self.timeout_s = timeout_s  # method.args.worker_timeout_s
-        self.balanced = (
-            balanced  # async_threads=balanced: the trainer takes the worker's threads while it idles
-        )
-        self.behaviour, self.model, self.s, self.seed, self.prompts_of = (
-            behaviour,
-            model,
-            staleness,
-            seed,
-            prompts_of,
-        )
+        # async_threads=balanced: the trainer takes the worker's threads while it idles
+        self.balanced = balanced
+        self.behaviour, self.model, self.s, self.seed = behaviour, model, staleness, seed
+        self.prompts_of = prompts_of
         self.dtype = dtype  # the worker's weights and compute (None: the trainer's)
         self.last_round: int | None = None
         self.worker: Worker | None = None
         self.cores: CoreShare | None = None  # async_threads=balanced: the threads follow who is busy
-        self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
+        self.done: dict[int, Sampled] = {}
         self.pending: deque[tuple[Sampled, int]] = deque()  # submitted, not yet returned: (job, slot)
         self.slot_versions: list[int | None] = [None] * (staleness + 1)  # the version each slot holds
-        self.next_round: int | None = None  # the next round to submit
+        self.next_round: int | None = None
 
     def take(self, k: int, prompt_ids: list[list[int]], version: int) -> Sampled:
         """Round k, sampled by the weights of round k - s's start; `version`: the trainer's optimizer
         steps now (the weights it hands the worker for round k + s)."""
         if self.worker is None:
             self._start()
-        if self.next_round is None:  # first take of this process: after a resume, past the loaded rounds
-            self.next_round = max(self.done) + 1 if self.done else k
+        self._first_take(k)
         # a fresh start: rounds k..k+s-1 by these weights
         while self.next_round < min(k + self.s, self._end()):
             self._submit(self.next_round, version)
@@ -343,16 +376,7 @@ class AheadRounds:
             self._submit(self.next_round, version)
         while k not in self.done:
             self._receive()
-        sampled = self.done.pop(k)
-        if sampled.prompt_ids != prompt_ids:
-            raise RuntimeError(
-                f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
-                "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0"
-            )
-        return sampled
-
-    def _end(self) -> int:
-        return self.last_round if self.last_round is not None else 1 << 62
+        return self._taken(k, prompt_ids)
 
     def _submit(self, k: int, version: int) -> None:
         """Hand the worker round k with the weights of `version` (the trainer's current ones)."""
@@ -417,16 +441,7 @@ class AheadRounds:
         """Wait for the rounds in flight and save every round sampled but not yet taken."""
         while self.pending:
             self._receive()
-        torch.save(
-            {"max_staleness": self.s, "rounds": [r.state_dict() for r in self.done.values()]},
-            os.path.join(folder, AHEAD_ROUNDS),
-        )
-
-    def load(self, folder: str) -> None:
-        path = os.path.join(folder, AHEAD_ROUNDS)
-        if os.path.isfile(path):
-            saved = torch.load(path, weights_only=True)
-            self.done = {r["round"]: Sampled.from_state_dict(r) for r in saved["rounds"]}
+        self._save_done(folder)
 
     def close(self) -> None:
         """Stop the worker and forget the rounds in flight (a later `train()` starts afresh)."""

@@ -24,7 +24,6 @@ again."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as Timeout
@@ -34,14 +33,14 @@ import torch
 from torch import nn
 
 from ablate.errors import ConfigError, PeerLostError
-from ablate.rollouts.ahead import AHEAD_ROUNDS, Sampled, round_seed
+from ablate.rollouts.ahead import RoundsAhead, Sampled, round_seed
 from ablate.rollouts.engine import world_size
 from ablate.rollouts.generation import right_pad
 
 log = logging.getLogger("ablate")
 
 
-class EngineRounds:
+class EngineRounds(RoundsAhead):
     """The trainer's side of an engine sampling ahead: `take(k, ...)` at the start of round k returns it
     and hands the engine round k + s (module docstring); rounds at or past `last_round` are never sampled."""
 
@@ -62,7 +61,7 @@ class EngineRounds:
         self.generator, self.model, self.s, self.seed = generator, model, s, args.seed
         self.prompts_of, self.stops, self.timeout_s = prompts_of, stops, args.worker_timeout_s
         self.last_round: int | None = None
-        self.done: dict[int, Sampled] = {}  # sampled (or loaded from a checkpoint), not yet taken
+        self.done: dict[int, Sampled] = {}
         self.pending: dict[int, tuple[Sampled, Future]] = {}  # handed to the engine, in order
         self.next_round: int | None = None
         self.pool: ThreadPoolExecutor | None = None
@@ -77,8 +76,7 @@ class EngineRounds:
                 self.s,
                 type(self.generator).__name__,
             )
-        if self.next_round is None:  # first take of this process: after a resume, past the loaded rounds
-            self.next_round = max(self.done) + 1 if self.done else k
+        self._first_take(k)
         self._drain()  # the engine idle: its weights may change
         ahead = range(self.next_round, min(k + self.s, self._end() - 1) + 1)
         # round k itself when it was not sampled ahead (a fresh start; a resume without its rounds)
@@ -89,16 +87,7 @@ class EngineRounds:
             self._submit(r, version)
         if k in self.pending:
             self._wait(k)
-        sampled = self.done.pop(k)
-        if sampled.prompt_ids != prompt_ids:
-            raise RuntimeError(
-                f"async GRPO: round {k}'s prompts differ from those read ahead from the sampler "
-                "(the dataloader's order is not RepeatSampler's); use method.args.max_staleness=0"
-            )
-        return sampled
-
-    def _end(self) -> int:
-        return self.last_round if self.last_round is not None else 1 << 62
+        return self._taken(k, prompt_ids)
 
     def _submit(self, k: int, version: int) -> None:
         job = Sampled(round=k, policy_version=version, prompt_ids=self.prompts_of(k))
@@ -135,14 +124,7 @@ class EngineRounds:
     def save(self, folder: str) -> None:
         """Wait for the rounds in flight and save every round sampled but not yet taken."""
         self._drain()
-        rounds = [r.state_dict() for r in self.done.values()]
-        torch.save({"max_staleness": self.s, "rounds": rounds}, os.path.join(folder, AHEAD_ROUNDS))
-
-    def load(self, folder: str) -> None:
-        path = os.path.join(folder, AHEAD_ROUNDS)
-        if os.path.isfile(path):
-            saved = torch.load(path, weights_only=True)
-            self.done = {r["round"]: Sampled.from_state_dict(r) for r in saved["rounds"]}
+        self._save_done(folder)
 
     def close(self) -> None:
         """Forget the rounds in flight (a later `train()` starts afresh); the engine is the generator's to
