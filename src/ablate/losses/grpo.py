@@ -100,6 +100,14 @@ Scale = Callable[[torch.Tensor], torch.Tensor]
 Advantages = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
+def weighted_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each completion's weighted sum of its rewards (N,); NaN where every function returned None
+    (unscorable: out of the baseline and the statistics, advantage 0)."""
+    rewards = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
 def frac_zero_std(grouped: torch.Tensor, scale: Scale) -> torch.Tensor:
     """TRL 1.16's `frac_reward_zero_std`: the fraction of completions whose advantage std is zero, that
     std being the batch's with `scale_rewards: batch` (so 0 or 1), else each group's (`none` too,
@@ -119,9 +127,7 @@ def sum_then_normalize(
     metrics) with TRL's metric names: `reward`, `reward_std`, `frac_reward_zero_std`.
     """
     dtype, rewards_per_func = rewards_per_func.dtype, headroom(rewards_per_func, weights)
-    all_nan = torch.isnan(rewards_per_func).all(dim=1)
-    rewards = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
-    rewards[all_nan] = torch.nan  # unscorable: out of the baseline, advantage 0 below
+    rewards = weighted_sum(rewards_per_func, weights)
     grouped = rewards.view(-1, num_generations)
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
     scaled = centred / scale(grouped)
@@ -152,8 +158,7 @@ def normalize_then_sum(
     summed[all_nan] = torch.nan
     std = _nanstd(summed)
     adv = (summed - torch.nanmean(summed)) / (std + 1e-4)
-    raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
-    raw[all_nan] = torch.nan
+    raw = weighted_sum(rewards_per_func, weights)
     metrics = {
         "reward": torch.nanmean(raw),
         "reward_std": _nanstd(raw),
@@ -226,11 +231,10 @@ def clip(
     loss = -torch.min(ratio * adv, clipped * adv)
     low = (ratio < 1 - epsilon) & (adv < 0)
     high = (ratio > 1 + epsilon_high) & (adv > 0)
-    mean = masked_mean if ratio.shape[1] > 1 else (lambda x, m: x.mean())  # sequence level: per completion
     metrics = {
-        "clip_ratio/low_mean": mean(low.float(), mask),
-        "clip_ratio/high_mean": mean(high.float(), mask),
-        "clip_ratio/region_mean": mean((low | high).float(), mask),
+        "clip_ratio/low_mean": _level_mean(low.float(), mask),
+        "clip_ratio/high_mean": _level_mean(high.float(), mask),
+        "clip_ratio/region_mean": _level_mean((low | high).float(), mask),
         # the extremes over completions of each completion's clipped fraction (TRL's names)
         "clip_ratio/low_min": _per_sequence(low.float(), mask).nan_to_num(nan=float("inf")).min(),
         "clip_ratio/high_max": _per_sequence(high.float(), mask).nan_to_num(nan=float("-inf")).max(),
@@ -255,7 +259,7 @@ def cispo(
     Metric `cispo_clip_ratio`: tokens with r > epsilon_high and A > 0."""
     loss = -torch.clamp(ratio, max=epsilon_high).detach() * adv * logps
     capped = ((ratio > epsilon_high) & (adv > 0)).float()
-    return loss, {"cispo_clip_ratio": masked_mean(capped, mask) if capped.shape[1] > 1 else capped.mean()}
+    return loss, {"cispo_clip_ratio": _level_mean(capped, mask)}
 
 
 @objective
@@ -277,6 +281,16 @@ def sapo(
     return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv, {}
 
 
+def _level_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A metric's mean: over the masked tokens (B, T), or over completions at the sequence level (B, 1)."""
+    return masked_mean(x, mask) if x.shape[1] > 1 else x.mean()
+
+
+def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each completion's masked token mean (B,), 0 for one with no tokens."""
+    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
 def _per_sequence(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Each completion's masked token mean (B,) (NaN for one with no tokens); (B, 1) values as they are."""
     return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
@@ -286,7 +300,7 @@ def _ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, lev
     """Importance ratio pi/pi_old: per token (B, T), or per completion (B, 1) from the mean log-ratio."""
     log_ratio = logps - old_logps
     if {"token": False, "sequence": True}[level]:  # the value is checked by its schema (ablate.schema.grpo)
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(1)
+        log_ratio = _sequence_mean(log_ratio, mask).unsqueeze(1)
     return torch.exp(log_ratio)
 
 
@@ -320,7 +334,7 @@ def grpo(
     loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int
 ) -> torch.Tensor:
     """Mean over each sequence's tokens, then mean over sequences (the GRPO paper, eq. 3)."""
-    return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    return _sequence_mean(loss, mask).mean()
 
 
 def dapo(
@@ -336,7 +350,7 @@ def bnpo(
     loss: torch.Tensor, mask: torch.Tensor, num_items: float, max_completion_length: int
 ) -> torch.Tensor:
     """Sum over the micro-batch's tokens / its token count (TRL's bnpo: a token mean per micro-batch)."""
-    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    return masked_mean(loss, mask)
 
 
 def dr_grpo(

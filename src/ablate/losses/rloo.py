@@ -49,9 +49,7 @@ def leave_one_out(
     `normalize_advantages`, `reward_clip_range`: no default here (conf/method/rloo.yaml wires RLOOArgs')."""
     # +-3e38: float64
     dtype, rewards_per_func = (rewards_per_func.dtype, grpo.headroom(rewards_per_func, weights))
-    unscorable = torch.isnan(rewards_per_func).all(dim=1)
-    raw = (rewards_per_func * weights.to(rewards_per_func).unsqueeze(0)).nansum(dim=1)
-    raw[unscorable] = torch.nan  # out of the baselines; advantage 0 below
+    raw = grpo.weighted_sum(rewards_per_func, weights)  # NaN: out of the baselines; advantage 0 below
     rewards = (
         raw if reward_clip_range is None else raw.clamp(min=reward_clip_range[0], max=reward_clip_range[1])
     )
@@ -59,7 +57,7 @@ def leave_one_out(
     if token_kl is not None and beta != 0.0:
         mask = torch.ones_like(token_kl) if mask is None else mask.to(token_kl)
         rewards = rewards - beta * (token_kl * mask).sum(-1).to(rewards)
-        metrics["kl"] = (token_kl * mask).sum() / mask.sum().clamp(min=1.0)
+        metrics["kl"] = grpo.masked_mean(token_kl, mask)
     grouped = rewards.view(-1, num_generations)
     scorable = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
     # NaN: no sibling to compare
