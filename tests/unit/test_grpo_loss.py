@@ -22,6 +22,20 @@ def _table() -> torch.Tensor:
 
 
 W = torch.tensor([1.0, 0.5])
+# every objective's arguments (the trainer passes them all: none has a default); a test names what it changes
+OBJECTIVE_ARGS = dict(
+    epsilon=0.2,
+    epsilon_high=0.2,
+    beta=0.0,
+    importance_sampling_level="token",
+    delta=None,
+    bias_correction_kl=False,
+)
+
+
+def _run(objective, inputs, **args):
+    """`objective(inputs)` with OBJECTIVE_ARGS, `args` replacing or adding to them."""
+    return objective(inputs, **{**OBJECTIVE_ARGS, **args})
 
 
 def test_advantages_group_scaling_and_zero_std_group():
@@ -145,15 +159,7 @@ def test_clipped_surrogate_active_and_inactive():
     Clip metrics over the 3 unmasked tokens: low 1/3, high 1/3, region 2/3 (the masked 2.2 not counted).
     Gradient: a clipped token has none; unclipped d(-r*A)/dlogp = -r*A: -0.9 and (masked token) 2.2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.clip(
-        grpo.LossInputs(logps, old, adv, mask),
-        epsilon=0.2,
-        epsilon_high=0.2,
-        beta=0.0,
-        importance_sampling_level="token",
-        delta=None,
-        bias_correction_kl=False,
-    )
+    loss, m = _run(grpo.clip, grpo.LossInputs(logps, old, adv, mask))
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
     assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
@@ -168,15 +174,7 @@ def test_clipped_surrogate_active_and_inactive():
 def test_epsilon_high_widens_only_the_upper_clip():
     """eps_low 0.2, eps_high 0.6: r=1.5 < 1.6 is no longer clipped -> -1.5; r=0.5 still low-clipped."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.clip(
-        grpo.LossInputs(logps, old, adv, mask),
-        epsilon=0.2,
-        epsilon_high=0.6,
-        beta=0.0,
-        importance_sampling_level="token",
-        delta=None,
-        bias_correction_kl=False,
-    )
+    loss, m = _run(grpo.clip, grpo.LossInputs(logps, old, adv, mask), epsilon_high=0.6)
     torch.testing.assert_close(loss, torch.tensor([[-1.5, -0.9], [1.6, 2.2]]))
     assert m["clip_ratio/high_mean"].item() == 0.0
     assert m["clip_ratio/low_mean"].item() == pytest.approx(1 / 3)
@@ -189,28 +187,12 @@ def test_k3_kl_term():
     loss += 0.1 * kl; metric kl = (0.072132 + 0.005750 + 0.306853) / 3 = 0.128245."""
     logps, old, adv, mask = _ratios()
     inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
-    loss, m = grpo.clip(
-        inputs,
-        epsilon=0.2,
-        epsilon_high=0.2,
-        beta=0.1,
-        importance_sampling_level="token",
-        delta=None,
-        bias_correction_kl=False,
-    )
+    loss, m = _run(grpo.clip, inputs, beta=0.1)
     kl = torch.tensor([[0.072132, 0.005750], [0.306853, 0.004401]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.128245, abs=1e-5)
     with pytest.raises(ValueError):
-        grpo.clip(
-            grpo.LossInputs(logps, old, adv, mask),
-            epsilon=0.2,
-            epsilon_high=0.2,
-            beta=0.1,
-            importance_sampling_level="token",
-            delta=None,
-            bias_correction_kl=False,
-        )
+        _run(grpo.clip, grpo.LossInputs(logps, old, adv, mask), beta=0.1)
 
 
 L = torch.tensor([[-1.2, -0.9], [1.6, 2.2]])
@@ -251,15 +233,7 @@ def test_sequence_level_ratio_gspo():
     on both tokens; row 1 (A=-2): only token 0 counts -> r = 0.5 -> min(-1, 0.8 * -2) = -1.6 -> 1.6.
     Clip metrics are per completion: row 1 low-clipped -> low 1/2, high 0, region 1/2."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.clip(
-        grpo.LossInputs(logps, old, adv, mask),
-        epsilon=0.2,
-        epsilon_high=0.2,
-        importance_sampling_level="sequence",
-        beta=0.0,
-        delta=None,
-        bias_correction_kl=False,
-    )
+    loss, m = _run(grpo.clip, grpo.LossInputs(logps, old, adv, mask), importance_sampling_level="sequence")
     r0 = math.sqrt(1.35)
     torch.testing.assert_close(loss, torch.tensor([[-r0, -r0], [1.6, 1.6]]))
     assert m["clip_ratio/low_mean"].item() == pytest.approx(0.5)
@@ -267,15 +241,7 @@ def test_sequence_level_ratio_gspo():
         0.5
     )
     with pytest.raises(KeyError):  # not a level: the config's schema refuses it (tests/unit/test_schema.py)
-        grpo.clip(
-            grpo.LossInputs(logps, old, adv, mask),
-            epsilon=0.2,
-            epsilon_high=0.2,
-            importance_sampling_level="tokens",
-            beta=0.0,
-            delta=None,
-            bias_correction_kl=False,
-        )
+        _run(grpo.clip, grpo.LossInputs(logps, old, adv, mask), importance_sampling_level="tokens")
 
 
 def test_delta_caps_the_ratio_of_negative_advantages():
@@ -288,24 +254,8 @@ def test_delta_caps_the_ratio_of_negative_advantages():
         torch.ones(1, 1),
     )
     inputs = grpo.LossInputs(logps, old, adv, mask)
-    assert grpo.clip(
-        inputs,
-        epsilon=0.2,
-        epsilon_high=0.2,
-        beta=0.0,
-        importance_sampling_level="token",
-        delta=None,
-        bias_correction_kl=False,
-    )[0].item() == pytest.approx(3.0)
-    assert grpo.clip(
-        inputs,
-        epsilon=0.2,
-        epsilon_high=0.2,
-        delta=1.3,
-        beta=0.0,
-        importance_sampling_level="token",
-        bias_correction_kl=False,
-    )[0].item() == pytest.approx(2.6)
+    assert _run(grpo.clip, inputs)[0].item() == pytest.approx(3.0)
+    assert _run(grpo.clip, inputs, delta=1.3)[0].item() == pytest.approx(2.6)
 
 
 def test_kl_bias_correction_multiplies_by_the_ratio():
@@ -313,15 +263,7 @@ def test_kl_bias_correction_multiplies_by_the_ratio():
     = [[0.108198, 0.005175], [0.153427, .]]; metric = (0.108198 + 0.005175 + 0.153427) / 3 = 0.088933."""
     logps, old, adv, mask = _ratios()
     inputs = grpo.LossInputs(logps, old, adv, mask, ref_logps=torch.zeros(2, 2))
-    loss, m = grpo.clip(
-        inputs,
-        epsilon=0.2,
-        epsilon_high=0.2,
-        beta=0.1,
-        bias_correction_kl=True,
-        importance_sampling_level="token",
-        delta=None,
-    )
+    loss, m = _run(grpo.clip, inputs, beta=0.1, bias_correction_kl=True)
     kl = torch.tensor([[0.108198, 0.005175], [0.153427, 0.004401 * 1.1]])
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.9], [1.6, 2.2]]) + 0.1 * kl, atol=1e-5, rtol=0)
     assert m["kl"].item() == pytest.approx(0.088933, abs=1e-5)
@@ -334,15 +276,7 @@ def test_cispo_hand_computed():
     gradient -w A (nothing is cut): [[-1.2, -0.9], [1.0, 2.2]]; cispo_clip_ratio: r=1.5 > 1.2 with A > 0,
     1 of the 3 unmasked tokens."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.cispo(
-        grpo.LossInputs(logps, old, adv, mask),
-        epsilon=0.2,
-        epsilon_high=1.2,
-        beta=0.0,
-        importance_sampling_level="token",
-        delta=None,
-        bias_correction_kl=False,
-    )
+    loss, m = _run(grpo.cispo, grpo.LossInputs(logps, old, adv, mask), epsilon_high=1.2)
     torch.testing.assert_close(
         loss, torch.tensor([[-0.486558, 0.094824], [-0.693147, 0.209682]]), atol=1e-5, rtol=0
     )
@@ -356,16 +290,8 @@ def test_sapo_hand_computed():
     row 0 (A=1):  -4 sig(0.5) = -2.489837;  -4 sig(-0.1) = -1.900083
     row 1 (A=-2): 8/1.05 sig(-0.525) = 2.831877;  8/1.05 sig(0.105) = 4.009340."""
     logps, old, adv, mask = _ratios()
-    loss, m = grpo.sapo(
-        grpo.LossInputs(logps, old, adv, mask),
-        epsilon=0.2,
-        epsilon_high=0.2,
-        temperature_pos=1.0,
-        temperature_neg=1.05,
-        beta=0.0,
-        importance_sampling_level="token",
-        delta=None,
-        bias_correction_kl=False,
+    loss, m = _run(
+        grpo.sapo, grpo.LossInputs(logps, old, adv, mask), temperature_pos=1.0, temperature_neg=1.05
     )
     torch.testing.assert_close(
         loss, torch.tensor([[-2.489837, -1.900083], [2.831877, 4.009340]]), atol=1e-5, rtol=0
