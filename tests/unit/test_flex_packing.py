@@ -15,29 +15,20 @@ import torch
 from datasets import Dataset
 
 from ablate.methods.dpo import DPOConfig, DPOTrainer
-from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
-from ablate.rollouts.generation import left_pad, right_pad
 from ablate.speed import packing
 from ablate.speed.groups import shared_prompt_groups
 from ablate.speed.packing import Documents, packed_inputs, use_packed_attention
 from ablate.speed.pairs import mask_from_segments, plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.speed.plan import SpeedSwitches
 from ablate.speed.split import lm_parts
+from tiny_setups import moved, three_groups, three_groups_trainer
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
     {"prompt": "sort: hgfedcba =", "chosen": " abcdefgh", "rejected": " hg"},
     {"prompt": "s:", "chosen": " cd", "rejected": " dcxyzwvu"},
 ]
-
-
-def _moved(model: Any) -> Any:
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return model
 
 
 def _pairs(tok: Any) -> list[dict[str, list[int]]]:
@@ -72,7 +63,7 @@ def test_the_document_mask_is_the_layouts_mask():
 def _packed_backbone(kernel: str, layout: str, grad: bool) -> tuple[torch.Tensor, torch.Tensor, list, list]:
     """(padded hidden states at the scored positions, the packed kernel's, and both runs' gradients)."""
     tok, model = tiny()
-    model = _moved(model)
+    model = moved(model)
     rows = _pairs(tok)
     if layout == "plain":
         b = plain_pairs(rows, tok.pad_token_id)
@@ -136,7 +127,7 @@ def _dpo(tmp_path: Any, name: str, perf: SpeedSwitches) -> tuple[DPOTrainer, lis
         disable_tqdm=True,
     )
     trainer = DPOTrainer(
-        model=_moved(model),
+        model=moved(model),
         args=args,
         train_dataset=Dataset.from_list(ROWS * 2),
         processing_class=tok,
@@ -173,28 +164,10 @@ def test_dpo_steps_through_the_document_mask_equal_the_plain_path(tmp_path, monk
             )
 
 
-def _grpo_batch(tok: Any) -> dict[str, torch.Tensor]:
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("abc:", "hello there:", "x")]
-    completions = [
-        [70, 71, 72],
-        [73],
-        [80, 81, 82, 83, 84],
-        [90, 91],
-        [74],
-        [75, 76, 77],
-        [78, 79, 80, 81],
-        [92],
-        [93, 94],
-    ]
-    p_ids, p_mask = left_pad([p for p in prompts for _ in range(3)], tok.pad_token_id)
-    c_ids, c_mask = right_pad(completions, tok.pad_token_id)
-    return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
-
-
 def test_grpo_group_segments():
     """Group rows [prompt | c_1 | c_2 | ...]: segment 0 on the prompt, k on the group's k-th completion."""
     tok, _ = tiny()
-    b = _grpo_batch(tok)
+    b = three_groups(tok)
     g = shared_prompt_groups(
         b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"], tok.pad_token_id
     )
@@ -207,24 +180,9 @@ def test_grpo_group_rows_through_the_document_mask_equal_row_per_completion(tmp_
     """Log-probs and entropies of the packed group rows (each prompt once, its completions never seeing
     each other through `Documents`) equal TRL's layout; with "dense" the gradients too (flex: no grad)."""
     tok, model = tiny()
-    model = _moved(model)
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=9,
-        num_generations=3,
-        max_completion_length=5,
-        temperature=0.7,
-        report_to="none",
-        use_cpu=True,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 3}),
-        processing_class=tok,
-        reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
-    )
-    batch = _grpo_batch(tok)
+    model = moved(model)
+    trainer = three_groups_trainer(tmp_path, tok, model)
+    batch = three_groups(tok)
     mask = batch["completion_mask"]
     weight = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3))
 

@@ -17,10 +17,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
-from ablate.rollouts.generation import left_pad, right_pad
+from ablate.rollouts.generation import left_pad
 from ablate.speed import packing, scoring
 from ablate.speed.groups import prompt_groups, shared_prompt_groups
 from ablate.speed.plan import SpeedSwitches
+from tiny_setups import moved, three_groups, three_groups_trainer
 
 
 def test_shared_prompt_groups_layout():
@@ -67,15 +68,6 @@ def test_groups_are_runs_of_equal_prompts_of_any_size():
     assert prompt_groups(p_ids, p_mask) == [[0, 1, 2], [3], [4]]
 
 
-def _moved(model: Any) -> Any:
-    """Weights moved away from init so that log-probs are not near-uniform (then any error shows)."""
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return model
-
-
 def _model(arch: str) -> tuple[Any, Any]:
     tok, model = tiny()
     if arch == "qwen2":  # grouped-query attention
@@ -91,7 +83,7 @@ def _model(arch: str) -> tuple[Any, Any]:
                 tie_word_embeddings=False,
             )
         )
-    model = _moved(model)
+    model = moved(model)
     if arch == "llama_eager":
         model.set_attn_implementation("eager")
     if arch.startswith("llama_lora"):  # llama_lora_head: a LoRA head, so the model's own forward scores
@@ -103,46 +95,9 @@ def _model(arch: str) -> tuple[Any, Any]:
 def _batch(tok: Any) -> dict[str, torch.Tensor]:
     """3 groups of 3 (prompts of 4, 12 and 1 tokens: left padding), completions of 1 to 5 tokens
     (right padding), one fully masked (a truncated completion under mask_truncated_completions)."""
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("abc:", "hello there:", "x")]
-    completions = [
-        [70, 71, 72],
-        [73],
-        [80, 81, 82, 83, 84],
-        [90, 91],
-        [74],
-        [75, 76, 77],
-        [78, 79, 80, 81],
-        [92],
-        [93, 94],
-    ]
-    p_ids, p_mask = left_pad([p for p in prompts for _ in range(3)], tok.pad_token_id)
-    c_ids, c_mask = right_pad(completions, tok.pad_token_id)
-    c_mask[5] = 0
-    return {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask}
-
-
-def _trainer(tmp_path: Any, tok: Any, model: Any, **kw: Any) -> GRPOTrainer:
-    args = GRPOConfig(
-        **(
-            dict(
-                output_dir=str(tmp_path),
-                per_device_train_batch_size=9,
-                num_generations=3,
-                max_completion_length=5,
-                temperature=0.7,
-                report_to="none",
-                use_cpu=True,
-            )
-            | kw
-        )
-    )
-    return GRPOTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 3}),
-        processing_class=tok,
-        reward_funcs={"zero": lambda completions, **_: [0.0] * len(completions)},
-    )
+    batch = three_groups(tok)
+    batch["completion_mask"][5] = 0
+    return batch
 
 
 @pytest.mark.parametrize(
@@ -158,7 +113,7 @@ def test_shared_prompt_logps_equal_row_per_completion(tmp_path, monkeypatch, arc
     if long:
         monkeypatch.setattr(packing, "EAGER_MAX_SCORES", 0)  # every row "long"
     tok, model = _model(arch)
-    trainer = _trainer(tmp_path, tok, model)
+    trainer = three_groups_trainer(tmp_path, tok, model)
     batch = _batch(tok)
     mask = batch["completion_mask"]
     weight = torch.randn(
@@ -216,12 +171,12 @@ def test_falls_back_to_rows_for_other_models(tmp_path, monkeypatch):
     monkeypatch.setattr(scoring, "shared_prompt_logps", lambda *a, **k: calls.append(1) or shared(*a, **k))
     tok, model = tiny()
     model.config.model_type = "somethingelse"
-    trainer = _trainer(tmp_path, tok, model)
+    trainer = three_groups_trainer(tmp_path, tok, model)
     assert not trainer.speed_plan.on("grpo_group_rows") and trainer.perf.grpo_group_rows  # requested, off
     trainer._token_logps(model, _batch(tok))
     assert not calls
     tok, model = tiny()
-    trainer = _trainer(tmp_path, tok, model)
+    trainer = three_groups_trainer(tmp_path, tok, model)
     batch = _batch(tok)
     trainer._token_logps(model, batch)
     assert calls == [1] and trainer.speed_plan.on("grpo_group_rows")  # on by default
@@ -234,7 +189,7 @@ def test_falls_back_to_rows_for_other_models(tmp_path, monkeypatch):
 def _train(tmp_path: Any, name: str, **kw: Any) -> list[dict[str, float]]:
     """4 optimizer steps of GRPO on the tiny model; 40 stop ids so completions end at different lengths."""
     tok, model = tiny()
-    model = _moved(model)
+    model = moved(model)
     model.generation_config.eos_token_id = list(range(60, 100))
     data = Dataset.from_dict({"prompt": ["abc:", "hello there:", "x", "sort: zyx ="]})
     group_rows = kw.pop("group_rows")
