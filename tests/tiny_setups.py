@@ -1,5 +1,5 @@
-"""What several test files build the same way: a model moved off its initial weights, and a batch of three
-groups of three completions with the GRPO trainer that scores it.
+"""What several test files build the same way: a model moved off its initial weights, a tiny GRPO run's
+config and prompts, and a batch of three groups of three completions.
 
 A module the tests import (`from tiny_setups import ...`: tests/ is on their path, as for
 tests/conftest.py), heavy imports inside the functions so that importing it costs nothing.
@@ -23,6 +23,34 @@ def moved(model: Any, seed: int = 1, scale: float = 0.05) -> Any:
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g))
     return model
+
+
+def grpo_config(path: Path, **overrides: Any) -> Any:
+    """The GRPOConfig of a tiny GRPO run writing under `path`/out: groups of 2, 4 completions per micro-step
+    of up to 4 tokens, every step logged, nothing saved, seed 0, on the CPU; `overrides` replace or add
+    arguments."""
+    from ablate.methods.grpo import GRPOConfig
+
+    kw = dict(
+        output_dir=str(path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+    )
+    return GRPOConfig(**(kw | overrides))
+
+
+def numbered_prompts(n: int) -> Any:
+    """A dataset of n distinct prompts p00, p01, ... (a test reads which ones a round or a step took)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(n)]})
 
 
 def three_groups(tok: Any) -> dict[str, Any]:

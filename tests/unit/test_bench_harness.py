@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from tiny_setups import grpo_config, numbered_prompts
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import harness  # noqa: E402
@@ -215,13 +216,12 @@ def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path, monkeypatch) ->
     exclude generation and no-grad scoring; the head (ablate's fused one) projects each sampled token
     once per step."""
     import torch
-    from datasets import Dataset
 
     from ablate.speed import head
 
     monkeypatch.setattr(head, "HeadLogps", head.HeadLogps)  # restored after (watch wraps it)
 
-    from ablate.methods.grpo import GRPOConfig, GRPOTrainer
+    from ablate.methods.grpo import GRPOTrainer
     from ablate.models import tiny
 
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
@@ -231,25 +231,10 @@ def test_grpo_hw_count_is_training_forwards_only(tmp_path: Path, monkeypatch) ->
     model.get_input_embeddings().register_forward_pre_hook(
         lambda m, inputs: every.__setitem__("tokens", every["tokens"] + inputs[0].numel())
     )
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        steps_per_generation=2,
-        max_completion_length=4,
-        max_steps=2,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=0,
-        use_cpu=True,
-    )
-    data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(8)]})
     trainer = GRPOTrainer(
         model=model,
-        args=args,
-        train_dataset=data,
+        args=grpo_config(tmp_path, steps_per_generation=2, max_steps=2),
+        train_dataset=numbered_prompts(8),
         processing_class=tok,
         reward_funcs={"len": lambda completions, **_: [float(len(c)) for c in completions]},
         callbacks=[rec],

@@ -24,6 +24,7 @@ from ablate.models import tiny
 from ablate.rollouts.ahead import AHEAD_ROUNDS, AheadRounds, round_seed
 from ablate.rollouts.geometry import batch_geometry
 from ablate.rollouts.schedule import Schedule
+from tiny_setups import grpo_config, numbered_prompts
 
 
 @pytest.fixture(autouse=True)
@@ -66,28 +67,11 @@ def _trainer(path: Path, cls: type = GRPOTrainer, **overrides: Any) -> GRPOTrain
     generator draws from torch's RNG), constant lr high enough that every step moves the policy."""
     torch.manual_seed(0)
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    kw = dict(
-        output_dir=str(path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        steps_per_generation=1,
-        max_completion_length=4,
-        max_steps=6,
-        learning_rate=3e-2,
-        lr_scheduler_type="constant",
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=0,
-        use_cpu=True,
-    )
-    kw.update(overrides)
-    data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(16)]})
+    kw = dict(steps_per_generation=1, max_steps=6, learning_rate=3e-2, lr_scheduler_type="constant")
     trainer = cls(
         model=model,
-        args=GRPOConfig(**kw),
-        train_dataset=data,
+        args=grpo_config(path, **(kw | overrides)),
+        train_dataset=numbered_prompts(16),
         processing_class=tok,
         reward_funcs={"ids": id_reward},
     )

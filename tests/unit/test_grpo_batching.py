@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from datasets import Dataset
 
 from ablate.errors import ConfigError
 from ablate.losses.logps import selective_log_softmax
@@ -16,6 +15,7 @@ from ablate.methods.grpo import GRPOConfig, GRPOTrainer, RepeatSampler
 from ablate.models import tiny
 from ablate.rollouts.generation import HFGenerator, cut_at_eos, stop_ids
 from ablate.rollouts.schedule import Schedule
+from tiny_setups import grpo_config, numbered_prompts
 
 N_PROMPTS = 16
 
@@ -55,28 +55,11 @@ def length_reward(prompts: list[str], completions: list[str], **_: Any) -> list[
 def _trainer(tmp_path: Path, generator: Any = None, **overrides: Any) -> tuple[GRPOTrainer, list[dict]]:
     """A GRPOTrainer on 16 distinct prompts p00..p15; records the prompts of each micro-step's slice."""
     tok, model = tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        steps_per_generation=4,
-        max_completion_length=4,
-        max_steps=8,
-        learning_rate=1e-3,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=0,
-        use_cpu=True,
-    )
-    kw.update(overrides)
-    args = GRPOConfig(**kw)
-    data = Dataset.from_dict({"prompt": [f"p{i:02d}" for i in range(N_PROMPTS)]})
+    kw = dict(steps_per_generation=4, max_steps=8, learning_rate=1e-3)
     trainer = GRPOTrainer(
         model=model,
-        args=args,
-        train_dataset=data,
+        args=grpo_config(tmp_path, **(kw | overrides)),
+        train_dataset=numbered_prompts(N_PROMPTS),
         processing_class=tok,
         reward_funcs={"length": length_reward},
         generator=generator or FakeGenerator(tok),
