@@ -1,5 +1,5 @@
-"""What several test files build the same way: a model moved off its initial weights, a tiny GRPO run's
-config and prompts, and a batch of three groups of three completions.
+"""What several test files build the same way: a model moved off its initial weights, a tiny DPO or GRPO
+run's config (and GRPO's prompts), and a batch of three groups of three completions.
 
 A module the tests import (`from tiny_setups import ...`: tests/ is on their path, as for
 tests/conftest.py), heavy imports inside the functions so that importing it costs nothing.
@@ -7,22 +7,41 @@ tests/conftest.py), heavy imports inside the functions so that importing it cost
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 
 def moved(model: Any, seed: int = 1, scale: float = 0.05) -> Any:
-    """A copy of `model`, each weight plus scale * N(0, 1) (seeded): log-probs away from the near-uniform
-    ones of the initial weights (where any error would hide), log-ratios to `model` not 0."""
+    """`model` with each weight plus scale * N(0, 1) (seeded), in place: log-probs away from the near-uniform
+    ones of the initial weights (where any error would hide), every gradient nonzero; moved from a copy of
+    a reference, log-ratios to it not 0."""
     import torch
 
-    model = copy.deepcopy(model)
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed)
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g))
     return model
+
+
+def dpo_config(path: Path, **overrides: Any) -> Any:
+    """The DPOConfig of three tiny DPO optimizer steps writing in `path`: 3 pairs a step, lr 1e-3, beta 0.3,
+    every step logged, nothing saved, on the CPU; `overrides` replace or add arguments."""
+    from ablate.methods.dpo import DPOConfig
+
+    kw = dict(
+        output_dir=str(path),
+        per_device_train_batch_size=3,
+        report_to="none",
+        use_cpu=True,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        beta=0.3,
+        disable_tqdm=True,
+    )
+    return DPOConfig(**(kw | overrides))
 
 
 def grpo_config(path: Path, **overrides: Any) -> Any:

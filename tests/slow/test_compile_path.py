@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from datasets import Dataset
 
-from ablate.methods.dpo import DPOConfig, DPOTrainer
+from ablate.methods.dpo import DPOTrainer
 from ablate.models import tiny
 from ablate.speed.plan import SpeedSwitches
+from tiny_setups import dpo_config
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +23,7 @@ ROWS = [
 
 def _losses(tmp_path, name: str, perf: SpeedSwitches) -> tuple[list[float], DPOTrainer]:
     tok, model = tiny()
-    args = DPOConfig(
-        output_dir=str(tmp_path / name),
-        per_device_train_batch_size=3,
-        report_to="none",
-        use_cpu=True,
-        max_steps=3,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        beta=0.3,
-        disable_tqdm=True,
-    )
+    args = dpo_config(tmp_path / name)
     trainer = DPOTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok, perf=perf
     )

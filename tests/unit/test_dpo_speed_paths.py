@@ -17,7 +17,7 @@ from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ablate.losses.logps import per_sequence, sequence_logps, token_logps
-from ablate.methods.dpo import DPOConfig, DPOTrainer
+from ablate.methods.dpo import DPOTrainer
 from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
 from ablate.speed.head import completion_logps
@@ -25,6 +25,7 @@ from ablate.speed.packing import packed_inputs, takes_packed, use_packed_attenti
 from ablate.speed.pairs import plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.speed.plan import SpeedSwitches
 from ablate.speed.split import lm_parts, takes_custom_mask
+from tiny_setups import dpo_config, moved
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -47,15 +48,6 @@ METRICS = (
     "mean_token_accuracy",
     "num_tokens",
 )
-
-
-def _moved(model):
-    """Weights moved away from init so that log-probs are not near-uniform (then any error shows)."""
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return model
 
 
 def _rows(tok):
@@ -114,7 +106,7 @@ def _qwen2():
 def test_completion_logps_equal_full_logits(arch, chunk_elements):
     """Per-sequence log-probs and every gradient equal the plain path's (full logits, token_logps)."""
     tok, llama = tiny()
-    model = _moved(_qwen2() if arch == "qwen2" else llama)
+    model = moved(_qwen2() if arch == "qwen2" else llama)
     if arch == "llama_lora":
         model = with_adapters(model, lora(r=4, lora_alpha=8, lora_dropout=0.0))
     batch = plain_pairs(_rows(tok), tok.pad_token_id)
@@ -157,21 +149,9 @@ def test_no_split_for_a_lora_head_or_unknown_models():
 
 def _train(tmp_path, name, steps=3, attn="sdpa", lean_layers=True, **speed):
     tok, model = tiny()
-    model = _moved(model)
+    model = moved(model)
     model.set_attn_implementation(attn)
-    args = DPOConfig(
-        output_dir=str(tmp_path / name),
-        per_device_train_batch_size=3,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        max_steps=steps,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        beta=0.3,
-        disable_tqdm=True,
-    )
+    args = dpo_config(tmp_path / name, bf16=False, max_steps=steps)
     trainer = DPOTrainer(
         model=model,
         args=args,
@@ -246,7 +226,7 @@ def test_packed_forward_equals_padded(arch, layout):
     """The packed row's hidden states at every real token, and every gradient, equal the padded
     batch's; only the real tokens (sum of row lengths, no padding) pass through the projections."""
     tok, llama = tiny()
-    model = _moved(_qwen2() if arch == "qwen2" else llama)
+    model = moved(_qwen2() if arch == "qwen2" else llama)
     if arch == "llama_lora":
         model = with_adapters(model, lora(r=4, lora_alpha=8, lora_dropout=0.0))
     rows = _rows(tok)
@@ -356,7 +336,7 @@ def test_packed_bf16_autocast_runs_eager_with_sdpa_precision(arch, monkeypatch):
     eager = packing.eager_attention_forward
     monkeypatch.setattr(packing, "eager_attention_forward", lambda *a, **k: calls.append(1) or eager(*a, **k))
     tok, llama = tiny()
-    model = _moved(_qwen2() if arch == "qwen2" else llama)
+    model = moved(_qwen2() if arch == "qwen2" else llama)
     b = shared_prompt_pairs(_rows(tok), tok.pad_token_id)
     inputs = {k: b[k] for k in ("input_ids", "position_ids", "attention_mask")}
     backbone, _ = lm_parts(model)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from ablate.methods.dpo import DPOConfig, DPOTrainer
+from ablate.methods.dpo import DPOTrainer
 from ablate.models import tiny
 from ablate.speed import packing
 from ablate.speed.groups import shared_prompt_groups
@@ -22,7 +22,7 @@ from ablate.speed.packing import Documents, packed_inputs, use_packed_attention
 from ablate.speed.pairs import mask_from_segments, plain_pairs, plain_targets, shared_prompt_pairs
 from ablate.speed.plan import SpeedSwitches
 from ablate.speed.split import lm_parts
-from tiny_setups import moved, three_groups, three_groups_trainer
+from tiny_setups import dpo_config, moved, three_groups, three_groups_trainer
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -114,18 +114,7 @@ def test_dense_document_mask_forward_and_gradients_equal_padded(layout):
 
 def _dpo(tmp_path: Any, name: str, perf: SpeedSwitches) -> tuple[DPOTrainer, list[dict]]:
     tok, model = tiny()
-    args = DPOConfig(
-        output_dir=str(tmp_path / name),
-        per_device_train_batch_size=3,
-        report_to="none",
-        use_cpu=True,
-        max_steps=3,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        beta=0.3,
-        disable_tqdm=True,
-    )
+    args = dpo_config(tmp_path / name)
     trainer = DPOTrainer(
         model=moved(model),
         args=args,

@@ -31,18 +31,10 @@ from ablate.models import tiny
 from ablate.models.adapters import lora, with_adapters
 from ablate.speed.lean import RMSNormFunction, SiluMulFunction, SiluMulLinearFunction, make_lean
 from ablate.speed.plan import SpeedSwitches, Setting, apply, resolve
+from tiny_setups import moved
 
 H, I, LAYERS, VOCAB = 64, 256, 2, 300
 FP32_RTOL = 1e-5  # float32 rounding of a reordered sum, on any CPU's kernels (module docstring)
-
-
-def _moved(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights (norm weights and LoRA B included) moved away from init, so every gradient is nonzero."""
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return model
 
 
 def _model(arch: str, **extra: object) -> torch.nn.Module:
@@ -57,12 +49,12 @@ def _model(arch: str, **extra: object) -> torch.nn.Module:
         **extra,
     )
     if arch == "llama":
-        return _moved(LlamaForCausalLM(LlamaConfig(**common)))
+        return moved(LlamaForCausalLM(LlamaConfig(**common)))
     if arch == "mistral":
-        return _moved(MistralForCausalLM(MistralConfig(**common)))
+        return moved(MistralForCausalLM(MistralConfig(**common)))
     if arch == "qwen3":
-        return _moved(Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)))
-    return _moved(Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False)))
+        return moved(Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)))
+    return moved(Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False)))
 
 
 def _pair(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -178,7 +170,7 @@ def test_lora_on_the_mlp_projections_trains_the_same():
         if lean:
             assert make_lean(base) == 3 * LAYERS + 1
         models.append(
-            _moved(
+            moved(
                 with_adapters(
                     base,
                     lora(
