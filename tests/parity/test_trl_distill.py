@@ -20,8 +20,16 @@ trl = pytest.importorskip("trl")
 
 from ablate.methods.distill import DistillConfig, DistillTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from parity_steps import SGD_STEPS, train_both  # noqa: E402
 
 TEXTS = ["aab", "bcaaa", "ccc", "abab a"]
+# the completion lengths both trainers log (with a whole round's completions, not a micro-batch's)
+LENGTHS = (
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/max_terminated_length",
+)
 
 
 def _pair(tmp_path, beta, accumulation=1):
@@ -36,15 +44,8 @@ def _pair(tmp_path, beta, accumulation=1):
         max_completion_length=8,
         temperature=0.7,
         beta=beta,
-        optim="sgd",
-        learning_rate=1.0,
         max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
+        **SGD_STEPS,
     )
     theirs = trl.DistillationTrainer(
         model=copy.deepcopy(student),
@@ -73,27 +74,7 @@ def _fixed(fixed, prompt_ids):
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0], ids=["forward-kl", "jsd", "reverse-kl"])
 def test_per_step_loss_matches_trl(tmp_path, beta):
     theirs, ours = _pair(tmp_path, beta)
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 3
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in (
-            "loss",
-            "entropy",
-            "completions/mean_length",
-            "completions/clipped_ratio",
-            "completions/mean_terminated_length",
-            "completions/min_terminated_length",
-            "completions/max_terminated_length",
-        ):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    steps_ours = train_both(theirs, ours, 3, ("entropy", *LENGTHS, "completions/min_terminated_length"))
     assert steps_ours[0]["loss"] > steps_ours[-1]["loss"]  # the student moved towards the teacher
 
 
@@ -103,23 +84,5 @@ def test_accumulated_loss_matches_trl(tmp_path):
     window's tokens / 2 and Trainer by 2: the same loss per step, and the same updates (steps 2 and 3 start
     from them). TRL shuffles the round before slicing it, so a per-micro-batch mean (entropy) is not compared."""
     theirs, ours = _pair(tmp_path, 0.5, accumulation=2)
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 3
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in (
-            "loss",
-            "completions/mean_length",
-            "completions/clipped_ratio",
-            "completions/mean_terminated_length",
-            "completions/max_terminated_length",
-        ):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    steps_ours = train_both(theirs, ours, 3, LENGTHS)
     assert steps_ours[0]["loss"] > steps_ours[-1]["loss"]

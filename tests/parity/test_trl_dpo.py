@@ -20,6 +20,8 @@ from ablate.losses import dpo as dpo_losses  # noqa: E402
 from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 from ablate.speed.plan import SpeedSwitches  # noqa: E402
+from parity_steps import STEPS, train_both  # noqa: E402
+from tiny_setups import moved  # noqa: E402
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -76,12 +78,8 @@ LOSSES = [
 
 def _models():
     tok, ref = tiny()
-    policy = copy.deepcopy(ref)
-    with torch.no_grad():  # move the policy away from the reference so the loss is not log 2
-        g = torch.Generator().manual_seed(1)
-        for p in policy.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return tok, policy, ref
+    # the policy away from the reference: the loss is not log 2
+    return tok, moved(copy.deepcopy(ref), seed=1), ref
 
 
 def _pair(tmp_path, loss_type, trl_extra, loss, **common):
@@ -126,31 +124,8 @@ def _params() -> list:
 @pytest.mark.parametrize("loss_type,trl_extra,loss", _params())
 def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, trl_extra, loss):
     """Two optimizer steps (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
-    theirs, ours = _pair(
-        tmp_path,
-        loss_type,
-        trl_extra,
-        loss,
-        learning_rate=1e-3,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 2
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", *METRICS):
-            # 1e-5, relative above 1: float32 keeps ~7 digits (sppo_hard's loss is ~15)
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    theirs, ours = _pair(tmp_path, loss_type, trl_extra, loss, max_steps=2, **STEPS)
+    steps_ours = train_both(theirs, ours, 2, METRICS)  # relative above 1: sppo_hard's loss is ~15
     assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the policy moved between the two steps
 
 

@@ -23,6 +23,7 @@ from ablate.losses import grpo as grpo_losses  # noqa: E402
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 from ablate.rollouts.buffer import Rollout  # noqa: E402
+from tiny_setups import moved  # noqa: E402
 
 LOSSES = {
     "grpo": grpo_losses.grpo,
@@ -70,15 +71,6 @@ def _batch(tok, old_model, ref_model) -> dict[str, torch.Tensor]:
     return batch
 
 
-def _perturbed(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Module:
-    model = copy.deepcopy(model)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(seed)
-        for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return model
-
-
 # TRL's loss_type -> ablate's (objective, aggregation)
 SAPO = {  # TRL's temperatures, as conf/method/grpo_objective/sapo.yaml sets them
     f"temperature_{s}": trl.GRPOConfig.__dataclass_fields__[f"sapo_temperature_{s}"].default
@@ -112,7 +104,7 @@ def test_grpo_loss_matches_trl(tmp_path, loss_type, level, beta, delta):
     else:
         common_eps = {}
     tok, policy = tiny()
-    old, ref = _perturbed(policy, 1, 0.02), _perturbed(policy, 2, 0.02)
+    old, ref = moved(copy.deepcopy(policy), 1, 0.02), moved(copy.deepcopy(policy), 2, 0.02)
     b = _batch(tok, old, ref)
     ds = Dataset.from_list([{"prompt": "ab:"}] * 4)
     common = (

@@ -21,6 +21,8 @@ from ablate.data.unpaired import unpair  # noqa: E402
 from ablate.losses import kto as kto_losses  # noqa: E402
 from ablate.methods.kto import KTOConfig, KTOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from parity_steps import STEPS, train_both  # noqa: E402
+from tiny_setups import moved  # noqa: E402
 
 PAIRS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -45,12 +47,8 @@ LOSSES = {"kto": kto_losses.kto, "apo_zero_unpaired": kto_losses.apo_zero_unpair
 
 def _models():
     tok, ref = tiny()
-    policy = copy.deepcopy(ref)
-    with torch.no_grad():  # move the policy away from the reference: log-ratios not 0, a KL estimate above 0
-        g = torch.Generator().manual_seed(4)
-        for p in policy.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return tok, policy, ref
+    # the policy away from the reference: log-ratios not 0, a KL estimate above 0
+    return tok, moved(copy.deepcopy(ref), seed=4), ref
 
 
 def _pair(tmp_path, loss_type, precompute, **common):
@@ -97,32 +95,8 @@ def _pair(tmp_path, loss_type, precompute, **common):
 @pytest.mark.parametrize("loss_type,precompute", [("kto", True), ("kto", False), ("apo_zero_unpaired", True)])
 def test_per_step_loss_and_metrics_match_trl(tmp_path, loss_type, precompute):
     """Two optimizer steps of 4 examples (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
-    theirs, ours = _pair(
-        tmp_path,
-        loss_type,
-        precompute,
-        learning_rate=1e-3,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 2
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", *METRICS):
-            if name not in b:  # a batch of one label has no margin
-                assert name not in a, name
-                continue
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    theirs, ours = _pair(tmp_path, loss_type, precompute, max_steps=2, **STEPS)
+    steps_ours = train_both(theirs, ours, 2, METRICS, optional=True)
     assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the policy moved between the two steps
     if loss_type == "kto":
         assert steps_ours[0]["kl"] > 0  # the reference point is exercised (else z0 = 0 proves little)

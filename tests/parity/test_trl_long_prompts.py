@@ -27,6 +27,7 @@ from ablate.methods.distill import DistillConfig, DistillTrainer  # noqa: E402
 from ablate.methods.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from ablate.methods.rloo_config import RLOOConfig  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from parity_steps import SGD_STEPS, train_both  # noqa: E402
 
 PROMPT = "sort: " + "abc" * 200  # 606 tokens of the byte tokenizer
 G = 4
@@ -39,18 +40,7 @@ COMPLETIONS = (
     "completions/min_terminated_length",
     "completions/max_terminated_length",
 )
-COMMON = dict(
-    max_completion_length=8,
-    optim="sgd",
-    learning_rate=1.0,
-    max_steps=3,
-    logging_steps=1,
-    save_strategy="no",
-    disable_tqdm=True,
-    report_to="none",
-    use_cpu=True,
-    bf16=False,
-)
+COMMON = dict(max_completion_length=8, max_steps=3, **SGD_STEPS)
 
 
 def letter_a(completions: list, **kwargs: object) -> list[float]:
@@ -161,20 +151,7 @@ def test_long_prompts_train_as_in_trl(tmp_path, method):
     theirs, ours = make(tmp_path)
     assert ours.args.max_prompt_length is None  # the default: whole prompts
     assert len(ours.train_dataset[0]["prompt_ids"]) == 606 > 512
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 3
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", "entropy", *COMPLETIONS, *extra):
-            assert name in a and name in b, (a["step"], name)
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    steps_ours = train_both(theirs, ours, 3, ("entropy", *COMPLETIONS, *extra))
     # the fixture exercises what it compares: some completions end with EOS (lengths 4 and 4), some do not
     assert (
         steps_ours[0]["completions/mean_terminated_length"] == 4.0

@@ -22,6 +22,7 @@ cpo_trl = pytest.importorskip("trl.experimental.cpo")
 from ablate.losses import reference_free as rf  # noqa: E402
 from ablate.methods.dpo import DPOConfig, DPOTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from parity_steps import STEPS, train_both  # noqa: E402
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac"},
@@ -130,11 +131,8 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, case):
         beta=0.3,
         use_cpu=True,
         bf16=False,
-        learning_rate=1e-3,
         max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
+        **STEPS,
         gradient_checkpointing=False,
         max_length=512,
     )
@@ -154,17 +152,5 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, case):
     assert (
         ours.ref_model is None and "ref_chosen_logps" not in ours.train_dataset.column_names
     )  # no reference
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 3
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", *metrics):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    steps_ours = train_both(theirs, ours, 3, metrics)
     assert steps_ours[0]["loss"] != steps_ours[2]["loss"]  # the policy moved

@@ -16,6 +16,7 @@ trl = pytest.importorskip("trl")
 from ablate.methods.reward import RewardConfig, RewardTrainer  # noqa: E402
 from ablate.models import tiny  # noqa: E402
 from ablate.models.heads import score_head  # noqa: E402
+from parity_steps import STEPS, train_both  # noqa: E402
 
 ROWS = [
     {"prompt": "sort: cba =", "chosen": " abc", "rejected": " bac", "margin": 0.5},
@@ -66,29 +67,8 @@ def _pair(tmp_path, rows, coefficient, **common):
 def test_per_step_loss_and_metrics_match_trl(tmp_path, margin, coefficient):
     """Two optimizer steps (AdamW, lr 1e-3: step 2 runs on moved weights), logged every step."""
     rows = ROWS if margin else [{k: v for k, v in r.items() if k != "margin"} for r in ROWS]
-    theirs, ours = _pair(
-        tmp_path,
-        rows,
-        coefficient,
-        learning_rate=1e-3,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    theirs.train()
-    ours.train()
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 2
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", *METRICS):
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
+    theirs, ours = _pair(tmp_path, rows, coefficient, max_steps=2, **STEPS)
+    steps_ours = train_both(theirs, ours, 2, METRICS)
     assert steps_ours[0]["loss"] != steps_ours[1]["loss"]  # the model moved between the two steps
 
 

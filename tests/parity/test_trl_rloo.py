@@ -25,6 +25,7 @@ from ablate.losses import rloo  # noqa: E402
 from ablate.methods.grpo import GRPOTrainer  # noqa: E402
 from ablate.methods.rloo_config import RLOOConfig  # noqa: E402
 from ablate.models import tiny  # noqa: E402
+from parity_steps import SGD_STEPS, train_both  # noqa: E402
 
 G = 4
 METRICS = (
@@ -71,16 +72,9 @@ def _pair(tmp_path, beta, normalize, clip_range):
         num_generations=G,
         max_completion_length=8,
         num_iterations=2,
-        optim="sgd",
-        learning_rate=1.0,
         max_steps=4,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
         epsilon=0.1,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
+        **SGD_STEPS,
         normalize_advantages=normalize,
         reward_clip_range=clip_range,
     )
@@ -139,25 +133,10 @@ def test_per_step_loss_and_metrics_match_trl(tmp_path, beta, normalize, clip_ran
         return out
 
     theirs._generate_and_score_completions, ours._generate_and_score = keep_theirs, keep_ours
-    theirs.train()
-    ours.train()
+    steps_ours = train_both(theirs, ours, 4, (*METRICS, *(("kl",) if beta else ())), optional=True)
     assert len(rounds_theirs) == len(rounds_ours) == 2
     for a, b in zip(rounds_ours, rounds_theirs):
         torch.testing.assert_close(a.sort().values, b.sort().values, rtol=0, atol=1e-5)
-    steps_theirs = [e for e in theirs.state.log_history if "loss" in e]
-    steps_ours = [e for e in ours.state.log_history if "loss" in e]
-    assert len(steps_theirs) == len(steps_ours) == 4
-    for a, b in zip(steps_ours, steps_theirs):
-        for name in ("loss", *METRICS, *(("kl",) if beta else ())):
-            assert (name in a) == (name in b), (a["step"], name, "logged by one side only")
-            if name not in b:  # a round's metrics are logged at the step that generates it
-                continue
-            assert abs(a[name] - b[name]) <= 1e-5 * max(1.0, abs(b[name])), (
-                a["step"],
-                name,
-                a[name],
-                b[name],
-            )
     assert any(abs(e["loss"]) > 1e-4 for e in steps_ours)  # the second passes train off-policy: ratio != 1
     if beta:
         assert [e["kl"] for e in steps_ours if "kl" in e][
