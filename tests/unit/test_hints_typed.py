@@ -74,10 +74,19 @@ def test_a_refused_override_of_the_command_itself_is_named():
 
     register_resolvers()
     for overrides, says in [
-        (["method=dpo", "method/rollouts=vllm_server"], "method/rollouts=vllm_server: this config has no config "),
-        (["+seed=3"], "+seed: seed is already a key of this config (its default is declared): set it without the +, "),
+        (
+            ["method=dpo", "method/rollouts=vllm_server"],
+            "method/rollouts=vllm_server: this config has no config ",
+        ),
+        (
+            ["+seed=3"],
+            "+seed: seed is already a key of this config (its default is declared): set it without the +, ",
+        ),
         (["method.args.beta=abc"], "method.args.beta=abc: must be a number > 0"),
-        (["method=grpo", "data.reward_funcs=[m.f]"], "add yours, +data.reward_funcs.f=m.f, or replace them all"),
+        (
+            ["method=grpo", "data.reward_funcs=[m.f]"],
+            "add yours, +data.reward_funcs.f=m.f, or replace them all",
+        ),
     ]:
         GlobalHydra.instance().clear()
         with pytest.raises(Exception) as e, initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):

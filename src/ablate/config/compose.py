@@ -214,3 +214,13 @@ def data_or_default(key: str, _parent_: Any, _root_: Any) -> Any:
     if f is None:
         return None
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def function_node(fn: Any) -> Any:
+    """A user's function (`- /schema@_here_: my_losses.margin_sigmoid`, a loss with a setting of its own) as
+    Hydra composes it: a typed node of its keyword settings, whose defaults are the function's own (its
+    one source) and whose checks are its annotations' (`margin: Annotated[float, Ge(0)] = 0.5`), `_target_`
+    the function, `_partial_` true (the trainer calls it with the rest). Served by ablate_schemas."""
+    from ablate.schema import from_signature
+
+    return node(from_signature(fn))

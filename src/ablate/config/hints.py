@@ -216,11 +216,8 @@ def _parsed(overrides: list[str]) -> list[Any]:
 
 
 def _text(o: Any) -> str:
-    """An override's value as written on the command line (`[a.b]`, `false`), a sweep's as its list."""
-    if o.is_sweep_override():
-        return str(o.input_line).partition("=")[2]
-    value = o.value()
-    return str(o.get_value_element_as_str()) if isinstance(value, dict) else show(value)
+    """An override's value as the user wrote it (`[a.b]`, `1e-3`)."""
+    return str(o.input_line).partition("=")[2]
 
 
 def _override_of(given: list[Any], key: str) -> Any:
