@@ -117,6 +117,8 @@ class Schema:
     targets: ClassVar[tuple[str, ...]] = ()
     partial: ClassVar[bool | None] = None  # Hydra's `_partial_` for its node (a function called later)
     recursive: ClassVar[bool | None] = None  # Hydra's `_recursive_` for its node
+    # fields whose default is the data's value where the data node has that key (ablate.config.compose.node)
+    from_data: ClassVar[tuple[str, ...]] = ()
     declared: ClassVar[list[type[Schema]]] = []  # every schema of ablate's (a user's subclass declares none)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
