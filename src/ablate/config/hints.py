@@ -183,7 +183,9 @@ def one_line(e: BaseException, overrides: list[str] | None = None) -> str | None
         line = _merge_mismatch(omega, given)
         if line is not None:
             return line
-    if isinstance(omega, (ConfigAttributeError, ConfigKeyError)):  # a key the node does not declare
+    if isinstance(omega, (ConfigAttributeError, ConfigKeyError)) and (
+        isinstance(e, ConfigCompositionException) or _schema_of(omega) is not None
+    ):  # a key the node does not declare, in an override or a config file
         return _unknown_key(omega, given, overrides)
     if isinstance(e, ConfigCompositionException) and omega is None:
         line = _already_declared(given, overrides) or _group_not_in_config(given, overrides)
@@ -288,7 +290,9 @@ def _already_declared(given: list[Any], overrides: list[str] | None) -> str | No
     for o in given:
         if o.type != OverrideType.ADD or _is_group(o.key_or_group):
             continue
-        if OmegaConf.select(composed_without(o.key_or_group, overrides), o.key_or_group) is not None:
+        composed, absent = composed_without(o.key_or_group, overrides), object()
+        found = OmegaConf.select(composed, o.key_or_group, default=absent, throw_on_resolution_failure=False)
+        if found is not absent:  # `+notes=...` too, whose default is null
             key = o.key_or_group
             return (
                 f"+{key}: {key} is already a key of this config (its default is declared): set it without "
