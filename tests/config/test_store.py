@@ -194,3 +194,27 @@ def test_the_schema_group_survives_a_commands_own_search_path(tmp_path):
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nseed: 7\n")
     args = _args("method=cpo", "+experiment=mine", f"hydra.searchpath=[file://{tmp_path}]")
     assert args["beta"] == 0.1 and args["seed"] == 7
+
+
+@pytest.mark.parametrize(
+    "method,data",
+    [(m, d) for m in ("grpo", "rloo", "distill") for d in ("tiny_repeat", "calc_tools", "tiny_prefs")],
+)
+def test_a_sampling_method_takes_what_its_data_says_else_its_schema_default(method, data):
+    """`from_data` fields (GRPOArgs: max_completion_length, tools) are the data node's where it has the key
+    (data=tiny_repeat scores 8 characters, data=calc_tools offers its calculator), else the schema's own default;
+    an override of the field still wins. Declared once: the value in the data's YAML, the default in Python."""
+    register_resolvers()
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        cfg = compose("config", [f"method={method}", f"data={data}"])
+    args = OmegaConf.to_container(cfg.method.args, resolve=True)
+    cls = next(c for c in method_schemas() if c.targets[0] == args["_target_"])
+    assert cls.from_data and set(cls.from_data) <= set(args)
+    for name in cls.from_data:
+        own = cls.__dataclass_fields__[name].default
+        want = OmegaConf.to_container(cfg.data)[name] if name in cfg.data else own
+        assert args[name] == want, (name, args[name], want)
+    said = [name for name in cls.from_data if name in cfg.data]
+    assert bool(said) == (data != "tiny_prefs")  # the two prompt tasks say, the preference pairs do not
+    given = _args(f"method={method}", f"data={data}", "method.args.max_completion_length=5")
+    assert given["max_completion_length"] == 5

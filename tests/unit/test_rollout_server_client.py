@@ -74,11 +74,17 @@ def test_a_server_that_stops_answering_is_one_line_naming_it():
     assert isinstance(e.value.__cause__, urllib.error.URLError | OSError)
 
 
-def test_start_on_is_one_of_its_places():
-    from ablate.errors import ConfigError
+def test_start_on_is_one_of_its_places(tmp_path):
+    """Checked once, by the schema (ablate.schema.nodes.VLLMServer), before anything starts: `ablate plan` judges
+    the config as `ablate train` does, without vLLM installed."""
+    from conftest import ablate
 
-    with pytest.raises(ConfigError, match="method.rollouts.start_on=k8s: one of local, slurm, ray"):
-        VLLMServerGenerator(ARGS, tokenizer=None, start_on="k8s")
+    r = ablate(
+        "plan", "method=grpo", "method/rollouts=vllm_server", "method.rollouts.start_on=k8s", cwd=tmp_path
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "ablate: error: method.rollouts.start_on=k8s: must be one of local, slurm, ray"
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_run_resumes_with_its_server_elsewhere_but_not_with_another_setting():

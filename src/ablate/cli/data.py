@@ -142,8 +142,17 @@ def _compose(overrides: list[str], config_dir: str | None, packages: bool = True
     register_resolvers()
     if config_dir is not None:  # what `ablate train --config-dir` does: the dir joins the config search path
         overrides = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]", *overrides]
-    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    except Exception as e:  # a mistake in `overrides` (serve-rollouts adds its own): in their words
+        from ablate.config.hints import one_line
+        from ablate.errors import ConfigError
+
+        line = one_line(e, overrides)
+        if line is None:
+            raise
+        raise ConfigError(line) from e
     from ablate.config.checks import check
     from ablate.config.code_checks import check_method_args
 

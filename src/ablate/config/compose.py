@@ -108,9 +108,6 @@ def register_resolvers() -> None:
     hydra_plugins.ablate_schemas, as each is selected)."""
     from omegaconf import OmegaConf
 
-    if not OmegaConf.has_resolver("ablate_data_or_default"):  # GRPO's max_completion_length: the data's
-        OmegaConf.register_new_resolver("ablate_data_or_default", data_or_default)
-
     if not OmegaConf.has_resolver("ablate_dirname"):
         OmegaConf.register_new_resolver("ablate_dirname", dirname_suffix)
     if not OmegaConf.has_resolver("ablate_now"):  # like Hydra's ${now:fmt}, the same for every rank
@@ -168,6 +165,9 @@ def node(cls: type) -> Any:
         if cls.node == "method.args":
             out["seed"] = "${seed}"  # Trainer's seed (heads' init, dropout): the run's
             out["data_seed"] = "${seed}"  # the data's order: the run's seed
+        for name in cls.from_data:  # the data's value where it has one, else the field's own default
+            default = cls.__dataclass_fields__[name].default
+            out[name] = f"${{oc.select:data.{name},{'null' if default is None else default}}}"
     return out
 
 
@@ -198,19 +198,11 @@ def user_node(cls: type) -> Any:
     return out
 
 
-def data_or_default(key: str, _parent_: Any, _root_: Any) -> Any:
-    """`${ablate_data_or_default:KEY}` in a method's args: the data's KEY (data=calc_tools says its
-    completions need 128 tokens), else the field's default in the args' schema."""
-    from omegaconf import OmegaConf
+def function_node(fn: Any) -> Any:
+    """A user's function (`- /schema@_here_: my_losses.margin_sigmoid`, a loss with a setting of its own) as
+    Hydra composes it: a typed node of its keyword settings, whose defaults are the function's own (its
+    one source) and whose checks are its annotations' (`margin: Annotated[float, Ge(0)] = 0.5`), `_target_`
+    the function, `_partial_` true (the trainer calls it with the rest). Served by ablate_schemas."""
+    from ablate.schema import from_signature
 
-    from ablate.schema import schema_for
-
-    given = OmegaConf.select(_root_, f"data.{key}", default=None)
-    if given is not None:
-        return given
-    # while Hydra merges the method's YAML, its node is not yet the schema's (no `_target_`): no default yet
-    cls = schema_for("method.args", _parent_.get("_target_"))
-    f = {f.name: f for f in dataclasses.fields(cls)}.get(key) if cls is not None else None
-    if f is None:
-        return None
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return node(from_signature(fn))

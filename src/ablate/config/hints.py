@@ -1,7 +1,8 @@
-"""What a config mistake is called, in one line: Hydra's composition errors ("not in struct", "Could not find
-'method/dpoo'", a typed field's wrong value) in the words of the schema or the option that was probably meant,
-and where a key written in the wrong place really is (`max_steps=5`: method.args.max_steps). Also how a
-config node is read as written (`raw`, `children`), on OmegaConf's public API. No torch import here."""
+"""What a config mistake is called, in one line: Hydra's composition errors (a key the node does not declare,
+an option not in its group, a typed field's wrong value) in the words of the schema or the option that was
+probably meant, and where a key written in the wrong place really is (`max_steps=5`: method.args.max_steps),
+read from typed facts, never from the wording of Hydra's messages. Also how a config node is read as written
+(`raw`, `children`), on OmegaConf's public API. No torch import here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -144,11 +146,13 @@ def os_error_line(e: OSError) -> str:
     return f"{where}{what.lower() if what[:1].isupper() and what[1:2].islower() else what}{fix}"
 
 
-def one_line(e: BaseException) -> str | None:
-    """The user-facing line for a config/composition error, or None for anything else (a bug)."""
-    import re
-
-    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+def one_line(e: BaseException, overrides: list[str] | None = None) -> str | None:
+    """The user-facing line for a config/composition error, or None for anything else (a bug). Read from typed
+    facts only: the exception's class and public attributes (OmegaConf's `full_key`, `object_type`, Hydra's
+    `options`, `override`), the overrides as Hydra's override parser reads them (`overrides`: the command's,
+    by default those on its command line) and the config composed without the refused one."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
 
     from ablate.errors import USER_ERRORS
 
@@ -169,40 +173,60 @@ def one_line(e: BaseException) -> str | None:
         return f"cannot parse the override '{e.override}': {str(e).splitlines()[0]}"
     if isinstance(e, MissingConfigException):
         return _missing_option(e)
-    line = _group_not_in_config(e)
-    if line is not None:
-        return line
-    line = _merge_mismatch(e)
-    if line is not None:
-        return line
-    line = _schema_type(e)
-    if line is not None:
-        return line
-    typed = _schema_key_error(e)
-    if typed is not None:  # Hydra: "To append to your config use +key=value"
-        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))
-        return _unknown_key(typed, given.group(2) if given else "...")
-    appended = re.match(r"Could not append to config\. An item is already at '([^']+)'", str(e))
-    if appended is not None:
-        key = appended.group(1)
-        value = re.search(rf"'{re.escape(key)}=([^']*)'", str(e))
-        return (
-            f"+{key}: {key} is already a key of this config (its default is declared): set it without the +, "
-            f"{key}={value.group(1) if value else '...'}"
-        )
-    if (
-        isinstance(e, HydraException)
-        and isinstance(e.__cause__, OmegaConfBaseException)
-        and "not in struct" in str(e.__cause__)
-    ):
-        import re
-
-        # Hydra: "To append to your config use +key=value"
-        given = re.search(r"use \+([^=\s]+)=(\S*)", str(e))
-        return _unknown_key(e.__cause__, given.group(2) if given else "...")
+    given = _parsed(_argv_overrides() if overrides is None else overrides)
+    omega = next((c for c in chain(e) if isinstance(c, OmegaConfBaseException) and c.full_key), None)
+    if isinstance(omega, ValidationError) and _schema_of(omega) is not None:
+        line = _schema_type(omega, given)
+        if line is not None:
+            return line
+    if isinstance(omega, ConfigTypeError) and isinstance(e, ConfigCompositionException):
+        line = _merge_mismatch(omega, given)
+        if line is not None:
+            return line
+    if isinstance(omega, (ConfigAttributeError, ConfigKeyError)) and (
+        isinstance(e, ConfigCompositionException) or _schema_of(omega) is not None
+    ):  # a key the node does not declare, in an override or a config file
+        return _unknown_key(omega, given, overrides)
+    if isinstance(e, ConfigCompositionException) and omega is None:
+        line = _already_declared(given, overrides) or _group_not_in_config(given, overrides)
+        if line is not None:
+            return line
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return " ".join(lines[:3]) if lines else type(e).__name__
+    return None
+
+
+def _argv_overrides() -> list[str]:
+    """The overrides on this command's line (`ablate train KEY=VALUE ...`), its flags left out."""
+    return [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+
+
+def _parsed(overrides: list[str]) -> list[Any]:
+    """`overrides` as Hydra's override parser reads them (key or group, value, add/delete), each alone: one
+    it cannot parse is left out (Hydra refused the command for that one already)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, out = OverridesParser.create(), []
+    for line in overrides:
+        try:
+            out += parser.parse_overrides([line])
+        except OverrideParseException:
+            continue
+    return out
+
+
+def _text(o: Any) -> str:
+    """An override's value as the user wrote it (`[a.b]`, `1e-3`)."""
+    return str(o.input_line).partition("=")[2]
+
+
+def _override_of(given: list[Any], key: str) -> Any:
+    """The override that sets `key` or a key under it (`a.b._target_=` for the node `a.b`), or None."""
+    for o in given:
+        if not o.is_delete() and (o.key_or_group == key or o.key_or_group.startswith(f"{key}.")):
+            return o
     return None
 
 
@@ -214,75 +238,74 @@ def _schema_of(cause: BaseException) -> Any:
     return cls if isinstance(cls, type) and issubclass(cls, Schema) else None
 
 
-def _schema_type(e: BaseException) -> str | None:
+def _schema_type(c: Any, given: list[Any]) -> str | None:
     """`method.args.beta=abc`: OmegaConf refuses a value of the wrong type for a schema's typed field while
-    composing; the answer is the schema's own line for that field (`must be a number > 0`)."""
-    import re
+    composing; the answer is the schema's own line for that field (`must be a number > 0`), with the value
+    the override gave (a config file's value is not known here: the line names the field)."""
+    from ablate.schema import ABSENT, refusal
 
-    import yaml
-    from omegaconf.errors import ValidationError
-
-    from ablate.schema import refusal
-
-    for c in chain(e):
-        cls = _schema_of(c)
-        if not isinstance(c, ValidationError) or cls is None or c.full_key is None:
-            continue
-        rule = cls.__dataclass_fields__.get(str(c.key))
-        rule = rule.metadata.get("check") if rule is not None else None
-        # the value: in OmegaConf's words, else in the override's (`Error merging override KEY=VALUE`)
-        given = re.match(r"Value '(.*)' (of type|is not)", str(c).splitlines()[0]) or re.search(
-            rf"override \+*{re.escape(str(c.full_key))}=(.*)", str(e).splitlines()[0]
-        )
-        if rule is None or given is None:
-            continue
-        try:
-            value = yaml.safe_load(given.group(1))
-        except yaml.YAMLError:
-            value = given.group(1)
-        at = str(c.full_key).rpartition(".")[0]
-        return refusal(str(c.full_key), value, rule.words(cls.of({}), at))
-    return None
-
-
-def _schema_key_error(e: BaseException) -> Any:
-    """A key a schema's typed node does not declare (`method.args.warmup_ratio=0.1`, or in a YAML file)."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
-    for c in chain(e):
-        if isinstance(c, (ConfigAttributeError, ConfigKeyError)) and _schema_of(c) and c.full_key:
-            return c
-    return None
-
-
-def _merge_mismatch(e: BaseException) -> str | None:
-    """`key=[a,b]` over a mapping (or `key={...}` over a list): Hydra's "Error merging override" names no fix.
-    The remedy is to replace the node whole (`~key` then `+key=`); a mapping of reward functions also takes
-    one more."""
-    text = str(e).strip()
-    if not text.startswith("Error merging override ") or not any(
-        "Cannot merge" in str(c) and "ListConfig" in str(c) for c in chain(e)
-    ):
+    cls = _schema_of(c)
+    rule = cls.__dataclass_fields__.get(str(c.key))
+    rule = rule.metadata.get("check") if rule is not None else None
+    if rule is None:
         return None
-    override = text.removeprefix("Error merging override ").splitlines()[0]
-    key, _, value = override.lstrip("+").partition("=")
-    if not value.startswith("["):
+    o = _override_of(given, str(c.full_key))
+    value = ABSENT if o is None or o.key_or_group != c.full_key or o.is_sweep_override() else o.value()
+    words = rule.words(cls.of({}), str(c.full_key).rpartition(".")[0])
+    return refusal(str(c.full_key), value, words if value is not ABSENT else f"must be {words}")
+
+
+def _merge_mismatch(c: Any, given: list[Any]) -> str | None:
+    """`key=[a,b]` over a mapping (or `key={...}` over a list): OmegaConf cannot merge the two. The remedy is
+    to replace the node whole (`~key` then `+key=`); a mapping of reward functions also takes one more."""
+    o = _override_of(given, str(c.full_key))
+    if o is None or o.key_or_group != c.full_key or o.is_sweep_override():
+        return None
+    key, value, text = c.full_key, o.value(), _text(o)
+    override = f"{o.input_line}"
+    if isinstance(value, dict):
         return (
             f"{override}: {key} is a list here, which a mapping cannot be merged into: replace it whole, "
-            f"'~{key}' '+{key}={value}'"
+            f"'~{key}' '+{key}={text}'"
         )
-    add = ""
+    if not isinstance(value, list):
+        return None
     if key == "data.reward_funcs":  # name -> function: one more beside the data's own
-        first = value.strip("[]").split(",")[0].strip()
+        first = str(value[0]) if value else ""
         add = f"add yours, +{key}.{first.rsplit('.', 1)[-1]}={first}, or " if first else ""
         return (
             f"{override}: {key} is a mapping here (name -> function), which a list cannot be merged into: "
-            f"{add}replace them all, '~{key}' '+{key}={value}'"
+            f"{add}replace them all, '~{key}' '+{key}={text}'"
         )
     return (
         f"{override}: {key} is a mapping here, which a list cannot be merged into: "
-        f"replace it whole, '~{key}' '+{key}={value}'"
+        f"replace it whole, '~{key}' '+{key}={text}'"
     )
+
+
+def _already_declared(given: list[Any], overrides: list[str] | None) -> str | None:
+    """`+seed=1`: an override that adds a key the config already has (Hydra adds only a new one)."""
+    from hydra.core.override_parser.types import OverrideType
+
+    for o in given:
+        if o.type != OverrideType.ADD or _is_group(o.key_or_group):
+            continue
+        composed, absent = composed_without(o.key_or_group, overrides), object()
+        found = OmegaConf.select(composed, o.key_or_group, default=absent, throw_on_resolution_failure=False)
+        if found is not absent:  # `+notes=...` too, whose default is null
+            key = o.key_or_group
+            return (
+                f"+{key}: {key} is already a key of this config (its default is declared): set it without "
+                f"the +, {key}={_text(o)}"
+            )
+    return None
+
+
+def _is_group(key: str) -> bool:
+    """`key` names a config group of conf/ (method/dpo_loss), not a key of the config."""
+    from ablate.paths import conf_dir
+
+    return (Path(conf_dir()) / key).is_dir()
 
 
 def bad_config_file(e: BaseException) -> str | None:
@@ -303,31 +326,36 @@ def bad_config_file(e: BaseException) -> str | None:
     return None
 
 
-def _group_not_in_config(e: BaseException) -> str | None:
-    """`method=grpo method/dpo_loss=hinge`: Hydra's "Could not override 'method/dpo_loss'. No match in the
-    defaults list" (and an advice to append it): name the options of the group's parent that pick it."""
+def _group_not_in_config(given: list[Any], overrides: list[str] | None) -> str | None:
+    """`method=grpo method/dpo_loss=hinge`: an override of a config group that this config's defaults list
+    does not have: name the options of the group's parent that pick it."""
     import re
+
+    from hydra.core.override_parser.types import OverrideType
 
     from ablate.paths import conf_dir
 
-    found = re.search(
-        r"Could not override '([\w/]+)'\. No match in the defaults list.*?use \+(\S+)", str(e), re.S
-    )
-    if found is None:
-        return None
-    group, override = found.groups()
-    parent, _, leaf = group.rpartition("/")
-    users = (
-        sorted(
-            p.stem
-            for p in (Path(conf_dir()) / parent).glob("*.yaml")
-            if re.search(rf"^\s*-\s*(override\s+)?{leaf}\s*:", p.read_text(errors="replace"), re.M)
+    for o in given:
+        group = o.key_or_group
+        if o.type != OverrideType.CHANGE or not _is_group(group):
+            continue
+        choices = OmegaConf.select(composed_without(group, overrides, hydra=True), "hydra.runtime.choices")
+        if choices is None or group in choices:  # not composed without it either: not the one refused
+            continue
+        parent, _, leaf = group.rpartition("/")
+        users = (
+            sorted(
+                p.stem
+                for p in (Path(conf_dir()) / parent).glob("*.yaml")
+                if re.search(rf"^\s*-\s*(override\s+)?{leaf}\s*:", p.read_text(errors="replace"), re.M)
+            )
+            if parent
+            else []
         )
-        if parent
-        else []
-    )
-    using = f" (options of {parent} that have it: {', '.join(users)})" if users else ""
-    return f"{override}: this config has no config group {group}{using}; to add it anyway: +{override}"
+        using = f" (options of {parent} that have it: {', '.join(users)})" if users else ""
+        override = f"{group}={_text(o)}"
+        return f"{override}: this config has no config group {group}{using}; to add it anyway: +{override}"
+    return None
 
 
 def _other_group(group: str, option: str) -> str | None:
@@ -357,35 +385,41 @@ def _missing_option(e: Any) -> str:
     return f"no option '{option}' in config group '{group}' ({meant}options: {', '.join(options)})"
 
 
-def composed_without(key: str) -> DictConfig:
-    """The config this command composes, without its override of `key` (the one refused): the config in which
-    `elsewhere` looks for a key of that name (an empty one when even that cannot be composed)."""
+def composed_without(key: str, overrides: list[str] | None = None, hydra: bool = False) -> DictConfig:
+    """The config this command composes (`hydra`: with Hydra's node), without its override of `key` (the one
+    refused): the config in which `elsewhere` looks for a key of that name (an empty one when even that cannot
+    be composed)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from ablate.paths import conf_dir
 
-    given = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
-    kept = [a for a in given if a.lstrip("+~").split("=", 1)[0] != key]
+    kept = [o.input_line for o in _parsed(_argv_overrides() if overrides is None else overrides)]
+    kept = [line for line, o in zip(kept, _parsed(kept)) if o.key_or_group != key]
     try:
         GlobalHydra.instance().clear()  # Hydra's app that refused the override is done with it
         with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-            return compose("config", overrides=kept)
+            return compose("config", overrides=kept, return_hydra_config=hydra)
     except Exception:  # another mistake among the overrides: no hint, the line stands
         return OmegaConf.create({})
 
 
-def _unknown_key(cause: Any, value: str = "...") -> str:
-    key = str(getattr(cause, "full_key", "") or "")
+def _unknown_key(cause: Any, given: list[Any], overrides: list[str] | None) -> str:
+    """A key its node does not declare (OmegaConf's `full_key`; the override's own key where it sets a key
+    under a node that has none: `method.trainer.generator._target_`)."""
+    o = _override_of(given, str(cause.full_key))
+    key = o.key_or_group if o is not None else str(cause.full_key)
+    value = _text(o) if o is not None else "..."
     # method.args.warmup_steps: the optimizer group's, not a typo of max_steps
     hint = optimizer_field_hint(key)
     if hint is not None:
         return hint
-    parent = getattr(cause, "parent_node", None)
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
+    composed = composed_without(key, overrides)
+    parent = cause.parent_node if key == cause.full_key else OmegaConf.select(composed, prefix.rstrip("."))
     known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
-    there = elsewhere(composed_without(key), key, value) if isinstance(parent, DictConfig) else None
+    there = elsewhere(composed, key, value) if isinstance(parent, DictConfig) else None
     if there is not None:  # `max_steps=5`: the key exists, under another node (before a close name here)
         return f"unknown config key '{key}': {there}"
     hint = difflib.get_close_matches(leaf, known, n=1)

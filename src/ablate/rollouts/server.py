@@ -43,7 +43,6 @@ from ablate.models.adapters import is_adapted
 from ablate.rollouts.engine import EngineGenerator, rank, world_size
 from ablate.rollouts.generation import SamplingArgs
 from ablate.rollouts.server_start import Started, start_local, start_ray, start_slurm, wait_until_it_answers
-from ablate.schema.nodes import PLACES
 from ablate.schema.nodes import VLLMServer as S
 
 log = logging.getLogger("ablate")
@@ -80,8 +79,6 @@ class VLLMServerGenerator(EngineGenerator):
         super().__init__(args, tokenizer, verify_push)
         self.url = url.rstrip("/")
         self.start_server = start
-        if start_on not in PLACES:
-            raise ConfigError(f"method.rollouts.start_on={start_on}: one of {', '.join(PLACES)}")
         self.start_on, self.sbatch_args = start_on, list(sbatch_args or [])
         self.ray_address, self.ray_resources = ray_address, dict(ray_resources or {})
         self.backend = backend or default_backend()

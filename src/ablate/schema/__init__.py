@@ -117,6 +117,8 @@ class Schema:
     targets: ClassVar[tuple[str, ...]] = ()
     partial: ClassVar[bool | None] = None  # Hydra's `_partial_` for its node (a function called later)
     recursive: ClassVar[bool | None] = None  # Hydra's `_recursive_` for its node
+    # fields whose default is the data's value where the data node has that key (ablate.config.compose.node)
+    from_data: ClassVar[tuple[str, ...]] = ()
     declared: ClassVar[list[type[Schema]]] = []  # every schema of ablate's (a user's subclass declares none)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -167,6 +169,67 @@ class Schema:
                 value = f.default
             object.__setattr__(self, f.name, value)
         return self
+
+
+def from_signature(fn: Callable[..., Any]) -> type[Schema]:
+    """A schema of `fn`'s keyword settings (the parameters with a default; the others are what its caller
+    passes): each field's default the function's own, its type and check its annotation's (float, int, bool,
+    str, optional, and annotated-types' bounds: `Annotated[float, Ge(0)]`). `_target_` is `fn`, called later
+    with the rest (`_partial_`). Made once per function."""
+    import inspect
+    import typing
+
+    path = f"{fn.__module__}.{fn.__qualname__}"
+    made = next((c for c in Schema.declared if c.targets == (path,)), None)
+    if made is not None:
+        return made
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.default is p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        kind, rule = _typed(hints.get(p.name, Any))
+        fields.append((p.name, kind, field(p.default, rule, f"{fn.__name__}'s {p.name}")))
+    return dataclasses.make_dataclass(
+        fn.__name__, fields, bases=(Schema,), namespace={"targets": (path,), "partial": True}
+    )
+
+
+def _typed(hint: Any) -> tuple[Any, Rule | None]:
+    """An annotation as a field's type (what OmegaConf checks while composing) and its check."""
+    import typing
+
+    bounds = []
+    if typing.get_origin(hint) is typing.Annotated:
+        hint, *bounds = typing.get_args(hint)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = len(args) < len(typing.get_args(hint))
+    base = args[0] if optional and len(args) == 1 else hint
+    plain_rules = {
+        float: Rule(lambda v, n: is_num(v), "a number"),
+        int: Rule(lambda v, n: is_int(v), "an integer"),
+        bool: BOOL,
+        str: Rule(lambda v, n: isinstance(v, str), "a string"),
+    }
+    if base not in plain_rules:
+        return Any, None
+    rule = plain_rules[base]
+    for b in bounds:  # annotated-types' Ge, Gt, Le, Lt (pydantic's and TRL's own vocabulary)
+        for name, test, words in (
+            ("ge", lambda v, x: v >= x, ">="),
+            ("gt", lambda v, x: v > x, ">"),
+            ("le", lambda v, x: v <= x, "<="),
+            ("lt", lambda v, x: v < x, "<"),
+        ):
+            if getattr(b, name, None) is not None:
+                x, first = getattr(b, name), rule
+                rule = Rule(
+                    lambda v, n, x=x, t=test, r=first: r.test(v, n) and t(v, x),
+                    f"{first.words(None, '')} {words} {x}",
+                )
+    if optional:
+        return base | None, nullable(rule)
+    return base, rule
 
 
 def plain(value: Any) -> Any:

@@ -79,6 +79,8 @@ def _environment_words(n: Any, at: str) -> str:
 class SamplingArgs(TrainArgs):
     """What a method that samples its completions (GRPO, RLOO, distillation) samples them with."""
 
+    from_data = ("max_completion_length",)  # data=tiny_repeat scores 8 characters: its completions are 8 long
+
     max_prompt_length: int | None = field(
         None,
         nullable(integer(1), "whole prompts"),
@@ -102,6 +104,7 @@ class GRPOArgs(SamplingArgs):
     recursive = (
         False  # tools/environment `_target_` nodes reach the config as config: the trainer builds them
     )
+    from_data = ("max_completion_length", "tools")  # data=calc_tools: 128 tokens, its prompts' calculator
     per_device_train_batch_size: int = field(
         64, _groups(), "Completions (not prompts) per micro-batch; 8 whole groups (TRL: 8)."
     )

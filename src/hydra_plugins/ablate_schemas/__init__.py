@@ -1,9 +1,11 @@
 """The group `schema`: ablate's structured configs (`- /schema@args: DPOArgs`, `- /schema@_here_: Adapters`:
 the dataclasses of ablate.schema, ablate.config.compose.stored()) and a user's own config class
 (`- override /schema@args: my_dpo.MyDPOConfig`: its module imported, its node composed as ablate's schema's
-with the user's own fields added, `_target_` the user's class). Each node is built when a composition
-selects it (scheme `ablate-schema`): a command builds only those it uses. `SchemaSearchPath` puts the source
-on the search path of every composition of ablate's conf/, whatever `hydra.searchpath` a command gives.
+with the user's own fields added, `_target_` the user's class), or a user's function with settings of its own
+(`- /schema@_here_: my_losses.margin_sigmoid`: a node of its keyword settings, from its signature).
+Each node is built when a composition selects it (scheme `ablate-schema`): a command builds only those it
+uses. `SchemaSearchPath` puts the source on the search path of every composition of ablate's conf/, whatever
+`hydra.searchpath` a command gives.
 
 Hydra instantiates config sources only from the `hydra_plugins` namespace (by scheme).
 """
@@ -47,7 +49,7 @@ class SchemaSource(ConfigSource):
         return name if group == GROUP and (DOTTED.match(name) or name in ablate_schemas()) else None
 
     def load_config(self, config_path: str) -> ConfigResult:
-        from ablate.config.compose import node, user_node
+        from ablate.config.compose import function_node, node, user_node
 
         name = self._name(config_path)
         if name is None:
@@ -62,7 +64,7 @@ class SchemaSource(ConfigSource):
                 raise ConfigLoadError(
                     f"schema/{name}: cannot import {name} ({e}); is its module on PYTHONPATH?"
                 ) from e
-            config = user_node(found)
+            config = user_node(found) if isinstance(found, type) else function_node(found)
         return ConfigResult(
             config=config,
             path=f"{self.scheme()}://{self.path}",
