@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
+import sides  # benchmarks/sides.py
 
 PROMPT = 128  # prompt tokens
 GENERATIONS = 8  # GRPO's completions per prompt
@@ -93,54 +94,29 @@ def run_one(impl: str, method: str, length: int, steps: int) -> dict:
     torch.manual_seed(0)
     tok, model = smollm2_135m()
     rank = int(os.environ.get("RANK", "0"))
-    common = dict(
-        output_dir=f"/tmp/bench-long-{impl}-{os.getpid()}",
-        max_steps=steps,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
+    common = sides.trainer_args(
+        f"/tmp/bench-long-{impl}-{os.getpid()}",
+        steps,
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": False},
-        learning_rate=1e-5,
-        lr_scheduler_type="constant",
-        seed=0,
-        disable_tqdm=True,
     )
     rec = harness.StepRecorder()
     kw: dict = {}
     if impl.startswith("ablate_sp"):
         kw["sequence_parallel"] = int(impl.removeprefix("ablate_sp"))
+    if impl == "ablate_plain":
+        from ablate.speed.plan import SpeedSwitches
+
+        kw["perf"] = SpeedSwitches.off()
+    side = {"model": model, "tok": tok, "args": common, "callbacks": [rec]}
     if method == "dpo":
-        train = Dataset.from_list(dpo_rows(length, steps))
         common.update(
             per_device_train_batch_size=1, beta=0.1, precompute_ref_log_probs=True, max_length=length
         )
-        if impl == "trl":
-            import trl
-
-            trainer = trl.DPOTrainer(
-                model=model,
-                args=trl.DPOConfig(**common),
-                train_dataset=train,
-                processing_class=tok,
-                callbacks=[rec],
-            )
-        else:
-            from ablate.methods.dpo import DPOConfig, DPOTrainer
-            from ablate.speed.plan import SpeedSwitches
-
-            perf = SpeedSwitches.off() if impl == "ablate_plain" else SpeedSwitches()
-            trainer = DPOTrainer(
-                model=model,
-                args=DPOConfig(**common),
-                train_dataset=train,
-                processing_class=tok,
-                callbacks=[rec],
-                perf=perf,
-                **kw,
-            )
+        train = Dataset.from_list(dpo_rows(length, steps))
+        trainer = sides.trainer("dpo", impl, train=train, **side, **kw)
     else:
         fixed = completions(length, tok, steps)
         rng = random.Random(2)
@@ -153,44 +129,22 @@ def run_one(impl: str, method: str, length: int, steps: int) -> dict:
             temperature=1.0,
         )
         rounds = iter(fixed)
+
+        def rollout(prompts, trainer):  # noqa: ANN001  (TRL's rollout_func: the fixed completions)
+            ids = next(rounds)
+            prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+            return {
+                "prompt_ids": prompt_ids,
+                "completion_ids": ids,
+                "logprobs": [[0.0] * len(c) for c in ids],
+            }
+
         if impl == "trl":
-            import trl
-
-            def rollout(prompts, trainer):  # noqa: ANN001
-                ids = next(rounds)
-                prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-                return {
-                    "prompt_ids": prompt_ids,
-                    "completion_ids": ids,
-                    "logprobs": [[0.0] * len(c) for c in ids],
-                }
-
             os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-            trainer = trl.GRPOTrainer(
-                model=model,
-                reward_funcs=[river_count],
-                train_dataset=train,
-                processing_class=tok,
-                args=trl.GRPOConfig(loss_type="dapo", **common),
-                callbacks=[rec],
-                rollout_func=rollout,
-            )
+            kw["rollout_func"] = rollout
         else:
-            from ablate.methods.grpo import GRPOConfig, GRPOTrainer
-            from ablate.speed.plan import SpeedSwitches
-
-            perf = SpeedSwitches.off() if impl == "ablate_plain" else SpeedSwitches()
-            trainer = GRPOTrainer(
-                model=model,
-                args=GRPOConfig(**common),
-                train_dataset=train,
-                processing_class=tok,
-                reward_funcs={"river_count": river_count},
-                callbacks=[rec],
-                generator=lambda model, prompt_ids: next(rounds),
-                perf=perf,
-                **kw,
-            )
+            kw["generator"] = lambda model, prompt_ids: next(rounds)
+        trainer = sides.trainer("grpo", impl, train=train, rewards=(river_count,), **side, **kw)
     trainer.train()
     out = {
         "step_seconds": rec.step_seconds,
