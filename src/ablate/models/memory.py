@@ -43,13 +43,17 @@ chunk is the CPU's (ablate.losses.logps.LOGITS_CHUNK_ELEMENTS), and the total ad
   by the caller from a process that has imported them;
 - heap: what glibc keeps. torch's CPU tensors come from malloc, whose mmap threshold rises to the size of
   each mmapped block freed (up to 32 MiB), so after the first step nearly every activation lives on the
-  heap, and the heap keeps its freed blocks resident for reuse (ablate.process.memory). The gradients come
-  in the weights' sizes, not the activations', so the blocks the backward frees stay resident beside them:
-  the heap holds the activations and the gradients at once (their sum, where a GPU's allocator holds the
-  larger). `malloc_mmap_threshold` fixes the threshold (`heap_keeps_activations=False`): blocks above it are
-  mmapped and given back when freed, and the larger of the two counts again. Measured (SmolLM2-135M DPO,
-  one pair of 256 and 1024 tokens a side, fp32, checkpointing): peak RSS with the threshold fixed at 128 KiB
-  is the libraries plus the live tensors' peak within 4%.
+  heap, and the heap keeps its freed blocks resident for reuse (ablate.process.memory): the blocks the
+  backward frees stay resident beside the gradients, so the heap holds the activations and the gradients
+  at once (their sum, where a GPU's allocator holds the larger). `malloc_mmap_threshold` fixes the
+  threshold (`heap_keeps_activations=False`): blocks above it are mmapped and given back when freed, and
+  the larger of the two counts again. Measured (SmolLM2-135M DPO, one pair a step, fp32, checkpointing,
+  docs/plan.md): at 256 tokens a side the default malloc's peak RSS exceeds the fixed threshold's by
+  246 MB, against the plan's activations of 330 MB (its head chunk counts every position, the run projects
+  the completions' only); with the threshold fixed, peak RSS is the libraries plus the live tensors' peak
+  within 5%. Not counted: later steps' fragmentation on the default malloc (their
+  activations do not reuse every block the first step freed around the optimizer's state), which leaves
+  the plan at 0.8x of the peak at 1024-2048 tokens a side.
 """
 
 from __future__ import annotations
