@@ -33,6 +33,7 @@ import sys
 import time
 
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
+import sides  # benchmarks/sides.py
 
 PRESETS = {
     # overhead-bound: a small model on the packaged sort task, fp32
@@ -118,53 +119,29 @@ def run_one(impl: str, preset: dict) -> dict:
         train = Dataset.from_list(long_sort(steps * batch))
     else:
         train = packaged(preset["data"], with_eval=False).train
-    common = dict(
-        output_dir=f"/tmp/bench-{impl}",
+    common = sides.trainer_args(
+        f"/tmp/bench-{impl}",
+        steps,
         per_device_train_batch_size=batch,
-        max_steps=steps,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
         beta=0.1,
         use_cpu=True,
         bf16=preset["bf16"],
         precompute_ref_log_probs=True,
         gradient_checkpointing=False,
         learning_rate=1e-5 if preset["model"] == "smollm2" else 1e-3,
-        lr_scheduler_type="constant",
-        seed=0,
-        disable_tqdm=True,
         max_length=256,
         include_num_input_tokens_seen="non_padding",
     )
     rec = CPURecorder()
     rec.watch(model)
     if impl == "trl":
-        import trl
-
         rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module (HW MFU)
-        # no ref_model: with precompute_ref_log_probs TRL 1.16 scores the reference with the policy
-        # before training and keeps no second model (its leanest configuration, as ablate's)
-        trainer = trl.DPOTrainer(
-            model=model,
-            ref_model=None,
-            args=trl.DPOConfig(**common),
-            train_dataset=train,
-            processing_class=tok,
-            callbacks=[rec],
-        )
-    else:
-        from ablate.methods.dpo import DPOConfig, DPOTrainer
-        from ablate.speed.plan import SpeedSwitches
+    from ablate.speed.plan import SpeedSwitches
 
-        trainer = DPOTrainer(
-            model=model,
-            args=DPOConfig(**common),
-            train_dataset=train,
-            processing_class=tok,
-            callbacks=[rec],
-            perf=SpeedSwitches(**SPEED[impl]),
-        )
+    perf = None if impl == "trl" else SpeedSwitches(**SPEED[impl])
+    trainer = sides.trainer(
+        "dpo", impl, model=model, tok=tok, train=train, args=common, callbacks=[rec], perf=perf
+    )
     trainer.train()
     # process_time() here: the whole process's CPU seconds so far (imports, data, precompute, steps)
     return harness.report(

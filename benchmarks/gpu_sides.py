@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
+import sides  # benchmarks/sides.py
 
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, vocab
     "0.5b": (1536, 16, 12, 4, 4096, 49152),
@@ -155,21 +156,23 @@ def run_side(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _args(cfg: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    return dict(
-        output_dir=f"/tmp/ablate-gpu-bench/{cfg['kind']}-{os.getpid()}",
-        max_steps=cfg["steps"],
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
+    return sides.trainer_args(
+        f"/tmp/ablate-gpu-bench/{cfg['kind']}-{os.getpid()}",
+        cfg["steps"],
         bf16=cfg["bf16"],
         use_cpu=cfg["device"] == "cpu",
-        learning_rate=1e-5,
-        lr_scheduler_type="constant",
         gradient_checkpointing=False,
         **kw,
     )
+
+
+def _trainer(method: str, spec: Any, rec: Any, common: dict[str, Any], **kw: Any) -> Any:
+    """TRL's trainer (`spec` None; its fused head's rows counted) or ablate's with the speed paths `spec`."""
+    if spec is None:
+        rec.watch_trl_fused_head()
+        return sides.trainer(method, "trl", args=common, callbacks=[rec], **kw)
+    common.pop("gradient_checkpointing")
+    return sides.trainer(method, "ablate", args=common, callbacks=[rec], perf=perf_of(spec), **kw)
 
 
 def _finish(cfg: dict[str, Any], rec: Any, model: Any, trainer: Any, **extra: Any) -> dict[str, Any]:
@@ -196,30 +199,7 @@ def dpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     )
     rec = GPURecorder()
     rec.watch(model)
-    if spec is None:
-        import trl
-
-        rec.watch_trl_fused_head()
-        trainer = trl.DPOTrainer(
-            model=model,
-            ref_model=None,
-            args=trl.DPOConfig(**common),
-            train_dataset=train,
-            processing_class=tok,
-            callbacks=[rec],
-        )
-    else:
-        from ablate.methods.dpo import DPOConfig, DPOTrainer
-
-        common.pop("gradient_checkpointing")
-        trainer = DPOTrainer(
-            model=model,
-            args=DPOConfig(**common),
-            train_dataset=train,
-            processing_class=tok,
-            callbacks=[rec],
-            perf=perf_of(spec),
-        )
+    trainer = _trainer("dpo", spec, rec, common, model=model, tok=tok, train=train)
     trainer.train()
     return _finish(cfg, rec, model, trainer, plan=_plan_of(trainer))
 
@@ -240,29 +220,7 @@ def sft_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     )
     rec = GPURecorder()
     rec.watch(model)
-    if spec is None:
-        import trl
-
-        rec.watch_trl_fused_head()
-        trainer = trl.SFTTrainer(
-            model=model,
-            args=trl.SFTConfig(**common),
-            train_dataset=Dataset.from_list(rows),
-            processing_class=tok,
-            callbacks=[rec],
-        )
-    else:
-        from ablate.methods.sft import SFTConfig, SFTTrainer
-
-        common.pop("gradient_checkpointing")
-        trainer = SFTTrainer(
-            model=model,
-            args=SFTConfig(**common),
-            train_dataset=Dataset.from_list(rows),
-            processing_class=tok,
-            callbacks=[rec],
-            perf=perf_of(spec),
-        )
+    trainer = _trainer("sft", spec, rec, common, model=model, tok=tok, train=Dataset.from_list(rows))
     trainer.train()
     return _finish(cfg, rec, model, trainer, plan=_plan_of(trainer))
 
@@ -298,33 +256,11 @@ def grpo_side(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
     box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0, "generated_tokens": 0}
     rec = GPURecorder()
     rec.watch(model)
+    trainer = _trainer("grpo", spec, rec, common, model=model, tok=tok, train=prompts, rewards=(reward_even,))
     if spec is None:
-        import trl
-
-        rec.watch_trl_fused_head()
-        trainer = trl.GRPOTrainer(
-            model=model,
-            reward_funcs=[reward_even],
-            train_dataset=prompts,
-            processing_class=tok,
-            args=trl.GRPOConfig(loss_type="dapo", **common),
-            callbacks=[rec],
-        )
         _seeded(trainer, "_generate_single_turn", 1000)
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))
     else:
-        from ablate.methods.grpo import GRPOConfig, GRPOTrainer
-
-        common.pop("gradient_checkpointing")
-        trainer = GRPOTrainer(
-            model=model,
-            args=GRPOConfig(**common),
-            train_dataset=prompts,
-            processing_class=tok,
-            reward_funcs={"reward_even": reward_even},
-            callbacks=[rec],
-            perf=perf_of(spec),
-        )
         gen = trainer.generator
         trainer.generator = lambda m, p: gen(m, p)
         _seeded(trainer, "generator", 1000)

@@ -61,6 +61,7 @@ import time
 from typing import Any, Callable
 
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
+import sides  # benchmarks/sides.py
 
 
 def _timed(
@@ -134,43 +135,38 @@ def run_one(
     torch.manual_seed(seed)
     tok, model = smollm2_135m()  # transformers' own RMSNorm and MLP: ablate's speed plan makes them lean
     train = packaged("one_word_prompts", with_eval=False).train
-    common = dict(
-        output_dir=f"/tmp/bench-grpo-{impl}-{os.getpid()}",
+    common = sides.trainer_args(
+        f"/tmp/bench-grpo-{impl}-{os.getpid()}",
+        steps,
         per_device_train_batch_size=batch,
         num_generations=g,
         steps_per_generation=spg,
         gradient_accumulation_steps=1,
-        max_steps=steps,
         max_completion_length=new_tokens,
         temperature=0.8,
         top_p=1.0,
         top_k=0,
         beta=0.0,
         learning_rate=3e-5,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
         use_cpu=True,
         bf16=False,
         seed=seed,
-        disable_tqdm=True,
     )
     box = {"generation": 0.0, "round": 0.0, "generation_cpu": 0.0, "round_cpu": 0.0, "generated_tokens": 0}
     # per-step seconds, losses, rewards, gradient norms, tokens (num_input_tokens_seen: both count it)
     rec = harness.StepRecorder()
     rec.watch(model)  # HW MFU: only forwards with grad (training), not generation or no-grad scoring
     if impl == "trl":
-        import trl
-
         rec.watch_trl_fused_head()  # TRL projects through lm_head.weight, not the head module
-        trainer = trl.GRPOTrainer(
+        trainer = sides.trainer(
+            "grpo",
+            "trl",
             model=model,
-            reward_funcs=[one_word],
-            train_dataset=train,
-            processing_class=tok,
-            args=trl.GRPOConfig(loss_type="dapo", **common),
+            tok=tok,
+            train=train,
+            args=common,
             callbacks=[rec],
+            rewards=(one_word,),
         )
         # returns (completion_ids, logprobs), the ids without padding after the first EOS
         _timed(trainer, "_generate_single_turn", box, "generation", lambda out: completion_tokens(out[0]))

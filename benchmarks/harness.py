@@ -83,30 +83,25 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
     def _watch_ablate_head(self) -> None:
         """ablate's `completion_only_logits` projects through `ablate.speed.head.HeadLogps` (the head's
         weight in a custom autograd function, never the module's call): count its rows (with grad)."""
-        import torch
-
         from ablate.speed import head
 
-        fused, computed = head.HeadLogps, self.computed
-
-        class Counted:
-            @staticmethod
-            def apply(hidden: Any, *args: Any) -> Any:
-                if torch.is_grad_enabled():
-                    computed["head_rows"] += hidden.shape[0]
-                return fused.apply(hidden, *args)
-
-        head.HeadLogps = Counted
+        self._count_rows(head, "HeadLogps")
 
     def watch_trl_fused_head(self) -> None:
         """TRL 1.16's DPO and GRPO trainers score through a fused LM head (`add_fused_lm_head`): the
         backbone's hidden states times `lm_head.weight` in a custom autograd function, never the head
         module's call, so `watch` sees no head rows. Count its rows (with grad) here; on CPU it projects
         every position of every row, prompt and padding included. Call in TRL's children (imports trl)."""
-        import torch
         from trl.trainer import utils
 
-        fused, computed = utils._ChunkedLogProbFunction, self.computed
+        self._count_rows(utils, "_ChunkedLogProbFunction")
+
+    def _count_rows(self, module: Any, name: str) -> None:
+        """Replace the autograd function `module.name` (applied to hidden states [rows, H] first) by one
+        that adds its rows to `computed["head_rows"]` when it runs with grad, then applies it."""
+        import torch
+
+        fused, computed = getattr(module, name), self.computed
 
         class Counted:
             @staticmethod
@@ -115,7 +110,7 @@ class StepRecorder(TrainerCallback):  # type: ignore[misc,valid-type]
                     computed["head_rows"] += hidden.shape[0]
                 return fused.apply(hidden, *args)
 
-        utils._ChunkedLogProbFunction = Counted
+        setattr(module, name, Counted)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import harness  # benchmarks/harness.py (the script's dir is on sys.path)
+import sides  # benchmarks/sides.py
 
 PROMPT = 128  # prompt tokens
 GENERATIONS = 8  # GRPO's completions per prompt
@@ -93,54 +94,29 @@ def run_one(impl: str, method: str, length: int, steps: int) -> dict:
     torch.manual_seed(0)
     tok, model = smollm2_135m()
     rank = int(os.environ.get("RANK", "0"))
-    common = dict(
-        output_dir=f"/tmp/bench-long-{impl}-{os.getpid()}",
-        max_steps=steps,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
+    common = sides.trainer_args(
+        f"/tmp/bench-long-{impl}-{os.getpid()}",
+        steps,
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": False},
-        learning_rate=1e-5,
-        lr_scheduler_type="constant",
-        seed=0,
-        disable_tqdm=True,
     )
     rec = harness.StepRecorder()
     kw: dict = {}
     if impl.startswith("ablate_sp"):
         kw["sequence_parallel"] = int(impl.removeprefix("ablate_sp"))
+    if impl == "ablate_plain":
+        from ablate.speed.plan import SpeedSwitches
+
+        kw["perf"] = SpeedSwitches.off()
+    side = {"model": model, "tok": tok, "args": common, "callbacks": [rec]}
     if method == "dpo":
-        train = Dataset.from_list(dpo_rows(length, steps))
         common.update(
             per_device_train_batch_size=1, beta=0.1, precompute_ref_log_probs=True, max_length=length
         )
-        if impl == "trl":
-            import trl
-
-            trainer = trl.DPOTrainer(
-                model=model,
-                args=trl.DPOConfig(**common),
-                train_dataset=train,
-                processing_class=tok,
-                callbacks=[rec],
-            )
-        else:
-            from ablate.methods.dpo import DPOConfig, DPOTrainer
-            from ablate.speed.plan import SpeedSwitches
-
-            perf = SpeedSwitches.off() if impl == "ablate_plain" else SpeedSwitches()
-            trainer = DPOTrainer(
-                model=model,
-                args=DPOConfig(**common),
-                train_dataset=train,
-                processing_class=tok,
-                callbacks=[rec],
-                perf=perf,
-                **kw,
-            )
+        train = Dataset.from_list(dpo_rows(length, steps))
+        trainer = sides.trainer("dpo", impl, train=train, **side, **kw)
     else:
         fixed = completions(length, tok, steps)
         rng = random.Random(2)
@@ -153,44 +129,22 @@ def run_one(impl: str, method: str, length: int, steps: int) -> dict:
             temperature=1.0,
         )
         rounds = iter(fixed)
+
+        def rollout(prompts, trainer):  # noqa: ANN001  (TRL's rollout_func: the fixed completions)
+            ids = next(rounds)
+            prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+            return {
+                "prompt_ids": prompt_ids,
+                "completion_ids": ids,
+                "logprobs": [[0.0] * len(c) for c in ids],
+            }
+
         if impl == "trl":
-            import trl
-
-            def rollout(prompts, trainer):  # noqa: ANN001
-                ids = next(rounds)
-                prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-                return {
-                    "prompt_ids": prompt_ids,
-                    "completion_ids": ids,
-                    "logprobs": [[0.0] * len(c) for c in ids],
-                }
-
             os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-            trainer = trl.GRPOTrainer(
-                model=model,
-                reward_funcs=[river_count],
-                train_dataset=train,
-                processing_class=tok,
-                args=trl.GRPOConfig(loss_type="dapo", **common),
-                callbacks=[rec],
-                rollout_func=rollout,
-            )
+            kw["rollout_func"] = rollout
         else:
-            from ablate.methods.grpo import GRPOConfig, GRPOTrainer
-            from ablate.speed.plan import SpeedSwitches
-
-            perf = SpeedSwitches.off() if impl == "ablate_plain" else SpeedSwitches()
-            trainer = GRPOTrainer(
-                model=model,
-                args=GRPOConfig(**common),
-                train_dataset=train,
-                processing_class=tok,
-                reward_funcs={"river_count": river_count},
-                callbacks=[rec],
-                generator=lambda model, prompt_ids: next(rounds),
-                perf=perf,
-                **kw,
-            )
+            kw["generator"] = lambda model, prompt_ids: next(rounds)
+        trainer = sides.trainer("grpo", impl, train=train, rewards=(river_count,), **side, **kw)
     trainer.train()
     out = {
         "step_seconds": rec.step_seconds,
@@ -271,10 +225,14 @@ def measure(impl: str, method: str, length: int, steps: int, limit_mb: float) ->
     }
 
 
-def planned_mb(method: str, length: int, impl: str) -> float:
-    """`ablate plan`'s total for the side's run (ablate.models.memory): one "GPU" a rank, fp32, AdamW,
-    gradient checkpointing, DDP over the ranks of a split sequence, the chunked head (TRL's fused head: the
-    same), the CPU's chunk of logits."""
+def planned_mb(
+    method: str, length: int, impl: str, runtime_mb: float = RUNTIME_MB, heap: bool = True
+) -> float:
+    """`ablate plan`'s total for the side's run on this CPU (ablate.models.memory, device "cpu": the peak
+    RSS of one process a rank): fp32, AdamW (fused: transformers' default), gradient checkpointing, DDP
+    over the ranks of a split sequence, the chunked head (TRL's fused head: the same) at the CPU's chunk,
+    glibc's heap as malloc leaves it (`heap=False`: its mmap threshold fixed), and the libraries'
+    `runtime_mb` the run measured."""
     from omegaconf import OmegaConf
 
     from ablate.cli.plan import meta_model, shape
@@ -296,7 +254,9 @@ def planned_mb(method: str, length: int, impl: str) -> float:
         sharded=False,
         sequence_parallel=ranks,
         chunked_head=impl != "ablate_plain",
-        head_chunk=1 << 24,  # ablate.losses.logps.LOGITS_CHUNK_ELEMENTS["cpu"]
+        device="cpu",
+        runtime_bytes=runtime_mb * 1e6,
+        heap_keeps_activations=heap,
     )
     return plan(m, s)["total"] / 1e6
 
@@ -304,7 +264,7 @@ def planned_mb(method: str, length: int, impl: str) -> float:
 def table(method: str, rows: list[dict]) -> str:
     lines = [
         f"{'tokens/seq':>10} {'impl':12} {'peak RSS MB':>11} {'vs trl':>7} {'s/step':>8} {'plan MB':>8} "
-        f"{'plan/(peak-runtime)':>19}  loss / grad norm per step"
+        f"{'plan/peak':>9}  loss / grad norm per step"
     ]
     trl = {r["length"]: r.get("peak_rss_mb") for r in rows if r["impl"] == "trl" and "peak_rss_mb" in r}
     for r in rows:
@@ -320,11 +280,10 @@ def table(method: str, rows: list[dict]) -> str:
             continue
         ratio = f"{r['peak_rss_mb'] / trl[r['length']]:.2f}x" if trl.get(r["length"]) else "-"
         steps = ", ".join(f"{lo:.6f} / {g:.6f}" for lo, g in zip(r["losses"], r["grad_norms"]))
-        plan = planned_mb(method, r["length"], r["impl"])
-        runtime = r.get("runtime_mb", RUNTIME_MB)
+        plan = planned_mb(method, r["length"], r["impl"], r.get("runtime_mb", RUNTIME_MB))
         lines.append(
             f"{r['length']:>10} {r['impl']:12} {r['peak_rss_mb']:11.0f} {ratio:>7} {r['step_seconds'][-1]:8.1f} "
-            f"{plan:8.0f} {plan / (r['peak_rss_mb'] - runtime):19.2f}  {steps}"
+            f"{plan:8.0f} {plan / r['peak_rss_mb']:9.2f}  {steps}"
         )
     return "\n".join(lines)
 

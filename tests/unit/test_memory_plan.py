@@ -53,6 +53,7 @@ def test_full_fine_tuning_fp32_one_gpu():
         "optimizer": 8000,
         "reference": 0,
         "activations": ACTIVATIONS,
+        "step": 0,  # a fused AdamW (transformers' default) steps without temporaries
         "total": 4000 + 8000 + ACTIVATIONS,
     }  # activations > gradients
 
@@ -229,3 +230,97 @@ def test_what_fits_tries_checkpointing_then_sequence_parallelism_then_offload(me
     assert (found and found[1]) == lever
     if found:
         assert plan(M, found[0])["total"] <= memory
+
+
+# ---- the optimizer step's temporaries, and a CPU's own memory ----
+def test_adamw_step_temporaries_as_each_implementation_allocates_them():
+    from ablate.models.memory import step_temporaries
+
+    # M: 1000 parameters in fp32, the head 80, an MLP matrix 8 x 16 = 128 (the largest tensor)
+    assert step_temporaries(M, FULL) == 0  # fused: one kernel a tensor
+    assert step_temporaries(M, dataclasses.replace(FULL, optimizer_step="foreach")) == 4000  # a copy of each
+    assert step_temporaries(M, dataclasses.replace(FULL, optimizer_step="single")) == 4 * (2 * 128 + 128)
+    assert step_temporaries(M, dataclasses.replace(FULL, optimizer_step="foreach", optimizer_states=1)) == 0
+    # the gradients and the step's temporaries are held at once, after the activations are freed
+    p = plan(M, dataclasses.replace(FULL, seq_len=1, optimizer_step="foreach"))
+    assert p["total"] == 4000 + 8000 + 4000 + 4000
+
+
+@pytest.mark.parametrize("step", ["foreach", "single", "fused"])
+def test_adamw_step_temporaries_match_torchs_adamw_on_this_cpu(step):
+    """The step's temporaries measured (live tensor bytes over AdamW.step, torch's own optimizer) on M's
+    tensors in a model's order: the embedding (the head's weight), then MLP matrices, and what is left."""
+    import torch
+    from plan_check import LiveBytes
+
+    from ablate.models.memory import step_temporaries
+
+    scale = 10_000  # M's counts x scale elements: big enough that small allocations do not count
+    mlp = M.hidden * M.intermediate
+    rest = M.params - M.head_params
+    sizes = [M.head_params, *[mlp] * (rest // mlp), rest % mlp]
+    params = [torch.nn.Parameter(torch.randn(n * scale)) for n in sizes]
+    kw = {"fused": True} if step == "fused" else {"foreach": step == "foreach"}
+    opt = torch.optim.AdamW(params, lr=1e-3, **kw)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()  # the moments exist from here on
+    live = LiveBytes()
+    for t in [*params, *(p.grad for p in params), *(v for s in opt.state.values() for v in s.values())]:
+        live.add(t)
+    before = live.now
+    with live:
+        opt.step()
+    planned = step_temporaries(M, dataclasses.replace(FULL, optimizer_step=step)) * scale
+    assert abs((live.peak - before) - planned) <= 0.05 * M.params * 4 * scale, (live.peak - before, planned)
+
+
+def test_a_cpu_plan_adds_the_libraries_and_keeps_the_activations_beside_the_gradients():
+    from ablate.losses.logps import LOGITS_CHUNK_ELEMENTS
+    from ablate.models.memory import HEAD_CHUNK
+
+    assert HEAD_CHUNK == LOGITS_CHUNK_ELEMENTS  # the arithmetic's chunk is the one the head runs
+    cpu = dataclasses.replace(FULL, chunked_head=True, device="cpu", runtime_bytes=500)
+    p = plan(M, cpu)
+    assert p["runtime"] == 500
+    # glibc's heap keeps the freed activations: activations + gradients, not the larger of the two
+    assert p["total"] == 500 + 4000 + 8000 + p["activations"] + 4000
+    lean = plan(M, dataclasses.replace(cpu, heap_keeps_activations=False))  # malloc_mmap_threshold set
+    assert lean["total"] == 500 + 4000 + 8000 + max(lean["activations"], 4000)
+    assert "runtime" not in plan(M, FULL)  # a GPU's memory holds no libraries
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("malloc", ["default", "threshold"])
+def test_cpu_plan_within_20_percent_of_the_long_context_benchmarks_peak_rss(malloc, tmp_path):
+    """benchmarks/long_context.py's ablate DPO side (SmolLM2-135M, fp32, checkpointing, one pair of 256
+    tokens a side, 2 steps), its own process: peak RSS against the CPU plan (the libraries' RSS the run
+    read, glibc's heap as malloc leaves it, or as MALLOC_MMAP_THRESHOLD_ fixes it)."""
+    import json
+    import os
+    import subprocess
+
+    import long_context
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if malloc == "threshold":
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"  # glibc's tunable: what malloc_mmap_threshold's mallopt sets
+    child = ["--child", "ablate", "--method", "dpo", "--lengths", "256", "--steps", "2"]
+    out = subprocess.run(
+        [sys.executable, str(bench / "long_context.py"), *child],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    ).stdout
+    run = json.loads(
+        next(ln for ln in out.splitlines() if ln.startswith(long_context.MARK))[len(long_context.MARK) :]
+    )
+    kept = malloc == "default"  # glibc's heap keeps the freed activations
+    planned = long_context.planned_mb("dpo", 256, "ablate", run["runtime_mb"], kept)
+    assert 0.8 <= planned / run["peak_rss_mb"] <= 1.2, (planned, run["peak_rss_mb"])
+    # the heap term is the one this malloc setting needs: nearer the peak than the other setting's plan
+    other = long_context.planned_mb("dpo", 256, "ablate", run["runtime_mb"], not kept)
+    assert abs(planned - run["peak_rss_mb"]) < abs(other - run["peak_rss_mb"]), (planned, other, run)

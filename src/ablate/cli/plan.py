@@ -100,6 +100,9 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         states = 1.0 if cfg.optimizer.optimizer.get("momentum", 0) else 0.0
     elif "8bit" in opt:
         fixed = 2.0
+    # torch.optim.AdamW's step: fused when asked, else foreach, its default on a GPU (single-tensor on a CPU)
+    node = cfg.optimizer.optimizer
+    step = "fused" if node.get("fused") else ("single" if node.get("foreach") is False else "foreach")
     if spec.generates:  # a sequence is a prompt and a sampled completion
         prompt = args.get("max_prompt_length")
         if prompt is None:
@@ -116,6 +119,7 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         peft=peft,
         optimizer_states=states,
         optimizer_fixed_bytes=fixed,
+        optimizer_step=step,
         reference=spec.reference_copy(args, ref_model, adapters=peft is not None),
         sequences=spec.sequences(int(args.per_device_train_batch_size)),
         seq_len=seq_len or length,

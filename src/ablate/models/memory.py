@@ -26,8 +26,34 @@ What each part counts, per GPU:
   the chunked head (ablate.speed.head: DPO's and GRPO's `completion_only_logits`) one chunk of rows of
   them, whatever the length. bf16/fp16 autocast over fp32 weights also keeps a half-precision copy of each
   weight it multiplies. Attention is a flash/memory-efficient kernel's: no [tokens, tokens] scores.
-- total: parameters + optimizer + reference + the larger of activations and gradients (the backward
-  frees a layer's activations as it makes its gradients; the gradients were freed before the forward).
+- step: the optimizer step's temporaries, beside the gradients: none for a fused AdamW (one kernel over
+  each tensor: TRL's and transformers' default `adamw_torch_fused`); a foreach AdamW's (torch.optim.AdamW's
+  own default on a GPU) `_foreach_sqrt` of the second moments, a copy of every trainable tensor; a
+  single-tensor AdamW's (its default on a CPU, where torch has no foreach kernels) the square root and the
+  denominator of the largest tensor (the embedding or the LM head), plus the previous tensor's
+  denominator (counted as one MLP matrix, the largest of a decoder layer).
+  Measured with live tensor bytes over AdamW.step on a CPU: 0, 1.00x and 2 x largest + previous.
+- total: parameters + optimizer + reference + the larger of activations and gradients with the step's
+  temporaries (the backward frees a layer's activations as it makes its gradients; the gradients were freed
+  before the forward).
+
+On a CPU (`device="cpu"`) the plan is the process's resident memory (peak RSS), not a GPU's: the head's
+chunk is the CPU's (ablate.losses.logps.LOGITS_CHUNK_ELEMENTS), and the total adds
+- runtime: the libraries' resident memory before any tensor exists (torch, transformers, TRL: ~520 MB), read
+  by the caller from a process that has imported them;
+- heap: what glibc keeps. torch's CPU tensors come from malloc, whose mmap threshold rises to the size of
+  each mmapped block freed (up to 32 MiB), so after the first step nearly every activation lives on the
+  heap, and the heap keeps its freed blocks resident for reuse (ablate.process.memory): the blocks the
+  backward frees stay resident beside the gradients, so the heap holds the activations and the gradients
+  at once (their sum, where a GPU's allocator holds the larger). `malloc_mmap_threshold` fixes the
+  threshold (`heap_keeps_activations=False`): blocks above it are mmapped and given back when freed, and
+  the larger of the two counts again. Measured (SmolLM2-135M DPO, one pair a step, fp32, checkpointing,
+  docs/plan.md): at 256 tokens a side the default malloc's peak RSS exceeds the fixed threshold's by
+  246 MB, against the plan's activations of 330 MB (its head chunk counts every position, the run projects
+  the completions' only); with the threshold fixed, peak RSS is the libraries plus the live tensors' peak
+  within 5%. Not counted: later steps' fragmentation on the default malloc (their
+  activations do not reuse every block the first step freed around the optimizer's state), which leaves
+  the plan at 0.8x of the peak at 1024-2048 tokens a side.
 """
 
 from __future__ import annotations
@@ -35,6 +61,9 @@ from __future__ import annotations
 import dataclasses
 
 GB = 1e9
+# logits elements in one chunk of the LM head, per device type (ablate.losses.logps.LOGITS_CHUNK_ELEMENTS,
+# which imports torch; tests/unit/test_memory_plan.py keeps the two equal)
+HEAD_CHUNK = {"cpu": 1 << 24, "cuda": 1 << 26}
 QLORA_BYTES = 4.127 / 8  # NF4 weight + its double-quantized absmax per 64-element block
 
 
@@ -73,7 +102,11 @@ class Setup:
     sequence_parallel: int = 1  # ranks that split each sequence (distributed.sequence_parallel)
     chunked_head: bool = False  # the LM head projects a chunk of rows at a time (no [tokens, vocab] logits)
     offload: bool = False  # activation offload: checkpointed layers' inputs in host memory (a GPU's)
-    head_chunk: int = 1 << 26  # logits elements a chunk (ablate.losses.logps.LOGITS_CHUNK_ELEMENTS: CUDA's)
+    head_chunk: int | None = None  # logits elements a chunk (None: the device's, HEAD_CHUNK)
+    optimizer_step: str = "fused"  # AdamW's step: fused | foreach | single (its temporaries: step)
+    device: str = "cuda"  # "cuda": bytes of one GPU's memory; "cpu": the process's resident memory
+    runtime_bytes: float = 0.0  # cpu: the libraries' resident memory before any tensor (read by the caller)
+    heap_keeps_activations: bool = True  # cpu: glibc's default malloc (False: malloc_mmap_threshold set)
 
 
 def plan(m: Shape, s: Setup) -> dict[str, float]:
@@ -96,11 +129,33 @@ def plan(m: Shape, s: Setup) -> dict[str, float]:
         "optimizer": trainable * per_state / shards,
         "reference": weights / shards if s.reference else 0.0,
         "activations": activations(m, s),
+        "step": step_temporaries(m, s),
     }
     # the backward frees each layer's activations as it makes that layer's gradients (set to None before
     # each forward): the step holds at most the larger of the two on top of the rest
-    total = parts["parameters"] + parts["optimizer"] + parts["reference"] + max(parts["activations"], grads)
+    held = max(parts["activations"], grads + parts["step"])
+    if s.device == "cpu":
+        parts["runtime"] = s.runtime_bytes
+        if s.heap_keeps_activations:  # glibc keeps the freed activations beside the gradients
+            held = max(parts["activations"] + grads, grads + parts["step"])
+    total = parts["parameters"] + parts["optimizer"] + parts["reference"] + held + parts.get("runtime", 0.0)
     return {**parts, "total": total}
+
+
+def step_temporaries(m: Shape, s: Setup) -> float:
+    """Bytes AdamW's step allocates beside the gradients (the module's docstring; 0 for SGD, 8-bit AdamW's
+    kernels are fused)."""
+    if s.optimizer_states != 2 or s.optimizer_fixed_bytes is not None or s.optimizer_step == "fused":
+        return 0.0
+    shards = s.gpus if s.sharded else 1
+    if s.peft:  # the adapters' fp32 tensors: small beside the rest
+        trainable, mlp, grad_bytes = m.adapter_params, 0, 4
+    else:
+        trainable, mlp, grad_bytes = m.params, m.hidden * m.intermediate, s.weight_bytes
+    if s.optimizer_step == "foreach":
+        return trainable * grad_bytes / shards
+    # single: the largest tensor's square root and denominator, and the tensor before it's denominator
+    return (2 * max(m.head_params, mlp) + mlp) * grad_bytes / shards
 
 
 def _weights(m: Shape, s: Setup) -> float:
@@ -128,7 +183,8 @@ def activations(m: Shape, s: Setup) -> float:
         held += 2 * tokens * residual  # the gathered final hidden states, and the rows the head keeps of them
         held += 2 * local * (m.hidden + 2 * m.kv_dim) * a  # one layer's q, k, v sent and received
     logits = 3 * 4 + a  # per logit: compute dtype, fp32 upcast, log-softmax, its gradient
-    head = min(s.head_chunk, tokens * m.vocab) * logits if s.chunked_head else tokens * m.vocab * logits
+    chunk = s.head_chunk or HEAD_CHUNK[s.device]
+    head = min(chunk, tokens * m.vocab) * logits if s.chunked_head else tokens * m.vocab * logits
     casts = 0.0
     if s.autocast and s.weight_bytes == 4:  # half-precision copies of the weights autocast multiplies
         # 4-bit: dequantized a layer at a time
