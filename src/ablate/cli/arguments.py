@@ -285,14 +285,24 @@ def _plan(command: Command) -> None:
         "plan",
         "memory per GPU of a run (parameters, gradients, optimizer, reference, activations): "
         "fits or not, no weights downloaded",
-        usage="ablate plan [key=value ...] [--gpus N] [--gpu-memory GB]",
+        usage="ablate plan [key=value ...] [--gpus N] [--gpu-memory GB] [--cpu]",
     )
     p.add_argument("overrides", nargs="*", help="key=value, as for train (model=qwen2_5_7b +peft=lora ...)")
     p.add_argument(
         "--gpus", type=int, default=1, help="GPUs the run spans: DDP replicates, distributed=fsdp shards (1)"
     )
     p.add_argument(
-        "--gpu-memory", type=float, default=80.0, metavar="GB", help="memory of one GPU in GB (80)"
+        "--gpu-memory",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="memory of one GPU in GB (80); with --cpu, of this machine (its RAM)",
+    )
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="plan for this machine's CPU: each process's peak resident memory (the libraries' as loaded "
+        "here, glibc's heap, the CPU's AdamW step); --gpus N counts processes",
     )
     p.add_argument(
         "--seq-len",

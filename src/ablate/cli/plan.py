@@ -1,10 +1,11 @@
-"""`ablate plan [overrides] [--gpus N] [--gpu-memory GB] [--seq-len N]`: the memory a run of the
+"""`ablate plan [overrides] [--gpus N] [--gpu-memory GB] [--seq-len N] [--cpu]`: the memory a run of the
 composed config needs per GPU, before any weight is downloaded. The model is built on the meta device
 from its config (ablate.models.architecture: a local dir's config.json, the HF cache's, or the one
 ablate ships for its hub presets), its parameters counted, and ablate.models.memory does the arithmetic
 for the config's method, precision, PEFT, optimizer, batch, gradient checkpointing (and offload),
 `distributed` (and its sequence parallelism) and the LM head the trainer's speed paths run. A run that
-does not fit is told the first long-context lever that would make it fit (`what_fits`).
+does not fit is told the first long-context lever that would make it fit (`what_fits`). `--cpu` plans a
+process on this machine instead: its peak resident memory, the libraries' as loaded here included.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def shape(model: Any, peft_cfg: DictConfig | None) -> Shape:
     )
 
 
-def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[str]]:
+def setup(cfg: DictConfig, gpus: int, seq_len: int | None, cpu: bool = False) -> tuple[Setup, list[str]]:
     """How the composed config trains (its method's facts: ablate.schema.method), and notes on what was
-    assumed."""
+    assumed. `cpu`: each process's resident memory on this machine (ablate.models.memory, "On a CPU")."""
     args, notes = cfg.method.args, []
     spec = MethodSpec.of(cfg.method)
     peft = None if cfg.get("peft") is None else ("qlora" if cfg.model.get("quantization_config") else "lora")
@@ -102,7 +103,12 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         fixed = 2.0
     # torch.optim.AdamW's step: fused when asked, else foreach, its default on a GPU (single-tensor on a CPU)
     node = cfg.optimizer.optimizer
-    step = "fused" if node.get("fused") else ("single" if node.get("foreach") is False else "foreach")
+    foreach = node.get("foreach")
+    step = (
+        "fused"
+        if node.get("fused")
+        else ("foreach" if foreach or (foreach is None and not cpu) else "single")
+    )
     if spec.generates:  # a sequence is a prompt and a sampled completion
         prompt = args.get("max_prompt_length")
         if prompt is None:
@@ -127,7 +133,21 @@ def setup(cfg: DictConfig, gpus: int, seq_len: int | None) -> tuple[Setup, list[
         gpus=gpus,
         sharded=bool(cfg.distributed.get("fsdp")),
         **long_context(cfg),
+        **(on_this_cpu(cfg) if cpu else {}),
     ), notes
+
+
+def on_this_cpu(cfg: DictConfig) -> dict[str, Any]:
+    """A CPU run's own terms: the libraries' resident memory, measured in this process once it has loaded
+    what the run loads (torch, transformers, the method's trainer: long_context imported it), and whether
+    glibc keeps freed activations in its heap (malloc_mmap_threshold unset)."""
+    import psutil
+
+    return {
+        "device": "cpu",
+        "runtime_bytes": float(psutil.Process().memory_info().rss),
+        "heap_keeps_activations": cfg.get("malloc_mmap_threshold") is None,
+    }
 
 
 def long_context(cfg: DictConfig) -> dict[str, Any]:
@@ -148,19 +168,22 @@ def long_context(cfg: DictConfig) -> dict[str, Any]:
 
 
 def planned(
-    cfg: DictConfig, gpus: int, seq_len: int | None
+    cfg: DictConfig, gpus: int, seq_len: int | None, cpu: bool = False
 ) -> tuple[Shape, Setup, dict[str, float], list[str]]:
-    """The model's shape, how it trains, the bytes per GPU of each part (and their total; a vLLM engine's:
-    engine_plan), and notes."""
+    """The model's shape, how it trains, the bytes per GPU (per process: `cpu`) of each part (and their
+    total; a vLLM engine's: engine_plan), and notes."""
     m = shape(meta_model(cfg.model), cfg.get("peft"))
-    s, notes = setup(cfg, gpus, seq_len)
+    s, notes = setup(cfg, gpus, seq_len, cpu)
     parts = plan(m, s)
     return m, s, parts, notes + other_models(cfg, m, s, parts)
 
 
-def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout) -> bool:
-    """Print the plan; True if it fits `memory` GB per GPU."""
-    m, s, parts, notes = planned(cfg, gpus, seq_len)
+def report(
+    cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: Any = sys.stdout, cpu: bool = False
+) -> bool:
+    """Print the plan; True if it fits `memory` GB per GPU (per process on this CPU: `cpu`)."""
+    m, s, parts, notes = planned(cfg, gpus, seq_len, cpu)
+    unit, units = ("process", "processes") if cpu else ("GPU", "GPUs")
     model = cfg.model.get("path") or str(cfg.model._target_).rsplit(".", 1)[-1]
     wrap = f"FSDP full shard over {gpus}" if s.sharded else (f"DDP over {gpus}" if gpus > 1 else "1")
     autocast = f", {'bf16' if cfg.precision.get('bf16') else 'fp16'} autocast" if s.autocast else ""
@@ -168,10 +191,10 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
         f"{model}: {m.params / 1e9:.3f}B parameters ({m.params:,}), {cfg.method.name}, "
         f"{'PEFT ' + s.peft + f' ({m.adapter_params:,} trainable)' if s.peft else 'full fine-tuning'}, "
         f"{cfg.model.get('dtype', 'float32')} weights{autocast}, "
-        f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} GPU{'s' if gpus > 1 else ''}",
+        f"gradient checkpointing {'on' if s.checkpointing else 'off'}, {wrap} {units if gpus > 1 else unit}",
         file=out,
     )
-    split = f", split over {s.sequence_parallel} GPUs" if s.sequence_parallel > 1 else ""
+    split = f", split over {s.sequence_parallel} {units}" if s.sequence_parallel > 1 else ""
     head = "the LM head in chunks" if s.chunked_head else "full logits"
     offload = ", activations offloaded to host memory" if s.offload else ""
     print(f"micro-batch: {s.sequences} sequences x {s.seq_len} tokens{split}; {head}{offload}", file=out)
@@ -184,14 +207,14 @@ def report(cfg: DictConfig, gpus: int, memory: float, seq_len: int | None, out: 
     if packages:
         print(f"the run needs: {', '.join(packages)}", file=out)
     rollouts = engine_plan(cfg, m, memory, parts, out)
-    print("per GPU:", file=out)
+    print(f"per {unit}:", file=out)
     for part, value in sorted(parts.items(), key=lambda kv: kv[0] == "total"):  # the total last
         print(f"  {part:12} {size(value):>10}", file=out)
     if rollouts:
         print(rollouts, file=out)
     fits = parts["total"] <= memory * GB
     print(
-        f"{'fits' if fits else 'does not fit'} in {memory:g} GB per GPU "
+        f"{'fits' if fits else 'does not fit'} in {memory:.3g} GB per {unit} "
         f"({size(parts['total'])}, {100 * parts['total'] / (memory * GB):.0f}%)",
         file=out,
     )
@@ -265,11 +288,15 @@ def plan_cmd(args: Any) -> None:
 
     if args.gpus < 1:
         fail(f"--gpus {args.gpus}: must be 1 or more")
+    if args.gpu_memory is None:  # a GPU's 80 GB, or this machine's memory shared by its processes
+        import psutil
+
+        args.gpu_memory = psutil.virtual_memory().total / GB / args.gpus if args.cpu else 80.0
     if not args.gpu_memory > 0:
         fail(f"--gpu-memory {args.gpu_memory:g}: must be a positive number of GB (80 for an A100/H100 80GB)")
     if args.seq_len is not None and args.seq_len < 1:
         fail(f"--seq-len {args.seq_len}: must be 1 or more tokens")
     with one_line_errors():  # a plan is arithmetic: it imports none of the optional packages it names
         cfg = _compose(args.overrides, args.config_dir, packages=False)
-        fits = report(cfg, args.gpus, args.gpu_memory, args.seq_len)
+        fits = report(cfg, args.gpus, args.gpu_memory, args.seq_len, cpu=args.cpu)
     sys.exit(0 if fits else 1)
