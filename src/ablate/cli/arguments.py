@@ -296,7 +296,7 @@ def _plan(command: Command) -> None:
         type=float,
         default=None,
         metavar="GB",
-        help="memory of one GPU in GB (80); with --cpu, of this machine (its RAM)",
+        help="memory of one GPU in GB (80); with --cpu, a process's share of this machine's RAM",
     )
     p.add_argument(
         "--cpu",
