@@ -4,6 +4,7 @@ never moved. The callbacks every run gets are `ablate.record.callbacks`."""
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 from typing import Any
@@ -92,7 +93,7 @@ class NaNGuard(TrainerCallback):
             )
 
 
-class FollowMetric(TrainerCallback):
+class FollowMetric(TrainerCallback, abc.ABC):
     """A callback that follows one logged metric, `self.metric`: `on_metric` runs at every log event that
     holds it as a number (an eval's `eval_*` or a train metric); the other log events pass it by."""
 
@@ -110,8 +111,9 @@ class FollowMetric(TrainerCallback):
         if isinstance(value, (int, float)):
             self.on_metric(value, state, control)
 
+    @abc.abstractmethod
     def on_metric(self, value: float, state: TrainerState, control: TrainerControl) -> None:
-        raise NotImplementedError
+        """What the callback does with the value (EarlyStop: counts patience; the study: reports it)."""
 
 
 class EarlyStop(FollowMetric):
