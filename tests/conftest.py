@@ -42,17 +42,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # cluster (test_slurm_multinode turns it into two nodes and back while it runs).
 SHARED = {"tests/slow/test_slurm.py": "slurm", "tests/slow/test_slurm_multinode.py": "slurm"}
 # The longest groups start first (xdist hands groups out in collection order), so that the workers
-# end together rather than one finishing a long group alone: the groups that took over 4 minutes of a
-# worker (2 cores, 2026-12-02), longest first; the others follow by their number of tests.
+# end together rather than one finishing a long group alone: the groups that took over 3 minutes of a
+# worker (2 cores, 2026-12-02 and -07, `--durations`), longest first; the others follow by their number of
+# tests. A group of one or two long tests (the calculator's, the GPU benchmark's CPU mode) would otherwise
+# come last and run alone: on 2026-12-07 the slow suite's last 5 minutes were one test on one worker.
 FIRST = [
-    "tests/integration/test_kill_resume.py",
-    "tests/slow/test_smollm2.py",
     "slurm",
+    "tests/slow/test_smollm2.py",
     "docs:README.md",
-    "tests/integration/test_run_dir.py",
-    "tests/slow/test_sweeps.py",
     "tests/slow/test_fsdp.py",
+    "tests/slow/test_calc_tools.py",
+    "tests/slow/test_sweeps.py",
+    "tests/integration/test_kill_resume.py",
     "tests/slow/test_ray.py",
+    "tests/slow/test_gpu_bench_cpu.py",
+    "tests/slow/test_smollm2_tools.py",
+    "tests/integration/test_bad_inputs.py",
+    "tests/integration/test_run_dir.py",
     "tests/integration/test_train.py",
 ]
 DOC_LINE = re.compile(r"tests/integration/test_readme\.py::test_doc_line_runs\[([^:\]]+):\d+ ")

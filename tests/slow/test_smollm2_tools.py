@@ -18,6 +18,7 @@ def test_smollm2_calls_the_calculator_in_the_hermes_format(tmp_path):
         "+experiment=smollm2_calc_tools",
         "model.path=sft/model",
         "hydra.run.dir=grpo",
+        "method.args.max_steps=2",  # of the experiment's 4: every step's rollouts are checked, two show it (CI's time)
         cwd=tmp_path,
         timeout=3600,
     )
@@ -25,5 +26,5 @@ def test_smollm2_calls_the_calculator_in_the_hermes_format(tmp_path):
     assert summary(tmp_path / "grpo")["status"] == "completed"
     assert "tool_call_format=hermes" in (tmp_path / "grpo" / "ablate.log").read_text()
     events = [e for e in metrics(tmp_path / "grpo") if "reward" in e]
-    assert len(events) == 4 and all(e["tools/call_frequency"] > 0 for e in events), events
-    assert sum(e["tools/failure_frequency"] for e in events) / 4 < 0.5  # the calls it writes run
+    assert len(events) == 2 and all(e["tools/call_frequency"] > 0 for e in events), events
+    assert sum(e["tools/failure_frequency"] for e in events) / 2 < 0.5  # the calls it writes run
