@@ -7,8 +7,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys

@@ -27,4 +27,4 @@ def test_smollm2_calls_the_calculator_in_the_hermes_format(tmp_path):
     assert "tool_call_format=hermes" in (tmp_path / "grpo" / "ablate.log").read_text()
     events = [e for e in metrics(tmp_path / "grpo") if "reward" in e]
     assert len(events) == 2 and all(e["tools/call_frequency"] > 0 for e in events), events
-    assert sum(e["tools/failure_frequency"] for e in events) / 2 < 0.5  # the calls it writes run
+    assert sum(e["tools/failure_frequency"] for e in events) / len(events) < 0.5  # the calls it writes run
