@@ -2,6 +2,7 @@
 
     python benchmarks/long_context.py --method dpo --lengths 2048 4096 8192 16384
     python benchmarks/long_context.py --method grpo --lengths 2048 4096 --impls ablate,trl,ablate_sp2
+    python benchmarks/long_context.py --lengths 8192 --impls ablate_fsdp_sp2   # FSDP2 x sequence parallel
     ... --limit-mb 9000     # a run whose memory (all its processes) passes this is stopped: "over"
     ... --steps 2           # optimizer steps per run (s/step: the last one; the first carries warm-up)
 
@@ -19,9 +20,11 @@ from GPU memory to host memory, and on a CPU they are already there.
 
 Sides: `ablate`, `ablate_plain` (speed=off: TRL's layout and full logits, the reference for equal
 losses), `trl`, `ablate_sp2` (2 gloo ranks under torchrun, `sequence_parallel=2`: each rank holds half
-of every sequence through the decoder; peak RSS per rank, the larger of the two). Each run is its own
-process (peak RSS is its own); the table gives peak RSS, the ratio to TRL's, seconds of the last step,
-and each step's loss and gradient norm next to the first side's. Not part of the test run.
+of every sequence through the decoder; peak RSS per rank, the larger of the two), `ablate_fsdp_sp2` (the
+same under FSDP2, full shard: parameters, gradients and AdamW's state split over the 2 ranks too). Each
+run is its own process (peak RSS is its own); the table gives peak RSS, the ratio to TRL's, seconds of
+the last step, `ablate plan`'s total for the run (glibc's heap as `MALLOC_MMAP_THRESHOLD_` leaves it), and
+each step's loss and gradient norm. Not part of the test run.
 """
 
 from __future__ import annotations
@@ -104,8 +107,12 @@ def run_one(impl: str, method: str, length: int, steps: int) -> dict:
     )
     rec = harness.StepRecorder()
     kw: dict = {}
-    if impl.startswith("ablate_sp"):
-        kw["sequence_parallel"] = int(impl.removeprefix("ablate_sp"))
+    if _ranks(impl) > 1:
+        kw["sequence_parallel"] = _ranks(impl)
+    if impl.startswith("ablate_fsdp"):  # conf/distributed/fsdp.yaml's TrainingArguments keys
+        common.update(
+            fsdp=True, fsdp_config={"fsdp_version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+        )
     if impl == "ablate_plain":
         from ablate.speed.plan import SpeedSwitches
 
@@ -179,8 +186,8 @@ def _rss_mb(pids: list[int]) -> float:
 def measure(impl: str, method: str, length: int, steps: int, limit_mb: float) -> dict:
     """One side in its own process(es), stopped if their memory passes `limit_mb`."""
     child = [__file__, "--child", impl, "--method", method, "--lengths", str(length), "--steps", str(steps)]
-    if impl.startswith("ablate_sp"):
-        ranks = impl.removeprefix("ablate_sp")
+    if _ranks(impl) > 1:
+        ranks = _ranks(impl)
         cmd = [
             sys.executable,
             "-m",
@@ -225,6 +232,11 @@ def measure(impl: str, method: str, length: int, steps: int, limit_mb: float) ->
     }
 
 
+def _ranks(impl: str) -> int:
+    """The ranks a side splits each sequence over (`ablate_sp2`, `ablate_fsdp_sp2`: 2; else 1)."""
+    return int(impl.rpartition("_sp")[2]) if "_sp" in impl else 1
+
+
 def planned_mb(
     method: str, length: int, impl: str, runtime_mb: float = RUNTIME_MB, heap: bool = True
 ) -> float:
@@ -239,7 +251,7 @@ def planned_mb(
     from ablate.models.memory import Setup, plan
 
     m = shape(meta_model(OmegaConf.create({"_target_": "ablate.models.smollm2_135m"})), None)
-    ranks = int(impl.removeprefix("ablate_sp")) if impl.startswith("ablate_sp") else 1
+    ranks = _ranks(impl)
     s = Setup(
         weight_bytes=4,
         autocast=False,
@@ -251,7 +263,7 @@ def planned_mb(
         seq_len=length,
         checkpointing=True,
         gpus=ranks,
-        sharded=False,
+        sharded=impl.startswith("ablate_fsdp"),
         sequence_parallel=ranks,
         chunked_head=impl != "ablate_plain",
         device="cpu",
@@ -267,6 +279,7 @@ def table(method: str, rows: list[dict]) -> str:
         f"{'plan/peak':>9}  loss / grad norm per step"
     ]
     trl = {r["length"]: r.get("peak_rss_mb") for r in rows if r["impl"] == "trl" and "peak_rss_mb" in r}
+    heap = "MALLOC_MMAP_THRESHOLD_" not in os.environ  # the children inherit it: glibc's heap as it is set
     for r in rows:
         if "over" in r:
             lines.append(
@@ -280,7 +293,7 @@ def table(method: str, rows: list[dict]) -> str:
             continue
         ratio = f"{r['peak_rss_mb'] / trl[r['length']]:.2f}x" if trl.get(r["length"]) else "-"
         steps = ", ".join(f"{lo:.6f} / {g:.6f}" for lo, g in zip(r["losses"], r["grad_norms"]))
-        plan = planned_mb(method, r["length"], r["impl"], r.get("runtime_mb", RUNTIME_MB))
+        plan = planned_mb(method, r["length"], r["impl"], r.get("runtime_mb", RUNTIME_MB), heap=heap)
         lines.append(
             f"{r['length']:>10} {r['impl']:12} {r['peak_rss_mb']:11.0f} {ratio:>7} {r['step_seconds'][-1]:8.1f} "
             f"{plan:8.0f} {plan / r['peak_rss_mb']:9.2f}  {steps}"
@@ -295,7 +308,7 @@ def main() -> None:
     p.add_argument(
         "--impls",
         default="ablate,trl,ablate_sp2",
-        help="comma-separated: ablate, ablate_plain, trl, ablate_spN",
+        help="comma-separated: ablate, ablate_plain, trl, ablate_spN, ablate_fsdp_spN",
     )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument(

@@ -60,7 +60,9 @@ def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
         return None
     head = lm.get_output_embeddings()
     backbone = getattr(lm, getattr(lm, "base_model_prefix", ""), None)
-    if type(head) is not nn.Linear or backbone is None:  # e.g. peft's lora.Linear around the head
+    # a plain Linear, or one FSDP2 shards (its class made from nn.Linear); not peft's lora.Linear
+    plain = type(head) is nn.Linear or (sharded(head) and isinstance(head, nn.Linear))
+    if not plain or backbone is None:
         return None
     return backbone, head
 
@@ -119,6 +121,26 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@contextlib.contextmanager
+def head_scores(head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperature: float) -> Iterator[dict]:
+    """`head` returns the log-probs of `tgt` at flat positions `src` of its input for the block, in chunks
+    (`completion_logps`); their stats go to the dict yielded. For FSDP2: the head's weight is whole only
+    inside its own call (its hooks gather it before and reduce-scatter its gradient after), so the chunked
+    projection runs there, in the root's forward, instead of on the sharded weight after it."""
+    stats: dict[str, torch.Tensor] = {}
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        logps, got = completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
+        stats.update(got)
+        return logps
+
+    head.forward = forward  # an instance attribute, as head_passes_hidden's
+    try:
+        yield stats
+    finally:
+        del head.forward
+
+
 def scored_logps(
     model: nn.Module,
     inputs: dict,
@@ -132,7 +154,8 @@ def scored_logps(
 
     With `split` and a model `lm_parts` knows, the backbone runs alone and the head only at `src`, in
     chunks (`ablate.speed.head`); a wrapper's (DDP's) forward runs whole, its head passing the hidden
-    states through (`head_passes_hidden`); otherwise the model's own forward, the logits at `src` picked (no
+    states through (`head_passes_hidden`); FSDP2's root runs whole, its head scoring in its own call
+    (`head_scores`); otherwise the model's own forward, the logits at `src` picked (no
     float32 copy of them: ablate.losses.logps.logits_logps). The
     caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
     parts = lm_parts(model) if split and not sharded(model) else None
@@ -143,6 +166,10 @@ def scored_logps(
     # DDP, FSDP2: the wrapper's (root's) own forward must run (its hooks gather weights, reduce gradients)
     inner = getattr(model, "module", model) if split else None
     parts = lm_parts(inner) if isinstance(inner, nn.Module) else None
+    if parts is not None and sharded(model):  # the head scores inside its own call (no [tokens, vocab])
+        with head_scores(parts[1], src, tgt, temperature) as stats:
+            logps = model(**inputs, use_cache=False).logits
+        return logps, dict(stats)
     if parts is not None:
         with head_passes_hidden(parts[1]):  # the forward returns the final hidden states
             hidden = model(**inputs, use_cache=False).logits
