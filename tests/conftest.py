@@ -9,6 +9,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -313,6 +314,28 @@ def ablate_started(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def gloo_ranks(code: str, *args: str, timeout: int = 300, ranks: int = 2) -> list[tuple[int, str, str]]:
+    """Python `code` run as `ranks` processes of one gloo world on this machine (torchrun's variables set, each
+    its own rank, one thread, a free rendezvous port): each rank's (return code, stdout, stderr)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks)}
+    env["OMP_NUM_THREADS"] = "1"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(ranks)
+    ]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -7,10 +7,9 @@ were built: at 8k tokens a side a DPO pair held 7.7 GB a rank where one process 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
+
+from conftest import gloo_ranks
 
 RANK = textwrap.dedent("""
     import json
@@ -62,22 +61,10 @@ RANK = textwrap.dedent("""
 
 
 def test_fsdp_scores_with_the_chunked_head_and_equals_the_plain_model():
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29900 + os.getpid() % 90)}
-    env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    for out, _ in outs:
+    outs = gloo_ranks(RANK)
+    for code, _, err in outs:
+        assert code == 0, err[-3000:]
+    for _, out, _ in outs:
         r = json.loads(out.strip().splitlines()[-1])
         assert r["sharded"] and r["parts"], r  # FSDP's head is a Linear the split knows
         assert r["logps"] < 1e-5 and r["entropy"] < 1e-5, r

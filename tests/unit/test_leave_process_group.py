@@ -2,12 +2,12 @@
 left to the interpreter's exit, gloo's threads can abort a rank that completed its run (SIGABRT,
 "terminate called without an active exception"; seen once in the FSDP slow test)."""
 
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from conftest import gloo_ranks
 
 RANK = textwrap.dedent("""
     import os, sys
@@ -28,25 +28,9 @@ RANK = textwrap.dedent("""
 
 @pytest.mark.parametrize("how", ["finished", "failed"])
 def test_both_ranks_leave_the_group_and_exit_cleanly(tmp_path, how):
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(29000 + os.getpid() % 900 + (how == "failed")),
-        "WORLD_SIZE": "2",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, how],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, err[-2000:]
+    outs = gloo_ranks(RANK, how, timeout=120)
+    for r, (code, out, err) in enumerate(outs):
+        assert code == 0, err[-2000:]
         assert f"rank {r} sum 3 initialized False" in out, (out, err[-2000:])
 
 

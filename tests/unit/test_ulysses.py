@@ -6,12 +6,10 @@ loader that gives a sequence group's ranks the same batches. Whole runs: tests/s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import gloo_ranks
 import torch
 from torch.utils.data import BatchSampler
 
@@ -89,22 +87,10 @@ CASES = [
 
 
 def test_two_ranks_equal_one_process(tmp_path):
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29100 + os.getpid() % 800)}
-    env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, json.dumps(CASES)],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    for rank_results in (json.loads(out.strip().splitlines()[-1]) for out, _ in outs):
+    outs = gloo_ranks(RANK, json.dumps(CASES))
+    for code, _, err in outs:
+        assert code == 0, err[-3000:]
+    for rank_results in (json.loads(out.strip().splitlines()[-1]) for _, out, _ in outs):
         assert [r["case"] for r in rank_results] == [list(c) for c in CASES]
         for r in rank_results:
             assert r["logits"] < 1e-5, r
