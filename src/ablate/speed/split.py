@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -110,15 +111,22 @@ def head_passes_hidden(head: nn.Linear) -> Iterator[None]:
     gradients of everything its forward's graph reaches) gives the final hidden states as `logits`, which
     the chunked head then projects at the scored positions with the same weight (its gradient reaches
     DDP's hooks as any other parameter's)."""
-    head.forward = _identity  # an instance attribute: shadows nn.Linear.forward for this module only
-    try:
+    with _forward_as(head, _identity):
         yield
-    finally:
-        del head.forward
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+@contextlib.contextmanager
+def _forward_as(head: nn.Module, forward: Any) -> Iterator[None]:
+    """`head`'s calls run `forward` for the block (its hooks still run around it: DDP's, FSDP's)."""
+    head.forward = forward  # an instance attribute: shadows the class's forward for this module only
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 @contextlib.contextmanager
@@ -134,11 +142,8 @@ def head_scores(head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperatu
         stats.update(got)
         return logps
 
-    head.forward = forward  # an instance attribute, as head_passes_hidden's
-    try:
+    with _forward_as(head, forward):
         yield stats
-    finally:
-        del head.forward
 
 
 def scored_logps(
