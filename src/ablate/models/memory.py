@@ -24,7 +24,7 @@ What each part counts, per GPU:
   positions, otherwise the final hidden states are gathered (the whole sequence on every rank, and the
   copy the head keeps) and every position projected on every rank. The LM head: the full logits in fp32
   (logits, log-softmax and their gradients: 3 vocab-wide fp32 rows a token, plus the compute-dtype
-  logits), or with the chunked head (ablate.speed.head: DPO's and GRPO's `completion_only_logits`) one
+  logits), or with the chunked head (ablate.speed.head: SFT's, DPO's and GRPO's `completion_only_logits`) one
   chunk of rows of them, whatever the length. bf16/fp16 autocast over fp32 weights also keeps a
   half-precision copy of each weight it multiplies. Attention is a flash/memory-efficient kernel's: no
   [tokens, tokens] scores.

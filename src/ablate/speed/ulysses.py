@@ -13,7 +13,7 @@ positions (`Ulysses`, forward hooks on the model's own modules: nothing of the m
         all-to-all <── its output, back to my positions   [B, T/N, H, d]   kernel (sdpa, eager, packed)
     final norm ─ all-gather ─> [B, T, h]: the LM head, the log-probs and the loss run unchanged
     (or, where the trainer scores tokens through ablate.speed.split.scored_logps with the chunked head:
-    DPO, GRPO, no gather: the head projects my positions' tokens only, and the [scored tokens] log-probs
+    SFT, DPO, GRPO, no gather: the head projects my positions' tokens only, and the [scored tokens] log-probs
     and their stats are summed over the group: `Ulysses.scoring_locally`, `Shard.scores`)
 
 Attention sees every position of its heads with the model's own mask, position ids and kernel, so the
@@ -30,9 +30,9 @@ per rank, N times) cancel the same way; the logged loss and gradient norm are th
 Departures from the paper: heads need not divide by N (DeepSpeed's later "uneven heads"): rank j gets
 `ceil` or `floor` of H/N query heads and the key/value heads those need (grouped-query attention: a
 key/value head is sent to each rank whose query heads read it; where a rank's heads cut a group, the
-kernel gets them expanded). Where the trainer scores through the chunked head (DPO, GRPO), each rank
-projects only its own positions, so neither the head's matmuls nor the hidden states it keeps for the
-backward are repeated on every rank; other trainers (SFT, distillation, KTO, reward models) get the
+kernel gets them expanded). Where the trainer scores through the chunked head (SFT, DPO, GRPO), each
+rank projects only its own positions, so neither the head's matmuls nor the hidden states it keeps for
+the backward are repeated on every rank; other trainers (distillation, KTO, reward models) get the
 gathered hidden states and project every position on every rank.
 """
 
