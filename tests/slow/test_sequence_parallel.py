@@ -56,10 +56,13 @@ def _assert_equal(got: Path, want: Path) -> None:
         assert abs(norm - norm0) <= 1e-5 * max(1.0, norm0), (a, b)
 
 
-def _split_forwards(run_dir: Path) -> int:
-    """The forwards rank 0 split (each rank logs its count to ablate.log: the largest is rank 0's too)."""
+def _split_forwards(run_dir: Path, scored_locally: bool = False) -> int:
+    """The forwards rank 0 split (each rank logs its count to ablate.log: the largest is rank 0's too), or
+    of those, the ones scored on each rank's own positions (the chunked head: DPO, GRPO)."""
     lines = [ln for ln in (run_dir / "ablate.log").read_text().splitlines() if "forwards split" in ln]
     assert lines, "no 'forwards split' line: the run did not split its sequences"
+    if scored_locally:
+        return max(int(ln.split("forwards split (")[1].split()[0]) for ln in lines)
     return max(int(ln.split("sequence parallelism: ")[1].split()[0]) for ln in lines)
 
 
@@ -87,6 +90,10 @@ def test_a_sequence_split_over_n_ranks_equals_one_process(runs, one_process, met
     _train(run, method, "method.args.use_cpu=true", f"distributed.sequence_parallel={ranks}", ranks=ranks)
     _assert_equal(run, one_process[method])
     assert _split_forwards(run) >= 2  # at least the training forwards of both steps
+    # SFT, DPO and GRPO score through the chunked head: each rank projects its own positions (no all-gather);
+    # distillation reads the model's logits (gathered)
+    local = _split_forwards(run, scored_locally=True)
+    assert local >= 2 if method != "method=distill" else local == 0
     log = (run / "ablate.log").read_text()
     assert f"sequence parallelism: {ranks} ranks per sequence, 1 data-parallel group(s)" in log
 
@@ -107,6 +114,7 @@ def test_fsdp_with_sequences_split_equals_one_process(runs, one_process):
     _train(run, "distributed=fsdp", "distributed.sequence_parallel=2", ranks=2)
     _assert_equal(run, one_process["method=dpo"])
     assert _split_forwards(run) >= 2
+    assert _split_forwards(run, scored_locally=True) >= 2  # FSDP's head scores this rank's positions
 
 
 def test_more_ranks_per_sequence_than_the_job_has_is_one_line(tmp_path):

@@ -193,13 +193,16 @@ def test_the_chunked_head_keeps_one_chunk_of_logits_whatever_the_length():
     assert longer["activations"] == 60 * 2 * 640 + 20 * 16  # the layers grow with the tokens, the head not
 
 
-def test_sequence_parallelism_divides_the_decoders_tokens_and_gathers_the_last_hidden_states():
+def test_sequence_parallelism_divides_the_decoders_tokens_and_gathers_the_last_hidden_states_for_full_logits():
     p = plan(M, dataclasses.replace(CKPT, sequence_parallel=2))
     local = 3 * (2 * 32 + 640)  # 3 of the 6 tokens through the decoder
     gathered = 2 * 6 * 32  # the final hidden states of all 6 tokens, and the head's copy of them
     exchange = 2 * 3 * (8 + 2 * 4) * 4  # one layer's q, k, v of my 3 tokens, sent and received
     assert p["activations"] == local + gathered + exchange + 6 * 160  # full logits: every rank's head
     assert p["parameters"] == plan(M, CKPT)["parameters"]  # weights as the wrapper says (DDP: whole)
+    # the chunked head: each rank projects its own 3 tokens' positions, nothing gathered
+    chunked = plan(M, dataclasses.replace(CKPT, sequence_parallel=2, chunked_head=True, head_chunk=100))
+    assert chunked["activations"] == local + exchange + min(100, 3 * 10) * 16
 
 
 def test_offload_keeps_one_layers_work_on_the_device():

@@ -124,7 +124,12 @@ class AblateTrainer(Trainer):
         try:
             return super().train(*args, **kwargs)
         finally:
-            log.info("sequence parallelism: %d forwards split", self.sequence_split.forwards)
+            split = self.sequence_split
+            log.info(
+                "sequence parallelism: %d forwards split (%d scored on each rank's own positions)",
+                split.forwards,
+                split.scored_forwards,
+            )
 
     # ---- distributed=fsdp (ablate.methods.fsdp) ----
 

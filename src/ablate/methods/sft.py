@@ -22,7 +22,7 @@ from ablate.methods.tokenized import TokenizedRows
 from ablate.schema.args import SFTArgs
 from ablate.speed import plan as speed_plan
 from ablate.speed.plan import PrintPlan, Setting, SpeedSwitches
-from ablate.speed.split import keep_from
+from ablate.speed.split import keep_from, scored_logps
 
 
 @dataclass
@@ -60,8 +60,10 @@ class SFTCollator:
 
 
 class SFTTrainer(TokenizedRows, AblateTrainer):
-    """Next-token NLL on the completion, given the prompt. Its one speed path, `lean_layers` (conf/speed/),
-    is decided by ablate.speed.plan as the other trainers' are."""
+    """Next-token NLL on the completion, given the prompt. Its speed paths (conf/speed/): `lean_layers`,
+    and `completion_only_logits` (the LM head only at the positions that score a label, in chunks: no
+    [tokens, vocab] logits, whatever the length; under sequence parallelism each rank its own positions),
+    decided by ablate.speed.plan as the other trainers' are."""
 
     tokenize = staticmethod(prepare_sft)  # any TRL SFT format -> prompt/completion ids (loss on the latter)
     speed_paths = speed_plan.SFT  # the speed paths it runs (ablate.speed.plan; `ablate plan` reads them)
@@ -116,6 +118,10 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
         # logits only from the first position that scores a label on (the prompt's are never used), unless
         # an eval's compute_metrics hook receives them (with the labels, every position)
         whole = return_outputs and self.compute_metrics is not None
+        if not whole and self.speed_plan.on("completion_only_logits"):
+            return super().compute_loss(
+                self._scored(model, inputs["labels"]), model_inputs, return_outputs, num_items_in_batch
+            )
         keep = (
             {} if whole else keep_from(self.accelerator.unwrap_model(model), inputs["labels"][:, 1:] != -100)
         )
@@ -125,6 +131,29 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
             forward, {**model_inputs, **keep, "use_cache": False}, return_outputs, num_items_in_batch
         )
 
+    def _scored(self, model: nn.Module, labels: torch.Tensor) -> Callable[..., dict[str, torch.Tensor]]:
+        """A forward for Trainer.compute_loss (which keeps its loss scaling) returning, instead of logits,
+        the log-probs of the label tokens [B, T - 1] (0 at unscored positions) and their next-token
+        accuracy, through the chunked head (`completion_only_logits`: ablate.speed.split.scored_logps)."""
+        row, col = (labels[:, 1:] != -100).nonzero(as_tuple=True)
+        src, tgt = row * labels.shape[1] + col, labels[:, 1:][row, col]
+
+        def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> dict:
+            # accelerate puts bf16/fp16 autocast around model.forward; the backbone's own call needs it too
+            with self.accelerator.autocast():
+                token, stats = scored_logps(
+                    model, {"input_ids": input_ids, "attention_mask": attention_mask}, src, tgt
+                )
+            shape = (labels.shape[0], labels.shape[1] - 1)
+            return {
+                "logps": token.new_zeros(shape).index_put((row, col), token),
+                "correct": torch.zeros(shape, dtype=torch.bool, device=token.device).index_put(
+                    (row, col), stats["correct"]
+                ),
+            }
+
+        return forward
+
     def completion_nll(
         self, outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
@@ -132,8 +161,10 @@ class SFTTrainer(TokenizedRows, AblateTrainer):
         the last K positions only (`logits_to_keep`); their log-probs come without a float32 copy of them
         (ablate.losses.logps.shifted_logps), the accuracy from the same pass."""
         mode = "train" if self.model.training else "eval"
-        # prompt positions masked out below
-        per_token, stats = shifted_logps(outputs.logits, labels.clamp_min(0))
+        if isinstance(outputs, dict) and "logps" in outputs:  # the chunked head's (`_scored`)
+            per_token, stats = outputs["logps"], outputs
+        else:  # prompt positions masked out below
+            per_token, stats = shifted_logps(outputs.logits, labels.clamp_min(0))
         mask = (labels[:, 1:] != -100)[:, labels.shape[1] - 1 - per_token.shape[1] :]
         loss = nll(per_token, mask, num_items_in_batch if self.model.training else None)
         correct = stats["correct"] & mask

@@ -20,12 +20,14 @@ What each part counts, per GPU:
   one layer recomputed; with activation offload too (transformers' `gradient_checkpointing_kwargs={offload:
   true}`: the checkpointed inputs in pinned host memory) one layer's only.
   Sequence parallelism (N ranks a sequence, ablate.speed.ulysses) divides the decoder's tokens by N and
-  adds the gathered final hidden states (the whole sequence on every rank, and the copy the head keeps)
-  and the all-to-all buffers of one layer's q, k, v. The LM head: the full logits in fp32 (logits,
-  log-softmax and their gradients: 3 vocab-wide fp32 rows a token, plus the compute-dtype logits), or with
-  the chunked head (ablate.speed.head: DPO's and GRPO's `completion_only_logits`) one chunk of rows of
-  them, whatever the length. bf16/fp16 autocast over fp32 weights also keeps a half-precision copy of each
-  weight it multiplies. Attention is a flash/memory-efficient kernel's: no [tokens, tokens] scores.
+  adds the all-to-all buffers of one layer's q, k, v; with the chunked head each rank projects its own
+  positions, otherwise the final hidden states are gathered (the whole sequence on every rank, and the
+  copy the head keeps) and every position projected on every rank. The LM head: the full logits in fp32
+  (logits, log-softmax and their gradients: 3 vocab-wide fp32 rows a token, plus the compute-dtype
+  logits), or with the chunked head (ablate.speed.head: SFT's, DPO's and GRPO's `completion_only_logits`) one
+  chunk of rows of them, whatever the length. bf16/fp16 autocast over fp32 weights also keeps a
+  half-precision copy of each weight it multiplies. Attention is a flash/memory-efficient kernel's: no
+  [tokens, tokens] scores.
 - step: the optimizer step's temporaries, beside the gradients: none for a fused AdamW (one kernel over
   each tensor: TRL's and transformers' default `adamw_torch_fused`); a foreach AdamW's (torch.optim.AdamW's
   own default on a GPU) `_foreach_sqrt` of the second moments, a copy of every trainable tensor; a
@@ -180,11 +182,13 @@ def activations(m: Shape, s: Setup) -> float:
     local = -(-tokens // s.sequence_parallel)  # the positions this rank holds through the decoder
     held = local * per_token
     if s.sequence_parallel > 1:
-        held += 2 * tokens * residual  # the gathered final hidden states, and the rows the head keeps of them
         held += 2 * local * (m.hidden + 2 * m.kv_dim) * a  # one layer's q, k, v sent and received
+        if not s.chunked_head:  # the model's own head: every position gathered and projected on every rank
+            held += 2 * tokens * residual  # the gathered final hidden states, and the rows the head keeps
     logits = 3 * 4 + a  # per logit: compute dtype, fp32 upcast, log-softmax, its gradient
     chunk = s.head_chunk or HEAD_CHUNK[s.device]
-    head = min(chunk, tokens * m.vocab) * logits if s.chunked_head else tokens * m.vocab * logits
+    # the chunked head projects this rank's positions (ablate.speed.ulysses.Shard.scores)
+    head = min(chunk, local * m.vocab) * logits if s.chunked_head else tokens * m.vocab * logits
     casts = 0.0
     if s.autocast and s.weight_bytes == 4:  # half-precision copies of the weights autocast multiplies
         # 4-bit: dequantized a layer at a time

@@ -69,7 +69,12 @@ GRPO: dict[str, str | None] = {
     "liger": None,
     "compile": None,
 }
-SFT: dict[str, str | None] = {"lean_layers": None, "liger": None, "compile": None}
+SFT: dict[str, str | None] = {
+    "completion_only_logits": None,
+    "lean_layers": None,
+    "liger": None,
+    "compile": None,
+}
 # a reference model is only scored (never trained, never generates)
 _TRAINED_ONLY = ("lean_layers", "liger", "compile")
 DPO_REFERENCE = {k: v for k, v in DPO.items() if k not in _TRAINED_ONLY}

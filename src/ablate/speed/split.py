@@ -16,6 +16,7 @@ The same families take a custom 4-D attention mask and explicit position ids thr
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,7 +131,9 @@ def _forward_as(head: nn.Module, forward: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def head_scores(head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperature: float) -> Iterator[dict]:
+def head_scores(
+    head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperature: float, seq: Any = None
+) -> Iterator[dict]:
     """`head` returns the log-probs of `tgt` at flat positions `src` of its input for the block, in chunks
     (`completion_logps`); their stats go to the dict yielded. For FSDP2: the head's weight is whole only
     inside its own call (its hooks gather it before and reduce-scatter its gradient after), so the chunked
@@ -138,12 +141,27 @@ def head_scores(head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperatu
     stats: dict[str, torch.Tensor] = {}
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        logps, got = completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
+        logps, got = _project(hidden, head, src, tgt, temperature, seq)
         stats.update(got)
         return logps
 
     with _forward_as(head, forward):
         yield stats
+
+
+# a causal LM whose decoder is split over a sequence group -> its split (ablate.speed.ulysses.Ulysses)
+SEQUENCE_SPLITS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+
+
+def _project(
+    hidden: torch.Tensor, head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperature: float, seq: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`completion_logps` at `src` of the final hidden states, or, where the forward was split over a
+    sequence group and they stayed this rank's (`seq`: a Ulysses scoring locally), of its positions summed
+    over the group (ablate.speed.ulysses.Shard.scores)."""
+    if seq is not None and seq.scored is not None:
+        return seq.scored.scores(hidden, head, src, tgt, temperature)
+    return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
 
 
 def scored_logps(
@@ -163,22 +181,24 @@ def scored_logps(
     (`head_scores`); otherwise the model's own forward, the logits at `src` picked (no
     float32 copy of them: ablate.losses.logps.logits_logps). The
     caller supplies autocast: the backbone's own call does not get the one accelerate puts on forward."""
-    parts = lm_parts(model) if split and not sharded(model) else None
-    if parts is not None:
-        backbone, head = parts
-        hidden = backbone(**inputs, use_cache=False).last_hidden_state
-        return completion_logps(hidden.flatten(0, 1)[src], head, tgt, temperature=temperature)
-    # DDP, FSDP2: the wrapper's (root's) own forward must run (its hooks gather weights, reduce gradients)
-    inner = getattr(model, "module", model) if split else None
-    parts = lm_parts(inner) if isinstance(inner, nn.Module) else None
-    if parts is not None and sharded(model):  # the head scores inside its own call (no [tokens, vocab])
-        with head_scores(parts[1], src, tgt, temperature) as stats:
-            logps = model(**inputs, use_cache=False).logits
-        return logps, dict(stats)
-    if parts is not None:
-        with head_passes_hidden(parts[1]):  # the forward returns the final hidden states
-            hidden = model(**inputs, use_cache=False).logits
-        return completion_logps(hidden.flatten(0, 1)[src], parts[1], tgt, temperature=temperature)
+    inner = getattr(model, "module", model)  # DDP's wrapped model
+    seq = SEQUENCE_SPLITS.get(causal_lm(inner)) if split and isinstance(inner, nn.Module) else None
+    with seq.scoring_locally() if seq is not None else contextlib.nullcontext():
+        parts = lm_parts(model) if split and not sharded(model) else None
+        if parts is not None:
+            backbone, head = parts
+            hidden = backbone(**inputs, use_cache=False).last_hidden_state
+            return _project(hidden, head, src, tgt, temperature, seq)
+        # DDP, FSDP2: the wrapper's (root's) own forward must run (its hooks gather weights, reduce gradients)
+        parts = lm_parts(inner) if split and isinstance(inner, nn.Module) else None
+        if parts is not None and sharded(model):  # the head scores inside its own call (no [tokens, vocab])
+            with head_scores(parts[1], src, tgt, temperature, seq) as stats:
+                logps = model(**inputs, use_cache=False).logits
+            return logps, dict(stats)
+        if parts is not None:
+            with head_passes_hidden(parts[1]):  # the forward returns the final hidden states
+                hidden = model(**inputs, use_cache=False).logits
+            return _project(hidden, parts[1], src, tgt, temperature, seq)
     # the scored positions' logits (a position may score several tokens: a shared prompt's last one)
     picked = model(**inputs, use_cache=False).logits.flatten(0, 1)[src]
     return logits_logps(picked, tgt, temperature)

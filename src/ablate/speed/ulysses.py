@@ -12,6 +12,9 @@ positions (`Ulysses`, forward hooks on the model's own modules: nothing of the m
         all-to-all ──> all positions, my heads            [B, H/N, T, d]   the model's own attention
         all-to-all <── its output, back to my positions   [B, T/N, H, d]   kernel (sdpa, eager, packed)
     final norm ─ all-gather ─> [B, T, h]: the LM head, the log-probs and the loss run unchanged
+    (or, where the trainer scores tokens through ablate.speed.split.scored_logps with the chunked head:
+    SFT, DPO, GRPO, no gather: the head projects my positions' tokens only, and the [scored tokens] log-probs
+    and their stats are summed over the group: `Ulysses.scoring_locally`, `Shard.scores`)
 
 Attention sees every position of its heads with the model's own mask, position ids and kernel, so the
 numbers are the one-process forward's up to float summation order (tested to 1e-5 in float32:
@@ -27,14 +30,17 @@ per rank, N times) cancel the same way; the logged loss and gradient norm are th
 Departures from the paper: heads need not divide by N (DeepSpeed's later "uneven heads"): rank j gets
 `ceil` or `floor` of H/N query heads and the key/value heads those need (grouped-query attention: a
 key/value head is sent to each rank whose query heads read it; where a rank's heads cut a group, the
-kernel gets them expanded). The head projections stay on every rank (the gathered hidden states), which
-the chunked head (ablate.speed.head) keeps small.
+kernel gets them expanded). Where the trainer scores through the chunked head (SFT, DPO, GRPO), each
+rank projects only its own positions, so neither the head's matmuls nor the hidden states it keeps for
+the backward are repeated on every rank; other trainers (distillation, KTO, reward models) get the
+gathered hidden states and project every position on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +53,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from ablate.errors import ConfigError
-from ablate.speed.split import PACKED_SDPA, PLAIN_HEAD_MODELS, causal_lm
+from ablate.speed.head import completion_logps
+from ablate.speed.split import PACKED_SDPA, PLAIN_HEAD_MODELS, SEQUENCE_SPLITS, causal_lm
 
 PREFIX = "ablate_ulysses_"  # registered attention name: PREFIX + the kernel it wraps
 # kernels whose inputs are [B, heads, T, d] and whose output is [B, T, heads, d] (transformers' contract)
@@ -142,6 +149,24 @@ class _Gather(torch.autograd.Function):
         return grad.narrow(1, ctx.mesh.rank * ctx.length, ctx.length), None
 
 
+class _Sum(torch.autograd.Function):
+    """The group's tensors summed (each rank holds its own positions' values, zeros elsewhere); backward:
+    the gradients summed too (each rank computed the same loss from the sum: `_Gather`'s convention)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 class _Grouped:
     """The attention module as the kernel sees it with its key/value heads already one per query head."""
 
@@ -174,6 +199,28 @@ class Shard:
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         return _Gather.apply(x, self.plan.mesh)[:, : self.length]
+
+    def scores(
+        self, hidden: torch.Tensor, head: nn.Linear, src: torch.Tensor, tgt: torch.Tensor, temperature: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`completion_logps` of tokens `tgt` at flat positions `src` of the whole [B, T] forward, from this
+        rank's final hidden states `hidden` [B, T/N, h]: the head projects the positions this rank holds,
+        and the group's log-probs and stats are summed (each position is one rank's)."""
+        mesh = self.plan.mesh
+        n = self.padded // mesh.size
+        row, pos = src // self.length, src % self.length
+        mine = ((pos >= mesh.rank * n) & (pos < (mesh.rank + 1) * n)).nonzero().squeeze(1)
+        local = row[mine] * n + pos[mine] - mesh.rank * n
+        logps, stats = completion_logps(hidden.flatten(0, 1)[local], head, tgt[mine], temperature=temperature)
+        whole = _Sum.apply(logps.new_zeros(src.shape[0]).index_put((mine,), logps), mesh.group)
+        summed = {}
+        for k, v in stats.items():
+            part = torch.zeros(src.shape[0], dtype=torch.float32, device=v.device).index_put(
+                (mine,), v.float()
+            )
+            dist.all_reduce(part, group=mesh.group)
+            summed[k] = part.bool() if v.dtype == torch.bool else part.to(v.dtype)
+        return whole, summed
 
     def attend(
         self,
@@ -220,6 +267,11 @@ class Ulysses:
         self.expand = None if whole else torch.tensor([(h // groups) - lo for h in range(a, b)])
         self.shard: Shard | None = None
         self.forwards = 0  # forwards split so far (the run's log says how many)
+        self.local = False  # `scoring_locally`: the final norm keeps this rank's positions (no gather)
+        self.scored: Shard | None = None  # the split of the forward whose hidden states stayed local
+        self.scored_forwards = 0  # of `forwards`, those scored on this rank's positions only
+        # what ablate.speed.split.scored_logps finds, however the model is wrapped
+        SEQUENCE_SPLITS[lm] = self
         self.handles = [
             self.backbone.register_forward_pre_hook(self._start, with_kwargs=True),
             self.backbone.layers[0].register_forward_pre_hook(self._cut_hidden, with_kwargs=True),
@@ -304,12 +356,28 @@ class Ulysses:
 
     def _gather(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         shard, self.shard = self.shard, None
+        if shard is not None and self.local:  # the head scores this rank's positions (`Shard.scores`)
+            self.scored = shard
+            self.scored_forwards += 1
+            return None
         return None if shard is None else shard.gather(output)
+
+    @contextlib.contextmanager
+    def scoring_locally(self) -> Iterator[None]:
+        """For the block, a split forward's final hidden states stay this rank's [B, T/N, h] (no all-gather)
+        and `scored` is their split, for `Shard.scores`; a forward not split leaves it None (the whole
+        hidden states, as without the block)."""
+        self.local, self.scored = True, None
+        try:
+            yield
+        finally:
+            self.local, self.scored = False, None
 
     def remove(self, model: nn.Module) -> None:
         """`model` (the one given) as it was: its hooks removed, its attention the kernel it wrapped."""
         for h in self.handles:
             h.remove()
+        SEQUENCE_SPLITS.pop(causal_lm(model), None)
         causal_lm(model).set_attn_implementation(self.config._attn_implementation.removeprefix(PREFIX))
 
     def describe(self) -> str:
