@@ -13,8 +13,10 @@ fixed token strings handed to both trainers instead of sampled ones: `generator=
 `rollout_func`; the reward is their count of one word, so advantages differ). Both sides take their
 leanest memory settings: gradient checkpointing (TRL's default; `use_reentrant=False` on both), DPO's
 reference precomputed, GRPO's beta 0 (no reference), TRL's fused LM head (its default); TRL 1.16's DPO
-`padding_free` is disabled in that release (it warns and pads) and its GRPO has none. ablate runs its
-defaults (shared prompt, padding-free rows, chunked head, lean layers). Activation offload
+`padding_free` is disabled in that release (it warns and pads) and its GRPO has none. ablate runs every
+speed path (shared prompt, padding-free rows, chunked head, lean layers) whatever this CPU's speed record
+says (`speed.unverified_devices=true`: the record decides a CPU's speed defaults, and a family without one
+runs the plain path, full logits included; this benchmark compares memory settings). Activation offload
 (`torch.autograd.graph.save_on_cpu`, TRL's `activation_offloading`) is off: it moves saved activations
 from GPU memory to host memory, and on a CPU they are already there.
 
@@ -113,10 +115,11 @@ def run_one(impl: str, method: str, length: int, steps: int) -> dict:
         common.update(
             fsdp=True, fsdp_config={"fsdp_version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
         )
-    if impl == "ablate_plain":
+    if impl.startswith("ablate"):
         from ablate.speed.plan import SpeedSwitches
 
-        kw["perf"] = SpeedSwitches.off()
+        # every memory path on, whatever this CPU family's speed record (or its lack of one) says
+        kw["perf"] = SpeedSwitches.off() if impl == "ablate_plain" else SpeedSwitches(unverified_devices=True)
     side = {"model": model, "tok": tok, "args": common, "callbacks": [rec]}
     if method == "dpo":
         common.update(
