@@ -20,6 +20,7 @@ ZEN3 = {
     "amx": False,
 }
 ZEN5 = {**ZEN3, "family": 26, "capability": "AVX512", "avx512": ["avx512f", "avx512_bf16", "avx512_vnni"]}
+ZEN4 = {**ZEN5, "family": 25}  # AMD's family 25 with AVX-512 (Zen 4): Zen 3's number, other kernels
 INTEL = {"arch": "x86_64", "vendor": "GenuineIntel", "capability": "AVX512", "amx": True}
 AMD = {"arch": "x86_64", "vendor": "AuthenticAMD"}  # a record keyed by vendor alone (the old form)
 
@@ -126,10 +127,11 @@ def test_this_machine_has_a_family():
 
 
 def test_the_packages_record_has_the_measured_families():
-    """The shipped record: the AMD EPYC's (Zen 3, AVX2) and the Intel Xeon AVX-512/AMX one's, whose DPO
-    measurement found the pair rows, padding-free rows and lean layers slower than the plain path there."""
+    """The shipped record: the AMD EPYC's (Zen 3, AVX2; Zen 4, AVX-512) and the Intel Xeon AVX-512/AMX one's,
+    whose DPO measurement found the pair rows, padding-free rows and lean layers slower than the plain path
+    there."""
     rows = json.loads(measured.PACKAGED.read_text())["cpu"]["families"]
-    assert sorted(r["family"].get("vendor") for r in rows) == ["AuthenticAMD", "GenuineIntel"]
+    assert sorted(r["family"].get("vendor") for r in rows) == ["AuthenticAMD", "AuthenticAMD", "GenuineIntel"]
     assert all(
         measured.decides(r["family"], r["family"]) and set(measured.KEY) <= set(r["family"]) for r in rows
     )
@@ -142,6 +144,13 @@ def test_the_packages_record_has_the_measured_families():
     assert all(r["exact"] for r in intel["paths"].values())
     zen3 = measured.entry("cpu", measured.PACKAGED, family=ZEN3)
     assert "AMD EPYC" in zen3["run"] and set(zen3["paths"]) == set(intel["paths"])
+    # Zen 4 shares Zen 3's family number, not its record: its own (pair rows and padding-free rows off)
+    zen4 = measured.entry("cpu", measured.PACKAGED, family=ZEN4)
+    assert zen4 != zen3 and {n for n, r in zen4["paths"].items() if not r["on"]} == {
+        "dpo_pair_rows",
+        "padding_free",
+    }
+    assert set(zen4["paths"]) == set(intel["paths"]) and all(r["exact"] for r in zen4["paths"].values())
     # an unmeasured family (a Zen 5 with AVX-512, or ATEN_CPU_CAPABILITY=default here): the plain path
     assert measured.entry("cpu", measured.PACKAGED, family=ZEN5)["paths"] == {}
 
