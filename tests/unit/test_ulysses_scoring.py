@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import textwrap
 
-import pytest
 from conftest import gloo_ranks
 
 RANK = textwrap.dedent("""
@@ -33,7 +32,6 @@ RANK = textwrap.dedent("""
     dist.init_process_group("gloo")
     mesh = ulysses.Mesh.of(dist.get_world_size())
     VOCAB, T, HIDDEN = 96, 23, 32  # 23 positions: padded to 24, 12 a rank
-    wrap = sys.argv[1]
 
     def build():
         config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
@@ -52,52 +50,60 @@ RANK = textwrap.dedent("""
         (logps * torch.linspace(0.5, 1.5, len(src))).sum().backward()
         return logps.detach(), stats
 
-    plain = build()
-    want, want_stats = score(plain)
-    want_grads = {n: p.grad for n, p in plain.named_parameters()}
-    model = build()
-    split = ulysses.Ulysses(model, mesh)
-    if wrap == "ddp":
-        wrapped = DistributedDataParallel(model)
-    elif wrap.startswith("fsdp"):  # the head its own unit (untied), or the root's (tied to the embeddings)
-        for layer in model.model.layers:
-            fully_shard(layer)
-        if wrap == "fsdp":
-            fully_shard(model.lm_head)
-        wrapped = fully_shard(model)
-    else:
-        wrapped = model
-    got, stats = score(wrapped)
-    grads = {}
-    for n, p in model.named_parameters():
-        g = p.grad.full_tensor() if wrap.startswith("fsdp") else p.grad.clone()
-        if wrap == "none":  # what DDP's average over the world does
-            dist.all_reduce(g)
-            g /= mesh.size
-        grads[n] = g
-    print(json.dumps({
-        "scored_locally": split.scored_forwards, "split": split.forwards,
-        "logps": (got - want).abs().max().item(),
-        "stats": max((stats[k].float() - want_stats[k].float()).abs().max().item() for k in want_stats),
-        "grads": max(((grads[n] - g).abs().max() / g.abs().max()).item() for n, g in want_grads.items()),
-        "projected": list(projected),
-        "scored": len(src),
-    }), flush=True)
+    results = []
+    for wrap in json.loads(sys.argv[1]):  # each in a fresh model
+        plain = build()
+        want, want_stats = score(plain)
+        want_grads = {n: p.grad for n, p in plain.named_parameters()}
+        model = build()
+        split = ulysses.Ulysses(model, mesh)
+        if wrap == "ddp":
+            wrapped = DistributedDataParallel(model)
+        elif wrap.startswith("fsdp"):  # the head its own unit (untied), or the root's (tied to the embeddings)
+            for layer in model.model.layers:
+                fully_shard(layer)
+            if wrap == "fsdp":
+                fully_shard(model.lm_head)
+            wrapped = fully_shard(model)
+        else:
+            wrapped = model
+        got, stats = score(wrapped)
+        grads = {}
+        for n, p in model.named_parameters():
+            g = p.grad.full_tensor() if wrap.startswith("fsdp") else p.grad.clone()
+            if wrap == "none":  # what DDP's average over the world does
+                dist.all_reduce(g)
+                g /= mesh.size
+            grads[n] = g
+        results.append({
+            "wrap": wrap, "scored_locally": split.scored_forwards, "split": split.forwards,
+            "logps": (got - want).abs().max().item(),
+            "stats": max((stats[k].float() - want_stats[k].float()).abs().max().item() for k in want_stats),
+            "grads": max(((grads[n] - g).abs().max() / g.abs().max()).item() for n, g in want_grads.items()),
+            "projected": list(projected),
+            "scored": len(src),
+        })
+    print(json.dumps(results), flush=True)
     dist.destroy_process_group()
 """)
 
 
-@pytest.mark.parametrize("wrap", ["none", "ddp", "fsdp", "fsdp_tied"])
-def test_each_rank_scores_its_own_positions_and_equals_one_process(wrap):
-    outs = gloo_ranks(RANK, wrap)
+WRAPS = ["none", "ddp", "fsdp", "fsdp_tied"]  # FSDP2 with the head its own unit, or tied to the embeddings
+
+
+def test_each_rank_scores_its_own_positions_and_equals_one_process():
+    outs = gloo_ranks(RANK, json.dumps(WRAPS))  # one pair of processes for every wrapping: seconds, not tens
     for code, _, err in outs:
         assert code == 0, err[-3000:]
-    rows = []
-    for _, out, _ in outs:
-        r = json.loads(out.strip().splitlines()[-1])
-        assert r["split"] == 1 and r["scored_locally"] == 1, r  # split, and its hidden states kept local
-        assert r["logps"] < 1e-5 and r["stats"] < 1e-5, r
-        assert r["grads"] < 1e-5, r  # the head's, the tied embeddings' and every layer's
-        assert len(r["projected"]) == 1 and r["projected"][0] < r["scored"], r  # this rank's rows only
-        rows.append(r["projected"][0])
-    assert sum(rows) == r["scored"], rows  # each scored position projected by one rank
+    ranks = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outs]
+    for i, wrap in enumerate(WRAPS):
+        rows = []
+        for results in ranks:
+            r = results[i]
+            assert r["wrap"] == wrap
+            assert r["split"] == 1 and r["scored_locally"] == 1, r  # split, and its hidden states kept local
+            assert r["logps"] < 1e-5 and r["stats"] < 1e-5, r
+            assert r["grads"] < 1e-5, r  # the head's, the tied embeddings' and every layer's
+            assert len(r["projected"]) == 1 and r["projected"][0] < r["scored"], r  # this rank's rows only
+            rows.append(r["projected"][0])
+        assert sum(rows) == r["scored"], (wrap, rows)  # each scored position projected by one rank
