@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.nn.functional import all_reduce
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -149,24 +150,6 @@ class _Gather(torch.autograd.Function):
         return grad.narrow(1, ctx.mesh.rank * ctx.length, ctx.length), None
 
 
-class _Sum(torch.autograd.Function):
-    """The group's tensors summed (each rank holds its own positions' values, zeros elsewhere); backward:
-    the gradients summed too (each rank computed the same loss from the sum: `_Gather`'s convention)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        out = x.clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
 class _Grouped:
     """The attention module as the kernel sees it with its key/value heads already one per query head."""
 
@@ -212,15 +195,14 @@ class Shard:
         mine = ((pos >= mesh.rank * n) & (pos < (mesh.rank + 1) * n)).nonzero().squeeze(1)
         local = row[mine] * n + pos[mine] - mesh.rank * n
         logps, stats = completion_logps(hidden.flatten(0, 1)[local], head, tgt[mine], temperature=temperature)
-        whole = _Sum.apply(logps.new_zeros(src.shape[0]).index_put((mine,), logps), mesh.group)
-        summed = {}
-        for k, v in stats.items():
-            part = torch.zeros(src.shape[0], dtype=torch.float32, device=v.device).index_put(
-                (mine,), v.float()
-            )
-            dist.all_reduce(part, group=mesh.group)
-            summed[k] = part.bool() if v.dtype == torch.bool else part.to(v.dtype)
-        return whole, summed
+        # torch's all_reduce sums the gradients in backward too (each rank computed the same loss from the
+        # sum: `_Gather`'s convention)
+        whole = all_reduce(logps.new_zeros(src.shape[0]).index_put((mine,), logps), group=mesh.group)
+        names = list(stats)  # the stats (no gradient) in one collective
+        parts = torch.zeros(len(names), src.shape[0], dtype=torch.float32, device=logps.device)
+        parts[:, mine] = torch.stack([stats[k].float() for k in names])
+        dist.all_reduce(parts, group=mesh.group)
+        return whole, {k: part.to(stats[k].dtype) for k, part in zip(names, parts)}
 
     def attend(
         self,
